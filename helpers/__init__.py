@@ -1,0 +1,19 @@
+"""Helpers for the Transformer course, one module per idea, in the order the course meets them.
+
+    corpus        the course corpus (a story grammar) and its well-formedness checker
+    tokenizers    character and byte-level BPE tokenizers, written from scratch
+    embeddings    one-hot, token embeddings, learned and sinusoidal positions
+
+and, at the side, used by the notebooks and never by the model code:
+
+    environment   the set-up cell: seeds, device, figure style
+    plots         projector-friendly figures and labelled heat maps
+    widgets       Explorer: controls that redraw a figure, with a static fallback
+    exercises     checked exercises with hints
+    timing        wall-clock timing printed in a form the tests can sanitise
+
+Modules are imported on demand (`from helpers.tokenizers import BPETokenizer`), so importing
+`helpers` alone is instant and pulls in nothing heavy.
+"""
+
+__version__ = "0.1.0"

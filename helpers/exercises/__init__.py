@@ -1,0 +1,116 @@
+"""Checked exercises: the student writes a function, `check` tells them, kindly, how it went.
+
+Each notebook's exercises live in a module of this package named after the notebook
+(`helpers/exercises/tokenization.py` for `01_tokenization.ipynb`). An exercise is a function
+decorated with `@exercise(hint=...)` that receives the student's answer and raises
+`ExerciseFailed` with a helpful message when the answer is wrong. Notebooks call
+`check("tokenization.count_chars", my_function)`.
+
+`check` never shows a traceback: a wrong answer, a crash inside the student's code and an
+exercise not attempted yet (`raise NotImplementedError`) each print one short explanation.
+"""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# Tests set this to True so that a failing solution raises instead of printing.
+STRICT = False
+
+
+class ExerciseFailed(Exception):
+    """Raised by an exercise's checker with a message for the student."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    name: str
+    checker: Callable[[Any], str | None]
+    hint: str
+
+
+_REGISTRY: dict[str, Exercise] = {}
+
+
+def exercise(hint: str) -> Callable[[Callable[[Any], str | None]], Callable[[Any], str | None]]:
+    """Register the decorated checker as `<module>.<function name>` with a hint for failures."""
+
+    def register(checker: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+        module = checker.__module__.rsplit(".", 1)[-1]
+        name = f"{module}.{checker.__name__}"
+        _REGISTRY[name] = Exercise(name=name, checker=checker, hint=hint)
+        return checker
+
+    return register
+
+
+def get(name: str) -> Exercise:
+    """The registered exercise called `name` ("notebook.exercise"), importing its module."""
+    module, _, _ = name.partition(".")
+    try:
+        importlib.import_module(f"{__name__}.{module}")
+    except ModuleNotFoundError as error:
+        raise KeyError(f"no exercise module {module!r} for exercise {name!r}") from error
+    if name not in _REGISTRY:
+        known = ", ".join(sorted(n for n in _REGISTRY if n.startswith(module + ".")))
+        raise KeyError(f"no exercise named {name!r}; this notebook has: {known}")
+    return _REGISTRY[name]
+
+
+def all_exercises() -> dict[str, Exercise]:
+    """Every exercise of every notebook module (imports them all)."""
+    from pkgutil import iter_modules
+
+    for info in iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+    return dict(_REGISTRY)
+
+
+def _where_it_broke(error: BaseException) -> str:
+    """The last line of the student's own code in the traceback, if there is one."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "helpers" not in f.filename]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" (in `{frame.name}`, at `{(frame.line or '').strip()}`)"
+
+
+def check(name: str, answer: Any) -> bool:
+    """Run exercise `name` against the student's `answer`; print the verdict, return True if right."""
+    ex = get(name)
+    try:
+        praise = ex.checker(answer)
+    except NotImplementedError:
+        message = f"⏳ {name}: not attempted yet. Replace `raise NotImplementedError` with your code.\n   Hint: {ex.hint}"
+        verdict = False
+    except ExerciseFailed as failure:
+        message = f"❌ {name}: {failure}\n   Hint: {ex.hint}"
+        verdict = False
+    except Exception as error:  # the student's code crashed: say where, without a traceback
+        message = (f"❌ {name}: your code raised {type(error).__name__}: {error}"
+                   f"{_where_it_broke(error)}\n   Hint: {ex.hint}")
+        verdict = False
+    else:
+        message = f"✅ {name}: correct!" + (f" {praise}" if praise else "")
+        verdict = True
+    if STRICT and not verdict:
+        raise AssertionError(message)
+    print(message)
+    return verdict
+
+
+def expect_close(got: Any, expected: Any, what: str, atol: float = 1e-6) -> None:
+    """Fail with a message naming `what` unless `got` is a tensor close to `expected`."""
+    import torch
+
+    if not isinstance(got, torch.Tensor):
+        raise ExerciseFailed(f"{what} should be a torch.Tensor, but it is a {type(got).__name__}.")
+    if got.shape != expected.shape:
+        raise ExerciseFailed(f"{what} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}.")
+    if not torch.allclose(got.double(), expected.double(), atol=atol, rtol=0):
+        worst = (got.double() - expected.double()).abs().max().item()
+        raise ExerciseFailed(f"{what} has the right shape but wrong values (largest error {worst:.3g}).")

@@ -1,0 +1,84 @@
+"""Figure style and the small plotting helpers the notebooks share.
+
+Figures are drawn for a projector: large fonts, thick lines, labelled axes and a title.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+COURSE_STYLE = {
+    "figure.figsize": (7.0, 4.0),
+    "figure.dpi": 80,
+    "savefig.dpi": 80,
+    "font.size": 13,
+    "axes.titlesize": 15,
+    "axes.labelsize": 13,
+    "lines.linewidth": 2.5,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "legend.fontsize": 12,
+    "image.cmap": "viridis",
+}
+
+
+def use_course_style() -> None:
+    """Apply the course's projector-friendly matplotlib settings."""
+    matplotlib.rcParams.update(COURSE_STYLE)
+
+
+def _as_array(values: torch.Tensor | np.ndarray | Sequence[Sequence[float]]) -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        return values.detach().float().cpu().numpy()
+    return np.asarray(values, dtype=float)
+
+
+def heatmap(
+    values: torch.Tensor | np.ndarray,
+    row_labels: Sequence[str] | None = None,
+    col_labels: Sequence[str] | None = None,
+    title: str = "",
+    xlabel: str = "",
+    ylabel: str = "",
+    annotate: bool = True,
+    ax: plt.Axes | None = None,
+    cmap: str = "viridis",
+    vmin: float | None = None,
+    vmax: float | None = None,
+) -> plt.Axes:
+    """Draw a 2-D array as a labelled heat map, writing each value in its cell when it is small.
+
+    values: (rows, cols). Labels, when given, must match those sizes.
+    """
+    array = _as_array(values)
+    if array.ndim != 2:
+        raise ValueError(f"heatmap: values must be 2-D (rows, cols), got shape {tuple(array.shape)}")
+    for name, labels, size in (("row_labels", row_labels, array.shape[0]),
+                               ("col_labels", col_labels, array.shape[1])):
+        if labels is not None and len(labels) != size:
+            raise ValueError(f"heatmap: {name} has {len(labels)} labels, expected {size} "
+                             f"for values of shape {tuple(array.shape)}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(4, 0.6 * array.shape[1] + 2), max(3, 0.5 * array.shape[0] + 1.5)))
+    image = ax.imshow(array, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    ax.grid(False)
+    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    if row_labels is not None:
+        ax.set_yticks(range(len(row_labels)), labels=row_labels)
+    if col_labels is not None:
+        ax.set_xticks(range(len(col_labels)), labels=col_labels, rotation=45, ha="right")
+    if annotate and array.size <= 144:
+        middle = np.nanmean(array) if np.isfinite(array).any() else 0.0
+        for (i, j), value in np.ndenumerate(array):
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=10,
+                    color="white" if value < middle else "black")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    return ax

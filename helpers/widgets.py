@@ -1,0 +1,64 @@
+"""Widgets that make an idea move, with a plain figure wherever widgets cannot render.
+
+`Explorer` ties a few ipywidgets controls to a drawing function: every time a control changes,
+the function is called again with the controls' values and its figure replaces the old one.
+The drawing function returns the numbers it drew, kept in `explorer.last`, so that a test (or an
+nbval assertion cell) can move a control with `explorer.set(...)` and check that the picture
+really changed. Notebooks show the same drawing function once as a static figure before the
+widget, for nbval and for viewers that do not run JavaScript.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+from IPython.display import clear_output, display
+
+
+class Explorer:
+    """Controls on top, a figure below; `draw(**values)` is re-run whenever a control moves.
+
+    draw: called with one keyword per control; draws with matplotlib and returns what it drew.
+    controls: name -> ipywidgets control (slider, text box, dropdown ...), in display order.
+    """
+
+    def __init__(self, draw: Callable[..., Any], **controls: widgets.ValueWidget) -> None:
+        if not controls:
+            raise ValueError("Explorer needs at least one control, got none")
+        self.draw = draw
+        self.controls = controls
+        self.output = widgets.Output()
+        self.last: Any = None
+        self.redraws = 0
+        for control in controls.values():
+            control.observe(self._redraw, names="value")
+        self._redraw()
+
+    def values(self) -> dict[str, Any]:
+        return {name: control.value for name, control in self.controls.items()}
+
+    def set(self, **values: Any) -> Any:
+        """Move controls as a student would; returns what the redrawn figure shows."""
+        unknown = set(values) - set(self.controls)
+        if unknown:
+            raise KeyError(f"Explorer.set: no control named {sorted(unknown)}; "
+                           f"controls are {list(self.controls)}")
+        for name, value in values.items():
+            self.controls[name].value = value
+        return self.last
+
+    def _redraw(self, _change: Any = None) -> None:
+        with self.output:
+            clear_output(wait=True)
+            self.last = self.draw(**self.values())
+            plt.show()
+        self.redraws += 1
+
+    def widget(self) -> widgets.Widget:
+        return widgets.VBox([widgets.HBox(list(self.controls.values())), self.output])
+
+    def _ipython_display_(self) -> None:
+        display(self.widget())

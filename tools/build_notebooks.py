@@ -1,0 +1,105 @@
+"""Build the course notebooks from their plain-text sources and run them top to bottom.
+
+    python tools/build_notebooks.py                     # every notebook
+    python tools/build_notebooks.py 03_attention        # only those whose name contains "03_attention"
+    python tools/build_notebooks.py --no-run 01         # write the cells, keep no outputs
+
+Each notebook is written as `notebooks/src/NN_name.py` in the "percent" format (`# %%` starts a
+code cell, `# %% [markdown]` a markdown cell whose lines start with `# `), which diffs and reviews
+like any Python file. A cell that is exactly `# %% [setup]` becomes the course's set-up cell
+(`helpers.environment.SETUP_CELL`). This script turns each source into `notebooks/NN_name.ipynb`
+and executes it in a fresh kernel, as "Restart and Run All" would, storing the real outputs that
+nbval later compares. Run it inside the course's environment (`.venv/bin/python`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+SOURCES = NOTEBOOKS / "src"
+SETUP_MARKER = "# %% [setup]"
+
+
+def parse_cells(text: str) -> list[tuple[str, str]]:
+    """Split a percent-format source into (cell_type, source) pairs."""
+    from helpers.environment import SETUP_CELL
+
+    cells: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("# %%"):
+            if line.strip() == SETUP_MARKER:
+                cells.append(("setup", []))
+            else:
+                cells.append(("markdown" if "[markdown]" in line else "code", []))
+        elif cells:
+            cells[-1][1].append(line)
+    parsed = []
+    for kind, lines in cells:
+        if kind == "setup":
+            parsed.append(("code", SETUP_CELL))
+            continue
+        if kind == "markdown":
+            lines = [line[2:] if line.startswith("# ") else line.lstrip("#") for line in lines]
+        source = "\n".join(lines).strip("\n")
+        if source:
+            parsed.append((kind, source))
+    return parsed
+
+
+def to_notebook(source_path: Path) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    for kind, source in parse_cells(source_path.read_text(encoding="utf-8")):
+        make = nbformat.v4.new_markdown_cell if kind == "markdown" else nbformat.v4.new_code_cell
+        nb.cells.append(make(source))
+    for index, cell in enumerate(nb.cells):  # stable ids keep diffs small
+        cell["id"] = f"{source_path.stem[:2]}-{index:03d}"
+    return nb
+
+
+def execute(nb: nbformat.NotebookNode, timeout: int = 600) -> float:
+    """Run every cell in a fresh kernel (cwd notebooks/); return the wall time in seconds."""
+    started = time.perf_counter()
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client.execute()
+    return time.perf_counter() - started
+
+
+def build(source_path: Path, run: bool = True) -> Path:
+    nb = to_notebook(source_path)
+    if run:
+        seconds = execute(nb)
+        print(f"{source_path.stem}: Restart and Run All took {seconds:.1f} s", flush=True)
+    target = NOTEBOOKS / f"{source_path.stem}.ipynb"
+    nbformat.write(nb, target)
+    return target
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="build only notebooks whose name contains one of these")
+    parser.add_argument("--no-run", action="store_true", help="write cells without executing them")
+    args = parser.parse_args(argv)
+    sources = sorted(SOURCES.glob("[0-9][0-9]_*.py"))
+    if args.names:
+        sources = [s for s in sources if any(name in s.stem for name in args.names)]
+    if not sources:
+        print("no notebook source matched", file=sys.stderr)
+        return 1
+    for source in sources:
+        build(source, run=not args.no_run)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
