@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import venv
@@ -38,6 +40,25 @@ def run(args: list[str | Path], **kwargs) -> None:
     subprocess.run([str(a) for a in args], check=True, cwd=ROOT, **kwargs)
 
 
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def cpu_torch_index() -> list[str]:
+    """Extra pip arguments that fetch PyTorch's CPU build on a Linux machine without a GPU.
+
+    PyPI's Linux wheel of torch brings several GB of CUDA libraries. PyTorch's own CPU index avoids
+    them; it is used only when it answers within a few seconds (offline mirrors and closed
+    networks get plain pip, which then uses whatever torch they provide).
+    """
+    if sys.platform != "linux" or shutil.which("nvidia-smi"):
+        return []
+    try:
+        socket.create_connection(("download.pytorch.org", 443), timeout=3).close()
+    except OSError:
+        return []
+    return ["--extra-index-url", CPU_TORCH_INDEX]
+
+
 def install_fingerprint(extras: str) -> str:
     digest = hashlib.sha256(extras.encode())
     for path in (ROOT / "pyproject.toml", CONSTRAINTS):
@@ -56,7 +77,7 @@ def ensure_environment(extras: str) -> None:
     pip = [PYTHON, "-m", "pip", "install", "--disable-pip-version-check", "-c", CONSTRAINTS]
     # PyTorch first, on its own: with the pinned CPU build already present, the course package's
     # loose `torch>=2.2` is satisfied and pip never goes looking for a multi-GB CUDA build.
-    run([*pip, "torch>=2.2"])
+    run([*pip, *cpu_torch_index(), "torch>=2.2"])
     run([*pip, "-e", f".[{extras}]"])
     STAMP.write_text(wanted)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import random
 import re
 from functools import cache
-from importlib import resources
 from pathlib import Path
 
 CORPUS_FILE = "corpus.txt"
@@ -192,12 +191,9 @@ def data_dir() -> Path:
     Installed as a wheel, the data travels inside the package (`helpers.coursedata`); in a
     checkout (or an editable install) it is the repository's top-level `data/` folder.
     """
-    try:
-        packaged = Path(str(resources.files("helpers.coursedata")))
-        if (packaged / CORPUS_FILE).is_file():
-            return packaged
-    except ModuleNotFoundError:
-        pass
+    packaged = Path(__file__).resolve().parent / "coursedata"
+    if (packaged / CORPUS_FILE).is_file():
+        return packaged
     return Path(__file__).resolve().parent.parent / "data"
 
 

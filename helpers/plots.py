@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import matplotlib
-
 import matplotlib.pyplot as plt
 import numpy as np
 import torch

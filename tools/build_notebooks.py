@@ -75,11 +75,31 @@ def execute(nb: nbformat.NotebookNode, timeout: int = 600) -> float:
     return time.perf_counter() - started
 
 
+TIMES = NOTEBOOKS / "TIMES.md"
+
+
+def record_time(name: str, seconds: float) -> None:
+    """Keep notebooks/TIMES.md, the README's list of how long each notebook takes to run."""
+    rows = {}
+    if TIMES.exists():
+        for line in TIMES.read_text().splitlines():
+            if line.startswith("| 0") or line.startswith("| 1"):
+                cells = [c.strip() for c in line.strip("|").split("|")]
+                rows[cells[0]] = cells[1]
+    rows[name] = f"{seconds:.0f} s"
+    lines = ["# Time to Restart and Run All", "",
+             "Measured by `tools/build_notebooks.py` on the 2-core CPU machine the outputs were made on.",
+             "", "| notebook | time |", "|---|---|"]
+    lines += [f"| {n} | {t} |" for n, t in sorted(rows.items())]
+    TIMES.write_text("\n".join(lines) + "\n")
+
+
 def build(source_path: Path, run: bool = True) -> Path:
     nb = to_notebook(source_path)
     if run:
         seconds = execute(nb)
         print(f"{source_path.stem}: Restart and Run All took {seconds:.1f} s", flush=True)
+        record_time(source_path.stem, seconds)
     target = NOTEBOOKS / f"{source_path.stem}.ipynb"
     nbformat.write(nb, target)
     return target

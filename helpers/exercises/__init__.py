@@ -51,10 +51,11 @@ def exercise(hint: str) -> Callable[[Callable[[Any], str | None]], Callable[[Any
 def get(name: str) -> Exercise:
     """The registered exercise called `name` ("notebook.exercise"), importing its module."""
     module, _, _ = name.partition(".")
-    try:
-        importlib.import_module(f"{__name__}.{module}")
-    except ModuleNotFoundError as error:
-        raise KeyError(f"no exercise module {module!r} for exercise {name!r}") from error
+    if name not in _REGISTRY:
+        try:
+            importlib.import_module(f"{__name__}.{module}")
+        except ModuleNotFoundError as error:
+            raise KeyError(f"no exercise module {module!r} for exercise {name!r}") from error
     if name not in _REGISTRY:
         known = ", ".join(sorted(n for n in _REGISTRY if n.startswith(module + ".")))
         raise KeyError(f"no exercise named {name!r}; this notebook has: {known}")

@@ -1,0 +1,115 @@
+"""The course installs the way the README says: pinned for CI, loose for users, a real package."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from helpers.environment import COURSE_REPO
+
+# tomllib is in the standard library from Python 3.11 (the CI Python) on.
+tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+")
+
+ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+# conda-forge spells a few packages differently from PyPI
+CONDA_NAMES = {"pytorch": "torch", "python-build": "build"}
+
+
+def requirement_name(spec: str) -> str:
+    return re.split(r"[<>=!~ ;\[]", spec.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def pyproject_requirements() -> dict[str, str]:
+    project = PYPROJECT["project"]
+    specs = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        specs += extra
+    return {requirement_name(s): s.replace(" ", "") for s in specs}
+
+
+def environment_yml_requirements() -> dict[str, str]:
+    found = {}
+    text = (ROOT / "environment.yml").read_text()
+    for line in text.split("dependencies:", 1)[1].splitlines():
+        match = re.match(r"^  - ([A-Za-z0-9_.-]+)([<>=!~].*)?$", line)
+        if not match or match.group(1) in {"python", "pip"}:
+            continue
+        name = CONDA_NAMES.get(match.group(1), match.group(1)).lower()
+        found[name] = name + (match.group(2) or "")
+    return found
+
+
+def test_environment_yml_names_the_same_dependencies_as_pyproject():
+    pip_side, conda_side = pyproject_requirements(), environment_yml_requirements()
+    assert set(conda_side) == set(pip_side), (
+        f"only in environment.yml: {sorted(set(conda_side) - set(pip_side))}; "
+        f"only in pyproject.toml: {sorted(set(pip_side) - set(conda_side))}")
+    for name, spec in pip_side.items():
+        assert conda_side[name] == spec.split(";")[0], f"{name}: {conda_side[name]} vs {spec}"
+
+
+def test_users_get_lower_bounds_only():
+    for spec in pyproject_requirements().values():
+        assert "==" not in spec and "<" not in spec, f"{spec}: users get lower bounds, pins live in constraints.txt"
+    assert "torch>=2.2" in PYPROJECT["project"]["dependencies"]
+
+
+def test_constraints_pin_the_cpu_torch_and_every_direct_dependency_on_the_ci_python():
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            spec, _, marker = line.partition(";")
+            name, _, version = spec.strip().partition("==")
+            assert version, f"constraints.txt: {line!r} is not an exact pin"
+            assert marker.strip() == 'python_version == "3.11"', f"{line!r}: pins apply to the CI Python only"
+            pins[name.lower().replace("_", "-")] = version
+    assert pins["torch"] == "2.13.0"
+    assert not any(name.startswith("nvidia-") for name in pins), "the CPU build needs no CUDA packages"
+    missing = set(pyproject_requirements()) - set(pins)
+    assert not missing, f"direct dependencies without a pin: {sorted(missing)}"
+
+
+def test_readme_test_command_is_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "python3 course.py lab" in readme and "python3 course.py test" in readme
+    assert re.search(r"^exec python3 course\.py test$", ci, re.M)
+
+
+def test_readme_colab_links_use_the_one_repository_address():
+    readme = (ROOT / "README.md").read_text()
+    slug = COURSE_REPO.removeprefix("https://github.com/")
+    links = re.findall(r"https://colab\.research\.google\.com/github/([^)\s]+)", readme)
+    notebooks = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert sorted(link.split("/")[-1] for link in links) == notebooks, "one Colab link per notebook"
+    assert all(link.startswith(f"{slug}/blob/main/notebooks/") for link in links)
+    assert PYPROJECT["project"]["urls"]["Source"] == COURSE_REPO
+
+
+def test_wheel_installs_into_a_fresh_environment_and_finds_the_corpus(tmp_path):
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(wheels), str(ROOT)], check=True, cwd=tmp_path)
+    (wheel,) = wheels.glob("transformer_course-*.whl")
+    env_dir = tmp_path / "fresh-env"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    python = env_dir / ("Scripts" if sys.platform == "win32" else "bin") / "python"
+    # --no-deps: this checks the package's own files (code and data), not PyPI's; the corpus
+    # module needs only the standard library.
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
+    elsewhere = tmp_path / "somewhere-else"
+    elsewhere.mkdir()
+    probe = ("import helpers, helpers.exercises, helpers.corpus as c; t = c.load_corpus(); "
+             "print(helpers.__file__); print(len(t.encode()), c.well_formed_fraction(t))")
+    result = subprocess.run([str(python), "-c", probe], cwd=elsewhere, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.split("\n")
+    assert str(env_dir) in out[0], "imported from the fresh environment, not the checkout"
+    size, fraction = out[1].split()
+    assert int(size) >= 1_000_000 and float(fraction) == 1.0
