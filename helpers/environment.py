@@ -19,7 +19,10 @@ COURSE_REPO = "https://github.com/transformer-course/transformer-course"
 SETUP_CELL = f'''\
 # Set-up: the same cell works locally and in Colab. In a fresh Colab runtime it installs the
 # course package from the repository first; locally (after the README's first command) it imports.
-import importlib.util, subprocess, sys
+import importlib.util
+import subprocess
+import sys
+
 if importlib.util.find_spec("helpers") is None:
     subprocess.check_call([sys.executable, "-m", "pip", "install", "-q",
                            "git+{COURSE_REPO}"])

@@ -15,7 +15,8 @@ from typing import Any
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
-from IPython.display import clear_output, display
+from IPython.display import display
+from IPython.utils.capture import capture_output
 
 
 class Explorer:
@@ -51,10 +52,17 @@ class Explorer:
         return self.last
 
     def _redraw(self, _change: Any = None) -> None:
-        with self.output:
-            clear_output(wait=True)
+        # Capture what `draw` shows and hand it to the Output widget ourselves, rather than
+        # drawing inside `with self.output:`: that form relies on the front end to route the
+        # output, and where there is none (nbval, a script) the figures leak into the cell.
+        with capture_output() as shown:
             self.last = self.draw(**self.values())
             plt.show()
+        self.output.outputs = ()
+        if shown.stdout:
+            self.output.append_stdout(shown.stdout)
+        for item in shown.outputs:
+            self.output.append_display_data(item)
         self.redraws += 1
 
     def widget(self) -> widgets.Widget:
