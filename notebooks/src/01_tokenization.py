@@ -1,0 +1,815 @@
+# %% [markdown]
+# # 1. Tokenization
+#
+# A Transformer never reads letters. It reads a list of integers, one per *token*, and all it
+# learns, it learns about those integers. This notebook builds the part that turns text into
+# integers and back, and asks what a good token is.
+#
+# **After this notebook you can**
+# - weigh characters, words and subwords as tokens, with figures measured on the course corpus;
+# - train a byte-level BPE tokenizer from scratch, follow its first merges, and use it to encode
+#   and decode any Unicode text, special tokens included;
+# - compare BPE, WordPiece and Unigram on the same words;
+# - reason about vocabulary size: shorter sequences against a bigger embedding table.
+#
+# **It assumes** Python: lists, dicts, strings and `bytes`. No machine learning yet.
+
+# %% [setup]
+
+# %%
+import html
+import math
+import pathlib
+import re
+import tempfile
+import time
+from collections import Counter
+from itertools import pairwise
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+from IPython.display import HTML, display
+
+from helpers.corpus import TOY_SOUP, load_corpus
+from helpers.exercises import check
+from helpers.timing import format_duration
+
+# %% [markdown]
+# ## 1. The smallest vocabulary: one id per word
+#
+# The lecture notes (seed 001) tokenize three sentences by cutting them into words and
+# punctuation marks, and list the distinct tokens as the *vocabulary*. A token's *id* is its
+# position in that list. Let us do the same.
+
+# %%
+def split_words(text: str) -> list[str]:
+    """Words and punctuation marks, spaces dropped: "Soup is yummy." -> ["Soup", "is", "yummy", "."]."""
+    return re.findall(r"\w+|[^\w\s]", text)
+
+
+soup_words = split_words(TOY_SOUP)
+vocabulary = list(dict.fromkeys(soup_words))  # distinct, in order of first appearance
+print(TOY_SOUP)
+print(f"{len(soup_words)} tokens, {len(vocabulary)} distinct: {vocabulary}")
+
+# %% [markdown]
+# The notes list a vocabulary of 12 tokens. We find one more, and the cell below shows which:
+
+# %%
+SEED_001_VOCABULARY = ["I", "like", "to", "eat", "soup", "am", "a", "good", "cook", "is", "yummy", "."]
+print(f"seed 001: {len(SEED_001_VOCABULARY)} tokens | our split: {len(vocabulary)} tokens")
+print("only in ours:", sorted(set(vocabulary) - set(SEED_001_VOCABULARY)))
+lowercased = list(dict.fromkeys(word.lower() for word in soup_words))
+print(f"after lower-casing every word: {len(lowercased)} tokens")
+
+# %% [markdown]
+# The difference is `Soup`: the notes quietly fold the capital *Soup* into *soup* (while keeping
+# the capital *I*). A tokenizer that keeps case must give the two spellings two ids; lower-casing
+# everything gives the notes' count, at the price of never writing a capital letter again. The
+# notes also say that spaces are tokens, but their list has none, and neither has ours.
+#
+# Encoding is a dictionary lookup, decoding is indexing into the list:
+
+# %%
+id_of = {token: index for index, token in enumerate(vocabulary)}
+soup_ids = [id_of[token] for token in soup_words]
+print("ids    :", soup_ids)
+print("decoded:", " ".join(vocabulary[i] for i in soup_ids))
+
+# %% [markdown]
+# The decoded text is not the original: the spaces were thrown away, so we cannot tell
+# `soup.` from `soup .`. A tokenizer should give back exactly what it was given; the byte-level
+# tokenizer we build below does.
+#
+# ## 2. Characters, words, or something in between?
+#
+# The course corpus is a megabyte of short stories, one sentence per line. Count what each
+# choice of token would cost on it:
+
+# %%
+corpus = load_corpus()
+corpus_words = split_words(corpus)
+corpus_bytes = len(corpus.encode("utf-8"))
+print(f"corpus: {corpus_bytes:,} bytes = {len(corpus):,} characters = {len(corpus_words):,} words and marks")
+print(f"distinct characters: {len(set(corpus))} | distinct words and marks: {len(set(corpus_words))}")
+
+# %% [markdown]
+# Characters give a tiny vocabulary but long sequences: every sentence is several times more
+# tokens, and attention's cost grows with the square of the length. Words give short sequences,
+# but the vocabulary must hold every word ever seen, and a word that was never seen has no id:
+
+# %%
+known_words = set(corpus_words)
+new_sentence = "The dragon found a shiny key."
+print("words the corpus never uses:", [w for w in split_words(new_sentence) if w not in known_words])
+
+# %% [markdown]
+# Real text keeps producing new words (names, typos, numbers, other languages), so a word
+# vocabulary is never finished. A character tokenizer is two small tables, one each way:
+
+# %%
+chars = sorted(set(corpus))
+char_id = {char: index for index, char in enumerate(chars)}
+plain_ids = [char_id[char] for char in new_sentence]
+print(plain_ids)
+print("".join(chars[i] for i in plain_ids))
+
+# %% [markdown]
+# The same thing, with special tokens, saving and clear errors, is `CharTokenizer` in
+# `helpers/tokenizers.py`; the assertion checks that it agrees with the two lines above. It
+# still fails on a character the corpus never used, and says so:
+
+# %%
+from helpers.tokenizers import CharTokenizer
+
+char_tokenizer = CharTokenizer.train(corpus)
+assert char_tokenizer.encode(new_sentence) == plain_ids
+assert char_tokenizer.decode(plain_ids) == new_sentence
+print(char_tokenizer)
+try:
+    char_tokenizer.encode("Zoë found a key.")
+except ValueError as error:
+    print("ValueError:", error)
+
+# %% [markdown]
+# *Subword* tokenizers sit in between: frequent words stay whole, rare ones are spelled from
+# smaller pieces, so nothing is ever unknown and common text stays short. The question is which
+# pieces to keep. To make sure that *any* text can be spelled, start from bytes.
+#
+# ## 3. Bytes: 256 symbols that spell every text
+#
+# UTF-8 writes each Unicode character as one to four bytes, each a number from 0 to 255:
+
+# %%
+for text in ["soup", "Zoë", "☕", "東京", "👋"]:
+    data = text.encode("utf-8")
+    print(f"{text!r:7} {len(text)} character(s) -> {len(data)} byte(s): {list(data)}")
+print("bytes per character:", {char: len(char.encode("utf-8")) for char in "së☕👋"})
+print("possible byte values:", len(range(256)))
+
+# %% [markdown]
+# A tokenizer whose first 256 ids are the byte values has no unknown characters, ever. The price
+# is length: the wave emoji is four tokens. *Byte-pair encoding* (BPE) wins the length back by
+# learning new tokens for byte sequences that are frequent in the training text.
+#
+# ## 4. Byte-pair encoding, by hand
+#
+# 1. Write the training text as bytes (ids 0 to 255).
+# 2. Count every pair of neighbouring ids.
+# 3. Give the most frequent pair a new id (256, then 257, ...) and replace it everywhere.
+# 4. Repeat from 2 until the vocabulary is as large as wanted.
+#
+# The list of merges *is* the tokenizer: encoding a new text replays them.
+#
+# **Exercise 1: count the pairs.** Write the counting step of item 2 for one list of ids.
+
+# %%
+def count_pairs(ids: list[int]) -> dict[tuple[int, int], int]:
+    """How often each pair of neighbours occurs: [1, 2, 1, 2] -> {(1, 2): 2, (2, 1): 1}."""
+    raise NotImplementedError
+
+
+_ = check("tokenization.count_pairs", count_pairs)
+
+# %% [markdown]
+# <details><summary>Hint</summary>
+#
+# Visit the neighbours with `zip(ids, ids[1:])` and keep a running count in a dict:
+# `counts[pair] = counts.get(pair, 0) + 1`. Overlapping pairs count: `[5, 5, 5]` holds `(5, 5)` twice.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def count_pairs(ids: list[int]) -> dict[tuple[int, int], int]:
+#     """How often each pair of neighbours occurs: [1, 2, 1, 2] -> {(1, 2): 2, (2, 1): 1}."""
+#     counts = {}
+#     for pair in zip(ids, ids[1:]):  # (ids[0], ids[1]), (ids[1], ids[2]), ...
+#         counts[pair] = counts.get(pair, 0) + 1
+#     return counts
+#
+#
+# _ = check("tokenization.count_pairs", count_pairs)
+# ```
+# </details>
+#
+# From here on we use the same function from `helpers.tokenizers` (written with `Counter` and
+# `itertools.pairwise`, which yields the same neighbours as the `zip`). On the soup sentences:
+
+# %%
+from helpers.tokenizers import count_pairs, most_frequent_pair, readable
+
+corpus_pairs = count_pairs(list(corpus.encode("utf-8")))
+print(f"{len(corpus_pairs):,} distinct pairs; the first merge would be {most_frequent_pair(corpus_pairs)}")
+for pair, n in corpus_pairs.most_common(5):
+    print(f"{readable(bytes(pair))!r:6} {n:7,} times")
+
+# %% [markdown]
+# (`readable` shows a space as `␣` and a new line as `↵`.) Three of the five most frequent pairs
+# join the end of one word to what follows it: `e␣`, `d␣`, `.↵`. Merging those would fill the
+# vocabulary with tokens such as `ed␣` or `d␣the` that tie a word to its neighbour. GPT-2
+# therefore first cuts the text into word-like *chunks* (a word keeps the space in front of it;
+# punctuation, numbers and line breaks go apart) and never merges across a chunk boundary:
+
+# %%
+from helpers.tokenizers import pre_split
+
+print(pre_split(TOY_SOUP))
+
+# %% [markdown]
+# Step 3 replaces a pair by its new id, left to right, so that overlapping occurrences are not
+# merged twice:
+
+# %%
+def merge_pair(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
+    """`ids` with each occurrence of `pair` (read left to right) replaced by `new_id`."""
+    merged = []
+    position = 0
+    while position < len(ids):
+        if ids[position:position + 2] == list(pair):
+            merged.append(new_id)
+            position += 2
+        else:
+            merged.append(ids[position])
+            position += 1
+    return merged
+
+
+print(merge_pair([7, 7, 7, 1], (7, 7), 256))
+
+# %% [markdown]
+# And the whole textbook loop, on the chunks:
+
+# %%
+def train_textbook(text: str, n_merges: int) -> list[tuple[int, int]]:
+    """The textbook BPE loop: recount every pair of every chunk, merge the most frequent, repeat."""
+    chunks = [list(chunk.encode("utf-8")) for chunk in pre_split(text)]
+    merges = []
+    for step in range(n_merges):
+        counts = Counter()
+        for ids in chunks:
+            counts.update(count_pairs(ids))
+        if not counts:
+            break
+        pair = most_frequent_pair(counts)  # ties go to the smallest pair
+        merges.append(pair)
+        chunks = [merge_pair(ids, pair, 256 + step) for ids in chunks]
+    return merges
+
+
+def show_merges(merges: list[tuple[int, int]]) -> None:
+    """Print each merge as 'left + right -> new token'."""
+    token = {byte: bytes([byte]) for byte in range(256)}
+    for step, (left, right) in enumerate(merges):
+        token[256 + step] = token[left] + token[right]
+        print(f"merge {step}: {readable(token[left]):>6} + {readable(token[right]):<6}"
+              f" -> id {256 + step}: {readable(token[256 + step])}")
+
+
+show_merges(train_textbook(TOY_SOUP, 6))
+
+# %% [markdown]
+# The same algorithm lives in `helpers.tokenizers.learn_merges`, with two changes that make it
+# fast without changing a single merge:
+#
+# - **count each chunk once**: a chunk that occurs thousands of times is stored once with its
+#   count;
+# - **update the counts instead of recounting**: a merge only changes the chunks that contain
+#   the merged pair, so only their pairs are subtracted and added back.
+#
+# The first idea is most of the win on this corpus:
+
+# %%
+chunk_counts = Counter(pre_split(corpus))
+print(f"{sum(chunk_counts.values()):,} chunks in the corpus, only {len(chunk_counts)} distinct")
+print("most common:", [(readable(chunk.encode()), n) for chunk, n in chunk_counts.most_common(4)])
+
+# %% [markdown]
+# The cell below trains both versions on the first 10,000 characters of the corpus, checks that
+# they learn the same merges and that the helper is faster; the next one prints the times, which
+# depend on the machine:
+
+# %%
+from helpers.tokenizers import learn_merges
+
+sample = corpus[:10_000]
+started = time.perf_counter()
+textbook_merges = train_textbook(sample, 30)
+textbook_seconds = time.perf_counter() - started
+started = time.perf_counter()
+fast_merges = learn_merges(sample, 30)
+fast_seconds = time.perf_counter() - started
+
+assert [m.pair for m in fast_merges] == textbook_merges
+assert fast_seconds < textbook_seconds
+print(f"{len(textbook_merges)} identical merges; learn_merges was faster: {fast_seconds < textbook_seconds}")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# Wall-clock times change from run to run and from machine to machine.
+print(f"textbook loop {format_duration(textbook_seconds)} | learn_merges {format_duration(fast_seconds)}")
+
+# %% [markdown]
+# ## 5. Training on the whole corpus, step by step
+#
+# `BPETokenizer.train` runs `learn_merges` until the vocabulary (256 bytes, the merges and the
+# special tokens) reaches `VOCAB_SIZE`. It also reserves `<|endoftext|>`, the special token GPT-2
+# puts between documents; more on it below.
+
+# %%
+from helpers.tokenizers import BPETokenizer
+
+VOCAB_SIZE = 512  # the knob: try 300, or 1008 (where this corpus runs out of pairs)
+END = "<|endoftext|>"
+
+started = time.perf_counter()
+bpe = BPETokenizer.train(corpus, vocab_size=VOCAB_SIZE, special_tokens=[END])
+train_seconds = time.perf_counter() - started
+print(bpe)
+print(f"= {256} bytes + {len(bpe.merges)} merges + {len(bpe.special_tokens)} special token")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# A wall-clock time: it changes from run to run and from machine to machine.
+print(f"training on the whole corpus {format_duration(train_seconds)}")
+
+# %% [markdown]
+# The first merges, with how often each pair occurred when it was merged. The very first ones
+# glue a space to the start of a word; soon whole frequent words appear:
+
+# %%
+merges = learn_merges(corpus, len(bpe.merges))
+assert [m.pair for m in merges] == bpe.merges
+for m in merges[:12]:
+    left, right = bpe.labels(m.pair)
+    print(f"merge {m.new_id - 256:3}: {left:>6} + {right:<6} -> {bpe.labels([m.new_id])[0]:<9}"
+          f" seen {m.count:6,} times")
+
+# %% [markdown]
+# Watch the vocabulary grow. Each merge is at most as frequent as the one before it, so the
+# corpus shrinks by less and less; and new tokens tend to get longer, as merges start to join
+# tokens that are themselves merges:
+
+# %%
+def corpus_length(merge_list: list[tuple[int, int]]) -> int:
+    """Tokens in the whole corpus after these merges, counted once per distinct chunk."""
+    tokenizer = BPETokenizer(merge_list)
+    return sum(n * len(tokenizer.encode(chunk)) for chunk, n in chunk_counts.items())
+
+
+steps = [*range(0, len(bpe.merges), 16), len(bpe.merges)]
+lengths = [corpus_length(bpe.merges[:k]) for k in steps]
+new_token_bytes = [len(bpe.vocab[m.new_id]) for m in merges]
+assert all(earlier.count >= later.count for earlier, later in pairwise(merges))
+
+fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+left.plot(steps, [n / 1e3 for n in lengths], marker="o")
+left.set(title="The corpus gets shorter", xlabel="merges learned", ylabel="corpus length (thousand tokens)")
+right.scatter(range(len(merges)), new_token_bytes, s=12)
+right.set(title="New tokens get longer", xlabel="merge step", ylabel="length of the new token (bytes)")
+fig.tight_layout()
+plt.show()
+print(f"{lengths[0]:,} tokens before any merge, {lengths[-1]:,} after {steps[-1]}: "
+      f"{lengths[0] / lengths[-1]:.2f} bytes per token")
+
+# %% [markdown]
+# The longest tokens learned are whole words, most of them with the space in front:
+
+# %%
+learned = range(256, 256 + len(bpe.merges))
+longest = sorted(learned, key=lambda i: (-len(bpe.vocab[i]), i))[:8]
+print(bpe.labels(longest))
+
+# %% [markdown]
+# ## 6. Encode, decode, and any text at all
+#
+# To encode, pre-split the text and replay the merges inside each chunk, earliest-learned
+# first, exactly as training applied them.
+#
+# **Exercise 2: encode one word.** Given the merges as a list of pairs (merge `i` made id
+# `256 + i`), turn a word into its ids. `merge_pair` from above does the replacing.
+
+# %%
+def encode_word(word: str, merges: list[tuple[int, int]]) -> list[int]:
+    """The ids of `word`: its UTF-8 bytes with every merge applied, in the order learned."""
+    raise NotImplementedError
+
+
+_ = check("tokenization.encode_word", encode_word)
+
+# %% [markdown]
+# <details><summary>Hint</summary>
+#
+# Start from `list(word.encode("utf-8"))`, then loop `for rank, pair in enumerate(merges)` and
+# replace `pair` by `256 + rank`. A merge can only apply after the merges that made its parts.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def encode_word(word: str, merges: list[tuple[int, int]]) -> list[int]:
+#     """The ids of `word`: its UTF-8 bytes with every merge applied, in the order learned."""
+#     ids = list(word.encode("utf-8"))
+#     for rank, pair in enumerate(merges):
+#         ids = merge_pair(ids, pair, 256 + rank)
+#     return ids
+#
+#
+# _ = check("tokenization.encode_word", encode_word)
+# ```
+# </details>
+#
+# `BPETokenizer.encode` does this for every chunk (skipping merges that cannot apply, and
+# remembering chunks it has seen), and `decode` looks each id up and joins the bytes:
+
+# %%
+sentence = "One morning, Mia found a shiny key."
+sentence_ids = bpe.encode(sentence)
+print(f"{len(sentence)} characters -> {len(sentence_ids)} tokens: {sentence_ids}")
+print(bpe.labels(sentence_ids))
+assert bpe.decode(sentence_ids) == sentence
+
+# %% [markdown]
+# Text that the corpus never contained still round-trips exactly, because every byte has an id.
+# It just costs more tokens: the tokenizer learned English stories, not Japanese or emoji.
+
+# %%
+for text in ["Zoë's café ☕", "東京で会いましょう", "👋🏽 hello", "x_1 = 3.14  # π", "  two\tspaces\n"]:
+    ids = bpe.encode(text)
+    assert bpe.decode(ids) == text
+    print(f"{len(text):2} characters -> {len(ids):2} tokens   {bpe.labels(ids)[:8]}")
+
+# %% [markdown]
+# **Special tokens** get one id each and are never cut into bytes. Joining two stories with
+# `<|endoftext|>` tells a model where one document stops and the next begins:
+
+# %%
+two_stories = END.join(corpus.split("\n\n")[:2])
+story_ids = bpe.encode(two_stories)
+print("special tokens:", bpe.special_tokens)
+print(f"{len(story_ids)} tokens, of which {story_ids.count(bpe.special_tokens[END])} is {END}")
+assert bpe.decode(story_ids) == two_stories
+
+# %% [markdown]
+# (Here any text containing the characters `<|endoftext|>` gets the special id. Production
+# tokenizers often refuse that by default, so that a user cannot type a control token.)
+#
+# Decoding joins the *bytes* first and only then reads them as UTF-8. Decoding part of a
+# character gives the replacement mark `�`:
+
+# %%
+wave_ids = bpe.encode("👋")
+print("👋 ->", wave_ids, "| first two ids decode to", repr(bpe.decode(wave_ids[:2])))
+
+# %% [markdown]
+# **Exercise 3: decode.** Given ids and a vocabulary `{id: bytes}`, return the text. Some tokens
+# hold only part of a character.
+
+# %%
+def decode_ids(ids: list[int], vocab: dict[int, bytes]) -> str:
+    """The text of `ids`; bytes that do not form whole characters become '�'."""
+    raise NotImplementedError
+
+
+_ = check("tokenization.decode_ids", decode_ids)
+
+# %% [markdown]
+# <details><summary>Hint</summary>
+#
+# Decoding token by token breaks a character split across two tokens. Join all the bytes with
+# `b"".join(...)`, then decode once with `errors="replace"`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def decode_ids(ids: list[int], vocab: dict[int, bytes]) -> str:
+#     """The text of `ids`; bytes that do not form whole characters become '�'."""
+#     return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")
+#
+#
+# _ = check("tokenization.decode_ids", decode_ids)
+# ```
+# </details>
+#
+# A tokenizer is its merges and special tokens, so saving it is writing those down. Reloading
+# gives an identical tokenizer:
+
+# %%
+with tempfile.TemporaryDirectory() as folder:
+    saved = bpe.save(pathlib.Path(folder) / "bpe.json")
+    saved_size = saved.stat().st_size
+    reloaded = BPETokenizer.load(saved)
+assert reloaded == bpe and reloaded.encode(two_stories) == story_ids
+print(f"saved as {saved_size:,} bytes of JSON; the reloaded tokenizer is identical: {reloaded == bpe}")
+
+# %% [markdown]
+# Bad ids get an error that says what is wrong, not a bare `KeyError`:
+
+# %%
+try:
+    bpe.decode([72, 9999])
+except ValueError as error:
+    print("ValueError:", error)
+
+# %% [markdown]
+# The three tokenizers on the whole corpus, and on a sentence with a word and a letter the
+# corpus never used:
+
+# %%
+unseen = "Zoë met a dragon."
+corpus_ids = bpe.encode(corpus)
+assert bpe.decode(corpus_ids) == corpus
+
+
+def can_encode(encode, text: str) -> bool:
+    try:
+        encode(text)
+    except (KeyError, ValueError):
+        return False
+    return True
+
+
+id_of_word = {word: index for index, word in enumerate(sorted(known_words))}
+rows = [("characters", char_tokenizer.vocab_size, len(corpus), can_encode(char_tokenizer.encode, unseen)),
+        ("words", len(known_words), len(corpus_words), can_encode(lambda t: [id_of_word[w] for w in split_words(t)], unseen)),
+        ("byte-level BPE", bpe.vocab_size, len(corpus_ids), can_encode(bpe.encode, unseen))]
+print(f"{'tokens':15} {'vocabulary':>10} {'corpus length':>14}  encodes {unseen!r}?")
+for name, vocab_size, length, ok in rows:
+    print(f"{name:15} {vocab_size:>10,} {length:>14,}  {'yes' if ok else 'no'}")
+
+# %% [markdown]
+# ## 7. BPE, WordPiece and Unigram
+#
+# BPE is one of three subword families in wide use. The notes (seed 003) compare them:
+#
+# | | Unigram | BPE | WordPiece |
+# |---|---|---|---|
+# | **Training** | starts from a large vocabulary and removes the pieces the data needs least | starts from characters (here: bytes) and merges the most frequent pair | like BPE, but merges the pair that most raises the likelihood of the training data |
+# | **Encoding** | probabilistic: every segmentation has a probability; the most likely one is used | deterministic: one segmentation per word | deterministic: one segmentation per word |
+# | **Flexibility** | the most flexible; can follow the morphology of a language | less flexible: based on counts alone | between the two |
+# | **Used by** | T5, ALBERT (through SentencePiece) | GPT models, StarCoder2 (code), Galactica | BERT |
+#
+# `helpers/tokenizers.py` also holds small from-scratch versions of the other two, trained here
+# on the same corpus with the same vocabulary size:
+#
+# - `WordPieceTokenizer` merges the pair with the highest `count(ab) / (count(a) * count(b))`,
+#   which ranks pairs by how much merging them raises the likelihood of the training words;
+#   pieces inside a word carry `##`. Encoding takes the longest known piece from the left.
+# - `UnigramTokenizer` starts from the most frequent substrings and repeatedly drops the pieces
+#   whose loss costs the corpus least, re-estimating every piece's probability in between.
+#   Encoding picks the most probable segmentation. (It counts only each word's best segmentation
+#   when re-estimating, a common simplification of SentencePiece's expected counts.)
+
+# %%
+from helpers.tokenizers import UnigramTokenizer, WordPieceTokenizer
+
+wordpiece = WordPieceTokenizer.train(corpus, vocab_size=VOCAB_SIZE)
+unigram = UnigramTokenizer.train(corpus, vocab_size=VOCAB_SIZE)
+print(f"vocabulary sizes: BPE {bpe.vocab_size}, WordPiece {wordpiece.vocab_size}, Unigram {unigram.vocab_size}")
+
+words_to_compare = ["the", "found", "basket", "librarian", "umbrellas", "gardening", "unigram", "Zoë"]
+print(f"{'word':10} | {'BPE (with its space)':32} | {'WordPiece':32} | Unigram")
+for word in words_to_compare:
+    bpe_pieces = " ".join(bpe.labels(bpe.encode(" " + word)))
+    print(f"{word:10} | {bpe_pieces:32} | {' '.join(wordpiece.tokenize(word)):32} | "
+          f"{' '.join(unigram.tokenize(word))}")
+
+# %% [markdown]
+# Same corpus, same vocabulary size, different pieces. BPE and Unigram keep the most frequent
+# words whole. WordPiece's score favours pairs whose parts rarely occur apart, so it builds rare
+# fragments such as `##ning` early and, at this size, still writes *the* in two pieces. Unigram
+# keeps whole words and splits off an ending (`umbrella s`). Words the corpus never used
+# (*unigram*) come out as small pieces in all three. Only byte-level BPE can spell `Zoë`: the
+# other two never saw `ë` and return an unknown token.
+#
+# ### The notes' example: "unigram"
+#
+# The notes list four ways the word *unigram* could be cut. A Unigram model gives each a
+# probability: the product of its pieces' probabilities. Our corpus has no word with *gram* in
+# it, so the cell trains a small Unigram model on a word list that does, then scores the four
+# cuts (a cut that uses a piece missing from the vocabulary has probability 0):
+
+# %%
+from helpers.tokenizers import segmentations
+
+word_list = ("unicorn uniform union unit universe unique unicycle unify unison united "
+             "program diagram telegram kilogram hologram anagram grammar "
+             "under until undo unfair uncle unless unhappy night nine nice ninja ink idea ice ivy")
+small_unigram = UnigramTokenizer.train(word_list, vocab_size=30)
+every_cut = segmentations("unigram", small_unigram.log_probs)
+total = sum(math.exp(small_unigram.score(cut)) for cut in every_cut)
+
+SEED_003_CUTS = [["uni", "gram"], ["u", "ni", "gram"], ["un", "i", "gram"], list("unigram")]
+print(f"multi-letter pieces kept: {sorted(p for p in small_unigram.log_probs if len(p) > 1)}")
+for cut in SEED_003_CUTS:
+    log_p = small_unigram.score(cut)
+    share = math.exp(log_p) / total
+    print(f"{str(cut):38} log P = {log_p:7.2f}   P(this cut | unigram) = {share:.4f}")
+print(f"{len(every_cut)} possible cuts in all; the model picks {small_unigram.tokenize_word('unigram')}")
+
+# %% [markdown]
+# The model prefers `uni + gram`, gives `un + i + gram` a smaller share, and nearly nothing to
+# seven single letters; `u + ni + gram` is impossible because `ni` did not survive pruning.
+# Sampling a cut in proportion to these probabilities, instead of always taking the best, is
+# how Unigram training can show a model several spellings of one word ("subword
+# regularization"). BPE and WordPiece have one answer each:
+
+# %%
+small_bpe = BPETokenizer.train(word_list, vocab_size=256 + 30)
+small_wordpiece = WordPieceTokenizer.train(word_list, vocab_size=30 + 30)
+print("BPE      :", small_bpe.labels(small_bpe.encode("unigram")))
+print("WordPiece:", small_wordpiece.tokenize("unigram"))
+
+# %% [markdown]
+# ## 8. How big should the vocabulary be?
+#
+# More merges make the text shorter, which makes every sequence cheaper for attention, but each
+# token needs a row in the embedding table (and, untied, another in the output layer). On our
+# corpus:
+
+# %%
+all_merges = [m.pair for m in learn_merges(corpus, 10_000)]
+vocab_sizes = [*range(256, 256 + len(all_merges), 50), 256 + len(all_merges)]
+bytes_per_token = [corpus_bytes / corpus_length(all_merges[:v - 256]) for v in vocab_sizes]
+D_MODEL = 768  # GPT-2 small's embedding width
+GPT2_VOCAB_SIZE = 50_257
+table_sizes = [2 ** k for k in range(8, 19)]  # 256 ... 262,144
+
+fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+left.plot(vocab_sizes, bytes_per_token, marker="o")
+left.set(title="Our corpus: bigger vocabulary, shorter text", xlabel="vocabulary size",
+         ylabel="bytes per token")
+right.plot(table_sizes, [v * D_MODEL / 1e6 for v in table_sizes], marker="o", color="tab:red")
+right.plot([GPT2_VOCAB_SIZE], [GPT2_VOCAB_SIZE * D_MODEL / 1e6], marker="*", markersize=18, color="black")
+right.annotate("GPT-2", (GPT2_VOCAB_SIZE, GPT2_VOCAB_SIZE * D_MODEL / 1e6), xytext=(-70, 10),
+               textcoords="offset points", fontsize=13)
+right.set(xscale="log", title=f"Bigger vocabulary, bigger table (d = {D_MODEL})",
+          xlabel="vocabulary size (log scale)", ylabel="embedding parameters (millions)")
+fig.tight_layout()
+plt.show()
+print(f"this corpus runs out of pairs after {len(all_merges)} merges (vocabulary {256 + len(all_merges)}): "
+      f"{bytes_per_token[0]:.2f} -> {bytes_per_token[-1]:.2f} bytes per token")
+
+# %% [markdown]
+# The corpus is made from a small grammar, so after a few hundred merges every distinct chunk is
+# a single token and more merges have nothing left to do. Real text never runs out: GPT-2 learned
+# 50,000 merges from web pages, and its vocabulary is
+
+# %%
+GPT2_MERGES = 50_000
+gpt2_vocab = 256 + GPT2_MERGES + 1  # bytes + merges + <|endoftext|>
+assert gpt2_vocab == GPT2_VOCAB_SIZE
+GPT2_SMALL_PARAMETERS = 124_439_808  # counted exactly in notebook 7
+gpt2_embedding = gpt2_vocab * D_MODEL
+print(f"GPT-2 vocabulary: 256 + {GPT2_MERGES:,} + 1 = {gpt2_vocab:,}")
+print(f"its embedding table: {gpt2_vocab:,} x {D_MODEL} = {gpt2_embedding:,} parameters, "
+      f"{gpt2_embedding / GPT2_SMALL_PARAMETERS:.1%} of GPT-2 small's {GPT2_SMALL_PARAMETERS:,}")
+
+# %% [markdown]
+# Nearly a third of GPT-2 small is its embedding table. A bigger vocabulary makes sequences
+# shorter and rare words cheaper, but costs parameters and spreads the training data over more
+# rows: a token seen rarely gets a poorly trained embedding. That is why vocabularies sit in the
+# tens of thousands (GPT-2: 50,257) to a few hundred thousand, not in the millions.
+#
+# ## 9. Tokenizer playground
+#
+# Each token gets a colour and its id underneath; `␣` is a space, `↵` a new line, and `\xf0`
+# a byte that is only part of a character. First the same drawing for a fixed sentence, as a
+# static picture:
+
+# %%
+COLOURS = ["#ffd6a5", "#caffbf", "#9bf6ff", "#bdb2ff", "#ffc6ff", "#fdffb6"]
+
+
+def coloured_tokens(text: str) -> tuple[str, list[int]]:
+    """HTML showing `text` as coloured BPE tokens with their ids, and the ids themselves."""
+    ids = bpe.encode(text)
+    spans = [f'<span style="background:{COLOURS[i % len(COLOURS)]}; padding:2px 3px; margin:1px;'
+             f' display:inline-block; text-align:center">{html.escape(label)}'
+             f'<br><small style="color:#555">{token_id}</small></span>'
+             for i, (token_id, label) in enumerate(zip(ids, bpe.labels(ids), strict=True))]
+    summary = f"<p>{len(text)} characters, {len(ids)} tokens</p>"
+    return f'<div style="font-family:monospace; font-size:20px">{"".join(spans)}{summary}</div>', ids
+
+
+def show_tokens(text: str) -> list[int]:
+    """Display `text` as coloured tokens; return its ids."""
+    page, ids = coloured_tokens(text)
+    display(HTML(page))
+    return ids
+
+
+_ = show_tokens("Once upon a time, Zoë found a golden key 🔑.")
+
+# %% [markdown]
+# The live version: a text box, and below it the same drawing, redrawn as you type. (It updates
+# an HTML widget rather than printing, so nothing piles up below the cell.)
+
+# %%
+class TokenPlayground:
+    """A text box with its text drawn below as coloured tokens, redrawn on every change."""
+
+    def __init__(self, text: str) -> None:
+        self.box = widgets.Text(value=text, description="text", layout=widgets.Layout(width="700px"))
+        self.tokens = widgets.HTML()
+        self.last: list[int] = []  # the ids on screen, for the check below
+        self.box.observe(self._redraw, names="value")
+        self._redraw()
+
+    def _redraw(self, _change=None) -> None:
+        self.tokens.value, self.last = coloured_tokens(self.box.value)
+
+    def set(self, text: str) -> list[int]:
+        """Type `text` into the box, as a student would; return the ids now shown."""
+        self.box.value = text
+        return self.last
+
+    def _ipython_display_(self) -> None:
+        display(widgets.VBox([self.box, self.tokens]))
+
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# A live widget: its display holds a model id that changes on every run.
+playground = TokenPlayground("Once upon a time, Zoë found a golden key 🔑.")
+playground
+
+# %%
+before = playground.last
+after = playground.set("The brave librarian said hello 👋")
+assert after != before and bpe.decode(after) == "The brave librarian said hello 👋"
+assert playground.tokens.value == coloured_tokens("The brave librarian said hello 👋")[0]
+print(f"typing new text re-tokenizes it: {len(before)} tokens before, {len(after)} after")
+
+# %% [markdown]
+# Try your name, a sentence in another language, some code, or a long number. Which cost the
+# most tokens per character, and why?
+#
+# ## Check your understanding
+#
+# The numbers in the answers are computed in the cell below.
+
+# %%
+chars_per_token = len(corpus) / len(corpus_ids)
+wave_tokens = len(bpe.encode("👋"))
+unigram_cuts_all_pieces = len(segmentations("unigram", {"unigram"[i:j] for i in range(7) for j in range(i + 1, 8)}))
+print(f"corpus: {chars_per_token:.2f} characters per BPE token; {len(known_words):,} distinct words and marks")
+print(f"GPT-2: {gpt2_vocab:,} = 256 + {GPT2_MERGES:,} + 1; embedding {gpt2_embedding:,} parameters")
+print(f"'👋' is {wave_tokens} BPE tokens; decoding the first two gives {bpe.decode(bpe.encode('👋')[:2])!r}")
+print(f"cuts of 'unigram' if every substring were a piece: {unigram_cuts_all_pieces} "
+      f"(2 ** {len('unigram') - 1} gaps)")
+
+# %% [markdown]
+# **1. Why not use characters as tokens?**
+# <details><summary>Answer</summary>
+#
+# Sequences get long: on the corpus one BPE token covers 2.45 characters on average, so a
+# character model would see that many times more positions, and attention's cost grows with the
+# square of the length. Each position also carries little meaning, so the model spends layers
+# assembling words.
+# </details>
+#
+# **2. Why not use whole words?**
+# <details><summary>Answer</summary>
+#
+# A word that was never seen has no id (the corpus's 321 distinct words and marks have no
+# `dragon`), so the model cannot even read it. Real text keeps inventing words, so the
+# vocabulary would never be complete, and each rare word would get its own, poorly trained row.
+# </details>
+#
+# **3. Where does GPT-2's vocabulary size of 50,257 come from?**
+# <details><summary>Answer</summary>
+#
+# 256 byte tokens + 50,000 learned merges + 1 special token, `<|endoftext|>`. With
+# d_model = 768 its embedding table alone holds 38,597,376 parameters; with weight tying
+# (seed 002) the output layer reuses them instead of adding as many again.
+# </details>
+#
+# **4. Why can a byte-level BPE encode any text, and what goes wrong when you decode only some
+# of the ids?**
+# <details><summary>Answer</summary>
+#
+# Its first 256 ids are all possible byte values, and every text is a sequence of UTF-8 bytes,
+# so at worst a text is spelled byte by byte. `👋` takes 4 tokens; the first two are half a
+# character, so decoding them alone gives the replacement mark `�`. That is why `decode` joins
+# all the bytes before reading them as text.
+# </details>
+#
+# **5. What is the difference between BPE and Unigram when encoding a word?**
+# <details><summary>Answer</summary>
+#
+# BPE replays its merges and always gives one answer. A Unigram model gives every way of cutting
+# the word into known pieces a probability and picks the most likely; if every substring of
+# *unigram* were a piece there would be 64 cuts (2 choices, cut or not, at each of the 6 gaps
+# between letters). Sampling among them gives the model varied spellings during training.
+# </details>
+#
+# **6. Why does BPE training never merge across a space in GPT-2?**
+# <details><summary>Answer</summary>
+#
+# The text is first pre-split into word-like chunks and merges stay inside a chunk. Otherwise the
+# most frequent pairs would glue the end of one word to the start of the next (on the soup
+# sentences the most frequent pair is a letter and a space), giving tokens that only fit one
+# phrase.
+# </details>

@@ -1,0 +1,366 @@
+"""The from-scratch tokenizers: round trips on any text, merges equal to a naive reference,
+save/load identity, special tokens, and clear errors for bad input. Nothing here is timed:
+the speed budgets live in benchmarks/bench_tokenizer.py."""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import cache
+from itertools import pairwise
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers.corpus import TOY_SOUP, load_corpus
+from helpers.tokenizers import (
+    BPETokenizer,
+    CharTokenizer,
+    UnigramTokenizer,
+    WordPieceTokenizer,
+    count_pairs,
+    learn_merges,
+    merge,
+    pre_split,
+    readable,
+    segmentations,
+    split_special,
+    split_words,
+)
+
+END = "<|endoftext|>"
+
+
+@cache
+def corpus_bpe() -> BPETokenizer:
+    return BPETokenizer.train(load_corpus(), vocab_size=512, special_tokens=[END])
+
+
+def naive_merges(text: str, n_merges: int) -> tuple[list[tuple[int, int]], list[list[int]]]:
+    """The textbook loop: recount every pair of every chunk occurrence, merge the most frequent
+    (ties to the smallest pair), repeat. Returns the merged pairs and the final chunks."""
+    chunks = [list(chunk.encode("utf-8")) for chunk in pre_split(text)]
+    pairs = []
+    for step in range(n_merges):
+        counts: Counter = Counter()
+        for ids in chunks:
+            counts.update(pairwise(ids))
+        if not counts:
+            break
+        best = max(counts.values())
+        pair = min(p for p, c in counts.items() if c == best)
+        pairs.append(pair)
+        chunks = [merge(ids, pair, 256 + step) for ids in chunks]
+    return pairs, chunks
+
+
+# --- the building blocks ------------------------------------------------------------------------
+
+
+def test_count_pairs_counts_overlapping_neighbours():
+    assert count_pairs([1, 2, 1, 2]) == {(1, 2): 2, (2, 1): 1}
+    assert count_pairs([5, 5, 5]) == {(5, 5): 2}
+    assert count_pairs([7]) == {}
+
+
+def test_merge_replaces_left_to_right_without_overlap():
+    assert merge([7, 7, 7], (7, 7), 300) == [300, 7]
+    assert merge([7, 7, 7, 7], (7, 7), 300) == [300, 300]
+    assert merge([1, 2, 3, 1, 2], (1, 2), 256) == [256, 3, 256]
+    assert merge([1, 3, 2], (1, 2), 256) == [1, 3, 2]
+
+
+@given(st.text())
+def test_pre_split_loses_nothing(text):
+    assert "".join(pre_split(text)) == text
+
+
+def test_pre_split_keeps_the_space_with_the_next_word():
+    assert pre_split("Tom found a key.") == ["Tom", " found", " a", " key", "."]
+    assert pre_split("it's  ok") == ["it", "'s", " ", " ok"]
+
+
+def test_split_special_isolates_special_tokens():
+    assert split_special(f"a{END}b{END}", [END]) == [("a", False), (END, True), ("b", False), (END, True)]
+    assert split_special("plain", []) == [("plain", False)]
+    assert split_special("", [END]) == []
+
+
+# --- training agrees with the textbook loop -----------------------------------------------------
+
+
+def test_first_corpus_merges_agree_with_naive_reference():
+    text = load_corpus()[:20_000]
+    reference, _ = naive_merges(text, 40)
+    assert [m.pair for m in learn_merges(text, 40)] == reference
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet="abc dé☕\n", min_size=1, max_size=80), st.integers(0, 12))
+def test_every_merge_agrees_with_naive_reference_on_small_texts(text, n_merges):
+    reference, _ = naive_merges(text, n_merges)
+    assert [m.pair for m in learn_merges(text, n_merges)] == reference
+
+
+def test_merge_counts_are_the_pair_frequencies_at_merge_time():
+    text = "aaab aaab ab"
+    first = learn_merges(text, 1)[0]
+    chunks = [list(c.encode()) for c in pre_split(text)]
+    expected = sum(count_pairs(ids)[first.pair] for ids in chunks)
+    assert (first.new_id, first.count) == (256, expected)
+
+
+def test_encoding_reproduces_the_training_segmentation():
+    text = load_corpus()[:20_000]
+    _, final_chunks = naive_merges(text, 60)
+    tokenizer = BPETokenizer.train(text, vocab_size=256 + 60)
+    assert tokenizer.encode(text) == [i for ids in final_chunks for i in ids]
+
+
+def test_training_stops_when_no_pair_is_left():
+    tokenizer = BPETokenizer.train("ab", vocab_size=300)
+    assert tokenizer.merges == [(97, 98)]
+    assert tokenizer.vocab_size == 257
+    assert tokenizer.encode("ab") == [256]
+
+
+def test_vocabulary_has_the_requested_size_and_learned_tokens_are_byte_strings():
+    tokenizer = corpus_bpe()
+    assert tokenizer.vocab_size == 512
+    assert tokenizer.special_tokens == {END: 511}
+    assert all(tokenizer.vocab[256 + i] == tokenizer.vocab[a] + tokenizer.vocab[b]
+               for i, (a, b) in enumerate(tokenizer.merges))
+    assert len(tokenizer.encode(load_corpus()[:5000])) < 5000 / 2, "merges should compress the corpus"
+
+
+# --- round trips --------------------------------------------------------------------------------
+
+
+@given(st.text())
+def test_bpe_round_trips_any_unicode_text(text):
+    assert corpus_bpe().decode(corpus_bpe().encode(text)) == text
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text(min_size=1, max_size=200), st.text(max_size=50))
+def test_bpe_trained_on_any_text_round_trips_other_text(training_text, text):
+    tokenizer = BPETokenizer.train(training_text, vocab_size=300)
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+@given(st.lists(st.sampled_from(["Tom", " sat", END, "☕", "\n", "é"]), max_size=12))
+def test_special_tokens_get_one_id_and_survive_the_round_trip(pieces):
+    text = "".join(pieces)
+    ids = corpus_bpe().encode(text)
+    assert ids.count(511) == pieces.count(END)
+    assert corpus_bpe().decode(ids) == text
+
+
+@given(st.text(min_size=1))
+def test_char_tokenizer_round_trips_its_training_text(text):
+    tokenizer = CharTokenizer.train(text)
+    ids = tokenizer.encode(text)
+    assert len(ids) == len(text)
+    assert tokenizer.decode(ids) == text
+
+
+def test_char_tokenizer_special_tokens():
+    tokenizer = CharTokenizer.train(f"ab{END}ba", special_tokens=[END])
+    assert tokenizer.chars == ["a", "b"]
+    assert tokenizer.encode(f"a{END}") == [0, 2]
+    assert tokenizer.decode([2, 1]) == f"{END}b"
+
+
+def test_decode_of_half_a_character_shows_a_replacement_mark():
+    tokenizer = corpus_bpe()
+    ids = tokenizer.encode("👋")
+    assert len(ids) == 4 and tokenizer.decode(ids[:2]) == "�"
+    assert tokenizer.decode(ids) == "👋"
+
+
+def test_decode_accepts_tensors_of_ids():
+    tokenizer = corpus_bpe()
+    ids = tokenizer.encode(TOY_SOUP)
+    assert tokenizer.decode(torch.tensor(ids)) == TOY_SOUP
+
+
+# --- save and load --------------------------------------------------------------------------------
+
+
+def test_bpe_save_load_identity(tmp_path):
+    tokenizer = corpus_bpe()
+    loaded = BPETokenizer.load(tokenizer.save(tmp_path / "bpe.json"))
+    assert loaded == tokenizer and loaded.vocab == tokenizer.vocab
+    text = f"Mia found a shiny key ☕{END}"
+    assert loaded.encode(text) == tokenizer.encode(text)
+    assert loaded != BPETokenizer(tokenizer.merges[:-1], [END])
+
+
+def test_char_save_load_identity(tmp_path):
+    tokenizer = CharTokenizer.train(TOY_SOUP + "é☕", special_tokens=[END])
+    loaded = CharTokenizer.load(tokenizer.save(tmp_path / "chars.json"))
+    assert loaded == tokenizer
+    assert loaded.encode(TOY_SOUP) == tokenizer.encode(TOY_SOUP)
+
+
+def test_loading_the_wrong_kind_of_file_says_so(tmp_path):
+    path = CharTokenizer.train("abc").save(tmp_path / "chars.json")
+    with pytest.raises(ValueError, match="expected a saved BPETokenizer"):
+        BPETokenizer.load(path)
+
+
+# --- clear errors ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("train", [lambda: BPETokenizer.train("", vocab_size=300),
+                                   lambda: learn_merges("", 10),
+                                   lambda: CharTokenizer.train(""),
+                                   lambda: CharTokenizer.train(END, special_tokens=[END])])
+def test_empty_training_text_is_refused(train):
+    with pytest.raises(ValueError, match="text is empty"):
+        train()
+
+
+def test_unknown_character_names_the_character_and_its_position():
+    tokenizer = CharTokenizer.train(TOY_SOUP)
+    with pytest.raises(ValueError, match=r"text\[7\] is 'é'"):
+        tokenizer.encode("I like é soup")
+
+
+@pytest.mark.parametrize("bad_id", [-1, 512, 10_000])
+def test_bpe_ids_outside_the_vocabulary_are_refused(bad_id):
+    with pytest.raises(ValueError, match=rf"ids\[1\] is {bad_id}, expected an id in range\(0, 512\)"):
+        corpus_bpe().decode([65, bad_id])
+
+
+def test_char_ids_outside_the_vocabulary_are_refused():
+    tokenizer = CharTokenizer.train("abc")
+    with pytest.raises(ValueError, match=r"ids\[0\] is 3, expected an id in range\(0, 3\)"):
+        tokenizer.decode([3])
+
+
+def test_non_integer_ids_are_refused():
+    with pytest.raises(TypeError, match=r"ids\[0\] is 1.5 of type float"):
+        corpus_bpe().decode([1.5])
+
+
+@pytest.mark.parametrize(("vocab_size", "specials", "smallest"), [(255, [], 256), (0, [], 256),
+                                                                 (256, [END], 257)])
+def test_vocabulary_smaller_than_the_bytes_is_refused(vocab_size, specials, smallest):
+    with pytest.raises(ValueError, match=rf"vocab_size is {vocab_size}, expected at least {smallest}"):
+        BPETokenizer.train("some text", vocab_size=vocab_size, special_tokens=specials)
+
+
+def test_bad_merges_and_special_tokens_are_refused():
+    with pytest.raises(ValueError, match=r"merges\[0\] is \(256, 1\)"):
+        BPETokenizer([(256, 1)])
+    with pytest.raises(ValueError, match="special_tokens"):
+        BPETokenizer([], special_tokens=[END, END])
+    with pytest.raises(ValueError, match="chars holds 'ab'"):
+        CharTokenizer(["ab"])
+
+
+# --- display and Unigram segmentations ----------------------------------------------------------
+
+
+def test_readable_shows_spaces_and_partial_characters():
+    assert readable(b" the\n") == "␣the↵"
+    assert readable("é".encode()[:1]) == "\\xc3"
+
+
+def test_segmentations_lists_every_cut():
+    assert segmentations("abc", {"a", "b", "c", "ab"}) == [["a", "b", "c"], ["ab", "c"]]
+    every_substring = {"unigram"[i:j] for i in range(7) for j in range(i + 1, 8)}
+    found = segmentations("unigram", every_substring)
+    assert len(found) == 2 ** 6
+    assert all("".join(pieces) == "unigram" for pieces in found)
+    assert segmentations("xyz", {"x", "y"}) == []
+    with pytest.raises(ValueError, match="word has 25 characters"):
+        segmentations("a" * 25, {"a"})
+
+
+# --- WordPiece and Unigram ----------------------------------------------------------------------
+
+
+@cache
+def corpus_wordpiece() -> WordPieceTokenizer:
+    return WordPieceTokenizer.train(load_corpus(), vocab_size=400)
+
+
+@cache
+def corpus_unigram() -> UnigramTokenizer:
+    return UnigramTokenizer.train(load_corpus(), vocab_size=400)
+
+
+def corpus_words_sample() -> list[str]:
+    return sorted(set(split_words(load_corpus())))
+
+
+def test_wordpiece_first_merge_maximises_the_likelihood_score():
+    text = "hugs hugs hugs pug pun bun"  # WordPiece picks ##g ##s, BPE would pick ##u ##g
+    words = Counter(split_words(text))
+    spellings = {w: [w[0]] + ["##" + c for c in w[1:]] for w in words}
+    piece_counts, pair_counts = Counter(), Counter()
+    for word, n in words.items():
+        for piece in spellings[word]:
+            piece_counts[piece] += n
+        for pair in pairwise(spellings[word]):
+            pair_counts[pair] += n
+    best = max(pair_counts, key=lambda p: pair_counts[p] / (piece_counts[p[0]] * piece_counts[p[1]]))
+    tokenizer = WordPieceTokenizer.train(text, vocab_size=len(piece_counts) + 1 + 1)  # one merge, [UNK]
+    assert tokenizer.vocab[-2:] == [best[0] + best[1].removeprefix("##"), "[UNK]"]
+    assert best != pair_counts.most_common(1)[0][0], "this text should tell WordPiece from BPE"
+
+
+def test_wordpiece_and_unigram_reach_the_requested_size_and_spell_every_corpus_word():
+    for tokenizer in (corpus_wordpiece(), corpus_unigram()):
+        assert tokenizer.vocab_size == 400
+        for word in corpus_words_sample():
+            pieces = tokenizer.tokenize_word(word)
+            assert "".join(p.removeprefix("##") for p in pieces) == word
+
+
+def test_wordpiece_encoding_matches_the_rust_library_on_the_same_vocabulary():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    ours = corpus_wordpiece()
+    theirs = Tokenizer(models.WordPiece({p: i for i, p in enumerate(ours.vocab)}, unk_token="[UNK]"))
+    theirs.pre_tokenizer = pre_tokenizers.Whitespace()
+    for word in [*corpus_words_sample(), "unigram", "tokenization", "Zoë"]:
+        assert ours.tokenize(word) == theirs.encode(word).tokens, word
+
+
+def test_unigram_encoding_matches_the_rust_library_on_the_same_pieces():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    ours = corpus_unigram()
+    pieces = [("<unk>", 0.0), *sorted(ours.log_probs.items())]
+    theirs = Tokenizer(models.Unigram(pieces, unk_id=0, byte_fallback=False))
+    theirs.pre_tokenizer = pre_tokenizers.Whitespace()
+    for word in [*corpus_words_sample(), "unigram", "tokenization"]:
+        assert ours.tokenize(word) == theirs.encode(word).tokens, word
+
+
+def test_unigram_picks_the_most_probable_segmentation():
+    tokenizer = UnigramTokenizer({"u": -3.0, "n": -3.0, "i": -3.0, "un": -2.0, "uni": -4.5, "ni": -1.0})
+    cuts = segmentations("uni", tokenizer.log_probs)
+    best = max(cuts, key=tokenizer.score)
+    assert tokenizer.tokenize_word("uni") == best == ["u", "ni"]
+    assert tokenizer.score(["u", "ni"]) == -4.0
+    assert tokenizer.score(["q"]) == float("-inf")
+    assert tokenizer.tokenize("uni x") == ["u", "ni", "<unk>"]
+
+
+@pytest.mark.parametrize("train", [lambda: WordPieceTokenizer.train(" ", vocab_size=50),
+                                   lambda: UnigramTokenizer.train("", vocab_size=50)])
+def test_wordpiece_and_unigram_refuse_empty_text(train):
+    with pytest.raises(ValueError, match="text is empty"):
+        train()
+
+
+def test_wordpiece_and_unigram_refuse_a_vocabulary_smaller_than_the_alphabet():
+    with pytest.raises(ValueError, match="vocab_size is 3, expected at least 6"):
+        WordPieceTokenizer.train("abcde", vocab_size=3)  # a ##b ##c ##d ##e and [UNK]
+    with pytest.raises(ValueError, match="vocab_size is 3, expected at least 5"):
+        UnigramTokenizer.train("abcde", vocab_size=3)
