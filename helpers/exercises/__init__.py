@@ -80,8 +80,12 @@ def _where_it_broke(error: BaseException) -> str:
     return f" (in `{frame.name}`, at `{(frame.line or '').strip()}`)"
 
 
-def check(name: str, answer: Any) -> bool:
-    """Run exercise `name` against the student's `answer`; print the verdict, return True if right."""
+def check(name: str, answer: Any) -> None:
+    """Run exercise `name` against the student's `answer` and print the verdict.
+
+    Returns nothing, so that a bare `check(...)` as the last line of a cell shows only the
+    verdict (with helpers.exercises.STRICT set, a wrong answer raises AssertionError instead).
+    """
     ex = get(name)
     try:
         praise = ex.checker(answer)
@@ -101,7 +105,6 @@ def check(name: str, answer: Any) -> bool:
     if STRICT and not verdict:
         raise AssertionError(message)
     print(message)
-    return verdict
 
 
 def expect_close(got: Any, expected: Any, what: str, atol: float = 1e-6) -> None:

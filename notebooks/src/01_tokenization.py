@@ -169,7 +169,7 @@ def count_pairs(ids: list[int]) -> dict[tuple[int, int], int]:
     raise NotImplementedError
 
 
-_ = check("tokenization.count_pairs", count_pairs)
+check("tokenization.count_pairs", count_pairs)
 
 # %% [markdown]
 # <details><summary>Hint</summary>
@@ -395,7 +395,7 @@ def encode_word(word: str, merges: list[tuple[int, int]]) -> list[int]:
     raise NotImplementedError
 
 
-_ = check("tokenization.encode_word", encode_word)
+check("tokenization.encode_word", encode_word)
 
 # %% [markdown]
 # <details><summary>Hint</summary>
@@ -471,7 +471,7 @@ def decode_ids(ids: list[int], vocab: dict[int, bytes]) -> str:
     raise NotImplementedError
 
 
-_ = check("tokenization.decode_ids", decode_ids)
+check("tokenization.decode_ids", decode_ids)
 
 # %% [markdown]
 # <details><summary>Hint</summary>

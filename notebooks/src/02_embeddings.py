@@ -257,7 +257,7 @@ def lookup_by_product(token_ids: torch.Tensor, weight: torch.Tensor) -> torch.Te
     raise NotImplementedError
 
 
-_ = check("embeddings.lookup_by_product", lookup_by_product)
+check("embeddings.lookup_by_product", lookup_by_product)
 
 # %% [markdown]
 # <details><summary>Hint</summary>
@@ -411,7 +411,7 @@ def most_similar(query: torch.Tensor, table: torch.Tensor, k: int) -> torch.Tens
     raise NotImplementedError
 
 
-_ = check("embeddings.most_similar", most_similar)
+check("embeddings.most_similar", most_similar)
 
 # %% [markdown]
 # <details><summary>Hint</summary>
@@ -650,7 +650,7 @@ def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> t
     raise NotImplementedError
 
 
-_ = check("embeddings.sinusoidal_table", sinusoidal_table)
+check("embeddings.sinusoidal_table", sinusoidal_table)
 
 # %% [markdown]
 # <details><summary>Hint</summary>
