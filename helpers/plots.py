@@ -75,6 +75,8 @@ def heatmap(
     if annotate and array.size <= 144:
         middle = np.nanmean(array) if np.isfinite(array).any() else 0.0
         for (i, j), value in np.ndenumerate(array):
+            if not np.isfinite(value):
+                continue  # a masked cell (-inf or NaN) is left blank rather than printed as "nan"
             ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=10,
                     color="white" if value < middle else "black")
     ax.set_title(title)

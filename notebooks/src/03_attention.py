@@ -1,0 +1,838 @@
+# %% [markdown]
+# # 3. Scaled dot-product attention
+#
+# **After this notebook you will be able to**
+# - explain queries, keys and values as a *soft* dictionary lookup, and write down the shape of
+#   every tensor in self-attention and in cross-attention;
+# - write a numerically stable softmax and scaled dot-product attention from scratch;
+# - show, with numbers and plots, *why* the scores are divided by $\sqrt{d_k}$: large scores
+#   saturate the softmax and the gradient that reaches $Q$ and $K$ dies;
+# - reproduce the worked examples of the lecture notes ("I like to eat", "The cat sat here") and
+#   spot where their printed numbers do not follow from their own inputs.
+#
+# **It assumes** notebook 2 (tokens become vectors) and basic PyTorch: tensors, `@`, autograd.
+#
+# **The formula of the whole notebook:**
+# $\mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(QK^\top / \sqrt{d_k}\right) V$.
+
+# %% [setup]
+
+# %%
+import math
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import torch
+
+from helpers.exercises import check
+from helpers.plots import heatmap
+from helpers.widgets import Explorer
+
+torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
+
+# %% [markdown]
+# ## 1. The dot product measures similarity
+#
+# $a \cdot b = \sum_i a_i b_i$ is large when two vectors point the same way, near zero when they
+# are unrelated, and negative when they point apart. Attention is built on nothing else. Below,
+# a made-up query vector for "kitten" is compared with three made-up key vectors (the three
+# features could read "is an animal", "is furry", "has an engine").
+
+# %%
+words = ["cat", "dog", "car"]
+keys = torch.tensor([[1.0, 0.9, 0.0],    # cat
+                     [0.9, 1.0, 0.1],    # dog
+                     [0.0, 0.1, 1.0]])   # car
+kitten = torch.tensor([1.0, 0.8, 0.1])
+
+by_hand = [sum(kitten[i] * key[i] for i in range(3)).item() for key in keys]
+as_matrix_product = keys @ kitten  # one dot product per row of `keys`
+for word, score in zip(words, as_matrix_product, strict=True):
+    print(f"kitten . {word} = {score:.2f}")
+assert torch.allclose(torch.tensor(by_hand), as_matrix_product)
+
+# %% [markdown]
+# The matrix product `keys @ kitten` computes all three dot products at once: "cat" scores
+# highest, "car" lowest. To turn scores into weights that are positive and sum to 1 we need a
+# softmax.
+#
+# ## 2. Softmax, and how to compute it without overflow
+#
+# $\mathrm{softmax}(s)_i = e^{s_i} / \sum_j e^{s_j}$. Written literally it breaks as soon as a
+# score is large: `exp(1000)` does not fit in a float.
+
+# %%
+def naive_softmax(scores: torch.Tensor) -> torch.Tensor:
+    """exp(s) / sum(exp(s)) over the last dim, exactly as the formula reads. Shape: as `scores`."""
+    exps = torch.exp(scores)
+    return exps / exps.sum(dim=-1, keepdim=True)
+
+
+big = torch.tensor([1000.0, 0.0, -1000.0])
+print("naive_softmax([1000, 0, -1000]) =", naive_softmax(big))
+print("exp(1000) in float32 is", torch.exp(torch.tensor(1000.0)).item())
+
+# %% [markdown]
+# `exp(1000)` is `inf`, and `inf / inf` is `nan`. The fix uses one fact: adding the same number
+# to every score does not change the softmax (it multiplies top and bottom by the same $e^c$).
+# So subtract the row's maximum first; every exponent is then at most 0 and nothing overflows.
+
+# %%
+def softmax(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim, shifted by the row maximum so that exp never overflows."""
+    shifted = scores - scores.amax(dim=-1, keepdim=True)
+    exps = torch.exp(shifted)
+    return exps / exps.sum(dim=-1, keepdim=True)
+
+
+print("softmax([1000, 0, -1000]) =", softmax(big))
+small = torch.tensor([2.0, 1.0, 0.1])
+assert torch.allclose(softmax(small), naive_softmax(small))
+assert torch.allclose(softmax(big), torch.softmax(big, dim=-1))
+
+# %% [markdown]
+# ### Exercise 1: a stable softmax
+# Write `my_softmax(x)`: the softmax over the last dimension of a tensor of any shape, which must
+# survive logits of ±1000.
+
+# %%
+def my_softmax(x: torch.Tensor) -> torch.Tensor:
+    raise NotImplementedError
+
+
+check("attention.stable_softmax", my_softmax)
+
+# %% [markdown]
+# <details><summary>Hint</summary>Subtract <code>x.amax(dim=-1, keepdim=True)</code> before
+# <code>torch.exp</code>; divide by the sum over <code>dim=-1</code> with <code>keepdim=True</code>.</details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_softmax(x: torch.Tensor) -> torch.Tensor:
+#     exps = torch.exp(x - x.amax(dim=-1, keepdim=True))
+#     return exps / exps.sum(dim=-1, keepdim=True)
+#
+#
+# check("attention.stable_softmax", my_softmax)
+# ```
+# </details>
+
+# %% [markdown]
+# ## 3. Queries, keys and values: a soft dictionary lookup
+#
+# A Python `dict` is a lookup: a query must equal one key exactly, and you get that key's value.
+# Attention keeps the idea and makes every step soft.
+#
+# | role | the question it answers | in a search engine |
+# |---|---|---|
+# | **query** $q$ | what is this token looking for? | the words you type |
+# | **key** $k$ | what does each token advertise about itself? | a page's index terms |
+# | **value** $v$ | what does each token hand over when chosen? | the page itself |
+#
+# The query is compared with *every* key (dot products), the scores go through a softmax, and
+# the answer is the weighted average of *all* the values. Here each value is a tiny record:
+# (number of legs, number of wheels).
+
+# %%
+values = torch.tensor([[4.0, 0.0],    # cat: 4 legs, 0 wheels
+                       [4.0, 0.0],    # dog
+                       [0.0, 4.0]])   # car
+weights = softmax(keys @ kitten)
+answer = weights @ values
+print("weights over (cat, dog, car):", [round(w, 3) for w in weights.tolist()])
+print(f"answer: {answer[0]:.2f} legs, {answer[1]:.2f} wheels")
+
+# %% [markdown]
+# The answer is mostly "legs", because the query resembles the animal keys, but a little of the
+# car leaks in: a soft lookup never picks exactly one entry. In a Transformer, queries, keys and
+# values are not written by hand; each is a learned linear map of the token vectors.
+#
+# ## 4. Attention in plain code, and every shape
+#
+# Stacking the queries as rows of $Q$ and the keys as rows of $K$, all the dot products are
+# one matrix product $QK^\top$. Dividing by $\sqrt{d_k}$ is the "scaled" in the name (section 5
+# shows why it is there), the softmax runs along each row, and the output is $AV$.
+
+# %%
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T / sqrt(d_k)) v.
+
+    q: (N_q, d_k), k: (N_k, d_k), v: (N_k, d_v). Returns output (N_q, d_v) and weights (N_q, N_k).
+    """
+    d_k = q.shape[-1]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (N_q, N_k): one score per (query, key)
+    weights = softmax(scores)                          # each row sums to 1
+    return weights @ v, weights
+
+
+# %% [markdown]
+# ### Cross-attention: the queries come from somewhere else
+#
+# In the notation of the lecture notes (seed 000), cross-attention takes $N_Q$ query vectors
+# $Q$ and $N_X$ data vectors $X$; the keys and values are computed from the data. Every size
+# below is different, so each shape tells you exactly where it came from.
+
+# %%
+def show_shapes(rows: list[tuple[str, str, torch.Tensor]]) -> None:
+    """Print one line per tensor: its name, how it is computed, and its shape."""
+    for name, formula, tensor in rows:
+        print(f"{name:<18}{formula:<22}{' x '.join(map(str, tensor.shape))}")
+
+
+N_Q, N_X, D_X, D_Q, D_V = 2, 5, 6, 4, 3
+torch.manual_seed(0)
+Q = torch.randn(N_Q, D_Q)
+X = torch.randn(N_X, D_X)
+W_K, W_V = torch.randn(D_X, D_Q), torch.randn(D_X, D_V)
+K, V = X @ W_K, X @ W_V
+Y, A = attention(Q, K, V)
+E = Q @ K.T / math.sqrt(D_Q)
+print(f"N_Q = {N_Q}, N_X = {N_X}, D_X = {D_X}, D_Q = {D_Q}, D_V = {D_V}\n")
+show_shapes([("queries Q", "given", Q), ("data X", "given", X), ("key matrix W_K", "learned", W_K),
+             ("value matrix W_V", "learned", W_V), ("keys K", "X W_K", K), ("values V", "X W_V", V),
+             ("similarities E", "Q K^T / sqrt(D_Q)", E), ("weights A", "softmax(E, dim=1)", A),
+             ("outputs Y", "A V", Y)])
+print("\nrow sums of A:", A.sum(dim=1))
+
+# %% [markdown]
+# Each query produces one output row, a mix of the data's values: $Y$ has $N_Q$ rows, not $N_X$.
+# The softmax runs along `dim=1`, across the keys, so each *row* of $A$ sums to 1: every query
+# gets a probability distribution over the data. (Seed 000's slide says the softmax "normalizes
+# each column"; with $A$ of shape $N_Q \times N_X$ and `dim=1`, it is the rows, as the sums show.)
+#
+# ### Self-attention: queries, keys and values all come from the same tokens
+
+# %%
+N, D_IN, D_OUT = 5, 6, 4
+torch.manual_seed(1)
+X = torch.randn(N, D_IN)
+W_Q, W_K, W_V = (torch.randn(D_IN, D_OUT) for _ in range(3))
+Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+Y, A = attention(Q, K, V)
+print(f"N = {N}, D_in = {D_IN}, D_out = {D_OUT}\n")
+show_shapes([("inputs X", "given", X), ("W_Q, W_K, W_V", "learned, each", W_Q),
+             ("Q, K, V", "X W_Q, X W_K, X W_V", Q), ("similarities E", "Q K^T / sqrt(D_out)", Q @ K.T),
+             ("weights A", "softmax(E, dim=1)", A), ("outputs Y", "A V", Y)])
+
+# %% [markdown]
+# With one input the shapes get simpler: $N$ tokens in, $N$ outputs out, and the weight
+# matrix is square, $N \times N$. Almost always $D_Q = D_V = D_{out}$.
+#
+# ### Exercise 2: scaled dot-product attention
+# Write `my_attention(q, k, v)` returning `(output, weights)`. It must work for self-attention,
+# for cross-attention ($N_q \ne N_k$, $d_v \ne d_k$) and for extra leading dimensions
+# (batch, heads), so use `k.transpose(-2, -1)` rather than `k.T`.
+
+# %%
+def my_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    raise NotImplementedError
+
+
+check("attention.scaled_attention", my_attention)
+
+# %% [markdown]
+# <details><summary>Hint</summary>Scores are <code>q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])</code>;
+# softmax them along <code>dim=-1</code>; multiply by <code>v</code>.</details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+#     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+#     weights = torch.softmax(scores, dim=-1)
+#     return weights @ v, weights
+#
+#
+# check("attention.scaled_attention", my_attention)
+# ```
+# </details>
+
+# %% [markdown]
+# ### From here on: `helpers.attention`
+#
+# The same two functions live in the course package as `helpers.attention.softmax` and
+# `helpers.attention.scaled_dot_product_attention(q, k, v, mask=None, scale=None)`, which also
+# takes a mask (notebook 4) and checks its inputs. The cell below proves that our plain version,
+# the helper and PyTorch's own `F.scaled_dot_product_attention` agree on a batch of heads.
+
+# %%
+import torch.nn.functional as F
+
+from helpers.attention import scaled_dot_product_attention, softmax_jacobian
+from helpers.attention import softmax as helper_softmax
+
+torch.manual_seed(2)
+q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 5)  # (batch, heads, N, d)
+ours, our_weights = attention(q, k, v)
+helper_out, helper_weights = scaled_dot_product_attention(q, k, v)
+torch.testing.assert_close(ours, helper_out)
+torch.testing.assert_close(our_weights, helper_weights)
+torch.testing.assert_close(helper_out, F.scaled_dot_product_attention(q, k, v))
+torch.testing.assert_close(softmax(q), helper_softmax(q))
+print("plain code, helpers.attention and torch agree; output", tuple(helper_out.shape),
+      "weights", tuple(helper_weights.shape))
+
+# %% [markdown]
+# The helper also refuses inputs that cannot be attended together, naming both shapes:
+
+# %%
+try:
+    scaled_dot_product_attention(torch.randn(2, 4), torch.randn(3, 5), torch.randn(3, 5))
+except ValueError as error:
+    print("ValueError:", error)
+
+# %% [markdown]
+# ## 5. Why divide by $\sqrt{d_k}$? The softmax-saturation demo
+#
+# ### 5a. Two softmaxes
+# The lecture notes (seed 000) take one query whose scores over three keys are $[20, 0, -20]$,
+# and the same scores divided by 8, $[2.5, 0, -2.5]$. We compute both in float64 with enough
+# digits to see what happens.
+
+# %%
+def show_softmax(scores: list[float]) -> torch.Tensor:
+    """Print softmax(scores) with enough digits to see saturation; return it (float64)."""
+    a = helper_softmax(torch.tensor(scores, dtype=torch.float64))
+    print(f"softmax({scores}) = [{a[0]:.12f}, {a[1]:.4g}, {a[2]:.4g}]")
+    return a
+
+
+saturated = show_softmax([20.0, 0.0, -20.0])
+relaxed = show_softmax([2.5, 0.0, -2.5])
+SEED_000_PRINTS = 0.9999999998  # seed 000's first slide
+print(f"\nseed 000 prints {SEED_000_PRINTS} for the first weight; the true value is {saturated[0]:.12f}")
+print(f"1 - first weight = {1 - saturated[0]:.4g}, and the other two weights sum to {saturated[1] + saturated[2]:.4g}")
+
+# %% [markdown]
+# The first softmax is one-hot: the two other keys share 2.061e-09 of the weight. The second
+# still spreads weight over all three keys. The slide's 0.9999999998 has one 9 too many: the weights must sum to 1, so the
+# first one is 1 minus the second (2.061e-09), which the cell prints as 0.999999997939.
+#
+# ### 5b. The softmax Jacobian: how much gradient gets through
+# The softmax maps a vector to a vector, so its derivative is a matrix,
+# $J_{ij} = \partial a_i / \partial s_j = a_i(\delta_{ij} - a_j)$, that is
+# $J = \mathrm{diag}(a) - a a^\top$. Backpropagation multiplies the incoming gradient by $J$,
+# so if $J$ is tiny, so is every gradient flowing back into the scores.
+#
+# #### Exercise 3: the Jacobian by hand
+# Write `my_jacobian(a)` that returns $\mathrm{diag}(a) - aa^\top$ for a probability vector `a` of shape `(n,)`.
+
+# %%
+def my_jacobian(a: torch.Tensor) -> torch.Tensor:
+    raise NotImplementedError
+
+
+check("attention.softmax_jacobian", my_jacobian)
+
+# %% [markdown]
+# <details><summary>Hint</summary><code>torch.diag(a)</code> and <code>torch.outer(a, a)</code>.</details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_jacobian(a: torch.Tensor) -> torch.Tensor:
+#     return torch.diag(a) - torch.outer(a, a)
+#
+#
+# check("attention.softmax_jacobian", my_jacobian)
+# ```
+# </details>
+
+# %% [markdown]
+# Now compare the formula with what autograd computes by differentiating the softmax itself, for
+# both score vectors. (`helpers.attention.softmax_jacobian` is the same one-line formula.)
+
+# %%
+def jacobian_by_hand(a: torch.Tensor) -> torch.Tensor:
+    """diag(a) - a a^T for probabilities a of shape (n,). Returns (n, n)."""
+    return torch.diag(a) - torch.outer(a, a)
+
+
+torch.set_printoptions(precision=4, sci_mode=True)
+for scores, a in (([20.0, 0.0, -20.0], saturated), ([2.5, 0.0, -2.5], relaxed)):
+    s = torch.tensor(scores, dtype=torch.float64)
+    by_autograd = torch.autograd.functional.jacobian(helper_softmax, s)
+    torch.testing.assert_close(jacobian_by_hand(a), by_autograd, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(jacobian_by_hand(a), softmax_jacobian(a), rtol=1e-12, atol=1e-15)
+    print(f"scores {scores}: by hand == by autograd; largest entry {by_autograd.abs().max():.3g}")
+    print(by_autograd, "\n")
+torch.set_printoptions(precision=4, sci_mode=False)
+ratio = softmax_jacobian(relaxed).abs().max() / softmax_jacobian(saturated).abs().max()
+print(f"largest entry for [2.5, 0, -2.5] / largest entry for [20, 0, -20] = {ratio:.3g}")
+
+# %% [markdown]
+# For $[20, 0, -20]$ no entry exceeds 2.06e-09: whatever gradient arrives at the weights is
+# multiplied by numbers that small on its way back to the scores. For $[2.5, 0, -2.5]$ the largest entry is
+# 0.0749, tens of millions of times larger (the ratio is printed last). Sweeping the size of the scores,
+# $s = t \cdot [1, 0, -1]$, shows the collapse is exponential:
+
+# %%
+def jacobian_norm(t: float) -> float:
+    """Frobenius norm of the softmax Jacobian at scores t * [1, 0, -1]."""
+    a = helper_softmax(t * torch.tensor([1.0, 0.0, -1.0], dtype=torch.float64))
+    return jacobian_by_hand(a).norm().item()
+
+
+logit_scales = torch.linspace(0, 25, 101)
+norms = [jacobian_norm(t) for t in logit_scales.tolist()]
+fig, ax = plt.subplots(figsize=(8, 4.5))
+ax.semilogy(logit_scales, norms)
+for t, label, offset in ((2.5, "[2.5, 0, -2.5]", (15, -40)), (20.0, "[20, 0, -20]", (10, 12))):
+    ax.plot(t, jacobian_norm(t), "o", markersize=10)
+    ax.annotate(f"{label}\n‖J‖ = {jacobian_norm(t):.2g}", (t, jacobian_norm(t)), textcoords="offset points",
+                xytext=offset, fontsize=12)
+ax.set(xlabel="logit scale t   (scores = t · [1, 0, -1])", ylabel="‖J‖ (Frobenius, log scale)",
+       title="The softmax Jacobian collapses as the scores grow")
+plt.show()
+print(f"‖J‖ at t = 2.5: {jacobian_norm(2.5):.3g};  at t = 20: {jacobian_norm(20.0):.3g}")
+
+# %% [markdown]
+# ### 5c. Where do large scores come from? The variance of $q \cdot k$ grows with $d_k$
+# If the entries of $q$ and $k$ are independent with mean 0 and variance 1, then
+# $q \cdot k = \sum_{i=1}^{d_k} q_i k_i$ is a sum of $d_k$ terms of variance 1, so its variance
+# is $d_k$ and its typical size $\sqrt{d_k}$. Dividing by $\sqrt{d_k}$ brings the variance back
+# to 1, whatever $d_k$ is. We measure it rather than trust it.
+
+# %%
+D_KS = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
+SAMPLES = 10_000
+generator = torch.Generator().manual_seed(0)
+raw_var, scaled_var = [], []
+for d_k in D_KS:
+    q_samples = torch.randn(SAMPLES, d_k, generator=generator)
+    k_samples = torch.randn(SAMPLES, d_k, generator=generator)
+    dots = (q_samples * k_samples).sum(dim=-1)  # SAMPLES independent dot products
+    raw_var.append(dots.var().item())
+    scaled_var.append((dots / math.sqrt(d_k)).var().item())
+print(f"{'d_k':>6} {'var(q.k)':>10} {'var(q.k / sqrt(d_k))':>22}")
+for d_k, raw, scaled in zip(D_KS, raw_var, scaled_var, strict=True):
+    print(f"{d_k:>6} {raw:>10.1f} {scaled:>22.3f}")
+
+# %%
+def label_d_k_axis(ax: plt.Axes) -> None:
+    """A log-scale d_k axis with one tick per measured head size."""
+    ax.set_xscale("log")
+    ax.set_xticks(D_KS, labels=[str(d) for d in D_KS])
+    ax.minorticks_off()
+    ax.set_xlabel("d_k (log scale)")
+
+
+fig, ax = plt.subplots(figsize=(8, 4.5))
+ax.loglog(D_KS, raw_var, "o-", label="var(q·k), measured")
+ax.loglog(D_KS, D_KS, "k--", linewidth=1.5, label="the line var = d_k")
+ax.loglog(D_KS, scaled_var, "s-", label="var(q·k / √d_k), measured")
+ax.loglog(D_KS, [1.0] * len(D_KS), "k:", linewidth=1.5, label="the line var = 1")
+ax.set(ylabel="variance (log scale)", title=f"Variance of q·k over {SAMPLES:,} random pairs")
+label_d_k_axis(ax)
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# The measured variance sits on the line $\mathrm{var} = d_k$, and after dividing by
+# $\sqrt{d_k}$ it sits on 1 for every $d_k$. With $d_k = 64$ (a typical head size) unscaled
+# scores have a standard deviation of 8, so gaps like the $[20, 0, -20]$ of section 5a are
+# common. That is exactly the factor seed 000 divides by: $\sqrt{64} = 8$.
+
+# %%
+print(f"sqrt(64) = {math.sqrt(64):.0f};  measured std of q.k at d_k = 64: {math.sqrt(raw_var[D_KS.index(64)]):.2f}")
+
+# %% [markdown]
+# ### 5d. The gradient that actually reaches $Q$ and $K$
+# Now the whole chain: many independent attention problems, each with one query and 16 keys
+# (random, unit variance), a fixed random gradient arriving at the output, and backpropagation
+# down to $Q$ and $K$. For each $d_k$ we record the *median* gradient norm over the problems
+# (a typical query, not the luckiest one) and the fraction of problems whose softmax is
+# saturated (largest weight above 0.99), with and without the $1/\sqrt{d_k}$.
+
+# %%
+PROBLEMS, N_KEYS, D_V_DEMO = 400, 16, 16
+
+
+def gradient_reaching_qk(d_k: int, seed: int = 0) -> dict[bool, dict[str, float]]:
+    """For scaled False/True: median |dL/dQ| and |dL/dK| over PROBLEMS problems, and the saturated share.
+
+    Each problem: q (1, d_k), k (N_KEYS, d_k), v (N_KEYS, D_V_DEMO); L = sum(output * upstream).
+    Both variants see the same random problems, so only the scaling differs.
+    """
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(PROBLEMS, 1, d_k, generator=g)
+    k = torch.randn(PROBLEMS, N_KEYS, d_k, generator=g)
+    v = torch.randn(PROBLEMS, N_KEYS, D_V_DEMO, generator=g)
+    upstream = torch.randn(PROBLEMS, 1, D_V_DEMO, generator=g)
+    results = {}
+    for scaled in (False, True):
+        q_leaf, k_leaf = q.clone().requires_grad_(), k.clone().requires_grad_()
+        output, weights = scaled_dot_product_attention(q_leaf, k_leaf, v, scale=None if scaled else 1.0)
+        (output * upstream).sum().backward()
+        results[scaled] = {"grad_q": q_leaf.grad.flatten(1).norm(dim=1).median().item(),
+                           "grad_k": k_leaf.grad.flatten(1).norm(dim=1).median().item(),
+                           "saturated": (weights.amax(dim=-1) > 0.99).float().mean().item()}
+    return results
+
+
+per_d_k = [gradient_reaching_qk(d_k) for d_k in D_KS]
+grads = {scaled: [result[scaled] for result in per_d_k] for scaled in (False, True)}
+print(f"{'':>6} {'---- unscaled: q.k ----':^34} {'---- scaled: q.k / sqrt(d_k) ----':^34}")
+print(f"{'d_k':>6} {'|dL/dQ|':>10} {'|dL/dK|':>10} {'saturated':>11}  {'|dL/dQ|':>10} {'|dL/dK|':>10} {'saturated':>11}")
+for i, d_k in enumerate(D_KS):
+    raw, sc = grads[False][i], grads[True][i]
+    print(f"{d_k:>6} {raw['grad_q']:>10.3g} {raw['grad_k']:>10.3g} {raw['saturated']:>10.0%}  "
+          f"{sc['grad_q']:>10.3g} {sc['grad_k']:>10.3g} {sc['saturated']:>10.0%}")
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 4.5))
+for scaled, color in ((False, "tab:blue"), (True, "tab:orange")):
+    name = "scaled (÷√d_k)" if scaled else "unscaled"
+    ax.loglog(D_KS, [r["grad_q"] for r in grads[scaled]], "o-", color=color, label=f"|dL/dQ|, {name}")
+    ax.loglog(D_KS, [r["grad_k"] for r in grads[scaled]], "s--", color=color, alpha=0.6, label=f"|dL/dK|, {name}")
+ax.set(ylabel="median gradient norm (log scale)", title="Gradient reaching Q and K through the softmax")
+label_d_k_axis(ax)
+ax.legend(fontsize=10)
+plt.show()
+unscaled_last, scaled_last = grads[False][-1], grads[True][-1]
+print(f"at d_k = {D_KS[-1]}: median |dL/dQ| is {unscaled_last['grad_q']:.3g} unscaled vs "
+      f"{scaled_last['grad_q']:.3g} scaled; {unscaled_last['saturated']:.0%} vs "
+      f"{scaled_last['saturated']:.0%} of the softmaxes are saturated")
+print(f"scaled / unscaled median |dL/dQ| at d_k = {D_KS[-1]}: {scaled_last['grad_q'] / unscaled_last['grad_q']:.0f}")
+assert unscaled_last["grad_q"] < scaled_last["grad_q"] / 100
+assert unscaled_last["saturated"] > 0.5 > scaled_last["saturated"]
+
+# %% [markdown]
+# Without scaling, small heads are fine (the gradient is even a little larger, nothing divides
+# it), but as $d_k$ grows more and more softmaxes saturate and a typical query and key receive
+# less and less gradient: at the largest $d_k$ the median is hundreds of times smaller than
+# with scaling (the ratio is printed above), so those queries and keys barely learn. With
+# scaling no softmax saturates and the median gradient stays close to 1 for every $d_k$.
+#
+# ### 5e. Drive it yourself
+# The figure below draws, for one query and eight keys, the attention weights without and with
+# the $1/\sqrt{d_k}$, next to the gradient curves of 5d with the chosen $d_k$ marked. First the
+# static version (for viewers that cannot run widgets), then the widget with a $d_k$ slider.
+
+# %%
+def draw_saturation(d_k: int) -> dict[str, float]:
+    """Attention weights of one random query over 8 keys (unscaled vs scaled) and the 5d curves.
+
+    Returns what was drawn: the largest weight and the median |dL/dQ| at this d_k, both ways.
+    """
+    g = torch.Generator().manual_seed(7)
+    q, k = torch.randn(1, d_k, generator=g), torch.randn(8, d_k, generator=g)
+    unscaled = helper_softmax(q @ k.T)[0]
+    scaled = helper_softmax(q @ k.T / math.sqrt(d_k))[0]
+    row = D_KS.index(d_k)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    positions = torch.arange(8)
+    left.bar(positions - 0.2, unscaled, width=0.4, label="softmax(q·k)")
+    left.bar(positions + 0.2, scaled, width=0.4, label="softmax(q·k / √d_k)")
+    left.set(xticks=positions.tolist(), xticklabels=[f"key {i}" for i in range(8)], ylim=(0, 1.05),
+             ylabel="attention weight", title=f"One query, eight keys, d_k = {d_k}")
+    left.tick_params(axis="x", rotation=45)
+    left.legend(fontsize=10)
+    for scaled_curve, color in ((False, "tab:blue"), (True, "tab:orange")):
+        curve = [r["grad_q"] for r in grads[scaled_curve]]
+        right.loglog(D_KS, curve, "o-", color=color, label="scaled" if scaled_curve else "unscaled")
+        right.plot(d_k, curve[row], "o", markersize=16, markerfacecolor="none", markeredgecolor="red", markeredgewidth=2.5)
+    right.set(ylabel="median |dL/dQ| (log scale)", title=f"Gradient reaching Q (circled: d_k = {d_k})")
+    label_d_k_axis(right)
+    right.legend(fontsize=10)
+    fig.tight_layout()
+    return {"max_weight_unscaled": unscaled.max().item(), "max_weight_scaled": scaled.max().item(),
+            "grad_unscaled": grads[False][row]["grad_q"], "grad_scaled": grads[True][row]["grad_q"]}
+
+
+drawn = draw_saturation(256)
+plt.show()
+print({name: round(value, 4) for name, value in drawn.items()})
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# The widget's output holds ids that change on every run; the static figure above is the same drawing.
+explorer = Explorer(draw_saturation, d_k=widgets.SelectionSlider(options=D_KS, value=256, description="d_k"))
+explorer
+
+# %%
+mid_head = explorer.last  # d_k = 256, as drawn when the widget was made
+big_head = explorer.set(d_k=1024)
+assert big_head["max_weight_unscaled"] > mid_head["max_weight_unscaled"], "unscaled weights saturate with d_k"
+assert big_head["grad_unscaled"] < mid_head["grad_unscaled"], "and the gradient drops"
+
+# %%
+print(f"slider d_k 256 -> 1024: largest unscaled weight {mid_head['max_weight_unscaled']:.3f} -> "
+      f"{big_head['max_weight_unscaled']:.3f}, median unscaled |dL/dQ| {mid_head['grad_unscaled']:.3g} -> "
+      f"{big_head['grad_unscaled']:.3g}")
+
+# %% [markdown]
+# ## 6. The worked examples of the lecture notes
+#
+# ### "I like to eat" (seed 001)
+# Seed 001 prints a query matrix and a transposed key matrix for the four tokens (with
+# $d_q = d_k = 4$), then an attention matrix $QK^\top$ and its scaled version. We type in its
+# inputs and compute.
+
+# %%
+TOKENS_001 = ["I", "like", "to", "eat"]
+Q_001 = torch.tensor([[2.84, 2.76, 1.61, 1.82],
+                      [4.79, 3.06, 3.10, 2.27],
+                      [3.54, 2.62, 2.74, 2.13],
+                      [3.35, 3.96, 2.38, 2.20]], dtype=torch.float64)
+K_T_001 = torch.tensor([[2.68, 4.17, 4.37, 5.17],
+                        [2.31, 3.18, 2.80, 3.38],
+                        [2.89, 4.33, 3.88, 4.67],
+                        [2.82, 3.29, 2.81, 3.01]], dtype=torch.float64)  # rows d1..d4, columns tokens
+SEED_001_SCORES = torch.tensor([[28.84, 40.31, 37.30, 43.67],
+                                [40.31, 57.05, 53.14, 62.45],
+                                [37.30, 53.14, 49.84, 58.63],
+                                [43.67, 62.45, 58.63, 69.08]], dtype=torch.float64)
+SEED_001_SCALED = torch.tensor([[14.42, 20.16, 18.65, 21.83],
+                                [20.16, 28.53, 26.57, 31.22],
+                                [18.65, 26.57, 24.92, 29.32],
+                                [21.83, 31.22, 29.32, 34.54]], dtype=torch.float64)
+true_scores_001 = Q_001 @ K_T_001
+torch.set_printoptions(precision=2)
+print("Q K^T computed from the seed's Q and K^T:\n", true_scores_001)
+print("the seed's printed Q K^T:\n", SEED_001_SCORES)
+print("seed's matrix symmetric?", torch.equal(SEED_001_SCORES, SEED_001_SCORES.T),
+      "| computed matrix symmetric?", torch.allclose(true_scores_001, true_scores_001.T))
+print("seed's scaled table == its printed Q K^T / sqrt(4), to rounding?",
+      torch.allclose(SEED_001_SCORES / math.sqrt(4), SEED_001_SCALED, atol=0.006))
+torch.set_printoptions(precision=4)
+
+# %% [markdown]
+# The seed's attention matrix does **not** follow from its own $Q$ and $K$: the first entry
+# should be 23.77, not 28.84, and the seed's matrix is symmetric, which $QK^\top$ is only when the
+# queries and keys coincide. Its scaled table is its own matrix divided by $\sqrt{4} = 2$, so the
+# rest of the example is consistent from there on. Here are the true values next to the seed's:
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+heatmap(true_scores_001 / 2, TOKENS_001, TOKENS_001, ax=axes[0], title="Q Kᵀ / √4, computed",
+        xlabel="key", ylabel="query")
+heatmap(SEED_001_SCALED, TOKENS_001, TOKENS_001, ax=axes[1], title="Q Kᵀ / √4, as seed 001 prints it",
+        xlabel="key", ylabel="query")
+fig.tight_layout()
+plt.show()
+weights_001 = helper_softmax(true_scores_001 / 2)
+print("softmax rows of the computed scores, unmasked (notebook 4 adds the mask):")
+for token, row in zip(TOKENS_001, weights_001, strict=True):
+    print(f"  {token:>5}: {[round(w, 3) for w in row.tolist()]}")
+
+# %% [markdown]
+# Even after dividing by 2 these scores are large (the entries of $Q$ and $K$ are all positive
+# and far from unit variance), so every row already puts most of its weight on "eat": scaling by
+# $1/\sqrt{d_k}$ helps only when the inputs are roughly unit-variance, which is what the
+# initialisation and the LayerNorm of later notebooks arrange.
+#
+# ### "The cat sat here" (seed 003)
+# Seed 003 gives an input $X$ ($N = 4$ tokens, $d_{model} = 6$) and then $Q$, $K$, $V$
+# ($4 \times 4$, so $d_k = d_v = 4$). Its weight matrices are printed garbled ($W_Q$ with twelve
+# rows of four, $W_V$ partly with rows of three), so $Q$, $K$, $V$ cannot be recomputed from $X$;
+# we start from the printed $Q$, $K$, $V$ and compute everything after them.
+
+# %%
+TOKENS_003 = ["The", "cat", "sat", "here"]
+X_003 = torch.tensor([[1.2, 0.1, 0.8, 0.3, 0.0, 0.5],
+                      [0.3, 0.2, 0.5, 1.8, 0.0, 1.2],
+                      [0.7, 0.3, 1.1, 0.9, 1.5, 0.2],
+                      [0.4, 0.4, 0.6, 1.2, 0.0, 0.8]], dtype=torch.float64)
+Q_003 = torch.tensor([[1.23, 0.81, 1.05, 0.92], [0.76, 1.42, 0.88, 1.31],
+                      [1.15, 0.97, 1.33, 1.08], [0.89, 1.28, 0.94, 1.17]], dtype=torch.float64)
+K_003 = torch.tensor([[0.98, 1.21, 0.89, 1.04], [0.82, 1.53, 1.12, 0.95],
+                      [1.07, 1.09, 1.25, 1.18], [0.91, 1.35, 1.03, 0.87]], dtype=torch.float64)
+V_003 = torch.tensor([[1.31, 1.02, 0.95, 1.15], [1.08, 1.45, 1.23, 0.89],
+                      [1.22, 1.18, 1.09, 1.31], [1.14, 1.33, 1.07, 0.98]], dtype=torch.float64)
+SEED_003_RAW = torch.tensor([[4.21, 4.85, 5.12, 4.33], [4.56, 5.91, 5.43, 4.87],
+                             [5.02, 5.73, 5.98, 5.21], [4.43, 5.42, 5.31, 4.76]], dtype=torch.float64)
+SEED_003_WEIGHTS = torch.tensor([[0.20, 0.28, 0.32, 0.20], [0.18, 0.35, 0.29, 0.18],
+                                 [0.19, 0.28, 0.33, 0.20], [0.17, 0.31, 0.30, 0.22]], dtype=torch.float64)
+SEED_003_OUTPUT = torch.tensor([[1.16, 1.28, 1.10, 1.08], [1.15, 1.30, 1.14, 1.11],
+                                [1.17, 1.29, 1.12, 1.10], [1.16, 1.31, 1.13, 1.09]], dtype=torch.float64)
+
+output_003, weights_003 = scaled_dot_product_attention(Q_003, K_003, V_003)
+torch.set_printoptions(precision=2)
+print("raw scores Q K^T, computed:\n", Q_003 @ K_003.T, "\nas seed 003 prints them:\n", SEED_003_RAW)
+print("\nweights from the seed's own scores (softmax(raw / 2)):\n", helper_softmax(SEED_003_RAW / 2),
+      "\nas seed 003 prints them:\n", SEED_003_WEIGHTS)
+print("\noutput A V, computed from Q, K, V:\n", output_003, "\nas seed 003 prints it:\n", SEED_003_OUTPUT,
+      "\nthe seed's printed weights times its printed V:\n", SEED_003_WEIGHTS @ V_003)
+torch.set_printoptions(precision=4)
+print(f"\nlargest gap: scores {(Q_003 @ K_003.T - SEED_003_RAW).abs().max():.2f}, "
+      f"weights {(helper_softmax(SEED_003_RAW / 2) - SEED_003_WEIGHTS).abs().max():.3f}, "
+      f"outputs {(output_003 - SEED_003_OUTPUT).abs().max():.3f}, "
+      f"seed's outputs vs its own weights x V {(SEED_003_WEIGHTS @ V_003 - SEED_003_OUTPUT).abs().max():.3f}")
+
+# %% [markdown]
+# Three findings. The seed's raw scores are not $QK^\top$ of its own $Q$ and $K$ (for example
+# "The"·"The" is 4.08, not 4.21). Its weights roughly follow from its own printed scores (off by
+# up to 0.026). Its outputs follow neither from the true weights nor from its own printed weights
+# times its $V$ (off by 0.058 and 0.040, the last line). The computed attention, with token labels:
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+heatmap(weights_003, TOKENS_003, TOKENS_003, ax=axes[0], vmin=0, vmax=0.4,
+        title="Weights, computed from Q, K", xlabel="key (attended to)", ylabel="query")
+heatmap(SEED_003_WEIGHTS, TOKENS_003, TOKENS_003, ax=axes[1], vmin=0, vmax=0.4,
+        title="Weights, as seed 003 prints them", xlabel="key (attended to)", ylabel="query")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Seed 003 then counts how many numbers each stage holds. We count them from the tensors:
+
+# %%
+stages = [("input X", "N x d_model", X_003.numel()),
+          ("W_Q, W_K, W_V", "3 x (d_model x d_k)", 3 * X_003.shape[1] * Q_003.shape[1]),
+          ("Q, K, V", "3 x (N x d_k)", Q_003.numel() + K_003.numel() + V_003.numel()),
+          ("scores Q K^T", "N x N", weights_003.numel()),
+          ("weights softmax", "N x N", weights_003.numel()),
+          ("output A V", "N x d_v", output_003.numel())]
+for name, shape, count in stages:
+    print(f"{name:<18}{shape:<22}{count:>4} values")
+gpt3_n, gpt3_heads = 2048, 96
+per_head = gpt3_n * gpt3_n
+print(f"\nGPT-3 (N = {gpt3_n}, {gpt3_heads} heads): {per_head:,} attention weights per head, "
+      f"{per_head * gpt3_heads:,} per layer")
+
+# %% [markdown]
+# The weight matrix is the only stage that grows with $N^2$: tiny here, over four million
+# numbers per head for GPT-3's 2,048-token context, and about 403 million per layer across its
+# 96 heads (the last printed line). Notebook 4 thins it out with sparse patterns; notebook 8
+# avoids storing it at all.
+#
+# ## 7. Self-attention cannot see order: permutation equivariance
+#
+# Shuffle the input tokens of self-attention and the outputs come out shuffled the same way,
+# with exactly the same vectors. In symbols, for a permutation matrix $P$:
+# $\mathrm{SelfAttn}(PX) = P\,\mathrm{SelfAttn}(X)$. Proof by computation:
+
+# %%
+def self_attention(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor) -> torch.Tensor:
+    """Self-attention of tokens x (N, D_in) with projections (D_in, D_out). Returns (N, D_out)."""
+    return scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v)[0]
+
+
+torch.manual_seed(3)
+x = torch.randn(5, 6, dtype=torch.float64)
+w_q, w_k, w_v = (torch.randn(6, 4, dtype=torch.float64) for _ in range(3))
+perm = torch.tensor([3, 0, 4, 1, 2])
+P = torch.eye(5, dtype=torch.float64)[perm]  # permutation matrix: (P x)[i] = x[perm[i]]
+shuffled_then_attended = self_attention(P @ x, w_q, w_k, w_v)
+attended_then_shuffled = P @ self_attention(x, w_q, w_k, w_v)
+torch.testing.assert_close(shuffled_then_attended, attended_then_shuffled, rtol=1e-12, atol=1e-12)
+print("SelfAttn(P X) == P SelfAttn(X) for the permutation", perm.tolist())
+
+# %% [markdown]
+# So self-attention by itself treats a sentence as a bag of tokens; this is why notebook 2 adds
+# positions to the embeddings before the first attention layer.
+#
+# ## 8. Cross-attention vs self-attention, side by side
+# In an encoder-decoder model (seed 003) the decoder's tokens supply the **queries** and the
+# encoder's output supplies the **keys and values**: cross-attention. Self-attention takes all
+# three from the same tokens. Same function, different inputs, different weight-matrix shapes.
+
+# %%
+torch.manual_seed(4)
+source = ["the", "cat", "sat", "on", "a", "mat"]  # encoder side: N_X = 6
+target = ["le", "chat", "est"]                      # decoder side: N_Q = 3
+d_model, d_head = 8, 4
+enc, dec = torch.randn(len(source), d_model), torch.randn(len(target), d_model)
+w_q, w_k, w_v = (torch.randn(d_model, d_head) for _ in range(3))
+_, cross_weights = scaled_dot_product_attention(dec @ w_q, enc @ w_k, enc @ w_v)
+_, self_weights = scaled_dot_product_attention(dec @ w_q, dec @ w_k, dec @ w_v)
+fig, axes = plt.subplots(1, 2, figsize=(13, 4))
+heatmap(cross_weights, target, source, ax=axes[0], vmin=0, vmax=1,
+        title=f"Cross-attention {tuple(cross_weights.shape)}", xlabel="encoder token (key)", ylabel="decoder token (query)")
+heatmap(self_weights, target, target, ax=axes[1], vmin=0, vmax=1,
+        title=f"Self-attention {tuple(self_weights.shape)}", xlabel="decoder token (key)", ylabel="decoder token (query)")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# (The projections are random, so *which* tokens attend to which means nothing yet; the shapes
+# are the point: $N_Q \times N_X$ for cross-attention, $N \times N$ for self-attention.)
+#
+# ## Check your understanding
+#
+# **1. Why does the Transformer scale the attention score before the softmax?**
+# <details><summary>Answer</summary>
+#
+# For unit-variance queries and keys, $q\cdot k$ has variance $d_k$ (section 5c). Large scores
+# push the softmax into saturation, where its Jacobian $\mathrm{diag}(a) - aa^\top$ is nearly zero
+# and almost no gradient reaches $Q$ and $K$ (5b, 5d). Dividing by $\sqrt{d_k}$ restores
+# variance 1 whatever the head size. The cell below computes it for a head of size 512.
+# </details>
+
+# %%
+g = torch.Generator().manual_seed(5)
+q, k = torch.randn(1, 512, generator=g), torch.randn(16, 512, generator=g)
+for name, scale in (("unscaled", 1.0), ("scaled", 1 / math.sqrt(512))):
+    a = helper_softmax(q @ k.T * scale)[0]
+    print(f"{name:>9}: std of scores {(q @ k.T * scale).std():6.2f}, largest weight {a.max():.4f}, "
+          f"‖Jacobian‖ {softmax_jacobian(a).norm():.2e}")
+
+# %% [markdown]
+# **2. What are Q, K and V, and what are their dimensions?**
+# <details><summary>Answer</summary>
+#
+# Queries say what each token is looking for, keys what each token offers to be found by, values
+# what it hands over when found. With $N_Q$ queries over $N_X$ data vectors: $Q$ is
+# $N_Q \times d_k$, $K$ is $N_X \times d_k$ (it must share $d_k$ with $Q$ for the dot products),
+# $V$ is $N_X \times d_v$, the weights $N_Q \times N_X$ and the output $N_Q \times d_v$. In
+# self-attention $N_Q = N_X = N$. The cell below checks each shape for a batch of heads.
+# </details>
+
+# %%
+batch, heads, n_q, n_x, d_k, d_v = 2, 8, 3, 7, 16, 32
+out, w = scaled_dot_product_attention(torch.randn(batch, heads, n_q, d_k), torch.randn(batch, heads, n_x, d_k),
+                                      torch.randn(batch, heads, n_x, d_v))
+assert w.shape == (batch, heads, n_q, n_x) and out.shape == (batch, heads, n_q, d_v)
+print("weights", tuple(w.shape), "= (batch, heads, N_Q, N_X);  output", tuple(out.shape), "= (batch, heads, N_Q, d_v)")
+
+# %% [markdown]
+# **3. (Seed 002.) Without positional encoding, compare "the cat sat" with "sat cat the": are
+# (a) the per-position outputs, (b) the bag of outputs, (c) the next-token predictions the same?**
+# <details><summary>Answer</summary>
+#
+# (a) No: position 0 holds "the"'s output in one sentence and "sat"'s in the other. (b) Yes:
+# by permutation equivariance each token gets exactly the same output vector in both orders, so
+# the set of outputs is identical. (c) The prediction is read from the last position, which holds
+# a different token here ("sat" vs "the"), so it differs; but any two orders that end in the same
+# token, such as "the cat sat" and "cat the sat", get *identical* predictions: the model cannot
+# tell them apart. (Seed 002's answer sketch says "yes" to (c); that holds only for orders
+# that end in the same token.) The cell checks all three.
+# </details>
+
+# %%
+torch.manual_seed(6)
+vocab = {"the": 0, "cat": 1, "sat": 2}
+table = torch.randn(3, 6, dtype=torch.float64)  # one made-up embedding row per word, no positions
+w_q, w_k, w_v = (torch.randn(6, 4, dtype=torch.float64) for _ in range(3))
+
+
+def outputs_for(sentence: str) -> torch.Tensor:
+    """Self-attention outputs (3, 4) of a three-word sentence embedded without positions."""
+    return self_attention(table[[vocab[word] for word in sentence.split()]], w_q, w_k, w_v)
+
+
+a_out, b_out, c_out = outputs_for("the cat sat"), outputs_for("sat cat the"), outputs_for("cat the sat")
+print("(a) per-position outputs equal:", torch.allclose(a_out, b_out))
+print("(b) 'sat cat the' outputs, read backwards, equal those of 'the cat sat':", torch.allclose(b_out.flip(0), a_out))
+print("(c) last position equal, 'the cat sat' vs 'sat cat the':", torch.allclose(a_out[-1], b_out[-1]),
+      "| vs 'cat the sat':", torch.allclose(a_out[-1], c_out[-1]))
+
+# %% [markdown]
+# **4. What parallelises in attention?**
+# <details><summary>Answer</summary>
+#
+# Every query is independent of every other query: one matrix product $QK^\top$ computes all
+# $N_Q \times N_X$ scores at once, instead of a loop over tokens as in an RNN. The cell shows
+# that a Python loop over the queries, one at a time, gives exactly the batched result.
+# </details>
+
+# %%
+torch.manual_seed(7)
+q, k, v = torch.randn(6, 8), torch.randn(9, 8), torch.randn(9, 5)
+one_at_a_time = torch.cat([scaled_dot_product_attention(q[i:i + 1], k, v)[0] for i in range(len(q))])
+all_at_once = scaled_dot_product_attention(q, k, v)[0]
+torch.testing.assert_close(one_at_a_time, all_at_once)
+print(f"{len(q)} queries one at a time == all {len(q)} in one matrix product")

@@ -1,0 +1,709 @@
+# %% [markdown]
+# # 4. Masking: what attention is allowed to see
+#
+# **After this notebook you will be able to**
+# - build a causal mask with `masked_fill` and say why the masked scores must be $-\infty$, not 0;
+# - prove, with a cell, that causal attention never reads the future;
+# - combine padding masks with causal masks for a batch of sentences of different lengths;
+# - explain what a fully masked row does to a softmax, and how to keep it from producing NaN;
+# - tell encoder (bidirectional) attention from decoder (causal) attention, and draw the local,
+#   strided and global patterns of efficient attention as masks.
+#
+# **It assumes** notebook 3: `scaled_dot_product_attention(q, k, v)` and the softmax.
+#
+# **Convention used everywhere here (and by PyTorch's `F.scaled_dot_product_attention`):** a mask
+# is a boolean tensor broadcastable to the `(..., N_q, N_k)` scores, and **True means "this query
+# may attend to this key"**.
+
+# %% [setup]
+
+# %%
+import re
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+
+from helpers.attention import scaled_dot_product_attention, softmax
+from helpers.corpus import TOY_CAT, TOY_SOUP
+from helpers.exercises import check
+from helpers.plots import heatmap
+from helpers.widgets import Explorer
+
+torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
+
+# %% [markdown]
+# ## 1. Why mask at all?
+#
+# A language model learns to predict token $t+1$ from tokens $0..t$. In training it does this for
+# every position of a sentence at once, in one pass of matrix products. Without a mask, position
+# $t$ can read every later token, including the one it is supposed to predict: it would learn to
+# copy, not to predict. We can see the leak directly: edit the *last* token of "The cat sat here"
+# and watch the output of the *first* token move.
+
+# %%
+TOKENS = TOY_CAT.split()  # ['The', 'cat', 'sat', 'here']
+torch.manual_seed(0)
+X = torch.randn(len(TOKENS), 6, dtype=torch.float64)  # made-up token vectors (N = 4, d_model = 6)
+W_Q, W_K, W_V = (torch.randn(6, 4, dtype=torch.float64) for _ in range(3))
+
+
+def self_attention(x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Self-attention of tokens x (N, 6) with the fixed projections above. Returns (N, 4), (N, N)."""
+    return scaled_dot_product_attention(x @ W_Q, x @ W_K, x @ W_V, mask=mask)
+
+
+edited = X.clone()
+edited[-1] = torch.randn(6, dtype=torch.float64)  # replace "here" by some other token
+change = (self_attention(edited)[0] - self_attention(X)[0]).norm(dim=-1)
+for token, delta in zip(TOKENS, change, strict=True):
+    print(f"output of {token!r:>7} moved by {delta:.4f}")
+
+# %% [markdown]
+# Every output moves, including the one for "The", which in a language model would be
+# predicting the next word while secretly reading the end of the sentence. The mask removes
+# exactly those connections.
+#
+# ## 2. A causal mask with `masked_fill`, and why $-\infty$
+#
+# Query $i$ may see keys $0..i$: the lower triangle including the diagonal. `masked_fill(where,
+# value)` writes `value` wherever `where` is True, so we fill the *disallowed* scores, `~allowed`.
+# The numbers are seed 001's scaled scores for "I like to eat" (notebook 3 showed that they do
+# not follow from the seed's own $Q$ and $K$; from here on the example is consistent, so we take
+# them as given).
+
+# %%
+TOKENS_001 = ["I", "like", "to", "eat"]
+SEED_001_SCALED = torch.tensor([[14.42, 20.16, 18.65, 21.83],
+                                [20.16, 28.53, 26.57, 31.22],
+                                [18.65, 26.57, 24.92, 29.32],
+                                [21.83, 31.22, 29.32, 34.54]], dtype=torch.float64)
+allowed = torch.tril(torch.ones(4, 4, dtype=torch.bool))
+print("allowed (True = may attend):\n", allowed)
+masked_scores = SEED_001_SCALED.masked_fill(~allowed, float("-inf"))
+print("\nscores after masked_fill(~allowed, -inf):\n", masked_scores)
+
+# %% [markdown]
+# Why $-\infty$? Because the softmax exponentiates: $e^{-\infty} = 0$ exactly, so a masked key
+# gets exactly zero weight and contributes nothing. Filling with **0** looks similar on a slide
+# (seed 001's "Masked Attention" table shows 0s) but $e^0 = 1$: every masked key still gets
+# weight $1/\text{(row sum)}$. With seed 001's large scores that weight is tiny, which hides the
+# bug. With scores of ordinary size, 0 is a perfectly typical score and the future gets a large
+# share:
+
+# %%
+def future_weight(scores: torch.Tensor, fill: float) -> torch.Tensor:
+    """Total weight each query puts on future keys when they are filled with `fill`. Shape (N,)."""
+    n = scores.shape[-1]
+    future = ~torch.tril(torch.ones(n, n, dtype=torch.bool))
+    weights = softmax(scores.masked_fill(future, fill))
+    return (weights * future).sum(dim=-1)
+
+
+torch.manual_seed(1)
+ordinary_scores = torch.randn(4, 4, dtype=torch.float64)  # unit-variance scores, as after scaling
+for name, scores in (("seed 001's scores", SEED_001_SCALED), ("unit-variance scores", ordinary_scores)):
+    print(f"{name:>22}: weight on the future per query, fill 0 -> "
+          f"{[f'{w:.2g}' for w in future_weight(scores, 0.0).tolist()]}, "
+          f"fill -inf -> {future_weight(scores, float('-inf')).tolist()}")
+
+# %% [markdown]
+# With 0 the first query, which should see only itself, spends most of its weight on three
+# tokens it must not see; with $-\infty$ every query puts exactly 0 on the future.
+#
+# ## 3. Seed 001's masked-softmax table, reproduced
+#
+# Seed 001 exponentiates the masked scores, adds each row up, and divides. We do the same with
+# $-\infty$ and set the seed's printed exponentials beside ours.
+
+# %%
+exps = torch.exp(masked_scores)
+row_sums = exps.sum(dim=-1)
+torch.set_printoptions(precision=0, sci_mode=False, linewidth=120)
+print("exp(masked scores), computed:\n", exps)
+print("row sums, computed:", row_sums)
+SEED_001_EXPS = torch.tensor([[1827800, 0, 0, 0],
+                              [567261070, 2449586694989, 0, 0],
+                              [125826465, 345618259437, 66316918440, 0],
+                              [3039308147, 36359847277715, 5389806117804, 1003656459556760]], dtype=torch.float64)
+SEED_001_SUMS = torch.tensor([1827803, 2450153956061, 412061004343, 1045409152260420], dtype=torch.float64)
+torch.set_printoptions(precision=4)
+print(f"\nlargest relative gap between our exponentials and the seed's: "
+      f"{((exps - SEED_001_EXPS).abs() / SEED_001_EXPS.clamp(min=1)).max():.4f}; "
+      f"rounding a score by 0.005 changes its exponential by up to {torch.tensor(0.005).exp() - 1:.4f}")
+print("seed's row sum minus the sum of its own allowed exponentials:",
+      (SEED_001_SUMS - SEED_001_EXPS.sum(dim=-1)).tolist(), "| masked entries per row:",
+      (~allowed).sum(dim=-1).tolist())
+
+# %% [markdown]
+# Two things differ, and both are explained by the cell:
+# - the exponentials differ by up to 0.0049 (relative): the seed exponentiated its *unrounded*
+#   scores, while we only have the two-decimal ones, and rounding a score by 0.005 moves its
+#   exponential by up to 0.0050;
+# - the seed's row sums exceed the sum of its own exponentials by 3, 2 and 1 in the first three
+#   rows: exactly the number of masked entries in each row. (The last row has none; its -6 is
+#   rounding, since its largest exponential and its sum, both near $10^{15}$, are printed to 15
+#   significant digits and may each be off by 5.) The seed added $e^0 = 1$ for every masked
+#   cell, so it filled with 0, not $-\infty$. Its scores are so large that this changes nothing
+#   visible at two decimals, which is why the weights still come out right:
+
+# %%
+weights_001 = exps / row_sums.unsqueeze(-1)
+SEED_001_WEIGHTS = torch.tensor([[1.00, 0.00, 0.00, 0.00], [0.00, 1.00, 0.00, 0.00],
+                                 [0.00, 0.84, 0.16, 0.00], [0.00, 0.03, 0.01, 0.96]], dtype=torch.float64)
+torch.testing.assert_close(weights_001, softmax(masked_scores))
+print("weights, computed and rounded to two decimals, equal the seed's table:",
+      torch.equal(weights_001.round(decimals=2), SEED_001_WEIGHTS))
+fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+heatmap(masked_scores.masked_fill(~allowed, float("nan")), TOKENS_001, TOKENS_001, ax=axes[0], annotate=False,
+        title="Masked scores (future = −∞)", xlabel="key", ylabel="query")
+middle = masked_scores[allowed].mean()
+for (i, j), score in zip(torch.cartesian_prod(torch.arange(4), torch.arange(4)).tolist(),
+                         masked_scores.flatten().tolist(), strict=True):
+    on_dark = bool(allowed[i, j]) and score < middle  # dark end of the colour map: write in white
+    axes[0].text(j, i, f"{score:.2f}" if allowed[i, j] else "−∞", ha="center", va="center",
+                 fontsize=11, color="white" if on_dark else "black")
+heatmap(weights_001, TOKENS_001, TOKENS_001, ax=axes[1], vmin=0, vmax=1,
+        title="Causal attention weights", xlabel="key", ylabel="query")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Then the weights multiply seed 001's value matrix. The seed spells out one entry,
+# row "eat", column d1: $0 \times 1.73 + 0.03 \times 3.01 + 0.01 \times 3.08 + 0.96 \times 4.18$.
+
+# %%
+V_001 = torch.tensor([[1.73, 1.96, 2.34, 2.26], [3.01, 3.30, 4.60, 3.79],
+                      [3.08, 3.39, 4.06, 3.44], [4.18, 3.14, 3.55, 4.12]], dtype=torch.float64)
+SEED_001_OUT = torch.tensor([[1.73, 1.96, 2.34, 2.26], [3.01, 3.30, 4.60, 3.79],
+                             [3.02, 3.31, 4.51, 3.73], [4.13, 3.15, 3.59, 4.11]], dtype=torch.float64)
+out_001 = weights_001 @ V_001
+torch.set_printoptions(precision=2)
+print("weights @ V, computed:\n", out_001, "\nas seed 001 prints it:\n", SEED_001_OUT)
+torch.set_printoptions(precision=4)
+print(f"\nthe spelled-out entry: {0 * 1.73 + 0.03 * 3.01 + 0.01 * 3.08 + 0.96 * 4.18:.4f} with the rounded "
+      f"weights, {out_001[3, 0]:.4f} with the exact ones")
+print(f"row 'eat', column d4: seed {SEED_001_OUT[3, 3]:.2f}, exact {out_001[3, 3]:.4f}, from the seed's own "
+      f"rounded weights {(SEED_001_WEIGHTS @ V_001)[3, 3]:.4f}")
+print("all 16 entries, rounded to two decimals, equal the seed's:", torch.equal(out_001.round(decimals=2), SEED_001_OUT))
+
+# %% [markdown]
+# All sixteen entries match the seed at two decimals. One caution about the spelled-out sum:
+# it uses the *rounded* weights, which is harmless for column d1 (4.1339 against 4.1337) but not
+# for column d4, where the rounded weights give 4.1033 and the seed's 4.11 only comes out of the
+# exact weights (4.1050). Round at the end, not in the middle.
+#
+# ## 4. The helpers: `causal_mask` and `mask=`
+#
+# From now on we use `helpers.attention.causal_mask(n)` (the same lower triangle) and pass masks
+# to `scaled_dot_product_attention(q, k, v, mask=...)`, which does the `masked_fill` with
+# $-\infty$ for us. The cell checks both against what we just built by hand, and against
+# PyTorch's `is_causal=True`.
+
+# %%
+from helpers.attention import causal_mask
+
+assert torch.equal(causal_mask(4), allowed)
+torch.manual_seed(2)
+q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8)  # (batch, heads, N, d)
+by_hand = softmax((q @ k.transpose(-2, -1) / 8**0.5).masked_fill(~allowed, float("-inf"))) @ v
+helper_out, _ = scaled_dot_product_attention(q, k, v, mask=causal_mask(4))
+torch.testing.assert_close(helper_out, by_hand)
+torch.testing.assert_close(helper_out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+print("causal_mask(4) == tril; helper == by hand == torch's is_causal=True")
+print("with a KV cache (2 new queries after 3 cached keys), causal_mask(2, 5) =\n", causal_mask(2, 5))
+
+# %% [markdown]
+# The second form, `causal_mask(n_q, n_k)` with more keys than queries, is what generation with a
+# KV cache needs (notebook 7): the new queries are the *last* positions, so the last one sees
+# every key.
+#
+# ### Exercise 1: a causal softmax
+# Write `my_causal_softmax(scores)` for a square score matrix `(n, n)`: mask the future with
+# `masked_fill` and return the softmax weights.
+
+# %%
+def my_causal_softmax(scores: torch.Tensor) -> torch.Tensor:
+    raise NotImplementedError
+
+
+check("masking.causal_softmax", my_causal_softmax)
+
+# %% [markdown]
+# <details><summary>Hint</summary>The allowed positions are <code>torch.tril(torch.ones(n, n, dtype=torch.bool))</code>;
+# fill the others (<code>~allowed</code>) with <code>float("-inf")</code>.</details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_causal_softmax(scores: torch.Tensor) -> torch.Tensor:
+#     n = scores.shape[-1]
+#     allowed = torch.tril(torch.ones(n, n, dtype=torch.bool))
+#     return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+#
+#
+# check("masking.causal_softmax", my_causal_softmax)
+# ```
+# </details>
+
+# %% [markdown]
+# ## 5. Proof: changing future tokens leaves past outputs unchanged
+#
+# Take a longer sentence, replace every token from position `edit_from` on by random vectors,
+# and compare the outputs position by position: with the causal mask ($-\infty$), with the
+# 0-filled "mask", and with no mask at all.
+
+# %%
+SENTENCE = "I like to eat soup . I am a good cook".split()
+n = len(SENTENCE)
+torch.manual_seed(3)
+x = torch.randn(n, 6, dtype=torch.float64)
+edit_from = 7  # positions 7.. ("am a good cook") are replaced
+x_edited = x.clone()
+x_edited[edit_from:] = torch.randn(n - edit_from, 6, dtype=torch.float64)
+
+
+def zero_filled_attention(x: torch.Tensor) -> torch.Tensor:
+    """The buggy version: future scores set to 0 instead of -inf. Returns (N, 4)."""
+    scores = (x @ W_Q) @ (x @ W_K).T / 2.0
+    return softmax(scores.masked_fill(~causal_mask(len(x)), 0.0)) @ (x @ W_V)
+
+
+variants = {"causal, -inf": lambda t: self_attention(t, causal_mask(n))[0],
+            "causal, 0 fill": zero_filled_attention,
+            "no mask": lambda t: self_attention(t)[0]}
+moved = {name: (f(x_edited) - f(x)).abs().amax(dim=-1) for name, f in variants.items()}
+print(f"{'position':>14}" + "".join(f"{name:>16}" for name in variants))
+for i, word in enumerate(SENTENCE):
+    marker = "  (edited)" if i >= edit_from else ""
+    print(f"{i:>3} {word:>10}" + "".join(f"{moved[name][i]:>16.2e}" for name in variants) + marker)
+assert torch.equal(moved["causal, -inf"][:edit_from], torch.zeros(edit_from, dtype=torch.float64))
+assert (moved["causal, -inf"][edit_from:] > 0).all(), "the edited positions themselves do change"
+assert (moved["causal, 0 fill"][:edit_from] > 0).all() and (moved["no mask"][:edit_from] > 0).all()
+
+# %% [markdown]
+# With $-\infty$ the outputs before the edit are **bit-for-bit** identical (the asserted zeros);
+# with the 0-fill or with no mask, every earlier position moves. `tests/test_masking.py` checks
+# the same property of the helpers for several edit positions.
+#
+# ## 6. Padding masks
+#
+# A batch holds sentences of different lengths, padded to the longest with a `<pad>` token. Pad
+# tokens are not part of any sentence, so no query may attend to them. `helpers.attention.
+# padding_mask(lengths, n_k)` returns a boolean tensor of shape `(B, 1, 1, n_k)`: True on the
+# real tokens. The two 1s broadcast over heads and queries, so it combines with a causal mask by
+# `&`.
+
+# %%
+from helpers.attention import padding_mask
+
+sentences = [re.findall(r"\w+|\.", s) for s in re.findall(r"[^.]+\.", TOY_SOUP)]
+lengths = torch.tensor([len(s) for s in sentences])
+longest = int(lengths.max())
+padded = [s + ["<pad>"] * (longest - len(s)) for s in sentences]
+for row, length in zip(padded, lengths.tolist(), strict=True):
+    print(f"length {length}: {row}")
+pad = padding_mask(lengths, longest)
+both = causal_mask(longest) & pad
+print("\npadding mask", tuple(pad.shape), "& causal mask", tuple(causal_mask(longest).shape),
+      "->", tuple(both.shape), "= (batch, heads, queries, keys)")
+
+# %%
+def draw_mask(ax: plt.Axes, mask: torch.Tensor, tokens: list[str], title: str, ylabels: bool = True) -> None:
+    """Draw a boolean (N, N) mask: dark = may attend. Queries down the side, keys along the bottom."""
+    ax.imshow(mask, cmap="Blues", vmin=0, vmax=1.3)  # vmax > 1 keeps True cells mid-blue, labels legible
+    ax.grid(False)
+    ax.set_xticks(range(len(tokens)), labels=tokens, rotation=60, ha="right")
+    ax.set_yticks(range(len(tokens)), labels=tokens if ylabels else [])
+    ax.set(title=title, xlabel="key", ylabel="query" if ylabels else "")
+
+
+short = int(lengths.argmin())  # the shortest sentence shows the padding
+fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+for ax, (title, mask) in zip(axes, (("padding only", pad[short, 0].expand(longest, longest)),
+                                    ("causal only", causal_mask(longest)),
+                                    ("padding & causal", both[short, 0])), strict=True):
+    draw_mask(ax, mask, padded[short], f"{title}\n{' '.join(sentences[short])}", ylabels=ax is axes[0])
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The pad *columns* are off for every query. The pad *rows* still see the real tokens: a pad
+# query produces some output, and the loss simply ignores those positions. What matters is that
+# nothing real ever reads a pad. We check it with two heads and garbage in the pad slots:
+
+# %%
+torch.manual_seed(4)
+batch, heads, d_head = len(sentences), 2, 4
+tokens = torch.randn(batch, longest, 6, dtype=torch.float64)
+garbage = tokens.clone()
+for b, length in enumerate(lengths.tolist()):
+    garbage[b, length:] = 1e3 * torch.randn(longest - length, 6, dtype=torch.float64)
+
+
+def batched_heads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of x (B, N, 6) with two heads sharing W_Q, W_K, W_V; returns (B, 2, N, 4), (B, 2, N, N)."""
+    q, k, v = ((x @ w).unsqueeze(1).expand(-1, heads, -1, -1) for w in (W_Q, W_K, W_V))
+    return scaled_dot_product_attention(q, k, v, mask=both)
+
+
+clean_out, clean_weights = batched_heads(tokens)
+garbage_out, _ = batched_heads(garbage)
+is_pad_key = ~pad.expand_as(clean_weights)
+print("largest weight on any pad key:", clean_weights[is_pad_key].max().item())
+for b, length in enumerate(lengths.tolist()):
+    real_moved = (garbage_out[b, :, :length] - clean_out[b, :, :length]).abs().max().item()
+    print(f"sentence {b}: real tokens' outputs moved by {real_moved} after filling the pads with garbage")
+    assert real_moved == 0
+
+# %% [markdown]
+# ### Exercise 2: a padding mask
+# Write `my_padding_mask(lengths, n)` returning a boolean tensor `(B, n)`, True where position
+# `j < lengths[b]`.
+
+# %%
+def my_padding_mask(lengths: torch.Tensor, n: int) -> torch.Tensor:
+    raise NotImplementedError
+
+
+check("masking.padding_mask", my_padding_mask)
+
+# %% [markdown]
+# <details><summary>Hint</summary>Compare <code>torch.arange(n)</code> (shape <code>(n,)</code>)
+# with <code>lengths[:, None]</code> (shape <code>(B, 1)</code>): broadcasting gives <code>(B, n)</code>.</details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_padding_mask(lengths: torch.Tensor, n: int) -> torch.Tensor:
+#     return torch.arange(n) < lengths[:, None]
+#
+#
+# check("masking.padding_mask", my_padding_mask)
+# ```
+# </details>
+
+# %% [markdown]
+# ## 7. A fully masked row, and how to avoid NaN
+#
+# For generation, batches are often padded on the **left**, so that every sentence ends at the
+# same position. Combine left padding with a causal mask and the first queries are pads whose
+# only visible keys are pads: every key in their row is masked. What does the softmax of a row of
+# $-\infty$ give?
+
+# %%
+left_padded = ["<pad>", "<pad>", "Soup", "is", "yummy", "."]
+is_real = torch.tensor([t != "<pad>" for t in left_padded])
+row_mask = causal_mask(len(left_padded)) & is_real
+print("rows with nothing to attend to:", [left_padded[i] + f"@{i}" for i in range(6) if not row_mask[i].any()])
+torch.manual_seed(5)
+q, k, v = (torch.randn(6, 4) for _ in range(3))
+scores = (q @ k.T / 2.0).masked_fill(~row_mask, float("-inf"))
+plain = torch.softmax(scores, dim=-1)
+print("torch.softmax, row 0:", plain[0])
+print("and what the NaN does downstream: output row 0", (plain @ v)[0],
+      "| a loss that ignores row 0 by weighting it 0:", ((plain @ v).sum(dim=-1) * is_real).sum().item())
+
+# %% [markdown]
+# Every $e^{-\infty}$ in the row is 0, so is their sum, and $0/0$ is NaN. Worse, NaN does not stay where
+# it started: multiplying it by 0 gives NaN, so a loss that "ignores" the pad rows is NaN too, and
+# so is every gradient. Two common ways out:
+# 1. **What `helpers.attention.softmax` does:** if a row's maximum is $-\infty$, shift it by 0
+#    instead of by the maximum (avoiding $-\infty - (-\infty)$), and if a row's sum is 0, divide by
+#    1 instead. A fully masked row then gets all-zero weights and a zero output: "attend to
+#    nothing" means "receive nothing". PyTorch's `F.scaled_dot_product_attention` does the same.
+# 2. **Fill with a large finite number** such as `torch.finfo(dtype).min` instead of $-\infty$.
+#    No NaN, but a fully masked row becomes a *uniform* average over all of its (forbidden) keys.
+#    Harmless when the row is ignored anyway, but the weights are not zero.
+
+# %%
+helper_out, helper_weights = scaled_dot_product_attention(q, k, v, mask=row_mask)
+finite_fill = torch.softmax((q @ k.T / 2.0).masked_fill(~row_mask, torch.finfo(torch.float32).min), dim=-1)
+torch_out = F.scaled_dot_product_attention(q, k, v, attn_mask=row_mask)
+print("helper weights, row 0:     ", helper_weights[0], " output row 0:", helper_out[0])
+print("finite fill weights, row 0:", finite_fill[0])
+print("torch's SDPA output row 0: ", torch_out[0])
+assert torch.isfinite(helper_out).all() and torch.equal(helper_weights[0], torch.zeros(6))
+torch.testing.assert_close(helper_out, torch_out)
+torch.testing.assert_close(helper_weights[2:], plain[2:])  # rows with something to see are unchanged
+
+# %% [markdown]
+# ## 8. Encoder vs decoder: bidirectional vs causal
+#
+# An **encoder** (BERT and the left half of the original Transformer) reads a whole sentence that
+# is already known, so every token may look both left and right: no causal mask (padding masks
+# still apply). A **decoder** (GPT, and the right half of the original Transformer) generates
+# left to right, so its self-attention is causal. A decoder in an encoder-decoder model has a
+# second attention, *cross*-attention, whose queries come from the decoder and whose keys and
+# values are the encoder's outputs: those are all known, so it is not causal either.
+
+# %%
+from helpers.attention import bidirectional_mask
+
+encoder_out, encoder_w = self_attention(X, bidirectional_mask(4))
+decoder_out, decoder_w = self_attention(X, causal_mask(4))
+fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+heatmap(encoder_w, TOKENS, TOKENS, ax=axes[0], vmin=0, vmax=1, title="Encoder: bidirectional",
+        xlabel="key", ylabel="query")
+heatmap(decoder_w, TOKENS, TOKENS, ax=axes[1], vmin=0, vmax=1, title="Decoder: causal",
+        xlabel="key", ylabel="query")
+fig.tight_layout()
+plt.show()
+edited_last = X.clone()
+edited_last[-1] = torch.randn(6, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+for name, mask in (("encoder", bidirectional_mask(4)), ("decoder", causal_mask(4))):
+    moved_first = (self_attention(edited_last, mask)[0][0] - self_attention(X, mask)[0][0]).abs().max()
+    print(f"{name}: editing '{TOKENS[-1]}' moves the output of '{TOKENS[0]}' by {moved_first:.4f}")
+
+# %% [markdown]
+# The encoder's "The" depends on "here"; the decoder's cannot. That is the whole difference in
+# the attention itself; the rest (what each is trained to do) follows from it.
+#
+# ## 9. Efficient attention: local, strided and global patterns
+#
+# Full attention stores an $N \times N$ weight matrix. Efficient-attention models (seed 003)
+# keep only a sparse pattern of it:
+# - **local** (sliding window): each token sees its neighbours within a window $w$;
+# - **strided**: each token sees every $s$-th token;
+# - **global**: a few chosen tokens see everything and are seen by everything.
+#
+# They are masks like any other. Top row: bidirectional (encoder) versions; bottom row: the same
+# patterns `&` the causal mask (decoder).
+
+# %%
+from helpers.attention import global_mask, local_mask, strided_mask
+
+PATTERN_SENTENCE = "once upon a time a small cat sat on the warm mat and fell fast asleep".split()
+N_PAT, WINDOW, STRIDE, GLOBAL_TOKENS = len(PATTERN_SENTENCE), 2, 4, [0]
+
+
+def pattern(name: str, causal: bool) -> torch.Tensor:
+    """The (N_PAT, N_PAT) boolean mask of a named pattern, optionally restricted to the past."""
+    masks = {"full": bidirectional_mask(N_PAT),
+             "local": local_mask(N_PAT, WINDOW, causal=False),
+             "strided": strided_mask(N_PAT, STRIDE, causal=False),
+             "global": global_mask(N_PAT, GLOBAL_TOKENS),
+             "local + global": local_mask(N_PAT, WINDOW, causal=False) | global_mask(N_PAT, GLOBAL_TOKENS)}
+    return masks[name] & causal_mask(N_PAT) if causal else masks[name]
+
+
+NAMES = ["full", "local", "strided", "global"]
+fig, axes = plt.subplots(2, 4, figsize=(18, 10), layout="constrained")
+for col, name in enumerate(NAMES):
+    for row, causal in enumerate((False, True)):
+        mask = pattern(name, causal)
+        draw_mask(axes[row, col], mask, PATTERN_SENTENCE, ylabels=col == 0,
+                  title=f"{name}{' & causal' if causal else ''}: {int(mask.sum())} pairs")
+fig.suptitle(f"Attention patterns for N = {N_PAT} (window {WINDOW}, stride {STRIDE}, global token 0)", fontsize=16)
+plt.show()
+
+# %% [markdown]
+# For 16 tokens the savings are small; they grow with $N$. Each query sees at most $2w + 1$ keys
+# in a local pattern and about $N/s$ in a strided one, so their cost grows linearly in $N$ for a
+# fixed window instead of quadratically:
+
+# %%
+print(f"{'N':>6} {'full N^2':>12} {'local w=256':>12} {'strided s=64':>13}  {'local share':>11}")
+for n_big in (1024, 2048):
+    full_pairs = n_big * n_big
+    local_pairs = int(local_mask(n_big, 256, causal=False).sum())
+    strided_pairs = int(strided_mask(n_big, 64, causal=False).sum())
+    print(f"{n_big:>6} {full_pairs:>12,} {local_pairs:>12,} {strided_pairs:>13,}  {local_pairs / full_pairs:>11.1%}")
+
+# %% [markdown]
+# Used in attention, a pattern is just the `mask=` argument, and every weight outside it is
+# exactly zero. Stacking layers restores reach: a causal local window of $s - 1$ followed by a
+# causal stride of $s$ connects every query to every earlier key in **two** hops (the idea of the
+# Sparse Transformer), which the cell checks with a boolean matrix product.
+
+# %%
+torch.manual_seed(7)
+q, k, v = (torch.randn(N_PAT, 8) for _ in range(3))
+sparse = pattern("local + global", causal=True)
+_, sparse_weights = scaled_dot_product_attention(q, k, v, mask=sparse)
+assert (sparse_weights[~sparse] == 0).all() and (sparse_weights[sparse] > 0).all()
+heatmap(sparse_weights, PATTERN_SENTENCE, PATTERN_SENTENCE, annotate=False, vmin=0, vmax=1,
+        title="Attention weights under 'local + global & causal'", xlabel="key", ylabel="query")
+plt.show()
+
+one_hop_local = local_mask(N_PAT, STRIDE - 1).double()
+one_hop_strided = strided_mask(N_PAT, STRIDE).double()
+two_hops = ((one_hop_local @ one_hop_strided) > 0) | ((one_hop_strided @ one_hop_local) > 0)
+print("local + strided reach every earlier key in two hops:", torch.equal(two_hops, causal_mask(N_PAT)))
+print(f"while one hop of either reaches only {int(local_mask(N_PAT, STRIDE - 1).sum())} or "
+      f"{int(strided_mask(N_PAT, STRIDE).sum())} of the {int(causal_mask(N_PAT).sum())} causal pairs")
+
+# %% [markdown]
+# ### Exercise 3: a sliding-window mask
+# Write `my_local_mask(n, window)`: a causal sliding window, True where query $i$ may see key
+# $j$, that is $0 \le i - j \le$ `window`.
+
+# %%
+def my_local_mask(n: int, window: int) -> torch.Tensor:
+    raise NotImplementedError
+
+
+check("masking.local_mask", my_local_mask)
+
+# %% [markdown]
+# <details><summary>Hint</summary><code>offset = torch.arange(n)[:, None] - torch.arange(n)[None, :]</code>
+# is <code>i - j</code>; combine two comparisons with <code>&amp;</code>.</details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_local_mask(n: int, window: int) -> torch.Tensor:
+#     offset = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+#     return (offset >= 0) & (offset <= window)
+#
+#
+# check("masking.local_mask", my_local_mask)
+# ```
+# </details>
+
+# %% [markdown]
+# ### Explore the patterns
+# Pick a pattern and a query position: the left panel shows the mask with the query's row
+# outlined, the right panel the attention weights that query actually gets. First the static
+# drawing, then the widget.
+
+# %%
+PATTERN_NAMES = ["full", "local", "strided", "global", "local + global"]
+
+
+def draw_query_view(name: str, query: int, causal: bool) -> dict[str, list]:
+    """Mask of pattern `name` with row `query` outlined, and that query's attention weights.
+
+    Returns the keys the query may see and the weights it gives them.
+    """
+    mask = pattern(name, causal)
+    _, weights = scaled_dot_product_attention(q, k, v, mask=mask)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": [1, 1.3]})
+    draw_mask(left, mask, PATTERN_SENTENCE, f"{name}{' & causal' if causal else ''}")
+    left.add_patch(plt.Rectangle((-0.5, query - 0.5), N_PAT, 1, fill=False, edgecolor="red", linewidth=3))
+    right.bar(range(N_PAT), weights[query], color=["tab:blue" if m else "lightgray" for m in mask[query]])
+    right.set(xticks=range(N_PAT), ylim=(0, 1), ylabel="attention weight",
+              title=f"query '{PATTERN_SENTENCE[query]}' (position {query}) sees {int(mask[query].sum())} keys")
+    right.set_xticklabels(PATTERN_SENTENCE, rotation=60, ha="right")
+    fig.tight_layout()
+    return {"visible": mask[query].nonzero().flatten().tolist(), "weights": weights[query].tolist()}
+
+
+static_view = draw_query_view("local + global", 10, causal=True)
+plt.show()
+print("query 10 may see positions", static_view["visible"])
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# The widget's output holds ids that change on every run; the static figure above is the same drawing.
+explorer = Explorer(draw_query_view,
+                    name=widgets.Dropdown(options=PATTERN_NAMES, value="local + global", description="pattern"),
+                    query=widgets.IntSlider(min=0, max=N_PAT - 1, value=10, description="query"),
+                    causal=widgets.Checkbox(value=True, description="causal"))
+explorer
+
+# %%
+start = explorer.last  # local + global, query 10, causal
+query_3 = explorer.set(query=3)
+strided_3 = explorer.set(name="strided")
+two_sided = explorer.set(causal=False)
+assert start["visible"] == [0, 8, 9, 10] and query_3["visible"] == [0, 1, 2, 3]
+assert strided_3["visible"] == [3] and two_sided["visible"] == [3, 7, 11, 15]
+
+# %%
+print("local + global, query 10:", start["visible"], "| query 3:", query_3["visible"],
+      "| strided, query 3:", strided_3["visible"], "| strided, not causal:", two_sided["visible"])
+
+# %% [markdown]
+# ## Check your understanding
+#
+# **1. Why use masked attention? (seed 000)**
+# <details><summary>Answer</summary>
+#
+# A decoder is trained to predict each next token from the tokens before it, for all positions
+# in one parallel pass. Without a mask, position $t$ could read token $t+1$ (the answer) and
+# the model would learn to copy instead of predict; at generation time those future tokens do
+# not exist yet. The causal mask makes training see exactly what generation will see. The cell
+# computes it: the last token changes the first token's output without the mask, not with it.
+# </details>
+
+# %%
+for name, mask in (("no mask", None), ("causal mask", causal_mask(4))):
+    moved_first = (self_attention(edited_last, mask)[0][0] - self_attention(X, mask)[0][0]).abs().max()
+    print(f"{name:>12}: output of '{TOKENS[0]}' moves by {moved_first:.4f} when '{TOKENS[-1]}' changes")
+
+# %% [markdown]
+# **2. Why $-\infty$ and not 0 in the masked scores?**
+# <details><summary>Answer</summary>
+#
+# The softmax exponentiates: $e^{-\infty} = 0$ removes a key exactly, $e^0 = 1$ does not. With
+# unit-size scores a 0-filled "mask" still sends a large share of the weight to the future
+# (computed below for the first query of section 2), and section 5 shows the outputs then depend
+# on future tokens.
+# </details>
+
+# %%
+print(f"first query's weight on the future: fill 0 -> {future_weight(ordinary_scores, 0.0)[0]:.3f}, "
+      f"fill -inf -> {future_weight(ordinary_scores, float('-inf'))[0]:.3f}")
+
+# %% [markdown]
+# **3. What are the differences between the Transformer encoder and decoder? (seed 000)**
+# <details><summary>Answer</summary>
+#
+# The encoder's self-attention is bidirectional: every token sees the whole (unpadded) input.
+# The decoder's self-attention is causal, and in an encoder-decoder model each decoder block adds
+# cross-attention: decoder queries over the encoder's outputs, unmasked except for padding. The
+# cell prints the three masks for a 3-token target and a 4-token source.
+# </details>
+
+# %%
+n_target, n_source = 3, 4
+print("encoder self-attention (source x source):\n", bidirectional_mask(n_source).int())
+print("decoder self-attention (target x target):\n", causal_mask(n_target).int())
+print("decoder cross-attention (target x source):\n", bidirectional_mask(n_target, n_source).int())
+
+# %% [markdown]
+# **4. What parallelises in training a decoder?**
+# <details><summary>Answer</summary>
+#
+# All positions at once. Because the mask hides the future, one masked pass over the full
+# sentence gives, at every position $t$, exactly the output of running attention on the prefix
+# $0..t$ alone. Training therefore needs one pass per sentence, not one per token. Generation,
+# which must wait for each new token, is what stays sequential. The cell runs every prefix
+# separately and compares.
+# </details>
+
+# %%
+full_pass = self_attention(x, causal_mask(n))[0]
+prefix_by_prefix = torch.stack([self_attention(x[: t + 1])[0][-1] for t in range(n)])
+torch.testing.assert_close(full_pass, prefix_by_prefix)
+print(f"one masked pass == {n} separate prefix passes, for all {n} positions")
+
+# %% [markdown]
+# **5. What does `helpers.attention` return for a query that may see no key at all, and why
+# not NaN?**
+# <details><summary>Answer</summary>
+#
+# Zero weights and a zero output. A plain softmax computes $0/0$ there; the helper shifts an
+# all-$-\infty$ row by 0 instead of by its maximum and divides by 1 when the row sum is 0
+# (section 7). The cell checks it on a query with an all-False mask.
+# </details>
+
+# %%
+output, weights = scaled_dot_product_attention(torch.randn(1, 4), torch.randn(3, 4), torch.randn(3, 2),
+                                               mask=torch.zeros(1, 3, dtype=torch.bool))
+print("weights:", weights, "output:", output)
+
+# %% [markdown]
+# **6. How much does a sliding window save for long sequences?**
+# <details><summary>Answer</summary>
+#
+# A two-sided window of $w$ keeps at most $2w + 1$ keys per query instead of $N$, so the share of
+# the $N^2$ pairs it keeps shrinks like $(2w+1)/N$: computed for $w = 256$ below.
+# </details>
+
+# %%
+for n_big in (1024, 4096, 16384):
+    share = min(2 * 256 + 1, n_big) / n_big
+    print(f"N = {n_big:>6}: at most {share:.1%} of the pairs")

@@ -1,0 +1,274 @@
+"""helpers.attention: softmax and scaled dot-product attention agree with PyTorch, are stable,
+are permutation equivariant, and refuse bad input with a message naming what was wrong."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers.attention import (
+    causal_mask,
+    padding_mask,
+    scaled_dot_product_attention,
+    softmax,
+    softmax_jacobian,
+)
+from helpers.exercises import check
+
+TIGHT = {"atol": 1e-12, "rtol": 1e-12}
+
+
+def randn(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def random_mask(*shape: int, seed: int = 0, p_allowed: float = 0.7) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.rand(*shape, generator=generator) < p_allowed
+
+
+# --- softmax -------------------------------------------------------------------------------
+
+def test_softmax_matches_torch_along_any_dim():
+    x = randn(3, 4, 5)
+    for dim in (0, 1, -1):
+        torch.testing.assert_close(softmax(x, dim=dim), torch.softmax(x, dim=dim), **TIGHT)
+
+
+def test_softmax_is_stable_for_logits_of_1e4():
+    x = torch.tensor([[1e4, 0.0, -1e4], [1e4, 1e4 - 1.0, 0.0]], dtype=torch.float32)
+    naive = torch.exp(x) / torch.exp(x).sum(dim=-1, keepdim=True)
+    assert torch.isnan(naive).any(), "the naive formula should overflow here, or the test proves nothing"
+    got = softmax(x)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got[0], torch.tensor([1.0, 0.0, 0.0]))
+    torch.testing.assert_close(got[1, :2], torch.softmax(torch.tensor([1.0, 0.0]), dim=-1))
+
+
+def test_softmax_of_an_all_minus_inf_row_is_zero_and_its_gradient_is_finite():
+    x = torch.tensor([[float("-inf")] * 3, [0.0, float("-inf"), 1.0]], requires_grad=True)
+    a = softmax(x)
+    torch.testing.assert_close(a[0], torch.zeros(3))
+    torch.testing.assert_close(a[1], torch.softmax(torch.tensor([0.0, float("-inf"), 1.0]), dim=-1))
+    (a * torch.arange(3.0)).sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+def test_softmax_rejects_integer_input():
+    with pytest.raises(TypeError, match="x has dtype torch.int64"):
+        softmax(torch.tensor([1, 2, 3]))
+
+
+def test_softmax_jacobian_equals_autograd():
+    for logits in ([20.0, 0.0, -20.0], [2.5, 0.0, -2.5], [0.1, 0.4, -0.3, 1.0]):
+        s = torch.tensor(logits, dtype=torch.float64)
+        by_hand = softmax_jacobian(softmax(s))
+        by_autograd = torch.autograd.functional.jacobian(softmax, s)
+        torch.testing.assert_close(by_hand, by_autograd, **TIGHT)
+
+
+def test_a_saturated_softmax_has_a_vanishing_jacobian():
+    small = softmax_jacobian(softmax(torch.tensor([2.5, 0.0, -2.5], dtype=torch.float64)))
+    large = softmax_jacobian(softmax(torch.tensor([20.0, 0.0, -20.0], dtype=torch.float64)))
+    assert large.abs().max() < 1e-8 < 0.05 < small.abs().max()
+
+
+# --- attention against PyTorch ---------------------------------------------------------------
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_attention_equals_torch_on_batched_multi_head_shapes(with_mask):
+    batch, heads, n_q, n_k, d_k, d_v = 2, 3, 5, 7, 8, 4
+    q, k, v = randn(batch, heads, n_q, d_k, seed=1), randn(batch, heads, n_k, d_k, seed=2), randn(batch, heads, n_k, d_v, seed=3)
+    mask = random_mask(batch, heads, n_q, n_k, seed=4) if with_mask else None
+    output, weights = scaled_dot_product_attention(q, k, v, mask=mask)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(output, expected, **TIGHT)
+    assert weights.shape == (batch, heads, n_q, n_k)
+    torch.testing.assert_close(weights.sum(dim=-1), torch.ones(batch, heads, n_q, dtype=torch.float64), **TIGHT)
+
+
+def test_attention_with_causal_and_padding_masks_equals_torch():
+    q, k, v = randn(3, 2, 6, 4, seed=5), randn(3, 2, 6, 4, seed=6), randn(3, 2, 6, 4, seed=7)
+    mask = causal_mask(6) & padding_mask(torch.tensor([6, 4, 1]), 6)
+    output, _ = scaled_dot_product_attention(q, k, v, mask=mask)
+    torch.testing.assert_close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), **TIGHT)
+    output, _ = scaled_dot_product_attention(q, k, v, mask=causal_mask(6))
+    torch.testing.assert_close(output, F.scaled_dot_product_attention(q, k, v, is_causal=True), **TIGHT)
+
+
+def test_custom_scale_equals_torch():
+    q, k, v = randn(4, 3, seed=8), randn(6, 3, seed=9), randn(6, 2, seed=10)
+    output, _ = scaled_dot_product_attention(q, k, v, scale=0.25)
+    torch.testing.assert_close(output, F.scaled_dot_product_attention(q, k, v, scale=0.25), **TIGHT)
+
+
+shapes = st.fixed_dictionaries({
+    "batch": st.integers(1, 3), "heads": st.integers(1, 3), "n_q": st.integers(1, 6),
+    "n_k": st.integers(1, 6), "d_k": st.integers(1, 9), "d_v": st.integers(1, 5),
+})
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=shapes, mask_kind=st.sampled_from(["none", "full", "per_query", "per_key"]),
+       seed=st.integers(0, 2**16))
+def test_attention_equals_torch_for_any_shape_and_mask(shape, mask_kind, seed):
+    b, h, n_q, n_k, d_k, d_v = (shape[name] for name in ("batch", "heads", "n_q", "n_k", "d_k", "d_v"))
+    q, k, v = randn(b, h, n_q, d_k, seed=seed), randn(b, h, n_k, d_k, seed=seed + 1), randn(b, h, n_k, d_v, seed=seed + 2)
+    mask_shape = {"none": None, "full": (b, h, n_q, n_k), "per_query": (n_q, n_k), "per_key": (b, 1, 1, n_k)}[mask_kind]
+    mask = None if mask_shape is None else random_mask(*mask_shape, seed=seed + 3)
+    output, weights = scaled_dot_product_attention(q, k, v, mask=mask)
+    torch.testing.assert_close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), **TIGHT)
+    assert output.shape == (b, h, n_q, d_v) and weights.shape == (b, h, n_q, n_k)
+    assert torch.isfinite(weights).all()
+    if mask is not None:
+        assert (weights[~mask.expand_as(weights)] == 0).all(), "a masked key received weight"
+
+
+# --- properties --------------------------------------------------------------------------------
+
+def self_attention(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor) -> torch.Tensor:
+    return scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v)[0]
+
+
+def test_self_attention_is_permutation_equivariant():
+    x, w_q, w_k, w_v = randn(6, 5, seed=11), randn(5, 4, seed=12), randn(5, 4, seed=13), randn(5, 3, seed=14)
+    perm = torch.randperm(6, generator=torch.Generator().manual_seed(15))
+    assert not torch.equal(perm, torch.arange(6))
+    torch.testing.assert_close(self_attention(x[perm], w_q, w_k, w_v), self_attention(x, w_q, w_k, w_v)[perm], **TIGHT)
+
+
+def test_permuting_keys_and_values_together_changes_nothing():
+    q, k, v = randn(3, 4, seed=16), randn(5, 4, seed=17), randn(5, 2, seed=18)
+    perm = torch.tensor([4, 2, 0, 1, 3])
+    torch.testing.assert_close(scaled_dot_product_attention(q, k[perm], v[perm])[0],
+                               scaled_dot_product_attention(q, k, v)[0], **TIGHT)
+
+
+def test_attention_is_stable_for_scores_of_1e4():
+    q = torch.tensor([[100.0, 0.0]])
+    k = torch.tensor([[100.0, 0.0], [-100.0, 0.0], [0.0, 0.0]])
+    v = torch.eye(3)
+    output, weights = scaled_dot_product_attention(q, k, v, scale=1.0)  # scores 1e4, -1e4, 0
+    assert torch.isfinite(output).all()
+    torch.testing.assert_close(weights, torch.tensor([[1.0, 0.0, 0.0]]))
+
+
+def test_fully_masked_query_gets_zero_output_and_finite_gradients():
+    q, k, v = randn(3, 4, seed=19).requires_grad_(), randn(5, 4, seed=20).requires_grad_(), randn(5, 2, seed=21)
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    mask[1] = False
+    output, weights = scaled_dot_product_attention(q, k, v, mask=mask)
+    assert torch.equal(weights[1], torch.zeros(5, dtype=torch.float64))
+    assert torch.equal(output[1], torch.zeros(2, dtype=torch.float64))
+    output.sum().backward()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
+
+
+def test_causal_mask_with_a_kv_cache_matches_the_last_rows_of_full_attention():
+    q, k, v = randn(7, 4, seed=22), randn(7, 4, seed=23), randn(7, 3, seed=24)
+    full, _ = scaled_dot_product_attention(q, k, v, mask=causal_mask(7))
+    last_two, _ = scaled_dot_product_attention(q[-2:], k, v, mask=causal_mask(2, 7))
+    torch.testing.assert_close(last_two, full[-2:], **TIGHT)
+    assert causal_mask(2, 7)[-1].all() and not causal_mask(2, 7)[0, -1]
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+def test_mismatched_d_k_names_both_shapes():
+    with pytest.raises(ValueError, match=r"q has shape \(2, 4\) and k has shape \(3, 5\)"):
+        scaled_dot_product_attention(randn(2, 4), randn(3, 5), randn(3, 5))
+
+
+def test_mismatched_number_of_keys_and_values_names_both_shapes():
+    with pytest.raises(ValueError, match=r"k has shape \(3, 4\) and v has shape \(2, 4\)"):
+        scaled_dot_product_attention(randn(2, 4), randn(3, 4), randn(2, 4))
+
+
+def test_leading_dims_that_do_not_broadcast_are_named():
+    with pytest.raises(ValueError, match=r"q has shape \(2, 3, 4\), k has shape \(5, 3, 4\)"):
+        scaled_dot_product_attention(randn(2, 3, 4), randn(5, 3, 4), randn(5, 3, 4))
+
+
+def test_d_k_of_zero_is_refused():
+    with pytest.raises(ValueError, match="d_k is 0"):
+        scaled_dot_product_attention(randn(2, 0), randn(3, 0), randn(3, 4))
+
+
+def test_wrong_mask_shape_is_refused_with_the_expected_shape():
+    with pytest.raises(ValueError, match=r"mask has shape \(3, 2\), expected .*\(\.\.\., 2, 3\)"):
+        scaled_dot_product_attention(randn(2, 4), randn(3, 4), randn(3, 4), mask=torch.ones(3, 2, dtype=torch.bool))
+
+
+def test_a_mask_that_would_grow_the_output_is_refused():
+    with pytest.raises(ValueError, match=r"mask has shape \(5, 2, 3\)"):
+        scaled_dot_product_attention(randn(2, 4), randn(3, 4), randn(3, 4), mask=torch.ones(5, 2, 3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_non_boolean_mask_is_refused(dtype):
+    with pytest.raises(TypeError, match=f"mask has dtype {dtype}"):
+        scaled_dot_product_attention(randn(2, 4), randn(3, 4), randn(3, 4), mask=torch.ones(2, 3, dtype=dtype))
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, math.inf, "big"])
+def test_bad_scale_is_refused(scale):
+    with pytest.raises(ValueError, match="scale is"):
+        scaled_dot_product_attention(randn(2, 4), randn(3, 4), randn(3, 4), scale=scale)
+
+
+def test_mixed_dtypes_are_refused():
+    with pytest.raises(TypeError, match="q, k, v have dtypes torch.float32, torch.float64"):
+        scaled_dot_product_attention(randn(2, 4).float(), randn(3, 4), randn(3, 4))
+
+
+def test_one_dimensional_q_is_refused():
+    with pytest.raises(ValueError, match=r"q has shape \(4,\)"):
+        scaled_dot_product_attention(randn(4), randn(3, 4), randn(3, 4))
+
+
+# --- exercise checkers reject the classic mistakes -------------------------------------------
+
+def verdict(capsys, name: str, answer) -> str:
+    """What `check` prints for `answer`."""
+    check(name, answer)
+    return capsys.readouterr().out
+
+
+def naive_softmax(x):
+    return torch.exp(x) / torch.exp(x).sum(dim=-1, keepdim=True)
+
+
+def test_softmax_checker_accepts_the_reference_and_rejects_overflow(capsys):
+    assert verdict(capsys, "attention.stable_softmax", softmax).startswith("✅")
+    out = verdict(capsys, "attention.stable_softmax", naive_softmax)
+    assert out.startswith("❌") and "overflows" in out
+
+
+def test_softmax_checker_rejects_normalising_the_wrong_dim(capsys):
+    out = verdict(capsys, "attention.stable_softmax", lambda x: torch.softmax(x, dim=0))
+    assert out.startswith("❌") and "dim=-1" in out
+
+
+def test_jacobian_checker_rejects_the_diagonal_alone(capsys):
+    assert verdict(capsys, "attention.softmax_jacobian", softmax_jacobian).startswith("✅")
+    out = verdict(capsys, "attention.softmax_jacobian", torch.diag)
+    assert out.startswith("❌") and "outer product" in out
+
+
+def test_attention_checker_explains_missing_scale_and_wrong_dim(capsys):
+    assert verdict(capsys, "attention.scaled_attention", scaled_dot_product_attention).startswith("✅")
+    unscaled = lambda q, k, v: scaled_dot_product_attention(q, k, v, scale=1.0)  # noqa: E731
+    out = verdict(capsys, "attention.scaled_attention", unscaled)
+    assert out.startswith("❌") and "sqrt(d_k)" in out
+
+    def columns(q, k, v):
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-2)
+        return weights @ v, weights
+
+    out = verdict(capsys, "attention.scaled_attention", columns)
+    assert out.startswith("❌") and "columns sum to 1" in out
