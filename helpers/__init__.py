@@ -1,8 +1,14 @@
 """Helpers for the Transformer course, one module per idea, in the order the course meets them.
 
     corpus        the course corpus (a story grammar) and its well-formedness checker
-    tokenizers    character and byte-level BPE tokenizers, written from scratch
+    tokenizers    character, byte-level BPE, WordPiece and Unigram tokenizers, from scratch
     embeddings    one-hot, token embeddings, learned and sinusoidal positions
+    attention     softmax, scaled dot-product attention, causal/padding/sparse masks
+    layers        multi-head attention (two styles, GQA/MQA), LayerNorm, FFN, the Pre-LN block
+    gpt           the GPT: config, model, parameter counts, generation, KV cache
+    train         the fast CPU trainer: batches, AdamW, schedule, bf16 autocast, checkpoints
+    flash         online softmax and tiled FlashAttention in PyTorch (forward and backward)
+    flash_triton  the same algorithm as a Triton kernel (GPU, or Triton's CPU interpreter)
 
 and, at the side, used by the notebooks and never by the model code:
 

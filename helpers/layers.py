@@ -1,0 +1,427 @@
+"""The layers of a transformer block: multi-head attention, LayerNorm, feed-forward networks, the block.
+
+In the order the notebooks meet them:
+
+    notebook 5  AttentionHead, SeparateHeadsAttention    heads as a list of single-head modules
+                split_heads, merge_heads                 (B, N, H*D_H) <-> (B, H, N, D_H)
+                MultiHeadAttention                       one projection for all heads, batched;
+                                                         n_kv_heads < n_heads gives GQA / MQA
+                fuse_heads                               the fused module with a list's weights
+                kv_cache_bytes_per_token                 2 x L x H_kv x d_h x bytes
+    notebook 6  layer_norm, LayerNorm                    per-token standardisation, by hand
+                FeedForward, SwiGLUFeedForward           the position-wise MLP, D -> 4D -> D
+                Block, init_gpt2_                        the Pre-LN (GPT-2) block, its initialisation
+                distance_from_rank_one                   how far tokens are from all being equal
+
+Every attention here calls `helpers.attention.scaled_dot_product_attention`: the modules only
+decide what goes in (projections, head layout, masks) and what comes out (W_O).
+
+Shapes: B batch, N queries (tokens), M keys (N for self-attention, the context length for
+cross-attention), D = d_model, H heads, H_kv key/value heads, D_H = D / H per head.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from helpers.attention import causal_mask, scaled_dot_product_attention
+
+# Names (suffixes) of the projections that write into the residual stream: GPT-2 scales their
+# initial weights by 1/sqrt(2 * n_layers).
+RESIDUAL_PROJECTIONS = ("out_proj.weight", "down.weight")
+
+
+# --- checks shared by the modules -----------------------------------------------------------
+
+def _check_head_counts(d_model: int, n_heads: int, n_kv_heads: int) -> None:
+    """Raise a ValueError naming the numbers if the heads cannot split d_model evenly."""
+    for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} is {value!r}, expected a positive int")
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}: each head "
+                         f"gets d_model / n_heads = {d_model / n_heads:g} features, which must "
+                         "be a whole number")
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: each "
+                         f"key/value head must serve the same number of query heads, got "
+                         f"{n_heads / n_kv_heads:g}")
+
+
+def _check_sequence(name: str, x: Tensor, d_model: int) -> None:
+    """Raise unless x is a float tensor of shape (B, N, d_model)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} is a {type(x).__name__}, expected a torch.Tensor (B, N, {d_model})")
+    if x.dim() != 3 or x.shape[-1] != d_model:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected (B, N, {d_model}) "
+                         f"with d_model = {d_model}")
+
+
+def _check_context(x: Tensor, context: Tensor) -> None:
+    if context.shape[0] != x.shape[0]:
+        raise ValueError(f"context has shape {tuple(context.shape)} and x has shape "
+                         f"{tuple(x.shape)}: their batch sizes must match")
+
+
+def attention_mask(mask: Tensor | None, causal: bool, n_q: int, n_k: int,
+                   device: torch.device) -> Tensor | None:
+    """The boolean mask to pass to attention: `mask` and, if `causal`, the causal mask, combined.
+
+    mask: None, (N, M), (B, N, M) or (B or 1, H or 1, N, M); True = may attend. A 3-D mask is
+    given a head axis, (B, 1, N, M), so that every head uses it. Returns None when nothing is masked.
+    """
+    if mask is not None:
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+            raise TypeError(f"mask is {got}, expected a torch.bool tensor (True = may attend)")
+        if mask.dim() not in (2, 3, 4):
+            raise ValueError(f"mask has shape {tuple(mask.shape)}, expected (N, M), (B, N, M) "
+                             f"or (B, H, N, M) with N = {n_q}, M = {n_k}")
+        if mask.dim() == 3:
+            mask = mask.unsqueeze(1)
+    if not causal:
+        return mask
+    future_hidden = causal_mask(n_q, n_k, device=device)  # (N, M), bottom-right aligned
+    return future_hidden if mask is None else mask & future_hidden
+
+
+# --- notebook 5: heads as separate modules -------------------------------------------------
+
+class AttentionHead(nn.Module):
+    """One attention head with its own W_Q, W_K, W_V: D -> D_H each (the `Head` of seed 001)."""
+
+    def __init__(self, d_model: int, head_dim: int, bias: bool = True) -> None:
+        super().__init__()
+        self.d_model, self.head_dim = d_model, head_dim
+        self.q_proj = nn.Linear(d_model, head_dim, bias=bias)
+        self.k_proj = nn.Linear(d_model, head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, head_dim, bias=bias)
+        self.last_weights: Tensor | None = None  # (B, N, M), kept for plotting
+
+    def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None,
+                causal: bool = False) -> Tensor:
+        """x: (B, N, D); context: (B, M, D) for cross-attention, else x. Returns (B, N, D_H).
+
+        mask: (N, M) or (B, N, M), True = may attend.
+        """
+        _check_sequence("x", x, self.d_model)
+        source = x if context is None else context
+        if context is not None:
+            _check_sequence("context", context, self.d_model)
+            _check_context(x, context)
+        if isinstance(mask, Tensor) and mask.dim() == 4:
+            raise ValueError(f"mask has shape {tuple(mask.shape)}, expected (N, M) or (B, N, M): "
+                             "a single head has no head axis")
+        mask = attention_mask(mask, causal, x.shape[1], source.shape[1], x.device)
+        if mask is not None and mask.dim() == 4:
+            mask = mask.squeeze(1)
+        q, k, v = self.q_proj(x), self.k_proj(source), self.v_proj(source)  # (B, N|M, D_H)
+        out, weights = scaled_dot_product_attention(q, k, v, mask=mask)
+        self.last_weights = weights.detach()
+        return out
+
+
+class SeparateHeadsAttention(nn.Module):
+    """Multi-head attention as H independent heads, concatenated, then W_O (seed 001's style).
+
+    Clear, but it runs H small projections and H attentions one after another.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True) -> None:
+        super().__init__()
+        _check_head_counts(d_model, n_heads, n_heads)
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.heads = nn.ModuleList(AttentionHead(d_model, self.head_dim, bias) for _ in range(n_heads))
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W_O: (H * D_H) -> D
+
+    def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None,
+                causal: bool = False) -> Tensor:
+        """x: (B, N, D), context: (B, M, D) or None -> (B, N, D)."""
+        per_head = [head(x, context, mask, causal) for head in self.heads]  # H x (B, N, D_H)
+        return self.out_proj(torch.cat(per_head, dim=-1))  # (B, N, H * D_H) -> (B, N, D)
+
+    @property
+    def last_weights(self) -> Tensor | None:
+        """The heads' last attention weights side by side: (B, H, N, M)."""
+        if any(head.last_weights is None for head in self.heads):
+            return None
+        return torch.stack([head.last_weights for head in self.heads], dim=1)
+
+
+# --- notebook 5: all heads at once ---------------------------------------------------------
+
+def split_heads(x: Tensor, n_heads: int) -> Tensor:
+    """(B, N, H * D_H) -> (B, H, N, D_H): give each head its own slice of the features.
+
+    The reshape splits the last axis into (H, D_H); the transpose moves heads in front of the
+    tokens so that one batched matrix multiply handles every (batch, head) pair.
+    """
+    if not isinstance(x, Tensor) or x.dim() != 3:
+        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"x has shape {got}, expected (B, N, H * D_H)")
+    batch, n_tokens, width = x.shape
+    if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1 or width % n_heads:
+        raise ValueError(f"n_heads is {n_heads!r}, expected a positive int dividing the "
+                         f"feature size {width} of x, shape {tuple(x.shape)}")
+    return x.view(batch, n_tokens, n_heads, width // n_heads).transpose(1, 2)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(B, H, N, D_H) -> (B, N, H * D_H): the heads' outputs side by side for each token."""
+    if not isinstance(x, Tensor) or x.dim() != 4:
+        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"x has shape {got}, expected (B, H, N, D_H)")
+    batch, n_heads, n_tokens, head_dim = x.shape
+    return x.transpose(1, 2).reshape(batch, n_tokens, n_heads * head_dim)
+
+
+def repeat_kv_heads(x: Tensor, n_repeats: int) -> Tensor:
+    """(B, H_kv, M, D_H) -> (B, H_kv * n_repeats, M, D_H): key/value head g serves query heads
+    g * n_repeats ... (g + 1) * n_repeats - 1."""
+    return x if n_repeats == 1 else x.repeat_interleave(n_repeats, dim=1)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with one projection per Q, K, V for all heads and batched heads.
+
+    The four matrix multiplies of seed 000: Q/K/V projections, Q K^T, weights V, W_O.
+    n_kv_heads (default n_heads) sets how many key/value heads there are: n_heads is ordinary
+    multi-head attention, fewer is grouped-query attention (GQA), 1 is multi-query (MQA).
+    dropout applies to the output, as on every branch that is added to the residual stream.
+
+    The forward pass is split so that a KV cache can reuse the pieces: `project_keys_values`
+    turns a sequence into (k, v); `attend` takes queries and any stored keys and values.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None,
+                 bias: bool = True, dropout: float = 0.0) -> None:
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        _check_head_counts(d_model, n_heads, n_kv_heads)
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.out_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+        self.last_weights: Tensor | None = None  # (B, H, N, M), kept for plotting
+
+    def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None,
+                causal: bool = False) -> Tensor:
+        """x: (B, N, D); context: (B, M, D) for cross-attention, else x. Returns (B, N, D).
+
+        mask: (N, M), (B, N, M) or (B, H, N, M), True = may attend; causal adds the causal mask.
+        """
+        _check_sequence("x", x, self.d_model)
+        if context is not None:
+            _check_sequence("context", context, self.d_model)
+            _check_context(x, context)
+        q = split_heads(self.q_proj(x), self.n_heads)                    # (B, H, N, D_H)
+        k, v = self.project_keys_values(x if context is None else context)  # (B, H_kv, M, D_H)
+        return self.attend(q, k, v, mask=mask, causal=causal)
+
+    def project_keys_values(self, source: Tensor) -> tuple[Tensor, Tensor]:
+        """source: (B, M, D) -> keys and values, each (B, H_kv, M, D_H): what a KV cache stores."""
+        return split_heads(self.k_proj(source), self.n_kv_heads), split_heads(self.v_proj(source), self.n_kv_heads)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+               causal: bool = False) -> Tensor:
+        """q: (B, H, N, D_H); k, v: (B, H_kv, M, D_H) -> (B, N, D), through W_O.
+
+        With causal=True and M > N (cached keys first), query i sees keys up to M - N + i.
+        """
+        groups = self.n_heads // self.n_kv_heads
+        k, v = repeat_kv_heads(k, groups), repeat_kv_heads(v, groups)  # (B, H, M, D_H)
+        mask = attention_mask(mask, causal, q.shape[-2], k.shape[-2], q.device)
+        heads, weights = scaled_dot_product_attention(q, k, v, mask=mask)  # (B, H, N, D_H)
+        self.last_weights = weights.detach()
+        return self.dropout(self.out_proj(merge_heads(heads)))
+
+
+@torch.no_grad()
+def fuse_heads(separate: SeparateHeadsAttention) -> MultiHeadAttention:
+    """A MultiHeadAttention computing exactly what `separate` computes, with copies of its weights.
+
+    Head h's W_Q (D_H x D in nn.Linear's layout) becomes rows h*D_H ... (h+1)*D_H - 1 of the fused
+    W_Q; likewise for W_K and W_V. W_O is shared as is.
+    """
+    has_bias = separate.out_proj.bias is not None
+    fused = MultiHeadAttention(separate.d_model, separate.n_heads, bias=has_bias)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        per_head = [getattr(head, name) for head in separate.heads]
+        getattr(fused, name).weight.copy_(torch.cat([p.weight for p in per_head], dim=0))
+        if has_bias:
+            getattr(fused, name).bias.copy_(torch.cat([p.bias for p in per_head], dim=0))
+    fused.out_proj.load_state_dict(separate.out_proj.state_dict())
+    return fused
+
+
+def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int,
+                             bytes_per_value: int = 2) -> int:
+    """Bytes of KV cache one token needs: 2 (K and V) x layers x KV heads x head size x bytes.
+
+    bytes_per_value: 2 for fp16/bf16, 4 for fp32, 1 for an 8-bit cache.
+    """
+    for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads),
+                        ("head_dim", head_dim), ("bytes_per_value", bytes_per_value)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} is {value!r}, expected a positive int")
+    return 2 * n_layers * n_kv_heads * head_dim * bytes_per_value
+
+
+# --- notebook 6: LayerNorm -----------------------------------------------------------------
+
+def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """x: (..., D) -> (..., D): each token standardised over its own D features, then gamma, beta.
+
+    The variance is the biased one (divide by D, not D - 1), as in nn.LayerNorm; eps keeps the
+    division finite for a token whose features are all equal.
+    """
+    if not isinstance(x, Tensor) or x.dim() < 1 or not x.is_floating_point():
+        got = (x.dtype, tuple(x.shape)) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"x is {got}, expected a floating-point tensor of shape (..., D)")
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is not None and tuple(param.shape) != (x.shape[-1],):
+            raise ValueError(f"{name} has shape {tuple(param.shape)}, expected ({x.shape[-1]},) "
+                             f"to match the last dimension of x, shape {tuple(x.shape)}")
+    mean = x.mean(dim=-1, keepdim=True)
+    variance = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+    normalised = (x - mean) / torch.sqrt(variance + eps)
+    if weight is not None:
+        normalised = normalised * weight
+    if bias is not None:
+        normalised = normalised + bias
+    return normalised
+
+
+class LayerNorm(nn.Module):
+    """`layer_norm` with a learned scale gamma (`weight`, starts at 1) and shift beta (`bias`, 0)."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.d_model, self.eps = d_model, eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (..., D) -> (..., D)."""
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x has shape {tuple(x.shape)}, expected (..., {self.d_model})")
+        return layer_norm(x, self.weight, self.bias, self.eps)
+
+
+# --- notebook 6: feed-forward networks -----------------------------------------------------
+
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
+
+
+class FeedForward(nn.Module):
+    """The position-wise MLP: D -> hidden (default 4D) -> activation -> D, then dropout.
+
+    Each token goes through it alone: nothing here mixes positions.
+    """
+
+    def __init__(self, d_model: int, hidden: int | None = None, activation: str = "gelu",
+                 dropout: float = 0.0, bias: bool = True) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation is {activation!r}, expected one of {sorted(ACTIVATIONS)}")
+        hidden = 4 * d_model if hidden is None else hidden
+        self.up = nn.Linear(d_model, hidden, bias=bias)
+        self.activation = ACTIVATIONS[activation]()
+        self.down = nn.Linear(hidden, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (..., D) -> (..., D)."""
+        return self.dropout(self.down(self.activation(self.up(x))))
+
+
+def swiglu_hidden_size(d_model: int) -> int:
+    """2/3 of 4D, so that SwiGLU's three matrices hold about the 8 D^2 of a two-matrix 4D MLP."""
+    return 8 * d_model // 3
+
+
+class SwiGLUFeedForward(nn.Module):
+    """SwiGLU MLP (Llama's): down(silu(gate(x)) * up(x)); three matrices, no biases by default."""
+
+    def __init__(self, d_model: int, hidden: int | None = None, dropout: float = 0.0,
+                 bias: bool = False) -> None:
+        super().__init__()
+        hidden = swiglu_hidden_size(d_model) if hidden is None else hidden
+        self.gate = nn.Linear(d_model, hidden, bias=bias)
+        self.up = nn.Linear(d_model, hidden, bias=bias)
+        self.down = nn.Linear(hidden, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (..., D) -> (..., D)."""
+        return self.dropout(self.down(F.silu(self.gate(x)) * self.up(x)))
+
+
+# --- notebook 6: the block -----------------------------------------------------------------
+
+class Block(nn.Module):
+    """One transformer block. Pre-LN (GPT-2, the default): x + attn(ln1(x)), then x + mlp(ln2(x)).
+
+    pre_norm=False gives the 2017 Post-LN order: ln1(x + attn(x)), then ln2(x + mlp(x)).
+    The MLP is D -> 4D -> D with GELU; dropout follows both branches.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0,
+                 n_kv_heads: int | None = None, bias: bool = True, pre_norm: bool = True) -> None:
+        super().__init__()
+        self.pre_norm = pre_norm
+        self.ln1 = LayerNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, bias, dropout)
+        self.ln2 = LayerNorm(d_model)
+        self.mlp = FeedForward(d_model, 4 * d_model, "gelu", dropout, bias)
+
+    def forward(self, x: Tensor, causal: bool = True, mask: Tensor | None = None) -> Tensor:
+        """x: (B, N, D) -> (B, N, D)."""
+        if self.pre_norm:
+            x = x + self.attn(self.ln1(x), mask=mask, causal=causal)
+            return x + self.mlp(self.ln2(x))
+        x = self.ln1(x + self.attn(x, mask=mask, causal=causal))
+        return self.ln2(x + self.mlp(x))
+
+
+@torch.no_grad()
+def init_gpt2_(model: nn.Module, n_layers: int, std: float = 0.02) -> nn.Module:
+    """GPT-2's initialisation, in place: every Linear and Embedding weight ~ N(0, std), biases 0,
+    and the projections that write into the residual stream ~ N(0, std / sqrt(2 * n_layers)).
+
+    Each block adds two branches to the stream (attention, MLP); with 2 * n_layers additions of
+    variance std^2 / (2 * n_layers) each, the stream's variance gains std^2 in total, whatever the
+    depth. Returns `model`.
+    """
+    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
+        raise ValueError(f"n_layers is {n_layers!r}, expected a positive int")
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+    for name, param in model.named_parameters():
+        if name.endswith(RESIDUAL_PROJECTIONS):
+            nn.init.normal_(param, mean=0.0, std=std / math.sqrt(2 * n_layers))
+    return model
+
+
+def distance_from_rank_one(x: Tensor) -> Tensor:
+    """How far the N token vectors are from being one and the same vector: x (..., N, D) -> (...).
+
+    ||x - 1 mean^T||_F / ||x||_F, where mean is the average token: 0 when every token carries the
+    same vector (rank collapse), and unchanged when x is scaled.
+    """
+    if not isinstance(x, Tensor) or x.dim() < 2 or not x.is_floating_point():
+        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"x is {got}, expected a floating-point tensor (..., N, D)")
+    residual = x - x.mean(dim=-2, keepdim=True)
+    return torch.linalg.matrix_norm(residual) / torch.linalg.matrix_norm(x)

@@ -1,0 +1,743 @@
+# %% [markdown]
+# # 6. LayerNorm, feed-forward networks and residual connections
+#
+# Attention moves information between tokens. The rest of a transformer block works on each token
+# alone: a LayerNorm keeps its features at a steady scale, a feed-forward network (FFN) transforms
+# them, and residual connections add each result back onto a running sum, the residual stream.
+# This notebook builds each piece, measures why it is there, and assembles the block that the GPT
+# of notebook 7 stacks.
+#
+# **After this notebook you can**
+# - write LayerNorm by hand and match `nn.LayerNorm` exactly (biased variance, `eps`), and say
+#   why transformers use it rather than BatchNorm;
+# - build the FFN `D -> 4D -> D` with ReLU, GELU or SwiGLU and count its parameters;
+# - show with numbers why residual connections make deep stacks trainable, how the residual stream
+#   grows with Pre-LN and Post-LN, and what GPT-2's `1/sqrt(2N)` initialisation does about it;
+# - answer "can the FFN be replaced by attention?" with a measurement;
+# - use the Pre-LN `Block` from `helpers.layers`.
+#
+# **It assumes** notebook 5 (multi-head attention) and basic PyTorch (`nn.Module`, `backward`).
+
+# %% [setup]
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from helpers.exercises import check
+from helpers.plots import heatmap
+
+# The tensors here are tiny: one thread is faster than splitting each product across several.
+torch.set_num_threads(1)
+
+# %% [markdown]
+# ## 1. LayerNorm by hand
+#
+# LayerNorm standardises each token on its own: subtract the mean of its `D` features, divide by
+# their standard deviation, then scale by a learned `gamma` and shift by a learned `beta`
+# (both of shape `D`):
+#
+# `y = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta`
+#
+# Two details decide whether a hand-written version matches PyTorch's: the variance is the
+# **biased** one (divide by `D`, not `D - 1`), and `eps` sits **inside** the square root.
+
+# %%
+def layer_norm_by_hand(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """x: (..., D) -> (..., D), each token standardised over its own D features."""
+    mean = x.mean(dim=-1, keepdim=True)
+    variance = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # divide by D: the biased variance
+    return (x - mean) / torch.sqrt(variance + eps) * gamma + beta
+
+
+torch.manual_seed(0)
+x = torch.randn(2, 5, 8) * 3 + 1  # (B, N, D)
+reference = nn.LayerNorm(8)
+with torch.no_grad():
+    reference.weight.normal_()
+    reference.bias.normal_()
+mine = layer_norm_by_hand(x, reference.weight, reference.bias)
+assert torch.allclose(mine, reference(x), atol=1e-6)
+print("by hand == nn.LayerNorm:", torch.allclose(mine, reference(x), atol=1e-6))
+
+unbiased = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + 1e-5) * reference.weight + reference.bias
+print(f"with the unbiased variance (D - 1) instead: largest difference {(unbiased - reference(x)).abs().max():.4f}")
+
+constant_token = torch.full((1, 8), 3.0)  # every feature equal: variance 0
+no_eps = (constant_token - constant_token.mean()) / constant_token.std(correction=0)
+print("constant token without eps:", no_eps[0, :3], "...  with eps:",
+      layer_norm_by_hand(constant_token, torch.ones(8), torch.zeros(8))[0, :3], "...")
+
+# %% [markdown]
+# Dividing by `D - 1` makes every output a factor `sqrt((D-1)/D)` too small (the printed
+# difference), and without `eps` a token whose features are all equal becomes `0/0 = nan`.
+#
+# ### The LayerNorm table of seed 001, reproduced and corrected
+#
+# Seed 001 normalises a 4 x 8 matrix (the attention output plus the embeddings of "I like to
+# eat") with `eps = 0.001` and prints the mean, the standard deviation and the normalised rows.
+# Its mean column agrees to rounding, but the normalised rows do not follow from its own inputs: each should
+# have mean 0 and standard deviation 1.
+
+# %%
+seed_input = torch.tensor([[11.66, 11.78, 13.64, 12.59, 8.05, 10.62, 14.73, 13.10],
+                           [19.28, 21.05, 24.34, 22.30, 15.49, 13.45, 22.48, 17.65],
+                           [21.42, 17.99, 23.38, 21.38, 14.47, 14.51, 22.37, 17.25],
+                           [22.28, 18.14, 24.14, 22.37, 15.86, 16.61, 23.89, 18.85]])
+seed_mean = torch.tensor([12.02, 19.51, 19.10, 20.27])
+seed_std = torch.tensor([2.05, 3.76, 3.52, 3.29])
+seed_normalised = torch.tensor([[-0.25, -0.17, 1.13, 0.40, -2.78, -0.98, 1.89, 0.75],
+                                [-0.12, 0.80, 2.50, 1.44, -2.07, -3.12, 1.54, -0.96],
+                                [1.24, -0.59, 2.28, 1.22, -2.47, -2.44, 1.74, -0.98],
+                                [1.11, -1.17, 2.13, 1.16, -2.43, -2.02, 2.00, -0.78]])
+SEED_EPS = 0.001
+
+mean = seed_input.mean(-1)
+biased_std = seed_input.std(-1, correction=0)
+unbiased_std = seed_input.std(-1)
+print("row   seed mean  mean    seed std  std (÷D)  std (÷(D-1))")
+for i in range(4):
+    print(f"{i + 1:>3} {seed_mean[i]:>10.2f} {mean[i]:>6.2f} {seed_std[i]:>9.2f} {biased_std[i]:>9.2f} "
+          f"{unbiased_std[i]:>13.2f}")
+
+# %%
+correct = layer_norm_by_hand(seed_input, torch.ones(8), torch.zeros(8), eps=SEED_EPS)
+assert torch.allclose(correct, F.layer_norm(seed_input, (8,), eps=SEED_EPS), atol=1e-6)
+print(f"correct normalised rows (nn.LayerNorm, eps = {SEED_EPS}):\n", correct.round(decimals=2))
+print("seed 001's rows:\n", seed_normalised)
+print("std of each row, correct:", correct.std(-1, correction=0).round(decimals=2),
+      " seed:", seed_normalised.std(-1, correction=0).round(decimals=2))
+
+what_the_seed_did = (seed_input - mean[:, None]) / torch.sqrt(seed_std[:, None] + SEED_EPS)
+gap = (what_the_seed_did - seed_normalised).abs().max()
+print(f"(x - mean) / sqrt(seed std + eps) matches the seed's rows to {gap:.3f}")
+
+# %% [markdown]
+# Two things went wrong in the seed, and the cells above show both. Its standard deviation
+# column is the unbiased one (divide by `D - 1`), which LayerNorm does not use. And its normalised
+# rows equal `(x - mean) / sqrt(std + eps)` to within rounding: the slide put the standard deviation
+# where the formula wants the variance, so its rows have standard deviation between 1.34 and 1.81
+# instead of 1.
+#
+# From here on the course uses `helpers.layers.layer_norm` and the module `helpers.layers.LayerNorm`
+# (learned `weight` = gamma starting at 1, `bias` = beta starting at 0). The cell checks the
+# module against `nn.LayerNorm` with the same parameters.
+
+# %%
+from helpers.layers import LayerNorm, layer_norm
+
+ours = LayerNorm(8)
+ours.load_state_dict(reference.state_dict())
+assert torch.allclose(ours(x), reference(x), atol=1e-6)
+assert torch.allclose(layer_norm(x, reference.weight, reference.bias), mine, atol=1e-6)
+print("helpers.layers.LayerNorm == nn.LayerNorm:", torch.allclose(ours(x), reference(x), atol=1e-6))
+
+# %% [markdown]
+# ### Exercise: LayerNorm
+#
+# Write it yourself. The checker compares with `F.layer_norm` and tries a token whose features
+# are all equal.
+
+# %%
+def my_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: (..., D); weight, bias: (D,) -> (..., D)."""
+    raise NotImplementedError
+
+
+check("layers.layer_norm", my_layer_norm)
+
+# %% [markdown]
+# <details><summary>Hint</summary>
+#
+# `x.mean(-1, keepdim=True)` keeps the last axis so that the subtraction broadcasts. The variance
+# is the mean of the squared deviations.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+#     """x: (..., D); weight, bias: (D,) -> (..., D)."""
+#     mean = x.mean(-1, keepdim=True)
+#     variance = ((x - mean) ** 2).mean(-1, keepdim=True)
+#     return (x - mean) / torch.sqrt(variance + eps) * weight + bias
+#
+#
+# _ = check("layers.layer_norm", my_layer_norm)
+# ```
+# </details>
+
+# %% [markdown]
+# ## 2. BatchNorm vs LayerNorm
+#
+# BatchNorm standardises each **feature** over the examples of a batch; LayerNorm standardises each
+# **token** over its own features. Seed 003 compares them:
+#
+# | | BatchNorm | LayerNorm |
+# |---|---|---|
+# | statistics over | the batch, one feature at a time | one token's features |
+# | small batches | its statistics get noisy, and a batch of 1 has none | no effect: each token alone |
+# | training vs inference | batch statistics in training, running averages in inference | the same computation in both |
+#
+# The cell measures each row of that table. It takes one token (8 features) and normalises it
+# alone (batch size 1), inside a batch of 64, and inside a different batch of 64, in training and
+# in evaluation mode.
+
+# %%
+torch.manual_seed(0)
+batch = torch.randn(64, 8) * 3 + 5     # 64 tokens, 8 features
+other_batch = torch.randn(64, 8) * 3 + 5
+other_batch[0] = batch[0]              # the same first token, different company
+token = batch[:1]                      # (1, 8)
+
+
+def normalise_token_0(norm: nn.Module, rows: torch.Tensor, train: bool) -> torch.Tensor | str:
+    """norm's output for the first row of `rows`, or the error it raises."""
+    norm.train(train)
+    try:
+        return norm(rows)[0]
+    except (ValueError, RuntimeError) as error:
+        return f"error: {error}"
+
+
+for norm in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
+    name = type(norm).__name__
+    with torch.no_grad():
+        in_batch = normalise_token_0(norm, batch, train=True)
+        in_other = normalise_token_0(norm, other_batch, train=True)
+        alone = normalise_token_0(norm, token, train=True)
+        evaluated = normalise_token_0(norm, batch, train=False)
+    print(f"{name}:")
+    print(f"  batch of 64 vs another batch of 64 (train): largest change {(in_batch - in_other).abs().max():.4f}")
+    alone_text = alone if isinstance(alone, str) else f"largest change {(in_batch - alone).abs().max():.4f}"
+    print(f"  batch of 64 vs batch of 1 (train):          {alone_text}")
+    print(f"  train vs eval mode (batch of 64):           largest change {(in_batch - evaluated).abs().max():.4f}")
+
+# %% [markdown]
+# LayerNorm gives the token the same output in every case (changes of 0). BatchNorm's output for
+# the same token depends on which other tokens share its batch, it refuses a batch of one in
+# training, and evaluation mode (running averages, here after just two batches) gives yet another
+# answer. For text, where sequences have different lengths, batches may be tiny and a model
+# generates one token at a time, LayerNorm is the practical choice.
+
+# %% [markdown]
+# ## 3. The feed-forward network
+#
+# After attention, every token passes through the same small MLP, on its own: `D -> 4D -> D` with
+# a non-linearity in the middle (seed 000 calls it a two-layer MLP). The non-linearity has changed
+# over the years: ReLU in 2017, GELU in GPT-2, and SwiGLU (a gated unit with the SiLU function)
+# in Llama and most recent models.
+
+# %%
+z = torch.linspace(-4, 4, 401)
+fig, ax = plt.subplots(figsize=(8, 4.5))
+ax.plot(z, F.relu(z), label="ReLU: max(0, z)")
+ax.plot(z, F.gelu(z), label="GELU: z · Φ(z)")
+ax.plot(z, F.silu(z), "--", label="SiLU (Swish): z · sigmoid(z)")
+ax.set(title="Activation functions of the FFN", xlabel="input z", ylabel="activation(z)")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# GELU and SiLU are smooth versions of ReLU that let a little negative signal through. SwiGLU
+# uses three matrices: `down(silu(x W_gate) * (x W_up))`. The gate decides, feature by feature, how
+# much of the second projection passes. To keep the parameter count of a `4D` MLP (`8D²`), its
+# hidden size is `2/3 · 4D = 8D/3`.
+#
+# `helpers.layers` has both: `FeedForward(d_model, hidden=4·d_model, activation="relu" | "gelu")`
+# and `SwiGLUFeedForward(d_model, hidden=8·d_model//3)`. The cell counts their parameters for
+# GPT-2 small's `D = 768` without allocating any weights (on PyTorch's `meta` device, where tensors
+# have shapes but no memory) and compares with the formulas.
+
+# %%
+from helpers.layers import FeedForward, MultiHeadAttention, SwiGLUFeedForward
+
+
+def n_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+D = 768
+with torch.device("meta"):
+    counts = {"FFN, ReLU": n_parameters(FeedForward(D, activation="relu")),
+              "FFN, GELU": n_parameters(FeedForward(D, activation="gelu")),
+              "SwiGLU (8D/3)": n_parameters(SwiGLUFeedForward(D)),
+              "attention": n_parameters(MultiHeadAttention(D, n_heads=12))}
+formulas = {"FFN, ReLU": 8 * D**2 + 5 * D, "FFN, GELU": 8 * D**2 + 5 * D,
+            "SwiGLU (8D/3)": 3 * D * (8 * D // 3), "attention": 4 * D**2 + 4 * D}
+for name, count in counts.items():
+    assert count == formulas[name]
+    print(f"{name:<14} {count:>10,} parameters  (formula: {formulas[name]:,})")
+print(f"D = {D}: 8·D² = {8 * D**2:,}; the FFN holds {counts['FFN, GELU'] / (counts['FFN, GELU'] + counts['attention']):.1%} "
+      "of the block's attention + FFN parameters")
+
+# %% [markdown]
+# The two-matrix FFN has `8D² + 5D` parameters (two weight matrices `D x 4D` and `4D x D`,
+# biases `4D + D`); attention has `4D² + 4D`. So about two thirds of a block's parameters sit in its
+# FFN (the share printed above). SwiGLU with hidden size `8D/3` and no biases lands on exactly
+# `8D²` for this `D`.
+#
+# ### Exercise: SwiGLU
+#
+# Write SwiGLU with weights in the mathematical layout: `w_gate` and `w_up` are `(D, hidden)`,
+# `w_down` is `(hidden, D)`.
+
+# %%
+def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """x: (..., D) -> (..., D)."""
+    raise NotImplementedError
+
+
+check("layers.swiglu", swiglu)
+
+# %% [markdown]
+# <details><summary>Hint</summary>
+#
+# `F.silu` is SiLU. Only the gate projection goes through it.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+#     """x: (..., D) -> (..., D)."""
+#     return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
+#
+#
+# _ = check("layers.swiglu", swiglu)
+# ```
+# </details>
+
+# %% [markdown]
+# ### Dropout: on in training, off in evaluation
+#
+# Dropout zeroes each value with probability `p` during training and multiplies the survivors by
+# `1 / (1 - p)`, so that the mean stays the same; in evaluation mode, and so at inference, it does
+# nothing (seed 001). `model.train()` and `model.eval()` switch every
+# dropout inside a model at once.
+
+# %%
+torch.manual_seed(0)
+dropout = nn.Dropout(p=0.5)
+ones = torch.ones(100_000)
+dropped = dropout.train()(ones)
+print(f"train: {(dropped == 0).float().mean():.3f} of the values zeroed, survivors = {dropped.max():.1f}, "
+      f"mean {dropped.mean():.3f}")
+print(f"eval:  unchanged: {torch.equal(dropout.eval()(ones), ones)}")
+
+ffn = FeedForward(8, dropout=0.1)
+x = torch.randn(4, 8)
+ffn.train()
+print("FFN in train mode, same input twice -> same output?", torch.equal(ffn(x), ffn(x)))
+ffn.eval()
+print("FFN in eval mode,  same input twice -> same output?", torch.equal(ffn(x), ffn(x)))
+
+# %% [markdown]
+# ## 4. Residual connections and gradient flow
+#
+# A residual connection adds a layer's input to its output: `x + f(x)` instead of `f(x)`. The
+# gradient of `x + f(x)` with respect to `x` is `1 + f'(x)`: whatever `f` does, the `1` passes the
+# gradient straight through. The cell builds 24 layers of `tanh(Linear(x))` with PyTorch's default
+# initialisation, runs the same input through them with and without residuals, and measures the
+# gradient norm that reaches each layer's weights.
+
+# %%
+N_LAYERS, WIDTH = 24, 64
+torch.manual_seed(0)
+stack = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(N_LAYERS))
+inputs = torch.randn(32, WIDTH)
+
+
+def gradient_norms(residual: bool) -> list[float]:
+    """Norm of the loss gradient w.r.t. each layer's weight, first layer first."""
+    stack.zero_grad()
+    h = inputs
+    for layer in stack:
+        h = h + torch.tanh(layer(h)) if residual else torch.tanh(layer(h))
+    h.pow(2).mean().backward()
+    return [layer.weight.grad.norm().item() for layer in stack]
+
+
+plain, residual = gradient_norms(residual=False), gradient_norms(residual=True)
+ratio = residual[0] / plain[0]
+print(f"gradient norm at layer 1:  plain {plain[0]:.2e}   residual {residual[0]:.2e}   "
+      f"ratio {ratio:.1e}, about 10^{round(math.log10(ratio))}")
+print(f"gradient norm at layer {N_LAYERS}: plain {plain[-1]:.2e}   residual {residual[-1]:.2e}")
+
+fig, ax = plt.subplots(figsize=(8, 4.5))
+layer_numbers = range(1, N_LAYERS + 1)
+ax.semilogy(layer_numbers, plain, "o-", label="tanh(Linear(x))")
+ax.semilogy(layer_numbers, residual, "s-", label="x + tanh(Linear(x))")
+ax.set(title=f"Gradient reaching each layer of a {N_LAYERS}-layer stack",
+       xlabel="layer (1 = nearest the input)", ylabel="‖∂loss/∂W‖ (log scale)")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# Without residuals the gradient shrinks layer after layer on its way down, and the first layer
+# receives about 10⁸ times less than with residuals (the ratio printed above): it would barely
+# learn. With residuals every layer gets a gradient of the same order. This is the
+# "gradient highway" of seed 002, and the reason a transformer can stack dozens of blocks.
+
+# %% [markdown]
+# ## 5. Pre-LN vs Post-LN: how the residual stream grows
+#
+# Where the LayerNorm goes matters. The 2017 Transformer normalises after the addition, **Post-LN**:
+# `x = LN(x + f(x))`. GPT-2 and nearly every model since normalise the input of each branch,
+# **Pre-LN**: `x = x + f(LN(x))`, and leave the residual stream itself alone.
+#
+# Seed 002's exercise: if every branch outputs values of standard deviation 1, what is the stream's
+# standard deviation after `L` layers? Post-LN renormalises after every layer, so it stays 1.
+# Pre-LN adds `L` roughly independent unit-variance terms to a unit-variance input, so the variance
+# is `1 + L` and the standard deviation `sqrt(1 + L)`; the seed gives `sqrt(5) ≈ 2.24` for
+# `L = 4`. The cell tests this with branches that match the assumption (a random linear map with
+# weights of variance `1/D` after a LayerNorm gives unit-std outputs), and with the real attention
+# and FFN branches of `helpers.layers.Block` at PyTorch's default initialisation.
+
+# %%
+from helpers.layers import Block
+
+DEPTH = 24
+
+
+def stream_stds_unit_branches(pre_norm: bool, width: int = 128, n_tokens: int = 256) -> list[float]:
+    """Std of the stream after each of DEPTH layers whose branches output unit-std values."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n_tokens, width, generator=g)
+    stds = [x.std().item()]
+    for _ in range(DEPTH):
+        branch = torch.randn(width, width, generator=g) / math.sqrt(width)  # unit-std output
+        x = x + layer_norm(x) @ branch if pre_norm else layer_norm(x + x @ branch)
+        stds.append(x.std().item())
+    return stds
+
+
+@torch.no_grad()
+def stream_stds_blocks(blocks: list[nn.Module], x: torch.Tensor) -> list[float]:
+    """Std of the stream after each block."""
+    stds = [x.std().item()]
+    for block in blocks:
+        x = block(x)
+        stds.append(x.std().item())
+    return stds
+
+
+torch.manual_seed(0)
+x0 = torch.randn(2, 16, 64)
+curves = {
+    "Pre-LN, unit-std branches": stream_stds_unit_branches(pre_norm=True),
+    "Post-LN, unit-std branches": stream_stds_unit_branches(pre_norm=False),
+    "Pre-LN Blocks (default init)": stream_stds_blocks([Block(64, 4) for _ in range(DEPTH)], x0),
+    "Post-LN Blocks (default init)": stream_stds_blocks([Block(64, 4, pre_norm=False) for _ in range(DEPTH)], x0),
+}
+pre = curves["Pre-LN, unit-std branches"]
+print(" L   sqrt(1+L)   Pre-LN measured   Post-LN measured")
+for depth in (1, 2, 4, 8, 16, 24):
+    print(f"{depth:>2} {math.sqrt(1 + depth):>11.3f} {pre[depth]:>17.3f} "
+          f"{curves['Post-LN, unit-std branches'][depth]:>18.3f}")
+
+# %%
+fig, ax = plt.subplots(figsize=(9, 5))
+depths = range(DEPTH + 1)
+ax.plot(depths, [math.sqrt(1 + d) for d in depths], "k:", label="sqrt(1 + L), seed 002")
+for (name, stds), style in zip(curves.items(), ["o-", "s-", "^-", "v-"], strict=True):
+    ax.plot(depths, stds, style, markersize=5, label=name)
+ax.set(title="Residual-stream standard deviation through the stack",
+       xlabel="layers L", ylabel="std of the stream")
+ax.legend(fontsize=11)
+plt.show()
+
+# %% [markdown]
+# With unit-std branches the measured Pre-LN stream follows `sqrt(1 + L)` (the seed's 2.24 at
+# `L = 4` is in the table above) and Post-LN stays at 1. Real blocks at default initialisation add
+# smaller branches, so their Pre-LN stream grows more slowly, but it still grows with depth while
+# Post-LN is pinned to 1 (the two Post-LN curves lie on top of each other). Each real block has
+# two branches (attention and FFN), so its `L` blocks add `2L` terms.
+#
+# Why Pre-LN trains more easily (seed 002, part c): the stream is a plain sum, so the gradient
+# flows back through the additions untouched, and each branch still sees a normalised input. In
+# Post-LN the gradient must pass through a LayerNorm at every layer, and deep Post-LN models need a
+# learning-rate warm-up to train at all (Xiong et al., 2020).
+
+# %% [markdown]
+# ## 6. GPT-2's initialisation: `1/sqrt(2N)` on the residual projections
+#
+# GPT-2 draws every weight from `N(0, 0.02²)`, except the two projections that write into the
+# stream in every block (attention's `W_O`, `out_proj`, and the FFN's second matrix, `down`),
+# whose standard deviation is divided by `sqrt(2N)` for `N` blocks: two additions per block. Each
+# addition then contributes `1/(2N)` of the variance it would otherwise, and the `2N` additions
+# together add the same amount whatever the depth. Without the factor, seed 002 points out, the
+# stream's variance grows in proportion to the depth.
+#
+# `helpers.layers.init_gpt2_(model, n_layers)` does this. The cell builds stacks of `N` Pre-LN blocks,
+# initialises them with and without the `1/sqrt(2N)` factor, feeds them a stream of standard
+# deviation 0.02 (like GPT-2's embeddings), and measures the stream at the top.
+
+# %%
+from helpers.layers import RESIDUAL_PROJECTIONS, init_gpt2_
+
+STACK_DEPTHS = (1, 2, 4, 8, 16, 32)
+
+
+def gpt2_stack(n_blocks: int, scale_residual: bool) -> list[Block]:
+    """n_blocks Pre-LN blocks with GPT-2's init, with or without the 1/sqrt(2N) factor."""
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(Block(64, 4) for _ in range(n_blocks))
+    init_gpt2_(blocks, n_layers=n_blocks)
+    if not scale_residual:
+        for name, param in blocks.named_parameters():
+            if name.endswith(RESIDUAL_PROJECTIONS):
+                nn.init.normal_(param, std=0.02)
+    return list(blocks)
+
+
+embeddings = 0.02 * torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(1))
+top_std = {scaled: [stream_stds_blocks(gpt2_stack(n, scaled), embeddings)[-1] for n in STACK_DEPTHS]
+           for scaled in (False, True)}
+print(" N   std at the top: N(0, 0.02)   with 1/sqrt(2N)")
+for i, n in enumerate(STACK_DEPTHS):
+    print(f"{n:>2} {top_std[False][i]:>28.4f} {top_std[True][i]:>17.4f}")
+growth = {scaled: top_std[scaled][-1] / top_std[scaled][0] for scaled in (False, True)}
+print(f"from N = 1 to N = 32 the top std grows x{growth[False]:.2f} without the factor, "
+      f"x{growth[True]:.2f} with it (sqrt(32) = {math.sqrt(32):.2f})")
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 4.5))
+ax.plot(STACK_DEPTHS, top_std[False], "o-", label="all weights N(0, 0.02²)")
+ax.plot(STACK_DEPTHS, top_std[True], "s-", label="residual projections ÷ sqrt(2N)")
+ax.set_xscale("log", base=2)
+ax.set_xticks(STACK_DEPTHS, labels=[str(n) for n in STACK_DEPTHS])
+ax.set(title="GPT-2 initialisation: the stream at the top of N blocks",
+       xlabel="number of blocks N (log scale)", ylabel="std of the residual stream")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# Without the factor the stream at the top keeps growing with depth (roughly like `sqrt(N)`: the
+# variance gains a fixed amount per block). With it, the top of a 32-block stack looks like the
+# top of a 1-block stack: the growth factors are printed above.
+
+# %% [markdown]
+# ## 7. Can the FFN be replaced by attention?
+#
+# Seed 000 asks this (an interview question, pointing to Dong et al., 2021, "Attention is not all
+# you need: pure attention loses rank doubly exponentially with depth"). Each attention output is
+# a weighted average of the value vectors. Average averages again and again and every token ends
+# up with the same vector: the matrix of token representations collapses towards rank one.
+#
+# We measure how far the `N` token vectors are from all being equal: the size of what is left
+# after subtracting the mean token, relative to the whole, `‖X - 1·meanᵀ‖ / ‖X‖`. It is 0 for
+# `N` copies of one vector.
+#
+# ### Exercise: distance from rank one
+
+# %%
+def my_distance_from_rank_one(x: torch.Tensor) -> torch.Tensor:
+    """x: (..., N, D) -> (...): ‖x - mean token‖_F / ‖x‖_F."""
+    raise NotImplementedError
+
+
+check("layers.distance_from_rank_one", my_distance_from_rank_one)
+
+# %% [markdown]
+# <details><summary>Hint</summary>
+#
+# The mean token is `x.mean(dim=-2, keepdim=True)`; `torch.linalg.matrix_norm` computes the
+# Frobenius norm over the last two dimensions.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_distance_from_rank_one(x: torch.Tensor) -> torch.Tensor:
+#     """x: (..., N, D) -> (...): ‖x - mean token‖_F / ‖x‖_F."""
+#     residual = x - x.mean(dim=-2, keepdim=True)
+#     return torch.linalg.matrix_norm(residual) / torch.linalg.matrix_norm(x)
+#
+#
+# _ = check("layers.distance_from_rank_one", my_distance_from_rank_one)
+# ```
+# </details>
+
+# %% [markdown]
+# The helper is `helpers.layers.distance_from_rank_one`. The cell pushes 16 random tokens
+# (64 features) through 24 layers of four kinds, all with PyTorch's default initialisation and no
+# mask: attention alone, attention followed by an FFN, attention with a skip connection, and the
+# full Pre-LN block (skips, FFN and LayerNorm).
+
+# %%
+from helpers.layers import distance_from_rank_one
+
+ATTENTION_SHARPNESS = 1.0  # knob: scales W_Q and W_K; try 6.0 for attention far from uniform
+
+torch.manual_seed(0)
+attentions = [MultiHeadAttention(64, 4) for _ in range(DEPTH)]
+with torch.no_grad():
+    for attention in attentions:
+        attention.q_proj.weight.mul_(ATTENTION_SHARPNESS)
+        attention.k_proj.weight.mul_(ATTENTION_SHARPNESS)
+ffns = [FeedForward(64) for _ in range(DEPTH)]
+blocks = [Block(64, 4) for _ in range(DEPTH)]
+stacks = {
+    "attention only": lambda x, i: attentions[i](x),
+    "attention + FFN": lambda x, i: ffns[i](attentions[i](x)),
+    "attention + skip": lambda x, i: x + attentions[i](x),
+    "full block (skips, FFN, LN)": lambda x, i: blocks[i](x, causal=False),
+}
+tokens = torch.randn(1, 16, 64)
+distances, final_rank = {}, {}
+with torch.no_grad():
+    for name, layer in stacks.items():
+        x = tokens
+        distances[name] = [distance_from_rank_one(x).item()]
+        for i in range(DEPTH):
+            x = layer(x, i)
+            distances[name].append(distance_from_rank_one(x).item())
+        final_rank[name] = torch.linalg.matrix_rank(x[0]).item()
+print("layers:                       " + "  ".join(f"{i:>7}" for i in (0, 1, 2, 3, DEPTH)))
+for name, d in distances.items():
+    print(f"{name:<29}" + "  ".join(f"{d[i]:>7.1e}" for i in (0, 1, 2, 3, DEPTH))
+          + f"   rank at the top: {final_rank[name]}")
+
+# %%
+fig, ax = plt.subplots(figsize=(9, 5))
+for (name, d), style in zip(distances.items(), ["o-", "s-", "^-", "v-"], strict=True):
+    ax.semilogy(range(DEPTH + 1), d, style, markersize=5, label=name)
+ax.set(title="Rank collapse: how different the 16 tokens still are",
+       xlabel="layers", ylabel="‖X - 1·meanᵀ‖ / ‖X‖ (log scale)")
+ax.legend(fontsize=11)
+plt.show()
+
+# %% [markdown]
+# Attention alone wipes out the differences between tokens within a few layers, down to float32
+# round-off, and the representations end at rank 1 (the table). At initialisation the attention
+# weights are nearly uniform, which makes this quick; with `ATTENTION_SHARPNESS = 6.0` the
+# collapse takes a little longer but still comes (Dong et al. bound its speed by the size of the
+# weights). An FFN after each attention does
+# not rescue it: it works on each token separately and cannot make equal tokens different again.
+# The skip connection is what keeps the tokens apart, and the full block keeps them almost as
+# different as they started. So the answer is no: attention without the FFN and the skips
+# degenerates, and the FFN is also where each token gets its non-linear, per-position
+# transformation (two thirds of the parameters, section 3).
+
+# %% [markdown]
+# ## 8. The transformer block
+#
+# Everything is now in place for the block of GPT-2 (Pre-LN), which notebook 7 stacks:
+#
+# `x = x + attn(ln1(x))`, then `x = x + mlp(ln2(x))`
+#
+# First in plain code from the pieces, then `helpers.layers.Block`, which must agree.
+
+# %%
+def pre_ln_block(x: torch.Tensor, ln1: nn.Module, attn: nn.Module, ln2: nn.Module, mlp: nn.Module) -> torch.Tensor:
+    """x: (B, N, D) -> (B, N, D): masked self-attention, then the FFN, each on a residual branch."""
+    x = x + attn(ln1(x), causal=True)
+    return x + mlp(ln2(x))
+
+
+torch.manual_seed(0)
+block = Block(d_model=64, n_heads=4)
+x = torch.randn(2, 10, 64)
+by_hand = pre_ln_block(x, block.ln1, block.attn, block.ln2, block.mlp)
+assert torch.allclose(block(x), by_hand, atol=1e-6)
+print("Block == plain code:", torch.allclose(block(x), by_hand, atol=1e-6), "  output", tuple(block(x).shape))
+
+D = 64
+for name, part in block.named_children():
+    print(f"  {name:<5} {n_parameters(part):>7,} parameters")
+assert n_parameters(block) == 12 * D**2 + 13 * D
+print(f"total {n_parameters(block):,} = 12·D² + 13·D with D = {D}")
+
+x_changed = x.clone()
+x_changed[:, 7:] = torch.randn(2, 3, 64)
+assert torch.equal(block(x_changed)[:, :7], block(x)[:, :7])
+print("outputs 0-6 unchanged when tokens 7-9 change:", torch.equal(block(x_changed)[:, :7], block(x)[:, :7]))
+
+# %% [markdown]
+# The block has `12D² + 13D` parameters: `4D² + 4D` in attention, `8D² + 5D` in the FFN and `4D`
+# in the two LayerNorms. It keeps the causal property of its attention: changing later tokens
+# leaves earlier outputs unchanged. `Block(..., pre_norm=False)` gives the Post-LN order of 2017,
+# `n_kv_heads` gives it grouped-query attention, and `init_gpt2_` initialises a stack of them.
+#
+# The block's attention maps can be read as in notebook 5, from `block.attn.last_weights`:
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 5.5))
+positions = [f"t{i}" for i in range(10)]
+heatmap(block.attn.last_weights[0, 0], positions, positions, title="Block, head 0, random weights",
+        xlabel="key position", ylabel="query position", ax=ax, annotate=False, vmin=0, vmax=1)
+plt.show()
+
+# %% [markdown]
+# ## Check your understanding
+#
+# **1. Why do transformers use residual connections?**
+#
+# <details><summary>Answer</summary>
+#
+# The gradient of `x + f(x)` always contains the identity, so it reaches the lowest layers
+# undiminished: in section 4 the first of 24 layers got a gradient about 10⁸ times larger with
+# residuals than without (the ratio printed there). The stream is also a shared
+# channel: each branch reads it and adds its contribution. Without skips, a stack of attention
+# layers loses rank (section 7).
+# </details>
+#
+# **2. Why LayerNorm, and why not BatchNorm?**
+#
+# <details><summary>Answer</summary>
+#
+# It keeps each token's features at mean 0 and standard deviation 1 before every branch, so
+# the branches see inputs of the same scale at every depth even though the Pre-LN stream grows
+# (section 5). It uses only the token's own features, so it works the same for a batch of one,
+# for any sequence length, and in training and inference; BatchNorm does not (section 2).
+# </details>
+#
+# **3. What parallelises in a transformer block?**
+#
+# <details><summary>Answer</summary>
+#
+# LayerNorm and the FFN treat every token separately, so all `B x N` tokens go through them as one
+# big matrix product; attention compares all queries with all keys in one product, all heads at
+# once. Attention is the only place where tokens interact. In training nothing is sequential
+# across positions; only generation goes one token at a time.
+# </details>
+#
+# **4. Seed 002: the residual stream after 4 layers.** Each branch outputs values of standard
+# deviation 1. (a) Post-LN: the stream's std after layer 4? (b) Pre-LN? (c) Which is more stable?
+#
+# <details><summary>Answer</summary>
+#
+# (a) 1: a LayerNorm ends every layer. (b) `sqrt(1 + 4) ≈ 2.24`; the cell prints the formula and
+# the value measured in section 5. (c) Pre-LN: its stream grows only as a sum of independent terms
+# and its gradient flows back through the additions without meeting a LayerNorm; Post-LN needs
+# learning-rate warm-up to train deep stacks.
+# </details>
+
+# %%
+print(f"sqrt(1 + 4) = {math.sqrt(5):.3f}; measured Pre-LN: {pre[4]:.3f}; "
+      f"measured Post-LN: {curves['Post-LN, unit-std branches'][4]:.3f}")
+
+# %% [markdown]
+# **5. Seed 002: the FFN's `8d²`.** (a) Check `8d²` from the shapes of the two matrices
+# (`d_ff = 4d`). (b) What does halving `d_ff` to `2d` trade? (c) Why `8d/3` for SwiGLU?
+#
+# <details><summary>Answer</summary>
+#
+# (a) `W1` is `d x 4d` and `W2` is `4d x d`: `4d² + 4d² = 8d²`, twice attention's `4d²`. The cell
+# computes it for `d = 768`. (b) It halves the FFN's parameters and compute, and its capacity: the
+# FFN is the only non-linear, per-token transformation and holds much of what a model knows; with
+# the parameters saved it is usually better to add layers. (c) SwiGLU has three matrices;
+# `3 · d · 8d/3 = 8d²` keeps its size equal to a `4d` two-matrix FFN, as the cell shows.
+# </details>
+
+# %%
+d = 768
+w1, w2 = d * 4 * d, 4 * d * d
+print(f"W1: {d} x {4 * d} = {w1:,};  W2: {4 * d} x {d} = {w2:,};  sum {w1 + w2:,} = 8·d² = {8 * d * d:,}")
+print(f"attention's 4·d² = {4 * d * d:,};  with d_ff = 2d: {2 * d * d * 2:,}")
+print(f"SwiGLU, hidden {8 * d // 3}: 3 · {d} · {8 * d // 3} = {3 * d * (8 * d // 3):,}")
