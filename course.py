@@ -89,7 +89,10 @@ def lab(extra_args: list[str]) -> int:
 
 def test(extra_args: list[str]) -> int:
     ensure_environment("lab,test")
-    env = {**os.environ, "PYTHONHASHSEED": "0", "MPLBACKEND": "Agg"}
+    # No MPLBACKEND here: the notebook kernels inherit this environment and must keep their
+    # inline backend, whose figures are part of the stored outputs nbval compares.
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    env.pop("MPLBACKEND", None)
     lint = subprocess.call([str(PYTHON), *LINT], cwd=ROOT, env=env)
     suite = subprocess.call([str(PYTHON), *PYTEST, *extra_args], cwd=ROOT, env=env)
     return lint or suite
