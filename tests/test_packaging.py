@@ -37,7 +37,8 @@ def environment_yml_requirements() -> dict[str, str]:
     found = {}
     text = (ROOT / "environment.yml").read_text()
     for line in text.split("dependencies:", 1)[1].splitlines():
-        match = re.match(r"^  - ([A-Za-z0-9_.-]+)([<>=!~].*)?$", line)
+        # top-level conda packages ("  - name>=x") and the pip section's ("      - name>=x; marker")
+        match = re.match(r"^(?:  |      )- ([A-Za-z][A-Za-z0-9_.-]*)([<>=!~][^;]*)?(;.*)?$", line)
         if not match or match.group(1) in {"python", "pip"}:
             continue
         name = CONDA_NAMES.get(match.group(1), match.group(1)).lower()
@@ -51,12 +52,13 @@ def test_environment_yml_names_the_same_dependencies_as_pyproject():
         f"only in environment.yml: {sorted(set(conda_side) - set(pip_side))}; "
         f"only in pyproject.toml: {sorted(set(pip_side) - set(conda_side))}")
     for name, spec in pip_side.items():
-        assert conda_side[name] == spec.split(";")[0], f"{name}: {conda_side[name]} vs {spec}"
+        assert conda_side[name] == spec.split(";")[0].strip(), f"{name}: {conda_side[name]} vs {spec}"
 
 
 def test_users_get_lower_bounds_only():
     for spec in pyproject_requirements().values():
-        assert "==" not in spec and "<" not in spec, f"{spec}: users get lower bounds, pins live in constraints.txt"
+        version = spec.split(";")[0]  # an environment marker may say ==, a version may not
+        assert "==" not in version and "<" not in version, f"{spec}: users get lower bounds, pins live in constraints.txt"
     assert "torch>=2.2" in PYPROJECT["project"]["dependencies"]
 
 

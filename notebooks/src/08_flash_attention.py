@@ -1,0 +1,849 @@
+# %% [markdown]
+# # 8. Tiled FlashAttention: from Algorithm 1 to a Triton kernel
+#
+# **After this notebook you will be able to**
+# - count the bytes naive attention moves between GPU memory and the chip, and say why it is
+#   memory-bound rather than compute-bound;
+# - derive the online softmax, merge two partial softmaxes exactly, and keep a fully masked tile
+#   from producing NaN;
+# - implement Algorithm 1 of the FlashAttention paper tile by tile in PyTorch, then the
+#   FlashAttention-2 loop order, and prove both equal to naive attention;
+# - write a backward pass that recomputes the attention weights from a saved log-sum-exp, and
+#   check it with `torch.autograd.gradcheck`;
+# - measure peak memory against sequence length on your CPU (quadratic against linear);
+# - read a Triton kernel that does the same thing, and check it on a CPU with Triton's
+#   interpreter (its speed needs a GPU).
+#
+# **It assumes** notebooks 3 to 5: `scaled_dot_product_attention(q, k, v, mask)` from
+# `helpers.attention`, boolean masks (True = may attend), and heads as a batch dimension.
+
+# %% [setup]
+
+# %%
+# Triton reads TRITON_INTERPRET once, when triton is first imported, and torch's profiler (used
+# below to measure memory) imports triton. So, without a GPU, we ask for the interpreter now.
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+print("Triton kernels will be", "interpreted on the CPU" if os.environ.get("TRITON_INTERPRET") == "1"
+      else "compiled for the GPU")
+
+# %%
+import inspect
+import json
+import math
+import textwrap
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import numpy as np
+import torch.nn.functional as F
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Patch
+
+from helpers import flash
+from helpers.attention import causal_mask, scaled_dot_product_attention
+from helpers.corpus import data_dir
+from helpers.exercises import check
+from helpers.plots import heatmap
+from helpers.timing import best_time, format_duration
+from helpers.widgets import Explorer
+
+# One thread: a tiled loop runs many short operations, and each one waits for every thread; on a
+# busy laptop a second thread mostly waits. It also makes the memory peaks below independent of
+# the number of cores (PyTorch's fused kernel allocates scratch space per thread).
+torch.set_num_threads(1)
+
+# %% [markdown]
+# ## 1. Why naive attention is memory-bound
+#
+# A GPU has two kinds of memory that matter here. **HBM** (high-bandwidth memory) is the large
+# one, tens of gigabytes, where tensors live. **SRAM** is on the chip, a small scratchpad inside
+# each streaming multiprocessor (SM), an order of magnitude faster but only kilobytes in size.
+# Every arithmetic operation reads its inputs from SRAM or registers; anything that does not fit
+# there has to travel from HBM and back. The figures below are those of an A100 (40 GB), as the
+# FlashAttention paper quotes them.
+
+# %%
+A100 = {
+    "HBM bytes": 40e9, "HBM bytes/s": 1.5e12,                 # FlashAttention paper, Figure 1
+    "SRAM bytes per SM": 192 * 1024, "SMs": 108, "SRAM bytes/s": 19e12,
+    "fp16 tensor-core FLOP/s": 312e12, "L2 bytes": 40e6,         # A100 data sheet
+}
+print(f"HBM : {A100['HBM bytes'] / 1e9:.0f} GB at {A100['HBM bytes/s'] / 1e12:.1f} TB/s")
+print(f"SRAM: {A100['SRAM bytes per SM'] // 1024} KiB x {A100['SMs']} SMs = "
+      f"{A100['SRAM bytes per SM'] * A100['SMs'] / 2**20:.1f} MiB at {A100['SRAM bytes/s'] / 1e12:.0f} TB/s")
+print(f"SRAM is {A100['SRAM bytes/s'] / A100['HBM bytes/s']:.1f}x faster and "
+      f"{A100['HBM bytes'] / (A100['SRAM bytes per SM'] * A100['SMs']):,.0f}x smaller than HBM")
+
+# %% [markdown]
+# Naive attention runs as separate GPU kernels, and each one reads its inputs from HBM and writes
+# its result back: $S = QK^\top$ is written, read back by the softmax, which writes $P$, which is
+# read back by $PV$. For one head with $N$ queries and keys of dimension $d$ we count the
+# elements moved, in plain code first:
+
+# %%
+def naive_elements_moved(n: int, d: int) -> int:
+    """Elements read or written by naive attention for one head."""
+    scores = 2 * n * d + n * n       # read Q and K, write S
+    softmax = n * n + n * n          # read S, write P
+    output = n * n + n * d + n * d   # read P and V, write O
+    return scores + softmax + output
+
+
+assert naive_elements_moved(1024, 64) == flash.hbm_elements_naive(1024, 64)  # the helper's count
+
+# %% [markdown]
+# That count lives in `helpers.flash.hbm_elements_naive` (the assertion keeps the two equal).
+#
+# **Algorithm 1 of FlashAttention** never writes $S$ or $P$. It splits $K, V$ into $T_c$ tiles
+# that fit in SRAM together with a tile of $Q$; for each key tile it streams every query tile
+# through the chip and updates the output in place. $K$ and $V$ are read once; $Q$, $O$ and the two
+# softmax statistics $\ell, m$ are read and written once per key tile. Line 1 of the algorithm
+# picks the tile sizes from the SRAM size $M$ (in elements): $B_c = \lceil M / 4d \rceil$,
+# $B_r = \min(\lceil M / 4d \rceil, d)$. Here are the counts for one layer of GPT-2 medium
+# (16 heads of dimension 64, context 1024) on a batch of 64, in fp16:
+
+# %%
+BATCH, HEADS, N, D = 64, 16, 1024, 64
+BYTES = 2                                                   # fp16
+M = A100["SRAM bytes per SM"] // BYTES                      # SRAM size in elements
+block_r, block_c = flash.algorithm1_block_sizes(M, D)
+FA2_BLOCK_R = 128                                           # query tile of FlashAttention-2
+print(f"B={BATCH}, H={HEADS}, N={N}, d={D}; M = {M:,} elements -> B_r = {block_r}, B_c = {block_c}, "
+      f"T_c = {math.ceil(N / block_c)} key tiles")
+
+traffic = {
+    "naive": flash.hbm_elements_naive(N, D),
+    "Algorithm 1 (FA-1)": flash.hbm_elements_fa1(N, D, block_c),
+    f"FA-2 order, B_r={FA2_BLOCK_R}": flash.hbm_elements_fa2(N, D, FA2_BLOCK_R),
+}
+flops = flash.attention_flops(BATCH, HEADS, N, N, D)
+compute_ms = flops / A100["fp16 tensor-core FLOP/s"] * 1e3
+print(f"\n{'':22s} {'elements/head':>14s} {'GB moved':>9s} {'HBM time':>9s} {'FLOP/byte':>10s}")
+for name, elements in traffic.items():
+    moved = elements * BYTES * BATCH * HEADS
+    print(f"{name:22s} {elements:>14,} {moved / 1e9:>9.2f} {moved / A100['HBM bytes/s'] * 1e3:>7.2f} ms"
+          f" {flops / moved:>10.0f}")
+print(f"\n{flops / 1e9:.0f} GFLOP of matrix products take {compute_ms:.2f} ms at "
+      f"{A100['fp16 tensor-core FLOP/s'] / 1e12:.0f} TFLOP/s; the chip breaks even at "
+      f"{A100['fp16 tensor-core FLOP/s'] / A100['HBM bytes/s']:.0f} FLOP per byte")
+print(f"K and V of one head: {2 * N * D * BYTES / 1024:.0f} KiB; the A100's L2 cache: "
+      f"{A100['L2 bytes'] / 1e6:.0f} MB")
+
+# %% [markdown]
+# Read the table from the right: naive attention does far fewer FLOPs per byte than the chip
+# needs to stay busy (the break-even, or *ridge point*, printed last), so its time is the time
+# of moving bytes, several times the time of the arithmetic. That is what **memory-bound** means.
+# Algorithm 1 moves several times fewer bytes, which puts it close to the ridge point.
+#
+# The paper states the same thing asymptotically: naive attention moves $\Theta(Nd + N^2)$
+# elements, Algorithm 1 $\Theta(N^2 d^2 / M)$. The $\Theta$ drops constants; our counts keep
+# them: naive is exactly $4Nd + 4N^2$, and Algorithm 1 is $2Nd + T_c(3Nd + 4N)$ with
+# $T_c \approx 4Nd/M$, so its dominant term is $12 N^2 d^2 / M$.
+
+# %%
+theta_naive, theta_fa1 = N * D + N * N, N * N * D * D / M
+print(f"naive: counted {traffic['naive']:,} = {traffic['naive'] / theta_naive:.2f} x (Nd + N^2)")
+print(f"FA-1 : counted {traffic['Algorithm 1 (FA-1)']:,} = "
+      f"{traffic['Algorithm 1 (FA-1)'] / theta_fa1:.1f} x N^2 d^2 / M; 2Nd + 12 N^2 d^2 / M = "
+      f"{2 * N * D + 12 * theta_fa1:,.0f} (the rest: T_c rounded up, and l, m)")
+for n in (4096, 16384):
+    print(f"N = {n:5d}: naive / FA-1 traffic = "
+          f"{flash.hbm_elements_naive(n, D) / flash.hbm_elements_fa1(n, D, block_c):.1f}")
+
+# %% [markdown]
+# The FA-2 row moves *more* bytes than Algorithm 1 in this count, because every query tile
+# re-reads all of $K$ and $V$. On a real GPU those re-reads come from different programs running
+# at the same moment and mostly hit the L2 cache, which is far larger than one head's $K$ and $V$
+# (both printed above), so HBM sees far less. FlashAttention-2 is faster for other reasons, which section 4 computes.
+#
+# ## 2. The online softmax
+#
+# The obstacle to tiling attention is the softmax: $P_{ij} = e^{S_{ij}} / \sum_{j'} e^{S_{ij'}}$
+# needs the whole row before it can normalise anything. The trick is to carry two numbers per
+# row instead of the row: its maximum so far, $m$, and the sum of exponentials measured from that
+# maximum, $\ell = \sum_j e^{S_j - m}$.
+#
+# Take a row split into two blocks $a$ and $b$ with states $(m_a, \ell_a)$ and $(m_b, \ell_b)$.
+# With $m = \max(m_a, m_b)$,
+#
+# $$\sum_{j \in a \cup b} e^{S_j - m} = e^{m_a - m} \sum_{j \in a} e^{S_j - m_a} + e^{m_b - m} \sum_{j \in b} e^{S_j - m_b} = e^{m_a - m}\,\ell_a + e^{m_b - m}\,\ell_b .$$
+#
+# This is an identity, not an approximation: merging two states gives exactly the state of one
+# pass over both blocks. Every exponent is $\le 0$, so nothing overflows. In plain code:
+
+# %%
+def block_state(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max, sum of exp(score - max)) of the last dim of scores (..., n)."""
+    row_max = scores.amax(dim=-1)
+    return row_max, torch.exp(scores - row_max.unsqueeze(-1)).sum(dim=-1)
+
+
+def merge_states(max_a, sum_a, max_b, sum_b):
+    """The state of blocks a and b together."""
+    row_max = torch.maximum(max_a, max_b)
+    return row_max, torch.exp(max_a - row_max) * sum_a + torch.exp(max_b - row_max) * sum_b
+
+
+torch.manual_seed(0)
+row = torch.randn(10, dtype=torch.float64)
+merged_max, merged_sum = merge_states(*block_state(row[:6]), *block_state(row[6:]))
+whole_max, whole_sum = block_state(row)
+print(f"one pass : max {whole_max:.6f}, sum {whole_sum:.12f}")
+print(f"merged   : max {merged_max:.6f}, sum {merged_sum:.12f}")
+print(f"log-sum-exp from the merged state equals torch.logsumexp: "
+      f"{torch.isclose(merged_max + merged_sum.log(), row.logsumexp(0), rtol=1e-15, atol=0).item()}")
+
+# %% [markdown]
+# Because the exponent is always measured from the running maximum, logits of size 1000 are no
+# problem, although $e^{1000}$ overflows even a float64:
+
+# %%
+huge = 1000 * torch.randn(10, dtype=torch.float64)
+print(f"largest logit {huge.max().item():.0f}; plain sum of exp:", torch.exp(huge).sum().item())
+huge_max, huge_sum = merge_states(*block_state(huge[:6]), *block_state(huge[6:]))
+print(f"online log-sum-exp: {(huge_max + huge_sum.log()).item():.6f} | torch.logsumexp: "
+      f"{huge.logsumexp(0).item():.6f}")
+
+# %% [markdown]
+# ### A fully masked tile
+# With a mask (causal, or padding) a whole block of a row can be $-\infty$. Its state is then
+# $m_b = -\infty$, and if the row has seen nothing else yet, the merged maximum is $-\infty$ too:
+# the rescaling factor $e^{m_b - m} = e^{-\infty - (-\infty)}$ is NaN, and the NaN then spreads to
+# the whole output row. The fix: where the maximum is $-\infty$, subtract 0 instead; every score
+# of that row is $-\infty$, and $e^{-\infty} = 0$ is the right contribution.
+
+# %%
+hidden = torch.full((3,), -math.inf, dtype=torch.float64)      # a block where everything is masked
+print("plain merge of two fully masked blocks:", merge_states(*block_state(hidden), *block_state(hidden)))
+print("exp(-inf - (-inf)) =", torch.exp(hidden[0] - hidden[0]).item())
+safe = flash.merge_softmax_states(flash.softmax_state(hidden), flash.softmax_state(hidden))
+print("helpers.flash.merge_softmax_states:", safe)
+
+# %% [markdown]
+# The helpers hold these pieces: `flash.exp_shifted(x, shift)` is $e^{x - \text{shift}}$ with a
+# shift of $-\infty$ treated as 0; `flash.softmax_state` and `flash.merge_softmax_states` are the
+# two functions above, made safe with it. The cell below checks that they agree with ours.
+
+# %%
+ours = merge_states(*block_state(row[:6]), *block_state(row[6:]))
+helper = flash.merge_softmax_states(flash.softmax_state(row[:6]), flash.softmax_state(row[6:]))
+assert torch.equal(ours[0], helper.row_max) and torch.allclose(ours[1], helper.row_sum, rtol=1e-15)
+print("notebook and helpers.flash agree")
+
+# %% [markdown]
+# ### Exercise 1: merge two softmax states
+# Write `merge(max_a, sum_a, max_b, sum_b)` returning `(max, sum)` for the two blocks together.
+# It must survive logits of 1000 and fully masked blocks (max $-\infty$) without NaN.
+
+# %%
+def merge(max_a: torch.Tensor, sum_a: torch.Tensor, max_b: torch.Tensor, sum_b: torch.Tensor):
+    """States (rows,) of two blocks of the same rows -> the state (max, sum) of both."""
+    raise NotImplementedError
+
+
+check("flash_attention.merge_softmax_states", merge)
+
+# %% [markdown]
+# <details><summary>Hint</summary>
+#
+# Take the larger of the two maxima, rescale each sum by $e^{\text{its max} - \text{new max}}$
+# and add. `flash.exp_shifted(x, shift)` computes $e^{x - \text{shift}}$ without NaN when the shift
+# is $-\infty$.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def merge(max_a: torch.Tensor, sum_a: torch.Tensor, max_b: torch.Tensor, sum_b: torch.Tensor):
+#     """States (rows,) of two blocks of the same rows -> the state (max, sum) of both."""
+#     new_max = torch.maximum(max_a, max_b)
+#     new_sum = flash.exp_shifted(max_a, new_max) * sum_a + flash.exp_shifted(max_b, new_max) * sum_b
+#     return new_max, new_sum
+#
+#
+# check("flash_attention.merge_softmax_states", merge)
+# ```
+# </details>
+#
+# ## 3. Algorithm 1, tile by tile
+#
+# Seed 000 prints Algorithm 1 of the FlashAttention paper. Below it is in PyTorch for one head,
+# with the line numbers of the algorithm in the comments. Slicing a tile out of a tensor stands
+# for "load from HBM to SRAM"; `out`, `ell` and `m` (the paper's $O$, $\ell$, $m$) are full-size
+# tensors, as they live in HBM. The
+# paper's listing leaves out the $1/\sqrt{d}$ scaling; we fold it into $Q$ first. Line 12 keeps
+# $O$ normalised after every key tile: the old output is un-normalised (times $\ell_i$), rescaled
+# to the new maximum, the new tile's contribution is added, and the sum divided by $\ell^{new}_i$.
+
+# %%
+def algorithm_1(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, block_r: int, block_c: int) -> torch.Tensor:
+    """Algorithm 1 of FlashAttention for one head. Q, K, V: (N, d). Returns O: (N, d)."""
+    n, d = Q.shape
+    Q = Q / math.sqrt(d)
+    out = torch.zeros(n, d, dtype=Q.dtype)                                 # line 2: O, l, m
+    ell = torch.zeros(n, dtype=Q.dtype)
+    m = torch.full((n,), -math.inf, dtype=Q.dtype)
+    for j in range(0, n, block_c):                                          # line 5
+        K_j, V_j = K[j:j + block_c], V[j:j + block_c]                       # line 6
+        for i in range(0, n, block_r):                                      # line 7
+            r = slice(i, i + block_r)                                       # line 8: Q_i, O_i, l_i, m_i
+            S_ij = Q[r] @ K_j.T                                             # line 9
+            m_tile = S_ij.amax(dim=1)                                       # line 10
+            P_tile = torch.exp(S_ij - m_tile[:, None])
+            ell_tile = P_tile.sum(dim=1)
+            m_new = torch.maximum(m[r], m_tile)                             # line 11
+            ell_new = torch.exp(m[r] - m_new) * ell[r] + torch.exp(m_tile - m_new) * ell_tile
+            out[r] = ((ell[r] * torch.exp(m[r] - m_new))[:, None] * out[r]   # line 12
+                      + torch.exp(m_tile - m_new)[:, None] * (P_tile @ V_j)) / ell_new[:, None]
+            ell[r], m[r] = ell_new, m_new                                   # line 13
+    return out
+
+
+torch.manual_seed(1)
+Q_demo, K_demo, V_demo = (torch.randn(10, 4, dtype=torch.float64) for _ in range(3))
+expected, _ = scaled_dot_product_attention(Q_demo, K_demo, V_demo)
+for b_r, b_c in ((4, 3), (10, 10), (1, 7)):
+    error = (algorithm_1(Q_demo, K_demo, V_demo, b_r, b_c) - expected).abs().max().item()
+    print(f"B_r={b_r:2d}, B_c={b_c:2d} (N=10): max |Algorithm 1 - naive| = {error:.1e}")
+    assert error < 1e-14
+
+# %% [markdown]
+# The tiles need not divide $N$: the last tile is simply shorter. The differences are float64
+# rounding, nothing more. `helpers.flash.tiled_attention_fa1` is the same loop for batches of
+# heads, with masks and causal attention (skipping the tiles a causal mask hides entirely):
+
+# %%
+helper_fa1 = flash.tiled_attention_fa1(Q_demo, K_demo, V_demo, block_q=4, block_k=3)
+assert torch.equal(helper_fa1, algorithm_1(Q_demo, K_demo, V_demo, 4, 3))
+print("helpers.flash.tiled_attention_fa1 == the notebook's algorithm_1, bit for bit")
+
+# %% [markdown]
+# ## 4. The FlashAttention-2 loop order
+#
+# FlashAttention-2 swaps the loops: **query tiles outside, key tiles inside**. A query tile then
+# stays on the chip from its first key tile to its last, so it can keep an *un-normalised*
+# accumulator $\sum_j e^{S_{ij} - m_i} V_j$ and divide by $\ell_i$ once, at the end. It saves the
+# log-sum-exp $m_i + \log \ell_i$ of each row for the backward pass.
+
+# %%
+def flash_attention_2(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, block_r: int, block_c: int):
+    """FlashAttention-2 order for one head. Q, K, V: (N, d). Returns O (N, d) and lse (N,)."""
+    n, d = Q.shape
+    Q = Q / math.sqrt(d)
+    out, lse = torch.empty(n, d, dtype=Q.dtype), torch.empty(n, dtype=Q.dtype)
+    for i in range(0, n, block_r):              # each query tile is independent of the others
+        r = slice(i, i + block_r)
+        rows = len(range(n)[r])
+        m = torch.full((rows,), -math.inf, dtype=Q.dtype)   # on chip for the whole inner loop
+        ell = torch.zeros(rows, dtype=Q.dtype)
+        acc = torch.zeros(rows, d, dtype=Q.dtype)
+        for j in range(0, n, block_c):
+            S = Q[r] @ K[j:j + block_c].T
+            m_new = torch.maximum(m, S.amax(dim=1))
+            P = torch.exp(S - m_new[:, None])
+            correction = torch.exp(m - m_new)
+            ell = correction * ell + P.sum(dim=1)
+            acc = correction[:, None] * acc + P @ V[j:j + block_c]
+            m = m_new
+        out[r] = acc / ell[:, None]             # divide once
+        lse[r] = m + torch.log(ell)
+    return out, lse
+
+
+out_fa2, lse_fa2 = flash_attention_2(Q_demo, K_demo, V_demo, 4, 3)
+print(f"max |FA-2 - naive| = {(out_fa2 - expected).abs().max().item():.1e}")
+print(f"max |lse - logsumexp of the scaled scores| = "
+      f"{(lse_fa2 - (Q_demo @ K_demo.T / 2).logsumexp(dim=1)).abs().max().item():.1e}")
+helper_out, helper_lse = flash.tiled_attention_fa2(Q_demo, K_demo, V_demo, block_q=4, block_k=3)
+assert torch.allclose(helper_out, out_fa2, rtol=1e-15, atol=1e-15) and torch.allclose(helper_lse, lse_fa2)
+print("helpers.flash.tiled_attention_fa2 agrees with the notebook's flash_attention_2")
+
+# %% [markdown]
+# The inner loop body of `flash_attention_2` is `helpers.flash.tile_step`, written once with the
+# $-\infty$ guard; the helper also skips key tiles that a causal mask hides completely.
+#
+# ### Why this order parallelises better
+# In Algorithm 1 the *inner* loop runs over query tiles, and every key tile $j$ rewrites every
+# output tile $O_i$. Two key tiles processed at the same time would race on the same $O_i$, so a
+# GPU can only run the $B \cdot H$ (batch, head) pairs in parallel, each with its loops in
+# sequence. In the FlashAttention-2 order each query tile owns its output rows: the GPU can run
+# one program per (query tile, batch, head). The cell counts them for GPT-2 medium training and
+# for one long sequence at inference, against the 108 SMs of an A100. It also counts the
+# divisions by $\ell$: FA-1 rescales the whole output once per key tile, FA-2 once in all.
+
+# %%
+def programs(batch: int, heads: int, n: int, order: str) -> int:
+    """Independent pieces of work: (batch, head) pairs for FA-1, times query tiles for FA-2."""
+    return batch * heads * (math.ceil(n / FA2_BLOCK_R) if order == "FA-2" else 1)
+
+
+for label, (batch, heads, n) in {"GPT-2 medium training": (64, 16, 1024),
+                                 "one 16k-token sequence": (1, 16, 16384)}.items():
+    fa1, fa2 = programs(batch, heads, n, "FA-1"), programs(batch, heads, n, "FA-2")
+    print(f"{label:24s} B={batch:2d} H={heads} N={n:5d}: FA-1 {fa1:6,} programs "
+          f"({min(fa1 / A100['SMs'], 1):.0%} of the SMs busy), FA-2 {fa2:6,} programs")
+key_tiles = math.ceil(N / block_c)
+print(f"divisions of output elements per head (N={N}, d={D}): FA-1 {key_tiles * N * D:,}, FA-2 {N * D:,}")
+
+# %% [markdown]
+# With a long sequence and a small batch, Algorithm 1's order leaves most of the chip idle, while
+# FlashAttention-2 has thousands of programs to hand out. The other savings are non-matrix FLOPs
+# (the divisions above, and the rescaling), which run many times slower than tensor-core matrix
+# products.
+#
+# ### Exercise 2: one tile step
+# Write the inner loop body: given the running `row_max`, `row_sum`, `acc` of a query tile and
+# the scores and values of one key tile, return the updated three. The checker runs your step
+# over every tile of a causal head where one query is fully masked.
+
+# %%
+def my_tile_step(row_max: torch.Tensor, row_sum: torch.Tensor, acc: torch.Tensor,
+                 scores: torch.Tensor, v_tile: torch.Tensor):
+    """row_max, row_sum: (B_r,); acc: (B_r, d_v); scores: (B_r, B_c), -inf where masked;
+    v_tile: (B_c, d_v). Returns the new (row_max, row_sum, acc)."""
+    raise NotImplementedError
+
+
+check("flash_attention.tile_step", my_tile_step)
+
+# %% [markdown]
+# <details><summary>Hint</summary>
+#
+# The new maximum is `torch.maximum(row_max, scores.amax(-1))`. Both the old sum and the old
+# accumulator were measured from the old maximum: multiply them by
+# `flash.exp_shifted(row_max, new_max)` before adding this tile's `probs.sum(-1)` and
+# `probs @ v_tile`, with `probs = flash.exp_shifted(scores, new_max[:, None])`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_tile_step(row_max: torch.Tensor, row_sum: torch.Tensor, acc: torch.Tensor,
+#                  scores: torch.Tensor, v_tile: torch.Tensor):
+#     """row_max, row_sum: (B_r,); acc: (B_r, d_v); scores: (B_r, B_c), -inf where masked;
+#     v_tile: (B_c, d_v). Returns the new (row_max, row_sum, acc)."""
+#     new_max = torch.maximum(row_max, scores.amax(-1))
+#     correction = flash.exp_shifted(row_max, new_max)
+#     probs = flash.exp_shifted(scores, new_max[:, None])
+#     return new_max, correction * row_sum + probs.sum(-1), correction[:, None] * acc + probs @ v_tile
+#
+#
+# check("flash_attention.tile_step", my_tile_step)
+# ```
+# </details>
+#
+# ## 5. Watching the tiles
+#
+# `helpers.flash.trace_tiles` runs the FlashAttention-2 loop on one causal head of 16 tokens in
+# tiles of 4 and keeps the state after every (query tile, key tile) step. The figure shows one
+# step: which tiles are done (tiles above the diagonal are never visited), the running max and
+# sum of the current query tile, and its output so far, $acc / \ell$. The title gives the distance
+# to the final attention output: it reaches 0 when the tile's last key tile is folded in.
+
+# %%
+torch.manual_seed(2)
+N_WATCH, TILE = 16, 4
+q_watch, k_watch, v_watch = (torch.randn(N_WATCH, 4, dtype=torch.float64) for _ in range(3))
+STEPS = flash.trace_tiles(q_watch, k_watch, v_watch, block_q=TILE, block_k=TILE, causal=True)
+final_watch, _ = scaled_dot_product_attention(q_watch, k_watch, v_watch, mask=causal_mask(N_WATCH))
+print(f"{N_WATCH} tokens in tiles of {TILE}: {(N_WATCH // TILE) ** 2} tile pairs, "
+      f"{len(STEPS)} visited (the rest lie above the diagonal)")
+TILE_COLOURS = ListedColormap(["white", "tab:green", "tab:orange", "lightgrey"])
+TILE_LABELS = ["not yet", "done", "this step", "hidden by the causal mask"]
+
+
+def tile_status(step: int) -> np.ndarray:
+    """(T_r, T_c) codes: 0 not yet, 1 done, 2 this step, 3 hidden by the causal mask."""
+    n_tiles = N_WATCH // TILE
+    status = np.triu(np.full((n_tiles, n_tiles), 3), k=1)
+    for done in STEPS[:step]:
+        status[done.rows.start // TILE, done.cols.start // TILE] = 1
+    current = STEPS[step]
+    status[current.rows.start // TILE, current.cols.start // TILE] = 2
+    return status
+
+
+def draw_tile_step(step: int) -> dict:
+    """Draw step `step` of STEPS; return the numbers drawn."""
+    snap = STEPS[step]
+    query_tile, key_tile = snap.rows.start // TILE, snap.cols.start // TILE
+    error = (snap.output - final_watch[snap.rows]).abs().max().item()
+    fig, (ax_tiles, ax_stats, ax_out) = plt.subplots(1, 3, figsize=(16, 5.6))
+    ax_tiles.imshow(tile_status(step), cmap=TILE_COLOURS, vmin=-0.5, vmax=3.5)
+    ax_tiles.set(xticks=range(N_WATCH // TILE), yticks=range(N_WATCH // TILE), xlabel="key tile j",
+                 ylabel="query tile i", title=f"Step {step + 1} of {len(STEPS)}: tile ({query_tile}, {key_tile})")
+    ax_tiles.grid(False)
+    ax_tiles.legend(handles=[Patch(facecolor=c, edgecolor="black", label=t)
+                             for c, t in zip(TILE_COLOURS.colors, TILE_LABELS, strict=True)],
+                    loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=10)
+    rows = list(range(snap.rows.start, snap.rows.stop))
+    ax_stats.plot(rows, snap.row_max, "o-", label="running max m")
+    ax_stats.plot(rows, snap.row_sum, "s-", label="running sum l")
+    ax_stats.set(xticks=rows, xlabel="query", ylabel="value", title="Statistics of this query tile")
+    ax_stats.legend(fontsize=10)
+    heatmap(snap.output, row_labels=[f"q{r}" for r in rows], col_labels=[f"dim {c}" for c in range(4)],
+            ax=ax_out, xlabel="output dimension", ylabel="query", cmap="coolwarm", vmin=-2, vmax=2,
+            title=f"Output tile so far (off by {error:.2g})")
+    fig.tight_layout()
+    return {"query_tile": query_tile, "key_tile": key_tile, "row_max": snap.row_max.tolist(),
+            "row_sum": snap.row_sum.tolist(), "error_vs_final": error}
+
+
+drawn = draw_tile_step(7)
+plt.show()
+print({name: (round(value, 4) if isinstance(value, float) else value) for name, value in drawn.items()
+       if name != "row_max" and name != "row_sum"})
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# The widget's output holds ids that change on every run; the static figure above is the same drawing.
+explorer = Explorer(draw_tile_step, step=widgets.IntSlider(value=7, min=0, max=len(STEPS) - 1,
+                                                           description="step"))
+explorer
+
+# %%
+first_key_tile = explorer.set(step=6)    # query tile 3 meets key tile 0
+last_key_tile = explorer.set(step=9)     # query tile 3 meets key tile 3, its last
+assert first_key_tile["query_tile"] == last_key_tile["query_tile"] == 3
+assert first_key_tile["row_sum"] != last_key_tile["row_sum"], "the running sum moves"
+assert first_key_tile["error_vs_final"] > 0.01 > 1e-12 > last_key_tile["error_vs_final"]
+print(f"query tile 3: off by {first_key_tile['error_vs_final']:.3f} after key tile 0, "
+      f"{last_key_tile['error_vs_final']:.0e} after key tile 3")
+
+# %% [markdown]
+# ## 6. A backward pass that recomputes
+#
+# Training needs gradients, and autograd through the tiled loop would save every tile of $P$:
+# the $N \times N$ matrix we avoided. FlashAttention saves only $Q, K, V$, the output $O$ and the
+# log-sum-exp $L_i = m_i + \log \ell_i$ of each row, and rebuilds each tile of $P$ when it needs it:
+# $P_{ij} = e^{S_{ij} - L_i}$. With $dO$ the gradient arriving at the output, the chain rule
+# through $O = PV$ and the softmax gives, tile by tile:
+#
+# $$dV_j \mathrel{+}= P_{ij}^\top dO_i, \quad dP_{ij} = dO_i V_j^\top, \quad dS_{ij} = P_{ij} \circ (dP_{ij} - D_i), \quad dQ_i \mathrel{+}= \tfrac{1}{\sqrt{d}}\, dS_{ij} K_j, \quad dK_j \mathrel{+}= \tfrac{1}{\sqrt{d}}\, dS_{ij}^\top Q_i$$
+#
+# where $D_i = \sum_j P_{ij}\, dP_{ij} = \text{rowsum}(dO_i \circ O_i)$, one number per query,
+# computed once from $O$. `helpers.flash.flash_attention` is a `torch.autograd.Function` with this
+# backward. `gradcheck` compares it with finite differences in float64, with a mask and causal:
+
+# %%
+torch.manual_seed(3)
+q_check, k_check, v_check = (torch.randn(2, n, 4, dtype=torch.float64, requires_grad=True)
+                             for n in (6, 9, 9))
+mask_check = torch.rand(2, 6, 9) < 0.8
+
+
+def tiled_for_gradcheck(q, k, v):
+    return flash.flash_attention(q, k, v, mask=mask_check, causal=True, block_q=4, block_k=4)
+
+
+print("gradcheck passed:", torch.autograd.gradcheck(tiled_for_gradcheck, (q_check, k_check, v_check)))
+
+# %% [markdown]
+# And against autograd through naive attention, with a random upstream gradient, on a bigger
+# batch of heads whose tiles do not divide $N$:
+
+# %%
+torch.manual_seed(4)
+shapes = {"q": (2, 3, 50, 16), "k": (2, 3, 70, 16), "v": (2, 3, 70, 16)}
+tensors = {name: torch.randn(shape, dtype=torch.float64) for name, shape in shapes.items()}
+upstream = torch.randn(2, 3, 50, 16, dtype=torch.float64)
+tiled_inputs = [t.clone().requires_grad_() for t in tensors.values()]
+naive_inputs = [t.clone().requires_grad_() for t in tensors.values()]
+tiled_grads = torch.autograd.grad(flash.flash_attention(*tiled_inputs, causal=True, block_q=16, block_k=16),
+                                  tiled_inputs, upstream)
+naive_out, _ = scaled_dot_product_attention(*naive_inputs, mask=causal_mask(50, 70))
+naive_grads = torch.autograd.grad(naive_out, naive_inputs, upstream)
+for name, mine, theirs in zip(shapes, tiled_grads, naive_grads, strict=True):
+    error = (mine - theirs).abs().max().item()
+    assert error < 1e-12
+    print(f"d{name}: shape {tuple(mine.shape)}, max |tiled - naive| < 1e-12: {error < 1e-12}")
+
+# %% [markdown]
+# What recomputation saves, per layer of GPT-2 medium on a batch of 64: the softmax output $P$
+# that autograd would keep, against the log-sum-exp that FlashAttention keeps (in fp32).
+
+# %%
+p_bytes = BATCH * HEADS * N * N * BYTES
+lse_bytes = BATCH * HEADS * N * 4
+print(f"P: {p_bytes / 2**30:.1f} GiB per layer; log-sum-exp: {lse_bytes / 2**20:.1f} MiB "
+      f"({p_bytes // lse_bytes}x less)")
+
+# %% [markdown]
+# ## 7. Peak memory on this CPU: quadratic against linear
+#
+# `helpers.flash.peak_memory_bytes(fn)` runs `fn` under torch's profiler, which records every
+# allocation and free of PyTorch's CPU allocator with its running total, including the scratch
+# buffers that C++ kernels allocate. The highest total during the call, less the total at its
+# start, is the peak. It depends only on tensor sizes, so it repeats exactly from run to run.
+#
+# We measure, for a few heads in float32 (sizes printed below): naive attention, our tiled FA-2,
+# and PyTorch's `F.scaled_dot_product_attention`, whose fused CPU kernel is tiled too
+# (for 4-D `(B, H, N, d)` inputs).
+
+# %%
+SEQ_LENS = [256, 512, 1024, 2048, 4096]
+HEADS_CPU, TILE_CPU = 2, 256
+print(f"B=1, H={HEADS_CPU}, d=64, float32; tiled with {TILE_CPU} x {TILE_CPU} tiles")
+
+
+def attention_runs(n: int) -> dict:
+    """name -> a zero-argument function computing that attention of random (1, HEADS_CPU, n, 64)
+    float32 inputs."""
+    q, k, v = (torch.randn(1, HEADS_CPU, n, 64) for _ in range(3))
+    return {"naive (helpers.attention)": lambda: scaled_dot_product_attention(q, k, v),
+            "tiled FA-2 (helpers.flash)": lambda: flash.tiled_attention_fa2(q, k, v, block_q=TILE_CPU, block_k=TILE_CPU),
+            "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, k, v)}
+
+
+torch.manual_seed(5)
+measured = [{name: flash.peak_memory_bytes(run) for name, run in attention_runs(n).items()} for n in SEQ_LENS]
+peaks = {name: [at_n[name] for at_n in measured] for name in measured[0]}
+
+print(f"{'N':>5s} {'naive MiB':>10s} {'tiled MiB':>10s} {'naive / tiled':>14s}")
+for i, n in enumerate(SEQ_LENS):
+    naive_mib, tiled_mib = peaks["naive (helpers.attention)"][i] / 2**20, peaks["tiled FA-2 (helpers.flash)"][i] / 2**20
+    print(f"{n:5d} {naive_mib:10.1f} {tiled_mib:10.1f} {naive_mib / tiled_mib:14.1f}")
+growth = {name: (values[-1] / values[-2]) for name, values in peaks.items()}
+for name, factor in growth.items():
+    print(f"{name:32s} grows x{factor:.1f} from N={SEQ_LENS[-2]} to N={SEQ_LENS[-1]}")
+assert growth["naive (helpers.attention)"] > 3.9, "quadratic: doubling N quadruples the memory"
+assert growth["tiled FA-2 (helpers.flash)"] < 2.1 and growth["F.scaled_dot_product_attention"] < 2.1, "linear"
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 5))
+for (name, values), marker in zip(peaks.items(), "os^", strict=True):
+    ax.loglog(SEQ_LENS, [v / 2**20 for v in values], marker + "-", label=name)
+ax.set_xscale("log", base=2)
+ax.set(xlabel="sequence length N", ylabel="peak memory (MiB, log scale)",
+       title=f"Peak CPU memory of attention, {HEADS_CPU} heads, d = 64, float32")
+ax.legend(fontsize=11)
+plt.show()
+
+# %% [markdown]
+# On a log-log plot a power law is a straight line: naive attention's slope is 2 (it holds
+# several $N \times N$ matrices at once). The tiled versions hold the output, which grows like
+# $N$, and a few tiles whose size does not depend on $N$: their curves bend towards slope 1, so
+# doubling $N$ at most doubles their memory (the growth factors printed above).
+#
+# **And the time?** On a CPU our tiles are a Python loop calling PyTorch operations, each of
+# which makes a pass over its tile in memory; PyTorch's fused kernel does the whole inner loop
+# in C++ without those passes, and is faster than both naive attention and our loop. The cell
+# times the three, taking turns so that a busy machine slows them alike (sizes printed).
+# The budgets (our tiled forward's time against PyTorch's, and its memory against naive
+# attention's, at a still longer sequence) are checked by `python benchmarks/bench_flash.py`,
+# not here, to keep this notebook short.
+
+# %%
+torch.manual_seed(6)
+q, k, v = (torch.randn(1, 4, 2048, 64) for _ in range(3))
+print("B, H, N, d =", tuple(q.shape), "float32")
+methods = {"naive (helpers.attention)": lambda: scaled_dot_product_attention(q, k, v),
+           "tiled FA-2 (helpers.flash)": lambda: flash.tiled_attention_fa2(q, k, v),
+           "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, k, v)}
+times = dict.fromkeys(methods, math.inf)
+for _ in range(3):  # in turns: the best of three runs of each
+    for name, run in methods.items():
+        times[name] = min(times[name], best_time(run, repeats=1, warmup=0))
+for name, seconds in times.items():
+    print(f"{name:32s} {format_duration(seconds)}")
+fused = times["F.scaled_dot_product_attention"]
+assert fused < times["naive (helpers.attention)"] and fused < times["tiled FA-2 (helpers.flash)"]
+
+# %% [markdown]
+# ## 8. The same algorithm as a Triton kernel
+#
+# [Triton](https://triton-lang.org) writes GPU kernels in Python. A Triton **program** works on
+# whole blocks (tiles) at once: `tl.load` reads a tile from memory into the chip, `tl.dot`
+# multiplies two tiles on the tensor cores, `tl.store` writes a tile back. The launch **grid**
+# says how many programs run: here one per (query tile, batch x head), the FlashAttention-2 order.
+#
+# `helpers/flash_triton.py` holds the kernel. Things to look for as you read it:
+# - the inner loop is `tile_step` again, with `exp2` in place of `exp` (scores are multiplied by
+#   $\log_2 e$ once; `exp2` is the GPU's fast instruction);
+# - two passes over the key tiles: first the tiles every query of the tile sees in full, with no
+#   mask arithmetic, then the few tiles that need a mask: the ragged last tile (keys past $N$) and,
+#   when causal, the tiles on the diagonal; tiles above the diagonal are never loaded;
+# - the $-\infty$ guard of section 2 (`shift`), and a query that sees no key writes 0, not NaN;
+# - tile sizes must be powers of two, so a head dimension like 80 is padded to 128 with zeros.
+
+# %%
+from helpers import flash_triton
+
+if flash_triton.triton_available():
+    for kernel_part in (flash_triton._fold_key_tiles, flash_triton._flash_forward_kernel):
+        print(textwrap.dedent(inspect.getsource(kernel_part.fn)))
+print("a head dimension of 80 is padded to", flash_triton.padded_head_dim(80))
+
+# %% [markdown]
+# ### Checking it on this CPU
+# Without a GPU the same kernel runs under Triton's interpreter, which executes each program with
+# NumPy, one after the other. That is enough to prove it right, on small sizes, against PyTorch's
+# `F.scaled_dot_product_attention`: float32 and float16, causal and not, head dimensions from
+# the smallest to the largest supported, and a sequence length that is not a multiple of the tile
+# size (all printed below). The interpreter's speed says nothing about a GPU's: **timing the
+# kernel needs a GPU.**
+
+# %%
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3}
+if not flash_triton.triton_available():
+    print("Triton is not installed here (it is published for Linux): `pip install triton`.")
+else:
+    print(f"head dims {flash_triton.MIN_HEAD_DIM} to {flash_triton.MAX_HEAD_DIM}; interpreted tiles "
+          f"{flash_triton.default_blocks(64)[0]} queries x {flash_triton.default_blocks(64)[1]} keys")
+    generator = torch.Generator().manual_seed(7)
+    kernel_device = "cpu" if flash_triton.interpreting() else "cuda"
+    for dtype, d in ((torch.float32, 64), (torch.float16, 64), (torch.float32, 16), (torch.float16, 128)):
+        for causal in (False, True):
+            q, k, v = (torch.randn(1, 2, 77, d, generator=generator).to(kernel_device, dtype) for _ in range(3))
+            out, _ = flash_triton.triton_attention(q, k, v, causal=causal)
+            reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+            error = (out.double() - reference).abs().max().item()
+            assert error < TOLERANCE[dtype]
+            print(f"{str(dtype):14s} d={d:3d} causal={causal!s:5s} N=77: max error {error:.0e} "
+                  f"(tolerance {TOLERANCE[dtype]:.0e}) ok")
+
+# %% [markdown]
+# ### On a GPU: run it yourself
+# On a CUDA GPU (Colab's free GPU will do) the cell below benchmarks the kernel against naive
+# attention and against each backend of `F.scaled_dot_product_attention` (forced one at a time with
+# `torch.nn.attention.sdpa_kernel`), in float16, over a range of $N$ and head dimensions (printed),
+# causal and not. It reports TFLOP/s, counting $4 B H N^2 d$ FLOPs (half that when causal), and
+# peak GPU memory. `python benchmarks/bench_flash.py --gpu` does the same, checks the kernel's
+# budgets against the flash backend, and saves the figures to `data/flash_gpu_benchmark.json`,
+# which the next cell draws when no GPU is present.
+# **This notebook was last run on a machine without a GPU, and no GPU figures have been saved
+# yet**, so on such a machine the cell says so instead of drawing.
+
+# %%
+RUN_GPU_BENCHMARK = torch.cuda.is_available() and flash_triton.triton_available()  # a few minutes
+GPU_FIGURES = data_dir() / "flash_gpu_benchmark.json"
+plan = {name: p.default for name, p in inspect.signature(flash_triton.gpu_benchmark).parameters.items()}
+print("benchmark plan:", plan)
+if RUN_GPU_BENCHMARK:
+    gpu_results = flash_triton.gpu_benchmark()
+elif GPU_FIGURES.is_file():
+    gpu_results = json.loads(GPU_FIGURES.read_text(encoding="utf-8"))
+else:
+    gpu_results = None
+    print("GPU figures are missing: no CUDA GPU here, and no data/flash_gpu_benchmark.json saved yet.\n"
+          "On a GPU, run this cell, or `python benchmarks/bench_flash.py --gpu` to save them.")
+
+# %%
+def draw_gpu_benchmark(results: dict, causal: bool = False) -> None:
+    """TFLOP/s and peak memory against N, one row of plots per head dimension."""
+    rows = [r for r in results["results"] if r["causal"] == causal]
+    head_dims = sorted({r["head_dim"] for r in rows})
+    fig, axes = plt.subplots(len(head_dims), 2, figsize=(14, 4.5 * len(head_dims)), squeeze=False)
+    for (ax_speed, ax_memory), d in zip(axes, head_dims, strict=True):
+        for method in dict.fromkeys(r["method"] for r in rows):
+            mine = sorted((r["n"], r["tflops"], r["peak_mb"]) for r in rows
+                          if r["method"] == method and r["head_dim"] == d and r["tflops"] is not None)
+            ns, speeds, memory = zip(*mine, strict=True) if mine else ((), (), ())
+            ax_speed.semilogx(ns, speeds, "o-", label=method, base=2)
+            ax_memory.loglog(ns, memory, "o-", label=method)
+        ax_memory.set_xscale("log", base=2)
+        ax_speed.set(xlabel="sequence length N", ylabel="TFLOP/s", title=f"Speed, d = {d}")
+        ax_memory.set(xlabel="sequence length N", ylabel="peak memory (MiB, log scale)",
+                      title=f"Peak memory, d = {d}")
+        ax_speed.legend(fontsize=10)
+    fig.suptitle(f"{results['device']}, {results['dtype']}, B={results['batch']}, H={results['heads']}, "
+                 f"{'causal' if causal else 'not causal'} ({results['date']})")
+    fig.tight_layout()
+    plt.show()
+
+
+if gpu_results is not None:
+    for causal in (False, True):
+        draw_gpu_benchmark(gpu_results, causal)
+else:
+    print("nothing to draw")
+
+# %% [markdown]
+# ## Check your understanding
+#
+# The answers use numbers computed in the cell just below.
+
+# %%
+training, inference = programs(64, 16, 1024, "FA-2"), programs(1, 16, 16384, "FA-2")
+naive_intensity = flops / (traffic["naive"] * BYTES * BATCH * HEADS)
+ridge = A100["fp16 tensor-core FLOP/s"] / A100["HBM bytes/s"]
+softmax_intensity = 5 / (2 * BYTES)  # ~5 operations per score; read S, write P
+print(f"FA-2 programs: {training:,} (GPT-2 medium training), {inference:,} (one 16k sequence); "
+      f"FA-1: {programs(1, 16, 16384, 'FA-1')} for the 16k sequence")
+print(f"FLOP per byte: naive attention {naive_intensity:.0f}, its softmax step {softmax_intensity:.2f}; "
+      f"A100 ridge point {ridge:.0f}")
+forward_flops = flash.attention_flops(1, 1, N, N, D)
+print(f"forward FLOPs per head at N={N}: naive {forward_flops:,}, tiled {forward_flops:,} (the same); "
+      f"the backward recomputes Q K^T once more: +{2 * N * N * D:,}")
+print(f"memory growth per doubling of N on this CPU: naive x{growth['naive (helpers.attention)']:.1f}, "
+      f"tiled x{growth['tiled FA-2 (helpers.flash)']:.1f}")
+print(f"saved for the backward, per GPT-2-medium layer: P {p_bytes / 2**30:.1f} GiB vs lse {lse_bytes / 2**20:.1f} MiB")
+
+# %% [markdown]
+# **1. What are the aspects of Transformer parallelization? (seed 000)**
+# <details><summary>Answer</summary>
+#
+# Everything in a layer except the order of layers runs in parallel: all sequences of a batch,
+# all heads (one batched matrix product, seed 000's "compute all H heads in parallel"), and, in
+# training, all positions at once, because attention has no recurrence: the causal mask, not a
+# loop, keeps position $t$ from seeing the future. Inside attention, FlashAttention-2 adds the
+# query tiles: with the numbers above, thousands of independent programs for one 16k-token
+# sequence, where Algorithm 1's order has only one per head, far fewer than an A100's 108 SMs.
+# The loop over key tiles is the one part that stays sequential, and the online softmax is what
+# lets it run tile by tile.
+# </details>
+#
+# **2. Why is naive attention memory-bound on a GPU that does 312 TFLOP/s?**
+# <details><summary>Answer</summary>
+#
+# Because it does few FLOPs per byte it moves. Its softmax step does about 5 operations per score
+# while reading and writing 2 bytes each: about one FLOP per byte, against the roughly two hundred
+# that keep an A100 busy (printed above). The whole of naive attention comes out well below the
+# ridge point too, so the GPU waits on HBM. FlashAttention keeps $S$ and $P$ on the chip, moving
+# several times fewer bytes (section 1), which makes it faster even though it does the same
+# matrix products.
+# </details>
+#
+# **3. Time complexity $O(N^2)$, memory complexity $O(N^2)$, or $O(N)$ with Flash Attention
+# (seed 000): does tiling change the FLOPs?**
+# <details><summary>Answer</summary>
+#
+# No. The forward pass computes every score once, exactly as naive attention does: the same
+# $4N^2d$ FLOPs per head (printed above). The backward pass even adds one more $QK^\top$ to
+# recompute $P$. What tiling changes is memory: the extra memory grows like $N$ (the output and
+# one log-sum-exp per query) instead of $N^2$, as the growth factors measured on this CPU show
+# (at most x2 against x4 per doubling of $N$).
+# </details>
+#
+# **4. Why store the log-sum-exp instead of $P$ for the backward pass?**
+# <details><summary>Answer</summary>
+#
+# $P$ is $N \times N$ per head; the log-sum-exp is one number per query, and it is all that is
+# needed to rebuild any tile of $P$ exactly: $P_{ij} = e^{S_{ij} - L_i}$. For GPT-2 medium on a
+# batch of 64 that is gibibytes against mebibytes per layer (printed above). Recomputing $QK^\top$
+# costs FLOPs, but FLOPs are what the GPU has in excess.
+# </details>
+#
+# **5. Why can a tile produce NaN, and what prevents it?**
+# <details><summary>Answer</summary>
+#
+# When every score a query has seen so far is masked, its running maximum is $-\infty$, and the
+# rescaling $e^{m_{old} - m_{new}}$ becomes $e^{-\infty - (-\infty)}$ = NaN (section 2). Both the
+# PyTorch helpers (`exp_shifted`) and the Triton kernel (`shift`) subtract 0 instead when the
+# maximum is $-\infty$, and a query that sees no key at all gets output 0 and log-sum-exp
+# $-\infty$.
+# </details>
+#
+# **6. Why does Algorithm 1 normalise $O$ after every key tile, and FlashAttention-2 only once?**
+# <details><summary>Answer</summary>
+#
+# In Algorithm 1's order an output tile goes back to HBM after every key tile, and what is stored
+# there is kept as a finished, normalised output. FlashAttention-2 holds one query tile on the
+# chip from its first key tile to its last, so the division by $\ell$ can wait for the end: one
+# division per output element instead of one per key tile (section 4).
+# </details>

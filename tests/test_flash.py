@@ -1,0 +1,248 @@
+"""The tiled attention of helpers.flash equals naive attention, forwards and backwards.
+
+Naive attention is helpers.attention.scaled_dot_product_attention; every comparison is in float64,
+where the only difference left between the two is rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helpers import flash
+from helpers.attention import causal_mask, scaled_dot_product_attention
+
+SETTINGS = settings(max_examples=60, deadline=None, database=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+def bottom_right_causal(n_q: int, n_k: int) -> torch.Tensor:
+    """(n_q, n_k) bool: key j visible to query i when j <= i + n_k - n_q (any n_q, n_k)."""
+    return torch.ones(n_q, n_k, dtype=torch.bool).tril(diagonal=n_k - n_q)
+
+
+@st.composite
+def attention_case(draw: st.DrawFn) -> dict:
+    """Random shapes, tiles that need not divide N, masks, huge logits, fully masked rows."""
+    lead = tuple(draw(st.lists(st.integers(1, 3), min_size=0, max_size=2)))
+    n_q, n_k = draw(st.integers(1, 33)), draw(st.integers(1, 33))
+    d, d_v = draw(st.integers(1, 8)), draw(st.integers(1, 8))
+    seed = draw(st.integers(0, 2**31 - 1))
+    gen = torch.Generator().manual_seed(seed)
+    magnitude = draw(st.sampled_from([1.0, 1e3]))
+    q = torch.randn(*lead, n_q, d, generator=gen, dtype=torch.float64) * magnitude
+    k = torch.randn(*lead, n_k, d, generator=gen, dtype=torch.float64)
+    v = torch.randn(*lead, n_k, d_v, generator=gen, dtype=torch.float64)
+    mask_kind = draw(st.sampled_from(["none", "random", "key padding", "one row hidden"]))
+    mask = None
+    if mask_kind == "random":
+        mask = torch.rand(*lead, n_q, n_k, generator=gen) < 0.7
+    elif mask_kind == "key padding":
+        mask = (torch.arange(n_k) < draw(st.integers(1, n_k))).reshape(*[1] * len(lead), 1, n_k)
+    elif mask_kind == "one row hidden":
+        mask = torch.ones(n_q, n_k, dtype=torch.bool)
+        mask[draw(st.integers(0, n_q - 1))] = False
+    return dict(q=q, k=k, v=v, mask=mask, causal=draw(st.booleans()),
+                block_q=draw(st.integers(1, 12)), block_k=draw(st.integers(1, 12)))
+
+
+def naive(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Naive output and the log-sum-exp of each query's visible scores."""
+    q, k, v, mask = case["q"], case["k"], case["v"], case["mask"]
+    full = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool)
+    if case["causal"]:
+        full = bottom_right_causal(q.shape[-2], k.shape[-2])
+    if mask is not None:
+        full = full & mask
+    out, _ = scaled_dot_product_attention(q, k, v, mask=full)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    return out, scores.masked_fill(~full, -math.inf).logsumexp(dim=-1)
+
+
+def close(got: torch.Tensor, expected: torch.Tensor) -> None:
+    assert got.shape == expected.shape
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
+
+
+def run_kwargs(case: dict) -> dict:
+    return {name: case[name] for name in ("mask", "causal", "block_q", "block_k")}
+
+
+@SETTINGS
+@given(attention_case())
+def test_both_loop_orders_equal_naive_attention(case):
+    expected_out, expected_lse = naive(case)
+    close(flash.tiled_attention_fa1(case["q"], case["k"], case["v"], **run_kwargs(case)), expected_out)
+    out, lse = flash.tiled_attention_fa2(case["q"], case["k"], case["v"], **run_kwargs(case))
+    close(out, expected_out)
+    torch.testing.assert_close(lse, expected_lse, rtol=1e-9, atol=1e-9)  # -inf where all hidden
+
+
+@SETTINGS
+@given(attention_case())
+def test_backward_equals_autograd_through_naive_attention(case):
+    inputs = [case[name].clone().requires_grad_() for name in ("q", "k", "v")]
+    mine = flash.flash_attention(*inputs, **run_kwargs(case))
+    upstream = torch.randn(mine.shape, generator=torch.Generator().manual_seed(1), dtype=mine.dtype)
+    my_grads = torch.autograd.grad(mine, inputs, upstream)
+    reference = [case[name].clone().requires_grad_() for name in ("q", "k", "v")]
+    theirs, _ = naive({**case, "q": reference[0], "k": reference[1], "v": reference[2]})
+    their_grads = torch.autograd.grad(theirs, reference, upstream)
+    for got, expected in zip(my_grads, their_grads, strict=True):
+        close(got, expected)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck_in_float64(causal):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, n, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+               for n in (5, 7, 7))
+    mask = torch.rand(2, 5, 7, generator=gen) < 0.8
+
+    def attend(q, k, v):
+        return flash.flash_attention(q, k, v, mask=mask, causal=causal, block_q=2, block_k=3)
+
+    assert torch.autograd.gradcheck(attend, (q, k, v))
+
+
+def test_a_fully_masked_row_gives_zero_output_and_zero_gradients():
+    q, k, v = (torch.randn(1, 4, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[2] = False
+    out = flash.flash_attention(q, k, v, mask=mask, block_q=2, block_k=2)
+    out.sum().backward()
+    assert torch.equal(out[0, 2], torch.zeros(3, dtype=torch.float64))
+    assert torch.equal(q.grad[0, 2], torch.zeros(3, dtype=torch.float64))
+    assert torch.isfinite(k.grad).all() and torch.isfinite(v.grad).all()
+
+
+def test_more_queries_than_keys_hides_the_first_queries_when_causal():
+    q, k, v = (torch.randn(n, 4, dtype=torch.float64) for n in (6, 4, 4))
+    out, lse = flash.tiled_attention_fa2(q, k, v, causal=True, block_q=4, block_k=2)
+    assert torch.equal(out[:2], torch.zeros(2, 4, dtype=torch.float64))  # they see no key
+    assert lse[:2].eq(-math.inf).all() and lse[2:].isfinite().all()
+
+
+def test_causal_flag_matches_the_course_causal_mask():
+    q, k, v = (torch.randn(n, 8, dtype=torch.float64) for n in (5, 9, 9))
+    out, _ = flash.tiled_attention_fa2(q, k, v, causal=True, block_q=2, block_k=4)
+    expected, _ = scaled_dot_product_attention(q, k, v, mask=causal_mask(5, 9))
+    close(out, expected)
+    assert torch.equal(causal_mask(5, 9), bottom_right_causal(5, 9))
+
+
+# --- the online softmax ----------------------------------------------------------------------
+
+@SETTINGS
+@given(st.integers(1, 20), st.integers(1, 20), st.integers(0, 1000), st.sampled_from([1.0, 1e3]))
+def test_merging_two_partial_states_equals_one_pass(n_a, n_b, seed, magnitude):
+    gen = torch.Generator().manual_seed(seed)
+    a, b = (torch.randn(3, n, generator=gen, dtype=torch.float64) * magnitude for n in (n_a, n_b))
+    merged = flash.merge_softmax_states(flash.softmax_state(a), flash.softmax_state(b))
+    whole = flash.softmax_state(torch.cat([a, b], dim=-1))
+    torch.testing.assert_close(merged.row_max, whole.row_max, rtol=0, atol=0)
+    torch.testing.assert_close(merged.row_sum, whole.row_sum, rtol=1e-12, atol=0)
+    torch.testing.assert_close(flash.log_sum_exp(merged), torch.cat([a, b], -1).logsumexp(-1))
+
+
+def test_a_fully_masked_block_merges_without_nan():
+    hidden = torch.full((2, 3), -math.inf, dtype=torch.float64)
+    seen = torch.tensor([[0.5, -1.0, 2.0], [-math.inf, 1.0, 0.0]], dtype=torch.float64)
+    state = flash.merge_softmax_states(flash.softmax_state(hidden), flash.softmax_state(seen))
+    assert not state.row_sum.isnan().any()
+    torch.testing.assert_close(state.row_sum, flash.softmax_state(seen).row_sum)
+    empty = flash.merge_softmax_states(flash.softmax_state(hidden), flash.softmax_state(hidden))
+    assert torch.equal(empty.row_sum, torch.zeros(2, dtype=torch.float64))
+    assert empty.row_max.eq(-math.inf).all()
+    plain = torch.exp(hidden - hidden.amax(-1, keepdim=True))  # what the guard protects against
+    assert plain.isnan().all()
+
+
+def test_trace_tiles_ends_at_the_attention_output():
+    q, k, v = (torch.randn(n, 4, dtype=torch.float64) for n in (10, 10, 10))
+    for causal, expected_steps in ((False, 3 * 3), (True, 1 + 2 + 3)):
+        steps = flash.trace_tiles(q, k, v, block_q=4, block_k=4, causal=causal)
+        assert len(steps) == expected_steps
+        mask = causal_mask(10) if causal else None
+        expected, _ = scaled_dot_product_attention(q, k, v, mask=mask)
+        last_of_each_row_tile = [s for s, nxt in zip(steps, steps[1:] + [None], strict=True)
+                                 if nxt is None or nxt.rows != s.rows]
+        close(torch.cat([s.output for s in last_of_each_row_tile]), expected)
+
+
+# --- counting memory traffic ---------------------------------------------------------------------
+
+def test_traffic_counts_follow_their_formulas_at_the_extremes():
+    n, d = 1024, 64
+    assert flash.hbm_elements_naive(n, d) == 4 * n * d + 4 * n * n
+    # One key tile holding all keys: Q, O, l, m visited once, K and V read once.
+    assert flash.hbm_elements_fa1(n, d, block_k=n) == 2 * n * d + 3 * n * d + 4 * n
+    # One query tile holding all queries: every tensor read or written exactly once.
+    assert flash.hbm_elements_fa2(n, d, block_q=n) == 4 * n * d + n
+    assert flash.hbm_elements_fa1(n, d, block_k=384) < flash.hbm_elements_naive(n, d) / 5
+    assert flash.hbm_elements_fa1(n, d, block_k=128) > flash.hbm_elements_fa1(n, d, block_k=256)
+
+
+def test_algorithm1_block_sizes_and_flops():
+    assert flash.algorithm1_block_sizes(98304, 64) == (64, 384)
+    assert flash.algorithm1_block_sizes(1000, 64) == (4, 4)
+    assert flash.attention_flops(2, 3, 8, 8, 4) == 4 * 2 * 3 * 8 * 8 * 4
+    assert flash.attention_flops(2, 3, 8, 8, 4, causal=True) == 2 * 2 * 3 * 8 * 8 * 4
+    with pytest.raises(ValueError, match="d is 0"):
+        flash.hbm_elements_naive(16, 0)
+
+
+# --- measuring memory ----------------------------------------------------------------------------
+
+def test_peak_memory_sees_a_temporary_and_is_repeatable():
+    def make_and_drop() -> None:
+        scratch = torch.ones(1_000_000)  # 4 MB, freed on return
+        del scratch
+
+    peak = flash.peak_memory_bytes(make_and_drop)
+    assert 4_000_000 <= peak < 4_200_000
+    assert flash.peak_memory_bytes(make_and_drop) == peak
+    assert flash.peak_memory_bytes(lambda: None) == 0
+
+
+def test_naive_attention_holds_an_n_by_n_matrix_and_tiles_do_not():
+    q, k, v = (torch.randn(1, 2, 1024, 32) for _ in range(3))
+    naive_peak = flash.peak_memory_bytes(lambda: scaled_dot_product_attention(q, k, v))
+    tiled_peak = flash.peak_memory_bytes(
+        lambda: flash.tiled_attention_fa2(q, k, v, block_q=128, block_k=128))
+    scores_bytes = 2 * 1024 * 1024 * 4
+    assert naive_peak >= 2 * scores_bytes  # the scores and their softmax coexist
+    assert tiled_peak < scores_bytes / 4
+
+
+# --- errors name what went wrong -----------------------------------------------------------------
+
+def test_the_in_place_forward_refuses_tensors_that_need_gradients():
+    q = torch.randn(4, 8, requires_grad=True)
+    with pytest.raises(ValueError, match="call flash_attention"):
+        flash.tiled_attention_fa2(q, q.detach(), q.detach())
+    with torch.no_grad():
+        out, _ = flash.tiled_attention_fa2(q, q.detach(), q.detach())
+    assert out.shape == (4, 8)
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (dict(k=torch.randn(2, 5, 3)), ValueError, r"q has shape \(2, 4, 8\) and k has shape \(2, 5, 3\)"),
+    (dict(v=torch.randn(2, 6, 8)), ValueError, r"k has shape \(2, 5, 8\) and v has shape \(2, 6, 8\)"),
+    (dict(q=torch.ones(2, 4, 8, dtype=torch.long)), TypeError, "q has dtype torch.int64"),
+    (dict(mask=torch.ones(4, 5)), TypeError, "mask is torch.float32, expected a torch.bool"),
+    (dict(mask=torch.ones(3, 5, dtype=torch.bool)), ValueError, r"mask has shape \(3, 5\)"),
+    (dict(block_q=0), ValueError, "block_q is 0"),
+    (dict(scale=-1.0), ValueError, "scale is -1.0"),
+    (dict(q=torch.randn(8)), ValueError, r"q has shape \(8,\)"),
+])
+def test_bad_input_names_the_argument(change, error, message):
+    args = dict(q=torch.randn(2, 4, 8), k=torch.randn(2, 5, 8), v=torch.randn(2, 5, 8))
+    args.update(change)
+    with pytest.raises(error, match=message):
+        flash.flash_attention(**args)
