@@ -115,3 +115,11 @@ def test_wheel_installs_into_a_fresh_environment_and_finds_the_corpus(tmp_path):
     assert str(env_dir) in out[0], "imported from the fresh environment, not the checkout"
     size, fraction = out[1].split()
     assert int(size) >= 1_000_000 and float(fraction) == 1.0
+
+
+def test_readme_run_times_are_the_measured_ones():
+    measured = dict(re.findall(r"^\| (\d\d_\w+) \| (\d+ s) \|$", (ROOT / "notebooks" / "TIMES.md").read_text(), re.M))
+    readme = dict(re.findall(r"\(notebooks/(\d\d_\w+)\.ipynb\) \| [^|]+ \| ([^|]+?) \|", (ROOT / "README.md").read_text()))
+    notebooks = {p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    assert set(readme) == notebooks, "one README row per notebook"
+    assert readme == {name: measured.get(name) for name in readme}

@@ -15,6 +15,7 @@ nbval later compares. Run it inside the course's environment (`.venv/bin/python`
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -92,6 +93,14 @@ def record_time(name: str, seconds: float) -> None:
              "", "| notebook | time |", "|---|---|"]
     lines += [f"| {n} | {t} |" for n, t in sorted(rows.items())]
     TIMES.write_text("\n".join(lines) + "\n")
+    update_readme_time(name, rows[name])
+
+
+def update_readme_time(name: str, time: str) -> None:
+    """Write `time` into the "runs in" column of the README's row for notebook `name`."""
+    readme = ROOT / "README.md"
+    row = re.compile(rf"(\(notebooks/{re.escape(name)}\.ipynb\) \| [^|]+ \| )[^|]+( \|)")
+    readme.write_text(row.sub(lambda m: f"{m.group(1)}{time}{m.group(2)}", readme.read_text()))
 
 
 def build(source_path: Path, run: bool = True) -> Path:
