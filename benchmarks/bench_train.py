@@ -1,0 +1,190 @@
+"""The helpers trainer against the training loop most tutorials show, side by side, in one run.
+
+    python benchmarks/bench_train.py              # throughput, then races of 60 s and 180 s (~9 min)
+    python benchmarks/bench_train.py --quick      # the same parts, short (~1.5 min)
+    python benchmarks/bench_train.py --threads 1  # one CPU thread for both
+
+Both train the same GPT (n_layer=4, n_head=4, n_embd=128, block 64, batch 12) on the course
+corpus, one character per token, from the same initial weights, with the same recipe (AdamW
+with weight decay on matrices, warm-up then cosine learning rate, gradient clipping at 1.0).
+Only how fast a step runs differs:
+
+    reference   float32, the course's own attention and LayerNorm, torch.optim.AdamW's
+                per-parameter loop, batches stacked window by window
+    helpers     helpers.train.Trainer: bfloat16 where the CPU has it natively (a bf16 working
+                copy, float32 weights for AdamW), fused kernels, a fused AdamW step, batches
+                cut with one indexing operation
+
+The two take turns in short slices, so that anything else running on the machine slows both
+alike. Budgets (exit status 1 when one is missed):
+    - the helpers trainer processes at least 2x the reference's tokens per second;
+    - after equal training time, its validation loss is lower (each race).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from helpers.corpus import load_corpus
+from helpers.gpt import GPT, GPTConfig
+from helpers.tokenizers import CharTokenizer
+from helpers.train import (
+    TrainConfig,
+    Trainer,
+    encode_text,
+    evaluate_loss,
+    learning_rate,
+    random_batch,
+    split_train_val,
+)
+
+N_LAYER, N_HEAD, N_EMBD, BLOCK, BATCH = 4, 4, 128, 64, 12
+PEAK_LR, WEIGHT_DECAY, BETAS, GRAD_CLIP = 2e-3, 0.1, (0.9, 0.99), 1.0
+SPEEDUP_BUDGET = 2.0
+
+
+class ReferenceLoop:
+    """A plain training loop: float32, manual attention, standard AdamW, no tricks."""
+
+    def __init__(self, model: GPT, train_ids: torch.Tensor, seed: int = 0) -> None:
+        self.model, self.train_ids = model, train_ids
+        matrices = [p for p in model.parameters() if p.dim() >= 2]
+        vectors = [p for p in model.parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": matrices, "weight_decay": WEIGHT_DECAY},
+             {"params": vectors, "weight_decay": 0.0}],
+            lr=PEAK_LR, betas=BETAS, foreach=False)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def get_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = torch.randint(len(self.train_ids) - BLOCK, (BATCH,), generator=self.generator)
+        x = torch.stack([self.train_ids[i:i + BLOCK] for i in starts])
+        y = torch.stack([self.train_ids[i + 1:i + BLOCK + 1] for i in starts])
+        return x, y
+
+    def train_step(self, lr: float) -> float:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        x, y = self.get_batch()
+        logits = self.model(x)  # the course's Block.forward: its own attention, float32
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
+        self.optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
+        self.optimizer.step()
+        return loss.item()
+
+
+@dataclass
+class Runner:
+    """One contestant: its step function and the training time it has used."""
+
+    name: str
+    model: GPT
+    train_step: Callable[[float], float]
+    seconds: float = 0.0
+    steps: int = 0
+
+    def run_for(self, slice_seconds: float, budget: float | None = None) -> None:
+        """Train until this slice is used up (or the budget is reached); learning rate by the
+        fraction of the budget spent."""
+        end = self.seconds + slice_seconds if budget is None else min(budget, self.seconds + slice_seconds)
+        while self.seconds < end:
+            progress = self.seconds / budget if budget else 0.5
+            lr = learning_rate(progress, PEAK_LR)
+            started = time.perf_counter()
+            self.train_step(lr)
+            self.seconds += time.perf_counter() - started
+            self.steps += 1
+
+
+def make_runners(vocab_size: int, train_ids: torch.Tensor, val_ids: torch.Tensor) -> tuple[Runner, Runner]:
+    """The reference loop and the helpers trainer on twin models with the same initial weights."""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=vocab_size, context_length=BLOCK, n_layer=N_LAYER,
+                       n_head=N_HEAD, n_embd=N_EMBD)
+    reference_model = GPT(config)
+    helpers_model = GPT(config)
+    helpers_model.load_state_dict(reference_model.state_dict())
+    reference = ReferenceLoop(reference_model, train_ids)
+    trainer = Trainer(helpers_model, train_ids, val_ids,
+                      TrainConfig(batch_size=BATCH, block_size=BLOCK, learning_rate=PEAK_LR,
+                                  weight_decay=WEIGHT_DECAY, grad_clip=GRAD_CLIP))
+    print(f"helpers trainer precision: {trainer.dtype}")
+    return (Runner("reference", reference_model, reference.train_step),
+            Runner("helpers", helpers_model, trainer.train_step))
+
+
+def throughput(runners: tuple[Runner, ...], rounds: int, slice_seconds: float) -> dict[str, float]:
+    """Tokens per second of each runner: the median over `rounds` short turns each, after a
+    warm-up. The median ignores turns that a burst of other work on the machine slowed down."""
+    for runner in runners:
+        runner.run_for(1.0)
+    rates: dict[str, list[float]] = {r.name: [] for r in runners}
+    for _ in range(rounds):
+        for runner in runners:
+            steps, seconds = runner.steps, runner.seconds
+            runner.run_for(slice_seconds)
+            rates[runner.name].append((runner.steps - steps) * BATCH * BLOCK / (runner.seconds - seconds))
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def race(runners: tuple[Runner, ...], budget: float, val_batches: list, slice_seconds: float) -> dict[str, float]:
+    """Validation loss of each runner after `budget` seconds of training, taking turns."""
+    while any(r.seconds < budget for r in runners):
+        for runner in runners:
+            if runner.seconds < budget:
+                runner.run_for(slice_seconds, budget)
+    return {r.name: evaluate_loss(r.model, val_batches) for r in runners}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short runs (races of 10 s and 20 s)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for PyTorch (default: PyTorch's choice, one per core)")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    budgets = (10.0, 20.0) if args.quick else (60.0, 180.0)
+    rounds = 10 if args.quick else 40
+
+    text = load_corpus()
+    tokenizer = CharTokenizer.train(text)
+    train_ids, val_ids = split_train_val(encode_text(tokenizer, text))
+    generator = torch.Generator().manual_seed(1)
+    val_batches = [random_batch(val_ids, 32, BLOCK, generator) for _ in range(16)]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; GPT n_layer={N_LAYER} "
+          f"n_head={N_HEAD} n_embd={N_EMBD}, block {BLOCK}, batch {BATCH}, vocab {tokenizer.vocab_size}")
+
+    failures = []
+    speeds = throughput(make_runners(tokenizer.vocab_size, train_ids, val_ids), rounds, 0.5)
+    ratio = speeds["helpers"] / speeds["reference"]
+    print(f"\ntokens per second: reference {speeds['reference']:,.0f}, helpers "
+          f"{speeds['helpers']:,.0f}: {ratio:.2f}x (budget >= {SPEEDUP_BUDGET:.0f}x)")
+    if ratio < SPEEDUP_BUDGET:
+        failures.append(f"speed-up {ratio:.2f}x < {SPEEDUP_BUDGET}x")
+
+    for budget in budgets:
+        runners = make_runners(tokenizer.vocab_size, train_ids, val_ids)
+        losses = race(runners, budget, val_batches, slice_seconds=2.0)
+        steps = {r.name: r.steps for r in runners}
+        print(f"after {budget:.0f} s of training: validation loss reference {losses['reference']:.3f} "
+              f"({steps['reference']} steps), helpers {losses['helpers']:.3f} ({steps['helpers']} steps)")
+        if not losses["helpers"] < losses["reference"]:
+            failures.append(f"validation loss after {budget:.0f} s not lower")
+
+    print("\nbudgets: " + ("all met" if not failures else "MISSED: " + "; ".join(failures)))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,443 @@
+"""The decoder-only GPT, assembled from the course's parts, with generation and a KV cache.
+
+    GPTConfig                       the sizes of a model (GPT-2's names: n_layer, n_head, n_embd)
+    GPT                             token + position embedding -> N Pre-LN blocks -> LayerNorm ->
+                                    logits, the output matrix tied to the token embedding
+    formula_parameters              12 N d^2 + 2 V d, the back-of-the-envelope count
+    exact_parameters                the exact count of a GPT, from its config alone
+    count_parameters                the count of a built model (tied weights counted once)
+    parameter_breakdown             attention / feed-forward / embeddings / norms
+    build_without_weights           a GPT on the meta device: shapes only, no memory
+    KVCache                         every layer's keys and values, preallocated
+    sample_next                     one token from logits: greedy, temperature, top-k
+    generate                        autoregressive generation, with or without the cache
+
+The blocks are `helpers.layers.Block`, the embedding is
+`helpers.embeddings.TokenAndPositionEmbedding`: nothing is rewritten here. `GPT.forward` runs
+each `Block.forward` (the course's own LayerNorm and attention). Two faster paths reuse the
+blocks' own submodules and weights with PyTorch's fused kernels instead (`_fused_block`):
+
+- `GPT.forward(..., fast=True)`, for training: fused LayerNorm, one product for Q, K and V,
+  fused causal attention;
+- `GPT.forward_cached`, for generation: the same, but only the new tokens go through, their
+  keys and values are appended to a KVCache and the queries attend to everything stored.
+
+Same parameters, same function: tests/test_gpt.py checks both against the plain forward.
+
+Model code: it imports torch and the course's model modules, never plots, widgets or exercises.
+Shapes: B batch, N tokens, V vocabulary, D = n_embd, H heads, D_H = D / H, L = n_layer.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from helpers.attention import causal_mask
+from helpers.embeddings import TokenAndPositionEmbedding, check_token_ids
+from helpers.layers import (
+    Block,
+    LayerNorm,
+    MultiHeadAttention,
+    init_gpt2_,
+    merge_heads,
+    repeat_kv_heads,
+    split_heads,
+)
+
+
+def _check_positive_int(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} is {value!r}, expected a positive int")
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The sizes of a GPT. The defaults are a small character-level model for a laptop CPU.
+
+    vocab_size: tokens the model reads and predicts (V); context_length: the longest sequence it
+    reads, the rows of its position table; n_layer: blocks (N); n_head: attention heads per block
+    (H); n_embd: the width of every token vector (d_model, D), split evenly between the heads.
+    """
+
+    vocab_size: int = 64
+    context_length: int = 64
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = True
+    tie_weights: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "context_length", "n_layer", "n_head", "n_embd"):
+            _check_positive_int(name, getattr(self, name))
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}: each "
+                             f"head gets n_embd / n_head = {self.n_embd / self.n_head:g} features, "
+                             "which must be a whole number")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout is {self.dropout!r}, expected a probability in [0, 1)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @classmethod
+    def gpt2_small(cls) -> GPTConfig:
+        """GPT-2 small (2019): 12 layers, d = 768, 12 heads, GPT-2's 50,257 tokens, 1024 positions."""
+        return cls(vocab_size=50257, context_length=1024, n_layer=12, n_head=12, n_embd=768)
+
+    def to_dict(self) -> dict[str, int | float | bool]:
+        return asdict(self)
+
+
+class GPT(nn.Module):
+    """GPT-2's architecture: embeddings, `n_layer` Pre-LN blocks, a final LayerNorm, tied output.
+
+    forward: token ids (B, N) -> logits (B, N, V); position t's logits depend on tokens 0..t only.
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = TokenAndPositionEmbedding(config.vocab_size, config.context_length, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(
+            Block(config.n_embd, config.n_head, dropout=config.dropout, bias=config.bias)
+            for _ in range(config.n_layer))
+        self.ln_f = LayerNorm(config.n_embd)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        init_gpt2_(self, config.n_layer)
+        if config.tie_weights:
+            # One matrix, two jobs: row i embeds token i and scores token i as the next token.
+            self.lm_head.weight = self.embed.token.weight
+
+    def forward(self, token_ids: Tensor, fast: bool = False) -> Tensor:
+        """token_ids: (B, N) ints in [0, V) with N <= context_length -> logits (B, N, V).
+
+        fast=True computes the same function with fused PyTorch kernels (see `fast_block`).
+        """
+        self._check_ids(token_ids)
+        x = self.drop(self.embed(token_ids))  # (B, N, D)
+        for block in self.blocks:
+            x = fast_block(block, x) if fast else block(x, causal=True)
+        x = fused_layer_norm(self.ln_f, x) if fast else self.ln_f(x)
+        return self.lm_head(x)  # (B, N, V)
+
+    @torch.no_grad()
+    def forward_cached(self, token_ids: Tensor, cache: KVCache) -> Tensor:
+        """Feed the next tokens, reusing the keys and values of every earlier token in `cache`.
+
+        token_ids: (B, n), the n tokens that follow the cache.length tokens already in the cache.
+        Returns their logits (B, n, V), equal to the last n rows of a full forward pass; the
+        cache then holds cache.length + n tokens.
+        """
+        self._check_ids(token_ids)
+        start, n_new = cache.length, token_ids.shape[1]
+        if start + n_new > self.config.context_length:
+            raise ValueError(f"the cache holds {start} tokens and token_ids has {n_new} more, "
+                             f"expected at most context_length = {self.config.context_length} "
+                             "in all: crop the sequence and start a new cache")
+        positions = torch.arange(start, start + n_new, device=token_ids.device)
+        x = self.embed.token(token_ids) + self.embed.position(positions)  # (B, n, D)
+        # New query i sees the start cached keys and new keys 0..i: the end-aligned causal
+        # mask of notebook 4. A single new token sees every key, so it needs no mask at all.
+        mask = None if n_new == 1 else causal_mask(n_new, start + n_new, device=token_ids.device)
+        for layer, block in enumerate(self.blocks):
+            x = _fused_block(block, x, _attend_with_cache(cache, layer, block.attn, mask))
+        cache.length = start + n_new
+        return self.lm_head(fused_layer_norm(self.ln_f, x))
+
+    def _check_ids(self, token_ids: Tensor) -> None:
+        check_token_ids(token_ids, self.config.vocab_size)
+        if token_ids.dim() != 2:
+            raise ValueError(f"token_ids has shape {tuple(token_ids.shape)}, expected (B, N): "
+                             "add a batch axis with token_ids.unsqueeze(0)")
+
+
+# --- the fast path: the same block, fused kernels ------------------------------------------
+
+def fused_layer_norm(norm: LayerNorm, x: Tensor) -> Tensor:
+    """`norm(x)` computed by PyTorch's fused kernel: x (..., D) -> (..., D)."""
+    return F.layer_norm(x, (norm.d_model,), norm.weight, norm.bias, norm.eps)
+
+
+def fused_causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Causal softmax(q k^T / sqrt(D_H)) v for q, k, v (B, H, N, D_H) -> (B, H, N, D_H).
+
+    PyTorch's `scaled_dot_product_attention` is fastest in float32 and on GPUs. In bfloat16 on
+    a CPU its kernel was slower here than three plain products (a training step of the
+    benchmark's model took about 1.5x as long with it), so those are used there.
+    """
+    if q.device.type == "cpu" and q.dtype != torch.float32:
+        return _attention_in_three_products(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@functools.cache
+def _causal_bias(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(n, n): 0 where query i may see key j (j <= i), -inf above the diagonal."""
+    future = torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
+    return torch.zeros(n, n, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
+
+
+def _attention_in_three_products(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The causal attention as baddbmm (mask added in the same op), softmax, bmm."""
+    *lead, n, head_dim = q.shape
+    q = (q * (1.0 / math.sqrt(head_dim))).reshape(-1, n, head_dim)  # scale the smaller tensor
+    k, v = k.reshape(-1, n, head_dim), v.reshape(-1, n, head_dim)
+    scores = torch.baddbmm(_causal_bias(n, q.dtype, q.device), q, k.transpose(1, 2))
+    weights = F.softmax(scores, dim=-1)
+    return (weights.to(v.dtype) @ v).view(*lead, n, head_dim)
+
+
+def _project_qkv(attn: MultiHeadAttention, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q (B, H, N, D_H) and k, v (B, H_kv, N, D_H) from one product with W_Q, W_K, W_V stacked."""
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    weight = torch.cat([p.weight for p in projections])
+    bias = None if attn.q_proj.bias is None else torch.cat([p.bias for p in projections])
+    sizes = [p.out_features for p in projections]
+    q, k, v = F.linear(h, weight, bias).split(sizes, dim=-1)
+    return split_heads(q, attn.n_heads), split_heads(k, attn.n_kv_heads), split_heads(v, attn.n_kv_heads)
+
+
+Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def _fused_block(block: Block, x: Tensor, attend: Attend) -> Tensor:
+    """A Pre-LN block with fused kernels: x (B, N, D) -> (B, N, D).
+
+    attend(q, k, v) -> heads (B, H, N, D_H) decides which keys each query sees.
+    """
+    attn = block.attn
+    q, k, v = _project_qkv(attn, fused_layer_norm(block.ln1, x))
+    x = x + attn.dropout(attn.out_proj(merge_heads(attend(q, k, v))))
+    return x + block.mlp(fused_layer_norm(block.ln2, x))
+
+
+def fast_block(block: Block, x: Tensor) -> Tensor:
+    """`block(x, causal=True)` for a Pre-LN block, with fused kernels and one Q/K/V product.
+
+    x: (B, N, D) -> (B, N, D). Uses the block's own parameters; attention weights are not kept.
+    """
+    groups = block.attn.n_heads // block.attn.n_kv_heads
+
+    def causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return fused_causal_attention(q, repeat_kv_heads(k, groups), repeat_kv_heads(v, groups))
+
+    return _fused_block(block, x, causal)
+
+
+def _attend_with_cache(cache: KVCache, layer: int, attn: MultiHeadAttention,
+                       mask: Tensor | None) -> Attend:
+    """Attention that stores the new keys and values of `layer`, then attends to all of them."""
+    groups = attn.n_heads // attn.n_kv_heads
+
+    def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        keys, values = cache.store(layer, k, v)  # (B, H_kv, length + n, D_H)
+        return F.scaled_dot_product_attention(q, repeat_kv_heads(keys, groups),
+                                              repeat_kv_heads(values, groups), attn_mask=mask)
+
+    return attend
+
+
+# --- counting parameters -------------------------------------------------------------------
+
+def formula_parameters(n_layer: int, n_embd: int, vocab_size: int) -> int:
+    """12 N d^2 + 2 V d: 4 d^2 of attention and 8 d^2 of MLP per block, input and output
+    embeddings untied; biases, norms and positions left out."""
+    for name, value in (("n_layer", n_layer), ("n_embd", n_embd), ("vocab_size", vocab_size)):
+        _check_positive_int(name, value)
+    return 12 * n_layer * n_embd**2 + 2 * vocab_size * n_embd
+
+
+def exact_parameters(config: GPTConfig) -> int:
+    """The exact parameter count of `GPT(config)`, worked out from its sizes.
+
+    Per block: W_Q, W_K, W_V, W_O (4 d^2, + 4d biases), the MLP d -> 4d -> d (8 d^2, + 5d
+    biases), two LayerNorms (4d). Plus the token table (V d, counted once when tied, twice
+    otherwise), the position table (context d) and the final LayerNorm (2d).
+    """
+    d, v = config.n_embd, config.vocab_size
+    biases = 9 * d if config.bias else 0
+    per_block = 12 * d * d + biases + 4 * d
+    output = 0 if config.tie_weights else v * d
+    return config.n_layer * per_block + v * d + output + config.context_length * d + 2 * d
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Every distinct parameter of `model`: a tied matrix is one tensor and counts once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def parameter_breakdown(model: GPT) -> dict[str, int]:
+    """How the parameters of a GPT split: attention, feed-forward, embeddings, norms.
+
+    The shares add up to count_parameters(model); an untied output matrix is listed apart.
+    """
+    parts = {"attention": 0, "feed-forward": 0, "embeddings": 0, "layer norms": 0, "output": 0}
+    for name, param in model.named_parameters():  # yields a tied tensor once, under its first name
+        if ".attn." in name:
+            parts["attention"] += param.numel()
+        elif ".mlp." in name:
+            parts["feed-forward"] += param.numel()
+        elif name.startswith("embed."):
+            parts["embeddings"] += param.numel()
+        elif name.startswith("lm_head."):
+            parts["output"] += param.numel()
+        else:
+            parts["layer norms"] += param.numel()
+    if not parts["output"]:
+        del parts["output"]
+    return parts
+
+
+def build_without_weights(config: GPTConfig) -> GPT:
+    """GPT(config) on PyTorch's meta device: every tensor has a shape and no storage.
+
+    Counting the parameters of GPT-2 small this way takes no memory and no time.
+    """
+    with torch.device("meta"):
+        return GPT(config)
+
+
+# --- the KV cache --------------------------------------------------------------------------
+
+class KVCache:
+    """The keys and values of every layer for the tokens seen so far.
+
+    Two preallocated tensors of shape (L, B, H_kv, max_length, D_H), filled from the left:
+    2 x L x H_kv x D_H numbers per token and sequence, whatever the model's vocabulary or MLP.
+    """
+
+    def __init__(self, n_layer: int, batch_size: int, n_kv_heads: int, max_length: int,
+                 head_dim: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        for name, value in (("n_layer", n_layer), ("batch_size", batch_size),
+                            ("n_kv_heads", n_kv_heads), ("max_length", max_length),
+                            ("head_dim", head_dim)):
+            _check_positive_int(name, value)
+        shape = (n_layer, batch_size, n_kv_heads, max_length, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    @classmethod
+    def for_model(cls, model: GPT, batch_size: int) -> KVCache:
+        """An empty cache with room for a full context of `model`, in its dtype and device."""
+        weight = model.lm_head.weight
+        attn = model.blocks[0].attn
+        return cls(len(model.blocks), batch_size, attn.n_kv_heads, model.config.context_length,
+                   attn.head_dim, dtype=weight.dtype, device=weight.device)
+
+    @property
+    def max_length(self) -> int:
+        return self.keys.shape[3]
+
+    def store(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new tokens' keys and values (B, H_kv, n, D_H) of `layer` after the
+        `length` stored ones; return all of that layer's, (B, H_kv, length + n, D_H).
+
+        `length` itself moves on once every layer has stored (GPT.forward_cached does it).
+        """
+        expected = (*self.keys.shape[1:3], self.keys.shape[4])
+        if keys.shape != values.shape or (keys.shape[0], keys.shape[1], keys.shape[3]) != expected:
+            raise ValueError(f"keys has shape {tuple(keys.shape)} and values {tuple(values.shape)}, "
+                             f"expected both (B, H_kv, n, D_H) with (B, H_kv, D_H) = {expected}")
+        end = self.length + keys.shape[2]
+        if end > self.max_length:
+            raise ValueError(f"the cache holds {self.length} tokens of at most {self.max_length}; "
+                             f"{keys.shape[2]} more do not fit")
+        self.keys[layer, :, :, self.length:end] = keys
+        self.values[layer, :, :, self.length:end] = values
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def nbytes(self) -> int:
+        """Bytes the two tensors really occupy (all max_length slots)."""
+        return self.keys.nbytes + self.values.nbytes
+
+
+# --- sampling and generation ---------------------------------------------------------------
+
+def sample_next(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
+                generator: torch.Generator | None = None) -> Tensor:
+    """Pick the next token of each row: logits (B, V) -> ids (B, 1).
+
+    temperature 0 or top_k 1 is greedy (argmax). Otherwise the logits are divided by
+    `temperature` (below 1 sharpens, above 1 flattens), every token outside the `top_k` highest
+    is removed, and one token is drawn from the softmax.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits has shape {tuple(logits.shape)}, expected (B, V)")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature is {temperature!r}, expected a number >= 0 (0 = greedy)")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k is {top_k!r}, expected None or a positive int")
+    if temperature == 0 or top_k == 1:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth_best = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth_best, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+
+
+@torch.no_grad()
+def generate(model: GPT, prompt: Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, use_cache: bool = True,
+             generator: torch.Generator | None = None) -> Tensor:
+    """Extend `prompt` (B, N) by `max_new_tokens` tokens, one at a time: (B, N + max_new_tokens).
+
+    Past the context length the model reads only the last context_length tokens (the sequence
+    is cropped, as GPT-2 does; no error). With use_cache=True each step feeds one token through
+    a KVCache; when the cache is full it is rebuilt from the cropped window, so the tokens are
+    exactly those of recomputing the full window every step (use_cache=False).
+    The model is put in eval mode (no dropout) for the call and restored afterwards.
+    """
+    _check_positive_int("max_new_tokens", max_new_tokens)
+    if prompt.dim() != 2 or prompt.shape[1] == 0:
+        raise ValueError(f"prompt has shape {tuple(prompt.shape)}, expected (B, N) with N >= 1")
+    was_training = model.training
+    model.eval()
+    try:
+        next_logits = _CachedSteps(model, prompt.shape[0]) if use_cache else _recompute(model)
+        ids = prompt
+        for _ in range(max_new_tokens):
+            ids = torch.cat([ids, sample_next(next_logits(ids), temperature, top_k, generator)], dim=1)
+        return ids
+    finally:
+        model.train(was_training)
+
+
+def _recompute(model: GPT) -> Callable[[Tensor], Tensor]:
+    """Next-token logits (B, V) of a sequence (B, S), from a full pass over its last window."""
+    return lambda ids: model(ids[:, -model.config.context_length:])[:, -1]
+
+
+class _CachedSteps:
+    """Next-token logits for a growing sequence, feeding only the new token when it can."""
+
+    def __init__(self, model: GPT, batch_size: int) -> None:
+        self.model = model
+        self.cache = KVCache.for_model(model, batch_size)
+        self.seen = 0  # tokens of the sequence already in the cache (0: start afresh)
+
+    def __call__(self, ids: Tensor) -> Tensor:
+        """ids: (B, S), the whole sequence so far -> logits for the token after it, (B, V)."""
+        fits = self.seen > 0 and ids.shape[1] - self.seen == 1 \
+            and self.cache.length < self.cache.max_length
+        if fits:
+            logits = self.model.forward_cached(ids[:, -1:], self.cache)
+        else:  # first call, or the window slid: refill the cache from the last window
+            self.cache.length = 0
+            logits = self.model.forward_cached(ids[:, -self.cache.max_length:], self.cache)
+        self.seen = ids.shape[1]
+        return logits[:, -1]

@@ -1,0 +1,408 @@
+"""Training a GPT fast on a laptop CPU: batches, AdamW, a schedule, clipping, bf16, checkpoints.
+
+    encode_text / split_train_val / random_batch   token ids and (inputs, next-token targets)
+    learning_rate                                  linear warm-up, then cosine decay
+    pick_dtype                                     bfloat16 where the hardware has it, else float32
+    working_copy                                   the bf16 copy that runs forward and backward
+    make_optimizer                                 AdamW, weight decay on matrices only
+    TrainConfig, Trainer, History                  the training loop and what it measured
+    evaluate_loss                                  mean loss on fixed batches, always in float32
+    LiveLossPlot                                   a callback that redraws the losses in place
+    save_checkpoint / load_checkpoint              torch.save, torch.load(weights_only=True)
+
+What makes the trainer fast, each measured in benchmarks/bench_train.py against a plain loop:
+
+- bfloat16 mixed precision, on CPUs with native bf16 (elsewhere it falls back to float32 by
+  itself): forward and backward run on a bf16 working copy of the model, while the optimiser
+  updates the float32 weights and the copy is refreshed from them after every step. This is
+  what `torch.autocast` does op by op, done once per step: autocast re-casts weights and
+  activations at every product, about 200 small casts per step for the benchmark's GPT, and
+  a step took about 5 % longer with it on the course's 2-core CPU;
+- fused LayerNorm and attention kernels and one Q/K/V product (`GPT.forward(..., fast=True)`);
+- a fused AdamW step, and batches cut out of the token tensor with one indexing operation.
+
+`Trainer(config=TrainConfig(fast=False))` runs the plain path instead: float32, the course's
+own LayerNorm and attention, the textbook AdamW loop.
+
+matplotlib and IPython are imported only inside LiveLossPlot, so this module stays light.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm import tqdm
+
+from helpers.gpt import GPT, GPTConfig
+
+# --- data ----------------------------------------------------------------------------------
+
+
+def encode_text(tokenizer: Any, text: str) -> Tensor:
+    """The token ids of `text` as one long tensor (n_tokens,) of int64."""
+    return torch.tensor(tokenizer.encode(text), dtype=torch.long)
+
+
+def split_train_val(ids: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, Tensor]:
+    """The first (1 - val_fraction) of `ids` for training, the rest for validation.
+
+    A split by position, not at random: validation text is text the model never trained on.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction is {val_fraction!r}, expected a number between 0 and 1")
+    cut = int(len(ids) * (1.0 - val_fraction))
+    return ids[:cut], ids[cut:]
+
+
+def random_batch(ids: Tensor, batch_size: int, block_size: int,
+                 generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """`batch_size` random windows of `block_size` tokens and the same windows one token later.
+
+    ids: (n_tokens,). Returns inputs x and targets y, both (batch_size, block_size): y[b, t] is
+    the token that follows x[b, t]. All windows are cut with one indexing operation.
+    """
+    if ids.dim() != 1 or len(ids) < block_size + 1:
+        raise ValueError(f"ids has shape {tuple(ids.shape)}, expected a 1-D tensor of at least "
+                         f"block_size + 1 = {block_size + 1} tokens")
+    starts = torch.randint(0, len(ids) - block_size, (batch_size,), generator=generator)
+    windows = ids[starts.unsqueeze(1) + torch.arange(block_size + 1)]  # (B, block_size + 1)
+    return windows[:, :-1], windows[:, 1:]
+
+
+# --- the recipe ----------------------------------------------------------------------------
+
+
+def learning_rate(progress: float, peak: float, warmup: float = 0.05, floor: float = 0.1) -> float:
+    """The learning rate `progress` (0 -> 1) of the way through training.
+
+    It rises linearly to `peak` over the first `warmup` of the run (Adam's early steps are
+    noisy), then follows half a cosine down to `floor` x peak at the end.
+    """
+    progress = min(max(progress, 0.0), 1.0)
+    if progress < warmup:
+        return peak * (progress + 1e-3) / warmup
+    decay = (progress - warmup) / (1.0 - warmup)
+    return peak * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * decay)))
+
+
+def cpu_has_native_bf16() -> bool:
+    """True on x86 CPUs with AVX512-BF16 or AMX, where bfloat16 matrix products run natively."""
+    cpu = getattr(torch, "cpu", None)
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(cpu, name, lambda: False)() for name in checks)
+
+
+def pick_dtype(device: torch.device, precision: str = "auto") -> torch.dtype:
+    """The dtype to compute in: "bf16", "fp32", or "auto" (bf16 where it is native).
+
+    Without native support, bf16 products still run but slowly (each one is emulated), so
+    "auto" then falls back to float32.
+    """
+    if precision not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"precision is {precision!r}, expected 'auto', 'bf16' or 'fp32'")
+    if precision != "auto":
+        return torch.bfloat16 if precision == "bf16" else torch.float32
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    if device.type == "cpu" and cpu_has_native_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float,
+                   betas: tuple[float, float] = (0.9, 0.99), fused: bool = True) -> torch.optim.AdamW:
+    """AdamW that decays the matrices (dim >= 2) and leaves biases and LayerNorm gains alone.
+
+    fused=True asks for PyTorch's single-kernel AdamW step (where this PyTorch has one);
+    fused=False is the textbook per-parameter loop.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    if fused:
+        try:
+            return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
+        except (RuntimeError, TypeError):  # no fused kernel for this device or PyTorch
+            return torch.optim.AdamW(groups, lr=lr, betas=betas, foreach=True)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, foreach=False)
+
+
+def working_copy(model: GPT, dtype: torch.dtype) -> GPT:
+    """A copy of `model` in `dtype` (tied weights stay tied) for forward and backward passes."""
+    return copy.deepcopy(model).to(dtype)
+
+
+@torch.no_grad()
+def refresh_working_copy(working: GPT, masters: Sequence[Tensor]) -> None:
+    """Copy the float32 weights into the working copy, rounding each to its dtype."""
+    torch._foreach_copy_(list(working.parameters()), list(masters))  # one call for all tensors
+
+
+@torch.no_grad()
+def copy_gradients(working: GPT, masters: Sequence[Tensor]) -> None:
+    """Give each float32 weight the gradient its working copy received, in float32."""
+    for master in masters:
+        if master.grad is None:  # allocated once, then overwritten at every step
+            master.grad = torch.zeros_like(master)
+    torch._foreach_copy_([m.grad for m in masters], [w.grad for w in working.parameters()])
+
+
+@dataclass
+class TrainConfig:
+    """How to train. The defaults fit the course's small character-level GPT on a laptop CPU.
+
+    block_size: tokens per training window (None: the model's context length).
+    eval_every: steps between evaluations (and LiveLossPlot redraws); eval_batches: fixed
+    batches each evaluation averages over. fast=False runs the plain float32 path.
+    """
+
+    batch_size: int = 12
+    block_size: int | None = None
+    learning_rate: float = 2e-3
+    warmup: float = 0.05
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_batches: int = 8
+    precision: str = "auto"
+    fast: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "eval_every", "eval_batches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} is {value!r}, expected a positive int")
+        if self.learning_rate <= 0 or self.grad_clip <= 0:
+            raise ValueError(f"learning_rate is {self.learning_rate!r} and grad_clip is "
+                             f"{self.grad_clip!r}, expected both > 0")
+
+
+@dataclass
+class History:
+    """What a training run measured; evaluations are on fixed batches, in float32."""
+
+    steps: list[int] = field(default_factory=list)          # one entry per optimiser step
+    losses: list[float] = field(default_factory=list)       # that step's training-batch loss
+    lrs: list[float] = field(default_factory=list)
+    eval_steps: list[int] = field(default_factory=list)     # one entry per evaluation
+    train_losses: list[float] = field(default_factory=list)
+    val_losses: list[float] = field(default_factory=list)
+    tokens_per_step: int = 0
+    train_seconds: float = 0.0                              # optimiser steps only, no evaluation
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.steps) * self.tokens_per_step / max(self.train_seconds, 1e-9)
+
+
+Callback = Callable[[History], None]
+
+
+@torch.no_grad()
+def evaluate_loss(model: GPT, batches: Sequence[tuple[Tensor, Tensor]]) -> float:
+    """Mean next-token loss over (x, y) batches, in float32 without dropout, whatever the
+    precision the model trains in: the same yardstick for every trainer."""
+    was_training = model.training
+    model.eval()
+    total = sum(F.cross_entropy(model(x, fast=True).flatten(0, 1), y.flatten()).item()
+                for x, y in batches)
+    model.train(was_training)
+    return total / len(batches)
+
+
+class Trainer:
+    """Trains a GPT on a long tensor of token ids with the recipe of `TrainConfig`.
+
+    `fit(steps=...)` or `fit(seconds=...)` runs a whole schedule with a progress bar;
+    `train_step(lr)` and `evaluate()` are the pieces, for loops of one's own.
+    """
+
+    def __init__(self, model: GPT, train_ids: Tensor, val_ids: Tensor,
+                 config: TrainConfig | None = None) -> None:
+        self.model, self.config = model, config or TrainConfig()
+        self.train_ids, self.val_ids = train_ids, val_ids
+        self.block_size = self.config.block_size or model.config.context_length
+        self.device = model.lm_head.weight.device
+        self.dtype = pick_dtype(self.device, self.config.precision) if self.config.fast else torch.float32
+        # The model that runs forward and backward: the model itself, or its bf16 copy, which
+        # is refreshed from the model after every optimiser step and at the start of `fit`.
+        self.working = model if self.dtype == torch.float32 else working_copy(model, self.dtype)
+        self.optimizer = make_optimizer(model, self.config.learning_rate, self.config.weight_decay,
+                                        fused=self.config.fast)
+        self.generator = torch.Generator().manual_seed(self.config.seed)
+        self.eval_sets = {name: self._fixed_batches(ids, self.config.seed + 1)
+                          for name, ids in (("train", train_ids), ("val", val_ids))}
+        self.history = History(tokens_per_step=self.config.batch_size * self.block_size)
+
+    def _fixed_batches(self, ids: Tensor, seed: int) -> list[tuple[Tensor, Tensor]]:
+        generator = torch.Generator().manual_seed(seed)
+        return [self._to_device(random_batch(ids, self.config.batch_size, self.block_size, generator))
+                for _ in range(self.config.eval_batches)]
+
+    def _to_device(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        return batch[0].to(self.device), batch[1].to(self.device)
+
+    def loss_on(self, x: Tensor, y: Tensor) -> Tensor:
+        """Mean next-token cross-entropy on inputs x and targets y, both (B, N), computed by
+        the working model (bf16 on the fast path): the loss that training differentiates."""
+        logits = self.working(x, fast=self.config.fast)  # (B, N, V)
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+    def train_step(self, lr: float) -> float:
+        """One AdamW step at learning rate `lr` on a fresh random batch; returns its loss."""
+        x, y = self._to_device(random_batch(self.train_ids, self.config.batch_size,
+                                            self.block_size, self.generator))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        masters = list(self.model.parameters())
+        loss = self.loss_on(x, y)
+        self.working.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.working is not self.model:
+            copy_gradients(self.working, masters)
+        torch.nn.utils.clip_grad_norm_(masters, self.config.grad_clip, foreach=self.config.fast)
+        self.optimizer.step()
+        if self.working is not self.model:
+            refresh_working_copy(self.working, masters)
+        return loss.item()
+
+    def evaluate(self) -> dict[str, float]:
+        """Mean loss on the fixed train and validation batches (see `evaluate_loss`)."""
+        return {name: evaluate_loss(self.model, batches) for name, batches in self.eval_sets.items()}
+
+    def fit(self, steps: int | None = None, seconds: float | None = None,
+            callbacks: Sequence[Callback] = (), progress_bar: bool = True) -> History:
+        """Train for `steps` optimiser steps or for `seconds` of training time (give one).
+
+        The learning rate follows `learning_rate` over the run; every `eval_every` steps and at
+        the end the model is evaluated and each callback is called with the history.
+        """
+        if (steps is None) == (seconds is None):
+            raise ValueError(f"steps is {steps!r} and seconds is {seconds!r}, expected exactly one")
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise ValueError(f"steps is {steps!r}, expected a positive int")
+        if seconds is not None and not seconds > 0:
+            raise ValueError(f"seconds is {seconds!r}, expected a positive number")
+        if self.working is not self.model:  # in case the weights were changed by hand
+            refresh_working_copy(self.working, list(self.model.parameters()))
+        bar = _progress_bar(steps, seconds, progress_bar)
+        done, spent = 0, 0.0
+        while (done < steps) if steps is not None else (spent < seconds):
+            progress = done / steps if steps is not None else spent / seconds
+            lr = learning_rate(progress, self.config.learning_rate, self.config.warmup,
+                               self.config.min_lr_ratio)
+            started = time.perf_counter()
+            loss = self.train_step(lr)
+            elapsed = time.perf_counter() - started
+            done, spent = done + 1, spent + elapsed
+            self._record(loss, lr, elapsed)
+            bar.update(1 if steps is not None else elapsed)
+            if done % self.config.eval_every == 0:
+                self._evaluate_and_report(callbacks, bar)
+        if done % self.config.eval_every:
+            self._evaluate_and_report(callbacks, bar)
+        bar.close()
+        return self.history
+
+    def _record(self, loss: float, lr: float, seconds: float) -> None:
+        history = self.history
+        history.steps.append(len(history.steps) + 1)
+        history.losses.append(loss)
+        history.lrs.append(lr)
+        history.train_seconds += seconds
+
+    def _evaluate_and_report(self, callbacks: Iterable[Callback], bar: tqdm) -> None:
+        losses = self.evaluate()
+        self.history.eval_steps.append(len(self.history.steps))
+        self.history.train_losses.append(losses["train"])
+        self.history.val_losses.append(losses["val"])
+        bar.set_postfix(train=f"{losses['train']:.3f}", val=f"{losses['val']:.3f}")
+        for callback in callbacks:
+            callback(self.history)
+
+
+def _progress_bar(steps: int | None, seconds: float | None, enabled: bool) -> tqdm:
+    """A text progress bar counting steps, or seconds of training for a time budget."""
+    if steps is not None:
+        return tqdm(total=steps, unit="step", disable=not enabled, mininterval=0.5)
+    return tqdm(total=seconds, unit="s", disable=not enabled, mininterval=0.5,
+                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}]{postfix}")
+
+
+# --- watching it learn ---------------------------------------------------------------------
+
+
+def draw_losses(history: History, ax: Any = None, title: str = "Training a GPT on the course corpus") -> Any:
+    """Training-batch loss (thin), fixed-batch train and validation loss (thick), against step."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(history.steps, history.losses, color="0.75", linewidth=1, label="training batch")
+    ax.plot(history.eval_steps, history.train_losses, "o-", label="train (fixed batches)")
+    ax.plot(history.eval_steps, history.val_losses, "s-", label="validation")
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel("cross-entropy loss (nats)")
+    ax.set_title(title)
+    ax.legend()
+    return ax
+
+
+class LiveLossPlot:
+    """A callback for `Trainer.fit` that redraws the loss curves in place at every evaluation.
+
+    In Jupyter or Colab the figure updates under the cell; elsewhere it is shown once per call.
+    """
+
+    def __init__(self, title: str = "Training a GPT on the course corpus") -> None:
+        self.title = title
+        self.handle: Any = None
+        self.redraws = 0
+
+    def __call__(self, history: History) -> None:
+        import matplotlib.pyplot as plt
+        from IPython.display import display
+
+        ax = draw_losses(history, title=self.title)
+        if self.handle is None:
+            self.handle = display(ax.figure, display_id=True)
+        else:
+            self.handle.update(ax.figure)
+        plt.close(ax.figure)
+        self.redraws += 1
+
+
+# --- checkpoints ---------------------------------------------------------------------------
+
+
+def save_checkpoint(path: str | Path, model: GPT, optimizer: torch.optim.Optimizer | None = None,
+                    **extra: int | float | str) -> Path:
+    """Save the config, the weights, (optionally) the optimiser state and plain `extra` values.
+
+    Only tensors, numbers, strings and containers of them go in, so `load_checkpoint` can use
+    torch.load(weights_only=True), which refuses to run code hidden in a file.
+    """
+    state = {"config": model.config.to_dict(), "model": model.state_dict(), "extra": dict(extra)}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.state_dict()
+    torch.save(state, path)
+    return Path(path)
+
+
+def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tuple[GPT, dict]:
+    """The GPT saved at `path` and the whole saved dictionary (for "optimizer" and "extra")."""
+    state = torch.load(path, map_location=device, weights_only=True)
+    model = GPT(GPTConfig(**state["config"])).to(device)
+    model.load_state_dict(state["model"])
+    return model, state

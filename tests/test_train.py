@@ -1,0 +1,175 @@
+"""The trainer of notebook 7: batches, schedule, precision, fast vs plain path, checkpoints."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from helpers import train
+from helpers.gpt import GPT, GPTConfig
+from helpers.train import (
+    History,
+    TrainConfig,
+    Trainer,
+    learning_rate,
+    load_checkpoint,
+    pick_dtype,
+    random_batch,
+    save_checkpoint,
+    split_train_val,
+)
+
+CONFIG = GPTConfig(vocab_size=7, context_length=16, n_layer=2, n_head=2, n_embd=16)
+
+
+def model_and_data(seed: int = 0) -> tuple[GPT, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(seed)
+    pattern = torch.tensor([0, 1, 2, 3, 4, 5, 6, 5, 4, 3, 2, 1])  # easy to learn
+    ids = pattern.repeat(300)
+    return GPT(CONFIG), *split_train_val(ids, 0.2)
+
+
+# --- data and recipe -----------------------------------------------------------------------
+
+def test_random_batch_targets_are_the_inputs_shifted_by_one():
+    ids = torch.arange(1000)
+    x, y = random_batch(ids, 6, 10, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (6, 10)
+    assert torch.equal(y, x + 1)  # ids[i] == i, so the next token is always one more
+    assert torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_random_batch_refuses_too_short_a_text():
+    with pytest.raises(ValueError, match=r"ids has shape \(5,\), expected a 1-D tensor of at least"):
+        random_batch(torch.arange(5), 2, 8)
+
+
+def test_split_keeps_order_and_sizes():
+    train_ids, val_ids = split_train_val(torch.arange(100), 0.1)
+    assert torch.equal(torch.cat([train_ids, val_ids]), torch.arange(100))
+    assert len(val_ids) == 10
+
+
+def test_learning_rate_warms_up_then_decays_to_the_floor():
+    rates = [learning_rate(p / 100, peak=1e-3, warmup=0.1, floor=0.1) for p in range(101)]
+    peak_at = max(range(101), key=rates.__getitem__)
+    assert 9 <= peak_at <= 10
+    assert all(a < b for a, b in zip(rates[:peak_at], rates[1:peak_at + 1], strict=True))
+    assert all(a >= b for a, b in zip(rates[peak_at:], rates[peak_at + 1:], strict=False))
+    assert math.isclose(rates[-1], 1e-4)
+    assert 0 < rates[0] < 1e-4
+
+
+def test_precision_falls_back_to_float32_without_native_bf16(monkeypatch):
+    cpu = torch.device("cpu")
+    assert pick_dtype(cpu, "fp32") == torch.float32
+    assert pick_dtype(cpu, "bf16") == torch.bfloat16
+    monkeypatch.setattr(train, "cpu_has_native_bf16", lambda: False)
+    assert pick_dtype(cpu, "auto") == torch.float32
+    monkeypatch.setattr(train, "cpu_has_native_bf16", lambda: True)
+    assert pick_dtype(cpu, "auto") == torch.bfloat16
+    with pytest.raises(ValueError, match="precision is 'fp16', expected 'auto', 'bf16' or 'fp32'"):
+        pick_dtype(cpu, "fp16")
+
+
+# --- fast and plain paths agree ------------------------------------------------------------
+
+def paired_trainers(precision: str) -> tuple[Trainer, Trainer]:
+    """The same weights and data under the plain path and the fast path."""
+    model, train_ids, val_ids = model_and_data()
+    twin = GPT(CONFIG)
+    twin.load_state_dict(model.state_dict())
+    plain = Trainer(model, train_ids, val_ids, TrainConfig(fast=False, batch_size=4))
+    fast = Trainer(twin, train_ids, val_ids, TrainConfig(fast=True, precision=precision, batch_size=4))
+    return plain, fast
+
+
+@pytest.mark.parametrize("precision,tolerance", [("fp32", 1e-5), ("bf16", 2e-2)])
+def test_fast_and_plain_paths_give_the_same_loss_on_the_same_batch(precision, tolerance):
+    # Tolerance: float32 only reorders sums; bfloat16 keeps ~3 significant digits, and the
+    # loss (about 2 nats here) is a mean over 64 tokens, so 2e-2 nats is ~1 %.
+    plain, fast = paired_trainers(precision)
+    assert plain.dtype == torch.float32
+    assert fast.dtype == (torch.bfloat16 if precision == "bf16" else torch.float32)
+    x, y = random_batch(plain.train_ids, 4, 16, torch.Generator().manual_seed(3))
+    assert abs(plain.loss_on(x, y).item() - fast.loss_on(x, y).item()) < tolerance
+    # One optimiser step each from the same weights on the same batch keeps them together.
+    assert plain.train_step(1e-3) == pytest.approx(fast.train_step(1e-3), abs=tolerance)
+    assert abs(plain.loss_on(x, y).item() - fast.loss_on(x, y).item()) < tolerance
+
+
+def test_training_makes_the_loss_fall_and_records_history():
+    model, train_ids, val_ids = model_and_data()
+    trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=8, eval_every=20, learning_rate=1e-2))
+    seen: list[int] = []
+    history = trainer.fit(steps=60, callbacks=[lambda h: seen.append(len(h.val_losses))],
+                          progress_bar=False)
+    assert history.steps == list(range(1, 61))
+    assert history.eval_steps == [20, 40, 60] and seen == [1, 2, 3]
+    assert history.val_losses[-1] < 0.5 * math.log(CONFIG.vocab_size)
+    assert history.losses[-1] < history.losses[0]
+    assert history.tokens_per_step == 8 * 16 and history.tokens_per_second > 0
+
+
+def test_time_budget_stops_and_evaluates_at_the_end():
+    model, train_ids, val_ids = model_and_data()
+    trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4, eval_every=10_000))
+    history = trainer.fit(seconds=0.5, progress_bar=False)
+    assert len(history.steps) >= 1 and len(history.val_losses) == 1
+    assert history.train_seconds >= 0.5
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({}, "expected exactly one"),
+    ({"steps": 3, "seconds": 1.0}, "expected exactly one"),
+    ({"steps": 0}, "steps is 0, expected a positive int"),
+    ({"seconds": -1.0}, "seconds is -1.0, expected a positive number"),
+])
+def test_fit_checks_its_budget(kwargs, message):
+    model, train_ids, val_ids = model_and_data()
+    with pytest.raises(ValueError, match=message):
+        Trainer(model, train_ids, val_ids).fit(**kwargs, progress_bar=False)
+
+
+def test_train_config_is_checked():
+    with pytest.raises(ValueError, match="batch_size is 0, expected a positive int"):
+        TrainConfig(batch_size=0)
+
+
+def test_history_tokens_per_second():
+    history = History(steps=[1, 2, 3, 4], tokens_per_step=100, train_seconds=2.0)
+    assert history.tokens_per_second == 200
+
+
+# --- checkpoints ---------------------------------------------------------------------------
+
+def test_checkpoint_round_trip_is_identical(tmp_path):
+    model, train_ids, val_ids = model_and_data()
+    trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4))
+    trainer.fit(steps=3, progress_bar=False)
+    path = save_checkpoint(tmp_path / "gpt.pt", model, trainer.optimizer, step=3, note="test")
+    loaded, state = load_checkpoint(path)
+    assert loaded.config == model.config
+    assert loaded.lm_head.weight is loaded.embed.token.weight  # still tied
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    ids = torch.randint(0, CONFIG.vocab_size, (2, 16))
+    assert torch.equal(model.eval()(ids), loaded.eval()(ids))
+    assert state["extra"] == {"step": 3, "note": "test"}
+    assert state["optimizer"]["state"], "the optimiser's moments were saved"
+
+
+def test_bf16_path_trains_float32_weights_through_a_bf16_working_copy():
+    model, train_ids, val_ids = model_and_data()
+    trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4, precision="bf16"))
+    before = model.lm_head.weight.detach().clone()
+    trainer.fit(steps=3, progress_bar=False)
+    working = trainer.working
+    assert working is not model and working.lm_head.weight is working.embed.token.weight
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(p.dtype == torch.bfloat16 for p in working.parameters())
+    assert not torch.equal(model.lm_head.weight, before), "the float32 weights were updated"
+    for master, low in zip(model.parameters(), working.parameters(), strict=True):
+        assert torch.equal(low, master.to(torch.bfloat16)), "the copy follows the weights"
