@@ -18,7 +18,7 @@ from helpers.embeddings import (
     sinusoid_wavelengths,
     sinusoidal_positions,
 )
-from helpers.exercises import check
+from helpers.exercises import evaluate
 
 
 def sinusoid_entry(pos: int, column: int, d_model: int, base: float) -> float:
@@ -234,29 +234,35 @@ def sines_then_cosines(n_positions, d_model, base=10000.0):
     return torch.cat([table[:, 0::2], table[:, 1::2]], dim=1)
 
 
-def test_sinusoid_checker_accepts_the_formula_and_names_classic_mistakes(capsys):
-    assert check("embeddings.sinusoidal_table", reference_sinusoids)
-    assert not check("embeddings.sinusoidal_table", sines_and_cosines_swapped)
-    assert not check("embeddings.sinusoidal_table", sines_then_cosines)
-    out = capsys.readouterr().out
-    assert "sines and cosines are swapped" in out and "all sines first" in out
+def verdicts(name, *answers):
+    """(passed, message) of exercise `name` for each answer."""
+    return [evaluate(name, answer) for answer in answers]
 
 
-def test_lookup_checker_wants_a_product_not_an_index(capsys):
-    assert check("embeddings.lookup_by_product", lambda ids, w: one_hot(ids, w.shape[0]) @ w)
-    assert not check("embeddings.lookup_by_product", lambda ids, w: w[ids])
-    assert not check("embeddings.lookup_by_product", lambda ids, w: F.embedding(ids, w))
-    assert not check("embeddings.lookup_by_product", lambda ids, w: one_hot(ids, w.shape[0])[..., :-1] @ w[:-1])
-    out = capsys.readouterr().out
-    assert out.count("you read rows of the weight by index") == 3
+def test_sinusoid_checker_accepts_the_formula_and_names_classic_mistakes():
+    right, swapped, split = verdicts("embeddings.sinusoidal_table", reference_sinusoids,
+                                     sines_and_cosines_swapped, sines_then_cosines)
+    assert right[0] and not swapped[0] and not split[0]
+    assert "sines and cosines are swapped" in swapped[1] and "all sines first" in split[1]
 
 
-def test_similarity_checker_catches_ranking_by_dot_product(capsys):
+def test_lookup_checker_wants_a_product_not_an_index():
+    right, *wrong = verdicts("embeddings.lookup_by_product",
+                             lambda ids, w: one_hot(ids, w.shape[0]) @ w,
+                             lambda ids, w: w[ids],
+                             lambda ids, w: F.embedding(ids, w),
+                             lambda ids, w: one_hot(ids, w.shape[0])[..., :-1] @ w[:-1])
+    assert right[0] and not any(passed for passed, _ in wrong)
+    assert sum("you read rows of the weight by index" in message for _, message in wrong) == 3
+
+
+def test_similarity_checker_catches_ranking_by_dot_product():
     def by_cosine(query, table, k):
         return cosine_similarity(query, table).topk(k).indices
 
-    assert check("embeddings.most_similar", by_cosine)
-    assert not check("embeddings.most_similar", lambda query, table, k: (table @ query).topk(k).indices)
-    assert not check("embeddings.most_similar", lambda query, table, k: by_cosine(query, table, k).flip(0))
-    out = capsys.readouterr().out
-    assert "you ranked by dot product" in out and "put the most similar first" in out
+    right, by_dot, reversed_order = verdicts(
+        "embeddings.most_similar", by_cosine,
+        lambda query, table, k: (table @ query).topk(k).indices,
+        lambda query, table, k: by_cosine(query, table, k).flip(0))
+    assert right[0] and not by_dot[0] and not reversed_order[0]
+    assert "you ranked by dot product" in by_dot[1] and "put the most similar first" in reversed_order[1]

@@ -80,29 +80,35 @@ def _where_it_broke(error: BaseException) -> str:
     return f" (in `{frame.name}`, at `{(frame.line or '').strip()}`)"
 
 
+def evaluate(name: str, answer: Any) -> tuple[bool, str]:
+    """Run exercise `name` against `answer`; return (passed, the message for the student)."""
+    ex = get(name)
+    try:
+        praise = ex.checker(answer)
+    except NotImplementedError:
+        return False, (f"⏳ {name}: not attempted yet. Replace `raise NotImplementedError` with "
+                       f"your code.\n   Hint: {ex.hint}")
+    except ExerciseFailed as failure:
+        return False, f"❌ {name}: {failure}\n   Hint: {ex.hint}"
+    except Exception as error:  # the student's code crashed: say where, without a traceback
+        return False, (f"❌ {name}: your code raised {type(error).__name__}: {error}"
+                       f"{_where_it_broke(error)}\n   Hint: {ex.hint}")
+    return True, f"✅ {name}: correct!" + (f" {praise}" if praise else "")
+
+
+def passes(name: str, answer: Any) -> bool:
+    """True when `answer` passes exercise `name`; prints nothing (for tests of the checkers)."""
+    return evaluate(name, answer)[0]
+
+
 def check(name: str, answer: Any) -> None:
     """Run exercise `name` against the student's `answer` and print the verdict.
 
     Returns nothing, so that a bare `check(...)` as the last line of a cell shows only the
     verdict (with helpers.exercises.STRICT set, a wrong answer raises AssertionError instead).
     """
-    ex = get(name)
-    try:
-        praise = ex.checker(answer)
-    except NotImplementedError:
-        message = f"⏳ {name}: not attempted yet. Replace `raise NotImplementedError` with your code.\n   Hint: {ex.hint}"
-        verdict = False
-    except ExerciseFailed as failure:
-        message = f"❌ {name}: {failure}\n   Hint: {ex.hint}"
-        verdict = False
-    except Exception as error:  # the student's code crashed: say where, without a traceback
-        message = (f"❌ {name}: your code raised {type(error).__name__}: {error}"
-                   f"{_where_it_broke(error)}\n   Hint: {ex.hint}")
-        verdict = False
-    else:
-        message = f"✅ {name}: correct!" + (f" {praise}" if praise else "")
-        verdict = True
-    if STRICT and not verdict:
+    passed, message = evaluate(name, answer)
+    if STRICT and not passed:
         raise AssertionError(message)
     print(message)
 
