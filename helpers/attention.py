@@ -63,8 +63,11 @@ def softmax_jacobian(a: Tensor) -> Tensor:
     return torch.diag_embed(a) - a.unsqueeze(-1) * a.unsqueeze(-2)
 
 
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
-    """Raise a ValueError naming the shapes if q, k, v cannot be attended together."""
+def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """Raise a ValueError naming the shapes if q, k, v cannot be attended together.
+
+    Shared with helpers.flash, whose tiled attention takes the same arguments.
+    """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} is a {type(t).__name__}, expected a torch.Tensor")
@@ -97,7 +100,7 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
         ) from None
 
 
-def _check_mask(mask: Tensor, scores_shape: torch.Size) -> None:
+def check_mask(mask: Tensor, scores_shape: torch.Size) -> None:
     """Raise if `mask` is not a boolean tensor broadcastable to the (..., N_q, N_k) scores."""
     if not isinstance(mask, Tensor):
         raise TypeError(f"mask is a {type(mask).__name__}, expected a boolean torch.Tensor")
@@ -118,6 +121,12 @@ def _check_mask(mask: Tensor, scores_shape: torch.Size) -> None:
         )
 
 
+def check_scale(scale: float) -> None:
+    """Raise a ValueError unless `scale` is a positive finite number."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
+        raise ValueError(f"scale is {scale!r}, expected a positive number such as 1/sqrt(d_k)")
+
+
 def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,
@@ -133,14 +142,14 @@ def scaled_dot_product_attention(
     Returns output (..., N_q, d_v) and weights (..., N_q, N_k). A query whose whole row is masked
     gets zero weights and a zero output, never NaN.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
-        raise ValueError(f"scale is {scale!r}, expected a positive number such as 1/sqrt(d_k)")
+    else:
+        check_scale(scale)
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., N_q, N_k)
     if mask is not None:
-        _check_mask(mask, scores.shape)
+        check_mask(mask, scores.shape)
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = softmax(scores, dim=-1)
     return weights @ v, weights

@@ -32,6 +32,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from helpers.attention import check_mask, check_qkv, check_scale
+
 NEG_INF = float("-inf")
 DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_K = 1024
@@ -142,47 +144,22 @@ def finish(state: TileState) -> tuple[Tensor, Tensor]:
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                   block_q: int, block_k: int, scale: float | None) -> None:
-    """Raise a ValueError or TypeError naming what is wrong with the arguments."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} is a {type(t).__name__}, expected a torch.Tensor")
-        if t.dim() < 2:
-            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected (..., N, d) with 2+ dims")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} has dtype {t.dtype}, expected a floating-point tensor")
+    """Raise a ValueError or TypeError naming what is wrong with the arguments.
+
+    The q/k/v, mask and scale checks are attention's own; tiling adds two rules: the leading
+    (batch, head) dimensions must be equal rather than broadcast, and tiles need positive sizes.
+    """
+    check_qkv(q, k, v)
     if q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
         raise ValueError(f"q, k, v have shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}: "
                          "expected the same leading (batch, head) dimensions")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q has shape {tuple(q.shape)} and k has shape {tuple(k.shape)}: "
-                         f"expected the same head dimension d, got {q.shape[-1]} and {k.shape[-1]}")
-    if k.shape[-2] != v.shape[-2] or k.shape[-2] == 0:
-        raise ValueError(f"k has shape {tuple(k.shape)} and v has shape {tuple(v.shape)}: "
-                         "expected the same number N_k >= 1 of keys and values")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v have dtypes {q.dtype}, {k.dtype}, {v.dtype}: expected one dtype")
     for name, block in (("block_q", block_q), ("block_k", block_k)):
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
             raise ValueError(f"{name} is {block!r}, expected a positive int (rows per tile)")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
-                              or not 0 < scale < math.inf):
-        raise ValueError(f"scale is {scale!r}, expected a positive number such as 1/sqrt(d)")
+    if scale is not None:
+        check_scale(scale)
     if mask is not None:
-        _check_mask(mask, (*q.shape[:-1], k.shape[-2]))
-
-
-def _check_mask(mask: Tensor, scores_shape: tuple[int, ...]) -> None:
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-        raise TypeError(f"mask is {got}, expected a torch.bool tensor (True = may attend)")
-    try:
-        fits = torch.broadcast_shapes(mask.shape, scores_shape) == torch.Size(scores_shape)
-    except RuntimeError:
-        fits = False
-    if not fits:
-        raise ValueError(f"mask has shape {tuple(mask.shape)}, expected a shape broadcastable to "
-                         f"(..., {scores_shape[-2]}, {scores_shape[-1]}) to match the scores "
-                         f"{tuple(scores_shape)}")
+        check_mask(mask, torch.Size((*q.shape[:-1], k.shape[-2])))
 
 
 def _tiles(n: int, block: int) -> list[slice]:

@@ -235,7 +235,7 @@ def test_the_in_place_forward_refuses_tensors_that_need_gradients():
     (dict(k=torch.randn(2, 5, 3)), ValueError, r"q has shape \(2, 4, 8\) and k has shape \(2, 5, 3\)"),
     (dict(v=torch.randn(2, 6, 8)), ValueError, r"k has shape \(2, 5, 8\) and v has shape \(2, 6, 8\)"),
     (dict(q=torch.ones(2, 4, 8, dtype=torch.long)), TypeError, "q has dtype torch.int64"),
-    (dict(mask=torch.ones(4, 5)), TypeError, "mask is torch.float32, expected a torch.bool"),
+    (dict(mask=torch.ones(4, 5)), TypeError, "mask has dtype torch.float32, expected torch.bool"),
     (dict(mask=torch.ones(3, 5, dtype=torch.bool)), ValueError, r"mask has shape \(3, 5\)"),
     (dict(block_q=0), ValueError, "block_q is 0"),
     (dict(scale=-1.0), ValueError, "scale is -1.0"),
