@@ -59,31 +59,43 @@ def cpu_torch_index() -> list[str]:
     return ["--extra-index-url", CPU_TORCH_INDEX]
 
 
-def install_fingerprint(extras: str) -> str:
-    digest = hashlib.sha256(extras.encode())
+def install_fingerprint() -> str:
+    digest = hashlib.sha256()
     for path in (ROOT / "pyproject.toml", CONSTRAINTS):
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
+def installed_extras() -> set[str]:
+    """The extras the stamp says are installed, or none if the install files changed since."""
+    if not STAMP.exists():
+        return set()
+    fingerprint, _, extras = STAMP.read_text().partition("\n")
+    return set(extras.split(",")) if fingerprint == install_fingerprint() else set()
+
+
 def ensure_environment(extras: str) -> None:
-    """Create .venv and install the course into it, unless that was already done for `extras`."""
+    """Create .venv and install the course into it, unless that was already done for `extras`.
+
+    An install for more extras counts (after `test`, `lab` needs nothing new).
+    """
     if not PYTHON.exists():
         print(f"Creating a virtual environment in {VENV.name}/ ...", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    wanted = install_fingerprint(extras)
-    if STAMP.exists() and STAMP.read_text() == wanted:
+    if set(extras.split(",")) <= installed_extras():
         return
     pip = [PYTHON, "-m", "pip", "install", "--disable-pip-version-check", "-c", CONSTRAINTS]
     # PyTorch first, on its own: with the pinned CPU build already present, the course package's
     # loose `torch>=2.2` is satisfied and pip never goes looking for a multi-GB CUDA build.
     run([*pip, *cpu_torch_index(), "torch>=2.2"])
     run([*pip, "-e", f".[{extras}]"])
-    STAMP.write_text(wanted)
+    STAMP.write_text(f"{install_fingerprint()}\n{extras}")
 
 
 def lab(extra_args: list[str]) -> int:
     ensure_environment("lab")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # containers and CI boxes often run as root
+        extra_args = ["--allow-root", *extra_args]
     return subprocess.call([str(BIN / "jupyter"), "lab", "notebooks", *extra_args], cwd=ROOT)
 
 
