@@ -237,6 +237,11 @@ def merge_pair(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
 
 print(merge_pair([7, 7, 7, 1], (7, 7), 256))
 
+# The same step lives in helpers.tokenizers as `merge`; the two agree:
+from helpers.tokenizers import merge
+
+assert merge_pair([7, 7, 7, 1, 7, 7], (7, 7), 256) == merge([7, 7, 7, 1, 7, 7], (7, 7), 256)
+
 # %% [markdown]
 # And the whole textbook loop, on the chunks:
 
