@@ -127,16 +127,23 @@ class TokenAndPositionEmbedding(nn.Module):
     def context_length(self) -> int:
         return self.position.num_embeddings
 
-    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """token_ids: (batch, seq_len) or (seq_len,) -> (batch, seq_len, d_model) or (seq_len, d_model)."""
+    def forward(self, token_ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """token_ids: (batch, seq_len) or (seq_len,) -> (batch, seq_len, d_model) or (seq_len, d_model).
+
+        start: the position of the first token (a KV cache feeds a sequence in pieces).
+        """
         check_token_ids(token_ids, self.token.num_embeddings)
         if token_ids.dim() not in (1, 2):
             raise ValueError(f"token_ids has shape {tuple(token_ids.shape)}, "
                              "expected (batch, seq_len) or (seq_len,)")
-        seq_len = token_ids.shape[-1]
-        if seq_len > self.context_length:
-            raise ValueError(f"token_ids has {seq_len} positions (shape {tuple(token_ids.shape)}), "
-                             f"expected at most context_length = {self.context_length}: the position "
-                             "table has no row for the later positions")
-        positions = torch.arange(seq_len, device=token_ids.device)  # (seq_len,)
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"start is {start!r}, expected an int >= 0")
+        end = start + token_ids.shape[-1]
+        if end > self.context_length:
+            after = f" after {start} earlier ones" if start else ""
+            raise ValueError(f"token_ids has {token_ids.shape[-1]} positions (shape "
+                             f"{tuple(token_ids.shape)}){after}, expected at most context_length = "
+                             f"{self.context_length}: the position table has no row for the "
+                             "later positions")
+        positions = torch.arange(start, end, device=token_ids.device)  # (seq_len,)
         return self.token(token_ids) + self.position(positions)  # (..., seq_len, d) + (seq_len, d)

@@ -14,15 +14,14 @@
 
 The blocks are `helpers.layers.Block`, the embedding is
 `helpers.embeddings.TokenAndPositionEmbedding`: nothing is rewritten here. `GPT.forward` runs
-each `Block.forward` (the course's own LayerNorm and attention). Two faster paths reuse the
-blocks' own submodules and weights with PyTorch's fused kernels instead (`_fused_block`):
+each `Block.forward` (the course's own LayerNorm and attention). `GPT.forward_cached`, for
+generation, feeds only the new tokens: each block's attention hands their keys and values to a
+KVCache through its `kv_store` hook and attends to everything stored.
 
-- `GPT.forward(..., fast=True)`, for training: fused LayerNorm, one product for Q, K and V,
-  fused causal attention;
-- `GPT.forward_cached`, for generation: the same, but only the new tokens go through, their
-  keys and values are appended to a KVCache and the queries attend to everything stored.
-
-Same parameters, same function: tests/test_gpt.py checks both against the plain forward.
+Both take `fast=True` (the default for generation) to run `fast_block` instead of
+`Block.forward`: the same block, with the block's own weights, computed by PyTorch's fused
+kernels (fused LayerNorm, one product for Q, K and V, fused causal attention). Same
+parameters, same function: tests/test_gpt.py checks every path against the plain forward.
 
 Model code: it imports torch and the course's model modules, never plots, widgets or exercises.
 Shapes: B batch, N tokens, V vocabulary, D = n_embd, H heads, D_H = D / H, L = n_layer.
@@ -43,6 +42,7 @@ from helpers.attention import causal_mask
 from helpers.embeddings import TokenAndPositionEmbedding, check_token_ids
 from helpers.layers import (
     Block,
+    KVStore,
     LayerNorm,
     MultiHeadAttention,
     init_gpt2_,
@@ -125,19 +125,17 @@ class GPT(nn.Module):
         fast=True computes the same function with fused PyTorch kernels (see `fast_block`).
         """
         self._check_ids(token_ids)
-        x = self.drop(self.embed(token_ids))  # (B, N, D)
-        for block in self.blocks:
-            x = fast_block(block, x) if fast else block(x, causal=True)
-        x = fused_layer_norm(self.ln_f, x) if fast else self.ln_f(x)
-        return self.lm_head(x)  # (B, N, V)
+        return self._blocks_to_logits(self.drop(self.embed(token_ids)), fast)
 
     @torch.no_grad()
-    def forward_cached(self, token_ids: Tensor, cache: KVCache) -> Tensor:
+    def forward_cached(self, token_ids: Tensor, cache: KVCache, fast: bool = True) -> Tensor:
         """Feed the next tokens, reusing the keys and values of every earlier token in `cache`.
 
         token_ids: (B, n), the n tokens that follow the cache.length tokens already in the cache.
         Returns their logits (B, n, V), equal to the last n rows of a full forward pass; the
-        cache then holds cache.length + n tokens.
+        cache then holds cache.length + n tokens. Each block's attention hands its new keys and
+        values to the cache (its `kv_store` hook) and attends to everything stored.
+        fast=False runs the course's own Block.forward, fast=True `fast_block`.
         """
         self._check_ids(token_ids)
         start, n_new = cache.length, token_ids.shape[1]
@@ -145,15 +143,18 @@ class GPT(nn.Module):
             raise ValueError(f"the cache holds {start} tokens and token_ids has {n_new} more, "
                              f"expected at most context_length = {self.config.context_length} "
                              "in all: crop the sequence and start a new cache")
-        positions = torch.arange(start, start + n_new, device=token_ids.device)
-        x = self.embed.token(token_ids) + self.embed.position(positions)  # (B, n, D)
-        # New query i sees the start cached keys and new keys 0..i: the end-aligned causal
-        # mask of notebook 4. A single new token sees every key, so it needs no mask at all.
-        mask = None if n_new == 1 else causal_mask(n_new, start + n_new, device=token_ids.device)
-        for layer, block in enumerate(self.blocks):
-            x = _fused_block(block, x, _attend_with_cache(cache, layer, block.attn, mask))
+        x = self.drop(self.embed(token_ids, start=start))  # (B, n, D), positions start ... start + n - 1
+        logits = self._blocks_to_logits(x, fast, cache)
         cache.length = start + n_new
-        return self.lm_head(fused_layer_norm(self.ln_f, x))
+        return logits
+
+    def _blocks_to_logits(self, x: Tensor, fast: bool, cache: KVCache | None = None) -> Tensor:
+        """x: (B, n, D) embedded tokens -> logits (B, n, V), through every block and ln_f."""
+        for layer, block in enumerate(self.blocks):
+            kv_store = None if cache is None else cache.store_hook(layer)
+            x = fast_block(block, x, kv_store) if fast else block(x, causal=True, kv_store=kv_store)
+        x = fused_layer_norm(self.ln_f, x) if fast else self.ln_f(x)
+        return self.lm_head(x)
 
     def _check_ids(self, token_ids: Tensor) -> None:
         check_token_ids(token_ids, self.config.vocab_size)
@@ -170,15 +171,21 @@ def fused_layer_norm(norm: LayerNorm, x: Tensor) -> Tensor:
 
 
 def fused_causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """Causal softmax(q k^T / sqrt(D_H)) v for q, k, v (B, H, N, D_H) -> (B, H, N, D_H).
+    """Causal softmax(q k^T / sqrt(D_H)) v: q (B, H, N, D_H), k, v (B, H, M, D_H) -> (B, H, N, D_H).
 
+    With M > N (cached keys first) query i sees keys up to M - N + i, as in `causal_mask`.
     PyTorch's `scaled_dot_product_attention` is fastest in float32 and on GPUs. In bfloat16 on
     a CPU its kernel was slower here than three plain products (a training step of the
     benchmark's model took about 1.5x as long with it), so those are used there.
     """
-    if q.device.type == "cpu" and q.dtype != torch.float32:
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    if n_q == n_k and q.device.type == "cpu" and q.dtype != torch.float32:
         return _attention_in_three_products(q, k, v)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if n_q == n_k:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # is_causal would align the triangle to the top left; a single query sees every key.
+    mask = None if n_q == 1 else causal_mask(n_q, n_k, device=q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 @functools.cache
@@ -191,9 +198,10 @@ def _causal_bias(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
 def _attention_in_three_products(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """The causal attention as baddbmm (mask added in the same op), softmax, bmm."""
     *lead, n, head_dim = q.shape
-    q = (q * (1.0 / math.sqrt(head_dim))).reshape(-1, n, head_dim)  # scale the smaller tensor
-    k, v = k.reshape(-1, n, head_dim), v.reshape(-1, n, head_dim)
-    scores = torch.baddbmm(_causal_bias(n, q.dtype, q.device), q, k.transpose(1, 2))
+    q, k, v = (t.reshape(-1, n, head_dim) for t in (q, k, v))  # (B * H, N, D_H)
+    # bias + q k^T / sqrt(D_H) in one operation: the mask and the scale cost no extra pass.
+    scores = torch.baddbmm(_causal_bias(n, q.dtype, q.device), q, k.transpose(1, 2),
+                           alpha=1.0 / math.sqrt(head_dim))
     weights = F.softmax(scores, dim=-1)
     return (weights.to(v.dtype) @ v).view(*lead, n, head_dim)
 
@@ -208,44 +216,24 @@ def _project_qkv(attn: MultiHeadAttention, h: Tensor) -> tuple[Tensor, Tensor, T
     return split_heads(q, attn.n_heads), split_heads(k, attn.n_kv_heads), split_heads(v, attn.n_kv_heads)
 
 
-Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
+def fast_block(block: Block, x: Tensor, kv_store: KVStore | None = None) -> Tensor:
+    """`block(x, causal=True, kv_store=kv_store)` for a Pre-LN block, with fused kernels and one
+    Q/K/V product. x: (B, N, D) -> (B, N, D).
 
-
-def _fused_block(block: Block, x: Tensor, attend: Attend) -> Tensor:
-    """A Pre-LN block with fused kernels: x (B, N, D) -> (B, N, D).
-
-    attend(q, k, v) -> heads (B, H, N, D_H) decides which keys each query sees.
+    Uses the block's own parameters; attention weights are not kept. tests/test_gpt.py checks
+    it against `Block.forward`, the definition it must follow.
     """
+    if not block.pre_norm:
+        raise ValueError("fast_block computes a Pre-LN block (GPT-2's order); this block is "
+                         "Post-LN (pre_norm=False): call block(x) instead")
     attn = block.attn
     q, k, v = _project_qkv(attn, fused_layer_norm(block.ln1, x))
-    x = x + attn.dropout(attn.out_proj(merge_heads(attend(q, k, v))))
-    return x + block.mlp(fused_layer_norm(block.ln2, x))
-
-
-def fast_block(block: Block, x: Tensor) -> Tensor:
-    """`block(x, causal=True)` for a Pre-LN block, with fused kernels and one Q/K/V product.
-
-    x: (B, N, D) -> (B, N, D). Uses the block's own parameters; attention weights are not kept.
-    """
-    groups = block.attn.n_heads // block.attn.n_kv_heads
-
-    def causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return fused_causal_attention(q, repeat_kv_heads(k, groups), repeat_kv_heads(v, groups))
-
-    return _fused_block(block, x, causal)
-
-
-def _attend_with_cache(cache: KVCache, layer: int, attn: MultiHeadAttention,
-                       mask: Tensor | None) -> Attend:
-    """Attention that stores the new keys and values of `layer`, then attends to all of them."""
+    if kv_store is not None:
+        k, v = kv_store(k, v)  # (B, H_kv, earlier + N, D_H)
     groups = attn.n_heads // attn.n_kv_heads
-
-    def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        keys, values = cache.store(layer, k, v)  # (B, H_kv, length + n, D_H)
-        return F.scaled_dot_product_attention(q, repeat_kv_heads(keys, groups),
-                                              repeat_kv_heads(values, groups), attn_mask=mask)
-
-    return attend
+    heads = fused_causal_attention(q, repeat_kv_heads(k, groups), repeat_kv_heads(v, groups))
+    x = x + attn.dropout(attn.out_proj(merge_heads(heads)))
+    return x + block.mlp(fused_layer_norm(block.ln2, x))
 
 
 # --- counting parameters -------------------------------------------------------------------
@@ -358,6 +346,10 @@ class KVCache:
         self.keys[layer, :, :, self.length:end] = keys
         self.values[layer, :, :, self.length:end] = values
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def store_hook(self, layer: int) -> KVStore:
+        """`store` for one layer: the `kv_store` that MultiHeadAttention.forward calls."""
+        return functools.partial(self.store, layer)
 
     def nbytes(self) -> int:
         """Bytes the two tensors really occupy (all max_length slots)."""

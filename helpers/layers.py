@@ -23,6 +23,7 @@ cross-attention), D = d_model, H heads, H_kv key/value heads, D_H = D / H per he
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,9 @@ from helpers.attention import causal_mask, scaled_dot_product_attention
 # Names (suffixes) of the projections that write into the residual stream: GPT-2 scales their
 # initial weights by 1/sqrt(2 * n_layers).
 RESIDUAL_PROJECTIONS = ("out_proj.weight", "down.weight")
+
+# A KV cache's hook into attention: new keys and values in, all keys and values kept so far out.
+KVStore = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 # --- checks shared by the modules -----------------------------------------------------------
@@ -212,10 +216,13 @@ class MultiHeadAttention(nn.Module):
         self.last_weights: Tensor | None = None  # (B, H, N, M), kept for plotting
 
     def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None,
-                causal: bool = False) -> Tensor:
+                causal: bool = False, kv_store: KVStore | None = None) -> Tensor:
         """x: (B, N, D); context: (B, M, D) for cross-attention, else x. Returns (B, N, D).
 
         mask: (N, M), (B, N, M) or (B, H, N, M), True = may attend; causal adds the causal mask.
+        kv_store: a KV cache's hook. It receives the new keys and values (B, H_kv, M, D_H), keeps
+        them, and returns every key and value kept so far, earlier tokens first; the queries then
+        attend to all of those. (The mask, if any, must cover all of them.)
         """
         _check_sequence("x", x, self.d_model)
         if context is not None:
@@ -223,6 +230,8 @@ class MultiHeadAttention(nn.Module):
             _check_context(x, context)
         q = split_heads(self.q_proj(x), self.n_heads)                    # (B, H, N, D_H)
         k, v = self.project_keys_values(x if context is None else context)  # (B, H_kv, M, D_H)
+        if kv_store is not None:
+            k, v = kv_store(k, v)  # (B, H_kv, earlier + M, D_H)
         return self.attend(q, k, v, mask=mask, causal=causal)
 
     def project_keys_values(self, source: Tensor) -> tuple[Tensor, Tensor]:
@@ -383,12 +392,13 @@ class Block(nn.Module):
         self.ln2 = LayerNorm(d_model)
         self.mlp = FeedForward(d_model, 4 * d_model, "gelu", dropout, bias)
 
-    def forward(self, x: Tensor, causal: bool = True, mask: Tensor | None = None) -> Tensor:
-        """x: (B, N, D) -> (B, N, D)."""
+    def forward(self, x: Tensor, causal: bool = True, mask: Tensor | None = None,
+                kv_store: KVStore | None = None) -> Tensor:
+        """x: (B, N, D) -> (B, N, D). kv_store: see `MultiHeadAttention.forward`."""
         if self.pre_norm:
-            x = x + self.attn(self.ln1(x), mask=mask, causal=causal)
+            x = x + self.attn(self.ln1(x), mask=mask, causal=causal, kv_store=kv_store)
             return x + self.mlp(self.ln2(x))
-        x = self.ln1(x + self.attn(x, mask=mask, causal=causal))
+        x = self.ln1(x + self.attn(x, mask=mask, causal=causal, kv_store=kv_store))
         return self.ln2(x + self.mlp(x))
 
 

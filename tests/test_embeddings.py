@@ -192,6 +192,16 @@ def test_shorter_sequences_use_the_first_position_rows():
     assert torch.equal(out[0], embed.token.weight[4] + embed.position.weight[:2])
 
 
+def test_a_later_piece_of_a_sequence_uses_the_rows_from_its_start():
+    embed = make_embedding()
+    ids = torch.tensor([[4, 2, 7]])
+    torch.testing.assert_close(embed(ids[:, 1:], start=1), embed(ids)[:, 1:], atol=0, rtol=0)
+    with pytest.raises(ValueError, match=r"after 3 earlier ones, expected at most context_length"):
+        embed(ids[:, :2], start=embed.context_length - 1)
+    with pytest.raises(ValueError, match="start is -1"):
+        embed(ids, start=-1)
+
+
 def test_training_moves_only_the_rows_that_were_used():
     embed = make_embedding()
     embed(torch.tensor([[3, 5]])).sum().backward()

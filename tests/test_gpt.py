@@ -122,15 +122,16 @@ def test_parameter_breakdown_of_gpt2_small():
 
 # --- the KV cache --------------------------------------------------------------------------
 
+@pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("chunks", [[16], [1] * 16, [5, 1, 1, 9], [7, 4, 1, 1, 1, 2]])
-def test_cached_forward_equals_the_full_forward(batch, chunks):
+def test_cached_forward_equals_the_full_forward(fast, batch, chunks):
     model = small_model()
     ids = random_ids(batch, sum(chunks))
     cache = KVCache.for_model(model, batch)
     pieces, start = [], 0
     for size in chunks:
-        pieces.append(model.forward_cached(ids[:, start:start + size], cache))
+        pieces.append(model.forward_cached(ids[:, start:start + size], cache, fast=fast))
         start += size
         assert cache.length == start
     torch.testing.assert_close(torch.cat(pieces, dim=1), model(ids), atol=1e-5, rtol=0)
@@ -146,6 +147,30 @@ def test_greedy_generation_with_cache_equals_recomputation(batch, prompt_length,
     assert with_cache.shape == (batch, prompt_length + new_tokens)
     assert torch.equal(with_cache[:, :prompt_length], prompt)
     assert torch.equal(with_cache, without)  # 5 + 40 > 16: past the context length too
+
+
+def test_the_course_block_feeds_a_cache_through_its_kv_store_hook():
+    """Block.forward(kv_store=...) is what the cache plugs into: one token at a time, the
+    stored keys and values give the rows of a full causal pass."""
+    torch.manual_seed(0)
+    block = Block(16, 4).eval()
+    x = torch.randn(2, 6, 16)
+    kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def keep_all(k, v):  # (B, H, 1, D_H) each call -> everything so far
+        kept.append((k, v))
+        return torch.cat([k for k, _ in kept], dim=2), torch.cat([v for _, v in kept], dim=2)
+
+    rows = [block(x[:, t:t + 1], causal=True, kv_store=keep_all) for t in range(6)]
+    torch.testing.assert_close(torch.cat(rows, dim=1), block(x, causal=True), atol=1e-6, rtol=0)
+    assert [k.shape for k, _ in kept] == [(2, 4, 1, 4)] * 6
+
+
+def test_fast_block_refuses_a_post_ln_block():
+    from helpers.gpt import fast_block
+
+    with pytest.raises(ValueError, match="Post-LN"):
+        fast_block(Block(16, 4, pre_norm=False), torch.randn(1, 3, 16))
 
 
 def test_generation_past_the_context_reads_only_the_last_window():
