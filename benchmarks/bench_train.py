@@ -1,24 +1,29 @@
 """The helpers trainer against the training loop most tutorials show, side by side, in one run.
 
-    python benchmarks/bench_train.py              # throughput, then races of 60 s and 180 s (~9 min)
-    python benchmarks/bench_train.py --quick      # the same parts, short (~1.5 min)
-    python benchmarks/bench_train.py --threads 1  # one CPU thread for both
+    python benchmarks/bench_train.py              # throughput, then races of 60 s and 180 s (~14 min)
+    python benchmarks/bench_train.py --quick      # the same parts, short (~2.5 min)
+    python benchmarks/bench_train.py --threads 1  # one CPU thread for all
 
-Both train the same GPT (n_layer=4, n_head=4, n_embd=128, block 64, batch 12) on the course
+All train the same GPT (n_layer=4, n_head=4, n_embd=128, block 64, batch 12) on the course
 corpus, one character per token, from the same initial weights, with the same recipe (AdamW
 with weight decay on matrices, warm-up then cosine learning rate, gradient clipping at 1.0).
 Only how fast a step runs differs:
 
     reference   float32, the course's own attention and LayerNorm, torch.optim.AdamW's
                 per-parameter loop, batches stacked window by window
-    helpers     helpers.train.Trainer: bfloat16 where the CPU has it natively (a bf16 working
-                copy, float32 weights for AdamW), fused kernels, a fused AdamW step, batches
-                cut with one indexing operation
+    helpers     helpers.train.Trainer as notebook 7 uses it: bfloat16 where the CPU has it
+                natively (a bf16 working copy, float32 weights for AdamW), fused kernels, every
+                weight and gradient in one buffer, a fused AdamW step, batches cut with one
+                indexing operation
+    compiled    the same Trainer with TrainConfig(compile=True): torch.compile on top. Its
+                compile time is printed, and in the races it counts as training time
 
-The two take turns in short slices, so that anything else running on the machine slows both
-alike. Budgets (exit status 1 when one is missed):
-    - the helpers trainer processes at least 2x the reference's tokens per second;
-    - after equal training time, its validation loss is lower (each race).
+The contestants take turns in short slices, so that anything else running on the machine slows
+them alike. Budgets (exit status 1 when one is missed):
+    - the helpers trainer processes at least 2x the reference's tokens per second, with and
+      without compile;
+    - after equal training time, its validation loss is lower than the reference's (each race,
+      both helpers contestants).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from helpers.train import (
     encode_text,
     evaluate_loss,
     learning_rate,
+    pick_dtype,
     random_batch,
     split_train_val,
 )
@@ -106,27 +112,32 @@ class Runner:
             self.steps += 1
 
 
-def make_runners(vocab_size: int, train_ids: torch.Tensor, val_ids: torch.Tensor) -> tuple[Runner, Runner]:
-    """The reference loop and the helpers trainer on twin models with the same initial weights."""
+def make_runners(vocab_size: int, train_ids: torch.Tensor, val_ids: torch.Tensor) -> tuple[Runner, ...]:
+    """The reference loop and the helpers trainer (without and with compile) on triplet models
+    with the same initial weights."""
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=vocab_size, context_length=BLOCK, n_layer=N_LAYER,
                        n_head=N_HEAD, n_embd=N_EMBD)
     reference_model = GPT(config)
-    helpers_model = GPT(config)
-    helpers_model.load_state_dict(reference_model.state_dict())
-    reference = ReferenceLoop(reference_model, train_ids)
-    trainer = Trainer(helpers_model, train_ids, val_ids,
-                      TrainConfig(batch_size=BATCH, block_size=BLOCK, learning_rate=PEAK_LR,
-                                  weight_decay=WEIGHT_DECAY, grad_clip=GRAD_CLIP))
-    print(f"helpers trainer precision: {trainer.dtype}")
-    return (Runner("reference", reference_model, reference.train_step),
-            Runner("helpers", helpers_model, trainer.train_step))
+    runners = [Runner("reference", reference_model, ReferenceLoop(reference_model, train_ids).train_step)]
+    for name, compile_it in (("helpers", False), ("compiled", True)):
+        model = GPT(config)
+        model.load_state_dict(reference_model.state_dict())
+        trainer = Trainer(model, train_ids, val_ids,
+                          TrainConfig(batch_size=BATCH, block_size=BLOCK, learning_rate=PEAK_LR,
+                                      weight_decay=WEIGHT_DECAY, grad_clip=GRAD_CLIP, compile=compile_it))
+        runners.append(Runner(name, model, trainer.train_step))
+    return tuple(runners)
 
 
 def throughput(runners: tuple[Runner, ...], rounds: int, slice_seconds: float) -> dict[str, float]:
     """Tokens per second of each runner: the median over `rounds` short turns each, after a
-    warm-up. The median ignores turns that a burst of other work on the machine slowed down."""
+    warm-up (which includes compiling). The median ignores turns that a burst of other work on
+    the machine slowed down."""
     for runner in runners:
+        started = time.perf_counter()
+        runner.train_step(PEAK_LR)  # the compiled runner compiles here
+        print(f"{runner.name}: first step {time.perf_counter() - started:.1f} s")
         runner.run_for(1.0)
     rates: dict[str, list[float]] = {r.name: [] for r in runners}
     for _ in range(rounds):
@@ -164,23 +175,26 @@ def main(argv: list[str]) -> int:
     val_batches = [random_batch(val_ids, 32, BLOCK, generator) for _ in range(16)]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; GPT n_layer={N_LAYER} "
           f"n_head={N_HEAD} n_embd={N_EMBD}, block {BLOCK}, batch {BATCH}, vocab {tokenizer.vocab_size}")
+    print(f"helpers trainer precision: {pick_dtype(torch.device('cpu'))}")
 
     failures = []
     speeds = throughput(make_runners(tokenizer.vocab_size, train_ids, val_ids), rounds, 0.5)
-    ratio = speeds["helpers"] / speeds["reference"]
     print(f"\ntokens per second: reference {speeds['reference']:,.0f}, helpers "
-          f"{speeds['helpers']:,.0f}: {ratio:.2f}x (budget >= {SPEEDUP_BUDGET:.0f}x)")
-    if ratio < SPEEDUP_BUDGET:
-        failures.append(f"speed-up {ratio:.2f}x < {SPEEDUP_BUDGET}x")
+          f"{speeds['helpers']:,.0f}, compiled {speeds['compiled']:,.0f}")
+    for name in ("helpers", "compiled"):
+        ratio = speeds[name] / speeds["reference"]
+        print(f"  {name}: {ratio:.2f}x the reference (budget >= {SPEEDUP_BUDGET:.0f}x)")
+        if ratio < SPEEDUP_BUDGET:
+            failures.append(f"{name} speed-up {ratio:.2f}x < {SPEEDUP_BUDGET}x")
 
     for budget in budgets:
         runners = make_runners(tokenizer.vocab_size, train_ids, val_ids)
         losses = race(runners, budget, val_batches, slice_seconds=2.0)
-        steps = {r.name: r.steps for r in runners}
-        print(f"after {budget:.0f} s of training: validation loss reference {losses['reference']:.3f} "
-              f"({steps['reference']} steps), helpers {losses['helpers']:.3f} ({steps['helpers']} steps)")
-        if not losses["helpers"] < losses["reference"]:
-            failures.append(f"validation loss after {budget:.0f} s not lower")
+        print(f"after {budget:.0f} s of training, validation loss: " + ", ".join(
+            f"{r.name} {losses[r.name]:.3f} ({r.steps} steps)" for r in runners))
+        for name in ("helpers", "compiled"):
+            if not losses[name] < losses["reference"]:
+                failures.append(f"{name}: validation loss after {budget:.0f} s not lower")
 
     print("\nbudgets: " + ("all met" if not failures else "MISSED: " + "; ".join(failures)))
     return 1 if failures else 0

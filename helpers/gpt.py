@@ -188,11 +188,22 @@ def fused_causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-@functools.cache
 def _causal_bias(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """(n, n): 0 where query i may see key j (j <= i), -inf above the diagonal."""
+    """(n, n): 0 where query i may see key j (j <= i), -inf above the diagonal.
+
+    Made once per size and kept; torch.compile builds it into its graph instead.
+    """
+    if torch.compiler.is_compiling():
+        return _build_causal_bias(n, dtype, device)
+    return _kept_causal_bias(n, dtype, device)
+
+
+def _build_causal_bias(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     future = torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
     return torch.zeros(n, n, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
+
+
+_kept_causal_bias = functools.cache(_build_causal_bias)
 
 
 def _attention_in_three_products(q: Tensor, k: Tensor, v: Tensor) -> Tensor:

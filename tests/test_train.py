@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 
 import pytest
 import torch
@@ -173,3 +174,92 @@ def test_bf16_path_trains_float32_weights_through_a_bf16_working_copy():
     assert not torch.equal(model.lm_head.weight, before), "the float32 weights were updated"
     for master, low in zip(model.parameters(), working.parameters(), strict=True):
         assert torch.equal(low, master.to(torch.bfloat16)), "the copy follows the weights"
+
+
+# --- one buffer for the weights, one for the gradients --------------------------------------
+
+def lies_in(tensor: torch.Tensor, buffer: torch.Tensor) -> bool:
+    start = buffer.data_ptr()
+    return start <= tensor.data_ptr() < start + buffer.numel() * buffer.element_size()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fast_path_keeps_weights_and_gradients_in_one_buffer_each(precision):
+    model, train_ids, val_ids = model_and_data()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4, precision=precision))
+    flat = trainer.flat
+    for name, param in model.named_parameters():  # moved into the buffer, values unchanged
+        assert lies_in(param, flat.weights) and torch.equal(param, before[name]), name
+    assert flat.weights.numel() == sum(p.numel() for p in model.parameters())
+    trainer.train_step(1e-3)
+    for param in trainer.working.parameters():
+        assert lies_in(param, flat.working_weights) and lies_in(param.grad, flat.working_gradients)
+    assert flat.working_gradients.abs().sum() > 0, "backward wrote into the gradient buffer"
+    assert (trainer.working is model) == (precision == "fp32")
+
+
+def test_fast_fp32_trainer_takes_the_same_steps_as_the_plain_one():
+    plain, fast = paired_trainers("fp32")
+    for step in range(5):
+        assert plain.train_step(1e-3) == pytest.approx(fast.train_step(1e-3), abs=1e-5), step
+    for (name, a), b in zip(plain.model.named_parameters(), fast.model.parameters(), strict=True):
+        # Adam moves every weight by about lr per step whatever its gradient's size, so the
+        # weights agree to well under one step (1e-3) if the two paths agree.
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=name)
+
+
+def test_clipping_the_buffer_equals_clip_grad_norm():
+    model, train_ids, val_ids = model_and_data()
+    trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4, precision="fp32"))
+    x, y = random_batch(train_ids, 4, 16, torch.Generator().manual_seed(5))
+    trainer.loss_on(x, y).backward()
+    params = list(model.parameters())
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    for copy, param in zip(copies, params, strict=True):
+        copy.grad = param.grad.clone()
+    expected_norm = torch.nn.utils.clip_grad_norm_(copies, 0.01)
+    assert trainer.flat.clip_gradients(0.01).item() == pytest.approx(expected_norm.item(), rel=1e-6)
+    assert expected_norm > 0.01, "the test must really clip"
+    for param, copy in zip(params, copies, strict=True):
+        torch.testing.assert_close(param.grad, copy.grad, atol=1e-9, rtol=1e-6)
+
+
+def test_training_survives_model_zero_grad_and_refuses_a_moved_model():
+    model, train_ids, val_ids = model_and_data()
+    trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4, precision="fp32"))
+    trainer.train_step(1e-3)
+    model.zero_grad()  # sets every .grad to None
+    before = model.lm_head.weight.detach().clone()
+    trainer.train_step(1e-3)
+    assert not torch.equal(model.lm_head.weight, before), "the step still reached the weights"
+    model.double()
+    with pytest.raises(RuntimeError, match="moved or replaced after the Trainer was made"):
+        trainer.train_step(1e-3)
+
+
+def test_trainer_checks_its_token_ids_once():
+    model, train_ids, val_ids = model_and_data()
+    with pytest.raises(ValueError, match=r"val_ids contains the id 7, expected ids in \[0, 6\]"):
+        Trainer(model, train_ids, torch.tensor([1, 2, 7] * 20))
+
+
+def test_compile_needs_the_fast_path():
+    with pytest.raises(ValueError, match="compile=True needs fast=True"):
+        TrainConfig(compile=True, fast=False)
+
+
+@pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "clang++", "c++")),
+                    reason="torch.compile on a CPU needs a C++ compiler; this machine has none")
+def test_compiled_trainer_computes_the_same_loss_and_trains():
+    # Slow (the first call compiles, about 10 to 20 s here): it is the only test that compiles.
+    model, train_ids, val_ids = model_and_data()
+    twin = GPT(CONFIG)
+    twin.load_state_dict(model.state_dict())
+    config = dict(batch_size=4, precision="fp32")
+    eager = Trainer(model, train_ids, val_ids, TrainConfig(**config))
+    compiled = Trainer(twin, train_ids, val_ids, TrainConfig(**config, compile=True))
+    x, y = random_batch(train_ids, 4, 16, torch.Generator().manual_seed(3))
+    assert compiled.loss_on(x, y).item() == pytest.approx(eager.loss_on(x, y).item(), abs=1e-5)
+    losses = [compiled.train_step(1e-2) for _ in range(20)]
+    assert losses[-1] < losses[0]

@@ -610,12 +610,14 @@ check("gpt.greedy_step", greedy_next)
 # of tokens `0 .. t-1`, which the previous step already computed: the causal mask guarantees
 # they cannot have changed. A **KV cache** keeps them. Each step then feeds **one** token
 # through the model: its query attends to all stored keys and values, and its own key and value
-# are appended. `GPT.forward_cached` does this with each block's own weights: it projects only
-# the new tokens to Q, K and V, writes their keys and values into a `KVCache` (two preallocated
-# tensors), and attends to everything stored. Several new tokens at once (the prompt) need the
-# end-aligned causal mask of notebook 4, `causal_mask(n_new, n_total)`; a single new token may
-# see every stored key and needs no mask. Generation is inference only, so this step uses the
-# fused kernels of section 10 (PyTorch's LayerNorm and attention).
+# are appended. `GPT.forward_cached` does this with each block's own weights. The attention of
+# notebook 5 has a hook for it, `kv_store`: `MultiHeadAttention.forward` projects only the new
+# tokens to Q, K and V, hands the new keys and values to `kv_store`, and attends to whatever it
+# returns. The cache's hook writes them into a `KVCache` (two preallocated tensors) and returns
+# everything stored for that layer. Several new tokens at once (the prompt) need the end-aligned
+# causal mask of notebook 4, `causal_mask(n_new, n_total)`; a single new token may see every
+# stored key. Generation is inference only, so by default this runs the fused kernels of
+# section 10 (`fast=True`); `fast=False` runs the course's own `Block`, as the cell checks too.
 #
 # First the proof: greedy generation with and without the cache writes the same tokens, and the
 # cached logits equal the full forward pass.
@@ -638,8 +640,13 @@ step_logits += [model.forward_cached(window[:, t:t + 1], cache) for t in range(s
 with torch.no_grad():
     full_logits = model(window)
 largest_gap = (torch.cat(step_logits, dim=1) - full_logits).abs().max().item()
-assert largest_gap < 1e-4
-print(f"largest difference between cached and full logits over {config.context_length} positions: < 1e-4")
+course_cache = KVCache.for_model(model, batch_size=2)  # the same with the course's own Block
+course_logits = torch.cat([model.forward_cached(window[:, t:t + 1], course_cache, fast=False)
+                           for t in range(config.context_length)], dim=1)
+course_gap = (course_logits - full_logits).abs().max().item()
+assert largest_gap < 1e-4 and course_gap < 1e-4
+print(f"largest difference between cached and full logits over {config.context_length} positions: "
+      "< 1e-4 (fused kernels and course Block alike)")
 
 # %% [markdown]
 # Past the context length the model reads only the last `context_length` tokens (GPT-2 does the
@@ -855,13 +862,22 @@ print("restored model gives identical logits:", same, "| still tied:", restored.
 # - **fused kernels**: `GPT.forward(..., fast=True)` calls PyTorch's LayerNorm, one product for
 #   Q, K and V together, and PyTorch's `scaled_dot_product_attention` in float32, instead of
 #   the step-by-step versions we wrote;
-# - a **fused AdamW step**, and batches cut out of the token tensor with one indexing operation.
+# - **one buffer for all the weights** and one for all the gradients (`FlatWeights`): every
+#   parameter is a view into it, so copying the gradients to float32, clipping them, the fused
+#   AdamW step and refreshing the bf16 copy are a handful of operations on long vectors instead
+#   of hundreds on small tensors;
+# - batches cut out of the token tensor with one indexing operation.
+#
+# One more lever is off by default: `TrainConfig(compile=True)` runs the loss through
+# `torch.compile`, which fuses the forward and backward passes further. Its first step compiles
+# for tens of seconds (and needs a C++ compiler), so it pays for long runs, not for a live demo.
 #
 # The plain path (`TrainConfig(fast=False)`) keeps the course's own code in float32; a test
-# checks that both give the same loss on the same batch. The benchmark races a plain training
-# loop against the trainer on the same model (the `bench_config` below), data and batch, for a
-# minute and for three, and compares tokens per second and validation loss. A short
-# side-by-side measurement, here:
+# checks that both give the same loss on the same batch, and that in float32 they take the same
+# steps. The benchmark races a plain training loop against the trainer, with and without
+# compile, on the same model (the `bench_config` below), data and batch, for a minute and for
+# three, and compares tokens per second and validation loss. A short side-by-side measurement,
+# here:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
