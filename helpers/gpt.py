@@ -218,8 +218,14 @@ def _attention_in_three_products(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 
 def _project_qkv(attn: MultiHeadAttention, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """q (B, H, N, D_H) and k, v (B, H_kv, N, D_H) from one product with W_Q, W_K, W_V stacked."""
+    """q (B, H, N, D_H) and k, v (B, H_kv, N, D_H) from one product with W_Q, W_K, W_V stacked.
+
+    For a single token (a generation step) stacking the weights costs more than it saves, so
+    the three projections run apart.
+    """
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    if h.shape[-2] == 1:
+        return split_heads(attn.q_proj(h), attn.n_heads), *attn.project_keys_values(h)
     weight = torch.cat([p.weight for p in projections])
     bias = None if attn.q_proj.bias is None else torch.cat([p.bias for p in projections])
     sizes = [p.out_features for p in projections]
