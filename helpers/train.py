@@ -3,8 +3,7 @@
     encode_text / split_train_val / random_batch   token ids and (inputs, next-token targets)
     learning_rate                                  linear warm-up, then cosine decay
     pick_dtype                                     bfloat16 where the hardware has it, else float32
-    working_copy                                   the bf16 copy that runs forward and backward
-    make_optimizer                                 AdamW, weight decay on matrices only
+    make_optimizer, matrices_and_vectors           AdamW, weight decay on matrices only
     FlatWeights                                    every weight and gradient in one buffer each,
                                                    with the bf16 working copy of the fast path
     TrainConfig, Trainer, History                  the training loop and what it measured
