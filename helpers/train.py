@@ -178,13 +178,12 @@ class FlatWeights:
     """
 
     def __init__(self, model: GPT, dtype: torch.dtype) -> None:
-        params = list(model.parameters())  # a tied matrix appears once
-        if not all(p.requires_grad for p in params):
+        if not all(p.requires_grad for p in model.parameters()):
             raise ValueError("FlatWeights trains every parameter, and this model has frozen ones "
                              "(requires_grad=False): use TrainConfig(fast=False)")
-        order = sorted(range(len(params)), key=lambda i: params[i].dim() < 2)  # matrices first
-        self.params = [params[i] for i in order]
-        self.n_matrix_entries = sum(p.numel() for p in self.params if p.dim() >= 2)
+        matrices, vectors = matrices_and_vectors(model)  # a tied matrix appears once
+        self.params = matrices + vectors
+        self.n_matrix_entries = sum(p.numel() for p in matrices)
         self.weights = flatten_into_one_buffer(self.params, torch.float32)
         self.gradients = torch.zeros_like(self.weights)
         if dtype == torch.float32:
@@ -192,8 +191,8 @@ class FlatWeights:
             self.working_weights, self.working_gradients = self.weights, self.gradients
         else:
             self.working = copy.deepcopy(model)  # tied weights stay tied
-            copies = list(self.working.parameters())
-            self.working_params = [copies[i] for i in order]
+            copied_matrices, copied_vectors = matrices_and_vectors(self.working)  # same order
+            self.working_params = copied_matrices + copied_vectors
             self.working_weights = flatten_into_one_buffer(self.working_params, dtype)
             self.working_gradients = torch.zeros_like(self.working_weights)
         self._weight_addresses = [p.data_ptr() for p in self.params]
