@@ -24,8 +24,17 @@ import subprocess
 import sys
 
 if importlib.util.find_spec("helpers") is None:
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q",
-                           "git+{COURSE_REPO}"])
+    COURSE = "{COURSE_REPO}"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{{COURSE}}"],
+                             capture_output=True, text=True)
+    if install.returncode != 0:
+        print(install.stderr[-1500:])
+        raise SystemExit(
+            f"Could not install the course package from {{COURSE}}.\\n"
+            "Either upload the course folder (the one holding pyproject.toml) and run\\n"
+            "    !pip install -q ./FOLDER\\n"
+            "or, in your copy of the course, run  python3 course.py publish https://github.com/YOU/REPO\\n"
+            "to point every notebook at your fork; then run this cell again.")
 from helpers.environment import start
 device = start(seed=0)'''
 

@@ -1,0 +1,112 @@
+"""The course.py commands: `test` runs strict nbval on two CPU personalities; `publish URL` points
+every Colab link and install at a new GitHub address."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers.environment import COURSE_REPO
+
+ROOT = Path(__file__).resolve().parent.parent
+OLD_SLUG = COURSE_REPO.removeprefix("https://github.com/")
+
+
+def load_course_module():
+    spec = importlib.util.spec_from_file_location("course_commands", ROOT / "course.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+course = load_course_module()
+
+
+def copy_address_files(root: Path) -> None:
+    for pattern in course.ADDRESS_FILES:
+        for path in ROOT.glob(pattern):
+            target = root / path.relative_to(ROOT)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, target)
+
+
+def test_every_file_that_names_the_address_is_one_publish_rewrites():
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout
+    if not tracked:
+        pytest.skip("not a git checkout")
+    covered = {p.relative_to(ROOT).as_posix() for pattern in course.ADDRESS_FILES
+               for p in ROOT.glob(pattern)}
+    naming = [name for name in tracked.split()
+              if (ROOT / name).is_file() and OLD_SLUG in (ROOT / name).read_text(errors="ignore")]
+    assert naming, "the address is written somewhere"
+    # This test file and course.py's docs only speak about the address; they do not use it.
+    assert set(naming) - covered - {"tests/test_course_commands.py"} == set()
+
+
+def test_publish_rewrites_links_installs_and_setup_cells_without_touching_outputs(tmp_path):
+    copy_address_files(tmp_path)
+    before = {p.name: json.loads(p.read_text()) for p in (tmp_path / "notebooks").glob("*.ipynb")}
+    assert course.publish(["https://github.com/alice/my-course.git"], root=tmp_path) == 0
+
+    for pattern in course.ADDRESS_FILES:
+        for path in tmp_path.glob(pattern):
+            assert OLD_SLUG not in path.read_text(), f"{path.name} still names the old address"
+    assert course.current_address(tmp_path) == "alice/my-course"
+    readme = (tmp_path / "README.md").read_text()
+    assert readme.count("colab.research.google.com/github/alice/my-course/blob/main/notebooks/") == len(before)
+    assert 'Source = "https://github.com/alice/my-course"' in (tmp_path / "pyproject.toml").read_text()
+
+    for path in (tmp_path / "notebooks").glob("*.ipynb"):
+        after, old = json.loads(path.read_text()), before[path.name]
+        setup = "".join(old["cells"][1]["source"])
+        assert COURSE_REPO in setup, f"{path.name}: the set-up cell is the second cell"
+        wanted = setup.replace(COURSE_REPO, "https://github.com/alice/my-course")
+        assert "".join(after["cells"][1]["source"]) == wanted, path.name
+        assert [c.get("outputs") for c in after["cells"]] == [c.get("outputs") for c in old["cells"]]
+
+
+def test_publish_refuses_what_is_not_a_github_repository_address(tmp_path, capsys):
+    copy_address_files(tmp_path)
+    for args in ([], ["https://gitlab.com/alice/course"], ["alice/course"], ["a", "b"]):
+        assert course.publish(args, root=tmp_path) == 2
+        assert "usage: python3 course.py publish https://github.com/OWNER/REPO" in capsys.readouterr().out
+    assert course.current_address(tmp_path) == OLD_SLUG
+
+
+def test_publish_does_not_touch_a_longer_name_that_starts_with_the_old_one(tmp_path):
+    copy_address_files(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text(readme.read_text() + f"\nA fork: https://github.com/{OLD_SLUG}-fork\n")
+    course.publish(["https://github.com/alice/my-course"], root=tmp_path)
+    assert f"https://github.com/{OLD_SLUG}-fork" in readme.read_text()
+
+
+def test_test_command_runs_nbval_a_second_time_as_another_cpu(monkeypatch):
+    calls = []
+
+    def fake_call(args, cwd, env):
+        calls.append((args, env))
+        return 0
+
+    monkeypatch.setattr(course, "ensure_environment", lambda extras: None)
+    monkeypatch.setattr(course.subprocess, "call", fake_call)
+    assert course.test(["-k", "masking"]) == 0
+    lint, suite, other = calls
+    assert "ruff" in lint[0] and "--nbval" in suite[0] and "tests" in suite[0]
+    assert "--nbval" in other[0] and "tests" not in other[0] and other[0][-2:] == ["-k", "masking"]
+    assert other[1]["ATEN_CPU_CAPABILITY"] == "default" and other[1]["OMP_NUM_THREADS"] == "1"
+    assert other[1]["OPENBLAS_CORETYPE"]
+
+
+@pytest.mark.parametrize(("codes", "result"), [((0, 0, 0), 0), ((0, 0, 5), 0), ((0, 0, 1), 1),
+                                               ((0, 1, 0), 1), ((1, 0, 0), 1)])
+def test_test_command_fails_when_any_part_fails(monkeypatch, codes, result):
+    returned = iter(codes)
+    monkeypatch.setattr(course, "ensure_environment", lambda extras: None)
+    monkeypatch.setattr(course.subprocess, "call", lambda *a, **k: next(returned))
+    assert course.test([]) == result
