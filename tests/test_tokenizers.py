@@ -4,17 +4,21 @@ the speed budgets live in benchmarks/bench_tokenizer.py."""
 
 from __future__ import annotations
 
+import re
+import threading
 from collections import Counter
 from functools import cache
 from itertools import pairwise
 
 import pytest
+import regex
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from helpers.corpus import TOY_SOUP, load_corpus
 from helpers.tokenizers import (
+    GPT2_SPLIT_PATTERN,
     BPETokenizer,
     CharTokenizer,
     UnigramTokenizer,
@@ -22,6 +26,7 @@ from helpers.tokenizers import (
     count_pairs,
     learn_merges,
     merge,
+    most_frequent_pair,
     pre_split,
     readable,
     segmentations,
@@ -37,10 +42,13 @@ def corpus_bpe() -> BPETokenizer:
     return BPETokenizer.train(load_corpus(), vocab_size=512, special_tokens=[END])
 
 
-def naive_merges(text: str, n_merges: int) -> tuple[list[tuple[int, int]], list[list[int]]]:
-    """The textbook loop: recount every pair of every chunk occurrence, merge the most frequent
-    (ties to the smallest pair), repeat. Returns the merged pairs and the final chunks."""
-    chunks = [list(chunk.encode("utf-8")) for chunk in pre_split(text)]
+def naive_merges(text: str, n_merges: int, specials: tuple[str, ...] = ()) -> tuple[list[tuple[int, int]], list[list[int]]]:
+    """The textbook loop: recount every pair of every chunk occurrence, merge the most frequent,
+    ties to the greatest (bytes of left, bytes of right), repeat. Text between special tokens is
+    split on its own. Returns the merged pairs and the final chunks."""
+    pieces = re.split("|".join(map(re.escape, specials)), text) if specials else [text]
+    chunks = [list(chunk.encode("utf-8")) for piece in pieces for chunk in pre_split(piece)]
+    spelled = [bytes([byte]) for byte in range(256)]
     pairs = []
     for step in range(n_merges):
         counts: Counter = Counter()
@@ -48,11 +56,31 @@ def naive_merges(text: str, n_merges: int) -> tuple[list[tuple[int, int]], list[
             counts.update(pairwise(ids))
         if not counts:
             break
-        best = max(counts.values())
-        pair = min(p for p, c in counts.items() if c == best)
+        pair = max(counts, key=lambda p: (counts[p], spelled[p[0]], spelled[p[1]]))
         pairs.append(pair)
+        spelled.append(spelled[pair[0]] + spelled[pair[1]])
         chunks = [merge(ids, pair, 256 + step) for ids in chunks]
     return pairs, chunks
+
+
+def finishes(call, seconds: float = 10.0):
+    """Run `call` in a thread; fail if it has not returned or raised within `seconds` (a former
+    hang), else return what it returned or raise what it raised."""
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["value"] = call()
+        except BaseException as error:  # noqa: BLE001 - handed back to the test below
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 # --- the building blocks ------------------------------------------------------------------------
@@ -79,6 +107,54 @@ def test_pre_split_loses_nothing(text):
 def test_pre_split_keeps_the_space_with_the_next_word():
     assert pre_split("Tom found a key.") == ["Tom", " found", " a", " key", "."]
     assert pre_split("it's  ok") == ["it", "'s", " ", " ok"]
+    assert pre_split("x²") == ["x", "²"]  # ² is a number to GPT-2 (\p{N}), not a letter
+
+
+def gpt2_reference_split(text: str) -> list[str]:
+    """Hugging Face's Rust implementation of GPT-2's byte-level pre-tokenizer, mapped back to text."""
+    from tokenizers import pre_tokenizers
+
+    splitter = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    return [text[start:end] for _, (start, end) in splitter.pre_tokenize_str(text)]
+
+
+# Characters assigned in Python's Unicode database: newer ones are letters to `regex` but not
+# yet to the Rust library's older tables.
+ASSIGNED = st.characters(exclude_categories=("Cs", "Cn"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(ASSIGNED) | st.text(alphabet=" \t\n\u00a0\u2003's²½x7é東_-!"))
+def test_pre_split_matches_gpt2_on_any_unicode(text):
+    assert pre_split(text) == gpt2_reference_split(text)
+
+
+def test_pre_split_matches_gpt2_on_the_corpus_and_tricky_text():
+    text = load_corpus()[:50_000] + " x² ½ Ⅻ 'S we'LL  \t\n  ٣٤ 東京 _a__ a\u00a0b"
+    assert pre_split(text) == gpt2_reference_split(text)
+
+
+@pytest.mark.parametrize("pattern", [r"\w+", r"(a)|b", r"x*", r"(?=a)", r"\s"])
+def test_a_pattern_that_skips_text_or_captures_loses_nothing(pattern):
+    text = "a b! xxa\tb"
+    assert "".join(pre_split(text, pattern)) == text
+    tokenizer = BPETokenizer.train(text * 3, vocab_size=270, pattern=pattern)
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+PATTERN_PIECES = ["a", "b", " ", r"\w", r"\s", r"\d", ".", "(", ")", "(?:", "|", "*", "+", "?", "[ab]", "^", "$"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.sampled_from(PATTERN_PIECES), min_size=1, max_size=6).map("".join),
+       st.text(alphabet="ab 1\né☕", max_size=40), st.text(alphabet="ab 1\né☕", max_size=30))
+def test_bpe_round_trips_any_text_for_any_pattern_it_accepts(pattern, training_text, text):
+    try:
+        tokenizer = BPETokenizer.train(training_text + "ab ab", vocab_size=280, pattern=pattern)
+    except ValueError as error:
+        assume(False)
+        raise AssertionError("unreachable") from error
+    assert tokenizer.decode(tokenizer.encode(text)) == text
 
 
 def test_split_special_isolates_special_tokens():
@@ -90,8 +166,8 @@ def test_split_special_isolates_special_tokens():
 # --- training agrees with the textbook loop -----------------------------------------------------
 
 
-def test_first_corpus_merges_agree_with_naive_reference():
-    text = load_corpus()[:20_000]
+@pytest.mark.parametrize("text", [load_corpus()[:20_000], TOY_SOUP * 3, "aaa bbb aaa bbb ab ba", "éa ☕e " * 7])
+def test_first_merges_agree_with_naive_reference(text):
     reference, _ = naive_merges(text, 40)
     assert [m.pair for m in learn_merges(text, 40)] == reference
 
@@ -101,6 +177,30 @@ def test_first_corpus_merges_agree_with_naive_reference():
 def test_every_merge_agrees_with_naive_reference_on_small_texts(text, n_merges):
     reference, _ = naive_merges(text, n_merges)
     assert [m.pair for m in learn_merges(text, n_merges)] == reference
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(["ab", " ab", "ba", "<|e|>", "é", " c"]), min_size=1, max_size=30).map("".join))
+def test_merges_agree_with_naive_reference_around_special_tokens(text):
+    assume(text.replace("<|e|>", ""))
+    reference, _ = naive_merges(text, 10, ("<|e|>",))
+    assert [m.pair for m in learn_merges(text, 10, special_tokens=["<|e|>"])] == reference
+
+
+def test_ties_go_to_the_greatest_byte_strings_whatever_the_ids():
+    # Every pair of "ab cd" occurs once; (c, d) spells the greatest bytes.
+    assert learn_merges("ab cd", 1)[0].pair == (ord("c"), ord("d"))
+    # Ids 300 and 301 spell b"z" and b"a": the pair is chosen by what it spells, not by its ids.
+    vocab = {0: b"a", 1: b"z", 300: b"z", 301: b"a"}
+    assert most_frequent_pair({(300, 301): 2, (301, 300): 2, (0, 0): 1}, vocab) == (300, 301)
+    assert most_frequent_pair({(0, 1): 3, (1, 0): 3}, vocab) == (1, 0)
+
+
+def test_training_never_merges_across_special_tokens():
+    tokenizer = BPETokenizer.train("cat<|e|>dog" * 50, 270, special_tokens=["<|e|>"])
+    learned = {tokenizer.vocab[256 + i] for i in range(len(tokenizer.merges))}
+    assert b"dogcat" in learned  # "dogcat" is the text between two special tokens
+    assert not any(b"tdog" in token or b"t<" in token or b">d" in token for token in learned)
 
 
 def test_merge_counts_are_the_pair_frequencies_at_merge_time():
@@ -269,15 +369,30 @@ def test_readable_shows_spaces_and_partial_characters():
     assert readable("é".encode()[:1]) == "\\xc3"
 
 
+def every_substring(word: str) -> set[str]:
+    return {word[i:j] for i in range(len(word)) for j in range(i + 1, len(word) + 1)}
+
+
+def naive_segmentations(word: str, pieces) -> list[list[str]]:
+    if not word:
+        return [[]]
+    return [[word[:end], *rest] for end in range(1, len(word) + 1) if word[:end] in pieces
+            for rest in naive_segmentations(word[end:], pieces)]
+
+
 def test_segmentations_lists_every_cut():
     assert segmentations("abc", {"a", "b", "c", "ab"}) == [["a", "b", "c"], ["ab", "c"]]
-    every_substring = {"unigram"[i:j] for i in range(7) for j in range(i + 1, 8)}
-    found = segmentations("unigram", every_substring)
+    found = segmentations("unigram", every_substring("unigram"))
     assert len(found) == 2 ** 6
     assert all("".join(pieces) == "unigram" for pieces in found)
     assert segmentations("xyz", {"x", "y"}) == []
-    with pytest.raises(ValueError, match="word has 25 characters"):
-        segmentations("a" * 25, {"a"})
+    assert segmentations("a" * 300, {"a"}) == [["a"] * 300]  # long, but only one way
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet="abc", max_size=9), st.sets(st.text(alphabet="abc", min_size=1, max_size=3)))
+def test_segmentations_agree_with_the_naive_recursion(word, pieces):
+    assert segmentations(word, pieces) == naive_segmentations(word, pieces)
 
 
 # --- WordPiece and Unigram ----------------------------------------------------------------------
