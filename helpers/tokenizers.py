@@ -295,18 +295,23 @@ def _checked_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
         raise TypeError(f"ids is {ids!r:.60} of type {type(ids).__name__}, expected a list of integer ids")
     checked = []
     for position, token_id in enumerate(ids):
-        try:
-            if isinstance(token_id, bool) or str(getattr(token_id, "dtype", "")).endswith("bool"):
-                raise TypeError  # True is an int to Python, but never a token id
-            value = operator.index(token_id)  # accepts int, NumPy and 0-d torch integers
-        except TypeError:
-            raise TypeError(f"ids[{position}] is {token_id!r} of type {type(token_id).__name__}, "
-                            "expected an integer id") from None
+        value = token_id if type(token_id) is int else _checked_id(token_id, position)
         if not 0 <= value < vocab_size:
             raise ValueError(f"ids[{position}] is {value}, expected an id in range(0, {vocab_size}) "
                              "(the size of this tokenizer's vocabulary)")
         checked.append(value)
     return checked
+
+
+def _checked_id(token_id: object, position: int) -> int:
+    """A NumPy or 0-d torch integer as an int; bools are refused (True is an int to Python)."""
+    try:
+        if isinstance(token_id, bool) or str(getattr(token_id, "dtype", "")).endswith("bool"):
+            raise TypeError
+        return operator.index(token_id)
+    except TypeError:
+        raise TypeError(f"ids[{position}] is {token_id!r} of type {type(token_id).__name__}, "
+                        "expected an integer id") from None
 
 
 def _read_saved(path: str | Path, kind: str, keys: Sequence[str]) -> dict:
@@ -675,6 +680,7 @@ class WordPieceTokenizer:
 
     def tokenize_word(self, word: str) -> list[str]:
         """Longest vocabulary piece first, left to right; [unk_token] if some part cannot be spelled."""
+        word = _checked_text(word, "word")
         pieces: list[str] = []
         start = 0
         while start < len(word):
@@ -795,7 +801,7 @@ class UnigramTokenizer:
         return sum(self.log_probs.get(piece, float("-inf")) for piece in pieces)
 
     def tokenize_word(self, word: str) -> list[str]:
-        _, pieces = self._best(word)
+        _, pieces = self._best(_checked_text(word, "word"))
         return [self.unk_token] if pieces is None else pieces
 
     def tokenize(self, text: str) -> list[str]:
