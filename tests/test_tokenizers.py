@@ -622,3 +622,22 @@ def test_unigram_gives_one_unk_per_unseen_character():
     assert tokenizer.tokenize_word("uxni") == ["u", "<unk>", "ni"]
     assert tokenizer.tokenize_word("xy") == ["<unk>", "<unk>"]
     assert tokenizer.tokenize("Zoë") == ["<unk>", "<unk>", "<unk>"]
+
+
+# --- the notebook's exercises refuse counts and ids that are not integers -------------------------
+
+
+def test_the_exercises_refuse_float_counts_and_ids():
+    from helpers.exercises import evaluate, passes
+
+    def float_counts(ids):
+        return {pair: float(n) for pair, n in count_pairs(ids).items()}
+
+    def float_ids(word, merges):
+        return [float(i) for i in BPETokenizer(merges).apply_merges(list(word.encode()))]
+
+    assert passes("tokenization.count_pairs", lambda ids: dict(count_pairs(ids)))
+    passed, message = evaluate("tokenization.count_pairs", float_counts)
+    assert not passed and "of type float, expected an int" in message
+    assert passes("tokenization.encode_word", lambda w, m: BPETokenizer(m).apply_merges(list(w.encode())))
+    assert not passes("tokenization.encode_word", float_ids)
