@@ -4,17 +4,22 @@ the speed budgets live in benchmarks/bench_tokenizer.py."""
 
 from __future__ import annotations
 
+import json
+import re
+import threading
 from collections import Counter
 from functools import cache
 from itertools import pairwise
 
 import pytest
+import regex
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from helpers.corpus import TOY_SOUP, load_corpus
 from helpers.tokenizers import (
+    GPT2_SPLIT_PATTERN,
     BPETokenizer,
     CharTokenizer,
     UnigramTokenizer,
@@ -22,6 +27,7 @@ from helpers.tokenizers import (
     count_pairs,
     learn_merges,
     merge,
+    most_frequent_pair,
     pre_split,
     readable,
     segmentations,
@@ -37,10 +43,13 @@ def corpus_bpe() -> BPETokenizer:
     return BPETokenizer.train(load_corpus(), vocab_size=512, special_tokens=[END])
 
 
-def naive_merges(text: str, n_merges: int) -> tuple[list[tuple[int, int]], list[list[int]]]:
-    """The textbook loop: recount every pair of every chunk occurrence, merge the most frequent
-    (ties to the smallest pair), repeat. Returns the merged pairs and the final chunks."""
-    chunks = [list(chunk.encode("utf-8")) for chunk in pre_split(text)]
+def naive_merges(text: str, n_merges: int, specials: tuple[str, ...] = ()) -> tuple[list[tuple[int, int]], list[list[int]]]:
+    """The textbook loop: recount every pair of every chunk occurrence, merge the most frequent,
+    ties to the greatest (bytes of left, bytes of right), repeat. Text between special tokens is
+    split on its own. Returns the merged pairs and the final chunks."""
+    pieces = re.split("|".join(map(re.escape, specials)), text) if specials else [text]
+    chunks = [list(chunk.encode("utf-8")) for piece in pieces for chunk in pre_split(piece)]
+    spelled = [bytes([byte]) for byte in range(256)]
     pairs = []
     for step in range(n_merges):
         counts: Counter = Counter()
@@ -48,11 +57,31 @@ def naive_merges(text: str, n_merges: int) -> tuple[list[tuple[int, int]], list[
             counts.update(pairwise(ids))
         if not counts:
             break
-        best = max(counts.values())
-        pair = min(p for p, c in counts.items() if c == best)
+        pair = max(counts, key=lambda p: (counts[p], spelled[p[0]], spelled[p[1]]))
         pairs.append(pair)
+        spelled.append(spelled[pair[0]] + spelled[pair[1]])
         chunks = [merge(ids, pair, 256 + step) for ids in chunks]
     return pairs, chunks
+
+
+def finishes(call, seconds: float = 10.0):
+    """Run `call` in a thread; fail if it has not returned or raised within `seconds` (a former
+    hang), else return what it returned or raise what it raised."""
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["value"] = call()
+        except BaseException as error:  # noqa: BLE001 - handed back to the test below
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 # --- the building blocks ------------------------------------------------------------------------
@@ -79,6 +108,56 @@ def test_pre_split_loses_nothing(text):
 def test_pre_split_keeps_the_space_with_the_next_word():
     assert pre_split("Tom found a key.") == ["Tom", " found", " a", " key", "."]
     assert pre_split("it's  ok") == ["it", "'s", " ", " ok"]
+    assert pre_split("x²") == ["x", "²"]  # ² is a number to GPT-2 (\p{N}), not a letter
+
+
+def gpt2_reference_split(text: str) -> list[str]:
+    """Hugging Face's Rust implementation of GPT-2's byte-level pre-tokenizer, mapped back to text."""
+    from tokenizers import pre_tokenizers
+
+    splitter = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    return [text[start:end] for _, (start, end) in splitter.pre_tokenize_str(text)]
+
+
+# Characters assigned in Python's Unicode database: newer ones are letters to `regex` but not
+# yet to the Rust library's older tables.
+ASSIGNED = st.characters(exclude_categories=("Cs", "Cn"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(ASSIGNED) | st.text(alphabet=" \t\n\u00a0\u2003's²½x7é東_-!"))
+def test_pre_split_matches_gpt2_on_any_unicode(text):
+    assert pre_split(text) == gpt2_reference_split(text)
+
+
+def test_pre_split_matches_gpt2_on_the_corpus_and_tricky_text():
+    text = load_corpus()[:50_000] + " x² ½ Ⅻ 'S we'LL  \t\n  ٣٤ 東京 _a__ a\u00a0b"
+    assert pre_split(text) == gpt2_reference_split(text)
+
+
+@pytest.mark.parametrize("pattern", [r"\w+", r"(a)|b", r"x*", r"(?=a)", r"\s"])
+def test_a_pattern_that_skips_text_or_captures_loses_nothing(pattern):
+    text = "a b! xxa\tb"
+    assert "".join(pre_split(text, pattern)) == text
+    tokenizer = BPETokenizer.train(text * 3, vocab_size=270, pattern=pattern)
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+PATTERN_PIECES = ["a", "b", " ", r"\w", r"\s", r"\d", ".", "(", ")", "(?:", "|", "*", "+", "?", "[ab]", "^", "$"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.sampled_from(PATTERN_PIECES), min_size=1, max_size=6).map("".join),
+       st.text(alphabet="ab 1\né☕", max_size=40), st.text(alphabet="ab 1\né☕", max_size=30))
+def test_bpe_round_trips_any_text_for_any_pattern_it_accepts(pattern, training_text, text):
+    try:
+        regex.compile(pattern)
+    except regex.error:
+        with pytest.raises(ValueError, match="pattern is"):
+            BPETokenizer([], pattern=pattern)
+        return
+    tokenizer = BPETokenizer.train(training_text + "ab ab", vocab_size=280, pattern=pattern)
+    assert tokenizer.decode(tokenizer.encode(text)) == text
 
 
 def test_split_special_isolates_special_tokens():
@@ -90,8 +169,8 @@ def test_split_special_isolates_special_tokens():
 # --- training agrees with the textbook loop -----------------------------------------------------
 
 
-def test_first_corpus_merges_agree_with_naive_reference():
-    text = load_corpus()[:20_000]
+@pytest.mark.parametrize("text", [load_corpus()[:20_000], TOY_SOUP * 3, "aaa bbb aaa bbb ab ba", "éa ☕e " * 7])
+def test_first_merges_agree_with_naive_reference(text):
     reference, _ = naive_merges(text, 40)
     assert [m.pair for m in learn_merges(text, 40)] == reference
 
@@ -101,6 +180,30 @@ def test_first_corpus_merges_agree_with_naive_reference():
 def test_every_merge_agrees_with_naive_reference_on_small_texts(text, n_merges):
     reference, _ = naive_merges(text, n_merges)
     assert [m.pair for m in learn_merges(text, n_merges)] == reference
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(["ab", " ab", "ba", "<|e|>", "é", " c"]), min_size=1, max_size=30).map("".join))
+def test_merges_agree_with_naive_reference_around_special_tokens(text):
+    assume(text.replace("<|e|>", ""))
+    reference, _ = naive_merges(text, 10, ("<|e|>",))
+    assert [m.pair for m in learn_merges(text, 10, special_tokens=["<|e|>"])] == reference
+
+
+def test_ties_go_to_the_greatest_byte_strings_whatever_the_ids():
+    # Every pair of "ab cd" occurs once; (c, d) spells the greatest bytes.
+    assert learn_merges("ab cd", 1)[0].pair == (ord("c"), ord("d"))
+    # Ids 300 and 301 spell b"z" and b"a": the pair is chosen by what it spells, not by its ids.
+    vocab = {0: b"a", 1: b"z", 300: b"z", 301: b"a"}
+    assert most_frequent_pair({(300, 301): 2, (301, 300): 2, (0, 0): 1}, vocab) == (300, 301)
+    assert most_frequent_pair({(0, 1): 3, (1, 0): 3}, vocab) == (1, 0)
+
+
+def test_training_never_merges_across_special_tokens():
+    tokenizer = BPETokenizer.train("cat<|e|>dog" * 50, 270, special_tokens=["<|e|>"])
+    learned = {tokenizer.vocab[256 + i] for i in range(len(tokenizer.merges))}
+    assert b"dogcat" in learned and b"catdog" not in learned  # "dogcat" lies between two specials
+    assert not any(b"tdog" in token or b"t<" in token or b">d" in token for token in learned)
 
 
 def test_merge_counts_are_the_pair_frequencies_at_merge_time():
@@ -269,15 +372,30 @@ def test_readable_shows_spaces_and_partial_characters():
     assert readable("é".encode()[:1]) == "\\xc3"
 
 
+def every_substring(word: str) -> set[str]:
+    return {word[i:j] for i in range(len(word)) for j in range(i + 1, len(word) + 1)}
+
+
+def naive_segmentations(word: str, pieces) -> list[list[str]]:
+    if not word:
+        return [[]]
+    return [[word[:end], *rest] for end in range(1, len(word) + 1) if word[:end] in pieces
+            for rest in naive_segmentations(word[end:], pieces)]
+
+
 def test_segmentations_lists_every_cut():
     assert segmentations("abc", {"a", "b", "c", "ab"}) == [["a", "b", "c"], ["ab", "c"]]
-    every_substring = {"unigram"[i:j] for i in range(7) for j in range(i + 1, 8)}
-    found = segmentations("unigram", every_substring)
+    found = segmentations("unigram", every_substring("unigram"))
     assert len(found) == 2 ** 6
     assert all("".join(pieces) == "unigram" for pieces in found)
     assert segmentations("xyz", {"x", "y"}) == []
-    with pytest.raises(ValueError, match="word has 25 characters"):
-        segmentations("a" * 25, {"a"})
+    assert segmentations("a" * 300, {"a"}) == [["a"] * 300]  # long, but only one way
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet="abc", max_size=9), st.sets(st.text(alphabet="abc", min_size=1, max_size=3)))
+def test_segmentations_agree_with_the_naive_recursion(word, pieces):
+    assert segmentations(word, pieces) == naive_segmentations(word, pieces)
 
 
 # --- WordPiece and Unigram ----------------------------------------------------------------------
@@ -364,3 +482,162 @@ def test_wordpiece_and_unigram_refuse_a_vocabulary_smaller_than_the_alphabet():
         WordPieceTokenizer.train("abcde", vocab_size=3)  # a ##b ##c ##d ##e and [UNK]
     with pytest.raises(ValueError, match="vocab_size is 3, expected at least 5"):
         UnigramTokenizer.train("abcde", vocab_size=3)
+
+
+# --- bad input: a clear error that names the argument (issue 17) --------------------------------
+
+
+def tiny_bpe() -> BPETokenizer:
+    return BPETokenizer.train("ab ab ba", vocab_size=260)
+
+
+BAD_INPUT = {
+    # special_tokens given as one string instead of a list of strings
+    "bpe train special_tokens str": (lambda: BPETokenizer.train("abc", 300, special_tokens="<eot>"),
+                                     TypeError, r"special_tokens is '<eot>', a single string"),
+    "bpe special_tokens str": (lambda: BPETokenizer([], special_tokens="<eot>"), TypeError, "special_tokens is"),
+    "char special_tokens str": (lambda: CharTokenizer.train("abc", special_tokens="<eot>"),
+                                TypeError, "special_tokens is"),
+    "special_tokens int": (lambda: BPETokenizer([], special_tokens=5), TypeError, "special_tokens is 5"),
+    "special_tokens holds int": (lambda: BPETokenizer([], special_tokens=[5]), TypeError, "special_tokens holds 5"),
+    # sizes that are not integers
+    "bpe vocab_size float": (lambda: BPETokenizer.train("abc", 300.5), TypeError, "vocab_size is 300.5 of type float"),
+    "bpe vocab_size None": (lambda: BPETokenizer.train("abc", None), TypeError, "vocab_size is None"),
+    "bpe vocab_size bool": (lambda: BPETokenizer.train("abc", True), TypeError, "vocab_size is True"),
+    "wordpiece vocab_size float": (lambda: WordPieceTokenizer.train("abc", 30.5), TypeError, "vocab_size is 30.5"),
+    "unigram vocab_size None": (lambda: UnigramTokenizer.train("abc", None), TypeError, "vocab_size is None"),
+    "learn_merges n_merges float": (lambda: learn_merges("abc", 2.5), TypeError, "n_merges is 2.5"),
+    "unigram max_piece_length 0": (lambda: UnigramTokenizer.train("abc", 5, max_piece_length=0),
+                                   ValueError, "max_piece_length is 0"),
+    # ids that are bools, or not a list at all
+    "bpe decode bools": (lambda: tiny_bpe().decode([True, False]), TypeError, r"ids\[0\] is True"),
+    "bpe decode bool tensor": (lambda: tiny_bpe().decode(torch.tensor([True])), TypeError, r"ids\[0\] is"),
+    "char decode bools": (lambda: CharTokenizer.train("abc").decode([False]), TypeError, r"ids\[0\] is False"),
+    "decode None": (lambda: tiny_bpe().decode(None), TypeError, "ids is None"),
+    "decode a str": (lambda: tiny_bpe().decode("ab"), TypeError, "ids is 'ab'"),
+    # None, bytes or an int where text is expected
+    "bpe encode None": (lambda: tiny_bpe().encode(None), TypeError, "text is None of type NoneType"),
+    "bpe encode bytes": (lambda: tiny_bpe().encode(b"ab"), TypeError, r"text is b'ab' of type bytes.*decode"),
+    "bpe encode int": (lambda: tiny_bpe().encode(7), TypeError, "text is 7 of type int"),
+    "bpe train None": (lambda: BPETokenizer.train(None, 300), TypeError, "text is None"),
+    "char train bytes": (lambda: CharTokenizer.train(b"abc"), TypeError, "text is b'abc'"),
+    "char encode int": (lambda: CharTokenizer.train("abc").encode(3), TypeError, "text is 3"),
+    "wordpiece train None": (lambda: WordPieceTokenizer.train(None, 30), TypeError, "text is None"),
+    "wordpiece tokenize bytes": (lambda: corpus_wordpiece().tokenize(b"x"), TypeError, "text is b'x'"),
+    "unigram train int": (lambda: UnigramTokenizer.train(5, 30), TypeError, "text is 5"),
+    "unigram tokenize_word None": (lambda: corpus_unigram().tokenize_word(None), TypeError, "word is None"),
+    "pre_split None": (lambda: pre_split(None), TypeError, "text is None"),
+    "segmentations None": (lambda: segmentations(None, {"a"}), TypeError, "word is None"),
+    # a lone surrogate: the position in the text is named
+    "bpe encode surrogate": (lambda: tiny_bpe().encode("ab\ud800c"), ValueError, r"text\[2\] is '\\ud800', a lone surrogate"),
+    "bpe train surrogate": (lambda: BPETokenizer.train("x\udfffy", 300), ValueError, r"text\[1\] is '\\udfff'"),
+    "char train surrogate": (lambda: CharTokenizer.train("\ud800"), ValueError, r"text\[0\]"),
+    # patterns
+    "pattern not a str": (lambda: BPETokenizer([], pattern=3), TypeError, "pattern is 3"),
+    "pattern invalid": (lambda: BPETokenizer([], pattern="(a"), ValueError, r"pattern is '\(a', which is not a valid"),
+    # an empty Unigram model, and Unigram training that would never end
+    "unigram empty": (lambda: UnigramTokenizer({}), ValueError, "log_probs is {}"),
+    "unigram prune_fraction 0": (lambda: UnigramTokenizer.train("abc abd", 4, prune_fraction=0),
+                                 ValueError, "prune_fraction is 0, expected a fraction strictly between 0 and 1"),
+    "unigram prune_fraction negative": (lambda: UnigramTokenizer.train("abc abd", 4, prune_fraction=-0.5),
+                                        ValueError, "prune_fraction is -0.5"),
+    "unigram prune_fraction 1": (lambda: UnigramTokenizer.train("abc abd", 4, prune_fraction=1),
+                                 ValueError, "prune_fraction is 1"),
+    "unigram prune_fraction str": (lambda: UnigramTokenizer.train("abc abd", 4, prune_fraction="0.2"),
+                                   TypeError, "prune_fraction is '0.2'"),
+    # segmentations whose number would take too long to list
+    "segmentations too many": (lambda: segmentations("a" * 20, {"a" * k for k in range(1, 21)}),
+                               ValueError, "word 'aaaaaaaaaaaaaaaaaaaa' has 524,288 segmentations, expected at most"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUT, ids=str)
+def test_bad_input_gets_a_clear_error_naming_the_argument(case):
+    call, error_type, message = BAD_INPUT[case]
+    with pytest.raises(error_type, match=message):
+        finishes(call)
+
+
+json_pattern = json.dumps(GPT2_SPLIT_PATTERN)
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("not json at all", "is not a JSON file"),
+    ('{"type": "BPETokenizer", "merges": [[97, 98]', "is not a JSON file"),  # cut short
+    ('{"type": "BPETokenizer", "merges": []}', "has no 'special_tokens', 'pattern'"),
+    ('{"type": "BPETokenizer", "merges": 5, "special_tokens": [], "pattern": ' + json_pattern + "}",
+     "merges is 5"),
+    ('{"type": "BPETokenizer", "merges": [[97, 98, 99]], "special_tokens": [], "pattern": ' + json_pattern + "}",
+     r"merges\[0\] is \[97, 98, 99\]"),
+], ids=["not JSON", "truncated", "incomplete", "merges not a list", "bad pair"])
+def test_a_broken_tokenizer_file_is_named_with_what_is_wrong(tmp_path, content, message):
+    path = tmp_path / "bpe.json"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises((ValueError, TypeError), match=message):
+        BPETokenizer.load(path)
+
+
+def test_a_file_cannot_make_encode_run_an_arbitrary_pattern(tmp_path):
+    path = tiny_bpe().save(tmp_path / "bpe.json")
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    saved["pattern"] = "(?:a+)+b|."  # exponential backtracking on "aaaa...c"
+    path.write_text(json.dumps(saved), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"holds the pattern '\(\?:a\+\)\+b\|\.', expected one of the known"):
+        finishes(lambda: BPETokenizer.load(path))
+    # The same pattern, chosen in code, is the programmer's choice and is accepted.
+    assert BPETokenizer([], pattern=saved["pattern"]).decode(BPETokenizer([], pattern=saved["pattern"]).encode("ab")) == "ab"
+
+
+# --- the former hangs and slow cases finish -------------------------------------------------------
+
+
+def test_unigram_with_a_tiny_prune_fraction_still_ends():
+    tokenizer = finishes(lambda: UnigramTokenizer.train(TOY_SOUP, vocab_size=20, prune_fraction=1e-12))
+    assert tokenizer.vocab_size == 20
+
+
+def test_encoding_a_long_chunk_is_fast_and_agrees_with_merging_in_order():
+    tokenizer = corpus_bpe()
+    letters = "".join("thesoupisyummy"[(i * i) % 14] for i in range(100_000))  # one chunk, no spaces
+    ids = finishes(lambda: tokenizer.encode(letters))
+    reference = list(letters.encode())
+    for rank, pair in enumerate(tokenizer.merges):  # merges applied in the order learned
+        reference = merge(reference, pair, 256 + rank)
+    assert ids == reference and tokenizer.decode(ids) == letters
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet="abcdeé ", min_size=65, max_size=300))
+def test_the_heap_merge_of_long_chunks_agrees_with_the_scanning_loop(text):
+    tokenizer = corpus_bpe()
+    ids = list(text.encode())
+    reference = list(ids)
+    for rank, pair in enumerate(tokenizer.merges):
+        reference = merge(reference, pair, 256 + rank)
+    assert tokenizer.apply_merges(ids) == reference
+
+
+def test_unigram_gives_one_unk_per_unseen_character():
+    tokenizer = UnigramTokenizer({"u": -3.0, "n": -3.0, "i": -3.0, "un": -2.0, "ni": -1.0})
+    assert tokenizer.tokenize_word("uxni") == ["u", "<unk>", "ni"]
+    assert tokenizer.tokenize_word("xy") == ["<unk>", "<unk>"]
+    assert tokenizer.tokenize("Zoë") == ["<unk>", "<unk>", "<unk>"]
+
+
+# --- the notebook's exercises refuse counts and ids that are not integers -------------------------
+
+
+def test_the_exercises_refuse_float_counts_and_ids():
+    from helpers.exercises import evaluate, passes
+
+    def float_counts(ids):
+        return {pair: float(n) for pair, n in count_pairs(ids).items()}
+
+    def float_ids(word, merges):
+        return [float(i) for i in BPETokenizer(merges).apply_merges(list(word.encode()))]
+
+    assert passes("tokenization.count_pairs", lambda ids: dict(count_pairs(ids)))
+    passed, message = evaluate("tokenization.count_pairs", float_counts)
+    assert not passed and "of type float, expected an int" in message
+    assert passes("tokenization.encode_word", lambda w, m: BPETokenizer(m).apply_merges(list(w.encode())))
+    assert not passes("tokenization.encode_word", float_ids)

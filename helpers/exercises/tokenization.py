@@ -9,8 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from helpers import tokenizers as reference
 from helpers.exercises import ExerciseFailed, exercise
+
+
+def _is_int(value: Any) -> bool:
+    """True for an int (a NumPy integer too), false for a float such as 2.0 or for a bool."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
 
 PAIR_CASES = [
     [1, 2, 3, 1, 2],  # a pair that occurs twice
@@ -31,6 +39,10 @@ def count_pairs(student: Callable[[list[int]], Any]) -> str:
             raise ExerciseFailed(f"for ids={ids} you returned a {type(got).__name__}, expected a dict "
                                  "{(left, right): count}.")
         got = {pair: count for pair, count in got.items() if count}  # a Counter's zeros are fine
+        not_int = [count for count in got.values() if not _is_int(count)]
+        if not_int:
+            raise ExerciseFailed(f"for ids={ids} a count is {not_int[0]!r} of type {type(not_int[0]).__name__}, "
+                                 "expected an int: a count of pairs is a whole number.")
         if got != expected:
             raise ExerciseFailed(f"for ids={ids} you returned {got}, expected {expected}.")
     return "The trainer runs this count once, then only updates it after each merge."
@@ -47,7 +59,7 @@ def encode_word(student: Callable[[str, list[tuple[int, int]]], Any]) -> str:
     for word in WORD_CASES:
         got = student(word, list(MERGE_RULES))
         expected = tokenizer.apply_merges(list(word.encode("utf-8")))
-        if not isinstance(got, list) or got != expected:
+        if not isinstance(got, list) or not all(map(_is_int, got)) or got != expected:
             raise ExerciseFailed(f"encode_word({word!r}, {MERGE_RULES}) returned {got!r}, expected "
                                  f"{expected} (the bytes are {list(word.encode('utf-8'))}).")
     return "Merges learned early are applied first, exactly as in training."
