@@ -517,10 +517,11 @@ def gradient_reaching_qk(d_k: int, seed: int = 0) -> dict[bool, dict[str, float]
     Both variants see the same random problems, so only the scaling differs.
     """
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(PROBLEMS, 1, d_k, generator=g)
-    k = torch.randn(PROBLEMS, N_KEYS, d_k, generator=g)
-    v = torch.randn(PROBLEMS, N_KEYS, D_V_DEMO, generator=g)
-    upstream = torch.randn(PROBLEMS, 1, D_V_DEMO, generator=g)
+    # float64: a saturated softmax leaves gradients near float32's round-off, whose digits vary by CPU
+    q = torch.randn(PROBLEMS, 1, d_k, generator=g).double()
+    k = torch.randn(PROBLEMS, N_KEYS, d_k, generator=g).double()
+    v = torch.randn(PROBLEMS, N_KEYS, D_V_DEMO, generator=g).double()
+    upstream = torch.randn(PROBLEMS, 1, D_V_DEMO, generator=g).double()
     results = {}
     for scaled in (False, True):
         q_leaf, k_leaf = q.clone().requires_grad_(), k.clone().requires_grad_()
@@ -578,7 +579,7 @@ def draw_saturation(d_k: int) -> dict[str, float]:
     Returns what was drawn: the largest weight and the median |dL/dQ| at this d_k, both ways.
     """
     g = torch.Generator().manual_seed(7)
-    q, k = torch.randn(1, d_k, generator=g), torch.randn(8, d_k, generator=g)
+    q, k = torch.randn(1, d_k, generator=g).double(), torch.randn(8, d_k, generator=g).double()
     unscaled = helper_softmax(q @ k.T)[0]
     scaled = helper_softmax(q @ k.T / math.sqrt(d_k))[0]
     row = D_KS.index(d_k)
@@ -851,7 +852,8 @@ plt.show()
 
 # %%
 g = torch.Generator().manual_seed(5)
-q, k = torch.randn(1, 512, generator=g), torch.randn(16, 512, generator=g)
+# float64: the unscaled Jacobian is near 1e-7, float32's round-off level, so float32 digits would vary
+q, k = torch.randn(1, 512, generator=g).double(), torch.randn(16, 512, generator=g).double()
 for name, scale in (("unscaled", 1.0), ("scaled", 1 / math.sqrt(512))):
     a = helper_softmax(q @ k.T * scale)[0]
     print(f"{name:>9}: std of scores {(q @ k.T * scale).std():6.2f}, largest weight {a.max():.4f}, "
