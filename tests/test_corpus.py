@@ -64,7 +64,7 @@ def test_checker_rejects_broken_sentences():
     assert well_formed_fraction("") == 0.0
 
 
-def test_toy_fixtures_are_the_seed_sentences():
+def test_toy_fixtures_are_the_lecture_notes_sentences():
     assert (data_dir() / "toy_soup.txt").read_text().strip() == TOY_SOUP
     assert (data_dir() / "toy_cat.txt").read_text().strip() == TOY_CAT
     assert TOY_SOUP == "I like to eat soup. I am a good cook. Soup is yummy."

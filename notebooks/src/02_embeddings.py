@@ -117,10 +117,10 @@ print("one_hot(ids) has shape", tuple(one_hot(ids, len(SOUP_VOCAB)).shape), "and
 # %% [markdown]
 # ## 3. A dense table: 8 numbers per token
 #
-# Instead, give every token a short vector of `d_model` numbers and let training move them.
-# The Matrix Magic notes print a 12 x 8 table (`d_model = 8`). We load its numbers, as printed (2 decimals),
-# into an `nn.Embedding` and "pluck out" the rows of the slide's batch `idx = [0, 1, 2, 3]`
-# ("I like to eat").
+# Instead, give every token a short vector of `d_model` numbers and let training move them. The
+# Matrix Magic notes print a 12 x 8 table (`d_model = 8`). We load its numbers, as printed (2
+# decimals), into an `nn.Embedding` and "pluck out" the rows of the slide's batch
+# `idx = [0, 1, 2, 3]` ("I like to eat").
 
 # %%
 SLIDE_TOKEN_TABLE = torch.tensor([  # the Matrix Magic notes, "Initialize Token Embeddings Table"
@@ -203,8 +203,8 @@ print(f"(2 x 3) @ (3 x 2) -> {tuple((a_2x3 @ b_3x2).shape)}:", (a_2x3 @ b_3x2).t
 print("entry (0, 0) = 1*7 + 2*9 + 3*11 =", 1 * 7 + 2 * 9 + 3 * 11)
 
 # %% [markdown]
-# Now the lookup. Write the one-hot vector of token `i` as a row `x` (length V) and the table as `W` (V x d).
-# Component `j` of the product is
+# Now the lookup. Write the one-hot vector of token `i` as a row `x` (length V) and the table as
+# `W` (V x d). Component `j` of the product is
 #
 # $(xW)_j = \sum_k x_k W_{kj} = W_{ij}$, because $x_k$ is 1 for $k = i$ and 0 for every other $k$.
 #
@@ -457,8 +457,8 @@ check("embeddings.most_similar", most_similar)
 #
 # *A preview of notebook 3.* Self-attention mixes every token's vector with every other's, with
 # weights computed from the vectors themselves. Nothing in it looks at where a token stands. The
-# textbook section's exercise: feed "the cat sat" and "sat cat the" through one self-attention layer with no
-# positional information, using our learned word vectors, and compare.
+# textbook section's exercise: feed "the cat sat" and "sat cat the" through one self-attention
+# layer with no positional information, using our learned word vectors, and compare.
 
 # %%
 from helpers.attention import scaled_dot_product_attention
@@ -532,10 +532,10 @@ print(without_positions)
 # - **(a)** The outputs position by position differ: position 0 holds "the" in one sentence and
 #   "sat" in the other.
 # - **(b)** The bag of outputs is identical: every word's output is the same in both orders.
-# - **(c)** The textbook section's sketch answers "yes, the next-token prediction is the same". Computed,
-#   the output at the last position differs, because the last word differs ("sat" vs "the").
-#   What is truly lost is subtler and just as fatal: the prediction depends only on the last
-#   word and the *bag* of the others, so "the cat sat" and "cat the sat" get exactly the same
+# - **(c)** The textbook section's sketch answers "yes, the next-token prediction is the same".
+#   Computed, the output at the last position differs, because the last word differs ("sat" vs
+#   "the"). What is truly lost is subtler and just as fatal: the prediction depends only on the
+#   last word and the *bag* of the others, so "the cat sat" and "cat the sat" get exactly the same
 #   prediction.
 #
 # (This holds for attention without a mask. The causal mask of notebook 4 lets each token see
@@ -552,9 +552,9 @@ assert not any(with_positions.values())
 # %% [markdown]
 # ## 7. Positions, option 1: a learned table
 #
-# The simplest fix, used by GPT-2 and by the Matrix Magic notes: a second `nn.Embedding` whose row `p` is the
-# vector of position `p`, trained like the token table. The notes print one for `block_size = 4`
-# positions and `d_model = 8`:
+# The simplest fix, used by GPT-2 and by the Matrix Magic notes: a second `nn.Embedding` whose row
+# `p` is the vector of position `p`, trained like the token table. The notes print one for
+# `block_size = 4` positions and `d_model = 8`:
 
 # %%
 SLIDE_POSITION_TABLE = torch.tensor([  # the Matrix Magic notes, "Option 1: Learned Positional Embeddings"
@@ -625,9 +625,10 @@ print(f"cos(1/100) = {math.cos(1 / 100):.10f}")
 # 1.0000; the USF notes' slide cut it off to 0.9999 instead of rounding it.
 
 # %% [markdown]
-# The Matrix Magic notes print the same kind of table for the sentence "I am a robot" with `d = 4` but base
-# `n = 100` instead of 10000, so its second pair turns at 1/10 instead of 1/100 per position.
-# Its printed "1.0" for cos(1/10) is cos(0.1) = 0.995 rounded, which is fine at two decimals.
+# The Matrix Magic notes print the same kind of table for the sentence "I am a robot" with `d = 4`
+# but base `n = 100` instead of 10000, so its second pair turns at 1/10 instead of 1/100 per
+# position. Its printed "1.0" for cos(1/10) is cos(0.1) = 0.995 rounded, which is fine at two
+# decimals.
 
 # %%
 MATRIX_MAGIC_TABLE = torch.tensor([  # the Matrix Magic notes, "Option 2: Positional Encoding", d = 4, n = 100
@@ -747,10 +748,10 @@ print(f"10000^(510/512) = 10^{4 * 510 / 512:.3f} = {10000 ** (510 / 512):,.1f}  
 print(f"2 pi x 9655     = {2 * math.pi * 9655:,.0f}   (the textbook section rounds this to 60,600)")
 
 # %% [markdown]
-# The textbook section's 9,655 is an arithmetic slip: 10000^(510/512) is 10^3.984, about 9,646.6, so the
-# slowest wavelength is about 60,611 positions, not 60,600 (which itself is 2 pi x 9655 = 60,664
-# rounded). The conclusion stands: the fastest pair repeats every 6.28 positions, the slowest
-# only after about sixty thousand.
+# The textbook section's 9,655 is an arithmetic slip: 10000^(510/512) is 10^3.984, about 9,646.6,
+# so the slowest wavelength is about 60,611 positions, not 60,600 (which itself is 2 pi x 9655 =
+# 60,664 rounded). The conclusion stands: the fastest pair repeats every 6.28 positions, the
+# slowest only after about sixty thousand.
 #
 # Part (c) asks whether a model trained on 512 positions can read 4000. Count the pairs whose
 # wave completes a full turn within the first 512 positions: only those have shown the model
@@ -833,8 +834,8 @@ print("redraws so far:", explorer.redraws)
 #
 # The model's input is the token's vector plus its position's vector, entry by entry (the USF
 # notes mention concatenation too, but adding keeps `d_model` unchanged and is what GPT-2 and the
-# original Transformer do). The Matrix Magic notes add their token rows for "I like to eat" to their learned
-# position rows. Computed next to the slide:
+# original Transformer do). The Matrix Magic notes add their token rows for "I like to eat" to
+# their learned position rows. Computed next to the slide:
 
 # %%
 SLIDE_SUM_TABLE = torch.tensor([  # the Matrix Magic notes, "Token Embeddings (4,8) + Position Embeddings (4,8)"

@@ -277,8 +277,9 @@ print(f"\ndistance between the two 'bank's: {(bank_in[river] - bank_in[road]).no
 # The same token enters both sentences with the same vector and leaves with two different ones:
 # next to "river" and "swam" its output leans to the water feature and to the river-bank sense
 # (cosine 0.58 before, 0.96 after); next to "intersection" and "walked" it leans to the town
-# feature and away from the river bank (0.58 before, 0.22 after), so the business sense wins. This is what "contextual embedding" means. In a real model the features are not
-# readable and $W_Q$, $W_K$, $W_V$ are learned, but the mechanism is this weighted average.
+# feature and away from the river bank (0.58 before, 0.22 after), so the business sense wins. This
+# is what "contextual embedding" means. In a real model the features are not readable and $W_Q$,
+# $W_K$, $W_V$ are learned, but the mechanism is this weighted average.
 #
 # ### Exercise 2: scaled dot-product attention
 # Write `my_attention(q, k, v)` returning `(output, weights)`. It must work for self-attention,
@@ -366,9 +367,10 @@ print(f"\nthe USF notes print {USF_PRINTS} for the first weight; the true value 
 print(f"1 - first weight = {1 - saturated[0]:.4g}, and the other two weights sum to {saturated[1] + saturated[2]:.4g}")
 
 # %% [markdown]
-# The first softmax is one-hot: the two other keys share 2.061e-09 of the weight. The second
-# still spreads weight over all three keys. The slide's 0.9999999998 has one 9 too many: the weights must sum to 1, so the
-# first one is 1 minus the second (2.061e-09), which the cell prints as 0.999999997939.
+# The first softmax is one-hot: the two other keys share 2.061e-09 of the weight. The second still
+# spreads weight over all three keys. The slide's 0.9999999998 has one 9 too many: the weights
+# must sum to 1, so the first one is 1 minus the second (2.061e-09), which the cell prints as
+# 0.999999997939.
 #
 # ### 5b. The softmax Jacobian: how much gradient gets through
 # The softmax maps a vector to a vector, so its derivative is a matrix,
@@ -377,7 +379,8 @@ print(f"1 - first weight = {1 - saturated[0]:.4g}, and the other two weights sum
 # so if $J$ is tiny, so is every gradient flowing back into the scores.
 #
 # #### Exercise 3: the Jacobian by hand
-# Write `my_jacobian(a)` that returns $\mathrm{diag}(a) - aa^\top$ for a probability vector `a` of shape `(n,)`.
+# Write `my_jacobian(a)` that returns $\mathrm{diag}(a) - aa^\top$ for a probability vector `a` of
+# shape `(n,)`.
 
 # %%
 def my_jacobian(a: torch.Tensor) -> torch.Tensor:
@@ -424,9 +427,9 @@ print(f"largest entry for [2.5, 0, -2.5] / largest entry for [20, 0, -20] = {rat
 
 # %% [markdown]
 # For $[20, 0, -20]$ no entry exceeds 2.06e-09: whatever gradient arrives at the weights is
-# multiplied by numbers that small on its way back to the scores. For $[2.5, 0, -2.5]$ the largest entry is
-# 0.0749, tens of millions of times larger (the ratio is printed last). Sweeping the size of the scores,
-# $s = t \cdot [1, 0, -1]$, shows the collapse is exponential:
+# multiplied by numbers that small on its way back to the scores. For $[2.5, 0, -2.5]$ the largest
+# entry is 0.0749, tens of millions of times larger (the ratio is printed last). Sweeping the size
+# of the scores, $s = t \cdot [1, 0, -1]$, shows the collapse is exponential:
 
 # %%
 def jacobian_norm(t: float) -> float:
@@ -878,17 +881,18 @@ assert w.shape == (batch, heads, n_q, n_x) and out.shape == (batch, heads, n_q, 
 print("weights", tuple(w.shape), "= (batch, heads, N_Q, N_X);  output", tuple(out.shape), "= (batch, heads, N_Q, d_v)")
 
 # %% [markdown]
-# **3. (The textbook section.) Without positional encoding, compare "the cat sat" with "sat cat the": are
-# (a) the per-position outputs, (b) the bag of outputs, (c) the next-token predictions the same?**
+# **3. (The textbook section.) Without positional encoding, compare "the cat sat" with "sat cat
+# the": are (a) the per-position outputs, (b) the bag of outputs, (c) the next-token predictions
+# the same?**
 # <details><summary>Answer</summary>
 #
-# (a) No: position 0 holds "the"'s output in one sentence and "sat"'s in the other. (b) Yes:
-# by permutation equivariance each token gets exactly the same output vector in both orders, so
-# the set of outputs is identical. (c) The prediction is read from the last position, which holds
-# a different token here ("sat" vs "the"), so it differs; but any two orders that end in the same
+# (a) No: position 0 holds "the"'s output in one sentence and "sat"'s in the other. (b) Yes: by
+# permutation equivariance each token gets exactly the same output vector in both orders, so the
+# set of outputs is identical. (c) The prediction is read from the last position, which holds a
+# different token here ("sat" vs "the"), so it differs; but any two orders that end in the same
 # token, such as "the cat sat" and "cat the sat", get *identical* predictions: the model cannot
-# tell them apart. (The textbook section's answer sketch says "yes" to (c); that holds only for orders
-# that end in the same token.) The cell checks all three.
+# tell them apart. (The textbook section's answer sketch says "yes" to (c); that holds only for
+# orders that end in the same token.) The cell checks all three.
 # </details>
 
 # %%

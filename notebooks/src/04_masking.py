@@ -69,9 +69,9 @@ for token, delta in zip(TOKENS, change, strict=True):
 #
 # Query $i$ may see keys $0..i$: the lower triangle including the diagonal. `masked_fill(where,
 # value)` writes `value` wherever `where` is True, so we fill the *disallowed* scores, `~allowed`.
-# The numbers are the Matrix Magic notes' scaled scores for "I like to eat" (notebook 3 showed that they do
-# not follow from the notes' own $Q$ and $K$ but from $KK^\top$; from here on the example is consistent, so we take
-# them as given).
+# The numbers are the Matrix Magic notes' scaled scores for "I like to eat" (notebook 3 showed
+# that they do not follow from the notes' own $Q$ and $K$ but from $KK^\top$; from here on the
+# example is consistent, so we take them as given).
 
 # %%
 TOKENS_MAGIC = ["I", "like", "to", "eat"]
@@ -87,10 +87,10 @@ print("\nscores after masked_fill(~allowed, -inf):\n", masked_scores)
 # %% [markdown]
 # Why $-\infty$? Because the softmax exponentiates: $e^{-\infty} = 0$ exactly, so a masked key
 # gets exactly zero weight and contributes nothing. Filling with **0** looks similar on a slide
-# (the Matrix Magic notes' "Masked Attention" table shows 0s) but $e^0 = 1$: every masked key still gets
-# weight $1/\text{(row sum)}$. With the notes' large scores that weight is tiny, which hides the
-# bug. With scores of ordinary size, 0 is a perfectly typical score and the future gets a large
-# share:
+# (the Matrix Magic notes' "Masked Attention" table shows 0s) but $e^0 = 1$: every masked key
+# still gets weight $1/\text{(row sum)}$. With the notes' large scores that weight is tiny, which
+# hides the bug. With scores of ordinary size, 0 is a perfectly typical score and the future gets
+# a large share:
 
 # %%
 def future_weight(scores: torch.Tensor, fill: float) -> torch.Tensor:
@@ -114,8 +114,8 @@ for name, scores in (("the notes' scores", MATRIX_MAGIC_SCALED), ("unit-variance
 #
 # ## 3. The Matrix Magic notes' masked-softmax table, reproduced
 #
-# The Matrix Magic notes exponentiate the masked scores, adds each row up, and divides. We do the same with
-# $-\infty$ and set the notes' printed exponentials beside ours.
+# The Matrix Magic notes exponentiate the masked scores, add each row up, and divide. We do the
+# same with $-\infty$ and set the notes' printed exponentials beside ours.
 
 # %%
 exps = torch.exp(masked_scores)
@@ -373,7 +373,8 @@ check("masking.padding_mask", my_padding_mask)
 
 # %% [markdown]
 # <details><summary>Hint</summary>Compare <code>torch.arange(n)</code> (shape <code>(n,)</code>)
-# with <code>lengths[:, None]</code> (shape <code>(B, 1)</code>): broadcasting gives <code>(B, n)</code>.</details>
+# with <code>lengths[:, None]</code> (shape <code>(B, 1)</code>): broadcasting gives
+# <code>(B, n)</code>.</details>
 #
 # <details><summary>Solution</summary>
 #
@@ -408,9 +409,9 @@ print("and what the NaN does downstream: output row 0", (plain @ v)[0],
       "| a loss that ignores row 0 by weighting it 0:", ((plain @ v).sum(dim=-1) * is_real).sum().item())
 
 # %% [markdown]
-# Every $e^{-\infty}$ in the row is 0, so is their sum, and $0/0$ is NaN. Worse, NaN does not stay where
-# it started: multiplying it by 0 gives NaN, so a loss that "ignores" the pad rows is NaN too, and
-# so is every gradient. Two common ways out:
+# Every $e^{-\infty}$ in the row is 0, so is their sum, and $0/0$ is NaN. Worse, NaN does not stay
+# where it started: multiplying it by 0 gives NaN, so a loss that "ignores" the pad rows is NaN
+# too, and so is every gradient. Two common ways out:
 # 1. **What `helpers.attention.softmax` does:** if a row's maximum is $-\infty$, shift it by 0
 #    instead of by the maximum (avoiding $-\infty - (-\infty)$), and if a row's sum is 0, divide by
 #    1 instead. A fully masked row then gets all-zero weights and a zero output: "attend to
