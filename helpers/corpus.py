@@ -63,13 +63,34 @@ THANKS = ["Thank you, my friend!", "We make a good team!", "That was fun!", "Let
           "I am glad you asked me!"]
 
 
-def _with_article(phrase: str) -> str:
-    """'a' or 'an' by the sound of the first letter: good enough for this word list."""
-    return ("an " if phrase[0] in "aeiou" else "a ") + phrase
+# English picks "a" or "an" by the first *sound*, not the first letter. Two kinds of word break
+# the letter rule: a silent "h" starts with a vowel sound ("an honest baker", "an hour"), and a
+# "u", "eu" or "o" read as "you" or "w" starts with a consonant sound ("a useful key", "a unique
+# map", "a European city", "a one-eyed cat"). The lists cover the grammar's words and their like;
+# tests/test_corpus.py checks every noun phrase the grammar can write.
+SILENT_H = ("honest", "honour", "honor", "hour", "heir")
+YOU_SOUND = ("unique", "unicorn", "uniform", "union", "unit", "univers", "use", "usual", "utensil",
+             "euro")
+W_SOUND = ("one", "once")
+
+
+def starts_with_vowel_sound(phrase: str) -> bool:
+    """True when the first word of `phrase` is read starting with a vowel sound (it takes "an")."""
+    word = re.match(r"[a-z]*", phrase.lower()).group()  # "one-eyed cat" -> "one"
+    if word.startswith(SILENT_H):
+        return True
+    if word.startswith(YOU_SOUND) or word in W_SOUND:
+        return False
+    return word[:1] in ("a", "e", "i", "o", "u")
+
+
+def with_article(phrase: str) -> str:
+    """`phrase` with "a" or "an" in front, chosen by the sound of its first word."""
+    return ("an " if starts_with_vowel_sound(phrase) else "a ") + phrase
 
 
 def _noun_phrases(adjectives: list[str], nouns: list[str]) -> list[str]:
-    return [_with_article(f"{adj} {noun}") for adj in adjectives for noun in nouns]
+    return [with_article(f"{adj} {noun}") for adj in adjectives for noun in nouns]
 
 
 NAMES = HEROES["she"] + HEROES["he"]
@@ -77,7 +98,7 @@ SLOTS: dict[str, list[str]] = {
     "hero": NAMES,
     "friend": NAMES,
     "a_person": _noun_phrases(PERSON_ADJECTIVES, ROLES),
-    "a_home": [_with_article(home) for home in HOMES],
+    "a_home": [with_article(home) for home in HOMES],
     "place": PLACES,
     "day": DAYS,
     "activity": ACTIVITIES,

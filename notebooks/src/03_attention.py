@@ -169,7 +169,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.
 # %% [markdown]
 # ### Cross-attention: the queries come from somewhere else
 #
-# In the notation of the lecture notes (seed 000), cross-attention takes $N_Q$ query vectors
+# In the notation of the USF notes, cross-attention takes $N_Q$ query vectors
 # $Q$ and $N_X$ data vectors $X$; the keys and values are computed from the data. Every size
 # below is different, so each shape tells you exactly where it came from.
 
@@ -193,12 +193,14 @@ show_shapes([("queries Q", "given", Q), ("data X", "given", X), ("key matrix W_K
              ("value matrix W_V", "learned", W_V), ("keys K", "X W_K", K), ("values V", "X W_V", V),
              ("similarities E", "Q K^T / sqrt(D_Q)", E), ("weights A", "softmax(E, dim=1)", A),
              ("outputs Y", "A V", Y)])
-print("\nrow sums of A:", A.sum(dim=1))
+largest_row_error = (A.sum(dim=1) - 1).abs().max().item()  # float32 sums are 1 up to round-off
+assert largest_row_error < 1e-6
+print("\nevery row of A sums to 1 (largest |row sum - 1| < 1e-6)")
 
 # %% [markdown]
 # Each query produces one output row, a mix of the data's values: $Y$ has $N_Q$ rows, not $N_X$.
 # The softmax runs along `dim=1`, across the keys, so each *row* of $A$ sums to 1: every query
-# gets a probability distribution over the data. (Seed 000's slide says the softmax "normalizes
+# gets a probability distribution over the data. (The USF notes' slide says the softmax "normalizes
 # each column"; with $A$ of shape $N_Q \times N_X$ and `dim=1`, it is the rows, as the sums show.)
 #
 # ### Self-attention: queries, keys and values all come from the same tokens
@@ -218,6 +220,66 @@ show_shapes([("inputs X", "given", X), ("W_Q, W_K, W_V", "learned, each", W_Q),
 # %% [markdown]
 # With one input the shapes get simpler: $N$ tokens in, $N$ outputs out, and the weight
 # matrix is square, $N \times N$. Almost always $D_Q = D_V = D_{out}$.
+#
+# ### What kind of bank? Context changes meaning
+# The Matrix Magic notes ask what "bank" means in "I swam across the river to get to the other
+# bank" and in "I walked across the intersection to get to the other bank". The embedding table
+# gives "bank" one vector, whatever the sentence. Self-attention hands each token a weighted
+# average of the others' values, so after it the two "bank"s differ. To make that visible we
+# write the vectors by hand, with three readable features (a trained model learns its own), and
+# use the vectors themselves as queries, keys and values: each token attends to the tokens that
+# share its features.
+
+# %%
+FEATURES = ["water", "town", "money"]
+MEANING = {"bank": [1.0, 1.0, 1.0],           # ambiguous: a river bank, or a bank in town that holds money
+           "river": [3.0, 0.0, 0.0], "swam": [2.0, 0.0, 0.0],
+           "intersection": [0.0, 3.0, 0.0], "walked": [0.0, 1.0, 0.0]}  # every other word: all zeros
+SENSES = {"river bank": torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64),
+          "bank, the business": torch.tensor([0.0, 1.0, 1.0], dtype=torch.float64)}
+
+
+def meaning_vectors(sentence: str) -> torch.Tensor:
+    """The hand-made vector of every word of `sentence`: (n_words, 3)."""
+    return torch.tensor([MEANING.get(word, [0.0, 0.0, 0.0]) for word in sentence.split()], dtype=torch.float64)
+
+
+def sense_cosines(vector: torch.Tensor) -> dict[str, float]:
+    """Cosine of `vector` (3,) with each sense of "bank"."""
+    return {name: (torch.dot(vector, sense) / (vector.norm() * sense.norm())).item() for name, sense in SENSES.items()}
+
+
+def show_bank(when: str, vector: torch.Tensor) -> None:
+    """Print the features of a "bank" vector (3,) and its cosine with each sense."""
+    features = " ".join(f"{name}={value:.2f}" for name, value in zip(FEATURES, vector.tolist(), strict=True))
+    cosines = ", ".join(f"{name} {cosine:.2f}" for name, cosine in sense_cosines(vector).items())
+    print(f"  'bank' {when:<17} {features}; cosine with {cosines}")
+
+
+bank_in, bank_out = {}, {}
+for sentence in ("I swam across the river to get to the other bank",
+                 "I walked across the intersection to get to the other bank"):
+    x = meaning_vectors(sentence)  # (11, 3)
+    output, _ = attention(x, x, x)  # self-attention with Q = K = V = x
+    bank_in[sentence], bank_out[sentence] = x[-1], output[-1]
+    print(f'"{sentence}"')
+    show_bank("before attention", x[-1])
+    show_bank("after attention", output[-1])
+river, road = bank_in
+assert torch.equal(bank_in[river], bank_in[road]) and not torch.allclose(bank_out[river], bank_out[road])
+after_river, after_road = sense_cosines(bank_out[river]), sense_cosines(bank_out[road])
+assert after_river["river bank"] > after_river["bank, the business"]
+assert after_road["bank, the business"] > after_road["river bank"]
+print(f"\ndistance between the two 'bank's: {(bank_in[river] - bank_in[road]).norm():.2f} before attention, "
+      f"{(bank_out[river] - bank_out[road]).norm():.2f} after")
+
+# %% [markdown]
+# The same token enters both sentences with the same vector and leaves with two different ones:
+# next to "river" and "swam" its output leans to the water feature and to the river-bank sense
+# (cosine 0.58 before, 0.96 after); next to "intersection" and "walked" it leans to the town
+# feature and away from the river bank (0.58 before, 0.22 after), so the business sense wins. This
+# is what "contextual embedding" means. In a real model the features are not readable and $W_Q$,
+# $W_K$, $W_V$ are learned, but the mechanism is this weighted average.
 #
 # ### Exercise 2: scaled dot-product attention
 # Write `my_attention(q, k, v)` returning `(output, weights)`. It must work for self-attention,
@@ -286,7 +348,7 @@ except ValueError as error:
 # ## 5. Why divide by $\sqrt{d_k}$? The softmax-saturation demo
 #
 # ### 5a. Two softmaxes
-# The lecture notes (seed 000) take one query whose scores over three keys are $[20, 0, -20]$,
+# The USF notes take one query whose scores over three keys are $[20, 0, -20]$,
 # and the same scores divided by 8, $[2.5, 0, -2.5]$. We compute both in float64 with enough
 # digits to see what happens.
 
@@ -300,14 +362,15 @@ def show_softmax(scores: list[float]) -> torch.Tensor:
 
 saturated = show_softmax([20.0, 0.0, -20.0])
 relaxed = show_softmax([2.5, 0.0, -2.5])
-SEED_000_PRINTS = 0.9999999998  # seed 000's first slide
-print(f"\nseed 000 prints {SEED_000_PRINTS} for the first weight; the true value is {saturated[0]:.12f}")
+USF_PRINTS = 0.9999999998  # the USF notes' first slide
+print(f"\nthe USF notes print {USF_PRINTS} for the first weight; the true value is {saturated[0]:.12f}")
 print(f"1 - first weight = {1 - saturated[0]:.4g}, and the other two weights sum to {saturated[1] + saturated[2]:.4g}")
 
 # %% [markdown]
-# The first softmax is one-hot: the two other keys share 2.061e-09 of the weight. The second
-# still spreads weight over all three keys. The slide's 0.9999999998 has one 9 too many: the weights must sum to 1, so the
-# first one is 1 minus the second (2.061e-09), which the cell prints as 0.999999997939.
+# The first softmax is one-hot: the two other keys share 2.061e-09 of the weight. The second still
+# spreads weight over all three keys. The slide's 0.9999999998 has one 9 too many: the weights
+# must sum to 1, so the first one is 1 minus the second (2.061e-09), which the cell prints as
+# 0.999999997939.
 #
 # ### 5b. The softmax Jacobian: how much gradient gets through
 # The softmax maps a vector to a vector, so its derivative is a matrix,
@@ -316,7 +379,8 @@ print(f"1 - first weight = {1 - saturated[0]:.4g}, and the other two weights sum
 # so if $J$ is tiny, so is every gradient flowing back into the scores.
 #
 # #### Exercise 3: the Jacobian by hand
-# Write `my_jacobian(a)` that returns $\mathrm{diag}(a) - aa^\top$ for a probability vector `a` of shape `(n,)`.
+# Write `my_jacobian(a)` that returns $\mathrm{diag}(a) - aa^\top$ for a probability vector `a` of
+# shape `(n,)`.
 
 # %%
 def my_jacobian(a: torch.Tensor) -> torch.Tensor:
@@ -363,9 +427,9 @@ print(f"largest entry for [2.5, 0, -2.5] / largest entry for [20, 0, -20] = {rat
 
 # %% [markdown]
 # For $[20, 0, -20]$ no entry exceeds 2.06e-09: whatever gradient arrives at the weights is
-# multiplied by numbers that small on its way back to the scores. For $[2.5, 0, -2.5]$ the largest entry is
-# 0.0749, tens of millions of times larger (the ratio is printed last). Sweeping the size of the scores,
-# $s = t \cdot [1, 0, -1]$, shows the collapse is exponential:
+# multiplied by numbers that small on its way back to the scores. For $[2.5, 0, -2.5]$ the largest
+# entry is 0.0749, tens of millions of times larger (the ratio is printed last). Sweeping the size
+# of the scores, $s = t \cdot [1, 0, -1]$, shows the collapse is exponential:
 
 # %%
 def jacobian_norm(t: float) -> float:
@@ -432,7 +496,7 @@ plt.show()
 # The measured variance sits on the line $\mathrm{var} = d_k$, and after dividing by
 # $\sqrt{d_k}$ it sits on 1 for every $d_k$. With $d_k = 64$ (a typical head size) unscaled
 # scores have a standard deviation of 8, so gaps like the $[20, 0, -20]$ of section 5a are
-# common. That is exactly the factor seed 000 divides by: $\sqrt{64} = 8$.
+# common. That is exactly the factor the USF notes divide by: $\sqrt{64} = 8$.
 
 # %%
 print(f"sqrt(64) = {math.sqrt(64):.0f};  measured std of q.k at d_k = 64: {math.sqrt(raw_var[D_KS.index(64)]):.2f}")
@@ -456,10 +520,11 @@ def gradient_reaching_qk(d_k: int, seed: int = 0) -> dict[bool, dict[str, float]
     Both variants see the same random problems, so only the scaling differs.
     """
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(PROBLEMS, 1, d_k, generator=g)
-    k = torch.randn(PROBLEMS, N_KEYS, d_k, generator=g)
-    v = torch.randn(PROBLEMS, N_KEYS, D_V_DEMO, generator=g)
-    upstream = torch.randn(PROBLEMS, 1, D_V_DEMO, generator=g)
+    # float64: a saturated softmax leaves gradients near float32's round-off, whose digits vary by CPU
+    q = torch.randn(PROBLEMS, 1, d_k, generator=g).double()
+    k = torch.randn(PROBLEMS, N_KEYS, d_k, generator=g).double()
+    v = torch.randn(PROBLEMS, N_KEYS, D_V_DEMO, generator=g).double()
+    upstream = torch.randn(PROBLEMS, 1, D_V_DEMO, generator=g).double()
     results = {}
     for scaled in (False, True):
         q_leaf, k_leaf = q.clone().requires_grad_(), k.clone().requires_grad_()
@@ -517,7 +582,7 @@ def draw_saturation(d_k: int) -> dict[str, float]:
     Returns what was drawn: the largest weight and the median |dL/dQ| at this d_k, both ways.
     """
     g = torch.Generator().manual_seed(7)
-    q, k = torch.randn(1, d_k, generator=g), torch.randn(8, d_k, generator=g)
+    q, k = torch.randn(1, d_k, generator=g).double(), torch.randn(8, d_k, generator=g).double()
     unscaled = helper_softmax(q @ k.T)[0]
     scaled = helper_softmax(q @ k.T / math.sqrt(d_k))[0]
     row = D_KS.index(d_k)
@@ -565,56 +630,82 @@ print(f"slider d_k 256 -> 1024: largest unscaled weight {mid_head['max_weight_un
 # %% [markdown]
 # ## 6. The worked examples of the lecture notes
 #
-# ### "I like to eat" (seed 001)
-# Seed 001 prints a query matrix and a transposed key matrix for the four tokens (with
+# ### "I like to eat" (the Matrix Magic notes)
+# The Matrix Magic notes print a query matrix and a transposed key matrix for the four tokens (with
 # $d_q = d_k = 4$), then an attention matrix $QK^\top$ and its scaled version. We type in its
 # inputs and compute.
 
 # %%
-TOKENS_001 = ["I", "like", "to", "eat"]
-Q_001 = torch.tensor([[2.84, 2.76, 1.61, 1.82],
-                      [4.79, 3.06, 3.10, 2.27],
-                      [3.54, 2.62, 2.74, 2.13],
-                      [3.35, 3.96, 2.38, 2.20]], dtype=torch.float64)
-K_T_001 = torch.tensor([[2.68, 4.17, 4.37, 5.17],
-                        [2.31, 3.18, 2.80, 3.38],
-                        [2.89, 4.33, 3.88, 4.67],
-                        [2.82, 3.29, 2.81, 3.01]], dtype=torch.float64)  # rows d1..d4, columns tokens
-SEED_001_SCORES = torch.tensor([[28.84, 40.31, 37.30, 43.67],
-                                [40.31, 57.05, 53.14, 62.45],
-                                [37.30, 53.14, 49.84, 58.63],
-                                [43.67, 62.45, 58.63, 69.08]], dtype=torch.float64)
-SEED_001_SCALED = torch.tensor([[14.42, 20.16, 18.65, 21.83],
-                                [20.16, 28.53, 26.57, 31.22],
-                                [18.65, 26.57, 24.92, 29.32],
-                                [21.83, 31.22, 29.32, 34.54]], dtype=torch.float64)
-true_scores_001 = Q_001 @ K_T_001
+TOKENS_MAGIC = ["I", "like", "to", "eat"]
+Q_MAGIC = torch.tensor([[2.84, 2.76, 1.61, 1.82],
+                        [4.79, 3.06, 3.10, 2.27],
+                        [3.54, 2.62, 2.74, 2.13],
+                        [3.35, 3.96, 2.38, 2.20]], dtype=torch.float64)
+K_T_MAGIC = torch.tensor([[2.68, 4.17, 4.37, 5.17],
+                          [2.31, 3.18, 2.80, 3.38],
+                          [2.89, 4.33, 3.88, 4.67],
+                          [2.82, 3.29, 2.81, 3.01]], dtype=torch.float64)  # rows d1..d4, columns tokens
+MATRIX_MAGIC_SCORES = torch.tensor([[28.84, 40.31, 37.30, 43.67],
+                                    [40.31, 57.05, 53.14, 62.45],
+                                    [37.30, 53.14, 49.84, 58.63],
+                                    [43.67, 62.45, 58.63, 69.08]], dtype=torch.float64)
+MATRIX_MAGIC_SCALED = torch.tensor([[14.42, 20.16, 18.65, 21.83],
+                                    [20.16, 28.53, 26.57, 31.22],
+                                    [18.65, 26.57, 24.92, 29.32],
+                                    [21.83, 31.22, 29.32, 34.54]], dtype=torch.float64)
+true_scores_magic = Q_MAGIC @ K_T_MAGIC
 torch.set_printoptions(precision=2)
-print("Q K^T computed from the seed's Q and K^T:\n", true_scores_001)
-print("the seed's printed Q K^T:\n", SEED_001_SCORES)
-print("seed's matrix symmetric?", torch.equal(SEED_001_SCORES, SEED_001_SCORES.T),
-      "| computed matrix symmetric?", torch.allclose(true_scores_001, true_scores_001.T))
-print("seed's scaled table == its printed Q K^T / sqrt(4), to rounding?",
-      torch.allclose(SEED_001_SCORES / math.sqrt(4), SEED_001_SCALED, atol=0.006))
+print("Q K^T computed from the notes' Q and K^T:\n", true_scores_magic)
+print("the notes' printed Q K^T:\n", MATRIX_MAGIC_SCORES)
+print("notes' matrix symmetric?", torch.equal(MATRIX_MAGIC_SCORES, MATRIX_MAGIC_SCORES.T),
+      "| computed matrix symmetric?", torch.allclose(true_scores_magic, true_scores_magic.T))
+print("notes' scaled table == their printed Q K^T / sqrt(4), to rounding?",
+      torch.allclose(MATRIX_MAGIC_SCORES / math.sqrt(4), MATRIX_MAGIC_SCALED, atol=0.006))
 torch.set_printoptions(precision=4)
 
 # %% [markdown]
-# The seed's attention matrix does **not** follow from its own $Q$ and $K$: the first entry
-# should be 23.77, not 28.84, and the seed's matrix is symmetric, which $QK^\top$ is only when the
-# queries and keys coincide. Its scaled table is its own matrix divided by $\sqrt{4} = 2$, so the
-# rest of the example is consistent from there on. Here are the true values next to the seed's:
+# The notes' attention matrix does **not** follow from their own $Q$ and $K$: the first entry
+# of $QK^\top$ is 23.77, not 28.84. And the notes' matrix is symmetric, which $QK^\top$ is only
+# when the queries and the keys coincide. So which product is it? A symmetric matrix of the form
+# $MM^\top$ suggests the keys against themselves: $KK^\top$, or the queries against themselves,
+# $QQ^\top$. Computed from the printed tables:
+
+# %%
+K_MAGIC = K_T_MAGIC.T  # (tokens, d): one key per row
+candidates = {"Q K^T": Q_MAGIC @ K_MAGIC.T, "Q Q^T": Q_MAGIC @ Q_MAGIC.T, "K K^T": K_MAGIC @ K_MAGIC.T}
+for name, product in candidates.items():
+    print(f"{name}: largest gap to the notes' matrix {(product - MATRIX_MAGIC_SCORES).abs().max():6.2f}")
+# The printed K is rounded to 2 decimals (each entry off by at most 0.005), so an entry of K K^T
+# computed from it can be off by up to 0.005 * (|k_i|_1 + |k_j|_1) + 4 * 0.005^2.
+row_l1 = K_MAGIC.abs().sum(dim=1)
+rounding_bound = 0.005 * (row_l1[:, None] + row_l1[None, :]) + 4 * 0.005**2
+kkt_gap = (candidates["K K^T"] - MATRIX_MAGIC_SCORES).abs()
+assert (kkt_gap <= rounding_bound).all()
+torch.set_printoptions(precision=2)
+print("\nK K^T, computed from the notes' keys:\n", candidates["K K^T"])
+print("the notes' 'Q K^T':\n", MATRIX_MAGIC_SCORES)
+torch.set_printoptions(precision=4)
+print(f"every entry of K K^T is within the rounding of K (largest bound {rounding_bound.max():.2f})")
+
+# %% [markdown]
+# The notes' "attention matrix" is $KK^\top$: every entry agrees with the keys multiplied by
+# themselves, within what the two-decimal rounding of $K$ allows (the assert checks it entry by
+# entry), while $QK^\top$ and $QQ^\top$ are off by whole units. The notes' code reads
+# `wei = q @ k.transpose(-2, -1)`, so the table was most likely made with the keys standing in for
+# the queries. Their scaled table is that matrix divided by $\sqrt{4} = 2$, so the
+# rest of the example is consistent from there on. Here are the true values next to the notes':
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
-heatmap(true_scores_001 / 2, TOKENS_001, TOKENS_001, ax=axes[0], title="Q Kᵀ / √4, computed",
+heatmap(true_scores_magic / 2, TOKENS_MAGIC, TOKENS_MAGIC, ax=axes[0], title="Q Kᵀ / √4, computed",
         xlabel="key", ylabel="query")
-heatmap(SEED_001_SCALED, TOKENS_001, TOKENS_001, ax=axes[1], title="Q Kᵀ / √4, as seed 001 prints it",
+heatmap(MATRIX_MAGIC_SCALED, TOKENS_MAGIC, TOKENS_MAGIC, ax=axes[1], title="Q Kᵀ / √4, as the notes print it",
         xlabel="key", ylabel="query")
 fig.tight_layout()
 plt.show()
-weights_001 = helper_softmax(true_scores_001 / 2)
+weights_magic = helper_softmax(true_scores_magic / 2)
 print("softmax rows of the computed scores, unmasked (notebook 4 adds the mask):")
-for token, row in zip(TOKENS_001, weights_001, strict=True):
+for token, row in zip(TOKENS_MAGIC, weights_magic, strict=True):
     print(f"  {token:>5}: {[round(w, 3) for w in row.tolist()]}")
 
 # %% [markdown]
@@ -623,69 +714,69 @@ for token, row in zip(TOKENS_001, weights_001, strict=True):
 # $1/\sqrt{d_k}$ helps only when the inputs are roughly unit-variance, which is what the
 # initialisation and the LayerNorm of later notebooks arrange.
 #
-# ### "The cat sat here" (seed 003)
-# Seed 003 gives an input $X$ ($N = 4$ tokens, $d_{model} = 6$) and then $Q$, $K$, $V$
+# ### "The cat sat here" (the DS 246 notes)
+# The DS 246 notes give an input $X$ ($N = 4$ tokens, $d_{model} = 6$) and then $Q$, $K$, $V$
 # ($4 \times 4$, so $d_k = d_v = 4$). Its weight matrices are printed garbled ($W_Q$ with twelve
 # rows of four, $W_V$ partly with rows of three), so $Q$, $K$, $V$ cannot be recomputed from $X$;
 # we start from the printed $Q$, $K$, $V$ and compute everything after them.
 
 # %%
-TOKENS_003 = ["The", "cat", "sat", "here"]
-X_003 = torch.tensor([[1.2, 0.1, 0.8, 0.3, 0.0, 0.5],
+TOKENS_DS246 = ["The", "cat", "sat", "here"]
+X_DS246 = torch.tensor([[1.2, 0.1, 0.8, 0.3, 0.0, 0.5],
                       [0.3, 0.2, 0.5, 1.8, 0.0, 1.2],
                       [0.7, 0.3, 1.1, 0.9, 1.5, 0.2],
                       [0.4, 0.4, 0.6, 1.2, 0.0, 0.8]], dtype=torch.float64)
-Q_003 = torch.tensor([[1.23, 0.81, 1.05, 0.92], [0.76, 1.42, 0.88, 1.31],
+Q_DS246 = torch.tensor([[1.23, 0.81, 1.05, 0.92], [0.76, 1.42, 0.88, 1.31],
                       [1.15, 0.97, 1.33, 1.08], [0.89, 1.28, 0.94, 1.17]], dtype=torch.float64)
-K_003 = torch.tensor([[0.98, 1.21, 0.89, 1.04], [0.82, 1.53, 1.12, 0.95],
+K_DS246 = torch.tensor([[0.98, 1.21, 0.89, 1.04], [0.82, 1.53, 1.12, 0.95],
                       [1.07, 1.09, 1.25, 1.18], [0.91, 1.35, 1.03, 0.87]], dtype=torch.float64)
-V_003 = torch.tensor([[1.31, 1.02, 0.95, 1.15], [1.08, 1.45, 1.23, 0.89],
+V_DS246 = torch.tensor([[1.31, 1.02, 0.95, 1.15], [1.08, 1.45, 1.23, 0.89],
                       [1.22, 1.18, 1.09, 1.31], [1.14, 1.33, 1.07, 0.98]], dtype=torch.float64)
-SEED_003_RAW = torch.tensor([[4.21, 4.85, 5.12, 4.33], [4.56, 5.91, 5.43, 4.87],
+DS246_RAW = torch.tensor([[4.21, 4.85, 5.12, 4.33], [4.56, 5.91, 5.43, 4.87],
                              [5.02, 5.73, 5.98, 5.21], [4.43, 5.42, 5.31, 4.76]], dtype=torch.float64)
-SEED_003_WEIGHTS = torch.tensor([[0.20, 0.28, 0.32, 0.20], [0.18, 0.35, 0.29, 0.18],
+DS246_WEIGHTS = torch.tensor([[0.20, 0.28, 0.32, 0.20], [0.18, 0.35, 0.29, 0.18],
                                  [0.19, 0.28, 0.33, 0.20], [0.17, 0.31, 0.30, 0.22]], dtype=torch.float64)
-SEED_003_OUTPUT = torch.tensor([[1.16, 1.28, 1.10, 1.08], [1.15, 1.30, 1.14, 1.11],
+DS246_OUTPUT = torch.tensor([[1.16, 1.28, 1.10, 1.08], [1.15, 1.30, 1.14, 1.11],
                                 [1.17, 1.29, 1.12, 1.10], [1.16, 1.31, 1.13, 1.09]], dtype=torch.float64)
 
-output_003, weights_003 = scaled_dot_product_attention(Q_003, K_003, V_003)
+output_ds246, weights_ds246 = scaled_dot_product_attention(Q_DS246, K_DS246, V_DS246)
 torch.set_printoptions(precision=2)
-print("raw scores Q K^T, computed:\n", Q_003 @ K_003.T, "\nas seed 003 prints them:\n", SEED_003_RAW)
-print("\nweights from the seed's own scores (softmax(raw / 2)):\n", helper_softmax(SEED_003_RAW / 2),
-      "\nas seed 003 prints them:\n", SEED_003_WEIGHTS)
-print("\noutput A V, computed from Q, K, V:\n", output_003, "\nas seed 003 prints it:\n", SEED_003_OUTPUT,
-      "\nthe seed's printed weights times its printed V:\n", SEED_003_WEIGHTS @ V_003)
+print("raw scores Q K^T, computed:\n", Q_DS246 @ K_DS246.T, "\nas the notes print them:\n", DS246_RAW)
+print("\nweights from the notes' own scores (softmax(raw / 2)):\n", helper_softmax(DS246_RAW / 2),
+      "\nas the notes print them:\n", DS246_WEIGHTS)
+print("\noutput A V, computed from Q, K, V:\n", output_ds246, "\nas the notes print it:\n", DS246_OUTPUT,
+      "\nthe notes' printed weights times their printed V:\n", DS246_WEIGHTS @ V_DS246)
 torch.set_printoptions(precision=4)
-print(f"\nlargest gap: scores {(Q_003 @ K_003.T - SEED_003_RAW).abs().max():.2f}, "
-      f"weights {(helper_softmax(SEED_003_RAW / 2) - SEED_003_WEIGHTS).abs().max():.3f}, "
-      f"outputs {(output_003 - SEED_003_OUTPUT).abs().max():.3f}, "
-      f"seed's outputs vs its own weights x V {(SEED_003_WEIGHTS @ V_003 - SEED_003_OUTPUT).abs().max():.3f}")
+print(f"\nlargest gap: scores {(Q_DS246 @ K_DS246.T - DS246_RAW).abs().max():.2f}, "
+      f"weights {(helper_softmax(DS246_RAW / 2) - DS246_WEIGHTS).abs().max():.3f}, "
+      f"outputs {(output_ds246 - DS246_OUTPUT).abs().max():.3f}, "
+      f"the notes' outputs vs their own weights x V {(DS246_WEIGHTS @ V_DS246 - DS246_OUTPUT).abs().max():.3f}")
 
 # %% [markdown]
-# Three findings. The seed's raw scores are not $QK^\top$ of its own $Q$ and $K$ (for example
+# Three findings. The notes' raw scores are not $QK^\top$ of their own $Q$ and $K$ (for example
 # "The"·"The" is 4.08, not 4.21). Its weights roughly follow from its own printed scores (off by
 # up to 0.026). Its outputs follow neither from the true weights nor from its own printed weights
 # times its $V$ (off by 0.058 and 0.040, the last line). The computed attention, with token labels:
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
-heatmap(weights_003, TOKENS_003, TOKENS_003, ax=axes[0], vmin=0, vmax=0.4,
+heatmap(weights_ds246, TOKENS_DS246, TOKENS_DS246, ax=axes[0], vmin=0, vmax=0.4,
         title="Weights, computed from Q, K", xlabel="key (attended to)", ylabel="query")
-heatmap(SEED_003_WEIGHTS, TOKENS_003, TOKENS_003, ax=axes[1], vmin=0, vmax=0.4,
-        title="Weights, as seed 003 prints them", xlabel="key (attended to)", ylabel="query")
+heatmap(DS246_WEIGHTS, TOKENS_DS246, TOKENS_DS246, ax=axes[1], vmin=0, vmax=0.4,
+        title="Weights, as the DS 246 notes print them", xlabel="key (attended to)", ylabel="query")
 fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Seed 003 then counts how many numbers each stage holds. We count them from the tensors:
+# The DS 246 notes then count how many numbers each stage holds. We count them from the tensors:
 
 # %%
-stages = [("input X", "N x d_model", X_003.numel()),
-          ("W_Q, W_K, W_V", "3 x (d_model x d_k)", 3 * X_003.shape[1] * Q_003.shape[1]),
-          ("Q, K, V", "3 x (N x d_k)", Q_003.numel() + K_003.numel() + V_003.numel()),
-          ("scores Q K^T", "N x N", weights_003.numel()),
-          ("weights softmax", "N x N", weights_003.numel()),
-          ("output A V", "N x d_v", output_003.numel())]
+stages = [("input X", "N x d_model", X_DS246.numel()),
+          ("W_Q, W_K, W_V", "3 x (d_model x d_k)", 3 * X_DS246.shape[1] * Q_DS246.shape[1]),
+          ("Q, K, V", "3 x (N x d_k)", Q_DS246.numel() + K_DS246.numel() + V_DS246.numel()),
+          ("scores Q K^T", "N x N", weights_ds246.numel()),
+          ("weights softmax", "N x N", weights_ds246.numel()),
+          ("output A V", "N x d_v", output_ds246.numel())]
 for name, shape, count in stages:
     print(f"{name:<18}{shape:<22}{count:>4} values")
 gpt3_n, gpt3_heads = 2048, 96
@@ -726,7 +817,7 @@ print("SelfAttn(P X) == P SelfAttn(X) for the permutation", perm.tolist())
 # positions to the embeddings before the first attention layer.
 #
 # ## 8. Cross-attention vs self-attention, side by side
-# In an encoder-decoder model (seed 003) the decoder's tokens supply the **queries** and the
+# In an encoder-decoder model (the DS 246 notes) the decoder's tokens supply the **queries** and the
 # encoder's output supplies the **keys and values**: cross-attention. Self-attention takes all
 # three from the same tokens. Same function, different inputs, different weight-matrix shapes.
 
@@ -764,7 +855,8 @@ plt.show()
 
 # %%
 g = torch.Generator().manual_seed(5)
-q, k = torch.randn(1, 512, generator=g), torch.randn(16, 512, generator=g)
+# float64: the unscaled Jacobian is near 1e-7, float32's round-off level, so float32 digits would vary
+q, k = torch.randn(1, 512, generator=g).double(), torch.randn(16, 512, generator=g).double()
 for name, scale in (("unscaled", 1.0), ("scaled", 1 / math.sqrt(512))):
     a = helper_softmax(q @ k.T * scale)[0]
     print(f"{name:>9}: std of scores {(q @ k.T * scale).std():6.2f}, largest weight {a.max():.4f}, "
@@ -789,17 +881,18 @@ assert w.shape == (batch, heads, n_q, n_x) and out.shape == (batch, heads, n_q, 
 print("weights", tuple(w.shape), "= (batch, heads, N_Q, N_X);  output", tuple(out.shape), "= (batch, heads, N_Q, d_v)")
 
 # %% [markdown]
-# **3. (Seed 002.) Without positional encoding, compare "the cat sat" with "sat cat the": are
-# (a) the per-position outputs, (b) the bag of outputs, (c) the next-token predictions the same?**
+# **3. (The textbook section.) Without positional encoding, compare "the cat sat" with "sat cat
+# the": are (a) the per-position outputs, (b) the bag of outputs, (c) the next-token predictions
+# the same?**
 # <details><summary>Answer</summary>
 #
-# (a) No: position 0 holds "the"'s output in one sentence and "sat"'s in the other. (b) Yes:
-# by permutation equivariance each token gets exactly the same output vector in both orders, so
-# the set of outputs is identical. (c) The prediction is read from the last position, which holds
-# a different token here ("sat" vs "the"), so it differs; but any two orders that end in the same
+# (a) No: position 0 holds "the"'s output in one sentence and "sat"'s in the other. (b) Yes: by
+# permutation equivariance each token gets exactly the same output vector in both orders, so the
+# set of outputs is identical. (c) The prediction is read from the last position, which holds a
+# different token here ("sat" vs "the"), so it differs; but any two orders that end in the same
 # token, such as "the cat sat" and "cat the sat", get *identical* predictions: the model cannot
-# tell them apart. (Seed 002's answer sketch says "yes" to (c); that holds only for orders
-# that end in the same token.) The cell checks all three.
+# tell them apart. (The textbook section's answer sketch says "yes" to (c); that holds only for
+# orders that end in the same token.) The cell checks all three.
 # </details>
 
 # %%

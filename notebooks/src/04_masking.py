@@ -69,28 +69,28 @@ for token, delta in zip(TOKENS, change, strict=True):
 #
 # Query $i$ may see keys $0..i$: the lower triangle including the diagonal. `masked_fill(where,
 # value)` writes `value` wherever `where` is True, so we fill the *disallowed* scores, `~allowed`.
-# The numbers are seed 001's scaled scores for "I like to eat" (notebook 3 showed that they do
-# not follow from the seed's own $Q$ and $K$; from here on the example is consistent, so we take
-# them as given).
+# The numbers are the Matrix Magic notes' scaled scores for "I like to eat" (notebook 3 showed
+# that they do not follow from the notes' own $Q$ and $K$ but from $KK^\top$; from here on the
+# example is consistent, so we take them as given).
 
 # %%
-TOKENS_001 = ["I", "like", "to", "eat"]
-SEED_001_SCALED = torch.tensor([[14.42, 20.16, 18.65, 21.83],
-                                [20.16, 28.53, 26.57, 31.22],
-                                [18.65, 26.57, 24.92, 29.32],
-                                [21.83, 31.22, 29.32, 34.54]], dtype=torch.float64)
+TOKENS_MAGIC = ["I", "like", "to", "eat"]
+MATRIX_MAGIC_SCALED = torch.tensor([[14.42, 20.16, 18.65, 21.83],
+                                    [20.16, 28.53, 26.57, 31.22],
+                                    [18.65, 26.57, 24.92, 29.32],
+                                    [21.83, 31.22, 29.32, 34.54]], dtype=torch.float64)
 allowed = torch.tril(torch.ones(4, 4, dtype=torch.bool))
 print("allowed (True = may attend):\n", allowed)
-masked_scores = SEED_001_SCALED.masked_fill(~allowed, float("-inf"))
+masked_scores = MATRIX_MAGIC_SCALED.masked_fill(~allowed, float("-inf"))
 print("\nscores after masked_fill(~allowed, -inf):\n", masked_scores)
 
 # %% [markdown]
 # Why $-\infty$? Because the softmax exponentiates: $e^{-\infty} = 0$ exactly, so a masked key
 # gets exactly zero weight and contributes nothing. Filling with **0** looks similar on a slide
-# (seed 001's "Masked Attention" table shows 0s) but $e^0 = 1$: every masked key still gets
-# weight $1/\text{(row sum)}$. With seed 001's large scores that weight is tiny, which hides the
-# bug. With scores of ordinary size, 0 is a perfectly typical score and the future gets a large
-# share:
+# (the Matrix Magic notes' "Masked Attention" table shows 0s) but $e^0 = 1$: every masked key
+# still gets weight $1/\text{(row sum)}$. With the notes' large scores that weight is tiny, which
+# hides the bug. With scores of ordinary size, 0 is a perfectly typical score and the future gets
+# a large share:
 
 # %%
 def future_weight(scores: torch.Tensor, fill: float) -> torch.Tensor:
@@ -103,7 +103,7 @@ def future_weight(scores: torch.Tensor, fill: float) -> torch.Tensor:
 
 torch.manual_seed(1)
 ordinary_scores = torch.randn(4, 4, dtype=torch.float64)  # unit-variance scores, as after scaling
-for name, scores in (("seed 001's scores", SEED_001_SCALED), ("unit-variance scores", ordinary_scores)):
+for name, scores in (("the notes' scores", MATRIX_MAGIC_SCALED), ("unit-variance scores", ordinary_scores)):
     print(f"{name:>22}: weight on the future per query, fill 0 -> "
           f"{[f'{w:.2g}' for w in future_weight(scores, 0.0).tolist()]}, "
           f"fill -inf -> {future_weight(scores, float('-inf')).tolist()}")
@@ -112,51 +112,53 @@ for name, scores in (("seed 001's scores", SEED_001_SCALED), ("unit-variance sco
 # With 0 the first query, which should see only itself, spends most of its weight on three
 # tokens it must not see; with $-\infty$ every query puts exactly 0 on the future.
 #
-# ## 3. Seed 001's masked-softmax table, reproduced
+# ## 3. The Matrix Magic notes' masked-softmax table, reproduced
 #
-# Seed 001 exponentiates the masked scores, adds each row up, and divides. We do the same with
-# $-\infty$ and set the seed's printed exponentials beside ours.
+# The Matrix Magic notes exponentiate the masked scores, add each row up, and divide. We do the
+# same with $-\infty$ and set the notes' printed exponentials beside ours.
 
 # %%
 exps = torch.exp(masked_scores)
 row_sums = exps.sum(dim=-1)
-torch.set_printoptions(precision=0, sci_mode=False, linewidth=120)
-print("exp(masked scores), computed:\n", exps)
+# Six significant digits: the last digits of a float64 exp differ between CPUs' exp routines.
+torch.set_printoptions(precision=5, sci_mode=True, linewidth=120)
+print("exp(masked scores), computed, to 6 significant digits:\n", exps)
 print("row sums, computed:", row_sums)
-SEED_001_EXPS = torch.tensor([[1827800, 0, 0, 0],
-                              [567261070, 2449586694989, 0, 0],
-                              [125826465, 345618259437, 66316918440, 0],
-                              [3039308147, 36359847277715, 5389806117804, 1003656459556760]], dtype=torch.float64)
-SEED_001_SUMS = torch.tensor([1827803, 2450153956061, 412061004343, 1045409152260420], dtype=torch.float64)
-torch.set_printoptions(precision=4)
-print(f"\nlargest relative gap between our exponentials and the seed's: "
-      f"{((exps - SEED_001_EXPS).abs() / SEED_001_EXPS.clamp(min=1)).max():.4f}; "
+MATRIX_MAGIC_EXPS = torch.tensor([[1827800, 0, 0, 0],
+                                  [567261070, 2449586694989, 0, 0],
+                                  [125826465, 345618259437, 66316918440, 0],
+                                  [3039308147, 36359847277715, 5389806117804, 1003656459556760]], dtype=torch.float64)
+MATRIX_MAGIC_SUMS = torch.tensor([1827803, 2450153956061, 412061004343, 1045409152260420], dtype=torch.float64)
+print("the notes' exponentials:\n", MATRIX_MAGIC_EXPS)
+torch.set_printoptions(precision=4, sci_mode=False)
+print(f"\nlargest relative gap between our exponentials and the notes': "
+      f"{((exps - MATRIX_MAGIC_EXPS).abs() / MATRIX_MAGIC_EXPS.clamp(min=1)).max():.4f}; "
       f"rounding a score by 0.005 changes its exponential by up to {torch.tensor(0.005).exp() - 1:.4f}")
-print("seed's row sum minus the sum of its own allowed exponentials:",
-      (SEED_001_SUMS - SEED_001_EXPS.sum(dim=-1)).tolist(), "| masked entries per row:",
+print("notes' row sum minus the sum of their own allowed exponentials:",
+      (MATRIX_MAGIC_SUMS - MATRIX_MAGIC_EXPS.sum(dim=-1)).tolist(), "| masked entries per row:",
       (~allowed).sum(dim=-1).tolist())
 
 # %% [markdown]
 # Two things differ, and both are explained by the cell:
-# - the exponentials differ by up to 0.0049 (relative): the seed exponentiated its *unrounded*
+# - the exponentials differ by up to 0.0049 (relative): the notes exponentiated their *unrounded*
 #   scores, while we only have the two-decimal ones, and rounding a score by 0.005 moves its
 #   exponential by up to 0.0050;
-# - the seed's row sums exceed the sum of its own exponentials by 3, 2 and 1 in the first three
+# - the notes' row sums exceed the sum of their own exponentials by 3, 2 and 1 in the first three
 #   rows: exactly the number of masked entries in each row. (The last row has none; its -6 is
 #   rounding, since its largest exponential and its sum, both near $10^{15}$, are printed to 15
-#   significant digits and may each be off by 5.) The seed added $e^0 = 1$ for every masked
-#   cell, so it filled with 0, not $-\infty$. Its scores are so large that this changes nothing
+#   significant digits and may each be off by 5.) The notes added $e^0 = 1$ for every masked
+#   cell, so they filled with 0, not $-\infty$. Their scores are so large that this changes nothing
 #   visible at two decimals, which is why the weights still come out right:
 
 # %%
-weights_001 = exps / row_sums.unsqueeze(-1)
-SEED_001_WEIGHTS = torch.tensor([[1.00, 0.00, 0.00, 0.00], [0.00, 1.00, 0.00, 0.00],
-                                 [0.00, 0.84, 0.16, 0.00], [0.00, 0.03, 0.01, 0.96]], dtype=torch.float64)
-torch.testing.assert_close(weights_001, softmax(masked_scores))
-print("weights, computed and rounded to two decimals, equal the seed's table:",
-      torch.equal(weights_001.round(decimals=2), SEED_001_WEIGHTS))
+weights_magic = exps / row_sums.unsqueeze(-1)
+MATRIX_MAGIC_WEIGHTS = torch.tensor([[1.00, 0.00, 0.00, 0.00], [0.00, 1.00, 0.00, 0.00],
+                                     [0.00, 0.84, 0.16, 0.00], [0.00, 0.03, 0.01, 0.96]], dtype=torch.float64)
+torch.testing.assert_close(weights_magic, softmax(masked_scores))
+print("weights, computed and rounded to two decimals, equal the notes' table:",
+      torch.equal(weights_magic.round(decimals=2), MATRIX_MAGIC_WEIGHTS))
 fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-heatmap(masked_scores.masked_fill(~allowed, float("nan")), TOKENS_001, TOKENS_001, ax=axes[0], annotate=False,
+heatmap(masked_scores.masked_fill(~allowed, float("nan")), TOKENS_MAGIC, TOKENS_MAGIC, ax=axes[0], annotate=False,
         title="Masked scores (future = −∞)", xlabel="key", ylabel="query")
 middle = masked_scores[allowed].mean()
 for (i, j), score in zip(torch.cartesian_prod(torch.arange(4), torch.arange(4)).tolist(),
@@ -164,34 +166,34 @@ for (i, j), score in zip(torch.cartesian_prod(torch.arange(4), torch.arange(4)).
     on_dark = bool(allowed[i, j]) and score < middle  # dark end of the colour map: write in white
     axes[0].text(j, i, f"{score:.2f}" if allowed[i, j] else "−∞", ha="center", va="center",
                  fontsize=11, color="white" if on_dark else "black")
-heatmap(weights_001, TOKENS_001, TOKENS_001, ax=axes[1], vmin=0, vmax=1,
+heatmap(weights_magic, TOKENS_MAGIC, TOKENS_MAGIC, ax=axes[1], vmin=0, vmax=1,
         title="Causal attention weights", xlabel="key", ylabel="query")
 fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Then the weights multiply seed 001's value matrix. The seed spells out one entry,
+# Then the weights multiply the notes' value matrix. The notes spell out one entry,
 # row "eat", column d1: $0 \times 1.73 + 0.03 \times 3.01 + 0.01 \times 3.08 + 0.96 \times 4.18$.
 
 # %%
-V_001 = torch.tensor([[1.73, 1.96, 2.34, 2.26], [3.01, 3.30, 4.60, 3.79],
-                      [3.08, 3.39, 4.06, 3.44], [4.18, 3.14, 3.55, 4.12]], dtype=torch.float64)
-SEED_001_OUT = torch.tensor([[1.73, 1.96, 2.34, 2.26], [3.01, 3.30, 4.60, 3.79],
-                             [3.02, 3.31, 4.51, 3.73], [4.13, 3.15, 3.59, 4.11]], dtype=torch.float64)
-out_001 = weights_001 @ V_001
+V_MAGIC = torch.tensor([[1.73, 1.96, 2.34, 2.26], [3.01, 3.30, 4.60, 3.79],
+                        [3.08, 3.39, 4.06, 3.44], [4.18, 3.14, 3.55, 4.12]], dtype=torch.float64)
+MATRIX_MAGIC_OUT = torch.tensor([[1.73, 1.96, 2.34, 2.26], [3.01, 3.30, 4.60, 3.79],
+                                 [3.02, 3.31, 4.51, 3.73], [4.13, 3.15, 3.59, 4.11]], dtype=torch.float64)
+out_magic = weights_magic @ V_MAGIC
 torch.set_printoptions(precision=2)
-print("weights @ V, computed:\n", out_001, "\nas seed 001 prints it:\n", SEED_001_OUT)
+print("weights @ V, computed:\n", out_magic, "\nas the Matrix Magic notes print it:\n", MATRIX_MAGIC_OUT)
 torch.set_printoptions(precision=4)
 print(f"\nthe spelled-out entry: {0 * 1.73 + 0.03 * 3.01 + 0.01 * 3.08 + 0.96 * 4.18:.4f} with the rounded "
-      f"weights, {out_001[3, 0]:.4f} with the exact ones")
-print(f"row 'eat', column d4: seed {SEED_001_OUT[3, 3]:.2f}, exact {out_001[3, 3]:.4f}, from the seed's own "
-      f"rounded weights {(SEED_001_WEIGHTS @ V_001)[3, 3]:.4f}")
-print("all 16 entries, rounded to two decimals, equal the seed's:", torch.equal(out_001.round(decimals=2), SEED_001_OUT))
+      f"weights, {out_magic[3, 0]:.4f} with the exact ones")
+print(f"row 'eat', column d4: notes {MATRIX_MAGIC_OUT[3, 3]:.2f}, exact {out_magic[3, 3]:.4f}, from the notes' own "
+      f"rounded weights {(MATRIX_MAGIC_WEIGHTS @ V_MAGIC)[3, 3]:.4f}")
+print("all 16 entries, rounded to two decimals, equal the notes':", torch.equal(out_magic.round(decimals=2), MATRIX_MAGIC_OUT))
 
 # %% [markdown]
-# All sixteen entries match the seed at two decimals. One caution about the spelled-out sum:
+# All sixteen entries match the notes at two decimals. One caution about the spelled-out sum:
 # it uses the *rounded* weights, which is harmless for column d1 (4.1339 against 4.1337) but not
-# for column d4, where the rounded weights give 4.1033 and the seed's 4.11 only comes out of the
+# for column d4, where the rounded weights give 4.1033 and the notes' 4.11 only comes out of the
 # exact weights (4.1050). Round at the end, not in the middle.
 #
 # ## 4. The helpers: `causal_mask` and `mask=`
@@ -371,7 +373,8 @@ check("masking.padding_mask", my_padding_mask)
 
 # %% [markdown]
 # <details><summary>Hint</summary>Compare <code>torch.arange(n)</code> (shape <code>(n,)</code>)
-# with <code>lengths[:, None]</code> (shape <code>(B, 1)</code>): broadcasting gives <code>(B, n)</code>.</details>
+# with <code>lengths[:, None]</code> (shape <code>(B, 1)</code>): broadcasting gives
+# <code>(B, n)</code>.</details>
 #
 # <details><summary>Solution</summary>
 #
@@ -406,9 +409,9 @@ print("and what the NaN does downstream: output row 0", (plain @ v)[0],
       "| a loss that ignores row 0 by weighting it 0:", ((plain @ v).sum(dim=-1) * is_real).sum().item())
 
 # %% [markdown]
-# Every $e^{-\infty}$ in the row is 0, so is their sum, and $0/0$ is NaN. Worse, NaN does not stay where
-# it started: multiplying it by 0 gives NaN, so a loss that "ignores" the pad rows is NaN too, and
-# so is every gradient. Two common ways out:
+# Every $e^{-\infty}$ in the row is 0, so is their sum, and $0/0$ is NaN. Worse, NaN does not stay
+# where it started: multiplying it by 0 gives NaN, so a loss that "ignores" the pad rows is NaN
+# too, and so is every gradient. Two common ways out:
 # 1. **What `helpers.attention.softmax` does:** if a row's maximum is $-\infty$, shift it by 0
 #    instead of by the maximum (avoiding $-\infty - (-\infty)$), and if a row's sum is 0, divide by
 #    1 instead. A fully masked row then gets all-zero weights and a zero output: "attend to
@@ -462,7 +465,7 @@ for name, mask in (("encoder", bidirectional_mask(4)), ("decoder", causal_mask(4
 #
 # ## 9. Efficient attention: local, strided and global patterns
 #
-# Full attention stores an $N \times N$ weight matrix. Efficient-attention models (seed 003)
+# Full attention stores an $N \times N$ weight matrix. Efficient-attention models (the DS 246 notes)
 # keep only a sparse pattern of it:
 # - **local** (sliding window): each token sees its neighbours within a window $w$;
 # - **strided**: each token sees every $s$-th token;
@@ -499,19 +502,39 @@ fig.suptitle(f"Attention patterns for N = {N_PAT} (window {WINDOW}, stride {STRI
 plt.show()
 
 # %% [markdown]
-# For 16 tokens the savings are small; they grow with $N$. Each query sees at most $2w + 1$ keys
-# in a local pattern and about $N/s$ in a strided one, so their cost grows linearly in $N$ for a
-# fixed window instead of quadratically:
+# For 16 tokens the savings are small; they grow with $N$. A local window keeps at most $2w + 1$
+# keys per query, so for a fixed window its cost grows **linearly** in $N$. A strided pattern with
+# a fixed stride $s$ keeps about $N/s$ keys per query, so its cost is about $N^2/s$: still
+# **quadratic**, only $s$ times cheaper than full attention. That is why the Sparse Transformer
+# (Child et al., 2019) does not fix the stride: it picks $s \approx \sqrt{N}$, so each query sees
+# about $\sqrt{N}$ strided keys (plus a local window of about $\sqrt{N}$), and the cost grows like
+# $N\sqrt{N}$. The table counts the pairs, and how much each count grows when $N$ doubles:
 
 # %%
-print(f"{'N':>6} {'full N^2':>12} {'local w=256':>12} {'strided s=64':>13}  {'local share':>11}")
-for n_big in (1024, 2048):
-    full_pairs = n_big * n_big
-    local_pairs = int(local_mask(n_big, 256, causal=False).sum())
-    strided_pairs = int(strided_mask(n_big, 64, causal=False).sum())
-    print(f"{n_big:>6} {full_pairs:>12,} {local_pairs:>12,} {strided_pairs:>13,}  {local_pairs / full_pairs:>11.1%}")
+def pattern_pairs(n_big: int) -> dict[str, int]:
+    """Number of (query, key) pairs each pattern keeps for n_big tokens (bidirectional)."""
+    sqrt_stride = round(n_big**0.5)
+    return {"full": n_big * n_big,
+            "local w=256": int(local_mask(n_big, 256, causal=False).sum()),
+            "strided s=64": int(strided_mask(n_big, 64, causal=False).sum()),
+            "strided s=sqrt(N)": int(strided_mask(n_big, sqrt_stride, causal=False).sum())}
+
+
+SIZES = (1024, 2048, 4096)
+pairs = {n_big: pattern_pairs(n_big) for n_big in SIZES}
+print(f"{'N':>6}" + "".join(f"{name:>20}" for name in pairs[SIZES[0]]))
+for n_big in SIZES:
+    print(f"{n_big:>6}" + "".join(f"{count:>20,}" for count in pairs[n_big].values()))
+growth = {name: pairs[SIZES[-1]][name] / pairs[SIZES[-2]][name] for name in pairs[SIZES[0]]}
+print(f"{'x2 N:':>6}" + "".join(f"{'x ' + format(factor, '.2f'):>20}" for factor in growth.values()))
+print(f"for comparison: 2^2 = 4 (quadratic), 2^1.5 = {2**1.5:.2f} (N sqrt N), 2 (linear)")
+assert growth["strided s=64"] == 4 and growth["full"] == 4 and growth["local w=256"] < 2.2
 
 # %% [markdown]
+# Doubling $N$ from 2048 to 4096 multiplies the full and the fixed-stride counts by exactly 4
+# (quadratic), the local window's by a little over 2 (linear: near the ends of the sequence the
+# window is cut short), and the $\sqrt{N}$-stride count by about 2.8, close to $2^{1.5}$.
+#
 # Used in attention, a pattern is just the `mask=` argument, and every weight outside it is
 # exactly zero. Stacking layers restores reach: a causal local window of $s - 1$ followed by a
 # causal stride of $s$ connects every query to every earlier key in **two** hops (the idea of the
@@ -618,7 +641,7 @@ print("local + global, query 10:", start["visible"], "| query 3:", query_3["visi
 # %% [markdown]
 # ## Check your understanding
 #
-# **1. Why use masked attention? (seed 000)**
+# **1. Why use masked attention? (the USF notes)**
 # <details><summary>Answer</summary>
 #
 # A decoder is trained to predict each next token from the tokens before it, for all positions
@@ -648,7 +671,7 @@ print(f"first query's weight on the future: fill 0 -> {future_weight(ordinary_sc
       f"fill -inf -> {future_weight(ordinary_scores, float('-inf'))[0]:.3f}")
 
 # %% [markdown]
-# **3. What are the differences between the Transformer encoder and decoder? (seed 000)**
+# **3. What are the differences between the Transformer encoder and decoder? (the USF notes)**
 # <details><summary>Answer</summary>
 #
 # The encoder's self-attention is bidirectional: every token sees the whole (unpadded) input.
