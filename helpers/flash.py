@@ -22,6 +22,7 @@ Model code: it imports torch only, never plots, widgets or exercises.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -32,7 +33,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from helpers.attention import check_mask, check_qkv, check_scale
+from helpers.attention import check_mask, check_qkv
 
 NEG_INF = float("-inf")
 DEFAULT_BLOCK_Q = 512
@@ -143,23 +144,50 @@ def finish(state: TileState) -> tuple[Tensor, Tensor]:
 # --------------------------------------------------------------------------------------------
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                  block_q: int, block_k: int, scale: float | None) -> None:
+                  block_q: int, block_k: int, scale: float | None, causal: bool = False) -> None:
     """Raise a ValueError or TypeError naming what is wrong with the arguments.
 
-    The q/k/v, mask and scale checks are attention's own; tiling adds two rules: the leading
+    The q/k/v and mask checks are attention's own; tiling adds two rules: the leading
     (batch, head) dimensions must be equal rather than broadcast, and tiles need positive sizes.
     """
     check_qkv(q, k, v)
+    check_same_device(q, k, v)
+    if q.shape[-2] == 0:
+        raise ValueError(f"q has shape {tuple(q.shape)}: N_q is 0, expected at least one query")
     if q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
         raise ValueError(f"q, k, v have shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}: "
                          "expected the same leading (batch, head) dimensions")
     for name, block in (("block_q", block_q), ("block_k", block_k)):
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
             raise ValueError(f"{name} is {block!r}, expected a positive int (rows per tile)")
+    check_causal(causal)
     if scale is not None:
-        check_scale(scale)
+        checked_scale(scale, q.shape[-1])
     if mask is not None:
         check_mask(mask, torch.Size((*q.shape[:-1], k.shape[-2])))
+
+
+def check_causal(causal: bool) -> None:
+    """Raise a TypeError unless `causal` is a bool: a string such as "no" is truthy."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal is {causal!r} ({type(causal).__name__}), expected True or False")
+
+
+def checked_scale(scale: float | None, head_dim: int) -> float:
+    """`scale` as a Python float, 1/sqrt(head_dim) when None; a ValueError unless positive and
+    finite. Any real number type is accepted (numpy.float32 too); bools and tensors are not."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < scale < math.inf:
+        raise ValueError(f"scale is {scale!r}, expected a positive number such as 1/sqrt(d_k)")
+    return float(scale)
+
+
+def check_same_device(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """Raise a ValueError unless q, k and v live on one device."""
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v are on devices {q.device}, {k.device}, {v.device}: "
+                         "expected all three on the same device")
 
 
 def _tiles(n: int, block: int) -> list[slice]:
@@ -215,8 +243,8 @@ def tiled_attention_fa1(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = N
     Returns (..., N_q, d_v). O, l and m live in full-size tensors (the paper's HBM): every key tile
     reads and rewrites every output tile, which keeps O normalised after each step.
     """
-    _check_inputs(q, k, v, mask, block_q, block_k, scale)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    _check_inputs(q, k, v, mask, block_q, block_k, scale, causal)
+    scale = checked_scale(scale, q.shape[-1])
     mask = _expanded_mask(mask, q, k)
     n_q, n_k = q.shape[-2], k.shape[-2]
     offset = _causal_offset(n_q, n_k)
@@ -256,11 +284,11 @@ def tiled_attention_fa2(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = N
     Tiles are overwritten in place, so autograd cannot follow it: use `flash_attention` for
     gradients.
     """
-    _check_inputs(q, k, v, mask, block_q, block_k, scale)
+    _check_inputs(q, k, v, mask, block_q, block_k, scale, causal)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise ValueError("q, k or v requires grad, but tiled_attention_fa2 reuses its tiles in place "
                          "and has no autograd graph: call flash_attention(q, k, v, ...) instead")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scale = checked_scale(scale, q.shape[-1])
     mask = _expanded_mask(mask, q, k)
     n_q, n_k = q.shape[-2], k.shape[-2]
     offset = _causal_offset(n_q, n_k)
@@ -343,8 +371,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     q: (..., N_q, d), k: (..., N_k, d), v: (..., N_k, d_v); mask broadcastable to (..., N_q, N_k).
     Returns (..., N_q, d_v). Gradients flow to q, k and v (not to the mask).
     """
-    _check_inputs(q, k, v, mask, block_q, block_k, scale)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    _check_inputs(q, k, v, mask, block_q, block_k, scale, causal)
+    scale = checked_scale(scale, q.shape[-1])
     return TiledAttention.apply(q, k, v, mask, causal, scale, block_q, block_k)
 
 
@@ -374,7 +402,7 @@ def trace_tiles(q: Tensor, k: Tensor, v: Tensor, block_q: int, block_k: int,
     """
     if q.dim() != 2:
         raise ValueError(f"q has shape {tuple(q.shape)}, expected one head (N_q, d)")
-    _check_inputs(q, k, v, None, block_q, block_k, None)
+    _check_inputs(q, k, v, None, block_q, block_k, None, causal)
     scale = 1.0 / math.sqrt(q.shape[-1])
     offset = _causal_offset(q.shape[0], k.shape[0])
     snapshots = []

@@ -1,31 +1,40 @@
-"""The FlashAttention-2 forward pass as a Triton kernel, and the Python function that launches it.
+"""FlashAttention-2 as Triton kernels, forward and backward, and the Python function that runs them.
 
-    triton_attention(q, k, v, causal)   (B, H, N_q, d) attention -> (output, log-sum-exp)
-    triton_available(), interpreting()  can the kernel run here, and does it run interpreted?
-    gpu_benchmark(...)                  TFLOP/s and peak memory against N on a CUDA GPU
+    triton_attention(q, k, v, causal)   (B, H, N_q, d) attention -> (output, log-sum-exp); trains:
+                                        gradients flow to q, k and v through the backward kernels
+    key_tiles_visited(n_q, n_k, ...)    how many key tiles each query tile's program loads
+    triton_available(), interpreting()  can the kernels run here, and do they run interpreted?
 
-One program computes one query tile of one (batch, head): it loads its B_r queries once, walks the
-key tiles with the online softmax of `helpers.flash.tile_step`, and writes its output tile once.
-Query tiles are independent, so the GPU runs as many programs at a time as it has room for.
+Forward (notebook 8, section 8): one program computes one query tile of one (batch, head): it
+loads its B_r queries once, walks the key tiles with the online softmax of
+`helpers.flash.tile_step`, and writes its output tile and the log-sum-exp of each row once.
 
-Triton compiles the kernel for a CUDA GPU. Without one, set the environment variable
-TRITON_INTERPRET=1 *before importing this module* (Triton reads it when `@triton.jit` runs): the
-same kernel then runs, slowly, on the CPU with NumPy, which is enough to check that it is right.
-The interpreter computes bfloat16 wrongly, so there only float16 and float32 are accepted.
+Backward (notebook 8, section 9): `helpers.flash.tiled_attention_backward` on the GPU. Each tile
+of P is rebuilt from q, k and the saved log-sum-exp, P = exp(S - lse), never read back. Two
+kernels avoid two programs adding to the same rows: one program per *key* tile accumulates dK and
+dV over the query tiles, one program per *query* tile accumulates dQ over the key tiles. Both
+skip the tiles that the causal mask hides entirely, as the forward does.
 
-Importing this module never fails; without Triton installed, calling the kernel raises an error
+Triton compiles the kernels for a CUDA GPU (float16, bfloat16, float32). Without one, set the
+environment variable TRITON_INTERPRET=1 *before importing this module* (Triton reads it when
+`@triton.jit` runs): the same kernels then run, slowly, on the CPU with NumPy, which is enough to
+check that they are right. NumPy has no bfloat16, so the interpreter refuses it; it accepts
+float64 instead (accumulating in float64), for `torch.autograd.gradcheck`.
+
+Importing this module never fails; without Triton installed, calling the kernels raises an error
 that says how to install it.
 """
 
 from __future__ import annotations
 
-import math
 import os
-from datetime import date
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from helpers.flash import check_causal, check_same_device, checked_scale
 
 try:
     import triton
@@ -35,8 +44,7 @@ except ImportError:  # no Triton (macOS, Windows, a minimal install): the module
     tl = None
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
-OUR_METHOD = "triton (ours)"
-INTERPRETER_DTYPES = (torch.float16, torch.float32)
+INTERPRETER_DTYPES = (torch.float16, torch.float32, torch.float64)
 GPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2_E = 1.4426950408889634  # exp(x) = 2^(x log2 e): the GPU's exp2 is its fast instruction
 _INTERPRETED_AT_IMPORT = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -68,14 +76,15 @@ def interpreting() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _fold_key_tiles(acc, row_sum, row_max, q, k_start_ptr, v_start_ptr, stride_kn, stride_vn,
-                        rows, dims, key_start, key_stop, n_k, causal_offset, qk_scale,
+    def _fold_key_tiles(acc, row_sum, row_max, visited, q, k_start_ptr, v_start_ptr, stride_kn,
+                        stride_vn, rows, dims, key_start, key_stop, n_k, causal_offset, qk_scale,
                         HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                         CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
         """The online softmax over key tiles [key_start, key_stop): helpers.flash.tile_step.
 
         Scores are in log2 units (multiplied by log2 e), so exp2 replaces exp. MASKED is False
         for tiles that every query of this tile sees in full: they skip the mask arithmetic.
+        `visited` counts the key tiles loaded (see key_tiles_visited).
         """
         dim_ok = dims < HEAD_DIM
         for start in range(key_start, key_stop, BLOCK_N):
@@ -99,16 +108,18 @@ if triton is not None:
             row_sum = row_sum * correction + tl.sum(probs, 1)
             acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=DOT_PRECISION)
             row_max = new_max
-        return acc, row_sum, row_max
+            visited += 1
+        return acc, row_sum, row_max, visited
 
     @triton.jit
-    def _flash_forward_kernel(Q, K, V, Out, Lse,
+    def _flash_forward_kernel(Q, K, V, Out, Lse, Visits,
                               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
                               n_heads, n_q, n_k, qk_scale,
                               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                              CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                              CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                              ACC_DTYPE: tl.constexpr, COUNT_TILES: tl.constexpr):
         """One program: query tile program_id(0) of (batch, head) number program_id(1)."""
         query_tile = tl.program_id(0)
         batch_head = tl.program_id(1)
@@ -122,26 +133,27 @@ if triton is not None:
         k_start = K + batch * stride_kb + head * stride_kh
         v_start = V + batch * stride_vb + head * stride_vh
 
-        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-        row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=ACC_DTYPE)
+        row_sum = tl.zeros((BLOCK_M,), dtype=ACC_DTYPE)
+        row_max = tl.full((BLOCK_M,), float("-inf"), dtype=ACC_DTYPE)
+        visited = 0
 
         # Query i sees key j when j <= i + causal_offset (the course's bottom-right triangle).
         causal_offset = n_k - n_q
         if CAUSAL:
             seen_by_all = tl.minimum(first_row + causal_offset + 1, n_k)  # keys every row sees
-            seen_by_any = tl.minimum(first_row + BLOCK_M + causal_offset, n_k)
+            seen_by_any = tl.minimum(first_row + BLOCK_M + causal_offset, n_k)  # tiles past: skipped
         else:
             seen_by_all = n_k
             seen_by_any = n_k
         unmasked_stop = tl.maximum(seen_by_all, 0) // BLOCK_N * BLOCK_N  # whole tiles only
         masked_stop = tl.maximum(seen_by_any, 0)
-        acc, row_sum, row_max = _fold_key_tiles(
-            acc, row_sum, row_max, q, k_start, v_start, stride_kn, stride_vn, rows, dims,
+        acc, row_sum, row_max, visited = _fold_key_tiles(
+            acc, row_sum, row_max, visited, q, k_start, v_start, stride_kn, stride_vn, rows, dims,
             0, unmasked_stop, n_k, causal_offset, qk_scale,
             HEAD_DIM, BLOCK_N, False, CAUSAL, DOT_PRECISION)
-        acc, row_sum, row_max = _fold_key_tiles(
-            acc, row_sum, row_max, q, k_start, v_start, stride_kn, stride_vn, rows, dims,
+        acc, row_sum, row_max, visited = _fold_key_tiles(
+            acc, row_sum, row_max, visited, q, k_start, v_start, stride_kn, stride_vn, rows, dims,
             unmasked_stop, masked_stop, n_k, causal_offset, qk_scale,
             HEAD_DIM, BLOCK_N, True, CAUSAL, DOT_PRECISION)
 
@@ -153,6 +165,107 @@ if triton is not None:
         lse = tl.where(row_sum == 0.0, float("-inf"), row_max + tl.math.log2(safe_sum))
         lse = lse * 0.6931471805599453  # from log2 units back to natural log: times ln 2
         tl.store(Lse + batch_head * n_q + rows, lse, mask=rows < n_q)
+        if COUNT_TILES:
+            tl.store(Visits + batch_head * tl.num_programs(0) + query_tile, visited)
+
+    @triton.jit
+    def _recompute_probs(q, k, lse_log2, rows, cols, n_q, n_k, causal_offset, qk_scale,
+                         CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+        """The tile P = exp(S - lse) (BLOCK_M, BLOCK_N) of the forward pass, rebuilt from q, k and
+        the saved log-sum-exp (in log2 units); 0 where a key is hidden or out of range."""
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        visible = (rows[:, None] < n_q) & (cols[None, :] < n_k)
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None] + causal_offset)
+        scores = tl.where(visible, scores, float("-inf"))
+        # A query that saw no key has lse -inf and only hidden scores: shift by 0, exp2 gives 0.
+        shift = tl.where(lse_log2 == float("-inf"), 0.0, lse_log2)
+        return tl.math.exp2(scores - shift[:, None])
+
+    @triton.jit
+    def _flash_backward_dk_dv_kernel(Q, K, V, dO, Lse, Delta, dK, dV, n_q, n_k, qk_scale, scale,
+                                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                                     ACC_DTYPE: tl.constexpr):
+        """One program: key tile program_id(0) of (batch, head) program_id(1). It keeps its K, V
+        tile on chip and walks the query tiles that see it:
+            dV += P^T dO,  dP = dO V^T,  dS = P * (dP - D),  dK += scale dS^T Q.
+        Tensors are contiguous (B, H, N, d); Lse and Delta are (B, H, N_q)."""
+        key_tile = tl.program_id(0)
+        batch_head = tl.program_id(1)
+        first_col = key_tile * BLOCK_N
+        cols = first_col + tl.arange(0, BLOCK_N)
+        dims = tl.arange(0, BLOCK_D)
+        dim_ok = dims[None, :] < HEAD_DIM
+        kv_offsets = batch_head * n_k * HEAD_DIM + cols[:, None] * HEAD_DIM + dims[None, :]
+        kv_ok = (cols[:, None] < n_k) & dim_ok
+        k = tl.load(K + kv_offsets, mask=kv_ok, other=0.0)
+        v = tl.load(V + kv_offsets, mask=kv_ok, other=0.0)
+        dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=ACC_DTYPE)
+        dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=ACC_DTYPE)
+
+        causal_offset = n_k - n_q
+        first_row = 0
+        if CAUSAL:  # query i sees key j when i >= j - offset: earlier query tiles see none of ours
+            first_row = tl.maximum(first_col - causal_offset, 0) // BLOCK_M * BLOCK_M
+        for start in range(first_row, n_q, BLOCK_M):
+            rows = start + tl.arange(0, BLOCK_M)
+            row_ok = rows < n_q
+            q_offsets = batch_head * n_q * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :]
+            q = tl.load(Q + q_offsets, mask=row_ok[:, None] & dim_ok, other=0.0)
+            do = tl.load(dO + q_offsets, mask=row_ok[:, None] & dim_ok, other=0.0)
+            lse = tl.load(Lse + batch_head * n_q + rows, mask=row_ok, other=0.0) * 1.4426950408889634
+            delta = tl.load(Delta + batch_head * n_q + rows, mask=row_ok, other=0.0)
+            probs = _recompute_probs(q, k, lse, rows, cols, n_q, n_k, causal_offset, qk_scale,
+                                     CAUSAL, DOT_PRECISION)
+            dv += tl.dot(tl.trans(probs.to(do.dtype)), do, input_precision=DOT_PRECISION)
+            dprobs = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+            dscores = probs * (dprobs - delta[:, None])
+            dk += tl.dot(tl.trans(dscores.to(q.dtype)), q, input_precision=DOT_PRECISION)
+        tl.store(dK + kv_offsets, (dk * scale).to(dK.dtype.element_ty), mask=kv_ok)
+        tl.store(dV + kv_offsets, dv.to(dV.dtype.element_ty), mask=kv_ok)
+
+    @triton.jit
+    def _flash_backward_dq_kernel(Q, K, V, dO, Lse, Delta, dQ, n_q, n_k, qk_scale, scale,
+                                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                                  ACC_DTYPE: tl.constexpr):
+        """One program: query tile program_id(0) of (batch, head) program_id(1). It keeps its
+        Q, dO tile on chip and walks the key tiles it sees, as the forward does:
+            dP = dO V^T,  dS = P * (dP - D),  dQ += scale dS K."""
+        query_tile = tl.program_id(0)
+        batch_head = tl.program_id(1)
+        first_row = query_tile * BLOCK_M
+        rows = first_row + tl.arange(0, BLOCK_M)
+        row_ok = rows < n_q
+        dims = tl.arange(0, BLOCK_D)
+        dim_ok = dims[None, :] < HEAD_DIM
+        q_offsets = batch_head * n_q * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :]
+        q_ok = row_ok[:, None] & dim_ok
+        q = tl.load(Q + q_offsets, mask=q_ok, other=0.0)
+        do = tl.load(dO + q_offsets, mask=q_ok, other=0.0)
+        lse = tl.load(Lse + batch_head * n_q + rows, mask=row_ok, other=0.0) * 1.4426950408889634
+        delta = tl.load(Delta + batch_head * n_q + rows, mask=row_ok, other=0.0)
+        dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=ACC_DTYPE)
+
+        causal_offset = n_k - n_q
+        key_stop = n_k
+        if CAUSAL:  # the key tiles past the last row's diagonal are hidden from the whole tile
+            key_stop = tl.maximum(tl.minimum(first_row + BLOCK_M + causal_offset, n_k), 0)
+        for start in range(0, key_stop, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            kv_offsets = batch_head * n_k * HEAD_DIM + cols[:, None] * HEAD_DIM + dims[None, :]
+            kv_ok = (cols[:, None] < n_k) & dim_ok
+            k = tl.load(K + kv_offsets, mask=kv_ok, other=0.0)
+            v = tl.load(V + kv_offsets, mask=kv_ok, other=0.0)
+            probs = _recompute_probs(q, k, lse, rows, cols, n_q, n_k, causal_offset, qk_scale,
+                                     CAUSAL, DOT_PRECISION)
+            dprobs = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+            dscores = probs * (dprobs - delta[:, None])
+            dq += tl.dot(dscores.to(k.dtype), k, input_precision=DOT_PRECISION)
+        tl.store(dQ + q_offsets, (dq * scale).to(dQ.dtype.element_ty), mask=q_ok)
 
 
 def _require_triton() -> None:
@@ -168,12 +281,14 @@ def _require_triton() -> None:
             "triton, e.g. in the first cell of the notebook, then restart the kernel")
 
 
-def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
     """Raise naming the argument, what it is, and what the kernel supports."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"{name} is {got}, expected a 4-D tensor (batch, heads, N, head_dim)")
+    check_causal(causal)
+    check_same_device(q, k, v)
     if q.shape[:2] != k.shape[:2] or k.shape != v.shape:
         raise ValueError(f"q, k, v have shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}: "
                          "expected (B, H, N_q, d), (B, H, N_k, d), (B, H, N_k, d)")
@@ -183,8 +298,10 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
     if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim is {d}, but the kernel supports head dims from "
                          f"{MIN_HEAD_DIM} to {MAX_HEAD_DIM}")
-    if q.shape[2] == 0 or k.shape[2] == 0:
-        raise ValueError(f"q has shape {tuple(q.shape)} and k {tuple(k.shape)}: expected N >= 1")
+    for name, t, what in (("q", q, "N_q is 0, expected at least one query"),
+                          ("k", k, "N_k is 0, expected at least one key")):
+        if t.shape[2] == 0:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}: {what}")
     supported = INTERPRETER_DTYPES if interpreting() else GPU_DTYPES
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in supported:
         where = "under the Triton interpreter" if interpreting() else "on the GPU"
@@ -210,7 +327,7 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 def default_blocks(head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this head dim.
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the forward kernel for this head dim.
 
     Interpreted, small tiles keep the NumPy arrays small. On a GPU, 128 queries by 64 keys keeps
     the tensor cores busy while q, the accumulator and one K/V tile still fit in registers and
@@ -223,117 +340,143 @@ def default_blocks(head_dim: int) -> tuple[int, int, int, int]:
     return 128, 64, 8, 2
 
 
-def triton_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
-                     scale: float | None = None, block_m: int | None = None,
-                     block_n: int | None = None) -> tuple[Tensor, Tensor]:
-    """softmax(q k^T * scale) v with the FlashAttention-2 Triton kernel.
+def default_backward_blocks(head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the backward kernels for this head dim.
 
-    q: (B, H, N_q, d), k and v: (B, H, N_k, d), with 16 <= d <= 128; float16 or float32 (and
-    bfloat16 on a GPU). `causal` hides key j from query i when j > i + N_k - N_q.
-    Returns output (B, H, N_q, d) in the input dtype and log-sum-exp (B, H, N_q) in float32.
+    A backward program holds two tiles and two accumulators (K, V, dK, dV, or Q, dO, dQ), so its
+    tiles are smaller than the forward's. Untuned: a first choice that compiles within the shared
+    memory of an A100 and an H100 (tests/test_flash_triton.py checks it ahead of time).
     """
-    _require_triton()
-    _check_inputs(q, k, v)
+    if interpreting():
+        return 32, 32, 1, 1
+    if head_dim <= 64:
+        return 64, 64, 4, 2
+    return 64, 64, 8, 1
+
+
+def _kernel_options(q: Tensor) -> dict[str, Any]:
+    """The dtype-dependent constants every kernel takes: dot precision and accumulator dtype."""
+    exact = q.dtype in (torch.float32, torch.float64)  # full-precision products, never TF32
+    return {"DOT_PRECISION": "ieee" if exact else "tf32",
+            "ACC_DTYPE": tl.float64 if q.dtype == torch.float64 else tl.float32}
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, block_m: int,
+             block_n: int, visits: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Launch the forward kernel: (output (B, H, N_q, d), lse (B, H, N_q)). With `visits`, an int32
+    (B * H, number of query tiles) tensor, each program also writes how many key tiles it loaded."""
     batch, heads, n_q, d = q.shape
-    n_k = k.shape[2]
-    block_m_default, block_n_default, num_warps, num_stages = default_blocks(d)
-    block_m = block_m_default if block_m is None else block_m
-    block_n = block_n_default if block_n is None else block_n
-    _check_block("block_m", block_m)
-    _check_block("block_n", block_n)
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    _, _, num_warps, num_stages = default_blocks(d)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     out = torch.empty_like(q)
-    lse = torch.empty(batch, heads, n_q, dtype=torch.float32, device=q.device)
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    lse = torch.empty(batch, heads, n_q, dtype=lse_dtype, device=q.device)
     grid = (triton.cdiv(n_q, block_m), batch * heads)
     _flash_forward_kernel[grid](
-        q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-        heads, n_q, n_k, scale * LOG2_E,
-        HEAD_DIM=d, BLOCK_D=padded_head_dim(d), BLOCK_M=block_m, BLOCK_N=block_n,
-        CAUSAL=bool(causal), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        q, k, v, out, lse, lse if visits is None else visits,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+        heads, n_q, k.shape[2], scale * LOG2_E,
+        HEAD_DIM=d, BLOCK_D=padded_head_dim(d), BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
+        COUNT_TILES=visits is not None, **_kernel_options(q),
         num_warps=num_warps, num_stages=num_stages)
     return out, lse
 
 
-# --------------------------------------------------------------------------------------------
-# Benchmark on a GPU (run by benchmarks/bench_flash.py --gpu, or by the notebook on a GPU)
-# --------------------------------------------------------------------------------------------
+def _backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor,
+              causal: bool, scale: float, block_m: int | None, block_n: int | None
+              ) -> tuple[Tensor, Tensor, Tensor]:
+    """Launch the two backward kernels: (dQ, dK, dV), shaped and typed like q, k, v."""
+    batch, heads, n_q, d = q.shape
+    n_k = k.shape[2]
+    default_m, default_n, num_warps, num_stages = default_backward_blocks(d)
+    block_m = default_m if block_m is None else block_m
+    block_n = default_n if block_n is None else block_n
+    # The backward kernels index (B, H, N, d) tensors as laid out contiguously.
+    q, k, v, out, grad_out = (t.contiguous() for t in (q, k, v, out, grad_out))
+    delta = (grad_out.to(lse.dtype) * out.to(lse.dtype)).sum(dim=-1)  # D = rowsum(dO * O)
+    grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    constants = dict(HEAD_DIM=d, BLOCK_D=padded_head_dim(d), BLOCK_M=block_m, BLOCK_N=block_n,
+                     CAUSAL=causal, **_kernel_options(q), num_warps=num_warps, num_stages=num_stages)
+    _flash_backward_dk_dv_kernel[(triton.cdiv(n_k, block_n), batch * heads)](
+        q, k, v, grad_out, lse, delta, grad_k, grad_v, n_q, n_k, scale * LOG2_E, scale, **constants)
+    _flash_backward_dq_kernel[(triton.cdiv(n_q, block_m), batch * heads)](
+        q, k, v, grad_out, lse, delta, grad_q, n_q, n_k, scale * LOG2_E, scale, **constants)
+    return grad_q, grad_k, grad_v
 
-def gpu_benchmark(seq_lens: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384),
-                  head_dims: tuple[int, ...] = (64, 128), batch: int = 4, heads: int = 16,
-                  causal_options: tuple[bool, ...] = (False, True),
-                  dtype: torch.dtype = torch.float16) -> dict[str, Any]:
-    """Time and peak memory of the kernel, naive attention and each SDPA backend, against N.
 
-    TFLOP/s counts 4 B H N^2 d (halved when causal) over the median time of
-    triton.testing.do_bench. Peak memory is torch.cuda.max_memory_allocated during one call, minus
-    what was allocated before it (q, k, v). A method that runs out of memory, or has no kernel for
-    these inputs, is recorded with None.
+class TritonAttention(torch.autograd.Function):
+    """The forward kernel, saving q, k, v, the output and the log-sum-exp; the backward kernels."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
+                block_m: int, block_n: int) -> tuple[Tensor, Tensor]:
+        out, lse = _forward(q, k, v, causal, scale, block_m, block_n)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.scale = causal, scale
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: Tensor, _grad_lse: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        grads = _backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.scale, None, None)
+        return (*grads, None, None, None, None)
+
+
+def triton_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
+                     scale: float | None = None, block_m: int | None = None,
+                     block_n: int | None = None) -> tuple[Tensor, Tensor]:
+    """softmax(q k^T * scale) v with the FlashAttention-2 Triton kernels; differentiable.
+
+    q: (B, H, N_q, d), k and v: (B, H, N_k, d), with 16 <= d <= 128; float16 or float32, and
+    bfloat16 on a GPU (float64 under the interpreter). `causal` hides key j from query i when
+    j > i + N_k - N_q. block_m, block_n: the forward's tile sizes (powers of two >= 16).
+    Returns output (B, H, N_q, d) in the input dtype and log-sum-exp (B, H, N_q) in float32
+    (float64 for float64 inputs). Gradients reach q, k and v through the backward kernels.
     """
     _require_triton()
-    if interpreting() or not torch.cuda.is_available():
-        raise RuntimeError("gpu_benchmark needs a CUDA GPU, with TRITON_INTERPRET unset")
-    rows = []
-    for causal in causal_options:
-        for d in head_dims:
-            for n in seq_lens:
-                q, k, v = (torch.randn(batch, heads, n, d, device="cuda", dtype=dtype)
-                           for _ in range(3))
-                flops = _flops(batch, heads, n, d, causal)
-                for method, fn in _benchmark_methods(q, k, v, causal).items():
-                    others_may_fail = method != OUR_METHOD  # our kernel failing is a bug: raise
-                    rows.append({"method": method, "causal": causal, "head_dim": d, "n": n,
-                                 **_measure(fn, flops, others_may_fail)})
-                del q, k, v
-                torch.cuda.empty_cache()
-    return {"device": torch.cuda.get_device_name(), "date": date.today().isoformat(),
-            "torch": torch.__version__, "triton": triton.__version__, "dtype": str(dtype),
-            "batch": batch, "heads": heads, "results": rows}
+    _check_inputs(q, k, v, causal)
+    scale = checked_scale(scale, q.shape[-1])
+    block_m_default, block_n_default, _, _ = default_blocks(q.shape[-1])
+    block_m = block_m_default if block_m is None else block_m
+    block_n = block_n_default if block_n is None else block_n
+    _check_block("block_m", block_m)
+    _check_block("block_n", block_n)
+    return TritonAttention.apply(q, k, v, causal, scale, block_m, block_n)
 
 
-def _flops(batch: int, heads: int, n: int, d: int, causal: bool) -> int:
-    flops = 4 * batch * heads * n * n * d
-    return flops // 2 if causal else flops
+def triton_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                              grad_out: Tensor, causal: bool = False, scale: float | None = None,
+                              block_m: int | None = None, block_n: int | None = None
+                              ) -> tuple[Tensor, Tensor, Tensor]:
+    """dQ, dK, dV from the backward kernels alone, for the output and lse that triton_attention
+    returned and the upstream gradient grad_out (B, H, N_q, d). The tile sizes can be chosen here
+    (triton_attention's backward uses default_backward_blocks)."""
+    _require_triton()
+    _check_inputs(q, k, v, causal)
+    scale = checked_scale(scale, q.shape[-1])
+    for name, block in (("block_m", block_m), ("block_n", block_n)):
+        if block is not None:
+            _check_block(name, block)
+    return _backward(q, k, v, out, lse, grad_out, causal, scale, block_m, block_n)
 
 
-def _benchmark_methods(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> dict[str, Any]:
-    """name -> zero-argument function computing attention of q, k, v that way."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+def key_tiles_visited(n_q: int, n_k: int, causal: bool, block_m: int = 32, block_n: int = 32,
+                      head_dim: int = MIN_HEAD_DIM) -> list[int]:
+    """How many key tiles the forward kernel loads for each query tile, counted by the kernel.
 
-    from helpers.attention import causal_mask, scaled_dot_product_attention
-
-    def naive() -> Tensor:
-        mask = causal_mask(q.shape[2], k.shape[2], device=q.device) if causal else None
-        return scaled_dot_product_attention(q, k, v, mask=mask)[0]
-
-    def sdpa_with(backend: SDPBackend) -> Any:
-        def run() -> Tensor:
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        return run
-
-    return {OUR_METHOD: lambda: triton_attention(q, k, v, causal=causal)[0],
-            "naive": naive,
-            "sdpa flash": sdpa_with(SDPBackend.FLASH_ATTENTION),
-            "sdpa mem-efficient": sdpa_with(SDPBackend.EFFICIENT_ATTENTION),
-            "sdpa math": sdpa_with(SDPBackend.MATH)}
-
-
-def _measure(fn: Any, flops: int, may_fail: bool) -> dict[str, float | None]:
-    """{'ms', 'tflops', 'peak_mb'} of fn on the GPU; all None if it may fail and does (out of
-    memory, or no SDPA kernel for these inputs on this GPU)."""
-    try:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        fn()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - before
-        ms = triton.testing.do_bench(fn, warmup=25, rep=100)
-    except (torch.cuda.OutOfMemoryError, RuntimeError):
-        if not may_fail:
-            raise
-        torch.cuda.empty_cache()
-        return {"ms": None, "tflops": None, "peak_mb": None}
-    return {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "peak_mb": peak / 2**20}
+    Without `causal` every query tile loads all ceil(N_k / block_n) key tiles. With it, a key
+    tile that lies wholly above the diagonal of a query tile is never loaded: FlashAttention-2
+    stops its loop at the last key the tile's last query sees, which halves the work at N_q = N_k.
+    """
+    _require_triton()
+    device = "cpu" if interpreting() else "cuda"
+    q = torch.zeros(1, 1, n_q, head_dim, device=device)
+    k = torch.zeros(1, 1, n_k, head_dim, device=device)
+    _check_inputs(q, k, k, causal)
+    _check_block("block_m", block_m)
+    _check_block("block_n", block_n)
+    visits = torch.full((1, triton.cdiv(n_q, block_m)), -1, dtype=torch.int32, device=device)
+    _forward(q, k, k, causal, 1.0, block_m, block_n, visits=visits)
+    return visits[0].tolist()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -246,3 +247,39 @@ def test_bad_input_names_the_argument(change, error, message):
     args.update(change)
     with pytest.raises(error, match=message):
         flash.flash_attention(**args)
+
+
+@pytest.mark.parametrize("function", [flash.flash_attention, flash.tiled_attention_fa1,
+                                      lambda q, k, v, **kw: flash.tiled_attention_fa2(q, k, v, **kw)[0]])
+def test_a_string_causal_flag_is_refused(function):
+    q, k, v = (torch.randn(2, 4, 8) for _ in range(3))
+    with pytest.raises(TypeError, match=r"causal is 'no' \(str\), expected True or False"):
+        function(q, k, v, causal="no")
+
+
+@pytest.mark.parametrize("scale", [0, 0.0, -1, float("nan"), True])
+def test_scales_that_are_not_positive_numbers_are_refused(scale):
+    q, k, v = (torch.randn(2, 4, 8) for _ in range(3))
+    with pytest.raises(ValueError, match=f"scale is {scale!r}, expected a positive number"):
+        flash.flash_attention(q, k, v, scale=scale)
+
+
+def test_a_numpy_scale_is_accepted():
+    q, k, v = (torch.randn(2, 4, 8, dtype=torch.float64) for _ in range(3))
+    out = flash.flash_attention(q, k, v, scale=np.float32(0.25), block_q=3, block_k=3)
+    expected, _ = scaled_dot_product_attention(q, k, v, scale=0.25)
+    close(out, expected)
+
+
+def test_q_and_k_on_different_devices_are_refused():
+    q, k, v = (torch.randn(2, 4, 8) for _ in range(3))
+    with pytest.raises(ValueError, match=r"q, k, v are on devices cpu, meta, cpu: expected all three"):
+        flash.flash_attention(q, k.to("meta"), v)
+
+
+def test_an_empty_query_sequence_names_q():
+    q, k, v = torch.randn(2, 0, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    with pytest.raises(ValueError, match=r"q has shape \(2, 0, 8\): N_q is 0, expected at least one query"):
+        flash.flash_attention(q, k, v)
+    with pytest.raises(ValueError, match=r"k has shape \(2, 0, 8\): N_k is 0, expected at least one key"):
+        flash.flash_attention(k, q, q)

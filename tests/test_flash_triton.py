@@ -1,4 +1,5 @@
-"""The Triton kernel equals F.scaled_dot_product_attention, and says clearly what it cannot do.
+"""The Triton kernels equal PyTorch's attention, forwards and backwards, and say clearly what they
+cannot do.
 
 Without a CUDA GPU the kernel runs under Triton's interpreter: TRITON_INTERPRET=1 must be set
 before helpers.flash_triton is imported, because @triton.jit reads it when the kernel is defined.
@@ -12,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,11 +24,17 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 from helpers import flash  # noqa: E402
-from helpers.attention import causal_mask  # noqa: E402
-from helpers.flash_triton import interpreting, triton_attention  # noqa: E402
+from helpers.attention import causal_mask, scaled_dot_product_attention  # noqa: E402
+from helpers.flash_triton import (  # noqa: E402
+    interpreting,
+    key_tiles_visited,
+    triton_attention,
+    triton_attention_backward,
+)
 
 DEVICE = "cpu" if interpreting() else "cuda"
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3}
+GRAD_TOLERANCE = {torch.float32: 2e-5, torch.float16: 6e-3}
 
 
 def random_qkv(n_q: int, n_k: int, d: int, dtype: torch.dtype, seed: int = 0):
@@ -96,7 +104,11 @@ def test_unsupported_head_dims_name_the_supported_range(d):
         triton_attention(q, k, v)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.int32] + ([torch.bfloat16] if interpreting() else []))
+# NumPy, which runs the interpreter, has no bfloat16; float64 runs there only (for gradcheck).
+UNSUPPORTED = [torch.int32, torch.bfloat16] if interpreting() else [torch.int32, torch.float64]
+
+
+@pytest.mark.parametrize("dtype", UNSUPPORTED)
 def test_unsupported_dtypes_name_the_supported_ones(dtype):
     q, k, v = (t.to(dtype) for t in random_qkv(16, 16, 16, torch.float32))
     with pytest.raises(TypeError, match=r"supports one of: float16.* float32"):
@@ -118,36 +130,211 @@ def test_three_dimensional_input_is_refused():
         triton_attention(q, k, v)
 
 
+# --- the backward kernels ----------------------------------------------------------------------
+
+def bottom_right_causal(n_q: int, n_k: int) -> torch.Tensor:
+    """(n_q, n_k) bool: key j visible to query i when j <= i + n_k - n_q, for any n_q and n_k."""
+    return torch.ones(n_q, n_k, dtype=torch.bool, device=DEVICE).tril(diagonal=n_k - n_q)
+
+
+def naive_gradients(q, k, v, upstream, causal: bool):
+    """dQ, dK, dV by autograd through naive attention, in float64, on the same (rounded) inputs."""
+    inputs = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    mask = bottom_right_causal(q.shape[2], k.shape[2]) if causal else None
+    out, _ = scaled_dot_product_attention(*inputs, mask=mask)
+    return torch.autograd.grad(out, inputs, upstream.double())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_q, n_k, d", [
+    (45, 45, 16),    # ragged: 45 is not a multiple of the 32-row tile
+    (20, 50, 32),    # fewer queries than keys
+    (50, 20, 16),    # more queries than keys: when causal, the first 30 see no key
+    (33, 33, 80),    # head dim padded to 128 inside
+    (16, 40, 128),   # the largest head dim
+])
+def test_gradients_match_autograd_through_naive_attention(dtype, causal, n_q, n_k, d):
+    q, k, v = (t.requires_grad_() for t in random_qkv(n_q, n_k, d, dtype, seed=1))
+    upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
+    out, _ = triton_attention(q, k, v, causal=causal)
+    grads = torch.autograd.grad(out, (q, k, v), upstream)
+    for name, got, expected in zip("qkv", grads, naive_gradients(q, k, v, upstream, causal), strict=True):
+        assert got.dtype == dtype and got.shape == expected.shape, name
+        torch.testing.assert_close(got.double(), expected, rtol=0, atol=GRAD_TOLERANCE[dtype],
+                                   msg=lambda message, name=name: f"d{name}: {message}")
+
+
+@pytest.mark.parametrize("block_m, block_n", [(16, 32), (32, 16)])
+def test_backward_tiles_of_other_sizes(block_m, block_n):
+    """The causal loop bounds of both backward kernels, with query and key tiles of unequal size."""
+    q, k, v = random_qkv(37, 53, 16, torch.float32, seed=4)
+    upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    out, lse = triton_attention(q, k, v, causal=True)
+    grads = triton_attention_backward(q, k, v, out, lse, upstream, causal=True,
+                                      block_m=block_m, block_n=block_n)
+    for got, expected in zip(grads, naive_gradients(q, k, v, upstream, True), strict=True):
+        torch.testing.assert_close(got.double(), expected, rtol=0, atol=2e-5)
+
+
+@pytest.mark.skipif(not interpreting(), reason="float64 runs under the interpreter only")
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_equal_finite_differences_in_float64(causal):
+    """gradcheck's fast mode, written out: for a random direction u of each input and a random
+    upstream w, w . (f(x + eps u) - f(x - eps u)) / 2 eps must equal grad_x(w . f) . u. Under the
+    interpreter the kernels accept float64 and accumulate in it. torch.autograd.gradcheck with
+    fast_mode=True passes too, but when it fails it computes the whole Jacobian for its message,
+    two kernel runs per input element: minutes under the interpreter, so it is not used here."""
+    gen = torch.Generator().manual_seed(6)
+    inputs = [torch.randn(1, 2, n, 16, generator=gen, dtype=torch.float64) for n in (19, 37, 37)]
+    upstream = torch.randn(1, 2, 19, 16, generator=gen, dtype=torch.float64)
+
+    def attend(q, k, v):
+        return triton_attention(q, k, v, causal=causal, block_m=16, block_n=16)[0]
+
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    grads = torch.autograd.grad(attend(*leaves), leaves, upstream)
+    eps = 1e-6
+    for i, name in enumerate("qkv"):
+        direction = torch.randn(inputs[i].shape, generator=gen, dtype=torch.float64)
+        plus, minus = list(inputs), list(inputs)
+        plus[i], minus[i] = inputs[i] + eps * direction, inputs[i] - eps * direction
+        numerical = ((attend(*plus) - attend(*minus)) * upstream).sum() / (2 * eps)
+        analytical = (grads[i] * direction).sum()
+        assert abs(numerical - analytical) <= 1e-6 * (1 + abs(analytical)), \
+            f"d{name}: finite differences {numerical.item()}, backward kernels {analytical.item()}"
+
+
+def test_only_the_inputs_that_need_gradients_get_them():
+    q, k, v = random_qkv(20, 30, 16, torch.float32)
+    q.requires_grad_()
+    out, lse = triton_attention(q, k, v, causal=True)
+    assert out.requires_grad and not lse.requires_grad  # lse is returned for the backward, not trained
+    out.sum().backward()
+    assert q.grad is not None and k.grad is None and v.grad is None
+
+
+# --- the causal forward skips the tiles it cannot see ------------------------------------------
+
+def expected_key_tiles(n_q: int, n_k: int, causal: bool, block_m: int, block_n: int) -> list[int]:
+    """Per query tile: the key tiles holding at least one key that some query of the tile sees."""
+    counts = []
+    for first_row in range(0, n_q, block_m):
+        last_row = min(first_row + block_m, n_q) - 1
+        last_key = min(last_row + n_k - n_q, n_k - 1) if causal else n_k - 1
+        counts.append(max(0, -(-(last_key + 1) // block_n)))
+    return counts
+
+
+def test_causal_forward_skips_the_tiles_above_the_diagonal():
+    # 4 x 4 tiles: without a mask all 16 are loaded; causal loads 1 + 2 + 3 + 4 = 10, skips 6.
+    assert key_tiles_visited(128, 128, causal=False) == [4, 4, 4, 4]
+    assert key_tiles_visited(128, 128, causal=True) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("n_q, n_k, block_m, block_n", [
+    (45, 45, 16, 32), (40, 100, 32, 32), (100, 40, 32, 16), (64, 64, 32, 64), (1, 77, 16, 16)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_tiles_counted_by_the_kernel_follow_the_diagonal(n_q, n_k, block_m, block_n, causal):
+    counted = key_tiles_visited(n_q, n_k, causal, block_m=block_m, block_n=block_n)
+    assert counted == expected_key_tiles(n_q, n_k, causal, block_m, block_n)
+
+
+# --- bad arguments name themselves -------------------------------------------------------------
+
+def test_a_string_causal_flag_is_refused():
+    with pytest.raises(TypeError, match=r"causal is 'no' \(str\), expected True or False"):
+        triton_attention(*random_qkv(16, 16, 16, torch.float32), causal="no")
+
+
+@pytest.mark.parametrize("scale", [0, -1, float("nan"), float("inf"), True])
+def test_scales_that_are_not_positive_numbers_are_refused(scale):
+    with pytest.raises(ValueError, match=f"scale is {scale!r}, expected a positive number"):
+        triton_attention(*random_qkv(16, 16, 16, torch.float32), scale=scale)
+
+
+def test_a_numpy_scale_is_accepted():
+    q, k, v = random_qkv(16, 24, 16, torch.float32)
+    out, _ = triton_attention(q, k, v, scale=np.float32(0.5))
+    expected = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=0.5)
+    torch.testing.assert_close(out.double(), expected, rtol=0, atol=2e-5)
+
+
+def test_q_and_k_on_different_devices_are_refused():
+    q, k, v = random_qkv(16, 16, 16, torch.float32)
+    with pytest.raises(ValueError, match=r"q, k, v are on devices .*meta.*: expected all three on the same"):
+        triton_attention(q, k.to("meta"), v)
+
+
+@pytest.mark.parametrize("empty, message", [
+    ("q", r"q has shape \(2, 1, 0, 16\): N_q is 0, expected at least one query"),
+    ("k", r"k has shape \(2, 1, 0, 16\): N_k is 0, expected at least one key"),
+])
+def test_an_empty_sequence_names_the_argument(empty, message):
+    q, k, v = random_qkv(16, 16, 16, torch.float32)
+    if empty == "q":
+        q = q[:, :, :0]
+    else:
+        k, v = k[:, :, :0], v[:, :, :0]
+    with pytest.raises(ValueError, match=message):
+        triton_attention(q, k, v)
+
+
 COMPILE_FOR_GPUS = """
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from helpers.flash_triton import _flash_forward_kernel
+from helpers import flash_triton as ft
 
-ints = ["stride_qb", "stride_qh", "stride_qn", "stride_kb", "stride_kh", "stride_kn", "stride_vb",
-        "stride_vh", "stride_vn", "stride_ob", "stride_oh", "stride_on", "n_heads", "n_q", "n_k"]
-for dtype, head_dim, causal, arch in (("fp16", 64, False, 80), ("fp16", 128, True, 90),
-                                      ("fp32", 80, True, 80)):
-    constants = {"HEAD_DIM": head_dim, "BLOCK_D": triton.next_power_of_2(head_dim), "BLOCK_M": 128,
-                 "BLOCK_N": 64, "CAUSAL": causal, "DOT_PRECISION": "tf32" if dtype == "fp16" else "ieee"}
-    signature = {name: f"*{dtype}" for name in ("Q", "K", "V", "Out")} | {"Lse": "*fp32"}
-    signature |= dict.fromkeys(ints, "i32") | {"qk_scale": "fp32"} | dict.fromkeys(constants, "constexpr")
-    compiled = triton.compile(ASTSource(_flash_forward_kernel, signature, constants),
-                              target=GPUTarget("cuda", arch, 32), options={"num_warps": 8, "num_stages": 2})
-    assert ".entry _flash_forward_kernel" in compiled.asm["ptx"]
-    print(f"sm_{arch} {dtype} d={head_dim} causal={causal}: compiled")
+SHARED_BYTES = {80: 166912, 90: 232448}  # the most shared memory one program may use: A100, H100
+FORWARD_INTS = ["stride_qb", "stride_qh", "stride_qn", "stride_kb", "stride_kh", "stride_kn",
+                "stride_vb", "stride_vh", "stride_vn", "stride_ob", "stride_oh", "stride_on",
+                "n_heads", "n_q", "n_k"]
+
+
+def compile_for(kernel, pointers, ints, floats, constants, arch, warps, stages):
+    signature = (pointers | dict.fromkeys(ints, "i32") | dict.fromkeys(floats, "fp32")
+                 | dict.fromkeys(constants, "constexpr"))
+    compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": warps, "num_stages": stages})
+    assert f".entry {kernel.__name__}" in compiled.asm["ptx"]
+    assert compiled.metadata.shared <= SHARED_BYTES[arch], (kernel.__name__, compiled.metadata.shared)
+    return compiled.metadata.shared
+
+
+# (dtype, head dim, causal, GPU architecture, also the backward?): fp32 compiles slowly, so forward only
+for dtype, head_dim, causal, arch, backward in (("fp16", 64, False, 80, True), ("bf16", 128, True, 90, True),
+                                                ("fp32", 80, True, 80, False)):
+    common = {"HEAD_DIM": head_dim, "BLOCK_D": ft.padded_head_dim(head_dim), "CAUSAL": causal,
+              "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32", "ACC_DTYPE": tl.float32}
+    block_m, block_n, warps, stages = 128, 64, (4 if head_dim <= 64 else 8), (3 if head_dim <= 64 else 2)
+    pointers = {name: f"*{dtype}" for name in ("Q", "K", "V", "Out")} | {"Lse": "*fp32", "Visits": "*i32"}
+    constants = common | {"BLOCK_M": block_m, "BLOCK_N": block_n, "COUNT_TILES": False}
+    shared = [compile_for(ft._flash_forward_kernel, pointers, FORWARD_INTS, ["qk_scale"], constants,
+                          arch, warps, stages)]
+    if backward:
+        block_m, block_n, warps, stages = ft.default_backward_blocks(head_dim)
+        pointers = {name: f"*{dtype}" for name in ("Q", "K", "V", "dO")} | {"Lse": "*fp32", "Delta": "*fp32"}
+        constants = common | {"BLOCK_M": block_m, "BLOCK_N": block_n}
+        for kernel, grads in ((ft._flash_backward_dk_dv_kernel, ("dK", "dV")), (ft._flash_backward_dq_kernel, ("dQ",))):
+            shared.append(compile_for(kernel, pointers | {g: f"*{dtype}" for g in grads}, ["n_q", "n_k"],
+                                      ["qk_scale", "scale"], constants, arch, warps, stages))
+    print(f"sm_{arch} {dtype} d={head_dim} causal={causal}: {len(shared)} kernels compiled, "
+          f"shared memory {[s // 1024 for s in shared]} KiB")
 """
 
 
-def test_kernel_compiles_for_a100_and_h100_without_a_gpu():
+def test_kernels_compile_for_a100_and_h100_without_a_gpu():
     """The interpreter does not compile: this does, ahead of time, to PTX and cubin for sm_80
-    (A100) and sm_90 (H100), so type and shape errors of the GPU path show up in CI too."""
+    (A100) and sm_90 (H100), forward and backward, float16 and bfloat16, so type and shape errors
+    of the GPU path, and tiles too big for the chip's shared memory, show up in CI too."""
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     result = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPUS], capture_output=True, text=True,
                             timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("compiled") == 3
+    assert result.stdout.count("kernels compiled") == 3, result.stdout
 
 
 def test_module_imports_without_triton_and_fails_only_when_called():
