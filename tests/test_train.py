@@ -60,7 +60,8 @@ def test_learning_rate_warms_up_then_decays_to_the_floor():
     assert all(a < b for a, b in zip(rates[:peak_at], rates[1:peak_at + 1], strict=True))
     assert all(a >= b for a, b in zip(rates[peak_at:], rates[peak_at + 1:], strict=False))
     assert math.isclose(rates[-1], 1e-4)
-    assert 0 < rates[0] < 1e-4
+    assert rates[0] == 0.0  # the formula: linear from 0, nothing added
+    assert math.isclose(rates[5], 1e-3 * 0.05 / 0.1)  # halfway through the warm-up: half the peak
 
 
 def test_precision_falls_back_to_float32_without_native_bf16(monkeypatch):
