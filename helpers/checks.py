@@ -25,16 +25,20 @@ from collections.abc import Iterable
 from typing import Any
 
 
+def _is_numpy_bool(value: Any) -> bool:
+    return type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+
+
 def _is_int(value: Any) -> bool:
     """An int or a numpy integer, but not a bool (True is an int in Python)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) \
-        and type(value).__name__ != "bool_"
+        and not _is_numpy_bool(value)
 
 
 def _is_real(value: Any) -> bool:
     """An int, a float or a numpy number, but not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) \
-        and type(value).__name__ != "bool_"
+        and not _is_numpy_bool(value)
 
 
 def _got(value: Any) -> str:
@@ -89,7 +93,7 @@ def boolean(name: str, value: Any) -> bool:
     command line) is refused: it is truthy, so it would silently mean True."""
     if isinstance(value, bool):
         return value
-    if type(value).__name__ == "bool_":  # numpy's bool
+    if _is_numpy_bool(value):
         return bool(value)
     advice = f": write {value.strip().capitalize()}, not the string {value!r}" \
         if isinstance(value, str) and value.strip().lower() in ("true", "false") else ""

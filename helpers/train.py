@@ -361,6 +361,11 @@ class Trainer:
                 raise ValueError(f"{name} has shape {tuple(ids.shape)}, expected a 1-D tensor of at "
                                  f"least block_size + 1 = {self.block_size + 1} tokens (one window "
                                  "and its next token): give more text or a smaller block_size")
+        broken = _non_finite_parameters(model)
+        if broken:
+            raise ValueError(f"model has NaN or inf in {', '.join(broken[:3])}"
+                             f"{', ...' if len(broken) > 3 else ''} before training: "
+                             "rebuild or reload it")
         self.train_ids, self.val_ids = train_ids, val_ids
         self.device = model.lm_head.weight.device
         self.dtype = pick_dtype(self.device, self.config.precision) if self.config.fast else torch.float32
@@ -397,8 +402,10 @@ class Trainer:
     def train_step(self, lr: float) -> float:
         """One AdamW step at learning rate `lr` on a fresh random batch; returns its loss.
 
-        A loss that is NaN or infinite stops training with a FloatingPointError before the
-        optimiser step (which would spread the NaN into every weight).
+        A loss or gradient norm that is NaN or infinite stops training with a FloatingPointError
+        before the optimiser step (which would spread the NaN into every weight). (PyTorch's
+        fused attention on a CPU turns a query row of NaN into zeros, so with a NaN weight the
+        fast path's loss can stay finite while its gradient does not: both are checked.)
         """
         x, y = self._to_device(random_batch(self.train_ids, self.config.batch_size,
                                             self.block_size, self.generator))
@@ -410,32 +417,34 @@ class Trainer:
         else:
             self.model.zero_grad(set_to_none=True)
         loss.backward()
-        value = loss.item()
-        if not math.isfinite(value):
-            self._stop_diverged(value, lr)
         if self.flat:
             self.flat.gather_gradients()
-            self.flat.clip_gradients(self.config.grad_clip)
+            norm = self.flat.clip_gradients(self.config.grad_clip)
         else:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip, foreach=False)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip,
+                                                  foreach=False)
+        value, norm = loss.item(), norm.item()
+        if not (math.isfinite(value) and math.isfinite(norm)):
+            self._stop_diverged(value, norm, lr)
         self.optimizer.step()
         if self.flat:
             self.flat.refresh_working_copy()
         return value
 
-    def _stop_diverged(self, loss: float, lr: float) -> None:
-        """Raise a FloatingPointError that says at which step the loss stopped being finite,
-        and what to try."""
+    def _stop_diverged(self, loss: float, norm: float, lr: float) -> None:
+        """Raise a FloatingPointError that says at which step the loss or the gradient stopped
+        being finite, and what to try."""
         step = len(self.history.steps) + 1
-        broken = [name for name, p in self.model.named_parameters() if not torch.isfinite(p).all()]
+        broken = _non_finite_parameters(self.model)
         if broken:
             cause = (f"the model's weights already hold NaN or inf ({', '.join(broken[:3])}"
                      f"{', ...' if len(broken) > 3 else ''}): rebuild or reload the model")
         else:
-            cause = (f"training diverged: try a smaller TrainConfig(learning_rate=...) (the peak "
+            cause = (f"it diverged: try a smaller TrainConfig(learning_rate=...) (the peak "
                      f"is {self.config.learning_rate:g}), a longer warmup or a smaller grad_clip")
-        raise FloatingPointError(f"the training loss is {loss} at step {step} (learning rate "
-                                 f"{lr:.3g}), so training stopped: {cause}")
+        raise FloatingPointError(f"the training loss is {loss} and the gradient norm {norm} at "
+                                 f"step {step} (learning rate {lr:.3g}), so training stopped "
+                                 f"before the update; {cause}")
 
     def evaluate(self) -> dict[str, float]:
         """Mean loss on the fixed train and validation batches (see `evaluate_loss`)."""
@@ -492,6 +501,11 @@ class Trainer:
         bar.set_postfix(train=f"{losses['train']:.3f}", val=f"{losses['val']:.3f}")
         for callback in callbacks:
             callback(self.history)
+
+
+def _non_finite_parameters(model: torch.nn.Module) -> list[str]:
+    """The names of the parameters holding a NaN or an infinity."""
+    return [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
 
 
 def _progress_bar(steps: int | None, seconds: float | None, enabled: bool) -> tqdm:

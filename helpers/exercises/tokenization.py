@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from helpers import tokenizers as reference
-from helpers.exercises import ExerciseFailed, exercise
+from helpers.exercises import ExerciseFailed, exercise, expect_count
 
 PAIR_CASES = [
     [1, 2, 3, 1, 2],  # a pair that occurs twice
@@ -30,6 +30,8 @@ def count_pairs(student: Callable[[list[int]], Any]) -> str:
         if not isinstance(got, dict):
             raise ExerciseFailed(f"for ids={ids} you returned a {type(got).__name__}, expected a dict "
                                  "{(left, right): count}.")
+        for pair, count in got.items():
+            expect_count(count, f"the count of {pair!r} for ids={ids}")
         got = {pair: count for pair, count in got.items() if count}  # a Counter's zeros are fine
         if got != expected:
             raise ExerciseFailed(f"for ids={ids} you returned {got}, expected {expected}.")
