@@ -20,7 +20,14 @@ from helpers import checks
 from helpers.attention import padding_mask, scaled_dot_product_attention
 from helpers.embeddings import TokenAndPositionEmbedding
 from helpers.gpt import GPT, GPTConfig, KVCache, generate, sample_next
-from helpers.layers import Block, FeedForward, LayerNorm, MultiHeadAttention, SwiGLUFeedForward, layer_norm
+from helpers.layers import (
+    Block,
+    FeedForward,
+    LayerNorm,
+    MultiHeadAttention,
+    SwiGLUFeedForward,
+    layer_norm,
+)
 from helpers.train import CheckpointError, TrainConfig, Trainer, load_checkpoint, save_checkpoint
 
 SMALL = GPTConfig(vocab_size=11, context_length=8, n_layer=2, n_head=2, n_embd=8)
