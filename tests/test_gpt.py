@@ -66,9 +66,10 @@ def test_weight_tying_shares_one_storage():
     assert untied.lm_head.weight.data_ptr() != untied.embed.token.weight.data_ptr()
 
 
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fast_path_computes_the_plain_forward(dtype):
-    model = small_model()
+def test_fast_path_computes_the_plain_forward(dtype, activation):
+    model = small_model(activation=activation)
     ids = random_ids(3, SMALL.context_length)
     plain = model(ids)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
@@ -79,6 +80,18 @@ def test_fast_path_computes_the_plain_forward(dtype):
 
 
 # --- parameter counts ----------------------------------------------------------------------
+
+def test_activation_is_a_config_field_and_gpt2_uses_the_tanh_gelu():
+    assert GPTConfig().activation == "gelu"  # the course's small models: exact GELU
+    assert GPTConfig.gpt2_small().activation == "gelu_tanh"
+    model = small_model(activation="gelu_tanh")
+    assert all(block.mlp.activation.approximate == "tanh" for block in model.blocks)
+    exact = small_model()
+    ids = random_ids(2, SMALL.context_length)
+    assert not torch.equal(model(ids), exact(ids))  # same weights, another function
+    with pytest.raises(ValueError, match="activation is 'swish', expected one of 'relu', 'gelu', 'gelu_tanh'"):
+        GPTConfig(activation="swish")
+
 
 def test_gpt2_small_has_exactly_124_439_808_parameters_without_allocating_them():
     config = GPTConfig.gpt2_small()
