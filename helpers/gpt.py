@@ -132,6 +132,7 @@ class GPT(nn.Module):
 
         fast=True computes the same function with fused PyTorch kernels (see `fast_block`).
         """
+        checks.boolean("fast", fast)
         self._check_ids(token_ids)
         return self._blocks_to_logits(self.drop(self.embed(token_ids)), fast)
 
@@ -152,6 +153,7 @@ class GPT(nn.Module):
             raise RuntimeError(f"forward_cached is for generation, but the model is in training "
                                f"mode with dropout = {self.config.dropout}, so dropout would "
                                "change its outputs: call model.eval() first (generate() does)")
+        checks.boolean("fast", fast)
         self._check_ids(token_ids)
         self._check_cache(cache, token_ids.shape[0])
         start, n_new = cache.length, token_ids.shape[1]
@@ -486,6 +488,7 @@ def generate(model: GPT, prompt: Tensor, max_new_tokens: int, temperature: float
     The model is put in eval mode (no dropout) for the call and restored afterwards.
     """
     checks.positive_int("max_new_tokens", max_new_tokens)
+    checks.boolean("use_cache", use_cache)
     if not isinstance(prompt, Tensor):
         raise TypeError(f"prompt is a {type(prompt).__name__}, expected a (B, N) tensor of token "
                         "ids, e.g. torch.tensor([ids])")

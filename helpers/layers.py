@@ -99,6 +99,7 @@ def attention_mask(mask: Tensor | None, causal: bool, n_q: int, n_k: int,
     mask: None, (N, M), (B, N, M) or (B or 1, H or 1, N, M); True = may attend. A 3-D mask is
     given a head axis, (B, 1, N, M), so that every head uses it. Returns None when nothing is masked.
     """
+    checks.boolean("causal", causal)
     if mask is not None:
         if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
             got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__

@@ -96,6 +96,9 @@ def test_feed_forward_refuses_an_empty_hidden_layer(make):
     (lambda: MultiHeadAttention(8, 2, bias="False"), "bias"),
     (lambda: TrainConfig(fast="False"), "fast"),
     (lambda: TrainConfig(compile="yes"), "compile"),
+    (lambda: MultiHeadAttention(8, 2)(torch.randn(1, 3, 8), causal="no"), "causal"),
+    (lambda: small_model()(ids(), fast="False"), "fast"),
+    (lambda: generate(small_model(), ids(), 2, use_cache="False"), "use_cache"),
 ])
 def test_strings_are_refused_where_a_bool_is_expected(make, name):
     with pytest.raises(TypeError, match=rf"{name} is '.*' \(a str\), expected True or False"):
