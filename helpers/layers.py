@@ -9,7 +9,8 @@ In the order the notebooks meet them:
                 fuse_heads                               the fused module with a list's weights
                 kv_cache_bytes_per_token                 2 x L x H_kv x d_h x bytes
     notebook 6  layer_norm, LayerNorm                    per-token standardisation, by hand
-                FeedForward, SwiGLUFeedForward           the position-wise MLP, D -> 4D -> D
+                FeedForward, SwiGLUFeedForward           the position-wise MLP, D -> 4D -> D;
+                                                         ACTIVATIONS: relu, gelu, gelu_tanh
                 Block, init_gpt2_                        the Pre-LN (GPT-2) block, its initialisation
                 distance_from_rank_one                   how far tokens are from all being equal
 

@@ -9,7 +9,8 @@
     TrainConfig, Trainer, History                  the training loop and what it measured
     evaluate_loss                                  mean loss on fixed batches, always in float32
     LiveLossPlot                                   a callback that redraws the losses in place
-    save_checkpoint / load_checkpoint              torch.save, torch.load(weights_only=True)
+    save_checkpoint / load_checkpoint              torch.save, torch.load(weights_only=True);
+                                                   CheckpointError for files that are not one
 
 What makes the trainer fast, each measured in benchmarks/bench_train.py against a plain loop:
 

@@ -301,6 +301,25 @@ def test_check_gives_up_on_a_function_that_never_returns(capsys):
     assert "did not return within 0.5 s" in out and "Traceback" not in out
 
 
+def test_check_gives_up_outside_the_main_thread_too():
+    import threading
+
+    stop = threading.Event()
+
+    def endless_until_stopped(*args: int) -> int:
+        while not stop.is_set():
+            time.sleep(0.01)
+        return 0
+
+    verdict: list[tuple[bool, str]] = []
+    worker = threading.Thread(target=lambda: verdict.append(
+        exercises.evaluate("gpt.exact_parameters", endless_until_stopped, time_limit=0.3)))
+    worker.start()
+    worker.join(10)
+    stop.set()  # let the abandoned checker thread end
+    assert verdict and not verdict[0][0] and "did not return within 0.3 s" in verdict[0][1]
+
+
 # --- obscure before: torch's words replaced by the course's --------------------------------
 
 @pytest.mark.parametrize("module", [MultiHeadAttention(8, 2), FeedForward(8), SwiGLUFeedForward(8), Block(8, 2)])

@@ -17,6 +17,7 @@ import importlib
 import numbers
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -108,12 +109,16 @@ def _run_with_time_limit(checker: Callable[[Any], str | None], answer: Any,
             raise _TimeUp
 
         previous = signal.signal(signal.SIGALRM, time_up)
-        signal.setitimer(signal.ITIMER_REAL, seconds)
+        started = time.monotonic()
+        earlier_alarm, earlier_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
         try:
             return checker(answer)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
+            if earlier_alarm:  # someone else's alarm was pending: set it again
+                left = earlier_alarm - (time.monotonic() - started)
+                signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), earlier_interval)
     outcome: dict[str, Any] = {}
 
     def run() -> None:
