@@ -198,7 +198,7 @@ class GPT(nn.Module):
         got = dict(zip(expected, (cache.keys.shape[i] for i in (0, 1, 2, 4)), strict=True))
         for what, value in expected.items():
             if got[what] != value:
-                raise ValueError(f"cache has {got[what]} {what} (keys of shape "
+                raise ValueError(f"cache has {what} {got[what]} (keys of shape "
                                  f"{tuple(cache.keys.shape)}), expected {value} for this model and "
                                  f"token_ids: make it with KVCache.for_model(model, {batch_size})")
         if cache.keys.dtype != weight.dtype or cache.keys.device != weight.device:

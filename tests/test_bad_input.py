@@ -362,8 +362,8 @@ def test_vocab_size_none_is_named():
 
 
 @pytest.mark.parametrize("cache, error, match", [
-    (KVCache(2, 3, 2, 8, 4), ValueError, "cache has 3 batch size"),
-    (KVCache(1, 1, 2, 8, 4), ValueError, "cache has 1 layers .*expected 2"),
+    (KVCache(2, 3, 2, 8, 4), ValueError, "cache has batch size 3 .*expected 1"),
+    (KVCache(1, 1, 2, 8, 4), ValueError, "cache has layers 1 .*expected 2"),
     (KVCache(2, 1, 2, 8, 4, dtype=torch.float64), TypeError, "cache holds torch.float64"),
 ])
 def test_a_cache_that_does_not_fit_the_model_is_named(cache, error, match):
