@@ -455,9 +455,13 @@ class Trainer:
             callbacks: Sequence[Callback] = (), progress_bar: bool = True) -> History:
         """Train for `steps` optimiser steps or for `seconds` of training time (give one).
 
-        The learning rate follows `learning_rate` over the run; every `eval_every` steps and at
-        the end the model is evaluated and each callback is called with the history.
+        The learning rate follows `learning_rate` over the run, taken where each step ends:
+        (i + 1) / steps. With a time budget the end of a step is guessed from the last step's
+        duration, so the first step (no duration known yet) runs at progress 0, a rate of 0:
+        it only fills AdamW's running averages. Every `eval_every` steps and at the end the
+        model is evaluated and each callback is called with the history.
         """
+        checks.boolean("progress_bar", progress_bar)
         if (steps is None) == (seconds is None):
             raise ValueError(f"steps is {steps!r} and seconds is {seconds!r}, expected exactly one")
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
