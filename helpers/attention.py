@@ -19,6 +19,8 @@ import math
 import torch
 from torch import Tensor
 
+from helpers import checks
+
 __all__ = [
     "softmax",
     "softmax_jacobian",
@@ -75,6 +77,9 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected (..., N, d) with 2+ dims")
         if not t.is_floating_point():
             raise TypeError(f"{name} has dtype {t.dtype}, expected a floating-point tensor")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q is on {q.device}, k on {k.device} and v on {v.device}: expected all "
+                         "three on one device (move them with .to(device))")
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k, v have dtypes {q.dtype}, {k.dtype}, {v.dtype}; expected one dtype for all three")
     if q.shape[-1] == 0:
@@ -122,9 +127,9 @@ def check_mask(mask: Tensor, scores_shape: torch.Size) -> None:
 
 
 def check_scale(scale: float) -> None:
-    """Raise a ValueError unless `scale` is a positive finite number."""
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
-        raise ValueError(f"scale is {scale!r}, expected a positive number such as 1/sqrt(d_k)")
+    """Raise unless `scale` is a positive finite number (a numpy scalar is fine):
+    TypeError for something that is not a number, ValueError for 0, a negative number, inf or NaN."""
+    checks.positive_float("scale", scale, hint=" such as 1/sqrt(d_k)")
 
 
 def scaled_dot_product_attention(
@@ -189,6 +194,9 @@ def padding_mask(lengths: Tensor, n_k: int) -> Tensor:
     if not isinstance(lengths, Tensor) or lengths.dim() != 1:
         got = tuple(lengths.shape) if isinstance(lengths, Tensor) else type(lengths).__name__
         raise ValueError(f"lengths is {got}, expected a 1-D tensor of sequence lengths (B,)")
+    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+        raise TypeError(f"lengths has dtype {lengths.dtype}, expected an integer tensor of token "
+                        "counts (a length of 2.5 tokens means nothing): use lengths.long()")
     _check_positive("n_k", n_k)
     if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > n_k):
         raise ValueError(f"lengths is {lengths.tolist()}, expected values in 0..{n_k} (n_k)")
@@ -203,8 +211,7 @@ def local_mask(n: int, window: int, causal: bool = True, device: torch.device | 
     causal), so the cost grows as n * window instead of n^2.
     """
     _check_positive("n", n)
-    if window < 0:
-        raise ValueError(f"window is {window}, expected window >= 0")
+    checks.non_negative_int("window", window)
     offset = _offsets(n, device)  # offset[i, j] = i - j
     visible = offset.abs() <= window
     return visible & (offset >= 0) if causal else visible
@@ -243,6 +250,4 @@ def _offsets(n: int, device: torch.device | str | None) -> Tensor:
     return pos.unsqueeze(1) - pos.unsqueeze(0)
 
 
-def _check_positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} is {value!r}, expected a positive int")
+_check_positive = checks.positive_int

@@ -17,13 +17,27 @@ import math
 import torch
 from torch import nn
 
+from helpers import checks
+
+ID_DTYPES = (torch.int64, torch.int32)  # what nn.Embedding accepts as indices
+
 
 def check_token_ids(token_ids: torch.Tensor, vocab_size: int, name: str = "token_ids") -> None:
-    """Raise unless `token_ids` is an integer tensor whose entries all lie in [0, vocab_size)."""
+    """Raise unless `token_ids` is an int64 or int32 tensor whose entries all lie in [0, vocab_size).
+
+    Smaller integer dtypes (uint8, int16) are refused: an embedding cannot index with them, and
+    uint8 would silently wrap ids above 255. Ids on the meta device (shapes, no values) too.
+    """
     if not isinstance(token_ids, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of integer ids, got {type(token_ids).__name__}")
     if token_ids.is_floating_point() or token_ids.is_complex() or token_ids.dtype == torch.bool:
         raise TypeError(f"{name} has dtype {token_ids.dtype}, expected an integer dtype (torch.long)")
+    if token_ids.dtype not in ID_DTYPES:
+        raise TypeError(f"{name} has dtype {token_ids.dtype}, expected an integer dtype that can "
+                        f"index a table, torch.long (or torch.int32): use {name}.long()")
+    if token_ids.is_meta:
+        raise ValueError(f"{name} is on the meta device, which holds shapes but no values: "
+                         "expected real ids (on the CPU or a GPU)")
     if token_ids.numel() == 0 or torch.compiler.is_compiling():
         # Under torch.compile reading values would split the compiled graph; whoever compiles
         # checks the ids once beforehand (helpers.train.Trainer checks all of its data).
@@ -35,18 +49,13 @@ def check_token_ids(token_ids: torch.Tensor, vocab_size: int, name: str = "token
                          f"for a vocabulary of {vocab_size} tokens")
 
 
-def _check_positive_int(value: int, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
 def one_hot(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """The one-hot vector of every id: a 1 in the id's column, 0 everywhere else.
 
     token_ids: (...,) integers in [0, vocab_size).
     Returns (..., vocab_size) float32, so that it can be multiplied with a weight matrix.
     """
-    _check_positive_int(vocab_size, "vocab_size")
+    checks.positive_int("vocab_size", vocab_size)
     check_token_ids(token_ids, vocab_size)
     vectors = torch.zeros(*token_ids.shape, vocab_size, device=token_ids.device)
     return vectors.scatter_(-1, token_ids.unsqueeze(-1).long(), 1.0)
@@ -69,9 +78,9 @@ def cosine_similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _check_base(base: float) -> None:
-    if not isinstance(base, (int, float)) or isinstance(base, bool) or not base > 1:
-        raise ValueError(f"base must be a number > 1 (10000.0 in the paper), got {base!r}: "
-                         "with base <= 1 the wavelengths would not grow along the dimensions")
+    checks.number_in("base", base, 1.0, math.inf, low_open=True, high_open=True,
+                     expected="a number > 1 (10000.0 in the paper): with base <= 1 the "
+                              "wavelengths would not grow along the dimensions")
 
 
 def sinusoid_frequencies(d_model: int, base: float = 10000.0) -> torch.Tensor:
@@ -79,7 +88,7 @@ def sinusoid_frequencies(d_model: int, base: float = 10000.0) -> torch.Tensor:
 
     Returns (ceil(d_model / 2),) float64: pair i fills columns 2i (sine) and 2i + 1 (cosine).
     """
-    _check_positive_int(d_model, "d_model")
+    checks.positive_int("d_model", d_model)
     _check_base(base)
     pair = torch.arange((d_model + 1) // 2, dtype=torch.float64)
     return base ** (-2 * pair / d_model)
@@ -100,7 +109,7 @@ def sinusoidal_positions(n_positions: int, d_model: int, base: float = 10000.0) 
     An odd d_model is allowed: the formula then ends with one unpaired sine column.
     Returns (n_positions, d_model) float32, every entry in [-1, 1].
     """
-    _check_positive_int(n_positions, "n_positions")
+    checks.positive_int("n_positions", n_positions)
     frequencies = sinusoid_frequencies(d_model, base)  # (ceil(d/2),)
     positions = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)  # (n_positions, 1)
     angles = positions * frequencies  # (n_positions, ceil(d/2))
@@ -121,7 +130,7 @@ class TokenAndPositionEmbedding(nn.Module):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("context_length", context_length),
                             ("d_model", d_model)):
-            _check_positive_int(value, name)
+            checks.positive_int(name, value)
         self.token = nn.Embedding(vocab_size, d_model)
         self.position = nn.Embedding(context_length, d_model)
 

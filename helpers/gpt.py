@@ -38,9 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from helpers import checks
 from helpers.attention import causal_mask
 from helpers.embeddings import TokenAndPositionEmbedding, check_token_ids
 from helpers.layers import (
+    ACTIVATIONS,
     Block,
     KVStore,
     LayerNorm,
@@ -52,11 +54,6 @@ from helpers.layers import (
 )
 
 
-def _check_positive_int(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} is {value!r}, expected a positive int")
-
-
 @dataclass(frozen=True)
 class GPTConfig:
     """The sizes of a GPT. The defaults are a small character-level model for a laptop CPU.
@@ -64,6 +61,10 @@ class GPTConfig:
     vocab_size: tokens the model reads and predicts (V); context_length: the longest sequence it
     reads, the rows of its position table; n_layer: blocks (N); n_head: attention heads per block
     (H); n_embd: the width of every token vector (d_model, D), split evenly between the heads.
+    activation: the MLP's nonlinearity, "gelu" (exact: z * Phi(z)), "gelu_tanh" (the tanh
+    approximation GPT-2 was trained with; `gpt2_small` uses it) or "relu".
+    bias: biases in the attention and MLP projections; tie_weights: the output matrix is the
+    token embedding. Both must be real booleans: the string "False" is refused.
     """
 
     vocab_size: int = 64
@@ -74,16 +75,20 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     tie_weights: bool = True
+    activation: str = "gelu"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_length", "n_layer", "n_head", "n_embd"):
-            _check_positive_int(name, getattr(self, name))
+            checks.positive_int(name, getattr(self, name))
+        for name in ("bias", "tie_weights"):
+            checks.boolean(name, getattr(self, name))
+        checks.one_of("activation", self.activation, ACTIVATIONS)
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}: each "
                              f"head gets n_embd / n_head = {self.n_embd / self.n_head:g} features, "
                              "which must be a whole number")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout is {self.dropout!r}, expected a probability in [0, 1)")
+        checks.number_in("dropout", self.dropout, 0.0, 1.0, high_open=True,
+                         expected="a probability in [0, 1)")
 
     @property
     def head_dim(self) -> int:
@@ -91,10 +96,12 @@ class GPTConfig:
 
     @classmethod
     def gpt2_small(cls) -> GPTConfig:
-        """GPT-2 small (2019): 12 layers, d = 768, 12 heads, GPT-2's 50,257 tokens, 1024 positions."""
-        return cls(vocab_size=50257, context_length=1024, n_layer=12, n_head=12, n_embd=768)
+        """GPT-2 small (2019): 12 layers, d = 768, 12 heads, GPT-2's 50,257 tokens, 1024 positions,
+        and GPT-2's tanh-approximated GELU, so that GPT-2's weights give GPT-2's logits."""
+        return cls(vocab_size=50257, context_length=1024, n_layer=12, n_head=12, n_embd=768,
+                   activation="gelu_tanh")
 
-    def to_dict(self) -> dict[str, int | float | bool]:
+    def to_dict(self) -> dict[str, int | float | bool | str]:
         return asdict(self)
 
 
@@ -110,7 +117,8 @@ class GPT(nn.Module):
         self.embed = TokenAndPositionEmbedding(config.vocab_size, config.context_length, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(
-            Block(config.n_embd, config.n_head, dropout=config.dropout, bias=config.bias)
+            Block(config.n_embd, config.n_head, dropout=config.dropout, bias=config.bias,
+                  activation=config.activation)
             for _ in range(config.n_layer))
         self.ln_f = LayerNorm(config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -124,6 +132,7 @@ class GPT(nn.Module):
 
         fast=True computes the same function with fused PyTorch kernels (see `fast_block`).
         """
+        checks.boolean("fast", fast)
         self._check_ids(token_ids)
         return self._blocks_to_logits(self.drop(self.embed(token_ids)), fast)
 
@@ -136,8 +145,17 @@ class GPT(nn.Module):
         cache then holds cache.length + n tokens. Each block's attention hands its new keys and
         values to the cache (its `kv_store` hook) and attends to everything stored.
         fast=False runs the course's own Block.forward, fast=True `fast_block`.
+
+        It is for generation, so a model in training mode with dropout > 0 is refused
+        (RuntimeError) rather than silently dropping activations: call model.eval() first.
         """
+        if self.training and self.config.dropout > 0:
+            raise RuntimeError(f"forward_cached is for generation, but the model is in training "
+                               f"mode with dropout = {self.config.dropout}, so dropout would "
+                               "change its outputs: call model.eval() first (generate() does)")
+        checks.boolean("fast", fast)
         self._check_ids(token_ids)
+        self._check_cache(cache, token_ids.shape[0])
         start, n_new = cache.length, token_ids.shape[1]
         if start + n_new > self.config.context_length:
             raise ValueError(f"the cache holds {start} tokens and token_ids has {n_new} more, "
@@ -161,6 +179,32 @@ class GPT(nn.Module):
         if token_ids.dim() != 2:
             raise ValueError(f"token_ids has shape {tuple(token_ids.shape)}, expected (B, N): "
                              "add a batch axis with token_ids.unsqueeze(0)")
+        if token_ids.shape[1] == 0:
+            raise ValueError(f"token_ids has shape {tuple(token_ids.shape)}: a sequence of 0 "
+                             "tokens, expected at least one (N >= 1)")
+        device = self.lm_head.weight.device
+        if token_ids.device != device and device.type != "meta":
+            raise ValueError(f"token_ids is on {token_ids.device} and the model on {device}: "
+                             f"move the ids with token_ids.to({str(device)!r})")
+
+    def _check_cache(self, cache: KVCache, batch_size: int) -> None:
+        """Raise unless `cache` fits this model and a batch of `batch_size` sequences."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache is a {type(cache).__name__}, expected a KVCache "
+                            "(KVCache.for_model(model, batch_size))")
+        attn, weight = self.blocks[0].attn, self.lm_head.weight
+        expected = {"layers": len(self.blocks), "batch size": batch_size,
+                    "key/value heads": attn.n_kv_heads, "head size": attn.head_dim}
+        got = dict(zip(expected, (cache.keys.shape[i] for i in (0, 1, 2, 4)), strict=True))
+        for what, value in expected.items():
+            if got[what] != value:
+                raise ValueError(f"cache has {what} {got[what]} (keys of shape "
+                                 f"{tuple(cache.keys.shape)}), expected {value} for this model and "
+                                 f"token_ids: make it with KVCache.for_model(model, {batch_size})")
+        if cache.keys.dtype != weight.dtype or cache.keys.device != weight.device:
+            raise TypeError(f"cache holds {cache.keys.dtype} on {cache.keys.device}, expected "
+                            f"{weight.dtype} on {weight.device} like the model's weights: make it "
+                            f"with KVCache.for_model(model, {batch_size})")
 
 
 # --- the fast path: the same block, fused kernels ------------------------------------------
@@ -259,7 +303,7 @@ def formula_parameters(n_layer: int, n_embd: int, vocab_size: int) -> int:
     """12 N d^2 + 2 V d: 4 d^2 of attention and 8 d^2 of MLP per block, input and output
     embeddings untied; biases, norms and positions left out."""
     for name, value in (("n_layer", n_layer), ("n_embd", n_embd), ("vocab_size", vocab_size)):
-        _check_positive_int(name, value)
+        checks.positive_int(name, value)
     return 12 * n_layer * n_embd**2 + 2 * vocab_size * n_embd
 
 
@@ -328,7 +372,7 @@ class KVCache:
         for name, value in (("n_layer", n_layer), ("batch_size", batch_size),
                             ("n_kv_heads", n_kv_heads), ("max_length", max_length),
                             ("head_dim", head_dim)):
-            _check_positive_int(name, value)
+            checks.positive_int(name, value)
         shape = (n_layer, batch_size, n_kv_heads, max_length, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
@@ -353,6 +397,9 @@ class KVCache:
         `length` itself moves on once every layer has stored (GPT.forward_cached does it).
         """
         expected = (*self.keys.shape[1:3], self.keys.shape[4])
+        if keys.dtype != self.keys.dtype or values.dtype != self.keys.dtype:
+            raise TypeError(f"keys are {keys.dtype} and values {values.dtype}, expected "
+                            f"{self.keys.dtype}, the dtype this cache was made with")
         if keys.shape != values.shape or (keys.shape[0], keys.shape[1], keys.shape[3]) != expected:
             raise ValueError(f"keys has shape {tuple(keys.shape)} and values {tuple(values.shape)}, "
                              f"expected both (B, H_kv, n, D_H) with (B, H_kv, D_H) = {expected}")
@@ -381,22 +428,51 @@ def sample_next(logits: Tensor, temperature: float = 1.0, top_k: int | None = No
 
     temperature 0 or top_k 1 is greedy (argmax). Otherwise the logits are divided by
     `temperature` (below 1 sharpens, above 1 flattens), every token outside the `top_k` highest
-    is removed, and one token is drawn from the softmax.
+    is removed, and one token is drawn from the softmax. The division comes after subtracting
+    each row's maximum, in float64, so a tiny temperature (1e-40) is simply greedy, never NaN.
+
+    Ties: top_k keeps exactly k tokens; among equal logits the lower token id is kept first
+    (top_k=2 over three equal best logits keeps the two lowest ids). Greedy picks the lowest id
+    of the best logits too.
+
+    Logits with a NaN (a model with a NaN weight) or a row that is all -inf (no token possible)
+    are refused with a ValueError, instead of silently picking a token.
     """
-    if logits.dim() != 2:
-        raise ValueError(f"logits has shape {tuple(logits.shape)}, expected (B, V)")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-            or not 0 <= temperature < math.inf:
-        raise ValueError(f"temperature is {temperature!r}, expected a number >= 0 (0 = greedy)")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k is {top_k!r}, expected None or a positive int")
+    _check_logits(logits)
+    temperature = checks.number_in("temperature", temperature, 0.0, math.inf, high_open=True,
+                                   expected="a number >= 0 (0 = greedy)")
+    if top_k is not None:
+        top_k = checks.positive_int("top_k", top_k)
     if temperature == 0 or top_k == 1:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
+    logits = logits.double()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature  # best token: exactly 0
     if top_k is not None and top_k < logits.shape[-1]:
-        kth_best = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth_best, float("-inf"))
+        # A stable sort keeps equal logits in id order, so exactly top_k tokens stay.
+        order = logits.sort(dim=-1, descending=True, stable=True).indices[:, :top_k]  # (B, k)
+        kept = torch.full_like(logits, float("-inf")).scatter(-1, order, logits.gather(-1, order))
+        logits = kept
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+
+
+def _check_logits(logits: Tensor) -> None:
+    """Raise unless logits is a float (B, V) tensor with V >= 1, no NaN and a finite best logit."""
+    if not isinstance(logits, Tensor):
+        raise TypeError(f"logits is a {type(logits).__name__}, expected a torch.Tensor (B, V)")
+    if not logits.is_floating_point():
+        raise TypeError(f"logits has dtype {logits.dtype}, expected a floating-point tensor")
+    if logits.dim() != 2 or logits.shape[1] == 0:
+        raise ValueError(f"logits has shape {tuple(logits.shape)}, expected (B, V) with a "
+                         "vocabulary of V >= 1 tokens")
+    if logits.isnan().any():
+        row = int(logits.isnan().any(dim=-1).nonzero()[0])
+        raise ValueError(f"logits row {row} contains NaN: the model computed NaN (check its "
+                         "weights with torch.isfinite); no token can be chosen from it")
+    best = logits.amax(dim=-1)
+    if not torch.isfinite(best).all():
+        row = int((~torch.isfinite(best)).nonzero()[0])
+        raise ValueError(f"logits row {row} has best value {best[row].item()}, expected a finite "
+                         "maximum: with every logit -inf (or one +inf) no distribution is defined")
 
 
 @torch.no_grad()
@@ -411,9 +487,14 @@ def generate(model: GPT, prompt: Tensor, max_new_tokens: int, temperature: float
     exactly those of recomputing the full window every step (use_cache=False).
     The model is put in eval mode (no dropout) for the call and restored afterwards.
     """
-    _check_positive_int("max_new_tokens", max_new_tokens)
+    checks.positive_int("max_new_tokens", max_new_tokens)
+    checks.boolean("use_cache", use_cache)
+    if not isinstance(prompt, Tensor):
+        raise TypeError(f"prompt is a {type(prompt).__name__}, expected a (B, N) tensor of token "
+                        "ids, e.g. torch.tensor([ids])")
     if prompt.dim() != 2 or prompt.shape[1] == 0:
         raise ValueError(f"prompt has shape {tuple(prompt.shape)}, expected (B, N) with N >= 1")
+    check_token_ids(prompt, model.config.vocab_size, "prompt")
     was_training = model.training
     model.eval()
     try:

@@ -9,7 +9,8 @@ In the order the notebooks meet them:
                 fuse_heads                               the fused module with a list's weights
                 kv_cache_bytes_per_token                 2 x L x H_kv x d_h x bytes
     notebook 6  layer_norm, LayerNorm                    per-token standardisation, by hand
-                FeedForward, SwiGLUFeedForward           the position-wise MLP, D -> 4D -> D
+                FeedForward, SwiGLUFeedForward           the position-wise MLP, D -> 4D -> D;
+                                                         ACTIVATIONS: relu, gelu, gelu_tanh
                 Block, init_gpt2_                        the Pre-LN (GPT-2) block, its initialisation
                 distance_from_rank_one                   how far tokens are from all being equal
 
@@ -22,6 +23,7 @@ cross-attention), D = d_model, H heads, H_kv key/value heads, D_H = D / H per he
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -29,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from helpers import checks
 from helpers.attention import causal_mask, scaled_dot_product_attention
 
 # Names (suffixes) of the projections that write into the residual stream: GPT-2 scales their
@@ -44,8 +47,7 @@ KVStore = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 def _check_head_counts(d_model: int, n_heads: int, n_kv_heads: int) -> None:
     """Raise a ValueError naming the numbers if the heads cannot split d_model evenly."""
     for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} is {value!r}, expected a positive int")
+        checks.positive_int(name, value)
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}: each head "
                          f"gets d_model / n_heads = {d_model / n_heads:g} features, which must "
@@ -56,13 +58,33 @@ def _check_head_counts(d_model: int, n_heads: int, n_kv_heads: int) -> None:
                          f"{n_heads / n_kv_heads:g}")
 
 
-def _check_sequence(name: str, x: Tensor, d_model: int) -> None:
-    """Raise unless x is a float tensor of shape (B, N, d_model)."""
+def _check_features(name: str, x: Tensor, d_model: int, dtype: torch.dtype) -> None:
+    """Raise unless x is a tensor (..., d_model) in the dtype of the module's weights.
+
+    Caught here, a wrong width or dtype gets a message naming `name`, instead of torch's
+    "mat1 and mat2 shapes cannot be multiplied" from inside the first product.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} is a {type(x).__name__}, expected a torch.Tensor (..., {d_model})")
+    if x.dim() == 0 or x.shape[-1] != d_model:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected (..., {d_model}): the last "
+                         f"dimension holds each token's d_model = {d_model} features")
+    if x.dtype != dtype:
+        raise TypeError(f"{name} has dtype {x.dtype}, expected {dtype}, the dtype of the module's "
+                        f"weights: convert {name} with .to({dtype}) (or the module with .to({x.dtype}))")
+
+
+def _check_sequence(name: str, x: Tensor, d_model: int, dtype: torch.dtype) -> None:
+    """Raise unless x is a tensor of shape (B, N, d_model), N >= 1, in the weights' dtype."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} is a {type(x).__name__}, expected a torch.Tensor (B, N, {d_model})")
     if x.dim() != 3 or x.shape[-1] != d_model:
         raise ValueError(f"{name} has shape {tuple(x.shape)}, expected (B, N, {d_model}) "
                          f"with d_model = {d_model}")
+    if x.shape[1] == 0:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}: a sequence of 0 tokens, expected "
+                         "at least one token (N >= 1)")
+    _check_features(name, x, d_model, dtype)
 
 
 def _check_context(x: Tensor, context: Tensor) -> None:
@@ -78,6 +100,7 @@ def attention_mask(mask: Tensor | None, causal: bool, n_q: int, n_k: int,
     mask: None, (N, M), (B, N, M) or (B or 1, H or 1, N, M); True = may attend. A 3-D mask is
     given a head axis, (B, 1, N, M), so that every head uses it. Returns None when nothing is masked.
     """
+    checks.boolean("causal", causal)
     if mask is not None:
         if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
             got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
@@ -100,7 +123,9 @@ class AttentionHead(nn.Module):
 
     def __init__(self, d_model: int, head_dim: int, bias: bool = True) -> None:
         super().__init__()
-        self.d_model, self.head_dim = d_model, head_dim
+        self.d_model = checks.positive_int("d_model", d_model)
+        self.head_dim = checks.positive_int("head_dim", head_dim)
+        checks.boolean("bias", bias)
         self.q_proj = nn.Linear(d_model, head_dim, bias=bias)
         self.k_proj = nn.Linear(d_model, head_dim, bias=bias)
         self.v_proj = nn.Linear(d_model, head_dim, bias=bias)
@@ -112,10 +137,10 @@ class AttentionHead(nn.Module):
 
         mask: (N, M) or (B, N, M), True = may attend.
         """
-        _check_sequence("x", x, self.d_model)
+        _check_sequence("x", x, self.d_model, self.q_proj.weight.dtype)
         source = x if context is None else context
         if context is not None:
-            _check_sequence("context", context, self.d_model)
+            _check_sequence("context", context, self.d_model, self.q_proj.weight.dtype)
             _check_context(x, context)
         if isinstance(mask, Tensor) and mask.dim() == 4:
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected (N, M) or (B, N, M): "
@@ -206,6 +231,8 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         _check_head_counts(d_model, n_heads, n_kv_heads)
+        checks.boolean("bias", bias)
+        checks.number_in("dropout", dropout, 0.0, 1.0, high_open=True)
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=bias)
@@ -224,9 +251,9 @@ class MultiHeadAttention(nn.Module):
         them, and returns every key and value kept so far, earlier tokens first; the queries then
         attend to all of those. (The mask, if any, must cover all of them.)
         """
-        _check_sequence("x", x, self.d_model)
+        _check_sequence("x", x, self.d_model, self.q_proj.weight.dtype)
         if context is not None:
-            _check_sequence("context", context, self.d_model)
+            _check_sequence("context", context, self.d_model, self.q_proj.weight.dtype)
             _check_context(x, context)
         q = split_heads(self.q_proj(x), self.n_heads)                    # (B, H, N, D_H)
         k, v = self.project_keys_values(x if context is None else context)  # (B, H_kv, M, D_H)
@@ -278,8 +305,7 @@ def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int,
     """
     for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads),
                         ("head_dim", head_dim), ("bytes_per_value", bytes_per_value)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} is {value!r}, expected a positive int")
+        checks.positive_int(name, value)
     return 2 * n_layers * n_kv_heads * head_dim * bytes_per_value
 
 
@@ -290,8 +316,9 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
     """x: (..., D) -> (..., D): each token standardised over its own D features, then gamma, beta.
 
     The variance is the biased one (divide by D, not D - 1), as in nn.LayerNorm; eps keeps the
-    division finite for a token whose features are all equal.
+    division finite for a token whose features are all equal, so it must be > 0.
     """
+    checks.positive_float("eps", eps, hint=" such as 1e-5 (it keeps a constant token finite)")
     if not isinstance(x, Tensor) or x.dim() < 1 or not x.is_floating_point():
         got = (x.dtype, tuple(x.shape)) if isinstance(x, Tensor) else type(x).__name__
         raise ValueError(f"x is {got}, expected a floating-point tensor of shape (..., D)")
@@ -314,7 +341,8 @@ class LayerNorm(nn.Module):
 
     def __init__(self, d_model: int, eps: float = 1e-5) -> None:
         super().__init__()
-        self.d_model, self.eps = d_model, eps
+        self.d_model = checks.positive_int("d_model", d_model)
+        self.eps = checks.positive_float("eps", eps, hint=" such as 1e-5 (it keeps a constant token finite)")
         self.weight = nn.Parameter(torch.ones(d_model))
         self.bias = nn.Parameter(torch.zeros(d_model))
 
@@ -327,21 +355,36 @@ class LayerNorm(nn.Module):
 
 # --- notebook 6: feed-forward networks -----------------------------------------------------
 
-ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
+# "gelu" is the exact GELU, z * Phi(z) with Phi the normal CDF (erf); "gelu_tanh" is the tanh
+# approximation GPT-2 was trained with, 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3))).
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "gelu_tanh": functools.partial(nn.GELU, approximate="tanh"),
+}
+
+
+def _check_mlp_sizes(d_model: int, hidden: int, dropout: float, bias: bool) -> None:
+    checks.positive_int("d_model", d_model)
+    checks.positive_int("hidden", hidden)
+    checks.number_in("dropout", dropout, 0.0, 1.0, high_open=True)
+    checks.boolean("bias", bias)
 
 
 class FeedForward(nn.Module):
     """The position-wise MLP: D -> hidden (default 4D) -> activation -> D, then dropout.
 
-    Each token goes through it alone: nothing here mixes positions.
+    Each token goes through it alone: nothing here mixes positions. activation: a name in
+    ACTIVATIONS ("gelu" exact, "gelu_tanh" GPT-2's approximation, "relu").
     """
 
     def __init__(self, d_model: int, hidden: int | None = None, activation: str = "gelu",
                  dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation is {activation!r}, expected one of {sorted(ACTIVATIONS)}")
+        checks.one_of("activation", activation, ACTIVATIONS)
         hidden = 4 * d_model if hidden is None else hidden
+        _check_mlp_sizes(d_model, hidden, dropout, bias)
+        self.d_model = d_model
         self.up = nn.Linear(d_model, hidden, bias=bias)
         self.activation = ACTIVATIONS[activation]()
         self.down = nn.Linear(hidden, d_model, bias=bias)
@@ -349,6 +392,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., D) -> (..., D)."""
+        _check_features("x", x, self.d_model, self.up.weight.dtype)
         return self.dropout(self.down(self.activation(self.up(x))))
 
 
@@ -363,7 +407,10 @@ class SwiGLUFeedForward(nn.Module):
     def __init__(self, d_model: int, hidden: int | None = None, dropout: float = 0.0,
                  bias: bool = False) -> None:
         super().__init__()
+        checks.positive_int("d_model", d_model)
         hidden = swiglu_hidden_size(d_model) if hidden is None else hidden
+        _check_mlp_sizes(d_model, hidden, dropout, bias)
+        self.d_model = d_model
         self.gate = nn.Linear(d_model, hidden, bias=bias)
         self.up = nn.Linear(d_model, hidden, bias=bias)
         self.down = nn.Linear(hidden, d_model, bias=bias)
@@ -371,6 +418,7 @@ class SwiGLUFeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., D) -> (..., D)."""
+        _check_features("x", x, self.d_model, self.gate.weight.dtype)
         return self.dropout(self.down(F.silu(self.gate(x)) * self.up(x)))
 
 
@@ -380,21 +428,24 @@ class Block(nn.Module):
     """One transformer block. Pre-LN (GPT-2, the default): x + attn(ln1(x)), then x + mlp(ln2(x)).
 
     pre_norm=False gives the 2017 Post-LN order: ln1(x + attn(x)), then ln2(x + mlp(x)).
-    The MLP is D -> 4D -> D with GELU; dropout follows both branches.
+    The MLP is D -> 4D -> D with `activation` (exact GELU by default; GPT-2 used "gelu_tanh");
+    dropout follows both branches.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0,
-                 n_kv_heads: int | None = None, bias: bool = True, pre_norm: bool = True) -> None:
+                 n_kv_heads: int | None = None, bias: bool = True, pre_norm: bool = True,
+                 activation: str = "gelu") -> None:
         super().__init__()
-        self.pre_norm = pre_norm
+        self.pre_norm = checks.boolean("pre_norm", pre_norm)
         self.ln1 = LayerNorm(d_model)
         self.attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, bias, dropout)
         self.ln2 = LayerNorm(d_model)
-        self.mlp = FeedForward(d_model, 4 * d_model, "gelu", dropout, bias)
+        self.mlp = FeedForward(d_model, 4 * d_model, activation, dropout, bias)
 
     def forward(self, x: Tensor, causal: bool = True, mask: Tensor | None = None,
                 kv_store: KVStore | None = None) -> Tensor:
         """x: (B, N, D) -> (B, N, D). kv_store: see `MultiHeadAttention.forward`."""
+        _check_sequence("x", x, self.ln1.d_model, self.attn.q_proj.weight.dtype)
         if self.pre_norm:
             x = x + self.attn(self.ln1(x), mask=mask, causal=causal, kv_store=kv_store)
             return x + self.mlp(self.ln2(x))
@@ -411,8 +462,7 @@ def init_gpt2_(model: nn.Module, n_layers: int, std: float = 0.02) -> nn.Module:
     variance std^2 / (2 * n_layers) each, the stream's variance gains std^2 in total, whatever the
     depth. Returns `model`.
     """
-    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
-        raise ValueError(f"n_layers is {n_layers!r}, expected a positive int")
+    checks.positive_int("n_layers", n_layers)
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)

@@ -9,7 +9,8 @@
     TrainConfig, Trainer, History                  the training loop and what it measured
     evaluate_loss                                  mean loss on fixed batches, always in float32
     LiveLossPlot                                   a callback that redraws the losses in place
-    save_checkpoint / load_checkpoint              torch.save, torch.load(weights_only=True)
+    save_checkpoint / load_checkpoint              torch.save, torch.load(weights_only=True);
+                                                   CheckpointError for files that are not one
 
 What makes the trainer fast, each measured in benchmarks/bench_train.py against a plain loop:
 
@@ -49,6 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
+from helpers import checks
 from helpers.embeddings import check_token_ids
 from helpers.gpt import GPT, GPTConfig
 
@@ -92,12 +94,19 @@ def random_batch(ids: Tensor, batch_size: int, block_size: int,
 def learning_rate(progress: float, peak: float, warmup: float = 0.05, floor: float = 0.1) -> float:
     """The learning rate `progress` (0 -> 1) of the way through training.
 
-    It rises linearly to `peak` over the first `warmup` of the run (Adam's early steps are
-    noisy), then follows half a cosine down to `floor` x peak at the end.
+    It rises linearly from 0 to `peak` over the first `warmup` of the run (Adam's early steps
+    are noisy): peak * progress / warmup. Then it follows half a cosine down to `floor` x peak
+    at the end: peak * (floor + (1 - floor) * (1 + cos(pi t)) / 2), t the fraction of the decay
+    done. learning_rate(0, ...) is 0, so `Trainer.fit` asks for the rate at the end of each
+    step, progress (i + 1) / steps: no step runs at a rate of 0, and the last runs at the floor.
     """
+    checks.number_in("progress", progress, -math.inf, math.inf)
+    checks.positive_float("peak", peak)
+    checks.number_in("warmup", warmup, 0.0, 1.0, high_open=True)
+    checks.number_in("floor", floor, 0.0, 1.0)
     progress = min(max(progress, 0.0), 1.0)
     if progress < warmup:
-        return peak * (progress + 1e-3) / warmup
+        return peak * progress / warmup
     decay = (progress - warmup) / (1.0 - warmup)
     return peak * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * decay)))
 
@@ -247,7 +256,9 @@ class FlatWeights:
 class TrainConfig:
     """How to train. The defaults fit the course's small character-level GPT on a laptop CPU.
 
-    block_size: tokens per training window (None: the model's context length).
+    block_size: tokens per training window (None: the model's context length; 0 is refused).
+    learning_rate: the peak rate; warmup: the fraction of the run spent warming up, in [0, 1);
+    min_lr_ratio: the final rate as a fraction of the peak, in [0, 1]; weight_decay >= 0.
     eval_every: steps between evaluations (and LiveLossPlot redraws); eval_batches: fixed
     batches each evaluation averages over. fast=False runs the plain float32 path.
     compile=True (fast path only) compiles the loss with torch.compile: faster steps after a
@@ -270,14 +281,26 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "eval_every", "eval_batches"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} is {value!r}, expected a positive int")
+            checks.positive_int(name, getattr(self, name))
+        if self.block_size is not None:
+            try:
+                checks.positive_int("block_size", self.block_size)
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"{error} (or None for the model's context length)") from None
+        checks.positive_float("learning_rate", self.learning_rate)
+        checks.positive_float("grad_clip", self.grad_clip)
+        checks.number_in("warmup", self.warmup, 0.0, 1.0, high_open=True,
+                         expected="a fraction of the run in [0, 1)")
+        checks.number_in("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0,
+                         expected="a fraction of the peak learning rate in [0, 1]")
+        checks.number_in("weight_decay", self.weight_decay, 0.0, math.inf, high_open=True,
+                         expected="a number >= 0 (0 = no decay)")
+        checks.one_of("precision", self.precision, ("auto", "bf16", "fp32"))
+        checks.boolean("fast", self.fast)
+        checks.boolean("compile", self.compile)
+        checks.non_negative_int("seed", self.seed)
         if self.compile and not self.fast:
             raise ValueError("compile=True needs fast=True: the plain path is the uncompiled reference")
-        if self.learning_rate <= 0 or self.grad_clip <= 0:
-            raise ValueError(f"learning_rate is {self.learning_rate!r} and grad_clip is "
-                             f"{self.grad_clip!r}, expected both > 0")
 
 
 @dataclass
@@ -322,11 +345,29 @@ class Trainer:
 
     def __init__(self, model: GPT, train_ids: Tensor, val_ids: Tensor,
                  config: TrainConfig | None = None) -> None:
-        self.model, self.config = model, config or TrainConfig()
+        if not isinstance(model, GPT):
+            raise TypeError(f"model is a {type(model).__name__}, expected a helpers.gpt.GPT")
+        config = TrainConfig() if config is None else config
+        if not isinstance(config, TrainConfig):
+            raise TypeError(f"config is a {type(config).__name__}, expected a TrainConfig")
+        self.model, self.config = model, config
+        context = model.config.context_length
+        self.block_size = context if config.block_size is None else config.block_size
+        if self.block_size > context:
+            raise ValueError(f"block_size is {self.block_size}, expected at most the model's "
+                             f"context_length = {context}")
         for name, ids in (("train_ids", train_ids), ("val_ids", val_ids)):
             check_token_ids(ids, model.config.vocab_size, name)  # once here, not at every step
+            if ids.dim() != 1 or len(ids) < self.block_size + 1:
+                raise ValueError(f"{name} has shape {tuple(ids.shape)}, expected a 1-D tensor of at "
+                                 f"least block_size + 1 = {self.block_size + 1} tokens (one window "
+                                 "and its next token): give more text or a smaller block_size")
+        broken = _non_finite_parameters(model)
+        if broken:
+            raise ValueError(f"model has NaN or inf in {', '.join(broken[:3])}"
+                             f"{', ...' if len(broken) > 3 else ''} before training: "
+                             "rebuild or reload it")
         self.train_ids, self.val_ids = train_ids, val_ids
-        self.block_size = self.config.block_size or model.config.context_length
         self.device = model.lm_head.weight.device
         self.dtype = pick_dtype(self.device, self.config.precision) if self.config.fast else torch.float32
         lr, decay, fast = self.config.learning_rate, self.config.weight_decay, self.config.fast
@@ -360,7 +401,13 @@ class Trainer:
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
 
     def train_step(self, lr: float) -> float:
-        """One AdamW step at learning rate `lr` on a fresh random batch; returns its loss."""
+        """One AdamW step at learning rate `lr` on a fresh random batch; returns its loss.
+
+        A loss or gradient norm that is NaN or infinite stops training with a FloatingPointError
+        before the optimiser step (which would spread the NaN into every weight). (PyTorch's
+        fused attention on a CPU turns a query row of NaN into zeros, so with a NaN weight the
+        fast path's loss can stay finite while its gradient does not: both are checked.)
+        """
         x, y = self._to_device(random_batch(self.train_ids, self.config.batch_size,
                                             self.block_size, self.generator))
         for group in self.optimizer.param_groups:
@@ -373,13 +420,32 @@ class Trainer:
         loss.backward()
         if self.flat:
             self.flat.gather_gradients()
-            self.flat.clip_gradients(self.config.grad_clip)
+            norm = self.flat.clip_gradients(self.config.grad_clip)
         else:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip, foreach=False)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip,
+                                                  foreach=False)
+        value, norm = loss.item(), norm.item()
+        if not (math.isfinite(value) and math.isfinite(norm)):
+            self._stop_diverged(value, norm, lr)
         self.optimizer.step()
         if self.flat:
             self.flat.refresh_working_copy()
-        return loss.item()
+        return value
+
+    def _stop_diverged(self, loss: float, norm: float, lr: float) -> None:
+        """Raise a FloatingPointError that says at which step the loss or the gradient stopped
+        being finite, and what to try."""
+        step = len(self.history.steps) + 1
+        broken = _non_finite_parameters(self.model)
+        if broken:
+            cause = (f"the model's weights already hold NaN or inf ({', '.join(broken[:3])}"
+                     f"{', ...' if len(broken) > 3 else ''}): rebuild or reload the model")
+        else:
+            cause = (f"it diverged: try a smaller TrainConfig(learning_rate=...) (the peak "
+                     f"is {self.config.learning_rate:g}), a longer warmup or a smaller grad_clip")
+        raise FloatingPointError(f"the training loss is {loss} and the gradient norm {norm} at "
+                                 f"step {step} (learning rate {lr:.3g}), so training stopped "
+                                 f"before the update; {cause}")
 
     def evaluate(self) -> dict[str, float]:
         """Mean loss on the fixed train and validation batches (see `evaluate_loss`)."""
@@ -389,9 +455,13 @@ class Trainer:
             callbacks: Sequence[Callback] = (), progress_bar: bool = True) -> History:
         """Train for `steps` optimiser steps or for `seconds` of training time (give one).
 
-        The learning rate follows `learning_rate` over the run; every `eval_every` steps and at
-        the end the model is evaluated and each callback is called with the history.
+        The learning rate follows `learning_rate` over the run, taken where each step ends:
+        (i + 1) / steps. With a time budget the end of a step is guessed from the last step's
+        duration, so the first step (no duration known yet) runs at progress 0, a rate of 0:
+        it only fills AdamW's running averages. Every `eval_every` steps and at the end the
+        model is evaluated and each callback is called with the history.
         """
+        checks.boolean("progress_bar", progress_bar)
         if (steps is None) == (seconds is None):
             raise ValueError(f"steps is {steps!r} and seconds is {seconds!r}, expected exactly one")
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
@@ -402,13 +472,15 @@ class Trainer:
             self.flat.refresh_working_copy()
         bar = _progress_bar(steps, seconds, progress_bar)
         done, spent = 0, 0.0
+        last = 0.0  # the last step's duration: a time budget guesses where a step will end
         while (done < steps) if steps is not None else (spent < seconds):
-            progress = done / steps if steps is not None else spent / seconds
+            # The rate at the end of this step (see learning_rate): never 0 with a step count.
+            progress = (done + 1) / steps if steps is not None else (spent + last) / seconds
             lr = learning_rate(progress, self.config.learning_rate, self.config.warmup,
                                self.config.min_lr_ratio)
             started = time.perf_counter()
             loss = self.train_step(lr)
-            elapsed = time.perf_counter() - started
+            elapsed = last = time.perf_counter() - started
             done, spent = done + 1, spent + elapsed
             self._record(loss, lr, elapsed)
             bar.update(1 if steps is not None else elapsed)
@@ -434,6 +506,11 @@ class Trainer:
         bar.set_postfix(train=f"{losses['train']:.3f}", val=f"{losses['val']:.3f}")
         for callback in callbacks:
             callback(self.history)
+
+
+def _non_finite_parameters(model: torch.nn.Module) -> list[str]:
+    """The names of the parameters holding a NaN or an infinity."""
+    return [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
 
 
 def _progress_bar(steps: int | None, seconds: float | None, enabled: bool) -> tqdm:
@@ -491,12 +568,18 @@ class LiveLossPlot:
 
 
 def save_checkpoint(path: str | Path, model: GPT, optimizer: torch.optim.Optimizer | None = None,
-                    **extra: int | float | str) -> Path:
+                    **extra: Any) -> Path:
     """Save the config, the weights, (optionally) the optimiser state and plain `extra` values.
 
     Only tensors, numbers, strings and containers of them go in, so `load_checkpoint` can use
-    torch.load(weights_only=True), which refuses to run code hidden in a file.
+    torch.load(weights_only=True), which refuses to run code hidden in a file. Anything else in
+    `extra` (a Path, a numpy number) is refused here, naming its key, rather than saved into a
+    file that could not be loaded back.
     """
+    if not isinstance(model, GPT):
+        raise TypeError(f"model is a {type(model).__name__}, expected a helpers.gpt.GPT")
+    for key, value in extra.items():
+        _check_plain(f"extra value {key!r}", value)
     state = {"config": model.config.to_dict(), "model": model.state_dict(), "extra": dict(extra)}
     if optimizer is not None:
         state["optimizer"] = optimizer.state_dict()
@@ -504,9 +587,113 @@ def save_checkpoint(path: str | Path, model: GPT, optimizer: torch.optim.Optimiz
     return Path(path)
 
 
+PLAIN_TYPES = (bool, int, float, str, type(None), Tensor)  # what weights_only loading accepts
+
+
+def _check_plain(what: str, value: Any) -> None:
+    """Raise a TypeError unless `value` is a plain scalar, string, tensor, or a list, tuple or
+    dict (with str or int keys) of them."""
+    if type(value) in (list, tuple):
+        for i, item in enumerate(value):
+            _check_plain(f"{what}[{i}]", item)
+    elif type(value) is dict:
+        for key, item in value.items():
+            if type(key) not in (str, int):
+                raise TypeError(f"{what} has the key {key!r} (a {type(key).__name__}), expected "
+                                "str or int keys")
+            _check_plain(f"{what}[{key!r}]", item)
+    elif type(value) not in PLAIN_TYPES and not isinstance(value, Tensor):
+        hint = " (use float(...) or int(...))" if hasattr(value, "item") else \
+            " (use str(...))" if isinstance(value, Path) else ""
+        raise TypeError(f"{what} is {value!r}, a {type(value).__name__}: expected a bool, int, "
+                        f"float, str, None, tensor, or a list or dict of them{hint}, which "
+                        "load_checkpoint can read back safely")
+
+
+class CheckpointError(ValueError):
+    """A file that `load_checkpoint` cannot read as a course checkpoint."""
+
+
 def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tuple[GPT, dict]:
-    """The GPT saved at `path` and the whole saved dictionary (for "optimizer" and "extra")."""
-    state = torch.load(path, map_location=device, weights_only=True)
-    model = GPT(GPTConfig(**state["config"])).to(device)
+    """The GPT saved at `path` and the whole saved dictionary (for "optimizer" and "extra").
+
+    The file is read with torch.load(weights_only=True), which loads tensors and plain values
+    only and never runs code. A file that is not a checkpoint of `save_checkpoint` (another
+    kind of file, a truncated one, a whole pickled model, a bare state dict) raises a
+    CheckpointError (a ValueError) saying what was found. The saved config is checked, and
+    the weights' shapes compared with it on the meta device, before any memory is allocated.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"path is {str(path)!r}: no such file")
+    state = _read_checkpoint(path, device)
+    if not isinstance(state, dict) or "config" not in state or "model" not in state:
+        keys = sorted(map(str, state))[:5] if isinstance(state, dict) else []
+        looks_like_weights = bool(keys) and all(isinstance(v, Tensor) for v in state.values())
+        found = ("a bare state dict (weights without a config, e.g. torch.save(model.state_dict()))"
+                 if looks_like_weights else f"a {type(state).__name__}"
+                 + (f" with the keys {keys}" if keys else ""))
+        raise CheckpointError(f"{path} holds {found}, expected a checkpoint with 'config' and "
+                              "'model' entries: save with helpers.train.save_checkpoint(path, model)")
+    config = _config_from(state["config"], path)
+    _check_weights_fit(config, state["model"], path)
+    model = GPT(config).to(device)
     model.load_state_dict(state["model"])
     return model, state
+
+
+def _read_checkpoint(path: Path, device: torch.device | str) -> Any:
+    """torch.load(weights_only=True), its errors turned into what the student can act on."""
+    with path.open("rb") as file:
+        head = file.read(4)
+    if head[:1] in (b"{", b"["):
+        raise CheckpointError(f"{path} is a JSON file (a tokenizer's or a config's?), expected "
+                              "a checkpoint written by helpers.train.save_checkpoint")
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except Exception as error:  # noqa: BLE001 - every failure gets the course's message
+        text = str(error)
+        if "Unsupported global" in text or "weights_only" in text and "GLOBAL" in text:
+            what = ("a whole pickled object (torch.save(model)?), which could run code when "
+                    "loaded, so it is not loaded")
+        elif head == b"PK\x03\x04":
+            what = "a damaged or truncated checkpoint (the zip archive is incomplete)"
+        else:
+            what = "not a PyTorch checkpoint"
+        raise CheckpointError(f"{path} is {what}: expected a file written by "
+                              "helpers.train.save_checkpoint(path, model)") from None
+
+
+def _config_from(saved: Any, path: Path) -> GPTConfig:
+    """The GPTConfig of a checkpoint, checked (types and sizes) before anything is built."""
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{path} has a 'config' of type {type(saved).__name__}, expected a "
+                              "dict of GPTConfig fields")
+    known = set(GPTConfig.__dataclass_fields__)
+    unknown = sorted(set(map(str, saved)) - known)
+    if unknown:
+        raise CheckpointError(f"{path} has a config with unknown fields {unknown}, expected "
+                              f"fields among {sorted(known)}")
+    try:
+        return GPTConfig(**saved)
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"{path} has an invalid config: {error}") from None
+
+
+def _check_weights_fit(config: GPTConfig, weights: Any, path: Path) -> None:
+    """Compare the saved weights' names and shapes with a GPT(config) built on the meta device
+    (no memory), so a config that does not match its weights is caught before allocating."""
+    if not isinstance(weights, dict):
+        raise CheckpointError(f"{path} has 'model' of type {type(weights).__name__}, expected a "
+                              "state dict of tensors")
+    from helpers.gpt import build_without_weights
+
+    expected = {name: tuple(t.shape) for name, t in build_without_weights(config).state_dict().items()}
+    got = {name: tuple(t.shape) for name, t in weights.items() if isinstance(t, Tensor)}
+    if got != expected:
+        missing = sorted(set(expected) - set(got))[:3]
+        wrong = sorted(n for n in set(expected) & set(got) if expected[n] != got[n])[:3]
+        detail = (f"missing {missing}" if missing else
+                  f"{wrong[0]} has shape {got[wrong[0]]}, the config gives {expected[wrong[0]]}"
+                  if wrong else f"unexpected {sorted(set(got) - set(expected))[:3]}")
+        raise CheckpointError(f"{path} has weights that do not match its config ({detail})")

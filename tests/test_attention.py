@@ -215,9 +215,10 @@ def test_non_boolean_mask_is_refused(dtype):
         scaled_dot_product_attention(randn(2, 4), randn(3, 4), randn(3, 4), mask=torch.ones(2, 3, dtype=dtype))
 
 
-@pytest.mark.parametrize("scale", [0.0, -1.0, math.inf, "big"])
-def test_bad_scale_is_refused(scale):
-    with pytest.raises(ValueError, match="scale is"):
+@pytest.mark.parametrize("scale, error", [(0.0, ValueError), (-1.0, ValueError),
+                                          (math.inf, ValueError), ("big", TypeError)])
+def test_bad_scale_is_refused(scale, error):
+    with pytest.raises(error, match="scale is"):
         scaled_dot_product_attention(randn(2, 4), randn(3, 4), randn(3, 4), scale=scale)
 
 

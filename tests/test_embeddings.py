@@ -52,7 +52,7 @@ def test_one_hot_product_is_exactly_an_embedding_lookup(vocab_size, d_model, n_t
     (torch.tensor([-1, 2]), 5, ValueError, r"contains the id -1"),
     (torch.tensor([0.0, 1.0]), 5, TypeError, r"dtype torch.float32, expected an integer dtype"),
     ([0, 1], 5, TypeError, r"must be a torch.Tensor"),
-    (torch.tensor([0]), 0, ValueError, r"vocab_size must be a positive int, got 0"),
+    (torch.tensor([0]), 0, ValueError, r"vocab_size is 0, expected a positive int"),
 ])
 def test_one_hot_rejects_bad_input_naming_it(ids, vocab_size, error, match):
     with pytest.raises(error, match=match):
@@ -152,15 +152,15 @@ def test_a_column_pair_repeats_after_its_wavelength():
     assert torch.allclose(torch.sin(angles[0]), torch.sin(angles[1]))
 
 
-@pytest.mark.parametrize("args, match", [
-    ((0, 4), r"n_positions must be a positive int, got 0"),
-    ((4, 0), r"d_model must be a positive int, got 0"),
-    ((2.5, 4), r"n_positions must be a positive int, got 2.5"),
-    ((4, 4, 1.0), r"base must be a number > 1 \(10000.0 in the paper\), got 1.0"),
-    ((4, 4, -3.0), r"base must be a number > 1"),
+@pytest.mark.parametrize("args, error, match", [
+    ((0, 4), ValueError, r"n_positions is 0, expected a positive int"),
+    ((4, 0), ValueError, r"d_model is 0, expected a positive int"),
+    ((2.5, 4), TypeError, r"n_positions is 2.5 \(a float\), expected a positive int"),
+    ((4, 4, 1.0), ValueError, r"base is 1.0, expected a number > 1 \(10000.0 in the paper\)"),
+    ((4, 4, -3.0), ValueError, r"base is -3.0, expected a number > 1"),
 ])
-def test_sinusoidal_positions_reject_bad_arguments_naming_them(args, match):
-    with pytest.raises(ValueError, match=match):
+def test_sinusoidal_positions_reject_bad_arguments_naming_them(args, error, match):
+    with pytest.raises(error, match=match):
         sinusoidal_positions(*args)
 
 
@@ -224,7 +224,7 @@ def test_token_and_position_embedding_explains_bad_input(ids, error, match):
 
 
 def test_token_and_position_embedding_rejects_bad_sizes():
-    with pytest.raises(ValueError, match=r"context_length must be a positive int, got 0"):
+    with pytest.raises(ValueError, match=r"context_length is 0, expected a positive int"):
         TokenAndPositionEmbedding(vocab_size=10, context_length=0, d_model=4)
 
 

@@ -66,9 +66,10 @@ def test_weight_tying_shares_one_storage():
     assert untied.lm_head.weight.data_ptr() != untied.embed.token.weight.data_ptr()
 
 
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fast_path_computes_the_plain_forward(dtype):
-    model = small_model()
+def test_fast_path_computes_the_plain_forward(dtype, activation):
+    model = small_model(activation=activation)
     ids = random_ids(3, SMALL.context_length)
     plain = model(ids)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
@@ -79,6 +80,18 @@ def test_fast_path_computes_the_plain_forward(dtype):
 
 
 # --- parameter counts ----------------------------------------------------------------------
+
+def test_activation_is_a_config_field_and_gpt2_uses_the_tanh_gelu():
+    assert GPTConfig().activation == "gelu"  # the course's small models: exact GELU
+    assert GPTConfig.gpt2_small().activation == "gelu_tanh"
+    model = small_model(activation="gelu_tanh")
+    assert all(block.mlp.activation.approximate == "tanh" for block in model.blocks)
+    exact = small_model()
+    ids = random_ids(2, SMALL.context_length)
+    assert not torch.equal(model(ids), exact(ids))  # same weights, another function
+    with pytest.raises(ValueError, match="activation is 'swish', expected one of 'relu', 'gelu', 'gelu_tanh'"):
+        GPTConfig(activation="swish")
+
 
 def test_gpt2_small_has_exactly_124_439_808_parameters_without_allocating_them():
     config = GPTConfig.gpt2_small()
@@ -241,9 +254,10 @@ def test_width_not_divisible_by_heads_is_refused_with_both_numbers():
         GPTConfig(n_embd=130, n_head=4)
 
 
-@pytest.mark.parametrize("field,value", [("n_layer", 0), ("vocab_size", -3), ("context_length", 2.5)])
-def test_sizes_must_be_positive_ints(field, value):
-    with pytest.raises(ValueError, match=f"{field} is {value!r}, expected a positive int"):
+@pytest.mark.parametrize("field,value,error", [("n_layer", 0, ValueError), ("vocab_size", -3, ValueError),
+                                               ("context_length", 2.5, TypeError)])
+def test_sizes_must_be_positive_ints(field, value, error):
+    with pytest.raises(error, match=f"{field} is {value!r}.*, expected a positive int"):
         GPTConfig(**{field: value})
 
 
@@ -269,7 +283,7 @@ def test_badly_shaped_input_is_refused():
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"temperature": -1.0}, "temperature is -1.0, expected a number >= 0"),
-    ({"top_k": 0}, "top_k is 0, expected None or a positive int"),
+    ({"top_k": 0}, "top_k is 0, expected a positive int"),
 ])
 def test_sampling_arguments_are_checked(kwargs, message):
     with pytest.raises(ValueError, match=message):

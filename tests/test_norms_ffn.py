@@ -56,7 +56,7 @@ def test_layer_norm_module_matches_nn_layer_norm_and_learns_the_same_parameters(
 
 def test_layer_norm_uses_the_biased_variance_and_survives_constant_tokens():
     x = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
-    out = layer_norm(x, eps=0.0)
+    out = layer_norm(x, eps=1e-12)
     assert torch.allclose(out.pow(2).mean(), torch.tensor(1.0))  # divided by D, not D - 1
     constant = layer_norm(torch.full((2, 5), 7.0))
     assert torch.equal(constant, torch.zeros(2, 5))
@@ -69,16 +69,29 @@ def test_layer_norm_errors_name_the_argument():
         LayerNorm(4)(torch.randn(2, 5))
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+ACTIVATION_FUNCTIONS = {"relu": F.relu, "gelu": F.gelu,
+                        "gelu_tanh": lambda z: F.gelu(z, approximate="tanh")}
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
 def test_feed_forward_is_linear_activation_linear_with_8d2_plus_5d_parameters(activation):
     torch.manual_seed(1)
     d = 12
     ffn = FeedForward(d, activation=activation)
     assert n_parameters(ffn) == 8 * d * d + 5 * d
     x = torch.randn(2, 3, d)
-    act = F.relu if activation == "relu" else F.gelu
+    act = ACTIVATION_FUNCTIONS[activation]
     expected = F.linear(act(F.linear(x, ffn.up.weight, ffn.up.bias)), ffn.down.weight, ffn.down.bias)
     torch.testing.assert_close(ffn(x), expected)
+
+
+def test_gelu_tanh_is_the_formula_gpt2_used_and_differs_from_the_exact_gelu():
+    z = torch.linspace(-4, 4, 101, dtype=torch.float64)
+    tanh_formula = 0.5 * z * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
+    exact = z * 0.5 * (1 + torch.erf(z / math.sqrt(2)))  # z * Phi(z)
+    torch.testing.assert_close(FeedForward(1, activation="gelu_tanh").activation(z), tanh_formula)
+    torch.testing.assert_close(FeedForward(1, activation="gelu").activation(z), exact)
+    assert 1e-4 < (tanh_formula - exact).abs().max() < 1e-2  # close, but not the same function
 
 
 def test_feed_forward_names_an_unknown_activation():

@@ -60,7 +60,17 @@ def test_learning_rate_warms_up_then_decays_to_the_floor():
     assert all(a < b for a, b in zip(rates[:peak_at], rates[1:peak_at + 1], strict=True))
     assert all(a >= b for a, b in zip(rates[peak_at:], rates[peak_at + 1:], strict=False))
     assert math.isclose(rates[-1], 1e-4)
-    assert 0 < rates[0] < 1e-4
+    assert rates[0] == 0.0  # the formula: linear from 0, nothing added
+    assert math.isclose(rates[5], 1e-3 * 0.05 / 0.1)  # halfway through the warm-up: half the peak
+
+
+def test_fit_runs_no_step_at_rate_0_and_ends_at_the_floor():
+    model, train_ids, val_ids = model_and_data()
+    config = TrainConfig(batch_size=4, learning_rate=1e-3, warmup=0.2, min_lr_ratio=0.1, eval_every=100)
+    history = Trainer(model, train_ids, val_ids, config).fit(steps=10, progress_bar=False)
+    assert history.lrs[0] == pytest.approx(1e-3 * 0.1 / 0.2)  # step 1 ends 10 % of the way
+    assert history.lrs[1] == pytest.approx(1e-3)  # the end of the warm-up
+    assert history.lrs[-1] == pytest.approx(1e-4)
 
 
 def test_precision_falls_back_to_float32_without_native_bf16(monkeypatch):

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from helpers import gpt
-from helpers.exercises import ExerciseFailed, exercise
+from helpers.exercises import ExerciseFailed, exercise, expect_count
 
 CONFIGS = [  # (n_layer, n_embd, vocab_size, context_length)
     (12, 768, 50257, 1024),  # GPT-2 small
@@ -37,11 +37,8 @@ def exact_parameters(student: Callable[[int, int, int, int], int]) -> str:
         config = gpt.GPTConfig(vocab_size=vocab, context_length=context, n_layer=n_layer,
                                n_head=1, n_embd=d)
         expected = gpt.exact_parameters(config)
-        got = student(n_layer, d, vocab, context)
-        if isinstance(got, float) and got.is_integer():
-            got = int(got)
-        if not isinstance(got, int):
-            raise ExerciseFailed(f"return an int, got {type(got).__name__} {got!r}")
+        got = expect_count(student(n_layer, d, vocab, context),
+                           f"the count for n_layer={n_layer}, n_embd={d}")
         if got != expected:
             raise ExerciseFailed(
                 f"for n_layer={n_layer}, n_embd={d}, vocab_size={vocab}, context_length={context} "

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from helpers import layers
-from helpers.exercises import ExerciseFailed, exercise, expect_close
+from helpers.exercises import ExerciseFailed, exercise, expect_close, expect_count
 
 
 def _numbered(*shape: int) -> torch.Tensor:
@@ -54,7 +54,8 @@ def merge_heads(student: Callable[[torch.Tensor], torch.Tensor]) -> str:
 def kv_cache_bytes_per_token(student: Callable[[int, int, int, int], int]) -> str:
     cases = ((32, 1, 64, 4), (96, 96, 128, 2), (80, 8, 128, 2), (12, 12, 64, 1))  # 4 bytes first: unambiguous
     for n_layers, n_kv_heads, head_dim, n_bytes in cases:
-        got = student(n_layers, n_kv_heads, head_dim, n_bytes)
+        got = expect_count(student(n_layers, n_kv_heads, head_dim, n_bytes),
+                           f"the result for ({n_layers}, {n_kv_heads}, {head_dim}, {n_bytes})")
         expected = layers.kv_cache_bytes_per_token(n_layers, n_kv_heads, head_dim, n_bytes)
         if got == expected:
             continue

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from helpers import tokenizers as reference
-from helpers.exercises import ExerciseFailed, exercise
+from helpers.exercises import ExerciseFailed, exercise, expect_count
 
 
 def _is_int(value: Any) -> bool:
@@ -38,6 +38,8 @@ def count_pairs(student: Callable[[list[int]], Any]) -> str:
         if not isinstance(got, dict):
             raise ExerciseFailed(f"for ids={ids} you returned a {type(got).__name__}, expected a dict "
                                  "{(left, right): count}.")
+        for pair, count in got.items():
+            expect_count(count, f"the count of {pair!r} for ids={ids}")
         got = {pair: count for pair, count in got.items() if count}  # a Counter's zeros are fine
         not_int = [count for count in got.values() if not _is_int(count)]
         if not_int:

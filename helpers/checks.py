@@ -1,0 +1,109 @@
+"""Argument checks shared by the helpers: one line at the top of a function, one message style.
+
+    positive_int(name, value)                 an int >= 1 (numpy integers accepted), returned as int
+    non_negative_int(name, value)             an int >= 0
+    positive_float(name, value)               a finite number > 0 (numpy scalars accepted), as float
+    number_in(name, value, low, high, ...)    a finite number in a range, ends open or closed
+    boolean(name, value)                      True or False, never a string such as "False"
+    one_of(name, value, choices)              one of a few allowed values
+
+Every check takes the argument's name first and its value second, returns the value (converted
+to a plain Python number where that helps), and raises with a message that names the argument,
+what it got and what was expected:
+
+    TypeError   the value has the wrong type (a float or a string where an int is expected)
+    ValueError  the type is right but the value is not allowed (0 where a positive int is expected)
+
+Model code: it imports nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable
+from typing import Any
+
+
+def _is_numpy_bool(value: Any) -> bool:
+    return type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+
+
+def _is_int(value: Any) -> bool:
+    """An int or a numpy integer, but not a bool (True is an int in Python)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) \
+        and not _is_numpy_bool(value)
+
+
+def _is_real(value: Any) -> bool:
+    """An int, a float or a numpy number, but not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) \
+        and not _is_numpy_bool(value)
+
+
+def _got(value: Any) -> str:
+    return f"{value!r} (a {type(value).__name__})"
+
+
+def positive_int(name: str, value: Any) -> int:
+    """`value` as an int, if it is an integer >= 1; else TypeError / ValueError naming `name`."""
+    if not _is_int(value):
+        raise TypeError(f"{name} is {_got(value)}, expected a positive int")
+    if value < 1:
+        raise ValueError(f"{name} is {value!r}, expected a positive int")
+    return int(value)
+
+
+def non_negative_int(name: str, value: Any) -> int:
+    """`value` as an int, if it is an integer >= 0."""
+    if not _is_int(value):
+        raise TypeError(f"{name} is {_got(value)}, expected an int >= 0")
+    if value < 0:
+        raise ValueError(f"{name} is {value!r}, expected an int >= 0")
+    return int(value)
+
+
+def positive_float(name: str, value: Any, hint: str = "") -> float:
+    """`value` as a float, if it is a finite number > 0. `hint` is added to the message."""
+    return number_in(name, value, 0.0, math.inf, low_open=True, high_open=True,
+                     expected=f"a finite number > 0{hint}")
+
+
+def number_in(name: str, value: Any, low: float, high: float, low_open: bool = False,
+              high_open: bool = False, expected: str | None = None) -> float:
+    """`value` as a float, if it is a number between `low` and `high` (NaN never is).
+
+    low_open / high_open leave that end out: number_in("dropout", p, 0, 1, high_open=True)
+    accepts 0 <= p < 1. `expected` replaces the generated description of the range.
+    """
+    if expected is None:
+        expected = (f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}")
+    if not _is_real(value):
+        raise TypeError(f"{name} is {_got(value)}, expected {expected}")
+    number = float(value)
+    above = number > low if low_open else number >= low
+    below = number < high if high_open else number <= high
+    if not (above and below):  # also catches NaN, for which every comparison is False
+        raise ValueError(f"{name} is {value!r}, expected {expected}")
+    return number
+
+
+def boolean(name: str, value: Any) -> bool:
+    """`value`, if it is True or False. A string such as "False" (read from a JSON file or a
+    command line) is refused: it is truthy, so it would silently mean True."""
+    if isinstance(value, bool):
+        return value
+    if _is_numpy_bool(value):
+        return bool(value)
+    advice = f": write {value.strip().capitalize()}, not the string {value!r}" \
+        if isinstance(value, str) and value.strip().lower() in ("true", "false") else ""
+    raise TypeError(f"{name} is {_got(value)}, expected True or False{advice}")
+
+
+def one_of(name: str, value: Any, choices: Iterable[Any]) -> Any:
+    """`value`, if it is one of `choices`."""
+    choices = list(choices)
+    if not any(type(value) is type(choice) and value == choice for choice in choices):
+        listed = ", ".join(repr(choice) for choice in choices)
+        raise ValueError(f"{name} is {value!r}, expected one of {listed}")
+    return value
