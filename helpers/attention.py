@@ -77,9 +77,7 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected (..., N, d) with 2+ dims")
         if not t.is_floating_point():
             raise TypeError(f"{name} has dtype {t.dtype}, expected a floating-point tensor")
-    if not q.device == k.device == v.device:
-        raise ValueError(f"q is on {q.device}, k on {k.device} and v on {v.device}: expected all "
-                         "three on one device (move them with .to(device))")
+    check_same_device(q, k, v)
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k, v have dtypes {q.dtype}, {k.dtype}, {v.dtype}; expected one dtype for all three")
     if q.shape[-1] == 0:
@@ -103,6 +101,13 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
             f"q has shape {tuple(q.shape)}, k has shape {tuple(k.shape)} and v has shape "
             f"{tuple(v.shape)}: their leading (batch, head) dimensions do not broadcast"
         ) from None
+
+
+def check_same_device(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """Raise a ValueError unless q, k and v live on one device."""
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q is on {q.device}, k on {k.device} and v on {v.device}: expected all "
+                         "three on one device (move them with .to(device))")
 
 
 def check_mask(mask: Tensor, scores_shape: torch.Size) -> None:

@@ -22,7 +22,6 @@ Model code: it imports torch only, never plots, widgets or exercises.
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -33,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from helpers.attention import check_mask, check_qkv
+from helpers.attention import check_mask, check_qkv, check_scale
 
 NEG_INF = float("-inf")
 DEFAULT_BLOCK_Q = 512
@@ -151,7 +150,6 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
     (batch, head) dimensions must be equal rather than broadcast, and tiles need positive sizes.
     """
     check_qkv(q, k, v)
-    check_same_device(q, k, v)
     if q.shape[-2] == 0:
         raise ValueError(f"q has shape {tuple(q.shape)}: N_q is 0, expected at least one query")
     if q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
@@ -178,16 +176,8 @@ def checked_scale(scale: float | None, head_dim: int) -> float:
     finite. Any real number type is accepted (numpy.float32 too); bools and tensors are not."""
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < scale < math.inf:
-        raise ValueError(f"scale is {scale!r}, expected a positive number such as 1/sqrt(d_k)")
+    check_scale(scale)
     return float(scale)
-
-
-def check_same_device(q: Tensor, k: Tensor, v: Tensor) -> None:
-    """Raise a ValueError unless q, k and v live on one device."""
-    if not q.device == k.device == v.device:
-        raise ValueError(f"q, k, v are on devices {q.device}, {k.device}, {v.device}: "
-                         "expected all three on the same device")
 
 
 def _tiles(n: int, block: int) -> list[slice]:

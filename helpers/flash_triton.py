@@ -34,7 +34,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from helpers.flash import check_causal, check_same_device, checked_scale
+from helpers.attention import check_same_device
+from helpers.flash import check_causal, checked_scale
 
 try:
     import triton

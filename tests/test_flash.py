@@ -7,6 +7,7 @@ where the only difference left between the two is rounding.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -260,7 +261,7 @@ def test_a_string_causal_flag_is_refused(function):
 @pytest.mark.parametrize("scale", [0, 0.0, -1, float("nan"), True])
 def test_scales_that_are_not_positive_numbers_are_refused(scale):
     q, k, v = (torch.randn(2, 4, 8) for _ in range(3))
-    with pytest.raises(ValueError, match=f"scale is {scale!r}, expected a positive number"):
+    with pytest.raises((ValueError, TypeError), match=rf"scale is {re.escape(repr(scale))}.* expected a finite number > 0"):
         flash.flash_attention(q, k, v, scale=scale)
 
 
@@ -273,7 +274,7 @@ def test_a_numpy_scale_is_accepted():
 
 def test_q_and_k_on_different_devices_are_refused():
     q, k, v = (torch.randn(2, 4, 8) for _ in range(3))
-    with pytest.raises(ValueError, match=r"q, k, v are on devices cpu, meta, cpu: expected all three"):
+    with pytest.raises(ValueError, match=r"q is on cpu, k on meta and v on cpu: expected all three"):
         flash.flash_attention(q, k.to("meta"), v)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -249,7 +250,7 @@ def test_a_string_causal_flag_is_refused():
 
 @pytest.mark.parametrize("scale", [0, -1, float("nan"), float("inf"), True])
 def test_scales_that_are_not_positive_numbers_are_refused(scale):
-    with pytest.raises(ValueError, match=f"scale is {scale!r}, expected a positive number"):
+    with pytest.raises((ValueError, TypeError), match=rf"scale is {re.escape(repr(scale))}.* expected a finite number > 0"):
         triton_attention(*random_qkv(16, 16, 16, torch.float32), scale=scale)
 
 
@@ -262,7 +263,7 @@ def test_a_numpy_scale_is_accepted():
 
 def test_q_and_k_on_different_devices_are_refused():
     q, k, v = random_qkv(16, 16, 16, torch.float32)
-    with pytest.raises(ValueError, match=r"q, k, v are on devices .*meta.*: expected all three on the same"):
+    with pytest.raises(ValueError, match=r"q is on .*, k on meta .*: expected all three on one device"):
         triton_attention(q, k.to("meta"), v)
 
 
