@@ -400,8 +400,8 @@ steps = [
     ("notes' LayerNorm @ W1", MATRIX_MAGIC_LAYER_NORM @ MATRIX_MAGIC_W1, MATRIX_MAGIC_LINEAR_1),
     ("ReLU", relu, MATRIX_MAGIC_RELU),
     ("ReLU @ W2", relu @ MATRIX_MAGIC_W2, MATRIX_MAGIC_LINEAR_2),
-    ("dropout, first slide", MATRIX_MAGIC_LINEAR_2, MATRIX_MAGIC_DROPOUT_A),
-    ("dropout, second slide", MATRIX_MAGIC_LINEAR_2, MATRIX_MAGIC_DROPOUT_B),
+    ("dropout slide 1 vs its input", MATRIX_MAGIC_LINEAR_2, MATRIX_MAGIC_DROPOUT_A),
+    ("dropout slide 2 vs its input", MATRIX_MAGIC_LINEAR_2, MATRIX_MAGIC_DROPOUT_B),
     ("final LayerNorm (nn.LayerNorm)",
      F.layer_norm(MATRIX_MAGIC_STREAM + MATRIX_MAGIC_DROPOUT_B, (8,), eps=NOTES_EPS), MATRIX_MAGIC_FINAL_LN),
     ("notes' LayerNorm of dropout B", notes_layer_norm(MATRIX_MAGIC_DROPOUT_B), MATRIX_MAGIC_FINAL_LN),
@@ -418,8 +418,7 @@ for name, gap in gaps.items():
 #
 # **ReLU.** Rows 2 to 4 of the notes' ReLU table are exactly `max(0, x)` of their first linear
 # layer's output. Row 1 is not: from column 10 on, its entries sit one column to the left of
-# where they belong, and a 0 fills the gap (the first copy of this slide is also one entry short
-# in that row).
+# where they belong, and a 0 fills the gap.
 
 # %%
 notes_row, true_row = MATRIX_MAGIC_RELU[0], relu[0]
