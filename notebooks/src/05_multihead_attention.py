@@ -62,8 +62,8 @@ print("two heads:", two_heads.round(decimals=2))
 # The input is the 4 x 8 matrix of the Matrix Magic notes ("I like to eat": token plus position embeddings).
 # Each head has its own `W_Q`, `W_K`, `W_V` of shape `[D x D_H]`; its output is `[N x D_H]`.
 # The heads' outputs are concatenated to `[N x H·D_H]` and multiplied by `W_O` of shape
-# `[H·D_H x D]`. Here `H·D_H = D`, the usual choice (the USF notes), so `W_O` is square; the Matrix Magic notes uses
-# four heads of size 4 on an 8-wide input, so its `W_O` is 16 x 8.
+# `[H·D_H x D]`. Here `H·D_H = D`, the usual choice (the USF notes), so `W_O` is square; the Matrix Magic notes use
+# four heads of size 4 on an 8-wide input, so their `W_O` is 16 x 8.
 
 # %%
 tokens_matrix_magic = ["I", "like", "to", "eat"]
