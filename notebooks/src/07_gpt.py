@@ -416,6 +416,24 @@ for name, gap in gaps.items():
 # %% [markdown]
 # Where a gap is large, the cells below find what the notes did instead.
 #
+# **The FFN's two linear layers.** The slide draws the stream itself going into `W1`, which gives
+# values far larger than the notes' table (the `stream @ W1` line). Their table follows instead
+# from their LayerNorm rows, as in GPT-2's `x + FFN(LN(x))`, to within about half a unit, and the
+# second layer to a similar gap. That is what printing `W1` and `W2` to one decimal allows: each
+# weight may be off by up to 0.05, so an output may be off by up to 0.05 times the sum of the
+# absolute values of its inputs. The cell computes that bound:
+
+# %%
+for name, inputs, notes_output, weights in (("W1", MATRIX_MAGIC_LAYER_NORM, MATRIX_MAGIC_LINEAR_1, MATRIX_MAGIC_W1),
+                                            ("W2", relu, MATRIX_MAGIC_LINEAR_2, MATRIX_MAGIC_W2)):
+    bound = 0.05 * inputs.abs().sum(-1, keepdim=True)                  # (4, 1): one bound per row
+    within = ((inputs @ weights - notes_output).abs() <= bound).all().item()
+    print(f"{name}: largest gap {largest_gap(inputs @ weights, notes_output):.2f}, "
+          f"rounding bound per row {round(bound.min().item(), 6):.2f} to {round(bound.max().item(), 6):.2f}, "
+          f"every entry within its row's bound: {within}")
+    assert within
+
+# %% [markdown]
 # **ReLU.** Rows 2 to 4 of the notes' ReLU table are exactly `max(0, x)` of their first linear
 # layer's output. Row 1 is not: from column 10 on, its entries sit one column to the left of
 # where they belong, and a 0 fills the gap.
