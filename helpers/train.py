@@ -65,12 +65,42 @@ def encode_text(tokenizer: Any, text: str) -> Tensor:
 def split_train_val(ids: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, Tensor]:
     """The first (1 - val_fraction) of `ids` for training, the rest for validation.
 
-    A split by position, not at random: validation text is text the model never trained on.
+    A split by position, not at random, so no window straddles the two. The cut may fall inside
+    a story, and a corpus that repeats sentences repeats them across the cut: for the course
+    corpus use `split_stories`, which keeps stories whole, and `line_overlap` to measure how much
+    of the validation text the training text already contains.
     """
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction is {val_fraction!r}, expected a number between 0 and 1")
     cut = int(len(ids) * (1.0 - val_fraction))
     return ids[:cut], ids[cut:]
+
+
+def split_stories(text: str, val_fraction: float = 0.1, separator: str = "\n\n") -> tuple[str, str]:
+    """Whole stories for training, the last `val_fraction` of them (at least one) for validation.
+
+    Stories are the pieces of `text` between `separator`s (the course corpus puts a blank line
+    between stories). No story is cut in two, and each part ends with the separator, as the
+    corpus does. Held-out stories are new stories, not necessarily new sentences: a corpus made
+    from templates repeats its sentences across stories (`line_overlap` measures how many).
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction is {val_fraction!r}, expected a number between 0 and 1")
+    stories = [story.strip("\n") for story in text.split(separator) if story.strip()]
+    if len(stories) < 2:
+        raise ValueError(f"text has {len(stories)} stories separated by {separator!r}, expected at least 2")
+    n_val = min(len(stories) - 1, max(1, round(len(stories) * val_fraction)))
+    train, val = stories[:-n_val], stories[-n_val:]
+    return separator.join(train) + separator, separator.join(val) + separator
+
+
+def line_overlap(train_text: str, val_text: str) -> float:
+    """The share of validation lines (blank lines left out) that occur word for word in training."""
+    train_lines = set(train_text.splitlines())
+    val_lines = [line for line in val_text.splitlines() if line.strip()]
+    if not val_lines:
+        raise ValueError("val_text has no non-blank lines, expected at least one")
+    return sum(line in train_lines for line in val_lines) / len(val_lines)
 
 
 def random_batch(ids: Tensor, batch_size: int, block_size: int,

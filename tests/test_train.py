@@ -273,3 +273,47 @@ def test_compiled_trainer_computes_the_same_loss_and_trains():
     assert compiled.loss_on(x, y).item() == pytest.approx(eager.loss_on(x, y).item(), abs=1e-5)
     losses = [compiled.train_step(1e-2) for _ in range(20)]
     assert losses[-1] < losses[0]
+
+
+def test_split_stories_keeps_every_story_whole_and_holds_out_the_last_ones():
+    stories = [f"Story {i} begins.\nStory {i} ends." for i in range(10)]
+    text = "\n\n".join(stories) + "\n"
+    train_text, val_text = train.split_stories(text, val_fraction=0.2)
+    assert train_text == "\n\n".join(stories[:8]) + "\n\n"
+    assert val_text == "\n\n".join(stories[8:]) + "\n\n"
+    assert train.line_overlap(train_text, val_text) == 0.0
+
+
+def test_split_stories_holds_out_at_least_one_story_and_keeps_one_for_training():
+    text = "a\nb\n\nc\nd\n\ne\nf\n"
+    assert train.split_stories(text, val_fraction=0.01) == ("a\nb\n\nc\nd\n\n", "e\nf\n\n")
+    assert train.split_stories(text, val_fraction=0.99) == ("a\nb\n\n", "c\nd\n\ne\nf\n\n")
+
+
+def test_split_stories_refuses_bad_input():
+    with pytest.raises(ValueError, match="val_fraction is 1.5, expected a number between 0 and 1"):
+        train.split_stories("a\n\nb", val_fraction=1.5)
+    with pytest.raises(ValueError, match="text has 1 stories separated by '\\\\n\\\\n', expected at least 2"):
+        train.split_stories("one story only\nno blank line\n")
+
+
+def test_line_overlap_counts_validation_lines_found_word_for_word_in_training():
+    train_text = "The dog ran.\nThe cat sat.\n"
+    val_text = "The cat sat.\n\nThe cat sat down.\nThe dog ran.\nA bird sang.\n"
+    assert train.line_overlap(train_text, val_text) == 2 / 4
+    with pytest.raises(ValueError, match="val_text has no non-blank lines"):
+        train.line_overlap(train_text, "\n\n")
+
+
+def test_course_corpus_split_keeps_stories_whole_yet_shares_sentences():
+    # The corpus comes from templates: held-out stories still share sentences with training.
+    from helpers.corpus import load_corpus
+
+    text = load_corpus()
+    train_text, val_text = train.split_stories(text, val_fraction=0.1)
+    assert text.startswith(train_text) and train_text + val_text.rstrip("\n") + "\n" == text
+    overlap = train.line_overlap(train_text, val_text)
+    assert 0.0 < overlap < 1.0
+    # The old split by position cut through a story; this one starts the validation at a story.
+    first_story = val_text.split("\n\n")[0]
+    assert first_story in text.split("\n\n")

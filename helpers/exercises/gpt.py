@@ -12,7 +12,7 @@ from helpers.exercises import ExerciseFailed, exercise, expect_count
 CONFIGS = [  # (n_layer, n_embd, vocab_size, context_length)
     (12, 768, 50257, 1024),  # GPT-2 small
     (2, 128, 52, 64),        # the notebook's character model
-    (1, 8, 12, 4),           # seed 001's toy
+    (1, 8, 12, 4),           # the Matrix Magic notes' toy
     (24, 1024, 50257, 1024),  # GPT-2 medium
 ]
 

@@ -59,23 +59,23 @@ print("two heads:", two_heads.round(decimals=2))
 # %% [markdown]
 # ## 2. Heads as separate modules
 #
-# The input is the 4 x 8 matrix of seed 001 ("I like to eat": token plus position embeddings).
+# The input is the 4 x 8 matrix of the Matrix Magic notes ("I like to eat": token plus position embeddings).
 # Each head has its own `W_Q`, `W_K`, `W_V` of shape `[D x D_H]`; its output is `[N x D_H]`.
 # The heads' outputs are concatenated to `[N x H·D_H]` and multiplied by `W_O` of shape
-# `[H·D_H x D]`. Here `H·D_H = D`, the usual choice (seed 000), so `W_O` is square; seed 001 uses
-# four heads of size 4 on an 8-wide input, so its `W_O` is 16 x 8.
+# `[H·D_H x D]`. Here `H·D_H = D`, the usual choice (the USF notes), so `W_O` is square; the Matrix Magic notes use
+# four heads of size 4 on an 8-wide input, so their `W_O` is 16 x 8.
 
 # %%
-tokens_seed = ["I", "like", "to", "eat"]
+tokens_matrix_magic = ["I", "like", "to", "eat"]
 X = torch.tensor([[0.68, 0.54, 0.06, 0.65, 0.23, 1.45, 0.76, 0.84],
                   [0.43, 1.22, 1.13, 1.49, 1.04, 1.09, 0.65, 0.62],
                   [1.20, 0.66, 1.08, 1.50, 0.54, 0.91, 0.94, 0.16],
-                  [1.80, 0.92, 0.84, 0.14, 0.72, 0.94, 1.93, 0.76]])  # (N, D), seed 001
+                  [1.80, 0.92, 0.84, 0.14, 0.72, 0.94, 1.93, 0.76]])  # (N, D), the Matrix Magic notes
 N, D = X.shape
 H = 2
 D_H = D // H
 print(f"N = {N} tokens, D = {D} features, H = {H} heads of D_H = {D_H}, so W_O is {H * D_H} x {D}")
-print(f"(seed 001: 4 heads of 4 on D = {D} give {4 * 4} concatenated features and a {4 * 4} x {D} W_O)")
+print(f"(the Matrix Magic notes: 4 heads of 4 on D = {D} give {4 * 4} concatenated features and a {4 * 4} x {D} W_O)")
 
 torch.manual_seed(0)
 W_Q = [torch.randn(D, D_H) / D**0.5 for _ in range(H)]  # one [D x D_H] matrix per head
@@ -123,7 +123,7 @@ print("SeparateHeadsAttention == plain code:", torch.allclose(from_module, multi
 # ## 3. All heads at once: four matrix multiplies
 #
 # Running the heads one after another wastes the hardware: every head does the same operations on
-# different numbers. Seed 000 writes multi-head attention as four matrix multiplies over a batch
+# different numbers. The USF notes write multi-head attention as four matrix multiplies over a batch
 # of `B` sequences:
 #
 # | step | operation | shapes |
@@ -135,7 +135,7 @@ print("SeparateHeadsAttention == plain code:", torch.allclose(from_module, multi
 #
 # The head axis `H` sits next to the batch axis, so PyTorch's batched matrix product runs every
 # (sequence, head) pair in one call. The cell does the four steps by hand on a batch of two
-# sequences (the seed sentence and the same tokens reversed) and asserts every shape.
+# sequences (the Matrix Magic sentence and the same tokens reversed) and asserts every shape.
 
 # %%
 batch = torch.stack([X, X.flip(0)])  # (B, N, D)
@@ -249,7 +249,7 @@ assert torch.allclose(separate.last_weights, fused.last_weights, atol=1e-6)
 print("attention weights, shape (B, H, N, N):", tuple(fused.last_weights.shape))
 
 # %% [markdown]
-# Stacking the three fused projections gives seed 000's single `[D x 3·H·D_H]` projection; one
+# Stacking the three fused projections gives the USF notes' single `[D x 3·H·D_H]` projection; one
 # product with it yields the same queries, keys and values.
 
 # %%
@@ -449,7 +449,7 @@ print("outputs 0-3 unchanged when tokens 4-5 change:", torch.equal(mha(x_changed
 # ## 6. Grouped-query and multi-query attention
 #
 # When a model generates text it keeps the keys and values of every earlier token, in every
-# layer, so that each new token only computes its own (the KV cache of notebook 7). Seed 002 gives
+# layer, so that each new token only computes its own (the KV cache of notebook 7). The textbook section gives
 # its size as `2 x L x H x d_h` numbers per token (K and V, layers, heads, head size). In a long
 # conversation, or with many users at once, this cache is what fills the GPU's memory.
 #
@@ -572,7 +572,7 @@ print(f"GQA-8 saves a factor {cache['GPT-3 175B', 'MHA'] // cache['GPT-3 175B', 
 # %% [markdown]
 # One GPT-3 sequence of 2048 tokens holds 9.0 GiB of keys and values (printed above); with 8
 # key/value heads it would be 12 times smaller, with one 96 times. The saving is in memory, and
-# so in how many requests and how long a context fit on one GPU (seed 003). It does not shrink the
+# so in how many requests and how long a context fit on one GPU (the DS 246 notes). It does not shrink the
 # attention computation much: every query head still compares itself with every key. And sharing
 # keys and values costs some quality, which is why GQA, in between, is the common choice.
 
@@ -628,14 +628,14 @@ print(f"Q, K, V: {(n_batch, n_heads, n_tokens, head_dim)}   weights: {(n_batch, 
 
 # %% [markdown]
 # **2. What runs in parallel in multi-head attention?** And how big is the attention matrix of
-# GPT-3 (seed 003: 96 heads, 2048 tokens)?
+# GPT-3 (the DS 246 notes: 96 heads, 2048 tokens)?
 #
 # <details><summary>Answer</summary>
 #
 # All heads (the head axis is a batch axis of one matrix product), all sequences of the batch and,
 # in training, all positions: every query is compared with every key in one `Q Kᵀ`. Only
 # generation is sequential, one new token at a time. The price of comparing everything with
-# everything is an `N x N` matrix per head: seed 003's 4.2M values per head and 403M per layer,
+# everything is an `N x N` matrix per head: the DS 246 notes' 4.2M values per head and 403M per layer,
 # computed exactly below.
 # </details>
 

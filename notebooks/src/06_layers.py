@@ -76,49 +76,49 @@ print("constant token without eps:", no_eps[0, :3], "...  with eps:",
 # Dividing by `D - 1` makes every output a factor `sqrt((D-1)/D)` too small (the printed
 # difference), and without `eps` a token whose features are all equal becomes `0/0 = nan`.
 #
-# ### The LayerNorm table of seed 001, reproduced and corrected
+# ### The LayerNorm table of the Matrix Magic notes, reproduced and corrected
 #
-# Seed 001 normalises a 4 x 8 matrix (the attention output plus the embeddings of "I like to
+# The Matrix Magic notes normalise a 4 x 8 matrix (the attention output plus the embeddings of "I like to
 # eat") with `eps = 0.001` and prints the mean, the standard deviation and the normalised rows.
 # Its mean column agrees to rounding, but the normalised rows do not follow from its own inputs: each should
 # have mean 0 and standard deviation 1.
 
 # %%
-seed_input = torch.tensor([[11.66, 11.78, 13.64, 12.59, 8.05, 10.62, 14.73, 13.10],
+MATRIX_MAGIC_INPUT = torch.tensor([[11.66, 11.78, 13.64, 12.59, 8.05, 10.62, 14.73, 13.10],
                            [19.28, 21.05, 24.34, 22.30, 15.49, 13.45, 22.48, 17.65],
                            [21.42, 17.99, 23.38, 21.38, 14.47, 14.51, 22.37, 17.25],
                            [22.28, 18.14, 24.14, 22.37, 15.86, 16.61, 23.89, 18.85]])
-seed_mean = torch.tensor([12.02, 19.51, 19.10, 20.27])
-seed_std = torch.tensor([2.05, 3.76, 3.52, 3.29])
-seed_normalised = torch.tensor([[-0.25, -0.17, 1.13, 0.40, -2.78, -0.98, 1.89, 0.75],
+MATRIX_MAGIC_MEAN = torch.tensor([12.02, 19.51, 19.10, 20.27])
+MATRIX_MAGIC_STD = torch.tensor([2.05, 3.76, 3.52, 3.29])
+MATRIX_MAGIC_NORMALISED = torch.tensor([[-0.25, -0.17, 1.13, 0.40, -2.78, -0.98, 1.89, 0.75],
                                 [-0.12, 0.80, 2.50, 1.44, -2.07, -3.12, 1.54, -0.96],
                                 [1.24, -0.59, 2.28, 1.22, -2.47, -2.44, 1.74, -0.98],
                                 [1.11, -1.17, 2.13, 1.16, -2.43, -2.02, 2.00, -0.78]])
-SEED_EPS = 0.001
+MATRIX_MAGIC_EPS = 0.001
 
-mean = seed_input.mean(-1)
-biased_std = seed_input.std(-1, correction=0)
-unbiased_std = seed_input.std(-1)
-print("row   seed mean  mean    seed std  std (÷D)  std (÷(D-1))")
+mean = MATRIX_MAGIC_INPUT.mean(-1)
+biased_std = MATRIX_MAGIC_INPUT.std(-1, correction=0)
+unbiased_std = MATRIX_MAGIC_INPUT.std(-1)
+print("row  notes mean  mean   notes std  std (÷D)  std (÷(D-1))")
 for i in range(4):
-    print(f"{i + 1:>3} {seed_mean[i]:>10.2f} {mean[i]:>6.2f} {seed_std[i]:>9.2f} {biased_std[i]:>9.2f} "
+    print(f"{i + 1:>3} {MATRIX_MAGIC_MEAN[i]:>10.2f} {mean[i]:>6.2f} {MATRIX_MAGIC_STD[i]:>9.2f} {biased_std[i]:>9.2f} "
           f"{unbiased_std[i]:>13.2f}")
 
 # %%
-correct = layer_norm_by_hand(seed_input, torch.ones(8), torch.zeros(8), eps=SEED_EPS)
-assert torch.allclose(correct, F.layer_norm(seed_input, (8,), eps=SEED_EPS), atol=1e-6)
-print(f"correct normalised rows (nn.LayerNorm, eps = {SEED_EPS}):\n", correct.round(decimals=2))
-print("seed 001's rows:\n", seed_normalised)
+correct = layer_norm_by_hand(MATRIX_MAGIC_INPUT, torch.ones(8), torch.zeros(8), eps=MATRIX_MAGIC_EPS)
+assert torch.allclose(correct, F.layer_norm(MATRIX_MAGIC_INPUT, (8,), eps=MATRIX_MAGIC_EPS), atol=1e-6)
+print(f"correct normalised rows (nn.LayerNorm, eps = {MATRIX_MAGIC_EPS}):\n", correct.round(decimals=2))
+print("the Matrix Magic notes' rows:\n", MATRIX_MAGIC_NORMALISED)
 print("std of each row, correct:", correct.std(-1, correction=0).round(decimals=2),
-      " seed:", seed_normalised.std(-1, correction=0).round(decimals=2))
+      " notes:", MATRIX_MAGIC_NORMALISED.std(-1, correction=0).round(decimals=2))
 
-what_the_seed_did = (seed_input - mean[:, None]) / torch.sqrt(seed_std[:, None] + SEED_EPS)
-gap = (what_the_seed_did - seed_normalised).abs().max()
-print(f"(x - mean) / sqrt(seed std + eps) matches the seed's rows to {gap:.3f}")
+what_the_notes_did = (MATRIX_MAGIC_INPUT - mean[:, None]) / torch.sqrt(MATRIX_MAGIC_STD[:, None] + MATRIX_MAGIC_EPS)
+gap = (what_the_notes_did - MATRIX_MAGIC_NORMALISED).abs().max()
+print(f"(x - mean) / sqrt(notes std + eps) matches the notes' rows to {gap:.3f}")
 
 # %% [markdown]
-# Two things went wrong in the seed, and the cells above show both. Its standard deviation
-# column is the unbiased one (divide by `D - 1`), which LayerNorm does not use. And its normalised
+# Two things went wrong in the notes, and the cells above show both. Their standard deviation
+# column is the unbiased one (divide by `D - 1`), which LayerNorm does not use. And their normalised
 # rows equal `(x - mean) / sqrt(std + eps)` to within rounding: the slide put the standard deviation
 # where the formula wants the variance, so its rows have standard deviation between 1.34 and 1.81
 # instead of 1.
@@ -175,7 +175,7 @@ check("layers.layer_norm", my_layer_norm)
 # ## 2. BatchNorm vs LayerNorm
 #
 # BatchNorm standardises each **feature** over the examples of a batch; LayerNorm standardises each
-# **token** over its own features. Seed 003 compares them:
+# **token** over its own features. The DS 246 notes compare them:
 #
 # | | BatchNorm | LayerNorm |
 # |---|---|---|
@@ -228,7 +228,7 @@ for norm in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
 # ## 3. The feed-forward network
 #
 # After attention, every token passes through the same small MLP, on its own: `D -> 4D -> D` with
-# a non-linearity in the middle (seed 000 calls it a two-layer MLP). The non-linearity has changed
+# a non-linearity in the middle (the USF notes call it a two-layer MLP). The non-linearity has changed
 # over the years: ReLU in 2017, GELU in GPT-2, and SwiGLU (a gated unit with the SiLU function)
 # in Llama and most recent models.
 
@@ -247,6 +247,30 @@ plt.show()
 # uses three matrices: `down(silu(x W_gate) * (x W_up))`. The gate decides, feature by feature, how
 # much of the second projection passes. To keep the parameter count of a `4D` MLP (`8D²`), its
 # hidden size is `2/3 · 4D = 8D/3`.
+#
+# **Exact GELU and GPT-2's GELU.** GELU is `z · Φ(z)`, where `Φ` is the standard normal
+# cumulative distribution, computed with the error function: `Φ(z) = (1 + erf(z / sqrt 2)) / 2`.
+# GPT-2 (like BERT) used a cheaper approximation with `tanh`,
+# `0.5 · z · (1 + tanh(sqrt(2/π) · (z + 0.044715 · z³)))`, which PyTorch computes with
+# `F.gelu(z, approximate="tanh")`. The cell checks both formulas against PyTorch and measures how
+# far apart they are:
+
+# %%
+z64 = torch.linspace(-6, 6, 12_001, dtype=torch.float64)
+exact = F.gelu(z64)
+tanh_approximation = F.gelu(z64, approximate="tanh")
+assert torch.allclose(exact, z64 * 0.5 * (1 + torch.erf(z64 / math.sqrt(2))), atol=1e-12)
+assert torch.allclose(tanh_approximation,
+                      0.5 * z64 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z64 + 0.044715 * z64**3))), atol=1e-12)
+gelu_gap = (exact - tanh_approximation).abs()
+print(f"largest |GELU(z) - GELU_tanh(z)| for z in [-6, 6]: {gelu_gap.max():.1e}, "
+      f"at z = ±{z64[gelu_gap.argmax()].abs():.2f} (the gap is even in z)")
+
+# %% [markdown]
+# The two never differ by more than the printed gap, invisible in the plot. But every FFN of a
+# model applies it, so a model run with the other GELU than it was trained with computes slightly
+# different logits: GPT-2's weights must be run with the tanh form (the GPT-2 presets of
+# `helpers.gpt.GPTConfig` in notebook 7 choose it).
 #
 # `helpers.layers` has both: `FeedForward(d_model, hidden=4·d_model, activation="relu" | "gelu")`
 # and `SwiGLUFeedForward(d_model, hidden=8·d_model//3)`. The cell counts their parameters for
@@ -317,7 +341,7 @@ check("layers.swiglu", swiglu)
 #
 # Dropout zeroes each value with probability `p` during training and multiplies the survivors by
 # `1 / (1 - p)`, so that the mean stays the same; in evaluation mode, and so at inference, it does
-# nothing (seed 001). `model.train()` and `model.eval()` switch every
+# nothing (the Matrix Magic notes). `model.train()` and `model.eval()` switch every
 # dropout inside a model at once.
 
 # %%
@@ -381,7 +405,7 @@ plt.show()
 # Without residuals the gradient shrinks layer after layer on its way down, and the first layer
 # receives about 10⁸ times less than with residuals (the ratio printed above): it would barely
 # learn. With residuals every layer gets a gradient of the same order. This is the
-# "gradient highway" of seed 002, and the reason a transformer can stack dozens of blocks.
+# "gradient highway" of the textbook section, and the reason a transformer can stack dozens of blocks.
 
 # %% [markdown]
 # ## 5. Pre-LN vs Post-LN: how the residual stream grows
@@ -390,12 +414,14 @@ plt.show()
 # `x = LN(x + f(x))`. GPT-2 and nearly every model since normalise the input of each branch,
 # **Pre-LN**: `x = x + f(LN(x))`, and leave the residual stream itself alone.
 #
-# Seed 002's exercise: if every branch outputs values of standard deviation 1, what is the stream's
-# standard deviation after `L` layers? Post-LN renormalises after every layer, so it stays 1.
-# Pre-LN adds `L` roughly independent unit-variance terms to a unit-variance input, so the variance
-# is `1 + L` and the standard deviation `sqrt(1 + L)`; the seed gives `sqrt(5) ≈ 2.24` for
-# `L = 4`. The cell tests this with branches that match the assumption (a random linear map with
-# weights of variance `1/D` after a LayerNorm gives unit-std outputs), and with the real attention
+# The textbook section's exercise: if each sub-layer's output has standard deviation 1, what is
+# the stream's standard deviation after `L` layers? Post-LN renormalises after every layer, so it
+# stays 1. Pre-LN adds roughly independent unit-variance terms to a unit-variance input, so the
+# variance is 1 plus the number of terms. The notes answer `sqrt(1 + 4) ≈ 2.24` for `L = 4`: one
+# term per layer. But each layer has two sub-layers, attention and the FFN, and each adds to the
+# stream; taken at its word, the question gives `2L` terms and `sqrt(1 + 8) = 3`. The cell
+# measures both readings with branches that match the assumption (a random linear map with
+# weights of variance `1/D` after a LayerNorm gives unit-std outputs), and then the real attention
 # and FFN branches of `helpers.layers.Block` at PyTorch's default initialisation.
 
 # %%
@@ -404,14 +430,16 @@ from helpers.layers import Block
 DEPTH = 24
 
 
-def stream_stds_unit_branches(pre_norm: bool, width: int = 128, n_tokens: int = 256) -> list[float]:
-    """Std of the stream after each of DEPTH layers whose branches output unit-std values."""
+def stream_stds_unit_branches(pre_norm: bool, branches_per_layer: int = 1, width: int = 128,
+                              n_tokens: int = 256) -> list[float]:
+    """Std of the stream after each of DEPTH layers, each of whose branches outputs unit-std values."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n_tokens, width, generator=g)
     stds = [x.std().item()]
     for _ in range(DEPTH):
-        branch = torch.randn(width, width, generator=g) / math.sqrt(width)  # unit-std output
-        x = x + layer_norm(x) @ branch if pre_norm else layer_norm(x + x @ branch)
+        for _ in range(branches_per_layer):
+            branch = torch.randn(width, width, generator=g) / math.sqrt(width)  # unit-std output
+            x = x + layer_norm(x) @ branch if pre_norm else layer_norm(x + x @ branch)
         stds.append(x.std().item())
     return stds
 
@@ -435,15 +463,16 @@ curves = {
     "Post-LN Blocks (default init)": stream_stds_blocks([Block(64, 4, pre_norm=False) for _ in range(DEPTH)], x0),
 }
 pre = curves["Pre-LN, unit-std branches"]
-print(" L   sqrt(1+L)   Pre-LN measured   Post-LN measured")
+pre_two = stream_stds_unit_branches(pre_norm=True, branches_per_layer=2)  # attention and FFN
+print(" L   sqrt(1+L)   Pre-LN measured   Post-LN measured   sqrt(1+2L)   Pre-LN, 2 sub-layers")
 for depth in (1, 2, 4, 8, 16, 24):
     print(f"{depth:>2} {math.sqrt(1 + depth):>11.3f} {pre[depth]:>17.3f} "
-          f"{curves['Post-LN, unit-std branches'][depth]:>18.3f}")
+          f"{curves['Post-LN, unit-std branches'][depth]:>18.3f} {math.sqrt(1 + 2 * depth):>12.3f} {pre_two[depth]:>21.3f}")
 
 # %%
 fig, ax = plt.subplots(figsize=(9, 5))
 depths = range(DEPTH + 1)
-ax.plot(depths, [math.sqrt(1 + d) for d in depths], "k:", label="sqrt(1 + L), seed 002")
+ax.plot(depths, [math.sqrt(1 + d) for d in depths], "k:", label="sqrt(1 + L), the textbook section")
 for (name, stds), style in zip(curves.items(), ["o-", "s-", "^-", "v-"], strict=True):
     ax.plot(depths, stds, style, markersize=5, label=name)
 ax.set(title="Residual-stream standard deviation through the stack",
@@ -452,25 +481,65 @@ ax.legend(fontsize=11)
 plt.show()
 
 # %% [markdown]
-# With unit-std branches the measured Pre-LN stream follows `sqrt(1 + L)` (the seed's 2.24 at
-# `L = 4` is in the table above) and Post-LN stays at 1. Real blocks at default initialisation add
+# With one unit-std branch per layer the measured Pre-LN stream follows `sqrt(1 + L)` (the notes'
+# 2.24 at `L = 4` is in the table above), with two it follows `sqrt(1 + 2L)` (3 at `L = 4`), and
+# Post-LN stays at 1. The notes' own reasoning ("each block adds something with std ~ 1") shows
+# which they meant: one unit-std contribution per layer, the whole block's, not one per
+# sub-layer as their question says. Real blocks at default initialisation add
 # smaller branches, so their Pre-LN stream grows more slowly, but it still grows with depth while
 # Post-LN is pinned to 1 (the two Post-LN curves lie on top of each other). Each real block has
 # two branches (attention and FFN), so its `L` blocks add `2L` terms.
 #
-# Why Pre-LN trains more easily (seed 002, part c): the stream is a plain sum, so the gradient
+# Why Pre-LN trains more easily (the textbook section, part c): the stream is a plain sum, so the gradient
 # flows back through the additions untouched, and each branch still sees a normalised input. In
 # Post-LN the gradient must pass through a LayerNorm at every layer, and deep Post-LN models need a
 # learning-rate warm-up to train at all (Xiong et al., 2020).
 
 # %% [markdown]
-# ## 6. GPT-2's initialisation: `1/sqrt(2N)` on the residual projections
+# ## 6. Initialisation: Xavier, and GPT-2's `1/sqrt(2N)`
+#
+# The textbook section's standard initialisation is Xavier's (Glorot and Bengio, 2010): draw
+# each weight with variance `2 / (fan_in + fan_out)`. A linear layer's output is a sum of `fan_in`
+# products, so with unit-variance inputs its variance is `fan_in` times the weights' variance:
+# `1/fan_in` keeps it at 1 going forward, `1/fan_out` keeps the gradients at 1 going back, and
+# Xavier takes the compromise (the two agree for a square matrix). The cell pushes unit-variance
+# inputs through 10 square linear layers of width 512, with Xavier's variance, with "naive"
+# weights of variance 1, and with PyTorch's `nn.Linear` default (variance `1/(3 · fan_in)`), in
+# float64.
+
+# %%
+WIDTH_X, LAYERS_X = 512, 10
+inits = {
+    "Xavier, 2/(fan_in + fan_out)": lambda w: nn.init.xavier_normal_(w),
+    "naive, N(0, 1)": lambda w: nn.init.normal_(w),
+    "nn.Linear default": lambda w: nn.init.kaiming_uniform_(w, a=math.sqrt(5)),
+}
+torch.manual_seed(0)
+x_in = torch.randn(2048, WIDTH_X, dtype=torch.float64)
+print(f"{'initialisation':<30}{'variance after 1 layer':>24}{f'after {LAYERS_X}':>12}")
+variances = {}
+for name, init in inits.items():
+    h, per_layer = x_in, []
+    for _ in range(LAYERS_X):
+        h = h @ init(torch.empty(WIDTH_X, WIDTH_X, dtype=torch.float64)).T
+        per_layer.append(h.var().item())
+    variances[name] = per_layer
+    print(f"{name:<30}{per_layer[0]:>24.3g}{per_layer[-1]:>12.3g}")
+assert 0.8 < variances["Xavier, 2/(fan_in + fan_out)"][-1] < 1.25
+
+# %% [markdown]
+# Xavier keeps the variance near 1 through the whole stack; weights of variance 1 multiply it by
+# about `fan_in = 512` per layer, and PyTorch's default divides it by about 3 per layer (the
+# first column). In a transformer the LayerNorms rescale what each branch reads, so GPT-2 can use
+# a plain `N(0, 0.02²)` for every weight and fix only the growth of the stream, as follows.
+#
+# ### GPT-2's `1/sqrt(2N)` on the residual projections
 #
 # GPT-2 draws every weight from `N(0, 0.02²)`, except the two projections that write into the
 # stream in every block (attention's `W_O`, `out_proj`, and the FFN's second matrix, `down`),
 # whose standard deviation is divided by `sqrt(2N)` for `N` blocks: two additions per block. Each
 # addition then contributes `1/(2N)` of the variance it would otherwise, and the `2N` additions
-# together add the same amount whatever the depth. Without the factor, seed 002 points out, the
+# together add the same amount whatever the depth. Without the factor, the textbook section points out, the
 # stream's variance grows in proportion to the depth.
 #
 # `helpers.layers.init_gpt2_(model, n_layers)` does this. The cell builds stacks of `N` Pre-LN blocks,
@@ -524,7 +593,7 @@ plt.show()
 # %% [markdown]
 # ## 7. Can the FFN be replaced by attention?
 #
-# Seed 000 asks this (an interview question, pointing to Dong et al., 2021, "Attention is not all
+# The USF notes ask this (an interview question, pointing to Dong et al., 2021, "Attention is not all
 # you need: pure attention loses rank doubly exponentially with depth"). Each attention output is
 # a weighted average of the value vectors. Average averages again and again and every token ends
 # up with the same vector: the matrix of token representations collapses towards rank one.
@@ -598,10 +667,19 @@ with torch.no_grad():
             x = layer(x, i)
             distances[name].append(distance_from_rank_one(x).item())
         final_rank[name] = torch.linalg.matrix_rank(x[0]).item()
+ROUND_OFF = 1e-5  # below this the digits are float32 round-off, which changes from CPU to CPU
+
+
+def shown(distance: float) -> str:
+    return f"{'< 1e-5':>7}" if distance < ROUND_OFF else f"{distance:>7.1e}"
+
+
 print("layers:                       " + "  ".join(f"{i:>7}" for i in (0, 1, 2, 3, DEPTH)))
 for name, d in distances.items():
-    print(f"{name:<29}" + "  ".join(f"{d[i]:>7.1e}" for i in (0, 1, 2, 3, DEPTH))
+    print(f"{name:<29}" + "  ".join(shown(d[i]) for i in (0, 1, 2, 3, DEPTH))
           + f"   rank at the top: {final_rank[name]}")
+assert max(distances["attention only"][-1], distances["attention + FFN"][-1]) < ROUND_OFF
+assert min(distances["attention + skip"][-1], distances["full block (skips, FFN, LN)"][-1]) > 0.1
 
 # %%
 fig, ax = plt.subplots(figsize=(9, 5))
@@ -707,23 +785,26 @@ plt.show()
 # across positions; only generation goes one token at a time.
 # </details>
 #
-# **4. Seed 002: the residual stream after 4 layers.** Each branch outputs values of standard
+# **4. The textbook section: the residual stream after 4 layers.** Each branch outputs values of standard
 # deviation 1. (a) Post-LN: the stream's std after layer 4? (b) Pre-LN? (c) Which is more stable?
 #
 # <details><summary>Answer</summary>
 #
-# (a) 1: a LayerNorm ends every layer. (b) `sqrt(1 + 4) ≈ 2.24`; the cell prints the formula and
-# the value measured in section 5. (c) Pre-LN: its stream grows only as a sum of independent terms
+# (a) 1: a LayerNorm ends every layer. (b) The notes answer `sqrt(1 + 4) ≈ 2.24`, counting one
+# unit-std addition per layer. Read as written, each of the two sub-layers of a layer adds one,
+# and 4 layers give `sqrt(1 + 8) = 3`. The cell prints both formulas and both measurements of
+# section 5. (c) Pre-LN: its stream grows only as a sum of independent terms
 # and its gradient flows back through the additions without meeting a LayerNorm; Post-LN needs
 # learning-rate warm-up to train deep stacks.
 # </details>
 
 # %%
-print(f"sqrt(1 + 4) = {math.sqrt(5):.3f}; measured Pre-LN: {pre[4]:.3f}; "
-      f"measured Post-LN: {curves['Post-LN, unit-std branches'][4]:.3f}")
+print(f"one addition per layer:  sqrt(1 + 4) = {math.sqrt(5):.3f}; measured Pre-LN: {pre[4]:.2f}")
+print(f"two additions per layer: sqrt(1 + 8) = {math.sqrt(9):.3f}; measured Pre-LN: {pre_two[4]:.2f}")
+print(f"measured Post-LN: {curves['Post-LN, unit-std branches'][4]:.2f}")
 
 # %% [markdown]
-# **5. Seed 002: the FFN's `8d²`.** (a) Check `8d²` from the shapes of the two matrices
+# **5. The textbook section: the FFN's `8d²`.** (a) Check `8d²` from the shapes of the two matrices
 # (`d_ff = 4d`). (b) What does halving `d_ff` to `2d` trade? (c) Why `8d/3` for SwiGLU?
 #
 # <details><summary>Answer</summary>

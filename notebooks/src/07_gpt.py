@@ -56,7 +56,7 @@ torch.set_num_threads(1)
 #    vocabulary token, at every position. GPT-2 **ties** it to the token table: the same matrix
 #    reads tokens in and scores them out.
 #
-# Seed 002's algorithm also multiplies the token embedding by `sqrt(d)`, as the 2017
+# The textbook section's algorithm also multiplies the token embedding by `sqrt(d)`, as the 2017
 # Transformer did; GPT-2 does not, and neither do we.
 #
 # In plain code, with the parts of the earlier notebooks:
@@ -113,28 +113,30 @@ for bad in (lambda: GPTConfig(n_embd=130, n_head=4), lambda: model(torch.tensor(
         print("ValueError:", error)
 
 # %% [markdown]
-# ## 2. One forward pass at toy size (seed 001)
+# ## 2. One forward pass at toy size (the Matrix Magic notes)
 #
-# Seed 001 walks the sentence "I like to eat" through a GPT with a vocabulary of 12 words and
-# `d_model = 8`, one matrix at a time. We do the same with a one-block `GPT`: its token and
-# position tables are set to the seed's tables, so the first sum can be checked against the
-# slide. The seed's later matrices came from weights it does not print, so from there on our
-# (random) weights give other numbers; the shapes are the point. Two heads of size 4 keep
-# `H x d_h = d_model`, as GPT-2 does; the seed's four heads of size 4 concatenate to 16 columns.
+# The Matrix Magic notes walk the sentence "I like to eat" through a GPT with a vocabulary of 12
+# words and `d_model = 8`, one matrix at a time. We do the same twice. First with a one-block
+# `GPT`, whose token and position tables are set to the notes' tables so that the first sum can
+# be checked against the slide; its other weights are random, so from there on the numbers are
+# ours and the shapes are the point. Two heads of size 4 keep `H x d_h = d_model`, as GPT-2 does;
+# the notes' four heads of size 4 concatenate to 16 columns. Then, below, with the notes' own
+# weights: they print `W_O`, the FFN's two matrices and the LM head, so every later table of
+# theirs can be recomputed and checked.
 
 # %%
 toy_vocab = ["I", "like", "to", "eat", "soup", "am", "a", "good", "cook", ".", "is", "yummy"]
-seed_token_table = torch.tensor([
+MATRIX_MAGIC_TOKEN_TABLE = torch.tensor([
     [0.26, 0.38, 0.00, 0.27, 0.18, 0.67, 0.65, 0.57], [0.23, 0.72, 0.86, 0.96, 0.33, 0.93, 0.23, 0.31],
     [0.89, 0.42, 0.71, 0.64, 0.51, 0.31, 0.63, 0.15], [0.90, 0.53, 0.41, 0.12, 0.52, 0.28, 0.99, 0.00],
     [0.55, 0.03, 0.98, 0.36, 0.01, 0.24, 0.47, 0.69], [0.12, 0.33, 0.50, 0.34, 0.41, 0.32, 0.57, 0.04],
     [0.89, 0.34, 0.20, 0.76, 0.04, 0.49, 0.65, 0.54], [0.39, 0.21, 0.99, 0.55, 0.51, 0.71, 0.05, 0.78],
     [1.00, 0.16, 0.37, 0.49, 0.18, 0.78, 0.94, 0.56], [0.97, 0.66, 0.28, 0.82, 0.71, 0.64, 0.18, 0.04],
     [0.56, 0.00, 0.56, 0.29, 0.37, 0.83, 0.95, 0.56], [0.73, 0.67, 0.46, 0.21, 0.18, 0.97, 0.60, 0.38]])
-seed_position_table = torch.tensor([
+MATRIX_MAGIC_POSITION_TABLE = torch.tensor([
     [0.42, 0.16, 0.05, 0.38, 0.05, 0.79, 0.12, 0.27], [0.19, 0.50, 0.26, 0.53, 0.71, 0.16, 0.42, 0.32],
     [0.32, 0.24, 0.36, 0.86, 0.02, 0.60, 0.31, 0.01], [0.90, 0.39, 0.44, 0.01, 0.20, 0.66, 0.94, 0.75]])
-seed_sum_table = torch.tensor([  # the seed's "Token Embeddings (4,8) + Position Embeddings (4,8)"
+MATRIX_MAGIC_SUM_TABLE = torch.tensor([  # the notes' "Token Embeddings (4,8) + Position Embeddings (4,8)"
     [0.68, 0.54, 0.06, 0.65, 0.23, 1.45, 0.76, 0.84], [0.43, 1.22, 1.13, 1.49, 1.04, 1.09, 0.65, 0.62],
     [1.20, 0.66, 1.08, 1.50, 0.54, 0.91, 0.94, 0.16], [1.80, 0.92, 0.84, 0.14, 0.72, 0.94, 1.93, 0.76]])
 
@@ -144,13 +146,13 @@ with torch.no_grad():
     for param in toy.parameters():
         if param.dim() == 2:
             param.normal_(0.0, 0.5)  # larger than GPT-2's 0.02, so that two decimals show something
-    toy.embed.token.weight.copy_(seed_token_table)
-    toy.embed.position.weight.copy_(seed_position_table)
+    toy.embed.token.weight.copy_(MATRIX_MAGIC_TOKEN_TABLE)
+    toy.embed.position.weight.copy_(MATRIX_MAGIC_POSITION_TABLE)
 sentence = ["I", "like", "to", "eat"]
 toy_ids = torch.tensor([[toy_vocab.index(word) for word in sentence]])
 print(toy.config)
 print(f"here: {toy.config.n_head} heads x d_h {toy.config.head_dim} = {toy.config.n_embd} = d_model; "
-      f"seed 001: 4 heads x 4 = {4 * 4} columns, then W_O (16, 8)")
+      f"the Matrix Magic notes: 4 heads x 4 = {4 * 4} columns, then W_O (16, 8)")
 print("token ids:", toy_ids.tolist())
 
 # %%
@@ -166,8 +168,8 @@ block = toy.blocks[0]
 with torch.no_grad():
     x0 = toy.embed.token(toy_ids) + toy.embed.position(torch.arange(4))
     show("token + position embeddings  (B, N, d)", x0)
-    assert torch.allclose(x0[0], seed_sum_table, atol=0.011)  # the seed rounds to two decimals
-    print(f"largest difference from the seed's sum table: {(x0[0] - seed_sum_table).abs().max():.2f}\n")
+    assert torch.allclose(x0[0], MATRIX_MAGIC_SUM_TABLE, atol=0.011)  # the notes round to two decimals
+    print(f"largest difference from the notes' sum table: {(x0[0] - MATRIX_MAGIC_SUM_TABLE).abs().max():.2f}\n")
     h = block.ln1(x0)
     q, k, v = (split_heads(proj(h), 2) for proj in (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj))
     show("queries, split into heads  (B, H, N, d_h)", q)
@@ -191,8 +193,8 @@ assert torch.allclose(probabilities, toy(toy_ids).softmax(dim=-1), atol=1e-6)
 torch.set_printoptions(precision=4, sci_mode=False)
 
 # %% [markdown]
-# The first matrix agrees with the seed's sum table to within 0.01 in every entry (the
-# assertion checks each one): the seed added unrounded tables and then rounded, so a last digit
+# The first matrix agrees with the notes' sum table to within 0.01 in every entry (the
+# assertion checks each one): the notes added unrounded tables and then rounded, so a last digit
 # can differ, as `0.00 + 0.05` showing as `0.06` on the slide. The last matrix equals
 # `toy(ids).softmax(-1)`, so the walk-through skipped nothing. Row `t` of
 # the probabilities is the model's guess for the token after position `t`: one forward pass
@@ -207,10 +209,292 @@ for t in range(len(sentence)):
 
 # %% [markdown]
 # Untrained, the guesses are arbitrary. Training changes that (section 4).
+
+# %% [markdown]
+# ### The rest of the Matrix Magic walk-through, with the notes' own weights
 #
+# The notes print every matrix of their walk-through: the four heads side by side, `W_O`, the
+# FFN's `W1` and `W2` (to one decimal), the LM head, and each intermediate table. So we can redo
+# every step from the notes' own inputs and check each of their tables against it. The tables are
+# typed in as on the slides (their first sum and the stream were checked above and in
+# notebook 6):
+
+# %%
+def notes_table(text: str) -> torch.Tensor:
+    """A table typed as on the slide, one row per line -> (rows, columns), float64."""
+    return torch.tensor([[float(value) for value in line.split()] for line in text.strip().splitlines()],
+                        dtype=torch.float64)
+
+
+# the stream after attention, and its LayerNorm as the notes print it (notebook 6 checks both)
+MATRIX_MAGIC_STREAM = notes_table("""
+11.66 11.78 13.64 12.59 8.05 10.62 14.73 13.10
+19.28 21.05 24.34 22.30 15.49 13.45 22.48 17.65
+21.42 17.99 23.38 21.38 14.47 14.51 22.37 17.25
+22.28 18.14 24.14 22.37 15.86 16.61 23.89 18.85""")
+MATRIX_MAGIC_LAYER_NORM = notes_table("""
+-0.25 -0.17 1.13 0.40 -2.78 -0.98 1.89 0.75
+-0.12 0.80 2.50 1.44 -2.07 -3.12 1.54 -0.96
+1.24 -0.59 2.28 1.22 -2.47 -2.44 1.74 -0.98
+1.11 -1.17 2.13 1.16 -2.43 -2.02 2.00 -0.78""")
+# the four heads side by side (4, 16)
+MATRIX_MAGIC_HEADS = notes_table("""
+1.73 1.96 2.34 2.26 1.56 1.93 2.12 0.28 1.28 1.83 0.93 1.03 0.33 1.8 0.47 0.25
+3.01 3.3 4.6 3.79 0.18 0.03 1.14 2.66 1.32 0.59 1.69 3.23 2.74 3.09 2.22 1.39
+3.02 3.31 4.51 3.73 0.55 1.05 2.56 2.26 1.13 1.97 2.86 2.56 0.93 1.86 0.02 2.55
+4.13 3.15 3.59 4.11 0.91 1.27 1.63 2.47 0.76 2.15 2.5 1.18 0.26 1.67 3.15 3.87""")
+# W_O (16, 8)
+MATRIX_MAGIC_W_O = notes_table("""
+0.015 0.535 0.668 0.347 0.743 0.64 0.593 0.052
+0.955 0.108 0.532 0.731 0.321 0.011 0.175 0.083
+0.711 0.497 0.906 0.378 0.13 0.168 0.663 0.729
+0.127 0.958 0.425 0.878 0.195 0.836 0.523 0.719
+0.287 0.702 0.9 0.531 0.555 0.737 0.09 0.702
+0.008 0.245 0.319 0.528 0.074 0.789 0.997 0.603
+0.699 0.548 0.888 0.263 0.369 0.386 0.873 0.93
+0.787 0.675 0.767 0.268 0.948 0.203 0.938 0.467
+0.729 0.873 0.553 0.787 0.386 0.56 0.458 0.311
+0.709 0.01 0.263 0.224 0.498 0.14 0.742 0.838
+0.75 0.05 0.104 0.843 0.177 0.381 0.845 0.539
+0.711 0.828 0.862 0.602 0.929 0.164 0.696 0.082
+0.06 0.71 0.622 0.709 0.286 0.433 0.545 0.76
+0.439 0.742 0.699 0.472 0.085 0.131 0.929 0.628
+0.511 0.4 0.627 0.853 0.464 0.293 0.772 0.753
+0.989 0.253 0.964 0.964 0.431 0.781 0.086 0.224""")
+# "Multi-headed Attention (4, 8)"
+MATRIX_MAGIC_ATTENTION = notes_table("""
+10.98 11.24 13.58 11.94 7.82 9.172 13.97 12.26
+18.85 19.83 23.21 20.81 14.45 12.36 21.83 17.03
+20.22 17.33 22.3 19.88 13.93 13.6 21.43 17.09
+20.48 17.22 23.3 22.23 15.14 15.67 21.96 18.09""")
+# FFN W1 (8, 32), one decimal
+MATRIX_MAGIC_W1 = notes_table("""
+0.6 0.6 0.5 0.6 0.5 0.5 0.1 0.9 0.4 0.8 0.5 0.6 0.4 0.1 1 0.1 0.3 0.2 0.7 0.8 0.3 0.1 0.9 0.6 0.4 0.8 0.6 0.5 0.7 0.3 0.7 0.6
+0.6 0.4 1 1 0.6 0.4 0.6 0.3 0.3 0 1 0.4 0.9 0.6 0.7 0.9 0.6 0.3 0.6 0.2 0.2 0.5 0.8 0.7 0.3 0.5 0.2 0.2 0.9 0.7 0.4 0.9
+0.2 0.8 1 1 0.8 0.6 0.8 0.2 0.8 0.2 0.7 0.9 0.3 0.9 0.2 0.2 0.4 0.9 0.8 0.8 0.8 0.3 0.6 0.7 0.4 0.6 0 0.6 0.1 1 0 0.6
+0.9 0.1 0.9 0.3 0 0.8 0.4 0.4 0.4 0.3 0.7 0.2 0.8 0.4 0.3 0.8 1 0.4 1 0.9 0 0.6 0.7 0.5 0.1 0.1 0.4 0.2 0.9 0.2 0.2 0.2
+0.3 0.3 0.6 0.8 0.2 0.9 0.8 0.8 0.8 0.7 0.2 0.4 0.9 0.4 0.2 0.1 0.8 0.4 0.6 0.3 1 0.8 0.8 0.8 0.3 0.5 0.5 0.3 0.1 0.5 0.3 0.6
+0.3 0.7 0.9 0.7 0.8 0.5 0.1 0.4 0.3 0.7 0.8 0.3 0.4 0.1 0.5 0.8 0.5 0.9 0.7 0.3 0.6 0.5 0.6 0.1 1 0.4 0.4 0.8 0.3 0.1 0.9 0.2
+0.4 0.2 0.2 0.7 0.9 0.8 0.7 0.8 0.6 0.8 0.3 0.4 0.6 0.3 0.4 0.3 0 1 0.6 0 0.2 0.9 0.4 0.8 0.6 1 0.2 0.2 0.7 0.9 0 0.1
+0.3 0.2 0.6 0.2 0.4 0.7 0.1 0.2 0.1 0.9 0.9 0.5 0.4 0.8 0.3 0.5 1 0 0.4 0.1 0.8 0.9 0.6 0.2 0.6 0.7 0.9 0.4 1 0.9 0.1 0.4""")
+# "Output of First Lineary Layer (4, 32)"
+MATRIX_MAGIC_LINEAR_1 = notes_table("""
+0.3 -0.3 -0.4 -0.8 1.3 -0.1 0.2 -0.9 -0.5 -0.3 0.8 0.4 -1.1 1.1 -0.1 0.3 -1.3 1 0 0.1 -1.4 0 -1 0 0.2 1 -0.6 -0.3 1.7 1.9 -1.6 -0.7
+1.1 -0.3 0.3 0.4 0.6 0.1 2.2 -0.7 0.9 -2.5 0.3 1.1 -0.1 2 -0.4 -0.2 -1.4 1 0.8 1.6 -2.1 -0.6 -0.3 2 -2.1 0.4 -1.9 -1.1 1.3 2.4 -2.7 0.4
+1 0.2 -0.4 -0.1 0.8 0.1 1.1 0.1 0.8 -1.1 -0.3 1.1 -1.1 0.9 0.1 -1.1 -2.1 1.2 0.9 2.2 -2.1 -1.1 -0.4 1.4 -1.5 0.8 -1.3 -0.5 1.1 1.6 -1.9 -0.2
+0.8 0.1 -0.6 -0.3 0.8 0.2 0.8 0.2 0.7 -0.5 -0.4 0.8 -1.2 0.6 0 -1 -1.9 1.3 0.7 1.7 -1.6 -0.8 -0.6 1 -0.9 0.8 -1 -0.2 0.7 1.3 -1.6 -0.6""")
+# "Output after Relu (4, 32)", as fed to W2
+MATRIX_MAGIC_RELU = notes_table("""
+0.3 0 0 0 1.3 0 0.2 0 0 0.8 0.4 0 1.1 0 0.3 0 1 0 0.1 0 0 0 0 0 0.2 1 0 0 1.7 1.9 0 0
+1.1 0 0.3 0.4 0.6 0.1 2.2 0 0.9 0 0.3 1.1 0 2 0 0 0 1 0.8 1.6 0 0 0 2 0 0.4 0 0 1.3 2.4 0 0.4
+1 0.2 0 0 0.8 0.1 1.1 0.1 0.8 0 0 1.1 0 0.9 0.1 0 0 1.2 0.9 2.2 0 0 0 1.4 0 0.8 0 0 1.1 1.6 0 0
+0.8 0.1 0 0 0.8 0.2 0.8 0.2 0.7 0 0 0.8 0 0.6 0 0 0 1.3 0.7 1.7 0 0 0 1 0 0.8 0 0 0.7 1.3 0 0""")
+# FFN W2 (32, 8), one decimal
+MATRIX_MAGIC_W2 = notes_table("""
+0.6 0.8 0.7 0.6 0.3 1 0.6 0.3
+0.7 0.2 0.7 0.1 0.4 0.7 0.1 0.1
+0.2 0.2 0.9 0.1 0.1 0.3 0.1 0.1
+0.7 0.6 0 0.9 0.4 0 0 0.2
+0 0 0.7 0.1 0.8 0.2 0.9 0.6
+0.6 0.7 0.7 0.6 0 0.6 0.1 0.9
+0 0.3 0.6 0 0.3 0.2 0.4 0.3
+0 0.2 0.8 0.2 0.2 0.3 0.4 0.3
+0.6 0.1 0.5 0.6 0.4 0.8 0.7 0.6
+0.2 0.8 0.2 0.2 0.9 0.3 0.3 0.1
+0.1 0.3 0.8 0.5 0.9 0 0.4 0.3
+0.6 0.1 0 0.6 0.6 0.6 0.9 0.1
+0.4 0.3 0 0.1 0.3 0.7 0.6 0.5
+0.4 0.7 0.2 0.4 0.7 0.5 0.2 0.3
+0.4 0.2 0.3 0.9 1 0.6 0.7 0.7
+0.3 0.1 0 0.1 0.8 0.7 0.9 0.2
+0.2 0.9 0.2 0.3 0.3 0.8 0.5 0.3
+0.2 0.1 0.1 0.5 0.2 0.1 0.5 0.1
+0.3 0.4 0 0.4 0.7 0.1 0.6 0.8
+0.1 0.8 1 0.2 0.9 0.9 1 0.7
+0.9 0.1 0.7 0.7 0.4 0 0.5 0.8
+0.7 0.7 0.9 0.7 0.3 0.3 0 0.1
+0.8 0.6 0.3 0.1 0.7 0.4 0.3 0.8
+0.2 0.1 0.4 0.4 0.3 0.5 0.3 0.4
+0.6 0.8 0.5 0.9 0.2 0.4 0.3 0.8
+0.2 0.6 0.3 0.5 0.8 0.2 0.9 0.2
+0.8 0.7 0.6 0.8 0.6 0.1 0.2 0.9
+0.9 0.8 0.9 0.9 0.5 0.5 0.8 0.8
+0.9 0.9 0.1 0.5 0.2 0 0.8 0.7
+0.7 0.8 0.6 0 0.8 0.2 0.1 0.2
+0.8 0.8 0.8 0.7 0.7 0.5 0.1 0.9
+0.8 0.7 0.1 0.5 0.1 0.3 0.4 0.8""")
+# "Output of Second Linear Layer (4, 8)"
+MATRIX_MAGIC_LINEAR_2 = notes_table("""
+4.5 5.31 3.85 3.58 5.93 2.37 5.69 3.85
+7.1 8.69 8.04 6.38 9.58 7.21 8.83 7.51
+5.48 6.96 6.98 5.5 8.58 6.64 9.03 6.56
+4.28 5.49 5.67 4.41 6.84 5.17 7.4 5.27""")
+# "Output after Dropout", first slide
+MATRIX_MAGIC_DROPOUT_A = notes_table("""
+4.5 5.31 3.85 3.58 5.93 2.37 5.69 3.85
+7.1 0 8.04 6.38 9.58 7.21 0 7.51
+5.48 6.96 6.98 5.5 8.58 6.64 9.03 6.56
+4.28 5.49 5.67 4.41 6.84 5.17 0 5.27""")
+# "Output after Dropout", second slide
+MATRIX_MAGIC_DROPOUT_B = notes_table("""
+4.5 5.31 3.85 3.58 5.93 2.37 5.69 3.85
+7.1 0 8.04 6.38 9.58 7.21 0 7.51
+5.48 6.96 6.98 5.5 8.58 6.64 9.03 6.56
+4.28 5.49 5.67 4.41 0 5.17 7.4 5.27""")
+# LM head (8, 12)
+MATRIX_MAGIC_LM_HEAD = notes_table("""
+0.19 0.91 0.16 0.65 0.52 0.31 0.83 0.96 0.09 0.93 0.08 0.76
+0.22 0.77 0.9 0.14 0.83 0.85 0.62 0.11 0.32 0.6 0 0.05
+0.69 0.06 0.51 0.94 0.13 0.67 0.6 0.37 0.41 0.75 0.69 0.85
+0.79 0.16 0.88 0.95 0.32 0.34 0.61 0.19 0.68 0.91 0.03 0.56
+0.19 0.2 0.51 0.35 0.28 0.47 0.49 0.2 0.96 0.5 1 0.72
+0.78 0.31 0.63 0.56 0.44 0.76 0.54 0.75 0.63 0.71 0.65 0.72
+0.19 0.76 0.03 0.26 0 0.31 0.43 0.92 0.32 0.87 0.49 0.19
+0.76 0.38 0.98 0.45 0.34 0.41 0.24 0.25 0.61 0.83 0.55 0.77""")
+# "Logits (4, 12)"
+MATRIX_MAGIC_LOGITS = notes_table("""
+-2 1.02 -1 -1.4 -0.1 -0.4 -0 -0.3 -0.14 -0.391 0.17 -1.147
+1.7 -2.8 0.66 2.29 -0.6 -0.4 -0 -0.7 1.856 -0.176 2.45 3.779
+-1.2 0.02 -1.1 -1.4 -0.9 0.03 -0.6 0.13 0.552 -0.6 1.79 -0.807
+0.68 1.22 -0.5 -0 -0.4 0.18 -0.2 1.45 -1.91 0.9294 -1.6 -1.302""")
+# "Output after Final Layer Normalization (4, 8)"
+MATRIX_MAGIC_FINAL_LN = notes_table("""
+0.11 0.84 -0.5 -0.7 1.41 -1.8 1.18 -0.5
+0.72 -3 1.21 0.34 2.02 0.77 -3 0.93
+-1.3 -0 0.02 -1.3 1.43 -0.3 1.82 -0.4
+-0.3 0.57 0.7 -0.2 -3.4 0.34 1.97 0.41""")
+# "Probabilities (4, 12)"
+MATRIX_MAGIC_PROBABILITIES = notes_table("""
+0.01 0.28 0.04 0.02 0.09 0.07 0.1 0.08 0.088 0.0685 0.12 0.032
+0.07 0 0.02 0.12 0.01 0.01 0.01 0.01 0.077 0.0101 0.14 0.529
+0.02 0.07 0.02 0.02 0.03 0.08 0.04 0.08 0.126 0.0399 0.44 0.032
+0.11 0.2 0.04 0.06 0.04 0.07 0.05 0.25 0.009 0.1476 0.01 0.016""")
+print("typed in:", ", ".join(f"{name.removeprefix('MATRIX_MAGIC_')} {tuple(value.shape)}"
+                             for name, value in globals().items() if name.startswith("MATRIX_MAGIC_")))
+
+# %% [markdown]
+# Each step, computed from the notes' own input to it, against the notes' table for it. The
+# largest entry-wise gap tells whether the table follows from its inputs; the tables are printed
+# to two decimals (the FFN weights to one), so gaps of a few hundredths are rounding.
+
+# %%
+NOTES_EPS = 0.001  # the notes' LayerNorm epsilon
+
+
+def largest_gap(computed: torch.Tensor, notes: torch.Tensor) -> float:
+    """Largest entry-wise difference, rounded to 6 decimals so that round-off cannot move a digit."""
+    return round((computed - notes).abs().max().item(), 6)
+
+
+def notes_layer_norm(x: torch.Tensor) -> torch.Tensor:
+    """What the notes' LayerNorm tables compute: the standard deviation where the variance belongs."""
+    return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.std(-1, correction=0, keepdim=True) + NOTES_EPS)
+
+
+relu = F.relu(MATRIX_MAGIC_LINEAR_1)
+steps = [
+    ("heads @ W_O", MATRIX_MAGIC_HEADS @ MATRIX_MAGIC_W_O, MATRIX_MAGIC_ATTENTION),
+    ("residual: + embeddings", MATRIX_MAGIC_ATTENTION + MATRIX_MAGIC_SUM_TABLE.double(), MATRIX_MAGIC_STREAM),
+    ("LayerNorm (nn.LayerNorm)", F.layer_norm(MATRIX_MAGIC_STREAM, (8,), eps=NOTES_EPS), MATRIX_MAGIC_LAYER_NORM),
+    ("stream @ W1 (as drawn)", MATRIX_MAGIC_STREAM @ MATRIX_MAGIC_W1, MATRIX_MAGIC_LINEAR_1),
+    ("notes' LayerNorm @ W1", MATRIX_MAGIC_LAYER_NORM @ MATRIX_MAGIC_W1, MATRIX_MAGIC_LINEAR_1),
+    ("ReLU", relu, MATRIX_MAGIC_RELU),
+    ("ReLU @ W2", relu @ MATRIX_MAGIC_W2, MATRIX_MAGIC_LINEAR_2),
+    ("dropout slide 1 vs its input", MATRIX_MAGIC_LINEAR_2, MATRIX_MAGIC_DROPOUT_A),
+    ("dropout slide 2 vs its input", MATRIX_MAGIC_LINEAR_2, MATRIX_MAGIC_DROPOUT_B),
+    ("final LayerNorm (nn.LayerNorm)",
+     F.layer_norm(MATRIX_MAGIC_STREAM + MATRIX_MAGIC_DROPOUT_B, (8,), eps=NOTES_EPS), MATRIX_MAGIC_FINAL_LN),
+    ("notes' LayerNorm of dropout B", notes_layer_norm(MATRIX_MAGIC_DROPOUT_B), MATRIX_MAGIC_FINAL_LN),
+    ("final LayerNorm @ LM head", MATRIX_MAGIC_FINAL_LN @ MATRIX_MAGIC_LM_HEAD, MATRIX_MAGIC_LOGITS),
+    ("softmax(logits)", MATRIX_MAGIC_LOGITS.softmax(-1), MATRIX_MAGIC_PROBABILITIES),
+]
+gaps = {name: largest_gap(computed, notes) for name, computed, notes in steps}
+print(f"{'step':<32}{'largest gap to the notes':>26}")
+for name, gap in gaps.items():
+    print(f"{name:<32}{gap:>26.2f}")
+
+# %% [markdown]
+# Where a gap is large, the cells below find what the notes did instead.
+#
+# **The FFN's two linear layers.** The slide draws the stream itself going into `W1`, which gives
+# values far larger than the notes' table (the `stream @ W1` line). Their table follows instead
+# from their LayerNorm rows, as in GPT-2's `x + FFN(LN(x))`, to within about half a unit, and the
+# second layer to a similar gap. That is what printing `W1` and `W2` to one decimal allows: each
+# weight may be off by up to 0.05, so an output may be off by up to 0.05 times the sum of the
+# absolute values of its inputs. The cell computes that bound:
+
+# %%
+for name, inputs, notes_output, weights in (("W1", MATRIX_MAGIC_LAYER_NORM, MATRIX_MAGIC_LINEAR_1, MATRIX_MAGIC_W1),
+                                            ("W2", relu, MATRIX_MAGIC_LINEAR_2, MATRIX_MAGIC_W2)):
+    bound = 0.05 * inputs.abs().sum(-1, keepdim=True)                  # (4, 1): one bound per row
+    within = ((inputs @ weights - notes_output).abs() <= bound).all().item()
+    print(f"{name}: largest gap {largest_gap(inputs @ weights, notes_output):.2f}, "
+          f"rounding bound per row {round(bound.min().item(), 6):.2f} to {round(bound.max().item(), 6):.2f}, "
+          f"every entry within its row's bound: {within}")
+    assert within
+
+# %% [markdown]
+# **ReLU.** Rows 2 to 4 of the notes' ReLU table are exactly `max(0, x)` of their first linear
+# layer's output. Row 1 is not: from column 10 on, its entries sit one column to the left of
+# where they belong, and a 0 fills the gap.
+
+# %%
+notes_row, true_row = MATRIX_MAGIC_RELU[0], relu[0]
+wrong_columns = ((notes_row - true_row).abs() > 1e-9).nonzero().flatten() + 1
+print("rows 2-4 exact:", torch.equal(MATRIX_MAGIC_RELU[1:], relu[1:]))
+print("row 1, columns that differ:", wrong_columns.tolist())
+print("notes' row 1, columns 10-23:", notes_row[9:23].tolist())
+print("true row 1,   columns 11-24:", true_row[10:24].tolist())
+assert torch.equal(notes_row[9:23], true_row[10:24]) and torch.equal(notes_row[24:], true_row[24:])
+
+# %% [markdown]
+# **Dropout.** Both dropout slides keep the surviving values exactly as they were. `nn.Dropout(p)`
+# in training mode multiplies the survivors by `1/(1-p)`, so that each value keeps its expected
+# size; the notes do not give `p`, so the cell uses 0.1. And the two slides, which show the same
+# step, zero different entries.
+
+# %%
+def zeroed(table: torch.Tensor) -> list[tuple[int, int]]:
+    """(row, column) of the entries dropout set to 0, counting from 1 like the slides."""
+    return [(r + 1, c + 1) for r, c in ((table == 0) & (MATRIX_MAGIC_LINEAR_2 != 0)).nonzero().tolist()]
+
+
+kept = MATRIX_MAGIC_DROPOUT_A != 0
+survivor_ratio = MATRIX_MAGIC_DROPOUT_A[kept] / MATRIX_MAGIC_LINEAR_2[kept]
+print(f"notes: survivors / inputs between {survivor_ratio.min():.2f} and {survivor_ratio.max():.2f}")
+torch.manual_seed(0)
+dropped = nn.Dropout(p=0.1).train()(MATRIX_MAGIC_LINEAR_2)
+ratios = dropped[dropped != 0] / MATRIX_MAGIC_LINEAR_2[dropped != 0]
+print(f"nn.Dropout(p=0.1): survivors / inputs = {ratios.min():.4f} = 1/(1 - 0.1) = {1 / 0.9:.4f}")
+print("first slide zeroes", zeroed(MATRIX_MAGIC_DROPOUT_A), "| second slide zeroes", zeroed(MATRIX_MAGIC_DROPOUT_B))
+
+# %% [markdown]
+# **The final LayerNorm.** In GPT-2 the FFN's output is added to the stream (the second residual),
+# and the final LayerNorm normalises that sum. The notes' table instead follows from the
+# **second** dropout table alone, with no residual, and with the slip notebook 6 found in their
+# first LayerNorm (the standard deviation where the variance belongs): the `notes' LayerNorm of
+# dropout B` line above has a small gap, the `nn.LayerNorm` line a large one. From there on the
+# notes are consistent again: their logits are their final rows times the LM head, and their
+# probabilities the softmax of their logits (small gaps above).
+#
+# The same weights, run the way GPT-2 runs them at inference (true LayerNorms, both residuals,
+# no dropout), give other predictions:
+
+# %%
+stream = MATRIX_MAGIC_STREAM
+hidden = F.relu(F.layer_norm(stream, (8,), eps=NOTES_EPS) @ MATRIX_MAGIC_W1)
+stream = stream + hidden @ MATRIX_MAGIC_W2
+probabilities_done_right = (F.layer_norm(stream, (8,), eps=NOTES_EPS) @ MATRIX_MAGIC_LM_HEAD).softmax(-1)
+for t, word in enumerate(sentence):
+    ours = probabilities_done_right[t].argmax().item()
+    theirs = MATRIX_MAGIC_PROBABILITIES[t].argmax().item()
+    print(f"after '{word}': notes predict '{toy_vocab[theirs]}', the same weights done right "
+          f"'{toy_vocab[ours]}' ({probabilities_done_right[t, ours]:.2f})")
+
+# %% [markdown]
 # ## 3. Counting parameters
 #
-# Seed 002's table counts the weight matrices of one block: attention has `W_Q, W_K, W_V, W_O`,
+# The textbook section's table counts the weight matrices of one block: attention has `W_Q, W_K, W_V, W_O`,
 # each `d x d` (`4d²`); the FFN has `d x 4d` and `4d x d` (`8d²`). With `N` blocks and a
 # vocabulary matrix of `V x d` at each end, the count is about **`12Nd² + 2Vd`**. The exact
 # count adds the biases (`4d` in attention, `5d` in the FFN), two LayerNorms per block (`4d`),
@@ -247,7 +531,7 @@ print("building it", format_duration(time.perf_counter() - started))
 assert count_parameters(gpt2_meta) == exact_parameters(gpt2) == 124_439_808
 
 # %% [markdown]
-# Where the parameters of GPT-2 small sit, per component, with the seed's rule of thumb beside
+# Where the parameters of GPT-2 small sit, per component, with the textbook section's rule of thumb beside
 # the exact count:
 
 # %%
@@ -268,12 +552,14 @@ print(f"{'total':<26}{'':>15}{total:>13,}")
 assert total == 124_439_808
 
 # %% [markdown]
-# ### GPT-3 from the formula, and seed 001's table of GPT-3 sizes
+# ### GPT-3 from the formula, and the Matrix Magic notes' table of GPT-3 sizes
 #
-# Seed 002 says `12Nd² + 2Vd` gives "roughly 175 billion" for GPT-3 (`N = 96`, `d = 12288`,
-# `V = 50257`). The cell computes it, and then every row of the GPT-3 table of seed 001. GPT-3
-# ties its embeddings, so `12Nd² + Vd` is the fairer formula; for the small models the
-# vocabulary term is a large share and the untied formula overshoots by `Vd`.
+# The textbook section says `12Nd² + 2Vd` gives "roughly 175 billion" for GPT-3 (`N = 96`, `d = 12288`,
+# `V = 50257`). The cell computes it, and then every row of the GPT-3 table of the Matrix Magic
+# notes, with two formulas. GPT-2 ties its output matrix to its token table; the GPT-3 paper
+# describes its model as GPT-2's with changes, and does not say whether it ties them. So both
+# are shown: `12Nd² + 2Vd` counts an untied output matrix, `12Nd² + Vd` a tied one. For the
+# small models the vocabulary term is a large share, so the choice matters there.
 
 # %%
 print(f"GPT-3: 12Nd² + 2Vd = {formula_parameters(96, 12288, 50257):,}")
@@ -281,22 +567,57 @@ gpt3_table = [("GPT-3 Small", "125M", 12, 768), ("GPT-3 Medium", "350M", 24, 102
               ("GPT-3 Large", "760M", 24, 1536), ("GPT-3 XL", "1.3B", 24, 2048),
               ("GPT-3 2.7B", "2.7B", 32, 2560), ("GPT-3 6.7B", "6.7B", 32, 4096),
               ("GPT-3 13B", "13.0B", 40, 5140), ("GPT-3 175B", "175.0B", 96, 12288)]
-print(f"\n{'model':<14}{'reported':>9}{'12Nd²+2Vd':>12}{'12Nd²+Vd':>11}")
+print(f"\n{'model':<14}{'reported':>9}{'12Nd²+2Vd':>12}{'12Nd²+Vd':>11}   nearer")
 for name, reported, n_layer, width in gpt3_table:
     untied = formula_parameters(n_layer, width, 50257)
     tied = untied - 50257 * width
-    print(f"{name:<14}{reported:>9}{untied / 1e9:>11.3f}B{tied / 1e9:>10.3f}B")
+    reported_value = float(reported[:-1]) * (1e6 if reported.endswith("M") else 1e9)
+    nearer = "tied" if abs(tied - reported_value) < abs(untied - reported_value) else "untied"
+    print(f"{name:<14}{reported:>9}{untied / 1e9:>11.3f}B{tied / 1e9:>10.3f}B   {nearer}")
 print(f"\n13B row: d_model 5140 / 40 heads = {5140 / 40} per head; 40 x 128 = {40 * 128}")
 print(f"with d = 5120: 12Nd² + Vd = {(formula_parameters(40, 5120, 50257) - 50257 * 5120) / 1e9:.3f}B")
 
 # %% [markdown]
-# Every row lands near its reported size with the tied formula. The 13B row of the table (copied
+# The tied formula lands nearer the reported size in every row but the last (the `nearer`
+# column); that fits tied embeddings without proving them. The 13B row of the table (copied
 # from the GPT-3 paper) lists `d_model = 5140`, which 40 heads of 128 cannot make: the
 # architecture is `40 x 128 = 5120`, and either value gives about 13 billion.
 #
-# ### Planning memory (seed 002's 16 GB example)
+# ### The original Transformer: 213M
 #
-# A team has 16 GB of GPU memory and stores weights in fp16, 2 bytes each. Seed 002 works out
+# The USF notes give the 2017 Transformer ("Transformer big" of the paper) 213M parameters:
+# 6 encoder and 6 decoder blocks ("12 blocks"), `D = 1024`, 16 heads, an FFN of `4D = 4096`.
+# Its positions are sinusoidal, so they have no parameters. The paper shares one embedding
+# matrix between the encoder's input, the decoder's input and the output layer, over a
+# byte-pair vocabulary of "about 37000 tokens" (English-German). An encoder block is GPT's block
+# (`12D² + 13D`, with the 2017 Post-LN order); a decoder block adds cross-attention and its
+# LayerNorm. The cell counts it:
+
+# %%
+D_BIG, FFN_BIG, LAYERS_BIG, VOCAB_BIG = 1024, 4096, 6, 37_000
+attention_big = 4 * D_BIG * D_BIG + 4 * D_BIG          # W_Q, W_K, W_V, W_O and their biases
+ffn_big = 2 * D_BIG * FFN_BIG + FFN_BIG + D_BIG         # two matrices and their biases
+layer_norm_big = 2 * D_BIG
+encoder_block_big = attention_big + ffn_big + 2 * layer_norm_big
+decoder_block_big = 2 * attention_big + ffn_big + 3 * layer_norm_big   # self- and cross-attention
+blocks_big = LAYERS_BIG * (encoder_block_big + decoder_block_big)
+total_big = blocks_big + VOCAB_BIG * D_BIG             # one shared embedding, counted once
+print(f"encoder block {encoder_block_big:,} x {LAYERS_BIG} + decoder block {decoder_block_big:,} x {LAYERS_BIG} "
+      f"= {blocks_big:,}")
+print(f"+ shared embedding {VOCAB_BIG:,} x {D_BIG} = {VOCAB_BIG * D_BIG:,}  ->  total {total_big / 1e6:.1f}M")
+print(f"the vocabulary that gives exactly 213M: {(213e6 - blocks_big) / D_BIG:,.0f} tokens")
+print(f"unshared embeddings would add 2 x {VOCAB_BIG:,} x {D_BIG} = {2 * VOCAB_BIG * D_BIG / 1e6:.1f}M; "
+      f"GPT-3 175B / 213M = {175e9 / 213e6:.0f}")
+
+# %% [markdown]
+# With a vocabulary of 37,000 the count is 214M; "about 37000" is a rounded figure, and 213M
+# corresponds to a vocabulary of about 35,800. Unshared embeddings would add two more `V x D`
+# matrices, about 76M, so the 213M also confirms the sharing. GPT-3's largest model is about
+# 820 times larger.
+
+# ### Planning memory (the textbook section's 16 GB example)
+#
+# A team has 16 GB of GPU memory and stores weights in fp16, 2 bytes each. The textbook section works out
 # that `N = 32, d = 4096` fits and `N = 40, d = 5120` does not, quoting about 6.4B and 12.6B
 # parameters with `V = 50,000`. The cell redoes it:
 
@@ -315,7 +636,7 @@ print(f"training with Adam in mixed precision: about {adam_bytes} bytes per para
       f"{budget_bytes / adam_bytes / 1e9:.1f}B parameters in the same 16 GB")
 
 # %% [markdown]
-# The seed's 6.4B and 12.6B are the `12Nd²` term alone; adding `2Vd` gives 6.85B and 13.09B,
+# The textbook section's 6.4B and 12.6B are the `12Nd²` term alone; adding `2Vd` gives 6.85B and 13.09B,
 # and the verdicts stand. This counts the weights only: to *train*, Adam's moments and a float32
 # master copy bring it to about 16 bytes per parameter, so the same card trains a model of about
 # a billion parameters. Serving also needs room for the KV cache (section 6).
@@ -394,15 +715,45 @@ check("gpt.exact_parameters", gpt_parameters)
 
 # %%
 from helpers.tokenizers import CharTokenizer
-from helpers.train import encode_text, random_batch, split_train_val
+from helpers.train import encode_text, line_overlap, random_batch, split_stories
 
 text = load_corpus()
 tokenizer = CharTokenizer.train(text)
-token_ids = encode_text(tokenizer, text)
-train_ids, val_ids = split_train_val(token_ids, val_fraction=0.1)
+train_text, val_text = split_stories(text, val_fraction=0.1)
+train_ids, val_ids = encode_text(tokenizer, train_text), encode_text(tokenizer, val_text)
+n_stories = {name: len(part.strip().split("\n\n")) for name, part in (("train", train_text), ("val", val_text))}
 print(f"{len(text):,} characters, vocabulary of {tokenizer.vocab_size}: {''.join(tokenizer.chars)!r}")
-print(f"train: {len(train_ids):,} tokens, validation: {len(val_ids):,} tokens (the last tenth)")
-assert tokenizer.vocab_size == config.vocab_size
+print(f"train: {n_stories['train']:,} stories, {len(train_ids):,} tokens; "
+      f"validation: the last {n_stories['val']:,} stories, {len(val_ids):,} tokens")
+overlap = line_overlap(train_text, val_text)
+print(f"validation lines that also occur word for word in the training stories: {overlap:.0%}")
+assert tokenizer.vocab_size == config.vocab_size and 0 < overlap < 1
+
+# %% [markdown]
+# The split keeps stories whole: validation is the last tenth of the stories, none of which the
+# model trains on. They are new stories, but not all new sentences. The corpus comes from a small
+# grammar, and short sentences such as "The rabbit wagged its tail." recur in many stories, so a
+# large share of the validation lines (printed above) also occur, word for word, in training.
+# No split of this corpus avoids that: every story is built from the same templates. So the
+# validation loss below measures how well the model predicts new stories made of familiar
+# sentence patterns, many of them already seen whole, not text of a new kind.
+
+# %% [markdown]
+# ### Why a GPT can learn from plain text: the labels are the text
+#
+# Supervised learning needs an answer for every example. For next-token prediction the answer
+# is already in the text: the target at each position is simply the next character. Nobody
+# labels anything, which is why a GPT can be trained on as much text as can be found
+# (self-supervised learning). The inputs and the targets are the same text, shifted by one:
+
+# %%
+line_ids = encode_text(tokenizer, train_text.splitlines()[0])
+inputs, targets = line_ids[:-1], line_ids[1:]
+assert torch.equal(inputs[1:], targets[:-1])  # the same characters, one step apart
+for position in range(6):
+    print(f"input {tokenizer.decode(inputs[:position + 1].tolist())!r:<10} -> target "
+          f"{tokenizer.decode([targets[position].item()])!r}")
+print(f"labels available for free in the training stories: {len(train_ids) - 1:,}, one per character after the first")
 
 # %% [markdown]
 # A training example is a window of `context_length` characters, `x`, and the same window one
@@ -496,9 +847,14 @@ print(f"loss: train {history.train_losses[-1]:.3f}, validation {history.val_loss
 # The cell above cannot print the same numbers on every machine (bfloat16 rounds differently
 # from one CPU to another), so the notebook's tests check what must hold instead: the run took
 # `TRAIN_STEPS` steps, the loss fell far below uniform guessing, and validation stayed close to
-# training (no overfitting in one pass over a tenth of the data).
+# training. The run reads fewer tokens than the training stories hold (the fraction is printed
+# below; its windows are drawn at random, so some text is read twice and some not at all), too
+# little to overfit; besides, many validation sentences were seen whole in training (section 4).
 
 # %%
+tokens_read = TRAIN_STEPS * train_config.batch_size * config.context_length
+print(f"tokens read: {TRAIN_STEPS} steps x {train_config.batch_size} x {config.context_length} = {tokens_read:,}, "
+      f"{tokens_read / len(train_ids):.2f} of the {len(train_ids):,} training tokens")
 assert len(history.steps) == TRAIN_STEPS and live_plot.redraws == len(history.val_losses)
 assert history.val_losses[-1] < 0.5 * history.val_losses[0] < math.log(config.vocab_size)
 assert abs(history.val_losses[-1] - history.train_losses[-1]) < 0.1
@@ -683,9 +1039,6 @@ ax.set_ylabel("seconds")
 ax.set_title("Greedy generation, context 512")
 ax.legend()
 plt.show()
-speedup = seconds["recompute"][-1] / seconds["KV cache"][-1]
-assert speedup > 2, f"the cache should win clearly at {lengths[-1]} tokens, got {speedup:.1f}x"
-print(f"at {lengths[-1]} new tokens the cache is more than twice as fast:", speedup > 2)
 
 # %% [markdown]
 # Recomputation does about `t` tokens of work at step `t`, so its total grows with the square
@@ -718,12 +1071,12 @@ for name, (n_layer, n_head, head_dim, n_tokens) in {"GPT-2 small, 1024 tokens": 
 #
 # ## 7. Attention maps of the trained model
 #
-# Which characters does each head look at? We run a sentence from the validation text through
+# Which characters does each head look at? We run a sentence from a validation story through
 # the trained model and draw every head of every layer (`block.attn.last_weights`). Each row is
 # a query character; it can only look left (the causal mask).
 
 # %%
-sentence_text = next(line for line in text.splitlines()[-200:] if 20 <= len(line) <= 26)
+sentence_text = next(line for line in val_text.splitlines() if 20 <= len(line) <= 26)
 sentence_ids = torch.tensor([tokenizer.encode(sentence_text)])
 with torch.no_grad():
     model(sentence_ids)
@@ -743,7 +1096,7 @@ for layer, blk in enumerate(model.blocks):
 #
 # ## 8. Encoder-only, decoder-only, encoder-decoder
 #
-# The same parts build all three transformer families (seed 003); what changes is the mask,
+# The same parts build all three transformer families (the DS 246 notes); what changes is the mask,
 # whether there is cross-attention, and what the model is trained to predict.
 #
 # | | mask | cross-attention | training objective | examples |
@@ -772,8 +1125,8 @@ for name, causal in (("encoder (bidirectional)", False), ("decoder (causal)", Tr
 #
 # **Cross-attention** sits in the decoder of an encoder-decoder, between its masked
 # self-attention and its FFN: queries come from the target being written, keys and values from
-# the encoder's output (seed 000's shapes: `Q [N_Q x D]`, `X [N_X x D]`, weights
-# `[N_Q x N_X]`). Built from the helpers parts, for seed 003's source sentence "The cat sat
+# the encoder's output (the USF notes' shapes: `Q [N_Q x D]`, `X [N_X x D]`, weights
+# `[N_Q x N_X]`). Built from the helpers parts, for the DS 246 notes' source sentence "The cat sat
 # here":
 
 # %%
@@ -817,7 +1170,7 @@ plt.show()
 #
 # **The objective.** A decoder-only model learns from every position of every window (section
 # 4). An encoder-only model like BERT hides about 15 % of the tokens and learns only from
-# those; seed 003 notes that next-token prediction gives "more learning signals". Per window of
+# those; the DS 246 notes note that next-token prediction gives "more learning signals". Per window of
 # our 64 characters:
 
 # %%
@@ -881,7 +1234,7 @@ print("restored model gives identical logits:", same, "| still tied:", restored.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# Speeds depend on the machine and on whatever else runs on it; the next cell asserts the order.
+# Speeds depend on the machine and on whatever else runs on it; benchmarks/bench_train.py holds the budget.
 bench_config = GPTConfig(vocab_size=52, context_length=64, n_layer=4, n_head=4, n_embd=128)
 racers = {}
 for fast in (False, True):
@@ -900,14 +1253,10 @@ speeds = {name: 4 * 4 * 12 * bench_config.context_length / seconds for name, sec
 print(f"plain path {speeds['plain']:,.0f} tokens/s, fast path {speeds['fast']:,.0f} tokens/s: "
       f"{speeds['fast'] / speeds['plain']:.1f}x")
 
-# %%
-assert speeds["fast"] > speeds["plain"]
-print("the fast path is faster:", speeds["fast"] > speeds["plain"])
-
 # %% [markdown]
 # ## Check your understanding
 #
-# **1. What are the differences between a transformer encoder and a decoder? (seed 000)**
+# **1. What are the differences between a transformer encoder and a decoder? (the USF notes)**
 #
 # <details><summary>Answer</summary>
 #
@@ -927,7 +1276,7 @@ print(f"block with self-attention + FFN (d=768): {encoder_block:,}")
 print(f"decoder block with cross-attention: {encoder_block + cross_extra:,} (+{cross_extra:,})")
 
 # %% [markdown]
-# **2. What parallelises in a transformer, and what does not? (seed 000)**
+# **2. What parallelises in a transformer, and what does not? (the USF notes)**
 #
 # <details><summary>Answer</summary>
 #
@@ -945,7 +1294,7 @@ print(f"one training step: {train_config.batch_size} x {config.context_length} =
 print("generating 100 tokens: 100 forward steps, one after another")
 
 # %% [markdown]
-# **3. GPT-2 small (seed 002).** `N = 12`, `d = 768`, `V = 50257`, tied weights. (a) The
+# **3. GPT-2 small (the textbook section).** `N = 12`, `d = 768`, `V = 50257`, tied weights. (a) The
 # parameters of the blocks with `12d²` per layer? (b) Add the embedding, counted once.
 # (c) The reported total is about 124M: where does the gap come from?
 #
@@ -954,7 +1303,7 @@ print("generating 100 tokens: 100 forward steps, one after another")
 # (a) `12 x 12 x 768² = 84,934,656`. (b) `+ 50257 x 768 = 38,597,376` gives `123,532,032`.
 # (c) The exact count is `124,439,808` (section 3); the gap of `907,776` is the position table
 # (`1024 x 768 = 786,432`), the biases (`9d` per block, `82,944`) and the LayerNorms (`4d` per
-# block plus the final `2d`: `38,400`). Seed 002's sketch names the positions and the
+# block plus the final `2d`: `38,400`). The textbook section's sketch names the positions and the
 # LayerNorms (it says "~37K") but forgets the biases, which are twice as many as the LayerNorm
 # parameters. The cell computes each number.
 # </details>
@@ -969,14 +1318,14 @@ print(f"(c) exact {exact_parameters(gpt2):,}, gap {exact_parameters(gpt2) - bloc
 assert blocks_12d2 + embedding + sum(gaps.values()) == exact_parameters(gpt2)
 
 # %% [markdown]
-# **4. The KV cache (seed 002).** Seed 002 says that without a cache a 1,000-token response
+# **4. The KV cache (the textbook section).** The textbook section says that without a cache a 1,000-token response
 # needs "roughly 500,000 redundant Key and Value computations". Check it, and say what the cache
 # costs instead.
 #
 # <details><summary>Answer</summary>
 #
 # Step `t` (counting from an empty context) recomputes the keys and values of the `t - 1`
-# earlier tokens, so the total is `0 + 1 + ... + 999 = 499,500`, per layer and head: the seed's
+# earlier tokens, so the total is `0 + 1 + ... + 999 = 499,500`, per layer and head: the notes'
 # round number. The cache replaces that work with memory, `2 x L x H x d_h x n` numbers that
 # grow linearly with the length; for GPT-2 small at 1024 tokens in fp16 the cell prints the
 # size per sequence, and section 6 the GPT-3 one. That is why servers shrink it with GQA
