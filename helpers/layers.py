@@ -119,7 +119,7 @@ def attention_mask(mask: Tensor | None, causal: bool, n_q: int, n_k: int,
 # --- notebook 5: heads as separate modules -------------------------------------------------
 
 class AttentionHead(nn.Module):
-    """One attention head with its own W_Q, W_K, W_V: D -> D_H each (the `Head` of seed 001)."""
+    """One attention head with its own W_Q, W_K, W_V: D -> D_H each (the `Head` of the Matrix Magic notes)."""
 
     def __init__(self, d_model: int, head_dim: int, bias: bool = True) -> None:
         super().__init__()
@@ -155,7 +155,7 @@ class AttentionHead(nn.Module):
 
 
 class SeparateHeadsAttention(nn.Module):
-    """Multi-head attention as H independent heads, concatenated, then W_O (seed 001's style).
+    """Multi-head attention as H independent heads, concatenated, then W_O (the Matrix Magic notes' style).
 
     Clear, but it runs H small projections and H attentions one after another.
     """
@@ -217,7 +217,7 @@ def repeat_kv_heads(x: Tensor, n_repeats: int) -> Tensor:
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with one projection per Q, K, V for all heads and batched heads.
 
-    The four matrix multiplies of seed 000: Q/K/V projections, Q K^T, weights V, W_O.
+    The four matrix multiplies of the USF notes: Q/K/V projections, Q K^T, weights V, W_O.
     n_kv_heads (default n_heads) sets how many key/value heads there are: n_heads is ordinary
     multi-head attention, fewer is grouped-query attention (GQA), 1 is multi-query (MQA).
     dropout applies to the output, as on every branch that is added to the residual stream.

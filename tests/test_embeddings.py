@@ -105,13 +105,13 @@ def test_sinusoidal_positions_follow_the_formula_entry_by_entry(n_positions, d_m
     assert torch.allclose(table, expected, atol=1e-6)
 
 
-def test_sinusoidal_positions_reproduce_the_seed_000_table():
-    seed_000 = torch.tensor([[0.0000, 1.0000, 0.0000, 1.0000],
+def test_sinusoidal_positions_reproduce_the_usf_notes_table():
+    usf_table = torch.tensor([[0.0000, 1.0000, 0.0000, 1.0000],
                              [0.8415, 0.5403, 0.0100, 0.9999],
                              [0.9093, -0.4161, 0.0200, 0.9998],
                              [0.1411, -0.9900, 0.0300, 0.9996]])
     # The slide truncates cos(0.01) = 0.99995 to 0.9999, hence 5e-5 and a hair more.
-    assert torch.allclose(sinusoidal_positions(4, 4), seed_000, atol=5.1e-5)
+    assert torch.allclose(sinusoidal_positions(4, 4), usf_table, atol=5.1e-5)
 
 
 def test_position_zero_is_sin_0_cos_0_and_every_entry_is_bounded():
@@ -133,7 +133,7 @@ def test_every_position_gets_a_different_row():
     assert torch.cdist(table, table).add(torch.eye(1000)).min() > 1e-3
 
 
-def test_wavelengths_of_the_seed_002_exercise():
+def test_wavelengths_of_the_textbook_exercise():
     wavelengths = sinusoid_wavelengths(512)
     assert wavelengths.shape == (256,)
     assert wavelengths[0].item() == pytest.approx(2 * math.pi)
