@@ -8,7 +8,7 @@
     gpt           the GPT: config, model, parameter counts, generation, KV cache
     train         the fast CPU trainer: batches, AdamW, schedule, bf16, one weight buffer, checkpoints
     flash         online softmax and tiled FlashAttention in PyTorch (forward and backward)
-    flash_triton  the same algorithm as a Triton kernel (GPU, or Triton's CPU interpreter)
+    flash_triton  the same algorithm as Triton kernels, forward and backward (GPU, or the interpreter)
     checks        the argument checks they share: positive_int(name, value), boolean(...), ...
 
 and, at the side, used by the notebooks and never by the model code:

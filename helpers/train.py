@@ -1,6 +1,8 @@
 """Training a GPT fast on a laptop CPU: batches, AdamW, a schedule, clipping, bf16, checkpoints.
 
     encode_text / split_train_val / random_batch   token ids and (inputs, next-token targets)
+    split_stories / line_overlap                   a validation split of whole stories, and
+                                                   the sentences it still shares with training
     learning_rate                                  linear warm-up, then cosine decay
     pick_dtype                                     bfloat16 where the hardware has it, else float32
     make_optimizer, matrices_and_vectors           AdamW, weight decay on matrices only
