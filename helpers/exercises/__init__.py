@@ -140,8 +140,8 @@ def _run_with_time_limit(checker: Callable[[Any], str | None], answer: Any,
 def evaluate(name: str, answer: Any, time_limit: float | None = None) -> tuple[bool, str]:
     """Run exercise `name` against `answer`; return (passed, the message for the student).
 
-    time_limit: seconds before giving up on an answer that does not return (default TIME_LIMIT;
-    None waits forever).
+    time_limit: seconds before giving up on an answer that does not return; None takes the
+    module's TIME_LIMIT (set `helpers.exercises.TIME_LIMIT = None` to wait forever).
     """
     ex = get(name)
     seconds = TIME_LIMIT if time_limit is None else time_limit
