@@ -638,6 +638,6 @@ def test_the_exercises_refuse_float_counts_and_ids():
 
     assert passes("tokenization.count_pairs", lambda ids: dict(count_pairs(ids)))
     passed, message = evaluate("tokenization.count_pairs", float_counts)
-    assert not passed and "of type float, expected an int" in message
+    assert not passed and "should be an int, but it is a float" in message
     assert passes("tokenization.encode_word", lambda w, m: BPETokenizer(m).apply_merges(list(w.encode())))
     assert not passes("tokenization.encode_word", float_ids)
