@@ -106,7 +106,7 @@ def _as_number(value: object, what: str) -> float:
                "gather(-1, targets[..., None]) and return minus their mean.")
 def next_token_loss(student: Callable[[gpt.GPT, torch.Tensor], torch.Tensor]) -> str:
     generator = torch.Generator().manual_seed(1)
-    for seed, (batch, length) in enumerate([(1, 4), (3, 9), (2, 6)]):
+    for seed, (batch, length) in enumerate([(3, 9), (1, 4), (2, 6)]):
         model = _small_model(seed)
         ids = torch.randint(0, 11, (batch, length), generator=generator)
         with torch.no_grad():

@@ -933,7 +933,7 @@ torch_optimizer = torch.optim.AdamW([{"params": their_matrices, "weight_decay": 
                                      {"params": their_vectors, "weight_decay": 0.0}],
                                     lr=1e-2, betas=(0.9, 0.99), eps=1e-8, foreach=False)
 batches = torch.Generator().manual_seed(1)
-for step in range(5):
+for _ in range(5):
     x_batch, y_batch = random_batch(train_ids, 8, tiny_config.context_length, batches)
     ours.zero_grad(set_to_none=True)
     next_token_cross_entropy(ours(x_batch), y_batch).backward()      # fills p.grad
