@@ -10,9 +10,11 @@
 # **After this notebook you can**
 # - assemble a decoder-only GPT from blocks and explain every shape of its forward pass;
 # - count a GPT's parameters with `12Nd² + 2Vd` and exactly, and plan memory from the count;
+# - write a training step by hand (the next-token loss, AdamW, gradient clipping, the schedule)
+#   and check each piece against PyTorch's own;
 # - train a small GPT on a laptop CPU and judge its output with a measurement, not by eye;
 # - sample with temperature and top-k, and write a greedy decoding step;
-# - explain, build and time a KV cache, and compute its memory;
+# - write one KV-cache step by hand; explain, build and time a KV cache, compute its memory;
 # - say what changes between encoder-only, decoder-only and encoder-decoder models.
 #
 # **It assumes** notebooks 1 to 6; the `helpers` modules they wrote are the parts used here.
