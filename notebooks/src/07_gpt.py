@@ -10,9 +10,11 @@
 # **After this notebook you can**
 # - assemble a decoder-only GPT from blocks and explain every shape of its forward pass;
 # - count a GPT's parameters with `12Nd² + 2Vd` and exactly, and plan memory from the count;
+# - write a training step by hand (the next-token loss, AdamW, gradient clipping, the schedule)
+#   and check each piece against PyTorch's own;
 # - train a small GPT on a laptop CPU and judge its output with a measurement, not by eye;
 # - sample with temperature and top-k, and write a greedy decoding step;
-# - explain, build and time a KV cache, and compute its memory;
+# - write one KV-cache step by hand; explain, build and time a KV cache, compute its memory;
 # - say what changes between encoder-only, decoder-only and encoder-decoder models.
 #
 # **It assumes** notebooks 1 to 6; the `helpers` modules they wrote are the parts used here.
@@ -799,6 +801,303 @@ print(f"corpus: {well_formed_fraction(text[:20_000]):.2f} well formed")
 print(f"untrained model: {quality_before:.2f} well formed, e.g. {before[0][:60]!r}")
 
 # %% [markdown]
+# ### The training step by hand
+#
+# Training repeats one step: compute the loss on a batch, compute its gradient with
+# `loss.backward()`, clip the gradient, and let the optimiser move every weight at the
+# learning rate of the schedule. `helpers.train.Trainer` does all of it, fast. First we write
+# each piece in plain code and check it against PyTorch's own, then train a tiny model with a
+# loop of a dozen lines.
+#
+# **The loss.** A window of `N + 1` tokens gives `N` predictions: the inputs are its first `N`
+# tokens, `ids[:, :-1]`, and the targets the last `N`, `ids[:, 1:]`. The model turns the
+# inputs into logits `z` of shape `(B, N, V)`; log-softmax turns each row into
+# log-probabilities, `log p_i = z_i - log sum_j exp(z_j)` (the largest `z` is taken out first so
+# that `exp` cannot overflow). The loss is the cross-entropy: minus the mean, over all `B x N`
+# positions, of the log-probability the model gave the right next token.
+
+# %%
+def log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """(..., V) -> log-probabilities (..., V): z - log(sum(exp(z))) along the last axis."""
+    shifted = logits - logits.amax(dim=-1, keepdim=True)  # the same result, no overflow
+    return shifted - shifted.exp().sum(dim=-1, keepdim=True).log()
+
+
+def next_token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """logits (B, N, V), targets (B, N) -> the mean of -log p(target) over all B x N positions."""
+    log_probs = log_softmax(logits)                                   # (B, N, V)
+    return -log_probs.gather(-1, targets.unsqueeze(-1)).mean()       # picks (B, N, 1), then a scalar
+
+
+windows = torch.stack([train_ids[start:start + config.context_length + 1] for start in (0, 5000)])
+window_inputs, window_targets = windows[:, :-1], windows[:, 1:]      # (2, 64) each, one apart
+with torch.no_grad():
+    untrained_logits = model(window_inputs)                          # (2, 64, V)
+by_hand = next_token_cross_entropy(untrained_logits, window_targets)
+by_torch = F.cross_entropy(untrained_logits.flatten(0, 1), window_targets.flatten())
+assert torch.allclose(by_hand, by_torch, atol=1e-6)
+print(f"windows {tuple(windows.shape)} -> inputs {tuple(window_inputs.shape)}, targets {tuple(window_targets.shape)}")
+print(f"untrained loss: about {by_hand.item():.1f}, close to uniform guessing (ln {config.vocab_size} = "
+      f"{math.log(config.vocab_size):.2f})")
+print("by hand vs F.cross_entropy: difference < 1e-6")
+
+# %% [markdown]
+# `random_batch` above returns exactly these pairs: `x` is a window's first `N` tokens and `y`
+# its last `N`. `F.cross_entropy` takes the logits flattened to `(B x N, V)` and the targets to
+# `(B x N,)`, and computes the same mean.
+#
+# ### Exercise: the next-token loss of a model
+#
+# Given a model and token ids `(B, N + 1)`, return the next-token cross-entropy, with the shift
+# by one and the log-softmax written yourself (no `F.cross_entropy`).
+
+# %%
+def next_token_loss(gpt: GPT, ids: torch.Tensor) -> torch.Tensor:
+    """ids (B, N + 1) -> the mean cross-entropy of predicting ids[:, 1:] from ids[:, :-1], a scalar."""
+    raise NotImplementedError
+
+
+check("gpt.next_token_loss", next_token_loss)
+
+# %% [markdown]
+# <details><summary>Hint</summary>
+#
+# Run the model on `ids[:, :-1]`; the log-probabilities are `logits - logits.logsumexp(-1,
+# keepdim=True)`; `gather(-1, ids[:, 1:, None])` picks each target's.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def next_token_loss(gpt: GPT, ids: torch.Tensor) -> torch.Tensor:
+#     """ids (B, N + 1) -> the mean cross-entropy of predicting ids[:, 1:] from ids[:, :-1], a scalar."""
+#     logits = gpt(ids[:, :-1])                                    # (B, N, V)
+#     log_probs = logits - logits.logsumexp(dim=-1, keepdim=True)  # (B, N, V)
+#     return -log_probs.gather(-1, ids[:, 1:, None]).mean()
+#
+#
+# check("gpt.next_token_loss", next_token_loss)
+# ```
+# </details>
+
+# %% [markdown]
+# **The gradient and AdamW.** `loss.backward()` fills `p.grad` for every weight `p` (notebook 6
+# followed the gradient through a block). AdamW then keeps two running averages per weight, of
+# the gradient `g` and of its square, and moves the weight by their ratio. At step `t = 1, 2, ...`,
+# with `m` and `v` starting at zero:
+#
+# - `m = beta1 m + (1 - beta1) g` and `v = beta2 v + (1 - beta2) g^2`;
+# - bias correction (the averages start at zero, so early on they are too small):
+#   `m_hat = m / (1 - beta1^t)`, `v_hat = v / (1 - beta2^t)`;
+# - decoupled weight decay: `p = p (1 - lr x weight_decay)`, on the weight matrices only
+#   (biases and LayerNorm gains are not decayed);
+# - the step: `p = p - lr x m_hat / (sqrt(v_hat) + eps)`.
+#
+# Each weight gets its own step size: a weight whose gradient is consistently large or small
+# moves by about `lr` either way. `helpers.train.matrices_and_vectors` splits the parameters into
+# the matrices (two or more axes) and the rest.
+
+# %%
+from helpers.train import matrices_and_vectors
+
+
+class HandAdamW:
+    """AdamW from its equations; `matrices` are decayed, `vectors` (biases, gains) are not."""
+
+    def __init__(self, matrices: list[torch.Tensor], vectors: list[torch.Tensor],
+                 betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-8,
+                 weight_decay: float = 0.1) -> None:
+        self.groups = [(matrices, weight_decay), (vectors, 0.0)]
+        self.betas, self.eps, self.t = betas, eps, 0
+        self.m = [[torch.zeros_like(p) for p in params] for params, _ in self.groups]
+        self.v = [[torch.zeros_like(p) for p in params] for params, _ in self.groups]
+
+    @torch.no_grad()
+    def step(self, lr: float) -> None:
+        self.t += 1
+        beta1, beta2 = self.betas
+        for (params, decay), ms, vs in zip(self.groups, self.m, self.v, strict=True):
+            for p, m, v in zip(params, ms, vs, strict=True):
+                m.mul_(beta1).add_((1 - beta1) * p.grad)
+                v.mul_(beta2).add_((1 - beta2) * p.grad * p.grad)
+                m_hat, v_hat = m / (1 - beta1 ** self.t), v / (1 - beta2 ** self.t)
+                p.mul_(1 - lr * decay)
+                p.sub_(lr * m_hat / (v_hat.sqrt() + self.eps))
+
+
+tiny_config = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=32, n_layer=2, n_head=2, n_embd=32)
+torch.manual_seed(0)
+ours, theirs = GPT(tiny_config), GPT(tiny_config)
+theirs.load_state_dict(ours.state_dict())
+hand_optimizer = HandAdamW(*matrices_and_vectors(ours), weight_decay=0.1)
+their_matrices, their_vectors = matrices_and_vectors(theirs)
+torch_optimizer = torch.optim.AdamW([{"params": their_matrices, "weight_decay": 0.1},
+                                     {"params": their_vectors, "weight_decay": 0.0}],
+                                    lr=1e-2, betas=(0.9, 0.99), eps=1e-8, foreach=False)
+batches = torch.Generator().manual_seed(1)
+for _ in range(5):
+    x_batch, y_batch = random_batch(train_ids, 8, tiny_config.context_length, batches)
+    ours.zero_grad(set_to_none=True)
+    next_token_cross_entropy(ours(x_batch), y_batch).backward()      # fills p.grad
+    for mine, twin in zip(ours.parameters(), theirs.parameters(), strict=True):
+        twin.grad = mine.grad.clone()                                # the same gradient for both
+    hand_optimizer.step(lr=1e-2)
+    torch_optimizer.step()
+adamw_gap = max((a - b).abs().max().item() for a, b in zip(ours.parameters(), theirs.parameters(), strict=True))
+assert adamw_gap < 1e-6
+print(f"{len(their_matrices)} matrices decayed, {len(their_vectors)} vectors not")
+print("after 5 steps, largest difference from torch.optim.AdamW (two groups): < 1e-6")
+
+# %% [markdown]
+# Both optimisers receive the same gradient. Two separate `backward()` passes would differ in
+# round-off only, yet the optimisers would drift apart: the key biases get a gradient that is zero
+# up to round-off (adding the same number to every score of a row leaves the softmax unchanged),
+# and Adam divides each gradient by its own size, so a round-off gradient of either sign moves its
+# weight by about `lr` in that direction.
+
+# %% [markdown]
+# ### Exercise: one AdamW update
+#
+# Write the update for a single weight tensor: given the weight `p`, its gradient `g`, the
+# running averages `m` and `v`, the step number `t` (from 1) and the settings, return the new
+# `(p, m, v)`.
+
+# %%
+def adamw_update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int,
+                 lr: float, betas: tuple[float, float], eps: float,
+                 weight_decay: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One AdamW step on a weight p with gradient g; all tensors have p's shape."""
+    raise NotImplementedError
+
+
+check("gpt.adamw_update", adamw_update)
+
+# %% [markdown]
+# <details><summary>Hint</summary>
+#
+# Follow the four lines of equations above in order: the two averages, their bias correction,
+# the decay of `p`, then the step.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def adamw_update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int,
+#                  lr: float, betas: tuple[float, float], eps: float,
+#                  weight_decay: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+#     """One AdamW step on a weight p with gradient g; all tensors have p's shape."""
+#     beta1, beta2 = betas
+#     m = beta1 * m + (1 - beta1) * g
+#     v = beta2 * v + (1 - beta2) * g * g
+#     m_hat, v_hat = m / (1 - beta1 ** t), v / (1 - beta2 ** t)
+#     p = p * (1 - lr * weight_decay)
+#     return p - lr * m_hat / (v_hat.sqrt() + eps), m, v
+#
+#
+# check("gpt.adamw_update", adamw_update)
+# ```
+# </details>
+
+# %% [markdown]
+# **Gradient clipping.** One unlucky batch can give a huge gradient. Clipping by the global norm
+# treats all the gradients as one long vector: if its length `||g|| = sqrt(sum of every g^2)`
+# exceeds `max_norm`, every gradient is multiplied by `max_norm / ||g||`, so the direction is
+# kept and only the length shrinks. Checked against `torch.nn.utils.clip_grad_norm_` on a fresh
+# gradient, with a `max_norm` small enough that it clips:
+
+# %%
+def clip_by_global_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Scale every p.grad by min(1, max_norm / total norm) in place; return the norm before."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.sqrt(sum((g * g).sum() for g in grads))
+    scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # the 1e-6 as in PyTorch: no 0 / 0
+    for g in grads:
+        g.mul_(scale)
+    return total
+
+
+ours.zero_grad(set_to_none=True)
+next_token_cross_entropy(ours(x_batch), y_batch).backward()
+params = list(ours.parameters())
+raw = [p.grad.clone() for p in params]
+hand_norm = clip_by_global_norm(params, max_norm=0.1)
+hand_clipped = [p.grad.clone() for p in params]
+for p, g in zip(params, raw, strict=True):
+    p.grad = g.clone()
+torch_norm = torch.nn.utils.clip_grad_norm_(params, max_norm=0.1, foreach=False)
+clip_gap = max((a - p.grad).abs().max().item() for a, p in zip(hand_clipped, params, strict=True))
+new_norm = torch.sqrt(sum((p.grad * p.grad).sum() for p in params)).item()
+assert hand_norm > 0.1 and torch.allclose(hand_norm, torch_norm) and clip_gap < 1e-7
+assert abs(new_norm - 0.1) < 1e-5
+print("gradient norm above 0.1, so it was clipped:", hand_norm.item() > 0.1)
+print(f"norm after clipping: {new_norm:.4f}; largest difference from clip_grad_norm_: < 1e-7")
+
+# %% [markdown]
+# **The schedule.** The learning rate rises linearly from 0 to its peak over the first 5 % of
+# the run (the first steps, with `m` and `v` still poor averages, would otherwise be too
+# large), then follows half a cosine down to a tenth of the peak. Written out, and checked against
+# `helpers.train.learning_rate` on a fine grid:
+
+# %%
+from helpers.train import learning_rate
+
+
+def warmup_cosine(progress: float, peak: float, warmup: float = 0.05, floor: float = 0.1) -> float:
+    """The learning rate `progress` (0 -> 1) of the way through a run."""
+    if progress < warmup:
+        return peak * progress / warmup
+    done = (progress - warmup) / (1 - warmup)  # fraction of the cosine decay done, 0 -> 1
+    return peak * (floor + (1 - floor) * (1 + math.cos(math.pi * done)) / 2)
+
+
+grid = [i / 1000 for i in range(1001)]
+schedule_gap = max(abs(warmup_cosine(p, 5e-3) - learning_rate(p, 5e-3)) for p in grid)
+assert schedule_gap < 1e-15
+print(f"peak 5e-3: {warmup_cosine(0.0, 5e-3):g} at the start, {warmup_cosine(0.05, 5e-3):g} after "
+      f"the warm-up, {warmup_cosine(1.0, 5e-3):g} at the end")
+print(f"{len(grid)} points, largest difference from helpers.train.learning_rate: < 1e-15")
+
+# %% [markdown]
+# **The loop.** Now the pieces train a tiny GPT (2 blocks, width 32, a context of 32, float32)
+# for `PLAIN_STEPS` steps of 16 random windows. The rate at each step is the schedule's at the
+# end of that step, `(step + 1) / PLAIN_STEPS`, as in `helpers.train`.
+
+# %%
+PLAIN_STEPS = 120  # the knob of this plain loop: a few seconds of CPU
+
+torch.manual_seed(0)
+tiny = GPT(tiny_config)
+optimizer = HandAdamW(*matrices_and_vectors(tiny), weight_decay=0.1)
+batches = torch.Generator().manual_seed(0)
+plain_losses = []
+for step in range(PLAIN_STEPS):
+    starts = torch.randint(0, len(train_ids) - tiny_config.context_length - 1, (16,), generator=batches)
+    ids = torch.stack([train_ids[s:s + tiny_config.context_length + 1] for s in starts.tolist()])
+    loss = next_token_cross_entropy(tiny(ids[:, :-1]), ids[:, 1:])  # the loss
+    tiny.zero_grad(set_to_none=True)
+    loss.backward()                                                 # the gradient
+    clip_by_global_norm(list(tiny.parameters()), max_norm=1.0)      # clipping
+    optimizer.step(lr=warmup_cosine((step + 1) / PLAIN_STEPS, peak=1e-2))  # the schedule, AdamW
+    plain_losses.append(loss.item())
+
+first, last = plain_losses[0], sum(plain_losses[-10:]) / 10
+assert last < 2.5 < first - 1.0
+print(f"loss fell from {first:.2f} at the first step (ln {tokenizer.vocab_size} = "
+      f"{math.log(tokenizer.vocab_size):.2f}) to below 2.5 (the mean of the last 10 steps)")
+fig, ax = plt.subplots(figsize=(7, 3.5))
+ax.plot(range(1, PLAIN_STEPS + 1), plain_losses)
+ax.set_xlabel("step")
+ax.set_ylabel("training loss")
+ax.set_title("A tiny GPT trained by the plain loop")
+plt.show()
+
+# %% [markdown]
+# That is all of training. **This is what `helpers.train` does, faster**: `Trainer.train_step`
+# is the body of this loop, with `torch.optim.AdamW` (its fused kernel) in place of `HandAdamW`,
+# `clip_grad_norm_` in place of `clip_by_global_norm`, `F.cross_entropy` for the loss and
+# `learning_rate` for the schedule, and section 10 explains what makes its steps fast. From here on
+# the notebook trains with it.
+#
 # ### The recipe
 #
 # `helpers.train.Trainer` trains with AdamW (weight decay on the weight matrices only), a
@@ -808,7 +1107,7 @@ print(f"untrained model: {quality_before:.2f} well formed, e.g. {before[0][:60]!
 # comparable from point to point.
 
 # %%
-from helpers.train import LiveLossPlot, TrainConfig, Trainer, draw_losses, learning_rate
+from helpers.train import LiveLossPlot, TrainConfig, Trainer, draw_losses
 
 train_config = TrainConfig(batch_size=16, learning_rate=5e-3, eval_every=100)
 progress = torch.linspace(0, 1, 200)
@@ -966,7 +1265,81 @@ check("gpt.greedy_step", greedy_next)
 # of tokens `0 .. t-1`, which the previous step already computed: the causal mask guarantees
 # they cannot have changed. A **KV cache** keeps them. Each step then feeds **one** token
 # through the model: its query attends to all stored keys and values, and its own key and value
-# are appended. `GPT.forward_cached` does this with each block's own weights. The attention of
+# are appended.
+#
+# ### One step by hand
+#
+# In plain code, for the first block's attention of the trained model: the cache holds the keys
+# and values of a prompt's first tokens; the last token arrives alone. We project it to `q`, `k`
+# and `v`, append its `k` and `v` to the stored ones, and let its `q` attend to all of them. It
+# needs no mask: the newest token may see every stored token, and itself. The result must equal
+# the last row of attention recomputed over the whole prompt:
+
+# %%
+attn = model.blocks[0].attn
+n_heads = attn.n_heads
+with torch.no_grad():
+    h = model.blocks[0].ln1(model.embed(torch.tensor([tokenizer.encode("Once upon a time")])))  # (1, T, d)
+    full = attn(h, causal=True)                                      # (1, T, d), all tokens at once
+    stored_k = split_heads(attn.k_proj(h[:, :-1]), n_heads)          # the cache: (1, H, T - 1, D_H)
+    stored_v = split_heads(attn.v_proj(h[:, :-1]), n_heads)
+    new = h[:, -1:]                                                  # the new token, (1, 1, d)
+    q = split_heads(attn.q_proj(new), n_heads)                       # (1, H, 1, D_H)
+    k = torch.cat([stored_k, split_heads(attn.k_proj(new), n_heads)], dim=2)  # (1, H, T, D_H)
+    v = torch.cat([stored_v, split_heads(attn.v_proj(new), n_heads)], dim=2)
+    weights = (q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim)).softmax(dim=-1)  # (1, H, 1, T)
+    one_step = attn.out_proj(merge_heads(weights @ v))               # (1, 1, d)
+cache_gap = (one_step - full[:, -1:]).abs().max().item()
+assert cache_gap < 1e-5
+print(f"stored keys {tuple(stored_k.shape)} + the new token's -> {tuple(k.shape)}; "
+      f"query {tuple(q.shape)}, weights {tuple(weights.shape)}")
+print("one cached step vs the last row of full attention: largest difference < 1e-5")
+
+# %% [markdown]
+# ### Exercise: one cached attention step
+#
+# The same step for a single head with plain matrices: given the new token's vector `x_new`
+# `(B, 1, d)`, the projections `w_q`, `w_k`, `w_v` `(d, d_h)` and the stored `keys` and `values`
+# `(B, t, d_h)`, return the new token's attention output `(B, 1, d_h)` and the keys and values
+# with its own appended, `(B, t + 1, d_h)` each.
+
+# %%
+def cache_step(x_new: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,
+               keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One new token attends to the stored keys and values and its own; returns (out, keys, values)."""
+    raise NotImplementedError
+
+
+check("gpt.cache_step", cache_step)
+
+# %% [markdown]
+# <details><summary>Hint</summary>
+#
+# `x_new @ w_k` is the new key, `(B, 1, d_h)`; `torch.cat([keys, new_key], dim=1)` appends it.
+# The scores are `q @ keys.transpose(-2, -1) / sqrt(d_h)`, `(B, 1, t + 1)`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def cache_step(x_new: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,
+#                keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+#     """One new token attends to the stored keys and values and its own; returns (out, keys, values)."""
+#     q = x_new @ w_q                                              # (B, 1, d_h)
+#     keys = torch.cat([keys, x_new @ w_k], dim=1)                 # (B, t + 1, d_h)
+#     values = torch.cat([values, x_new @ w_v], dim=1)
+#     weights = (q @ keys.transpose(-2, -1) / keys.shape[-1] ** 0.5).softmax(dim=-1)  # (B, 1, t + 1)
+#     return weights @ values, keys, values
+#
+#
+# check("gpt.cache_step", cache_step)
+# ```
+# </details>
+
+# %% [markdown]
+# ### The cache in helpers
+#
+# `GPT.forward_cached` does this with each block's own weights. The attention of
 # notebook 5 has a hook for it, `kv_store`: `MultiHeadAttention.forward` projects only the new
 # tokens to Q, K and V, hands the new keys and values to `kv_store`, and attends to whatever it
 # returns. The cache's hook writes them into a `KVCache` (two preallocated tensors) and returns
