@@ -163,8 +163,8 @@ def alibi_bias(n_heads: int, n_tokens: int) -> Tensor:
     where the causal mask rules anyway. The textbook's buffer, with its geometric schedule."""
     checks.positive_int("n_tokens", n_tokens)
     positions = torch.arange(n_tokens)
-    distance = (positions[:, None] - positions[None, :]).clamp(min=0)  # (N, N), i - j, 0 above
-    return -alibi_slopes(n_heads)[:, None, None] * distance
+    behind = (positions[None, :] - positions[:, None]).clamp(max=0)  # (N, N): j - i, 0 above
+    return alibi_slopes(n_heads)[:, None, None] * behind  # (written so, no -0.0 above the diagonal)
 
 
 def alibi_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
