@@ -257,3 +257,28 @@ def test_rope_rmsnorm_and_swiglu_layers_match_llamas(llama):
         table = RopeTable.build(16, 48)
         torch.testing.assert_close(rope_rotate_half(q, table), q_ref, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(rope_rotate_complex(k, table), k_ref, atol=1e-5, rtol=1e-5)
+
+
+# --- notebook 9's exercise checkers catch the usual mistakes --------------------------------
+
+def test_exercise_checkers_name_the_usual_mistakes():
+    from helpers import exercises
+    from helpers.exercises import ExerciseFailed
+
+    def clockwise(a, b, position, theta):
+        angle = position * theta
+        return a * math.cos(angle) + b * math.sin(angle), -a * math.sin(angle) + b * math.cos(angle)
+
+    def flipped(slopes, n):
+        return -alibi_bias(len(slopes), n)
+
+    def layer_norm_instead(x, weight, eps):
+        return modern.rms_norm(x - x.mean(-1, keepdim=True), weight, eps)
+
+    for name, wrong, words in (("rotate_pair", clockwise, "clockwise"),
+                               ("alibi_bias", flipped, "sign"),
+                               ("rms_norm", layer_norm_instead, "LayerNorm")):
+        with pytest.raises(ExerciseFailed, match=words):
+            exercises.get(f"modern_decoder.{name}").checker(wrong)
+    assert exercises.get("modern_decoder.alibi_bias").checker(
+        lambda slopes, n: alibi_bias(len(slopes), n))

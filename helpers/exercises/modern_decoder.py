@@ -38,7 +38,8 @@ def alibi_bias(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
         slopes = modern.alibi_slopes(n_heads)
         got = student(slopes, n_tokens)
         expected = modern.alibi_bias(n_heads, n_tokens)
-        if isinstance(got, torch.Tensor) and got.shape == expected.shape:
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape \
+                and not torch.allclose(got, expected, atol=1e-6):
             if torch.allclose(got, -expected, atol=1e-6):
                 raise ExerciseFailed("the sign is flipped: ALiBi subtracts, so far keys get lower scores.")
             if torch.allclose(got.tril(), expected, atol=1e-6):

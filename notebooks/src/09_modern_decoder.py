@@ -66,6 +66,8 @@ def rope_by_hand(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0
 x = torch.tensor([[1.0, 0.0, 0.0, 1.0]])  # one token, D_H = 4: pairs (1, 0) and (0, 1)
 for m in (0, 1, 2):
     print(f"position {m}:", rope_by_hand(x, torch.tensor([m]))[0].numpy().round(4))
+print(f"theta_0 = 1 rad = {math.degrees(1.0):.1f} degrees per position; "
+      f"theta_1 = 10000^(-1/2) = {10000 ** -0.5:.2f} rad")
 
 # %% [markdown]
 # At position 0 nothing moves. Pair 0 (`θ_0 = 1`) turns by one radian per position, pair 1
@@ -95,7 +97,7 @@ for offset in range(20):
     spreads.append(float(scores.max() - scores.min()))
     by_offset[offset] = float(scores[0])
 assert max(spreads) < 1e-9
-print(f"largest spread of q_m·k_(m-offset) over 40 positions m, for any of 20 offsets: < 1e-9")
+print("largest spread of q_m·k_(m-offset) over 40 positions m, for any of 20 offsets: < 1e-9")
 print("the score at a few offsets:", {o: round(by_offset[o], 3) for o in (0, 1, 2, 5, 10)})
 
 # %% [markdown]
@@ -144,7 +146,7 @@ as_complex = rope_rotate_complex(keys, rope_table)
 as_real = rope_rotate_half(keys, rope_table)
 worst = max(float((as_complex - by_hand).abs().max()), float((as_real - as_complex).abs().max()))
 assert worst < 1e-5
-print(f"by hand, complex form, rotate-half form: largest difference < 1e-5")
+print("by hand, complex form, rotate-half form: largest difference < 1e-5")
 print("the table:", tuple(rope_table.cos.shape), "cos and sin,", tuple(rope_table.complex.shape), "as complex")
 
 # %% [markdown]
@@ -480,7 +482,7 @@ with torch.no_grad():
     step_by_step = modern_generate_logits(model, ids)
 gap = float((full - step_by_step).abs().max())
 assert gap < 1e-4
-print(f"cached, one token at a time, vs full pass: largest difference < 1e-4")
+print("cached, one token at a time, vs full pass: largest difference < 1e-4")
 cache = KVCache.for_model(model, batch_size=2)
 mha_cache = KVCache(config.n_layer, 2, config.n_head, config.context_length, config.head_dim)
 print(f"this model's cache: {cache.nbytes():,} bytes with GQA, {mha_cache.nbytes():,} with one KV head per query head")
