@@ -282,3 +282,13 @@ def test_exercise_checkers_name_the_usual_mistakes():
             exercises.get(f"modern_decoder.{name}").checker(wrong)
     assert exercises.get("modern_decoder.alibi_bias").checker(
         lambda slopes, n: alibi_bias(len(slopes), n))
+
+
+def test_modern_model_moves_its_rope_table_with_it():
+    torch.manual_seed(9)
+    model = ModernGPT(ModernConfig(**SMALL)).eval()
+    ids = torch.randint(0, 40, (1, 12))
+    as_double = model.double()
+    assert as_double.rope.cos.dtype == torch.float64
+    assert as_double(ids).dtype == torch.float64
+    assert "rope" not in "".join(model.state_dict())  # the table is rebuilt, never saved
