@@ -1,6 +1,7 @@
 """The modern decoder (Llama, Mistral, Qwen): what changed since GPT-2, one part at a time.
 
-In the order notebook 9 ("From GPT-2 to the modern decoder") derives them:
+In the order notebook 9 ("From GPT-2 to the modern decoder") derives them (its section 5, GQA,
+uses `helpers.layers.MultiHeadAttention` as it is; section 7's measurements live in the notebook):
 
     section 1, RoPE     rope_angles, RopeTable          the angle m * theta_i of every position m
                         rope_rotate_complex             pairs as complex numbers, times e^(i m theta)
@@ -9,7 +10,7 @@ In the order notebook 9 ("From GPT-2 to the modern decoder") derives them:
                         alibi_attention                 the bias added after the 1/sqrt(D_H) scaling
     section 3, RMSNorm  rms_norm, RMSNorm               LayerNorm without the mean and the bias
     section 4, SwiGLU   llama_hidden_size               8/3 x D, rounded up as Llama does
-    section 5, model    ModernConfig, ModernBlock,      pre-norm RMSNorm, RoPE attention with GQA,
+    section 6, model    ModernConfig, ModernBlock,      pre-norm RMSNorm, RoPE attention with GQA,
                         ModernGPT                       SwiGLU, no biases, tied or untied output
                         from_llama_state_dict           a Hugging Face Llama's weights, loaded
 
