@@ -6,6 +6,7 @@
     attention     softmax, scaled dot-product attention, causal/padding/sparse masks
     layers        multi-head attention (two styles, GQA/MQA), LayerNorm, FFN, the Pre-LN block
     gpt           the GPT: config, model, parameter counts, generation, KV cache
+    modern        the modern decoder: RoPE, ALiBi, RMSNorm, SwiGLU width, GQA model, Llama loader
     train         the fast CPU trainer: batches, AdamW, schedule, bf16, one weight buffer, checkpoints
     flash         online softmax and tiled FlashAttention in PyTorch (forward and backward)
     flash_triton  the same algorithm as Triton kernels, forward and backward (GPU, or the interpreter)
