@@ -96,4 +96,8 @@ WIDGETS: dict[str, list[Widget]] = {
     "08_flash_attention": [
         Widget((slider("step"),), drives="figure"),
     ],
+    # RoPE: drag the offset m - n and the position n; the rotated pair and the score redraw.
+    "09_modern_decoder": [
+        Widget((slider("offset m - n"), slider("position n")), drives="figure"),
+    ],
 }
