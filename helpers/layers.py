@@ -44,7 +44,7 @@ KVStore = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 
 # --- checks shared by the modules -----------------------------------------------------------
 
-def _check_head_counts(d_model: int, n_heads: int, n_kv_heads: int) -> None:
+def check_head_counts(d_model: int, n_heads: int, n_kv_heads: int) -> None:
     """Raise a ValueError naming the numbers if the heads cannot split d_model evenly."""
     for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
         checks.positive_int(name, value)
@@ -58,7 +58,7 @@ def _check_head_counts(d_model: int, n_heads: int, n_kv_heads: int) -> None:
                          f"{n_heads / n_kv_heads:g}")
 
 
-def _check_features(name: str, x: Tensor, d_model: int, dtype: torch.dtype) -> None:
+def check_features(name: str, x: Tensor, d_model: int, dtype: torch.dtype) -> None:
     """Raise unless x is a tensor (..., d_model) in the dtype of the module's weights.
 
     Caught here, a wrong width or dtype gets a message naming `name`, instead of torch's
@@ -84,7 +84,7 @@ def _check_sequence(name: str, x: Tensor, d_model: int, dtype: torch.dtype) -> N
     if x.shape[1] == 0:
         raise ValueError(f"{name} has shape {tuple(x.shape)}: a sequence of 0 tokens, expected "
                          "at least one token (N >= 1)")
-    _check_features(name, x, d_model, dtype)
+    check_features(name, x, d_model, dtype)
 
 
 def _check_context(x: Tensor, context: Tensor) -> None:
@@ -162,7 +162,7 @@ class SeparateHeadsAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True) -> None:
         super().__init__()
-        _check_head_counts(d_model, n_heads, n_heads)
+        check_head_counts(d_model, n_heads, n_heads)
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.heads = nn.ModuleList(AttentionHead(d_model, self.head_dim, bias) for _ in range(n_heads))
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W_O: (H * D_H) -> D
@@ -230,7 +230,7 @@ class MultiHeadAttention(nn.Module):
                  bias: bool = True, dropout: float = 0.0) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        _check_head_counts(d_model, n_heads, n_kv_heads)
+        check_head_counts(d_model, n_heads, n_kv_heads)
         checks.boolean("bias", bias)
         checks.number_in("dropout", dropout, 0.0, 1.0, high_open=True)
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
@@ -392,7 +392,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., D) -> (..., D)."""
-        _check_features("x", x, self.d_model, self.up.weight.dtype)
+        check_features("x", x, self.d_model, self.up.weight.dtype)
         return self.dropout(self.down(self.activation(self.up(x))))
 
 
@@ -418,7 +418,7 @@ class SwiGLUFeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., D) -> (..., D)."""
-        _check_features("x", x, self.d_model, self.gate.weight.dtype)
+        check_features("x", x, self.d_model, self.gate.weight.dtype)
         return self.dropout(self.down(F.silu(self.gate(x)) * self.up(x)))
 
 

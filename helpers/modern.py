@@ -48,8 +48,8 @@ from helpers.gpt import KVCache
 from helpers.layers import (
     MultiHeadAttention,
     SwiGLUFeedForward,
-    _check_features,
-    _check_head_counts,
+    check_features,
+    check_head_counts,
     split_heads,
 )
 
@@ -198,7 +198,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., D) -> (..., D)."""
-        _check_features("x", x, self.d_model, self.weight.dtype)
+        check_features("x", x, self.d_model, self.weight.dtype)
         return rms_norm(x, self.weight, self.eps)
 
 
@@ -238,7 +238,7 @@ class ModernConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_length", "n_layer"):
             checks.positive_int(name, getattr(self, name))
-        _check_head_counts(self.n_embd, self.n_head, self.n_kv_heads)
+        check_head_counts(self.n_embd, self.n_head, self.n_kv_heads)
         _check_head_dim(self.n_embd // self.n_head)
         if self.mlp_hidden is not None:
             checks.positive_int("mlp_hidden", self.mlp_hidden)
