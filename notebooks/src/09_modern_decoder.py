@@ -511,23 +511,21 @@ print(f"this model's cache: {cache.nbytes():,} bytes with GQA, {mha_cache.nbytes
 from helpers.corpus import load_corpus
 from helpers.gpt import GPT, GPTConfig
 from helpers.timing import format_duration
-from helpers.train import split_stories
+from helpers.tokenizers import CharTokenizer
+from helpers.train import encode_text, random_batch, split_stories
 import time
 
 TRAIN_STEPS = 100  # the knob: 300 or more for a clearer picture (each step is a few ms per model)
 
 train_text, val_text = split_stories(load_corpus()[:300_000])
-chars = sorted(set(train_text + val_text))
-char_id = {c: i for i, c in enumerate(chars)}
-train_ids = torch.tensor([char_id[c] for c in train_text])
-val_ids = torch.tensor([char_id[c] for c in val_text])
+tokenizer = CharTokenizer(sorted(set(train_text + val_text)))
+train_ids, val_ids = encode_text(tokenizer, train_text), encode_text(tokenizer, val_text)
 
 
 def windows(ids: torch.Tensor, length: int, count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`count` random windows (count, length) of ids and their next-token targets."""
-    starts = torch.randint(0, len(ids) - length - 1, (count,), generator=torch.Generator().manual_seed(seed))
-    return (torch.stack([ids[s:s + length] for s in starts]),
-            torch.stack([ids[s + 1:s + length + 1] for s in starts]))
+    """`count` random windows (count, length) of ids and their next-token targets, drawn by
+    notebook 7's `random_batch` with their own seed, so that every model sees the same ones."""
+    return random_batch(ids, count, length, generator=torch.Generator().manual_seed(seed))
 
 
 def train(model: torch.nn.Module, steps: int, context: int = 64) -> float:
@@ -551,7 +549,7 @@ def val_loss(model: torch.nn.Module, length: int, last: int = 64) -> float:
     return float(F.cross_entropy(logits.flatten(0, 1), y[:, -last:].flatten()))
 
 
-sizes = dict(vocab_size=len(chars), context_length=64, n_layer=2, n_head=4, n_embd=64)
+sizes = dict(vocab_size=len(tokenizer.chars), context_length=64, n_layer=2, n_head=4, n_embd=64)
 torch.manual_seed(0)
 gpt2 = GPT(GPTConfig(**sizes))
 torch.manual_seed(0)
@@ -611,13 +609,13 @@ class PositionModel(nn.Module):
     def __init__(self, scheme: str, d: int = 64, n_heads: int = 4, n_layers: int = 2) -> None:
         super().__init__()
         self.scheme = scheme
-        self.embed = nn.Embedding(len(chars), d)
+        self.embed = nn.Embedding(len(tokenizer.chars), d)
         self.learned = nn.Embedding(64, d) if scheme == "learned" else None
         self.register_buffer("sinusoidal", sinusoidal_positions(LONGEST, d), persistent=False)
         self.blocks = nn.ModuleList(nn.ModuleList([RMSNorm(d), PositionAttention(d, n_heads, scheme),
                                                    RMSNorm(d), SwiGLUFeedForward(d)])
                                     for _ in range(n_layers))
-        self.norm, self.head = RMSNorm(d), nn.Linear(d, len(chars), bias=False)
+        self.norm, self.head = RMSNorm(d), nn.Linear(d, len(tokenizer.chars), bias=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(ids)
