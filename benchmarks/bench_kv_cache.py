@@ -3,7 +3,7 @@
     python benchmarks/bench_kv_cache.py           # 50 ... 500 new tokens, best of 3
     python benchmarks/bench_kv_cache.py --quick   # fewer lengths, one run each
 
-The model is the course's small GPT (n_layer=4, n_head=4, n_embd=128) with a context of 512
+The model is the course's small GPT (n_layers=4, n_heads=4, d_model=128) with a context of 512
 tokens and the corpus's character vocabulary, untrained: speed does not depend on the weights.
 Three ways, all greedy, all of which must produce the same tokens:
 
@@ -71,12 +71,12 @@ def main(argv: list[str]) -> int:
     repeats = 1 if args.quick else 3
 
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=VOCAB, context_length=CONTEXT, n_layer=4, n_head=4, n_embd=128)
+    config = GPTConfig(vocab_size=VOCAB, context_length=CONTEXT, n_layers=4, n_heads=4, d_model=128)
     model = GPT(config).eval()
     prompt = torch.randint(0, VOCAB, (1, PROMPT))
     generate(model, prompt, 5)  # warm-up
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; GPT n_layer=4 n_head=4 "
-          f"n_embd=128, context {CONTEXT}, prompt {PROMPT} tokens, greedy")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; GPT n_layers=4 n_heads=4 "
+          f"d_model=128, context {CONTEXT}, prompt {PROMPT} tokens, greedy")
     print(f"{'new tokens':>10}" + "".join(f"{way:>18}" for way in WAYS) + f"{'speed-up':>10}{'vs fused':>10}")
     failures, speedup = [], 0.0
     for new_tokens in lengths:
@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
             failures.append(f"{new_tokens} tokens: the cache is {speedup:.1f}x faster, "
                             f"expected at least {SPEEDUP_BUDGET:.0f}x")
     cache = KVCache.for_model(model, batch_size=1)
-    formula = 2 * config.n_layer * config.n_head * config.head_dim * CONTEXT * 4
+    formula = 2 * config.n_layers * config.n_heads * config.head_dim * CONTEXT * 4
     print(f"cache for {CONTEXT} tokens: {cache.nbytes():,} bytes (2 x L x H x d_h x n x 4 bytes = {formula:,})")
     print("budgets: " + ("all met" if not failures else "MISSED: " + "; ".join(failures)))
     return 1 if failures else 0

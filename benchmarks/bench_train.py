@@ -4,7 +4,7 @@
     python benchmarks/bench_train.py --quick      # the same parts, short (~2.5 min)
     python benchmarks/bench_train.py --threads 1  # one CPU thread for all
 
-All train the same GPT (n_layer=4, n_head=4, n_embd=128, block 64, batch 12) on the course
+All train the same GPT (n_layers=4, n_heads=4, d_model=128, block 64, batch 12) on the course
 corpus, one character per token, from the same initial weights, with the same recipe (AdamW
 with weight decay on matrices, warm-up then cosine learning rate, gradient clipping at 1.0).
 Only how fast a step runs differs:
@@ -116,15 +116,15 @@ def make_runners(vocab_size: int, train_ids: torch.Tensor, val_ids: torch.Tensor
     """The reference loop and the helpers trainer (without and with compile) on triplet models
     with the same initial weights."""
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=vocab_size, context_length=BLOCK, n_layer=N_LAYER,
-                       n_head=N_HEAD, n_embd=N_EMBD)
+    config = GPTConfig(vocab_size=vocab_size, context_length=BLOCK, n_layers=N_LAYER,
+                       n_heads=N_HEAD, d_model=N_EMBD)
     reference_model = GPT(config)
     runners = [Runner("reference", reference_model, ReferenceLoop(reference_model, train_ids).train_step)]
     for name, compile_it in (("helpers", False), ("compiled", True)):
         model = GPT(config)
         model.load_state_dict(reference_model.state_dict())
         trainer = Trainer(model, train_ids, val_ids,
-                          TrainConfig(batch_size=BATCH, block_size=BLOCK, learning_rate=PEAK_LR,
+                          TrainConfig(batch_size=BATCH, context_length=BLOCK, learning_rate=PEAK_LR,
                                       weight_decay=WEIGHT_DECAY, grad_clip=GRAD_CLIP, compile=compile_it))
         runners.append(Runner(name, model, trainer.train_step))
     return tuple(runners)
@@ -173,8 +173,8 @@ def main(argv: list[str]) -> int:
     train_ids, val_ids = split_train_val(encode_text(tokenizer, text))
     generator = torch.Generator().manual_seed(1)
     val_batches = [random_batch(val_ids, 32, BLOCK, generator) for _ in range(16)]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; GPT n_layer={N_LAYER} "
-          f"n_head={N_HEAD} n_embd={N_EMBD}, block {BLOCK}, batch {BATCH}, vocab {tokenizer.vocab_size}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; GPT n_layers={N_LAYER} "
+          f"n_heads={N_HEAD} d_model={N_EMBD}, block {BLOCK}, batch {BATCH}, vocab {tokenizer.vocab_size}")
     print(f"helpers trainer precision: {pick_dtype(torch.device('cpu'))}")
 
     failures = []

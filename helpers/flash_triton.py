@@ -79,7 +79,7 @@ if triton is not None:
     @triton.jit
     def _fold_key_tiles(acc, row_sum, row_max, visited, q, k_start_ptr, v_start_ptr, stride_kn,
                         stride_vn, rows, dims, key_start, key_stop, n_k, causal_offset, qk_scale,
-                        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                        HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, MASKED: tl.constexpr,
                         CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
         """The online softmax over key tiles [key_start, key_stop): helpers.flash.tile_step.
 
@@ -88,8 +88,8 @@ if triton is not None:
         `visited` counts the key tiles loaded (see key_tiles_visited).
         """
         dim_ok = dims < HEAD_DIM
-        for start in range(key_start, key_stop, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
+        for start in range(key_start, key_stop, BLOCK_K):
+            cols = start + tl.arange(0, BLOCK_K)
             load_ok = dim_ok[None, :]
             if MASKED:
                 load_ok = load_ok & (cols[:, None] < n_k)
@@ -118,15 +118,15 @@ if triton is not None:
                               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
                               n_heads, n_q, n_k, qk_scale,
                               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                              BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                               CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
                               ACC_DTYPE: tl.constexpr, COUNT_TILES: tl.constexpr):
         """One program: query tile program_id(0) of (batch, head) number program_id(1)."""
         query_tile = tl.program_id(0)
         batch_head = tl.program_id(1)
         batch, head = batch_head // n_heads, batch_head % n_heads
-        first_row = query_tile * BLOCK_M
-        rows = first_row + tl.arange(0, BLOCK_M)
+        first_row = query_tile * BLOCK_Q
+        rows = first_row + tl.arange(0, BLOCK_Q)
         dims = tl.arange(0, BLOCK_D)  # BLOCK_D is d rounded up to a power of two; extra dims are 0
         q_ok = (rows[:, None] < n_q) & (dims[None, :] < HEAD_DIM)
         q = tl.load(Q + batch * stride_qb + head * stride_qh + rows[:, None] * stride_qn + dims[None, :],
@@ -134,29 +134,29 @@ if triton is not None:
         k_start = K + batch * stride_kb + head * stride_kh
         v_start = V + batch * stride_vb + head * stride_vh
 
-        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=ACC_DTYPE)
-        row_sum = tl.zeros((BLOCK_M,), dtype=ACC_DTYPE)
-        row_max = tl.full((BLOCK_M,), float("-inf"), dtype=ACC_DTYPE)
+        acc = tl.zeros((BLOCK_Q, BLOCK_D), dtype=ACC_DTYPE)
+        row_sum = tl.zeros((BLOCK_Q,), dtype=ACC_DTYPE)
+        row_max = tl.full((BLOCK_Q,), float("-inf"), dtype=ACC_DTYPE)
         visited = 0
 
         # Query i sees key j when j <= i + causal_offset (the course's bottom-right triangle).
         causal_offset = n_k - n_q
         if CAUSAL:
             seen_by_all = tl.minimum(first_row + causal_offset + 1, n_k)  # keys every row sees
-            seen_by_any = tl.minimum(first_row + BLOCK_M + causal_offset, n_k)  # tiles past: skipped
+            seen_by_any = tl.minimum(first_row + BLOCK_Q + causal_offset, n_k)  # tiles past: skipped
         else:
             seen_by_all = n_k
             seen_by_any = n_k
-        unmasked_stop = tl.maximum(seen_by_all, 0) // BLOCK_N * BLOCK_N  # whole tiles only
+        unmasked_stop = tl.maximum(seen_by_all, 0) // BLOCK_K * BLOCK_K  # whole tiles only
         masked_stop = tl.maximum(seen_by_any, 0)
         acc, row_sum, row_max, visited = _fold_key_tiles(
             acc, row_sum, row_max, visited, q, k_start, v_start, stride_kn, stride_vn, rows, dims,
             0, unmasked_stop, n_k, causal_offset, qk_scale,
-            HEAD_DIM, BLOCK_N, False, CAUSAL, DOT_PRECISION)
+            HEAD_DIM, BLOCK_K, False, CAUSAL, DOT_PRECISION)
         acc, row_sum, row_max, visited = _fold_key_tiles(
             acc, row_sum, row_max, visited, q, k_start, v_start, stride_kn, stride_vn, rows, dims,
             unmasked_stop, masked_stop, n_k, causal_offset, qk_scale,
-            HEAD_DIM, BLOCK_N, True, CAUSAL, DOT_PRECISION)
+            HEAD_DIM, BLOCK_K, True, CAUSAL, DOT_PRECISION)
 
         # Divide once at the end; a query that saw no key keeps output 0 and lse -inf.
         safe_sum = tl.where(row_sum == 0.0, 1.0, row_sum)
@@ -172,7 +172,7 @@ if triton is not None:
     @triton.jit
     def _recompute_probs(q, k, lse_log2, rows, cols, n_q, n_k, causal_offset, qk_scale,
                          CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
-        """The tile P = exp(S - lse) (BLOCK_M, BLOCK_N) of the forward pass, rebuilt from q, k and
+        """The tile P = exp(S - lse) (BLOCK_Q, BLOCK_K) of the forward pass, rebuilt from q, k and
         the saved log-sum-exp (in log2 units); 0 where a key is hidden or out of range."""
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         visible = (rows[:, None] < n_q) & (cols[None, :] < n_k)
@@ -186,7 +186,7 @@ if triton is not None:
     @triton.jit
     def _flash_backward_dk_dv_kernel(Q, K, V, dO, Lse, Delta, dK, dV, n_q, n_k, qk_scale, scale,
                                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                                      CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
                                      ACC_DTYPE: tl.constexpr):
         """One program: key tile program_id(0) of (batch, head) program_id(1). It keeps its K, V
@@ -195,23 +195,23 @@ if triton is not None:
         Tensors are contiguous (B, H, N, d); Lse and Delta are (B, H, N_q)."""
         key_tile = tl.program_id(0)
         batch_head = tl.program_id(1)
-        first_col = key_tile * BLOCK_N
-        cols = first_col + tl.arange(0, BLOCK_N)
+        first_col = key_tile * BLOCK_K
+        cols = first_col + tl.arange(0, BLOCK_K)
         dims = tl.arange(0, BLOCK_D)
         dim_ok = dims[None, :] < HEAD_DIM
         kv_offsets = batch_head * n_k * HEAD_DIM + cols[:, None] * HEAD_DIM + dims[None, :]
         kv_ok = (cols[:, None] < n_k) & dim_ok
         k = tl.load(K + kv_offsets, mask=kv_ok, other=0.0)
         v = tl.load(V + kv_offsets, mask=kv_ok, other=0.0)
-        dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=ACC_DTYPE)
-        dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=ACC_DTYPE)
+        dk = tl.zeros((BLOCK_K, BLOCK_D), dtype=ACC_DTYPE)
+        dv = tl.zeros((BLOCK_K, BLOCK_D), dtype=ACC_DTYPE)
 
         causal_offset = n_k - n_q
         first_row = 0
         if CAUSAL:  # query i sees key j when i >= j - offset: earlier query tiles see none of ours
-            first_row = tl.maximum(first_col - causal_offset, 0) // BLOCK_M * BLOCK_M
-        for start in range(first_row, n_q, BLOCK_M):
-            rows = start + tl.arange(0, BLOCK_M)
+            first_row = tl.maximum(first_col - causal_offset, 0) // BLOCK_Q * BLOCK_Q
+        for start in range(first_row, n_q, BLOCK_Q):
+            rows = start + tl.arange(0, BLOCK_Q)
             row_ok = rows < n_q
             q_offsets = batch_head * n_q * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :]
             q = tl.load(Q + q_offsets, mask=row_ok[:, None] & dim_ok, other=0.0)
@@ -230,7 +230,7 @@ if triton is not None:
     @triton.jit
     def _flash_backward_dq_kernel(Q, K, V, dO, Lse, Delta, dQ, n_q, n_k, qk_scale, scale,
                                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                                   CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
                                   ACC_DTYPE: tl.constexpr):
         """One program: query tile program_id(0) of (batch, head) program_id(1). It keeps its
@@ -238,8 +238,8 @@ if triton is not None:
             dP = dO V^T,  dS = P * (dP - D),  dQ += scale dS K."""
         query_tile = tl.program_id(0)
         batch_head = tl.program_id(1)
-        first_row = query_tile * BLOCK_M
-        rows = first_row + tl.arange(0, BLOCK_M)
+        first_row = query_tile * BLOCK_Q
+        rows = first_row + tl.arange(0, BLOCK_Q)
         row_ok = rows < n_q
         dims = tl.arange(0, BLOCK_D)
         dim_ok = dims[None, :] < HEAD_DIM
@@ -249,14 +249,14 @@ if triton is not None:
         do = tl.load(dO + q_offsets, mask=q_ok, other=0.0)
         lse = tl.load(Lse + batch_head * n_q + rows, mask=row_ok, other=0.0) * 1.4426950408889634
         delta = tl.load(Delta + batch_head * n_q + rows, mask=row_ok, other=0.0)
-        dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=ACC_DTYPE)
+        dq = tl.zeros((BLOCK_Q, BLOCK_D), dtype=ACC_DTYPE)
 
         causal_offset = n_k - n_q
         key_stop = n_k
         if CAUSAL:  # the key tiles past the last row's diagonal are hidden from the whole tile
-            key_stop = tl.maximum(tl.minimum(first_row + BLOCK_M + causal_offset, n_k), 0)
-        for start in range(0, key_stop, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
+            key_stop = tl.maximum(tl.minimum(first_row + BLOCK_Q + causal_offset, n_k), 0)
+        for start in range(0, key_stop, BLOCK_K):
+            cols = start + tl.arange(0, BLOCK_K)
             kv_offsets = batch_head * n_k * HEAD_DIM + cols[:, None] * HEAD_DIM + dims[None, :]
             kv_ok = (cols[:, None] < n_k) & dim_ok
             k = tl.load(K + kv_offsets, mask=kv_ok, other=0.0)
@@ -328,7 +328,7 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 def default_blocks(head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the forward kernel for this head dim.
+    """(BLOCK_Q, BLOCK_K, num_warps, num_stages) of the forward kernel for this head dim.
 
     Interpreted, small tiles keep the NumPy arrays small. On a GPU, 128 queries by 64 keys keeps
     the tensor cores busy while q, the accumulator and one K/V tile still fit in registers and
@@ -342,7 +342,7 @@ def default_blocks(head_dim: int) -> tuple[int, int, int, int]:
 
 
 def default_backward_blocks(head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the backward kernels for this head dim.
+    """(BLOCK_Q, BLOCK_K, num_warps, num_stages) of the backward kernels for this head dim.
 
     A backward program holds two tiles and two accumulators (K, V, dK, dV, or Q, dO, dQ), so its
     tiles are smaller than the forward's. Untuned: a first choice that compiles within the shared
@@ -362,8 +362,8 @@ def _kernel_options(q: Tensor) -> dict[str, Any]:
             "ACC_DTYPE": tl.float64 if q.dtype == torch.float64 else tl.float32}
 
 
-def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, block_m: int,
-             block_n: int, visits: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, block_q: int,
+             block_k: int, visits: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Launch the forward kernel: (output (B, H, N_q, d), lse (B, H, N_q)). With `visits`, an int32
     (B * H, number of query tiles) tensor, each program also writes how many key tiles it loaded."""
     batch, heads, n_q, d = q.shape
@@ -372,35 +372,35 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, block_
     out = torch.empty_like(q)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     lse = torch.empty(batch, heads, n_q, dtype=lse_dtype, device=q.device)
-    grid = (triton.cdiv(n_q, block_m), batch * heads)
+    grid = (triton.cdiv(n_q, block_q), batch * heads)
     _flash_forward_kernel[grid](
         q, k, v, out, lse, lse if visits is None else visits,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         heads, n_q, k.shape[2], scale * LOG2_E,
-        HEAD_DIM=d, BLOCK_D=padded_head_dim(d), BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
+        HEAD_DIM=d, BLOCK_D=padded_head_dim(d), BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal,
         COUNT_TILES=visits is not None, **_kernel_options(q),
         num_warps=num_warps, num_stages=num_stages)
     return out, lse
 
 
 def _backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor,
-              causal: bool, scale: float, block_m: int | None, block_n: int | None
+              causal: bool, scale: float, block_q: int | None, block_k: int | None
               ) -> tuple[Tensor, Tensor, Tensor]:
     """Launch the two backward kernels: (dQ, dK, dV), shaped and typed like q, k, v."""
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
     default_m, default_n, num_warps, num_stages = default_backward_blocks(d)
-    block_m = default_m if block_m is None else block_m
-    block_n = default_n if block_n is None else block_n
+    block_q = default_m if block_q is None else block_q
+    block_k = default_n if block_k is None else block_k
     # The backward kernels index (B, H, N, d) tensors as laid out contiguously.
     q, k, v, out, grad_out = (t.contiguous() for t in (q, k, v, out, grad_out))
     delta = (grad_out.to(lse.dtype) * out.to(lse.dtype)).sum(dim=-1)  # D = rowsum(dO * O)
     grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    constants = dict(HEAD_DIM=d, BLOCK_D=padded_head_dim(d), BLOCK_M=block_m, BLOCK_N=block_n,
+    constants = dict(HEAD_DIM=d, BLOCK_D=padded_head_dim(d), BLOCK_Q=block_q, BLOCK_K=block_k,
                      CAUSAL=causal, **_kernel_options(q), num_warps=num_warps, num_stages=num_stages)
-    _flash_backward_dk_dv_kernel[(triton.cdiv(n_k, block_n), batch * heads)](
+    _flash_backward_dk_dv_kernel[(triton.cdiv(n_k, block_k), batch * heads)](
         q, k, v, grad_out, lse, delta, grad_k, grad_v, n_q, n_k, scale * LOG2_E, scale, **constants)
-    _flash_backward_dq_kernel[(triton.cdiv(n_q, block_m), batch * heads)](
+    _flash_backward_dq_kernel[(triton.cdiv(n_q, block_q), batch * heads)](
         q, k, v, grad_out, lse, delta, grad_q, n_q, n_k, scale * LOG2_E, scale, **constants)
     return grad_q, grad_k, grad_v
 
@@ -410,8 +410,8 @@ class TritonAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
-                block_m: int, block_n: int) -> tuple[Tensor, Tensor]:
-        out, lse = _forward(q, k, v, causal, scale, block_m, block_n)
+                block_q: int, block_k: int) -> tuple[Tensor, Tensor]:
+        out, lse = _forward(q, k, v, causal, scale, block_q, block_k)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.scale = causal, scale
         ctx.mark_non_differentiable(lse)
@@ -426,13 +426,13 @@ class TritonAttention(torch.autograd.Function):
 
 
 def triton_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
-                     scale: float | None = None, block_m: int | None = None,
-                     block_n: int | None = None) -> tuple[Tensor, Tensor]:
+                     scale: float | None = None, block_q: int | None = None,
+                     block_k: int | None = None) -> tuple[Tensor, Tensor]:
     """softmax(q k^T * scale) v with the FlashAttention-2 Triton kernels; differentiable.
 
     q: (B, H, N_q, d), k and v: (B, H, N_k, d), with 16 <= d <= 128; float16 or float32, and
     bfloat16 on a GPU (float64 under the interpreter). `causal` hides key j from query i when
-    j > i + N_k - N_q. block_m, block_n: the forward's tile sizes (powers of two >= 16).
+    j > i + N_k - N_q. block_q, block_k: the forward's tile sizes (powers of two >= 16).
     Returns output (B, H, N_q, d) in the input dtype and log-sum-exp (B, H, N_q) in float32
     (float64 for float64 inputs). Gradients reach q, k and v through the backward kernels.
     """
@@ -440,16 +440,16 @@ def triton_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     _check_inputs(q, k, v, causal)
     scale = checked_scale(scale, q.shape[-1])
     block_m_default, block_n_default, _, _ = default_blocks(q.shape[-1])
-    block_m = block_m_default if block_m is None else block_m
-    block_n = block_n_default if block_n is None else block_n
-    _check_block("block_m", block_m)
-    _check_block("block_n", block_n)
-    return TritonAttention.apply(q, k, v, causal, scale, block_m, block_n)
+    block_q = block_m_default if block_q is None else block_q
+    block_k = block_n_default if block_k is None else block_k
+    _check_block("block_q", block_q)
+    _check_block("block_k", block_k)
+    return TritonAttention.apply(q, k, v, causal, scale, block_q, block_k)
 
 
 def triton_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                               grad_out: Tensor, causal: bool = False, scale: float | None = None,
-                              block_m: int | None = None, block_n: int | None = None
+                              block_q: int | None = None, block_k: int | None = None
                               ) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV from the backward kernels alone, for the output and lse that triton_attention
     returned and the upstream gradient grad_out (B, H, N_q, d). The tile sizes can be chosen here
@@ -457,17 +457,17 @@ def triton_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse:
     _require_triton()
     _check_inputs(q, k, v, causal)
     scale = checked_scale(scale, q.shape[-1])
-    for name, block in (("block_m", block_m), ("block_n", block_n)):
+    for name, block in (("block_q", block_q), ("block_k", block_k)):
         if block is not None:
             _check_block(name, block)
-    return _backward(q, k, v, out, lse, grad_out, causal, scale, block_m, block_n)
+    return _backward(q, k, v, out, lse, grad_out, causal, scale, block_q, block_k)
 
 
-def key_tiles_visited(n_q: int, n_k: int, causal: bool, block_m: int = 32, block_n: int = 32,
+def key_tiles_visited(n_q: int, n_k: int, causal: bool, block_q: int = 32, block_k: int = 32,
                       head_dim: int = MIN_HEAD_DIM) -> list[int]:
     """How many key tiles the forward kernel loads for each query tile, counted by the kernel.
 
-    Without `causal` every query tile loads all ceil(N_k / block_n) key tiles. With it, a key
+    Without `causal` every query tile loads all ceil(N_k / block_k) key tiles. With it, a key
     tile that lies wholly above the diagonal of a query tile is never loaded: FlashAttention-2
     stops its loop at the last key the tile's last query sees, which halves the work at N_q = N_k.
     """
@@ -476,8 +476,8 @@ def key_tiles_visited(n_q: int, n_k: int, causal: bool, block_m: int = 32, block
     q = torch.zeros(1, 1, n_q, head_dim, device=device)
     k = torch.zeros(1, 1, n_k, head_dim, device=device)
     _check_inputs(q, k, k, causal)
-    _check_block("block_m", block_m)
-    _check_block("block_n", block_n)
-    visits = torch.full((1, triton.cdiv(n_q, block_m)), -1, dtype=torch.int32, device=device)
-    _forward(q, k, k, causal, 1.0, block_m, block_n, visits=visits)
+    _check_block("block_q", block_q)
+    _check_block("block_k", block_k)
+    visits = torch.full((1, triton.cdiv(n_q, block_q)), -1, dtype=torch.int32, device=device)
+    _forward(q, k, k, causal, 1.0, block_q, block_k, visits=visits)
     return visits[0].tolist()

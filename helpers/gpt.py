@@ -1,6 +1,6 @@
 """The decoder-only GPT, assembled from the course's parts, with generation and a KV cache.
 
-    GPTConfig                       the sizes of a model (GPT-2's names: n_layer, n_head, n_embd)
+    GPTConfig                       the sizes of a model (n_layers, n_heads, d_model, ...)
     GPT                             token + position embedding -> N Pre-LN blocks -> LayerNorm ->
                                     logits, the output matrix tied to the token embedding
     formula_parameters              12 N d^2 + 2 V d, the back-of-the-envelope count
@@ -24,7 +24,7 @@ kernels (fused LayerNorm, one product for Q, K and V, fused causal attention). S
 parameters, same function: tests/test_gpt.py checks every path against the plain forward.
 
 Model code: it imports torch and the course's model modules, never plots, widgets or exercises.
-Shapes: B batch, N tokens, V vocabulary, D = n_embd, H heads, D_H = D / H, L = n_layer.
+Shapes: B batch, N tokens, V vocabulary, D = d_model, H heads, D_H = D / H, L = n_layers.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ class GPTConfig:
     """The sizes of a GPT. The defaults are a small character-level model for a laptop CPU.
 
     vocab_size: tokens the model reads and predicts (V); context_length: the longest sequence it
-    reads, the rows of its position table; n_layer: blocks (N); n_head: attention heads per block
-    (H); n_embd: the width of every token vector (d_model, D), split evenly between the heads.
+    reads, the rows of its position table; n_layers: blocks (L); n_heads: attention heads per block
+    (H); d_model: the width of every token vector (D), split evenly between the heads.
     activation: the MLP's nonlinearity, "gelu" (exact: z * Phi(z)), "gelu_tanh" (the tanh
     approximation GPT-2 was trained with; `gpt2_small` uses it) or "relu".
     bias: biases in the attention and MLP projections; tie_weights: the output matrix is the
@@ -69,36 +69,36 @@ class GPTConfig:
 
     vocab_size: int = 64
     context_length: int = 64
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    d_model: int = 128
     dropout: float = 0.0
     bias: bool = True
     tie_weights: bool = True
     activation: str = "gelu"
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "context_length", "n_layer", "n_head", "n_embd"):
+        for name in ("vocab_size", "context_length", "n_layers", "n_heads", "d_model"):
             checks.positive_int(name, getattr(self, name))
         for name in ("bias", "tie_weights"):
             checks.boolean(name, getattr(self, name))
         checks.one_of("activation", self.activation, ACTIVATIONS)
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}: each "
-                             f"head gets n_embd / n_head = {self.n_embd / self.n_head:g} features, "
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: each "
+                             f"head gets d_model / n_heads = {self.d_model / self.n_heads:g} features, "
                              "which must be a whole number")
         checks.number_in("dropout", self.dropout, 0.0, 1.0, high_open=True,
                          expected="a probability in [0, 1)")
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.d_model // self.n_heads
 
     @classmethod
     def gpt2_small(cls) -> GPTConfig:
         """GPT-2 small (2019): 12 layers, d = 768, 12 heads, GPT-2's 50,257 tokens, 1024 positions,
         and GPT-2's tanh-approximated GELU, so that GPT-2's weights give GPT-2's logits."""
-        return cls(vocab_size=50257, context_length=1024, n_layer=12, n_head=12, n_embd=768,
+        return cls(vocab_size=50257, context_length=1024, n_layers=12, n_heads=12, d_model=768,
                    activation="gelu_tanh")
 
     def to_dict(self) -> dict[str, int | float | bool | str]:
@@ -106,7 +106,7 @@ class GPTConfig:
 
 
 class GPT(nn.Module):
-    """GPT-2's architecture: embeddings, `n_layer` Pre-LN blocks, a final LayerNorm, tied output.
+    """GPT-2's architecture: embeddings, `n_layers` Pre-LN blocks, a final LayerNorm, tied output.
 
     forward: token ids (B, N) -> logits (B, N, V); position t's logits depend on tokens 0..t only.
     """
@@ -114,15 +114,15 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed = TokenAndPositionEmbedding(config.vocab_size, config.context_length, config.n_embd)
+        self.embed = TokenAndPositionEmbedding(config.vocab_size, config.context_length, config.d_model)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(
-            Block(config.n_embd, config.n_head, dropout=config.dropout, bias=config.bias,
+            Block(config.d_model, config.n_heads, dropout=config.dropout, bias=config.bias,
                   activation=config.activation)
-            for _ in range(config.n_layer))
-        self.ln_f = LayerNorm(config.n_embd)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        init_gpt2_(self, config.n_layer)
+            for _ in range(config.n_layers))
+        self.ln_f = LayerNorm(config.d_model)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        init_gpt2_(self, config.n_layers)
         if config.tie_weights:
             # One matrix, two jobs: row i embeds token i and scores token i as the next token.
             self.lm_head.weight = self.embed.token.weight
@@ -299,12 +299,12 @@ def fast_block(block: Block, x: Tensor, kv_store: KVStore | None = None) -> Tens
 
 # --- counting parameters -------------------------------------------------------------------
 
-def formula_parameters(n_layer: int, n_embd: int, vocab_size: int) -> int:
+def formula_parameters(n_layers: int, d_model: int, vocab_size: int) -> int:
     """12 N d^2 + 2 V d: 4 d^2 of attention and 8 d^2 of MLP per block, input and output
     embeddings untied; biases, norms and positions left out."""
-    for name, value in (("n_layer", n_layer), ("n_embd", n_embd), ("vocab_size", vocab_size)):
+    for name, value in (("n_layers", n_layers), ("d_model", d_model), ("vocab_size", vocab_size)):
         checks.positive_int(name, value)
-    return 12 * n_layer * n_embd**2 + 2 * vocab_size * n_embd
+    return 12 * n_layers * d_model**2 + 2 * vocab_size * d_model
 
 
 def exact_parameters(config: GPTConfig) -> int:
@@ -314,11 +314,11 @@ def exact_parameters(config: GPTConfig) -> int:
     biases), two LayerNorms (4d). Plus the token table (V d, counted once when tied, twice
     otherwise), the position table (context d) and the final LayerNorm (2d).
     """
-    d, v = config.n_embd, config.vocab_size
+    d, v = config.d_model, config.vocab_size
     biases = 9 * d if config.bias else 0
     per_block = 12 * d * d + biases + 4 * d
     output = 0 if config.tie_weights else v * d
-    return config.n_layer * per_block + v * d + output + config.context_length * d + 2 * d
+    return config.n_layers * per_block + v * d + output + config.context_length * d + 2 * d
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -366,14 +366,14 @@ class KVCache:
     2 x L x H_kv x D_H numbers per token and sequence, whatever the model's vocabulary or MLP.
     """
 
-    def __init__(self, n_layer: int, batch_size: int, n_kv_heads: int, max_length: int,
+    def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_length: int,
                  head_dim: int, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:
-        for name, value in (("n_layer", n_layer), ("batch_size", batch_size),
+        for name, value in (("n_layers", n_layers), ("batch_size", batch_size),
                             ("n_kv_heads", n_kv_heads), ("max_length", max_length),
                             ("head_dim", head_dim)):
             checks.positive_int(name, value)
-        shape = (n_layer, batch_size, n_kv_heads, max_length, head_dim)
+        shape = (n_layers, batch_size, n_kv_heads, max_length, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.length = 0

@@ -217,29 +217,29 @@ def llama_hidden_size(d_model: int, multiple_of: int = 32) -> int:
 
 @dataclass(frozen=True)
 class ModernConfig:
-    """The sizes of a modern decoder. GPT-2's names where GPTConfig has them.
+    """The sizes of a modern decoder. GPTConfig's names where it has them.
 
-    n_kv_heads: key/value heads (n_head: ordinary attention, fewer: GQA, 1: MQA); mlp_hidden:
-    SwiGLU's width, default `llama_hidden_size(n_embd)`; rope_base: theta's base; norm_eps:
+    n_kv_heads: key/value heads (n_heads: ordinary attention, fewer: GQA, 1: MQA); mlp_hidden:
+    SwiGLU's width, default `llama_hidden_size(d_model)`; rope_base: theta's base; norm_eps:
     RMSNorm's eps; tie_weights: the output matrix is the token embedding (Llama does not tie).
     """
 
     vocab_size: int = 64
     context_length: int = 64
-    n_layer: int = 4
-    n_head: int = 4
+    n_layers: int = 4
+    n_heads: int = 4
     n_kv_heads: int = 2
-    n_embd: int = 128
+    d_model: int = 128
     mlp_hidden: int | None = None
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
     tie_weights: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "context_length", "n_layer"):
+        for name in ("vocab_size", "context_length", "n_layers"):
             checks.positive_int(name, getattr(self, name))
-        check_head_counts(self.n_embd, self.n_head, self.n_kv_heads)
-        _check_head_dim(self.n_embd // self.n_head)
+        check_head_counts(self.d_model, self.n_heads, self.n_kv_heads)
+        _check_head_dim(self.d_model // self.n_heads)
         if self.mlp_hidden is not None:
             checks.positive_int("mlp_hidden", self.mlp_hidden)
         checks.positive_float("rope_base", self.rope_base)
@@ -248,11 +248,11 @@ class ModernConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.d_model // self.n_heads
 
     @property
     def hidden(self) -> int:
-        return llama_hidden_size(self.n_embd) if self.mlp_hidden is None else self.mlp_hidden
+        return llama_hidden_size(self.d_model) if self.mlp_hidden is None else self.mlp_hidden
 
 
 class ModernBlock(nn.Module):
@@ -260,10 +260,10 @@ class ModernBlock(nn.Module):
 
     def __init__(self, config: ModernConfig) -> None:
         super().__init__()
-        self.norm1 = RMSNorm(config.n_embd, config.norm_eps)
-        self.attn = MultiHeadAttention(config.n_embd, config.n_head, config.n_kv_heads, bias=False)
-        self.norm2 = RMSNorm(config.n_embd, config.norm_eps)
-        self.mlp = SwiGLUFeedForward(config.n_embd, config.hidden, bias=False)
+        self.norm1 = RMSNorm(config.d_model, config.norm_eps)
+        self.attn = MultiHeadAttention(config.d_model, config.n_heads, config.n_kv_heads, bias=False)
+        self.norm2 = RMSNorm(config.d_model, config.norm_eps)
+        self.mlp = SwiGLUFeedForward(config.d_model, config.hidden, bias=False)
 
     def forward(self, x: Tensor, table: RopeTable, start: int = 0, kv_store=None) -> Tensor:
         """x: (B, N, D), tokens at positions start ... start + N - 1 -> (B, N, D).
@@ -282,15 +282,15 @@ class ModernBlock(nn.Module):
 
 
 class ModernGPT(nn.Module):
-    """Token embedding (no position table) -> n_layer ModernBlocks -> RMSNorm -> logits (B, N, V)."""
+    """Token embedding (no position table) -> n_layers ModernBlocks -> RMSNorm -> logits (B, N, V)."""
 
     def __init__(self, config: ModernConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed = nn.Embedding(config.vocab_size, config.n_embd)
-        self.blocks = nn.ModuleList(ModernBlock(config) for _ in range(config.n_layer))
-        self.norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(ModernBlock(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         for p in self.parameters():
             if p.dim() == 2:
                 nn.init.normal_(p, std=0.02)
@@ -342,8 +342,8 @@ def config_from_llama(llama_config) -> ModernConfig:
     theta = rope.get("rope_theta", getattr(llama_config, "rope_theta", 10000.0))
     return ModernConfig(
         vocab_size=llama_config.vocab_size, context_length=llama_config.max_position_embeddings,
-        n_layer=llama_config.num_hidden_layers, n_head=llama_config.num_attention_heads,
-        n_kv_heads=llama_config.num_key_value_heads, n_embd=llama_config.hidden_size,
+        n_layers=llama_config.num_hidden_layers, n_heads=llama_config.num_attention_heads,
+        n_kv_heads=llama_config.num_key_value_heads, d_model=llama_config.hidden_size,
         mlp_hidden=llama_config.intermediate_size, rope_base=float(theta),
         norm_eps=llama_config.rms_norm_eps, tie_weights=bool(llama_config.tie_word_embeddings))
 
@@ -363,7 +363,7 @@ def llama_key_map(config: ModernConfig) -> dict[str, str]:
     names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
     if not config.tie_weights:
         names["lm_head.weight"] = "lm_head.weight"
-    for layer in range(config.n_layer):
+    for layer in range(config.n_layers):
         for theirs, ours in _LLAMA_LAYER_NAMES.items():
             names[f"blocks.{layer}.{ours}"] = f"model.layers.{layer}.{theirs}"
     return names
@@ -381,7 +381,7 @@ def from_llama_state_dict(state_dict: Mapping[str, Tensor], config: ModernConfig
     for our_name, their_name in llama_key_map(config).items():
         if their_name not in state_dict:
             raise KeyError(f"state_dict has no {their_name!r}, expected it for {our_name} "
-                           f"(a LlamaForCausalLM with n_layer = {config.n_layer}"
+                           f"(a LlamaForCausalLM with n_layers = {config.n_layers}"
                            f"{'' if config.tie_weights else ' and an untied lm_head'})")
         weight = state_dict[their_name]
         if tuple(weight.shape) != tuple(ours[our_name].shape):

@@ -105,18 +105,18 @@ def line_overlap(train_text: str, val_text: str) -> float:
     return sum(line in train_lines for line in val_lines) / len(val_lines)
 
 
-def random_batch(ids: Tensor, batch_size: int, block_size: int,
+def random_batch(ids: Tensor, batch_size: int, context_length: int,
                  generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-    """`batch_size` random windows of `block_size` tokens and the same windows one token later.
+    """`batch_size` random windows of `context_length` tokens and the same windows one token later.
 
-    ids: (n_tokens,). Returns inputs x and targets y, both (batch_size, block_size): y[b, t] is
+    ids: (n_tokens,). Returns inputs x and targets y, both (batch_size, context_length): y[b, t] is
     the token that follows x[b, t]. All windows are cut with one indexing operation.
     """
-    if ids.dim() != 1 or len(ids) < block_size + 1:
+    if ids.dim() != 1 or len(ids) < context_length + 1:
         raise ValueError(f"ids has shape {tuple(ids.shape)}, expected a 1-D tensor of at least "
-                         f"block_size + 1 = {block_size + 1} tokens")
-    starts = torch.randint(0, len(ids) - block_size, (batch_size,), generator=generator)
-    windows = ids[starts.unsqueeze(1) + torch.arange(block_size + 1)]  # (B, block_size + 1)
+                         f"context_length + 1 = {context_length + 1} tokens")
+    starts = torch.randint(0, len(ids) - context_length, (batch_size,), generator=generator)
+    windows = ids[starts.unsqueeze(1) + torch.arange(context_length + 1)]  # (B, context_length + 1)
     return windows[:, :-1], windows[:, 1:]
 
 
@@ -288,7 +288,7 @@ class FlatWeights:
 class TrainConfig:
     """How to train. The defaults fit the course's small character-level GPT on a laptop CPU.
 
-    block_size: tokens per training window (None: the model's context length; 0 is refused).
+    context_length: tokens per training window (None: the model's context length; 0 is refused).
     learning_rate: the peak rate; warmup: the fraction of the run spent warming up, in [0, 1);
     min_lr_ratio: the final rate as a fraction of the peak, in [0, 1]; weight_decay >= 0.
     eval_every: steps between evaluations (and LiveLossPlot redraws); eval_batches: fixed
@@ -298,7 +298,7 @@ class TrainConfig:
     """
 
     batch_size: int = 12
-    block_size: int | None = None
+    context_length: int | None = None
     learning_rate: float = 2e-3
     warmup: float = 0.05
     min_lr_ratio: float = 0.1
@@ -314,9 +314,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("batch_size", "eval_every", "eval_batches"):
             checks.positive_int(name, getattr(self, name))
-        if self.block_size is not None:
+        if self.context_length is not None:
             try:
-                checks.positive_int("block_size", self.block_size)
+                checks.positive_int("context_length", self.context_length)
             except (TypeError, ValueError) as error:
                 raise type(error)(f"{error} (or None for the model's context length)") from None
         checks.positive_float("learning_rate", self.learning_rate)
@@ -384,16 +384,16 @@ class Trainer:
             raise TypeError(f"config is a {type(config).__name__}, expected a TrainConfig")
         self.model, self.config = model, config
         context = model.config.context_length
-        self.block_size = context if config.block_size is None else config.block_size
-        if self.block_size > context:
-            raise ValueError(f"block_size is {self.block_size}, expected at most the model's "
+        self.context_length = context if config.context_length is None else config.context_length
+        if self.context_length > context:
+            raise ValueError(f"context_length is {self.context_length}, expected at most the model's "
                              f"context_length = {context}")
         for name, ids in (("train_ids", train_ids), ("val_ids", val_ids)):
             check_token_ids(ids, model.config.vocab_size, name)  # once here, not at every step
-            if ids.dim() != 1 or len(ids) < self.block_size + 1:
+            if ids.dim() != 1 or len(ids) < self.context_length + 1:
                 raise ValueError(f"{name} has shape {tuple(ids.shape)}, expected a 1-D tensor of at "
-                                 f"least block_size + 1 = {self.block_size + 1} tokens (one window "
-                                 "and its next token): give more text or a smaller block_size")
+                                 f"least context_length + 1 = {self.context_length + 1} tokens (one window "
+                                 "and its next token): give more text or a smaller context_length")
         broken = _non_finite_parameters(model)
         if broken:
             raise ValueError(f"model has NaN or inf in {', '.join(broken[:3])}"
@@ -413,11 +413,11 @@ class Trainer:
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.eval_sets = {name: self._fixed_batches(ids, self.config.seed + 1)
                           for name, ids in (("train", train_ids), ("val", val_ids))}
-        self.history = History(tokens_per_step=self.config.batch_size * self.block_size)
+        self.history = History(tokens_per_step=self.config.batch_size * self.context_length)
 
     def _fixed_batches(self, ids: Tensor, seed: int) -> list[tuple[Tensor, Tensor]]:
         generator = torch.Generator().manual_seed(seed)
-        return [self._to_device(random_batch(ids, self.config.batch_size, self.block_size, generator))
+        return [self._to_device(random_batch(ids, self.config.batch_size, self.context_length, generator))
                 for _ in range(self.config.eval_batches)]
 
     def _to_device(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
@@ -441,7 +441,7 @@ class Trainer:
         fast path's loss can stay finite while its gradient does not: both are checked.)
         """
         x, y = self._to_device(random_batch(self.train_ids, self.config.batch_size,
-                                            self.block_size, self.generator))
+                                            self.context_length, self.generator))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         loss = self.loss_on(x, y)

@@ -30,7 +30,7 @@ from helpers.layers import (
 )
 from helpers.train import CheckpointError, TrainConfig, Trainer, load_checkpoint, save_checkpoint
 
-SMALL = GPTConfig(vocab_size=11, context_length=8, n_layer=2, n_head=2, n_embd=8)
+SMALL = GPTConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, d_model=8)
 
 
 def small_model(**changes) -> GPT:
@@ -184,7 +184,7 @@ def test_training_stops_when_a_huge_learning_rate_diverges(fast):
 
 
 @pytest.mark.parametrize("field, value, error", [
-    ("block_size", 0, ValueError), ("block_size", 4.0, TypeError), ("weight_decay", -1.0, ValueError),
+    ("context_length", 0, ValueError), ("context_length", 4.0, TypeError), ("weight_decay", -1.0, ValueError),
     ("min_lr_ratio", 5.0, ValueError), ("warmup", -1.0, ValueError), ("warmup", 1.0, ValueError),
     ("learning_rate", 0.0, ValueError), ("precision", "fp16", ValueError),
 ])
@@ -195,16 +195,16 @@ def test_train_config_refuses_values_that_make_no_sense(field, value, error):
 
 def test_block_size_none_means_the_context_length_and_a_longer_one_is_refused():
     train_ids, val_ids = training_data()
-    assert Trainer(GPT(SMALL), train_ids, val_ids, TrainConfig(block_size=None)).block_size == 8
-    with pytest.raises(ValueError, match="block_size is 9, expected at most the model's context_length = 8"):
-        Trainer(GPT(SMALL), train_ids, val_ids, TrainConfig(block_size=9))
+    assert Trainer(GPT(SMALL), train_ids, val_ids, TrainConfig(context_length=None)).context_length == 8
+    with pytest.raises(ValueError, match="context_length is 9, expected at most the model's context_length = 8"):
+        Trainer(GPT(SMALL), train_ids, val_ids, TrainConfig(context_length=9))
 
 
 @pytest.mark.parametrize("short", ["train_ids", "val_ids"])
 def test_too_short_data_is_named(short):
     data = dict(zip(("train_ids", "val_ids"), training_data(), strict=True))
     data[short] = data[short][:5]
-    with pytest.raises(ValueError, match=rf"{short} has shape \(5,\), expected .* at least block_size \+ 1 = 9"):
+    with pytest.raises(ValueError, match=rf"{short} has shape \(5,\), expected .* at least context_length \+ 1 = 9"):
         Trainer(GPT(SMALL), data["train_ids"], data["val_ids"])
 
 
@@ -275,9 +275,9 @@ def test_load_checkpoint_explains_files_it_cannot_load(tmp_path, kind, match):
 # --- exercises -----------------------------------------------------------------------------
 
 def test_check_refuses_a_float_count(capsys):
-    def as_float(n_layer: int, n_embd: int, vocab_size: int, context_length: int) -> float:
-        d = n_embd
-        return float(n_layer * (12 * d * d + 13 * d) + vocab_size * d + context_length * d + 2 * d)
+    def as_float(n_layers: int, d_model: int, vocab_size: int, context_length: int) -> float:
+        d = d_model
+        return float(n_layers * (12 * d * d + 13 * d) + vocab_size * d + context_length * d + 2 * d)
 
     assert not exercises.passes("gpt.exact_parameters", as_float)
     exercises.check("gpt.exact_parameters", as_float)
@@ -337,8 +337,8 @@ def test_wrong_dtype_is_named_before_the_matrix_product(module):
 @pytest.mark.parametrize("make, name", [
     (lambda: MultiHeadAttention(-8, 2), "d_model"), (lambda: LayerNorm(-1), "d_model"),
     (lambda: FeedForward(-4), "d_model"), (lambda: SwiGLUFeedForward(-6), "d_model"),
-    (lambda: Block(8, -2), "n_heads"), (lambda: GPTConfig(n_embd=-8), "n_embd"),
-    (lambda: KVCache(-1, 1, 1, 4, 4), "n_layer"),
+    (lambda: Block(8, -2), "n_heads"), (lambda: GPTConfig(d_model=-8), "d_model"),
+    (lambda: KVCache(-1, 1, 1, 4, 4), "n_layers"),
     (lambda: TokenAndPositionEmbedding(-3, 4, 4), "vocab_size"),
 ])
 def test_negative_sizes_are_named(make, name):

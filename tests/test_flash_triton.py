@@ -80,7 +80,7 @@ def test_head_dim_128_and_several_heads():
 
 def test_queries_that_see_no_key_get_zeros_not_nan():
     q, k, v = random_qkv(40, 24, 16, torch.float32)
-    out, lse = triton_attention(q, k, v, causal=True, block_m=16, block_n=16)
+    out, lse = triton_attention(q, k, v, causal=True, block_q=16, block_k=16)
     hidden = 40 - 24  # query i sees keys j <= i - 16: the first 16 queries see none
     assert not out.isnan().any()
     assert torch.equal(out[:, :, :hidden], torch.zeros_like(out[:, :, :hidden]))
@@ -117,8 +117,8 @@ def test_unsupported_dtypes_name_the_supported_ones(dtype):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(block_m=24), "block_m is 24, expected a power of two >= 16"),
-    (dict(block_n=8), "block_n is 8, expected a power of two >= 16"),
+    (dict(block_q=24), "block_q is 24, expected a power of two >= 16"),
+    (dict(block_k=8), "block_k is 8, expected a power of two >= 16"),
 ])
 def test_bad_block_sizes(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -166,14 +166,14 @@ def test_gradients_match_autograd_through_naive_attention(dtype, causal, n_q, n_
                                    msg=lambda message, name=name: f"d{name}: {message}")
 
 
-@pytest.mark.parametrize("block_m, block_n", [(16, 32), (32, 16)])
-def test_backward_tiles_of_other_sizes(block_m, block_n):
+@pytest.mark.parametrize("block_q, block_k", [(16, 32), (32, 16)])
+def test_backward_tiles_of_other_sizes(block_q, block_k):
     """The causal loop bounds of both backward kernels, with query and key tiles of unequal size."""
     q, k, v = random_qkv(37, 53, 16, torch.float32, seed=4)
     upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     out, lse = triton_attention(q, k, v, causal=True)
     grads = triton_attention_backward(q, k, v, out, lse, upstream, causal=True,
-                                      block_m=block_m, block_n=block_n)
+                                      block_q=block_q, block_k=block_k)
     for got, expected in zip(grads, naive_gradients(q, k, v, upstream, True), strict=True):
         torch.testing.assert_close(got.double(), expected, rtol=0, atol=2e-5)
 
@@ -191,7 +191,7 @@ def test_gradients_equal_finite_differences_in_float64(causal):
     upstream = torch.randn(1, 2, 19, 16, generator=gen, dtype=torch.float64)
 
     def attend(q, k, v):
-        return triton_attention(q, k, v, causal=causal, block_m=16, block_n=16)[0]
+        return triton_attention(q, k, v, causal=causal, block_q=16, block_k=16)[0]
 
     leaves = [t.clone().requires_grad_() for t in inputs]
     grads = torch.autograd.grad(attend(*leaves), leaves, upstream)
@@ -217,13 +217,13 @@ def test_only_the_inputs_that_need_gradients_get_them():
 
 # --- the causal forward skips the tiles it cannot see ------------------------------------------
 
-def expected_key_tiles(n_q: int, n_k: int, causal: bool, block_m: int, block_n: int) -> list[int]:
+def expected_key_tiles(n_q: int, n_k: int, causal: bool, block_q: int, block_k: int) -> list[int]:
     """Per query tile: the key tiles holding at least one key that some query of the tile sees."""
     counts = []
-    for first_row in range(0, n_q, block_m):
-        last_row = min(first_row + block_m, n_q) - 1
+    for first_row in range(0, n_q, block_q):
+        last_row = min(first_row + block_q, n_q) - 1
         last_key = min(last_row + n_k - n_q, n_k - 1) if causal else n_k - 1
-        counts.append(max(0, -(-(last_key + 1) // block_n)))
+        counts.append(max(0, -(-(last_key + 1) // block_k)))
     return counts
 
 
@@ -233,12 +233,12 @@ def test_causal_forward_skips_the_tiles_above_the_diagonal():
     assert key_tiles_visited(128, 128, causal=True) == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("n_q, n_k, block_m, block_n", [
+@pytest.mark.parametrize("n_q, n_k, block_q, block_k", [
     (45, 45, 16, 32), (40, 100, 32, 32), (100, 40, 32, 16), (64, 64, 32, 64), (1, 77, 16, 16)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_key_tiles_counted_by_the_kernel_follow_the_diagonal(n_q, n_k, block_m, block_n, causal):
-    counted = key_tiles_visited(n_q, n_k, causal, block_m=block_m, block_n=block_n)
-    assert counted == expected_key_tiles(n_q, n_k, causal, block_m, block_n)
+def test_key_tiles_counted_by_the_kernel_follow_the_diagonal(n_q, n_k, block_q, block_k, causal):
+    counted = key_tiles_visited(n_q, n_k, causal, block_q=block_q, block_k=block_k)
+    assert counted == expected_key_tiles(n_q, n_k, causal, block_q, block_k)
 
 
 # --- bad arguments name themselves -------------------------------------------------------------
@@ -309,15 +309,15 @@ for dtype, head_dim, causal, arch, backward in (("fp16", 64, False, 80, True), (
                                                 ("fp32", 80, True, 80, False)):
     common = {"HEAD_DIM": head_dim, "BLOCK_D": ft.padded_head_dim(head_dim), "CAUSAL": causal,
               "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32", "ACC_DTYPE": tl.float32}
-    block_m, block_n, warps, stages = 128, 64, (4 if head_dim <= 64 else 8), (3 if head_dim <= 64 else 2)
+    block_q, block_k, warps, stages = 128, 64, (4 if head_dim <= 64 else 8), (3 if head_dim <= 64 else 2)
     pointers = {name: f"*{dtype}" for name in ("Q", "K", "V", "Out")} | {"Lse": "*fp32", "Visits": "*i32"}
-    constants = common | {"BLOCK_M": block_m, "BLOCK_N": block_n, "COUNT_TILES": False}
+    constants = common | {"BLOCK_Q": block_q, "BLOCK_K": block_k, "COUNT_TILES": False}
     shared = [compile_for(ft._flash_forward_kernel, pointers, FORWARD_INTS, ["qk_scale"], constants,
                           arch, warps, stages)]
     if backward:
-        block_m, block_n, warps, stages = ft.default_backward_blocks(head_dim)
+        block_q, block_k, warps, stages = ft.default_backward_blocks(head_dim)
         pointers = {name: f"*{dtype}" for name in ("Q", "K", "V", "dO")} | {"Lse": "*fp32", "Delta": "*fp32"}
-        constants = common | {"BLOCK_M": block_m, "BLOCK_N": block_n}
+        constants = common | {"BLOCK_Q": block_q, "BLOCK_K": block_k}
         for kernel, grads in ((ft._flash_backward_dk_dv_kernel, ("dK", "dV")), (ft._flash_backward_dq_kernel, ("dQ",))):
             shared.append(compile_for(kernel, pointers | {g: f"*{dtype}" for g in grads}, ["n_q", "n_k"],
                                       ["qk_scale", "scale"], constants, arch, warps, stages))

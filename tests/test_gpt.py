@@ -21,7 +21,7 @@ from helpers.gpt import (
 )
 from helpers.layers import Block
 
-SMALL = GPTConfig(vocab_size=23, context_length=16, n_layer=2, n_head=4, n_embd=32)
+SMALL = GPTConfig(vocab_size=23, context_length=16, n_layers=2, n_heads=4, d_model=32)
 
 
 def small_model(seed: int = 0, **changes) -> GPT:
@@ -38,7 +38,7 @@ def random_ids(batch: int, length: int, vocab: int = SMALL.vocab_size, seed: int
 
 def test_model_is_built_from_the_course_blocks():
     model = small_model()
-    assert len(model.blocks) == SMALL.n_layer
+    assert len(model.blocks) == SMALL.n_layers
     assert all(type(block) is Block for block in model.blocks)
 
 
@@ -106,11 +106,11 @@ def test_untied_gpt2_small_adds_one_vocabulary_matrix():
 
 
 @settings(max_examples=25, deadline=None)
-@given(n_layer=st.integers(1, 3), n_head=st.sampled_from([1, 2, 4]), head_dim=st.integers(1, 6),
+@given(n_layers=st.integers(1, 3), n_heads=st.sampled_from([1, 2, 4]), head_dim=st.integers(1, 6),
        vocab=st.integers(1, 40), context=st.integers(1, 20), bias=st.booleans(), tie=st.booleans())
-def test_exact_parameters_matches_a_built_model(n_layer, n_head, head_dim, vocab, context, bias, tie):
-    config = GPTConfig(vocab_size=vocab, context_length=context, n_layer=n_layer, n_head=n_head,
-                       n_embd=n_head * head_dim, bias=bias, tie_weights=tie)
+def test_exact_parameters_matches_a_built_model(n_layers, n_heads, head_dim, vocab, context, bias, tie):
+    config = GPTConfig(vocab_size=vocab, context_length=context, n_layers=n_layers, n_heads=n_heads,
+                       d_model=n_heads * head_dim, bias=bias, tie_weights=tie)
     model = build_without_weights(config)
     assert count_parameters(model) == exact_parameters(config)
     assert sum(parameter_breakdown(model).values()) == count_parameters(model)
@@ -197,7 +197,7 @@ def test_generation_past_the_context_reads_only_the_last_window():
 def test_cache_memory_is_2_L_H_dh_per_token():
     model = small_model()
     cache = KVCache.for_model(model, batch_size=3)
-    per_token = 2 * SMALL.n_layer * SMALL.n_head * SMALL.head_dim
+    per_token = 2 * SMALL.n_layers * SMALL.n_heads * SMALL.head_dim
     assert cache.nbytes() == per_token * SMALL.context_length * 3 * 4  # float32: 4 bytes
 
 
@@ -250,11 +250,11 @@ def test_low_temperature_concentrates_and_high_temperature_spreads():
 # --- clear errors --------------------------------------------------------------------------
 
 def test_width_not_divisible_by_heads_is_refused_with_both_numbers():
-    with pytest.raises(ValueError, match=r"n_embd=130 is not divisible by n_head=4"):
-        GPTConfig(n_embd=130, n_head=4)
+    with pytest.raises(ValueError, match=r"d_model=130 is not divisible by n_heads=4"):
+        GPTConfig(d_model=130, n_heads=4)
 
 
-@pytest.mark.parametrize("field,value,error", [("n_layer", 0, ValueError), ("vocab_size", -3, ValueError),
+@pytest.mark.parametrize("field,value,error", [("n_layers", 0, ValueError), ("vocab_size", -3, ValueError),
                                                ("context_length", 2.5, TypeError)])
 def test_sizes_must_be_positive_ints(field, value, error):
     with pytest.raises(error, match=f"{field} is {value!r}.*, expected a positive int"):

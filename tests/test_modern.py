@@ -24,7 +24,7 @@ from helpers.modern import (
     rope_rotate_half,
 )
 
-SMALL = dict(vocab_size=40, context_length=32, n_layer=2, n_head=4, n_kv_heads=2, n_embd=32)
+SMALL = dict(vocab_size=40, context_length=32, n_layers=2, n_heads=4, n_kv_heads=2, d_model=32)
 
 
 # --- RoPE -----------------------------------------------------------------------------------
@@ -162,8 +162,8 @@ def test_gqa_cache_is_smaller_by_heads_over_kv_heads():
     config = ModernConfig(**SMALL)
     model = ModernGPT(config)
     gqa = KVCache.for_model(model, 1)
-    full = KVCache(config.n_layer, 1, config.n_head, config.context_length, config.head_dim)
-    assert full.nbytes() == gqa.nbytes() * config.n_head // config.n_kv_heads
+    full = KVCache(config.n_layers, 1, config.n_heads, config.context_length, config.head_dim)
+    assert full.nbytes() == gqa.nbytes() * config.n_heads // config.n_kv_heads
 
 
 # --- bad input ------------------------------------------------------------------------------
@@ -179,9 +179,9 @@ def test_gqa_cache_is_smaller_by_heads_over_kv_heads():
     (lambda: alibi_slopes(0), ValueError, ["n_heads", "0", "positive"]),
     (lambda: alibi_slopes(2.5), TypeError, ["n_heads", "2.5", "int"]),
     (lambda: RMSNorm(16)(torch.zeros(2, 12)), ValueError, ["x", "(2, 12)", "16"]),
-    (lambda: ModernConfig(n_head=6, n_kv_heads=4, n_embd=48), ValueError,
+    (lambda: ModernConfig(n_heads=6, n_kv_heads=4, d_model=48), ValueError,
      ["n_heads=6", "n_kv_heads=4", "divisible"]),
-    (lambda: ModernConfig(n_head=4, n_kv_heads=2, n_embd=20), ValueError, ["head_dim", "5", "even"]),
+    (lambda: ModernConfig(n_heads=4, n_kv_heads=2, d_model=20), ValueError, ["head_dim", "5", "even"]),
     (lambda: ModernGPT(ModernConfig(**SMALL))(torch.zeros(1, 33, dtype=torch.long)), ValueError,
      ["token_ids", "32", "context_length"]),
 ])

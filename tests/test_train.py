@@ -22,7 +22,7 @@ from helpers.train import (
     split_train_val,
 )
 
-CONFIG = GPTConfig(vocab_size=7, context_length=16, n_layer=2, n_head=2, n_embd=16)
+CONFIG = GPTConfig(vocab_size=7, context_length=16, n_layers=2, n_heads=2, d_model=16)
 
 
 def model_and_data(seed: int = 0) -> tuple[GPT, torch.Tensor, torch.Tensor]:

@@ -9,7 +9,7 @@ import torch
 from helpers import gpt
 from helpers.exercises import ExerciseFailed, exercise, expect_count
 
-CONFIGS = [  # (n_layer, n_embd, vocab_size, context_length)
+CONFIGS = [  # (n_layers, d_model, vocab_size, context_length)
     (12, 768, 50257, 1024),  # GPT-2 small
     (2, 128, 52, 64),        # the notebook's character model
     (1, 8, 12, 4),           # the Matrix Magic notes' toy
@@ -17,15 +17,15 @@ CONFIGS = [  # (n_layer, n_embd, vocab_size, context_length)
 ]
 
 
-def _diagnose(got: int, n_layer: int, d: int, vocab: int, context: int, expected: int) -> str:
+def _diagnose(got: int, n_layers: int, d: int, vocab: int, context: int, expected: int) -> str:
     """A guess at what a wrong count left out or added, from the size of the gap."""
     gaps = {
         vocab * d: "the output matrix is tied to the token embedding: count it once",
-        -context * d: "the position table (context_length x n_embd) is missing",
-        -2 * d: "the final LayerNorm (a gain and a bias of n_embd each) is missing",
-        -n_layer * 9 * d: "the biases are missing: 4 x n_embd in attention, 5 x n_embd in the MLP",
-        -n_layer * 4 * d: "the two LayerNorms of each block (4 x n_embd) are missing",
-        -(n_layer * 13 * d + context * d + 2 * d): "only 12 N d^2 + V d: add biases, norms and positions",
+        -context * d: "the position table (context_length x d_model) is missing",
+        -2 * d: "the final LayerNorm (a gain and a bias of d_model each) is missing",
+        -n_layers * 9 * d: "the biases are missing: 4 x d_model in attention, 5 x d_model in the MLP",
+        -n_layers * 4 * d: "the two LayerNorms of each block (4 x d_model) are missing",
+        -(n_layers * 13 * d + context * d + 2 * d): "only 12 N d^2 + V d: add biases, norms and positions",
     }
     return gaps.get(got - expected, f"the gap is {got - expected:+,} parameters")
 
@@ -33,22 +33,22 @@ def _diagnose(got: int, n_layer: int, d: int, vocab: int, context: int, expected
 @exercise(hint="Per block: 4 d^2 + 4d (W_Q, W_K, W_V, W_O and biases), 8 d^2 + 5d (d -> 4d -> d "
                "and biases), 4d (two LayerNorms). Then V d (tied, once), context x d, and 2d.")
 def exact_parameters(student: Callable[[int, int, int, int], int]) -> str:
-    for n_layer, d, vocab, context in CONFIGS:
-        config = gpt.GPTConfig(vocab_size=vocab, context_length=context, n_layer=n_layer,
-                               n_head=1, n_embd=d)
+    for n_layers, d, vocab, context in CONFIGS:
+        config = gpt.GPTConfig(vocab_size=vocab, context_length=context, n_layers=n_layers,
+                               n_heads=1, d_model=d)
         expected = gpt.exact_parameters(config)
-        got = expect_count(student(n_layer, d, vocab, context),
-                           f"the count for n_layer={n_layer}, n_embd={d}")
+        got = expect_count(student(n_layers, d, vocab, context),
+                           f"the count for n_layers={n_layers}, d_model={d}")
         if got != expected:
             raise ExerciseFailed(
-                f"for n_layer={n_layer}, n_embd={d}, vocab_size={vocab}, context_length={context} "
-                f"you counted {got:,}, expected {expected:,}: {_diagnose(got, n_layer, d, vocab, context, expected)}.")
+                f"for n_layers={n_layers}, d_model={d}, vocab_size={vocab}, context_length={context} "
+                f"you counted {got:,}, expected {expected:,}: {_diagnose(got, n_layers, d, vocab, context, expected)}.")
     return "GPT-2 small: 124,439,808, to the last parameter."
 
 
 def _small_model(seed: int) -> gpt.GPT:
     torch.manual_seed(seed)
-    return gpt.GPT(gpt.GPTConfig(vocab_size=11, context_length=8, n_layer=1, n_head=2, n_embd=8)).eval()
+    return gpt.GPT(gpt.GPTConfig(vocab_size=11, context_length=8, n_layers=1, n_heads=2, d_model=8)).eval()
 
 
 @exercise(hint="Crop to the last model.config.context_length tokens, run the model, keep the "

@@ -554,7 +554,7 @@ assert not any(with_positions.values())
 #
 # The simplest fix, used by GPT-2 and by the Matrix Magic notes: a second `nn.Embedding` whose row
 # `p` is the vector of position `p`, trained like the token table. The notes print one for
-# `block_size = 4` positions and `d_model = 8`:
+# `context_length = 4` positions and `d_model = 8`:
 
 # %%
 SLIDE_POSITION_TABLE = torch.tensor([  # the Matrix Magic notes, "Option 1: Learned Positional Embeddings"

@@ -67,12 +67,12 @@ torch.set_num_threads(1)
 class MiniGPT(nn.Module):
     """Decoder-only GPT from the course's parts: token ids (B, N) -> logits (B, N, V)."""
 
-    def __init__(self, vocab_size: int, context_length: int, n_layer: int, n_head: int, n_embd: int) -> None:
+    def __init__(self, vocab_size: int, context_length: int, n_layers: int, n_heads: int, d_model: int) -> None:
         super().__init__()
-        self.embed = TokenAndPositionEmbedding(vocab_size, context_length, n_embd)
-        self.blocks = nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
-        self.ln_f = LayerNorm(n_embd)
-        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.embed = TokenAndPositionEmbedding(vocab_size, context_length, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, n_heads) for _ in range(n_layers))
+        self.ln_f = LayerNorm(d_model)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         self.lm_head.weight = self.embed.token.weight  # weight tying: one matrix, two jobs
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -83,7 +83,7 @@ class MiniGPT(nn.Module):
 
 
 torch.manual_seed(0)
-mini = MiniGPT(vocab_size=52, context_length=64, n_layer=2, n_head=4, n_embd=128)
+mini = MiniGPT(vocab_size=52, context_length=64, n_layers=2, n_heads=4, d_model=128)
 print(mini.lm_head.weight is mini.embed.token.weight, "- the output matrix is the token table")
 
 # %% [markdown]
@@ -95,7 +95,7 @@ print(mini.lm_head.weight is mini.embed.token.weight, "- the output matrix is th
 # %%
 from helpers.gpt import GPT, GPTConfig
 
-config = GPTConfig(vocab_size=52, context_length=64, n_layer=2, n_head=4, n_embd=128)
+config = GPTConfig(vocab_size=52, context_length=64, n_layers=2, n_heads=4, d_model=128)
 print(config)
 model = GPT(config)
 mini.load_state_dict(model.state_dict())
@@ -108,7 +108,7 @@ print("MiniGPT == helpers.gpt.GPT:", torch.equal(mini(ids), model(ids)))
 # cannot share evenly), and the model refuses token ids outside its vocabulary:
 
 # %%
-for bad in (lambda: GPTConfig(n_embd=130, n_head=4), lambda: model(torch.tensor([[3, 60]]))):
+for bad in (lambda: GPTConfig(d_model=130, n_heads=4), lambda: model(torch.tensor([[3, 60]]))):
     try:
         bad()
     except ValueError as error:
@@ -143,7 +143,7 @@ MATRIX_MAGIC_SUM_TABLE = torch.tensor([  # the notes' "Token Embeddings (4,8) + 
     [1.20, 0.66, 1.08, 1.50, 0.54, 0.91, 0.94, 0.16], [1.80, 0.92, 0.84, 0.14, 0.72, 0.94, 1.93, 0.76]])
 
 torch.manual_seed(0)
-toy = GPT(GPTConfig(vocab_size=12, context_length=4, n_layer=1, n_head=2, n_embd=8)).eval()
+toy = GPT(GPTConfig(vocab_size=12, context_length=4, n_layers=1, n_heads=2, d_model=8)).eval()
 with torch.no_grad():
     for param in toy.parameters():
         if param.dim() == 2:
@@ -153,7 +153,7 @@ with torch.no_grad():
 sentence = ["I", "like", "to", "eat"]
 toy_ids = torch.tensor([[toy_vocab.index(word) for word in sentence]])
 print(toy.config)
-print(f"here: {toy.config.n_head} heads x d_h {toy.config.head_dim} = {toy.config.n_embd} = d_model; "
+print(f"here: {toy.config.n_heads} heads x d_h {toy.config.head_dim} = {toy.config.d_model} = d_model; "
       f"the Matrix Magic notes: 4 heads x 4 = {4 * 4} columns, then W_O (16, 8)")
 print("token ids:", toy_ids.tolist())
 
@@ -507,7 +507,7 @@ for t, word in enumerate(sentence):
 from helpers.gpt import (build_without_weights, count_parameters, exact_parameters,
                          formula_parameters, parameter_breakdown)
 
-print(f"formula 12Nd² + 2Vd : {formula_parameters(config.n_layer, config.n_embd, config.vocab_size):>9,}")
+print(f"formula 12Nd² + 2Vd : {formula_parameters(config.n_layers, config.d_model, config.vocab_size):>9,}")
 print(f"exact, from config  : {exact_parameters(config):>9,}")
 print(f"counted in the model: {count_parameters(model):>9,}")
 print(f"sum over every tensor, tied matrix twice: {sum(p.numel() for p in model.state_dict().values()):,}")
@@ -537,7 +537,7 @@ assert count_parameters(gpt2_meta) == exact_parameters(gpt2) == 124_439_808
 # the exact count:
 
 # %%
-d, N, V, C = gpt2.n_embd, gpt2.n_layer, gpt2.vocab_size, gpt2.context_length
+d, N, V, C = gpt2.d_model, gpt2.n_layers, gpt2.vocab_size, gpt2.context_length
 rows = [
     ("attention (Q, K, V, O)", 4 * d * d, 4 * d * d + 4 * d, "per block"),
     ("FFN (d -> 4d -> d)", 8 * d * d, 8 * d * d + 5 * d, "per block"),
@@ -570,8 +570,8 @@ gpt3_table = [("GPT-3 Small", "125M", 12, 768), ("GPT-3 Medium", "350M", 24, 102
               ("GPT-3 2.7B", "2.7B", 32, 2560), ("GPT-3 6.7B", "6.7B", 32, 4096),
               ("GPT-3 13B", "13.0B", 40, 5140), ("GPT-3 175B", "175.0B", 96, 12288)]
 print(f"\n{'model':<14}{'reported':>9}{'12Nd²+2Vd':>12}{'12Nd²+Vd':>11}   nearer")
-for name, reported, n_layer, width in gpt3_table:
-    untied = formula_parameters(n_layer, width, 50257)
+for name, reported, n_layers, width in gpt3_table:
+    untied = formula_parameters(n_layers, width, 50257)
     tied = untied - 50257 * width
     reported_value = float(reported[:-1]) * (1e6 if reported.endswith("M") else 1e9)
     nearer = "tied" if abs(tied - reported_value) < abs(untied - reported_value) else "untied"
@@ -627,11 +627,11 @@ print(f"unshared embeddings would add 2 x {VOCAB_BIG:,} x {D_BIG} = {2 * VOCAB_B
 budget_bytes, bytes_per_parameter = 16e9, 2
 budget = budget_bytes / bytes_per_parameter
 print(f"budget: {budget_bytes / 1e9:.0f} GB / {bytes_per_parameter} bytes = {budget / 1e9:.1f}B parameters")
-for n_layer, width in ((32, 4096), (40, 5120)):
-    blocks_only = 12 * n_layer * width**2
-    full = formula_parameters(n_layer, width, 50_000)
+for n_layers, width in ((32, 4096), (40, 5120)):
+    blocks_only = 12 * n_layers * width**2
+    full = formula_parameters(n_layers, width, 50_000)
     verdict = "fits" if full <= budget else "does not fit"
-    print(f"N={n_layer}, d={width}: 12Nd² = {blocks_only / 1e9:.2f}B, 12Nd² + 2Vd = {full / 1e9:.2f}B "
+    print(f"N={n_layers}, d={width}: 12Nd² = {blocks_only / 1e9:.2f}B, 12Nd² + 2Vd = {full / 1e9:.2f}B "
           f"-> {full * bytes_per_parameter / 1e9:.1f} GB, {verdict}")
 adam_bytes = 2 + 4 + 4 + 4 + 2  # fp16 weight, fp32 master copy, Adam's two moments, fp16 gradient
 print(f"training with Adam in mixed precision: about {adam_bytes} bytes per parameter -> "
@@ -646,8 +646,8 @@ print(f"training with Adam in mixed precision: about {adam_bytes} bytes per para
 # ### Which part holds the parameters?
 
 # %%
-gpt3_meta = build_without_weights(GPTConfig(vocab_size=50257, context_length=2048, n_layer=96,
-                                            n_head=96, n_embd=12288))
+gpt3_meta = build_without_weights(GPTConfig(vocab_size=50257, context_length=2048, n_layers=96,
+                                            n_heads=96, d_model=12288))
 models = {"our char GPT": model, "GPT-2 small": gpt2_meta, "GPT-3 175B": gpt3_meta}
 splits = {name: parameter_breakdown(m) for name, m in models.items()}
 parts = list(splits["GPT-2 small"])
@@ -680,7 +680,7 @@ for name, split in splits.items():
 # piece the gap looks like.
 
 # %%
-def gpt_parameters(n_layer: int, n_embd: int, vocab_size: int, context_length: int) -> int:
+def gpt_parameters(n_layers: int, d_model: int, vocab_size: int, context_length: int) -> int:
     """Exact parameter count of a GPT-2-style model (biases, tied output matrix)."""
     raise NotImplementedError
 
@@ -690,18 +690,18 @@ check("gpt.exact_parameters", gpt_parameters)
 # %% [markdown]
 # <details><summary>Hint</summary>
 #
-# Start from `12 * n_layer * n_embd**2 + vocab_size * n_embd`, then add what the rule of thumb
+# Start from `12 * n_layers * d_model**2 + vocab_size * d_model`, then add what the rule of thumb
 # leaves out, one line of the table above at a time.
 # </details>
 #
 # <details><summary>Solution</summary>
 #
 # ```python
-# def gpt_parameters(n_layer: int, n_embd: int, vocab_size: int, context_length: int) -> int:
+# def gpt_parameters(n_layers: int, d_model: int, vocab_size: int, context_length: int) -> int:
 #     """Exact parameter count of a GPT-2-style model (biases, tied output matrix)."""
-#     d = n_embd
+#     d = d_model
 #     per_block = (4 * d * d + 4 * d) + (8 * d * d + 5 * d) + 4 * d
-#     return n_layer * per_block + vocab_size * d + context_length * d + 2 * d
+#     return n_layers * per_block + vocab_size * d + context_length * d + 2 * d
 #
 #
 # check("gpt.exact_parameters", gpt_parameters)
@@ -763,7 +763,7 @@ print(f"labels available for free in the training stories: {len(train_ids) - 1:,
 # characters gives 64 predictions to learn from.
 
 # %%
-x, y = random_batch(train_ids, batch_size=2, block_size=config.context_length,
+x, y = random_batch(train_ids, batch_size=2, context_length=config.context_length,
                     generator=torch.Generator().manual_seed(0))
 print("x:", repr(tokenizer.decode(x[0].tolist())))
 print("y:", repr(tokenizer.decode(y[0].tolist())))
@@ -925,7 +925,7 @@ class HandAdamW:
                 p.sub_(lr * m_hat / (v_hat.sqrt() + self.eps))
 
 
-tiny_config = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=32, n_layer=2, n_head=2, n_embd=32)
+tiny_config = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=32, n_layers=2, n_heads=2, d_model=32)
 torch.manual_seed(0)
 ours, theirs = GPT(tiny_config), GPT(tiny_config)
 theirs.load_state_dict(ours.state_dict())
@@ -1390,7 +1390,7 @@ print(f"largest difference between cached and full logits over {config.context_l
 
 # %%
 torch.manual_seed(0)
-long_model = GPT(GPTConfig(vocab_size=52, context_length=512, n_layer=4, n_head=4, n_embd=128)).eval()
+long_model = GPT(GPTConfig(vocab_size=52, context_length=512, n_layers=4, n_heads=4, d_model=128)).eval()
 long_prompt = torch.randint(0, 52, (1, 12))
 lengths = [25, 50, 100, 200, 300]
 seconds = {"recompute": [], "KV cache": []}
@@ -1428,13 +1428,13 @@ plt.show()
 # %%
 long_cache = KVCache.for_model(long_model, batch_size=1)
 cfg = long_model.config
-formula_bytes = 2 * cfg.n_layer * cfg.n_head * cfg.head_dim * cfg.context_length * 4  # float32
-print(f"2 x {cfg.n_layer} x {cfg.n_head} x {cfg.head_dim} x {cfg.context_length} x 4 bytes = {formula_bytes:,} bytes")
+formula_bytes = 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * cfg.context_length * 4  # float32
+print(f"2 x {cfg.n_layers} x {cfg.n_heads} x {cfg.head_dim} x {cfg.context_length} x 4 bytes = {formula_bytes:,} bytes")
 print(f"keys {tuple(long_cache.keys.shape)} + values {tuple(long_cache.values.shape)}: {long_cache.nbytes():,} bytes")
 assert long_cache.nbytes() == formula_bytes
-for name, (n_layer, n_head, head_dim, n_tokens) in {"GPT-2 small, 1024 tokens": (12, 12, 64, 1024),
+for name, (n_layers, n_heads, head_dim, n_tokens) in {"GPT-2 small, 1024 tokens": (12, 12, 64, 1024),
                                                      "GPT-3 175B, 2048 tokens": (96, 96, 128, 2048)}.items():
-    fp16_bytes = 2 * n_layer * n_head * head_dim * n_tokens * 2
+    fp16_bytes = 2 * n_layers * n_heads * head_dim * n_tokens * 2
     print(f"{name}, fp16: {fp16_bytes / 1e6:,.1f} MB per sequence")
 
 # %% [markdown]
@@ -1456,7 +1456,7 @@ with torch.no_grad():
 chars = [c if c != " " else "␣" for c in sentence_text]
 print(repr(sentence_text), f"{len(chars)} characters")
 for layer, blk in enumerate(model.blocks):
-    fig, axes = plt.subplots(1, config.n_head, figsize=(22, 5.5))
+    fig, axes = plt.subplots(1, config.n_heads, figsize=(22, 5.5))
     for head, ax in enumerate(axes):
         heatmap(blk.attn.last_weights[0, head], chars, chars, title=f"layer {layer}, head {head}",
                 xlabel="key", ylabel="query" if head == 0 else "", ax=ax, annotate=False, vmin=0, vmax=1)
@@ -1608,7 +1608,7 @@ print("restored model gives identical logits:", same, "| still tied:", restored.
 # %%
 # NBVAL_IGNORE_OUTPUT
 # Speeds depend on the machine and on whatever else runs on it; benchmarks/bench_train.py holds the budget.
-bench_config = GPTConfig(vocab_size=52, context_length=64, n_layer=4, n_head=4, n_embd=128)
+bench_config = GPTConfig(vocab_size=52, context_length=64, n_layers=4, n_heads=4, d_model=128)
 racers = {}
 for fast in (False, True):
     torch.manual_seed(0)

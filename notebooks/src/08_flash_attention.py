@@ -719,8 +719,8 @@ else:
 # %%
 N_COUNT, TILE_COUNT = 256, 32
 if flash_triton.triton_available():
-    loaded = {causal: flash_triton.key_tiles_visited(N_COUNT, N_COUNT, causal, block_m=TILE_COUNT,
-                                                     block_n=TILE_COUNT) for causal in (False, True)}
+    loaded = {causal: flash_triton.key_tiles_visited(N_COUNT, N_COUNT, causal, block_q=TILE_COUNT,
+                                                     block_k=TILE_COUNT) for causal in (False, True)}
     for causal, counts in loaded.items():
         print(f"N={N_COUNT}, tiles of {TILE_COUNT}, {'causal' if causal else 'full  '}: key tiles loaded "
               f"per query tile {counts}, {sum(counts)} in all")
@@ -815,7 +815,7 @@ if flash_triton.triton_available() and flash_triton.interpreting():
     upstream = torch.randn(1, 1, 19, 16, generator=generator, dtype=torch.float64)
 
     def kernel_attention(q, k, v):
-        return flash_triton.triton_attention(q, k, v, causal=True, block_m=16, block_n=16)[0]
+        return flash_triton.triton_attention(q, k, v, causal=True, block_q=16, block_k=16)[0]
 
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     kernel_grads = torch.autograd.grad(kernel_attention(*leaves), leaves, upstream)

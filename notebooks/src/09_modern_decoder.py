@@ -454,7 +454,7 @@ print(f"per token: all 64 heads {full_heads / 2**20:.2f} MiB, 8 KV heads {groupe
 # ## 6. The modern decoder, assembled
 #
 # `helpers.modern.ModernGPT` puts the pieces together: a token embedding with **no** position
-# table, `n_layer` blocks of `x + attn(RMSNorm(x))` then `x + SwiGLU(RMSNorm(x))` where the
+# table, `n_layers` blocks of `x + attn(RMSNorm(x))` then `x + SwiGLU(RMSNorm(x))` where the
 # attention rotates its queries and keys with RoPE and uses GQA, a last RMSNorm, and the output
 # matrix, tied to the embedding or not (`tie_weights`; Llama does not tie). No linear layer has
 # a bias. It is a sibling of notebook 7's `GPT` rather than a switch inside it, because nearly
@@ -470,13 +470,13 @@ from helpers.gpt import KVCache
 from helpers.modern import ModernConfig, ModernGPT, modern_generate_logits
 
 torch.manual_seed(5)
-config = ModernConfig(vocab_size=64, context_length=64, n_layer=2, n_head=4, n_kv_heads=2, n_embd=64)
+config = ModernConfig(vocab_size=64, context_length=64, n_layers=2, n_heads=4, n_kv_heads=2, d_model=64)
 model = ModernGPT(config).eval()
 tied = ModernGPT(ModernConfig(**{**config.__dict__, "tie_weights": True}))
-print(f"{config.n_head} query heads, {config.n_kv_heads} KV heads, head size {config.head_dim}, "
+print(f"{config.n_heads} query heads, {config.n_kv_heads} KV heads, head size {config.head_dim}, "
       f"SwiGLU width {config.hidden}")
 print(f"parameters: untied {n_params(model):,}, tied {n_params(tied):,} "
-      f"(difference V·D = {config.vocab_size * config.n_embd:,})")
+      f"(difference V·D = {config.vocab_size * config.d_model:,})")
 print("biases:", [name for name, _ in model.named_parameters() if name.endswith("bias")])
 
 ids = torch.randint(0, 64, (2, 24))
@@ -487,7 +487,7 @@ gap = float((full - step_by_step).abs().max())
 assert gap < 1e-4
 print("cached, one token at a time, vs full pass: largest difference < 1e-4")
 cache = KVCache.for_model(model, batch_size=2)
-mha_cache = KVCache(config.n_layer, 2, config.n_head, config.context_length, config.head_dim)
+mha_cache = KVCache(config.n_layers, 2, config.n_heads, config.context_length, config.head_dim)
 print(f"this model's cache: {cache.nbytes():,} bytes with GQA, {mha_cache.nbytes():,} with one KV head per query head")
 
 # %% [markdown]
@@ -549,7 +549,7 @@ def val_loss(model: torch.nn.Module, length: int, last: int = 64) -> float:
     return float(F.cross_entropy(logits.flatten(0, 1), y[:, -last:].flatten()))
 
 
-sizes = dict(vocab_size=len(tokenizer.chars), context_length=64, n_layer=2, n_head=4, n_embd=64)
+sizes = dict(vocab_size=len(tokenizer.chars), context_length=64, n_layers=2, n_heads=4, d_model=64)
 torch.manual_seed(0)
 gpt2 = GPT(GPTConfig(**sizes))
 torch.manual_seed(0)
@@ -719,5 +719,5 @@ d = 768
 print(f"two matrices at 4d: 2 · {d} · {4 * d} = {2 * d * 4 * d:,};  "
       f"three at 8d/3: 3 · {d} · {8 * d // 3} = {3 * d * (8 * d // 3):,}")
 print("ALiBi's first slopes for 8 heads:", alibi_slopes(8)[:3].tolist())
-print(f"GQA saving: 64 / 8 = {64 // 8};  small model: {config.n_head} / {config.n_kv_heads} = "
-      f"{config.n_head // config.n_kv_heads}")
+print(f"GQA saving: 64 / 8 = {64 // 8};  small model: {config.n_heads} / {config.n_kv_heads} = "
+      f"{config.n_heads // config.n_kv_heads}")
