@@ -1,4 +1,4 @@
-"""Speed budgets of the from-scratch byte-level BPE (helpers.tokenizers), on the 1 MB course corpus.
+"""Speed budgets of the from-scratch byte-level BPE (helpers.bpe), on the 1 MB course corpus.
 
     python benchmarks/bench_tokenizer.py              # the budgets, plus the Rust `tokenizers` library for scale
     python benchmarks/bench_tokenizer.py --textbook   # also the textbook loop, on a tenth of the corpus
@@ -13,18 +13,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections import Counter
 
+from helpers.bpe import BPETokenizer, learn_merges, textbook_merges
 from helpers.corpus import load_corpus
 from helpers.timing import best_time, format_duration
-from helpers.tokenizers import (
-    BPETokenizer,
-    count_pairs,
-    learn_merges,
-    merge,
-    most_frequent_pair,
-    pre_split,
-)
 
 N_MERGES = 256
 TRAIN_BUDGET_SECONDS = 1.0
@@ -32,24 +24,6 @@ ENCODE_BUDGET_MB_PER_SECOND = 1.0
 TEXTBOOK_CHARACTERS = 100_000  # the textbook loop takes minutes on the whole corpus
 LONG_CHUNK_CHARACTERS = 100_000
 LONG_CHUNK_BUDGET_SECONDS = 1.0
-
-
-def textbook_merges(text: str, n_merges: int) -> list[tuple[int, int]]:
-    """The loop that recounts every pair of every chunk after each merge (the slow reference)."""
-    chunks = [list(chunk.encode("utf-8")) for chunk in pre_split(text)]
-    vocab = [bytes([byte]) for byte in range(256)]
-    merges = []
-    for step in range(n_merges):
-        counts: Counter[tuple[int, int]] = Counter()
-        for ids in chunks:
-            counts.update(count_pairs(ids))
-        if not counts:
-            break
-        pair = most_frequent_pair(counts, vocab)
-        merges.append(pair)
-        vocab.append(vocab[pair[0]] + vocab[pair[1]])
-        chunks = [merge(ids, pair, 256 + step) for ids in chunks]
-    return merges
 
 
 def rust_library_seconds(text: str) -> float | None:
@@ -118,7 +92,7 @@ def main(argv: list[str]) -> int:
         report(f"textbook loop, {N_MERGES} merges on 0.1 MB (one run)", format_duration(time.perf_counter() - started))
         fast_seconds = best_time(lambda: learn_merges(tenth, N_MERGES))
         report(f"learn_merges, {N_MERGES} merges on 0.1 MB", format_duration(fast_seconds))
-        if slow != [m.pair for m in learn_merges(tenth, N_MERGES)]:
+        if slow != learn_merges(tenth, N_MERGES):
             print("ERROR: the textbook loop learned different merges", file=sys.stderr)
             return 1
 

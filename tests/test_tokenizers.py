@@ -4,8 +4,8 @@ the speed budgets live in benchmarks/bench_tokenizer.py."""
 
 from __future__ import annotations
 
+import itertools
 import json
-import re
 import threading
 from collections import Counter
 from functools import cache
@@ -17,22 +17,23 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from helpers.corpus import TOY_SOUP, load_corpus
-from helpers.tokenizers import (
-    GPT2_SPLIT_PATTERN,
+from helpers.bpe import (
     BPETokenizer,
-    CharTokenizer,
-    UnigramTokenizer,
-    WordPieceTokenizer,
     count_pairs,
     learn_merges,
     merge,
     most_frequent_pair,
+    textbook_merges,
+)
+from helpers.corpus import TOY_SOUP, load_corpus
+from helpers.subword import UnigramTokenizer, WordPieceTokenizer, segmentations, split_words
+from helpers.tokenizers import (
+    GPT2_SPLIT_PATTERN,
+    CharTokenizer,
     pre_split,
     readable,
-    segmentations,
     split_special,
-    split_words,
+    stream_blocks,
 )
 
 END = "<|endoftext|>"
@@ -41,27 +42,6 @@ END = "<|endoftext|>"
 @cache
 def corpus_bpe() -> BPETokenizer:
     return BPETokenizer.train(load_corpus(), vocab_size=512, special_tokens=[END])
-
-
-def naive_merges(text: str, n_merges: int, specials: tuple[str, ...] = ()) -> tuple[list[tuple[int, int]], list[list[int]]]:
-    """The textbook loop: recount every pair of every chunk occurrence, merge the most frequent,
-    ties to the greatest (bytes of left, bytes of right), repeat. Text between special tokens is
-    split on its own. Returns the merged pairs and the final chunks."""
-    pieces = re.split("|".join(map(re.escape, specials)), text) if specials else [text]
-    chunks = [list(chunk.encode("utf-8")) for piece in pieces for chunk in pre_split(piece)]
-    spelled = [bytes([byte]) for byte in range(256)]
-    pairs = []
-    for step in range(n_merges):
-        counts: Counter = Counter()
-        for ids in chunks:
-            counts.update(pairwise(ids))
-        if not counts:
-            break
-        pair = max(counts, key=lambda p: (counts[p], spelled[p[0]], spelled[p[1]]))
-        pairs.append(pair)
-        spelled.append(spelled[pair[0]] + spelled[pair[1]])
-        chunks = [merge(ids, pair, 256 + step) for ids in chunks]
-    return pairs, chunks
 
 
 def finishes(call, seconds: float = 10.0):
@@ -166,28 +146,46 @@ def test_split_special_isolates_special_tokens():
     assert split_special("", [END]) == []
 
 
-# --- training agrees with the textbook loop -----------------------------------------------------
+# --- training: the textbook loop, and the fast trainer that must equal it ----------------------
+
+
+def test_textbook_merges_on_a_hand_worked_example():
+    # "aaabdaaabac" is one chunk. Its pairs: (a, a) 4 times, (a, b) twice, the rest once. After
+    # a + a -> 256 the text reads [256] a b d [256] a b a c: ([256], a) and (a, b) tie at 2, and
+    # the tie goes to the greater byte strings, (b"aa", b"a") > (b"a", b"b").
+    a, b = ord("a"), ord("b")
+    assert textbook_merges("aaabdaaabac", 2) == [((a, a), 256, 4), ((256, a), 257, 2)]
+    assert textbook_merges("ab", 5) == [((a, b), 256, 1)]  # then no pair is left
+
+
+def test_textbook_merges_never_merge_across_chunks_or_special_tokens():
+    merges = textbook_merges("ab ab<|e|>ab", 10, special_tokens=["<|e|>"])
+    assert [m.pair for m in merges] == [(ord("a"), ord("b")), (ord(" "), 256)]
+    assert [m.count for m in merges] == [3, 1]
 
 
 @pytest.mark.parametrize("text", [load_corpus()[:20_000], TOY_SOUP * 3, "aaa bbb aaa bbb ab ba", "éa ☕e " * 7])
-def test_first_merges_agree_with_naive_reference(text):
-    reference, _ = naive_merges(text, 40)
-    assert [m.pair for m in learn_merges(text, 40)] == reference
+def test_learn_merges_equals_the_textbook_loop_on_real_text(text):
+    assert learn_merges(text, 40) == textbook_merges(text, 40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(min_size=1, max_size=120), st.integers(0, 16))
+def test_learn_merges_equals_the_textbook_loop_on_any_unicode(text, n_merges):
+    assert learn_merges(text, n_merges) == textbook_merges(text, n_merges)
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.text(alphabet="abc dé☕\n", min_size=1, max_size=80), st.integers(0, 12))
-def test_every_merge_agrees_with_naive_reference_on_small_texts(text, n_merges):
-    reference, _ = naive_merges(text, n_merges)
-    assert [m.pair for m in learn_merges(text, n_merges)] == reference
+def test_learn_merges_equals_the_textbook_loop_on_repetitive_text(text, n_merges):
+    assert learn_merges(text, n_merges) == textbook_merges(text, n_merges)
 
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.sampled_from(["ab", " ab", "ba", "<|e|>", "é", " c"]), min_size=1, max_size=30).map("".join))
-def test_merges_agree_with_naive_reference_around_special_tokens(text):
+def test_learn_merges_equals_the_textbook_loop_around_special_tokens(text):
     assume(text.replace("<|e|>", ""))
-    reference, _ = naive_merges(text, 10, ("<|e|>",))
-    assert [m.pair for m in learn_merges(text, 10, special_tokens=["<|e|>"])] == reference
+    assert learn_merges(text, 10, special_tokens=["<|e|>"]) == textbook_merges(text, 10, special_tokens=["<|e|>"])
 
 
 def test_ties_go_to_the_greatest_byte_strings_whatever_the_ids():
@@ -216,9 +214,14 @@ def test_merge_counts_are_the_pair_frequencies_at_merge_time():
 
 def test_encoding_reproduces_the_training_segmentation():
     text = load_corpus()[:20_000]
-    _, final_chunks = naive_merges(text, 60)
     tokenizer = BPETokenizer.train(text, vocab_size=256 + 60)
-    assert tokenizer.encode(text) == [i for ids in final_chunks for i in ids]
+    replayed = []  # each chunk's bytes with the merges applied in the order they were learned
+    for chunk in pre_split(text):
+        ids = list(chunk.encode())
+        for step, pair in enumerate(tokenizer.merges):
+            ids = merge(ids, pair, 256 + step)
+        replayed += ids
+    assert tokenizer.encode(text) == replayed
 
 
 def test_training_stops_when_no_pair_is_left():
@@ -501,7 +504,7 @@ BAD_INPUT = {
     "special_tokens int": (lambda: BPETokenizer([], special_tokens=5), TypeError, "special_tokens is 5"),
     "special_tokens holds int": (lambda: BPETokenizer([], special_tokens=[5]), TypeError, "special_tokens holds 5"),
     # sizes that are not integers
-    "bpe vocab_size float": (lambda: BPETokenizer.train("abc", 300.5), TypeError, "vocab_size is 300.5 of type float"),
+    "bpe vocab_size float": (lambda: BPETokenizer.train("abc", 300.5), TypeError, r"vocab_size is 300.5 \(a float\)"),
     "bpe vocab_size None": (lambda: BPETokenizer.train("abc", None), TypeError, "vocab_size is None"),
     "bpe vocab_size bool": (lambda: BPETokenizer.train("abc", True), TypeError, "vocab_size is True"),
     "wordpiece vocab_size float": (lambda: WordPieceTokenizer.train("abc", 30.5), TypeError, "vocab_size is 30.5"),
@@ -641,3 +644,93 @@ def test_the_exercises_refuse_float_counts_and_ids():
     assert not passed and "should be an int, but it is a float" in message
     assert passes("tokenization.encode_word", lambda w, m: BPETokenizer(m).apply_merges(list(w.encode())))
     assert not passes("tokenization.encode_word", float_ids)
+
+
+# --- streaming encode: a file a block at a time, the same ids as the whole text ----------------
+
+STREAM_SPECIALS = [END, "<|e|>", "x y", "\n\n", "<|e"]  # with spaces inside, and overlapping
+
+
+@cache
+def stream_bpe() -> BPETokenizer:
+    # Runs of spaces and new lines, so that merges tell apart the ways text can be cut there.
+    text = load_corpus()[:20_000] + " Zoë's café ☕ 東京 x² \t\n  x y<|e|> \n\n  \t s'x  y\n \u00a0 " * 20
+    return BPETokenizer.train(text, vocab_size=400, special_tokens=STREAM_SPECIALS)
+
+
+def chunks_of(text: str) -> list[str]:
+    """What BPE sees of `text`: each special token whole, the text between them pre-split."""
+    return [chunk for piece, special in split_special(text, STREAM_SPECIALS)
+            for chunk in ([piece] if special else pre_split(piece))]
+
+
+STREAM_TEXT = st.lists(st.text(ASSIGNED | st.sampled_from(" \t\n\u00a0'sxy<|e>")) | st.sampled_from(STREAM_SPECIALS),
+                       max_size=12).map("".join)
+
+
+def cut_at(text: str, places: list[int]) -> list[str]:
+    """`text` cut at `places` (any positions, in any order): inside words and special tokens too."""
+    edges = sorted({0, len(text), *(place % (len(text) + 1) for place in places)})
+    return [text[start:end] for start, end in pairwise(edges)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(STREAM_TEXT, st.lists(st.integers(0, 1000), max_size=10), st.integers(1, 12))
+def test_encoding_the_stream_blocks_one_by_one_gives_the_ids_of_the_whole_text(text, places, block_chars):
+    tokenizer = stream_bpe()
+    blocks = list(stream_blocks(cut_at(text, places), tokenizer.special_tokens, block_chars))
+    assert "".join(blocks) == text
+    assert [chunk for block in blocks for chunk in chunks_of(block)] == chunks_of(text)
+    assert [i for block in blocks for i in tokenizer.encode(block)] == tokenizer.encode(text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(STREAM_TEXT, st.lists(st.integers(0, 1000), max_size=10))
+def test_encode_iterable_equals_encode_on_any_unicode_cut_anywhere(text, places):
+    tokenizer = stream_bpe()
+    assert list(tokenizer.encode_iterable(cut_at(text, places))) == tokenizer.encode(text)
+
+
+def test_encode_iterable_equals_encode_on_the_corpus_in_lines_and_in_odd_chunks():
+    tokenizer = corpus_bpe()
+    text = END.join(load_corpus().split("\n\n")[:3000])
+    assert len(text) > 3 * (1 << 16), "long enough for several blocks"
+    assert list(tokenizer.encode_iterable(text.splitlines(keepends=True))) == tokenizer.encode(text)
+    odd_chunks = [text[start:start + 9_999] for start in range(0, len(text), 9_999)]  # cut mid-word
+    assert list(tokenizer.encode_iterable(odd_chunks)) == tokenizer.encode(text)
+
+
+def test_stream_blocks_stay_bounded_and_encode_iterable_reads_lazily():
+    endless = itertools.repeat("the cat sat on the mat. ")
+    blocks = list(itertools.islice(stream_blocks(endless, [END], block_chars=100), 50))
+    assert max(map(len, blocks)) < 150
+    first = list(itertools.islice(corpus_bpe().encode_iterable(itertools.repeat("Tom sat. ")), 10_000))
+    assert corpus_bpe().decode(first).startswith("Tom sat. Tom sat.")
+
+
+def test_text_with_nowhere_to_cut_stays_in_one_block():
+    assert list(stream_blocks(["   ", "a" * 50, "b" * 50], block_chars=10)) == ["   " + "a" * 50 + "b" * 50]
+    # The one place to cut, before " cd", is too near the end to rule out a special token there.
+    assert list(stream_blocks(["ab<|e", "|> cd"], ["<|e|>"], block_chars=1)) == ["ab<|e|> cd"]
+
+
+def test_a_special_token_that_is_still_arriving_is_not_cut():
+    # After "ab x " the text may go on with "y": no cut between "x" and " " until that is known.
+    assert list(stream_blocks(["ab x ", "y cd"], ["x y"], block_chars=1)) == ["ab", " x y", " cd"]
+
+
+def test_encode_iterable_with_another_pattern_reads_the_whole_text_first():
+    tokenizer = BPETokenizer.train("ab ab ba ab", vocab_size=260, pattern=r"\w+")
+    pieces = ["ab a", "b ba", " a"]
+    assert list(tokenizer.encode_iterable(pieces)) == tokenizer.encode("".join(pieces))
+
+
+@pytest.mark.parametrize(("texts", "error", "message"), [
+    ("one text", TypeError, r"texts is 'one text' of type str.*encode it whole"),
+    (None, TypeError, "texts is None"),
+    (["ok", b"bytes"], TypeError, r"texts\[1\] is b'bytes' of type bytes.*decode them first"),
+    (["ok", "a\ud800"], ValueError, r"texts\[1\]\[1\] is '\\ud800', a lone surrogate"),
+])
+def test_encode_iterable_names_the_bad_piece(texts, error, message):
+    with pytest.raises(error, match=message):
+        list(corpus_bpe().encode_iterable(texts))

@@ -1,7 +1,7 @@
 """Checked exercises of notebook 01, tokenization: count pairs, apply merges, decode bytes.
 
 Each checker runs the student's function on a few small cases, the tricky ones included, and
-compares it with the course's own implementation in `helpers.tokenizers`.
+compares it with the course's own implementation in `helpers.bpe`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers import tokenizers as reference
+from helpers import bpe as reference
 from helpers.exercises import ExerciseFailed, exercise, expect_count
 
 
