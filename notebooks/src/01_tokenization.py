@@ -193,7 +193,7 @@ check("tokenization.count_pairs", count_pairs)
 # ```
 # </details>
 #
-# From here on we use the same function from `helpers.tokenizers` (written with `Counter` and
+# From here on we use the same function from `helpers.bpe` (written with `Counter` and
 # `itertools.pairwise`, which yields the same neighbours as the `zip`). On the soup sentences,
 # several pairs are equally frequent, so the first merge needs a rule for ties. The course uses
 # the rule of Stanford's CS336 reference trainer: the pair whose byte strings come last in
@@ -201,7 +201,8 @@ check("tokenization.count_pairs", count_pairs)
 # only on what the tokens spell, not on the order in which their ids were handed out.
 
 # %%
-from helpers.tokenizers import count_pairs, most_frequent_pair, readable
+from helpers.bpe import count_pairs, most_frequent_pair
+from helpers.tokenizers import readable
 
 soup_pairs = count_pairs(list(TOY_SOUP.encode("utf-8")))
 top_count = max(soup_pairs.values())
@@ -260,8 +261,8 @@ def merge_pair(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
 
 print(merge_pair([7, 7, 7, 1], (7, 7), 256))
 
-# The same step lives in helpers.tokenizers as `merge`; the two agree:
-from helpers.tokenizers import merge
+# The same step lives in helpers.bpe as `merge`; the two agree:
+from helpers.bpe import merge
 
 assert merge_pair([7, 7, 7, 1, 7, 7], (7, 7), 256) == merge([7, 7, 7, 1, 7, 7], (7, 7), 256)
 
@@ -299,7 +300,19 @@ def show_merges(merges: list[tuple[int, int]]) -> None:
 show_merges(train_textbook(TOY_SOUP, 6))
 
 # %% [markdown]
-# The same algorithm lives in `helpers.tokenizers.learn_merges`, with two changes that make it
+# This loop is the slow rung of the course's package: `helpers.bpe.textbook_merges` is the same
+# loop, kept plain on purpose, and the tests and the benchmark measure the fast trainer below
+# against it. It also records how often each pair occurred when it was merged:
+
+# %%
+from helpers.bpe import textbook_merges
+
+soup_merges = textbook_merges(TOY_SOUP, 6)
+assert [m.pair for m in soup_merges] == train_textbook(TOY_SOUP, 6)
+print(soup_merges[0])
+
+# %% [markdown]
+# The same algorithm lives in `helpers.bpe.learn_merges`, with two changes that make it
 # fast without changing a single merge:
 #
 # - **count each chunk once**: a chunk that occurs thousands of times is stored once with its
@@ -320,18 +333,19 @@ print("most common:", [(readable(chunk.encode()), n) for chunk, n in chunk_count
 # (`benchmarks/bench_tokenizer.py` holds the speed budgets):
 
 # %%
-from helpers.tokenizers import learn_merges
+from helpers.bpe import learn_merges
 
 sample = corpus[:10_000]
 started = time.perf_counter()
-textbook_merges = train_textbook(sample, 30)
+plain_merges = train_textbook(sample, 30)
 textbook_seconds = time.perf_counter() - started
 started = time.perf_counter()
 fast_merges = learn_merges(sample, 30)
 fast_seconds = time.perf_counter() - started
 
-assert [m.pair for m in fast_merges] == textbook_merges
-print(f"{len(textbook_merges)} identical merges")
+assert [m.pair for m in fast_merges] == plain_merges
+assert fast_merges == textbook_merges(sample, 30)  # the same pairs, ids and counts
+print(f"{len(plain_merges)} identical merges")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -346,7 +360,7 @@ print(f"textbook loop {format_duration(textbook_seconds)} | learn_merges {format
 # puts between documents; more on it below.
 
 # %%
-from helpers.tokenizers import BPETokenizer
+from helpers.bpe import BPETokenizer
 
 VOCAB_SIZE = 512  # the knob: try 300, or a size past where this corpus runs out of pairs (section 8)
 END = "<|endoftext|>"
@@ -568,6 +582,20 @@ for name, vocab_size, length, ok in rows:
     print(f"{name:15} {vocab_size:>10,} {length:>14,}  {'yes' if ok else 'no'}")
 
 # %% [markdown]
+# A text too big for memory, such as a file of many gigabytes, is encoded a piece at a time:
+# `encode_iterable` takes the lines of a file (or chunks cut anywhere) and yields the ids one by
+# one. It joins the pieces and cuts them again only where GPT-2's pre-split always cuts, where
+# a character that is not a space meets a space, so the ids are exactly those of `encode` on
+# the whole text:
+
+# %%
+corpus_lines = corpus.splitlines(keepends=True)
+streamed_ids = list(bpe.encode_iterable(corpus_lines))
+assert streamed_ids == corpus_ids
+print(f"{len(corpus_lines):,} lines -> {len(streamed_ids):,} ids, the same as encoding the corpus "
+      f"at once: {streamed_ids == corpus_ids}")
+
+# %% [markdown]
 # ## 7. BPE, WordPiece and Unigram
 #
 # BPE is one of three subword families in wide use. The DS 246 notes compare them:
@@ -579,7 +607,7 @@ for name, vocab_size, length, ok in rows:
 # | **Flexibility** | the most flexible; can follow the morphology of a language | less flexible: based on counts alone | between the two |
 # | **Used by** | T5, ALBERT (through SentencePiece) | GPT models, StarCoder2 (code), Galactica | BERT |
 #
-# `helpers/tokenizers.py` also holds small from-scratch versions of the other two, trained here
+# `helpers/subword.py` holds small from-scratch versions of the other two, trained here
 # on the same corpus with the same vocabulary size:
 #
 # - `WordPieceTokenizer` merges the pair with the highest `count(ab) / (count(a) * count(b))`,
@@ -591,7 +619,7 @@ for name, vocab_size, length, ok in rows:
 #   when re-estimating, a common simplification of SentencePiece's expected counts.)
 
 # %%
-from helpers.tokenizers import UnigramTokenizer, WordPieceTokenizer
+from helpers.subword import UnigramTokenizer, WordPieceTokenizer
 
 wordpiece = WordPieceTokenizer.train(corpus, vocab_size=VOCAB_SIZE)
 unigram = UnigramTokenizer.train(corpus, vocab_size=VOCAB_SIZE)
@@ -621,7 +649,7 @@ for word in words_to_compare:
 # cuts (a cut that uses a piece missing from the vocabulary has probability 0):
 
 # %%
-from helpers.tokenizers import segmentations
+from helpers.subword import segmentations
 
 word_list = ("unicorn uniform union unit universe unique unicycle unify unison united "
              "program diagram telegram kilogram hologram anagram grammar "
