@@ -3,21 +3,17 @@
 Derived in notebook 1 ("Tokenization"): section 4 writes the steps by hand (`count_pairs`,
 `merge`, `most_frequent_pair`) and the textbook loop (`textbook_merges`), section 5 trains on
 the whole corpus (`learn_merges`, `BPETokenizer.train`), section 6 encodes and decodes
-(`BPETokenizer`). Like minbpe, the ladder keeps its slow rung: `textbook_merges` is the loop as
-the textbook writes it, and the tests prove that the fast `learn_merges` learns the same merges.
-
-    BPETokenizer    starts from the 256 possible byte values, so it can encode any text at all,
-                    then learns merges: "the pair (t, h) becomes a new token th"
-
-The textbook loop counts every adjacent pair, merges the most frequent one, and repeats.
-`learn_merges` makes two changes that make it fast without changing a single merge:
+(`BPETokenizer`, which starts from the 256 byte values, so it can encode any text at all).
+Like minbpe, the ladder keeps its slow rung: `textbook_merges` is the loop as the textbook
+writes it (count every pair, merge the most frequent, repeat), and the tests prove that the fast
+`learn_merges` learns the same merges. It makes three changes, none of which changes a merge:
 
 1. Count each chunk once. The text is first cut into word-like chunks (GPT-2's rule, see
    `helpers.tokenizers.pre_split`) and merges never cross a chunk boundary, so a chunk that
-   occurs 5,000 times is stored once with the weight 5,000. Special tokens are boundaries too:
-   the text on either side of one is split on its own.
-2. Update the pair counts instead of recounting them. A merge only changes the chunks that
-   contain the merged pair, so only their pairs are subtracted and added back.
+   occurs 5,000 times is stored once with the weight 5,000. Special tokens are boundaries too.
+2. Update the pair counts instead of recounting them: a merge only changes the chunks that
+   contain the merged pair, so only their pairs that changed are updated.
+3. Keep the counts in a heap, so that finding the most frequent pair does not scan them all.
 
 Ties between equally frequent pairs go to the pair whose byte strings are lexicographically
 greatest (see `most_frequent_pair`), so the merges do not depend on how ids are numbered.
@@ -53,8 +49,7 @@ Pair = tuple[int, int]
 BYTE_VOCAB_SIZE = 256  # ids 0..255 are the raw bytes; merged tokens are numbered from 256
 _CACHE_LIMIT = 100_000  # chunks remembered by BPETokenizer.encode before the cache is emptied
 _HEAP_MERGE_LENGTH = 64  # chunks longer than this are merged with a heap (see apply_merges)
-# Patterns for which `stream_blocks` finds only places the pattern always cuts at (see there).
-_STREAMABLE_PATTERNS = frozenset({GPT2_SPLIT_PATTERN})
+_STREAMABLE_PATTERNS = frozenset({GPT2_SPLIT_PATTERN})  # where `stream_blocks` cuts, these always cut
 
 
 # --- the steps of BPE, each on one list of ids ------------------------------------------------
@@ -110,7 +105,6 @@ class Merge(NamedTuple):
     count: int
 
 
-
 def _training_chunks(text: str, pattern: str, special_tokens: Iterable[str]) -> list[str]:
     """The chunks BPE trains on: `text` pre-split, special tokens left out (the text on either side
     of one is split on its own, so no chunk joins the end of one document to the next)."""
@@ -124,11 +118,9 @@ def _training_chunks(text: str, pattern: str, special_tokens: Iterable[str]) -> 
 
 def textbook_merges(text: str, n_merges: int, pattern: str = GPT2_SPLIT_PATTERN,
                     special_tokens: Iterable[str] = ()) -> list[Merge]:
-    """The first `n_merges` merges of byte-level BPE, learned the slow, plain way: count every
-    pair in every chunk, merge the most frequent, repeat. Merge i creates token 256 + i.
-
-    The reference that `learn_merges` must equal, merge for merge; seconds on 100 kB of text.
-    """
+    """The first `n_merges` merges of byte-level BPE, learned the slow, plain way: count every pair
+    in every chunk, merge the most frequent, repeat. Merge i creates token 256 + i. The reference
+    that `learn_merges` must equal, merge for merge; it takes seconds on 100 kB of text."""
     n_merges = _size_at_least("n_merges", n_merges, 0)
     chunks = [list(chunk.encode("utf-8")) for chunk in _training_chunks(text, pattern, special_tokens)]
     vocab = [bytes([byte]) for byte in range(BYTE_VOCAB_SIZE)]  # id -> the bytes it spells, for ties
@@ -148,53 +140,76 @@ def textbook_merges(text: str, n_merges: int, pattern: str = GPT2_SPLIT_PATTERN,
 
 
 class _PairTable:
-    """Pair counts over the distinct chunks, each weighted by how often its chunk occurs, and for
-    each pair the chunks that hold it (so a merge visits only those)."""
+    """Pair counts over the distinct chunks, each weighted by how often its chunk occurs; for
+    each pair the chunks that hold it (so a merge visits only those); and a heap of
+    (-count, pair) to find the most frequent pair without scanning them all."""
 
-    def __init__(self) -> None:
+    def __init__(self, chunks: Sequence[Sequence[int]], weights: Sequence[int]) -> None:
         self.counts: Counter[Pair] = Counter()
         self.holders: defaultdict[Pair, set[int]] = defaultdict(set)
+        for index, ids in enumerate(chunks):
+            for pair in pairwise(ids):
+                self.counts[pair] += weights[index]
+                self.holders[pair].add(index)
+        self.heap = [(-count, pair) for pair, count in self.counts.items()]  # stale ones are skipped
+        heapq.heapify(self.heap)
+        self.changed: set[Pair] = set()  # pairs whose count changed since the last `most_frequent`
 
-    def add(self, chunk: int, ids: Sequence[int], weight: int) -> None:
-        for pair in pairwise(ids):
-            self.counts[pair] += weight
-            self.holders[pair].add(chunk)
+    def replace(self, chunk: int, before: Sequence[int], after: Sequence[int], weight: int) -> None:
+        """Chunk number `chunk` went from `before` to `after`: update the pairs that changed."""
+        old, new = Counter(pairwise(before)), Counter(pairwise(after))
+        for pair in old.keys() | new.keys():
+            change = (new.get(pair, 0) - old.get(pair, 0)) * weight
+            if change:
+                self.counts[pair] += change
+                self.changed.add(pair)
+                if not self.counts[pair]:
+                    del self.counts[pair]
+                if pair not in old:  # a chunk stays listed under pairs it lost: cheaper than exact lists
+                    self.holders[pair].add(chunk)
 
-    def remove(self, chunk: int, ids: Sequence[int], weight: int) -> None:
-        # A chunk stays listed under pairs it no longer holds: merging it there changes nothing,
-        # which is cheaper than keeping the lists exact.
-        for pair in pairwise(ids):
-            self.counts[pair] -= weight
-            if self.counts[pair] == 0:
-                del self.counts[pair]
+    def most_frequent(self, vocab: Sequence[bytes]) -> Pair | None:
+        """The pair `most_frequent_pair` would choose (None when no pair is left)."""
+        for pair in self.changed:
+            if pair in self.counts:
+                heapq.heappush(self.heap, (-self.counts[pair], pair))
+        self.changed.clear()
+        while self.heap:
+            top = -self.heap[0][0]
+            tied = set()  # every pair whose count really is `top` now; stale entries are dropped
+            while self.heap and -self.heap[0][0] == top:
+                pair = heapq.heappop(self.heap)[1]
+                if self.counts.get(pair) == top:
+                    tied.add(pair)
+            if tied:
+                best = most_frequent_pair(dict.fromkeys(tied, top), vocab)
+                for pair in tied - {best}:
+                    heapq.heappush(self.heap, (-top, pair))
+                return best
+        return None
 
 
 def learn_merges(text: str, n_merges: int, pattern: str = GPT2_SPLIT_PATTERN,
                  special_tokens: Iterable[str] = ()) -> list[Merge]:
-    """The first `n_merges` merges byte-level BPE learns from `text` (fewer if it runs out of pairs).
-
-    Exactly `textbook_merges(text, n_merges, pattern, special_tokens)`, computed far faster:
-    each distinct chunk is counted once, and a merge updates only the chunks that hold its pair.
-    """
+    """The first `n_merges` merges byte-level BPE learns from `text` (fewer if it runs out of pairs):
+    exactly `textbook_merges(text, n_merges, pattern, special_tokens)`, computed far faster
+    (see the module's docstring for how)."""
     n_merges = _size_at_least("n_merges", n_merges, 0)
     chunk_counts = Counter(_training_chunks(text, pattern, special_tokens))
     chunks = [list(chunk.encode("utf-8")) for chunk in chunk_counts]
     weights = list(chunk_counts.values())
-    table = _PairTable()
-    for index, ids in enumerate(chunks):
-        table.add(index, ids, weights[index])
+    table = _PairTable(chunks, weights)
 
     merges: list[Merge] = []
     vocab = [bytes([byte]) for byte in range(BYTE_VOCAB_SIZE)]  # id -> bytes, for the tie-break
-    while len(merges) < n_merges and table.counts:
-        pair = most_frequent_pair(table.counts, vocab)
+    while len(merges) < n_merges and (pair := table.most_frequent(vocab)) is not None:
         new_id = BYTE_VOCAB_SIZE + len(merges)
         merges.append(Merge(pair, new_id, table.counts[pair]))
         vocab.append(vocab[pair[0]] + vocab[pair[1]])
         for index in table.holders.pop(pair):
-            table.remove(index, chunks[index], weights[index])
-            chunks[index] = merge(chunks[index], pair, new_id)
-            table.add(index, chunks[index], weights[index])
+            merged = merge(chunks[index], pair, new_id)
+            table.replace(index, chunks[index], merged, weights[index])
+            chunks[index] = merged
     return merges
 
 
