@@ -1,0 +1,474 @@
+"""helpers.bpe: the fast trainer equals the textbook loop, merge for merge; round trips on any
+text; save/load identity; special tokens; streaming encode equal to encoding the whole text; and
+clear errors for bad input. Nothing here is timed: the speed budgets live in
+benchmarks/bench_tokenizer.py."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from functools import cache
+from itertools import pairwise
+
+import pytest
+import regex
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from tokenizer_cases import ASSIGNED, END, finishes
+
+from helpers.bpe import (
+    BPETokenizer,
+    count_pairs,
+    learn_merges,
+    merge,
+    most_frequent_pair,
+    textbook_merges,
+)
+from helpers.corpus import TOY_SOUP, load_corpus
+from helpers.tokenizers import (
+    GPT2_SPLIT_PATTERN,
+    CharTokenizer,
+    pre_split,
+    split_special,
+    stream_blocks,
+)
+
+
+@cache
+def corpus_bpe() -> BPETokenizer:
+    return BPETokenizer.train(load_corpus(), vocab_size=512, special_tokens=[END])
+
+
+# --- the steps, and any pre-tokenizer pattern ----------------------------------------------------
+
+
+def test_count_pairs_counts_overlapping_neighbours():
+    assert count_pairs([1, 2, 1, 2]) == {(1, 2): 2, (2, 1): 1}
+    assert count_pairs([5, 5, 5]) == {(5, 5): 2}
+    assert count_pairs([7]) == {}
+
+
+def test_merge_replaces_left_to_right_without_overlap():
+    assert merge([7, 7, 7], (7, 7), 300) == [300, 7]
+    assert merge([7, 7, 7, 7], (7, 7), 300) == [300, 300]
+    assert merge([1, 2, 3, 1, 2], (1, 2), 256) == [256, 3, 256]
+    assert merge([1, 3, 2], (1, 2), 256) == [1, 3, 2]
+
+
+@pytest.mark.parametrize("pattern", [r"\w+", r"(a)|b", r"x*", r"(?=a)", r"\s"])
+def test_a_pattern_that_skips_text_or_captures_loses_nothing(pattern):
+    text = "a b! xxa\tb"
+    assert "".join(pre_split(text, pattern)) == text
+    tokenizer = BPETokenizer.train(text * 3, vocab_size=270, pattern=pattern)
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+PATTERN_PIECES = ["a", "b", " ", r"\w", r"\s", r"\d", ".", "(", ")", "(?:", "|", "*", "+", "?", "[ab]", "^", "$"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.sampled_from(PATTERN_PIECES), min_size=1, max_size=6).map("".join),
+       st.text(alphabet="ab 1\né☕", max_size=40), st.text(alphabet="ab 1\né☕", max_size=30))
+def test_bpe_round_trips_any_text_for_any_pattern_it_accepts(pattern, training_text, text):
+    try:
+        regex.compile(pattern)
+    except regex.error:
+        with pytest.raises(ValueError, match="pattern is"):
+            BPETokenizer([], pattern=pattern)
+        return
+    tokenizer = BPETokenizer.train(training_text + "ab ab", vocab_size=280, pattern=pattern)
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+# --- training: the textbook loop, and the fast trainer that must equal it ------------------------
+
+
+def test_textbook_merges_on_a_hand_worked_example():
+    # "aaabdaaabac" is one chunk. Its pairs: (a, a) 4 times, (a, b) twice, the rest once. After
+    # a + a -> 256 the text reads [256] a b d [256] a b a c: ([256], a) and (a, b) tie at 2, and
+    # the tie goes to the greater byte strings, (b"aa", b"a") > (b"a", b"b").
+    a, b = ord("a"), ord("b")
+    assert textbook_merges("aaabdaaabac", 2) == [((a, a), 256, 4), ((256, a), 257, 2)]
+    assert textbook_merges("ab", 5) == [((a, b), 256, 1)]  # then no pair is left
+
+
+def test_textbook_merges_never_merge_across_chunks_or_special_tokens():
+    merges = textbook_merges("ab ab<|e|>ab", 10, special_tokens=["<|e|>"])
+    assert [m.pair for m in merges] == [(ord("a"), ord("b")), (ord(" "), 256)]
+    assert [m.count for m in merges] == [3, 1]
+
+
+@pytest.mark.parametrize("text", [load_corpus()[:20_000], TOY_SOUP * 3, "aaa bbb aaa bbb ab ba", "éa ☕e " * 7])
+def test_learn_merges_equals_the_textbook_loop_on_real_text(text):
+    assert learn_merges(text, 40) == textbook_merges(text, 40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(min_size=1, max_size=120), st.integers(0, 16))
+def test_learn_merges_equals_the_textbook_loop_on_any_unicode(text, n_merges):
+    assert learn_merges(text, n_merges) == textbook_merges(text, n_merges)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet="abc dé☕\n", min_size=1, max_size=80), st.integers(0, 12))
+def test_learn_merges_equals_the_textbook_loop_on_repetitive_text(text, n_merges):
+    assert learn_merges(text, n_merges) == textbook_merges(text, n_merges)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(["ab", " ab", "ba", "<|e|>", "é", " c"]), min_size=1, max_size=30).map("".join))
+def test_learn_merges_equals_the_textbook_loop_around_special_tokens(text):
+    assume(text.replace("<|e|>", ""))
+    assert learn_merges(text, 10, special_tokens=["<|e|>"]) == textbook_merges(text, 10, special_tokens=["<|e|>"])
+
+
+def test_ties_go_to_the_greatest_byte_strings_whatever_the_ids():
+    # Every pair of "ab cd" occurs once; (c, d) spells the greatest bytes.
+    assert learn_merges("ab cd", 1)[0].pair == (ord("c"), ord("d"))
+    # Ids 300 and 301 spell b"z" and b"a": the pair is chosen by what it spells, not by its ids.
+    vocab = {0: b"a", 1: b"z", 300: b"z", 301: b"a"}
+    assert most_frequent_pair({(300, 301): 2, (301, 300): 2, (0, 0): 1}, vocab) == (300, 301)
+    assert most_frequent_pair({(0, 1): 3, (1, 0): 3}, vocab) == (1, 0)
+
+
+def test_training_never_merges_across_special_tokens():
+    tokenizer = BPETokenizer.train("cat<|e|>dog" * 50, 270, special_tokens=["<|e|>"])
+    learned = {tokenizer.vocab[256 + i] for i in range(len(tokenizer.merges))}
+    assert b"dogcat" in learned and b"catdog" not in learned  # "dogcat" lies between two specials
+    assert not any(b"tdog" in token or b"t<" in token or b">d" in token for token in learned)
+
+
+def test_merge_counts_are_the_pair_frequencies_at_merge_time():
+    text = "aaab aaab ab"
+    first = learn_merges(text, 1)[0]
+    chunks = [list(c.encode()) for c in pre_split(text)]
+    expected = sum(count_pairs(ids)[first.pair] for ids in chunks)
+    assert (first.new_id, first.count) == (256, expected)
+
+
+def test_encoding_reproduces_the_training_segmentation():
+    text = load_corpus()[:20_000]
+    tokenizer = BPETokenizer.train(text, vocab_size=256 + 60)
+    replayed = []  # each chunk's bytes with the merges applied in the order they were learned
+    for chunk in pre_split(text):
+        ids = list(chunk.encode())
+        for step, pair in enumerate(tokenizer.merges):
+            ids = merge(ids, pair, 256 + step)
+        replayed += ids
+    assert tokenizer.encode(text) == replayed
+
+
+def test_training_stops_when_no_pair_is_left():
+    tokenizer = BPETokenizer.train("ab", vocab_size=300)
+    assert tokenizer.merges == [(97, 98)]
+    assert tokenizer.vocab_size == 257
+    assert tokenizer.encode("ab") == [256]
+
+
+def test_vocabulary_has_the_requested_size_and_learned_tokens_are_byte_strings():
+    tokenizer = corpus_bpe()
+    assert tokenizer.vocab_size == 512
+    assert tokenizer.special_tokens == {END: 511}
+    assert all(tokenizer.vocab[256 + i] == tokenizer.vocab[a] + tokenizer.vocab[b]
+               for i, (a, b) in enumerate(tokenizer.merges))
+    assert len(tokenizer.encode(load_corpus()[:5000])) < 5000 / 2, "merges should compress the corpus"
+
+
+# --- round trips ---------------------------------------------------------------------------------
+
+
+@given(st.text())
+def test_bpe_round_trips_any_unicode_text(text):
+    assert corpus_bpe().decode(corpus_bpe().encode(text)) == text
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text(min_size=1, max_size=200), st.text(max_size=50))
+def test_bpe_trained_on_any_text_round_trips_other_text(training_text, text):
+    tokenizer = BPETokenizer.train(training_text, vocab_size=300)
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+@given(st.lists(st.sampled_from(["Tom", " sat", END, "☕", "\n", "é"]), max_size=12))
+def test_special_tokens_get_one_id_and_survive_the_round_trip(pieces):
+    text = "".join(pieces)
+    ids = corpus_bpe().encode(text)
+    assert ids.count(511) == pieces.count(END)
+    assert corpus_bpe().decode(ids) == text
+
+
+def test_decode_of_half_a_character_shows_a_replacement_mark():
+    tokenizer = corpus_bpe()
+    ids = tokenizer.encode("👋")
+    assert len(ids) == 4 and tokenizer.decode(ids[:2]) == "�"
+    assert tokenizer.decode(ids) == "👋"
+
+
+def test_decode_accepts_tensors_of_ids():
+    tokenizer = corpus_bpe()
+    ids = tokenizer.encode(TOY_SOUP)
+    assert tokenizer.decode(torch.tensor(ids)) == TOY_SOUP
+
+
+# --- save and load -------------------------------------------------------------------------------
+
+
+def test_bpe_save_load_identity(tmp_path):
+    tokenizer = corpus_bpe()
+    loaded = BPETokenizer.load(tokenizer.save(tmp_path / "bpe.json"))
+    assert loaded == tokenizer and loaded.vocab == tokenizer.vocab
+    text = f"Mia found a shiny key ☕{END}"
+    assert loaded.encode(text) == tokenizer.encode(text)
+    assert loaded != BPETokenizer(tokenizer.merges[:-1], [END])
+
+
+def test_loading_the_wrong_kind_of_file_says_so(tmp_path):
+    path = CharTokenizer.train("abc").save(tmp_path / "chars.json")
+    with pytest.raises(ValueError, match="expected a saved BPETokenizer"):
+        BPETokenizer.load(path)
+
+
+# --- clear errors --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("train", [lambda: BPETokenizer.train("", vocab_size=300),
+                                   lambda: learn_merges("", 10),
+                                   lambda: CharTokenizer.train(""),
+                                   lambda: CharTokenizer.train(END, special_tokens=[END])])
+def test_empty_training_text_is_refused(train):
+    with pytest.raises(ValueError, match="text is empty"):
+        train()
+
+
+@pytest.mark.parametrize("bad_id", [-1, 512, 10_000])
+def test_bpe_ids_outside_the_vocabulary_are_refused(bad_id):
+    with pytest.raises(ValueError, match=rf"ids\[1\] is {bad_id}, expected an id in range\(0, 512\)"):
+        corpus_bpe().decode([65, bad_id])
+
+
+def test_non_integer_ids_are_refused():
+    with pytest.raises(TypeError, match=r"ids\[0\] is 1.5 of type float"):
+        corpus_bpe().decode([1.5])
+
+
+@pytest.mark.parametrize(("vocab_size", "specials", "smallest"), [(255, [], 256), (0, [], 256),
+                                                                 (256, [END], 257)])
+def test_vocabulary_smaller_than_the_bytes_is_refused(vocab_size, specials, smallest):
+    with pytest.raises(ValueError, match=rf"vocab_size is {vocab_size}, expected at least {smallest}"):
+        BPETokenizer.train("some text", vocab_size=vocab_size, special_tokens=specials)
+
+
+def test_bad_merges_and_special_tokens_are_refused():
+    with pytest.raises(ValueError, match=r"merges\[0\] is \(256, 1\)"):
+        BPETokenizer([(256, 1)])
+    with pytest.raises(ValueError, match="special_tokens"):
+        BPETokenizer([], special_tokens=[END, END])
+    with pytest.raises(ValueError, match="chars holds 'ab'"):
+        CharTokenizer(["ab"])
+
+
+def tiny_bpe() -> BPETokenizer:
+    return BPETokenizer.train("ab ab ba", vocab_size=260)
+
+
+json_pattern = json.dumps(GPT2_SPLIT_PATTERN)
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("not json at all", "is not a JSON file"),
+    ('{"type": "BPETokenizer", "merges": [[97, 98]', "is not a JSON file"),  # cut short
+    ('{"type": "BPETokenizer", "merges": []}', "has no 'special_tokens', 'pattern'"),
+    ('{"type": "BPETokenizer", "merges": 5, "special_tokens": [], "pattern": ' + json_pattern + "}",
+     "merges is 5"),
+    ('{"type": "BPETokenizer", "merges": [[97, 98, 99]], "special_tokens": [], "pattern": ' + json_pattern + "}",
+     r"merges\[0\] is \[97, 98, 99\]"),
+], ids=["not JSON", "truncated", "incomplete", "merges not a list", "bad pair"])
+def test_a_broken_tokenizer_file_is_named_with_what_is_wrong(tmp_path, content, message):
+    path = tmp_path / "bpe.json"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises((ValueError, TypeError), match=message):
+        BPETokenizer.load(path)
+
+
+def test_a_file_cannot_make_encode_run_an_arbitrary_pattern(tmp_path):
+    path = tiny_bpe().save(tmp_path / "bpe.json")
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    saved["pattern"] = "(?:a+)+b|."  # exponential backtracking on "aaaa...c"
+    path.write_text(json.dumps(saved), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"holds the pattern '\(\?:a\+\)\+b\|\.', expected one of the known"):
+        finishes(lambda: BPETokenizer.load(path))
+    # The same pattern, chosen in code, is the programmer's choice and is accepted.
+    assert BPETokenizer([], pattern=saved["pattern"]).decode(BPETokenizer([], pattern=saved["pattern"]).encode("ab")) == "ab"
+
+
+# --- the former slow cases finish, and the notebook's exercises ----------------------------------
+
+
+def test_encoding_a_long_chunk_is_fast_and_agrees_with_merging_in_order():
+    tokenizer = corpus_bpe()
+    letters = "".join("thesoupisyummy"[(i * i) % 14] for i in range(100_000))  # one chunk, no spaces
+    ids = finishes(lambda: tokenizer.encode(letters))
+    reference = list(letters.encode())
+    for rank, pair in enumerate(tokenizer.merges):  # merges applied in the order learned
+        reference = merge(reference, pair, 256 + rank)
+    assert ids == reference and tokenizer.decode(ids) == letters
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet="abcdeé ", min_size=65, max_size=300))
+def test_the_heap_merge_of_long_chunks_agrees_with_the_scanning_loop(text):
+    tokenizer = corpus_bpe()
+    ids = list(text.encode())
+    reference = list(ids)
+    for rank, pair in enumerate(tokenizer.merges):
+        reference = merge(reference, pair, 256 + rank)
+    assert tokenizer.apply_merges(ids) == reference
+
+
+def test_the_exercises_refuse_float_counts_and_ids():
+    from helpers.exercises import evaluate, passes
+
+    def float_counts(ids):
+        return {pair: float(n) for pair, n in count_pairs(ids).items()}
+
+    def float_ids(word, merges):
+        return [float(i) for i in BPETokenizer(merges).apply_merges(list(word.encode()))]
+
+    assert passes("tokenization.count_pairs", lambda ids: dict(count_pairs(ids)))
+    passed, message = evaluate("tokenization.count_pairs", float_counts)
+    assert not passed and "should be an int, but it is a float" in message
+    assert passes("tokenization.encode_word", lambda w, m: BPETokenizer(m).apply_merges(list(w.encode())))
+    assert not passes("tokenization.encode_word", float_ids)
+
+
+# --- streaming encode: a file a block at a time, the same ids as the whole text ------------------
+
+
+STREAM_SPECIALS = [END, "<|e|>", "x y", "\n\n", "<|e"]  # with spaces inside, and overlapping
+
+
+@cache
+def stream_bpe() -> BPETokenizer:
+    # Runs of spaces and new lines, so that merges tell apart the ways text can be cut there.
+    text = load_corpus()[:20_000] + " Zoë's café ☕ 東京 x² \t\n  x y<|e|> \n\n  \t s'x  y\n \u00a0 " * 20
+    return BPETokenizer.train(text, vocab_size=400, special_tokens=STREAM_SPECIALS)
+
+
+def chunks_of(text: str) -> list[str]:
+    """What BPE sees of `text`: each special token whole, the text between them pre-split."""
+    return [chunk for piece, special in split_special(text, STREAM_SPECIALS)
+            for chunk in ([piece] if special else pre_split(piece))]
+
+
+STREAM_TEXT = st.lists(st.text(ASSIGNED | st.sampled_from(" \t\n\u00a0'sxy<|e>")) | st.sampled_from(STREAM_SPECIALS),
+                       max_size=12).map("".join)
+
+
+def cut_at(text: str, places: list[int]) -> list[str]:
+    """`text` cut at `places` (any positions, in any order): inside words and special tokens too."""
+    edges = sorted({0, len(text), *(place % (len(text) + 1) for place in places)})
+    return [text[start:end] for start, end in pairwise(edges)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(STREAM_TEXT, st.lists(st.integers(0, 1000), max_size=10), st.integers(1, 12))
+def test_encoding_the_stream_blocks_one_by_one_gives_the_ids_of_the_whole_text(text, places, block_chars):
+    tokenizer = stream_bpe()
+    blocks = list(stream_blocks(cut_at(text, places), tokenizer.special_tokens, block_chars))
+    assert "".join(blocks) == text
+    assert [chunk for block in blocks for chunk in chunks_of(block)] == chunks_of(text)
+    assert [i for block in blocks for i in tokenizer.encode(block)] == tokenizer.encode(text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(STREAM_TEXT, st.lists(st.integers(0, 1000), max_size=10))
+def test_encode_iterable_equals_encode_on_any_unicode_cut_anywhere(text, places):
+    tokenizer = stream_bpe()
+    assert list(tokenizer.encode_iterable(cut_at(text, places))) == tokenizer.encode(text)
+
+
+def test_encode_iterable_equals_encode_on_the_corpus_in_lines_and_in_odd_chunks():
+    tokenizer = corpus_bpe()
+    text = END.join(load_corpus().split("\n\n")[:3000])
+    assert len(text) > 3 * (1 << 16), "long enough for several blocks"
+    assert list(tokenizer.encode_iterable(text.splitlines(keepends=True))) == tokenizer.encode(text)
+    odd_chunks = [text[start:start + 9_999] for start in range(0, len(text), 9_999)]  # cut mid-word
+    assert list(tokenizer.encode_iterable(odd_chunks)) == tokenizer.encode(text)
+
+
+def test_stream_blocks_stay_bounded_and_encode_iterable_reads_lazily():
+    endless = itertools.repeat("the cat sat on the mat. ")
+    blocks = list(itertools.islice(stream_blocks(endless, [END], block_chars=100), 50))
+    assert max(map(len, blocks)) < 150
+    first = list(itertools.islice(corpus_bpe().encode_iterable(itertools.repeat("Tom sat. ")), 10_000))
+    assert corpus_bpe().decode(first).startswith("Tom sat. Tom sat.")
+
+
+def test_text_with_nowhere_to_cut_stays_in_one_block():
+    assert list(stream_blocks(["   ", "a" * 50, "b" * 50], block_chars=10)) == ["   " + "a" * 50 + "b" * 50]
+    # The one place to cut, before " cd", is too near the end to rule out a special token there.
+    assert list(stream_blocks(["ab<|e", "|> cd"], ["<|e|>"], block_chars=1)) == ["ab<|e|> cd"]
+
+
+def test_a_special_token_that_is_still_arriving_is_not_cut():
+    # After "ab x " the text may go on with "y": no cut between "x" and " " until that is known.
+    assert list(stream_blocks(["ab x ", "y cd"], ["x y"], block_chars=1)) == ["ab", " x y", " cd"]
+
+
+def test_encode_iterable_with_another_pattern_reads_the_whole_text_first():
+    tokenizer = BPETokenizer.train("ab ab ba ab", vocab_size=260, pattern=r"\w+")
+    pieces = ["ab a", "b ba", " a"]
+    assert list(tokenizer.encode_iterable(pieces)) == tokenizer.encode("".join(pieces))
+
+
+@pytest.mark.parametrize(("texts", "error", "message"), [
+    ("one text", TypeError, r"texts is 'one text' of type str.*encode it whole"),
+    (None, TypeError, "texts is None"),
+    (["ok", b"bytes"], TypeError, r"texts\[1\] is b'bytes' of type bytes.*decode them first"),
+    (["ok", "a\ud800"], ValueError, r"texts\[1\]\[1\] is '\\ud800', a lone surrogate"),
+])
+def test_encode_iterable_names_the_bad_piece(texts, error, message):
+    with pytest.raises(error, match=message):
+        list(corpus_bpe().encode_iterable(texts))
+
+
+# --- bad input: a clear error that names the argument --------------------------------------------
+
+
+BAD_INPUT = {
+    # special_tokens given as one string instead of a list of strings
+    "bpe train special_tokens str": (lambda: BPETokenizer.train("abc", 300, special_tokens="<eot>"),
+                                     TypeError, r"special_tokens is '<eot>', a single string"),
+    "bpe special_tokens str": (lambda: BPETokenizer([], special_tokens="<eot>"), TypeError, "special_tokens is"),
+    "special_tokens int": (lambda: BPETokenizer([], special_tokens=5), TypeError, "special_tokens is 5"),
+    "special_tokens holds int": (lambda: BPETokenizer([], special_tokens=[5]), TypeError, "special_tokens holds 5"),
+    # sizes that are not integers
+    "bpe vocab_size float": (lambda: BPETokenizer.train("abc", 300.5), TypeError, r"vocab_size is 300.5 \(a float\)"),
+    "bpe vocab_size None": (lambda: BPETokenizer.train("abc", None), TypeError, "vocab_size is None"),
+    "bpe vocab_size bool": (lambda: BPETokenizer.train("abc", True), TypeError, "vocab_size is True"),
+    "learn_merges n_merges float": (lambda: learn_merges("abc", 2.5), TypeError, "n_merges is 2.5"),
+    # ids that are bools, or not a list at all
+    "bpe decode bools": (lambda: tiny_bpe().decode([True, False]), TypeError, r"ids\[0\] is True"),
+    "bpe decode bool tensor": (lambda: tiny_bpe().decode(torch.tensor([True])), TypeError, r"ids\[0\] is"),
+    "decode None": (lambda: tiny_bpe().decode(None), TypeError, "ids is None"),
+    "decode a str": (lambda: tiny_bpe().decode("ab"), TypeError, "ids is 'ab'"),
+    # None, bytes or an int where text is expected
+    "bpe encode None": (lambda: tiny_bpe().encode(None), TypeError, "text is None of type NoneType"),
+    "bpe encode bytes": (lambda: tiny_bpe().encode(b"ab"), TypeError, r"text is b'ab' of type bytes.*decode"),
+    "bpe encode int": (lambda: tiny_bpe().encode(7), TypeError, "text is 7 of type int"),
+    "bpe train None": (lambda: BPETokenizer.train(None, 300), TypeError, "text is None"),
+    # a lone surrogate: the position in the text is named
+    "bpe encode surrogate": (lambda: tiny_bpe().encode("ab\ud800c"), ValueError, r"text\[2\] is '\\ud800', a lone surrogate"),
+    "bpe train surrogate": (lambda: BPETokenizer.train("x\udfffy", 300), ValueError, r"text\[1\] is '\\udfff'"),
+    # patterns
+    "pattern not a str": (lambda: BPETokenizer([], pattern=3), TypeError, "pattern is 3"),
+    "pattern invalid": (lambda: BPETokenizer([], pattern="(a"), ValueError, r"pattern is '\(a', which is not a valid"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUT, ids=str)
+def test_bad_input_gets_a_clear_error_naming_the_argument(case):
+    call, error_type, message = BAD_INPUT[case]
+    with pytest.raises(error_type, match=message):
+        finishes(call)
