@@ -312,13 +312,15 @@ assert [m.pair for m in soup_merges] == train_textbook(TOY_SOUP, 6)
 print(soup_merges[0])
 
 # %% [markdown]
-# The same algorithm lives in `helpers.bpe.learn_merges`, with two changes that make it
+# The same algorithm lives in `helpers.bpe.learn_merges`, with three changes that make it
 # fast without changing a single merge:
 #
 # - **count each chunk once**: a chunk that occurs thousands of times is stored once with its
 #   count;
 # - **update the counts instead of recounting**: a merge only changes the chunks that contain
-#   the merged pair, so only their pairs are subtracted and added back.
+#   the merged pair, so only the counts of their pairs change;
+# - **keep the counts in a heap** (Python's `heapq`), so that finding the most frequent pair
+#   does not mean looking at every pair.
 #
 # The first idea is most of the win on this corpus:
 
