@@ -8,15 +8,12 @@ Like minbpe, the ladder keeps its slow rung: `textbook_merges` is the loop as th
 writes it (count every pair, merge the most frequent, repeat), and the tests prove that the fast
 `learn_merges` learns the same merges. It makes three changes, none of which changes a merge:
 
-1. Count each chunk once. The text is first cut into word-like chunks (GPT-2's rule, see
-   `helpers.tokenizers.pre_split`) and merges never cross a chunk boundary, so a chunk that
-   occurs 5,000 times is stored once with the weight 5,000. Special tokens are boundaries too.
+1. Count each chunk once. Merges never cross a chunk boundary (`helpers.tokenizers.pre_split`),
+   so a chunk that occurs 5,000 times is stored once with the weight 5,000.
 2. Update the pair counts instead of recounting them: a merge only changes the chunks that
    contain the merged pair, so only their pairs that changed are updated.
 3. Keep the counts in a heap, so that finding the most frequent pair does not scan them all.
-
-Ties between equally frequent pairs go to the pair whose byte strings are lexicographically
-greatest (see `most_frequent_pair`), so the merges do not depend on how ids are numbered.
+Ties go to the pair whose byte strings are greatest (`most_frequent_pair`), whatever the ids.
 """
 
 from __future__ import annotations
@@ -157,15 +154,18 @@ class _PairTable:
 
     def replace(self, chunk: int, before: Sequence[int], after: Sequence[int], weight: int) -> None:
         """Chunk number `chunk` went from `before` to `after`: update the pairs that changed."""
-        old, new = Counter(pairwise(before)), Counter(pairwise(after))
-        for pair in old.keys() | new.keys():
-            change = (new.get(pair, 0) - old.get(pair, 0)) * weight
-            if change:
-                self.counts[pair] += change
+        change: dict[Pair, int] = {}
+        for pair in pairwise(before):
+            change[pair] = change.get(pair, 0) - weight
+        for pair in pairwise(after):
+            change[pair] = change.get(pair, 0) + weight
+        for pair, amount in change.items():
+            if amount:
+                self.counts[pair] += amount
                 self.changed.add(pair)
                 if not self.counts[pair]:
                     del self.counts[pair]
-                if pair not in old:  # a chunk stays listed under pairs it lost: cheaper than exact lists
+                elif amount > 0:  # a chunk stays listed under pairs it lost: cheaper than exact lists
                     self.holders[pair].add(chunk)
 
     def most_frequent(self, vocab: Sequence[bytes]) -> Pair | None:
@@ -208,8 +208,9 @@ def learn_merges(text: str, n_merges: int, pattern: str = GPT2_SPLIT_PATTERN,
         vocab.append(vocab[pair[0]] + vocab[pair[1]])
         for index in table.holders.pop(pair):
             merged = merge(chunks[index], pair, new_id)
-            table.replace(index, chunks[index], merged, weights[index])
-            chunks[index] = merged
+            if len(merged) < len(chunks[index]):  # else the chunk no longer held the pair
+                table.replace(index, chunks[index], merged, weights[index])
+                chunks[index] = merged
     return merges
 
 
@@ -288,15 +289,10 @@ class BPETokenizer:
     def encode_iterable(self, texts: Iterable[str]) -> Iterator[int]:
         """The ids of the text that `texts` holds, yielded one at a time as the text is read:
         exactly `encode("".join(texts))`, in memory that does not grow with the text.
-
-            with open(path, encoding="utf-8") as lines:
-                for token_id in tokenizer.encode_iterable(lines): ...
-
-        `texts` may be the lines of a file or chunks cut anywhere, even inside a word or a special
-        token: `helpers.tokenizers.stream_blocks` joins them and cuts again only where GPT-2's
-        pre-tokenizer always cuts. With another pattern no such place is known, so the whole
-        text is read first. Bad input (a piece that is bytes) is reported when it is reached.
-        """
+        `texts`: the lines of a file (`open(path, encoding="utf-8")`) or chunks cut anywhere, even
+        inside a word or a special token: `helpers.tokenizers.stream_blocks` joins them and cuts
+        again only where GPT-2's pre-tokenizer always cuts. With another pattern no such place is
+        known, so the whole text is read first. A bad piece (bytes) is reported when reached."""
         if self.pattern in _STREAMABLE_PATTERNS:
             blocks = stream_blocks(texts, self.special_tokens)
         else:  # one block, never cut (stream_blocks still checks every piece)
