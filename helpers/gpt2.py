@@ -6,7 +6,8 @@
     convert_gpt2_state       Hugging Face's GPT-2 names and layouts -> the course GPT's
     load_gpt2                a checkpoint file -> a course `GPT` in eval mode, GPT-2's weights in it
     download_gpt2            GPT-2's files fetched once into a cache folder (timeouts, clear errors)
-    load_gpt2_small          what notebook 7's LOAD_GPT2 cell calls: download, model, tokenizer
+    load_gpt2_small          GPT-2 small's model and tokenizer, downloaded once
+    gpt2_demo                what notebook 7's LOAD_GPT2 cell calls: load, then generate
 
 Hugging Face stores GPT-2 as OpenAI trained it. Three things differ from the course GPT:
 the names (`h.3.attn.c_attn.weight` vs `blocks.3.attn.q_proj.weight`); the projections are
@@ -33,7 +34,7 @@ import torch
 from torch import Tensor
 
 from helpers import checks
-from helpers.gpt import GPT, GPTConfig
+from helpers.gpt import GPT, GPTConfig, generate
 from helpers.layers import LayerNorm
 
 GPT2_URL = "https://huggingface.co/openai-community/gpt2/resolve/main"
@@ -288,3 +289,17 @@ def load_gpt2_small(cache_dir: str | Path, base_url: str = GPT2_URL, timeout: fl
                          f"{model.config.vocab_size}: vocab.json and model.safetensors do not belong together")
     return model, tokenizer
 
+
+
+def gpt2_demo(cache_dir: str | Path, prompt: str, max_new_tokens: int = 40, top_k: int = 40,
+              seed: int = 0, base_url: str = GPT2_URL, fetch: Fetch = fetch_url):
+    """Notebook 7's LOAD_GPT2 cell: GPT-2 small (downloaded once into `cache_dir`) continues
+    `prompt` with the course's `generate` and KV cache, top-k sampling, seeded.
+
+    Returns (model, tokenizer, text): the course GPT, the GPT-2 tokenizer, prompt + continuation.
+    """
+    model, tokenizer = load_gpt2_small(cache_dir, base_url, fetch=fetch)
+    prompt_ids = torch.tensor([tokenizer.encode(prompt)])
+    ids = generate(model, prompt_ids, max_new_tokens, temperature=1.0, top_k=top_k, use_cache=True,
+                   generator=torch.Generator().manual_seed(seed))
+    return model, tokenizer, tokenizer.decode(ids[0].tolist())

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.gpt import GPT, KVCache, count_parameters, generate
+from helpers.gpt import GPT, KVCache, count_parameters, generate, sample_next
 from helpers.gpt2 import (
     convert_gpt2_state,
     download_gpt2,
@@ -197,3 +197,38 @@ def test_loaded_model_is_a_course_gpt(tmp_path):
     model = load_gpt2(save(hf_gpt2(**SIZES[1]), tmp_path, "bin"), tmp_path / "config.json")
     assert type(model) is GPT and not model.training
     assert model.lm_head.weight is model.embed.token.weight
+
+
+def test_notebook_knob_path_with_a_local_fake_download(tmp_path):
+    """What notebook 7 runs with LOAD_GPT2 = True, with huggingface.co replaced by a folder:
+    a GPT-2-shaped checkpoint (width 768, so no config.json is needed) and tokenizer files."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from helpers.gpt2 import GPT2_FILES, gpt2_demo
+
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    hf_tokenizer = Tokenizer(models.BPE())
+    hf_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    hf_tokenizer.train_from_iterator(["The cat sat on the mat. The dog sat on the log."] * 5, trainer)
+    hf_tokenizer.model.save(str(hub))
+    vocab_size = hf_tokenizer.get_vocab_size()
+    hf_model = hf_gpt2(vocab_size=vocab_size, n_positions=32, n_embd=768, n_layer=1, n_head=12)
+    safetensors_torch.save_file({k: t.contiguous() for k, t in hf_model.transformer.state_dict().items()},
+                                hub / "model.safetensors")
+    assert sorted(p.name for p in hub.iterdir()) == sorted(GPT2_FILES)
+
+    model, tokenizer, text = gpt2_demo(tmp_path / "cache", "The cat", max_new_tokens=6,
+                                       base_url=f"file://{hub}")
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted(GPT2_FILES)
+    assert count_parameters(model) == sum(p.numel() for p in hf_model.parameters())
+    # The same sampling over Hugging Face's logits, step by step, gives the same text.
+    ids = torch.tensor([hf_tokenizer.encode("The cat").ids])
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _ in range(6):
+            next_id = sample_next(hf_model(ids).logits[:, -1], temperature=1.0, top_k=40, generator=generator)
+            ids = torch.cat([ids, next_id], dim=1)
+    assert text.startswith("The cat") and text == tokenizer.decode(ids[0].tolist())
