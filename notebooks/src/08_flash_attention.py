@@ -662,7 +662,8 @@ for name, seconds in times.items():
 # multiplies two tiles on the tensor cores, `tl.store` writes a tile back. The launch **grid**
 # says how many programs run: here one per (query tile, batch x head), the FlashAttention-2 order.
 #
-# `helpers/flash_triton.py` holds the kernel. Things to look for as you read it:
+# `helpers/flash_triton_kernels.py` holds the kernels, `helpers/flash_triton.py` checks the
+# inputs and launches them. Things to look for as you read the forward kernel:
 # - the inner loop is `tile_step` again, with `exp2` in place of `exp` (scores are multiplied by
 #   $\log_2 e$ once; `exp2` is the GPU's fast instruction);
 # - two passes over the key tiles: first the tiles every query of the tile sees in full, with no
@@ -672,10 +673,10 @@ for name, seconds in times.items():
 # - tile sizes must be powers of two, so a head dimension like 80 is padded to 128 with zeros.
 
 # %%
-from helpers import flash_triton
+from helpers import flash_triton, flash_triton_kernels
 
 if flash_triton.triton_available():
-    for kernel_part in (flash_triton._fold_key_tiles, flash_triton._flash_forward_kernel):
+    for kernel_part in (flash_triton_kernels.fold_key_tiles, flash_triton_kernels.flash_forward_kernel):
         print(textwrap.dedent(inspect.getsource(kernel_part.fn)))
 print("a head dimension of 80 is padded to", flash_triton.padded_head_dim(80))
 
@@ -767,8 +768,8 @@ if flash_triton.triton_available():
 
 # %%
 if flash_triton.triton_available():
-    for kernel_part in (flash_triton._recompute_probs, flash_triton._flash_backward_dk_dv_kernel,
-                        flash_triton._flash_backward_dq_kernel):
+    for kernel_part in (flash_triton_kernels.recompute_probs, flash_triton_kernels.flash_backward_dk_dv_kernel,
+                        flash_triton_kernels.flash_backward_dq_kernel):
         print(textwrap.dedent(inspect.getsource(kernel_part.fn)))
     print(textwrap.dedent(inspect.getsource(flash_triton.TritonAttention)))
 
