@@ -232,3 +232,16 @@ def test_notebook_knob_path_with_a_local_fake_download(tmp_path):
             next_id = sample_next(hf_model(ids).logits[:, -1], temperature=1.0, top_k=40, generator=generator)
             ids = torch.cat([ids, next_id], dim=1)
     assert text.startswith("The cat") and text == tokenizer.decode(ids[0].tolist())
+
+
+def test_saved_attention_buffers_are_ignored():
+    """Older checkpoints (the published GPT-2 files among them) also hold each block's causal
+    mask 'attn.bias' (1, 1, C, C) and 'attn.masked_bias': buffers, not weights."""
+    model = hf_gpt2(**SIZES[0])
+    state = dict(model.transformer.state_dict())
+    context = SIZES[0]["n_positions"]
+    for i in range(SIZES[0]["n_layer"]):
+        state[f"h.{i}.attn.bias"] = torch.ones(1, 1, context, context, dtype=torch.bool).tril()
+        state[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    converted = convert_gpt2_state(state, gpt2_config(state, n_heads=4))
+    assert not any("masked" in key or key.endswith("attn.bias") for key in converted)
