@@ -1,4 +1,4 @@
-"""GPT-2's published weights in the course's own GPT (notebook 7, "GPT-2's weights in our model").
+"""GPT-2's published weights in the course's own GPT (notebook 7, "Optional: GPT-2's own weights").
 
     read_checkpoint          a state dict from `model.safetensors` or `pytorch_model.bin`
     read_safetensors         the safetensors format read by hand: a JSON header, then raw bytes
@@ -39,7 +39,6 @@ from helpers.layers import LayerNorm
 
 GPT2_URL = "https://huggingface.co/openai-community/gpt2/resolve/main"
 GPT2_FILES = ("model.safetensors", "vocab.json", "merges.txt")
-GPT2_SMALL_PARAMETERS = 124_439_808  # notebook 7 computes it from GPTConfig.gpt2_small()
 
 # The four published sizes: d_model -> n_heads (small, medium, large, XL). A checkpoint of
 # another width needs its config.json, which names n_head.

@@ -1,4 +1,4 @@
-"""GPT-2's tokenizer files read into the course's byte-level BPE (notebook 7, "GPT-2's weights").
+"""GPT-2's tokenizer files read into the course's byte-level BPE (notebook 7, "Optional: GPT-2's own weights").
 
     bytes_to_unicode         GPT-2's table: each of the 256 bytes as a printable character
     read_vocab, read_merges  vocab.json / encoder.json and merges.txt / vocab.bpe
