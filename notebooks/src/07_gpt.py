@@ -1742,16 +1742,16 @@ assert len(moved) == 68 and byte_table[32] == "Ġ"
 
 # %% [markdown]
 # **The knob.** Set `LOAD_GPT2 = True` on a machine with internet (Colab is one) and run the
-# cell: it downloads GPT-2 small's three files (about 550 MB) once into a cache folder, loads
-# them with the code the tests prove, prints the parameter count beside section 3's, and
-# continues a prompt with the course's `generate` and KV cache (top-k sampling, seeded).
+# cell: it downloads GPT-2 small's three files (about half a gigabyte, as the cell prints) once
+# into a cache folder, loads them with the code the tests prove, prints the parameter count
+# beside section 3's, and continues a prompt with the course's `generate` and KV cache (top-k sampling, seeded).
 # Left `False`, nothing touches the network: the cell says what it would do.
 
 # %%
 from helpers.gpt import GPTConfig, count_parameters, exact_parameters
 from helpers.gpt2 import GPT2_FILES, GPT2_URL, gpt2_demo
 
-LOAD_GPT2 = False  # <- set to True on a machine with internet (downloads about 550 MB once)
+LOAD_GPT2 = False  # <- set to True on a machine with internet (downloads about half a GB once)
 GPT2_CACHE_NAME = "~/.cache/transformer-course/gpt2"
 GPT2_PROMPT = "The Transformer is a neural network that"
 
@@ -1762,8 +1762,10 @@ if LOAD_GPT2:
           f"(section 3: {exact_parameters(GPTConfig.gpt2_small()):,})")
     print(gpt2_text)
 else:
+    weight_bytes = 4 * exact_parameters(GPTConfig.gpt2_small())  # float32
     print(f"LOAD_GPT2 = False: nothing downloaded. True would fetch {', '.join(GPT2_FILES)}")
     print(f"from {GPT2_URL}")
     print(f"into {GPT2_CACHE_NAME} (once), load GPT-2 small's "
           f"{exact_parameters(GPTConfig.gpt2_small()):,} parameters into a course GPT and continue "
           f"{GPT2_PROMPT!r}")
+    print(f"the weights alone: {weight_bytes / 1e6:.0f} MB in float32")
