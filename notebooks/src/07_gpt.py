@@ -1748,6 +1748,8 @@ assert len(moved) == 68 and byte_table[32] == "Ġ"
 # Left `False`, nothing touches the network: the cell says what it would do.
 
 # %%
+from pathlib import Path
+
 from helpers.gpt import GPTConfig, count_parameters, exact_parameters
 from helpers.gpt2 import GPT2_FILES, GPT2_URL, gpt2_demo
 
