@@ -68,7 +68,8 @@ def cpu_budgets(n: int, repeats: int) -> bool:
     import torch.nn.functional as F
 
     from helpers.attention import scaled_dot_product_attention
-    from helpers.flash import peak_memory_bytes, tiled_attention_fa2
+    from helpers.flash import tiled_attention_fa2
+    from helpers.profiling import peak_memory_bytes
     from helpers.timing import format_duration
 
     torch.manual_seed(0)

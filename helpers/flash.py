@@ -8,8 +8,9 @@
     tiled_attention_fa2(q, k, v)        FlashAttention-2 order: query tiles outside; (output, lse)
     flash_attention(q, k, v)            differentiable: forward tiled, backward recomputes P from lse
     trace_tiles(q, k, v)                the running statistics after every (query tile, key tile)
-    hbm_elements_*                      elements moved between GPU memory and the chip, by algorithm
-    peak_memory_bytes(fn)               the most CPU memory `fn` held at once, from torch's profiler
+
+What tiling costs (elements moved, FLOPs) is counted in `helpers.flash_costs`; the peak memory a
+call holds is measured by `helpers.profiling.peak_memory_bytes`.
 
 Masks follow `helpers.attention`: boolean, True = this query may attend to this key, broadcastable
 to (..., N_q, N_k). `causal=True` is `helpers.attention.causal_mask`: query i sees key j when
@@ -22,10 +23,6 @@ Model code: it imports torch only, never plots, widgets or exercises.
 from __future__ import annotations
 
 import math
-import os
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import torch
@@ -39,9 +36,7 @@ DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_K = 1024
 
 
-# --------------------------------------------------------------------------------------------
-# The online softmax
-# --------------------------------------------------------------------------------------------
+# --- The online softmax ---------------------------------------------------------------------
 
 def exp_shifted(x: Tensor, shift: Tensor) -> Tensor:
     """exp(x - shift), with a shift of -inf treated as 0.
@@ -138,9 +133,7 @@ def finish(state: TileState) -> tuple[Tensor, Tensor]:
     return output, log_sum_exp(SoftmaxState(state.row_max, state.row_sum))
 
 
-# --------------------------------------------------------------------------------------------
-# Input checks and tiles
-# --------------------------------------------------------------------------------------------
+# --- Input checks and tiles -----------------------------------------------------------------
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                   block_q: int, block_k: int, scale: float | None, causal: bool = False) -> None:
@@ -220,9 +213,7 @@ def _expanded_mask(mask: Tensor | None, q: Tensor, k: Tensor) -> Tensor | None:
     return mask.expand(*q.shape[:-1], k.shape[-2])
 
 
-# --------------------------------------------------------------------------------------------
-# The two loop orders
-# --------------------------------------------------------------------------------------------
+# --- The two loop orders --------------------------------------------------------------------
 
 def tiled_attention_fa1(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                         causal: bool = False, scale: float | None = None,
@@ -296,9 +287,7 @@ def tiled_attention_fa2(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = N
     return out, lse
 
 
-# --------------------------------------------------------------------------------------------
-# The backward pass: recompute the attention weights tile by tile from the saved log-sum-exp
-# --------------------------------------------------------------------------------------------
+# --- The backward pass: recompute the attention weights tile by tile from the saved log-sum-exp ---
 
 class TiledAttention(torch.autograd.Function):
     """Forward: FlashAttention-2 tiles, saving only q, k, v, the output and the log-sum-exp.
@@ -366,9 +355,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     return TiledAttention.apply(q, k, v, mask, causal, scale, block_q, block_k)
 
 
-# --------------------------------------------------------------------------------------------
-# Watching the tiles
-# --------------------------------------------------------------------------------------------
+# --- Watching the tiles ---------------------------------------------------------------------
 
 class TileSnapshot(NamedTuple):
     """The state of one query tile just after one key tile was folded in.
@@ -406,107 +393,3 @@ def trace_tiles(q: Tensor, k: Tensor, v: Tensor, block_q: int, block_k: int,
             output, _ = finish(state)
             snapshots.append(TileSnapshot(rows, cols, state.row_max, state.row_sum, output))
     return snapshots
-
-
-# --------------------------------------------------------------------------------------------
-# Counting memory traffic (elements moved between HBM and on-chip SRAM, per batch and head)
-# --------------------------------------------------------------------------------------------
-
-def _check_sizes(**sizes: int) -> None:
-    for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} is {value!r}, expected a positive int")
-
-
-def hbm_elements_naive(n: int, d: int) -> int:
-    """Standard attention, one head: read Q, K; write S; read S; write P; read P, V; write O.
-
-    4 N d + 4 N^2 elements: Theta(N d + N^2).
-    """
-    _check_sizes(n=n, d=d)
-    return 4 * n * d + 4 * n * n
-
-
-def hbm_elements_fa1(n: int, d: int, block_k: int) -> int:
-    """Algorithm 1, one head: K and V read once; for each of the T_c key tiles, Q, O, l, m read
-    and O, l, m written. 2 N d + T_c (3 N d + 4 N) elements, with T_c = ceil(N / B_c)."""
-    _check_sizes(n=n, d=d, block_k=block_k)
-    key_tiles = math.ceil(n / block_k)
-    return 2 * n * d + key_tiles * (3 * n * d + 4 * n)
-
-
-def hbm_elements_fa2(n: int, d: int, block_q: int) -> int:
-    """FlashAttention-2 order, one head: Q read and O, lse written once; K and V read once per
-    query tile. N d + T_r 2 N d + N d + N elements, with T_r = ceil(N / B_r)."""
-    _check_sizes(n=n, d=d, block_q=block_q)
-    query_tiles = math.ceil(n / block_q)
-    return 2 * n * d + query_tiles * 2 * n * d + n
-
-
-def algorithm1_block_sizes(sram_elements: int, d: int) -> tuple[int, int]:
-    """Line 1 of Algorithm 1: (B_r, B_c) = (min(ceil(M / 4d), d), ceil(M / 4d))."""
-    _check_sizes(sram_elements=sram_elements, d=d)
-    block_c = math.ceil(sram_elements / (4 * d))
-    return min(block_c, d), block_c
-
-
-def attention_flops(batch: int, heads: int, n_q: int, n_k: int, d: int, causal: bool = False) -> int:
-    """Multiply-adds counted as 2 FLOPs: Q K^T and P V are 2 N_q N_k d each, so 4 B H N^2 d;
-    causal attention needs about half of them."""
-    _check_sizes(batch=batch, heads=heads, n_q=n_q, n_k=n_k, d=d)
-    flops = 4 * batch * heads * n_q * n_k * d
-    return flops // 2 if causal else flops
-
-
-# --------------------------------------------------------------------------------------------
-# Measuring peak CPU memory
-# --------------------------------------------------------------------------------------------
-
-@contextmanager
-def _native_stderr_silenced() -> Iterator[None]:
-    """Send file descriptor 2 to /dev/null: the profiler's C++ side logs a time-stamped line to
-    it on every start and stop, which would land in a notebook's output."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def peak_memory_bytes(fn: Callable[[], Any]) -> int:
-    """The most bytes of CPU tensor memory that `fn()` held at once, beyond what existed before.
-
-    torch's profiler (profile_memory=True) records every allocation and free of PyTorch's CPU
-    allocator, with the allocator's running total, including the scratch buffers that kernels
-    such as F.scaled_dot_product_attention allocate inside C++. The peak of that total during the
-    call, minus the total at its start, is deterministic: it depends on tensor sizes, not timing.
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU],
-                                            profile_memory=True) as prof:
-        fn()
-    allocations = sorted(_allocation_events(prof), key=lambda event: event[0])
-    if not allocations:
-        return 0
-    _, first_total, first_size = allocations[0]
-    start_total = first_total - first_size
-    return max(total for _, total, _ in allocations) - start_total
-
-
-def _allocation_events(prof: Any) -> list[tuple[int, int, int]]:
-    """(time ns, allocator total after the event, bytes allocated (+) or freed (-)) per event."""
-    from torch._C._profiler import _EventType
-
-    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
-            fields = node.extra_fields
-            events.append((node.start_time_ns, fields.total_allocated, fields.alloc_size))
-        stack.extend(node.children)
-    return events

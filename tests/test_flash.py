@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import flash
+from helpers import flash, flash_costs, profiling
 from helpers.attention import causal_mask, scaled_dot_product_attention
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None,
@@ -181,22 +181,22 @@ def test_trace_tiles_ends_at_the_attention_output():
 
 def test_traffic_counts_follow_their_formulas_at_the_extremes():
     n, d = 1024, 64
-    assert flash.hbm_elements_naive(n, d) == 4 * n * d + 4 * n * n
+    assert flash_costs.hbm_elements_naive(n, d) == 4 * n * d + 4 * n * n
     # One key tile holding all keys: Q, O, l, m visited once, K and V read once.
-    assert flash.hbm_elements_fa1(n, d, block_k=n) == 2 * n * d + 3 * n * d + 4 * n
+    assert flash_costs.hbm_elements_fa1(n, d, block_k=n) == 2 * n * d + 3 * n * d + 4 * n
     # One query tile holding all queries: every tensor read or written exactly once.
-    assert flash.hbm_elements_fa2(n, d, block_q=n) == 4 * n * d + n
-    assert flash.hbm_elements_fa1(n, d, block_k=384) < flash.hbm_elements_naive(n, d) / 5
-    assert flash.hbm_elements_fa1(n, d, block_k=128) > flash.hbm_elements_fa1(n, d, block_k=256)
+    assert flash_costs.hbm_elements_fa2(n, d, block_q=n) == 4 * n * d + n
+    assert flash_costs.hbm_elements_fa1(n, d, block_k=384) < flash_costs.hbm_elements_naive(n, d) / 5
+    assert flash_costs.hbm_elements_fa1(n, d, block_k=128) > flash_costs.hbm_elements_fa1(n, d, block_k=256)
 
 
 def test_algorithm1_block_sizes_and_flops():
-    assert flash.algorithm1_block_sizes(98304, 64) == (64, 384)
-    assert flash.algorithm1_block_sizes(1000, 64) == (4, 4)
-    assert flash.attention_flops(2, 3, 8, 8, 4) == 4 * 2 * 3 * 8 * 8 * 4
-    assert flash.attention_flops(2, 3, 8, 8, 4, causal=True) == 2 * 2 * 3 * 8 * 8 * 4
+    assert flash_costs.algorithm1_block_sizes(98304, 64) == (64, 384)
+    assert flash_costs.algorithm1_block_sizes(1000, 64) == (4, 4)
+    assert flash_costs.attention_flops(2, 3, 8, 8, 4) == 4 * 2 * 3 * 8 * 8 * 4
+    assert flash_costs.attention_flops(2, 3, 8, 8, 4, causal=True) == 2 * 2 * 3 * 8 * 8 * 4
     with pytest.raises(ValueError, match="d is 0"):
-        flash.hbm_elements_naive(16, 0)
+        flash_costs.hbm_elements_naive(16, 0)
 
 
 # --- measuring memory ----------------------------------------------------------------------------
@@ -206,16 +206,16 @@ def test_peak_memory_sees_a_temporary_and_is_repeatable():
         scratch = torch.ones(1_000_000)  # 4 MB, freed on return
         del scratch
 
-    peak = flash.peak_memory_bytes(make_and_drop)
+    peak = profiling.peak_memory_bytes(make_and_drop)
     assert 4_000_000 <= peak < 4_200_000
-    assert flash.peak_memory_bytes(make_and_drop) == peak
-    assert flash.peak_memory_bytes(lambda: None) == 0
+    assert profiling.peak_memory_bytes(make_and_drop) == peak
+    assert profiling.peak_memory_bytes(lambda: None) == 0
 
 
 def test_naive_attention_holds_an_n_by_n_matrix_and_tiles_do_not():
     q, k, v = (torch.randn(1, 2, 1024, 32) for _ in range(3))
-    naive_peak = flash.peak_memory_bytes(lambda: scaled_dot_product_attention(q, k, v))
-    tiled_peak = flash.peak_memory_bytes(
+    naive_peak = profiling.peak_memory_bytes(lambda: scaled_dot_product_attention(q, k, v))
+    tiled_peak = profiling.peak_memory_bytes(
         lambda: flash.tiled_attention_fa2(q, k, v, block_q=128, block_k=128))
     scores_bytes = 2 * 1024 * 1024 * 4
     assert naive_peak >= 2 * scores_bytes  # the scores and their softmax coexist

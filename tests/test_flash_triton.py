@@ -287,6 +287,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from helpers import flash_triton as ft
+from helpers import flash_triton_kernels as kernels
 
 SHARED_BYTES = {80: 166912, 90: 232448}  # the most shared memory one program may use: A100, H100
 FORWARD_INTS = ["stride_qb", "stride_qh", "stride_qn", "stride_kb", "stride_kh", "stride_kn",
@@ -312,13 +313,13 @@ for dtype, head_dim, causal, arch, backward in (("fp16", 64, False, 80, True), (
     block_q, block_k, warps, stages = 128, 64, (4 if head_dim <= 64 else 8), (3 if head_dim <= 64 else 2)
     pointers = {name: f"*{dtype}" for name in ("Q", "K", "V", "Out")} | {"Lse": "*fp32", "Visits": "*i32"}
     constants = common | {"BLOCK_Q": block_q, "BLOCK_K": block_k, "COUNT_TILES": False}
-    shared = [compile_for(ft._flash_forward_kernel, pointers, FORWARD_INTS, ["qk_scale"], constants,
+    shared = [compile_for(kernels.flash_forward_kernel, pointers, FORWARD_INTS, ["qk_scale"], constants,
                           arch, warps, stages)]
     if backward:
         block_q, block_k, warps, stages = ft.default_backward_blocks(head_dim)
         pointers = {name: f"*{dtype}" for name in ("Q", "K", "V", "dO")} | {"Lse": "*fp32", "Delta": "*fp32"}
         constants = common | {"BLOCK_Q": block_q, "BLOCK_K": block_k}
-        for kernel, grads in ((ft._flash_backward_dk_dv_kernel, ("dK", "dV")), (ft._flash_backward_dq_kernel, ("dQ",))):
+        for kernel, grads in ((kernels.flash_backward_dk_dv_kernel, ("dK", "dV")), (kernels.flash_backward_dq_kernel, ("dQ",))):
             shared.append(compile_for(kernel, pointers | {g: f"*{dtype}" for g in grads}, ["n_q", "n_k"],
                                       ["qk_scale", "scale"], constants, arch, warps, stages))
     print(f"sm_{arch} {dtype} d={head_dim} causal={causal}: {len(shared)} kernels compiled, "

@@ -1709,3 +1709,65 @@ assert blocks_12d2 + embedding + sum(gaps.values()) == exact_parameters(gpt2)
 redundant = sum(t - 1 for t in range(1, 1001))
 print(f"redundant key/value computations for 1,000 tokens: {redundant:,}")
 print(f"GPT-2 small cache, 1024 tokens, fp16: {2 * 12 * 12 * 64 * 1024 * 2 / 1e6:.1f} MB per sequence")
+
+# %% [markdown]
+# ## Optional: GPT-2's own weights in this GPT (needs internet; off by default)
+#
+# Section 3 built GPT-2 small's architecture and counted 124,439,808 parameters without
+# allocating one. OpenAI published the trained weights, and Hugging Face hosts them with the
+# tokenizer files. `helpers.gpt2` loads them into the course `GPT` from section 1, unchanged:
+#
+# - **the weights** (`model.safetensors`): the names differ (`h.0.attn.c_attn.weight` is block
+#   0's attention), GPT-2's projections are stored as (in, out), the transpose of an
+#   `nn.Linear`'s (out, in), and its W_Q, W_K, W_V are one matrix of `3 d` columns, cut into three;
+# - **the tokenizer** (`vocab.json`, `merges.txt`): GPT-2's tokenizer is notebook 1's byte-level
+#   BPE, with the same pre-tokenizer rule. Its merges build a course `BPETokenizer`; only the
+#   ids are relabelled, because GPT-2 writes each byte as a printable character and numbers
+#   its tokens in its own order.
+#
+# The tests (`tests/test_gpt2.py`, `tests/test_gpt2_tokenizer.py`) prove both on files written
+# by Hugging Face's own libraries: the same logits as its GPT-2 to 1e-5 (plain, fast and
+# cached paths), the same token ids on arbitrary Unicode. The cell below shows GPT-2's byte
+# table: the bytes that print as themselves keep their character, the others are moved to
+# characters from 256 up, so that the space becomes `Ġ`.
+
+# %%
+from helpers.gpt2_tokenizer import bytes_to_unicode
+
+byte_table = bytes_to_unicode()
+moved = [byte for byte, char in byte_table.items() if ord(char) != byte]
+print(f"{len(moved)} of 256 bytes are moved; space -> {byte_table[32]!r}, newline -> "
+      f"{byte_table[10]!r}, 'A' -> {byte_table[65]!r}")
+assert len(moved) == 68 and byte_table[32] == "Ġ"
+
+# %% [markdown]
+# **The knob.** Set `LOAD_GPT2 = True` on a machine with internet (Colab is one) and run the
+# cell: it downloads GPT-2 small's three files (about half a gigabyte, as the cell prints) once
+# into a cache folder, loads them with the code the tests prove, prints the parameter count
+# beside section 3's, and continues a prompt with the course's `generate` and KV cache (top-k sampling, seeded).
+# Left `False`, nothing touches the network: the cell says what it would do.
+
+# %%
+from pathlib import Path
+
+from helpers.gpt import GPTConfig, count_parameters, exact_parameters
+from helpers.gpt2 import GPT2_FILES, GPT2_URL, gpt2_demo
+
+LOAD_GPT2 = False  # <- set to True on a machine with internet (downloads about half a GB once)
+GPT2_CACHE_NAME = "~/.cache/transformer-course/gpt2"
+GPT2_PROMPT = "The Transformer is a neural network that"
+
+if LOAD_GPT2:
+    gpt2_model, gpt2_tokenizer, gpt2_text = gpt2_demo(Path(GPT2_CACHE_NAME).expanduser(), GPT2_PROMPT,
+                                                      max_new_tokens=40)
+    print(f"GPT-2 small in the course GPT: {count_parameters(gpt2_model):,} parameters "
+          f"(section 3: {exact_parameters(GPTConfig.gpt2_small()):,})")
+    print(gpt2_text)
+else:
+    weight_bytes = 4 * exact_parameters(GPTConfig.gpt2_small())  # float32
+    print(f"LOAD_GPT2 = False: nothing downloaded. True would fetch {', '.join(GPT2_FILES)}")
+    print(f"from {GPT2_URL}")
+    print(f"into {GPT2_CACHE_NAME} (once), load GPT-2 small's "
+          f"{exact_parameters(GPTConfig.gpt2_small()):,} parameters into a course GPT and continue "
+          f"{GPT2_PROMPT!r}")
+    print(f"the weights alone: {weight_bytes / 1e6:.0f} MB in float32")

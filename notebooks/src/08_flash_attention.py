@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
-from helpers import flash
+from helpers import flash, flash_costs, profiling
 from helpers.attention import causal_mask, scaled_dot_product_attention
 from helpers.corpus import data_dir
 from helpers.exercises import check
@@ -94,10 +94,10 @@ def naive_elements_moved(n: int, d: int) -> int:
     return scores + softmax + output
 
 
-assert naive_elements_moved(1024, 64) == flash.hbm_elements_naive(1024, 64)  # the helper's count
+assert naive_elements_moved(1024, 64) == flash_costs.hbm_elements_naive(1024, 64)  # the helper's count
 
 # %% [markdown]
-# That count lives in `helpers.flash.hbm_elements_naive` (the assertion keeps the two equal).
+# That count lives in `helpers.flash_costs.hbm_elements_naive` (the assertion keeps the two equal).
 #
 # **Algorithm 1 of FlashAttention** never writes $S$ or $P$. It splits $K, V$ into $T_c$ tiles
 # that fit in SRAM together with a tile of $Q$; for each key tile it streams every query tile
@@ -111,17 +111,17 @@ assert naive_elements_moved(1024, 64) == flash.hbm_elements_naive(1024, 64)  # t
 BATCH, HEADS, N, D = 64, 16, 1024, 64
 BYTES = 2                                                   # fp16
 M = A100["SRAM bytes per SM"] // BYTES                      # SRAM size in elements
-block_r, block_c = flash.algorithm1_block_sizes(M, D)
+block_r, block_c = flash_costs.algorithm1_block_sizes(M, D)
 FA2_BLOCK_R = 128                                           # query tile of FlashAttention-2
 print(f"B={BATCH}, H={HEADS}, N={N}, d={D}; M = {M:,} elements -> B_r = {block_r}, B_c = {block_c}, "
       f"T_c = {math.ceil(N / block_c)} key tiles")
 
 traffic = {
-    "naive": flash.hbm_elements_naive(N, D),
-    "Algorithm 1 (FA-1)": flash.hbm_elements_fa1(N, D, block_c),
-    f"FA-2 order, B_r={FA2_BLOCK_R}": flash.hbm_elements_fa2(N, D, FA2_BLOCK_R),
+    "naive": flash_costs.hbm_elements_naive(N, D),
+    "Algorithm 1 (FA-1)": flash_costs.hbm_elements_fa1(N, D, block_c),
+    f"FA-2 order, B_r={FA2_BLOCK_R}": flash_costs.hbm_elements_fa2(N, D, FA2_BLOCK_R),
 }
-flops = flash.attention_flops(BATCH, HEADS, N, N, D)
+flops = flash_costs.attention_flops(BATCH, HEADS, N, N, D)
 compute_ms = flops / A100["fp16 tensor-core FLOP/s"] * 1e3
 print(f"\n{'':22s} {'elements/head':>14s} {'GB moved':>9s} {'HBM time':>9s} {'FLOP/byte':>10s}")
 for name, elements in traffic.items():
@@ -153,7 +153,7 @@ print(f"FA-1 : counted {traffic['Algorithm 1 (FA-1)']:,} = "
       f"{2 * N * D + 12 * theta_fa1:,.0f} (the rest: T_c rounded up, and l, m)")
 for n in (4096, 16384):
     print(f"N = {n:5d}: naive / FA-1 traffic = "
-          f"{flash.hbm_elements_naive(n, D) / flash.hbm_elements_fa1(n, D, block_c):.1f}")
+          f"{flash_costs.hbm_elements_naive(n, D) / flash_costs.hbm_elements_fa1(n, D, block_c):.1f}")
 
 # %% [markdown]
 # The FA-2 row moves *more* bytes than Algorithm 1 in this count, because every query tile
@@ -577,7 +577,7 @@ print(f"P: {p_bytes / 2**30:.1f} GiB per layer; log-sum-exp: {lse_bytes / 2**20:
 # %% [markdown]
 # ## 7. Peak memory on this CPU: quadratic against linear
 #
-# `helpers.flash.peak_memory_bytes(fn)` runs `fn` under torch's profiler, which records every
+# `helpers.profiling.peak_memory_bytes(fn)` runs `fn` under torch's profiler, which records every
 # allocation and free of PyTorch's CPU allocator with its running total, including the scratch
 # buffers that C++ kernels allocate. The highest total during the call, less the total at its
 # start, is the peak. It depends only on tensor sizes, so it repeats exactly from run to run.
@@ -602,7 +602,7 @@ def attention_runs(n: int) -> dict:
 
 
 torch.manual_seed(5)
-measured = [{name: flash.peak_memory_bytes(run) for name, run in attention_runs(n).items()} for n in SEQ_LENS]
+measured = [{name: profiling.peak_memory_bytes(run) for name, run in attention_runs(n).items()} for n in SEQ_LENS]
 peaks = {name: [at_n[name] for at_n in measured] for name in measured[0]}
 
 print(f"{'N':>5s} {'naive MiB':>10s} {'tiled MiB':>10s} {'naive / tiled':>14s}")
@@ -662,7 +662,8 @@ for name, seconds in times.items():
 # multiplies two tiles on the tensor cores, `tl.store` writes a tile back. The launch **grid**
 # says how many programs run: here one per (query tile, batch x head), the FlashAttention-2 order.
 #
-# `helpers/flash_triton.py` holds the kernel. Things to look for as you read it:
+# `helpers/flash_triton_kernels.py` holds the kernels, `helpers/flash_triton.py` checks the
+# inputs and launches them. Things to look for as you read the forward kernel:
 # - the inner loop is `tile_step` again, with `exp2` in place of `exp` (scores are multiplied by
 #   $\log_2 e$ once; `exp2` is the GPU's fast instruction);
 # - two passes over the key tiles: first the tiles every query of the tile sees in full, with no
@@ -672,10 +673,10 @@ for name, seconds in times.items():
 # - tile sizes must be powers of two, so a head dimension like 80 is padded to 128 with zeros.
 
 # %%
-from helpers import flash_triton
+from helpers import flash_triton, flash_triton_kernels
 
 if flash_triton.triton_available():
-    for kernel_part in (flash_triton._fold_key_tiles, flash_triton._flash_forward_kernel):
+    for kernel_part in (flash_triton_kernels.fold_key_tiles, flash_triton_kernels.flash_forward_kernel):
         print(textwrap.dedent(inspect.getsource(kernel_part.fn)))
 print("a head dimension of 80 is padded to", flash_triton.padded_head_dim(80))
 
@@ -767,8 +768,8 @@ if flash_triton.triton_available():
 
 # %%
 if flash_triton.triton_available():
-    for kernel_part in (flash_triton._recompute_probs, flash_triton._flash_backward_dk_dv_kernel,
-                        flash_triton._flash_backward_dq_kernel):
+    for kernel_part in (flash_triton_kernels.recompute_probs, flash_triton_kernels.flash_backward_dk_dv_kernel,
+                        flash_triton_kernels.flash_backward_dq_kernel):
         print(textwrap.dedent(inspect.getsource(kernel_part.fn)))
     print(textwrap.dedent(inspect.getsource(flash_triton.TritonAttention)))
 
@@ -903,7 +904,7 @@ print(f"FA-2 programs: {training:,} (GPT-2 medium training), {inference:,} (one 
       f"FA-1: {programs(1, 16, 16384, 'FA-1')} for the 16k sequence")
 print(f"FLOP per byte: naive attention {naive_intensity:.0f}, its softmax step {softmax_intensity:.2f}; "
       f"A100 ridge point {ridge:.0f}")
-forward_flops = flash.attention_flops(1, 1, N, N, D)
+forward_flops = flash_costs.attention_flops(1, 1, N, N, D)
 print(f"forward FLOPs per head at N={N}: naive {forward_flops:,}, tiled {forward_flops:,} (the same); "
       f"the backward recomputes Q K^T once more: +{2 * N * N * D:,}")
 print(f"memory growth per doubling of N on this CPU: naive x{growth['naive (helpers.attention)']:.1f}, "
