@@ -20,7 +20,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from helpers.tokenizers import BYTE_VOCAB_SIZE, BPETokenizer
+from helpers.bpe import BYTE_VOCAB_SIZE, BPETokenizer
 
 
 def bytes_to_unicode() -> dict[int, str]:
