@@ -1,7 +1,9 @@
 """Notebook 11, section 1: start N processes that talk to each other, and what talking costs.
 
-    launch(fn, world_size, *args)   run fn(rank, world_size, *args) in N fresh processes joined by
-                                    torch.distributed (gloo on CPU); return their results, rank order
+    Workers(world_size)             N spawned processes joined by torch.distributed (gloo on CPU),
+                                    kept alive: .run(fn, *args) runs fn(rank, world_size, *args) on
+                                    each and returns the results in rank order
+    launch(fn, world_size, *args)   the same, once: start, run, stop
     free_port()                     a TCP port nobody listens on, for the processes to meet at
     WorkerFailed                    raised in the parent when a worker raises: carries its traceback
     collectives_demo                the four collectives on small tensors, run inside each worker
@@ -51,18 +53,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, timeout: float, fn: Callable[..., Any],
-            args: tuple, results: Any) -> None:
-    """The body of every spawned process: join the group, run fn, send back (rank, ok, payload)."""
+def _serve(rank: int, world_size: int, port: int, timeout: float, tasks: Any, results: Any) -> None:
+    """The body of every spawned process: join the group, then run tasks until told to stop.
+
+    Each task is (fn, args); the answer is (rank, True, pickled result) or (rank, False, traceback).
+    """
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # N processes share the cores; one thread each avoids oversubscription
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
-        # Plain pickle copies tensors by value (the queue's own pickler would share memory that
-        # vanishes when this process exits before the parent reads it).
-        payload = pickle.dumps(fn(rank, world_size, *args))
-        results.put((rank, True, payload))
+        while (task := tasks.get()) is not None:
+            fn, args = task
+            # Plain pickle copies tensors by value (the queue's own pickler would share memory
+            # that vanishes if this process exits before the parent reads it).
+            results.put((rank, True, pickle.dumps(fn(rank, world_size, *args))))
     except BaseException:  # noqa: BLE001 - everything goes back to the parent as text
         results.put((rank, False, traceback.format_exc()))
     finally:
@@ -70,32 +75,84 @@ def _worker(rank: int, world_size: int, port: int, timeout: float, fn: Callable[
             dist.destroy_process_group()
 
 
-def launch(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 60.0) -> list[Any]:
-    """Run `fn(rank, world_size, *args)` in `world_size` spawned processes; return results by rank.
+def _check_sendable(fn: Callable[..., Any]) -> None:
+    qualname = getattr(fn, "__qualname__", repr(fn))
+    if not callable(fn) or "<" in qualname or getattr(fn, "__module__", "__main__") == "__main__":
+        raise ValueError(f"fn={qualname!r} cannot be sent to spawned processes: expected a function "
+                         "defined at the top of a module (e.g. one of helpers), not a lambda, a "
+                         "nested function or a function defined in a notebook cell")
 
-    fn must be importable (defined in a module) and its arguments and result picklable. If a
-    worker raises, the others are stopped and WorkerFailed carries the first traceback; if the
-    workers do not all finish within `timeout` seconds, they are stopped and TimeoutError raised.
-    Nothing is left running either way.
+
+class Workers:
+    """`world_size` spawned processes joined in one gloo group, kept alive between tasks.
+
+    Starting a process costs a fresh Python and `import torch` (seconds); a notebook pays it once
+    and then sends each task with `run`. If a task raises on any rank, or does not finish within
+    `timeout` seconds, every process is stopped (a rank may be stuck waiting in a collective for
+    the one that failed) and the next `run` starts fresh ones.
     """
-    world_size = checks.positive_int("world_size", world_size)
-    timeout = checks.positive_float("timeout", timeout)
-    if not callable(fn) or getattr(fn, "__name__", "<lambda>") in ("<lambda>",) \
-            or "<locals>" in getattr(fn, "__qualname__", "") or fn.__module__ == "__main__":
-        raise ValueError(f"fn={getattr(fn, '__qualname__', fn)!r} cannot be sent to spawned processes: "
-                         "expected a function defined at the top of a module (e.g. one of helpers), "
-                         "not a lambda, a nested function or a notebook cell's function")
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    port = free_port()
-    processes = [context.Process(target=_worker, args=(rank, world_size, port, timeout, fn, args, results),
-                                 daemon=True) for rank in range(world_size)]
-    for process in processes:
-        process.start()
-    try:
-        return _collect(processes, results, timeout)
-    finally:
-        _stop(processes)
+
+    def __init__(self, world_size: int = 2, timeout: float = 60.0) -> None:
+        self.world_size = checks.positive_int("world_size", world_size)
+        self.timeout = checks.positive_float("timeout", timeout)
+        self.processes: list[Any] = []
+
+    def start(self) -> Workers:
+        context = mp.get_context("spawn")
+        self.tasks = [context.Queue() for _ in range(self.world_size)]
+        self.results = context.Queue()
+        port = free_port()
+        self.processes = [context.Process(target=_serve, daemon=True,
+                                          args=(rank, self.world_size, port, self.timeout,
+                                                self.tasks[rank], self.results))
+                          for rank in range(self.world_size)]
+        for process in self.processes:
+            process.start()
+        return self
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> list[Any]:
+        """fn(rank, world_size, *args) on every rank; the results in rank order.
+
+        fn must be importable (defined in a module), its arguments and result picklable. A worker
+        that raises -> WorkerFailed with its traceback; too slow -> TimeoutError. Either way no
+        process is left running.
+        """
+        _check_sendable(fn)
+        timeout = self.timeout if timeout is None else checks.positive_float("timeout", timeout)
+        if not self.processes:
+            self.start()
+        for rank_tasks in self.tasks:
+            rank_tasks.put((fn, args))
+        try:
+            return _collect(self.processes, self.results, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Tell the workers to stop; stop by force any that do not."""
+        if self.processes:
+            for rank_tasks, process in zip(self.tasks, self.processes, strict=True):
+                if process.is_alive():
+                    rank_tasks.put(None)
+            _stop(self.processes)
+        self.processes = []
+
+    def __enter__(self) -> Workers:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def launch(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 60.0) -> list[Any]:
+    """Start `world_size` workers, run `fn(rank, world_size, *args)` once on each, stop them.
+
+    Returns the results in rank order; raises WorkerFailed or TimeoutError as `Workers.run` does.
+    """
+    _check_sendable(fn)
+    with Workers(world_size, timeout) as workers:
+        return workers.run(fn, *args)
 
 
 def _collect(processes: Sequence[Any], results: Any, timeout: float) -> list[Any]:
@@ -103,13 +160,14 @@ def _collect(processes: Sequence[Any], results: Any, timeout: float) -> list[Any
     deadline = time.monotonic() + timeout
     received: dict[int, Any] = {}
     while len(received) < len(processes):
-        try:
-            rank, ok, payload = results.get(timeout=0.05)
+        dead = [rank for rank, process in enumerate(processes)
+                if rank not in received and process.exitcode is not None]
+        try:  # a process that just died may still have its last message in the pipe: wait longer
+            rank, ok, payload = results.get(timeout=1.0 if dead else 0.05)
         except queue.Empty:
-            for rank, process in enumerate(processes):
-                if rank not in received and process.exitcode not in (None, 0):
-                    raise WorkerFailed(rank, f"the process exited with code {process.exitcode} "
-                                             "without reporting (killed, or out of memory?)") from None
+            if dead:
+                raise WorkerFailed(dead[0], f"the process exited with code {processes[dead[0]].exitcode} "
+                                            "without reporting (killed, or out of memory?)") from None
             if time.monotonic() > deadline:
                 missing = [rank for rank in range(len(processes)) if rank not in received]
                 raise TimeoutError(f"ranks {missing} did not finish within timeout={timeout:g} s; "
@@ -122,13 +180,14 @@ def _collect(processes: Sequence[Any], results: Any, timeout: float) -> list[Any
 
 
 def _stop(processes: Sequence[Any]) -> None:
-    """Join finished workers; terminate, then kill, any that are still running."""
+    """Join workers that are finishing; terminate, then kill, any that are still running."""
+    deadline = time.monotonic() + 2.0
     for process in processes:
-        process.join(timeout=2.0)
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
     for process in processes:
         if process.is_alive():
             process.terminate()
-            process.join(timeout=2.0)
+            process.join(timeout=1.0)
         if process.is_alive():
             process.kill()
             process.join()
