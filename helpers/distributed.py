@@ -240,6 +240,21 @@ def time_all_reduce(rank: int, world_size: int, sizes: Sequence[int], repeats: i
     return times
 
 
+def fail_on_rank(rank: int, world_size: int, failing_rank: int = 1) -> float:
+    """A task that breaks: `failing_rank` raises while the others wait for it in an all-reduce."""
+    if rank == failing_rank:
+        raise ValueError(f"rank {rank} fails on purpose, before its all-reduce")
+    total = torch.ones(1)
+    dist.all_reduce(total)  # never completes: the failing rank does not join
+    return total.item()
+
+
+def sleep_on_rank(rank: int, world_size: int, seconds: float) -> int:
+    """A task that takes `seconds` on every rank (to show the timeout)."""
+    time.sleep(seconds)
+    return rank
+
+
 def ring_all_reduce_bytes(n_bytes: float, world_size: int) -> float:
     """Bytes each rank sends (and receives) in a ring all-reduce of an `n_bytes` tensor.
 

@@ -20,7 +20,14 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from helpers import checks
-from helpers.data_parallel import Run, average_gradients, loss_of, make_batch, make_model, shard_rows
+from helpers.data_parallel import (
+    Run,
+    average_gradients,
+    loss_of,
+    make_batch,
+    make_model,
+    shard_rows,
+)
 
 
 def assign_owners(sizes: Sequence[int], world_size: int) -> list[int]:

@@ -26,7 +26,14 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from helpers.attention import scaled_dot_product_attention
-from helpers.layers import Block, FeedForward, MultiHeadAttention, attention_mask, merge_heads, split_heads
+from helpers.layers import (
+    Block,
+    FeedForward,
+    MultiHeadAttention,
+    attention_mask,
+    merge_heads,
+    split_heads,
+)
 
 
 def _check_splits(name: str, size: int, world_size: int) -> int:
@@ -172,7 +179,11 @@ def dtensor_mlp(rank: int, world_size: int, seed: int = 0) -> dict[str, Tensor |
     """Worker: torch.distributed.tensor.parallel splits the same MLP (ColwiseParallel up,
     RowwiseParallel down) on a one-axis device mesh; returns the output and this rank's shapes."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     block, x, _ = demo_block(seed)
     mesh = init_device_mesh("cpu", (world_size,))
