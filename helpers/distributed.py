@@ -53,11 +53,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _serve(rank: int, world_size: int, port: int, timeout: float, tasks: Any, results: Any) -> None:
+def _serve(rank: int, world_size: int, port: int, timeout: float, quiet: bool, tasks: Any,
+           results: Any) -> None:
     """The body of every spawned process: join the group, then run tasks until told to stop.
 
     Each task is (fn, args); the answer is (rank, True, pickled result) or (rank, False, traceback).
+    quiet: send the process's own stdout and stderr (library warnings) to /dev/null, since a
+    notebook would show them in whatever cell runs, in whatever order they arrive.
     """
+    if quiet:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # N processes share the cores; one thread each avoids oversubscription
     try:
@@ -87,14 +94,16 @@ class Workers:
     """`world_size` spawned processes joined in one gloo group, kept alive between tasks.
 
     Starting a process costs a fresh Python and `import torch` (seconds); a notebook pays it once
-    and then sends each task with `run`. If a task raises on any rank, or does not finish within
-    `timeout` seconds, every process is stopped (a rank may be stuck waiting in a collective for
-    the one that failed) and the next `run` starts fresh ones.
+    and then sends each task with `run` (workers print nothing unless quiet=False: the results
+    come back to the parent, which prints them in rank order). If a task raises on any rank, or
+    does not finish within `timeout` seconds, every process is stopped (a rank may be stuck
+    waiting in a collective for the one that failed) and the next `run` starts fresh ones.
     """
 
-    def __init__(self, world_size: int = 2, timeout: float = 60.0) -> None:
+    def __init__(self, world_size: int = 2, timeout: float = 60.0, quiet: bool = True) -> None:
         self.world_size = checks.positive_int("world_size", world_size)
         self.timeout = checks.positive_float("timeout", timeout)
+        self.quiet = checks.boolean("quiet", quiet)
         self.processes: list[Any] = []
 
     def start(self) -> Workers:
@@ -103,7 +112,7 @@ class Workers:
         self.results = context.Queue()
         port = free_port()
         self.processes = [context.Process(target=_serve, daemon=True,
-                                          args=(rank, self.world_size, port, self.timeout,
+                                          args=(rank, self.world_size, port, self.timeout, self.quiet,
                                                 self.tasks[rank], self.results))
                           for rank in range(self.world_size)]
         for process in self.processes:
