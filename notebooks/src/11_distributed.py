@@ -28,6 +28,7 @@ import inspect
 import time
 
 import torch
+import torch.nn.functional as F
 
 from helpers.data_parallel import (
     TINY_GPT,
@@ -221,8 +222,8 @@ for rank, model in enumerate(ranks):               # "rank" r takes rows 4r ... 
 gap = max(((p0.grad + p1.grad) / 2 - p.grad).abs().max().item()
           for p0, p1, p in zip(ranks[0].parameters(), ranks[1].parameters(), whole.parameters(), strict=True))
 assert gap < 1e-6
-print(f"{TINY_GPT}")
-print(f"average of the two halves' gradients vs the whole batch's: max |diff| < 1e-6")
+print(TINY_GPT)
+print("average of the two halves' gradients vs the whole batch's: max |diff| < 1e-6")
 
 # %% [markdown]
 # On real processes the average is one all-reduce (sum) per gradient, divided by the world size.
@@ -298,7 +299,8 @@ check("distributed.average_gradients", my_average_gradients)
 # `average_gradients` waits for the whole backward pass, then communicates: the network idles
 # during backward and the processors idle during the all-reduce. But backward finishes the last
 # layer's gradients first. `GradientBuckets` groups the parameters, last layers first, into
-# buckets of about `bucket_bytes` (printed below); a hook on each parameter (`register_post_accumulate_grad_hook`) fires
+# buckets of about `bucket_bytes` (printed below); a hook on each parameter
+# (`register_post_accumulate_grad_hook`) fires
 # when its gradient is complete, and when a bucket's last gradient arrives its all-reduce starts
 # *asynchronously* (`async_op=True`), while backward goes on. After backward, `finish()` waits.
 # Buckets also turn many small messages into a few large ones, which the network prefers.
@@ -381,7 +383,8 @@ print("sharded vs unsharded AdamW, same gradients, 4 steps: max |diff| < 1e-6")
 results = workers.run(train_zero_torch, run)
 for rank, result in enumerate(results):
     assert result["max_gap"] < 1e-6
-    print(f"rank {rank}: AdamW state {result['state_bytes']:,} bytes instead of {result['full_state_bytes']:,}")
+    print(f"rank {rank}: AdamW state {result['state_bytes']:,} bytes "
+          f"instead of {result['full_state_bytes']:,}")
 print("ZeroRedundancyOptimizer vs torch.optim.AdamW: max |diff| < 1e-6")
 
 # %% [markdown]
@@ -417,13 +420,19 @@ print("FSDP2 on 2 processes vs 1 process: max |diff| < 1e-6")
 
 # %%
 block, x, probe = demo_block()                     # Block(d_model=32, n_heads=4), x: (2, 8, 32)
-mlp, k = block.mlp, block.mlp.up.out_features // 2
+mlp = block.mlp
+up_w, up_b, down_w = mlp.up.weight.detach(), mlp.up.bias.detach(), mlp.down.weight.detach()
+k = up_w.shape[0] // 2                                 # hidden units per rank
+partials = []
+for r in range(2):
+    rows = slice(r * k, (r + 1) * k)                   # rank r's hidden units
+    hidden = F.gelu(x @ up_w[rows].T + up_b[rows])     # (2, 8, k): column-parallel up, then GELU
+    partials.append(hidden @ down_w[:, rows].T)        # (2, 8, 32): row-parallel down, a partial sum
 with torch.no_grad():
-    partials = [torch.nn.functional.gelu(x @ mlp.up.weight[r * k:(r + 1) * k].T + mlp.up.bias[r * k:(r + 1) * k])
-                @ mlp.down.weight[:, r * k:(r + 1) * k].T for r in range(2)]
     split_gap = (partials[0] + partials[1] + mlp.down.bias - mlp(x)).abs().max().item()
 assert split_gap < 1e-6
-print(f"W_up {tuple(mlp.up.weight.shape)} -> 2 x ({k}, 32); W_down {tuple(mlp.down.weight.shape)} -> 2 x (32, {k})")
+print(f"W_up {tuple(up_w.shape)} -> 2 x {tuple(up_w[:k].shape)}; W_down {tuple(down_w.shape)} -> "
+      f"2 x {tuple(down_w[:, :k].shape)}")
 print("sum of the 2 partial outputs + bias vs the MLP: max |diff| < 1e-6")
 
 # %% [markdown]
@@ -479,11 +488,12 @@ x.requires_grad_(True)
 out = block(x)
 (out * probe).sum().backward()                      # the same loss as the workers'
 k = block.mlp.up.out_features // 2
+n_block = sum(p.numel() for p in block.parameters())
 for rank, result in enumerate(results):
     assert (result["out"] - out).abs().max() < 1e-6 and (result["x_grad"] - x.grad).abs().max() < 1e-6
     assert (result["up_grad"] - block.mlp.up.weight.grad[rank * k:(rank + 1) * k]).abs().max() < 1e-6
-    print(f"rank {rank}: {result['parameters']:,} of the block's {sum(p.numel() for p in block.parameters()):,} "
-          "parameters; output, input gradient and its W_up gradient rows vs 1 process: max |diff| < 1e-6")
+    print(f"rank {rank}: {result['parameters']:,} of the block's {n_block:,} parameters; output, input "
+          "gradient and its W_up gradient rows vs 1 process: max |diff| < 1e-6")
 
 # %% [markdown]
 # Each rank holds about half the block (the LayerNorms and the output biases are copies). The
@@ -579,7 +589,8 @@ print(f"\nsharded data / data: {sharded_bytes / data_bytes:.1f} x")
 
 # %%
 for size in sizes:
-    print(f"all-reduce of {readable_bytes(4 * size):>8} on 2 processes: {format_duration(max(t[size] for t in times))}")
+    slowest = max(t[size] for t in times)
+    print(f"all-reduce of {readable_bytes(4 * size):>8} on 2 processes: {format_duration(slowest)}")
 print(f"ZeRO-1, AdamW state per rank of the tiny GPT: {results_zero[0]['state_bytes']:,} and "
       f"{results_zero[1]['state_bytes']:,} bytes (unsharded {results_zero[0]['full_state_bytes']:,})")
 workers.close()
