@@ -21,6 +21,7 @@ round-off, and two exact-in-principle runs drift apart. SGD keeps round-off at r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -134,7 +135,7 @@ def average_gradients(model: nn.Module) -> None:
 
 
 def _train_replica(rank: int, world_size: int, run: Run, model: nn.Module,
-                   after_backward: callable) -> dict[str, Tensor]:
+                   after_backward: Callable[[], None]) -> dict[str, Tensor]:
     """The loop every data-parallel worker shares: my rows, forward, backward, sync, step."""
     optimizer = make_optimizer(model, run)
     for step in range(run.steps):

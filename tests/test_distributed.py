@@ -117,16 +117,6 @@ def test_dtensor_mlp_equals_the_mlp(workers):
         assert result["up_local"] == (64, 32)
 
 
-def test_a_failing_worker_is_reported_with_its_traceback_and_nothing_hangs():
-    pool = Workers(2, timeout=30.0)
-    start = time.monotonic()
-    with pytest.raises(WorkerFailed, match="rank 1 fails on purpose") as failure:
-        pool.run(fail_on_rank, 1)
-    assert failure.value.rank == 1 and "Traceback" in failure.value.worker_traceback
-    assert time.monotonic() - start < 30.0
-    assert pool.processes == []  # all stopped, including rank 0 stuck in its all-reduce
-
-
 def test_a_slow_task_times_out_and_is_stopped():
     pool = Workers(2, timeout=60.0)
     with pytest.raises(TimeoutError, match="timeout=1 s"):
@@ -186,3 +176,14 @@ def test_communication_table_for_gpt2_small():
 def test_buckets_refuse_a_non_positive_size():
     with pytest.raises(ValueError, match="bucket_bytes"):
         GradientBuckets(torch.nn.Linear(2, 2), 0)
+
+
+def test_a_failing_worker_is_reported_with_its_traceback_and_nothing_hangs(workers):
+    # Last in the file: it stops the module's workers (a later run would start new ones).
+    workers.run(collectives_demo)  # started and healthy
+    start = time.monotonic()
+    with pytest.raises(WorkerFailed, match="rank 1 fails on purpose") as failure:
+        workers.run(fail_on_rank, 1, timeout=30.0)
+    assert failure.value.rank == 1 and "Traceback" in failure.value.worker_traceback
+    assert time.monotonic() - start < 30.0
+    assert workers.processes == []  # all stopped, including rank 0 stuck in its all-reduce
