@@ -39,27 +39,38 @@ TINY_GPT = GPTConfig(vocab_size=32, context_length=16, n_layers=2, n_heads=2, d_
 
 @dataclass(frozen=True)
 class Run:
-    """model: "mlp" (16 -> 64 -> 16, regression) or "gpt" (TINY_GPT, next-token loss)."""
+    """model: "mlp" (16 -> 64 -> 16, regression) or "gpt" (TINY_GPT, next-token loss).
+
+    device: "cpu", or "cuda" for this process's GPU (torchrun's LOCAL_RANK, with nccl).
+    """
 
     model: str = "mlp"
     batch_size: int = 8
     steps: int = 4
     lr: float = 0.1
     seed: int = 0
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         checks.one_of("model", self.model, ("mlp", "gpt"))
+        checks.one_of("device", self.device, ("cpu", "cuda"))
         checks.positive_int("batch_size", self.batch_size)
         checks.positive_int("steps", self.steps)
         checks.positive_float("lr", self.lr)
 
 
+def device_of(run: Run) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if run.device == "cuda" else torch.device("cpu")
+
+
 def make_model(run: Run, seed: int | None = None) -> nn.Module:
-    """The run's model, initialised from `seed` (default run.seed)."""
+    """The run's model on run's device, initialised (on the CPU) from `seed` (default run.seed)."""
     torch.manual_seed(run.seed if seed is None else seed)
     if run.model == "gpt":
-        return GPT(TINY_GPT)
-    return nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+        model = GPT(TINY_GPT)
+    else:
+        model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+    return model.to(device_of(run))
 
 
 def make_batch(run: Run, step: int) -> tuple[Tensor, Tensor]:
@@ -67,9 +78,10 @@ def make_batch(run: Run, step: int) -> tuple[Tensor, Tensor]:
     generator = torch.Generator().manual_seed(1000 * run.seed + step)
     if run.model == "gpt":
         ids = torch.randint(0, TINY_GPT.vocab_size, (run.batch_size, TINY_GPT.context_length + 1),
-                            generator=generator)
+                            generator=generator).to(device_of(run))
         return ids[:, :-1], ids[:, 1:]
-    return torch.randn(run.batch_size, 16, generator=generator), torch.randn(run.batch_size, 16, generator=generator)
+    inputs, targets = (torch.randn(run.batch_size, 16, generator=generator) for _ in range(2))
+    return inputs.to(device_of(run)), targets.to(device_of(run))
 
 
 def loss_of(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
@@ -255,3 +267,23 @@ def max_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
     if a.keys() != b.keys():
         raise ValueError(f"the state dicts differ in names: {sorted(a.keys() ^ b.keys())}")
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def main() -> None:
+    """`torchrun --nproc_per_node N -m helpers.data_parallel`: train_by_hand on N processes started
+    by torchrun (nccl and one GPU each when there are GPUs, else gloo), checked against one process."""
+    from helpers.distributed import init_from_environment
+
+    rank, world_size = init_from_environment()
+    run = Run(model="gpt", batch_size=4 * world_size, device="cuda" if torch.cuda.is_available() else "cpu")
+    weights = train_by_hand(rank, world_size, run)
+    if rank == 0:
+        gap = max_difference({k: v.cpu() for k, v in weights.items()},
+                             {k: v.cpu() for k, v in train_single(run).items()})
+        print(f"{world_size} processes ({dist.get_backend()}, {run.device}) vs 1 process: "
+              f"max |diff| {'<' if gap < 1e-6 else '>='} 1e-6")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

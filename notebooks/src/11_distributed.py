@@ -25,10 +25,16 @@
 
 # %%
 import inspect
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+import helpers
 
 from helpers.data_parallel import (
     TINY_GPT,
@@ -565,22 +571,32 @@ print(f"\nsharded data / data: {sharded_bytes / data_bytes:.1f} x")
 # Large runs combine them ("3D parallelism"): tensor parallelism inside a node of 8 GPUs,
 # pipeline stages across nodes, data (or sharded data) parallelism over everything else.
 #
-# ## 6. On GPUs: `torchrun` and `nccl`
+# ## 6. Started by `torchrun`, on GPUs with `nccl`
 #
-# The worker functions of `helpers` do not know how they were started. On a machine with `N` GPUs,
-# a script that calls `helpers.distributed.init_from_environment()` (it picks `nccl` when a GPU
-# is present and sets each process's GPU from `LOCAL_RANK`), moves the model and batches to
-# `cuda`, and then runs the same steps (`broadcast_parameters`, `average_gradients` or DDP, the
-# sharded optimizer) is started with
-#
-# ```
-# torchrun --nproc_per_node N train.py
-# ```
-#
-# and `torchrun --nnodes M --node_rank i --rdzv_endpoint host:port ...` across machines. This is
-# stated, not measured: no machine with several GPUs was available to this course. Two
-# differences matter in practice: `nccl` is much faster than `gloo` (GPU to GPU without the CPU),
-# and with `nccl` each process must use its own GPU.
+# The worker functions of `helpers` do not care how their process was started. `torchrun` starts
+# `N` copies of a script and tells each its rank in environment variables;
+# `helpers.distributed.init_from_environment()` reads them and joins the group, with `nccl` and
+# one GPU per process (`LOCAL_RANK`) when there are GPUs, `gloo` otherwise. `helpers.data_parallel`
+# has such a script at its end (`main`): it runs the same `train_by_hand` on every process and
+# compares with one process. Here it runs on the CPU, started by `torchrun` exactly as on a
+# cluster (`python -m torch.distributed.run` is `torchrun`):
+
+# %%
+package_root = str(Path(helpers.__file__).resolve().parent.parent)  # so the processes find helpers
+command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "helpers.data_parallel"]
+start = time.perf_counter()
+done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                      env={**os.environ, "PYTHONPATH": package_root, "OMP_NUM_THREADS": "1"})
+assert done.returncode == 0, done.stderr[-2000:]
+print("torchrun --nproc_per_node 2 -m helpers.data_parallel")
+print("   ", done.stdout.strip().splitlines()[-1], "|", format_duration(time.perf_counter() - start))
+
+# %% [markdown]
+# On a machine with `N` GPUs the same command with `--nproc_per_node N` runs the same code on
+# the GPUs with `nccl`, and `torchrun --nnodes M --node_rank i --rdzv_endpoint host:port ...`
+# spreads it over machines. That is stated, not measured: no machine with several GPUs was
+# available to this course. Two differences matter in practice: `nccl` moves tensors from GPU
+# to GPU without the CPU (far faster than `gloo`), and each process must own its own GPU.
 #
 # ## What was measured here
 #
