@@ -105,7 +105,7 @@ for name in results[0]:
 # - **reduce-scatter**: each rank offers one piece per rank; rank `r` receives the *sum over
 #   ranks of piece r*, and only that: `0 + 10 = 10` on rank 0, `1 + 11 = 12` on rank 1.
 #
-# An all-reduce is a reduce-scatter followed by an all-gather, which is how it is built.
+# An all-reduce is a reduce-scatter followed by an all-gather: the ring below builds it so.
 #
 # The next cell tries to send a function defined in this notebook, and is refused before any
 # process is bothered:
@@ -123,7 +123,8 @@ except ValueError as error:
 # %% [markdown]
 # When a worker raises, its traceback comes back to the notebook as a `WorkerFailed`, and all the
 # processes are stopped, including the one that waits forever in an all-reduce for the rank that
-# failed. Without that, the notebook would hang. `fail_on_rank` makes rank 1 raise:
+# failed. Without that, the notebook would hang. `fail_on_rank` makes rank 1 raise (the time
+# printed includes starting two fresh processes):
 
 # %%
 failing = Workers(world_size=2, timeout=120.0)
@@ -557,8 +558,9 @@ print(f"\nsharded data / data: {sharded_bytes / data_bytes:.1f} x")
 # - **sharded data** parallelism (ZeRO-3 / FSDP) sends 1.5 x as much as plain data parallelism
 #   (two all-gathers and a reduce-scatter: 3 `(p-1)/p` of the weights against 2 `(p-1)/p`) and
 #   divides the memory of the training state by `p` (section 3).
-# - **tensor** parallelism sends activations, four times per layer per step, blocking: the most
-#   bytes and the least overlap, so it lives inside a node (section 4).
+# - **tensor** parallelism sends activations, four all-reduces per layer per step, growing with
+#   the batch and the context. Each one blocks the next layer, so they barely overlap with
+#   compute; it lives inside a node, on the fastest links (section 4).
 # - **pipeline** parallelism sends only the activations at the boundaries between stages, the
 #   fewest bytes, but a stage idles while it waits for the previous one (the "bubble"), which
 #   micro-batches shrink. It suits the slow links between nodes.
