@@ -270,7 +270,7 @@ def max_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
 
 
 def main() -> None:
-    """`torchrun --nproc_per_node N -m helpers.data_parallel`: train_by_hand on N processes started
+    """`torchrun --standalone --nproc_per_node N -m helpers.data_parallel`: train_by_hand on N processes started
     by torchrun (nccl and one GPU each when there are GPUs, else gloo), checked against one process."""
     from helpers.distributed import init_from_environment
 
@@ -282,6 +282,7 @@ def main() -> None:
                              {k: v.cpu() for k, v in train_single(run).items()})
         print(f"{world_size} processes ({dist.get_backend()}, {run.device}) vs 1 process: "
               f"max |diff| {'<' if gap < 1e-6 else '>='} 1e-6")
+    dist.barrier()  # leave together: a rank that tears down while another still talks may abort
     dist.destroy_process_group()
 
 

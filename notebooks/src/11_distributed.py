@@ -107,8 +107,9 @@ for name in results[0]:
 #
 # An all-reduce is a reduce-scatter followed by an all-gather: the ring below builds it so.
 #
-# The next cell tries to send a function defined in this notebook, and is refused before any
-# process is bothered:
+# (What happens when a worker raises is the last thing this notebook shows, since it stops the
+# processes.) The next cell tries to send a function defined in this notebook, and is refused
+# before any process is bothered:
 
 # %%
 def my_task(rank: int, world_size: int) -> int:
@@ -119,22 +120,6 @@ try:
     workers.run(my_task)
 except ValueError as error:
     print(error)
-
-# %% [markdown]
-# When a worker raises, its traceback comes back to the notebook as a `WorkerFailed`, and all the
-# processes are stopped, including the one that waits forever in an all-reduce for the rank that
-# failed. Without that, the notebook would hang. `fail_on_rank` makes rank 1 raise (the time
-# printed includes starting two fresh processes):
-
-# %%
-failing = Workers(world_size=2, timeout=120.0)
-start = time.perf_counter()
-try:
-    failing.run(fail_on_rank, 1)
-except WorkerFailed as error:
-    print(f"rank {error.rank} failed; the last line of its traceback:")
-    print("   ", error.worker_traceback.strip().splitlines()[-1])
-print("processes still running:", len(failing.processes), "|", format_duration(time.perf_counter() - start))
 
 # %% [markdown]
 # ### The ring all-reduce and what it costs
@@ -585,12 +570,13 @@ print(f"\nsharded data / data: {sharded_bytes / data_bytes:.1f} x")
 
 # %%
 package_root = str(Path(helpers.__file__).resolve().parent.parent)  # so the processes find helpers
-command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "helpers.data_parallel"]
+command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "helpers.data_parallel"]  # --standalone: one machine, a free port
 start = time.perf_counter()
 done = subprocess.run(command, capture_output=True, text=True, timeout=300,
                       env={**os.environ, "PYTHONPATH": package_root, "OMP_NUM_THREADS": "1"})
 assert done.returncode == 0, done.stderr[-2000:]
-print("torchrun --nproc_per_node 2 -m helpers.data_parallel")
+print("torchrun --standalone --nproc_per_node 2 -m helpers.data_parallel")
 print("   ", done.stdout.strip().splitlines()[-1], "|", format_duration(time.perf_counter() - start))
 
 # %% [markdown]
@@ -611,7 +597,22 @@ for size in sizes:
     print(f"all-reduce of {readable_bytes(4 * size):>8} on 2 processes: {format_duration(slowest)}")
 print(f"ZeRO-1, AdamW state per rank of the tiny GPT: {results_zero[0]['state_bytes']:,} and "
       f"{results_zero[1]['state_bytes']:,} bytes (unsharded {results_zero[0]['full_state_bytes']:,})")
-workers.close()
+
+# %% [markdown]
+# ### When a worker fails
+#
+# If a worker raises, its traceback comes back to the notebook as a `WorkerFailed`, and all the
+# processes are stopped, including the one that waits forever in an all-reduce for the rank
+# that failed: without that, the notebook would hang. `fail_on_rank` makes rank 1 raise. (A
+# later `workers.run` would start two fresh processes.)
+
+# %%
+try:
+    workers.run(fail_on_rank, 1)
+except WorkerFailed as error:
+    print(f"rank {error.rank} failed; the last line of its traceback:")
+    print("   ", error.worker_traceback.strip().splitlines()[-1])
+print("processes still running:", len(workers.processes))
 
 # %% [markdown]
 # ## Check your understanding
