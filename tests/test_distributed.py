@@ -179,7 +179,7 @@ def test_buckets_refuse_a_non_positive_size():
 
 
 def test_a_failing_worker_is_reported_with_its_traceback_and_nothing_hangs(workers):
-    # Last in the file: it stops the module's workers (a later run would start new ones).
+    # After every other test that uses the module's workers: it stops them (a later run would restart).
     workers.run(collectives_demo)  # started and healthy
     start = time.monotonic()
     with pytest.raises(WorkerFailed, match="rank 1 fails on purpose") as failure:
@@ -187,3 +187,34 @@ def test_a_failing_worker_is_reported_with_its_traceback_and_nothing_hangs(worke
     assert failure.value.rank == 1 and "Traceback" in failure.value.worker_traceback
     assert time.monotonic() - start < 30.0
     assert workers.processes == []  # all stopped, including rank 0 stuck in its all-reduce
+
+
+def test_exercise_checkers_refuse_the_usual_mistakes():
+    from helpers.exercises import evaluate
+
+    def summed_only(model, all_reduce, world_size):
+        for p in model.parameters():
+            all_reduce(p.grad)
+
+    def tied_twice(model, all_reduce, world_size):
+        for _, p in model.named_parameters(remove_duplicate=False):
+            all_reduce(p.grad)
+            p.grad /= world_size
+
+    passed, message = evaluate("distributed.average_gradients", summed_only)
+    assert not passed and "divide by world_size" in message
+    passed, message = evaluate("distributed.average_gradients", tied_twice)
+    assert not passed and "twice" in message
+    passed, message = evaluate("distributed.ring_bytes", lambda n, p: (p - 1) / p * n)
+    assert not passed and "all-gather" in message
+    passed, message = evaluate("distributed.split_mlp", lambda up_w, up_b, down_w, r, p: (up_w, up_b, down_w))
+    assert not passed and "shape" in message
+
+
+def test_bad_arguments_name_themselves():
+    with pytest.raises(ValueError, match="model"):
+        Run(model="cnn")
+    with pytest.raises(ValueError, match="world_size"):
+        Workers(0)
+    with pytest.raises(TypeError, match="timeout"):
+        Workers(2, timeout="soon")
