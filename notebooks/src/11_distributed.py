@@ -1,0 +1,679 @@
+# %% [markdown]
+# # 11. Beyond one machine: data, optimizer-state and tensor parallelism
+#
+# Everything so far ran in one Python process. Inside it, a lot already happens in parallel: the
+# batch, the heads, the positions and the query tiles are all one batched matrix product. Models
+# that outgrow one device are trained by many processes, one per GPU, that exchange tensors with
+# `torch.distributed`. This notebook starts two real processes on your CPU, joins them with the
+# `gloo` backend, and builds the three splits every large training run combines, each proven
+# equal to one process doing all the work.
+#
+# **After this notebook you can**
+# - say what a rank, a world size and a process group are, run the four collectives (broadcast,
+#   all-reduce, all-gather, reduce-scatter) and count the bytes of a ring all-reduce;
+# - write data parallelism by hand (broadcast the weights, all-reduce the gradients), overlap the
+#   communication with `backward()` using gradient buckets, and check it against PyTorch's DDP;
+# - shard AdamW's state across ranks (ZeRO-1), measure the memory it saves per rank, and use
+#   `ZeroRedundancyOptimizer` and FSDP's `fully_shard`;
+# - split an MLP (column-parallel, then row-parallel) and the attention heads across ranks;
+# - answer the USF notes' question "What are the aspects of Transformer parallelization?" with a
+#   table of what each kind of parallelism splits and sends, computed for GPT-2 small and GPT-3.
+#
+# **It assumes** notebook 7 (the GPT, the training step by hand, AdamW) and notebook 5 (heads).
+
+# %% [setup]
+
+# %%
+import inspect
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import helpers
+
+from helpers.data_parallel import (
+    TINY_GPT,
+    Run,
+    average_gradients,
+    data_parallel,
+    loss_of,
+    make_batch,
+    make_model,
+    max_difference,
+    train_bucketed,
+    train_single,
+)
+from helpers.distributed import (
+    WorkerFailed,
+    Workers,
+    collectives_demo,
+    fail_on_rank,
+    ring_all_reduce_by_hand,
+    ring_all_reduce_bytes,
+    time_all_reduce,
+)
+from helpers.exercises import check
+from helpers.gpt import GPTConfig, exact_parameters
+from helpers.parallelism import communication_per_step, memory_per_rank, readable_bytes
+from helpers.sharded import train_fsdp, train_zero_by_hand, train_zero_torch
+from helpers.tensor_parallel import demo_block, dtensor_mlp, tensor_parallel_block
+from helpers.timing import format_duration
+
+torch.set_num_threads(1)  # two processes will share the cores with this one
+
+# %% [markdown]
+# ## 1. Processes that talk: ranks, a process group, collectives
+#
+# A distributed job is `world_size` copies of the same program. Each copy, a **rank**
+# (0, 1, ...), calls `torch.distributed.init_process_group(backend)`; they meet at an address
+# (`MASTER_ADDR:MASTER_PORT`) and from then on can run **collectives**: operations that every rank
+# calls at the same point with a tensor of the same shape. The backend moves the bytes: `nccl`
+# between GPUs, `gloo` between CPU processes (it is what runs here).
+#
+# On a cluster, `torchrun --nproc_per_node 8 train.py` starts the copies and gives each its rank
+# in environment variables. A notebook cannot be run eight times, so `helpers.distributed.Workers`
+# does `torchrun`'s job from inside it: it **spawns** `world_size` fresh Python processes, gives
+# them a free port, joins them into one gloo group and keeps them alive; `workers.run(fn, *args)`
+# calls `fn(rank, world_size, *args)` on every rank and returns the results to this notebook in
+# rank order, which prints them (so the output does not depend on which process finished first).
+#
+# Two things follow from *spawning*. Starting is slow: each process is a new Python that imports
+# `torch` (the cell below times it). And `fn` travels by name: the new process imports it, so it
+# must be defined in a module, such as `helpers`, not in a notebook cell.
+
+# %%
+workers = Workers(world_size=2, timeout=120.0)
+start = time.perf_counter()
+results = workers.run(collectives_demo)
+print(f"starting 2 processes and running the first task {format_duration(time.perf_counter() - start)}")
+for name in results[0]:
+    print(f"{name}:")
+    for rank, result in enumerate(results):
+        print(f"    rank {rank}: {result[name]}")
+
+# %% [markdown]
+# Read each collective off the output (the source is `collectives_demo` in `helpers.distributed`):
+#
+# - **broadcast**: rank 0's tensor `[10, 20]` is copied to every rank (rank 1 started with zeros);
+# - **all-reduce**: rank `r` holds `(r + 1) x [1, 2]`; afterwards every rank holds the sum `[3, 6]`;
+# - **all-gather**: every rank ends with the list of all ranks' tensors, in rank order;
+# - **reduce-scatter**: each rank offers one piece per rank; rank `r` receives the *sum over
+#   ranks of piece r*, and only that: `0 + 10 = 10` on rank 0, `1 + 11 = 12` on rank 1.
+#
+# An all-reduce is a reduce-scatter followed by an all-gather: the ring below builds it so.
+#
+# (What happens when a worker raises is the last thing this notebook shows, since it stops the
+# processes.) The next cell tries to send a function defined in this notebook, and is refused
+# before any process is bothered:
+
+# %%
+def my_task(rank: int, world_size: int) -> int:
+    return rank
+
+
+try:
+    workers.run(my_task)
+except ValueError as error:
+    print(error)
+
+# %% [markdown]
+# ### The ring all-reduce and what it costs
+#
+# How do `p` ranks sum a tensor of `n` bytes without one rank receiving everything? In a **ring**,
+# rank `r` only ever sends to rank `r + 1`. Cut the tensor into `p` chunks. In the
+# **reduce-scatter** phase, at each of `p - 1` steps every rank passes one chunk on and adds the
+# chunk it receives to its own; after `p - 1` steps each rank holds the full sum of one chunk. In
+# the **all-gather** phase the finished chunks go around the ring once more, `p - 1` steps. Each
+# step sends `n / p` bytes, so each rank sends
+#
+# `2 (p - 1) / p x n` bytes,
+#
+# almost `2n` whatever `p` is: adding ranks does not make the all-reduce more expensive per rank.
+# `ring_all_reduce_by_hand` simulates it in this process, step by step:
+
+# %%
+tensors = [torch.arange(6.0) * (rank + 1) for rank in range(3)]  # 3 ranks, 6 values each
+results, values_sent = ring_all_reduce_by_hand(tensors)
+for rank, result in enumerate(results):
+    print(f"rank {rank} ends with {result.tolist()}")
+assert all(torch.equal(result, sum(tensors)) for result in results)
+print(f"each rank sent {values_sent} values; 2 (p - 1) / p x n = 2 x 2 / 3 x 6 = "
+      f"{ring_all_reduce_bytes(6, 3):g}")
+
+# %% [markdown]
+# ### Exercise: the bytes of a ring all-reduce
+#
+# Write `ring_bytes(n_bytes, world_size)`: the bytes each rank sends in a ring all-reduce.
+
+# %%
+def ring_bytes(n_bytes: float, world_size: int) -> float:
+    """Bytes each rank sends in a ring all-reduce of an n_bytes tensor over world_size ranks."""
+    raise NotImplementedError
+
+
+check("distributed.ring_bytes", ring_bytes)
+
+# %% [markdown]
+# <details><summary>Hint</summary>
+#
+# Two phases of `p - 1` steps each; every step sends one chunk of `n_bytes / p`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def ring_bytes(n_bytes: float, world_size: int) -> float:
+#     """Bytes each rank sends in a ring all-reduce of an n_bytes tensor over world_size ranks."""
+#     return 2 * (world_size - 1) / world_size * n_bytes
+#
+#
+# check("distributed.ring_bytes", ring_bytes)
+# ```
+# </details>
+
+# %% [markdown]
+# ### Measured: how long one all-reduce takes here
+#
+# Two processes on one machine, so the "network" is shared memory and the times say more about
+# `gloo` than about a cluster, where GPUs of a node talk over NVLink and nodes over InfiniBand.
+# The bytes are exact; the times are this machine's.
+
+# %%
+sizes = [1_000, 100_000, 10_000_000]  # float32 values
+times = workers.run(time_all_reduce, sizes)
+for size in sizes:
+    slowest = max(t[size] for t in times)  # the all-reduce is done when the last rank is
+    print(f"{size:>10,} values = {readable_bytes(4 * size):>8}: each rank sends "
+          f"{readable_bytes(ring_all_reduce_bytes(4 * size, 2)):>8}, {format_duration(slowest)}")
+
+# %% [markdown]
+# ## 2. Data parallelism: the same model everywhere, a slice of the batch each
+#
+# The loss of a batch is a **mean** over its rows. Split a batch of `B` rows into `p` equal
+# slices: the mean over the batch is the average of the slices' means, and so is its gradient.
+# So `p` processes, each with a full copy of the model and `B / p` rows, can compute the gradient
+# of the whole batch: each computes its slice's gradient, then they average. If they start with
+# the same weights and apply the same update, they stay identical forever.
+#
+# First in one process, with two copies of the course GPT (`TINY_GPT`: 2 blocks, `d_model = 32`,
+# tied weights) standing in for the two ranks:
+
+# %%
+run = Run(model="gpt", batch_size=8)
+inputs, targets = make_batch(run, step=0)          # (8, 16) token ids each
+whole = make_model(run)
+loss_of(whole, inputs, targets).backward()         # one process, the whole batch
+ranks = [make_model(run), make_model(run)]
+for rank, model in enumerate(ranks):               # "rank" r takes rows 4r ... 4r + 3
+    loss_of(model, inputs[4 * rank:4 * rank + 4], targets[4 * rank:4 * rank + 4]).backward()
+gap = max(((p0.grad + p1.grad) / 2 - p.grad).abs().max().item()
+          for p0, p1, p in zip(ranks[0].parameters(), ranks[1].parameters(), whole.parameters(), strict=True))
+assert gap < 1e-6
+print(TINY_GPT)
+print("average of the two halves' gradients vs the whole batch's: max |diff| < 1e-6")
+
+# %% [markdown]
+# On real processes the average is one all-reduce (sum) per gradient, divided by the world size.
+# Before the first step, a broadcast gives every rank rank 0's weights (the workers below start
+# from *different* random weights on purpose, so the broadcast has work to do). This is the
+# whole of it, in `helpers.data_parallel`:
+
+# %%
+print(inspect.getsource(average_gradients))
+
+# %% [markdown]
+# `train_by_hand` runs it on each rank: broadcast, then for each step forward and backward on its
+# rows, `average_gradients`, SGD step. We train the small MLP and the GPT for 4 steps on both
+# processes and compare with one process training on the whole batches (`train_single`).
+#
+# The optimiser is SGD with momentum, not AdamW. AdamW divides each gradient by its own size,
+# and notebook 7 showed what that does to a weight whose true gradient is zero (the key biases):
+# it moves by the learning rate in the direction of the round-off, so two runs that agree in
+# exact arithmetic drift apart. With SGD, round-off stays round-off.
+
+# %%
+for model_name in ("mlp", "gpt"):
+    run = Run(model=model_name, batch_size=8, steps=4)
+    weights = data_parallel(workers, "by hand", run)
+    reference = train_single(run)
+    assert max_difference(weights[0], weights[1]) == 0.0
+    assert max_difference(weights[0], reference) < 1e-6
+    assert max_difference(reference, make_model(run).state_dict()) > 1e-3  # training moved them
+    print(f"{model_name}: after {run.steps} steps the 2 ranks are identical, and equal to 1 process with "
+          "the whole batch: max |diff| < 1e-6")
+
+# %% [markdown]
+# ### Exercise: the gradient all-reduce
+#
+# Write `average_gradients` yourself. It receives the model, an `all_reduce` function that sums a
+# tensor in place across the ranks (on real processes that is `torch.distributed.all_reduce`; the
+# checker passes one that adds the other rank's gradient), and the world size. The checker's
+# model is a GPT with tied weights.
+
+# %%
+def my_average_gradients(model: torch.nn.Module, all_reduce, world_size: int) -> None:
+    """Replace every p.grad by its mean over the ranks."""
+    raise NotImplementedError
+
+
+check("distributed.average_gradients", my_average_gradients)
+
+# %% [markdown]
+# <details><summary>Hint</summary>
+#
+# Sum with `all_reduce(p.grad)`, then divide by `world_size`. Careful with the tied matrix: it
+# must be reduced once, and `model.parameters()` lists it once.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_average_gradients(model: torch.nn.Module, all_reduce, world_size: int) -> None:
+#     """Replace every p.grad by its mean over the ranks."""
+#     for p in model.parameters():
+#         if p.grad is not None:
+#             all_reduce(p.grad)
+#             p.grad /= world_size
+#
+#
+# check("distributed.average_gradients", my_average_gradients)
+# ```
+# </details>
+
+# %% [markdown]
+# ### Overlap: start the all-reduce while backward is still running
+#
+# `average_gradients` waits for the whole backward pass, then communicates: the network idles
+# during backward and the processors idle during the all-reduce. But backward finishes the last
+# layer's gradients first. `GradientBuckets` groups the parameters, last layers first, into
+# buckets of about `bucket_bytes` (printed below); a hook on each parameter
+# (`register_post_accumulate_grad_hook`) fires
+# when its gradient is complete, and when a bucket's last gradient arrives its all-reduce starts
+# *asynchronously* (`async_op=True`), while backward goes on. After backward, `finish()` waits.
+# Buckets also turn many small messages into a few large ones, which the network prefers.
+
+# %%
+results = data_parallel(workers, "bucketed", Run(model="gpt", steps=4))
+bucketed_weights, buckets, launches = results[0]
+n_gradients = sum(len(bucket) for bucket in buckets)
+print(f"bucket_bytes = {inspect.signature(train_bucketed).parameters['bucket_bytes'].default:,}")
+for bucket, ready in launches:
+    names = buckets[bucket]
+    print(f"bucket {bucket}: all-reduce started when {ready:>2} of {n_gradients} gradients were ready "
+          f"({len(names)} tensors: {names[0]} ... {names[-1]})")
+assert launches[0][1] < n_gradients
+assert max_difference(bucketed_weights, train_single(Run(model="gpt", steps=4))) < 1e-6
+print("bucketed run vs 1 process: max |diff| < 1e-6")
+
+# %% [markdown]
+# The first bucket's all-reduce starts when only the final LayerNorm's and the last MLP's
+# gradients exist; the token embedding, used first in the forward pass, is the last gradient
+# backward completes. (It is also the output matrix: with tied weights its hook fires once, after
+# both uses have added their part.)
+#
+# ### The real thing: `DistributedDataParallel`
+#
+# `torch.nn.parallel.DistributedDataParallel(model)` does all of the above: it broadcasts rank 0's
+# weights when it wraps the model, and its backward hooks all-reduce buckets (of megabytes)
+# during backward. The training loop does not change.
+
+# %%
+for model_name in ("mlp", "gpt"):
+    run = Run(model=model_name, steps=4)
+    weights = data_parallel(workers, "torch DDP", run)
+    assert max_difference(weights[0], train_single(run)) < 1e-6
+    print(f"{model_name}: torch DDP on 2 processes vs 1 process: max |diff| < 1e-6")
+
+# %% [markdown]
+# ## 3. Optimizer-state sharding (ZeRO-1)
+#
+# Data parallelism copies *everything* to every rank: the weights, the gradients and AdamW's two
+# running averages `m` and `v`, which alone are twice the weights. ZeRO (Rajbhandari et al.,
+# 2020) removes the copies in stages. Stage 1 splits the optimizer state: each parameter gets an
+# **owner** rank, only the owner keeps its `m` and `v` and updates it, and then the owner
+# broadcasts the new values. Per rank, in float32 (4 bytes of weight, 4 of gradient, 8 of AdamW
+# state per parameter), for GPT-2 small over 8 ranks:
+
+# %%
+gpt2 = GPTConfig.gpt2_small()
+for stage, n_bytes in memory_per_rank(exact_parameters(gpt2), world_size=8).items():
+    print(f"{stage:<28} {readable_bytes(n_bytes):>8} per rank")
+
+# %% [markdown]
+# `ShardedAdamW` in `helpers.sharded` is notebook 7's `HandAdamW` with an owner per parameter
+# (largest first, each to the least loaded rank). To check it, each rank also trains an unsharded
+# twin with the same equations and gives it the same averaged gradient at every step: the sharded
+# and unsharded weights must stay equal, while each rank holds about half the state.
+
+# %%
+run = Run(model="gpt", steps=4, lr=0.01)
+results_zero = workers.run(train_zero_by_hand, run)
+for rank, result in enumerate(results_zero):
+    assert result["max_gap"] < 1e-6
+    print(f"rank {rank}: owns {result['owned']} of {result['parameters']} tensors, AdamW state "
+          f"{result['state_bytes']:,} bytes instead of {result['full_state_bytes']:,}")
+assert sum(r["state_bytes"] for r in results_zero) == results_zero[0]["full_state_bytes"]
+print("sharded vs unsharded AdamW, same gradients, 4 steps: max |diff| < 1e-6")
+
+# %% [markdown]
+# The two ranks' shares add up to exactly the unsharded state, split about evenly. The price is
+# one broadcast of every parameter per step, the same bytes as the all-gather half of an
+# all-reduce. (Real implementations also reduce-scatter the gradients instead of all-reducing
+# them, since each rank needs only its own shard's: that is ZeRO-2.)
+#
+# ### PyTorch's own: `ZeroRedundancyOptimizer` and FSDP's `fully_shard`
+#
+# `torch.distributed.optim.ZeroRedundancyOptimizer` wraps any optimizer the same way; we check it
+# against `torch.optim.AdamW` with the same gradients. Both run on CPU with gloo.
+
+# %%
+results = workers.run(train_zero_torch, run)
+for rank, result in enumerate(results):
+    assert result["max_gap"] < 1e-6
+    print(f"rank {rank}: AdamW state {result['state_bytes']:,} bytes "
+          f"instead of {result['full_state_bytes']:,}")
+print("ZeroRedundancyOptimizer vs torch.optim.AdamW: max |diff| < 1e-6")
+
+# %% [markdown]
+# FSDP (fully sharded data parallel, ZeRO-3) splits the weights and gradients too. With FSDP2's
+# `fully_shard`, each block is a unit whose weights are all-gathered just before it runs and
+# freed after; gradients are reduce-scattered, so each rank keeps the average of its own slice,
+# and the optimizer only ever sees the slices (its weights become `DTensor`s). Trained with SGD,
+# it must end where one process does:
+
+# %%
+run = Run(model="gpt", steps=4)
+results = workers.run(train_fsdp, run)
+for rank, result in enumerate(results):
+    print(f"rank {rank}: holds {result['local_bytes']:,} of the model's {result['full_bytes']:,} bytes "
+          f"of weights (as {result['kind']})")
+assert max_difference(results[0]["weights"], train_single(run)) < 1e-6
+print("FSDP2 on 2 processes vs 1 process: max |diff| < 1e-6")
+
+# %% [markdown]
+# ## 4. Tensor parallelism: split every matrix
+#
+# Data parallelism needs the whole model on each device. When one layer is too big, split the
+# layer. The MLP is `down(gelu(up(x)))` with `up` of shape `(hidden, D)` and `down` of shape
+# `(D, hidden)`. Give rank `r` a block of `hidden / p` hidden units:
+#
+# - **column-parallel `up`**: rank `r` keeps those rows of `W_up` (and of its bias), and computes
+#   its hidden units for every token. GELU acts on each unit alone, so no communication yet.
+# - **row-parallel `down`**: rank `r` keeps the matching columns of `W_down` and multiplies its
+#   hidden units by them: a `(..., D)` *partial sum* of the output.
+# - **one all-reduce** adds the partial sums; the bias of `down` is added once, after it.
+#
+# First in one process, with the block's MLP split in two:
+
+# %%
+block, x, probe = demo_block()                     # Block(d_model=32, n_heads=4), x: (2, 8, 32)
+mlp = block.mlp
+up_w, up_b, down_w = mlp.up.weight.detach(), mlp.up.bias.detach(), mlp.down.weight.detach()
+k = up_w.shape[0] // 2                                 # hidden units per rank
+partials = []
+for r in range(2):
+    rows = slice(r * k, (r + 1) * k)                   # rank r's hidden units
+    hidden = F.gelu(x @ up_w[rows].T + up_b[rows])     # (2, 8, k): column-parallel up, then GELU
+    partials.append(hidden @ down_w[:, rows].T)        # (2, 8, 32): row-parallel down, a partial sum
+with torch.no_grad():
+    split_gap = (partials[0] + partials[1] + mlp.down.bias - mlp(x)).abs().max().item()
+assert split_gap < 1e-6
+print(f"W_up {tuple(up_w.shape)} -> 2 x {tuple(up_w[:k].shape)}; W_down {tuple(down_w.shape)} -> "
+      f"2 x {tuple(down_w[:, :k].shape)}")
+print("sum of the 2 partial outputs + bias vs the MLP: max |diff| < 1e-6")
+
+# %% [markdown]
+# ### Exercise: split an MLP's weights for one rank
+#
+# Return rank `rank`'s `(up_weight, up_bias, down_weight)` for `world_size` ranks.
+
+# %%
+def split_mlp(up_weight: torch.Tensor, up_bias: torch.Tensor, down_weight: torch.Tensor,
+              rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """up_weight (hidden, D), up_bias (hidden,), down_weight (D, hidden) -> this rank's slices."""
+    raise NotImplementedError
+
+
+check("distributed.split_mlp", split_mlp)
+
+# %% [markdown]
+# <details><summary>Hint</summary>
+#
+# `k = hidden // world_size`; rows `rank * k : (rank + 1) * k` of `up_weight` and `up_bias`,
+# the same range of *columns* of `down_weight`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def split_mlp(up_weight: torch.Tensor, up_bias: torch.Tensor, down_weight: torch.Tensor,
+#               rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+#     """up_weight (hidden, D), up_bias (hidden,), down_weight (D, hidden) -> this rank's slices."""
+#     k = up_weight.shape[0] // world_size
+#     rows = slice(rank * k, (rank + 1) * k)
+#     return up_weight[rows], up_bias[rows], down_weight[:, rows]
+#
+#
+# check("distributed.split_mlp", split_mlp)
+# ```
+# </details>
+
+# %% [markdown]
+# ### The heads, and the whole block, on two processes
+#
+# Attention splits the same way, by heads (notebook 5): the rows of `W_Q`, `W_K`, `W_V` that
+# produce heads `r H/p ...` are column-parallel, each rank attends with its own heads, and the
+# matching columns of `W_O` are row-parallel: one all-reduce per attention layer. Backward needs
+# the mirror image: the input `x` feeds every rank's branch, so its gradient is the all-reduced
+# sum of the ranks' (Megatron-LM's `f` and `g` operators: `copy_to_ranks` and `sum_over_ranks` in
+# `helpers.tensor_parallel`). `TensorParallelBlock` puts the two together, with the LayerNorms
+# on every rank. We run it forward and backward and compare with the block on one process:
+
+# %%
+results = workers.run(tensor_parallel_block)
+x.requires_grad_(True)
+out = block(x)
+(out * probe).sum().backward()                      # the same loss as the workers'
+k = block.mlp.up.out_features // 2
+n_block = sum(p.numel() for p in block.parameters())
+for rank, result in enumerate(results):
+    assert (result["out"] - out).abs().max() < 1e-6 and (result["x_grad"] - x.grad).abs().max() < 1e-6
+    assert (result["up_grad"] - block.mlp.up.weight.grad[rank * k:(rank + 1) * k]).abs().max() < 1e-6
+    print(f"rank {rank}: {result['parameters']:,} of the block's {n_block:,} parameters; output, input "
+          "gradient and its W_up gradient rows vs 1 process: max |diff| < 1e-6")
+
+# %% [markdown]
+# Each rank holds about half the block (the LayerNorms and the output biases are copies). The
+# price is two all-reduces of the `(B, N, D)` activations per block forward, and two backward:
+# on every layer, on the critical path. That is why tensor parallelism stays inside one node,
+# where GPUs are joined by NVLink.
+#
+# `torch.distributed.tensor` does the same split from a plan. `parallelize_module` turns `up`'s
+# weight into a `DTensor` sharded by rows (`ColwiseParallel`) and `down`'s by columns
+# (`RowwiseParallel`) on a one-axis device mesh; it runs on CPU with gloo:
+
+# %%
+results = workers.run(dtensor_mlp)
+with torch.no_grad():
+    expected = block.mlp(x)
+for rank, result in enumerate(results):
+    assert (result["out"] - expected).abs().max() < 1e-6
+    print(f"rank {rank}: up.weight is a {result['kind']}, local {result['up_local']}; "
+          f"down.weight local {result['down_local']}; output vs the MLP: max |diff| < 1e-6")
+
+# %% [markdown]
+# ## 5. The aspects of Transformer parallelization
+#
+# The USF notes close their questions with "What are the aspects of Transformer
+# parallelization?". Inside one device: the batch, the heads and the positions are computed at
+# once (a Transformer, unlike an RNN, has no step that waits for the previous token during
+# training), and FlashAttention splits the queries into tiles (notebook 8). Across devices, there
+# are five splits. The table counts, from the formulas in `helpers.parallelism`, the bytes each
+# rank sends in one training step with 8 ranks in the split, 8 sequences of a full context per
+# rank and bf16 values (2 bytes). GPT-3's sizes: 96 layers, `d_model = 12288`, 2048 tokens.
+
+# %%
+gpt3 = GPTConfig(vocab_size=50257, context_length=2048, n_layers=96, n_heads=96, d_model=12288)
+models = {"GPT-2 small": gpt2, "GPT-3 175B": gpt3}
+for name, config in models.items():
+    print(f"{name}: {exact_parameters(config):,} parameters, {config.n_layers} layers, "
+          f"d_model {config.d_model}, {config.context_length} tokens")
+rows = {name: communication_per_step(config, batch_size=8, world_size=8) for name, config in models.items()}
+print(f"\n{'parallelism':<36}{'GPT-2 small':>12}{'GPT-3 175B':>12}   sends")
+for i, row in enumerate(rows["GPT-2 small"]):
+    print(f"{row.name:<36}{readable_bytes(row.bytes_per_rank):>12}"
+          f"{readable_bytes(rows['GPT-3 175B'][i].bytes_per_rank):>12}   {row.sends}")
+print()
+for row in rows["GPT-2 small"]:
+    print(f"{row.name}: splits {row.splits}; use when {row.use_when}")
+data_bytes, sharded_bytes = (row.bytes_per_rank for row in rows["GPT-2 small"][:2])
+print(f"\nsharded data / data: {sharded_bytes / data_bytes:.1f} x")
+
+# %% [markdown]
+# How to read it:
+#
+# - **data** parallelism sends the gradients once per step, whatever the batch: cheap relative
+#   to the compute when the batch per rank is large, and it can overlap backward (section 2).
+#   It needs the whole model on each device.
+# - **sharded data** parallelism (ZeRO-3 / FSDP) sends 1.5 x as much as plain data parallelism
+#   (two all-gathers and a reduce-scatter: 3 `(p-1)/p` of the weights against 2 `(p-1)/p`) and
+#   divides the memory of the training state by `p` (section 3).
+# - **tensor** parallelism sends activations, four all-reduces per layer per step, growing with
+#   the batch and the context. Each one blocks the next layer, so they barely overlap with
+#   compute; it lives inside a node, on the fastest links (section 4).
+# - **pipeline** parallelism sends only the activations at the boundaries between stages, the
+#   fewest bytes, but a stage idles while it waits for the previous one (the "bubble"), which
+#   micro-batches shrink. It suits the slow links between nodes.
+# - **sequence / context** parallelism splits the tokens: MLPs and LayerNorms need nothing, but
+#   attention needs every earlier key and value, passed around a ring. Needed for long contexts.
+# - **expert** parallelism places the experts of a mixture-of-experts layer on different ranks
+#   and sends each token to its expert and back (all-to-all). It applies to MoE models only; the
+#   counts assume one MoE layer per block, one expert per rank.
+#
+# Large runs combine them ("3D parallelism"): tensor parallelism inside a node of 8 GPUs,
+# pipeline stages across nodes, data (or sharded data) parallelism over everything else.
+#
+# ## 6. Started by `torchrun`, on GPUs with `nccl`
+#
+# The worker functions of `helpers` do not care how their process was started. `torchrun` starts
+# `N` copies of a script and tells each its rank in environment variables;
+# `helpers.distributed.init_from_environment()` reads them and joins the group, with `nccl` and
+# one GPU per process (`LOCAL_RANK`) when there are GPUs, `gloo` otherwise. `helpers.data_parallel`
+# has such a script at its end (`main`): it runs the same `train_by_hand` on every process and
+# compares with one process. Here it runs on the CPU, started by `torchrun` exactly as on a
+# cluster (`python -m torch.distributed.run` is `torchrun`):
+
+# %%
+package_root = str(Path(helpers.__file__).resolve().parent.parent)  # so the processes find helpers
+command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "helpers.data_parallel"]  # --standalone: one machine, a free port
+start = time.perf_counter()
+done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                      env={**os.environ, "PYTHONPATH": package_root, "OMP_NUM_THREADS": "1"})
+assert done.returncode == 0, done.stderr[-2000:]
+print("torchrun --standalone --nproc_per_node 2 -m helpers.data_parallel")
+print("   ", done.stdout.strip().splitlines()[-1], "|", format_duration(time.perf_counter() - start))
+
+# %% [markdown]
+# On a machine with `N` GPUs the same command with `--nproc_per_node N` runs the same code on
+# the GPUs with `nccl`, and `torchrun --nnodes M --node_rank i --rdzv_endpoint host:port ...`
+# spreads it over machines. That is stated, not measured: no machine with several GPUs was
+# available to this course. Two differences matter in practice: `nccl` moves tensors from GPU
+# to GPU without the CPU (far faster than `gloo`), and each process must own its own GPU.
+#
+# ## What was measured here
+#
+# The all-reduce times of section 1 (two CPU processes, gloo) and the memory per rank of section
+# 3, gathered again:
+
+# %%
+for size in sizes:
+    slowest = max(t[size] for t in times)
+    print(f"all-reduce of {readable_bytes(4 * size):>8} on 2 processes: {format_duration(slowest)}")
+print(f"ZeRO-1, AdamW state per rank of the tiny GPT: {results_zero[0]['state_bytes']:,} and "
+      f"{results_zero[1]['state_bytes']:,} bytes (unsharded {results_zero[0]['full_state_bytes']:,})")
+
+# %% [markdown]
+# ### When a worker fails
+#
+# If a worker raises, its traceback comes back to the notebook as a `WorkerFailed`, and all the
+# processes are stopped, including the one that waits forever in an all-reduce for the rank
+# that failed: without that, the notebook would hang. `fail_on_rank` makes rank 1 raise. (A
+# later `workers.run` would start two fresh processes.)
+
+# %%
+try:
+    workers.run(fail_on_rank, 1)
+except WorkerFailed as error:
+    print(f"rank {error.rank} failed; the last line of its traceback:")
+    print("   ", error.worker_traceback.strip().splitlines()[-1])
+print("processes still running:", len(workers.processes))
+
+# %% [markdown]
+# ## Check your understanding
+#
+# **1. The USF notes: what are the aspects of Transformer parallelization?**
+#
+# <details><summary>Answer</summary>
+#
+# Within one device: every position of a sequence is processed at once during training (no
+# recurrence: the causal mask, not a loop, keeps the future out), the heads run as one batched
+# product, the batch is one more axis, and FlashAttention splits the queries into tiles. Across
+# devices: data parallelism (the batch), sharded data parallelism (the batch, and the training
+# state split by ZeRO/FSDP), tensor parallelism (each matrix: MLP units, heads), pipeline
+# parallelism (the layers), sequence/context parallelism (the tokens) and expert parallelism (the
+# experts of an MoE layer). Section 5's table gives what each sends per step.
+# </details>
+#
+# **2. Why do 2 processes with half the batch each end with the same weights as 1 process?**
+#
+# <details><summary>Answer</summary>
+#
+# The loss is a mean over the batch, so the whole batch's gradient is the average of the halves'
+# gradients. The broadcast makes the starting weights equal, the all-reduce makes the gradient
+# equal to the whole batch's, and the same optimizer step then keeps them equal, step after
+# step. Only round-off differs (the sums are added in another order): below `1e-6` here.
+# </details>
+#
+# **3. Does a ring all-reduce get slower per rank with more ranks?**
+#
+# <details><summary>Answer</summary>
+#
+# Barely in bytes: each rank sends `2 (p - 1) / p x n`, from `n` at `p = 2` towards `2n` (the
+# cell below prints `p = 2, 8, 1024` for GPT-2 small's bf16 gradient). Latency does grow with
+# the `2 (p - 1)` steps, which is why large clusters use trees or hierarchical rings.
+# </details>
+#
+# **4. What does ZeRO-1 save, and what does it cost?**
+#
+# <details><summary>Answer</summary>
+#
+# The AdamW state (8 of the 16 bytes per parameter in float32) is divided by `p`: GPT-2 small on
+# 8 ranks goes from about 1.99 GB to 1.12 GB per rank (section 3, and the cell below). The cost
+# is a broadcast (or all-gather) of the updated weights per step, and each rank must know who
+# owns what.
+# </details>
+#
+# **5. Why does a tensor-parallel MLP need only one all-reduce in its forward pass?**
+#
+# <details><summary>Answer</summary>
+#
+# The column-parallel `up` gives each rank whole hidden units, and GELU works unit by unit, so
+# nothing needs exchanging between `up` and `down`. The row-parallel `down` gives partial sums of
+# the output; adding them is the one all-reduce. Splitting `up` by rows of its input instead
+# would need an all-reduce before the GELU as well.
+# </details>
+
+# %%
+gradient_bytes = 2 * exact_parameters(gpt2)  # bf16
+for p in (2, 8, 1024):
+    print(f"p = {p:>4}: each rank sends {readable_bytes(ring_all_reduce_bytes(gradient_bytes, p))} "
+          f"of a {readable_bytes(gradient_bytes)} gradient")
+memory = memory_per_rank(exact_parameters(gpt2), world_size=8)
+print(f"GPT-2 small, 8 ranks: data parallel {readable_bytes(memory['data parallel'])}, "
+      f"ZeRO-1 {readable_bytes(memory['ZeRO-1 (optimizer state)'])} per rank")
