@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.corpus import load_corpus
+from helpers.fast import pick_dtype
 from helpers.gpt import GPT, GPTConfig
 from helpers.tokenizers import CharTokenizer
 from helpers.train import (
@@ -47,7 +48,6 @@ from helpers.train import (
     encode_text,
     evaluate_loss,
     learning_rate,
-    pick_dtype,
     random_batch,
     split_train_val,
 )

@@ -8,17 +8,16 @@ import shutil
 import pytest
 import torch
 
-from helpers import train
+from helpers import fast, train
+from helpers.checkpoints import load_checkpoint, save_checkpoint
+from helpers.fast import pick_dtype
 from helpers.gpt import GPT, GPTConfig
 from helpers.train import (
     History,
     TrainConfig,
     Trainer,
     learning_rate,
-    load_checkpoint,
-    pick_dtype,
     random_batch,
-    save_checkpoint,
     split_train_val,
 )
 
@@ -77,11 +76,11 @@ def test_precision_falls_back_to_float32_without_native_bf16(monkeypatch):
     cpu = torch.device("cpu")
     assert pick_dtype(cpu, "fp32") == torch.float32
     assert pick_dtype(cpu, "bf16") == torch.bfloat16
-    monkeypatch.setattr(train, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(fast, "cpu_has_native_bf16", lambda: False)
     assert pick_dtype(cpu, "auto") == torch.float32
-    monkeypatch.setattr(train, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(fast, "cpu_has_native_bf16", lambda: True)
     assert pick_dtype(cpu, "auto") == torch.bfloat16
-    with pytest.raises(ValueError, match="precision is 'fp16', expected 'auto', 'bf16' or 'fp32'"):
+    with pytest.raises(ValueError, match="precision is 'fp16', expected one of 'auto', 'bf16', 'fp32'"):
         pick_dtype(cpu, "fp16")
 
 
@@ -136,7 +135,7 @@ def test_time_budget_stops_and_evaluates_at_the_end():
     ({}, "expected exactly one"),
     ({"steps": 3, "seconds": 1.0}, "expected exactly one"),
     ({"steps": 0}, "steps is 0, expected a positive int"),
-    ({"seconds": -1.0}, "seconds is -1.0, expected a positive number"),
+    ({"seconds": -1.0}, "seconds is -1.0, expected a finite number > 0"),
 ])
 def test_fit_checks_its_budget(kwargs, message):
     model, train_ids, val_ids = model_and_data()
@@ -291,7 +290,7 @@ def test_split_stories_holds_out_at_least_one_story_and_keeps_one_for_training()
 
 
 def test_split_stories_refuses_bad_input():
-    with pytest.raises(ValueError, match="val_fraction is 1.5, expected a number between 0 and 1"):
+    with pytest.raises(ValueError, match=r"val_fraction is 1.5, expected a number in \(0, 1\)"):
         train.split_stories("a\n\nb", val_fraction=1.5)
     with pytest.raises(ValueError, match="text has 1 stories separated by '\\\\n\\\\n', expected at least 2"):
         train.split_stories("one story only\nno blank line\n")
