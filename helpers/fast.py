@@ -109,7 +109,7 @@ def _attention_in_three_products(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 
 def _project_qkv(attn: MultiHeadAttention, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """q (B, H, N, D_H) and k, v (B, H_kv, N, D_H) from one product with W_Q, W_K, W_V stacked.
+    """q (B, H, N, D_H) and k, v (B, H_KV, N, D_H) from one product with W_Q, W_K, W_V stacked.
 
     For a single token (a generation step) stacking the weights costs more than it saves, so
     the three projections run apart.
@@ -137,7 +137,7 @@ def fast_block(block: Block, x: Tensor, kv_store: KVStore | None = None) -> Tens
     attn = block.attn
     q, k, v = _project_qkv(attn, fused_layer_norm(block.ln1, x))
     if kv_store is not None:
-        k, v = kv_store(k, v)  # (B, H_kv, earlier + N, D_H)
+        k, v = kv_store(k, v)  # (B, H_KV, earlier + N, D_H)
     groups = attn.n_heads // attn.n_kv_heads
     heads = fused_causal_attention(q, repeat_kv_heads(k, groups), repeat_kv_heads(v, groups))
     x = x + attn.dropout(attn.out_proj(merge_heads(heads)))

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 class KVCache:
     """The keys and values of every layer for the tokens seen so far.
 
-    Two preallocated tensors of shape (L, B, H_kv, max_length, D_H), filled from the left:
-    2 x L x H_kv x D_H numbers per token and sequence, whatever the model's vocabulary or MLP.
+    Two preallocated tensors of shape (L, B, H_KV, max_length, D_H), filled from the left:
+    2 x L x H_KV x D_H numbers per token and sequence, whatever the model's vocabulary or MLP.
     """
 
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_length: int,
@@ -67,8 +67,8 @@ class KVCache:
         return self.keys.shape[3]
 
     def store(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        """Write the new tokens' keys and values (B, H_kv, n, D_H) of `layer` after the
-        `length` stored ones; return all of that layer's, (B, H_kv, length + n, D_H).
+        """Write the new tokens' keys and values (B, H_KV, n, D_H) of `layer` after the
+        `length` stored ones; return all of that layer's, (B, H_KV, length + n, D_H).
 
         `length` itself moves on once every layer has stored (GPT.forward_cached does it).
         """
@@ -78,7 +78,7 @@ class KVCache:
                             f"{self.keys.dtype}, the dtype this cache was made with")
         if keys.shape != values.shape or (keys.shape[0], keys.shape[1], keys.shape[3]) != expected:
             raise ValueError(f"keys has shape {tuple(keys.shape)} and values {tuple(values.shape)}, "
-                             f"expected both (B, H_kv, n, D_H) with (B, H_kv, D_H) = {expected}")
+                             f"expected both (B, H_KV, n, D_H) with (B, H_KV, D_H) = {expected}")
         end = self.length + keys.shape[2]
         if end > self.max_length:
             raise ValueError(f"the cache holds {self.length} tokens of at most {self.max_length}; "

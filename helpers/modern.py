@@ -28,7 +28,7 @@ pairs neighbours (2i, 2i+1); that is a fixed permutation of the features of q an
 leaves every score q . k unchanged.
 
 Model code: it imports torch and the course's model modules, never plots, widgets or exercises.
-Shapes: B batch, N tokens, V vocabulary, D = d_model, H heads, H_kv key/value heads,
+Shapes: B batch, N tokens, V vocabulary, D = d_model, H heads, H_KV key/value heads,
 D_H = D / H, P rows of the RoPE table (the longest position + 1).
 """
 
@@ -268,10 +268,10 @@ class ModernBlock(nn.Module):
         """
         h = self.norm1(x)
         q = split_heads(self.attn.q_proj(h), self.attn.n_heads)      # (B, H, N, D_H)
-        k, v = self.attn.project_keys_values(h)                      # (B, H_kv, N, D_H)
+        k, v = self.attn.project_keys_values(h)                      # (B, H_KV, N, D_H)
         q, k = rope_rotate_half(q, table, start=start), rope_rotate_half(k, table, start=start)
         if kv_store is not None:
-            k, v = kv_store(k, v)                                    # (B, H_kv, start + N, D_H)
+            k, v = kv_store(k, v)                                    # (B, H_KV, start + N, D_H)
         x = x + self.attn.attend(q, k, v, causal=True)
         return x + self.mlp(self.norm2(x))
 

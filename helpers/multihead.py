@@ -111,7 +111,8 @@ def split_heads(x: Tensor, n_heads: int) -> Tensor:
         got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
         raise ValueError(f"x has shape {got}, expected (B, N, H * D_H)")
     batch, n_tokens, width = x.shape
-    if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1 or width % n_heads:
+    checks.positive_int("n_heads", n_heads)
+    if width % n_heads:
         raise ValueError(f"n_heads is {n_heads!r}, expected a positive int dividing the "
                          f"feature size {width} of x, shape {tuple(x.shape)}")
     return x.view(batch, n_tokens, n_heads, width // n_heads).transpose(1, 2)
@@ -127,7 +128,7 @@ def merge_heads(x: Tensor) -> Tensor:
 
 
 def repeat_kv_heads(x: Tensor, n_repeats: int) -> Tensor:
-    """(B, H_kv, M, D_H) -> (B, H_kv * n_repeats, M, D_H): key/value head g serves query heads
+    """(B, H_KV, M, D_H) -> (B, H_KV * n_repeats, M, D_H): key/value head g serves query heads
     g * n_repeats ... (g + 1) * n_repeats - 1."""
     return x if n_repeats == 1 else x.repeat_interleave(n_repeats, dim=1)
 
@@ -165,7 +166,7 @@ class MultiHeadAttention(nn.Module):
         """x: (B, N, D); context: (B, M, D) for cross-attention, else x. Returns (B, N, D).
 
         mask: (N, M), (B, N, M) or (B, H, N, M), True = may attend; causal adds the causal mask.
-        kv_store: a KV cache's hook. It receives the new keys and values (B, H_kv, M, D_H), keeps
+        kv_store: a KV cache's hook. It receives the new keys and values (B, H_KV, M, D_H), keeps
         them, and returns every key and value kept so far, earlier tokens first; the queries then
         attend to all of those. (The mask, if any, must cover all of them.)
         """
@@ -174,18 +175,18 @@ class MultiHeadAttention(nn.Module):
             check_sequence("context", context, self.d_model, self.q_proj.weight.dtype)
             _check_context(x, context)
         q = split_heads(self.q_proj(x), self.n_heads)                    # (B, H, N, D_H)
-        k, v = self.project_keys_values(x if context is None else context)  # (B, H_kv, M, D_H)
+        k, v = self.project_keys_values(x if context is None else context)  # (B, H_KV, M, D_H)
         if kv_store is not None:
-            k, v = kv_store(k, v)  # (B, H_kv, earlier + M, D_H)
+            k, v = kv_store(k, v)  # (B, H_KV, earlier + M, D_H)
         return self.attend(q, k, v, mask=mask, causal=causal)
 
     def project_keys_values(self, source: Tensor) -> tuple[Tensor, Tensor]:
-        """source: (B, M, D) -> keys and values, each (B, H_kv, M, D_H): what a KV cache stores."""
+        """source: (B, M, D) -> keys and values, each (B, H_KV, M, D_H): what a KV cache stores."""
         return split_heads(self.k_proj(source), self.n_kv_heads), split_heads(self.v_proj(source), self.n_kv_heads)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                causal: bool = False) -> Tensor:
-        """q: (B, H, N, D_H); k, v: (B, H_kv, M, D_H) -> (B, N, D), through W_O.
+        """q: (B, H, N, D_H); k, v: (B, H_KV, M, D_H) -> (B, N, D), through W_O.
 
         With causal=True and M > N (cached keys first), query i sees keys up to M - N + i.
         """

@@ -86,6 +86,8 @@ def random_batch(ids: Tensor, batch_size: int, context_length: int,
     ids: (n_tokens,). Returns inputs x and targets y, both (batch_size, context_length): y[b, t] is
     the token that follows x[b, t]. All windows are cut with one indexing operation.
     """
+    checks.positive_int("batch_size", batch_size)
+    checks.positive_int("context_length", context_length)
     if ids.dim() != 1 or len(ids) < context_length + 1:
         raise ValueError(f"ids has shape {tuple(ids.shape)}, expected a 1-D tensor of at least "
                          f"context_length + 1 = {context_length + 1} tokens")
@@ -225,8 +227,7 @@ class Trainer:
         self.train_ids, self.val_ids = train_ids, val_ids
         self.device = next(model.parameters()).device
         self.dtype = pick_dtype(self.device, config.precision) if config.fast else torch.float32
-        # The fast path trains through FlatWeights: `working` is the model itself (float32) or
-        # its bf16 copy, refreshed from the model's weights after every optimiser step.
+        # `working` runs forward and backward: the model, or (fast, bf16) its FlatWeights copy.
         self.flat = FlatWeights(model, self.dtype) if config.fast else None
         self.working = self.flat.working if self.flat else model
         split = self.flat.matrices_and_vectors() if self.flat else matrices_and_vectors(model)
