@@ -133,6 +133,24 @@ class GPT(nn.Module):
         It is for generation, so a model in training mode with dropout > 0 is refused
         (RuntimeError) rather than silently dropping activations: call model.eval() first.
         """
+        self._check_cached_call(token_ids, cache, fast)
+        start = cache.length
+        x = self.drop(self.embed(token_ids, start=start))  # (B, n, D), positions start ... start + n - 1
+        logits = self._blocks_to_logits(x, fast, cache)
+        cache.length = start + token_ids.shape[1]
+        return logits
+
+    def _blocks_to_logits(self, x: Tensor, fast: bool, cache: KVCache | None = None) -> Tensor:
+        """x: (B, n, D) embedded tokens -> logits (B, n, V), through every block and ln_f."""
+        if fast:  # the same layers and weights, PyTorch's fused kernels (helpers.fast)
+            return fast_logits(self, x, cache)
+        for layer, block in enumerate(self.blocks):
+            kv_store = None if cache is None else cache.store_hook(layer)
+            x = block(x, causal=True, kv_store=kv_store)
+        return self.lm_head(self.ln_f(x))
+
+    def _check_cached_call(self, token_ids: Tensor, cache: KVCache, fast: bool) -> None:
+        """Raise unless forward_cached can feed `token_ids` (B, n) through `cache` now."""
         if self.training and self.config.dropout > 0:
             raise RuntimeError(f"forward_cached is for generation, but the model is in training "
                                f"mode with dropout = {self.config.dropout}, so dropout would "
@@ -148,19 +166,6 @@ class GPT(nn.Module):
             raise ValueError(f"the cache holds {start} tokens and token_ids has {n_new} more, "
                              f"expected at most context_length = {self.config.context_length} "
                              "in all: crop the sequence and start a new cache")
-        x = self.drop(self.embed(token_ids, start=start))  # (B, n, D), positions start ... start + n - 1
-        logits = self._blocks_to_logits(x, fast, cache)
-        cache.length = start + n_new
-        return logits
-
-    def _blocks_to_logits(self, x: Tensor, fast: bool, cache: KVCache | None = None) -> Tensor:
-        """x: (B, n, D) embedded tokens -> logits (B, n, V), through every block and ln_f."""
-        if fast:  # the same layers and weights, PyTorch's fused kernels (helpers.fast)
-            return fast_logits(self, x, cache)
-        for layer, block in enumerate(self.blocks):
-            kv_store = None if cache is None else cache.store_hook(layer)
-            x = block(x, causal=True, kv_store=kv_store)
-        return self.lm_head(self.ln_f(x))
 
     def _check_ids(self, token_ids: Tensor) -> None:
         check_token_ids(token_ids, self.config.vocab_size)

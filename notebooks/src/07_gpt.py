@@ -1096,8 +1096,9 @@ plt.show()
 # That is all of training. **This is what `helpers.train` does, faster**: `Trainer.train_step`
 # is the body of this loop, with `torch.optim.AdamW` (its fused kernel) in place of `HandAdamW`,
 # `clip_grad_norm_` in place of `clip_by_global_norm`, `F.cross_entropy` for the loss and
-# `learning_rate` for the schedule, and section 10 explains what makes its steps fast. From here on
-# the notebook trains with it.
+# `learning_rate` for the schedule, and section 10 explains what makes its steps fast (that
+# machinery lives apart, in `helpers.fast`, so `helpers/train.py` reads like this loop). From here
+# on the notebook trains with it.
 #
 # ### The recipe
 #
@@ -1579,8 +1580,8 @@ print("restored model gives identical logits:", same, "| still tied:", restored.
 # %% [markdown]
 # ## 10. How fast is the trainer?
 #
-# The trainer is fast for a CPU because of a few choices, each measured by
-# `benchmarks/bench_train.py`:
+# The trainer is fast for a CPU because of a few choices, all in `helpers.fast` and each measured
+# by `benchmarks/bench_train.py` (against a plain loop and against nanoGPT's recipe):
 #
 # - **bfloat16** on CPUs with native bf16 instructions (elsewhere it falls back to float32 by
 #   itself): forward and backward run on a bf16 copy of the model, which halves the time of
