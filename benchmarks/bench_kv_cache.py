@@ -25,7 +25,8 @@ import time
 
 import torch
 
-from helpers.gpt import GPT, GPTConfig, KVCache, generate
+from helpers.generation import KVCache, generate
+from helpers.gpt import GPT, GPTConfig
 
 CONTEXT, PROMPT, VOCAB = 512, 12, 52
 SPEEDUP_BUDGET, BUDGET_TOKENS = 10.0, 500

@@ -1,4 +1,4 @@
-"""The helpers trainer against the training loop most tutorials show, side by side, in one run.
+"""The helpers trainer against nanoGPT's recipe and a plain loop, side by side, in one run.
 
     python benchmarks/bench_train.py              # throughput, then races of 60 s and 180 s (~14 min)
     python benchmarks/bench_train.py --quick      # the same parts, short (~2.5 min)
@@ -11,6 +11,13 @@ Only how fast a step runs differs:
 
     reference   float32, the course's own attention and LayerNorm, torch.optim.AdamW's
                 per-parameter loop, batches stacked window by window
+    nanogpt     nanoGPT's recipe as its model.py and train.py write it, on a CPU: its model
+                (one Linear for Q, K and V, PyTorch's fused causal attention, nn.LayerNorm,
+                the loss computed inside forward), in float32 without autocast (nanoGPT's
+                `ctx` is a nullcontext on a CPU, its GradScaler is off outside float16),
+                torch.optim.AdamW with nanoGPT's parameter groups and no fused step (nanoGPT
+                asks for it on CUDA only), clip_grad_norm_, zero_grad(set_to_none=True).
+                Same config, same data, same initial weights, same learning rates
     helpers     helpers.train.Trainer as notebook 7 uses it: bfloat16 where the CPU has it
                 natively (a bf16 working copy, float32 weights for AdamW), fused kernels, every
                 weight and gradient in one buffer, a fused AdamW step, batches cut with one
@@ -21,7 +28,7 @@ Only how fast a step runs differs:
 The contestants take turns in short slices, so that anything else running on the machine slows
 them alike. Budgets (exit status 1 when one is missed):
     - the helpers trainer processes at least 2x the reference's tokens per second, with and
-      without compile;
+      without compile (its speed-up over nanoGPT's recipe is reported; the aim is 2.5x);
     - after equal training time, its validation loss is lower than the reference's (each race,
       both helpers contestants).
 """
@@ -29,6 +36,7 @@ them alike. Budgets (exit status 1 when one is missed):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -37,8 +45,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from helpers.corpus import load_corpus
+from helpers.fast import pick_dtype
 from helpers.gpt import GPT, GPTConfig
 from helpers.tokenizers import CharTokenizer
 from helpers.train import (
@@ -47,7 +57,6 @@ from helpers.train import (
     encode_text,
     evaluate_loss,
     learning_rate,
-    pick_dtype,
     random_batch,
     split_train_val,
 )
@@ -55,6 +64,7 @@ from helpers.train import (
 N_LAYER, N_HEAD, N_EMBD, BLOCK, BATCH = 4, 4, 128, 64, 12
 PEAK_LR, WEIGHT_DECAY, BETAS, GRAD_CLIP = 2e-3, 0.1, (0.9, 0.99), 1.0
 SPEEDUP_BUDGET = 2.0
+NANOGPT_AIM = 2.5  # reported, not enforced
 
 
 class ReferenceLoop:
@@ -89,12 +99,119 @@ class ReferenceLoop:
         return loss.item()
 
 
+# --- nanoGPT's recipe -----------------------------------------------------------------------
+
+class NanoAttention(nn.Module):
+    """nanoGPT's causal self-attention: one Linear makes Q, K and V; PyTorch's fused kernel."""
+
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.c_attn = nn.Linear(d_model, 3 * d_model)
+        self.c_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, n_tokens, width = x.shape
+        q, k, v = self.c_attn(x).split(width, dim=2)
+        q, k, v = (t.view(batch, n_tokens, self.n_heads, width // self.n_heads).transpose(1, 2)
+                   for t in (q, k, v))  # (B, H, N, D_H)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(batch, n_tokens, width))
+
+
+class NanoBlock(nn.Module):
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.attn = NanoAttention(d_model, n_heads)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class NanoGPTModel(nn.Module):
+    """nanoGPT's GPT at the benchmark's sizes (dropout 0, so no dropout layers), started from
+    the course GPT's weights: the same function at step 0."""
+
+    def __init__(self, course: GPT) -> None:
+        super().__init__()
+        config = course.config
+        self.wte = nn.Embedding(config.vocab_size, config.d_model)
+        self.wpe = nn.Embedding(config.context_length, config.d_model)
+        self.h = nn.ModuleList(NanoBlock(config.d_model, config.n_heads) for _ in range(config.n_layers))
+        self.ln_f = nn.LayerNorm(config.d_model)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied, as in nanoGPT
+        self._copy_weights(course)
+
+    @torch.no_grad()
+    def _copy_weights(self, course: GPT) -> None:
+        self.wte.weight.copy_(course.embed.token.weight)
+        self.wpe.weight.copy_(course.embed.position.weight)
+        self.ln_f.load_state_dict(course.ln_f.state_dict())
+        for ours, theirs in zip(self.h, course.blocks, strict=True):
+            ours.ln_1.load_state_dict(theirs.ln1.state_dict())
+            ours.ln_2.load_state_dict(theirs.ln2.state_dict())
+            projections = (theirs.attn.q_proj, theirs.attn.k_proj, theirs.attn.v_proj)
+            ours.attn.c_attn.weight.copy_(torch.cat([p.weight for p in projections]))
+            ours.attn.c_attn.bias.copy_(torch.cat([p.bias for p in projections]))
+            ours.attn.c_proj.load_state_dict(theirs.attn.out_proj.state_dict())
+            ours.mlp[0].load_state_dict(theirs.mlp.up.state_dict())
+            ours.mlp[2].load_state_dict(theirs.mlp.down.state_dict())
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        x = self.wte(idx) + self.wpe(positions)
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+
+class NanoGPTLoop(ReferenceLoop):
+    """nanoGPT's train.py step on a CPU, with its optimiser set-up (ReferenceLoop's batches)."""
+
+    def __init__(self, model: NanoGPTModel, train_ids: torch.Tensor, seed: int = 0) -> None:
+        super().__init__(model, train_ids, seed)
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(  # nanoGPT passes fused=True on CUDA only
+            [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=PEAK_LR, betas=BETAS)
+        self.ctx = contextlib.nullcontext()  # nanoGPT: no autocast when device_type == "cpu"
+
+    def train_step(self, lr: float) -> float:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        x, y = self.get_batch()
+        with self.ctx:
+            _, loss = self.model(x, y)
+        loss.backward()  # nanoGPT's GradScaler is disabled outside float16: a plain backward
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+
+@torch.no_grad()
+def nanogpt_loss(model: NanoGPTModel, batches: list) -> float:
+    """Mean validation loss of the nanoGPT model, as evaluate_loss computes it for the others."""
+    model.eval()
+    total = sum(model(x, y)[1].item() for x, y in batches)
+    model.train()
+    return total / len(batches)
+
+
+
 @dataclass
 class Runner:
     """One contestant: its step function and the training time it has used."""
 
     name: str
-    model: GPT
+    model: nn.Module
     train_step: Callable[[float], float]
     seconds: float = 0.0
     steps: int = 0
@@ -112,14 +229,18 @@ class Runner:
             self.steps += 1
 
 
-def make_runners(vocab_size: int, train_ids: torch.Tensor, val_ids: torch.Tensor) -> tuple[Runner, ...]:
-    """The reference loop and the helpers trainer (without and with compile) on triplet models
-    with the same initial weights."""
+def make_runners(vocab_size: int, train_ids: torch.Tensor, val_ids: torch.Tensor,
+                 nanogpt: bool = True) -> tuple[Runner, ...]:
+    """The reference loop, (optionally) nanoGPT's recipe and the helpers trainer (without and
+    with compile), on models with the same initial weights."""
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=vocab_size, context_length=BLOCK, n_layers=N_LAYER,
                        n_heads=N_HEAD, d_model=N_EMBD)
     reference_model = GPT(config)
     runners = [Runner("reference", reference_model, ReferenceLoop(reference_model, train_ids).train_step)]
+    if nanogpt:
+        nano_model = NanoGPTModel(reference_model)
+        runners.append(Runner("nanogpt", nano_model, NanoGPTLoop(nano_model, train_ids).train_step))
     for name, compile_it in (("helpers", False), ("compiled", True)):
         model = GPT(config)
         model.load_state_dict(reference_model.state_dict())
@@ -154,7 +275,8 @@ def race(runners: tuple[Runner, ...], budget: float, val_batches: list, slice_se
         for runner in runners:
             if runner.seconds < budget:
                 runner.run_for(slice_seconds, budget)
-    return {r.name: evaluate_loss(r.model, val_batches) for r in runners}
+    return {r.name: nanogpt_loss(r.model, val_batches) if isinstance(r.model, NanoGPTModel)
+            else evaluate_loss(r.model, val_batches) for r in runners}
 
 
 def main(argv: list[str]) -> int:
@@ -179,16 +301,17 @@ def main(argv: list[str]) -> int:
 
     failures = []
     speeds = throughput(make_runners(tokenizer.vocab_size, train_ids, val_ids), rounds, 0.5)
-    print(f"\ntokens per second: reference {speeds['reference']:,.0f}, helpers "
-          f"{speeds['helpers']:,.0f}, compiled {speeds['compiled']:,.0f}")
+    print("\ntokens per second: " + ", ".join(f"{name} {rate:,.0f}" for name, rate in speeds.items()))
+    print(f"  nanogpt: {speeds['nanogpt'] / speeds['reference']:.2f}x the reference")
     for name in ("helpers", "compiled"):
         ratio = speeds[name] / speeds["reference"]
-        print(f"  {name}: {ratio:.2f}x the reference (budget >= {SPEEDUP_BUDGET:.0f}x)")
+        print(f"  {name}: {ratio:.2f}x the reference (budget >= {SPEEDUP_BUDGET:.0f}x), "
+              f"{speeds[name] / speeds['nanogpt']:.2f}x nanoGPT's recipe (aim {NANOGPT_AIM}x)")
         if ratio < SPEEDUP_BUDGET:
             failures.append(f"{name} speed-up {ratio:.2f}x < {SPEEDUP_BUDGET}x")
 
     for budget in budgets:
-        runners = make_runners(tokenizer.vocab_size, train_ids, val_ids)
+        runners = make_runners(tokenizer.vocab_size, train_ids, val_ids, nanogpt=False)
         losses = race(runners, budget, val_batches, slice_seconds=2.0)
         print(f"after {budget:.0f} s of training, validation loss: " + ", ".join(
             f"{r.name} {losses[r.name]:.3f} ({r.steps} steps)" for r in runners))

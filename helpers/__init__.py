@@ -1,27 +1,53 @@
 """Helpers for the Transformer course, one module per idea, in the order the course meets them.
 
-    corpus        the course corpus (a story grammar) and its well-formedness checker
-    tokenizers    character, byte-level BPE, WordPiece and Unigram tokenizers, from scratch
-    embeddings    one-hot, token embeddings, learned and sinusoidal positions
-    attention     softmax, scaled dot-product attention, causal/padding/sparse masks
-    layers        multi-head attention (two styles, GQA/MQA), LayerNorm, FFN, the Pre-LN block
-    gpt           the GPT: config, model, parameter counts, generation, KV cache
-    modern        the modern decoder: RoPE, ALiBi, RMSNorm, SwiGLU width, GQA model, Llama loader
-    train         the fast CPU trainer: batches, AdamW, schedule, bf16, one weight buffer, checkpoints
-    flash         online softmax and tiled FlashAttention in PyTorch (forward and backward)
-    flash_triton  the same algorithm as Triton kernels, forward and backward (GPU, or the interpreter)
+Each module's docstring names the notebook section that derives it; the notebook writes the
+idea in plain code first, then switches to the helper and checks the two agree.
+
+    corpus        the course corpus (a story grammar) and its well-formedness checker   nb 1, 7
+    tokenizers    character tokenizer and the text checks the tokenizers share          nb 1
+    bpe           byte-level BPE, from the textbook loop to the fast trainer            nb 1
+    subword       WordPiece and Unigram                                                 nb 1
+    embeddings    one-hot, token embeddings, learned and sinusoidal positions           nb 2
+    attention     softmax, scaled dot-product attention, causal/padding/sparse masks    nb 3, 4
+    multihead     multi-head attention (two styles, GQA/MQA), the KV-cache size         nb 5
+    layers        LayerNorm, feed-forward networks (GELU, SwiGLU), the Pre-LN block     nb 6
+    gpt           the GPT: config, model, parameter counts                              nb 7
+    generation    the KV cache, sampling (temperature, top-k), generate                 nb 7
+    train         batches, the learning-rate schedule, the Trainer and its History      nb 7
+    checkpoints   save_checkpoint / load_checkpoint, safely (weights_only)              nb 7
+    fast          the fast path beside the plain code: fused kernels, bf16 working copy,
+                  one buffer for every weight, compile (equal to the plain path, tested)
+    gpt2          GPT-2's weights and tokenizer files, loaded into the course's GPT
+    flash         online softmax and tiled FlashAttention in PyTorch (forward, backward) nb 8
+    flash_triton  the same algorithm as Triton kernels (GPU, or the interpreter)         nb 8
+    modern        the modern decoder: RoPE, ALiBi, RMSNorm, SwiGLU width, GQA model     nb 9
+    seq2seq       the encoder-decoder of notebook 10 (names fixed at merge)              nb 10
+    distributed   data-parallel training, notebook 11 (names fixed at merge)             nb 11
     checks        the argument checks they share: positive_int(name, value), boolean(...), ...
 
 and, at the side, used by the notebooks and never by the model code:
 
     environment   the set-up cell: seeds, device, figure style
-    plots         projector-friendly figures and labelled heat maps
+    plots         projector-friendly figures, labelled heat maps, loss curves (LiveLossPlot)
     widgets       Explorer: controls that redraw a figure, with a static fallback
     exercises     checked exercises with hints
     timing        wall-clock timing printed in a form the tests can sanitise
 
-Modules are imported on demand (`from helpers.tokenizers import BPETokenizer`), so importing
-`helpers` alone is instant and pulls in nothing heavy.
+The shape legend, used in every docstring and shape comment of the package:
+
+    B     batch: sequences processed together
+    N     tokens: the length of a sequence (queries); never the number of layers
+    M     keys: N for self-attention, the cached or encoded length otherwise
+    V     vocabulary size (vocab_size)
+    D     d_model: the width of every token vector
+    H     heads (n_heads); H_KV key/value heads (n_kv_heads; fewer than H: GQA, 1: MQA)
+    D_H   head_dim = D / H: the width of one head
+    L     n_layers: the number of blocks
+    P     rows of a position table (context_length, the longest sequence)
+    hidden  the MLP's inner width (4 D for GELU, about 8/3 D for SwiGLU)
+
+Modules are imported on demand (`from helpers.gpt import GPT`), so importing `helpers` alone
+is instant and pulls in nothing heavy.
 """
 
 __version__ = "0.1.0"

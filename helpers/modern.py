@@ -1,7 +1,7 @@
 """The modern decoder (Llama, Mistral, Qwen): what changed since GPT-2, one part at a time.
 
 In the order notebook 9 ("From GPT-2 to the modern decoder") derives them (its section 5, GQA,
-uses `helpers.layers.MultiHeadAttention` as it is; section 7's measurements live in the notebook):
+uses `helpers.multihead.MultiHeadAttention` as it is; section 7's measurements live in the notebook):
 
     section 1, RoPE     rope_angles, RopeTable          the angle m * theta_i of every position m
                         rope_rotate_complex             pairs as complex numbers, times e^(i m theta)
@@ -17,8 +17,8 @@ uses `helpers.layers.MultiHeadAttention` as it is; section 7's measurements live
 Why a sibling of `helpers.gpt.GPT` and not a config switch inside it: the two differ in almost
 every part (no position table, another norm, another MLP, rotated keys), so one class full of
 `if modern:` branches would hide both. The parts that did not change are reused as they are:
-`helpers.layers.MultiHeadAttention` (its projections, `n_kv_heads` for GQA and its `attend`),
-`helpers.layers.SwiGLUFeedForward`, and `helpers.gpt.KVCache` (`KVCache.for_model` works on a
+`helpers.multihead.MultiHeadAttention` (its projections, `n_kv_heads` for GQA and its `attend`),
+`helpers.layers.SwiGLUFeedForward`, and `helpers.generation.KVCache` (`KVCache.for_model` works on
 ModernGPT too). The cache stores keys already rotated at their own positions, so a new token
 never re-rotates the past: tests/test_modern.py proves the cached logits equal a full pass.
 
@@ -28,7 +28,7 @@ pairs neighbours (2i, 2i+1); that is a fixed permutation of the features of q an
 leaves every score q . k unchanged.
 
 Model code: it imports torch and the course's model modules, never plots, widgets or exercises.
-Shapes: B batch, N tokens, V vocabulary, D = d_model, H heads, H_kv key/value heads,
+Shapes: B batch, N tokens, V vocabulary, D = d_model, H heads, H_KV key/value heads,
 D_H = D / H, P rows of the RoPE table (the longest position + 1).
 """
 
@@ -44,14 +44,9 @@ from torch import Tensor, nn
 from helpers import checks
 from helpers.attention import causal_mask
 from helpers.embeddings import check_token_ids
-from helpers.gpt import KVCache
-from helpers.layers import (
-    MultiHeadAttention,
-    SwiGLUFeedForward,
-    check_features,
-    check_head_counts,
-    split_heads,
-)
+from helpers.generation import KVCache
+from helpers.layers import SwiGLUFeedForward
+from helpers.multihead import MultiHeadAttention, check_features, check_head_counts, split_heads
 
 # --- section 1: RoPE ------------------------------------------------------------------------
 
@@ -273,10 +268,10 @@ class ModernBlock(nn.Module):
         """
         h = self.norm1(x)
         q = split_heads(self.attn.q_proj(h), self.attn.n_heads)      # (B, H, N, D_H)
-        k, v = self.attn.project_keys_values(h)                      # (B, H_kv, N, D_H)
+        k, v = self.attn.project_keys_values(h)                      # (B, H_KV, N, D_H)
         q, k = rope_rotate_half(q, table, start=start), rope_rotate_half(k, table, start=start)
         if kv_store is not None:
-            k, v = kv_store(k, v)                                    # (B, H_kv, start + N, D_H)
+            k, v = kv_store(k, v)                                    # (B, H_KV, start + N, D_H)
         x = x + self.attn.attend(q, k, v, causal=True)
         return x + self.mlp(self.norm2(x))
 

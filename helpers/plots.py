@@ -1,16 +1,24 @@
 """Figure style and the small plotting helpers the notebooks share.
 
 Figures are drawn for a projector: large fonts, thick lines, labelled axes and a title.
+
+    use_course_style, heatmap       the style, and labelled heat maps (attention weights, ...)
+    draw_losses, LiveLossPlot       training and validation loss against step, drawn once or
+                                    redrawn in place by `helpers.train.Trainer.fit` (notebook 7)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from helpers.train import History
 
 COURSE_STYLE = {
     "figure.figsize": (7.0, 4.0),
@@ -83,3 +91,40 @@ def heatmap(
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     return ax
+
+
+def draw_losses(history: History, ax: Any = None, title: str = "Training a GPT on the course corpus") -> Any:
+    """Training-batch loss (thin), fixed-batch train and validation loss (thick), against step."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(history.steps, history.losses, color="0.75", linewidth=1, label="training batch")
+    ax.plot(history.eval_steps, history.train_losses, "o-", label="train (fixed batches)")
+    ax.plot(history.eval_steps, history.val_losses, "s-", label="validation")
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel("cross-entropy loss (nats)")
+    ax.set_title(title)
+    ax.legend()
+    return ax
+
+
+class LiveLossPlot:
+    """A callback for `Trainer.fit` that redraws the loss curves in place at every evaluation.
+
+    In Jupyter or Colab the figure updates under the cell; elsewhere it is shown once per call.
+    """
+
+    def __init__(self, title: str = "Training a GPT on the course corpus") -> None:
+        self.title = title
+        self.handle: Any = None
+        self.redraws = 0
+
+    def __call__(self, history: History) -> None:
+        from IPython.display import display
+
+        ax = draw_losses(history, title=self.title)
+        if self.handle is None:
+            self.handle = display(ax.figure, display_id=True)
+        else:
+            self.handle.update(ax.figure)
+        plt.close(ax.figure)
+        self.redraws += 1

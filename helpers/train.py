@@ -1,63 +1,43 @@
-"""Training a GPT fast on a laptop CPU: batches, AdamW, a schedule, clipping, bf16, checkpoints.
+"""Training a language model: batches, the schedule, AdamW's parameter split, the loop.
+
+Defined in notebook 7, "GPT", section 4 (training on the course corpus), where each piece is
+first written by hand ("The training step by hand"), then handed to the Trainer:
 
     encode_text / split_train_val / random_batch   token ids and (inputs, next-token targets)
     split_stories / line_overlap                   a validation split of whole stories, and
                                                    the sentences it still shares with training
     learning_rate                                  linear warm-up, then cosine decay
-    pick_dtype                                     bfloat16 where the hardware has it, else float32
-    make_optimizer, matrices_and_vectors           AdamW, weight decay on matrices only
-    FlatWeights                                    every weight and gradient in one buffer each,
-                                                   with the bf16 working copy of the fast path
-    TrainConfig, Trainer, History                  the training loop and what it measured
-    evaluate_loss                                  mean loss on fixed batches, always in float32
-    LiveLossPlot                                   a callback that redraws the losses in place
-    save_checkpoint / load_checkpoint              torch.save, torch.load(weights_only=True);
-                                                   CheckpointError for files that are not one
+    matrices_and_vectors                           weight decay on matrices only
+    TrainConfig, Trainer, History, evaluate_loss   the loop, what it measured, a fixed yardstick
 
-What makes the trainer fast, each measured in benchmarks/bench_train.py against a plain loop:
-
-- bfloat16 mixed precision, on CPUs with native bf16 (elsewhere it falls back to float32 by
-  itself): forward and backward run on a bf16 working copy of the model, while the optimiser
-  updates the float32 weights and the copy is refreshed from them after every step. This is
-  what `torch.autocast` does op by op, done once per step: autocast re-casts weights and
-  activations at every product, about 200 small casts per step for the benchmark's GPT, and
-  a step took about 5 % longer with it on the course's 2-core CPU;
-- fused LayerNorm and attention kernels and one Q/K/V product (`GPT.forward(..., fast=True)`);
-- one buffer for all the weights and one for all the gradients (`FlatWeights`): copying the
-  gradients to float32, clipping them, the AdamW update and refreshing the bf16 copy are then
-  a few operations on long vectors, not a few hundred on small tensors;
-- batches cut out of the token tensor with one indexing operation;
-- optionally (`TrainConfig(compile=True)`), `torch.compile` fuses the forward and backward
-  passes further. Compiling takes a while (tens of seconds on a laptop CPU) and needs a C++
-  compiler, so it pays only for longer runs and is off by default.
-
-`Trainer(config=TrainConfig(fast=False))` runs the plain path instead: float32, the course's
-own LayerNorm and attention, the textbook AdamW loop.
-
-matplotlib and IPython are imported only inside LiveLossPlot, so this module stays light.
+The Trainer trains any model mapping token ids (B, N) to logits (B, N, V) that has
+`config.vocab_size` and `config.context_length` (`helpers.gpt.GPT`, `helpers.modern.ModernGPT`).
+Its step is the textbook one: loss, backward, clip the gradient norm, AdamW. With
+`TrainConfig(fast=True)`, the default, the same step runs with less work: `helpers.fast`
+(bf16 working copy, one buffer for every weight, fused AdamW, a GPT's fused kernels).
+Checkpoints: `helpers.checkpoints`; loss curves: `helpers.plots.LiveLossPlot`. Shapes (the
+legend of `helpers`): B batch, N tokens (the window), V vocabulary.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm import tqdm
 
 from helpers import checks
 from helpers.embeddings import check_token_ids
-from helpers.gpt import GPT, GPTConfig
+from helpers.fast import FlatWeights, compile_loss, make_optimizer, pick_dtype
+from helpers.gpt import GPT
 
 # --- data ----------------------------------------------------------------------------------
-
 
 def encode_text(tokenizer: Any, text: str) -> Tensor:
     """The token ids of `text` as one long tensor (n_tokens,) of int64."""
@@ -65,15 +45,10 @@ def encode_text(tokenizer: Any, text: str) -> Tensor:
 
 
 def split_train_val(ids: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, Tensor]:
-    """The first (1 - val_fraction) of `ids` for training, the rest for validation.
-
-    A split by position, not at random, so no window straddles the two. The cut may fall inside
-    a story, and a corpus that repeats sentences repeats them across the cut: for the course
-    corpus use `split_stories`, which keeps stories whole, and `line_overlap` to measure how much
-    of the validation text the training text already contains.
-    """
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction is {val_fraction!r}, expected a number between 0 and 1")
+    """The first (1 - val_fraction) of `ids` for training, the rest for validation: a split by
+    position, so no window straddles the two. It may cut a story: for the course corpus use
+    `split_stories`, and `line_overlap` to measure what validation shares with training."""
+    checks.number_in("val_fraction", val_fraction, 0.0, 1.0, low_open=True, high_open=True)
     cut = int(len(ids) * (1.0 - val_fraction))
     return ids[:cut], ids[cut:]
 
@@ -86,8 +61,7 @@ def split_stories(text: str, val_fraction: float = 0.1, separator: str = "\n\n")
     corpus does. Held-out stories are new stories, not necessarily new sentences: a corpus made
     from templates repeats its sentences across stories (`line_overlap` measures how many).
     """
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction is {val_fraction!r}, expected a number between 0 and 1")
+    checks.number_in("val_fraction", val_fraction, 0.0, 1.0, low_open=True, high_open=True)
     stories = [story.strip("\n") for story in text.split(separator) if story.strip()]
     if len(stories) < 2:
         raise ValueError(f"text has {len(stories)} stories separated by {separator!r}, expected at least 2")
@@ -112,6 +86,8 @@ def random_batch(ids: Tensor, batch_size: int, context_length: int,
     ids: (n_tokens,). Returns inputs x and targets y, both (batch_size, context_length): y[b, t] is
     the token that follows x[b, t]. All windows are cut with one indexing operation.
     """
+    checks.positive_int("batch_size", batch_size)
+    checks.positive_int("context_length", context_length)
     if ids.dim() != 1 or len(ids) < context_length + 1:
         raise ValueError(f"ids has shape {tuple(ids.shape)}, expected a 1-D tensor of at least "
                          f"context_length + 1 = {context_length + 1} tokens")
@@ -121,7 +97,6 @@ def random_batch(ids: Tensor, batch_size: int, context_length: int,
 
 
 # --- the recipe ----------------------------------------------------------------------------
-
 
 def learning_rate(progress: float, peak: float, warmup: float = 0.05, floor: float = 0.1) -> float:
     """The learning rate `progress` (0 -> 1) of the way through training.
@@ -143,145 +118,10 @@ def learning_rate(progress: float, peak: float, warmup: float = 0.05, floor: flo
     return peak * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * decay)))
 
 
-def cpu_has_native_bf16() -> bool:
-    """True on x86 CPUs with AVX512-BF16 or AMX, where bfloat16 matrix products run natively."""
-    cpu = getattr(torch, "cpu", None)
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(cpu, name, lambda: False)() for name in checks)
-
-
-def pick_dtype(device: torch.device, precision: str = "auto") -> torch.dtype:
-    """The dtype to compute in: "bf16", "fp32", or "auto" (bf16 where it is native).
-
-    Without native support, bf16 products still run but slowly (each one is emulated), so
-    "auto" then falls back to float32.
-    """
-    if precision not in ("auto", "bf16", "fp32"):
-        raise ValueError(f"precision is {precision!r}, expected 'auto', 'bf16' or 'fp32'")
-    if precision != "auto":
-        return torch.bfloat16 if precision == "bf16" else torch.float32
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    if device.type == "cpu" and cpu_has_native_bf16():
-        return torch.bfloat16
-    return torch.float32
-
-
-def make_optimizer(matrices: Sequence[Tensor], vectors: Sequence[Tensor], lr: float,
-                   weight_decay: float, betas: tuple[float, float] = (0.9, 0.99),
-                   fused: bool = True) -> torch.optim.AdamW:
-    """AdamW that decays `matrices` and leaves `vectors` (biases, LayerNorm gains) alone.
-
-    fused=True asks for PyTorch's single-kernel AdamW step (where this PyTorch has one);
-    fused=False is the textbook per-parameter loop.
-    """
-    groups = [{"params": list(params), "weight_decay": decay}
-              for params, decay in ((matrices, weight_decay), (vectors, 0.0)) if len(params)]
-    if fused:
-        try:
-            return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
-        except (RuntimeError, TypeError):  # no fused kernel for this device or PyTorch
-            return torch.optim.AdamW(groups, lr=lr, betas=betas, foreach=True)
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, foreach=False)
-
-
 def matrices_and_vectors(model: torch.nn.Module) -> tuple[list[Tensor], list[Tensor]]:
     """The model's parameters split for weight decay: matrices (dim >= 2), and the rest."""
     params = [p for p in model.parameters() if p.requires_grad]
     return [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
-
-
-def flatten_into_one_buffer(params: Sequence[Tensor], dtype: torch.dtype) -> Tensor:
-    """Move `params` into one new 1-D buffer of `dtype`, in order; each becomes a view of it.
-
-    Writing the buffer writes the parameters and the other way round, so one operation on the
-    buffer reaches every parameter. Returns the buffer, (total number of entries,).
-    """
-    buffer = torch.cat([p.detach().reshape(-1).to(dtype) for p in params])
-    for param, view in zip(params, buffer.split([p.numel() for p in params]), strict=True):
-        param.data = view.view_as(param)
-    return buffer
-
-
-class FlatWeights:
-    """A model's float32 weights in one buffer, their gradients in another, and the model that
-    runs forward and backward (the working model) in the compute dtype.
-
-    In float32 the working model is the model itself. In bfloat16 it is a copy whose weights
-    and gradients are again one buffer each: backward accumulates into the bf16 gradient
-    buffer, `gather_gradients` copies it into the float32 one in a single operation, the
-    optimiser updates the float32 weights, and `refresh_working_copy` rounds them back into
-    the copy, again in one operation.
-
-    The weights are laid out matrices first, so that `matrices_and_vectors()` can hand AdamW
-    two slices: the matrices, which get weight decay, and the biases and LayerNorm gains,
-    which do not.
-    """
-
-    def __init__(self, model: GPT, dtype: torch.dtype) -> None:
-        if not all(p.requires_grad for p in model.parameters()):
-            raise ValueError("FlatWeights trains every parameter, and this model has frozen ones "
-                             "(requires_grad=False): use TrainConfig(fast=False)")
-        matrices, vectors = matrices_and_vectors(model)  # a tied matrix appears once
-        self.params = matrices + vectors
-        self.n_matrix_entries = sum(p.numel() for p in matrices)
-        self.weights = flatten_into_one_buffer(self.params, torch.float32)
-        self.gradients = torch.zeros_like(self.weights)
-        if dtype == torch.float32:
-            self.working, self.working_params = model, self.params
-            self.working_weights, self.working_gradients = self.weights, self.gradients
-        else:
-            self.working = copy.deepcopy(model)  # tied weights stay tied
-            copied_matrices, copied_vectors = matrices_and_vectors(self.working)  # same order
-            self.working_params = copied_matrices + copied_vectors
-            self.working_weights = flatten_into_one_buffer(self.working_params, dtype)
-            self.working_gradients = torch.zeros_like(self.working_weights)
-        self._weight_addresses = [p.data_ptr() for p in self.params]
-        self.zero_gradients()  # attaches the gradient views
-
-    def matrices_and_vectors(self) -> tuple[list[Tensor], list[Tensor]]:
-        """Two slices of the float32 weights, each with its slice of the gradients as .grad:
-        every matrix entry (weight decay applies), then every vector entry (it does not)."""
-        cut = self.n_matrix_entries
-        matrices, vectors = self.weights[:cut], self.weights[cut:]
-        matrices.grad, vectors.grad = self.gradients[:cut], self.gradients[cut:]
-        return [matrices] if cut else [], [vectors] if vectors.numel() else []
-
-    def zero_gradients(self) -> None:
-        """Zero the working gradients, and (re)attach them as each parameter's .grad, in case
-        something set those to None (as `model.zero_grad()` does)."""
-        if self._weight_addresses != [p.data_ptr() for p in self.params]:
-            raise RuntimeError("the model's parameters were moved or replaced after the Trainer "
-                               "was made (by .to(), .float() or similar): make a new Trainer")
-        self.working_gradients.zero_()
-        sizes = [p.numel() for p in self.working_params]
-        for param, view in zip(self.working_params, self.working_gradients.split(sizes), strict=True):
-            if param.grad is None or param.grad.data_ptr() != view.data_ptr():
-                param.grad = view.view_as(param)
-
-    @torch.no_grad()
-    def gather_gradients(self) -> None:
-        """The working gradients, in float32, into the gradients of the weights."""
-        if self.working_gradients is not self.gradients:
-            self.gradients.copy_(self.working_gradients)
-
-    @torch.no_grad()
-    def clip_gradients(self, max_norm: float) -> Tensor:
-        """Scale the float32 gradients down so that their norm (over every parameter at once)
-        is at most `max_norm`, as torch.nn.utils.clip_grad_norm_ does; returns the norm before.
-
-        On one buffer this is two operations; clip_grad_norm_, even given just the two slices,
-        measured several times slower here.
-        """
-        norm = torch.linalg.vector_norm(self.gradients)
-        self.gradients.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
-        return norm
-
-    @torch.no_grad()
-    def refresh_working_copy(self) -> None:
-        """The float32 weights, rounded to the working dtype, into the working copy."""
-        if self.working_weights is not self.weights:
-            self.working_weights.copy_(self.weights)
 
 
 @dataclass
@@ -353,75 +193,58 @@ class History:
         return len(self.steps) * self.tokens_per_step / max(self.train_seconds, 1e-9)
 
 
-Callback = Callable[[History], None]
-
-
 @torch.no_grad()
-def evaluate_loss(model: GPT, batches: Sequence[tuple[Tensor, Tensor]]) -> float:
+def evaluate_loss(model: nn.Module, batches: Sequence[tuple[Tensor, Tensor]]) -> float:
     """Mean next-token loss over (x, y) batches, in float32 without dropout, whatever the
     precision the model trains in: the same yardstick for every trainer."""
     was_training = model.training
     model.eval()
-    total = sum(F.cross_entropy(model(x, fast=True).flatten(0, 1), y.flatten()).item()
+    total = sum(F.cross_entropy(_logits(model, x, fast=True).flatten(0, 1), y.flatten()).item()
                 for x, y in batches)
     model.train(was_training)
     return total / len(batches)
 
 
-class Trainer:
-    """Trains a GPT on a long tensor of token ids with the recipe of `TrainConfig`.
+def _logits(model: nn.Module, x: Tensor, fast: bool) -> Tensor:
+    """model(x): (B, N) -> (B, N, V), with a GPT's fused kernels when `fast` (the one switch)."""
+    return model(x, fast=True) if fast and isinstance(model, GPT) else model(x)
 
+
+class Trainer:
+    """Trains a language model on a long tensor of token ids with the recipe of `TrainConfig`.
+
+    model: maps token ids (B, N) to logits (B, N, V) and has `config.vocab_size` and
+    `config.context_length` (a `helpers.gpt.GPT`, a `helpers.modern.ModernGPT`).
     `fit(steps=...)` or `fit(seconds=...)` runs a whole schedule with a progress bar;
     `train_step(lr)` and `evaluate()` are the pieces, for loops of one's own.
     """
 
-    def __init__(self, model: GPT, train_ids: Tensor, val_ids: Tensor,
+    def __init__(self, model: nn.Module, train_ids: Tensor, val_ids: Tensor,
                  config: TrainConfig | None = None) -> None:
-        if not isinstance(model, GPT):
-            raise TypeError(f"model is a {type(model).__name__}, expected a helpers.gpt.GPT")
         config = TrainConfig() if config is None else config
-        if not isinstance(config, TrainConfig):
-            raise TypeError(f"config is a {type(config).__name__}, expected a TrainConfig")
         self.model, self.config = model, config
-        context = model.config.context_length
-        self.context_length = context if config.context_length is None else config.context_length
-        if self.context_length > context:
-            raise ValueError(f"context_length is {self.context_length}, expected at most the model's "
-                             f"context_length = {context}")
-        for name, ids in (("train_ids", train_ids), ("val_ids", val_ids)):
-            check_token_ids(ids, model.config.vocab_size, name)  # once here, not at every step
-            if ids.dim() != 1 or len(ids) < self.context_length + 1:
-                raise ValueError(f"{name} has shape {tuple(ids.shape)}, expected a 1-D tensor of at "
-                                 f"least context_length + 1 = {self.context_length + 1} tokens (one window "
-                                 "and its next token): give more text or a smaller context_length")
-        broken = _non_finite_parameters(model)
-        if broken:
-            raise ValueError(f"model has NaN or inf in {', '.join(broken[:3])}"
-                             f"{', ...' if len(broken) > 3 else ''} before training: "
-                             "rebuild or reload it")
+        self.context_length = _check_trainer_inputs(model, train_ids, val_ids, config)
         self.train_ids, self.val_ids = train_ids, val_ids
-        self.device = model.lm_head.weight.device
-        self.dtype = pick_dtype(self.device, self.config.precision) if self.config.fast else torch.float32
-        lr, decay, fast = self.config.learning_rate, self.config.weight_decay, self.config.fast
-        # The fast path trains through FlatWeights: `working` is the model itself (float32) or
-        # its bf16 copy, refreshed from the model's weights after every optimiser step.
-        self.flat = FlatWeights(model, self.dtype) if fast else None
+        self.device = next(model.parameters()).device
+        self.dtype = pick_dtype(self.device, config.precision) if config.fast else torch.float32
+        # `working` runs forward and backward: the model, or (fast, bf16) its FlatWeights copy.
+        self.flat = FlatWeights(model, self.dtype) if config.fast else None
         self.working = self.flat.working if self.flat else model
         split = self.flat.matrices_and_vectors() if self.flat else matrices_and_vectors(model)
-        self.optimizer = make_optimizer(*split, lr=lr, weight_decay=decay, fused=fast)
-        self._loss = torch.compile(self._working_loss) if self.config.compile else self._working_loss
-        self.generator = torch.Generator().manual_seed(self.config.seed)
-        self.eval_sets = {name: self._fixed_batches(ids, self.config.seed + 1)
-                          for name, ids in (("train", train_ids), ("val", val_ids))}
-        self.history = History(tokens_per_step=self.config.batch_size * self.context_length)
+        self.optimizer = make_optimizer(*split, lr=config.learning_rate,
+                                        weight_decay=config.weight_decay, fused=config.fast)
+        self._loss = compile_loss(self._working_loss) if config.compile else self._working_loss
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.eval_sets = {}  # the same batches at every evaluation
+        for name, ids in (("train", train_ids), ("val", val_ids)):
+            fixed = torch.Generator().manual_seed(config.seed + 1)
+            self.eval_sets[name] = [self._batch(ids, fixed) for _ in range(config.eval_batches)]
+        self.history = History(tokens_per_step=config.batch_size * self.context_length)
 
-    def _fixed_batches(self, ids: Tensor, seed: int) -> list[tuple[Tensor, Tensor]]:
-        generator = torch.Generator().manual_seed(seed)
-        return [self._to_device(random_batch(ids, self.config.batch_size, self.context_length, generator))
-                for _ in range(self.config.eval_batches)]
-
-    def _to_device(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-        return batch[0].to(self.device), batch[1].to(self.device)
+    def _batch(self, ids: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """A random batch of windows and their targets (`random_batch`), on the model's device."""
+        x, y = random_batch(ids, self.config.batch_size, self.context_length, generator)
+        return x.to(self.device), y.to(self.device)
 
     def loss_on(self, x: Tensor, y: Tensor) -> Tensor:
         """Mean next-token cross-entropy on inputs x and targets y, both (B, N), computed by
@@ -429,7 +252,7 @@ class Trainer:
         return self._loss(x, y)
 
     def _working_loss(self, x: Tensor, y: Tensor) -> Tensor:
-        logits = self.working(x, fast=self.config.fast)  # (B, N, V)
+        logits = _logits(self.working, x, self.config.fast)  # (B, N, V)
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
 
     def train_step(self, lr: float) -> float:
@@ -440,8 +263,7 @@ class Trainer:
         fused attention on a CPU turns a query row of NaN into zeros, so with a NaN weight the
         fast path's loss can stay finite while its gradient does not: both are checked.)
         """
-        x, y = self._to_device(random_batch(self.train_ids, self.config.batch_size,
-                                            self.context_length, self.generator))
+        x, y = self._batch(self.train_ids, self.generator)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         loss = self.loss_on(x, y)
@@ -470,8 +292,7 @@ class Trainer:
         step = len(self.history.steps) + 1
         broken = _non_finite_parameters(self.model)
         if broken:
-            cause = (f"the model's weights already hold NaN or inf ({', '.join(broken[:3])}"
-                     f"{', ...' if len(broken) > 3 else ''}): rebuild or reload the model")
+            cause = f"the model's weights already hold NaN or inf ({broken}): rebuild or reload it"
         else:
             cause = (f"it diverged: try a smaller TrainConfig(learning_rate=...) (the peak "
                      f"is {self.config.learning_rate:g}), a longer warmup or a smaller grad_clip")
@@ -484,7 +305,7 @@ class Trainer:
         return {name: evaluate_loss(self.model, batches) for name, batches in self.eval_sets.items()}
 
     def fit(self, steps: int | None = None, seconds: float | None = None,
-            callbacks: Sequence[Callback] = (), progress_bar: bool = True) -> History:
+            callbacks: Sequence[Callable[[History], None]] = (), progress_bar: bool = True) -> History:
         """Train for `steps` optimiser steps or for `seconds` of training time (give one).
 
         The learning rate follows `learning_rate` over the run, taken where each step ends:
@@ -496,10 +317,10 @@ class Trainer:
         checks.boolean("progress_bar", progress_bar)
         if (steps is None) == (seconds is None):
             raise ValueError(f"steps is {steps!r} and seconds is {seconds!r}, expected exactly one")
-        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-            raise ValueError(f"steps is {steps!r}, expected a positive int")
-        if seconds is not None and not seconds > 0:
-            raise ValueError(f"seconds is {seconds!r}, expected a positive number")
+        if steps is not None:
+            checks.positive_int("steps", steps)
+        else:
+            checks.positive_float("seconds", seconds)
         if self.flat:  # in case the weights were changed by hand
             self.flat.refresh_working_copy()
         bar = _progress_bar(steps, seconds, progress_bar)
@@ -514,7 +335,10 @@ class Trainer:
             loss = self.train_step(lr)
             elapsed = last = time.perf_counter() - started
             done, spent = done + 1, spent + elapsed
-            self._record(loss, lr, elapsed)
+            self.history.steps.append(len(self.history.steps) + 1)
+            self.history.losses.append(loss)
+            self.history.lrs.append(lr)
+            self.history.train_seconds += elapsed
             bar.update(1 if steps is not None else elapsed)
             if done % self.config.eval_every == 0:
                 self._evaluate_and_report(callbacks, bar)
@@ -523,14 +347,7 @@ class Trainer:
         bar.close()
         return self.history
 
-    def _record(self, loss: float, lr: float, seconds: float) -> None:
-        history = self.history
-        history.steps.append(len(history.steps) + 1)
-        history.losses.append(loss)
-        history.lrs.append(lr)
-        history.train_seconds += seconds
-
-    def _evaluate_and_report(self, callbacks: Iterable[Callback], bar: tqdm) -> None:
+    def _evaluate_and_report(self, callbacks: Iterable[Callable[[History], None]], bar: tqdm) -> None:
         losses = self.evaluate()
         self.history.eval_steps.append(len(self.history.steps))
         self.history.train_losses.append(losses["train"])
@@ -540,9 +357,10 @@ class Trainer:
             callback(self.history)
 
 
-def _non_finite_parameters(model: torch.nn.Module) -> list[str]:
-    """The names of the parameters holding a NaN or an infinity."""
-    return [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+def _non_finite_parameters(model: nn.Module) -> str:
+    """The names of the parameters holding a NaN or an infinity ("" if none), at most three."""
+    broken = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    return ", ".join(broken[:3]) + (", ..." if len(broken) > 3 else "")
 
 
 def _progress_bar(steps: int | None, seconds: float | None, enabled: bool) -> tqdm:
@@ -553,179 +371,29 @@ def _progress_bar(steps: int | None, seconds: float | None, enabled: bool) -> tq
                 bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}]{postfix}")
 
 
-# --- watching it learn ---------------------------------------------------------------------
-
-
-def draw_losses(history: History, ax: Any = None, title: str = "Training a GPT on the course corpus") -> Any:
-    """Training-batch loss (thin), fixed-batch train and validation loss (thick), against step."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8, 4.5))
-    ax.plot(history.steps, history.losses, color="0.75", linewidth=1, label="training batch")
-    ax.plot(history.eval_steps, history.train_losses, "o-", label="train (fixed batches)")
-    ax.plot(history.eval_steps, history.val_losses, "s-", label="validation")
-    ax.set_xlabel("optimiser step")
-    ax.set_ylabel("cross-entropy loss (nats)")
-    ax.set_title(title)
-    ax.legend()
-    return ax
-
-
-class LiveLossPlot:
-    """A callback for `Trainer.fit` that redraws the loss curves in place at every evaluation.
-
-    In Jupyter or Colab the figure updates under the cell; elsewhere it is shown once per call.
-    """
-
-    def __init__(self, title: str = "Training a GPT on the course corpus") -> None:
-        self.title = title
-        self.handle: Any = None
-        self.redraws = 0
-
-    def __call__(self, history: History) -> None:
-        import matplotlib.pyplot as plt
-        from IPython.display import display
-
-        ax = draw_losses(history, title=self.title)
-        if self.handle is None:
-            self.handle = display(ax.figure, display_id=True)
-        else:
-            self.handle.update(ax.figure)
-        plt.close(ax.figure)
-        self.redraws += 1
-
-
-# --- checkpoints ---------------------------------------------------------------------------
-
-
-def save_checkpoint(path: str | Path, model: GPT, optimizer: torch.optim.Optimizer | None = None,
-                    **extra: Any) -> Path:
-    """Save the config, the weights, (optionally) the optimiser state and plain `extra` values.
-
-    Only tensors, numbers, strings and containers of them go in, so `load_checkpoint` can use
-    torch.load(weights_only=True), which refuses to run code hidden in a file. Anything else in
-    `extra` (a Path, a numpy number) is refused here, naming its key, rather than saved into a
-    file that could not be loaded back.
-    """
-    if not isinstance(model, GPT):
-        raise TypeError(f"model is a {type(model).__name__}, expected a helpers.gpt.GPT")
-    for key, value in extra.items():
-        _check_plain(f"extra value {key!r}", value)
-    state = {"config": model.config.to_dict(), "model": model.state_dict(), "extra": dict(extra)}
-    if optimizer is not None:
-        state["optimizer"] = optimizer.state_dict()
-    torch.save(state, path)
-    return Path(path)
-
-
-PLAIN_TYPES = (bool, int, float, str, type(None), Tensor)  # what weights_only loading accepts
-
-
-def _check_plain(what: str, value: Any) -> None:
-    """Raise a TypeError unless `value` is a plain scalar, string, tensor, or a list, tuple or
-    dict (with str or int keys) of them."""
-    if type(value) in (list, tuple):
-        for i, item in enumerate(value):
-            _check_plain(f"{what}[{i}]", item)
-    elif type(value) is dict:
-        for key, item in value.items():
-            if type(key) not in (str, int):
-                raise TypeError(f"{what} has the key {key!r} (a {type(key).__name__}), expected "
-                                "str or int keys")
-            _check_plain(f"{what}[{key!r}]", item)
-    elif type(value) not in PLAIN_TYPES and not isinstance(value, Tensor):
-        hint = " (use float(...) or int(...))" if hasattr(value, "item") else \
-            " (use str(...))" if isinstance(value, Path) else ""
-        raise TypeError(f"{what} is {value!r}, a {type(value).__name__}: expected a bool, int, "
-                        f"float, str, None, tensor, or a list or dict of them{hint}, which "
-                        "load_checkpoint can read back safely")
-
-
-class CheckpointError(ValueError):
-    """A file that `load_checkpoint` cannot read as a course checkpoint."""
-
-
-def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tuple[GPT, dict]:
-    """The GPT saved at `path` and the whole saved dictionary (for "optimizer" and "extra").
-
-    The file is read with torch.load(weights_only=True), which loads tensors and plain values
-    only and never runs code. A file that is not a checkpoint of `save_checkpoint` (another
-    kind of file, a truncated one, a whole pickled model, a bare state dict) raises a
-    CheckpointError (a ValueError) saying what was found. The saved config is checked, and
-    the weights' shapes compared with it on the meta device, before any memory is allocated.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"path is {str(path)!r}: no such file")
-    state = _read_checkpoint(path, device)
-    if not isinstance(state, dict) or "config" not in state or "model" not in state:
-        keys = sorted(map(str, state))[:5] if isinstance(state, dict) else []
-        looks_like_weights = bool(keys) and all(isinstance(v, Tensor) for v in state.values())
-        found = ("a bare state dict (weights without a config, e.g. torch.save(model.state_dict()))"
-                 if looks_like_weights else f"a {type(state).__name__}"
-                 + (f" with the keys {keys}" if keys else ""))
-        raise CheckpointError(f"{path} holds {found}, expected a checkpoint with 'config' and "
-                              "'model' entries: save with helpers.train.save_checkpoint(path, model)")
-    config = _config_from(state["config"], path)
-    _check_weights_fit(config, state["model"], path)
-    model = GPT(config).to(device)
-    model.load_state_dict(state["model"])
-    return model, state
-
-
-def _read_checkpoint(path: Path, device: torch.device | str) -> Any:
-    """torch.load(weights_only=True), its errors turned into what the student can act on."""
-    with path.open("rb") as file:
-        head = file.read(4)
-    if head[:1] in (b"{", b"["):
-        raise CheckpointError(f"{path} is a JSON file (a tokenizer's or a config's?), expected "
-                              "a checkpoint written by helpers.train.save_checkpoint")
-    try:
-        return torch.load(path, map_location=device, weights_only=True)
-    except Exception as error:  # noqa: BLE001 - every failure gets the course's message
-        text = str(error)
-        if "Unsupported global" in text or "weights_only" in text and "GLOBAL" in text:
-            what = ("a whole pickled object (torch.save(model)?), which could run code when "
-                    "loaded, so it is not loaded")
-        elif head == b"PK\x03\x04":
-            what = "a damaged or truncated checkpoint (the zip archive is incomplete)"
-        else:
-            what = "not a PyTorch checkpoint"
-        raise CheckpointError(f"{path} is {what}: expected a file written by "
-                              "helpers.train.save_checkpoint(path, model)") from None
-
-
-def _config_from(saved: Any, path: Path) -> GPTConfig:
-    """The GPTConfig of a checkpoint, checked (types and sizes) before anything is built."""
-    if not isinstance(saved, dict):
-        raise CheckpointError(f"{path} has a 'config' of type {type(saved).__name__}, expected a "
-                              "dict of GPTConfig fields")
-    known = set(GPTConfig.__dataclass_fields__)
-    unknown = sorted(set(map(str, saved)) - known)
-    if unknown:
-        raise CheckpointError(f"{path} has a config with unknown fields {unknown}, expected "
-                              f"fields among {sorted(known)}")
-    try:
-        return GPTConfig(**saved)
-    except (TypeError, ValueError) as error:
-        raise CheckpointError(f"{path} has an invalid config: {error}") from None
-
-
-def _check_weights_fit(config: GPTConfig, weights: Any, path: Path) -> None:
-    """Compare the saved weights' names and shapes with a GPT(config) built on the meta device
-    (no memory), so a config that does not match its weights is caught before allocating."""
-    if not isinstance(weights, dict):
-        raise CheckpointError(f"{path} has 'model' of type {type(weights).__name__}, expected a "
-                              "state dict of tensors")
-    from helpers.gpt import build_without_weights
-
-    expected = {name: tuple(t.shape) for name, t in build_without_weights(config).state_dict().items()}
-    got = {name: tuple(t.shape) for name, t in weights.items() if isinstance(t, Tensor)}
-    if got != expected:
-        missing = sorted(set(expected) - set(got))[:3]
-        wrong = sorted(n for n in set(expected) & set(got) if expected[n] != got[n])[:3]
-        detail = (f"missing {missing}" if missing else
-                  f"{wrong[0]} has shape {got[wrong[0]]}, the config gives {expected[wrong[0]]}"
-                  if wrong else f"unexpected {sorted(set(got) - set(expected))[:3]}")
-        raise CheckpointError(f"{path} has weights that do not match its config ({detail})")
+def _check_trainer_inputs(model: nn.Module, train_ids: Tensor, val_ids: Tensor,
+                          config: TrainConfig) -> int:
+    """Raise unless the Trainer can use these; return the training window's length."""
+    model_config = getattr(model, "config", None)
+    if not isinstance(model, nn.Module) or not all(
+            hasattr(model_config, name) for name in ("vocab_size", "context_length")):
+        raise TypeError(f"model is a {type(model).__name__}, expected a torch.nn.Module mapping "
+                        "token ids (B, N) to logits (B, N, V) with config.vocab_size and "
+                        "config.context_length, such as a helpers.gpt.GPT")
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config is a {type(config).__name__}, expected a TrainConfig")
+    longest = model_config.context_length
+    context_length = longest if config.context_length is None else config.context_length
+    if context_length > longest:
+        raise ValueError(f"context_length is {context_length}, expected at most the model's "
+                         f"context_length = {longest}")
+    for name, ids in (("train_ids", train_ids), ("val_ids", val_ids)):
+        check_token_ids(ids, model_config.vocab_size, name)  # once here, not at every step
+        if ids.dim() != 1 or len(ids) < context_length + 1:
+            raise ValueError(f"{name} has shape {tuple(ids.shape)}, expected a 1-D tensor of at "
+                             f"least context_length + 1 = {context_length + 1} tokens (one window "
+                             "and its next token): give more text or a smaller context_length")
+    broken = _non_finite_parameters(model)
+    if broken:
+        raise ValueError(f"model has NaN or inf in {broken} before training: rebuild or reload it")
+    return context_length

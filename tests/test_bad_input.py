@@ -18,17 +18,13 @@ import torch
 import helpers.exercises as exercises
 from helpers import checks
 from helpers.attention import padding_mask, scaled_dot_product_attention
+from helpers.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from helpers.embeddings import TokenAndPositionEmbedding
-from helpers.gpt import GPT, GPTConfig, KVCache, generate, sample_next
-from helpers.layers import (
-    Block,
-    FeedForward,
-    LayerNorm,
-    MultiHeadAttention,
-    SwiGLUFeedForward,
-    layer_norm,
-)
-from helpers.train import CheckpointError, TrainConfig, Trainer, load_checkpoint, save_checkpoint
+from helpers.generation import KVCache, generate, sample_next
+from helpers.gpt import GPT, GPTConfig
+from helpers.layers import Block, FeedForward, LayerNorm, SwiGLUFeedForward, layer_norm
+from helpers.multihead import MultiHeadAttention
+from helpers.train import TrainConfig, Trainer
 
 SMALL = GPTConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, d_model=8)
 

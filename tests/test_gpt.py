@@ -7,17 +7,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers.fast import fast_block
+from helpers.generation import KVCache, generate, sample_next
 from helpers.gpt import (
     GPT,
     GPTConfig,
-    KVCache,
     build_without_weights,
     count_parameters,
     exact_parameters,
     formula_parameters,
-    generate,
     parameter_breakdown,
-    sample_next,
 )
 from helpers.layers import Block
 
@@ -180,8 +179,6 @@ def test_the_course_block_feeds_a_cache_through_its_kv_store_hook():
 
 
 def test_fast_block_refuses_a_post_ln_block():
-    from helpers.gpt import fast_block
-
     with pytest.raises(ValueError, match="Post-LN"):
         fast_block(Block(16, 4, pre_norm=False), torch.randn(1, 3, 16))
 

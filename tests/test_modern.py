@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import modern
-from helpers.gpt import KVCache
+from helpers.generation import KVCache
 from helpers.layers import SwiGLUFeedForward
 from helpers.modern import (
     ModernConfig,

@@ -1,4 +1,4 @@
-"""Multi-head attention in helpers.layers: both styles agree with each other and with PyTorch's own
+"""Multi-head attention in helpers.multihead: both styles agree with each other and with PyTorch's own
 nn.MultiheadAttention, GQA is multi-head attention with K/V shared in groups, every head is causal,
 and bad arguments are named in the error."""
 
@@ -12,7 +12,7 @@ from torch import nn
 
 from helpers.attention import causal_mask
 from helpers.exercises import ExerciseFailed, get
-from helpers.layers import (
+from helpers.multihead import (
     AttentionHead,
     MultiHeadAttention,
     SeparateHeadsAttention,

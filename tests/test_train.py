@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 
 import pytest
 import torch
 
-from helpers import train
+from helpers import fast, train
+from helpers.checkpoints import load_checkpoint, save_checkpoint
+from helpers.fast import pick_dtype
 from helpers.gpt import GPT, GPTConfig
+from helpers.modern import ModernConfig, ModernGPT
 from helpers.train import (
     History,
     TrainConfig,
     Trainer,
     learning_rate,
-    load_checkpoint,
-    pick_dtype,
     random_batch,
-    save_checkpoint,
     split_train_val,
 )
 
@@ -77,11 +78,11 @@ def test_precision_falls_back_to_float32_without_native_bf16(monkeypatch):
     cpu = torch.device("cpu")
     assert pick_dtype(cpu, "fp32") == torch.float32
     assert pick_dtype(cpu, "bf16") == torch.bfloat16
-    monkeypatch.setattr(train, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(fast, "cpu_has_native_bf16", lambda: False)
     assert pick_dtype(cpu, "auto") == torch.float32
-    monkeypatch.setattr(train, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(fast, "cpu_has_native_bf16", lambda: True)
     assert pick_dtype(cpu, "auto") == torch.bfloat16
-    with pytest.raises(ValueError, match="precision is 'fp16', expected 'auto', 'bf16' or 'fp32'"):
+    with pytest.raises(ValueError, match="precision is 'fp16', expected one of 'auto', 'bf16', 'fp32'"):
         pick_dtype(cpu, "fp16")
 
 
@@ -136,7 +137,7 @@ def test_time_budget_stops_and_evaluates_at_the_end():
     ({}, "expected exactly one"),
     ({"steps": 3, "seconds": 1.0}, "expected exactly one"),
     ({"steps": 0}, "steps is 0, expected a positive int"),
-    ({"seconds": -1.0}, "seconds is -1.0, expected a positive number"),
+    ({"seconds": -1.0}, "seconds is -1.0, expected a finite number > 0"),
 ])
 def test_fit_checks_its_budget(kwargs, message):
     model, train_ids, val_ids = model_and_data()
@@ -170,6 +171,56 @@ def test_checkpoint_round_trip_is_identical(tmp_path):
     assert torch.equal(model.eval()(ids), loaded.eval()(ids))
     assert state["extra"] == {"step": 3, "note": "test"}
     assert state["optimizer"]["state"], "the optimiser's moments were saved"
+
+
+# --- any model mapping ids (B, N) to logits (B, N, V): the modern decoder ----------------------
+
+MODERN = ModernConfig(vocab_size=7, context_length=16, n_layers=2, n_heads=2, n_kv_heads=1, d_model=16)
+
+
+@pytest.mark.parametrize("fast,precision", [(False, "fp32"), (True, "fp32"), (True, "bf16")])
+def test_trainer_trains_a_modern_gpt_and_its_loss_falls(fast, precision):
+    _, train_ids, val_ids = model_and_data()
+    torch.manual_seed(0)
+    model = ModernGPT(MODERN)
+    config = TrainConfig(batch_size=8, eval_every=30, learning_rate=1e-2, fast=fast, precision=precision)
+    trainer = Trainer(model, train_ids, val_ids, config)
+    before = trainer.evaluate()["val"]
+    history = trainer.fit(steps=30, progress_bar=False)
+    assert history.val_losses[-1] < 0.7 * before
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the weights stay float32
+    assert trainer.working is model if precision == "fp32" else trainer.working is not model
+
+
+def test_checkpoint_round_trip_of_a_modern_gpt(tmp_path):
+    _, train_ids, val_ids = model_and_data()
+    model = ModernGPT(dataclasses.replace(MODERN, tie_weights=True))
+    trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4, precision="fp32"))
+    trainer.fit(steps=3, progress_bar=False)
+    loaded, state = load_checkpoint(save_checkpoint(tmp_path / "modern.pt", model, trainer.optimizer))
+    assert type(loaded) is ModernGPT and loaded.config == model.config
+    assert loaded.lm_head.weight is loaded.embed.weight  # still tied
+    ids = torch.randint(0, MODERN.vocab_size, (2, 16))
+    assert torch.equal(model.eval()(ids), loaded.eval()(ids))
+    assert state["architecture"] == "ModernGPT"
+
+
+def test_checkpoint_refuses_a_model_it_cannot_rebuild(tmp_path):
+    with pytest.raises(TypeError, match="model is a Linear, expected one of GPT, ModernGPT"):
+        save_checkpoint(tmp_path / "linear.pt", torch.nn.Linear(2, 2))
+
+
+def test_checkpoint_without_an_architecture_is_read_as_a_gpt(tmp_path):
+    model = GPT(CONFIG)
+    torch.save({"config": model.config.to_dict(), "model": model.state_dict()}, tmp_path / "old.pt")
+    loaded, _ = load_checkpoint(tmp_path / "old.pt")
+    assert type(loaded) is GPT and loaded.config == CONFIG
+
+
+def test_trainer_refuses_a_model_without_a_config():
+    _, train_ids, val_ids = model_and_data()
+    with pytest.raises(TypeError, match="model is a Linear, expected a torch.nn.Module mapping token ids"):
+        Trainer(torch.nn.Linear(2, 2), train_ids, val_ids)
 
 
 def test_bf16_path_trains_float32_weights_through_a_bf16_working_copy():
@@ -291,7 +342,7 @@ def test_split_stories_holds_out_at_least_one_story_and_keeps_one_for_training()
 
 
 def test_split_stories_refuses_bad_input():
-    with pytest.raises(ValueError, match="val_fraction is 1.5, expected a number between 0 and 1"):
+    with pytest.raises(ValueError, match=r"val_fraction is 1.5, expected a number in \(0, 1\)"):
         train.split_stories("a\n\nb", val_fraction=1.5)
     with pytest.raises(ValueError, match="text has 1 stories separated by '\\\\n\\\\n', expected at least 2"):
         train.split_stories("one story only\nno blank line\n")

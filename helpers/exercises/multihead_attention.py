@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from helpers import layers
+from helpers import multihead
 from helpers.exercises import ExerciseFailed, exercise, expect_close, expect_count
 
 
@@ -21,7 +21,7 @@ def split_heads(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
     for shape, n_heads in (((2, 3, 8), 4), ((1, 5, 6), 2), ((3, 1, 4), 1)):
         x = _numbered(*shape)
         got = student(x, n_heads)
-        expected = layers.split_heads(x, n_heads)
+        expected = multihead.split_heads(x, n_heads)
         if isinstance(got, torch.Tensor) and got.shape == expected.shape and not torch.equal(got, expected):
             raise ExerciseFailed(
                 f"for x of shape {shape} and {n_heads} heads the shape {tuple(got.shape)} is right, "
@@ -37,7 +37,7 @@ def merge_heads(student: Callable[[torch.Tensor], torch.Tensor]) -> str:
     for shape in ((2, 4, 3, 2), (1, 2, 5, 3), (3, 1, 2, 4)):
         heads = _numbered(*shape)
         got = student(heads)
-        expected = layers.merge_heads(heads)
+        expected = multihead.merge_heads(heads)
         if isinstance(got, torch.Tensor) and got.shape == expected.shape and not torch.equal(got, expected):
             raise ExerciseFailed(
                 f"for heads of shape {shape} the shape {tuple(got.shape)} is right but the values "
@@ -45,7 +45,7 @@ def merge_heads(student: Callable[[torch.Tensor], torch.Tensor]) -> str:
                 "Transpose first.")
         expect_close(got, expected, f"merge_heads(heads of shape {shape})")
     x = _numbered(2, 3, 8)
-    expect_close(student(layers.split_heads(x, 4)), x, "merge_heads(split_heads(x, 4))")
+    expect_close(student(multihead.split_heads(x, 4)), x, "merge_heads(split_heads(x, 4))")
     return "merge_heads undoes split_heads exactly."
 
 
@@ -56,7 +56,7 @@ def kv_cache_bytes_per_token(student: Callable[[int, int, int, int], int]) -> st
     for n_layers, n_kv_heads, head_dim, n_bytes in cases:
         got = expect_count(student(n_layers, n_kv_heads, head_dim, n_bytes),
                            f"the result for ({n_layers}, {n_kv_heads}, {head_dim}, {n_bytes})")
-        expected = layers.kv_cache_bytes_per_token(n_layers, n_kv_heads, head_dim, n_bytes)
+        expected = multihead.kv_cache_bytes_per_token(n_layers, n_kv_heads, head_dim, n_bytes)
         if got == expected:
             continue
         call = f"({n_layers}, {n_kv_heads}, {head_dim}, {n_bytes})"
@@ -66,5 +66,5 @@ def kv_cache_bytes_per_token(student: Callable[[int, int, int, int], int]) -> st
             raise ExerciseFailed(f"{call} gave {got}: that counts numbers, not bytes "
                                  f"(each is {n_bytes} bytes).")
         raise ExerciseFailed(f"{call} gave {got!r}, expected {expected}.")
-    gpt3 = layers.kv_cache_bytes_per_token(96, 96, 128, 2) / 2**20
+    gpt3 = multihead.kv_cache_bytes_per_token(96, 96, 128, 2) / 2**20
     return f"GPT-3 (96 layers, 96 heads of 128, fp16) keeps {gpt3:.1f} MiB for every token."

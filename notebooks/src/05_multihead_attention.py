@@ -105,7 +105,7 @@ for name, t in [("one head's output", head_outputs[0]), ("concatenated", concate
 # so copying our matrices in takes a `.T`. The cell checks that the module and the plain code agree.
 
 # %%
-from helpers.layers import SeparateHeadsAttention
+from helpers.multihead import SeparateHeadsAttention
 
 separate = SeparateHeadsAttention(d_model=D, n_heads=H, bias=False)
 with torch.no_grad():
@@ -226,7 +226,7 @@ check("multihead_attention.merge_heads", merge_heads)
 # %% [markdown]
 # ### The fused module, and the proof that both styles agree
 #
-# `helpers.layers.MultiHeadAttention(d_model, n_heads)` is the batched version, with
+# `helpers.multihead.MultiHeadAttention(d_model, n_heads)` is the batched version, with
 # `split_heads` and `merge_heads` from the same module. It keeps three projections, `q_proj`,
 # `k_proj`, `v_proj`, rather than one `W_QKV`: stacked, they are exactly `W_QKV`, and kept apart
 # they let keys and values have fewer heads than queries (section 6). `fuse_heads` builds one from
@@ -235,7 +235,7 @@ check("multihead_attention.merge_heads", merge_heads)
 # with and without the causal mask.
 
 # %%
-from helpers.layers import MultiHeadAttention, fuse_heads, merge_heads, split_heads
+from helpers.multihead import MultiHeadAttention, fuse_heads, merge_heads, split_heads
 
 torch.manual_seed(1)
 separate = SeparateHeadsAttention(d_model=32, n_heads=4)
@@ -539,13 +539,13 @@ check("multihead_attention.kv_cache_bytes_per_token", kv_cache_bytes_per_token)
 # %% [markdown]
 # ### What the cache costs at real sizes
 #
-# The table uses `helpers.layers.kv_cache_bytes_per_token` with 2-byte (fp16) numbers, for GPT-3
+# The table uses `helpers.multihead.kv_cache_bytes_per_token` with 2-byte (fp16) numbers, for GPT-3
 # and two Llama-like shapes, each with its full context. Llama 2 70B and Llama 3 8B really use
 # GQA with 8 key/value heads; GPT-3 uses plain multi-head attention. The MHA and MQA rows show
 # what the same shape would cost with the other choices.
 
 # %%
-from helpers.layers import kv_cache_bytes_per_token
+from helpers.multihead import kv_cache_bytes_per_token
 
 BYTES_FP16 = 2
 SHAPES = {  # layers L, query heads H, head size d_h, context length in tokens

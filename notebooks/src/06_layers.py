@@ -278,7 +278,8 @@ print(f"largest |GELU(z) - GELU_tanh(z)| for z in [-6, 6]: {gelu_gap.max():.1e},
 # have shapes but no memory) and compares with the formulas.
 
 # %%
-from helpers.layers import FeedForward, MultiHeadAttention, SwiGLUFeedForward
+from helpers.layers import FeedForward, SwiGLUFeedForward
+from helpers.multihead import MultiHeadAttention
 
 
 def n_parameters(module: nn.Module) -> int:

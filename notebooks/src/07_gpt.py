@@ -36,7 +36,8 @@ from helpers.attention import causal_mask
 from helpers.corpus import load_corpus, well_formed_fraction
 from helpers.embeddings import TokenAndPositionEmbedding
 from helpers.exercises import check
-from helpers.layers import Block, LayerNorm, MultiHeadAttention, FeedForward, merge_heads, split_heads
+from helpers.layers import Block, FeedForward, LayerNorm
+from helpers.multihead import MultiHeadAttention, merge_heads, split_heads
 from helpers.plots import heatmap
 from helpers.timing import format_duration
 
@@ -778,7 +779,7 @@ print("shapes:", tuple(x.shape), tuple(y.shape))
 # lines, and measure. The corpus itself scores 1, and the untrained model writes noise:
 
 # %%
-from helpers.gpt import generate
+from helpers.generation import generate
 
 
 def written_lines(gpt: GPT, n_samples: int = 48, temperature: float = 1.0, seed: int = 0) -> list[str]:
@@ -1095,8 +1096,9 @@ plt.show()
 # That is all of training. **This is what `helpers.train` does, faster**: `Trainer.train_step`
 # is the body of this loop, with `torch.optim.AdamW` (its fused kernel) in place of `HandAdamW`,
 # `clip_grad_norm_` in place of `clip_by_global_norm`, `F.cross_entropy` for the loss and
-# `learning_rate` for the schedule, and section 10 explains what makes its steps fast. From here on
-# the notebook trains with it.
+# `learning_rate` for the schedule, and section 10 explains what makes its steps fast (that
+# machinery lives apart, in `helpers.fast`, so `helpers/train.py` reads like this loop). From here
+# on the notebook trains with it.
 #
 # ### The recipe
 #
@@ -1107,7 +1109,8 @@ plt.show()
 # comparable from point to point.
 
 # %%
-from helpers.train import LiveLossPlot, TrainConfig, Trainer, draw_losses
+from helpers.plots import LiveLossPlot, draw_losses
+from helpers.train import TrainConfig, Trainer
 
 train_config = TrainConfig(batch_size=16, learning_rate=5e-3, eval_every=100)
 progress = torch.linspace(0, 1, 200)
@@ -1175,7 +1178,7 @@ plt.show()
 # The next-character distribution after "One day, Mia went to the ", three ways:
 
 # %%
-from helpers.gpt import sample_next
+from helpers.generation import sample_next
 
 prompt_text = "One day, Mia went to the "
 model.eval()
@@ -1196,7 +1199,7 @@ fig.suptitle(f"After {prompt_text!r}", y=1.03)
 plt.show()
 
 # %% [markdown]
-# `helpers.gpt.sample_next` does this for a batch of logits, and `generate` repeats it, each
+# `helpers.generation.sample_next` does this for a batch of logits, and `generate` repeats it, each
 # time appending the new token. Temperature 0 or top-k 1 is greedy:
 
 # %%
@@ -1352,7 +1355,7 @@ check("gpt.cache_step", cache_step)
 # cached logits equal the full forward pass.
 
 # %%
-from helpers.gpt import KVCache
+from helpers.generation import KVCache
 
 prompt = torch.tensor([tokenizer.encode("Once upon a time"), tokenizer.encode("That night, Ada ")])
 with_cache = generate(model, prompt, 100, temperature=0.0, use_cache=True)
@@ -1556,13 +1559,13 @@ print(f"one random masking of {window_length} positions hid {int(masked.sum())}"
 # %% [markdown]
 # ## 9. Saving and loading a checkpoint
 #
-# `helpers.train.save_checkpoint` stores the config, the weights and (optionally) the optimiser
+# `helpers.checkpoints.save_checkpoint` stores the config, the weights and (optionally) the optimiser
 # state, all as plain tensors, numbers and strings, so that `load_checkpoint` can read it with
 # `torch.load(..., weights_only=True)`, which refuses to unpickle arbitrary objects and so
 # cannot run code hidden in a file.
 
 # %%
-from helpers.train import load_checkpoint, save_checkpoint
+from helpers.checkpoints import load_checkpoint, save_checkpoint
 
 with tempfile.TemporaryDirectory() as folder:
     path = save_checkpoint(Path(folder) / "char_gpt.pt", model, trainer.optimizer, steps=TRAIN_STEPS)
@@ -1577,8 +1580,8 @@ print("restored model gives identical logits:", same, "| still tied:", restored.
 # %% [markdown]
 # ## 10. How fast is the trainer?
 #
-# The trainer is fast for a CPU because of a few choices, each measured by
-# `benchmarks/bench_train.py`:
+# The trainer is fast for a CPU because of a few choices, all in `helpers.fast` and each measured
+# by `benchmarks/bench_train.py` (against a plain loop and against nanoGPT's recipe):
 #
 # - **bfloat16** on CPUs with native bf16 instructions (elsewhere it falls back to float32 by
 #   itself): forward and backward run on a bf16 copy of the model, which halves the time of

@@ -436,13 +436,13 @@ print("Llama's D = 4096 with multiple_of = 256:", llama_hidden_size(4096, multip
 # ## 5. GQA inside the model, and the cache it saves
 #
 # Grouped-query attention (notebook 5) lets `H` query heads share `H_kv < H` key/value heads. The
-# attention module is the same `helpers.layers.MultiHeadAttention`, with `n_kv_heads`. What it
+# attention module is the same `helpers.multihead.MultiHeadAttention`, with `n_kv_heads`. What it
 # saves is the KV cache of generation: `2 · L · H_kv · D_H` numbers per token instead of
 # `2 · L · H · D_H`. For a 70B-class shape (80 layers, 64 query heads of 128 features, 8 KV heads,
 # 16-bit numbers):
 
 # %%
-from helpers.layers import kv_cache_bytes_per_token
+from helpers.multihead import kv_cache_bytes_per_token
 
 full_heads = kv_cache_bytes_per_token(80, 64, 128)
 grouped = kv_cache_bytes_per_token(80, 8, 128)
@@ -466,7 +466,7 @@ print(f"per token: all 64 heads {full_heads / 2**20:.2f} MiB, 8 KV heads {groupe
 # those of one full pass.
 
 # %%
-from helpers.gpt import KVCache
+from helpers.generation import KVCache
 from helpers.modern import ModernConfig, ModernGPT, modern_generate_logits
 
 torch.manual_seed(5)
