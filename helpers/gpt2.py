@@ -34,7 +34,8 @@ import torch
 from torch import Tensor
 
 from helpers import checks
-from helpers.gpt import GPT, GPTConfig, generate
+from helpers.generation import generate
+from helpers.gpt import GPT, GPTConfig
 from helpers.layers import LayerNorm
 
 GPT2_URL = "https://huggingface.co/openai-community/gpt2/resolve/main"

@@ -26,14 +26,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from helpers.attention import scaled_dot_product_attention
-from helpers.layers import (
-    Block,
-    FeedForward,
-    MultiHeadAttention,
-    attention_mask,
-    merge_heads,
-    split_heads,
-)
+from helpers.layers import Block, FeedForward
+from helpers.multihead import MultiHeadAttention, attention_mask, merge_heads, split_heads
 
 
 def _check_splits(name: str, size: int, world_size: int) -> int:

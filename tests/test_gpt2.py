@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.gpt import GPT, KVCache, count_parameters, generate, sample_next
+from helpers.generation import KVCache, generate, sample_next
+from helpers.gpt import GPT, count_parameters
 from helpers.gpt2 import (
     convert_gpt2_state,
     download_gpt2,
