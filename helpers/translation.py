@@ -28,7 +28,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from helpers import corpus
+from helpers import checks, corpus
+from helpers.train import learning_rate
 
 PAD, BOS, EOS, UNK, MASK = "<pad>", "<bos>", "<eos>", "<unk>", "<mask>"
 SPECIALS = (PAD, BOS, EOS, UNK, MASK)  # ids 0..4 in every WordVocab
@@ -197,3 +198,48 @@ def make_batch(data: TranslationData, indices: Sequence[int]) -> tuple[Tensor, T
     decoder_in = torch.cat([torch.full((len(pairs), 1), BOS_ID), target[:, :-1]], dim=1)
     decoder_in[decoder_in == EOS_ID] = PAD_ID  # <eos> is predicted, never read
     return source, decoder_in, target
+
+
+# --- training and measuring a translator (the Transformer and the GRU alike) ---------------
+
+def train_translator(model: torch.nn.Module, data: TranslationData, train: Sequence[int],
+                     steps: int, batch_size: int = 64, lr: float = 3e-3, seed: int = 0,
+                     label_smoothing: float = 0.0) -> list[float]:
+    """Teacher forcing with AdamW (notebook 7's schedule) for `steps` steps on random batches of `train`; returns the losses.
+
+    model(source, target_in) -> logits (B, N, V); the loss skips padding.
+    """
+    checks.positive_int("steps", steps)
+    checks.positive_int("batch_size", batch_size)
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, foreach=True)
+    model.train()
+    losses = []
+    for step in range(steps):
+        for group in optimizer.param_groups:  # notebook 7's warm-up and cosine decay
+            group["lr"] = learning_rate(step / steps, peak=lr)
+        source, target_in, target = make_batch(data, rng.sample(list(train), batch_size))
+        logits = model(source, target_in)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(),
+                                                 ignore_index=PAD_ID, label_smoothing=label_smoothing)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def score_translations(predicted: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """predicted (B, K), target (B, N) ending in <eos> -> (exact match (B,) bool, token accuracy (B,)).
+
+    Token accuracy: the share of the target's tokens (with <eos>) the prediction has at the same place.
+    """
+    width = max(predicted.shape[1], target.shape[1])
+    p = torch.nn.functional.pad(predicted, (0, width - predicted.shape[1]), value=PAD_ID)
+    t = torch.nn.functional.pad(target, (0, width - target.shape[1]), value=PAD_ID)
+    real = t != PAD_ID
+    same = (p == t) & real
+    exact = (p == t).all(dim=1)  # after <eos> both hold padding
+    return exact, same.sum(1) / real.sum(1)
