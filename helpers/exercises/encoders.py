@@ -61,13 +61,17 @@ def beam_step(student: Callable[[torch.Tensor, torch.Tensor, int], tuple]) -> st
         total = scores[:, None] + log_probs
         best, flat = total.flatten().topk(width)
         new_scores, rows, tokens = got
+        alone = log_probs.flatten().topk(width).values
+        if isinstance(new_scores, torch.Tensor) and new_scores.shape == alone.shape and \
+                torch.allclose(new_scores, alone):
+            raise ExerciseFailed("add each prefix's score to its row of log_probs before choosing: "
+                                 "a child's score is its prefix's score plus the new word's log-probability.")
         expect_close(new_scores, best, f"the new scores with width {width}")
-        if torch.equal(torch.as_tensor(rows), flat % 6):
+        rows, tokens = torch.as_tensor(rows), torch.as_tensor(tokens)
+        if torch.equal(rows, flat // 6) and torch.equal(tokens, flat % 6):
+            continue
+        if torch.equal(rows, flat % 6) and torch.equal(tokens, flat // 6):
             raise ExerciseFailed("rows and tokens are swapped: the row is index // V, the token index % V.")
-        if not torch.equal(torch.as_tensor(rows), flat // 6) or not torch.equal(torch.as_tensor(tokens), flat % 6):
-            raise ExerciseFailed(f"with width {width} the rows should be {(flat // 6).tolist()} and the "
-                                 f"tokens {(flat % 6).tolist()}, got {rows} and {tokens}.")
-        if width == 1 and float(new_scores[0]) == float(log_probs[0].max() + scores[0]) and \
-                float(total.max()) != float(new_scores[0]):
-            raise ExerciseFailed("add each prefix's score before choosing.")
+        raise ExerciseFailed(f"with width {width} the rows should be {(flat // 6).tolist()} and the "
+                             f"tokens {(flat % 6).tolist()}, got {rows.tolist()} and {tokens.tolist()}.")
     return "That is one step of helpers.seq2seq.beam_search."
