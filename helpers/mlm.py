@@ -1,5 +1,5 @@
 """Encoder-only, the lifecycle in small: masked-language-model pretraining, then finetuning
-(notebook 10, section 6).
+(notebook 10, section 7).
 
     mask_tokens     BERT's corruption: pick 15 % of the real tokens; of those, 80 % become <mask>,
                     10 % a random word, 10 % stay; the loss is taken on the picked ones only

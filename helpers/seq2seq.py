@@ -1,4 +1,4 @@
-"""The encoder-decoder Transformer, greedy decoding and beam search (notebook 10, sections 3-4).
+"""The encoder-decoder Transformer, greedy decoding and beam search (notebook 10, sections 3 and 5).
 
 Built only from the parts of notebooks 2-6: `TokenAndPositionEmbedding`, `LayerNorm`,
 `FeedForward` and `MultiHeadAttention`, whose `context` argument turns it into cross-attention.

@@ -271,7 +271,9 @@ check("encoders.cross_attention_shapes", cross_attention_shapes)
 # and over the queries, in the encoder's self-attention and in every cross-attention. Two cells
 # prove the masks do their job: **padding changes nothing** (the same sentence, padded with three
 # tokens of anything, gives the same logits), and **a future target token changes nothing before
-# it** (the causal mask of the decoder).
+# it** (the causal mask of the decoder). On the target side, padding comes after `<eos>`, in the
+# future of every real token: the causal mask already hides it from them, as the second proof
+# shows, and the loss skips it (`ignore_index`).
 
 # %%
 from helpers.seq2seq import EncoderDecoder, Seq2SeqConfig
@@ -707,8 +709,8 @@ assert pretrained_accuracy > 0.66 and scratch_accuracy < 0.65 and pretrained_acc
 # ## 8. The three families, side by side
 #
 # Where cross-attention sits, which masks each stack uses and what each is trained to predict,
-# read off the models of this notebook and notebook 7's GPT (built here at that notebook's size,
-# untrained).
+# read off the two models trained in this notebook and notebook 7's GPT (trained there; built here
+# at that notebook's size, to count it).
 
 # %%
 from helpers.gpt import GPT, GPTConfig
@@ -719,7 +721,7 @@ def parameters(module: torch.nn.Module) -> int:
 
 
 gpt = GPT(GPTConfig(vocab_size=52, context_length=64, n_layers=2, n_heads=4, d_model=128))
-n_cross = sum(isinstance(m, MultiHeadAttention) for layer in model.decoder for m in [layer.cross_attn])
+n_cross = sum(isinstance(layer.cross_attn, MultiHeadAttention) for layer in model.decoder)
 rows = [
     ("encoder-only (BERT)", parameters(mlm), "padding, bidirectional", "none",
      "the 15 % hidden words, from both sides"),
