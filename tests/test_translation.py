@@ -117,3 +117,19 @@ def test_a_swapped_sentence_breaks_the_grammar():
         swapped = swap_neighbours(sentence, rng)
         assert swapped is not None and swapped != sentence and not is_well_formed(swapped)
         assert is_well_formed(sentence)
+
+
+def test_training_lowers_the_loss_and_needs_real_steps():
+    from helpers.seq2seq import EncoderDecoder, Seq2SeqConfig
+    from helpers.translation import train_translator
+
+    data = TranslationData(SENTENCES)
+    config = Seq2SeqConfig(data.source_vocab.vocab_size, data.target_vocab.vocab_size,
+                           context_length=16, n_layers=1, n_heads=2, d_model=16)
+    torch.manual_seed(0)
+    losses = train_translator(EncoderDecoder(config), data, range(4), steps=80, batch_size=4, lr=1e-2)
+    assert len(losses) == 80 and losses[-1] < losses[0] / 2
+    with pytest.raises(ValueError, match="steps"):
+        train_translator(EncoderDecoder(config), data, range(4), steps=0)
+    with pytest.raises(ValueError, match="at least 3"):
+        sentence_splits(2)
