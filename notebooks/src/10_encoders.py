@@ -561,7 +561,7 @@ print("redraws so far:", explorer.redraws)
 # tokens only. `helpers.mlm.mask_tokens` does it; on a large batch the shares come out as the rule says.
 
 # %%
-from helpers.corpus import PLACES
+from helpers.corpus import PETS, PLACES
 from helpers.mlm import IGNORE, Classifier, MaskedLM, mask_tokens
 from helpers.translation import MASK_ID, SPECIALS, english_words, pad_batch
 
@@ -613,7 +613,7 @@ assert mlm_losses[-1] < mlm_losses[0] / 4
 # %% [markdown]
 # **Fill in the blank.** We hide one word of a few test sentences and ask for the encoder's five
 # most likely words. It reads both sides: in "... went to the `<mask>` with her dog" only places
-# fit.
+# fit, and after "with her" a pet.
 
 # %%
 def fill_in(sentence: str, blank: int) -> list[str]:
@@ -626,18 +626,20 @@ def fill_in(sentence: str, blank: int) -> list[str]:
 
 
 blanks = [("One morning, Mia went to the market with her dog.", 7),
+          ("One morning, Mia went to the market with her dog.", 10),
           ("There, she found a shiny key.", 6),
-          ("The dog wagged its tail.", 2)]
+          ("So Tom asked Mia for help.", 2)]
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # The order of close guesses can differ from one CPU to another; the assertion keeps the claim.
-place_guesses = fill_in(*blanks[0])
+place_guesses, pet_guesses = fill_in(*blanks[0]), fill_in(*blanks[1])
 for sentence, blank in blanks:
     words = english_words(sentence)
     shown = " ".join("____" if i == blank else w for i, w in enumerate(words))
     print(f"{shown:55s} -> {fill_in(sentence, blank)}")
 assert sum(word in PLACES for word in place_guesses) >= 3  # a place goes there, and it knows
+assert sum(word in PETS for word in pet_guesses) >= 3
 
 # %% [markdown]
 # **Finetuning.** A sentence-level task the corpus supports: is a sentence **well formed**? We
@@ -730,9 +732,9 @@ rows = [
      "the next target word, given the source"),
     ("decoder-only (GPT)", parameters(gpt), "causal", "none", "the next token"),
 ]
-print(f"{'family':28s} {'parameters':>10s}  {'self-attention masks':26s} {'cross-attention':22s} objective")
+print(f"{'family':28s} {'parameters':>10s}  {'self-attention masks':26s} {'cross-attention':26s} objective")
 for family, n_params, masks, cross_layers, objective in rows:
-    print(f"{family:28s} {n_params:>10,}  {masks:26s} {cross_layers:22s} {objective}")
+    print(f"{family:28s} {n_params:>10,}  {masks:26s} {cross_layers:26s} {objective}")
 assert n_cross == config.n_layers
 assert not any(isinstance(getattr(m, "cross_attn", None), MultiHeadAttention) for m in mlm.modules())
 
