@@ -100,4 +100,8 @@ WIDGETS: dict[str, list[Widget]] = {
     "09_modern_decoder": [
         Widget((slider("offset m - n"), slider("position n")), drives="figure"),
     ],
+    # Cross-attention maps of the trained translator: pick the test sentence and the head.
+    "10_encoders": [
+        Widget((dropdown("sentence"), slider("head")), drives="figure"),
+    ],
 }
