@@ -17,12 +17,22 @@ idea in plain code first, then switches to the helper and checks the two agree.
     checkpoints   save_checkpoint / load_checkpoint, safely (weights_only)              nb 7
     fast          the fast path beside the plain code: fused kernels, bf16 working copy,
                   one buffer for every weight, compile (equal to the plain path, tested)
-    gpt2          GPT-2's weights and tokenizer files, loaded into the course's GPT
+    gpt2          GPT-2's checkpoints (safetensors or .bin) loaded into the course's GPT nb 7
+    gpt2_tokenizer  GPT-2's vocab.json + merges.txt as a relabelled course BPE           nb 7
     flash         online softmax and tiled FlashAttention in PyTorch (forward, backward) nb 8
+    flash_costs   the HBM-traffic and FLOP counts of naive and tiled attention          nb 8
     flash_triton  the same algorithm as Triton kernels (GPU, or the interpreter)         nb 8
+    flash_triton_kernels  the kernels themselves, forward and backward                  nb 8
     modern        the modern decoder: RoPE, ALiBi, RMSNorm, SwiGLU width, GQA model     nb 9
-    seq2seq       the encoder-decoder of notebook 10 (names fixed at merge)              nb 10
-    distributed   data-parallel training, notebook 11 (names fixed at merge)             nb 11
+    translation   the generated translation task (English -> Grammish) and its splits   nb 10
+    seq2seq       encoder and decoder layers with cross-attention, beam search          nb 10
+    rnn           the GRU seq2seq without attention: the bottleneck, measured           nb 10
+    mlm           masked-language-model pretraining (80/10/10) and a finetuned classifier nb 10
+    distributed   Workers: local processes with gloo, collectives, clean failures       nb 11
+    data_parallel data parallelism by hand: all-reduce, bucketed hooks, torchrun entry  nb 11
+    sharded       ZeRO-1 by hand: each rank keeps the optimizer state of its shard      nb 11
+    tensor_parallel  column- and row-parallel MLP, attention heads split across ranks   nb 11
+    parallelism   what each kind of parallelism splits and sends, in bytes per step     nb 11
     checks        the argument checks they share: positive_int(name, value), boolean(...), ...
 
 and, at the side, used by the notebooks and never by the model code:
@@ -32,6 +42,7 @@ and, at the side, used by the notebooks and never by the model code:
     widgets       Explorer: controls that redraw a figure, with a static fallback
     exercises     checked exercises with hints
     timing        wall-clock timing printed in a form the tests can sanitise
+    profiling     peak memory of a call, from the PyTorch profiler
 
 The shape legend, used in every docstring and shape comment of the package:
 

@@ -24,7 +24,8 @@ from torch import Tensor, nn
 
 from helpers import checks
 from helpers.embeddings import TokenAndPositionEmbedding, check_token_ids
-from helpers.layers import FeedForward, LayerNorm, MultiHeadAttention
+from helpers.layers import FeedForward, LayerNorm
+from helpers.multihead import MultiHeadAttention
 
 
 def check_source_mask(source_mask: Tensor, source: Tensor) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.layers import MultiHeadAttention
+from helpers.multihead import MultiHeadAttention
 from helpers.seq2seq import (
     EncoderDecoder,
     Seq2SeqConfig,

@@ -191,7 +191,7 @@ plt.show()
 # gains two axes in front.
 
 # %%
-from helpers.layers import MultiHeadAttention
+from helpers.multihead import MultiHeadAttention
 
 torch.manual_seed(0)
 B, N, M, D, H = 2, 5, 7, 16, 4
@@ -216,7 +216,7 @@ print("largest difference from MultiHeadAttention(x, context=memory) < 1e-6:", g
 assert gap < 1e-6
 
 # %% [markdown]
-# `helpers.layers.MultiHeadAttention` already does this when it gets a `context`: from here on we
+# `helpers.multihead.MultiHeadAttention` already does this when it gets a `context`: from here on we
 # use it. With it, the two layers of the encoder-decoder are (`helpers.seq2seq`, Pre-LN as in
 # notebook 7):
 #
