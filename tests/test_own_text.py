@@ -4,6 +4,7 @@ the MY_TEXT_FILE knobs of notebooks 1 and 7."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -131,3 +132,44 @@ def test_gpt_on_a_file_too_short(tmp_path):
                          config=GPTConfig(context_length=12, n_layers=1, n_heads=1, d_model=8))
     with pytest.raises(ValueError, match="vocab_size is 256"):
         gpt_on_text_file(path, vocab_size=256)
+
+
+# --- the knob cells of notebooks 1 and 7, run with MY_TEXT_FILE set ----------------------------
+
+
+def knob_cell(notebook: str) -> str:
+    """The source of the notebook's cell that holds `MY_TEXT_FILE = None`."""
+    source = (Path(__file__).parent.parent / "notebooks" / "src" / notebook).read_text(encoding="utf-8")
+    cells = [cell for cell in source.split("\n# %%") if "\nMY_TEXT_FILE = None" in cell]
+    assert len(cells) == 1, f"{notebook} has {len(cells)} cells with MY_TEXT_FILE = None, expected 1"
+    return cells[0].split("\n", 1)[1]
+
+
+def test_notebook_1_knob_cell(tmp_path, capsys):
+    from helpers.bpe import BPETokenizer
+
+    path = write(tmp_path, (PROSE * 20).encode())
+    off = knob_cell("01_tokenization.py")
+    exec(off, {})
+    assert "MY_TEXT_FILE = None: nothing read" in capsys.readouterr().out
+    on = off.replace("\nMY_TEXT_FILE = None", f"\nMY_TEXT_FILE = {str(path)!r}").replace("MY_MERGES = 1_000", "MY_MERGES = 40")
+    corpus = "a tiny corpus, a tiny corpus"
+    bpe = BPETokenizer.train(corpus, vocab_size=260)
+    exec(on, {"corpus": corpus, "corpus_ids": bpe.encode(corpus), "bpe": bpe})
+    out = capsys.readouterr().out
+    assert "40 merges learned" in out and "its first line, token by token: The | " in out
+
+
+def test_notebook_7_knob_cell(tmp_path, capsys):
+    from helpers.timing import format_duration
+
+    path = write(tmp_path, (PROSE * 30).encode())
+    off = knob_cell("07_gpt.py")
+    exec(off, {"GPTConfig": GPTConfig, "format_duration": format_duration})
+    assert "MY_TEXT_FILE = None: nothing read" in capsys.readouterr().out
+    on = re.sub(r"\nMY_CONFIG = [^\n]*", "\nMY_CONFIG = GPTConfig(context_length=16, n_layers=1, n_heads=2, d_model=16)",
+                off.replace("\nMY_TEXT_FILE = None", f"\nMY_TEXT_FILE = {str(path)!r}"))
+    on = re.sub(r"\nMY_STEPS = \d+", "\nMY_STEPS = 6", on)
+    exec(on, {"GPTConfig": GPTConfig, "format_duration": format_duration})
+    out = capsys.readouterr().out
+    assert re.search(r"^6 steps, took .*validation loss \d+\.\d\d at step \d+, \d+\.\d\d at the end", out, re.M), out
