@@ -147,59 +147,61 @@ class _PairTable:
             for pair in pairwise(ids):
                 self.counts[pair] += weights[index]
                 self.holders[pair].add(index)
-        self.heap: list[tuple[int, Pair]] = []  # (-count, pair); stale entries are skipped
-        self.changed = set(self.counts)  # pairs whose count changed since the last `most_frequent`
+        self.heap: list[tuple[int, Pair]] = []  # (-count, pair), see `most_frequent`
+        self.rose = set(self.counts)  # pairs whose count rose since the last `most_frequent`
 
-    def merge_chunk(self, index: int, pair: Pair, new_id: int) -> None:
-        """`merge` on chunk number `index`, and the counts change only next to each occurrence:
-        x L R y becomes x new y, so (x, L), (L, R), (R, y) lose the chunk's weight and (x, new),
-        (new, y) gain it; in L R L R the middle (R, L) is lost once and (new, new) gained once."""
-        ids, (left, right), n = self.chunks[index], pair, len(self.chunks[index])
-        weight, counts, changed, holders = self.weights[index], self.counts, self.changed, self.holders
-        merged, position = [], 0
-        while position < n:
-            if ids[position] != left or position + 1 == n or ids[position + 1] != right:
-                merged.append(ids[position])
-                position += 1
-                continue
-            counts[pair] -= weight
-            if merged:  # the token before
-                before = merged[-1]
-                if before != new_id:  # else the previous occurrence already took (R, L) away
-                    counts[before, left] -= weight
-                    changed.add((before, left))
-                counts[before, new_id] += weight
-                changed.add((before, new_id))
-                holders[before, new_id].add(index)
-            if position + 2 < n:  # the token after
-                after = ids[position + 2]
-                counts[right, after] -= weight
-                changed.add((right, after))
-                if not (after == left and position + 3 < n and ids[position + 3] == right):
-                    counts[new_id, after] += weight  # (else the next occurrence adds (new, new))
-                    changed.add((new_id, after))
-                    holders[new_id, after].add(index)  # lost pairs keep the chunk: cheaper than exact lists
-            merged.append(new_id)
-            position += 2
-        self.chunks[index] = merged
+    def merge(self, pair: Pair, new_id: int) -> None:
+        """`merge` on every chunk that holds `pair`; counts change only next to each occurrence:
+        x L R y becomes x new y, so (x, L), (L, R), (R, y) lose the chunk's weight, (x, new), (new, y)
+        gain it (L R L R loses (R, L) once). Chunks stay listed under lost pairs: cheaper than exact."""
+        (left, right), counts, rose, holders = pair, self.counts, self.rose, self.holders
+        for index in holders.pop(pair):
+            ids, weight = self.chunks[index], self.weights[index]
+            n, merged, position = len(ids), [], 0
+            while position < n:
+                if ids[position] != left or position + 1 == n or ids[position + 1] != right:
+                    merged.append(ids[position])
+                    position += 1
+                    continue
+                counts[pair] -= weight
+                if merged:  # the token before
+                    before = merged[-1]
+                    if before != new_id:  # else the previous occurrence already took (R, L) away
+                        counts[before, left] -= weight
+                    counts[before, new_id] += weight
+                    rose.add((before, new_id))
+                    holders[before, new_id].add(index)
+                if position + 2 < n:  # the token after
+                    after = ids[position + 2]
+                    counts[right, after] -= weight
+                    if not (after == left and position + 3 < n and ids[position + 3] == right):
+                        counts[new_id, after] += weight  # (else the next occurrence adds (new, new))
+                        rose.add((new_id, after))
+                        holders[new_id, after].add(index)
+                merged.append(new_id)
+                position += 2
+            self.chunks[index] = merged
 
     def most_frequent(self, vocab: Sequence[bytes]) -> Pair | None:
-        """The pair `most_frequent_pair` would choose (None when no pair is left)."""
-        for pair in self.changed:
-            if self.counts[pair] > 0:
-                heapq.heappush(self.heap, (-self.counts[pair], pair))
-        self.changed.clear()
-        while self.heap:
-            top = -self.heap[0][0]
-            tied = set()  # every pair whose count really is `top` now; stale entries are dropped
-            while self.heap and -self.heap[0][0] == top:
-                pair = heapq.heappop(self.heap)[1]
-                if self.counts.get(pair) == top:
+        """The pair `most_frequent_pair` would choose (None when no pair is left). Every pair with a
+        count has a heap entry at least as high: one that is too high is put back at the count."""
+        heap, counts = self.heap, self.counts
+        for pair in self.rose:
+            if counts[pair] > 0:  # (it may have fallen back to 0 since)
+                heapq.heappush(heap, (-counts[pair], pair))
+        self.rose.clear()
+        while heap:
+            top, tied = -heap[0][0], set()  # tied: every pair whose count really is `top` now
+            while heap and -heap[0][0] == top:
+                pair = heapq.heappop(heap)[1]
+                if counts[pair] == top:
                     tied.add(pair)
+                elif counts[pair] > 0:  # it fell since this entry was pushed
+                    heapq.heappush(heap, (-counts[pair], pair))
             if tied:
                 best = most_frequent_pair(dict.fromkeys(tied, top), vocab)
                 for pair in tied - {best}:
-                    heapq.heappush(self.heap, (-top, pair))
+                    heapq.heappush(heap, (-top, pair))
                 return best
         return None
 
@@ -207,8 +209,7 @@ class _PairTable:
 def learn_merges(text: str, n_merges: int, pattern: str = GPT2_SPLIT_PATTERN,
                  special_tokens: Iterable[str] = ()) -> list[Merge]:
     """The first `n_merges` merges byte-level BPE learns from `text` (fewer if it runs out of pairs):
-    exactly `textbook_merges(text, n_merges, pattern, special_tokens)`, computed far faster
-    (see the module's docstring for how)."""
+    exactly `textbook_merges(text, n_merges, pattern, special_tokens)`, far faster (module docstring)."""
     n_merges = _size_at_least("n_merges", n_merges, 0)
     chunk_counts = Counter(_training_chunks(text, pattern, special_tokens))
     table = _PairTable([list(chunk.encode("utf-8")) for chunk in chunk_counts], list(chunk_counts.values()))
@@ -219,8 +220,7 @@ def learn_merges(text: str, n_merges: int, pattern: str = GPT2_SPLIT_PATTERN,
         new_id = BYTE_VOCAB_SIZE + len(merges)
         merges.append(Merge(pair, new_id, table.counts[pair]))
         vocab.append(vocab[pair[0]] + vocab[pair[1]])
-        for index in table.holders.pop(pair):
-            table.merge_chunk(index, pair, new_id)
+        table.merge(pair, new_id)
     return merges
 
 
