@@ -77,7 +77,8 @@ def most_frequent_pair(pair_counts: Mapping[Pair, int], vocab: Mapping[int, byte
     """The pair with the highest count. A tie goes to the pair whose byte strings are greatest,
     compared as (vocab[left], vocab[right]) in lexicographic order: b"e", b" " beats b"d", b" ".
     That is the rule of Stanford's CS336 reference; it depends on what the tokens spell, not on
-    the order their ids were handed out. vocab: id -> bytes; leave it out when all ids are bytes."""
+    the order their ids were handed out (two pairs that spell the same bytes, rare, go by the
+    smaller ids). vocab: id -> bytes; leave it out when all ids are bytes."""
     if not pair_counts:
         raise ValueError("pair_counts is empty, expected at least one pair to choose from")
     highest = max(pair_counts.values())
@@ -87,7 +88,7 @@ def most_frequent_pair(pair_counts: Mapping[Pair, int], vocab: Mapping[int, byte
         if any(not 0 <= i < BYTE_VOCAB_SIZE for pair in tied for i in pair):
             raise ValueError(f"pair_counts holds ids such as {max(tied)} beyond the bytes, expected "
                              "vocab (id -> bytes) to tell how they are spelled")
-    return max(tied, key=lambda pair: (vocab[pair[0]], vocab[pair[1]]))
+    return max(tied, key=lambda pair: (vocab[pair[0]], vocab[pair[1]], -pair[0], -pair[1]))
 
 
 # --- training: the textbook loop, then the same merges fast -------------------------------------
@@ -147,7 +148,10 @@ class _PairTable:
             for pair in pairwise(ids):
                 self.counts[pair] += weights[index]
                 self.holders[pair].add(index)
-        self.heap: list[tuple[int, Pair]] = []  # (-count, pair), see `most_frequent`
+        self.heap: list[tuple[int, tuple[int, ...], Pair]] = []  # see `most_frequent`
+        # A key per token that sorts the greatest bytes first: -b for each byte b, then 1 (so a
+        # byte string sorts after every longer string it starts); a pair's key is its two joined.
+        self.keys = [(-byte, 1) for byte in range(BYTE_VOCAB_SIZE)]
         self.rose = set(self.counts)  # pairs whose count rose since the last `most_frequent`
 
     def merge(self, pair: Pair, new_id: int) -> None:
@@ -155,6 +159,7 @@ class _PairTable:
         x L R y becomes x new y, so (x, L), (L, R), (R, y) lose the chunk's weight, (x, new), (new, y)
         gain it (L R L R loses (R, L) once). Chunks stay listed under lost pairs: cheaper than exact."""
         (left, right), counts, rose, holders = pair, self.counts, self.rose, self.holders
+        self.keys.append(self.keys[left][:-1] + self.keys[right])  # the key of new_id's bytes
         for index in holders.pop(pair):
             ids, weight = self.chunks[index], self.weights[index]
             n, merged, position = len(ids), [], 0
@@ -182,27 +187,21 @@ class _PairTable:
                 position += 2
             self.chunks[index] = merged
 
-    def most_frequent(self, vocab: Sequence[bytes]) -> Pair | None:
-        """The pair `most_frequent_pair` would choose (None when no pair is left). Every pair with a
-        count has a heap entry at least as high: one that is too high is put back at the count."""
-        heap, counts = self.heap, self.counts
+    def most_frequent(self) -> Pair | None:
+        """The pair `most_frequent_pair` would choose (None when no pair is left). The heap holds
+        (-count, tie-break key, pair), so its first entry is that pair if its count is still true;
+        every pair has an entry at least as high as its count, and a too-high one is put back."""
+        heap, counts, keys = self.heap, self.counts, self.keys
         for pair in self.rose:
             if counts[pair] > 0:  # (it may have fallen back to 0 since)
-                heapq.heappush(heap, (-counts[pair], pair))
+                heapq.heappush(heap, (-counts[pair], keys[pair[0]] + keys[pair[1]], pair))
         self.rose.clear()
         while heap:
-            top, tied = -heap[0][0], set()  # tied: every pair whose count really is `top` now
-            while heap and -heap[0][0] == top:
-                pair = heapq.heappop(heap)[1]
-                if counts[pair] == top:
-                    tied.add(pair)
-                elif counts[pair] > 0:  # it fell since this entry was pushed
-                    heapq.heappush(heap, (-counts[pair], pair))
-            if tied:
-                best = most_frequent_pair(dict.fromkeys(tied, top), vocab)
-                for pair in tied - {best}:
-                    heapq.heappush(heap, (-top, pair))
-                return best
+            count, key, pair = heapq.heappop(heap)
+            if counts[pair] == -count:
+                return pair
+            if counts[pair] > 0:  # it fell since this entry was pushed
+                heapq.heappush(heap, (-counts[pair], key, pair))
         return None
 
 
@@ -215,11 +214,9 @@ def learn_merges(text: str, n_merges: int, pattern: str = GPT2_SPLIT_PATTERN,
     table = _PairTable([list(chunk.encode("utf-8")) for chunk in chunk_counts], list(chunk_counts.values()))
 
     merges: list[Merge] = []
-    vocab = [bytes([byte]) for byte in range(BYTE_VOCAB_SIZE)]  # id -> bytes, for the tie-break
-    while len(merges) < n_merges and (pair := table.most_frequent(vocab)) is not None:
+    while len(merges) < n_merges and (pair := table.most_frequent()) is not None:
         new_id = BYTE_VOCAB_SIZE + len(merges)
         merges.append(Merge(pair, new_id, table.counts[pair]))
-        vocab.append(vocab[pair[0]] + vocab[pair[1]])
         table.merge(pair, new_id)
     return merges
 
