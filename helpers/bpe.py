@@ -162,6 +162,8 @@ class _PairTable:
         self.keys.append(self.keys[left][:-1] + self.keys[right])  # the key of new_id's bytes
         for index in holders.pop(pair):
             ids, weight = self.chunks[index], self.weights[index]
+            if left not in ids or right not in ids:  # (quick, in C) a chunk listed under a pair it lost
+                continue
             n, merged, position = len(ids), [], 0
             while position < n:
                 if ids[position] != left or position + 1 == n or ids[position + 1] != right:
