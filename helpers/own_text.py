@@ -39,17 +39,17 @@ def _control_share(data: bytes) -> float:
     return controls / len(data)
 
 
-def _encoding_hint(data: bytes) -> str:
+def _encoding_hint(data: bytes, file: Path) -> str:
     """Advice for a file that is not UTF-8: which common encoding reads it, and how to convert."""
     for encoding in ("cp1252", "latin-1"):  # latin-1 reads any bytes, so it is the last resort
         try:
             data.decode(encoding)
         except UnicodeDecodeError:
             continue
-        return (f"it may be in {encoding} (common for files saved on Windows or by older editors): "
-                f"convert it once with `iconv -f {encoding.upper()} -t UTF-8 in.txt > out.txt`, or in "
-                f"Python: Path(out).write_text(Path(path).read_text(encoding={encoding!r}), encoding='utf-8')")
-    return "save it again as UTF-8"  # not reached: latin-1 decodes everything
+        return (f"It may be in {encoding} (common for files saved on Windows or by older editors): "
+                f"convert it once with `iconv -f {encoding.upper()} -t UTF-8 in.txt > out.txt`, or in Python: "
+                f"Path('out.txt').write_text(Path({str(file)!r}).read_text(encoding={encoding!r}), encoding='utf-8')")
+    return "Save it again as UTF-8."  # not reached: latin-1 decodes everything
 
 
 def read_text_file(path: str | Path) -> str:
@@ -77,13 +77,14 @@ def read_text_file(path: str | Path) -> str:
         where = f"a NUL byte at offset {start.index(0):,}" if b"\x00" in start else (
             f"{_control_share(start):.0%} control characters")
         raise ValueError(f"path {str(file)!r} looks binary ({where} in its first {len(start):,} bytes), "
-                         "expected a plain UTF-8 text file: export PDFs and Word documents as plain text first")
+                         "expected a plain UTF-8 text file: export PDFs and Word documents as plain text first "
+                         "(UTF-16 text has a NUL in every other byte: `iconv -f UTF-16 -t UTF-8 in.txt > out.txt`)")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         bad = data[error.start:error.start + 4]
         raise ValueError(f"path {str(file)!r} is not UTF-8: byte {error.start:,} ({bad!r}) is {error.reason}; "
-                         f"expected UTF-8 text. {_encoding_hint(data)}") from None
+                         f"expected UTF-8 text. {_encoding_hint(data, file)}") from None
     text = text.removeprefix("\ufeff")
     if not text.strip():
         raise ValueError(f"path {str(file)!r} is empty" + (f" ({len(data):,} bytes of white space only)" if data else "")
