@@ -4,12 +4,15 @@ streaming encode on a file of 50 MB made from it.
     python benchmarks/bench_tokenizer.py               # the budgets, with Hugging Face `tokenizers` for scale
     python benchmarks/bench_tokenizer.py --textbook    # also the textbook loop, on a tenth of the corpus
     python benchmarks/bench_tokenizer.py --english     # also 4,096 merges on English prose, against HF
+    python benchmarks/bench_tokenizer.py --english-only  # only that comparison
     python benchmarks/bench_tokenizer.py --stream-mb 0 # skip the 50 MB streaming run
 
 Budgets: training 256 merges in at most 1 s, encoding at 1 MB/s or better, encoding 100,000
 letters with no space (a single chunk, merged with a heap) in at most 1 s, and streaming a file
 of at least 50 MB with `encode_iterable` to exactly the ids of `encode` on the whole text, its
-peak memory under 64 MB above what the process held before. Each time is the best of a few runs
+peak memory under 64 MB above what the process held before; with --english, training 4,096
+merges on 3.2 MB of English prose in at most 1.5x the time of HF `tokenizers` (issue 12; the
+median of 3 runs each, taken in turn in the same process). Each time is the best of a few runs
 (the 50 MB runs: one each, in a fresh process so that its peak memory is its own). Hugging Face
 `tokenizers` (Rust) is timed in the same run, single-threaded, with the same merges: it must give
 the same ids. Exits with status 1 when a budget is missed or ids differ.
@@ -23,6 +26,7 @@ import hashlib
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import sysconfig
@@ -48,6 +52,8 @@ STREAM_MEGABYTES = 50
 STREAM_MEMORY_BUDGET_MB = 64.0
 ENGLISH_MERGES = 4_096
 ENGLISH_BYTES = 3_200_000
+ENGLISH_ROUNDS = 3
+ENGLISH_BUDGET_RATIO = 1.5  # issue 12: training at most 1.5x as long as HF `tokenizers`
 END = "<|endoftext|>"
 
 
@@ -201,24 +207,36 @@ def english_prose(limit: int = ENGLISH_BYTES) -> str:
     return "\n\n".join(parts).encode()[:limit].decode(errors="ignore")
 
 
-def bench_english() -> None:
+def bench_english(rounds: int = ENGLISH_ROUNDS) -> bool:
+    """Train 4,096 merges on the English prose, ours and HF's in turn, `rounds` times (the machine
+    may be shared, so the median of each is compared); True when ours is within the budget."""
     text = english_prose()
     megabytes = len(text.encode()) / 1e6
     print(f"\nEnglish prose: {megabytes:.2f} MB (Python's help topics and standard-library docstrings)")
-    started = time.perf_counter()
-    merges = learn_merges(text, ENGLISH_MERGES)
-    ours = time.perf_counter() - started
-    report(f"learn_merges, {len(merges):,} merges (one run)", format_duration(ours))
-    theirs = hf_train_seconds(text.split("\n\n"), ENGLISH_MERGES, repeats=1)
-    if theirs is not None:
-        report(f"HF `tokenizers`, {ENGLISH_MERGES:,} merges (one run)", format_duration(theirs))
-        report("  ours / HF (issue 12's budget: 1.5)", f"{ours / theirs:.2f}")
-        tokenizer = BPETokenizer([m.pair for m in merges])
-        ours = best_time(lambda: BPETokenizer(tokenizer.merges).encode(text), repeats=3)
-        theirs = best_time(lambda: hf_tokenizer(tokenizer).encode_batch(text.split("\n\n")), repeats=3)
-        report("encode it with these merges (best of 3)", f"{megabytes / ours:.1f} MB/s")
-        report("  HF `tokenizers`, same merges, one thread", f"{megabytes / theirs:.1f} MB/s; "
-               f"ours {theirs / ours:.2f}x as fast")
+    ours_times, hf_times = [], []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        merges = learn_merges(text, ENGLISH_MERGES)
+        ours_times.append(time.perf_counter() - started)
+        hf_seconds = hf_train_seconds(text.split("\n\n"), ENGLISH_MERGES, repeats=1)
+        if hf_seconds is not None:
+            hf_times.append(hf_seconds)
+    ours = statistics.median(ours_times)
+    report(f"learn_merges, {len(merges):,} merges (median of {rounds} runs)", format_duration(ours))
+    if not hf_times:
+        return True
+    theirs = statistics.median(hf_times)
+    ratios = ", ".join(f"{a / b:.2f}" for a, b in zip(ours_times, hf_times, strict=True))
+    report(f"HF `tokenizers`, {ENGLISH_MERGES:,} merges, one thread (median of {rounds})", format_duration(theirs))
+    within = ours / theirs <= ENGLISH_BUDGET_RATIO
+    report(f"  ours / HF, medians (budget {ENGLISH_BUDGET_RATIO:g}; each run: {ratios})", f"{ours / theirs:.2f}", within)
+    tokenizer = BPETokenizer([m.pair for m in merges])
+    ours = best_time(lambda: BPETokenizer(tokenizer.merges).encode(text), repeats=3)
+    theirs = best_time(lambda: hf_tokenizer(tokenizer).encode_batch(text.split("\n\n")), repeats=3)
+    report("encode it with these merges (best of 3)", f"{megabytes / ours:.1f} MB/s")
+    report("  HF `tokenizers`, same merges, one thread", f"{megabytes / theirs:.1f} MB/s; "
+           f"ours {theirs / ours:.2f}x as fast")
+    return within
 
 
 def main(argv: list[str]) -> int:
@@ -227,6 +245,7 @@ def main(argv: list[str]) -> int:
                         help="also time the textbook loop on the first 100 kB (slow: tens of seconds)")
     parser.add_argument("--english", action="store_true",
                         help=f"also train {ENGLISH_MERGES:,} merges on {ENGLISH_BYTES / 1e6:g} MB of English, against HF")
+    parser.add_argument("--english-only", action="store_true", help="run only the English comparison")
     parser.add_argument("--stream-mb", type=float, default=STREAM_MEGABYTES,
                         help="size of the streamed file in MB (0: skip; the budget needs 50)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
@@ -235,6 +254,8 @@ def main(argv: list[str]) -> int:
         child(*args.child)
         return 0
 
+    if args.english_only:
+        return 0 if bench_english() else 1
     corpus = load_corpus()
     megabytes = len(corpus.encode("utf-8")) / 1e6
     print(f"corpus: {megabytes:.2f} MB; best of 5 runs unless noted")
@@ -293,10 +314,9 @@ def main(argv: list[str]) -> int:
         textbook_ok = slow == learn_merges(tenth, N_MERGES)
         report("  the same merges", str(textbook_ok), textbook_ok)
 
-    if args.english:
-        bench_english()
+    english_ok = bench_english() if args.english else True
 
-    return 0 if all([train_ok, encode_ok, long_ok, same_as_hf, stream_ok, textbook_ok]) else 1
+    return 0 if all([train_ok, encode_ok, long_ok, same_as_hf, stream_ok, textbook_ok, english_ok]) else 1
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ idea in plain code first, then switches to the helper and checks the two agree.
     generation    the KV cache, sampling (temperature, top-k), generate                 nb 7
     train         batches, the learning-rate schedule, the Trainer and its History      nb 7
     checkpoints   save_checkpoint / load_checkpoint, safely (weights_only)              nb 7
+    own_text      your own text: read a UTF-8 file, train the BPE and a GPT on it       nb 1, 7
     fast          the fast path beside the plain code: fused kernels, bf16 working copy,
                   one buffer for every weight, compile (equal to the plain path, tested)
     gpt2          GPT-2's checkpoints (safetensors or .bin) loaded into the course's GPT nb 7

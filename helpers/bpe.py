@@ -1,17 +1,16 @@
 """Byte-level byte-pair encoding (BPE), from the textbook loop to the tokenizer GPT-2 uses.
 
 Derived in notebook 1 ("Tokenization"): section 4 writes the steps by hand (`count_pairs`,
-`merge`, `most_frequent_pair`) and the textbook loop (`textbook_merges`), section 5 trains on
-the whole corpus (`learn_merges`, `BPETokenizer.train`), section 6 encodes and decodes
-(`BPETokenizer`, which starts from the 256 byte values, so it can encode any text at all).
-Like minbpe, the ladder keeps its slow rung: `textbook_merges` is the loop as the textbook
-writes it (count every pair, merge the most frequent, repeat), and the tests prove that the fast
-`learn_merges` learns the same merges. It makes three changes, none of which changes a merge:
+`merge`, `most_frequent_pair`) and the textbook loop (`textbook_merges`: count every pair,
+merge the most frequent, repeat), section 5 trains on the whole corpus (`learn_merges`,
+`BPETokenizer.train`), section 6 encodes and decodes (`BPETokenizer`, which starts from the 256
+byte values, so it can encode any text at all). Like minbpe, the ladder keeps its slow rung: the
+tests prove that `learn_merges` learns the merges of `textbook_merges`, with three changes:
 
 1. Count each chunk once. Merges never cross a chunk boundary (`helpers.tokenizers.pre_split`),
    so a chunk that occurs 5,000 times is stored once with the weight 5,000.
 2. Update the pair counts instead of recounting them: a merge only changes the chunks that
-   contain the merged pair, so only their pairs that changed are updated.
+   contain the merged pair, and only the pairs next to each occurrence.
 3. Keep the counts in a heap, so that finding the most frequent pair does not scan them all.
 Ties go to the pair whose byte strings are greatest (`most_frequent_pair`), whatever the ids.
 """
@@ -78,7 +77,8 @@ def most_frequent_pair(pair_counts: Mapping[Pair, int], vocab: Mapping[int, byte
     """The pair with the highest count. A tie goes to the pair whose byte strings are greatest,
     compared as (vocab[left], vocab[right]) in lexicographic order: b"e", b" " beats b"d", b" ".
     That is the rule of Stanford's CS336 reference; it depends on what the tokens spell, not on
-    the order their ids were handed out. vocab: id -> bytes; leave it out when all ids are bytes."""
+    the order their ids were handed out (two pairs that spell the same bytes, rare, go by the
+    smaller ids). vocab: id -> bytes; leave it out when all ids are bytes."""
     if not pair_counts:
         raise ValueError("pair_counts is empty, expected at least one pair to choose from")
     highest = max(pair_counts.values())
@@ -88,7 +88,7 @@ def most_frequent_pair(pair_counts: Mapping[Pair, int], vocab: Mapping[int, byte
         if any(not 0 <= i < BYTE_VOCAB_SIZE for pair in tied for i in pair):
             raise ValueError(f"pair_counts holds ids such as {max(tied)} beyond the bytes, expected "
                              "vocab (id -> bytes) to tell how they are spelled")
-    return max(tied, key=lambda pair: (vocab[pair[0]], vocab[pair[1]]))
+    return max(tied, key=lambda pair: (vocab[pair[0]], vocab[pair[1]], -pair[0], -pair[1]))
 
 
 # --- training: the textbook loop, then the same merges fast -------------------------------------
@@ -137,80 +137,89 @@ def textbook_merges(text: str, n_merges: int, pattern: str = GPT2_SPLIT_PATTERN,
 
 
 class _PairTable:
-    """Pair counts over the distinct chunks, each weighted by how often its chunk occurs; for
-    each pair the chunks that hold it (so a merge visits only those); and a heap of
-    (-count, pair) to find the most frequent pair without scanning them all."""
+    """The distinct chunks as lists of ids, weighted by how often each occurs; their pair counts; the
+    chunks that hold each pair (a merge visits only those); a heap to find the most frequent pair."""
 
-    def __init__(self, chunks: Sequence[Sequence[int]], weights: Sequence[int]) -> None:
+    def __init__(self, chunks: list[list[int]], weights: Sequence[int]) -> None:
+        self.chunks, self.weights = chunks, weights
         self.counts: Counter[Pair] = Counter()
         self.holders: defaultdict[Pair, set[int]] = defaultdict(set)
         for index, ids in enumerate(chunks):
             for pair in pairwise(ids):
                 self.counts[pair] += weights[index]
                 self.holders[pair].add(index)
-        self.heap = [(-count, pair) for pair, count in self.counts.items()]  # stale ones are skipped
-        heapq.heapify(self.heap)
-        self.changed: set[Pair] = set()  # pairs whose count changed since the last `most_frequent`
+        self.heap: list[tuple[int, tuple[int, ...], Pair]] = []  # see `most_frequent`
+        # A key per token that sorts the greatest bytes first: -b for each byte b, then 1 (so a
+        # byte string sorts after every longer string it starts); a pair's key is its two joined.
+        self.keys = [(-byte, 1) for byte in range(BYTE_VOCAB_SIZE)]
+        self.rose = set(self.counts)  # pairs whose count rose since the last `most_frequent`
 
-    def replace(self, chunk: int, before: Sequence[int], after: Sequence[int], weight: int) -> None:
-        """Chunk number `chunk` went from `before` to `after`: update the pairs that changed."""
-        change: dict[Pair, int] = {}
-        for pair in pairwise(before):
-            change[pair] = change.get(pair, 0) - weight
-        for pair in pairwise(after):
-            change[pair] = change.get(pair, 0) + weight
-        for pair, amount in change.items():
-            if amount:
-                self.counts[pair] += amount
-                self.changed.add(pair)
-                if not self.counts[pair]:
-                    del self.counts[pair]
-                elif amount > 0:  # a chunk stays listed under pairs it lost: cheaper than exact lists
-                    self.holders[pair].add(chunk)
+    def merge(self, pair: Pair, new_id: int) -> None:
+        """`merge` on every chunk that holds `pair`; counts change only next to each occurrence:
+        x L R y becomes x new y, so (x, L), (L, R), (R, y) lose the chunk's weight, (x, new), (new, y)
+        gain it (L R L R loses (R, L) once). Chunks stay listed under lost pairs: cheaper than exact."""
+        (left, right), counts, rose, holders = pair, self.counts, self.rose, self.holders
+        self.keys.append(self.keys[left][:-1] + self.keys[right])  # the key of new_id's bytes
+        for index in holders.pop(pair):
+            ids, weight = self.chunks[index], self.weights[index]
+            if left not in ids or right not in ids:  # (quick, in C) a chunk listed under a pair it lost
+                continue
+            n, merged, position = len(ids), [], 0
+            while position < n:
+                if ids[position] != left or position + 1 == n or ids[position + 1] != right:
+                    merged.append(ids[position])
+                    position += 1
+                    continue
+                counts[pair] -= weight
+                if merged:  # the token before
+                    before = merged[-1]
+                    if before != new_id:  # else the previous occurrence already took (R, L) away
+                        counts[before, left] -= weight
+                    counts[before, new_id] += weight
+                    rose.add((before, new_id))
+                    holders[before, new_id].add(index)
+                if position + 2 < n:  # the token after
+                    after = ids[position + 2]
+                    counts[right, after] -= weight
+                    if not (after == left and position + 3 < n and ids[position + 3] == right):
+                        counts[new_id, after] += weight  # (else the next occurrence adds (new, new))
+                        rose.add((new_id, after))
+                        holders[new_id, after].add(index)
+                merged.append(new_id)
+                position += 2
+            self.chunks[index] = merged
 
-    def most_frequent(self, vocab: Sequence[bytes]) -> Pair | None:
-        """The pair `most_frequent_pair` would choose (None when no pair is left)."""
-        for pair in self.changed:
-            if pair in self.counts:
-                heapq.heappush(self.heap, (-self.counts[pair], pair))
-        self.changed.clear()
-        while self.heap:
-            top = -self.heap[0][0]
-            tied = set()  # every pair whose count really is `top` now; stale entries are dropped
-            while self.heap and -self.heap[0][0] == top:
-                pair = heapq.heappop(self.heap)[1]
-                if self.counts.get(pair) == top:
-                    tied.add(pair)
-            if tied:
-                best = most_frequent_pair(dict.fromkeys(tied, top), vocab)
-                for pair in tied - {best}:
-                    heapq.heappush(self.heap, (-top, pair))
-                return best
+    def most_frequent(self) -> Pair | None:
+        """The pair `most_frequent_pair` would choose (None when no pair is left). The heap holds
+        (-count, tie-break key, pair), so its first entry is that pair if its count is still true;
+        every pair has an entry at least as high as its count, and a too-high one is put back."""
+        heap, counts, keys = self.heap, self.counts, self.keys
+        for pair in self.rose:
+            if counts[pair] > 0:  # (it may have fallen back to 0 since)
+                heapq.heappush(heap, (-counts[pair], keys[pair[0]] + keys[pair[1]], pair))
+        self.rose.clear()
+        while heap:
+            count, key, pair = heapq.heappop(heap)
+            if counts[pair] == -count:
+                return pair
+            if counts[pair] > 0:  # it fell since this entry was pushed
+                heapq.heappush(heap, (-counts[pair], key, pair))
         return None
 
 
 def learn_merges(text: str, n_merges: int, pattern: str = GPT2_SPLIT_PATTERN,
                  special_tokens: Iterable[str] = ()) -> list[Merge]:
     """The first `n_merges` merges byte-level BPE learns from `text` (fewer if it runs out of pairs):
-    exactly `textbook_merges(text, n_merges, pattern, special_tokens)`, computed far faster
-    (see the module's docstring for how)."""
+    exactly `textbook_merges(text, n_merges, pattern, special_tokens)`, far faster (module docstring)."""
     n_merges = _size_at_least("n_merges", n_merges, 0)
     chunk_counts = Counter(_training_chunks(text, pattern, special_tokens))
-    chunks = [list(chunk.encode("utf-8")) for chunk in chunk_counts]
-    weights = list(chunk_counts.values())
-    table = _PairTable(chunks, weights)
+    table = _PairTable([list(chunk.encode("utf-8")) for chunk in chunk_counts], list(chunk_counts.values()))
 
     merges: list[Merge] = []
-    vocab = [bytes([byte]) for byte in range(BYTE_VOCAB_SIZE)]  # id -> bytes, for the tie-break
-    while len(merges) < n_merges and (pair := table.most_frequent(vocab)) is not None:
+    while len(merges) < n_merges and (pair := table.most_frequent()) is not None:
         new_id = BYTE_VOCAB_SIZE + len(merges)
         merges.append(Merge(pair, new_id, table.counts[pair]))
-        vocab.append(vocab[pair[0]] + vocab[pair[1]])
-        for index in table.holders.pop(pair):
-            merged = merge(chunks[index], pair, new_id)
-            if len(merged) < len(chunks[index]):  # else the chunk no longer held the pair
-                table.replace(index, chunks[index], merged, weights[index])
-                chunks[index] = merged
+        table.merge(pair, new_id)
     return merges
 
 
@@ -287,12 +296,10 @@ class BPETokenizer:
         return ids
 
     def encode_iterable(self, texts: Iterable[str]) -> Iterator[int]:
-        """The ids of the text that `texts` holds, yielded one at a time as the text is read:
-        exactly `encode("".join(texts))`, in memory that does not grow with the text.
-        `texts`: the lines of a file (`open(path, encoding="utf-8")`) or chunks cut anywhere, even
-        inside a word or a special token: `helpers.tokenizers.stream_blocks` joins them and cuts
-        again only where GPT-2's pre-tokenizer always cuts. With another pattern no such place is
-        known, so the whole text is read first. A bad piece (bytes) is reported when reached."""
+        """Exactly `encode("".join(texts))`, yielded as `texts` is read, in bounded memory. `texts`: the
+        lines of a file or chunks cut anywhere, even inside a word or a special token; `stream_blocks`
+        joins them and cuts again only where GPT-2's pre-tokenizer always cuts (with another pattern
+        no such place is known: the whole text is read first). A bad piece is reported when reached."""
         if self.pattern in _STREAMABLE_PATTERNS:
             blocks = stream_blocks(texts, self.special_tokens)
         else:  # one block, never cut (stream_blocks still checks every piece)
@@ -326,10 +333,9 @@ class BPETokenizer:
         return ids
 
     def _apply_merges_heap(self, ids: list[int]) -> list[int]:
-        # A heap of (merged id, position) for every mergeable neighbour pair pops the earliest-
-        # learned pair, leftmost first, as the loop above merges it. Positions form a linked list
-        # (`after`, `before`) so that a merge only touches its neighbours: n log n in all.
-        # A merge's new pairs were learned later than it, so they never jump the queue.
+        # A heap of (merged id, position) for every mergeable neighbour pair pops the earliest-learned
+        # pair, leftmost first, as the loop above merges it. Positions form a linked list (`after`,
+        # `before`): a merge touches only its neighbours, whose new pairs never jump the queue.
         tokens: list[int | None] = list(ids)
         end = len(tokens)
         after, before = list(range(1, end + 1)), list(range(-1, end - 1))
@@ -376,10 +382,9 @@ class BPETokenizer:
         file may not make `encode` run an arbitrary regular expression."""
         saved = _read_saved(path, "BPETokenizer", ("merges", "special_tokens", "pattern"))
         if saved["pattern"] not in KNOWN_PATTERNS.values():
-            raise ValueError(f"{path} holds the pattern {saved['pattern']!r:.80}, expected one of the "
-                             f"known pre-tokenizer patterns ({', '.join(KNOWN_PATTERNS)}) because a "
-                             "crafted regular expression can take exponential time; to use your own "
-                             "pattern, build the tokenizer in code: BPETokenizer(merges, special_tokens, pattern)")
+            raise ValueError(f"{path} holds the pattern {saved['pattern']!r:.80}, expected one of the known "
+                             f"pre-tokenizer patterns ({', '.join(KNOWN_PATTERNS)}) because a crafted regular expression "
+                             "can take exponential time; for your own, build it in code: BPETokenizer(merges, special_tokens, pattern)")
         return cls(saved["merges"], saved["special_tokens"], saved["pattern"])
 
     def __eq__(self, other: object) -> bool:
@@ -391,5 +396,3 @@ class BPETokenizer:
     def __repr__(self) -> str:
         return (f"BPETokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
                 f"special_tokens={list(self.special_tokens)})")
-
-

@@ -116,6 +116,15 @@ def test_learn_merges_equals_the_textbook_loop_on_repetitive_text(text, n_merges
     assert learn_merges(text, n_merges) == textbook_merges(text, n_merges)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="aab", min_size=1, max_size=160), st.integers(0, 24))
+def test_learn_merges_equals_the_textbook_loop_on_long_runs_of_repeats(text, n_merges):
+    # One chunk for the whole text: long runs such as aaaa and abab, where occurrences of a pair
+    # touch each other, test the count updates next to each occurrence.
+    whole = r"[\s\S]+"
+    assert learn_merges(text, n_merges, whole) == textbook_merges(text, n_merges, whole)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.sampled_from(["ab", " ab", "ba", "<|e|>", "é", " c"]), min_size=1, max_size=30).map("".join))
 def test_learn_merges_equals_the_textbook_loop_around_special_tokens(text):

@@ -878,3 +878,36 @@ print(f"corpus: frequent pairs that end a word and reach into the next: {word_en
 # `I␣` and `.␣` tie for first place (the tie-break happens to pick `up`). The tokens made from
 # them would only fit one phrase.
 # </details>
+
+# %% [markdown]
+# ## Optional: your own text
+#
+# Everything above ran on the course corpus. The same BPE learns from any text: a novel from
+# Project Gutenberg, your notes, a chat log, code. Save it as a plain UTF-8 text file, put its
+# path in `MY_TEXT_FILE` and run the cell: `helpers.own_text.bpe_on_text_file` reads the file
+# with `read_text_file`, learns `MY_MERGES` merges with section 5's `learn_merges` (fewer if
+# the text runs out of pairs), encodes the file with them and prints the first merges and how
+# many bytes one token covers. Compare the merges with the corpus's: which words of your text
+# become single tokens first?
+#
+# `read_text_file` says clearly what is wrong with a file it cannot use: a path that does not
+# exist, a folder, an empty file, a binary file (an image, a PDF, a Word document: export those
+# as plain text first) or a file in another encoding than UTF-8 (it names the first bad byte
+# and how to convert the file). Left `None`, the cell only says what it would do.
+
+# %%
+from helpers.own_text import bpe_on_text_file, read_text_file
+
+MY_TEXT_FILE = None  # <- the path of a UTF-8 text file, such as "my_story.txt"
+MY_MERGES = 1_000
+
+if MY_TEXT_FILE is not None:
+    my_bpe = bpe_on_text_file(MY_TEXT_FILE, MY_MERGES)
+    print(my_bpe.summary(first=20))
+    my_line = next(line for line in read_text_file(MY_TEXT_FILE).splitlines() if line.strip())[:200]
+    print("its first line, token by token:", " | ".join(my_bpe.tokenizer.labels(my_bpe.tokenizer.encode(my_line))))
+    print(f"the course corpus: {len(corpus.encode('utf-8')) / len(corpus_ids):.2f} bytes per token "
+          f"with {len(bpe.merges):,} merges")
+else:
+    print(f"MY_TEXT_FILE = None: nothing read. A path would train the course BPE ({MY_MERGES:,} merges) "
+          "on that file and print its first merges, its first line split into tokens and the bytes per token.")

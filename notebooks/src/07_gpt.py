@@ -1714,6 +1714,40 @@ print(f"redundant key/value computations for 1,000 tokens: {redundant:,}")
 print(f"GPT-2 small cache, 1024 tokens, fp16: {2 * 12 * 12 * 64 * 1024 * 2 / 1e6:.1f} MB per sequence")
 
 # %% [markdown]
+# ## Optional: your own text
+#
+# Section 4 trained on the course corpus. The same tokenizer, model and Trainer learn from any
+# text you have: a book from Project Gutenberg, your notes, song lyrics, code. Save it as a
+# plain UTF-8 text file (a few hundred kilobytes or more; a whole novel is ideal), put its path
+# in `MY_TEXT_FILE` and run the cell. `helpers.own_text.gpt_on_text_file` reads the file with
+# `read_text_file` (which explains what is wrong with a missing, empty, binary or non-UTF-8
+# file), trains notebook 1's BPE on it with `MY_VOCAB_SIZE` ids, trains a GPT of size
+# `MY_CONFIG` for `MY_STEPS` steps with the Trainer (the first 90% of the tokens for training,
+# the last 10% for validation), and samples a continuation of the validation text's first
+# tokens. A file too short for one training and one validation window is refused with the number
+# of tokens it needs. On a laptop CPU the default run takes a minute or two; more steps, or a
+# GPU, give text that sounds more like yours. Left `None`, the cell only says what it would do.
+
+# %%
+from helpers.own_text import gpt_on_text_file
+
+MY_TEXT_FILE = None  # <- the path of a UTF-8 text file, such as "my_book.txt"
+MY_STEPS = 300
+MY_VOCAB_SIZE = 512
+MY_CONFIG = GPTConfig(context_length=128, n_layers=4, n_heads=4, d_model=128)  # vocab_size: the tokenizer's
+
+if MY_TEXT_FILE is not None:
+    my_run = gpt_on_text_file(MY_TEXT_FILE, steps=MY_STEPS, vocab_size=MY_VOCAB_SIZE, config=MY_CONFIG)
+    my_history = my_run.history
+    print(f"{len(my_history.losses)} steps, {format_duration(my_history.train_seconds)}: validation loss "
+          f"{my_history.val_losses[0]:.2f} at step {my_history.eval_steps[0]}, {my_history.val_losses[-1]:.2f} at the end")
+    print(my_run.sample)
+else:
+    print(f"MY_TEXT_FILE = None: nothing read. A path would train a BPE tokenizer of {MY_VOCAB_SIZE} ids and a GPT "
+          f"({MY_CONFIG.n_layers} layers, d_model {MY_CONFIG.d_model}, windows of {MY_CONFIG.context_length} "
+          f"tokens) for {MY_STEPS} steps on that file, then print the losses and a sample.")
+
+# %% [markdown]
 # ## Optional: GPT-2's own weights in this GPT (needs internet; off by default)
 #
 # Section 3 built GPT-2 small's architecture and counted 124,439,808 parameters without
