@@ -44,6 +44,7 @@ _SHORT = set(lx.ADJ_SHORT)
 SLOTS: dict[str, tuple[str, ...]] = {
     "hero": tuple(lx.NAMES_SHE + lx.NAMES_HE),
     "friend": tuple(lx.NAMES_SHE + lx.NAMES_HE),
+    "name": tuple(lx.NAMES_SHE + lx.NAMES_HE),
     "Subj": ("He", "She"),
     "subj": ("he", "she"),
     "poss": ("his", "her"),
@@ -55,6 +56,7 @@ SLOTS: dict[str, tuple[str, ...]] = {
     "thing": tuple(lx.THINGS),
     "things": _forms(lx.THINGS, lx.plural),
     "place": tuple(lx.PLACES),
+    "places": _forms(lx.PLACES, lx.plural),
     "person": tuple(lx.PEOPLE),
     "people": _forms(lx.PEOPLE + lx.FAMILY, lx.plural),
     "relative": tuple(lx.FAMILY),
@@ -65,6 +67,8 @@ SLOTS: dict[str, tuple[str, ...]] = {
     "did_food": _forms(lx.VERBS_FOOD, lx.past),
     "doing_food": _forms(lx.VERBS_FOOD, lx.present_participle),
     "did_alone": _forms(lx.VERBS_ALONE, lx.past),
+    "does_alone": _forms(lx.VERBS_ALONE, lx.third_person),
+    "doing_thing": _forms(lx.VERBS_THING, lx.present_participle),
     "doing_alone": _forms(lx.VERBS_ALONE, lx.present_participle),
     "go": tuple(lx.VERBS_TO),
     "went": _forms(lx.VERBS_TO, lx.past),
@@ -76,6 +80,9 @@ SLOTS: dict[str, tuple[str, ...]] = {
     "adj_food": tuple(lx.ADJ_FOOD),
     "weather": tuple(lx.ADJ_WEATHER),
     "un_adj": _forms(lx.UN_PERSON, lx.un),
+    "ness": _forms(lx.NESS_SOURCES, lx.ness),
+    "agent": _forms(lx.AGENT_SOURCES, lx.agent),
+    "re_did": tuple(lx.re_prefixed(lx.past(v)) for v in lx.RE_VERBS),
     "un_thing": _forms([a for a in lx.UN_ADJECTIVES if a not in lx.UN_PERSON], lx.un),
     "er_person": _forms([a for a in lx.ADJ_PERSON if a in _SHORT], lx.comparative),
     "er_thing": _forms([a for a in lx.ADJ_THING if a in _SHORT], lx.comparative),
@@ -105,15 +112,18 @@ TALE = [
      '"Who {did_thing} my {things}?" {hero} asked {poss} {animal}.'],
     ['"Because it is {er_thing} than the {thing2}," said {friend}.',
      '"I think the {animals} did," {friend} answered {adverb}.'],
-    ["At {clock}, the {animals} were {doing_alone} {adverb} near the {place}."],
+    ["At {clock}, the {animals} were {doing_alone} {adverb} near the {place}.",
+     "They {went} past {count} {places} before {clock}."],
     ["{hero} {undid} the {thing} and {did_alone} {adverb}.",
      "Sadly, the {thing} was {un_thing} and {adj_thing}.",
      "{friend} {did_food} the {foods} while {hero} {did_alone}."],
     ['"I have {digits} {foods} and you have {count}," {hero} said to {friend}.',
      '"It cost {thousands} coins," said the {person}.'],
     ["It was the {est_thing} {thing} in the whole {place}.",
+     "Everyone said {friend} was the {est_person} {agent} in the {place}.",
      "It was more {long_thing} than any {thing} {subj} had ever seen."],
     ["{hero} felt {un_adj}, but {friend} was {adj_person}.",
+     "{hero} was full of {ness}, and so was {poss} {animal}.",
      "The {animal} looked {un_adj}, so {hero} gave it {count} {foods}."],
     ["By {hour} o'clock, everyone was {adj_person} and {adj_person2}.",
      "In the end, {hero} {went} home {adverb}."],
@@ -121,11 +131,14 @@ TALE = [
 DIALOGUE = [
     ['"Good morning, {friend}!" said {hero}.', '"Hello, {friend}, how are you?" asked {hero}.'],
     ['"I am {adj_person}, thank you," said {friend}.', '"A little {adj_person}," said {friend}.'],
-    ['"How many {animals} did you see at the {place}?" asked {hero}.'],
-    ['"I saw {count} {animals} and {digits} {animals2}," said {friend}.'],
-    ['"Were they {er_person} than the {animals}?"', '"Were the {animals} {long_adj}?"'],
+    ['"How many {animals} did you see at the {place}?" asked {hero}.',
+     '"Are you {doing_thing} the {things} again, {friend}?" asked {hero}.'],
+    ['"I saw {count} {animals} and {digits} {animals2}," said {friend}.',
+     '"Yes, all {count} of them," said {friend}.'],
+    ['"Were they {er_person} than the {animals}?"', '"Were the {animals} {long_adj}?"',
+     '"Who is the {est_person} {agent} you know?"'],
     ['"Yes, and the {animal} was the {est_person} of them all."',
-     '"No, they were {un_adj} and very {adj_person}."'],
+     '"No, they were {un_adj} and very {adj_person}."', '"I think it is {name}."'],
     ['"Shall we {do_food} the {foods} at half past {hour}?"',
      '"Can you help me {undo} this {thing}?"'],
     ['"No, let us do it at {clock}," {friend} replied {adverb}.',
@@ -138,14 +151,19 @@ DIARY = [
      "Dear diary, today I {went} to the {place} with {count} {people}."],
     ["At {clock} I {did_food} {count} {foods}, which were very {adj_food}.",
      "I was {doing_food} {foods} when the {animal} came in."],
-    ["The weather was {weather}, {er_weather} than yesterday."],
+    ["The weather was {weather}, {er_weather} than yesterday.",
+     "My {relative} always {does_alone} when it is {weather}."],
     ["My {relative} {undid} the {thing} while I was {doing_alone}.",
-     "My {relative} {does_thing} {things} every {weekday}."],
+     "My {relative} {does_thing} {things} every {weekday}.",
+     "My {relative} {re_did} the {things} {count} times."],
     ["Tomorrow I will {go} to the {place} with {digits} {things}.",
      "Tomorrow I will {do_thing} the {thing} before {hour} o'clock."],
-    ["I feel {adj_person}, but a little {un_adj}.", "I am {er_person} than I was on {weekday2}."],
+    ["I feel {adj_person}, but a little {un_adj}.", "I am {er_person} than I was on {weekday2}.",
+     "I like {doing_alone} more than {doing_thing} {things}."],
 ]
 FORMS = {"tale": TALE, "dialogue": DIALOGUE, "diary": DIARY}
+# Answers: these sections take the same choice as the section before them (question i, answer i).
+ANSWERS = {"tale": {3}, "dialogue": {3, 5, 7}, "diary": set()}
 TEMPLATES = [t for form in FORMS.values() for section in form for t in section]
 _SLOT = re.compile(r"\{(\w+)\}")
 
@@ -174,8 +192,13 @@ def generate_rich_story(rng: random.Random) -> list[str]:
     names.remove(hero)
     values = {"hero": hero, "friend": rng.choice(names), "Subj": "She" if she else "He",
               "subj": "she" if she else "he", "poss": "her" if she else "his"}
-    sections = [s for i, s in enumerate(FORMS[form]) if i < 1 or rng.random() < 0.9]
-    return [_fill(rng.choice(section), values, rng) for section in sections]
+    story, choice = [], 0
+    for i, section in enumerate(FORMS[form]):
+        if i > 0 and rng.random() >= 0.9:  # each section after the first appears nine times in ten
+            continue
+        choice = choice % len(section) if i in ANSWERS[form] else rng.randrange(len(section))
+        story.append(_fill(section[choice], values, rng))
+    return story
 
 
 def generate_rich_corpus(seed: int = RICH_CORPUS_SEED,

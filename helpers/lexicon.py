@@ -23,20 +23,29 @@ NAMES_HE = ("Tom Ravi Omar Leo Sam Kenji Noah Ben Ivan Max Felix Arjun Hugo Luca
 ANIMALS = ("dog cat goat parrot rabbit horse duck turtle fox wolf sheep goose mouse owl frog bee "
            "pony donkey lamb hen crow swan deer bear lion tiger monkey otter beaver squirrel "
            "hedgehog badger mole snail spider butterfly puppy kitten calf fish whale seal "
-           "camel zebra").split()
+           "camel zebra moose robin sparrow pigeon eagle hawk falcon beetle ant ladybird worm "
+           "crab lobster octopus penguin panda koala kangaroo rhino hippo giraffe "
+           "raccoon ostrich peacock").split()
 FOODS = ("apple pear plum cherry peach lemon orange banana berry grape melon carrot potato "
          "tomato onion bean pea cabbage pumpkin nut cookie cake pie muffin bun sandwich "
-         "pancake biscuit egg olive radish turnip peanut strawberry blueberry").split()
+         "pancake biscuit egg olive radish turnip peanut strawberry blueberry raspberry "
+         "apricot coconut mango lime fig date walnut almond pretzel dumpling noodle "
+         "cupcake doughnut waffle cracker tart lolly toffee").split()
 THINGS = ("box key map ball book lamp shell hat kite coin drum ring basket umbrella violin "
           "anchor ladder feather bottle candle clock compass cup dish flag glove hammer jar "
           "kettle knife leaf letter mirror needle net paintbrush pebble pencil pillow plate "
           "rope scarf spoon stamp stick stone sock thimble torch toy trumpet wheel whistle "
           "brush bell bucket button chair crown dress jacket wagon boat sled tent bench "
-          "ribbon puzzle marble shovel fork lantern").split()
+          "ribbon puzzle marble shovel fork lantern blanket bowl pot pan saucer teapot "
+          "envelope parcel postcard ticket wallet purse badge medal trophy helmet boot "
+          "sandal mitten necklace bracelet brooch statue vase painting poster globe "
+          "telescope microscope magnet battery bicycle scooter raft canoe kayak").split()
 PLACES = ("river forest market beach hill garden lake bridge library harbour meadow cave park "
           "mountain bakery school village city farm castle island valley field orchard pond "
           "station museum kitchen attic cellar barn tower lighthouse square stream "
-          "playground zoo").split()
+          "playground zoo desert jungle swamp canyon glacier volcano cliff shore bay "
+          "workshop theatre cinema hospital stable cottage palace temple fountain "
+          "tunnel quarry vineyard").split()
 PEOPLE = ("baker farmer painter sailor teacher doctor gardener fisher potter singer tailor "
           "builder writer inventor librarian pilot cook nurse driver miller dancer hunter "
           "judge knight guard poet child person neighbour stranger cousin").split()
@@ -48,17 +57,31 @@ FAMILY = ("mother father sister brother grandmother grandfather aunt uncle king 
 VERBS_THING = ("carry find paint wash open drop fix hide lift pull push clean fold wrap lock tie "
                "pack load cover bury mend polish drag kick catch throw shake hold fetch sell buy "
                "borrow keep lose bring give send take hang ring fill empty stack count measure "
-               "weigh sketch trade collect guard carve chip spot grab hug").split()
+               "weigh sketch trade collect guard carve chip spot grab hug juggle balance bend "
+               "scrub dust paint sort label mark pat rub tap tug wipe zip clip drip "
+               "sew knit glue stamp wave whisk").split()
 VERBS_FOOD = ("eat cook bake peel slice share taste chop boil fry roast pick grow plant "
               "wash sell buy mash stir squeeze dry hide").split()
 VERBS_ALONE = ("run jump sleep laugh sing dance swim climb walk hurry wait shout whisper cry "
                "smile rest play travel wander hop skip shiver sneeze yawn giggle clap nod "
-               "cheer sigh listen dream fly sit stand hum paddle").split()
+               "cheer sigh listen dream fly sit stand hum paddle skate ski jog hike bounce "
+               "tumble wobble stumble snore blink frown grin wink scream howl").split()
 # Verbs of moving somewhere: "to the river".
 VERBS_TO = ("run walk hurry travel wander hop skip go come ride march race stroll drive "
             "sail fly paddle crawl").split()
 # Verbs that take un- in front (lock -> unlock).
-UN_VERBS = ("lock tie pack load cover wrap fold do").split()
+UN_VERBS = ("lock tie pack load cover wrap fold do zip clip bolt buckle button dress "
+            "hook latch screw seal twist wind").split()
+# Verbs that take re- in front (paint -> repaint).
+RE_VERBS = ("paint fill pack load wrap fold wash tie count measure stack polish sort label "
+            "sew knit glue mark").split()
+# Adjectives that make a noun with -ness (kind -> kindness, happy -> happiness).
+NESS_SOURCES = ("happy sad kind dark bright calm quiet lazy silly gentle clever soft sweet weak "
+                "fresh fair polite friendly tired bold cool fierce gentle wild ready "
+                "unhappy unkind").split()
+# Verbs that name a person who does them with -er (run -> runner, dance -> dancer).
+AGENT_SOURCES = ("run swim climb sing dance jump walk travel ride dream listen sleep play race "
+                 "paddle skate ski jog hike juggle knit").split()
 
 ADJ_SHORT = ("big small tall short old young new brave kind quick slow warm cold hot wet dry "
              "loud quiet soft hard bright dark clean dirty happy sad busy lazy funny silly "
@@ -66,7 +89,9 @@ ADJ_SHORT = ("big small tall short old young new brave kind quick slow warm cold
              "green blue fine deep wide thin fat sweet sour fresh ripe shiny muddy sunny "
              "windy cloudy rainy snowy gentle simple clever noisy tidy smooth rough sharp "
              "round flat odd strange friendly easy late early hungry thirsty sleepy cheap "
-             "great tough neat plain grand").split()
+             "great tough neat plain grand bold cool crisp damp dull faint fierce firm grim "
+             "harsh jolly keen kind mild narrow pale pretty proud ready shallow steep "
+             "stiff sticky tame wild").split()
 ADJ_LONG = ("beautiful careful curious wonderful famous honest polite patient cheerful "
             "helpful useful peaceful colourful dangerous nervous generous golden magic "
             "important unusual excited surprised tired delicious enormous ancient "
@@ -81,17 +106,20 @@ UN_PERSON = ("happy kind lucky safe tidy friendly wise well fit sure comfortable
 ADJ_PERSON = ("brave kind young old quick slow busy lazy funny silly lucky strong wise calm "
               "proud rich poor happy sad clever noisy friendly hungry thirsty sleepy gentle "
               "curious careful cheerful honest polite patient helpful generous nervous tired "
-              "excited surprised famous").split()
+              "excited surprised famous bold cool fierce jolly keen mild pale pretty ready wild "
+              "grim").split()
 ADJ_THING = ("big small tall short old new warm cold wet dry soft hard bright dark clean dirty "
              "tiny heavy light red green blue shiny muddy round flat strange smooth rough "
              "sharp deep wide thin sweet fresh ripe beautiful golden magic useful colourful "
-             "enormous ancient odd heavy plain grand neat cheap").split()
+             "enormous ancient odd plain grand neat cheap cool crisp damp dull faint firm narrow "
+             "pale pretty shallow steep stiff sticky").split()
 ADJ_FOOD = ("sweet sour fresh ripe warm cold hot big small red green soft hard "
             "delicious tiny juicy crunchy").split()
 # Adjectives that give a good -ly adverb (quick -> quickly).
 ADVERB_SOURCES = ("quick slow quiet soft loud happy sad busy lazy calm proud kind brave gentle "
                   "careful cheerful honest polite patient nervous curious sleepy hungry noisy "
-                  "wise lucky simple bright warm sudden eager silent proper").split()
+                  "wise lucky simple bright warm sudden eager silent proper bold fierce firm wild "
+                  "brisk").split()
 ADJ_WEATHER = ("warm cold hot wet dry bright dark sunny windy cloudy rainy snowy calm "
                "quiet grey").split()
 
@@ -114,7 +142,7 @@ IRREGULAR_PASTS = {
     "give": "gave", "send": "sent", "take": "took", "hang": "hung", "ring": "rang",
     "eat": "ate", "grow": "grew", "fry": "fried", "go": "went", "come": "came", "ride": "rode",
     "drive": "drove", "fly": "flew", "sit": "sat", "stand": "stood", "do": "did",
-    "undo": "undid", "dream": "dreamt", "see": "saw",
+    "undo": "undid", "dream": "dreamt", "see": "saw", "wind": "wound", "bend": "bent",
 }
 IRREGULAR_COMPARATIVES = {"good": ("better", "best"), "bad": ("worse", "worst"),
                           "far": ("farther", "farthest")}
@@ -216,6 +244,25 @@ def adverb(adjective: str) -> str:
     if adjective.endswith("ll"):
         return adjective + "y"
     return adjective + "ly"
+
+
+def ness(adjective: str) -> str:
+    """kind -> kindness, happy -> happiness, unhappy -> unhappiness."""
+    return (adjective[:-1] + "i" if _consonant_y(adjective) else adjective) + "ness"
+
+
+def agent(verb: str) -> str:
+    """Who does it: sing -> singer, dance -> dancer, run -> runner, travel -> traveller."""
+    if verb.endswith("e"):
+        return verb + "r"
+    if _ends_cvc(verb):
+        return verb + verb[-1] + "er"
+    return verb + "er"
+
+
+def re_prefixed(word: str) -> str:
+    """paint -> repaint, filled -> refilled."""
+    return "re" + word
 
 
 def un(word: str) -> str:
