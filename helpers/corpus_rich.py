@@ -263,6 +263,33 @@ def rich_well_formed_fraction(text: str) -> float:
     return sum(is_rich_well_formed(line) for line in lines) / len(lines)
 
 
+# A word of the rich corpus: letters (with inner ' or -, as in o'clock and forty-two), or a number
+# (with inner , or :, as in 4,250 and 7:30, and an ordinal's ending, as in 21st).
+_WORD = re.compile(r"[A-Za-z]+(?:['-][A-Za-z]+)*|\d+(?:[,:]\d+)*(?:st|nd|rd|th)?")
+
+
+@cache
+def _known_words() -> frozenset[str]:
+    slot_text = " ".join(word for words in SLOTS.values() for word in words)
+    template_text = " ".join(_SLOT.sub(" ", template) for template in TEMPLATES)
+    return frozenset(_WORD.findall(slot_text + " " + template_text))
+
+
+def known_word_fraction(text: str) -> float:
+    """Share of the words of `text` that the rich grammar can write somewhere (0.0 for none).
+
+    A gentler measure than `rich_well_formed_fraction`: a line with one misspelt word loses one
+    word here, but the whole line there.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text is a {type(text).__name__}, expected a str")
+    words = _WORD.findall(text)
+    if not words:
+        return 0.0
+    known = _known_words()
+    return sum(word in known for word in words) / len(words)
+
+
 def word_forms() -> set[str]:
     """Every word form the rich grammar can write into a slot (names and numbers included)."""
     return {word for words in SLOTS.values() for word in words}

@@ -15,6 +15,7 @@ from helpers.corpus_rich import (
     generate_rich_corpus,
     generate_rich_story,
     is_rich_well_formed,
+    known_word_fraction,
     load_rich_corpus,
     rich_well_formed_fraction,
     word_forms,
@@ -133,3 +134,14 @@ def test_templates_are_all_used():
     for template in TEMPLATES:
         opening = template.split("{", 1)[0]
         assert any(line.startswith(opening) for line in lines), template
+
+
+def test_known_word_fraction_counts_words_the_grammar_knows():
+    assert known_word_fraction(load_rich_corpus()[:50_000].rsplit("\n", 1)[0]) == 1.0
+    assert known_word_fraction("Mia walkd to the rivr.") == 3 / 5
+    assert known_word_fraction('"It cost 4,250 coins," said the potter at 7:30 on the 21st.') == 1.0
+    # letter O for digit 0 and back: "7:3", "O", "forty-tw" and "0" are not words of the grammar
+    assert known_word_fraction("At 7:3O, forty-tw0 owls") == 2 / 6
+    assert known_word_fraction("") == 0.0 and known_word_fraction(" ,.!? ") == 0.0
+    with pytest.raises(TypeError, match="text"):
+        known_word_fraction(["Mia"])
