@@ -1,15 +1,18 @@
-"""Regenerate the course corpus: python data/make_corpus.py
+"""Regenerate the course corpora: python data/make_corpus.py
 
-The corpus is produced by a seeded grammar (helpers/corpus.py), so this script always writes the
-same bytes; tests/test_corpus.py checks that the committed file matches.
+Both corpora come from seeded grammars (helpers/corpus.py, the small one; helpers/corpus_rich.py,
+the rich one), so this script always writes the same bytes; tests/test_corpus.py and
+tests/test_corpus_rich.py check that the committed files match.
 """
 
 from pathlib import Path
 
 from helpers.corpus import CORPUS_FILE, generate_corpus
+from helpers.corpus_rich import RICH_CORPUS_FILE, generate_rich_corpus
 
 if __name__ == "__main__":
-    path = Path(__file__).resolve().parent / CORPUS_FILE
-    text = generate_corpus()
-    path.write_text(text, encoding="utf-8", newline="\n")
-    print(f"wrote {len(text.encode('utf-8')):,} bytes to {path.name}")
+    folder = Path(__file__).resolve().parent
+    for name, make in ((CORPUS_FILE, generate_corpus), (RICH_CORPUS_FILE, generate_rich_corpus)):
+        text = make()
+        (folder / name).write_text(text, encoding="utf-8", newline="\n")
+        print(f"wrote {len(text.encode('utf-8')):,} bytes to {name}")

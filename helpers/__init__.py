@@ -3,7 +3,9 @@
 Each module's docstring names the notebook section that derives it; the notebook writes the
 idea in plain code first, then switches to the helper and checks the two agree.
 
-    corpus        the course corpus (a story grammar) and its well-formedness checker   nb 1, 7
+    corpus        the small course corpus (a story grammar) and its checker             nb 1, 2, 10
+    lexicon       word stems and English spelling rules (plurals, pasts, -er/-est, un-)
+    corpus_rich   the rich corpus: tales, dialogues, diaries from the lexicon; checker   nb 1, 7
     tokenizers    character tokenizer and the text checks the tokenizers share          nb 1
     bpe           byte-level BPE, from the textbook loop to the fast trainer            nb 1
     subword       WordPiece and Unigram                                                 nb 1

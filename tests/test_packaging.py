@@ -107,14 +107,18 @@ def test_wheel_installs_into_a_fresh_environment_and_finds_the_corpus(tmp_path):
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
     elsewhere = tmp_path / "somewhere-else"
     elsewhere.mkdir()
-    probe = ("import helpers, helpers.exercises, helpers.corpus as c; t = c.load_corpus(); "
-             "print(helpers.__file__); print(len(t.encode()), c.well_formed_fraction(t))")
+    probe = ("import helpers, helpers.exercises, helpers.corpus as c, helpers.corpus_rich as r; "
+             "t = c.load_corpus(); rich = r.load_rich_corpus()[:100_000]; "
+             "print(helpers.__file__); print(len(t.encode()), c.well_formed_fraction(t)); "
+             "print(len(rich), r.rich_well_formed_fraction(rich.rsplit(chr(10), 1)[0]))")
     result = subprocess.run([str(python), "-c", probe], cwd=elsewhere, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     out = result.stdout.split("\n")
     assert str(env_dir) in out[0], "imported from the fresh environment, not the checkout"
     size, fraction = out[1].split()
     assert int(size) >= 1_000_000 and float(fraction) == 1.0
+    rich_size, rich_fraction = out[2].split()
+    assert int(rich_size) == 100_000 and float(rich_fraction) == 1.0
 
 
 def test_readme_run_times_are_the_measured_ones():

@@ -713,8 +713,46 @@ print(f"this corpus runs out of pairs after {len(all_merges)} merges (vocabulary
 
 # %% [markdown]
 # The corpus is made from a small grammar, so after a few hundred merges every distinct chunk is
-# a single token and more merges have nothing left to do. Real text never runs out: GPT-2 learned
-# 50,000 merges from web pages, and its vocabulary is
+# a single token and more merges have nothing left to do.
+#
+# ### A richer corpus: merges that find morphemes
+#
+# The course has a second corpus, `helpers.corpus_rich`: tales, conversations and diary pages
+# from a larger grammar whose thousands of word forms are made from stems by English spelling
+# rules (box, boxes; carry, carried, carrying; happy, happier, happiest, unhappy, happily), with
+# numbers in digits and in words, dates and clock times. BPE keeps finding pairs far longer on it,
+# and some of the pieces it learns on the way are the suffixes and the prefix of those rules,
+# learned from counts alone:
+
+# %%
+from helpers.corpus_rich import load_rich_corpus
+
+rich_corpus = load_rich_corpus()
+rich_merges = learn_merges(rich_corpus, 10_000)
+rich_bpe = BPETokenizer([m.pair for m in rich_merges])
+print(f"rich corpus: {len(rich_corpus.encode('utf-8')):,} bytes, {len(set(split_words(rich_corpus))):,} distinct "
+      f"words and marks; BPE runs out of pairs after {len(rich_merges):,} merges (small corpus: {len(all_merges)})")
+MORPHEMES = ["ing", "ed", "es", "ies", "er", "est", "ier", "iest", "ly", "ily", " un"]
+learned_at = {bytes(rich_bpe.vocab[m.new_id]): m.new_id - 256 for m in reversed(rich_merges)}
+for morpheme in MORPHEMES:
+    print(f"{morpheme!r:>7} learned as a token at merge {learned_at[morpheme.encode()]:5,}")
+assert len(rich_merges) > 2 * len(all_merges)
+
+# %% [markdown]
+# With only the first 1,000 of those merges, frequent words are already single tokens, and rarer
+# forms split into a stem and one of the suffixes above:
+
+# %%
+early_bpe = BPETokenizer([m.pair for m in rich_merges[:1000]])
+for word in [" quickly", " sleepily", " happiest", " unfolding", " travelled", " berries"]:
+    pieces = early_bpe.labels(early_bpe.encode(word))
+    print(f"{word!r:>14} -> {' + '.join(pieces)}")
+split_ends = [bytes(early_bpe.vocab[early_bpe.encode(w)[-1]]).decode() for w in [" quickly", " sleepily", " happiest", " unfolding"]]
+print("last pieces:", split_ends)
+assert all(end in MORPHEMES for end in split_ends)
+
+# %% [markdown]
+# Real text never runs out: GPT-2 learned 50,000 merges from web pages, and its vocabulary is
 
 # %%
 GPT2_MERGES = 50_000
