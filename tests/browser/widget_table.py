@@ -104,4 +104,7 @@ WIDGETS: dict[str, list[Widget]] = {
     "10_encoders": [
         Widget((dropdown("sentence"), slider("head")), drives="figure"),
     ],
+    # The collectives and the parallel schemes run in worker processes; their results come back
+    # as printed tables and figures, not widgets.
+    "11_distributed": [],
 }
