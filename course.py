@@ -129,16 +129,16 @@ def test(extra_args: list[str]) -> int:
 # Where the course says its own address: the set-up cell's install, the package metadata, the
 # README's Colab links and every notebook's first cell (written from the set-up cell, so the
 # notebooks are rewritten in place, their outputs untouched).
-ADDRESS_FILES = ["helpers/environment.py", "pyproject.toml", "README.md", "notebooks/*.ipynb"]
+ADDRESS_FILES = ["helpers/lab/environment.py", "pyproject.toml", "README.md", "notebooks/*.ipynb"]
 GITHUB_ADDRESS = re.compile(r"https://github\.com/([\w.-]+/[\w.-]+?)(?:\.git)?/?")
 
 
 def current_address(root: Path = ROOT) -> str:
-    """The `owner/repo` the course installs from, as `helpers/environment.py` writes it."""
+    """The `owner/repo` the course installs from, as `helpers/lab/environment.py` writes it."""
     text = (root / "helpers" / "environment.py").read_text(encoding="utf-8")
     match = re.search(r'^COURSE_REPO = "https://github\.com/([^"]+)"$', text, re.M)
     if match is None:
-        raise SystemExit("helpers/environment.py has no COURSE_REPO line to rewrite")
+        raise SystemExit("helpers/lab/environment.py has no COURSE_REPO line to rewrite")
     return match.group(1)
 
 

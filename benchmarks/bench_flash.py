@@ -7,9 +7,9 @@
 CPU, float32, (B, H, N, d) = (1, 8, 8192, 64), one thread by default (--threads): on a shared
 2-core machine a second thread measures the neighbours more than the algorithms, because every
 operation of the Python tile loop waits for both threads, while SDPA's kernel waits once:
-  - helpers.flash.tiled_attention_fa2 takes at most 2 x the time of F.scaled_dot_product_attention
+  - helpers.flash.tiled.tiled_attention_fa2 takes at most 2 x the time of F.scaled_dot_product_attention
     (4-D inputs: only then does PyTorch use its fused, low-memory CPU kernel);
-  - it holds at most 1/50 of the peak memory of naive attention (helpers.attention).
+  - it holds at most 1/50 of the peak memory of naive attention (helpers.model.attention).
 GPU (--gpu), float16 (--dtype), batch 4, 16 heads, N from 512 to 16384, d = 64 and 128, causal
 and not: TFLOP/s and peak memory of naive attention, F.scaled_dot_product_attention with each
 backend this machine has (math, memory-efficient, flash, cuDNN) and our Triton kernels, forward
@@ -67,25 +67,25 @@ def best_times(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, flo
 def cpu_budgets(n: int, repeats: int) -> bool:
     import torch.nn.functional as F
 
-    from helpers.attention import scaled_dot_product_attention
-    from helpers.flash import tiled_attention_fa2
-    from helpers.profiling import peak_memory_bytes
+    from helpers.flash.profiling import peak_memory_bytes
+    from helpers.flash.tiled import tiled_attention_fa2
+    from helpers.model.attention import scaled_dot_product_attention
     from helpers.timing import format_duration
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 8, n, 64) for _ in range(3))
-    methods = {"naive (helpers.attention)": lambda: scaled_dot_product_attention(q, k, v),
+    methods = {"naive (helpers.model.attention)": lambda: scaled_dot_product_attention(q, k, v),
                "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, k, v),
-               "tiled FA-2 (helpers.flash)": lambda: tiled_attention_fa2(q, k, v)}
+               "tiled FA-2 (helpers.flash.tiled)": lambda: tiled_attention_fa2(q, k, v)}
     print(f"CPU, float32, (B, H, N, d) = (1, 8, {n}, 64), {torch.get_num_threads()} threads")
     peaks = {name: peak_memory_bytes(fn) for name, fn in methods.items()}
-    del methods["naive (helpers.attention)"]  # its time is not budgeted; it would double the run
+    del methods["naive (helpers.model.attention)"]  # its time is not budgeted; it would double the run
     times = best_times(methods, repeats)
     for name, peak in peaks.items():
         timing = f", {format_duration(times[name])}" if name in times else ""
         print(f"  {name:32s} peak {peak / 2**20:9.1f} MiB{timing}")
-    naive_peak = peaks["naive (helpers.attention)"]
-    tiled, sdpa = "tiled FA-2 (helpers.flash)", "F.scaled_dot_product_attention"
+    naive_peak = peaks["naive (helpers.model.attention)"]
+    tiled, sdpa = "tiled FA-2 (helpers.flash.tiled)", "F.scaled_dot_product_attention"
     time_ratio = times[tiled] / times[sdpa]
     memory_ratio = naive_peak / peaks[tiled]
     ok_time = time_ratio <= MAX_TIME_RATIO
@@ -137,8 +137,8 @@ def _attention_methods(causal: bool) -> dict[str, Callable[[Any, Any, Any], Any]
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from helpers.attention import causal_mask, scaled_dot_product_attention
-    from helpers.flash_triton import triton_attention
+    from helpers.flash.triton_attention import triton_attention
+    from helpers.model.attention import causal_mask, scaled_dot_product_attention
 
     def naive(q: Any, k: Any, v: Any) -> Any:
         mask = causal_mask(q.shape[2], k.shape[2], device=q.device) if causal else None

@@ -25,8 +25,9 @@ import time
 
 import torch
 
-from helpers.generation import KVCache, generate
-from helpers.gpt import GPT, GPTConfig
+from helpers.model.generation import generate
+from helpers.model.gpt import GPT, GPTConfig
+from helpers.model.kv_cache import KVCache
 
 CONTEXT, PROMPT, VOCAB = 512, 12, 52
 SPEEDUP_BUDGET, BUDGET_TOKENS = 10.0, 500

@@ -1,4 +1,4 @@
-"""Speed budgets of the from-scratch byte-level BPE (helpers.bpe), on the 1 MB course corpus, and
+"""Speed budgets of the from-scratch byte-level BPE (helpers.text.bpe), on the 1 MB course corpus, and
 streaming encode on a file of 50 MB made from it.
 
     python benchmarks/bench_tokenizer.py               # the budgets, with Hugging Face `tokenizers` for scale
@@ -38,8 +38,8 @@ from pathlib import Path
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")  # HF `tokenizers` single-threaded, as ours is
 
-from helpers.bpe import BPETokenizer, learn_merges, textbook_merges  # noqa: E402
-from helpers.corpus import load_corpus  # noqa: E402
+from helpers.text.bpe import BPETokenizer, learn_merges, textbook_merges  # noqa: E402
+from helpers.text.corpus import load_corpus  # noqa: E402
 from helpers.timing import best_time, format_duration  # noqa: E402
 
 N_MERGES = 256

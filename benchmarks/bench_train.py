@@ -18,7 +18,7 @@ Only how fast a step runs differs:
                 torch.optim.AdamW with nanoGPT's parameter groups and no fused step (nanoGPT
                 asks for it on CUDA only), clip_grad_norm_, zero_grad(set_to_none=True).
                 Same config, same data, same initial weights, same learning rates
-    helpers     helpers.train.Trainer as notebook 7 uses it: bfloat16 where the CPU has it
+    helpers     helpers.training.trainer.Trainer as notebook 7 uses it: bfloat16 where the CPU has it
                 natively (a bf16 working copy, float32 weights for AdamW), fused kernels, every
                 weight and gradient in one buffer, a fused AdamW step, batches cut with one
                 indexing operation
@@ -47,11 +47,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.corpus import load_corpus
-from helpers.fast import pick_dtype
-from helpers.gpt import GPT, GPTConfig
-from helpers.tokenizers import CharTokenizer
-from helpers.train import (
+from helpers.model.gpt import GPT, GPTConfig
+from helpers.text.chars import CharTokenizer
+from helpers.text.corpus import load_corpus
+from helpers.training.speed import pick_dtype
+from helpers.training.trainer import (
     TrainConfig,
     Trainer,
     encode_text,

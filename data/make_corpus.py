@@ -1,14 +1,14 @@
 """Regenerate the course corpora: python data/make_corpus.py
 
-Both corpora come from seeded grammars (helpers/corpus.py, the small one; helpers/corpus_rich.py,
+Both corpora come from seeded grammars (helpers/text/corpus.py, the small one; helpers/text/corpus_rich.py,
 the rich one), so this script always writes the same bytes; tests/test_corpus.py and
 tests/test_corpus_rich.py check that the committed files match.
 """
 
 from pathlib import Path
 
-from helpers.corpus import CORPUS_FILE, generate_corpus
-from helpers.corpus_rich import RICH_CORPUS_FILE, generate_rich_corpus
+from helpers.text.corpus import CORPUS_FILE, generate_corpus
+from helpers.text.corpus_rich import RICH_CORPUS_FILE, generate_rich_corpus
 
 if __name__ == "__main__":
     folder = Path(__file__).resolve().parent

@@ -1,4 +1,4 @@
-"""helpers.attention: softmax and scaled dot-product attention agree with PyTorch, are stable,
+"""helpers.model.attention: softmax and scaled dot-product attention agree with PyTorch, are stable,
 are permutation equivariant, and refuse bad input with a message naming what was wrong."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.attention import (
+from helpers.lab.exercises import check
+from helpers.model.attention import (
     causal_mask,
     padding_mask,
     scaled_dot_product_attention,
     softmax,
     softmax_jacobian,
 )
-from helpers.exercises import check
 
 TIGHT = {"atol": 1e-12, "rtol": 1e-12}
 

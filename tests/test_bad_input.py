@@ -15,16 +15,17 @@ import numpy as np
 import pytest
 import torch
 
-import helpers.exercises as exercises
+import helpers.lab.exercises as exercises
 from helpers import checks
-from helpers.attention import padding_mask, scaled_dot_product_attention
-from helpers.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
-from helpers.embeddings import TokenAndPositionEmbedding
-from helpers.generation import KVCache, generate, sample_next
-from helpers.gpt import GPT, GPTConfig
-from helpers.layers import Block, FeedForward, LayerNorm, SwiGLUFeedForward, layer_norm
-from helpers.multihead import MultiHeadAttention
-from helpers.train import TrainConfig, Trainer
+from helpers.model.attention import padding_mask, scaled_dot_product_attention
+from helpers.model.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
+from helpers.model.embeddings import TokenAndPositionEmbedding
+from helpers.model.generation import generate, sample_next
+from helpers.model.gpt import GPT, GPTConfig
+from helpers.model.kv_cache import KVCache
+from helpers.model.layers import Block, FeedForward, LayerNorm, SwiGLUFeedForward, layer_norm
+from helpers.model.multihead import MultiHeadAttention
+from helpers.training.trainer import TrainConfig, Trainer
 
 SMALL = GPTConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, d_model=8)
 

@@ -1,4 +1,4 @@
-"""helpers.bpe: the fast trainer equals the textbook loop, merge for merge; round trips on any
+"""helpers.text.bpe: the fast trainer equals the textbook loop, merge for merge; round trips on any
 text; save/load identity; special tokens; streaming encode equal to encoding the whole text; and
 clear errors for bad input. Nothing here is timed: the speed budgets live in
 benchmarks/bench_tokenizer.py."""
@@ -17,7 +17,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from tokenizer_cases import ASSIGNED, END, finishes
 
-from helpers.bpe import (
+from helpers.text.bpe import (
     BPETokenizer,
     count_pairs,
     learn_merges,
@@ -25,14 +25,14 @@ from helpers.bpe import (
     most_frequent_pair,
     textbook_merges,
 )
-from helpers.corpus import TOY_SOUP, load_corpus
-from helpers.tokenizers import (
+from helpers.text.chars import (
     GPT2_SPLIT_PATTERN,
     CharTokenizer,
     pre_split,
     split_special,
     stream_blocks,
 )
+from helpers.text.corpus import TOY_SOUP, load_corpus
 
 
 @cache
@@ -336,7 +336,7 @@ def test_the_heap_merge_of_long_chunks_agrees_with_the_scanning_loop(text):
 
 
 def test_the_exercises_refuse_float_counts_and_ids():
-    from helpers.exercises import evaluate, passes
+    from helpers.lab.exercises import evaluate, passes
 
     def float_counts(ids):
         return {pair: float(n) for pair, n in count_pairs(ids).items()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import re
 
-from helpers.corpus import (
+from helpers.text.corpus import (
     CORPUS_MIN_BYTES,
     SLOTS,
     TOY_CAT,

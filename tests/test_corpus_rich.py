@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from helpers import lexicon as lx
-from helpers.corpus_rich import (
+from helpers.text import lexicon as lx
+from helpers.text.corpus_rich import (
     RICH_CORPUS_FILE,
     RICH_CORPUS_MIN_BYTES,
     TEMPLATES,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.environment import COURSE_REPO
+from helpers.lab.environment import COURSE_REPO
 
 ROOT = Path(__file__).resolve().parent.parent
 OLD_SLUG = COURSE_REPO.removeprefix("https://github.com/")

@@ -8,7 +8,9 @@ import time
 import pytest
 import torch
 
-from helpers.data_parallel import (
+from helpers.model.gpt import GPTConfig, exact_parameters
+from helpers.model.layers import FeedForward
+from helpers.scale.data_parallel import (
     GradientBuckets,
     Run,
     data_parallel,
@@ -16,7 +18,16 @@ from helpers.data_parallel import (
     shard_rows,
     train_single,
 )
-from helpers.distributed import (
+from helpers.scale.parallelism import communication_per_step, memory_per_rank
+from helpers.scale.sharded import assign_owners, train_fsdp, train_zero_by_hand, train_zero_torch
+from helpers.scale.tensor_parallel import (
+    column_shard,
+    demo_block,
+    dtensor_mlp,
+    row_shard,
+    tensor_parallel_block,
+)
+from helpers.scale.workers import (
     WorkerFailed,
     Workers,
     collectives_demo,
@@ -25,17 +36,6 @@ from helpers.distributed import (
     ring_all_reduce_by_hand,
     ring_all_reduce_bytes,
     sleep_on_rank,
-)
-from helpers.gpt import GPTConfig, exact_parameters
-from helpers.layers import FeedForward
-from helpers.parallelism import communication_per_step, memory_per_rank
-from helpers.sharded import assign_owners, train_fsdp, train_zero_by_hand, train_zero_torch
-from helpers.tensor_parallel import (
-    column_shard,
-    demo_block,
-    dtensor_mlp,
-    row_shard,
-    tensor_parallel_block,
 )
 
 
@@ -190,7 +190,7 @@ def test_a_failing_worker_is_reported_with_its_traceback_and_nothing_hangs(worke
 
 
 def test_exercise_checkers_refuse_the_usual_mistakes():
-    from helpers.exercises import evaluate
+    from helpers.lab.exercises import evaluate
 
     def summed_only(model, all_reduce, world_size):
         for p in model.parameters():

@@ -1,4 +1,4 @@
-"""helpers.embeddings (one-hot, cosine, sinusoidal and learned positions) and notebook 2's checkers."""
+"""helpers.model.embeddings (one-hot, cosine, sinusoidal and learned positions) and notebook 2's checkers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.embeddings import (
+from helpers.lab.exercises import evaluate
+from helpers.model.embeddings import (
     TokenAndPositionEmbedding,
     cosine_similarity,
     one_hot,
@@ -18,7 +19,6 @@ from helpers.embeddings import (
     sinusoid_wavelengths,
     sinusoidal_positions,
 )
-from helpers.exercises import evaluate
 
 
 def sinusoid_entry(pos: int, column: int, d_model: int, base: float) -> float:

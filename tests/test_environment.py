@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.environment import COURSE_REPO, SETUP_CELL, pick_device, seed_everything, start
+from helpers.lab.environment import COURSE_REPO, SETUP_CELL, pick_device, seed_everything, start
 
 
 def draw() -> tuple[float, float, float]:

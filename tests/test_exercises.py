@@ -12,10 +12,10 @@ import pytest
 from nbclient import NotebookClient
 from notebook_tools import NOTEBOOKS, notebook_paths, read, solution_after
 
-import helpers.exercises as exercises
+import helpers.lab.exercises as exercises
 
 NOTEBOOK_IDS = [p.stem for p in notebook_paths()]
-STRICT_CELL = "import helpers.exercises\nhelpers.exercises.STRICT = True"
+STRICT_CELL = "import helpers.lab.exercises\nhelpers.lab.exercises.STRICT = True"
 
 
 def with_solutions(name: str):
@@ -62,7 +62,7 @@ def test_every_registered_exercise_is_used_by_a_notebook():
 
 
 def test_check_reports_problems_without_a_traceback(capsys):
-    from helpers.exercises import ExerciseFailed, check, exercise
+    from helpers.lab.exercises import ExerciseFailed, check, exercise
 
     @exercise(hint="return 42")
     def answer_is_42(fn):
@@ -86,7 +86,7 @@ def test_check_reports_problems_without_a_traceback(capsys):
 
 
 def test_strict_mode_raises_on_a_wrong_answer(monkeypatch):
-    from helpers.exercises import ExerciseFailed, check, exercise
+    from helpers.lab.exercises import ExerciseFailed, check, exercise
 
     @exercise(hint="return 7")
     def answer_is_7(fn):

@@ -1,6 +1,6 @@
-"""The tiled attention of helpers.flash equals naive attention, forwards and backwards.
+"""The tiled attention of helpers.flash.tiled equals naive attention, forwards and backwards.
 
-Naive attention is helpers.attention.scaled_dot_product_attention; every comparison is in float64,
+Naive attention is helpers.model.attention.scaled_dot_product_attention; every comparison is in float64,
 where the only difference left between the two is rounding.
 """
 
@@ -15,8 +15,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import flash, flash_costs, profiling
-from helpers.attention import causal_mask, scaled_dot_product_attention
+from helpers.flash import costs, profiling, tiled
+from helpers.model.attention import causal_mask, scaled_dot_product_attention
 
 SETTINGS = settings(max_examples=60, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -79,8 +79,8 @@ def run_kwargs(case: dict) -> dict:
 @given(attention_case())
 def test_both_loop_orders_equal_naive_attention(case):
     expected_out, expected_lse = naive(case)
-    close(flash.tiled_attention_fa1(case["q"], case["k"], case["v"], **run_kwargs(case)), expected_out)
-    out, lse = flash.tiled_attention_fa2(case["q"], case["k"], case["v"], **run_kwargs(case))
+    close(tiled.tiled_attention_fa1(case["q"], case["k"], case["v"], **run_kwargs(case)), expected_out)
+    out, lse = tiled.tiled_attention_fa2(case["q"], case["k"], case["v"], **run_kwargs(case))
     close(out, expected_out)
     torch.testing.assert_close(lse, expected_lse, rtol=1e-9, atol=1e-9)  # -inf where all hidden
 
@@ -89,7 +89,7 @@ def test_both_loop_orders_equal_naive_attention(case):
 @given(attention_case())
 def test_backward_equals_autograd_through_naive_attention(case):
     inputs = [case[name].clone().requires_grad_() for name in ("q", "k", "v")]
-    mine = flash.flash_attention(*inputs, **run_kwargs(case))
+    mine = tiled.flash_attention(*inputs, **run_kwargs(case))
     upstream = torch.randn(mine.shape, generator=torch.Generator().manual_seed(1), dtype=mine.dtype)
     my_grads = torch.autograd.grad(mine, inputs, upstream)
     reference = [case[name].clone().requires_grad_() for name in ("q", "k", "v")]
@@ -107,7 +107,7 @@ def test_gradcheck_in_float64(causal):
     mask = torch.rand(2, 5, 7, generator=gen) < 0.8
 
     def attend(q, k, v):
-        return flash.flash_attention(q, k, v, mask=mask, causal=causal, block_q=2, block_k=3)
+        return tiled.flash_attention(q, k, v, mask=mask, causal=causal, block_q=2, block_k=3)
 
     assert torch.autograd.gradcheck(attend, (q, k, v))
 
@@ -116,7 +116,7 @@ def test_a_fully_masked_row_gives_zero_output_and_zero_gradients():
     q, k, v = (torch.randn(1, 4, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
     mask = torch.ones(4, 4, dtype=torch.bool)
     mask[2] = False
-    out = flash.flash_attention(q, k, v, mask=mask, block_q=2, block_k=2)
+    out = tiled.flash_attention(q, k, v, mask=mask, block_q=2, block_k=2)
     out.sum().backward()
     assert torch.equal(out[0, 2], torch.zeros(3, dtype=torch.float64))
     assert torch.equal(q.grad[0, 2], torch.zeros(3, dtype=torch.float64))
@@ -125,14 +125,14 @@ def test_a_fully_masked_row_gives_zero_output_and_zero_gradients():
 
 def test_more_queries_than_keys_hides_the_first_queries_when_causal():
     q, k, v = (torch.randn(n, 4, dtype=torch.float64) for n in (6, 4, 4))
-    out, lse = flash.tiled_attention_fa2(q, k, v, causal=True, block_q=4, block_k=2)
+    out, lse = tiled.tiled_attention_fa2(q, k, v, causal=True, block_q=4, block_k=2)
     assert torch.equal(out[:2], torch.zeros(2, 4, dtype=torch.float64))  # they see no key
     assert lse[:2].eq(-math.inf).all() and lse[2:].isfinite().all()
 
 
 def test_causal_flag_matches_the_course_causal_mask():
     q, k, v = (torch.randn(n, 8, dtype=torch.float64) for n in (5, 9, 9))
-    out, _ = flash.tiled_attention_fa2(q, k, v, causal=True, block_q=2, block_k=4)
+    out, _ = tiled.tiled_attention_fa2(q, k, v, causal=True, block_q=2, block_k=4)
     expected, _ = scaled_dot_product_attention(q, k, v, mask=causal_mask(5, 9))
     close(out, expected)
     assert torch.equal(causal_mask(5, 9), bottom_right_causal(5, 9))
@@ -145,20 +145,20 @@ def test_causal_flag_matches_the_course_causal_mask():
 def test_merging_two_partial_states_equals_one_pass(n_a, n_b, seed, magnitude):
     gen = torch.Generator().manual_seed(seed)
     a, b = (torch.randn(3, n, generator=gen, dtype=torch.float64) * magnitude for n in (n_a, n_b))
-    merged = flash.merge_softmax_states(flash.softmax_state(a), flash.softmax_state(b))
-    whole = flash.softmax_state(torch.cat([a, b], dim=-1))
+    merged = tiled.merge_softmax_states(tiled.softmax_state(a), tiled.softmax_state(b))
+    whole = tiled.softmax_state(torch.cat([a, b], dim=-1))
     torch.testing.assert_close(merged.row_max, whole.row_max, rtol=0, atol=0)
     torch.testing.assert_close(merged.row_sum, whole.row_sum, rtol=1e-12, atol=0)
-    torch.testing.assert_close(flash.log_sum_exp(merged), torch.cat([a, b], -1).logsumexp(-1))
+    torch.testing.assert_close(tiled.log_sum_exp(merged), torch.cat([a, b], -1).logsumexp(-1))
 
 
 def test_a_fully_masked_block_merges_without_nan():
     hidden = torch.full((2, 3), -math.inf, dtype=torch.float64)
     seen = torch.tensor([[0.5, -1.0, 2.0], [-math.inf, 1.0, 0.0]], dtype=torch.float64)
-    state = flash.merge_softmax_states(flash.softmax_state(hidden), flash.softmax_state(seen))
+    state = tiled.merge_softmax_states(tiled.softmax_state(hidden), tiled.softmax_state(seen))
     assert not state.row_sum.isnan().any()
-    torch.testing.assert_close(state.row_sum, flash.softmax_state(seen).row_sum)
-    empty = flash.merge_softmax_states(flash.softmax_state(hidden), flash.softmax_state(hidden))
+    torch.testing.assert_close(state.row_sum, tiled.softmax_state(seen).row_sum)
+    empty = tiled.merge_softmax_states(tiled.softmax_state(hidden), tiled.softmax_state(hidden))
     assert torch.equal(empty.row_sum, torch.zeros(2, dtype=torch.float64))
     assert empty.row_max.eq(-math.inf).all()
     plain = torch.exp(hidden - hidden.amax(-1, keepdim=True))  # what the guard protects against
@@ -168,7 +168,7 @@ def test_a_fully_masked_block_merges_without_nan():
 def test_trace_tiles_ends_at_the_attention_output():
     q, k, v = (torch.randn(n, 4, dtype=torch.float64) for n in (10, 10, 10))
     for causal, expected_steps in ((False, 3 * 3), (True, 1 + 2 + 3)):
-        steps = flash.trace_tiles(q, k, v, block_q=4, block_k=4, causal=causal)
+        steps = tiled.trace_tiles(q, k, v, block_q=4, block_k=4, causal=causal)
         assert len(steps) == expected_steps
         mask = causal_mask(10) if causal else None
         expected, _ = scaled_dot_product_attention(q, k, v, mask=mask)
@@ -181,22 +181,22 @@ def test_trace_tiles_ends_at_the_attention_output():
 
 def test_traffic_counts_follow_their_formulas_at_the_extremes():
     n, d = 1024, 64
-    assert flash_costs.hbm_elements_naive(n, d) == 4 * n * d + 4 * n * n
+    assert costs.hbm_elements_naive(n, d) == 4 * n * d + 4 * n * n
     # One key tile holding all keys: Q, O, l, m visited once, K and V read once.
-    assert flash_costs.hbm_elements_fa1(n, d, block_k=n) == 2 * n * d + 3 * n * d + 4 * n
+    assert costs.hbm_elements_fa1(n, d, block_k=n) == 2 * n * d + 3 * n * d + 4 * n
     # One query tile holding all queries: every tensor read or written exactly once.
-    assert flash_costs.hbm_elements_fa2(n, d, block_q=n) == 4 * n * d + n
-    assert flash_costs.hbm_elements_fa1(n, d, block_k=384) < flash_costs.hbm_elements_naive(n, d) / 5
-    assert flash_costs.hbm_elements_fa1(n, d, block_k=128) > flash_costs.hbm_elements_fa1(n, d, block_k=256)
+    assert costs.hbm_elements_fa2(n, d, block_q=n) == 4 * n * d + n
+    assert costs.hbm_elements_fa1(n, d, block_k=384) < costs.hbm_elements_naive(n, d) / 5
+    assert costs.hbm_elements_fa1(n, d, block_k=128) > costs.hbm_elements_fa1(n, d, block_k=256)
 
 
 def test_algorithm1_block_sizes_and_flops():
-    assert flash_costs.algorithm1_block_sizes(98304, 64) == (64, 384)
-    assert flash_costs.algorithm1_block_sizes(1000, 64) == (4, 4)
-    assert flash_costs.attention_flops(2, 3, 8, 8, 4) == 4 * 2 * 3 * 8 * 8 * 4
-    assert flash_costs.attention_flops(2, 3, 8, 8, 4, causal=True) == 2 * 2 * 3 * 8 * 8 * 4
+    assert costs.algorithm1_block_sizes(98304, 64) == (64, 384)
+    assert costs.algorithm1_block_sizes(1000, 64) == (4, 4)
+    assert costs.attention_flops(2, 3, 8, 8, 4) == 4 * 2 * 3 * 8 * 8 * 4
+    assert costs.attention_flops(2, 3, 8, 8, 4, causal=True) == 2 * 2 * 3 * 8 * 8 * 4
     with pytest.raises(ValueError, match="d is 0"):
-        flash_costs.hbm_elements_naive(16, 0)
+        costs.hbm_elements_naive(16, 0)
 
 
 # --- measuring memory ----------------------------------------------------------------------------
@@ -216,7 +216,7 @@ def test_naive_attention_holds_an_n_by_n_matrix_and_tiles_do_not():
     q, k, v = (torch.randn(1, 2, 1024, 32) for _ in range(3))
     naive_peak = profiling.peak_memory_bytes(lambda: scaled_dot_product_attention(q, k, v))
     tiled_peak = profiling.peak_memory_bytes(
-        lambda: flash.tiled_attention_fa2(q, k, v, block_q=128, block_k=128))
+        lambda: tiled.tiled_attention_fa2(q, k, v, block_q=128, block_k=128))
     scores_bytes = 2 * 1024 * 1024 * 4
     assert naive_peak >= 2 * scores_bytes  # the scores and their softmax coexist
     assert tiled_peak < scores_bytes / 4
@@ -227,9 +227,9 @@ def test_naive_attention_holds_an_n_by_n_matrix_and_tiles_do_not():
 def test_the_in_place_forward_refuses_tensors_that_need_gradients():
     q = torch.randn(4, 8, requires_grad=True)
     with pytest.raises(ValueError, match="call flash_attention"):
-        flash.tiled_attention_fa2(q, q.detach(), q.detach())
+        tiled.tiled_attention_fa2(q, q.detach(), q.detach())
     with torch.no_grad():
-        out, _ = flash.tiled_attention_fa2(q, q.detach(), q.detach())
+        out, _ = tiled.tiled_attention_fa2(q, q.detach(), q.detach())
     assert out.shape == (4, 8)
 
 
@@ -247,11 +247,11 @@ def test_bad_input_names_the_argument(change, error, message):
     args = dict(q=torch.randn(2, 4, 8), k=torch.randn(2, 5, 8), v=torch.randn(2, 5, 8))
     args.update(change)
     with pytest.raises(error, match=message):
-        flash.flash_attention(**args)
+        tiled.flash_attention(**args)
 
 
-@pytest.mark.parametrize("function", [flash.flash_attention, flash.tiled_attention_fa1,
-                                      lambda q, k, v, **kw: flash.tiled_attention_fa2(q, k, v, **kw)[0]])
+@pytest.mark.parametrize("function", [tiled.flash_attention, tiled.tiled_attention_fa1,
+                                      lambda q, k, v, **kw: tiled.tiled_attention_fa2(q, k, v, **kw)[0]])
 def test_a_string_causal_flag_is_refused(function):
     q, k, v = (torch.randn(2, 4, 8) for _ in range(3))
     with pytest.raises(TypeError, match=r"causal is 'no' \(str\), expected True or False"):
@@ -262,12 +262,12 @@ def test_a_string_causal_flag_is_refused(function):
 def test_scales_that_are_not_positive_numbers_are_refused(scale):
     q, k, v = (torch.randn(2, 4, 8) for _ in range(3))
     with pytest.raises((ValueError, TypeError), match=rf"scale is {re.escape(repr(scale))}.* expected a finite number > 0"):
-        flash.flash_attention(q, k, v, scale=scale)
+        tiled.flash_attention(q, k, v, scale=scale)
 
 
 def test_a_numpy_scale_is_accepted():
     q, k, v = (torch.randn(2, 4, 8, dtype=torch.float64) for _ in range(3))
-    out = flash.flash_attention(q, k, v, scale=np.float32(0.25), block_q=3, block_k=3)
+    out = tiled.flash_attention(q, k, v, scale=np.float32(0.25), block_q=3, block_k=3)
     expected, _ = scaled_dot_product_attention(q, k, v, scale=0.25)
     close(out, expected)
 
@@ -275,12 +275,12 @@ def test_a_numpy_scale_is_accepted():
 def test_q_and_k_on_different_devices_are_refused():
     q, k, v = (torch.randn(2, 4, 8) for _ in range(3))
     with pytest.raises(ValueError, match=r"q is on cpu, k on meta and v on cpu: expected all three"):
-        flash.flash_attention(q, k.to("meta"), v)
+        tiled.flash_attention(q, k.to("meta"), v)
 
 
 def test_an_empty_query_sequence_names_q():
     q, k, v = torch.randn(2, 0, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 8)
     with pytest.raises(ValueError, match=r"q has shape \(2, 0, 8\): N_q is 0, expected at least one query"):
-        flash.flash_attention(q, k, v)
+        tiled.flash_attention(q, k, v)
     with pytest.raises(ValueError, match=r"k has shape \(2, 0, 8\): N_k is 0, expected at least one key"):
-        flash.flash_attention(k, q, q)
+        tiled.flash_attention(k, q, q)

@@ -2,7 +2,7 @@
 cannot do.
 
 Without a CUDA GPU the kernel runs under Triton's interpreter: TRITON_INTERPRET=1 must be set
-before helpers.flash_triton is imported, because @triton.jit reads it when the kernel is defined.
+before helpers.flash.triton_attention is imported, because @triton.jit reads it when the kernel is defined.
 Sizes are small: the interpreter runs each tile with NumPy, far slower than a GPU.
 """
 
@@ -24,14 +24,14 @@ if importlib.util.find_spec("triton") is None:  # find_spec: importing triton no
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from helpers import flash  # noqa: E402
-from helpers.attention import causal_mask, scaled_dot_product_attention  # noqa: E402
-from helpers.flash_triton import (  # noqa: E402
+from helpers.flash import tiled  # noqa: E402
+from helpers.flash.triton_attention import (  # noqa: E402
     interpreting,
     key_tiles_visited,
     triton_attention,
     triton_attention_backward,
 )
+from helpers.model.attention import causal_mask, scaled_dot_product_attention  # noqa: E402
 
 DEVICE = "cpu" if interpreting() else "cuda"
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3}
@@ -67,7 +67,7 @@ def test_kernel_matches_pytorch_sdpa(dtype, causal, n_q, n_k, d):
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.double(), reference(q, k, v, causal),
                                rtol=0, atol=TOLERANCE[dtype])
-    _, expected_lse = flash.tiled_attention_fa2(*(t.double() for t in (q, k, v)), causal=causal)
+    _, expected_lse = tiled.tiled_attention_fa2(*(t.double() for t in (q, k, v)), causal=causal)
     torch.testing.assert_close(lse.double(), expected_lse, rtol=0, atol=1e-4)
 
 
@@ -85,7 +85,7 @@ def test_queries_that_see_no_key_get_zeros_not_nan():
     assert not out.isnan().any()
     assert torch.equal(out[:, :, :hidden], torch.zeros_like(out[:, :, :hidden]))
     assert lse[:, :, :hidden].eq(float("-inf")).all() and lse[:, :, hidden:].isfinite().all()
-    expected, _ = flash.tiled_attention_fa2(*(t.double() for t in (q, k, v)), causal=True)
+    expected, _ = tiled.tiled_attention_fa2(*(t.double() for t in (q, k, v)), causal=True)
     torch.testing.assert_close(out.double(), expected, rtol=0, atol=2e-5)
 
 
@@ -286,8 +286,8 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from helpers import flash_triton as ft
-from helpers import flash_triton_kernels as kernels
+from helpers.flash import triton_attention as ft
+from helpers.flash import triton_kernels as kernels
 
 SHARED_BYTES = {80: 166912, 90: 232448}  # the most shared memory one program may use: A100, H100
 FORWARD_INTS = ["stride_qb", "stride_qh", "stride_qn", "stride_kb", "stride_kh", "stride_kn",
@@ -342,7 +342,7 @@ def test_kernels_compile_for_a100_and_h100_without_a_gpu():
 def test_module_imports_without_triton_and_fails_only_when_called():
     script = (
         "import sys; sys.modules['triton'] = None; sys.modules['triton.language'] = None\n"
-        "import torch, helpers.flash_triton as ft\n"
+        "import torch, helpers.flash.triton_attention as ft\n"
         "assert not ft.triton_available()\n"
         "try:\n"
         "    ft.triton_attention(*(torch.randn(1, 1, 16, 16) for _ in range(3)))\n"

@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.fast import fast_block
-from helpers.generation import KVCache, generate, sample_next
-from helpers.gpt import (
+from helpers.model.fused import fast_block
+from helpers.model.generation import generate, sample_next
+from helpers.model.gpt import (
     GPT,
     GPTConfig,
     build_without_weights,
@@ -18,7 +18,8 @@ from helpers.gpt import (
     formula_parameters,
     parameter_breakdown,
 )
-from helpers.layers import Block
+from helpers.model.kv_cache import KVCache
+from helpers.model.layers import Block
 
 SMALL = GPTConfig(vocab_size=23, context_length=16, n_layers=2, n_heads=4, d_model=32)
 

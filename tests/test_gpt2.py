@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.generation import KVCache, generate, sample_next
-from helpers.gpt import GPT, count_parameters
-from helpers.gpt2 import (
+from helpers.model.generation import generate, sample_next
+from helpers.model.gpt import GPT, count_parameters
+from helpers.model.gpt2 import (
     convert_gpt2_state,
     download_gpt2,
     gpt2_config,
@@ -19,6 +19,7 @@ from helpers.gpt2 import (
     read_checkpoint,
     read_safetensors,
 )
+from helpers.model.kv_cache import KVCache
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -205,7 +206,7 @@ def test_notebook_knob_path_with_a_local_fake_download(tmp_path):
     a GPT-2-shaped checkpoint (width 768, so no config.json is needed) and tokenizer files."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from helpers.gpt2 import GPT2_FILES, gpt2_demo
+    from helpers.model.gpt2 import GPT2_FILES, gpt2_demo
 
     hub = tmp_path / "hub"
     hub.mkdir()

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers.corpus import TOY_SOUP
-from helpers.gpt2_tokenizer import GPT2Tokenizer, bytes_to_unicode, read_merges
+from helpers.text.corpus import TOY_SOUP
+from helpers.text.gpt2_tokenizer import GPT2Tokenizer, bytes_to_unicode, read_merges
 
 tokenizers = pytest.importorskip("tokenizers")
 

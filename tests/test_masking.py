@@ -1,4 +1,4 @@
-"""helpers.attention's masks: causal attention never reads the future, padding is invisible,
+"""helpers.model.attention's masks: causal attention never reads the future, padding is invisible,
 fully masked rows stay finite, and the sparse patterns are what they claim to be."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.attention import (
+from helpers.lab.exercises import check
+from helpers.model.attention import (
     bidirectional_mask,
     causal_mask,
     global_mask,
@@ -15,7 +16,6 @@ from helpers.attention import (
     scaled_dot_product_attention,
     strided_mask,
 )
-from helpers.exercises import check
 
 TIGHT = {"atol": 1e-12, "rtol": 1e-12}
 

@@ -1,4 +1,4 @@
-"""The modern decoder (helpers/modern.py, notebook 9): RoPE, ALiBi, RMSNorm, the model, its cache,
+"""The modern decoder (helpers/model/modern.py, notebook 9): RoPE, ALiBi, RMSNorm, the model, its cache,
 bad input, and equality with Hugging Face's Llama (transformers is a test-only dependency)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from helpers import modern
-from helpers.generation import KVCache
-from helpers.layers import SwiGLUFeedForward
-from helpers.modern import (
+from helpers.model import modern
+from helpers.model.kv_cache import KVCache
+from helpers.model.layers import SwiGLUFeedForward
+from helpers.model.modern import (
     ModernConfig,
     ModernGPT,
     RMSNorm,
@@ -262,8 +262,8 @@ def test_rope_rmsnorm_and_swiglu_layers_match_llamas(llama):
 # --- notebook 9's exercise checkers catch the usual mistakes --------------------------------
 
 def test_exercise_checkers_name_the_usual_mistakes():
-    from helpers import exercises
-    from helpers.exercises import ExerciseFailed
+    from helpers.lab import exercises
+    from helpers.lab.exercises import ExerciseFailed
 
     def clockwise(a, b, position, theta):
         angle = position * theta

@@ -1,4 +1,4 @@
-"""Multi-head attention in helpers.multihead: both styles agree with each other and with PyTorch's own
+"""Multi-head attention in helpers.model.multihead: both styles agree with each other and with PyTorch's own
 nn.MultiheadAttention, GQA is multi-head attention with K/V shared in groups, every head is causal,
 and bad arguments are named in the error."""
 
@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from helpers.attention import causal_mask
-from helpers.exercises import ExerciseFailed, get
-from helpers.multihead import (
+from helpers.lab.exercises import ExerciseFailed, get
+from helpers.model.attention import causal_mask
+from helpers.model.multihead import (
     AttentionHead,
     MultiHeadAttention,
     SeparateHeadsAttention,

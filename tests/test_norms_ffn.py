@@ -1,5 +1,5 @@
 """LayerNorm by hand, the FFNs, the Pre-LN block, GPT-2's initialisation and the rank-one
-distance of helpers.layers, against PyTorch's own layers and the formulas the notebook quotes."""
+distance of helpers.model.layers, against PyTorch's own layers and the formulas the notebook quotes."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from helpers.exercises import ExerciseFailed, get
-from helpers.layers import (
+from helpers.lab.exercises import ExerciseFailed, get
+from helpers.model.layers import (
     Block,
     FeedForward,
     LayerNorm,

@@ -1,4 +1,4 @@
-"""Bring your own text (helpers.own_text): reading a student's file, and the functions behind
+"""Bring your own text (helpers.lab.own_text): reading a student's file, and the functions behind
 the MY_TEXT_FILE knobs of notebooks 1 and 7."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers.bpe import learn_merges
-from helpers.gpt import GPTConfig
-from helpers.own_text import bpe_on_text_file, gpt_on_text_file, read_text_file, tokens_needed
-from helpers.train import TrainConfig, split_train_val
+from helpers.lab.own_text import bpe_on_text_file, gpt_on_text_file, read_text_file, tokens_needed
+from helpers.model.gpt import GPTConfig
+from helpers.text.bpe import learn_merges
+from helpers.training.trainer import TrainConfig, split_train_val
 
 PROSE = ("The little boat left the harbour at dawn. The sailors sang while the gulls followed them, "
          "and the wind filled the sails. By noon the island was a grey line on the horizon.\n")
@@ -146,7 +146,7 @@ def knob_cell(notebook: str) -> str:
 
 
 def test_notebook_1_knob_cell(tmp_path, capsys):
-    from helpers.bpe import BPETokenizer
+    from helpers.text.bpe import BPETokenizer
 
     path = write(tmp_path, (PROSE * 20).encode())
     off = knob_cell("01_tokenization.py")

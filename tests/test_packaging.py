@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.environment import COURSE_REPO
+from helpers.lab.environment import COURSE_REPO
 
 # tomllib is in the standard library from Python 3.11 (the CI Python) on.
 tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+")
@@ -107,7 +107,7 @@ def test_wheel_installs_into_a_fresh_environment_and_finds_the_corpus(tmp_path):
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
     elsewhere = tmp_path / "somewhere-else"
     elsewhere.mkdir()
-    probe = ("import helpers, helpers.exercises, helpers.corpus as c, helpers.corpus_rich as r; "
+    probe = ("import helpers, helpers.lab.exercises, helpers.text.corpus as c, helpers.text.corpus_rich as r; "
              "t = c.load_corpus(); rich = r.load_rich_corpus()[:100_000]; "
              "print(helpers.__file__); print(len(t.encode()), c.well_formed_fraction(t)); "
              "print(len(rich), r.rich_well_formed_fraction(rich.rsplit(chr(10), 1)[0]))")

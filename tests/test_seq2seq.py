@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.multihead import MultiHeadAttention
-from helpers.seq2seq import (
+from helpers.families.seq2seq import (
     EncoderDecoder,
     Seq2SeqConfig,
     beam_search,
@@ -14,6 +13,7 @@ from helpers.seq2seq import (
     greedy_decode,
     sequence_log_prob,
 )
+from helpers.model.multihead import MultiHeadAttention
 
 SMALL = Seq2SeqConfig(source_vocab_size=13, target_vocab_size=11, context_length=12, n_layers=2,
                       n_heads=2, d_model=16)

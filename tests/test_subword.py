@@ -1,4 +1,4 @@
-"""helpers.subword: WordPiece and Unigram against Hugging Face's Rust implementations on the same
+"""helpers.text.subword: WordPiece and Unigram against Hugging Face's Rust implementations on the same
 vocabulary, every segmentation of a word, and clear errors for bad input."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizer_cases import finishes
 
-from helpers.corpus import TOY_SOUP, load_corpus
-from helpers.subword import UnigramTokenizer, WordPieceTokenizer, segmentations, split_words
+from helpers.text.corpus import TOY_SOUP, load_corpus
+from helpers.text.subword import UnigramTokenizer, WordPieceTokenizer, segmentations, split_words
 
 # --- every segmentation of a word ----------------------------------------------------------------
 

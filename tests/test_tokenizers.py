@@ -1,4 +1,4 @@
-"""helpers.tokenizers: the character tokenizer, GPT-2's pre-split (against Hugging Face's), special
+"""helpers.text.chars: the character tokenizer, GPT-2's pre-split (against Hugging Face's), special
 tokens, and clear errors for bad input. BPE is tested in test_bpe.py, WordPiece and Unigram in
 test_subword.py; nothing here is timed (the speed budgets live in benchmarks/bench_tokenizer.py)."""
 
@@ -9,13 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizer_cases import ASSIGNED, END, finishes
 
-from helpers.corpus import TOY_SOUP, load_corpus
-from helpers.tokenizers import (
-    CharTokenizer,
-    pre_split,
-    readable,
-    split_special,
-)
+from helpers.text.chars import CharTokenizer, pre_split, readable, split_special
+from helpers.text.corpus import TOY_SOUP, load_corpus
 
 # --- GPT-2's pre-split and special tokens --------------------------------------------------------
 

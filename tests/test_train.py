@@ -9,12 +9,13 @@ import shutil
 import pytest
 import torch
 
-from helpers import fast, train
-from helpers.checkpoints import load_checkpoint, save_checkpoint
-from helpers.fast import pick_dtype
-from helpers.gpt import GPT, GPTConfig
-from helpers.modern import ModernConfig, ModernGPT
-from helpers.train import (
+from helpers.model.checkpoints import load_checkpoint, save_checkpoint
+from helpers.model.gpt import GPT, GPTConfig
+from helpers.model.modern import ModernConfig, ModernGPT
+from helpers.training import speed
+from helpers.training import trainer as train
+from helpers.training.speed import pick_dtype
+from helpers.training.trainer import (
     History,
     TrainConfig,
     Trainer,
@@ -78,9 +79,9 @@ def test_precision_falls_back_to_float32_without_native_bf16(monkeypatch):
     cpu = torch.device("cpu")
     assert pick_dtype(cpu, "fp32") == torch.float32
     assert pick_dtype(cpu, "bf16") == torch.bfloat16
-    monkeypatch.setattr(fast, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: False)
     assert pick_dtype(cpu, "auto") == torch.float32
-    monkeypatch.setattr(fast, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: True)
     assert pick_dtype(cpu, "auto") == torch.bfloat16
     with pytest.raises(ValueError, match="precision is 'fp16', expected one of 'auto', 'bf16', 'fp32'"):
         pick_dtype(cpu, "fp16")
@@ -358,7 +359,7 @@ def test_line_overlap_counts_validation_lines_found_word_for_word_in_training():
 
 def test_course_corpus_split_keeps_stories_whole_yet_shares_sentences():
     # The corpus comes from templates: held-out stories still share sentences with training.
-    from helpers.corpus import load_corpus
+    from helpers.text.corpus import load_corpus
 
     text = load_corpus()
     train_text, val_text = train.split_stories(text, val_fraction=0.1)

@@ -7,11 +7,10 @@ import random
 import pytest
 import torch
 
-from helpers.corpus import is_well_formed
-from helpers.mlm import IGNORE, Classifier, MaskedLM, mask_tokens, swap_neighbours
-from helpers.rnn import GRUSeq2Seq, gru_greedy_decode
-from helpers.seq2seq import Encoder
-from helpers.translation import (
+from helpers.families.mlm import IGNORE, Classifier, MaskedLM, mask_tokens, swap_neighbours
+from helpers.families.rnn import GRUSeq2Seq, gru_greedy_decode
+from helpers.families.seq2seq import Encoder
+from helpers.families.translation import (
     EOS_ID,
     PAD_ID,
     TranslationData,
@@ -23,6 +22,7 @@ from helpers.translation import (
     sentence_splits,
     translate_words,
 )
+from helpers.text.corpus import is_well_formed
 
 SENTENCES = ["Near the river, Maya saw a golden lamp.", "Luca loved to sing songs with Amara.",
              "The dog barked happily.", '"Oh no!" said Ada.']
@@ -120,8 +120,8 @@ def test_a_swapped_sentence_breaks_the_grammar():
 
 
 def test_training_lowers_the_loss_and_needs_real_steps():
-    from helpers.seq2seq import EncoderDecoder, Seq2SeqConfig
-    from helpers.translation import train_translator
+    from helpers.families.seq2seq import EncoderDecoder, Seq2SeqConfig
+    from helpers.families.translation import train_translator
 
     data = TranslationData(SENTENCES)
     config = Seq2SeqConfig(data.source_vocab.vocab_size, data.target_vocab.vocab_size,

@@ -6,7 +6,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import pytest
 
-from helpers.widgets import Explorer
+from helpers.lab.widgets import Explorer
 
 
 def draw_line(slope: float, label: str) -> dict:

@@ -7,7 +7,7 @@
 Each notebook is written as `notebooks/src/NN_name.py` in the "percent" format (`# %%` starts a
 code cell, `# %% [markdown]` a markdown cell whose lines start with `# `), which diffs and reviews
 like any Python file. A cell that is exactly `# %% [setup]` becomes the course's set-up cell
-(`helpers.environment.SETUP_CELL`). This script turns each source into `notebooks/NN_name.ipynb`
+(`helpers.lab.environment.SETUP_CELL`). This script turns each source into `notebooks/NN_name.ipynb`
 and executes it in a fresh kernel, as "Restart and Run All" would, storing the real outputs that
 nbval later compares. Run it inside the course's environment (`.venv/bin/python`).
 """
@@ -31,7 +31,7 @@ SETUP_MARKER = "# %% [setup]"
 
 def parse_cells(text: str) -> list[tuple[str, str]]:
     """Split a percent-format source into (cell_type, source) pairs."""
-    from helpers.environment import SETUP_CELL
+    from helpers.lab.environment import SETUP_CELL
 
     cells: list[tuple[str, list[str]]] = []
     for line in text.splitlines():

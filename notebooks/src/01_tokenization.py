@@ -30,8 +30,8 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from IPython.display import HTML, display
 
-from helpers.corpus import TOY_SOUP, load_corpus
-from helpers.exercises import check
+from helpers.text.corpus import TOY_SOUP, load_corpus
+from helpers.lab.exercises import check
 from helpers.timing import format_duration
 
 # %% [markdown]
@@ -116,11 +116,11 @@ print("".join(chars[i] for i in plain_ids))
 
 # %% [markdown]
 # The same thing, with special tokens, saving and clear errors, is `CharTokenizer` in
-# `helpers/tokenizers.py`; the assertion checks that it agrees with the two lines above. It
+# `helpers/text/chars.py`; the assertion checks that it agrees with the two lines above. It
 # still fails on a character the corpus never used, and says so:
 
 # %%
-from helpers.tokenizers import CharTokenizer
+from helpers.text.chars import CharTokenizer
 
 char_tokenizer = CharTokenizer.train(corpus)
 assert char_tokenizer.encode(new_sentence) == plain_ids
@@ -193,7 +193,7 @@ check("tokenization.count_pairs", count_pairs)
 # ```
 # </details>
 #
-# From here on we use the same function from `helpers.bpe` (written with `Counter` and
+# From here on we use the same function from `helpers.text.bpe` (written with `Counter` and
 # `itertools.pairwise`, which yields the same neighbours as the `zip`). On the soup sentences,
 # several pairs are equally frequent, so the first merge needs a rule for ties. The course uses
 # the rule of Stanford's CS336 reference trainer: the pair whose byte strings come last in
@@ -201,8 +201,8 @@ check("tokenization.count_pairs", count_pairs)
 # only on what the tokens spell, not on the order in which their ids were handed out.
 
 # %%
-from helpers.bpe import count_pairs, most_frequent_pair
-from helpers.tokenizers import readable
+from helpers.text.bpe import count_pairs, most_frequent_pair
+from helpers.text.chars import readable
 
 soup_pairs = count_pairs(list(TOY_SOUP.encode("utf-8")))
 top_count = max(soup_pairs.values())
@@ -236,7 +236,7 @@ print(f"{len(word_enders)} of them end a word and reach into what follows: {word
 # chunk (` soup`); what never happens is a merge of a word with the space *after* it:
 
 # %%
-from helpers.tokenizers import pre_split
+from helpers.text.chars import pre_split
 
 print(pre_split(TOY_SOUP))
 
@@ -261,8 +261,8 @@ def merge_pair(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
 
 print(merge_pair([7, 7, 7, 1], (7, 7), 256))
 
-# The same step lives in helpers.bpe as `merge`; the two agree:
-from helpers.bpe import merge
+# The same step lives in helpers.text.bpe as `merge`; the two agree:
+from helpers.text.bpe import merge
 
 assert merge_pair([7, 7, 7, 1, 7, 7], (7, 7), 256) == merge([7, 7, 7, 1, 7, 7], (7, 7), 256)
 
@@ -300,19 +300,19 @@ def show_merges(merges: list[tuple[int, int]]) -> None:
 show_merges(train_textbook(TOY_SOUP, 6))
 
 # %% [markdown]
-# This loop is the slow rung of the course's package: `helpers.bpe.textbook_merges` is the same
+# This loop is the slow rung of the course's package: `helpers.text.bpe.textbook_merges` is the same
 # loop, kept plain on purpose, and the tests and the benchmark measure the fast trainer below
 # against it. It also records how often each pair occurred when it was merged:
 
 # %%
-from helpers.bpe import textbook_merges
+from helpers.text.bpe import textbook_merges
 
 soup_merges = textbook_merges(TOY_SOUP, 6)
 assert [m.pair for m in soup_merges] == train_textbook(TOY_SOUP, 6)
 print(soup_merges[0])
 
 # %% [markdown]
-# The same algorithm lives in `helpers.bpe.learn_merges`, with three changes that make it
+# The same algorithm lives in `helpers.text.bpe.learn_merges`, with three changes that make it
 # fast without changing a single merge:
 #
 # - **count each chunk once**: a chunk that occurs thousands of times is stored once with its
@@ -335,7 +335,7 @@ print("most common:", [(readable(chunk.encode()), n) for chunk, n in chunk_count
 # (`benchmarks/bench_tokenizer.py` holds the speed budgets):
 
 # %%
-from helpers.bpe import learn_merges
+from helpers.text.bpe import learn_merges
 
 sample = corpus[:10_000]
 started = time.perf_counter()
@@ -362,7 +362,7 @@ print(f"textbook loop {format_duration(textbook_seconds)} | learn_merges {format
 # puts between documents; more on it below.
 
 # %%
-from helpers.bpe import BPETokenizer
+from helpers.text.bpe import BPETokenizer
 
 VOCAB_SIZE = 512  # the knob: try 300, or a size past where this corpus runs out of pairs (section 8)
 END = "<|endoftext|>"
@@ -609,7 +609,7 @@ print(f"{len(corpus_lines):,} lines -> {len(streamed_ids):,} ids, the same as en
 # | **Flexibility** | the most flexible; can follow the morphology of a language | less flexible: based on counts alone | between the two |
 # | **Used by** | T5, ALBERT (through SentencePiece) | GPT models, StarCoder2 (code), Galactica | BERT |
 #
-# `helpers/subword.py` holds small from-scratch versions of the other two, trained here
+# `helpers/text/subword.py` holds small from-scratch versions of the other two, trained here
 # on the same corpus with the same vocabulary size:
 #
 # - `WordPieceTokenizer` merges the pair with the highest `count(ab) / (count(a) * count(b))`,
@@ -621,7 +621,7 @@ print(f"{len(corpus_lines):,} lines -> {len(streamed_ids):,} ids, the same as en
 #   when re-estimating, a common simplification of SentencePiece's expected counts.)
 
 # %%
-from helpers.subword import UnigramTokenizer, WordPieceTokenizer
+from helpers.text.subword import UnigramTokenizer, WordPieceTokenizer
 
 wordpiece = WordPieceTokenizer.train(corpus, vocab_size=VOCAB_SIZE)
 unigram = UnigramTokenizer.train(corpus, vocab_size=VOCAB_SIZE)
@@ -651,7 +651,7 @@ for word in words_to_compare:
 # cuts (a cut that uses a piece missing from the vocabulary has probability 0):
 
 # %%
-from helpers.subword import segmentations
+from helpers.text.subword import segmentations
 
 word_list = ("unicorn uniform union unit universe unique unicycle unify unison united "
              "program diagram telegram kilogram hologram anagram grammar "
@@ -717,7 +717,7 @@ print(f"this corpus runs out of pairs after {len(all_merges)} merges (vocabulary
 #
 # ### A richer corpus: merges that find morphemes
 #
-# The course has a second corpus, `helpers.corpus_rich`: tales, conversations and diary pages
+# The course has a second corpus, `helpers.text.corpus_rich`: tales, conversations and diary pages
 # from a larger grammar whose thousands of word forms are made from stems by English spelling
 # rules (box, boxes; carry, carried, carrying; happy, happier, happiest, unhappy, happily), with
 # numbers in digits and in words, dates and clock times. BPE keeps finding pairs far longer on it,
@@ -725,7 +725,7 @@ print(f"this corpus runs out of pairs after {len(all_merges)} merges (vocabulary
 # learned from counts alone:
 
 # %%
-from helpers.corpus_rich import load_rich_corpus
+from helpers.text.corpus_rich import load_rich_corpus
 
 rich_corpus = load_rich_corpus()
 rich_merges = learn_merges(rich_corpus, 10_000)
@@ -922,7 +922,7 @@ print(f"corpus: frequent pairs that end a word and reach into the next: {word_en
 #
 # Everything above ran on the course corpus. The same BPE learns from any text: a novel from
 # Project Gutenberg, your notes, a chat log, code. Save it as a plain UTF-8 text file, put its
-# path in `MY_TEXT_FILE` and run the cell: `helpers.own_text.bpe_on_text_file` reads the file
+# path in `MY_TEXT_FILE` and run the cell: `helpers.lab.own_text.bpe_on_text_file` reads the file
 # with `read_text_file`, learns `MY_MERGES` merges with section 5's `learn_merges` (fewer if
 # the text runs out of pairs), encodes the file with them and prints the first merges and how
 # many bytes one token covers. Compare the merges with the corpus's: which words of your text
@@ -934,7 +934,7 @@ print(f"corpus: frequent pairs that end a word and reach into the next: {word_en
 # and how to convert the file). Left `None`, the cell only says what it would do.
 
 # %%
-from helpers.own_text import bpe_on_text_file, read_text_file
+from helpers.lab.own_text import bpe_on_text_file, read_text_file
 
 MY_TEXT_FILE = None  # <- the path of a UTF-8 text file, such as "my_story.txt"
 MY_MERGES = 1_000

@@ -27,9 +27,9 @@ import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
-from helpers.corpus import TOY_SOUP, load_corpus
-from helpers.exercises import check
-from helpers.plots import heatmap
+from helpers.text.corpus import TOY_SOUP, load_corpus
+from helpers.lab.exercises import check
+from helpers.lab.plots import heatmap
 from helpers.timing import best_time, format_duration
 
 # The tensors of this notebook are small: on them one thread is faster than several that spend
@@ -104,12 +104,12 @@ print(f"dense table:   {dense_entries:,} numbers = {dense_entries * BYTES_PER_FL
 print(f"the dense table is {one_hot_entries / dense_entries:.0f} times smaller")
 
 # %% [markdown]
-# From here on the course uses `helpers.embeddings.one_hot(token_ids, vocab_size)`, which builds
+# From here on the course uses `helpers.model.embeddings.one_hot(token_ids, vocab_size)`, which builds
 # the same rows without making the whole identity matrix, for ids of any shape. It agrees with
 # the rows of the identity:
 
 # %%
-from helpers.embeddings import one_hot
+from helpers.model.embeddings import one_hot
 
 assert torch.equal(one_hot(ids, len(SOUP_VOCAB)), one_hot_table[ids])
 print("one_hot(ids) has shape", tuple(one_hot(ids, len(SOUP_VOCAB)).shape), "and equals the identity rows")
@@ -268,7 +268,7 @@ print("lookup         ", format_duration(by_lookup), f"({by_product / by_lookup:
 # to be indexed, so `weight[token_ids]` will not pass.
 
 # %%
-from helpers.embeddings import one_hot
+from helpers.model.embeddings import one_hot
 
 
 def lookup_by_product(token_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -288,7 +288,7 @@ check("embeddings.lookup_by_product", lookup_by_product)
 # <details><summary>Solution</summary>
 #
 # ```python
-# from helpers.embeddings import one_hot
+# from helpers.model.embeddings import one_hot
 #
 #
 # def lookup_by_product(token_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -318,11 +318,11 @@ distance = (boy - girl).norm()
 print(f"dot product {dot:.0f}, cosine {cosine:.4f}, distance {distance:.4f}")
 
 # %% [markdown]
-# The helper `helpers.embeddings.cosine_similarity(a, b)` computes the cosine along the last
+# The helper `helpers.model.embeddings.cosine_similarity(a, b)` computes the cosine along the last
 # dimension for whole batches of vectors, and refuses zero vectors, which have no direction.
 
 # %%
-from helpers.embeddings import cosine_similarity
+from helpers.model.embeddings import cosine_similarity
 
 assert torch.isclose(cosine_similarity(boy, girl), cosine)
 print(f"cosine_similarity(boy, girl) = {cosine_similarity(boy, girl):.4f}")
@@ -461,7 +461,7 @@ check("embeddings.most_similar", most_similar)
 # layer with no positional information, using our learned word vectors, and compare.
 
 # %%
-from helpers.attention import scaled_dot_product_attention
+from helpers.model.attention import scaled_dot_product_attention
 
 D = word_vectors.shape[1]
 torch.manual_seed(0)
@@ -502,7 +502,7 @@ def largest_difference(a: torch.Tensor, b: torch.Tensor) -> str:
     return f"{(a - b).abs().max().item():.6f}"
 
 
-from helpers.embeddings import sinusoidal_positions
+from helpers.model.embeddings import sinusoidal_positions
 
 
 def permutation_answers(add_positions: bool) -> dict[str, bool]:
@@ -641,13 +641,13 @@ matrix_magic_mismatches = compare_with_slide(sinusoids_by_hand(4, 4, base=100.0)
                                          ["I", "am", "a", "Robot"], ["P_k0", "P_k1", "P_k2", "P_k3"],
                                          decimals=2)
 print(f"cos(1/10) = {math.cos(0.1):.4f}")
-from helpers.embeddings import sinusoid_frequencies
+from helpers.model.embeddings import sinusoid_frequencies
 
 for base in (100.0, 10000.0):
     print(f"base {base:>7g}: the two pairs turn by {[round(f, 6) for f in sinusoid_frequencies(4, base).tolist()]} per position")
 
 # %% [markdown]
-# From here on we use `helpers.embeddings.sinusoidal_positions(n_positions, d_model, base)`,
+# From here on we use `helpers.model.embeddings.sinusoidal_positions(n_positions, d_model, base)`,
 # which computes the whole table at once (and `sinusoid_frequencies`, used above, gives each
 # pair's speed). It agrees with the loops:
 
@@ -739,7 +739,7 @@ print("every diagonal of the 64 x 64 dot-product matrix is constant")
 # `i = 255` (slowest).
 
 # %%
-from helpers.embeddings import sinusoid_wavelengths
+from helpers.model.embeddings import sinusoid_wavelengths
 
 wavelengths = sinusoid_wavelengths(512)  # (256,) one per pair
 print(f"fastest pair, i = 0:   2 pi x 10000^(0/512)   = {wavelengths[0]:,.4f} positions")
@@ -805,7 +805,7 @@ plt.show()
 # %%
 # NBVAL_IGNORE_OUTPUT
 # The widget's output holds model ids that change on every run; the figure above is the same drawing.
-from helpers.widgets import Explorer
+from helpers.lab.widgets import Explorer
 
 explorer = Explorer(
     draw_positions,
@@ -856,12 +856,12 @@ print("sizes of those errors:", sorted({round(e, 4) for e in errors[errors > 0.0
 # numbers and printed the sum rounded, while it printed the two inputs rounded too (0.00 + 0.05
 # shown as 0.06). The sums of the printed inputs are the computed column.
 #
-# `helpers.embeddings.TokenAndPositionEmbedding(vocab_size, context_length, d_model)` packages
+# `helpers.model.embeddings.TokenAndPositionEmbedding(vocab_size, context_length, d_model)` packages
 # the two learned tables. Loaded with the slide's numbers it gives the computed sum, for a whole
 # batch of shape (batch, seq_len):
 
 # %%
-from helpers.embeddings import TokenAndPositionEmbedding
+from helpers.model.embeddings import TokenAndPositionEmbedding
 
 embed = TokenAndPositionEmbedding(vocab_size=12, context_length=BLOCK_SIZE, d_model=8).double()
 with torch.no_grad():

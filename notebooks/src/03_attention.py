@@ -24,9 +24,9 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
-from helpers.exercises import check
-from helpers.plots import heatmap
-from helpers.widgets import Explorer
+from helpers.lab.exercises import check
+from helpers.lab.plots import heatmap
+from helpers.lab.widgets import Explorer
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
@@ -311,18 +311,18 @@ check("attention.scaled_attention", my_attention)
 # </details>
 
 # %% [markdown]
-# ### From here on: `helpers.attention`
+# ### From here on: `helpers.model.attention`
 #
-# The same two functions live in the course package as `helpers.attention.softmax` and
-# `helpers.attention.scaled_dot_product_attention(q, k, v, mask=None, scale=None)`, which also
+# The same two functions live in the course package as `helpers.model.attention.softmax` and
+# `helpers.model.attention.scaled_dot_product_attention(q, k, v, mask=None, scale=None)`, which also
 # takes a mask (notebook 4) and checks its inputs. The cell below proves that our plain version,
 # the helper and PyTorch's own `F.scaled_dot_product_attention` agree on a batch of heads.
 
 # %%
 import torch.nn.functional as F
 
-from helpers.attention import scaled_dot_product_attention, softmax_jacobian
-from helpers.attention import softmax as helper_softmax
+from helpers.model.attention import scaled_dot_product_attention, softmax_jacobian
+from helpers.model.attention import softmax as helper_softmax
 
 torch.manual_seed(2)
 q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 5)  # (batch, heads, N, d)
@@ -332,7 +332,7 @@ torch.testing.assert_close(ours, helper_out)
 torch.testing.assert_close(our_weights, helper_weights)
 torch.testing.assert_close(helper_out, F.scaled_dot_product_attention(q, k, v))
 torch.testing.assert_close(softmax(q), helper_softmax(q))
-print("plain code, helpers.attention and torch agree; output", tuple(helper_out.shape),
+print("plain code, helpers.model.attention and torch agree; output", tuple(helper_out.shape),
       "weights", tuple(helper_weights.shape))
 
 # %% [markdown]
@@ -405,7 +405,7 @@ check("attention.softmax_jacobian", my_jacobian)
 
 # %% [markdown]
 # Now compare the formula with what autograd computes by differentiating the softmax itself, for
-# both score vectors. (`helpers.attention.softmax_jacobian` is the same one-line formula.)
+# both score vectors. (`helpers.model.attention.softmax_jacobian` is the same one-line formula.)
 
 # %%
 def jacobian_by_hand(a: torch.Tensor) -> torch.Tensor:

@@ -25,11 +25,11 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from helpers.attention import scaled_dot_product_attention, softmax
-from helpers.corpus import TOY_CAT, TOY_SOUP
-from helpers.exercises import check
-from helpers.plots import heatmap
-from helpers.widgets import Explorer
+from helpers.model.attention import scaled_dot_product_attention, softmax
+from helpers.text.corpus import TOY_CAT, TOY_SOUP
+from helpers.lab.exercises import check
+from helpers.lab.plots import heatmap
+from helpers.lab.widgets import Explorer
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
@@ -198,13 +198,13 @@ print("all 16 entries, rounded to two decimals, equal the notes':", torch.equal(
 #
 # ## 4. The helpers: `causal_mask` and `mask=`
 #
-# From now on we use `helpers.attention.causal_mask(n)` (the same lower triangle) and pass masks
+# From now on we use `helpers.model.attention.causal_mask(n)` (the same lower triangle) and pass masks
 # to `scaled_dot_product_attention(q, k, v, mask=...)`, which does the `masked_fill` with
 # $-\infty$ for us. The cell checks both against what we just built by hand, and against
 # PyTorch's `is_causal=True`.
 
 # %%
-from helpers.attention import causal_mask
+from helpers.model.attention import causal_mask
 
 assert torch.equal(causal_mask(4), allowed)
 torch.manual_seed(2)
@@ -292,13 +292,13 @@ assert (moved["causal, 0 fill"][:edit_from] > 0).all() and (moved["no mask"][:ed
 # ## 6. Padding masks
 #
 # A batch holds sentences of different lengths, padded to the longest with a `<pad>` token. Pad
-# tokens are not part of any sentence, so no query may attend to them. `helpers.attention.
+# tokens are not part of any sentence, so no query may attend to them. `helpers.model.attention.
 # padding_mask(lengths, n_k)` returns a boolean tensor of shape `(B, 1, 1, n_k)`: True on the
 # real tokens. The two 1s broadcast over heads and queries, so it combines with a causal mask by
 # `&`.
 
 # %%
-from helpers.attention import padding_mask
+from helpers.model.attention import padding_mask
 
 sentences = [re.findall(r"\w+|\.", s) for s in re.findall(r"[^.]+\.", TOY_SOUP)]
 lengths = torch.tensor([len(s) for s in sentences])
@@ -412,7 +412,7 @@ print("and what the NaN does downstream: output row 0", (plain @ v)[0],
 # Every $e^{-\infty}$ in the row is 0, so is their sum, and $0/0$ is NaN. Worse, NaN does not stay
 # where it started: multiplying it by 0 gives NaN, so a loss that "ignores" the pad rows is NaN
 # too, and so is every gradient. Two common ways out:
-# 1. **What `helpers.attention.softmax` does:** if a row's maximum is $-\infty$, shift it by 0
+# 1. **What `helpers.model.attention.softmax` does:** if a row's maximum is $-\infty$, shift it by 0
 #    instead of by the maximum (avoiding $-\infty - (-\infty)$), and if a row's sum is 0, divide by
 #    1 instead. A fully masked row then gets all-zero weights and a zero output: "attend to
 #    nothing" means "receive nothing". PyTorch's `F.scaled_dot_product_attention` does the same.
@@ -442,7 +442,7 @@ torch.testing.assert_close(helper_weights[2:], plain[2:])  # rows with something
 # values are the encoder's outputs: those are all known, so it is not causal either.
 
 # %%
-from helpers.attention import bidirectional_mask
+from helpers.model.attention import bidirectional_mask
 
 encoder_out, encoder_w = self_attention(X, bidirectional_mask(4))
 decoder_out, decoder_w = self_attention(X, causal_mask(4))
@@ -475,7 +475,7 @@ for name, mask in (("encoder", bidirectional_mask(4)), ("decoder", causal_mask(4
 # patterns `&` the causal mask (decoder).
 
 # %%
-from helpers.attention import global_mask, local_mask, strided_mask
+from helpers.model.attention import global_mask, local_mask, strided_mask
 
 PATTERN_SENTENCE = "once upon a time a small cat sat on the warm mat and fell fast asleep".split()
 N_PAT, WINDOW, STRIDE, GLOBAL_TOKENS = len(PATTERN_SENTENCE), 2, 4, [0]
@@ -704,7 +704,7 @@ torch.testing.assert_close(full_pass, prefix_by_prefix)
 print(f"one masked pass == {n} separate prefix passes, for all {n} positions")
 
 # %% [markdown]
-# **5. What does `helpers.attention` return for a query that may see no key at all, and why
+# **5. What does `helpers.model.attention` return for a query that may see no key at all, and why
 # not NaN?**
 # <details><summary>Answer</summary>
 #

@@ -13,7 +13,7 @@
 # - use the same module for cross-attention.
 #
 # **It assumes** notebooks 3 (scaled dot-product attention) and 4 (masking). The attention
-# itself comes from `helpers.attention`; this notebook only arranges heads around it.
+# itself comes from `helpers.model.attention`; this notebook only arranges heads around it.
 
 # %% [setup]
 
@@ -25,10 +25,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from helpers.attention import causal_mask, scaled_dot_product_attention
-from helpers.exercises import check
-from helpers.plots import heatmap
-from helpers.widgets import Explorer
+from helpers.model.attention import causal_mask, scaled_dot_product_attention
+from helpers.lab.exercises import check
+from helpers.lab.plots import heatmap
+from helpers.lab.widgets import Explorer
 
 # The tensors here are tiny: one thread is faster than splitting each product across several.
 torch.set_num_threads(1)
@@ -99,13 +99,13 @@ for name, t in [("one head's output", head_outputs[0]), ("concatenated", concate
     print(f"{name:>18}: {tuple(t.shape)}")
 
 # %% [markdown]
-# The same thing lives in `helpers.layers` as `SeparateHeadsAttention`: an `nn.ModuleList` of
+# The same thing lives in `helpers.model.layers` as `SeparateHeadsAttention`: an `nn.ModuleList` of
 # `AttentionHead` modules (each with `q_proj`, `k_proj`, `v_proj`) and an `out_proj` for `W_O`.
 # `nn.Linear` stores its weight as `[out x in]`, the transpose of the `[in x out]` matrices above,
 # so copying our matrices in takes a `.T`. The cell checks that the module and the plain code agree.
 
 # %%
-from helpers.multihead import SeparateHeadsAttention
+from helpers.model.multihead import SeparateHeadsAttention
 
 separate = SeparateHeadsAttention(d_model=D, n_heads=H, bias=False)
 with torch.no_grad():
@@ -226,7 +226,7 @@ check("multihead_attention.merge_heads", merge_heads)
 # %% [markdown]
 # ### The fused module, and the proof that both styles agree
 #
-# `helpers.multihead.MultiHeadAttention(d_model, n_heads)` is the batched version, with
+# `helpers.model.multihead.MultiHeadAttention(d_model, n_heads)` is the batched version, with
 # `split_heads` and `merge_heads` from the same module. It keeps three projections, `q_proj`,
 # `k_proj`, `v_proj`, rather than one `W_QKV`: stacked, they are exactly `W_QKV`, and kept apart
 # they let keys and values have fewer heads than queries (section 6). `fuse_heads` builds one from
@@ -235,7 +235,7 @@ check("multihead_attention.merge_heads", merge_heads)
 # with and without the causal mask.
 
 # %%
-from helpers.multihead import MultiHeadAttention, fuse_heads, merge_heads, split_heads
+from helpers.model.multihead import MultiHeadAttention, fuse_heads, merge_heads, split_heads
 
 torch.manual_seed(1)
 separate = SeparateHeadsAttention(d_model=32, n_heads=4)
@@ -289,7 +289,7 @@ print("concat(heads) @ W_O == sum over heads of head_h @ W_O[block h]:",
 # Matching vectors get a dot product of `STRENGTH²`, far above the others, so the softmax picks them.
 
 # %%
-from helpers.corpus import TOY_CAT, TOY_SOUP, load_corpus
+from helpers.text.corpus import TOY_CAT, TOY_SOUP, load_corpus
 
 
 def words(sentence: str) -> list[str]:
@@ -539,13 +539,13 @@ check("multihead_attention.kv_cache_bytes_per_token", kv_cache_bytes_per_token)
 # %% [markdown]
 # ### What the cache costs at real sizes
 #
-# The table uses `helpers.multihead.kv_cache_bytes_per_token` with 2-byte (fp16) numbers, for GPT-3
+# The table uses `helpers.model.multihead.kv_cache_bytes_per_token` with 2-byte (fp16) numbers, for GPT-3
 # and two Llama-like shapes, each with its full context. Llama 2 70B and Llama 3 8B really use
 # GQA with 8 key/value heads; GPT-3 uses plain multi-head attention. The MHA and MQA rows show
 # what the same shape would cost with the other choices.
 
 # %%
-from helpers.multihead import kv_cache_bytes_per_token
+from helpers.model.multihead import kv_cache_bytes_per_token
 
 BYTES_FP16 = 2
 SHAPES = {  # layers L, query heads H, head size d_h, context length in tokens

@@ -14,7 +14,7 @@
 # - show with numbers why residual connections make deep stacks trainable, how the residual stream
 #   grows with Pre-LN and Post-LN, and what GPT-2's `1/sqrt(2N)` initialisation does about it;
 # - answer "can the FFN be replaced by attention?" with a measurement;
-# - use the Pre-LN `Block` from `helpers.layers`.
+# - use the Pre-LN `Block` from `helpers.model.layers`.
 #
 # **It assumes** notebook 5 (multi-head attention) and basic PyTorch (`nn.Module`, `backward`).
 
@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.exercises import check
-from helpers.plots import heatmap
+from helpers.lab.exercises import check
+from helpers.lab.plots import heatmap
 
 # The tensors here are tiny: one thread is faster than splitting each product across several.
 torch.set_num_threads(1)
@@ -123,18 +123,18 @@ print(f"(x - mean) / sqrt(notes std + eps) matches the notes' rows to {gap:.3f}"
 # where the formula wants the variance, so its rows have standard deviation between 1.34 and 1.81
 # instead of 1.
 #
-# From here on the course uses `helpers.layers.layer_norm` and the module `helpers.layers.LayerNorm`
+# From here on the course uses `helpers.model.layers.layer_norm` and the module `helpers.model.layers.LayerNorm`
 # (learned `weight` = gamma starting at 1, `bias` = beta starting at 0). The cell checks the
 # module against `nn.LayerNorm` with the same parameters.
 
 # %%
-from helpers.layers import LayerNorm, layer_norm
+from helpers.model.layers import LayerNorm, layer_norm
 
 ours = LayerNorm(8)
 ours.load_state_dict(reference.state_dict())
 assert torch.allclose(ours(x), reference(x), atol=1e-6)
 assert torch.allclose(layer_norm(x, reference.weight, reference.bias), mine, atol=1e-6)
-print("helpers.layers.LayerNorm == nn.LayerNorm:", torch.allclose(ours(x), reference(x), atol=1e-6))
+print("helpers.model.layers.LayerNorm == nn.LayerNorm:", torch.allclose(ours(x), reference(x), atol=1e-6))
 
 # %% [markdown]
 # ### Exercise: LayerNorm
@@ -270,16 +270,16 @@ print(f"largest |GELU(z) - GELU_tanh(z)| for z in [-6, 6]: {gelu_gap.max():.1e},
 # The two never differ by more than the printed gap, invisible in the plot. But every FFN of a
 # model applies it, so a model run with the other GELU than it was trained with computes slightly
 # different logits: GPT-2's weights must be run with the tanh form (the GPT-2 presets of
-# `helpers.gpt.GPTConfig` in notebook 7 choose it).
+# `helpers.model.gpt.GPTConfig` in notebook 7 choose it).
 #
-# `helpers.layers` has both: `FeedForward(d_model, hidden=4·d_model, activation="relu" | "gelu")`
+# `helpers.model.layers` has both: `FeedForward(d_model, hidden=4·d_model, activation="relu" | "gelu")`
 # and `SwiGLUFeedForward(d_model, hidden=8·d_model//3)`. The cell counts their parameters for
 # GPT-2 small's `D = 768` without allocating any weights (on PyTorch's `meta` device, where tensors
 # have shapes but no memory) and compares with the formulas.
 
 # %%
-from helpers.layers import FeedForward, SwiGLUFeedForward
-from helpers.multihead import MultiHeadAttention
+from helpers.model.layers import FeedForward, SwiGLUFeedForward
+from helpers.model.multihead import MultiHeadAttention
 
 
 def n_parameters(module: nn.Module) -> int:
@@ -423,10 +423,10 @@ plt.show()
 # stream; taken at its word, the question gives `2L` terms and `sqrt(1 + 8) = 3`. The cell
 # measures both readings with branches that match the assumption (a random linear map with
 # weights of variance `1/D` after a LayerNorm gives unit-std outputs), and then the real attention
-# and FFN branches of `helpers.layers.Block` at PyTorch's default initialisation.
+# and FFN branches of `helpers.model.layers.Block` at PyTorch's default initialisation.
 
 # %%
-from helpers.layers import Block
+from helpers.model.layers import Block
 
 DEPTH = 24
 
@@ -543,12 +543,12 @@ assert 0.8 < variances["Xavier, 2/(fan_in + fan_out)"][-1] < 1.25
 # together add the same amount whatever the depth. Without the factor, the textbook section points out, the
 # stream's variance grows in proportion to the depth.
 #
-# `helpers.layers.init_gpt2_(model, n_layers)` does this. The cell builds stacks of `N` Pre-LN blocks,
+# `helpers.model.layers.init_gpt2_(model, n_layers)` does this. The cell builds stacks of `N` Pre-LN blocks,
 # initialises them with and without the `1/sqrt(2N)` factor, feeds them a stream of standard
 # deviation 0.02 (like GPT-2's embeddings), and measures the stream at the top.
 
 # %%
-from helpers.layers import RESIDUAL_PROJECTIONS, init_gpt2_
+from helpers.model.layers import RESIDUAL_PROJECTIONS, init_gpt2_
 
 STACK_DEPTHS = (1, 2, 4, 8, 16, 32)
 
@@ -634,13 +634,13 @@ check("layers.distance_from_rank_one", my_distance_from_rank_one)
 # </details>
 
 # %% [markdown]
-# The helper is `helpers.layers.distance_from_rank_one`. The cell pushes 16 random tokens
+# The helper is `helpers.model.layers.distance_from_rank_one`. The cell pushes 16 random tokens
 # (64 features) through 24 layers of four kinds, all with PyTorch's default initialisation and no
 # mask: attention alone, attention followed by an FFN, attention with a skip connection, and the
 # full Pre-LN block (skips, FFN and LayerNorm).
 
 # %%
-from helpers.layers import distance_from_rank_one
+from helpers.model.layers import distance_from_rank_one
 
 ATTENTION_SHARPNESS = 1.0  # knob: scales W_Q and W_K; try 6.0 for attention far from uniform
 
@@ -710,7 +710,7 @@ plt.show()
 #
 # `x = x + attn(ln1(x))`, then `x = x + mlp(ln2(x))`
 #
-# First in plain code from the pieces, then `helpers.layers.Block`, which must agree.
+# First in plain code from the pieces, then `helpers.model.layers.Block`, which must agree.
 
 # %%
 def pre_ln_block(x: torch.Tensor, ln1: nn.Module, attn: nn.Module, ln2: nn.Module, mlp: nn.Module) -> torch.Tensor:

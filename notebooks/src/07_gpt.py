@@ -32,13 +32,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.attention import causal_mask
-from helpers.corpus_rich import known_word_fraction, load_rich_corpus, rich_well_formed_fraction, word_forms
-from helpers.embeddings import TokenAndPositionEmbedding
-from helpers.exercises import check
-from helpers.layers import Block, FeedForward, LayerNorm
-from helpers.multihead import MultiHeadAttention, merge_heads, split_heads
-from helpers.plots import heatmap
+from helpers.model.attention import causal_mask
+from helpers.text.corpus_rich import known_word_fraction, load_rich_corpus, rich_well_formed_fraction, word_forms
+from helpers.model.embeddings import TokenAndPositionEmbedding
+from helpers.lab.exercises import check
+from helpers.model.layers import Block, FeedForward, LayerNorm
+from helpers.model.multihead import MultiHeadAttention, merge_heads, split_heads
+from helpers.lab.plots import heatmap
 from helpers.timing import format_duration
 
 # Two cores, often shared with other work (a browser, a video call): one thread per product
@@ -88,13 +88,13 @@ mini = MiniGPT(vocab_size=70, context_length=64, n_layers=2, n_heads=4, d_model=
 print(mini.lm_head.weight is mini.embed.token.weight, "- the output matrix is the token table")
 
 # %% [markdown]
-# The same model lives in `helpers.gpt` as `GPT`, configured by a dataclass, `GPTConfig`, that
+# The same model lives in `helpers.model.gpt` as `GPT`, configured by a dataclass, `GPTConfig`, that
 # checks its numbers. `GPT` adds GPT-2's initialisation (`init_gpt2_` of notebook 6), dropout, a
 # cached forward for generation (section 6) and a fast path for training (section 10). With the
 # same weights it computes exactly what `MiniGPT` computes:
 
 # %%
-from helpers.gpt import GPT, GPTConfig
+from helpers.model.gpt import GPT, GPTConfig
 
 config = GPTConfig(vocab_size=70, context_length=64, n_layers=2, n_heads=4, d_model=128)  # V: section 4's characters
 print(config)
@@ -102,7 +102,7 @@ model = GPT(config)
 mini.load_state_dict(model.state_dict())
 ids = torch.randint(0, 70, (2, 64))
 assert torch.equal(mini(ids), model(ids))
-print("MiniGPT == helpers.gpt.GPT:", torch.equal(mini(ids), model(ids)))
+print("MiniGPT == helpers.model.gpt.GPT:", torch.equal(mini(ids), model(ids)))
 
 # %% [markdown]
 # The config refuses sizes that cannot work, naming the numbers (here a width that the heads
@@ -505,7 +505,7 @@ for t, word in enumerate(sentence):
 # once. For our character model:
 
 # %%
-from helpers.gpt import (build_without_weights, count_parameters, exact_parameters,
+from helpers.model.gpt import (build_without_weights, count_parameters, exact_parameters,
                          formula_parameters, parameter_breakdown)
 
 print(f"formula 12Nd² + 2Vd : {formula_parameters(config.n_layers, config.d_model, config.vocab_size):>9,}")
@@ -712,15 +712,15 @@ check("gpt.exact_parameters", gpt_parameters)
 # %% [markdown]
 # ## 4. Training on the course corpus
 #
-# The course's rich corpus (`helpers.corpus_rich`, met in notebook 1) is tales, conversations
+# The course's rich corpus (`helpers.text.corpus_rich`, met in notebook 1) is tales, conversations
 # and diary pages from a grammar of thousands of word forms (counted below), one sentence per
 # line: quoted speech, questions, numbers in digits and in words, dates and clock times. We read
 # it one character at a time: the vocabulary is every character that occurs, and a model that
 # must spell every word is the hardest test of what it learned.
 
 # %%
-from helpers.tokenizers import CharTokenizer
-from helpers.train import encode_text, line_overlap, random_batch, split_stories
+from helpers.text.chars import CharTokenizer
+from helpers.training.trainer import encode_text, line_overlap, random_batch, split_stories
 
 text = load_rich_corpus()
 tokenizer = CharTokenizer.train(text)
@@ -784,7 +784,7 @@ print("shapes:", tuple(x.shape), tuple(y.shape))
 # and the untrained model writes noise:
 
 # %%
-from helpers.generation import generate
+from helpers.model.generation import generate
 
 
 def written_lines(gpt: GPT, n_samples: int = 48, temperature: float = 1.0, seed: int = 0) -> list[str]:
@@ -815,7 +815,7 @@ print(f"untrained model: {quality_before:.2f} well formed, {words_before:.2f} kn
 #
 # Training repeats one step: compute the loss on a batch, compute its gradient with
 # `loss.backward()`, clip the gradient, and let the optimiser move every weight at the
-# learning rate of the schedule. `helpers.train.Trainer` does all of it, fast. First we write
+# learning rate of the schedule. `helpers.training.trainer.Trainer` does all of it, fast. First we write
 # each piece in plain code and check it against PyTorch's own, then train a tiny model with a
 # loop of a dozen lines.
 #
@@ -904,11 +904,11 @@ check("gpt.next_token_loss", next_token_loss)
 # - the step: `p = p - lr x m_hat / (sqrt(v_hat) + eps)`.
 #
 # Each weight gets its own step size: a weight whose gradient is consistently large or small
-# moves by about `lr` either way. `helpers.train.matrices_and_vectors` splits the parameters into
+# moves by about `lr` either way. `helpers.training.trainer.matrices_and_vectors` splits the parameters into
 # the matrices (two or more axes) and the rest.
 
 # %%
-from helpers.train import matrices_and_vectors
+from helpers.training.trainer import matrices_and_vectors
 
 
 class HandAdamW:
@@ -1046,10 +1046,10 @@ print(f"norm after clipping: {new_norm:.4f}; largest difference from clip_grad_n
 # **The schedule.** The learning rate rises linearly from 0 to its peak over the first 5 % of
 # the run (the first steps, with `m` and `v` still poor averages, would otherwise be too
 # large), then follows half a cosine down to a tenth of the peak. Written out, and checked against
-# `helpers.train.learning_rate` on a fine grid:
+# `helpers.training.trainer.learning_rate` on a fine grid:
 
 # %%
-from helpers.train import learning_rate
+from helpers.training.trainer import learning_rate
 
 
 def warmup_cosine(progress: float, peak: float, warmup: float = 0.05, floor: float = 0.1) -> float:
@@ -1065,12 +1065,12 @@ schedule_gap = max(abs(warmup_cosine(p, 5e-3) - learning_rate(p, 5e-3)) for p in
 assert schedule_gap < 1e-15
 print(f"peak 5e-3: {warmup_cosine(0.0, 5e-3):g} at the start, {warmup_cosine(0.05, 5e-3):g} after "
       f"the warm-up, {warmup_cosine(1.0, 5e-3):g} at the end")
-print(f"{len(grid)} points, largest difference from helpers.train.learning_rate: < 1e-15")
+print(f"{len(grid)} points, largest difference from helpers.training.trainer.learning_rate: < 1e-15")
 
 # %% [markdown]
 # **The loop.** Now the pieces train a tiny GPT (2 blocks, width 32, a context of 32, float32)
 # for `PLAIN_STEPS` steps of 16 random windows. The rate at each step is the schedule's at the
-# end of that step, `(step + 1) / PLAIN_STEPS`, as in `helpers.train`.
+# end of that step, `(step + 1) / PLAIN_STEPS`, as in `helpers.training.trainer`.
 
 # %%
 PLAIN_STEPS = 120  # the knob of this plain loop: a few seconds of CPU
@@ -1102,24 +1102,24 @@ ax.set_title("A tiny GPT trained by the plain loop")
 plt.show()
 
 # %% [markdown]
-# That is all of training. **This is what `helpers.train` does, faster**: `Trainer.train_step`
+# That is all of training. **This is what `helpers.training.trainer` does, faster**: `Trainer.train_step`
 # is the body of this loop, with `torch.optim.AdamW` (its fused kernel) in place of `HandAdamW`,
 # `clip_grad_norm_` in place of `clip_by_global_norm`, `F.cross_entropy` for the loss and
 # `learning_rate` for the schedule, and section 10 explains what makes its steps fast (that
-# machinery lives apart, in `helpers.fast`, so `helpers/train.py` reads like this loop). From here
+# machinery lives apart, in `helpers.training.speed`, so `helpers/training/trainer.py` reads like this loop). From here
 # on the notebook trains with it.
 #
 # ### The recipe
 #
-# `helpers.train.Trainer` trains with AdamW (weight decay on the weight matrices only), a
+# `helpers.training.trainer.Trainer` trains with AdamW (weight decay on the weight matrices only), a
 # learning rate that rises linearly for the first 5 % of the run and then follows half a cosine
 # down to a tenth of its peak, and gradient clipping (the whole gradient is scaled down whenever
 # its norm exceeds 1). Evaluations use fixed batches, so the train and validation curves are
 # comparable from point to point.
 
 # %%
-from helpers.plots import LiveLossPlot, draw_losses
-from helpers.train import TrainConfig, Trainer
+from helpers.lab.plots import LiveLossPlot, draw_losses
+from helpers.training.trainer import TrainConfig, Trainer
 
 train_config = TrainConfig(batch_size=16, learning_rate=5e-3, eval_every=100)
 progress = torch.linspace(0, 1, 200)
@@ -1188,7 +1188,7 @@ plt.show()
 # ways:
 
 # %%
-from helpers.generation import sample_next
+from helpers.model.generation import sample_next
 
 prompt_text = "On Monday, the 3rd of May, Mia walked to the "
 model.eval()
@@ -1209,7 +1209,7 @@ fig.suptitle(f"After {prompt_text!r}", y=1.03)
 plt.show()
 
 # %% [markdown]
-# `helpers.generation.sample_next` does this for a batch of logits, and `generate` repeats it, each
+# `helpers.model.generation.sample_next` does this for a batch of logits, and `generate` repeats it, each
 # time appending the new token. Temperature 0 or top-k 1 is greedy:
 
 # %%
@@ -1375,7 +1375,7 @@ check("gpt.cache_step", cache_step)
 # cached logits equal the full forward pass.
 
 # %%
-from helpers.generation import KVCache
+from helpers.model.kv_cache import KVCache
 
 prompt = torch.tensor([tokenizer.encode("Once upon a time"), tokenizer.encode('"Good morning, L')])
 with_cache = generate(model, prompt, 100, temperature=0.0, use_cache=True)
@@ -1579,13 +1579,13 @@ print(f"one random masking of {window_length} positions hid {int(masked.sum())}"
 # %% [markdown]
 # ## 9. Saving and loading a checkpoint
 #
-# `helpers.checkpoints.save_checkpoint` stores the config, the weights and (optionally) the optimiser
+# `helpers.model.checkpoints.save_checkpoint` stores the config, the weights and (optionally) the optimiser
 # state, all as plain tensors, numbers and strings, so that `load_checkpoint` can read it with
 # `torch.load(..., weights_only=True)`, which refuses to unpickle arbitrary objects and so
 # cannot run code hidden in a file.
 
 # %%
-from helpers.checkpoints import load_checkpoint, save_checkpoint
+from helpers.model.checkpoints import load_checkpoint, save_checkpoint
 
 with tempfile.TemporaryDirectory() as folder:
     path = save_checkpoint(Path(folder) / "char_gpt.pt", model, trainer.optimizer, steps=TRAIN_STEPS)
@@ -1600,7 +1600,7 @@ print("restored model gives identical logits:", same, "| still tied:", restored.
 # %% [markdown]
 # ## 10. How fast is the trainer?
 #
-# The trainer is fast for a CPU because of a few choices, all in `helpers.fast` and each measured
+# The trainer is fast for a CPU because of a few choices, all in `helpers.training.speed` and each measured
 # by `benchmarks/bench_train.py` (against a plain loop and against nanoGPT's recipe):
 #
 # - **bfloat16** on CPUs with native bf16 instructions (elsewhere it falls back to float32 by
@@ -1739,7 +1739,7 @@ print(f"GPT-2 small cache, 1024 tokens, fp16: {2 * 12 * 12 * 64 * 1024 * 2 / 1e6
 # Section 4 trained on the course corpus. The same tokenizer, model and Trainer learn from any
 # text you have: a book from Project Gutenberg, your notes, song lyrics, code. Save it as a
 # plain UTF-8 text file (a few hundred kilobytes or more; a whole novel is ideal), put its path
-# in `MY_TEXT_FILE` and run the cell. `helpers.own_text.gpt_on_text_file` reads the file with
+# in `MY_TEXT_FILE` and run the cell. `helpers.lab.own_text.gpt_on_text_file` reads the file with
 # `read_text_file` (which explains what is wrong with a missing, empty, binary or non-UTF-8
 # file), trains notebook 1's BPE on it with `MY_VOCAB_SIZE` ids, trains a GPT of size
 # `MY_CONFIG` for `MY_STEPS` steps with the Trainer (the first 90% of the tokens for training,
@@ -1749,7 +1749,7 @@ print(f"GPT-2 small cache, 1024 tokens, fp16: {2 * 12 * 12 * 64 * 1024 * 2 / 1e6
 # GPU, give text that sounds more like yours. Left `None`, the cell only says what it would do.
 
 # %%
-from helpers.own_text import gpt_on_text_file
+from helpers.lab.own_text import gpt_on_text_file
 
 MY_TEXT_FILE = None  # <- the path of a UTF-8 text file, such as "my_book.txt"
 MY_STEPS = 300
@@ -1772,7 +1772,7 @@ else:
 #
 # Section 3 built GPT-2 small's architecture and counted 124,439,808 parameters without
 # allocating one. OpenAI published the trained weights, and Hugging Face hosts them with the
-# tokenizer files. `helpers.gpt2` loads them into the course `GPT` from section 1, unchanged:
+# tokenizer files. `helpers.model.gpt2` loads them into the course `GPT` from section 1, unchanged:
 #
 # - **the weights** (`model.safetensors`): the names differ (`h.0.attn.c_attn.weight` is block
 #   0's attention), GPT-2's projections are stored as (in, out), the transpose of an
@@ -1789,7 +1789,7 @@ else:
 # characters from 256 up, so that the space becomes `Ġ`.
 
 # %%
-from helpers.gpt2_tokenizer import bytes_to_unicode
+from helpers.text.gpt2_tokenizer import bytes_to_unicode
 
 byte_table = bytes_to_unicode()
 moved = [byte for byte, char in byte_table.items() if ord(char) != byte]
@@ -1807,8 +1807,8 @@ assert len(moved) == 68 and byte_table[32] == "Ġ"
 # %%
 from pathlib import Path
 
-from helpers.gpt import GPTConfig, count_parameters, exact_parameters
-from helpers.gpt2 import GPT2_FILES, GPT2_URL, gpt2_demo
+from helpers.model.gpt import GPTConfig, count_parameters, exact_parameters
+from helpers.model.gpt2 import GPT2_FILES, GPT2_URL, gpt2_demo
 
 LOAD_GPT2 = False  # <- set to True on a machine with internet (downloads about half a GB once)
 GPT2_CACHE_NAME = "~/.cache/transformer-course/gpt2"

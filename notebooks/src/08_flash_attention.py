@@ -15,7 +15,7 @@
 #   with Triton's interpreter (their speed needs a GPU).
 #
 # **It assumes** notebooks 3 to 5: `scaled_dot_product_attention(q, k, v, mask)` from
-# `helpers.attention`, boolean masks (True = may attend), and heads as a batch dimension.
+# `helpers.model.attention`, boolean masks (True = may attend), and heads as a batch dimension.
 
 # %% [setup]
 
@@ -44,13 +44,13 @@ import torch.nn.functional as F
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
-from helpers import flash, flash_costs, profiling
-from helpers.attention import causal_mask, scaled_dot_product_attention
-from helpers.corpus import data_dir
-from helpers.exercises import check
-from helpers.plots import heatmap
+from helpers.flash import costs, profiling, tiled
+from helpers.model.attention import causal_mask, scaled_dot_product_attention
+from helpers.text.corpus import data_dir
+from helpers.lab.exercises import check
+from helpers.lab.plots import heatmap
 from helpers.timing import best_time, format_duration
-from helpers.widgets import Explorer
+from helpers.lab.widgets import Explorer
 
 # One thread: a tiled loop runs many short operations, and each one waits for every thread; on a
 # busy laptop a second thread mostly waits. It also makes the memory peaks below independent of
@@ -94,10 +94,10 @@ def naive_elements_moved(n: int, d: int) -> int:
     return scores + softmax + output
 
 
-assert naive_elements_moved(1024, 64) == flash_costs.hbm_elements_naive(1024, 64)  # the helper's count
+assert naive_elements_moved(1024, 64) == costs.hbm_elements_naive(1024, 64)  # the helper's count
 
 # %% [markdown]
-# That count lives in `helpers.flash_costs.hbm_elements_naive` (the assertion keeps the two equal).
+# That count lives in `helpers.flash.costs.hbm_elements_naive` (the assertion keeps the two equal).
 #
 # **Algorithm 1 of FlashAttention** never writes $S$ or $P$. It splits $K, V$ into $T_c$ tiles
 # that fit in SRAM together with a tile of $Q$; for each key tile it streams every query tile
@@ -111,17 +111,17 @@ assert naive_elements_moved(1024, 64) == flash_costs.hbm_elements_naive(1024, 64
 BATCH, HEADS, N, D = 64, 16, 1024, 64
 BYTES = 2                                                   # fp16
 M = A100["SRAM bytes per SM"] // BYTES                      # SRAM size in elements
-block_r, block_c = flash_costs.algorithm1_block_sizes(M, D)
+block_r, block_c = costs.algorithm1_block_sizes(M, D)
 FA2_BLOCK_R = 128                                           # query tile of FlashAttention-2
 print(f"B={BATCH}, H={HEADS}, N={N}, d={D}; M = {M:,} elements -> B_r = {block_r}, B_c = {block_c}, "
       f"T_c = {math.ceil(N / block_c)} key tiles")
 
 traffic = {
-    "naive": flash_costs.hbm_elements_naive(N, D),
-    "Algorithm 1 (FA-1)": flash_costs.hbm_elements_fa1(N, D, block_c),
-    f"FA-2 order, B_r={FA2_BLOCK_R}": flash_costs.hbm_elements_fa2(N, D, FA2_BLOCK_R),
+    "naive": costs.hbm_elements_naive(N, D),
+    "Algorithm 1 (FA-1)": costs.hbm_elements_fa1(N, D, block_c),
+    f"FA-2 order, B_r={FA2_BLOCK_R}": costs.hbm_elements_fa2(N, D, FA2_BLOCK_R),
 }
-flops = flash_costs.attention_flops(BATCH, HEADS, N, N, D)
+flops = costs.attention_flops(BATCH, HEADS, N, N, D)
 compute_ms = flops / A100["fp16 tensor-core FLOP/s"] * 1e3
 print(f"\n{'':22s} {'elements/head':>14s} {'GB moved':>9s} {'HBM time':>9s} {'FLOP/byte':>10s}")
 for name, elements in traffic.items():
@@ -153,7 +153,7 @@ print(f"FA-1 : counted {traffic['Algorithm 1 (FA-1)']:,} = "
       f"{2 * N * D + 12 * theta_fa1:,.0f} (the rest: T_c rounded up, and l, m)")
 for n in (4096, 16384):
     print(f"N = {n:5d}: naive / FA-1 traffic = "
-          f"{flash_costs.hbm_elements_naive(n, D) / flash_costs.hbm_elements_fa1(n, D, block_c):.1f}")
+          f"{costs.hbm_elements_naive(n, D) / costs.hbm_elements_fa1(n, D, block_c):.1f}")
 
 # %% [markdown]
 # The FA-2 row moves *more* bytes than Algorithm 1 in this count, because every query tile
@@ -221,8 +221,8 @@ print(f"online log-sum-exp: {(huge_max + huge_sum.log()).item():.6f} | torch.log
 hidden = torch.full((3,), -math.inf, dtype=torch.float64)      # a block where everything is masked
 print("plain merge of two fully masked blocks:", merge_states(*block_state(hidden), *block_state(hidden)))
 print("exp(-inf - (-inf)) =", torch.exp(hidden[0] - hidden[0]).item())
-safe = flash.merge_softmax_states(flash.softmax_state(hidden), flash.softmax_state(hidden))
-print("helpers.flash.merge_softmax_states:", safe)
+safe = tiled.merge_softmax_states(tiled.softmax_state(hidden), tiled.softmax_state(hidden))
+print("helpers.flash.tiled.merge_softmax_states:", safe)
 
 # %% [markdown]
 # The helpers hold these pieces: `flash.exp_shifted(x, shift)` is $e^{x - \text{shift}}$ with a
@@ -231,9 +231,9 @@ print("helpers.flash.merge_softmax_states:", safe)
 
 # %%
 ours = merge_states(*block_state(row[:6]), *block_state(row[6:]))
-helper = flash.merge_softmax_states(flash.softmax_state(row[:6]), flash.softmax_state(row[6:]))
+helper = tiled.merge_softmax_states(tiled.softmax_state(row[:6]), tiled.softmax_state(row[6:]))
 assert torch.equal(ours[0], helper.row_max) and torch.allclose(ours[1], helper.row_sum, rtol=1e-15)
-print("notebook and helpers.flash agree")
+print("notebook and helpers.flash.tiled agree")
 
 # %% [markdown]
 # ### Exercise 1: merge two softmax states
@@ -262,7 +262,7 @@ check("flash_attention.merge_softmax_states", merge)
 # def merge(max_a: torch.Tensor, sum_a: torch.Tensor, max_b: torch.Tensor, sum_b: torch.Tensor):
 #     """States (rows,) of two blocks of the same rows -> the state (max, sum) of both."""
 #     new_max = torch.maximum(max_a, max_b)
-#     new_sum = flash.exp_shifted(max_a, new_max) * sum_a + flash.exp_shifted(max_b, new_max) * sum_b
+#     new_sum = tiled.exp_shifted(max_a, new_max) * sum_a + tiled.exp_shifted(max_b, new_max) * sum_b
 #     return new_max, new_sum
 #
 #
@@ -314,13 +314,13 @@ for b_r, b_c in ((4, 3), (10, 10), (1, 7)):
 
 # %% [markdown]
 # The tiles need not divide $N$: the last tile is simply shorter. The differences are float64
-# rounding, nothing more. `helpers.flash.tiled_attention_fa1` is the same loop for batches of
+# rounding, nothing more. `helpers.flash.tiled.tiled_attention_fa1` is the same loop for batches of
 # heads, with masks and causal attention (skipping the tiles a causal mask hides entirely):
 
 # %%
-helper_fa1 = flash.tiled_attention_fa1(Q_demo, K_demo, V_demo, block_q=4, block_k=3)
+helper_fa1 = tiled.tiled_attention_fa1(Q_demo, K_demo, V_demo, block_q=4, block_k=3)
 assert torch.equal(helper_fa1, algorithm_1(Q_demo, K_demo, V_demo, 4, 3))
-print("helpers.flash.tiled_attention_fa1 == the notebook's algorithm_1, bit for bit")
+print("helpers.flash.tiled.tiled_attention_fa1 == the notebook's algorithm_1, bit for bit")
 
 # %% [markdown]
 # ## 4. The FlashAttention-2 loop order
@@ -360,12 +360,12 @@ fa2_error = (out_fa2 - expected).abs().max().item()
 lse_error = (lse_fa2 - (Q_demo @ K_demo.T / 2).logsumexp(dim=1)).abs().max().item()
 assert fa2_error < 1e-14 and lse_error < 1e-14
 print("max |FA-2 - naive| < 1e-14; max |lse - logsumexp of the scaled scores| < 1e-14")
-helper_out, helper_lse = flash.tiled_attention_fa2(Q_demo, K_demo, V_demo, block_q=4, block_k=3)
+helper_out, helper_lse = tiled.tiled_attention_fa2(Q_demo, K_demo, V_demo, block_q=4, block_k=3)
 assert torch.allclose(helper_out, out_fa2, rtol=1e-15, atol=1e-15) and torch.allclose(helper_lse, lse_fa2)
-print("helpers.flash.tiled_attention_fa2 agrees with the notebook's flash_attention_2")
+print("helpers.flash.tiled.tiled_attention_fa2 agrees with the notebook's flash_attention_2")
 
 # %% [markdown]
-# The inner loop body of `flash_attention_2` is `helpers.flash.tile_step`, written once with the
+# The inner loop body of `flash_attention_2` is `helpers.flash.tiled.tile_step`, written once with the
 # $-\infty$ guard; the helper also skips key tiles that a causal mask hides completely.
 #
 # ### Why this order parallelises better
@@ -418,7 +418,7 @@ check("flash_attention.tile_step", my_tile_step)
 # The new maximum is `torch.maximum(row_max, scores.amax(-1))`. Both the old sum and the old
 # accumulator were measured from the old maximum: multiply them by
 # `flash.exp_shifted(row_max, new_max)` before adding this tile's `probs.sum(-1)` and
-# `probs @ v_tile`, with `probs = flash.exp_shifted(scores, new_max[:, None])`.
+# `probs @ v_tile`, with `probs = tiled.exp_shifted(scores, new_max[:, None])`.
 # </details>
 #
 # <details><summary>Solution</summary>
@@ -429,8 +429,8 @@ check("flash_attention.tile_step", my_tile_step)
 #     """row_max, row_sum: (B_r,); acc: (B_r, d_v); scores: (B_r, B_c), -inf where masked;
 #     v_tile: (B_c, d_v). Returns the new (row_max, row_sum, acc)."""
 #     new_max = torch.maximum(row_max, scores.amax(-1))
-#     correction = flash.exp_shifted(row_max, new_max)
-#     probs = flash.exp_shifted(scores, new_max[:, None])
+#     correction = tiled.exp_shifted(row_max, new_max)
+#     probs = tiled.exp_shifted(scores, new_max[:, None])
 #     return new_max, correction * row_sum + probs.sum(-1), correction[:, None] * acc + probs @ v_tile
 #
 #
@@ -440,7 +440,7 @@ check("flash_attention.tile_step", my_tile_step)
 #
 # ## 5. Watching the tiles
 #
-# `helpers.flash.trace_tiles` runs the FlashAttention-2 loop on one causal head of 16 tokens in
+# `helpers.flash.tiled.trace_tiles` runs the FlashAttention-2 loop on one causal head of 16 tokens in
 # tiles of 4 and keeps the state after every (query tile, key tile) step. The figure shows one
 # step: which tiles are done (tiles above the diagonal are never visited), the running max and
 # sum of the current query tile, and its output so far, $acc / \ell$. The title gives the distance
@@ -450,7 +450,7 @@ check("flash_attention.tile_step", my_tile_step)
 torch.manual_seed(2)
 N_WATCH, TILE = 16, 4
 q_watch, k_watch, v_watch = (torch.randn(N_WATCH, 4, dtype=torch.float64) for _ in range(3))
-STEPS = flash.trace_tiles(q_watch, k_watch, v_watch, block_q=TILE, block_k=TILE, causal=True)
+STEPS = tiled.trace_tiles(q_watch, k_watch, v_watch, block_q=TILE, block_k=TILE, causal=True)
 final_watch, _ = scaled_dot_product_attention(q_watch, k_watch, v_watch, mask=causal_mask(N_WATCH))
 print(f"{N_WATCH} tokens in tiles of {TILE}: {(N_WATCH // TILE) ** 2} tile pairs, "
       f"{len(STEPS)} visited (the rest lie above the diagonal)")
@@ -528,7 +528,7 @@ print(f"query tile 3: off by {first_key_tile['error_vs_final']:.3f} after key ti
 # $$dV_j \mathrel{+}= P_{ij}^\top dO_i, \quad dP_{ij} = dO_i V_j^\top, \quad dS_{ij} = P_{ij} \circ (dP_{ij} - D_i), \quad dQ_i \mathrel{+}= \tfrac{1}{\sqrt{d}}\, dS_{ij} K_j, \quad dK_j \mathrel{+}= \tfrac{1}{\sqrt{d}}\, dS_{ij}^\top Q_i$$
 #
 # where $D_i = \sum_j P_{ij}\, dP_{ij} = \text{rowsum}(dO_i \circ O_i)$, one number per query,
-# computed once from $O$. `helpers.flash.flash_attention` is a `torch.autograd.Function` with this
+# computed once from $O$. `helpers.flash.tiled.flash_attention` is a `torch.autograd.Function` with this
 # backward. `gradcheck` compares it with finite differences in float64, with a mask and causal:
 
 # %%
@@ -539,7 +539,7 @@ mask_check = torch.rand(2, 6, 9) < 0.8
 
 
 def tiled_for_gradcheck(q, k, v):
-    return flash.flash_attention(q, k, v, mask=mask_check, causal=True, block_q=4, block_k=4)
+    return tiled.flash_attention(q, k, v, mask=mask_check, causal=True, block_q=4, block_k=4)
 
 
 print("gradcheck passed:", torch.autograd.gradcheck(tiled_for_gradcheck, (q_check, k_check, v_check)))
@@ -555,7 +555,7 @@ tensors = {name: torch.randn(shape, dtype=torch.float64) for name, shape in shap
 upstream = torch.randn(2, 3, 50, 16, dtype=torch.float64)
 tiled_inputs = [t.clone().requires_grad_() for t in tensors.values()]
 naive_inputs = [t.clone().requires_grad_() for t in tensors.values()]
-tiled_grads = torch.autograd.grad(flash.flash_attention(*tiled_inputs, causal=True, block_q=16, block_k=16),
+tiled_grads = torch.autograd.grad(tiled.flash_attention(*tiled_inputs, causal=True, block_q=16, block_k=16),
                                   tiled_inputs, upstream)
 naive_out, _ = scaled_dot_product_attention(*naive_inputs, mask=causal_mask(50, 70))
 naive_grads = torch.autograd.grad(naive_out, naive_inputs, upstream)
@@ -577,7 +577,7 @@ print(f"P: {p_bytes / 2**30:.1f} GiB per layer; log-sum-exp: {lse_bytes / 2**20:
 # %% [markdown]
 # ## 7. Peak memory on this CPU: quadratic against linear
 #
-# `helpers.profiling.peak_memory_bytes(fn)` runs `fn` under torch's profiler, which records every
+# `helpers.flash.profiling.peak_memory_bytes(fn)` runs `fn` under torch's profiler, which records every
 # allocation and free of PyTorch's CPU allocator with its running total, including the scratch
 # buffers that C++ kernels allocate. The highest total during the call, less the total at its
 # start, is the peak. It depends only on tensor sizes, so it repeats exactly from run to run.
@@ -596,8 +596,8 @@ def attention_runs(n: int) -> dict:
     """name -> a zero-argument function computing that attention of random (1, HEADS_CPU, n, 64)
     float32 inputs."""
     q, k, v = (torch.randn(1, HEADS_CPU, n, 64) for _ in range(3))
-    return {"naive (helpers.attention)": lambda: scaled_dot_product_attention(q, k, v),
-            "tiled FA-2 (helpers.flash)": lambda: flash.tiled_attention_fa2(q, k, v, block_q=TILE_CPU, block_k=TILE_CPU),
+    return {"naive (helpers.model.attention)": lambda: scaled_dot_product_attention(q, k, v),
+            "tiled FA-2 (helpers.flash.tiled)": lambda: tiled.tiled_attention_fa2(q, k, v, block_q=TILE_CPU, block_k=TILE_CPU),
             "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, k, v)}
 
 
@@ -607,13 +607,13 @@ peaks = {name: [at_n[name] for at_n in measured] for name in measured[0]}
 
 print(f"{'N':>5s} {'naive MiB':>10s} {'tiled MiB':>10s} {'naive / tiled':>14s}")
 for i, n in enumerate(SEQ_LENS):
-    naive_mib, tiled_mib = peaks["naive (helpers.attention)"][i] / 2**20, peaks["tiled FA-2 (helpers.flash)"][i] / 2**20
+    naive_mib, tiled_mib = peaks["naive (helpers.model.attention)"][i] / 2**20, peaks["tiled FA-2 (helpers.flash.tiled)"][i] / 2**20
     print(f"{n:5d} {naive_mib:10.1f} {tiled_mib:10.1f} {naive_mib / tiled_mib:14.1f}")
 growth = {name: (values[-1] / values[-2]) for name, values in peaks.items()}
 for name, factor in growth.items():
     print(f"{name:32s} grows x{factor:.1f} from N={SEQ_LENS[-2]} to N={SEQ_LENS[-1]}")
-assert growth["naive (helpers.attention)"] > 3.9, "quadratic: doubling N quadruples the memory"
-assert growth["tiled FA-2 (helpers.flash)"] < 2.1 and growth["F.scaled_dot_product_attention"] < 2.1, "linear"
+assert growth["naive (helpers.model.attention)"] > 3.9, "quadratic: doubling N quadruples the memory"
+assert growth["tiled FA-2 (helpers.flash.tiled)"] < 2.1 and growth["F.scaled_dot_product_attention"] < 2.1, "linear"
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 5))
@@ -644,8 +644,8 @@ plt.show()
 torch.manual_seed(6)
 q, k, v = (torch.randn(1, 4, 2048, 64) for _ in range(3))
 print("B, H, N, d =", tuple(q.shape), "float32")
-methods = {"naive (helpers.attention)": lambda: scaled_dot_product_attention(q, k, v),
-           "tiled FA-2 (helpers.flash)": lambda: flash.tiled_attention_fa2(q, k, v),
+methods = {"naive (helpers.model.attention)": lambda: scaled_dot_product_attention(q, k, v),
+           "tiled FA-2 (helpers.flash.tiled)": lambda: tiled.tiled_attention_fa2(q, k, v),
            "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, k, v)}
 times = dict.fromkeys(methods, math.inf)
 for _ in range(3):  # in turns: the best of three runs of each
@@ -662,7 +662,7 @@ for name, seconds in times.items():
 # multiplies two tiles on the tensor cores, `tl.store` writes a tile back. The launch **grid**
 # says how many programs run: here one per (query tile, batch x head), the FlashAttention-2 order.
 #
-# `helpers/flash_triton_kernels.py` holds the kernels, `helpers/flash_triton.py` checks the
+# `helpers/flash/triton_kernels.py` holds the kernels, `helpers/flash/triton_attention.py` checks the
 # inputs and launches them. Things to look for as you read the forward kernel:
 # - the inner loop is `tile_step` again, with `exp2` in place of `exp` (scores are multiplied by
 #   $\log_2 e$ once; `exp2` is the GPU's fast instruction);
@@ -673,12 +673,12 @@ for name, seconds in times.items():
 # - tile sizes must be powers of two, so a head dimension like 80 is padded to 128 with zeros.
 
 # %%
-from helpers import flash_triton, flash_triton_kernels
+from helpers.flash import triton_attention, triton_kernels
 
-if flash_triton.triton_available():
-    for kernel_part in (flash_triton_kernels.fold_key_tiles, flash_triton_kernels.flash_forward_kernel):
+if triton_attention.triton_available():
+    for kernel_part in (triton_kernels.fold_key_tiles, triton_kernels.flash_forward_kernel):
         print(textwrap.dedent(inspect.getsource(kernel_part.fn)))
-print("a head dimension of 80 is padded to", flash_triton.padded_head_dim(80))
+print("a head dimension of 80 is padded to", triton_attention.padded_head_dim(80))
 
 # %% [markdown]
 # ### Checking it on this CPU
@@ -693,17 +693,17 @@ print("a head dimension of 80 is padded to", flash_triton.padded_head_dim(80))
 
 # %%
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3}
-if not flash_triton.triton_available():
+if not triton_attention.triton_available():
     print("Triton is not installed here (it is published for Linux): `pip install triton`.")
 else:
-    print(f"head dims {flash_triton.MIN_HEAD_DIM} to {flash_triton.MAX_HEAD_DIM}; interpreted tiles "
-          f"{flash_triton.default_blocks(64)[0]} queries x {flash_triton.default_blocks(64)[1]} keys")
+    print(f"head dims {triton_attention.MIN_HEAD_DIM} to {triton_attention.MAX_HEAD_DIM}; interpreted tiles "
+          f"{triton_attention.default_blocks(64)[0]} queries x {triton_attention.default_blocks(64)[1]} keys")
     generator = torch.Generator().manual_seed(7)
-    kernel_device = "cpu" if flash_triton.interpreting() else "cuda"
+    kernel_device = "cpu" if triton_attention.interpreting() else "cuda"
     for dtype, d in ((torch.float32, 64), (torch.float16, 64), (torch.float32, 16), (torch.float16, 128)):
         for causal in (False, True):
             q, k, v = (torch.randn(1, 2, 77, d, generator=generator).to(kernel_device, dtype) for _ in range(3))
-            out, _ = flash_triton.triton_attention(q, k, v, causal=causal)
+            out, _ = triton_attention.triton_attention(q, k, v, causal=causal)
             reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
             error = (out.double() - reference).abs().max().item()
             assert error < TOLERANCE[dtype]
@@ -713,14 +713,14 @@ else:
 # ### The tiles a causal mask hides are never loaded
 # A query tile whose last query is row $r$ sees no key past $r + N_k - N_q$, so its loop over key
 # tiles stops there: FlashAttention-2 computes the loop bound from the tile's index instead of
-# loading a tile only to mask all of it. `flash_triton.key_tiles_visited` runs the forward kernel
+# loading a tile only to mask all of it. `triton_attention.key_tiles_visited` runs the forward kernel
 # with a counter that each program increments once per key tile it loads, and returns the counts,
 # one per query tile (sizes printed):
 
 # %%
 N_COUNT, TILE_COUNT = 256, 32
-if flash_triton.triton_available():
-    loaded = {causal: flash_triton.key_tiles_visited(N_COUNT, N_COUNT, causal, block_q=TILE_COUNT,
+if triton_attention.triton_available():
+    loaded = {causal: triton_attention.key_tiles_visited(N_COUNT, N_COUNT, causal, block_q=TILE_COUNT,
                                                      block_k=TILE_COUNT) for causal in (False, True)}
     for causal, counts in loaded.items():
         print(f"N={N_COUNT}, tiles of {TILE_COUNT}, {'causal' if causal else 'full  '}: key tiles loaded "
@@ -763,15 +763,15 @@ if flash_triton.triton_available():
 # query tiles that see it (accumulating $dK_j$, $dV_j$), and a second runs a program per **query
 # tile** that walks its key tiles (accumulating $dQ_i$). Both rebuild $P$ with the same helper,
 # and both skip the tiles a causal mask hides: the key-tile program starts at the first query tile
-# that sees its first key. `flash_triton.triton_attention` wraps forward and backward in a
+# that sees its first key. `triton_attention.triton_attention` wraps forward and backward in a
 # `torch.autograd.Function`, so `out.backward()` runs these kernels.
 
 # %%
-if flash_triton.triton_available():
-    for kernel_part in (flash_triton_kernels.recompute_probs, flash_triton_kernels.flash_backward_dk_dv_kernel,
-                        flash_triton_kernels.flash_backward_dq_kernel):
+if triton_attention.triton_available():
+    for kernel_part in (triton_kernels.recompute_probs, triton_kernels.flash_backward_dk_dv_kernel,
+                        triton_kernels.flash_backward_dq_kernel):
         print(textwrap.dedent(inspect.getsource(kernel_part.fn)))
-    print(textwrap.dedent(inspect.getsource(flash_triton.TritonAttention)))
+    print(textwrap.dedent(inspect.getsource(triton_attention.TritonAttention)))
 
 # %% [markdown]
 # ### Checking the backward on this CPU
@@ -787,7 +787,7 @@ GRAD_TOLERANCE = {torch.float32: 2e-5, torch.float16: 6e-3}
 
 
 def naive_gradients(q, k, v, upstream, causal: bool):
-    """dQ, dK, dV by autograd through helpers.attention, in float64."""
+    """dQ, dK, dV by autograd through helpers.model.attention, in float64."""
     inputs = [t.detach().double().requires_grad_() for t in (q, k, v)]
     n_q, n_k = q.shape[2], k.shape[2]
     mask = causal_mask(n_q, n_k, device=q.device) if causal else None
@@ -795,14 +795,14 @@ def naive_gradients(q, k, v, upstream, causal: bool):
     return torch.autograd.grad(out, inputs, upstream.double())
 
 
-if flash_triton.triton_available():
+if triton_attention.triton_available():
     generator = torch.Generator().manual_seed(8)
     for dtype, d in ((torch.float32, 64), (torch.float16, 64), (torch.float32, 128), (torch.float16, 16)):
         for causal in (False, True):
             q, k, v = (torch.randn(1, 2, n, d, generator=generator).to(kernel_device, dtype).requires_grad_()
                        for n in (40, 57, 57))
             upstream = torch.randn(1, 2, 40, d, generator=generator).to(kernel_device, dtype)
-            out, _ = flash_triton.triton_attention(q, k, v, causal=causal)
+            out, _ = triton_attention.triton_attention(q, k, v, causal=causal)
             kernel_grads = torch.autograd.grad(out, (q, k, v), upstream)
             for got, expected in zip(kernel_grads, naive_gradients(q, k, v, upstream, causal), strict=True):
                 assert (got.double() - expected).abs().max().item() < GRAD_TOLERANCE[dtype]
@@ -810,13 +810,13 @@ if flash_triton.triton_available():
                   f"max error < {GRAD_TOLERANCE[dtype]:.0e} ok")
 
 # %%
-if flash_triton.triton_available() and flash_triton.interpreting():
+if triton_attention.triton_available() and triton_attention.interpreting():
     generator = torch.Generator().manual_seed(9)
     q, k, v = (torch.randn(1, 1, n, 16, generator=generator, dtype=torch.float64) for n in (19, 37, 37))
     upstream = torch.randn(1, 1, 19, 16, generator=generator, dtype=torch.float64)
 
     def kernel_attention(q, k, v):
-        return flash_triton.triton_attention(q, k, v, causal=True, block_q=16, block_k=16)[0]
+        return triton_attention.triton_attention(q, k, v, causal=True, block_q=16, block_k=16)[0]
 
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     kernel_grads = torch.autograd.grad(kernel_attention(*leaves), leaves, upstream)
@@ -904,11 +904,11 @@ print(f"FA-2 programs: {training:,} (GPT-2 medium training), {inference:,} (one 
       f"FA-1: {programs(1, 16, 16384, 'FA-1')} for the 16k sequence")
 print(f"FLOP per byte: naive attention {naive_intensity:.0f}, its softmax step {softmax_intensity:.2f}; "
       f"A100 ridge point {ridge:.0f}")
-forward_flops = flash_costs.attention_flops(1, 1, N, N, D)
+forward_flops = costs.attention_flops(1, 1, N, N, D)
 print(f"forward FLOPs per head at N={N}: naive {forward_flops:,}, tiled {forward_flops:,} (the same); "
       f"the backward recomputes Q K^T once more: +{2 * N * N * D:,}")
-print(f"memory growth per doubling of N on this CPU: naive x{growth['naive (helpers.attention)']:.1f}, "
-      f"tiled x{growth['tiled FA-2 (helpers.flash)']:.1f}")
+print(f"memory growth per doubling of N on this CPU: naive x{growth['naive (helpers.model.attention)']:.1f}, "
+      f"tiled x{growth['tiled FA-2 (helpers.flash.tiled)']:.1f}")
 print(f"saved for the backward, per GPT-2-medium layer: P {p_bytes / 2**30:.1f} GiB vs lse {lse_bytes / 2**20:.1f} MiB")
 
 # %% [markdown]

@@ -16,7 +16,7 @@
 # - write RMSNorm by hand, match `torch.nn.RMSNorm`, and say what it drops from LayerNorm;
 # - size SwiGLU's hidden layer at `8/3 · D` so that it costs what GPT-2's `4 · D` MLP costs (the
 #   textbook section's exercise 6, computed), and count what GQA saves in the KV cache;
-# - assemble the modern decoder from `helpers.modern` and check its KV cache against a full pass.
+# - assemble the modern decoder from `helpers.model.modern` and check its KV cache against a full pass.
 # - measure, on the course corpus, the modern block against GPT-2's at equal size, and which
 #   position scheme still works at 4x the context it was trained at.
 #
@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.embeddings import sinusoidal_positions
-from helpers.exercises import check
-from helpers.plots import heatmap
+from helpers.model.embeddings import sinusoidal_positions
+from helpers.lab.exercises import check
+from helpers.lab.plots import heatmap
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
@@ -135,11 +135,11 @@ assert float(rotary.max() - rotary.min()) < 1e-9 and float(additive.max() - addi
 # by `e^{iφ} = cos φ + i sin φ`. RoPE is then one complex product per pair, with a table of
 # `e^{i m θ_j}` computed once. The "rotate half" form does the same in real numbers:
 # `x · cos + rotate_half(x) · sin`, where `rotate_half(a, b) = (-b, a)` is a quarter turn. Both now
-# live in `helpers.modern`, with the table (`RopeTable`); the cell checks them against the
+# live in `helpers.model.modern`, with the table (`RopeTable`); the cell checks them against the
 # plain version above and against each other.
 
 # %%
-from helpers.modern import RopeTable, rope_rotate_complex, rope_rotate_half
+from helpers.model.modern import RopeTable, rope_rotate_complex, rope_rotate_half
 
 torch.manual_seed(2)
 rope_table = RopeTable.build(head_dim=16, n_positions=128)
@@ -233,7 +233,7 @@ plt.show()
 # %%
 # NBVAL_IGNORE_OUTPUT
 # The widget's output holds model ids that change on every run; the figure above is the same drawing.
-from helpers.widgets import Explorer
+from helpers.lab.widgets import Explorer
 
 explorer = Explorer(
     draw_rope,
@@ -281,7 +281,7 @@ print("slopes for 4 heads:", [2.0 ** (-2 * (h + 1)) for h in range(4)])
 print("head 0 (slope 0.25):\n", bias[0])
 
 # %%
-from helpers.modern import alibi_attention, alibi_bias, alibi_slopes
+from helpers.model.modern import alibi_attention, alibi_bias, alibi_slopes
 
 assert torch.equal(alibi_bias(4, 5), bias)
 print("8 heads: ", [round(s, 5) for s in alibi_slopes(8).tolist()])
@@ -361,7 +361,7 @@ if hasattr(torch.nn, "RMSNorm"):  # torch >= 2.4
     assert torch.allclose(mine, reference(tokens), atol=1e-5)
     print("by hand == torch.nn.RMSNorm (to 1e-5)")
 
-from helpers.modern import RMSNorm
+from helpers.model.modern import RMSNorm
 
 norm = RMSNorm(8)
 with torch.no_grad():
@@ -414,8 +414,8 @@ check("modern_decoder.rms_norm", my_rms_norm)
 # products tile well on a GPU (`llama_hidden_size`); for Llama's `D = 4096` that gives 11008.
 
 # %%
-from helpers.layers import FeedForward, SwiGLUFeedForward
-from helpers.modern import llama_hidden_size
+from helpers.model.layers import FeedForward, SwiGLUFeedForward
+from helpers.model.modern import llama_hidden_size
 
 
 def n_params(module: torch.nn.Module) -> int:
@@ -436,13 +436,13 @@ print("Llama's D = 4096 with multiple_of = 256:", llama_hidden_size(4096, multip
 # ## 5. GQA inside the model, and the cache it saves
 #
 # Grouped-query attention (notebook 5) lets `H` query heads share `H_kv < H` key/value heads. The
-# attention module is the same `helpers.multihead.MultiHeadAttention`, with `n_kv_heads`. What it
+# attention module is the same `helpers.model.multihead.MultiHeadAttention`, with `n_kv_heads`. What it
 # saves is the KV cache of generation: `2 · L · H_kv · D_H` numbers per token instead of
 # `2 · L · H · D_H`. For a 70B-class shape (80 layers, 64 query heads of 128 features, 8 KV heads,
 # 16-bit numbers):
 
 # %%
-from helpers.multihead import kv_cache_bytes_per_token
+from helpers.model.multihead import kv_cache_bytes_per_token
 
 full_heads = kv_cache_bytes_per_token(80, 64, 128)
 grouped = kv_cache_bytes_per_token(80, 8, 128)
@@ -453,7 +453,7 @@ print(f"per token: all 64 heads {full_heads / 2**20:.2f} MiB, 8 KV heads {groupe
 # %% [markdown]
 # ## 6. The modern decoder, assembled
 #
-# `helpers.modern.ModernGPT` puts the pieces together: a token embedding with **no** position
+# `helpers.model.modern.ModernGPT` puts the pieces together: a token embedding with **no** position
 # table, `n_layers` blocks of `x + attn(RMSNorm(x))` then `x + SwiGLU(RMSNorm(x))` where the
 # attention rotates its queries and keys with RoPE and uses GQA, a last RMSNorm, and the output
 # matrix, tied to the embedding or not (`tie_weights`; Llama does not tie). No linear layer has
@@ -466,8 +466,8 @@ print(f"per token: all 64 heads {full_heads / 2**20:.2f} MiB, 8 KV heads {groupe
 # those of one full pass.
 
 # %%
-from helpers.generation import KVCache
-from helpers.modern import ModernConfig, ModernGPT, modern_generate_logits
+from helpers.model.kv_cache import KVCache
+from helpers.model.modern import ModernConfig, ModernGPT, modern_generate_logits
 
 torch.manual_seed(5)
 config = ModernConfig(vocab_size=64, context_length=64, n_layers=2, n_heads=4, n_kv_heads=2, d_model=64)
@@ -492,7 +492,7 @@ print(f"this model's cache: {cache.nbytes():,} bytes with GQA, {mha_cache.nbytes
 
 # %% [markdown]
 # The same model, loaded with the weights of Hugging Face's `LlamaForCausalLM`
-# (`helpers.modern.from_llama_state_dict`), gives Llama's logits to `1e-5`; so do its RoPE,
+# (`helpers.model.modern.from_llama_state_dict`), gives Llama's logits to `1e-5`; so do its RoPE,
 # RMSNorm and SwiGLU layers on their own. That comparison needs the `transformers` package, so it
 # lives in the tests (`tests/test_modern.py`), not here.
 #
@@ -508,11 +508,11 @@ print(f"this model's cache: {cache.nbytes():,} bytes with GQA, {mha_cache.nbytes
 # same in both, so equal steps is close to equal time.
 
 # %%
-from helpers.corpus import load_corpus
-from helpers.gpt import GPT, GPTConfig
+from helpers.text.corpus import load_corpus
+from helpers.model.gpt import GPT, GPTConfig
 from helpers.timing import format_duration
-from helpers.tokenizers import CharTokenizer
-from helpers.train import encode_text, random_batch, split_stories
+from helpers.text.chars import CharTokenizer
+from helpers.training.trainer import encode_text, random_batch, split_stories
 import time
 
 TRAIN_STEPS = 100  # the knob: 300 or more for a clearer picture (each step is a few ms per model)
@@ -575,7 +575,7 @@ assert block_losses["modern block"] < block_losses["GPT-2 block"]
 # for position 64: it cannot run at all.
 
 # %%
-from helpers.layers import SwiGLUFeedForward
+from helpers.model.layers import SwiGLUFeedForward
 
 LONGEST = 256
 

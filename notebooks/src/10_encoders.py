@@ -33,8 +33,8 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from helpers.exercises import check
-from helpers.plots import heatmap
+from helpers.lab.exercises import check
+from helpers.lab.plots import heatmap
 from helpers.timing import format_duration
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
@@ -43,7 +43,7 @@ torch.set_num_threads(1)  # every tensor here is small: one thread beats coordin
 # ## 1. A translation task from the course grammar
 #
 # We need pairs of sentences, source and translation, and no download. The course corpus is
-# written by a grammar (`helpers.corpus`), so we can translate it by rule into a made-up language,
+# written by a grammar (`helpers.text.corpus`), so we can translate it by rule into a made-up language,
 # "Grammish", whose word order differs from English:
 #
 # 1. words are lower-cased, punctuation marks are tokens of their own;
@@ -55,17 +55,10 @@ torch.set_num_threads(1)  # every tensor here is small: one thread beats coordin
 # 6. every word is replaced by its Grammish word from a lexicon drawn with a fixed seed.
 #
 # The verb moves past everything that follows it, so the alignment between the two sentences is
-# not monotonic, and their lengths differ. The rule lives in `helpers.translation`.
+# not monotonic, and their lengths differ. The rule lives in `helpers.families.translation`.
 
 # %%
-from helpers.translation import (
-    EOS_ID,
-    PAD_ID,
-    TranslationData,
-    make_batch,
-    score_translations,
-    sentence_splits,
-)
+from helpers.families.translation import EOS_ID, PAD_ID, TranslationData, make_batch, score_translations, sentence_splits
 
 data = TranslationData.from_corpus()
 for i in (4321, 9876, 1234):
@@ -118,16 +111,16 @@ assert torch.equal(target_in[0, 1:][target[0, :-1] != EOS_ID], target[0, :-1][ta
 # - **the bottleneck**: every sentence, short or long, must fit in one vector of `hidden` numbers;
 # - **the lack of parallelism**: step `t` needs the state of step `t - 1`.
 #
-# `helpers.rnn.GRUSeq2Seq` is that model (with no attention at all). We train it with the same loop
+# `helpers.families.rnn.GRUSeq2Seq` is that model (with no attention at all). We train it with the same loop
 # as the Transformer below: teacher forcing, cross-entropy on the real target tokens, AdamW with
-# notebook 7's warm-up and cosine schedule (`helpers.translation.train_translator`).
+# notebook 7's warm-up and cosine schedule (`helpers.families.translation.train_translator`).
 #
 # The step counts are the knobs. The defaults give both models about the same training time on a
 # laptop (the times are printed); more steps help both.
 
 # %%
-from helpers.rnn import GRUSeq2Seq, gru_greedy_decode
-from helpers.translation import train_translator
+from helpers.families.rnn import GRUSeq2Seq, gru_greedy_decode
+from helpers.families.translation import train_translator
 
 GRU_STEPS = 500          # the knob: more steps, a better GRU
 TRANSFORMER_STEPS = 300  # the knob: more steps, a better Transformer
@@ -152,7 +145,7 @@ assert gru_losses[-1] < gru_losses[0] / 3
 # the hardware.
 
 # %%
-from helpers.seq2seq import Encoder
+from helpers.families.seq2seq import Encoder
 from helpers.timing import best_time
 
 lengths = [8, 16, 32, 64, 128]
@@ -191,7 +184,7 @@ plt.show()
 # gains two axes in front.
 
 # %%
-from helpers.multihead import MultiHeadAttention
+from helpers.model.multihead import MultiHeadAttention
 
 torch.manual_seed(0)
 B, N, M, D, H = 2, 5, 7, 16, 4
@@ -216,8 +209,8 @@ print("largest difference from MultiHeadAttention(x, context=memory) < 1e-6:", g
 assert gap < 1e-6
 
 # %% [markdown]
-# `helpers.multihead.MultiHeadAttention` already does this when it gets a `context`: from here on we
-# use it. With it, the two layers of the encoder-decoder are (`helpers.seq2seq`, Pre-LN as in
+# `helpers.model.multihead.MultiHeadAttention` already does this when it gets a `context`: from here on we
+# use it. With it, the two layers of the encoder-decoder are (`helpers.families.seq2seq`, Pre-LN as in
 # notebook 7):
 #
 # - `EncoderLayer`: `x + self_attn(ln(x))` with the source padding mask and **no** causal mask,
@@ -276,7 +269,7 @@ check("encoders.cross_attention_shapes", cross_attention_shapes)
 # shows, and the loss skips it (`ignore_index`).
 
 # %%
-from helpers.seq2seq import EncoderDecoder, Seq2SeqConfig
+from helpers.families.seq2seq import EncoderDecoder, Seq2SeqConfig
 
 config = Seq2SeqConfig(source_vocab_size=data.source_vocab.vocab_size,
                        target_vocab_size=data.target_vocab.vocab_size, context_length=24,
@@ -367,7 +360,7 @@ plt.show()
 # tokens right at their place), by source length.
 
 # %%
-from helpers.seq2seq import greedy_decode
+from helpers.families.seq2seq import greedy_decode
 
 source, _, target = make_batch(data, test_ids)
 with torch.no_grad():
@@ -458,13 +451,13 @@ check("encoders.beam_step", beam_step)
 # </details>
 
 # %% [markdown]
-# `helpers.seq2seq.beam_search` runs such steps until every prefix has finished or no unfinished
+# `helpers.families.seq2seq.beam_search` runs such steps until every prefix has finished or no unfinished
 # prefix can still overtake the best finished one (log-probabilities only fall). Its tests compare
 # it with an exhaustive search over every output on a tiny vocabulary. Here: the first 60 test
 # sentences, width 4, against greedy decoding.
 
 # %%
-from helpers.seq2seq import beam_search, sequence_log_prob
+from helpers.families.seq2seq import beam_search, sequence_log_prob
 
 beam_better = beam_as_good = 0
 n_beam = 60
@@ -529,7 +522,7 @@ plt.show()
 # %%
 # NBVAL_IGNORE_OUTPUT
 # The widget's output holds model ids that change on every run; the figure above is the same drawing.
-from helpers.widgets import Explorer
+from helpers.lab.widgets import Explorer
 
 explorer = Explorer(
     draw_cross_attention,
@@ -558,12 +551,12 @@ print("redraws so far:", explorer.redraws)
 # modelling**: hide some words and predict them from both sides. Its rule: pick 15 % of the
 # tokens; of those, replace 80 % by `<mask>`, 10 % by a random word, and leave 10 % as they are
 # (so the model cannot learn that only `<mask>` positions matter). The loss is taken on the picked
-# tokens only. `helpers.mlm.mask_tokens` does it; on a large batch the shares come out as the rule says.
+# tokens only. `helpers.families.mlm.mask_tokens` does it; on a large batch the shares come out as the rule says.
 
 # %%
-from helpers.corpus import PETS, PLACES
-from helpers.mlm import IGNORE, Classifier, MaskedLM, mask_tokens
-from helpers.translation import MASK_ID, SPECIALS, english_words, pad_batch
+from helpers.text.corpus import PETS, PLACES
+from helpers.families.mlm import IGNORE, Classifier, MaskedLM, mask_tokens
+from helpers.families.translation import MASK_ID, SPECIALS, english_words, pad_batch
 
 vocab = data.source_vocab
 
@@ -582,7 +575,7 @@ print(f"picked: {picked.sum() / (ids != PAD_ID).sum():.1%} of the real tokens; o
 print("one sentence:", " ".join(vocab.itos[i] for i in inputs[3].tolist() if i != PAD_ID))
 
 # %% [markdown]
-# The encoder is the same `Encoder` as the translator's (`helpers.seq2seq`), with a linear layer
+# The encoder is the same `Encoder` as the translator's (`helpers.families.seq2seq`), with a linear layer
 # over the vocabulary at every position (`MaskedLM`). We pretrain it on the training sentences
 # for `PRETRAIN_STEPS` steps.
 
@@ -644,14 +637,14 @@ assert sum(word in PETS for word in pet_guesses) >= 3
 # %% [markdown]
 # **Finetuning.** A sentence-level task the corpus supports: is a sentence **well formed**? We
 # make ill-formed sentences by swapping two neighbouring words and keep a swap only when the
-# course grammar (`helpers.corpus.is_well_formed`) rejects the result, so every label is exact.
+# course grammar (`helpers.text.corpus.is_well_formed`) rejects the result, so every label is exact.
 # We label only 256 training sentences (half of them broken), the "small labelled set", and test
 # on the test split. The classifier is the encoder plus a linear layer on the average of its
-# token vectors (`helpers.mlm.Classifier`); we train it twice with everything equal except where
+# token vectors (`helpers.families.mlm.Classifier`); we train it twice with everything equal except where
 # the encoder's weights start: from the MLM pretraining, or from scratch.
 
 # %%
-from helpers.mlm import swap_neighbours
+from helpers.families.mlm import swap_neighbours
 
 
 def labelled(indices: list[int], rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
@@ -712,16 +705,16 @@ assert pretrained_accuracy > 0.66 and scratch_accuracy < 0.65 and pretrained_acc
 #
 # The third family can translate too: a **decoder-only** model reads the English sentence as a
 # prompt, then a `<bos>`, and is trained to continue with the Grammish words (the loss is taken on
-# those only). It is notebook 7's GPT (`helpers.gpt.GPT`) with one vocabulary for both languages:
+# those only). It is notebook 7's GPT (`helpers.model.gpt.GPT`) with one vocabulary for both languages:
 # English ids as they are, Grammish ids shifted past them. There is no cross-attention; the
 # Grammish words read the English ones through the same causal self-attention. We train it for
 # `DECODER_ONLY_STEPS` steps and compare the three models' **teacher-forced** token accuracy on the
 # test split (each target word predicted from the true words before it).
 
 # %%
-from helpers.gpt import GPT, GPTConfig
-from helpers.mlm import IGNORE as SKIP
-from helpers.translation import BOS_ID
+from helpers.model.gpt import GPT, GPTConfig
+from helpers.families.mlm import IGNORE as SKIP
+from helpers.families.translation import BOS_ID
 
 DECODER_ONLY_STEPS = 300  # the knob: as many steps as the encoder-decoder had
 shift = vocab.vocab_size  # Grammish id t becomes shift + t

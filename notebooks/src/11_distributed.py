@@ -36,32 +36,13 @@ import torch.nn.functional as F
 
 import helpers
 
-from helpers.data_parallel import (
-    TINY_GPT,
-    Run,
-    average_gradients,
-    data_parallel,
-    loss_of,
-    make_batch,
-    make_model,
-    max_difference,
-    train_bucketed,
-    train_single,
-)
-from helpers.distributed import (
-    WorkerFailed,
-    Workers,
-    collectives_demo,
-    fail_on_rank,
-    ring_all_reduce_by_hand,
-    ring_all_reduce_bytes,
-    time_all_reduce,
-)
-from helpers.exercises import check
-from helpers.gpt import GPTConfig, exact_parameters
-from helpers.parallelism import communication_per_step, memory_per_rank, readable_bytes
-from helpers.sharded import train_fsdp, train_zero_by_hand, train_zero_torch
-from helpers.tensor_parallel import demo_block, dtensor_mlp, tensor_parallel_block
+from helpers.scale.data_parallel import TINY_GPT, Run, average_gradients, data_parallel, loss_of, make_batch, make_model, max_difference, train_bucketed, train_single
+from helpers.scale.workers import WorkerFailed, Workers, collectives_demo, fail_on_rank, ring_all_reduce_by_hand, ring_all_reduce_bytes, time_all_reduce
+from helpers.lab.exercises import check
+from helpers.model.gpt import GPTConfig, exact_parameters
+from helpers.scale.parallelism import communication_per_step, memory_per_rank, readable_bytes
+from helpers.scale.sharded import train_fsdp, train_zero_by_hand, train_zero_torch
+from helpers.scale.tensor_parallel import demo_block, dtensor_mlp, tensor_parallel_block
 from helpers.timing import format_duration
 
 torch.set_num_threads(1)  # two processes will share the cores with this one
@@ -76,7 +57,7 @@ torch.set_num_threads(1)  # two processes will share the cores with this one
 # between GPUs, `gloo` between CPU processes (it is what runs here).
 #
 # On a cluster, `torchrun --nproc_per_node 8 train.py` starts the copies and gives each its rank
-# in environment variables. A notebook cannot be run eight times, so `helpers.distributed.Workers`
+# in environment variables. A notebook cannot be run eight times, so `helpers.scale.workers.Workers`
 # does `torchrun`'s job from inside it: it **spawns** `world_size` fresh Python processes, gives
 # them a free port, joins them into one gloo group and keeps them alive; `workers.run(fn, *args)`
 # calls `fn(rank, world_size, *args)` on every rank and returns the results to this notebook in
@@ -97,7 +78,7 @@ for name in results[0]:
         print(f"    rank {rank}: {result[name]}")
 
 # %% [markdown]
-# Read each collective off the output (the source is `collectives_demo` in `helpers.distributed`):
+# Read each collective off the output (the source is `collectives_demo` in `helpers.scale.workers`):
 #
 # - **broadcast**: rank 0's tensor `[10, 20]` is copied to every rank (rank 1 started with zeros);
 # - **all-reduce**: rank `r` holds `(r + 1) x [1, 2]`; afterwards every rank holds the sum `[3, 6]`;
@@ -221,7 +202,7 @@ print("average of the two halves' gradients vs the whole batch's: max |diff| < 1
 # On real processes the average is one all-reduce (sum) per gradient, divided by the world size.
 # Before the first step, a broadcast gives every rank rank 0's weights (the workers below start
 # from *different* random weights on purpose, so the broadcast has work to do). This is the
-# whole of it, in `helpers.data_parallel`:
+# whole of it, in `helpers.scale.data_parallel`:
 
 # %%
 print(inspect.getsource(average_gradients))
@@ -345,7 +326,7 @@ for stage, n_bytes in memory_per_rank(exact_parameters(gpt2), world_size=8).item
     print(f"{stage:<28} {readable_bytes(n_bytes):>8} per rank")
 
 # %% [markdown]
-# `ShardedAdamW` in `helpers.sharded` is notebook 7's `HandAdamW` with an owner per parameter
+# `ShardedAdamW` in `helpers.scale.sharded` is notebook 7's `HandAdamW` with an owner per parameter
 # (largest first, each to the least loaded rank). To check it, each rank also trains an unsharded
 # twin with the same equations and gives it the same averaged gradient at every step: the sharded
 # and unsharded weights must stay equal, while each rank holds about half the state.
@@ -471,7 +452,7 @@ check("distributed.split_mlp", split_mlp)
 # matching columns of `W_O` are row-parallel: one all-reduce per attention layer. Backward needs
 # the mirror image: the input `x` feeds every rank's branch, so its gradient is the all-reduced
 # sum of the ranks' (Megatron-LM's `f` and `g` operators: `copy_to_ranks` and `sum_over_ranks` in
-# `helpers.tensor_parallel`). `TensorParallelBlock` puts the two together, with the LayerNorms
+# `helpers.scale.tensor_parallel`). `TensorParallelBlock` puts the two together, with the LayerNorms
 # on every rank. We run it forward and backward and compare with the block on one process:
 
 # %%
@@ -513,7 +494,7 @@ for rank, result in enumerate(results):
 # parallelization?". Inside one device: the batch, the heads and the positions are computed at
 # once (a Transformer, unlike an RNN, has no step that waits for the previous token during
 # training), and FlashAttention splits the queries into tiles (notebook 8). Across devices, there
-# are five splits. The table counts, from the formulas in `helpers.parallelism`, the bytes each
+# are five splits. The table counts, from the formulas in `helpers.scale.parallelism`, the bytes each
 # rank sends in one training step with 8 ranks in the split, 8 sequences of a full context per
 # rank and bf16 values (2 bytes). GPT-3's sizes: 96 layers, `d_model = 12288`, 2048 tokens.
 
@@ -562,8 +543,8 @@ print(f"\nsharded data / data: {sharded_bytes / data_bytes:.1f} x")
 #
 # The worker functions of `helpers` do not care how their process was started. `torchrun` starts
 # `N` copies of a script and tells each its rank in environment variables;
-# `helpers.distributed.init_from_environment()` reads them and joins the group, with `nccl` and
-# one GPU per process (`LOCAL_RANK`) when there are GPUs, `gloo` otherwise. `helpers.data_parallel`
+# `helpers.scale.workers.init_from_environment()` reads them and joins the group, with `nccl` and
+# one GPU per process (`LOCAL_RANK`) when there are GPUs, `gloo` otherwise. `helpers.scale.data_parallel`
 # has such a script at its end (`main`): it runs the same `train_by_hand` on every process and
 # compares with one process. Here it runs on the CPU, started by `torchrun` exactly as on a
 # cluster (`python -m torch.distributed.run` is `torchrun`):
@@ -571,12 +552,12 @@ print(f"\nsharded data / data: {sharded_bytes / data_bytes:.1f} x")
 # %%
 package_root = str(Path(helpers.__file__).resolve().parent.parent)  # so the processes find helpers
 command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "helpers.data_parallel"]  # --standalone: one machine, a free port
+           "-m", "helpers.scale.data_parallel"]  # --standalone: one machine, a free port
 start = time.perf_counter()
 done = subprocess.run(command, capture_output=True, text=True, timeout=300,
                       env={**os.environ, "PYTHONPATH": package_root, "OMP_NUM_THREADS": "1"})
 assert done.returncode == 0, done.stderr[-2000:]
-print("torchrun --standalone --nproc_per_node 2 -m helpers.data_parallel")
+print("torchrun --standalone --nproc_per_node 2 -m helpers.scale.data_parallel")
 print("   ", done.stdout.strip().splitlines()[-1], "|", format_duration(time.perf_counter() - start))
 
 # %% [markdown]

@@ -62,7 +62,7 @@ def test_notebook_runs_in_jupyterlab_and_its_widgets_move(name, page, lab, scree
 
 
 BROKEN_CELLS = [
-    "import ipywidgets as widgets\nimport matplotlib.pyplot as plt\nfrom helpers.widgets import Explorer",
+    "import ipywidgets as widgets\nimport matplotlib.pyplot as plt\nfrom helpers.lab.widgets import Explorer",
     # An Explorer whose figure ignores one of its controls: moving `ignored` must be caught.
     "def draw(slope, ignored):\n    figure, axis = plt.subplots(figsize=(4, 2))\n"
     "    axis.plot([0, 1], [0, slope])\n    axis.set(title=f'slope {slope}')\n    return slope\n\n"

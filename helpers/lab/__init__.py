@@ -1,0 +1,8 @@
+"""The lab bench: what only the notebooks use, never the model, training or scale code.
+
+    environment  the set-up cell: seeds, device, figure style                        every nb
+    plots        projector-friendly figures, labelled heat maps, loss curves         every nb
+    widgets      Explorer: controls that redraw a figure, with a static fallback     nb 1-9
+    exercises    checked exercises with hints, one module per notebook               every nb
+    own_text     your own text: read a UTF-8 file, train the BPE and a GPT on it     nb 1, 7
+"""

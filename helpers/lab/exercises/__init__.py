@@ -1,0 +1,207 @@
+"""Checked exercises: the student writes a function, `check` tells them, kindly, how it went.
+
+Each notebook's exercises live in a module of this package named after the notebook
+(`helpers/lab/exercises/tokenization.py` for `01_tokenization.ipynb`). An exercise is a function
+decorated with `@exercise(hint=...)` that receives the student's answer and raises
+`ExerciseFailed` with a helpful message when the answer is wrong. Notebooks call
+`check("tokenization.count_chars", my_function)`.
+
+`check` never shows a traceback: a wrong answer, a crash inside the student's code, an
+exercise not attempted yet (`raise NotImplementedError`) and a function that does not return
+within TIME_LIMIT seconds (an endless loop) each print one short explanation.
+"""
+
+from __future__ import annotations
+
+import importlib
+import numbers
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# Tests set this to True so that a failing solution raises instead of printing.
+STRICT = False
+
+# Seconds a checker, with the student's code inside it, may run before `check` gives up. Every
+# checker of the course finishes in well under a second with a correct answer.
+TIME_LIMIT = 30.0
+
+
+class ExerciseFailed(Exception):
+    """Raised by an exercise's checker with a message for the student."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    name: str
+    checker: Callable[[Any], str | None]
+    hint: str
+
+
+_REGISTRY: dict[str, Exercise] = {}
+
+
+def exercise(hint: str) -> Callable[[Callable[[Any], str | None]], Callable[[Any], str | None]]:
+    """Register the decorated checker as `<module>.<function name>` with a hint for failures."""
+
+    def register(checker: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+        module = checker.__module__.rsplit(".", 1)[-1]
+        name = f"{module}.{checker.__name__}"
+        _REGISTRY[name] = Exercise(name=name, checker=checker, hint=hint)
+        return checker
+
+    return register
+
+
+def get(name: str) -> Exercise:
+    """The registered exercise called `name` ("notebook.exercise"), importing its module."""
+    module, _, _ = name.partition(".")
+    if name not in _REGISTRY:
+        try:
+            importlib.import_module(f"{__name__}.{module}")
+        except ModuleNotFoundError as error:
+            raise KeyError(f"no exercise module {module!r} for exercise {name!r}") from error
+    if name not in _REGISTRY:
+        known = ", ".join(sorted(n for n in _REGISTRY if n.startswith(module + ".")))
+        raise KeyError(f"no exercise named {name!r}; this notebook has: {known}")
+    return _REGISTRY[name]
+
+
+def all_exercises() -> dict[str, Exercise]:
+    """Every exercise of every notebook module (imports them all)."""
+    from pkgutil import iter_modules
+
+    for info in iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+    return dict(_REGISTRY)
+
+
+def _where_it_broke(error: BaseException) -> str:
+    """The last line of the student's own code in the traceback, if there is one."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "helpers" not in f.filename]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" (in `{frame.name}`, at `{(frame.line or '').strip()}`)"
+
+
+class _TimeUp(BaseException):
+    """Raised inside a checker that ran past its time limit. A BaseException, so that a
+    student's `except Exception:` cannot swallow it."""
+
+
+def _run_with_time_limit(checker: Callable[[Any], str | None], answer: Any,
+                         seconds: float | None) -> str | None:
+    """checker(answer), raising _TimeUp if it has not returned after `seconds` (None: no limit).
+
+    In the main thread of a Unix process (a notebook kernel) an alarm signal interrupts the
+    student's code itself. Elsewhere (Windows, other threads) the checker runs in a helper
+    thread that is abandoned when the time is up: it cannot be stopped, only left behind.
+    """
+    if seconds is None:
+        return checker(answer)
+    if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
+        def time_up(signum: int, frame: Any) -> None:
+            raise _TimeUp
+
+        previous = signal.signal(signal.SIGALRM, time_up)
+        started = time.monotonic()
+        earlier_alarm, earlier_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            return checker(answer)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+            if earlier_alarm:  # someone else's alarm was pending: set it again
+                left = earlier_alarm - (time.monotonic() - started)
+                signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), earlier_interval)
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = checker(answer)
+        except BaseException as error:  # noqa: BLE001 - handed to the calling thread
+            outcome["error"] = error
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise _TimeUp
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def evaluate(name: str, answer: Any, time_limit: float | None = None) -> tuple[bool, str]:
+    """Run exercise `name` against `answer`; return (passed, the message for the student).
+
+    time_limit: seconds before giving up on an answer that does not return; None takes the
+    module's TIME_LIMIT (set `helpers.lab.exercises.TIME_LIMIT = None` to wait forever).
+    """
+    ex = get(name)
+    seconds = TIME_LIMIT if time_limit is None else time_limit
+    try:
+        praise = _run_with_time_limit(ex.checker, answer, seconds)
+    except _TimeUp:
+        return False, (f"⏱ {name}: your function did not return within {seconds:g} s, so the "
+                       "check stopped it. Look for a loop that never ends (a `while` whose "
+                       f"condition never changes).\n   Hint: {ex.hint}")
+    except NotImplementedError:
+        return False, (f"⏳ {name}: not attempted yet. Replace `raise NotImplementedError` with "
+                       f"your code.\n   Hint: {ex.hint}")
+    except ExerciseFailed as failure:
+        return False, f"❌ {name}: {failure}\n   Hint: {ex.hint}"
+    except Exception as error:  # the student's code crashed: say where, without a traceback
+        return False, (f"❌ {name}: your code raised {type(error).__name__}: {error}"
+                       f"{_where_it_broke(error)}\n   Hint: {ex.hint}")
+    return True, f"✅ {name}: correct!" + (f" {praise}" if praise else "")
+
+
+def passes(name: str, answer: Any, time_limit: float | None = None) -> bool:
+    """True when `answer` passes exercise `name`; prints nothing (for tests of the checkers)."""
+    return evaluate(name, answer, time_limit)[0]
+
+
+def check(name: str, answer: Any, time_limit: float | None = None) -> None:
+    """Run exercise `name` against the student's `answer` and print the verdict.
+
+    Returns nothing, so that a bare `check(...)` as the last line of a cell shows only the
+    verdict (with helpers.lab.exercises.STRICT set, a wrong answer raises AssertionError instead).
+    An answer that has not returned after `time_limit` seconds (default TIME_LIMIT) fails
+    with a message saying so.
+    """
+    passed, message = evaluate(name, answer, time_limit)
+    if STRICT and not passed:
+        raise AssertionError(message)
+    print(message)
+
+
+def expect_count(got: Any, what: str) -> int:
+    """`got` as an int if it is a whole-number count; fail for anything else, 3.0 included.
+
+    A count returned as a float usually means a `/` where `//` was meant (or a float slipped
+    into the sizes), and would print as 124439808.0: the exercise asks for an int.
+    """
+    if isinstance(got, bool) or not isinstance(got, numbers.Integral):
+        fix = " (use // instead of /, or int(...))" if isinstance(got, float) else ""
+        raise ExerciseFailed(f"{what} should be an int, but it is a {type(got).__name__}, "
+                             f"{got!r}{fix}.")
+    return int(got)
+
+
+def expect_close(got: Any, expected: Any, what: str, atol: float = 1e-6) -> None:
+    """Fail with a message naming `what` unless `got` is a tensor close to `expected`."""
+    import torch
+
+    if not isinstance(got, torch.Tensor):
+        raise ExerciseFailed(f"{what} should be a torch.Tensor, but it is a {type(got).__name__}.")
+    if got.shape != expected.shape:
+        raise ExerciseFailed(f"{what} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}.")
+    if not torch.allclose(got.double(), expected.double(), atol=atol, rtol=0):
+        worst = (got.double() - expected.double()).abs().max().item()
+        raise ExerciseFailed(f"{what} has the right shape but wrong values (largest error {worst:.3g}).")

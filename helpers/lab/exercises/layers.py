@@ -1,0 +1,76 @@
+"""Exercises of notebook 6 (LayerNorm, FFN and residuals): LayerNorm by hand, SwiGLU, rank collapse."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
+from helpers.model import layers
+
+
+def _inputs(seed: int, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@exercise(hint="mean = x.mean(-1, keepdim=True); variance = ((x - mean) ** 2).mean(-1, keepdim=True) "
+               "(divide by D, not D - 1); then (x - mean) / sqrt(variance + eps) * weight + bias.")
+def layer_norm(student: Callable[..., torch.Tensor]) -> str:
+    x = _inputs(0, 3, 5, 8) * 4 + 2
+    weight, bias = _inputs(1, 8), _inputs(2, 8)
+    eps = 1e-5
+    got = student(x, weight, bias, eps)
+    expected = F.layer_norm(x, (8,), weight, bias, eps)
+    if isinstance(got, torch.Tensor) and got.shape == expected.shape:
+        unbiased = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + eps) * weight + bias
+        if torch.allclose(got, unbiased, atol=1e-5):
+            raise ExerciseFailed("your variance divides by D - 1 (torch.var's default); "
+                                 "LayerNorm divides by D: use x.var(-1, unbiased=False) or the mean of squares.")
+        without_affine = F.layer_norm(x, (8,), eps=eps)
+        if torch.allclose(got, without_affine, atol=1e-5):
+            raise ExerciseFailed("the standardised values are right, but weight (gamma) and bias (beta) "
+                                 "are not applied.")
+    expect_close(got, expected, "layer_norm(x, weight, bias, eps)", atol=1e-5)
+    constant = torch.full((2, 8), 3.0)
+    flat = student(constant, torch.ones(8), torch.zeros(8), eps)
+    if not torch.isfinite(flat).all():
+        raise ExerciseFailed("a token whose features are all equal gives NaN or inf: its variance is 0, "
+                             "so eps must go inside the square root.")
+    expect_close(flat, torch.zeros(2, 8), "layer_norm of a constant token", atol=1e-5)
+    return "It matches nn.LayerNorm, constant tokens included."
+
+
+@exercise(hint="Two projections of x: gate = x @ w_gate and up = x @ w_up, both (..., hidden). "
+               "Multiply silu(gate) by up elementwise, then project back with w_down.")
+def swiglu(student: Callable[..., torch.Tensor]) -> str:
+    d_model, hidden = 6, 16
+    x = _inputs(3, 2, 4, d_model)
+    w_gate, w_up, w_down = _inputs(4, d_model, hidden), _inputs(5, d_model, hidden), _inputs(6, hidden, d_model)
+    got = student(x, w_gate, w_up, w_down)
+    expected = (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
+    if isinstance(got, torch.Tensor) and got.shape == expected.shape:
+        swapped = (F.silu(x @ w_up) * (x @ w_gate)) @ w_down
+        if torch.allclose(got, swapped, atol=1e-4):
+            raise ExerciseFailed("silu is applied to the wrong projection: it goes on x @ w_gate, "
+                                 "and x @ w_up stays linear.")
+    expect_close(got, expected, "swiglu(x, w_gate, w_up, w_down)", atol=1e-4)
+    return "That is the feed-forward network of Llama and most models since 2023."
+
+
+@exercise(hint="Subtract the mean token, x.mean(dim=-2, keepdim=True), then divide the Frobenius "
+               "norm of what is left, torch.linalg.matrix_norm(...), by that of x.")
+def distance_from_rank_one(student: Callable[[torch.Tensor], torch.Tensor]) -> str:
+    x = _inputs(7, 3, 5, 4)
+    got = student(x)
+    expected = layers.distance_from_rank_one(x)
+    if isinstance(got, torch.Tensor) and got.shape != expected.shape and got.numel() == 1:
+        raise ExerciseFailed(f"x has shape (3, 5, 4): three sets of 5 tokens, so the answer has shape "
+                             f"(3,), one distance per set, but yours has shape {tuple(got.shape)}. "
+                             "Reduce over the last two dimensions only.")
+    expect_close(got, expected, "distance_from_rank_one(x)", atol=1e-5)
+    same_token = _inputs(8, 1, 4).expand(5, 4)
+    expect_close(student(same_token), torch.tensor(0.0), "the distance for 5 copies of one token", atol=1e-5)
+    expect_close(student(10 * x), expected, "the distance for 10 * x (it should not change)", atol=1e-5)
+    return "0 for identical tokens, and blind to the overall scale."

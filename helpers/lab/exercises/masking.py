@@ -1,0 +1,74 @@
+"""Exercises of notebook 4 (masking): a causal softmax, a padding mask, a sliding-window mask."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
+from helpers.model import attention as reference
+
+
+def _expect_bool(got: object, expected: Tensor, what: str) -> None:
+    """Fail unless `got` is a boolean tensor equal to `expected`, saying which entry is wrong."""
+    if not isinstance(got, Tensor):
+        raise ExerciseFailed(f"{what} should be a torch.Tensor, but it is a {type(got).__name__}.")
+    if got.dtype != torch.bool:
+        raise ExerciseFailed(f"{what} has dtype {got.dtype}: return a boolean tensor "
+                             "(True = may attend), e.g. with a comparison or .bool().")
+    if got.shape != expected.shape:
+        raise ExerciseFailed(f"{what} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}.")
+    wrong = (got != expected).nonzero()
+    if len(wrong):
+        where = tuple(wrong[0].tolist())
+        raise ExerciseFailed(f"{what} is wrong at {where}: you have {bool(got[where])}, "
+                             f"expected {bool(expected[where])}.")
+
+
+@exercise(hint="build torch.tril(torch.ones(n, n, dtype=torch.bool)), then "
+               "scores.masked_fill(~allowed, float('-inf')), then softmax over dim=-1.")
+def causal_softmax(student: Callable[[Tensor], Tensor]) -> str:
+    """The student's causal_softmax(scores (n, n)) -> weights, with no weight on any future key."""
+    scores = torch.randn(5, 5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    got = student(scores)
+    expected = reference.softmax(scores.masked_fill(~reference.causal_mask(5), float("-inf")))
+    if isinstance(got, Tensor) and got.shape == expected.shape:
+        future = ~reference.causal_mask(5)
+        if torch.allclose(got, torch.softmax(scores.masked_fill(future, 0.0), dim=-1)):
+            raise ExerciseFailed("future keys still get weight: you filled them with 0, and exp(0) = 1. "
+                                 "Fill them with float('-inf') so that exp gives exactly 0.")
+        if got[future].abs().max() > 0 and got.tril(-1).abs().max() == 0:
+            raise ExerciseFailed("your mask is upside down: query i must see keys 0..i (on and below "
+                                 "the diagonal, torch.tril), not i..n-1.")
+        if got[future].abs().max() > 0:
+            raise ExerciseFailed("some query puts weight on a later key: every entry above the "
+                                 "diagonal must be exactly 0.")
+    expect_close(got, expected, "the causal weights of a (5, 5) score matrix")
+    return "No query can peek at the future."
+
+
+@exercise(hint="torch.arange(n) gives the key positions; compare them with lengths[:, None].")
+def padding_mask(student: Callable[[Tensor, int], Tensor]) -> str:
+    """The student's padding_mask(lengths (B,), n) -> bool (B, n), True on real tokens."""
+    lengths = torch.tensor([3, 5, 1])
+    expected = reference.padding_mask(lengths, 5)[:, 0, 0, :]
+    _expect_bool(student(lengths, 5), expected, "padding_mask(tensor([3, 5, 1]), 5)")
+    return "Padding is now invisible to every query."
+
+
+@exercise(hint="offset = i - j for query i and key j (torch.arange(n)[:, None] - torch.arange(n)); "
+               "allowed where 0 <= offset <= window.")
+def local_mask(student: Callable[[int, int], Tensor]) -> str:
+    """The student's causal sliding-window mask local_mask(n, window) -> bool (n, n)."""
+    for n, window in ((6, 2), (5, 0), (4, 10)):
+        got = student(n, window)
+        expected = reference.local_mask(n, window, causal=True)
+        if isinstance(got, Tensor) and got.shape == expected.shape and got.dtype == torch.bool:
+            two_sided = reference.local_mask(n, window, causal=False)
+            if torch.equal(got, two_sided) and not torch.equal(expected, two_sided):
+                raise ExerciseFailed(f"local_mask({n}, {window}) lets a query see later keys: keep only "
+                                     "keys at or before the query (offset >= 0).")
+        _expect_bool(got, expected, f"local_mask({n}, {window})")
+    return "Each query now sees at most window + 1 keys, so the cost grows as n * window, not n^2."

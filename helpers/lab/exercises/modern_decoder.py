@@ -1,0 +1,69 @@
+"""Exercises of notebook 9 (from GPT-2 to the modern decoder): a RoPE pair, ALiBi's bias, RMSNorm."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
+from helpers.model import modern
+
+
+@exercise(hint="A pair (a, b) turned by the angle m * theta is (a cos - b sin, a sin + b cos), "
+               "with angle = position * theta.")
+def rotate_pair(student: Callable[[float, float, int, float], tuple[float, float]]) -> str:
+    cases = [(1.0, 0.0, 1, 0.5), (0.3, -1.2, 7, 0.1), (2.0, 1.0, 0, 1.0), (-0.5, 0.8, 13, 0.01)]
+    for a, b, position, theta in cases:
+        got = student(a, b, position, theta)
+        if not isinstance(got, tuple | list) or len(got) != 2:
+            raise ExerciseFailed(f"rotate_pair should return two numbers (a', b'), got {got!r}.")
+        angle = position * theta
+        expected = (a * math.cos(angle) - b * math.sin(angle), a * math.sin(angle) + b * math.cos(angle))
+        if all(math.isclose(float(g), e, abs_tol=1e-6) for g, e in zip(got, expected, strict=True)):
+            continue
+        backwards = (a * math.cos(angle) + b * math.sin(angle), -a * math.sin(angle) + b * math.cos(angle))
+        if all(math.isclose(float(g), e, abs_tol=1e-6) for g, e in zip(got, backwards, strict=True)):
+            raise ExerciseFailed("you turn the pair clockwise: the sign of the sin terms is swapped.")
+        raise ExerciseFailed(f"rotate_pair({a}, {b}, position={position}, theta={theta}) gave {got}, "
+                             f"expected ({expected[0]:.4f}, {expected[1]:.4f}).")
+    return "That is RoPE for one pair; the model does it for D_H / 2 pairs at once."
+
+
+@exercise(hint="distance = (i - j) for query i and key j, i.e. positions[:, None] - positions[None, :], "
+               "clamped at 0 above the diagonal; then bias = -slopes[:, None, None] * distance.")
+def alibi_bias(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
+    for n_heads, n_tokens in ((4, 6), (8, 3)):
+        slopes = modern.alibi_slopes(n_heads)
+        got = student(slopes, n_tokens)
+        expected = modern.alibi_bias(n_heads, n_tokens)
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape \
+                and not torch.allclose(got, expected, atol=1e-6):
+            if torch.allclose(got, -expected, atol=1e-6):
+                raise ExerciseFailed("the sign is flipped: ALiBi subtracts, so far keys get lower scores.")
+            if torch.allclose(got.tril(), expected, atol=1e-6):
+                raise ExerciseFailed("below the diagonal it is right; above it (future keys, "
+                                     "masked anyway) the buffer should hold 0.")
+        expect_close(got, expected, f"alibi_bias(slopes, {n_tokens}) for {n_heads} heads")
+    return "That is the textbook's (n_heads, N, N) buffer, with ALiBi's geometric slopes."
+
+
+@exercise(hint="rms = sqrt(mean of x**2 over the last axis + eps), keepdim=True; return x / rms * weight. "
+               "No mean is subtracted and there is no bias.")
+def rms_norm(student: Callable[..., torch.Tensor]) -> str:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, 8, generator=generator) * 3 + 1
+    weight = torch.randn(8, generator=generator)
+    got = student(x, weight, 1e-6)
+    expected = modern.rms_norm(x, weight, 1e-6)
+    if isinstance(got, torch.Tensor) and got.shape == expected.shape:
+        centred = x - x.mean(-1, keepdim=True)
+        if torch.allclose(got, modern.rms_norm(centred, weight, 1e-6), atol=1e-5):
+            raise ExerciseFailed("you subtract the mean first: that is LayerNorm. RMSNorm divides x "
+                                 "itself by its root mean square.")
+    expect_close(got, expected, "rms_norm(x, weight, eps)", atol=1e-5)
+    zeros = student(torch.zeros(2, 8), torch.ones(8), 1e-6)
+    if not torch.isfinite(zeros).all():
+        raise ExerciseFailed("a token of zeros gives NaN: eps belongs inside the square root.")
+    return "It matches torch.nn.RMSNorm."

@@ -1,0 +1,70 @@
+"""Exercises of notebook 5 (multi-head attention): splitting and merging heads, sizing a KV cache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, expect_count
+from helpers.model import multihead
+
+
+def _numbered(*shape: int) -> torch.Tensor:
+    """A tensor whose entries are 0, 1, 2, ...: a wrong reshape shows up as wrong values."""
+    return torch.arange(float(torch.Size(shape).numel())).view(*shape)
+
+
+@exercise(hint="x.view(B, N, H, D_H) cuts each token's features into H pieces; "
+               ".transpose(1, 2) then puts the head axis before the token axis.")
+def split_heads(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
+    for shape, n_heads in (((2, 3, 8), 4), ((1, 5, 6), 2), ((3, 1, 4), 1)):
+        x = _numbered(*shape)
+        got = student(x, n_heads)
+        expected = multihead.split_heads(x, n_heads)
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape and not torch.equal(got, expected):
+            raise ExerciseFailed(
+                f"for x of shape {shape} and {n_heads} heads the shape {tuple(got.shape)} is right, "
+                "but the values are in the wrong places: a single .view(B, H, N, D_H) mixes "
+                "features of different tokens into one head. View as (B, N, H, D_H) first.")
+        expect_close(got, expected, f"split_heads(x of shape {shape}, n_heads={n_heads})")
+    return "Every head now sees its own D_H features of every token."
+
+
+@exercise(hint="Undo split_heads: .transpose(1, 2) back to (B, N, H, D_H), then "
+               ".reshape(B, N, H * D_H). (.view fails after a transpose; .reshape copies when needed.)")
+def merge_heads(student: Callable[[torch.Tensor], torch.Tensor]) -> str:
+    for shape in ((2, 4, 3, 2), (1, 2, 5, 3), (3, 1, 2, 4)):
+        heads = _numbered(*shape)
+        got = student(heads)
+        expected = multihead.merge_heads(heads)
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape and not torch.equal(got, expected):
+            raise ExerciseFailed(
+                f"for heads of shape {shape} the shape {tuple(got.shape)} is right but the values "
+                "are not: reshaping (B, H, N, D_H) straight to (B, N, H * D_H) interleaves tokens. "
+                "Transpose first.")
+        expect_close(got, expected, f"merge_heads(heads of shape {shape})")
+    x = _numbered(2, 3, 8)
+    expect_close(student(multihead.split_heads(x, 4)), x, "merge_heads(split_heads(x, 4))")
+    return "merge_heads undoes split_heads exactly."
+
+
+@exercise(hint="Each token stores one key and one value vector per KV head in every layer: "
+               "2 x n_layers x n_kv_heads x head_dim numbers, each bytes_per_value bytes.")
+def kv_cache_bytes_per_token(student: Callable[[int, int, int, int], int]) -> str:
+    cases = ((32, 1, 64, 4), (96, 96, 128, 2), (80, 8, 128, 2), (12, 12, 64, 1))  # 4 bytes first: unambiguous
+    for n_layers, n_kv_heads, head_dim, n_bytes in cases:
+        got = expect_count(student(n_layers, n_kv_heads, head_dim, n_bytes),
+                           f"the result for ({n_layers}, {n_kv_heads}, {head_dim}, {n_bytes})")
+        expected = multihead.kv_cache_bytes_per_token(n_layers, n_kv_heads, head_dim, n_bytes)
+        if got == expected:
+            continue
+        call = f"({n_layers}, {n_kv_heads}, {head_dim}, {n_bytes})"
+        if got == expected // 2:
+            raise ExerciseFailed(f"{call} gave {got}, half of {expected}: the cache keeps both K and V.")
+        if got == expected // n_bytes:
+            raise ExerciseFailed(f"{call} gave {got}: that counts numbers, not bytes "
+                                 f"(each is {n_bytes} bytes).")
+        raise ExerciseFailed(f"{call} gave {got!r}, expected {expected}.")
+    gpt3 = multihead.kv_cache_bytes_per_token(96, 96, 128, 2) / 2**20
+    return f"GPT-3 (96 layers, 96 heads of 128, fp16) keeps {gpt3:.1f} MiB for every token."

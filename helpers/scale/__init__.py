@@ -1,0 +1,10 @@
+"""Beyond one machine: processes, collectives and the parallelisms (notebook 11).
+
+Built on `helpers.model`; each parallel version is proven equal to one process.
+
+    workers          local processes with gloo, collectives, clean failures
+    data_parallel    data parallelism by hand: all-reduce, bucketed hooks, torchrun entry
+    sharded          ZeRO-1 by hand: each rank keeps the optimizer state of its shard
+    tensor_parallel  column- and row-parallel MLP, attention heads split across ranks
+    parallelism      what each kind of parallelism splits and sends, in bytes per step
+"""

@@ -1,0 +1,159 @@
+"""Notebook 11, section 3: shard the optimizer state (ZeRO-1) by hand, then PyTorch's own.
+
+Data parallelism keeps a full copy of everything on every rank. AdamW's two running averages
+are twice the weights, so they are the first thing to split: with ZeRO-1 each rank keeps m and v
+only for the parameters it *owns*, updates only those, and broadcasts them to the others.
+
+    assign_owners(sizes, world_size)  which rank owns which parameter (balanced by size)
+    ShardedAdamW                      AdamW (notebook 7's equations) on the owned shard + broadcasts
+    train_zero_by_hand                worker: ShardedAdamW against an unsharded twin, same gradients
+    train_zero_torch                  worker: torch's ZeroRedundancyOptimizer against torch.optim.AdamW
+    train_fsdp                        worker: FSDP2's fully_shard (weights, gradients and state split)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from helpers import checks
+from helpers.scale.data_parallel import (
+    Run,
+    average_gradients,
+    loss_of,
+    make_batch,
+    make_model,
+    shard_rows,
+)
+
+
+def assign_owners(sizes: Sequence[int], world_size: int) -> list[int]:
+    """The owner rank of each parameter: largest first, each to the rank holding least so far."""
+    checks.positive_int("world_size", world_size)
+    load = [0] * world_size
+    owners = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        owners[i] = min(range(world_size), key=lambda r: load[r])
+        load[owners[i]] += sizes[i]
+    return owners
+
+
+class ShardedAdamW:
+    """ZeRO-1 AdamW: m and v for this rank's parameters only; then every owner broadcasts its own.
+
+    Matrices (two or more axes) are decayed, vectors are not, as in notebook 7. With world_size=1
+    it is plain AdamW: every parameter is owned and there is nothing to broadcast.
+    """
+
+    def __init__(self, params: Iterable[Tensor], rank: int, world_size: int,
+                 betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-8, weight_decay: float = 0.1) -> None:
+        self.params = list(params)
+        self.rank, self.world_size = rank, world_size
+        self.owner = assign_owners([p.numel() for p in self.params], world_size)
+        self.mine = [i for i, owner in enumerate(self.owner) if owner == rank]
+        self.m = {i: torch.zeros_like(self.params[i]) for i in self.mine}
+        self.v = {i: torch.zeros_like(self.params[i]) for i in self.mine}
+        self.betas, self.eps, self.weight_decay, self.t = betas, eps, weight_decay, 0
+
+    @torch.no_grad()
+    def step(self, lr: float) -> None:
+        self.t += 1
+        beta1, beta2 = self.betas
+        for i in self.mine:
+            p, g, m, v = self.params[i], self.params[i].grad, self.m[i], self.v[i]
+            m.mul_(beta1).add_((1 - beta1) * g)
+            v.mul_(beta2).add_((1 - beta2) * g * g)
+            m_hat, v_hat = m / (1 - beta1 ** self.t), v / (1 - beta2 ** self.t)
+            p.mul_(1 - lr * (self.weight_decay if p.dim() >= 2 else 0.0))
+            p.sub_(lr * m_hat / (v_hat.sqrt() + self.eps))
+        if self.world_size > 1:
+            for p, owner in zip(self.params, self.owner, strict=True):
+                dist.broadcast(p, src=owner)  # the owner's updated values, everywhere
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds (m and v of its own parameters)."""
+        return sum(t.numel() * t.element_size() for t in [*self.m.values(), *self.v.values()])
+
+
+def _gradient_step(rank: int, world_size: int, run: Run, step: int, model: nn.Module,
+                   twin: nn.Module) -> None:
+    """Average model's gradient over the ranks (as in data parallelism) and give twin the same."""
+    inputs, targets = make_batch(run, step)
+    model.zero_grad(set_to_none=True)
+    loss_of(model, shard_rows(inputs, rank, world_size), shard_rows(targets, rank, world_size)).backward()
+    average_gradients(model)
+    for mine, other in zip(model.parameters(), twin.parameters(), strict=True):
+        other.grad = mine.grad.clone()
+
+
+def _largest_gap(a: nn.Module, b: nn.Module) -> float:
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def train_zero_by_hand(rank: int, world_size: int, run: Run) -> dict[str, float | int]:
+    """Worker: ShardedAdamW and an unsharded twin get the same gradients; how far apart do they end?"""
+    model, twin = make_model(run), make_model(run)
+    sharded = ShardedAdamW(model.parameters(), rank, world_size)
+    full = ShardedAdamW(twin.parameters(), rank=0, world_size=1)
+    gap = 0.0
+    for step in range(run.steps):
+        _gradient_step(rank, world_size, run, step, model, twin)
+        sharded.step(run.lr)
+        full.step(run.lr)
+        gap = max(gap, _largest_gap(model, twin))
+    return {"max_gap": gap, "state_bytes": sharded.state_bytes(), "full_state_bytes": full.state_bytes(),
+            "owned": len(sharded.mine), "parameters": len(sharded.params)}
+
+
+def _adam_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(state[key].numel() * state[key].element_size()
+               for state in optimizer.state.values() for key in ("exp_avg", "exp_avg_sq"))
+
+
+def train_zero_torch(rank: int, world_size: int, run: Run) -> dict[str, float | int]:
+    """Worker: torch.distributed.optim.ZeroRedundancyOptimizer against torch.optim.AdamW."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    model, twin = make_model(run), make_model(run)
+    settings = dict(lr=run.lr, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, foreach=False)
+    sharded = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, **settings)
+    full = torch.optim.AdamW(twin.parameters(), **settings)
+    gap = 0.0
+    for step in range(run.steps):
+        _gradient_step(rank, world_size, run, step, model, twin)
+        sharded.step()
+        full.step()
+        gap = max(gap, _largest_gap(model, twin))
+    return {"max_gap": gap, "state_bytes": _adam_state_bytes(sharded.optim),
+            "full_state_bytes": _adam_state_bytes(full)}
+
+
+def train_fsdp(rank: int, world_size: int, run: Run) -> dict[str, object]:
+    """Worker: FSDP2 (`fully_shard`) splits weights, gradients and optimizer state across ranks.
+
+    Each block is one unit (its weights are all-gathered just before it runs, freed after), the
+    rest of the model the root unit. Gradients are reduce-scattered: each rank keeps the average
+    of its own shard. Returns the full weights at the end and the bytes of weights this rank holds.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    model = make_model(run)  # the same seed everywhere: fully_shard keeps this rank's slice
+    full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    units = model.blocks if run.model == "gpt" else [model[0], model[2]]
+    for unit in units:
+        fully_shard(unit)
+    fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=run.lr, momentum=0.9)
+    for step in range(run.steps):
+        inputs, targets = make_batch(run, step)
+        optimizer.zero_grad(set_to_none=True)
+        loss_of(model, shard_rows(inputs, rank, world_size), shard_rows(targets, rank, world_size)).backward()
+        optimizer.step()
+    local_bytes = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
+    weights = {name: t.full_tensor().detach().clone() if hasattr(t, "full_tensor") else t.detach().clone()
+               for name, t in model.state_dict().items()}
+    return {"weights": weights, "local_bytes": local_bytes, "full_bytes": full_bytes,
+            "kind": type(next(model.parameters())).__name__}

@@ -1,0 +1,7 @@
+"""Training: the loop that fits a model, and the machinery that makes it fast (notebook 7).
+
+Built on `helpers.model`; the model never imports it.
+
+    trainer  batches, the learning-rate schedule, the Trainer and its History
+    speed    bfloat16 working copy, one buffer for every weight, fused AdamW, compile
+"""

@@ -1,0 +1,399 @@
+"""Training a language model: batches, the schedule, AdamW's parameter split, the loop.
+
+Defined in notebook 7, "GPT", section 4 (training on the course corpus), where each piece is
+first written by hand ("The training step by hand"), then handed to the Trainer:
+
+    encode_text / split_train_val / random_batch   token ids and (inputs, next-token targets)
+    split_stories / line_overlap                   a validation split of whole stories, and
+                                                   the sentences it still shares with training
+    learning_rate                                  linear warm-up, then cosine decay
+    matrices_and_vectors                           weight decay on matrices only
+    TrainConfig, Trainer, History, evaluate_loss   the loop, what it measured, a fixed yardstick
+
+The Trainer trains any model mapping token ids (B, N) to logits (B, N, V) that has
+`config.vocab_size` and `config.context_length` (`helpers.model.gpt.GPT`, `helpers.model.modern.ModernGPT`).
+Its step is the textbook one: loss, backward, clip the gradient norm, AdamW. With
+`TrainConfig(fast=True)`, the default, the same step runs with less work: `helpers.training.speed`
+(bf16 working copy, one buffer for every weight, fused AdamW, a GPT's fused kernels).
+Checkpoints: `helpers.model.checkpoints`; loss curves: `helpers.lab.plots.LiveLossPlot`. Shapes (the
+legend of `helpers`): B batch, N tokens (the window), V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from helpers import checks
+from helpers.model.embeddings import check_token_ids
+from helpers.model.gpt import GPT
+from helpers.training.speed import FlatWeights, compile_loss, make_optimizer, pick_dtype
+
+# --- data ----------------------------------------------------------------------------------
+
+def encode_text(tokenizer: Any, text: str) -> Tensor:
+    """The token ids of `text` as one long tensor (n_tokens,) of int64."""
+    return torch.tensor(tokenizer.encode(text), dtype=torch.long)
+
+
+def split_train_val(ids: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, Tensor]:
+    """The first (1 - val_fraction) of `ids` for training, the rest for validation: a split by
+    position, so no window straddles the two. It may cut a story: for the course corpus use
+    `split_stories`, and `line_overlap` to measure what validation shares with training."""
+    checks.number_in("val_fraction", val_fraction, 0.0, 1.0, low_open=True, high_open=True)
+    cut = int(len(ids) * (1.0 - val_fraction))
+    return ids[:cut], ids[cut:]
+
+
+def split_stories(text: str, val_fraction: float = 0.1, separator: str = "\n\n") -> tuple[str, str]:
+    """Whole stories for training, the last `val_fraction` of them (at least one) for validation.
+
+    Stories are the pieces of `text` between `separator`s (the course corpus puts a blank line
+    between stories). No story is cut in two, and each part ends with the separator, as the
+    corpus does. Held-out stories are new stories, not necessarily new sentences: a corpus made
+    from templates repeats its sentences across stories (`line_overlap` measures how many).
+    """
+    checks.number_in("val_fraction", val_fraction, 0.0, 1.0, low_open=True, high_open=True)
+    stories = [story.strip("\n") for story in text.split(separator) if story.strip()]
+    if len(stories) < 2:
+        raise ValueError(f"text has {len(stories)} stories separated by {separator!r}, expected at least 2")
+    n_val = min(len(stories) - 1, max(1, round(len(stories) * val_fraction)))
+    train, val = stories[:-n_val], stories[-n_val:]
+    return separator.join(train) + separator, separator.join(val) + separator
+
+
+def line_overlap(train_text: str, val_text: str) -> float:
+    """The share of validation lines (blank lines left out) that occur word for word in training."""
+    train_lines = set(train_text.splitlines())
+    val_lines = [line for line in val_text.splitlines() if line.strip()]
+    if not val_lines:
+        raise ValueError("val_text has no non-blank lines, expected at least one")
+    return sum(line in train_lines for line in val_lines) / len(val_lines)
+
+
+def random_batch(ids: Tensor, batch_size: int, context_length: int,
+                 generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """`batch_size` random windows of `context_length` tokens and the same windows one token later.
+
+    ids: (n_tokens,). Returns inputs x and targets y, both (batch_size, context_length): y[b, t] is
+    the token that follows x[b, t]. All windows are cut with one indexing operation.
+    """
+    checks.positive_int("batch_size", batch_size)
+    checks.positive_int("context_length", context_length)
+    if ids.dim() != 1 or len(ids) < context_length + 1:
+        raise ValueError(f"ids has shape {tuple(ids.shape)}, expected a 1-D tensor of at least "
+                         f"context_length + 1 = {context_length + 1} tokens")
+    starts = torch.randint(0, len(ids) - context_length, (batch_size,), generator=generator)
+    windows = ids[starts.unsqueeze(1) + torch.arange(context_length + 1)]  # (B, context_length + 1)
+    return windows[:, :-1], windows[:, 1:]
+
+
+# --- the recipe ----------------------------------------------------------------------------
+
+def learning_rate(progress: float, peak: float, warmup: float = 0.05, floor: float = 0.1) -> float:
+    """The learning rate `progress` (0 -> 1) of the way through training.
+
+    It rises linearly from 0 to `peak` over the first `warmup` of the run (Adam's early steps
+    are noisy): peak * progress / warmup. Then it follows half a cosine down to `floor` x peak
+    at the end: peak * (floor + (1 - floor) * (1 + cos(pi t)) / 2), t the fraction of the decay
+    done. learning_rate(0, ...) is 0, so `Trainer.fit` asks for the rate at the end of each
+    step, progress (i + 1) / steps: no step runs at a rate of 0, and the last runs at the floor.
+    """
+    checks.number_in("progress", progress, -math.inf, math.inf)
+    checks.positive_float("peak", peak)
+    checks.number_in("warmup", warmup, 0.0, 1.0, high_open=True)
+    checks.number_in("floor", floor, 0.0, 1.0)
+    progress = min(max(progress, 0.0), 1.0)
+    if progress < warmup:
+        return peak * progress / warmup
+    decay = (progress - warmup) / (1.0 - warmup)
+    return peak * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * decay)))
+
+
+def matrices_and_vectors(model: torch.nn.Module) -> tuple[list[Tensor], list[Tensor]]:
+    """The model's parameters split for weight decay: matrices (dim >= 2), and the rest."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
+
+
+@dataclass
+class TrainConfig:
+    """How to train. The defaults fit the course's small character-level GPT on a laptop CPU.
+
+    context_length: tokens per training window (None: the model's context length; 0 is refused).
+    learning_rate: the peak rate; warmup: the fraction of the run spent warming up, in [0, 1);
+    min_lr_ratio: the final rate as a fraction of the peak, in [0, 1]; weight_decay >= 0.
+    eval_every: steps between evaluations (and LiveLossPlot redraws); eval_batches: fixed
+    batches each evaluation averages over. fast=False runs the plain float32 path.
+    compile=True (fast path only) compiles the loss with torch.compile: faster steps after a
+    first step that takes tens of seconds, and it needs a C++ compiler.
+    """
+
+    batch_size: int = 12
+    context_length: int | None = None
+    learning_rate: float = 2e-3
+    warmup: float = 0.05
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_batches: int = 8
+    precision: str = "auto"
+    fast: bool = True
+    compile: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "eval_every", "eval_batches"):
+            checks.positive_int(name, getattr(self, name))
+        if self.context_length is not None:
+            try:
+                checks.positive_int("context_length", self.context_length)
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"{error} (or None for the model's context length)") from None
+        checks.positive_float("learning_rate", self.learning_rate)
+        checks.positive_float("grad_clip", self.grad_clip)
+        checks.number_in("warmup", self.warmup, 0.0, 1.0, high_open=True,
+                         expected="a fraction of the run in [0, 1)")
+        checks.number_in("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0,
+                         expected="a fraction of the peak learning rate in [0, 1]")
+        checks.number_in("weight_decay", self.weight_decay, 0.0, math.inf, high_open=True,
+                         expected="a number >= 0 (0 = no decay)")
+        checks.one_of("precision", self.precision, ("auto", "bf16", "fp32"))
+        checks.boolean("fast", self.fast)
+        checks.boolean("compile", self.compile)
+        checks.non_negative_int("seed", self.seed)
+        if self.compile and not self.fast:
+            raise ValueError("compile=True needs fast=True: the plain path is the uncompiled reference")
+
+
+@dataclass
+class History:
+    """What a training run measured; evaluations are on fixed batches, in float32."""
+
+    steps: list[int] = field(default_factory=list)          # one entry per optimiser step
+    losses: list[float] = field(default_factory=list)       # that step's training-batch loss
+    lrs: list[float] = field(default_factory=list)
+    eval_steps: list[int] = field(default_factory=list)     # one entry per evaluation
+    train_losses: list[float] = field(default_factory=list)
+    val_losses: list[float] = field(default_factory=list)
+    tokens_per_step: int = 0
+    train_seconds: float = 0.0                              # optimiser steps only, no evaluation
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.steps) * self.tokens_per_step / max(self.train_seconds, 1e-9)
+
+
+@torch.no_grad()
+def evaluate_loss(model: nn.Module, batches: Sequence[tuple[Tensor, Tensor]]) -> float:
+    """Mean next-token loss over (x, y) batches, in float32 without dropout, whatever the
+    precision the model trains in: the same yardstick for every trainer."""
+    was_training = model.training
+    model.eval()
+    total = sum(F.cross_entropy(_logits(model, x, fast=True).flatten(0, 1), y.flatten()).item()
+                for x, y in batches)
+    model.train(was_training)
+    return total / len(batches)
+
+
+def _logits(model: nn.Module, x: Tensor, fast: bool) -> Tensor:
+    """model(x): (B, N) -> (B, N, V), with a GPT's fused kernels when `fast` (the one switch)."""
+    return model(x, fast=True) if fast and isinstance(model, GPT) else model(x)
+
+
+class Trainer:
+    """Trains a language model on a long tensor of token ids with the recipe of `TrainConfig`.
+
+    model: maps token ids (B, N) to logits (B, N, V) and has `config.vocab_size` and
+    `config.context_length` (a `helpers.model.gpt.GPT`, a `helpers.model.modern.ModernGPT`).
+    `fit(steps=...)` or `fit(seconds=...)` runs a whole schedule with a progress bar;
+    `train_step(lr)` and `evaluate()` are the pieces, for loops of one's own.
+    """
+
+    def __init__(self, model: nn.Module, train_ids: Tensor, val_ids: Tensor,
+                 config: TrainConfig | None = None) -> None:
+        config = TrainConfig() if config is None else config
+        self.model, self.config = model, config
+        self.context_length = _check_trainer_inputs(model, train_ids, val_ids, config)
+        self.train_ids, self.val_ids = train_ids, val_ids
+        self.device = next(model.parameters()).device
+        self.dtype = pick_dtype(self.device, config.precision) if config.fast else torch.float32
+        # `working` runs forward and backward: the model, or (fast, bf16) its FlatWeights copy.
+        self.flat = FlatWeights(model, self.dtype) if config.fast else None
+        self.working = self.flat.working if self.flat else model
+        split = self.flat.matrices_and_vectors() if self.flat else matrices_and_vectors(model)
+        self.optimizer = make_optimizer(*split, lr=config.learning_rate,
+                                        weight_decay=config.weight_decay, fused=config.fast)
+        self._loss = compile_loss(self._working_loss) if config.compile else self._working_loss
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.eval_sets = {}  # the same batches at every evaluation
+        for name, ids in (("train", train_ids), ("val", val_ids)):
+            fixed = torch.Generator().manual_seed(config.seed + 1)
+            self.eval_sets[name] = [self._batch(ids, fixed) for _ in range(config.eval_batches)]
+        self.history = History(tokens_per_step=config.batch_size * self.context_length)
+
+    def _batch(self, ids: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """A random batch of windows and their targets (`random_batch`), on the model's device."""
+        x, y = random_batch(ids, self.config.batch_size, self.context_length, generator)
+        return x.to(self.device), y.to(self.device)
+
+    def loss_on(self, x: Tensor, y: Tensor) -> Tensor:
+        """Mean next-token cross-entropy on inputs x and targets y, both (B, N), computed by
+        the working model (bf16 on the fast path): the loss that training differentiates."""
+        return self._loss(x, y)
+
+    def _working_loss(self, x: Tensor, y: Tensor) -> Tensor:
+        logits = _logits(self.working, x, self.config.fast)  # (B, N, V)
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+    def train_step(self, lr: float) -> float:
+        """One AdamW step at learning rate `lr` on a fresh random batch; returns its loss.
+
+        A loss or gradient norm that is NaN or infinite stops training with a FloatingPointError
+        before the optimiser step (which would spread the NaN into every weight). (PyTorch's
+        fused attention on a CPU turns a query row of NaN into zeros, so with a NaN weight the
+        fast path's loss can stay finite while its gradient does not: both are checked.)
+        """
+        x, y = self._batch(self.train_ids, self.generator)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss = self.loss_on(x, y)
+        if self.flat:
+            self.flat.zero_gradients()
+        else:
+            self.model.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.flat:
+            self.flat.gather_gradients()
+            norm = self.flat.clip_gradients(self.config.grad_clip)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip,
+                                                  foreach=False)
+        value, norm = loss.item(), norm.item()
+        if not (math.isfinite(value) and math.isfinite(norm)):
+            self._stop_diverged(value, norm, lr)
+        self.optimizer.step()
+        if self.flat:
+            self.flat.refresh_working_copy()
+        return value
+
+    def _stop_diverged(self, loss: float, norm: float, lr: float) -> None:
+        """Raise a FloatingPointError that says at which step the loss or the gradient stopped
+        being finite, and what to try."""
+        step = len(self.history.steps) + 1
+        broken = _non_finite_parameters(self.model)
+        if broken:
+            cause = f"the model's weights already hold NaN or inf ({broken}): rebuild or reload it"
+        else:
+            cause = (f"it diverged: try a smaller TrainConfig(learning_rate=...) (the peak "
+                     f"is {self.config.learning_rate:g}), a longer warmup or a smaller grad_clip")
+        raise FloatingPointError(f"the training loss is {loss} and the gradient norm {norm} at "
+                                 f"step {step} (learning rate {lr:.3g}), so training stopped "
+                                 f"before the update; {cause}")
+
+    def evaluate(self) -> dict[str, float]:
+        """Mean loss on the fixed train and validation batches (see `evaluate_loss`)."""
+        return {name: evaluate_loss(self.model, batches) for name, batches in self.eval_sets.items()}
+
+    def fit(self, steps: int | None = None, seconds: float | None = None,
+            callbacks: Sequence[Callable[[History], None]] = (), progress_bar: bool = True) -> History:
+        """Train for `steps` optimiser steps or for `seconds` of training time (give one).
+
+        The learning rate follows `learning_rate` over the run, taken where each step ends:
+        (i + 1) / steps. With a time budget the end of a step is guessed from the last step's
+        duration, so the first step (no duration known yet) runs at progress 0, a rate of 0:
+        it only fills AdamW's running averages. Every `eval_every` steps and at the end the
+        model is evaluated and each callback is called with the history.
+        """
+        checks.boolean("progress_bar", progress_bar)
+        if (steps is None) == (seconds is None):
+            raise ValueError(f"steps is {steps!r} and seconds is {seconds!r}, expected exactly one")
+        if steps is not None:
+            checks.positive_int("steps", steps)
+        else:
+            checks.positive_float("seconds", seconds)
+        if self.flat:  # in case the weights were changed by hand
+            self.flat.refresh_working_copy()
+        bar = _progress_bar(steps, seconds, progress_bar)
+        done, spent = 0, 0.0
+        last = 0.0  # the last step's duration: a time budget guesses where a step will end
+        while (done < steps) if steps is not None else (spent < seconds):
+            # The rate at the end of this step (see learning_rate): never 0 with a step count.
+            progress = (done + 1) / steps if steps is not None else (spent + last) / seconds
+            lr = learning_rate(progress, self.config.learning_rate, self.config.warmup,
+                               self.config.min_lr_ratio)
+            started = time.perf_counter()
+            loss = self.train_step(lr)
+            elapsed = last = time.perf_counter() - started
+            done, spent = done + 1, spent + elapsed
+            self.history.steps.append(len(self.history.steps) + 1)
+            self.history.losses.append(loss)
+            self.history.lrs.append(lr)
+            self.history.train_seconds += elapsed
+            bar.update(1 if steps is not None else elapsed)
+            if done % self.config.eval_every == 0:
+                self._evaluate_and_report(callbacks, bar)
+        if done % self.config.eval_every:
+            self._evaluate_and_report(callbacks, bar)
+        bar.close()
+        return self.history
+
+    def _evaluate_and_report(self, callbacks: Iterable[Callable[[History], None]], bar: tqdm) -> None:
+        losses = self.evaluate()
+        self.history.eval_steps.append(len(self.history.steps))
+        self.history.train_losses.append(losses["train"])
+        self.history.val_losses.append(losses["val"])
+        bar.set_postfix(train=f"{losses['train']:.3f}", val=f"{losses['val']:.3f}")
+        for callback in callbacks:
+            callback(self.history)
+
+
+def _non_finite_parameters(model: nn.Module) -> str:
+    """The names of the parameters holding a NaN or an infinity ("" if none), at most three."""
+    broken = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    return ", ".join(broken[:3]) + (", ..." if len(broken) > 3 else "")
+
+
+def _progress_bar(steps: int | None, seconds: float | None, enabled: bool) -> tqdm:
+    """A text progress bar counting steps, or seconds of training for a time budget."""
+    if steps is not None:
+        return tqdm(total=steps, unit="step", disable=not enabled, mininterval=0.5)
+    return tqdm(total=seconds, unit="s", disable=not enabled, mininterval=0.5,
+                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}]{postfix}")
+
+
+def _check_trainer_inputs(model: nn.Module, train_ids: Tensor, val_ids: Tensor,
+                          config: TrainConfig) -> int:
+    """Raise unless the Trainer can use these; return the training window's length."""
+    model_config = getattr(model, "config", None)
+    if not isinstance(model, nn.Module) or not all(
+            hasattr(model_config, name) for name in ("vocab_size", "context_length")):
+        raise TypeError(f"model is a {type(model).__name__}, expected a torch.nn.Module mapping "
+                        "token ids (B, N) to logits (B, N, V) with config.vocab_size and "
+                        "config.context_length, such as a helpers.model.gpt.GPT")
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config is a {type(config).__name__}, expected a TrainConfig")
+    longest = model_config.context_length
+    context_length = longest if config.context_length is None else config.context_length
+    if context_length > longest:
+        raise ValueError(f"context_length is {context_length}, expected at most the model's "
+                         f"context_length = {longest}")
+    for name, ids in (("train_ids", train_ids), ("val_ids", val_ids)):
+        check_token_ids(ids, model_config.vocab_size, name)  # once here, not at every step
+        if ids.dim() != 1 or len(ids) < context_length + 1:
+            raise ValueError(f"{name} has shape {tuple(ids.shape)}, expected a 1-D tensor of at "
+                             f"least context_length + 1 = {context_length + 1} tokens (one window "
+                             "and its next token): give more text or a smaller context_length")
+    broken = _non_finite_parameters(model)
+    if broken:
+        raise ValueError(f"model has NaN or inf in {broken} before training: rebuild or reload it")
+    return context_length
