@@ -135,7 +135,7 @@ GITHUB_ADDRESS = re.compile(r"https://github\.com/([\w.-]+/[\w.-]+?)(?:\.git)?/?
 
 def current_address(root: Path = ROOT) -> str:
     """The `owner/repo` the course installs from, as `helpers/lab/environment.py` writes it."""
-    text = (root / "helpers" / "environment.py").read_text(encoding="utf-8")
+    text = (root / "helpers" / "lab" / "environment.py").read_text(encoding="utf-8")
     match = re.search(r'^COURSE_REPO = "https://github\.com/([^"]+)"$', text, re.M)
     if match is None:
         raise SystemExit("helpers/lab/environment.py has no COURSE_REPO line to rewrite")
