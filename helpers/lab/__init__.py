@@ -5,4 +5,5 @@
     widgets      Explorer: controls that redraw a figure, with a static fallback     nb 1-9
     exercises    checked exercises with hints, one module per notebook               every nb
     own_text     your own text: read a UTF-8 file, train the BPE and a GPT on it     nb 1, 7
+    notes_tables the tables the lecture notes print, read from data/notes_tables.txt  nb 3, 7
 """

@@ -386,7 +386,7 @@ def learn_word_vectors(counts: torch.Tensor, d_model: int, steps: int) -> tuple[
         optimizer.step()
     return embedding.weight.detach(), loss.item()
 
-
+# %%
 words = corpus_words(load_corpus())
 VOCAB = sorted(set(words))
 WORD_ID = {word: index for index, word in enumerate(VOCAB)}

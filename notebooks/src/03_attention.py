@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from helpers.lab.exercises import check
+from helpers.lab.notes_tables import load_notes_tables
 from helpers.lab.plots import heatmap
 from helpers.lab.widgets import Explorer
 
@@ -255,7 +256,7 @@ def show_bank(when: str, vector: torch.Tensor) -> None:
     cosines = ", ".join(f"{name} {cosine:.2f}" for name, cosine in sense_cosines(vector).items())
     print(f"  'bank' {when:<17} {features}; cosine with {cosines}")
 
-
+# %%
 bank_in, bank_out = {}, {}
 for sentence in ("I swam across the river to get to the other bank",
                  "I walked across the intersection to get to the other bank"):
@@ -632,27 +633,15 @@ print(f"slider d_k 256 -> 1024: largest unscaled weight {mid_head['max_weight_un
 #
 # ### "I like to eat" (the Matrix Magic notes)
 # The Matrix Magic notes print a query matrix and a transposed key matrix for the four tokens (with
-# $d_q = d_k = 4$), then an attention matrix $QK^\top$ and its scaled version. We type in its
-# inputs and compute.
+# $d_q = d_k = 4$), then an attention matrix $QK^\top$ and its scaled version. We read its
+# inputs from `data/notes_tables.txt`, where every table the notes print is typed in as on the
+# slides, and compute.
 
 # %%
 TOKENS_MAGIC = ["I", "like", "to", "eat"]
-Q_MAGIC = torch.tensor([[2.84, 2.76, 1.61, 1.82],
-                        [4.79, 3.06, 3.10, 2.27],
-                        [3.54, 2.62, 2.74, 2.13],
-                        [3.35, 3.96, 2.38, 2.20]], dtype=torch.float64)
-K_T_MAGIC = torch.tensor([[2.68, 4.17, 4.37, 5.17],
-                          [2.31, 3.18, 2.80, 3.38],
-                          [2.89, 4.33, 3.88, 4.67],
-                          [2.82, 3.29, 2.81, 3.01]], dtype=torch.float64)  # rows d1..d4, columns tokens
-MATRIX_MAGIC_SCORES = torch.tensor([[28.84, 40.31, 37.30, 43.67],
-                                    [40.31, 57.05, 53.14, 62.45],
-                                    [37.30, 53.14, 49.84, 58.63],
-                                    [43.67, 62.45, 58.63, 69.08]], dtype=torch.float64)
-MATRIX_MAGIC_SCALED = torch.tensor([[14.42, 20.16, 18.65, 21.83],
-                                    [20.16, 28.53, 26.57, 31.22],
-                                    [18.65, 26.57, 24.92, 29.32],
-                                    [21.83, 31.22, 29.32, 34.54]], dtype=torch.float64)
+mm = load_notes_tables("matrix_magic")  # the tables the notes print (data/notes_tables.txt)
+Q_MAGIC, K_T_MAGIC = mm.Q, mm.K_T                # K^T: rows d1..d4, columns tokens
+MATRIX_MAGIC_SCORES, MATRIX_MAGIC_SCALED = mm.SCORES, mm.SCALED
 true_scores_magic = Q_MAGIC @ K_T_MAGIC
 torch.set_printoptions(precision=2)
 print("Q K^T computed from the notes' Q and K^T:\n", true_scores_magic)
@@ -722,22 +711,9 @@ for token, row in zip(TOKENS_MAGIC, weights_magic, strict=True):
 
 # %%
 TOKENS_DS246 = ["The", "cat", "sat", "here"]
-X_DS246 = torch.tensor([[1.2, 0.1, 0.8, 0.3, 0.0, 0.5],
-                      [0.3, 0.2, 0.5, 1.8, 0.0, 1.2],
-                      [0.7, 0.3, 1.1, 0.9, 1.5, 0.2],
-                      [0.4, 0.4, 0.6, 1.2, 0.0, 0.8]], dtype=torch.float64)
-Q_DS246 = torch.tensor([[1.23, 0.81, 1.05, 0.92], [0.76, 1.42, 0.88, 1.31],
-                      [1.15, 0.97, 1.33, 1.08], [0.89, 1.28, 0.94, 1.17]], dtype=torch.float64)
-K_DS246 = torch.tensor([[0.98, 1.21, 0.89, 1.04], [0.82, 1.53, 1.12, 0.95],
-                      [1.07, 1.09, 1.25, 1.18], [0.91, 1.35, 1.03, 0.87]], dtype=torch.float64)
-V_DS246 = torch.tensor([[1.31, 1.02, 0.95, 1.15], [1.08, 1.45, 1.23, 0.89],
-                      [1.22, 1.18, 1.09, 1.31], [1.14, 1.33, 1.07, 0.98]], dtype=torch.float64)
-DS246_RAW = torch.tensor([[4.21, 4.85, 5.12, 4.33], [4.56, 5.91, 5.43, 4.87],
-                             [5.02, 5.73, 5.98, 5.21], [4.43, 5.42, 5.31, 4.76]], dtype=torch.float64)
-DS246_WEIGHTS = torch.tensor([[0.20, 0.28, 0.32, 0.20], [0.18, 0.35, 0.29, 0.18],
-                                 [0.19, 0.28, 0.33, 0.20], [0.17, 0.31, 0.30, 0.22]], dtype=torch.float64)
-DS246_OUTPUT = torch.tensor([[1.16, 1.28, 1.10, 1.08], [1.15, 1.30, 1.14, 1.11],
-                                [1.17, 1.29, 1.12, 1.10], [1.16, 1.31, 1.13, 1.09]], dtype=torch.float64)
+ds246 = load_notes_tables("ds246")
+X_DS246, Q_DS246, K_DS246, V_DS246 = ds246.X, ds246.Q, ds246.K, ds246.V
+DS246_RAW, DS246_WEIGHTS, DS246_OUTPUT = ds246.RAW, ds246.WEIGHTS, ds246.OUTPUT
 
 output_ds246, weights_ds246 = scaled_dot_product_attention(Q_DS246, K_DS246, V_DS246)
 torch.set_printoptions(precision=2)

@@ -347,13 +347,13 @@ def wire_heads(mha: MultiHeadAttention) -> MultiHeadAttention:
     mha.out_proj.weight.normal_(std=D_MODEL**-0.5, generator=torch.Generator().manual_seed(2))
     return mha
 
-
+# %%
 wired = wire_heads(MultiHeadAttention(D_MODEL, N_HEADS))
 print(f"D = {D_MODEL}, H = {N_HEADS}, D_H = {HEAD_DIM}; position one-hot in features "
       f"{POSITIONS.start}-{POSITIONS.stop - 1}, word vector in {WORD.start}-{WORD.stop - 1}")
 print(f"a match scores STRENGTH² = {STRENGTH**2:.0f}, divided by sqrt(D_H): {STRENGTH**2 / HEAD_DIM**0.5:.0f}")
 
-
+# %%
 def head_weights(sentence: str) -> torch.Tensor:
     """The wired module's causal attention weights on `sentence`: (H, N, N)."""
     wired(embed(words(sentence)), causal=True)

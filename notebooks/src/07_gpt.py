@@ -36,6 +36,7 @@ from helpers.model.attention import causal_mask
 from helpers.text.corpus_rich import known_word_fraction, load_rich_corpus, rich_well_formed_fraction, word_forms
 from helpers.model.embeddings import TokenAndPositionEmbedding
 from helpers.lab.exercises import check
+from helpers.lab.notes_tables import load_notes_tables
 from helpers.model.layers import Block, FeedForward, LayerNorm
 from helpers.model.multihead import MultiHeadAttention, merge_heads, split_heads
 from helpers.lab.plots import heatmap
@@ -91,7 +92,9 @@ print(mini.lm_head.weight is mini.embed.token.weight, "- the output matrix is th
 # The same model lives in `helpers.model.gpt` as `GPT`, configured by a dataclass, `GPTConfig`, that
 # checks its numbers. `GPT` adds GPT-2's initialisation (`init_gpt2_` of notebook 6), dropout, a
 # cached forward for generation (section 6) and a fast path for training (section 10). With the
-# same weights it computes exactly what `MiniGPT` computes:
+# same weights it computes exactly what `MiniGPT` computes. And the config
+# refuses sizes that cannot work, naming the numbers (here a width that the heads cannot share
+# evenly), and the model refuses token ids outside its vocabulary:
 
 # %%
 from helpers.model.gpt import GPT, GPTConfig
@@ -104,11 +107,6 @@ ids = torch.randint(0, 70, (2, 64))
 assert torch.equal(mini(ids), model(ids))
 print("MiniGPT == helpers.model.gpt.GPT:", torch.equal(mini(ids), model(ids)))
 
-# %% [markdown]
-# The config refuses sizes that cannot work, naming the numbers (here a width that the heads
-# cannot share evenly), and the model refuses token ids outside its vocabulary:
-
-# %%
 for bad in (lambda: GPTConfig(d_model=130, n_heads=4), lambda: model(torch.tensor([[3, 75]]))):
     try:
         bad()
@@ -123,25 +121,14 @@ for bad in (lambda: GPTConfig(d_model=130, n_heads=4), lambda: model(torch.tenso
 # `GPT`, whose token and position tables are set to the notes' tables so that the first sum can
 # be checked against the slide; its other weights are random, so from there on the numbers are
 # ours and the shapes are the point. Two heads of size 4 keep `H x d_h = d_model`, as GPT-2 does;
-# the notes' four heads of size 4 concatenate to 16 columns. Then, below, with the notes' own
-# weights: they print `W_O`, the FFN's two matrices and the LM head, so every later table of
-# theirs can be recomputed and checked.
+# the notes' four heads of size 4 concatenate to 16 columns. Then, in the appendix at the end of
+# the notebook, with the notes' own weights: they print `W_O`, the FFN's two matrices and the LM
+# head, so every later table of theirs can be recomputed and checked. Every table the notes print
+# is read from one fixture, `data/notes_tables.txt`, by one call.
 
 # %%
 toy_vocab = ["I", "like", "to", "eat", "soup", "am", "a", "good", "cook", ".", "is", "yummy"]
-MATRIX_MAGIC_TOKEN_TABLE = torch.tensor([
-    [0.26, 0.38, 0.00, 0.27, 0.18, 0.67, 0.65, 0.57], [0.23, 0.72, 0.86, 0.96, 0.33, 0.93, 0.23, 0.31],
-    [0.89, 0.42, 0.71, 0.64, 0.51, 0.31, 0.63, 0.15], [0.90, 0.53, 0.41, 0.12, 0.52, 0.28, 0.99, 0.00],
-    [0.55, 0.03, 0.98, 0.36, 0.01, 0.24, 0.47, 0.69], [0.12, 0.33, 0.50, 0.34, 0.41, 0.32, 0.57, 0.04],
-    [0.89, 0.34, 0.20, 0.76, 0.04, 0.49, 0.65, 0.54], [0.39, 0.21, 0.99, 0.55, 0.51, 0.71, 0.05, 0.78],
-    [1.00, 0.16, 0.37, 0.49, 0.18, 0.78, 0.94, 0.56], [0.97, 0.66, 0.28, 0.82, 0.71, 0.64, 0.18, 0.04],
-    [0.56, 0.00, 0.56, 0.29, 0.37, 0.83, 0.95, 0.56], [0.73, 0.67, 0.46, 0.21, 0.18, 0.97, 0.60, 0.38]])
-MATRIX_MAGIC_POSITION_TABLE = torch.tensor([
-    [0.42, 0.16, 0.05, 0.38, 0.05, 0.79, 0.12, 0.27], [0.19, 0.50, 0.26, 0.53, 0.71, 0.16, 0.42, 0.32],
-    [0.32, 0.24, 0.36, 0.86, 0.02, 0.60, 0.31, 0.01], [0.90, 0.39, 0.44, 0.01, 0.20, 0.66, 0.94, 0.75]])
-MATRIX_MAGIC_SUM_TABLE = torch.tensor([  # the notes' "Token Embeddings (4,8) + Position Embeddings (4,8)"
-    [0.68, 0.54, 0.06, 0.65, 0.23, 1.45, 0.76, 0.84], [0.43, 1.22, 1.13, 1.49, 1.04, 1.09, 0.65, 0.62],
-    [1.20, 0.66, 1.08, 1.50, 0.54, 0.91, 0.94, 0.16], [1.80, 0.92, 0.84, 0.14, 0.72, 0.94, 1.93, 0.76]])
+mm = load_notes_tables("matrix_magic")  # every table the notes print (data/notes_tables.txt)
 
 torch.manual_seed(0)
 toy = GPT(GPTConfig(vocab_size=12, context_length=4, n_layers=1, n_heads=2, d_model=8)).eval()
@@ -149,8 +136,8 @@ with torch.no_grad():
     for param in toy.parameters():
         if param.dim() == 2:
             param.normal_(0.0, 0.5)  # larger than GPT-2's 0.02, so that two decimals show something
-    toy.embed.token.weight.copy_(MATRIX_MAGIC_TOKEN_TABLE)
-    toy.embed.position.weight.copy_(MATRIX_MAGIC_POSITION_TABLE)
+    toy.embed.token.weight.copy_(mm.TOKEN_TABLE)
+    toy.embed.position.weight.copy_(mm.POSITION_TABLE)
 sentence = ["I", "like", "to", "eat"]
 toy_ids = torch.tensor([[toy_vocab.index(word) for word in sentence]])
 print(toy.config)
@@ -171,8 +158,8 @@ block = toy.blocks[0]
 with torch.no_grad():
     x0 = toy.embed.token(toy_ids) + toy.embed.position(torch.arange(4))
     show("token + position embeddings  (B, N, d)", x0)
-    assert torch.allclose(x0[0], MATRIX_MAGIC_SUM_TABLE, atol=0.011)  # the notes round to two decimals
-    print(f"largest difference from the notes' sum table: {(x0[0] - MATRIX_MAGIC_SUM_TABLE).abs().max():.2f}\n")
+    assert torch.allclose(x0[0], mm.SUM_TABLE.float(), atol=0.011)  # the notes round to two decimals
+    print(f"largest difference from the notes' sum table: {(x0[0] - mm.SUM_TABLE.float()).abs().max():.2f}\n")
     h = block.ln1(x0)
     q, k, v = (split_heads(proj(h), 2) for proj in (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj))
     show("queries, split into heads  (B, H, N, d_h)", q)
@@ -193,6 +180,10 @@ with torch.no_grad():
     probabilities = logits.softmax(dim=-1)
     show("next-token probabilities  (B, N, V)", probabilities)
 assert torch.allclose(probabilities, toy(toy_ids).softmax(dim=-1), atol=1e-6)
+for t in range(len(sentence)):
+    best = probabilities[0, t].argmax().item()
+    print(f"after '{' '.join(sentence[:t + 1])}': '{toy_vocab[best]}' ({probabilities[0, t, best]:.2f}),"
+          f" row sum {probabilities[0, t].sum():.2f}")
 torch.set_printoptions(precision=4, sci_mode=False)
 
 # %% [markdown]
@@ -202,299 +193,10 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # `toy(ids).softmax(-1)`, so the walk-through skipped nothing. Row `t` of
 # the probabilities is the model's guess for the token after position `t`: one forward pass
 # makes a prediction at **every** position at once, which is what makes training parallel.
-# Each row sums to 1, and the most likely next word after each prefix is:
-
-# %%
-for t in range(len(sentence)):
-    best = probabilities[0, t].argmax().item()
-    print(f"after '{' '.join(sentence[:t + 1])}': '{toy_vocab[best]}' ({probabilities[0, t, best]:.2f}),"
-          f" row sum {probabilities[0, t].sum():.2f}")
-
-# %% [markdown]
+# Each row sums to 1; the last lines above give the most likely next word after each prefix.
+#
 # Untrained, the guesses are arbitrary. Training changes that (section 4).
-
-# %% [markdown]
-# ### The rest of the Matrix Magic walk-through, with the notes' own weights
 #
-# The notes print every matrix of their walk-through: the four heads side by side, `W_O`, the
-# FFN's `W1` and `W2` (to one decimal), the LM head, and each intermediate table. So we can redo
-# every step from the notes' own inputs and check each of their tables against it. The tables are
-# typed in as on the slides (their first sum and the stream were checked above and in
-# notebook 6):
-
-# %%
-def notes_table(text: str) -> torch.Tensor:
-    """A table typed as on the slide, one row per line -> (rows, columns), float64."""
-    return torch.tensor([[float(value) for value in line.split()] for line in text.strip().splitlines()],
-                        dtype=torch.float64)
-
-
-# the stream after attention, and its LayerNorm as the notes print it (notebook 6 checks both)
-MATRIX_MAGIC_STREAM = notes_table("""
-11.66 11.78 13.64 12.59 8.05 10.62 14.73 13.10
-19.28 21.05 24.34 22.30 15.49 13.45 22.48 17.65
-21.42 17.99 23.38 21.38 14.47 14.51 22.37 17.25
-22.28 18.14 24.14 22.37 15.86 16.61 23.89 18.85""")
-MATRIX_MAGIC_LAYER_NORM = notes_table("""
--0.25 -0.17 1.13 0.40 -2.78 -0.98 1.89 0.75
--0.12 0.80 2.50 1.44 -2.07 -3.12 1.54 -0.96
-1.24 -0.59 2.28 1.22 -2.47 -2.44 1.74 -0.98
-1.11 -1.17 2.13 1.16 -2.43 -2.02 2.00 -0.78""")
-# the four heads side by side (4, 16)
-MATRIX_MAGIC_HEADS = notes_table("""
-1.73 1.96 2.34 2.26 1.56 1.93 2.12 0.28 1.28 1.83 0.93 1.03 0.33 1.8 0.47 0.25
-3.01 3.3 4.6 3.79 0.18 0.03 1.14 2.66 1.32 0.59 1.69 3.23 2.74 3.09 2.22 1.39
-3.02 3.31 4.51 3.73 0.55 1.05 2.56 2.26 1.13 1.97 2.86 2.56 0.93 1.86 0.02 2.55
-4.13 3.15 3.59 4.11 0.91 1.27 1.63 2.47 0.76 2.15 2.5 1.18 0.26 1.67 3.15 3.87""")
-# W_O (16, 8)
-MATRIX_MAGIC_W_O = notes_table("""
-0.015 0.535 0.668 0.347 0.743 0.64 0.593 0.052
-0.955 0.108 0.532 0.731 0.321 0.011 0.175 0.083
-0.711 0.497 0.906 0.378 0.13 0.168 0.663 0.729
-0.127 0.958 0.425 0.878 0.195 0.836 0.523 0.719
-0.287 0.702 0.9 0.531 0.555 0.737 0.09 0.702
-0.008 0.245 0.319 0.528 0.074 0.789 0.997 0.603
-0.699 0.548 0.888 0.263 0.369 0.386 0.873 0.93
-0.787 0.675 0.767 0.268 0.948 0.203 0.938 0.467
-0.729 0.873 0.553 0.787 0.386 0.56 0.458 0.311
-0.709 0.01 0.263 0.224 0.498 0.14 0.742 0.838
-0.75 0.05 0.104 0.843 0.177 0.381 0.845 0.539
-0.711 0.828 0.862 0.602 0.929 0.164 0.696 0.082
-0.06 0.71 0.622 0.709 0.286 0.433 0.545 0.76
-0.439 0.742 0.699 0.472 0.085 0.131 0.929 0.628
-0.511 0.4 0.627 0.853 0.464 0.293 0.772 0.753
-0.989 0.253 0.964 0.964 0.431 0.781 0.086 0.224""")
-# "Multi-headed Attention (4, 8)"
-MATRIX_MAGIC_ATTENTION = notes_table("""
-10.98 11.24 13.58 11.94 7.82 9.172 13.97 12.26
-18.85 19.83 23.21 20.81 14.45 12.36 21.83 17.03
-20.22 17.33 22.3 19.88 13.93 13.6 21.43 17.09
-20.48 17.22 23.3 22.23 15.14 15.67 21.96 18.09""")
-# FFN W1 (8, 32), one decimal
-MATRIX_MAGIC_W1 = notes_table("""
-0.6 0.6 0.5 0.6 0.5 0.5 0.1 0.9 0.4 0.8 0.5 0.6 0.4 0.1 1 0.1 0.3 0.2 0.7 0.8 0.3 0.1 0.9 0.6 0.4 0.8 0.6 0.5 0.7 0.3 0.7 0.6
-0.6 0.4 1 1 0.6 0.4 0.6 0.3 0.3 0 1 0.4 0.9 0.6 0.7 0.9 0.6 0.3 0.6 0.2 0.2 0.5 0.8 0.7 0.3 0.5 0.2 0.2 0.9 0.7 0.4 0.9
-0.2 0.8 1 1 0.8 0.6 0.8 0.2 0.8 0.2 0.7 0.9 0.3 0.9 0.2 0.2 0.4 0.9 0.8 0.8 0.8 0.3 0.6 0.7 0.4 0.6 0 0.6 0.1 1 0 0.6
-0.9 0.1 0.9 0.3 0 0.8 0.4 0.4 0.4 0.3 0.7 0.2 0.8 0.4 0.3 0.8 1 0.4 1 0.9 0 0.6 0.7 0.5 0.1 0.1 0.4 0.2 0.9 0.2 0.2 0.2
-0.3 0.3 0.6 0.8 0.2 0.9 0.8 0.8 0.8 0.7 0.2 0.4 0.9 0.4 0.2 0.1 0.8 0.4 0.6 0.3 1 0.8 0.8 0.8 0.3 0.5 0.5 0.3 0.1 0.5 0.3 0.6
-0.3 0.7 0.9 0.7 0.8 0.5 0.1 0.4 0.3 0.7 0.8 0.3 0.4 0.1 0.5 0.8 0.5 0.9 0.7 0.3 0.6 0.5 0.6 0.1 1 0.4 0.4 0.8 0.3 0.1 0.9 0.2
-0.4 0.2 0.2 0.7 0.9 0.8 0.7 0.8 0.6 0.8 0.3 0.4 0.6 0.3 0.4 0.3 0 1 0.6 0 0.2 0.9 0.4 0.8 0.6 1 0.2 0.2 0.7 0.9 0 0.1
-0.3 0.2 0.6 0.2 0.4 0.7 0.1 0.2 0.1 0.9 0.9 0.5 0.4 0.8 0.3 0.5 1 0 0.4 0.1 0.8 0.9 0.6 0.2 0.6 0.7 0.9 0.4 1 0.9 0.1 0.4""")
-# "Output of First Lineary Layer (4, 32)"
-MATRIX_MAGIC_LINEAR_1 = notes_table("""
-0.3 -0.3 -0.4 -0.8 1.3 -0.1 0.2 -0.9 -0.5 -0.3 0.8 0.4 -1.1 1.1 -0.1 0.3 -1.3 1 0 0.1 -1.4 0 -1 0 0.2 1 -0.6 -0.3 1.7 1.9 -1.6 -0.7
-1.1 -0.3 0.3 0.4 0.6 0.1 2.2 -0.7 0.9 -2.5 0.3 1.1 -0.1 2 -0.4 -0.2 -1.4 1 0.8 1.6 -2.1 -0.6 -0.3 2 -2.1 0.4 -1.9 -1.1 1.3 2.4 -2.7 0.4
-1 0.2 -0.4 -0.1 0.8 0.1 1.1 0.1 0.8 -1.1 -0.3 1.1 -1.1 0.9 0.1 -1.1 -2.1 1.2 0.9 2.2 -2.1 -1.1 -0.4 1.4 -1.5 0.8 -1.3 -0.5 1.1 1.6 -1.9 -0.2
-0.8 0.1 -0.6 -0.3 0.8 0.2 0.8 0.2 0.7 -0.5 -0.4 0.8 -1.2 0.6 0 -1 -1.9 1.3 0.7 1.7 -1.6 -0.8 -0.6 1 -0.9 0.8 -1 -0.2 0.7 1.3 -1.6 -0.6""")
-# "Output after Relu (4, 32)", as fed to W2
-MATRIX_MAGIC_RELU = notes_table("""
-0.3 0 0 0 1.3 0 0.2 0 0 0.8 0.4 0 1.1 0 0.3 0 1 0 0.1 0 0 0 0 0 0.2 1 0 0 1.7 1.9 0 0
-1.1 0 0.3 0.4 0.6 0.1 2.2 0 0.9 0 0.3 1.1 0 2 0 0 0 1 0.8 1.6 0 0 0 2 0 0.4 0 0 1.3 2.4 0 0.4
-1 0.2 0 0 0.8 0.1 1.1 0.1 0.8 0 0 1.1 0 0.9 0.1 0 0 1.2 0.9 2.2 0 0 0 1.4 0 0.8 0 0 1.1 1.6 0 0
-0.8 0.1 0 0 0.8 0.2 0.8 0.2 0.7 0 0 0.8 0 0.6 0 0 0 1.3 0.7 1.7 0 0 0 1 0 0.8 0 0 0.7 1.3 0 0""")
-# FFN W2 (32, 8), one decimal
-MATRIX_MAGIC_W2 = notes_table("""
-0.6 0.8 0.7 0.6 0.3 1 0.6 0.3
-0.7 0.2 0.7 0.1 0.4 0.7 0.1 0.1
-0.2 0.2 0.9 0.1 0.1 0.3 0.1 0.1
-0.7 0.6 0 0.9 0.4 0 0 0.2
-0 0 0.7 0.1 0.8 0.2 0.9 0.6
-0.6 0.7 0.7 0.6 0 0.6 0.1 0.9
-0 0.3 0.6 0 0.3 0.2 0.4 0.3
-0 0.2 0.8 0.2 0.2 0.3 0.4 0.3
-0.6 0.1 0.5 0.6 0.4 0.8 0.7 0.6
-0.2 0.8 0.2 0.2 0.9 0.3 0.3 0.1
-0.1 0.3 0.8 0.5 0.9 0 0.4 0.3
-0.6 0.1 0 0.6 0.6 0.6 0.9 0.1
-0.4 0.3 0 0.1 0.3 0.7 0.6 0.5
-0.4 0.7 0.2 0.4 0.7 0.5 0.2 0.3
-0.4 0.2 0.3 0.9 1 0.6 0.7 0.7
-0.3 0.1 0 0.1 0.8 0.7 0.9 0.2
-0.2 0.9 0.2 0.3 0.3 0.8 0.5 0.3
-0.2 0.1 0.1 0.5 0.2 0.1 0.5 0.1
-0.3 0.4 0 0.4 0.7 0.1 0.6 0.8
-0.1 0.8 1 0.2 0.9 0.9 1 0.7
-0.9 0.1 0.7 0.7 0.4 0 0.5 0.8
-0.7 0.7 0.9 0.7 0.3 0.3 0 0.1
-0.8 0.6 0.3 0.1 0.7 0.4 0.3 0.8
-0.2 0.1 0.4 0.4 0.3 0.5 0.3 0.4
-0.6 0.8 0.5 0.9 0.2 0.4 0.3 0.8
-0.2 0.6 0.3 0.5 0.8 0.2 0.9 0.2
-0.8 0.7 0.6 0.8 0.6 0.1 0.2 0.9
-0.9 0.8 0.9 0.9 0.5 0.5 0.8 0.8
-0.9 0.9 0.1 0.5 0.2 0 0.8 0.7
-0.7 0.8 0.6 0 0.8 0.2 0.1 0.2
-0.8 0.8 0.8 0.7 0.7 0.5 0.1 0.9
-0.8 0.7 0.1 0.5 0.1 0.3 0.4 0.8""")
-# "Output of Second Linear Layer (4, 8)"
-MATRIX_MAGIC_LINEAR_2 = notes_table("""
-4.5 5.31 3.85 3.58 5.93 2.37 5.69 3.85
-7.1 8.69 8.04 6.38 9.58 7.21 8.83 7.51
-5.48 6.96 6.98 5.5 8.58 6.64 9.03 6.56
-4.28 5.49 5.67 4.41 6.84 5.17 7.4 5.27""")
-# "Output after Dropout", first slide
-MATRIX_MAGIC_DROPOUT_A = notes_table("""
-4.5 5.31 3.85 3.58 5.93 2.37 5.69 3.85
-7.1 0 8.04 6.38 9.58 7.21 0 7.51
-5.48 6.96 6.98 5.5 8.58 6.64 9.03 6.56
-4.28 5.49 5.67 4.41 6.84 5.17 0 5.27""")
-# "Output after Dropout", second slide
-MATRIX_MAGIC_DROPOUT_B = notes_table("""
-4.5 5.31 3.85 3.58 5.93 2.37 5.69 3.85
-7.1 0 8.04 6.38 9.58 7.21 0 7.51
-5.48 6.96 6.98 5.5 8.58 6.64 9.03 6.56
-4.28 5.49 5.67 4.41 0 5.17 7.4 5.27""")
-# LM head (8, 12)
-MATRIX_MAGIC_LM_HEAD = notes_table("""
-0.19 0.91 0.16 0.65 0.52 0.31 0.83 0.96 0.09 0.93 0.08 0.76
-0.22 0.77 0.9 0.14 0.83 0.85 0.62 0.11 0.32 0.6 0 0.05
-0.69 0.06 0.51 0.94 0.13 0.67 0.6 0.37 0.41 0.75 0.69 0.85
-0.79 0.16 0.88 0.95 0.32 0.34 0.61 0.19 0.68 0.91 0.03 0.56
-0.19 0.2 0.51 0.35 0.28 0.47 0.49 0.2 0.96 0.5 1 0.72
-0.78 0.31 0.63 0.56 0.44 0.76 0.54 0.75 0.63 0.71 0.65 0.72
-0.19 0.76 0.03 0.26 0 0.31 0.43 0.92 0.32 0.87 0.49 0.19
-0.76 0.38 0.98 0.45 0.34 0.41 0.24 0.25 0.61 0.83 0.55 0.77""")
-# "Logits (4, 12)"
-MATRIX_MAGIC_LOGITS = notes_table("""
--2 1.02 -1 -1.4 -0.1 -0.4 -0 -0.3 -0.14 -0.391 0.17 -1.147
-1.7 -2.8 0.66 2.29 -0.6 -0.4 -0 -0.7 1.856 -0.176 2.45 3.779
--1.2 0.02 -1.1 -1.4 -0.9 0.03 -0.6 0.13 0.552 -0.6 1.79 -0.807
-0.68 1.22 -0.5 -0 -0.4 0.18 -0.2 1.45 -1.91 0.9294 -1.6 -1.302""")
-# "Output after Final Layer Normalization (4, 8)"
-MATRIX_MAGIC_FINAL_LN = notes_table("""
-0.11 0.84 -0.5 -0.7 1.41 -1.8 1.18 -0.5
-0.72 -3 1.21 0.34 2.02 0.77 -3 0.93
--1.3 -0 0.02 -1.3 1.43 -0.3 1.82 -0.4
--0.3 0.57 0.7 -0.2 -3.4 0.34 1.97 0.41""")
-# "Probabilities (4, 12)"
-MATRIX_MAGIC_PROBABILITIES = notes_table("""
-0.01 0.28 0.04 0.02 0.09 0.07 0.1 0.08 0.088 0.0685 0.12 0.032
-0.07 0 0.02 0.12 0.01 0.01 0.01 0.01 0.077 0.0101 0.14 0.529
-0.02 0.07 0.02 0.02 0.03 0.08 0.04 0.08 0.126 0.0399 0.44 0.032
-0.11 0.2 0.04 0.06 0.04 0.07 0.05 0.25 0.009 0.1476 0.01 0.016""")
-print("typed in:", ", ".join(f"{name.removeprefix('MATRIX_MAGIC_')} {tuple(value.shape)}"
-                             for name, value in globals().items() if name.startswith("MATRIX_MAGIC_")))
-
-# %% [markdown]
-# Each step, computed from the notes' own input to it, against the notes' table for it. The
-# largest entry-wise gap tells whether the table follows from its inputs; the tables are printed
-# to two decimals (the FFN weights to one), so gaps of a few hundredths are rounding.
-
-# %%
-NOTES_EPS = 0.001  # the notes' LayerNorm epsilon
-
-
-def largest_gap(computed: torch.Tensor, notes: torch.Tensor) -> float:
-    """Largest entry-wise difference, rounded to 6 decimals so that round-off cannot move a digit."""
-    return round((computed - notes).abs().max().item(), 6)
-
-
-def notes_layer_norm(x: torch.Tensor) -> torch.Tensor:
-    """What the notes' LayerNorm tables compute: the standard deviation where the variance belongs."""
-    return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.std(-1, correction=0, keepdim=True) + NOTES_EPS)
-
-
-relu = F.relu(MATRIX_MAGIC_LINEAR_1)
-steps = [
-    ("heads @ W_O", MATRIX_MAGIC_HEADS @ MATRIX_MAGIC_W_O, MATRIX_MAGIC_ATTENTION),
-    ("residual: + embeddings", MATRIX_MAGIC_ATTENTION + MATRIX_MAGIC_SUM_TABLE.double(), MATRIX_MAGIC_STREAM),
-    ("LayerNorm (nn.LayerNorm)", F.layer_norm(MATRIX_MAGIC_STREAM, (8,), eps=NOTES_EPS), MATRIX_MAGIC_LAYER_NORM),
-    ("stream @ W1 (as drawn)", MATRIX_MAGIC_STREAM @ MATRIX_MAGIC_W1, MATRIX_MAGIC_LINEAR_1),
-    ("notes' LayerNorm @ W1", MATRIX_MAGIC_LAYER_NORM @ MATRIX_MAGIC_W1, MATRIX_MAGIC_LINEAR_1),
-    ("ReLU", relu, MATRIX_MAGIC_RELU),
-    ("ReLU @ W2", relu @ MATRIX_MAGIC_W2, MATRIX_MAGIC_LINEAR_2),
-    ("dropout slide 1 vs its input", MATRIX_MAGIC_LINEAR_2, MATRIX_MAGIC_DROPOUT_A),
-    ("dropout slide 2 vs its input", MATRIX_MAGIC_LINEAR_2, MATRIX_MAGIC_DROPOUT_B),
-    ("final LayerNorm (nn.LayerNorm)",
-     F.layer_norm(MATRIX_MAGIC_STREAM + MATRIX_MAGIC_DROPOUT_B, (8,), eps=NOTES_EPS), MATRIX_MAGIC_FINAL_LN),
-    ("notes' LayerNorm of dropout B", notes_layer_norm(MATRIX_MAGIC_DROPOUT_B), MATRIX_MAGIC_FINAL_LN),
-    ("final LayerNorm @ LM head", MATRIX_MAGIC_FINAL_LN @ MATRIX_MAGIC_LM_HEAD, MATRIX_MAGIC_LOGITS),
-    ("softmax(logits)", MATRIX_MAGIC_LOGITS.softmax(-1), MATRIX_MAGIC_PROBABILITIES),
-]
-gaps = {name: largest_gap(computed, notes) for name, computed, notes in steps}
-print(f"{'step':<32}{'largest gap to the notes':>26}")
-for name, gap in gaps.items():
-    print(f"{name:<32}{gap:>26.2f}")
-
-# %% [markdown]
-# Where a gap is large, the cells below find what the notes did instead.
-#
-# **The FFN's two linear layers.** The slide draws the stream itself going into `W1`, which gives
-# values far larger than the notes' table (the `stream @ W1` line). Their table follows instead
-# from their LayerNorm rows, as in GPT-2's `x + FFN(LN(x))`, to within about half a unit, and the
-# second layer to a similar gap. That is what printing `W1` and `W2` to one decimal allows: each
-# weight may be off by up to 0.05, so an output may be off by up to 0.05 times the sum of the
-# absolute values of its inputs. The cell computes that bound:
-
-# %%
-for name, inputs, notes_output, weights in (("W1", MATRIX_MAGIC_LAYER_NORM, MATRIX_MAGIC_LINEAR_1, MATRIX_MAGIC_W1),
-                                            ("W2", relu, MATRIX_MAGIC_LINEAR_2, MATRIX_MAGIC_W2)):
-    bound = 0.05 * inputs.abs().sum(-1, keepdim=True)                  # (4, 1): one bound per row
-    within = ((inputs @ weights - notes_output).abs() <= bound).all().item()
-    print(f"{name}: largest gap {largest_gap(inputs @ weights, notes_output):.2f}, "
-          f"rounding bound per row {round(bound.min().item(), 6):.2f} to {round(bound.max().item(), 6):.2f}, "
-          f"every entry within its row's bound: {within}")
-    assert within
-
-# %% [markdown]
-# **ReLU.** Rows 2 to 4 of the notes' ReLU table are exactly `max(0, x)` of their first linear
-# layer's output. Row 1 is not: from column 10 on, its entries sit one column to the left of
-# where they belong, and a 0 fills the gap.
-
-# %%
-notes_row, true_row = MATRIX_MAGIC_RELU[0], relu[0]
-wrong_columns = ((notes_row - true_row).abs() > 1e-9).nonzero().flatten() + 1
-print("rows 2-4 exact:", torch.equal(MATRIX_MAGIC_RELU[1:], relu[1:]))
-print("row 1, columns that differ:", wrong_columns.tolist())
-print("notes' row 1, columns 10-23:", notes_row[9:23].tolist())
-print("true row 1,   columns 11-24:", true_row[10:24].tolist())
-assert torch.equal(notes_row[9:23], true_row[10:24]) and torch.equal(notes_row[24:], true_row[24:])
-
-# %% [markdown]
-# **Dropout.** Both dropout slides keep the surviving values exactly as they were. `nn.Dropout(p)`
-# in training mode multiplies the survivors by `1/(1-p)`, so that each value keeps its expected
-# size; the notes do not give `p`, so the cell uses 0.1. And the two slides, which show the same
-# step, zero different entries.
-
-# %%
-def zeroed(table: torch.Tensor) -> list[tuple[int, int]]:
-    """(row, column) of the entries dropout set to 0, counting from 1 like the slides."""
-    return [(r + 1, c + 1) for r, c in ((table == 0) & (MATRIX_MAGIC_LINEAR_2 != 0)).nonzero().tolist()]
-
-
-kept = MATRIX_MAGIC_DROPOUT_A != 0
-survivor_ratio = MATRIX_MAGIC_DROPOUT_A[kept] / MATRIX_MAGIC_LINEAR_2[kept]
-print(f"notes: survivors / inputs between {survivor_ratio.min():.2f} and {survivor_ratio.max():.2f}")
-torch.manual_seed(0)
-dropped = nn.Dropout(p=0.1).train()(MATRIX_MAGIC_LINEAR_2)
-ratios = dropped[dropped != 0] / MATRIX_MAGIC_LINEAR_2[dropped != 0]
-print(f"nn.Dropout(p=0.1): survivors / inputs = {ratios.min():.4f} = 1/(1 - 0.1) = {1 / 0.9:.4f}")
-print("first slide zeroes", zeroed(MATRIX_MAGIC_DROPOUT_A), "| second slide zeroes", zeroed(MATRIX_MAGIC_DROPOUT_B))
-
-# %% [markdown]
-# **The final LayerNorm.** In GPT-2 the FFN's output is added to the stream (the second residual),
-# and the final LayerNorm normalises that sum. The notes' table instead follows from the
-# **second** dropout table alone, with no residual, and with the slip notebook 6 found in their
-# first LayerNorm (the standard deviation where the variance belongs): the `notes' LayerNorm of
-# dropout B` line above has a small gap, the `nn.LayerNorm` line a large one. From there on the
-# notes are consistent again: their logits are their final rows times the LM head, and their
-# probabilities the softmax of their logits (small gaps above).
-#
-# The same weights, run the way GPT-2 runs them at inference (true LayerNorms, both residuals,
-# no dropout), give other predictions:
-
-# %%
-stream = MATRIX_MAGIC_STREAM
-hidden = F.relu(F.layer_norm(stream, (8,), eps=NOTES_EPS) @ MATRIX_MAGIC_W1)
-stream = stream + hidden @ MATRIX_MAGIC_W2
-probabilities_done_right = (F.layer_norm(stream, (8,), eps=NOTES_EPS) @ MATRIX_MAGIC_LM_HEAD).softmax(-1)
-for t, word in enumerate(sentence):
-    ours = probabilities_done_right[t].argmax().item()
-    theirs = MATRIX_MAGIC_PROBABILITIES[t].argmax().item()
-    print(f"after '{word}': notes predict '{toy_vocab[theirs]}', the same weights done right "
-          f"'{toy_vocab[ours]}' ({probabilities_done_right[t, ours]:.2f})")
-
-# %% [markdown]
 # ## 3. Counting parameters
 #
 # The textbook section's table counts the weight matrices of one block: attention has `W_Q, W_K, W_V, W_O`,
@@ -521,7 +223,8 @@ print(f"sum over every tensor, tied matrix twice: {sum(p.numel() for p in model.
 #
 # GPT-2 small has `N = 12`, `d = 768`, `V = 50257` and a context of 1024. Built on PyTorch's
 # **meta device**, every tensor has a shape but no storage, so counting its parameters costs
-# no memory:
+# no memory. Then where its parameters sit, per component, with the textbook
+# section's rule of thumb beside the exact count:
 
 # %%
 gpt2 = GPTConfig.gpt2_small()
@@ -533,11 +236,6 @@ print(f"parameters: {count_parameters(gpt2_meta):,} (exact formula: {exact_param
 print("building it", format_duration(time.perf_counter() - started))
 assert count_parameters(gpt2_meta) == exact_parameters(gpt2) == 124_439_808
 
-# %% [markdown]
-# Where the parameters of GPT-2 small sit, per component, with the textbook section's rule of thumb beside
-# the exact count:
-
-# %%
 d, N, V, C = gpt2.d_model, gpt2.n_layers, gpt2.vocab_size, gpt2.context_length
 rows = [
     ("attention (Q, K, V, O)", 4 * d * d, 4 * d * d + 4 * d, "per block"),
@@ -671,7 +369,8 @@ for name, split in splits.items():
 # %% [markdown]
 # In a big model the blocks hold nearly everything, with the FFN at twice attention (`8d²` vs
 # `4d²`). In our small character model, the per-block split is the same, and the embeddings
-# are small because its vocabulary is only 52 characters; in GPT-2 small the 50,257-token table
+# are small because its vocabulary is only the 70 characters of its config (printed in section 1);
+# in GPT-2 small the 50,257-token table
 # is almost a third of the model.
 #
 # ### Exercise: count a GPT's parameters exactly
@@ -708,8 +407,7 @@ check("gpt.exact_parameters", gpt_parameters)
 # check("gpt.exact_parameters", gpt_parameters)
 # ```
 # </details>
-
-# %% [markdown]
+#
 # ## 4. Training on the course corpus
 #
 # The course's rich corpus (`helpers.text.corpus_rich`, met in notebook 1) is tales, conversations
@@ -743,14 +441,16 @@ assert tokenizer.vocab_size == config.vocab_size and 0 < overlap < 1
 # writes the same long sentence twice; but every story is built from the same templates, so the
 # validation loss below measures how well the model predicts new sentences in familiar
 # patterns, not text of a new kind.
-
-# %% [markdown]
+#
 # ### Why a GPT can learn from plain text: the labels are the text
 #
 # Supervised learning needs an answer for every example. For next-token prediction the answer
 # is already in the text: the target at each position is simply the next character. Nobody
 # labels anything, which is why a GPT can be trained on as much text as can be found
-# (self-supervised learning). The inputs and the targets are the same text, shifted by one:
+# (self-supervised learning). The inputs and the targets are the same text, shifted by one. A training example is then a window of
+# `context_length` characters, `x`, and the same window one character later, `y`: at every
+# position the target is the next character, so one window of 64 characters gives 64
+# predictions to learn from:
 
 # %%
 line_ids = encode_text(tokenizer, train_text.splitlines()[0])
@@ -761,12 +461,6 @@ for position in range(6):
           f"{tokenizer.decode([targets[position].item()])!r}")
 print(f"labels available for free in the training stories: {len(train_ids) - 1:,}, one per character after the first")
 
-# %% [markdown]
-# A training example is a window of `context_length` characters, `x`, and the same window one
-# character later, `y`: at every position the target is the next character. One window of 64
-# characters gives 64 predictions to learn from.
-
-# %%
 x, y = random_batch(train_ids, batch_size=2, context_length=config.context_length,
                     generator=torch.Generator().manual_seed(0))
 print("x:", repr(tokenizer.decode(x[0].tolist())))
@@ -780,14 +474,21 @@ print("shapes:", tuple(x.shape), tuple(y.shape))
 # text: `rich_well_formed_fraction` is the share of lines the grammar can produce, and the gentler
 # `known_word_fraction` the share of words it could write somewhere (a misspelt word costs one
 # word, not the whole line). We let the model write a window's worth of characters after a
-# newline, many times over, keep the complete lines, and measure. The corpus itself scores 1,
-# and the untrained model writes noise:
+# newline, many times over, at temperature 0.6 (`SAMPLE_TEMPERATURE`, used after training too),
+# keep the complete lines, and measure. The corpus itself scores 1. The known-word share has a
+# floor above zero: one-letter words ("a", "I") and digit strings are words the grammar writes,
+# so even characters drawn at random score about a third (printed), and so does the untrained
+# model:
 
 # %%
 from helpers.model.generation import generate
 
 
-def written_lines(gpt: GPT, n_samples: int = 48, temperature: float = 1.0, seed: int = 0) -> list[str]:
+SAMPLE_TEMPERATURE = 0.6  # before and after training alike, so the two measurements compare
+
+
+def written_lines(gpt: GPT, n_samples: int = 48, temperature: float = SAMPLE_TEMPERATURE,
+                  seed: int = 0) -> list[str]:
     """Complete lines the model writes after a newline, filling its context (cut-off lines dropped)."""
     prompt = torch.tensor([tokenizer.encode("\n")] * n_samples)
     n_chars = gpt.config.context_length - 1
@@ -805,8 +506,11 @@ before = written_lines(model)
 quality_before = rich_well_formed_fraction("\n".join(before))
 words_before = known_word_fraction("\n".join(before))
 corpus_sample = text[:20_000].rsplit("\n", 1)[0]  # whole lines only
-print(f"corpus: {rich_well_formed_fraction(corpus_sample):.2f} well formed, "
-      f"{known_word_fraction(corpus_sample):.2f} known words")
+noise = tokenizer.decode(torch.randint(0, tokenizer.vocab_size, (20_000,),
+                                       generator=torch.Generator().manual_seed(0)).tolist())
+for name, sample in (("corpus", corpus_sample), ("random characters", noise)):
+    print(f"{name}: {rich_well_formed_fraction(sample):.2f} well formed, "
+          f"{known_word_fraction(sample):.2f} known words")
 print(f"untrained model: {quality_before:.2f} well formed, {words_before:.2f} known words, "
       f"e.g. {before[0][:60]!r}")
 
@@ -889,8 +593,7 @@ check("gpt.next_token_loss", next_token_loss)
 # check("gpt.next_token_loss", next_token_loss)
 # ```
 # </details>
-
-# %% [markdown]
+#
 # **The gradient and AdamW.** `loss.backward()` fills `p.grad` for every weight `p` (notebook 6
 # followed the gradient through a block). AdamW then keeps two running averages per weight, of
 # the gradient `g` and of its square, and moves the weight by their ratio. At step `t = 1, 2, ...`,
@@ -934,7 +637,7 @@ class HandAdamW:
                 p.mul_(1 - lr * decay)
                 p.sub_(lr * m_hat / (v_hat.sqrt() + self.eps))
 
-
+# %%
 tiny_config = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=32, n_layers=2, n_heads=2, d_model=32)
 torch.manual_seed(0)
 ours, theirs = GPT(tiny_config), GPT(tiny_config)
@@ -964,8 +667,7 @@ print("after 5 steps, largest difference from torch.optim.AdamW (two groups): < 
 # up to round-off (adding the same number to every score of a row leaves the softmax unchanged),
 # and Adam divides each gradient by its own size, so a round-off gradient of either sign moves its
 # weight by about `lr` in that direction.
-
-# %% [markdown]
+#
 # ### Exercise: one AdamW update
 #
 # Write the update for a single weight tensor: given the weight `p`, its gradient `g`, the
@@ -1007,8 +709,7 @@ check("gpt.adamw_update", adamw_update)
 # check("gpt.adamw_update", adamw_update)
 # ```
 # </details>
-
-# %% [markdown]
+#
 # **Gradient clipping.** One unlucky batch can give a huge gradient. Clipping by the global norm
 # treats all the gradients as one long vector: if its length `||g|| = sqrt(sum of every g^2)`
 # exceeds `max_norm`, every gradient is multiplied by `max_norm / ||g||`, so the direction is
@@ -1116,8 +817,16 @@ plt.show()
 # down to a tenth of its peak, and gradient clipping (the whole gradient is scaled down whenever
 # its norm exceeds 1). Evaluations use fixed batches, so the train and validation curves are
 # comparable from point to point.
+#
+# ### Train
+#
+# `TRAIN_STEPS`, at the top of the next cell, is the knob: the default trains in well under a minute on a 2-core laptop; more
+# steps give better stories. The progress bar and the loss plot update as it
+# runs (the plot redraws at every evaluation).
 
 # %%
+TRAIN_STEPS = 800  # the knob: more steps, better stories
+
 from helpers.lab.plots import LiveLossPlot, draw_losses
 from helpers.training.trainer import TrainConfig, Trainer
 
@@ -1130,16 +839,6 @@ ax.set_ylabel("learning rate")
 ax.set_title("Warm-up, then cosine decay")
 plt.show()
 print(train_config)
-
-# %% [markdown]
-# ### Train
-#
-# `TRAIN_STEPS` is the knob: the default trains in well under a minute on a 2-core laptop; more
-# steps give better stories. The progress bar and the loss plot update as it
-# runs (the plot redraws at every evaluation).
-
-# %%
-TRAIN_STEPS = 800  # the knob: more steps, better stories
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -1156,13 +855,29 @@ print(f"loss: train {history.train_losses[-1]:.3f}, validation {history.val_loss
 
 # %% [markdown]
 # The cell above cannot print the same numbers on every machine (bfloat16 rounds differently
-# from one CPU to another), so the notebook's tests check what must hold instead: the run took
-# `TRAIN_STEPS` steps, the loss fell far below uniform guessing, and validation stayed close to
-# training. The run reads fewer tokens than the training stories hold (the fraction is printed
+# from one CPU to another), so the next cell checks what must hold instead: the run took
+# `TRAIN_STEPS` steps, the loss fell far below uniform guessing and below a second reference,
+# the **bigram model** nanoGPT's lessons start from (the next character predicted from the
+# current one alone, by counting pairs in the training text; add-one smoothing keeps unseen
+# pairs possible), and validation stayed close to training. The run reads fewer tokens than the training stories hold (the fraction is printed
 # below; its windows are drawn at random, so some text is read twice and some not at all), too
 # little to overfit; besides, many validation sentences were seen whole in training (section 4).
 
 # %%
+def bigram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int) -> float:
+    """Validation cross-entropy of next-character probabilities counted from `train`'s pairs."""
+    counts = torch.ones(vocab_size, vocab_size, dtype=torch.float64)  # add-one smoothing
+    counts.index_put_((train[:-1], train[1:]), torch.ones(len(train) - 1, dtype=torch.float64),
+                      accumulate=True)
+    log_probs = (counts / counts.sum(-1, keepdim=True)).log()
+    return -log_probs[val[:-1], val[1:]].mean().item()
+
+
+bigram = bigram_loss(train_ids, val_ids, config.vocab_size)
+print(f"validation loss references: uniform ln {config.vocab_size} = {math.log(config.vocab_size):.3f}, "
+      f"bigram counts {bigram:.3f}")
+assert history.val_losses[-1] < bigram < math.log(config.vocab_size)
+print("the trained GPT's validation loss is below the bigram's:", history.val_losses[-1] < bigram)
 tokens_read = TRAIN_STEPS * train_config.batch_size * config.context_length
 print(f"tokens read: {TRAIN_STEPS} steps x {train_config.batch_size} x {config.context_length} = {tokens_read:,}, "
       f"{tokens_read / len(train_ids):.2f} of the {len(train_ids):,} training tokens")
@@ -1184,6 +899,8 @@ plt.show()
 #   choice (`T -> 0` is greedy), `T > 1` flattens it towards uniform;
 # - **top-k** keeps only the `k` most likely tokens (renormalised) and never draws the long tail.
 #
+# `helpers.model.generation.sample_next` does this for a batch of logits, and `generate` repeats
+# it, each time appending the new token; temperature 0 or top-k 1 is greedy (the cell checks both).
 # The next-character distribution after "On Monday, the 3rd of May, Mia walked to the ", three
 # ways:
 
@@ -1208,11 +925,6 @@ axes[0].set_ylabel("probability")
 fig.suptitle(f"After {prompt_text!r}", y=1.03)
 plt.show()
 
-# %% [markdown]
-# `helpers.model.generation.sample_next` does this for a batch of logits, and `generate` repeats it, each
-# time appending the new token. Temperature 0 or top-k 1 is greedy:
-
-# %%
 assert torch.equal(sample_next(next_logits[None], temperature=0.0), next_logits.argmax().view(1, 1))
 assert torch.equal(sample_next(next_logits[None], temperature=1.3, top_k=1), next_logits.argmax().view(1, 1))
 print("temperature 0 and top-k 1 both pick the most likely character, the first bar above")
@@ -1221,14 +933,14 @@ print("temperature 0 and top-k 1 both pick the most likely character, the first 
 # ### After training: the same measurement
 #
 # Twice as many samples of a context's worth of characters (fewer lines would make the share
-# jump from run to run), now at temperature 0.6, sharper than the model's own distribution.
-# Some of their lines, and the two measures:
+# jump from run to run), at the same temperature as before training, 0.6, sharper than the
+# model's own distribution. Some of their lines, and the two measures:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # What a trained model writes depends on the CPU's bfloat16 rounding; the next cell checks it.
 N_SAMPLES = 96
-after = written_lines(model, n_samples=N_SAMPLES, temperature=0.6)
+after = written_lines(model, n_samples=N_SAMPLES)
 quality_after = rich_well_formed_fraction("\n".join(after))
 words_after = known_word_fraction("\n".join(after))
 print("\n".join(after[:12]))
@@ -1237,17 +949,18 @@ print(f"\n{N_SAMPLES} samples x {config.context_length - 1} characters, {len(aft
       f"known words {words_after:.2f} after, {words_before:.2f} before")
 
 # %%
-assert quality_after > 0.03 > quality_before and words_after > 0.7 > words_before
+random_words = known_word_fraction(noise)
+assert quality_after > 0.03 > quality_before and words_after > 0.7 > max(words_before, random_words)
 print("training raised the well-formed share from", quality_before, "to more than 0.03,",
-      "and the share of known words to more than 0.7")
+      f"and the share of known words from {words_before:.2f} (random characters: {random_words:.2f})",
+      "to more than 0.7")
 
 # %% [markdown]
 # The grammar is strict: a line counts only if every word, number, comma and quotation mark in it
 # is one the grammar could have written there, from thousands of word forms. Lines that miss
 # often still read as English, with a misspelt word or two sentences run together; more
 # `TRAIN_STEPS` raise the share.
-
-# %% [markdown]
+#
 # ### Exercise: one step of greedy decoding
 #
 # Write the step `generate` repeats: given a model and ids `(B, S)`, return the most likely next
@@ -1280,8 +993,7 @@ check("gpt.greedy_step", greedy_next)
 # check("gpt.greedy_step", greedy_next)
 # ```
 # </details>
-
-# %% [markdown]
+#
 # ## 6. The KV cache
 #
 # Generating token `t + 1` by running the model on all `t` tokens recomputes the keys and values
@@ -1358,8 +1070,7 @@ check("gpt.cache_step", cache_step)
 # check("gpt.cache_step", cache_step)
 # ```
 # </details>
-
-# %% [markdown]
+#
 # ### The cache in helpers
 #
 # `GPT.forward_cached` does this with each block's own weights. The attention of
@@ -1401,9 +1112,10 @@ print(f"largest difference between cached and full logits over {config.context_l
       "< 1e-4 (fused kernels and course Block alike)")
 
 # %% [markdown]
-# Past the context length the model reads only the last `context_length` tokens (GPT-2 does the
-# same), so positions shift and the cache is rebuilt from the new window: the tokens still match
-# recomputation exactly, as the 116 tokens above show for a context of 64.
+# Past the context length the model reads only the last `context_length` tokens, as nanoGPT's
+# `generate` does (GPT-2's original sampling script refuses lengths past its window, and Hugging
+# Face's GPT-2 has no position past its 1,024th), so positions shift and the cache is rebuilt from
+# the new window: the tokens still match recomputation exactly, as the 116 tokens above show for a context of 64.
 #
 # ### How much faster?
 #
@@ -1414,7 +1126,7 @@ print(f"largest difference between cached and full logits over {config.context_l
 # %%
 torch.manual_seed(0)
 long_model = GPT(GPTConfig(vocab_size=70, context_length=512, n_layers=4, n_heads=4, d_model=128)).eval()
-long_prompt = torch.randint(0, 52, (1, 12))
+long_prompt = torch.randint(0, long_model.config.vocab_size, (1, 12))
 lengths = [25, 50, 100, 200, 300]
 seconds = {"recompute": [], "KV cache": []}
 for new_tokens in lengths:
@@ -1426,7 +1138,6 @@ for i, new_tokens in enumerate(lengths):
     print(f"{new_tokens:>4} new tokens: recompute {format_duration(seconds['recompute'][i])}, "
           f"KV cache {format_duration(seconds['KV cache'][i])}")
 
-# %%
 fig, ax = plt.subplots(figsize=(7, 4))
 for name, values in seconds.items():
     ax.plot(lengths, values, "o-", label=name)
@@ -1604,10 +1315,10 @@ print("restored model gives identical logits:", same, "| still tied:", restored.
 # by `benchmarks/bench_train.py` (against a plain loop and against nanoGPT's recipe):
 #
 # - **bfloat16** on CPUs with native bf16 instructions (elsewhere it falls back to float32 by
-#   itself): forward and backward run on a bf16 copy of the model, which halves the time of
-#   every matrix product, while AdamW updates the float32 weights and refreshes the copy after
-#   each step (`torch.autocast` does the same casting op by op, about 200 casts per step here,
-#   and measured slower);
+#   itself; `COURSE_PRECISION=fp32` forces float32): forward and backward run on a bf16 copy of
+#   the model, whose products read half the bytes and use the CPU's bf16 instructions, while
+#   AdamW updates the float32 weights and refreshes the copy once per step (`torch.autocast`
+#   would cast weights op by op, at every product of every step);
 # - **fused kernels**: `GPT.forward(..., fast=True)` calls PyTorch's LayerNorm, one product for
 #   Q, K and V together, and PyTorch's `scaled_dot_product_attention` in float32, instead of
 #   the step-by-step versions we wrote;
@@ -1828,3 +1539,132 @@ else:
           f"{exact_parameters(GPTConfig.gpt2_small()):,} parameters into a course GPT and continue "
           f"{GPT2_PROMPT!r}")
     print(f"the weights alone: {weight_bytes / 1e6:.0f} MB in float32")
+# %% [markdown]
+# ## Appendix: the Matrix Magic notes' walk-through, every table checked
+#
+# Section 2 ran the notes' sentence through a GPT with their embedding tables and our own
+# random weights. This appendix finishes the audit with their own weights.
+#
+# The notes print every matrix of their walk-through: the four heads side by side, `W_O`, the
+# FFN's `W1` and `W2` (to one decimal), the LM head, and each intermediate table. So we can redo
+# every step from the notes' own inputs and check each of their tables against it. The tables are
+# typed in as on the slides, in `data/notes_tables.txt`, read by one call in section 2 (their
+# first sum was checked there, the stream in notebook 6).
+#
+# Each step, computed from the notes' own input to it, against the notes' table for it. The
+# largest entry-wise gap tells whether the table follows from its inputs; the tables are printed
+# to two decimals (the FFN weights to one), so gaps of a few hundredths are rounding.
+
+# %%
+print("the Matrix Magic notes' tables, read from data/notes_tables.txt:")
+print(", ".join(f"{name} {tuple(table.shape)}" for name, table in vars(mm).items()))
+
+NOTES_EPS = 0.001  # the notes' LayerNorm epsilon
+
+
+def largest_gap(computed: torch.Tensor, notes: torch.Tensor) -> float:
+    """Largest entry-wise difference, rounded to 6 decimals so that round-off cannot move a digit."""
+    return round((computed - notes).abs().max().item(), 6)
+
+
+def notes_layer_norm(x: torch.Tensor) -> torch.Tensor:
+    """What the notes' LayerNorm tables compute: the standard deviation where the variance belongs."""
+    return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.std(-1, correction=0, keepdim=True) + NOTES_EPS)
+
+
+relu = F.relu(mm.LINEAR_1)
+steps = [
+    ("heads @ W_O", mm.HEADS @ mm.W_O, mm.ATTENTION),
+    ("residual: + embeddings", mm.ATTENTION + mm.SUM_TABLE, mm.STREAM),
+    ("LayerNorm (nn.LayerNorm)", F.layer_norm(mm.STREAM, (8,), eps=NOTES_EPS), mm.LAYER_NORM),
+    ("stream @ W1 (as drawn)", mm.STREAM @ mm.W1, mm.LINEAR_1),
+    ("notes' LayerNorm @ W1", mm.LAYER_NORM @ mm.W1, mm.LINEAR_1),
+    ("ReLU", relu, mm.RELU),
+    ("ReLU @ W2", relu @ mm.W2, mm.LINEAR_2),
+    ("dropout slide 1 vs its input", mm.LINEAR_2, mm.DROPOUT_A),
+    ("dropout slide 2 vs its input", mm.LINEAR_2, mm.DROPOUT_B),
+    ("final LayerNorm (nn.LayerNorm)",
+     F.layer_norm(mm.STREAM + mm.DROPOUT_B, (8,), eps=NOTES_EPS), mm.FINAL_LN),
+    ("notes' LayerNorm of dropout B", notes_layer_norm(mm.DROPOUT_B), mm.FINAL_LN),
+    ("final LayerNorm @ LM head", mm.FINAL_LN @ mm.LM_HEAD, mm.LOGITS),
+    ("softmax(logits)", mm.LOGITS.softmax(-1), mm.PROBABILITIES),
+]
+gaps = {name: largest_gap(computed, notes) for name, computed, notes in steps}
+print(f"{'step':<32}{'largest gap to the notes':>26}")
+for name, gap in gaps.items():
+    print(f"{name:<32}{gap:>26.2f}")
+
+# %% [markdown]
+# Where a gap is large, the cells below find what the notes did instead.
+#
+# **The FFN's two linear layers.** The slide draws the stream itself going into `W1`, which gives
+# values far larger than the notes' table (the `stream @ W1` line). Their table follows instead
+# from their LayerNorm rows, as in GPT-2's `x + FFN(LN(x))`, to within about half a unit, and the
+# second layer to a similar gap. That is what printing `W1` and `W2` to one decimal allows: each
+# weight may be off by up to 0.05, so an output may be off by up to 0.05 times the sum of the
+# absolute values of its inputs. The cell computes that bound, then looks at ReLU.
+#
+# **ReLU.** Rows 2 to 4 of the notes' ReLU table are exactly `max(0, x)` of their first linear
+# layer's output. Row 1 is not: from column 10 on, its entries sit one column to the left of
+# where they belong, and a 0 fills the gap.
+
+# %%
+for name, inputs, notes_output, weights in (("W1", mm.LAYER_NORM, mm.LINEAR_1, mm.W1),
+                                            ("W2", relu, mm.LINEAR_2, mm.W2)):
+    bound = 0.05 * inputs.abs().sum(-1, keepdim=True)                  # (4, 1): one bound per row
+    within = ((inputs @ weights - notes_output).abs() <= bound).all().item()
+    print(f"{name}: largest gap {largest_gap(inputs @ weights, notes_output):.2f}, "
+          f"rounding bound per row {round(bound.min().item(), 6):.2f} to {round(bound.max().item(), 6):.2f}, "
+          f"every entry within its row's bound: {within}")
+    assert within
+
+notes_row, true_row = mm.RELU[0], relu[0]
+wrong_columns = ((notes_row - true_row).abs() > 1e-9).nonzero().flatten() + 1
+print("rows 2-4 exact:", torch.equal(mm.RELU[1:], relu[1:]))
+print("row 1, columns that differ:", wrong_columns.tolist())
+print("notes' row 1, columns 10-23:", notes_row[9:23].tolist())
+print("true row 1,   columns 11-24:", true_row[10:24].tolist())
+assert torch.equal(notes_row[9:23], true_row[10:24]) and torch.equal(notes_row[24:], true_row[24:])
+
+# %% [markdown]
+# **Dropout.** Both dropout slides keep the surviving values exactly as they were. `nn.Dropout(p)`
+# in training mode multiplies the survivors by `1/(1-p)`, so that each value keeps its expected
+# size; the notes do not give `p`, so the cell uses 0.1. And the two slides, which show the same
+# step, zero different entries.
+#
+# **The final LayerNorm.** In GPT-2 the FFN's output is added to the stream (the second residual),
+# and the final LayerNorm normalises that sum. The notes' table instead follows from the
+# **second** dropout table alone, with no residual, and with the slip notebook 6 found in their
+# first LayerNorm (the standard deviation where the variance belongs): the `notes' LayerNorm of
+# dropout B` line above has a small gap, the `nn.LayerNorm` line a large one. From there on the
+# notes are consistent again: their logits are their final rows times the LM head, and their
+# probabilities the softmax of their logits (small gaps above).
+#
+# The same weights, run the way GPT-2 runs them at inference (true LayerNorms, both residuals,
+# no dropout), give other predictions (the last lines of the cell):
+
+# %%
+def zeroed(table: torch.Tensor) -> list[tuple[int, int]]:
+    """(row, column) of the entries dropout set to 0, counting from 1 like the slides."""
+    return [(r + 1, c + 1) for r, c in ((table == 0) & (mm.LINEAR_2 != 0)).nonzero().tolist()]
+
+
+kept = mm.DROPOUT_A != 0
+survivor_ratio = mm.DROPOUT_A[kept] / mm.LINEAR_2[kept]
+print(f"notes: survivors / inputs between {survivor_ratio.min():.2f} and {survivor_ratio.max():.2f}")
+torch.manual_seed(0)
+dropped = nn.Dropout(p=0.1).train()(mm.LINEAR_2)
+ratios = dropped[dropped != 0] / mm.LINEAR_2[dropped != 0]
+print(f"nn.Dropout(p=0.1): survivors / inputs = {ratios.min():.4f} = 1/(1 - 0.1) = {1 / 0.9:.4f}")
+print("first slide zeroes", zeroed(mm.DROPOUT_A), "| second slide zeroes", zeroed(mm.DROPOUT_B))
+
+stream = mm.STREAM
+hidden = F.relu(F.layer_norm(stream, (8,), eps=NOTES_EPS) @ mm.W1)
+stream = stream + hidden @ mm.W2
+probabilities_done_right = (F.layer_norm(stream, (8,), eps=NOTES_EPS) @ mm.LM_HEAD).softmax(-1)
+for t, word in enumerate(sentence):
+    ours = probabilities_done_right[t].argmax().item()
+    theirs = mm.PROBABILITIES[t].argmax().item()
+    print(f"after '{word}': notes predict '{toy_vocab[theirs]}', the same weights done right "
+          f"'{toy_vocab[ours]}' ({probabilities_done_right[t, ours]:.2f})")
+
