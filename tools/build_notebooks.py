@@ -77,23 +77,43 @@ def execute(nb: nbformat.NotebookNode, timeout: int = 600) -> float:
 
 
 TIMES = NOTEBOOKS / "TIMES.md"
+PRECISIONS = ("fp32", "bf16")  # TIMES.md's two columns: a laptop's float32, a CPU with native bf16
 
 
-def record_time(name: str, seconds: float) -> None:
-    """Keep notebooks/TIMES.md, the README's list of how long each notebook takes to run."""
-    rows = {}
+def build_precision() -> str:
+    """The precision the notebooks train in on this machine now ("fp32" or "bf16"), as the
+    course's `pick_dtype` decides it (COURSE_PRECISION, else bf16 where the CPU has it)."""
+    import torch
+
+    from helpers.training.speed import pick_dtype
+
+    return "bf16" if pick_dtype(torch.device("cpu")) == torch.bfloat16 else "fp32"
+
+
+def record_time(name: str, seconds: float, precision: str) -> None:
+    """Keep notebooks/TIMES.md, how long each notebook takes in float32 and in bf16, and the
+    README's "runs in" column (the float32 time: most laptops have no native bf16)."""
+    rows: dict[str, dict[str, str]] = {}
     if TIMES.exists():
         for line in TIMES.read_text().splitlines():
-            if line.startswith("| 0") or line.startswith("| 1"):
-                cells = [c.strip() for c in line.strip("|").split("|")]
-                rows[cells[0]] = cells[1]
-    rows[name] = f"{seconds:.0f} s"
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if re.fullmatch(r"\d\d_\w+", cells[0]) and len(cells) == 1 + len(PRECISIONS):
+                rows[cells[0]] = dict(zip(PRECISIONS, cells[1:], strict=True))
+    rows.setdefault(name, dict.fromkeys(PRECISIONS, "-"))[precision] = f"{seconds:.0f} s"
     lines = ["# Time to Restart and Run All", "",
-             "Measured by `tools/build_notebooks.py` on the 2-core CPU machine the outputs were made on.",
-             "", "| notebook | time |", "|---|---|"]
-    lines += [f"| {n} | {t} |" for n, t in sorted(rows.items())]
+             "Measured by `tools/build_notebooks.py` on the 2-core CPU machine the outputs were made on,",
+             "in float32 (`COURSE_PRECISION=fp32`, as on most laptops) and in bfloat16 (a CPU with",
+             "native bf16, where the course trains in bf16 by itself; `-` where the machine that made",
+             "the outputs had no native bf16, since emulated bf16 says nothing about a real one).", "",
+             "| notebook | float32 | bf16 |", "|---|---|---|"]
+    lines += [f"| {n} | {t['fp32']} | {t['bf16']} |" for n, t in sorted(rows.items())]
     TIMES.write_text("\n".join(lines) + "\n")
-    update_readme_time(name, rows[name])
+    update_readme_time(name, readme_time(rows[name]))
+
+
+def readme_time(times: dict[str, str]) -> str:
+    """The README's "runs in": the float32 time, with the bf16 time beside it where measured."""
+    return times["fp32"] if times["bf16"] == "-" else f"{times['fp32']} (bf16: {times['bf16']})"
 
 
 def update_readme_time(name: str, time: str) -> None:
@@ -107,8 +127,9 @@ def build(source_path: Path, run: bool = True) -> Path:
     nb = to_notebook(source_path)
     if run:
         seconds = execute(nb)
-        print(f"{source_path.stem}: Restart and Run All took {seconds:.1f} s", flush=True)
-        record_time(source_path.stem, seconds)
+        precision = build_precision()
+        print(f"{source_path.stem}: Restart and Run All took {seconds:.1f} s in {precision}", flush=True)
+        record_time(source_path.stem, seconds, precision)
     target = NOTEBOOKS / f"{source_path.stem}.ipynb"
     nbformat.write(nb, target)
     return target
