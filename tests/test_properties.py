@@ -15,6 +15,8 @@ dtype the trainer picked) asserted with values other than the defaults.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -227,3 +229,64 @@ def test_config_values_other_than_the_defaults_reach_the_model():
     assert torch.equal(modern.rope.cos, RopeTable.build(8, 16, 500.0).cos)  # theta's base 500
     assert not torch.equal(modern.rope.cos, RopeTable.build(8, 16, 10000.0).cos)
     assert block.mlp.gate.weight.shape == (48, 32)
+
+
+# --- a beam-search fixture where the search itself decides the answer -----------------------
+
+class ScriptedDecoder:
+    """A stand-in encoder-decoder whose next-token probabilities depend on the prefix only.
+
+    Tokens: 0 <pad>, 1 <bos>, 2 <eos>, 3 "A", 4 "B". After <bos>: A 0.6, B 0.4. After <bos> A:
+    <eos> 0.30, A 0.36, B 0.34. After <bos> B: <eos> 0.95. Any longer prefix: <eos> 0.99.
+    Greedy takes A, then A, then <eos>: 0.6 x 0.36 x 0.99 = 0.214. The best sequence, B <eos>,
+    has 0.4 x 0.95 = 0.38, and only a search that keeps the second choice of step 1 finds it.
+    """
+
+    config = type("Config", (), {"target_vocab_size": 5, "pad_id": 0, "bos_id": 1, "eos_id": 2})()
+    TABLE = {(1,): [0, 0, 0, 0.6, 0.4], (1, 3): [0, 0, 0.30, 0.36, 0.34], (1, 4): [0, 0, 0.95, 0.025, 0.025]}
+
+    def encode(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros(1, len(source), 4), torch.ones(1, len(source), dtype=torch.bool)
+
+    def decode(self, prefixes: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        rows = [self.TABLE.get(tuple(p), [0, 0, 0.99, 0.005, 0.005]) for p in prefixes.tolist()]
+        probs = torch.tensor(rows, dtype=torch.float64).clamp_min(1e-12)
+        return probs.log()[:, None, :].expand(-1, prefixes.shape[1], -1)  # (k, t, V) logits
+
+
+def test_beam_search_finds_the_sequence_greedy_misses_over_several_steps():
+    from helpers.families.seq2seq import beam_search
+
+    model, source = ScriptedDecoder(), torch.tensor([5, 6, 7])
+    greedy, greedy_logp = beam_search(model, source, beam_width=1, max_length=5)
+    beam, beam_logp = beam_search(model, source, beam_width=2, max_length=5)
+    assert greedy.tolist() == [3, 3, 2] and abs(greedy_logp - math.log(0.6 * 0.36 * 0.99)) < 1e-9
+    assert beam.tolist() == [4, 2] and abs(beam_logp - math.log(0.4 * 0.95)) < 1e-9
+
+
+# --- hand-written pieces against PyTorch's own, not only against themselves ----------------
+
+def test_the_sharded_optimizer_on_one_rank_is_torchs_adamw():
+    """ZeRO-1's AdamW, owning every parameter, takes the same steps as torch.optim.AdamW with
+    decay on the matrices only (sharded-vs-one-rank tests prove the sharding, this the optimizer)."""
+    from helpers.scale.sharded import ShardedAdamW
+
+    ours, theirs = gpt(torch.float64), gpt(torch.float64)
+    theirs.load_state_dict(ours.state_dict())
+    hand = ShardedAdamW(ours.parameters(), rank=0, world_size=1, betas=(0.8, 0.95), eps=1e-7,
+                        weight_decay=0.2)
+    matrices = [p for p in theirs.parameters() if p.dim() >= 2]
+    vectors = [p for p in theirs.parameters() if p.dim() < 2]
+    reference = torch.optim.AdamW([{"params": matrices, "weight_decay": 0.2},
+                                   {"params": vectors, "weight_decay": 0.0}],
+                                  lr=3e-3, betas=(0.8, 0.95), eps=1e-7, foreach=False)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        ids = torch.randint(0, 31, (2, 16), generator=generator)
+        for model in (ours, theirs):
+            model.zero_grad(set_to_none=True)
+            model(ids).logsumexp(-1).mean().backward()
+        hand.step(lr=3e-3)
+        reference.step()
+    for (name, a), b in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=name)
