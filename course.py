@@ -4,8 +4,9 @@
     python3 course.py lab     # set up .venv (first time only) and open JupyterLab on notebooks/
     python3 course.py test    # set up .venv with the test tools and run the whole suite
 
-and one for whoever forks the course:
+and two for instructors and whoever forks the course:
 
+    python3 course.py student [DIR]    # the student edition: solutions blanked, outputs cleared
     python3 course.py publish https://github.com/OWNER/REPO   # point Colab links and installs at it
 
 Both create a virtual environment in `.venv`, install PyTorch first and then the course package
@@ -17,6 +18,7 @@ Extra arguments after `test` go to pytest, e.g. `python3 course.py test -k token
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -163,8 +165,73 @@ def publish(extra_args: list[str], root: Path = ROOT) -> int:
     return 0
 
 
+# The student edition: nbgrader's conventions, so that instructors meet the markers they know.
+# A code cell's lines between `### BEGIN SOLUTION` and `### END SOLUTION` become `# YOUR CODE
+# HERE` and `raise NotImplementedError`; lines between `### BEGIN HIDDEN TESTS` and `### END
+# HIDDEN TESTS` go; a markdown cell loses its `<details><summary>Solution</summary> ...
+# </details>` reveal; every output is cleared.
+SOLUTION_REVEAL = re.compile(r"<details>\s*<summary>\s*Solution\s*</summary>.*?</details>\s*", re.S)
+STUDENT_DIR = "student"
+
+
+def blank_solutions(source: str) -> str:
+    """A code cell's source with every solution region replaced by nbgrader's stub."""
+    out, skipping = [], None
+    for line in source.splitlines(keepends=True):
+        marker = line.strip()
+        if marker in ("### BEGIN SOLUTION", "### BEGIN HIDDEN TESTS"):
+            if skipping is not None:
+                raise ValueError(f"a {marker!r} inside another marked region")
+            skipping = marker
+            if marker == "### BEGIN SOLUTION":
+                indent = line[: len(line) - len(line.lstrip())]
+                out += [f"{indent}# YOUR CODE HERE\n", f"{indent}raise NotImplementedError\n"]
+        elif marker in ("### END SOLUTION", "### END HIDDEN TESTS"):
+            if skipping is None or skipping.split()[-1] != marker.split()[-1]:
+                raise ValueError(f"{marker!r} without its BEGIN line")
+            skipping = None
+        elif skipping is None:
+            out.append(line)
+    if skipping is not None:
+        raise ValueError(f"{skipping!r} without its END line")
+    return "".join(out)
+
+
+def student_notebook(notebook: dict) -> dict:
+    """The student's copy of a notebook (its JSON): solutions blanked, reveals gone, no outputs."""
+    for cell in notebook["cells"]:
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        if cell["cell_type"] == "code":
+            cell["source"] = blank_solutions(source)
+            cell["outputs"], cell["execution_count"] = [], None
+        elif cell["cell_type"] == "markdown":
+            cell["source"] = SOLUTION_REVEAL.sub("", source)
+    notebook.get("metadata", {}).pop("widgets", None)  # saved widget state is an output too
+    return notebook
+
+
+def student(extra_args: list[str], root: Path = ROOT) -> int:
+    """Write the student edition of every notebook into DIR (default: student/)."""
+    if len(extra_args) > 1:
+        print(f"usage: python3 course.py student [DIR] (got {' '.join(extra_args)})")
+        return 2
+    target = Path(extra_args[0] if extra_args else root / STUDENT_DIR).resolve()
+    if target == (root / "notebooks").resolve():
+        print("the student edition must not overwrite notebooks/: name another folder")
+        return 2
+    target.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        notebook = student_notebook(json.loads(path.read_text(encoding="utf-8")))
+        (target / path.name).write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n",
+                                        encoding="utf-8")
+        written.append(path.name)
+    print(f"student edition of {len(written)} notebooks in {target}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    commands = {"lab": lab, "test": test, "publish": publish}
+    commands = {"lab": lab, "test": test, "publish": publish, "student": student}
     if not argv or argv[0] not in commands:
         print(__doc__)
         return 2

@@ -1,0 +1,91 @@
+"""`python3 course.py student [DIR]`: the student edition, with nbgrader's markers honoured."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("course_for_student", ROOT / "course.py")
+course = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(course)
+
+SOLVED = '''def f(x):
+    """Square x."""
+    ### BEGIN SOLUTION
+    y = x * x
+    return y
+    ### END SOLUTION
+
+
+check("x.f", f)
+### BEGIN HIDDEN TESTS
+assert f(3) == 9
+### END HIDDEN TESTS
+'''
+
+
+def test_solutions_are_blanked_with_nbgraders_stub_at_their_indent():
+    blanked = course.blank_solutions(SOLVED)
+    assert "y = x * x" not in blanked and "assert f(3)" not in blanked and "###" not in blanked
+    assert '    """Square x."""\n    # YOUR CODE HERE\n    raise NotImplementedError\n' in blanked
+    assert blanked.endswith('check("x.f", f)\n')
+
+
+@pytest.mark.parametrize("broken, message", [
+    ("### BEGIN SOLUTION\nx = 1\n", "without its END line"),
+    ("x = 1\n### END SOLUTION\n", "without its BEGIN line"),
+    ("### BEGIN SOLUTION\n### BEGIN HIDDEN TESTS\n", "inside another marked region"),
+    ("### BEGIN SOLUTION\nx = 1\n### END HIDDEN TESTS\n", "without its BEGIN line"),
+])
+def test_unbalanced_markers_are_refused(broken, message):
+    with pytest.raises(ValueError, match=message):
+        course.blank_solutions(broken)
+
+
+def test_a_markdown_solution_reveal_goes_and_the_hints_stay():
+    notebook = {"cells": [
+        {"cell_type": "markdown", "source": "<details><summary>Hint 1</summary>\nthe idea\n</details>\n\n"
+                                            "<details><summary>Solution</summary>\n\n```python\nx = 1\n```\n</details>\n"},
+        {"cell_type": "code", "source": ["x = 2\n"], "outputs": [{"output_type": "stream"}],
+         "execution_count": 3}], "metadata": {"widgets": {"state": {}}}}
+    student = course.student_notebook(notebook)
+    assert "Hint 1" in student["cells"][0]["source"] and "x = 1" not in student["cells"][0]["source"]
+    assert student["cells"][1]["outputs"] == [] and student["cells"][1]["execution_count"] is None
+    assert "widgets" not in student["metadata"]
+
+
+def test_the_edition_of_every_notebook_keeps_its_exercises_and_loses_its_solutions(tmp_path):
+    assert course.main(["student", str(tmp_path)]) == 0
+    names = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert sorted(p.name for p in tmp_path.glob("*.ipynb")) == names
+    for name in names:
+        full = json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8"))
+        cells = json.loads((tmp_path / name).read_text(encoding="utf-8"))["cells"]
+        text = "".join(c["source"] for c in cells)
+        assert "Solution</summary>" not in text and "### BEGIN SOLUTION" not in text, name
+        assert all(c.get("outputs", []) == [] for c in cells if c["cell_type"] == "code"), name
+        stubs = sum('check("' in "".join(c["source"]) for c in full["cells"] if c["cell_type"] == "code")
+        assert stubs >= 1 and sum('check("' in c["source"] for c in cells if c["cell_type"] == "code") == stubs
+
+
+def test_a_student_notebook_runs_top_to_bottom_and_says_not_attempted(tmp_path):
+    course.main(["student", str(tmp_path)])
+    notebook = json.loads((tmp_path / "04_masking.ipynb").read_text(encoding="utf-8"))
+    import nbformat
+
+    nb = nbformat.reads(json.dumps(notebook), as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    stubs = [c for c in nb.cells if c.cell_type == "code" and 'check("' in c.source]
+    for cell in stubs:
+        assert "not attempted yet" in "".join(o.get("text", "") for o in cell.outputs)
+
+
+def test_the_edition_never_overwrites_the_notebooks(capsys):
+    assert course.main(["student", str(ROOT / "notebooks")]) == 2
+    assert "must not overwrite" in capsys.readouterr().out
