@@ -54,3 +54,16 @@ def test_nbcheck_reports_no_errors():
         pytest.skip("../shared/tools/nbcheck.py is not beside this checkout")
     result = subprocess.run([sys.executable, str(nbcheck), str(NOTEBOOKS)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+MAX_CELL_LINES = 40  # a cell does one thing; the set-up cell is the course's, not the notebook's
+MAX_CELLS = {"07_gpt": 100}
+
+
+@pytest.mark.parametrize("name", NOTEBOOK_IDS)
+def test_every_cell_does_one_thing(name):
+    cells = read(NOTEBOOKS / f"{name}.ipynb").cells
+    long = [(index, cell.cell_type, len(cell.source.splitlines())) for index, cell in enumerate(cells)
+            if cell.source != SETUP_CELL and len(cell.source.splitlines()) > MAX_CELL_LINES]
+    assert not long, f"{name}: cells over {MAX_CELL_LINES} lines (index, kind, lines): {long}"
+    assert len(cells) <= MAX_CELLS.get(name, len(cells)), f"{name} has {len(cells)} cells"
