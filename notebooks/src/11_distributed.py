@@ -177,7 +177,10 @@ check("distributed.ring_bytes", ring_bytes)
 #
 # A link is described by two numbers: a **latency** `α` paid by every message, and a
 # **bandwidth** `β`, so that sending `n` bytes takes about `α + n / β`. Small messages measure
-# `α`, large ones `β`; the cell fits both to the measured times.
+# `α`, large ones `β`; the cell fits both to the measured times. Below a few hundred kB the time
+# is mostly latency, and on a busy machine two small sizes can swap places by the noise alone;
+# the fit uses all five sizes, and the figure after the cell shows how well the two numbers
+# describe them.
 
 # %%
 sizes = [1_000, 10_000, 100_000, 1_000_000, 10_000_000]  # float32 values
@@ -187,9 +190,9 @@ sent = {size: ring_all_reduce_bytes(4 * size, 2) for size in sizes}
 latency, bandwidth = fit_latency_bandwidth([sent[s] for s in sizes], [slowest[s] for s in sizes])
 for size in sizes:
     print(f"{size:>10,} values = {readable_bytes(4 * size):>8}: each rank sends "
-          f"{readable_bytes(sent[size]):>8}, {format_duration(slowest[size])}; "
-          f"the fit says {format_duration(latency + sent[size] / bandwidth)}")
-print(f"fit: latency {format_duration(latency)}, then {format_duration(1e6 / bandwidth)} per MB sent")
+          f"{readable_bytes(sent[size]):>8}; measured: {format_duration(slowest[size])}, "
+          f"latency + bytes / bandwidth: {format_duration(latency + sent[size] / bandwidth)}")
+print(f"the fit: a message's latency {format_duration(latency)}; each MB sent {format_duration(1e6 / bandwidth)}")
 
 # %%
 figure, axis = plt.subplots(figsize=(8, 4.5), layout="constrained")
@@ -647,7 +650,7 @@ print("   ", done.stdout.strip().splitlines()[-1], "|", format_duration(time.per
 # %%
 for size in sizes:
     print(f"all-reduce of {readable_bytes(4 * size):>8} on 2 processes: {format_duration(slowest[size])}")
-print(f"fitted latency {format_duration(latency)}, {format_duration(1e6 / bandwidth)} per MB")
+print(f"the fit: a message's latency {format_duration(latency)}; each MB sent {format_duration(1e6 / bandwidth)}")
 print(f"ZeRO-1, AdamW state per rank of the tiny GPT: {results_zero[0]['state_bytes']:,} and "
       f"{results_zero[1]['state_bytes']:,} bytes (unsharded {results_zero[0]['full_state_bytes']:,})")
 
