@@ -20,8 +20,9 @@
 # - size SwiGLU's hidden layer at `8/3 · D` so that it costs what GPT-2's `4 · D` MLP costs (the
 #   textbook section's exercise 6, computed), and count what GQA saves in the KV cache;
 # - assemble the modern decoder from `helpers.model.modern` and check its KV cache against a full pass.
-# - measure, on the course corpus, the modern block against GPT-2's at equal size, and which
-#   position scheme still works at 4x the context it was trained at.
+# - read an ablation that turns GPT-2's block into the modern one a change at a time, at equal
+#   size, and say which change the gain comes from; and measure which position scheme still works
+#   at 4x the context it was trained at, and what rescaling RoPE does there.
 #
 # **It assumes** notebooks 2 (sinusoidal positions), 5 (multi-head attention, GQA), 6 (LayerNorm,
 # SwiGLU) and 7 (the GPT and its KV cache).
