@@ -218,3 +218,36 @@ def test_bad_arguments_name_themselves():
         Workers(0)
     with pytest.raises(TypeError, match="timeout"):
         Workers(2, timeout="soon")
+
+
+# --- issue 22: mixed-precision ZeRO memory, the pipeline bubble, the latency + bandwidth fit ---
+
+def test_zero_memory_in_mixed_precision_follows_the_paper():
+    from helpers.scale.parallelism import memory_per_rank
+    fp32, mixed = memory_per_rank(1000, 8), memory_per_rank(1000, 8, precision="mixed")
+    assert fp32["data parallel"] == mixed["data parallel"] == 16_000
+    assert mixed["ZeRO-1 (optimizer state)"] == 2000 + 2000 + 12_000 / 8  # 2 + 2 + 12/p bytes a parameter
+    assert round(16 / 5.5, 1) == round(mixed["data parallel"] / mixed["ZeRO-1 (optimizer state)"], 1) == 2.9
+    with pytest.raises(ValueError, match="precision"):
+        memory_per_rank(1000, 8, precision="bf16")
+    with pytest.raises(ValueError, match="n_params"):
+        memory_per_rank(0, 8)
+
+
+def test_bubble_fraction_counts_fill_and_drain_slots():
+    from helpers.scale.parallelism import bubble_fraction
+    assert bubble_fraction(1, 4) == 0.0 and bubble_fraction(4, 1) == 3 / 4
+    assert bubble_fraction(4, 12) == 3 / 15
+    with pytest.raises(ValueError, match="micro_batches"):
+        bubble_fraction(4, 0)
+
+
+def test_latency_bandwidth_fit_recovers_a_known_link():
+    from helpers.scale.parallelism import fit_latency_bandwidth
+    sizes = [1e3, 1e4, 1e5, 1e6, 1e7]
+    latency, bandwidth = fit_latency_bandwidth(sizes, [20e-6 + n / 2e9 for n in sizes])
+    assert abs(latency - 20e-6) < 1e-9 and abs(bandwidth / 2e9 - 1) < 1e-6
+    with pytest.raises(ValueError, match="seconds"):
+        fit_latency_bandwidth(sizes, [1.0, 2.0, 3.0, 4.0, -1.0])
+    with pytest.raises(ValueError, match="at least 2"):
+        fit_latency_bandwidth([1.0], [1.0])

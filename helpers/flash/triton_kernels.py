@@ -11,6 +11,10 @@ module's docstring for the algorithm and for running them without a GPU (TRITON_
 which must be set before this module is imported, because `@triton.jit` reads it).
 
 Scores are kept in log2 units (times LOG2_E) so that the GPU's fast exp2 replaces exp.
+Offsets into the tensors are int64, as in Triton's fused-attention tutorial: the (batch, head)
+number is cast once with `.to(tl.int64)` and every offset computed from it follows. In int32 an
+offset overflows past 2^31 elements (a (16, 32, 8192, 128) tensor has 2^29; a long context with
+many heads passes 2^31), and the kernel would read the wrong memory without any error.
 Importing this module never fails: without Triton, `triton` and `tl` are None and no kernel exists.
 """
 
@@ -75,7 +79,7 @@ if triton is not None:
                               ACC_DTYPE: tl.constexpr, COUNT_TILES: tl.constexpr):
         """One program: query tile program_id(0) of (batch, head) number program_id(1)."""
         query_tile = tl.program_id(0)
-        batch_head = tl.program_id(1)
+        batch_head = tl.program_id(1).to(tl.int64)  # int64 offsets: see the module docstring
         batch, head = batch_head // n_heads, batch_head % n_heads
         first_row = query_tile * BLOCK_Q
         rows = first_row + tl.arange(0, BLOCK_Q)
@@ -146,7 +150,7 @@ if triton is not None:
             dV += P^T dO,  dP = dO V^T,  dS = P * (dP - D),  dK += scale dS^T Q.
         Tensors are contiguous (B, H, N, d); Lse and Delta are (B, H, N_q)."""
         key_tile = tl.program_id(0)
-        batch_head = tl.program_id(1)
+        batch_head = tl.program_id(1).to(tl.int64)  # int64 offsets: see the module docstring
         first_col = key_tile * BLOCK_K
         cols = first_col + tl.arange(0, BLOCK_K)
         dims = tl.arange(0, BLOCK_D)
@@ -189,7 +193,7 @@ if triton is not None:
         Q, dO tile on chip and walks the key tiles it sees, as the forward does:
             dP = dO V^T,  dS = P * (dP - D),  dQ += scale dS K."""
         query_tile = tl.program_id(0)
-        batch_head = tl.program_id(1)
+        batch_head = tl.program_id(1).to(tl.int64)  # int64 offsets: see the module docstring
         first_row = query_tile * BLOCK_Q
         rows = first_row + tl.arange(0, BLOCK_Q)
         row_ok = rows < n_q

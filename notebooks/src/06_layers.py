@@ -455,6 +455,7 @@ def stream_stds_blocks(blocks: list[nn.Module], x: torch.Tensor) -> list[float]:
     return stds
 
 
+# %%
 torch.manual_seed(0)
 x0 = torch.randn(2, 16, 64)
 curves = {
@@ -636,8 +637,8 @@ check("layers.distance_from_rank_one", my_distance_from_rank_one)
 # %% [markdown]
 # The helper is `helpers.model.layers.distance_from_rank_one`. The cell pushes 16 random tokens
 # (64 features) through 24 layers of four kinds, all with PyTorch's default initialisation and no
-# mask: attention alone, attention followed by an FFN, attention with a skip connection, and the
-# full Pre-LN block (skips, FFN and LayerNorm).
+# mask: attention alone, attention followed by an FFN, attention with a skip connection, the same
+# with an FFN on its own skip (no LayerNorm), and the full Pre-LN block (skips, FFN and LayerNorm).
 
 # %%
 from helpers.model.layers import distance_from_rank_one
@@ -656,8 +657,11 @@ stacks = {
     "attention only": lambda x, i: attentions[i](x),
     "attention + FFN": lambda x, i: ffns[i](attentions[i](x)),
     "attention + skip": lambda x, i: x + attentions[i](x),
+    "attention + skip, FFN + skip": lambda x, i: (y := x + attentions[i](x)) + ffns[i](y),
     "full block (skips, FFN, LN)": lambda x, i: blocks[i](x, causal=False),
 }
+
+# %%
 tokens = torch.randn(1, 16, 64)
 distances, final_rank = {}, {}
 with torch.no_grad():
@@ -681,10 +685,12 @@ for name, d in distances.items():
           + f"   rank at the top: {final_rank[name]}")
 assert max(distances["attention only"][-1], distances["attention + FFN"][-1]) < ROUND_OFF
 assert min(distances["attention + skip"][-1], distances["full block (skips, FFN, LN)"][-1]) > 0.1
+with_ffn, without_ffn = distances["attention + skip, FFN + skip"][-1], distances["attention + skip"][-1]
+assert abs(with_ffn - without_ffn) < 0.15 < distances["full block (skips, FFN, LN)"][-1] - max(with_ffn, without_ffn)
 
 # %%
 fig, ax = plt.subplots(figsize=(9, 5))
-for (name, d), style in zip(distances.items(), ["o-", "s-", "^-", "v-"], strict=True):
+for (name, d), style in zip(distances.items(), ["o-", "s-", "^-", "D-", "v-"], strict=True):
     ax.semilogy(range(DEPTH + 1), d, style, markersize=5, label=name)
 ax.set(title="Rank collapse: how different the 16 tokens still are",
        xlabel="layers", ylabel="‖X - 1·meanᵀ‖ / ‖X‖ (log scale)")
@@ -696,12 +702,18 @@ plt.show()
 # round-off, and the representations end at rank 1 (the table). At initialisation the attention
 # weights are nearly uniform, which makes this quick; with `ATTENTION_SHARPNESS = 6.0` the
 # collapse takes a little longer but still comes (Dong et al. bound its speed by the size of the
-# weights). An FFN after each attention does
-# not rescue it: it works on each token separately and cannot make equal tokens different again.
-# The skip connection is what keeps the tokens apart, and the full block keeps them almost as
-# different as they started. So the answer is no: attention without the FFN and the skips
-# degenerates, and the FFN is also where each token gets its non-linear, per-position
-# transformation (two thirds of the parameters, section 3).
+# weights). An FFN after each attention, without skips, does not rescue it: it works on each token
+# separately and cannot make equal tokens different again.
+#
+# Those two rows collapse for want of skips, so they cannot answer the question, which is about
+# the FFN. The rows that do keep the skips and differ by the FFN: attention + skip ends at about
+# 0.5 after 24 layers, and adding an FFN on its own skip leaves that where it was (about 0.4);
+# only the full block, whose LayerNorms keep every branch's input at unit scale, stays near 0.8.
+# So at initialisation the skip connections, not the FFN, hold off rank collapse, and replacing the
+# FFN by more attention would not bring the collapse back as long as the skips stay. The answer
+# is still no, for another reason: the FFN is where each token gets its non-linear, per-position
+# transformation, and it holds two thirds of the block's parameters (section 3); attention only
+# mixes tokens, by weighted averages.
 
 # %% [markdown]
 # ## 8. The transformer block
@@ -765,7 +777,8 @@ plt.show()
 # channel: each branch reads it and adds its contribution. Without skips, a stack of attention
 # layers loses rank (section 7).
 # </details>
-#
+
+# %% [markdown]
 # **2. Why LayerNorm, and why not BatchNorm?**
 #
 # <details><summary>Answer</summary>
@@ -775,7 +788,8 @@ plt.show()
 # (section 5). It uses only the token's own features, so it works the same for a batch of one,
 # for any sequence length, and in training and inference; BatchNorm does not (section 2).
 # </details>
-#
+
+# %% [markdown]
 # **3. What parallelises in a transformer block?**
 #
 # <details><summary>Answer</summary>
@@ -785,7 +799,8 @@ plt.show()
 # once. Attention is the only place where tokens interact. In training nothing is sequential
 # across positions; only generation goes one token at a time.
 # </details>
-#
+
+# %% [markdown]
 # **4. The textbook section: the residual stream after 4 layers.** Each branch outputs values of standard
 # deviation 1. (a) Post-LN: the stream's std after layer 4? (b) Pre-LN? (c) Which is more stable?
 #

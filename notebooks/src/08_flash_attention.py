@@ -397,6 +397,20 @@ print(f"divisions of output elements per head (N={N}, d={D}): FA-1 {key_tiles * 
 # (the divisions above, and the rescaling), which run many times slower than tensor-core matrix
 # products.
 #
+# The third idea of FlashAttention-2 is inside one program: how its work is split among the
+# **warps** that execute it (a warp is 32 GPU threads working in lockstep; a program runs on a
+# few of them). FlashAttention-1 split the key and value tiles across 4 warps ("split-K"): each
+# warp computed part of $QK^\top$ for every query of the tile, so before the softmax the warps
+# had to write their partial results to shared memory, synchronise and add them up.
+# FlashAttention-2 splits the *query* tile instead: each warp owns some rows and sees all of K
+# and V, so its rows' running max, sum and output need nothing from the other warps. In Triton the
+# compiler does this split; the launch chooses only its size. `num_warps` is how many warps run
+# one program (4, or 8 for head dimension 128, where the accumulator is twice as big:
+# `triton_attention.default_blocks`). `num_stages` is software pipelining: how many K/V tiles are
+# being loaded at once, so that the next tiles travel from HBM while the current one is being
+# multiplied; each stage costs a tile's worth of shared memory, which is why larger head
+# dimensions get fewer.
+#
 # ### Exercise 2: one tile step
 # Write the inner loop body: given the running `row_max`, `row_sum`, `acc` of a query tile and
 # the scores and values of one key tile, return the updated three. The checker runs your step
@@ -469,6 +483,11 @@ def tile_status(step: int) -> np.ndarray:
     return status
 
 
+# %% [markdown]
+# The drawing: which tiles are done, the running statistics of the current query tile, and its
+# output so far, compared with the final output.
+
+# %%
 def draw_tile_step(step: int) -> dict:
     """Draw step `step` of STEPS; return the numbers drawn."""
     snap = STEPS[step]
@@ -635,8 +654,8 @@ plt.show()
 # which makes a pass over its tile in memory; PyTorch's fused kernel does the whole inner loop
 # in C++ without those passes, so expect it to beat our loop. The cell times the three, taking
 # turns so that a busy machine slows them alike (sizes printed). Times depend on the machine and
-# its load, so the stored copy of this notebook shows them blanked out: run the cell to see
-# yours. No assertion compares them here: the budgets (our tiled forward's time against
+# its load: the stored copy of this notebook shows the times of the machine that built it, the
+# course's checker ignores them, and yours will differ. No assertion compares them here: the budgets (our tiled forward's time against
 # PyTorch's, and its memory against naive attention's, at a still longer sequence) are checked
 # by `python benchmarks/bench_flash.py`, which repeats the measurement under fixed conditions.
 
@@ -659,7 +678,11 @@ for name, seconds in times.items():
 #
 # [Triton](https://triton-lang.org) writes GPU kernels in Python. A Triton **program** works on
 # whole blocks (tiles) at once: `tl.load` reads a tile from memory into the chip, `tl.dot`
-# multiplies two tiles on the tensor cores, `tl.store` writes a tile back. The launch **grid**
+# multiplies two tiles, `tl.store` writes a tile back. `tl.dot` runs on the tensor cores for
+# float16 and bfloat16 tiles (and for float32 only if allowed to round them to TF32). For float32
+# the course's kernels ask for `input_precision="ieee"`: exact float32 products on the ordinary
+# arithmetic units, *not* the tensor cores, many times slower, so float32 serves for checking the
+# kernels and the speed is measured in float16. The launch **grid**
 # says how many programs run: here one per (query tile, batch x head), the FlashAttention-2 order.
 #
 # `helpers/flash/triton_kernels.py` holds the kernels, `helpers/flash/triton_attention.py` checks the
@@ -732,7 +755,8 @@ if triton_attention.triton_available():
 # %% [markdown]
 # Nearly half of the work disappears; the fraction tends to one half as the tiles get smaller
 # against $N$, which is why benchmarks count causal attention as half the FLOPs.
-#
+
+# %% [markdown]
 # ## 9. The backward pass as Triton kernels
 #
 # Section 6 derived the backward pass and wrote it as a PyTorch loop over tiles. Here it is again,
@@ -754,8 +778,9 @@ if triton_attention.triton_available():
 # forward saved, one number per query: $P_{ij} = e^{q_i \cdot k_j\,\text{scale} - L_i}$ is the
 # finished softmax in one step, with no running max or sum to redo. That is why the forward
 # returns $L$: saving it costs $N$ numbers, saving $P$ would cost $N^2$ (section 6 printed both).
-# The price is one more $QK^\top$ product, paid in FLOPs, which the GPU has to spare.
-#
+# The price is recomputation, paid in FLOPs, which the GPU has to spare.
+
+# %% [markdown]
 # **Two kernels.** $dQ_i$ sums over key tiles, $dK_j$ and $dV_j$ over query tiles. One program
 # per query tile could compute all three, but then every program would add into the same rows of
 # $dK$ and $dV$ at the same time, which needs atomic additions. So, as in the Triton tutorial's
@@ -765,6 +790,26 @@ if triton_attention.triton_available():
 # and both skip the tiles a causal mask hides: the key-tile program starts at the first query tile
 # that sees its first key. `triton_attention.triton_attention` wraps forward and backward in a
 # `torch.autograd.Function`, so `out.backward()` runs these kernels.
+#
+# **What the split costs.** Each kernel rebuilds $P$ itself, and both need $dP = dO\,V^\top$, so
+# $QK^\top$ and $dO\,V^\top$ are computed twice: 7 products of $2 N_q N_k d$ FLOPs in the backward.
+# FlashAttention-2's backward is one kernel over key tiles that also adds each tile's part of
+# $dQ$ into global memory with **atomic additions**: 5 products. The trade: 40 % more backward
+# FLOPs here, against no atomics, which serialise when many programs add into the same rows of
+# $dQ$ and add in an order that changes from run to run (so FlashAttention-2's $dQ$ is not
+# bit-for-bit reproducible). `benchmarks/bench_flash.py` reports TFLOP/s with the paper's count (5
+# products) for every method, so that they compare on equal work; for our kernels it also prints
+# the FLOPs they really execute. The cell counts both:
+
+# %%
+forward_products = 2                       # S = Q K^T, O = P V
+fa2_backward = ["S = Q K^T (again)", "dV = P^T dO", "dP = dO V^T", "dQ = dS K", "dK = dS^T Q"]
+ours_backward = (["S = Q K^T (again)", "dV = P^T dO", "dP = dO V^T", "dK = dS^T Q"]      # dK, dV kernel
+                 + ["S = Q K^T (again)", "dP = dO V^T (again)", "dQ = dS K"])        # dQ kernel
+for name, products in (("FlashAttention-2, atomics", fa2_backward), ("this course, two kernels", ours_backward)):
+    print(f"{name:26s} backward: {len(products)} products = {len(products) / forward_products:.1f} x the forward; "
+          f"forward + backward {1 + len(products) / forward_products:.1f} x")
+print(f"FLOPs of one product at N={N}, d={D}, per head: 2 N^2 d = {2 * N * N * D:,}")
 
 # %%
 if triton_attention.triton_available():
@@ -905,8 +950,12 @@ print(f"FA-2 programs: {training:,} (GPT-2 medium training), {inference:,} (one 
 print(f"FLOP per byte: naive attention {naive_intensity:.0f}, its softmax step {softmax_intensity:.2f}; "
       f"A100 ridge point {ridge:.0f}")
 forward_flops = costs.attention_flops(1, 1, N, N, D)
-print(f"forward FLOPs per head at N={N}: naive {forward_flops:,}, tiled {forward_flops:,} (the same); "
-      f"the backward recomputes Q K^T once more: +{2 * N * N * D:,}")
+tiled_flops = sum(4 * len(range(N)[i:i + block_r]) * len(range(N)[j:j + block_c]) * D  # S and P V per tile
+                  for i in range(0, N, block_r) for j in range(0, N, block_c))
+assert tiled_flops == forward_flops
+print(f"forward FLOPs per head at N={N}: naive {forward_flops:,}, tiled {tiled_flops:,} (summed over its "
+      f"{block_r} x {block_c} tiles); the backward recomputes Q K^T once more: +{2 * N * N * D:,} "
+      "(FlashAttention-2; twice in this course's two Triton kernels)")
 print(f"memory growth per doubling of N on this CPU: naive x{growth['naive (helpers.model.attention)']:.1f}, "
       f"tiled x{growth['tiled FA-2 (helpers.flash.tiled)']:.1f}")
 print(f"saved for the backward, per GPT-2-medium layer: P {p_bytes / 2**30:.1f} GiB vs lse {lse_bytes / 2**20:.1f} MiB")
@@ -924,7 +973,8 @@ print(f"saved for the backward, per GPT-2-medium layer: P {p_bytes / 2**30:.1f} 
 # The loop over key tiles is the one part that stays sequential, and the online softmax is what
 # lets it run tile by tile.
 # </details>
-#
+
+# %% [markdown]
 # **2. Why is naive attention memory-bound on a GPU that does 312 TFLOP/s?**
 # <details><summary>Answer</summary>
 #
@@ -935,7 +985,8 @@ print(f"saved for the backward, per GPT-2-medium layer: P {p_bytes / 2**30:.1f} 
 # several times fewer bytes (section 1), which makes it faster even though it does the same
 # matrix products.
 # </details>
-#
+
+# %% [markdown]
 # **3. Time complexity $O(N^2)$, memory complexity $O(N^2)$, or $O(N)$ with Flash Attention
 # (the USF notes): does tiling change the FLOPs?**
 # <details><summary>Answer</summary>
@@ -946,7 +997,8 @@ print(f"saved for the backward, per GPT-2-medium layer: P {p_bytes / 2**30:.1f} 
 # one log-sum-exp per query) instead of $N^2$, as the growth factors measured on this CPU show
 # (at most x2 against x4 per doubling of $N$).
 # </details>
-#
+
+# %% [markdown]
 # **4. Why store the log-sum-exp instead of $P$ for the backward pass?**
 # <details><summary>Answer</summary>
 #
@@ -955,7 +1007,8 @@ print(f"saved for the backward, per GPT-2-medium layer: P {p_bytes / 2**30:.1f} 
 # batch of 64 that is gibibytes against mebibytes per layer (printed above). Recomputing $QK^\top$
 # costs FLOPs, but FLOPs are what the GPU has in excess.
 # </details>
-#
+
+# %% [markdown]
 # **5. Why can a tile produce NaN, and what prevents it?**
 # <details><summary>Answer</summary>
 #
@@ -965,7 +1018,8 @@ print(f"saved for the backward, per GPT-2-medium layer: P {p_bytes / 2**30:.1f} 
 # maximum is $-\infty$, and a query that sees no key at all gets output 0 and log-sum-exp
 # $-\infty$.
 # </details>
-#
+
+# %% [markdown]
 # **6. Why does Algorithm 1 normalise $O$ after every key tile, and FlashAttention-2 only once?**
 # <details><summary>Answer</summary>
 #

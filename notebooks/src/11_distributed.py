@@ -25,22 +25,31 @@
 
 # %%
 import inspect
+import math
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
 import helpers
 
 from helpers.scale.data_parallel import TINY_GPT, Run, average_gradients, data_parallel, loss_of, make_batch, make_model, max_difference, train_bucketed, train_single
-from helpers.scale.workers import WorkerFailed, Workers, collectives_demo, fail_on_rank, ring_all_reduce_by_hand, ring_all_reduce_bytes, time_all_reduce
+from helpers.scale.workers import WorkerFailed, Workers, collectives_demo, fail_on_rank, ring_all_reduce_by_hand, ring_all_reduce_bytes
 from helpers.lab.exercises import check
 from helpers.model.gpt import GPTConfig, exact_parameters
-from helpers.scale.parallelism import communication_per_step, memory_per_rank, readable_bytes
+from helpers.scale.parallelism import (
+    bubble_fraction,
+    communication_per_step,
+    fit_latency_bandwidth,
+    memory_per_rank,
+    readable_bytes,
+    time_all_reduce_warm,
+)
 from helpers.scale.sharded import train_fsdp, train_zero_by_hand, train_zero_torch
 from helpers.scale.tensor_parallel import demo_block, dtensor_mlp, tensor_parallel_block
 from helpers.timing import format_duration
@@ -162,15 +171,39 @@ check("distributed.ring_bytes", ring_bytes)
 #
 # Two processes on one machine, so the "network" is shared memory and the times say more about
 # `gloo` than about a cluster, where GPUs of a node talk over NVLink and nodes over InfiniBand.
-# The bytes are exact; the times are this machine's.
+# The bytes are exact; the times are this machine's. The first collectives of a process group
+# also pay for setting up its connections, so `time_all_reduce_warm` runs the whole sweep of sizes
+# untimed first, then keeps the best of 7 calls per size.
+#
+# A link is described by two numbers: a **latency** `α` paid by every message, and a
+# **bandwidth** `β`, so that sending `n` bytes takes about `α + n / β`. Small messages measure
+# `α`, large ones `β`; the cell fits both to the measured times. Below a few hundred kB the time
+# is mostly latency, and on a busy machine two small sizes can swap places by the noise alone;
+# the fit uses all five sizes, and the figure after the cell shows how well the two numbers
+# describe them.
 
 # %%
-sizes = [1_000, 100_000, 10_000_000]  # float32 values
-times = workers.run(time_all_reduce, sizes)
+sizes = [1_000, 10_000, 100_000, 1_000_000, 10_000_000]  # float32 values
+times = workers.run(time_all_reduce_warm, sizes)
+slowest = {size: max(t[size] for t in times) for size in sizes}  # done when the last rank is
+sent = {size: ring_all_reduce_bytes(4 * size, 2) for size in sizes}
+latency, bandwidth = fit_latency_bandwidth([sent[s] for s in sizes], [slowest[s] for s in sizes])
 for size in sizes:
-    slowest = max(t[size] for t in times)  # the all-reduce is done when the last rank is
     print(f"{size:>10,} values = {readable_bytes(4 * size):>8}: each rank sends "
-          f"{readable_bytes(ring_all_reduce_bytes(4 * size, 2)):>8}, {format_duration(slowest)}")
+          f"{readable_bytes(sent[size]):>8}; measured: {format_duration(slowest[size])}, "
+          f"latency + bytes / bandwidth: {format_duration(latency + sent[size] / bandwidth)}")
+print(f"the fit: a message's latency {format_duration(latency)}; each MB sent {format_duration(1e6 / bandwidth)}")
+
+# %%
+figure, axis = plt.subplots(figsize=(8, 4.5), layout="constrained")
+xs = [sent[s] for s in sizes]
+axis.loglog(xs, [slowest[s] for s in sizes], "o", markersize=8, label="measured (best of 7)")
+grid = torch.logspace(math.log10(xs[0]), math.log10(xs[-1]), 50).tolist()
+axis.loglog(grid, [latency + x / bandwidth for x in grid], "-", label="latency + bytes / bandwidth")
+axis.set(title="One all-reduce between 2 processes (gloo, this machine)", xlabel="bytes each rank sends",
+         ylabel="seconds")
+axis.legend()
+plt.show()
 
 # %% [markdown]
 # ## 2. Data parallelism: the same model everywhere, a slice of the batch each
@@ -317,13 +350,21 @@ for model_name in ("mlp", "gpt"):
 # running averages `m` and `v`, which alone are twice the weights. ZeRO (Rajbhandari et al.,
 # 2020) removes the copies in stages. Stage 1 splits the optimizer state: each parameter gets an
 # **owner** rank, only the owner keeps its `m` and `v` and updates it, and then the owner
-# broadcasts the new values. Per rank, in float32 (4 bytes of weight, 4 of gradient, 8 of AdamW
-# state per parameter), for GPT-2 small over 8 ranks:
+# broadcasts the new values. Per rank, for GPT-2 small over 8 ranks, counted two ways: in float32
+# (4 bytes of weight, 4 of gradient, 8 of AdamW state per parameter), as this course trains, and
+# as the ZeRO paper counts mixed-precision training (2 bytes of 16-bit weight, 2 of gradient, and
+# 12 of optimizer state: a float32 master copy of the weights besides `m` and `v`). The state is
+# the larger share in mixed precision, so sharding it saves more:
 
 # %%
 gpt2 = GPTConfig.gpt2_small()
-for stage, n_bytes in memory_per_rank(exact_parameters(gpt2), world_size=8).items():
-    print(f"{stage:<28} {readable_bytes(n_bytes):>8} per rank")
+by_precision = {precision: memory_per_rank(exact_parameters(gpt2), world_size=8, precision=precision)
+                for precision in ("fp32", "mixed")}
+print(f"{'':28s} {'float32 (4+4+8)':>18s} {'mixed (2+2+12)':>18s}")
+for stage in by_precision["fp32"]:
+    cells = [f"{readable_bytes(m[stage]):>9} ({m['data parallel'] / m[stage]:.1f}x)" for m in by_precision.values()]
+    print(f"{stage:<28} " + " ".join(f"{c:>18s}" for c in cells))
+assert round(by_precision["mixed"]["data parallel"] / by_precision["mixed"]["ZeRO-1 (optimizer state)"], 1) == 2.9
 
 # %% [markdown]
 # `ShardedAdamW` in `helpers.scale.sharded` is notebook 7's `HandAdamW` with an owner per parameter
@@ -342,10 +383,25 @@ assert sum(r["state_bytes"] for r in results_zero) == results_zero[0]["full_stat
 print("sharded vs unsharded AdamW, same gradients, 4 steps: max |diff| < 1e-6")
 
 # %% [markdown]
-# The two ranks' shares add up to exactly the unsharded state, split about evenly. The price is
-# one broadcast of every parameter per step, the same bytes as the all-gather half of an
-# all-reduce. (Real implementations also reduce-scatter the gradients instead of all-reducing
-# them, since each rank needs only its own shard's: that is ZeRO-2.)
+# The two ranks' shares add up to exactly the unsharded state, split about evenly. The price of
+# this hand-written version is one broadcast of every parameter per step on top of the gradient
+# all-reduce: `3 (p - 1) / p` of the weights' bytes against plain data parallelism's
+# `2 (p - 1) / p`, 1.5 times as much. Real implementations avoid that: each rank needs only its
+# own shard's averaged gradient, so they **reduce-scatter** the gradients (`(p - 1) / p`) and
+# all-gather the updated weights (`(p - 1) / p`), which together send exactly the bytes of one
+# all-reduce, since an all-reduce *is* a reduce-scatter followed by an all-gather. ZeRO-1 and
+# ZeRO-2 (which also drops the gradients of the other shards) send the same bytes as DDP; only
+# ZeRO-3 sends more (section 5). The cell counts it for GPT-2 small's bf16 weights over 8 ranks:
+
+# %%
+p, weight_bytes = 8, 2 * exact_parameters(gpt2)
+ddp_sends = ring_all_reduce_bytes(weight_bytes, p)
+zero12_sends = 2 * (p - 1) / p * weight_bytes           # reduce-scatter + all-gather
+by_hand_sends = ddp_sends + (p - 1) / p * weight_bytes  # all-reduce + a broadcast from each owner
+for name, n in (("DDP (all-reduce)", ddp_sends), ("ZeRO-1/2 (reduce-scatter + all-gather)", zero12_sends),
+                ("this notebook's ShardedAdamW (all-reduce + broadcast)", by_hand_sends)):
+    print(f"{name:<54} {readable_bytes(n):>8} per rank per step ({n / ddp_sends:.1f}x DDP)")
+assert zero12_sends == ddp_sends and by_hand_sends == 1.5 * ddp_sends
 #
 # ### PyTorch's own: `ZeroRedundancyOptimizer` and FSDP's `fully_shard`
 #
@@ -493,8 +549,10 @@ for rank, result in enumerate(results):
 # The USF notes close their questions with "What are the aspects of Transformer
 # parallelization?". Inside one device: the batch, the heads and the positions are computed at
 # once (a Transformer, unlike an RNN, has no step that waits for the previous token during
-# training), and FlashAttention splits the queries into tiles (notebook 8). Across devices, there
-# are five splits. The table counts, from the formulas in `helpers.scale.parallelism`, the bytes each
+# training), and FlashAttention splits the queries into tiles (notebook 8). Across devices there
+# are five things to split: the batch, the weight matrices, the layers, the tokens and the
+# experts; the batch can be split with or without sharding the training state, so the table
+# has six rows. It counts, from the formulas in `helpers.scale.parallelism`, the bytes each
 # rank sends in one training step with 8 ranks in the split, 8 sequences of a full context per
 # rank and bf16 values (2 bytes). GPT-3's sizes: 96 layers, `d_model = 12288`, 2048 tokens.
 
@@ -529,7 +587,10 @@ print(f"\nsharded data / data: {sharded_bytes / data_bytes:.1f} x")
 #   compute; it lives inside a node, on the fastest links (section 4).
 # - **pipeline** parallelism sends only the activations at the boundaries between stages, the
 #   fewest bytes, but a stage idles while it waits for the previous one (the "bubble"), which
-#   micro-batches shrink. It suits the slow links between nodes.
+#   micro-batches shrink: with `p` stages and the batch cut into `m` micro-batches, a step lasts
+#   `m + p - 1` micro-batch slots (`p - 1` to fill the pipeline and `p - 1` to drain it), of which
+#   each stage works `m`, so the idle share is `(p - 1) / (m + p - 1)` (GPipe; the cell below
+#   computes it). It suits the slow links between nodes.
 # - **sequence / context** parallelism splits the tokens: MLPs and LayerNorms need nothing, but
 #   attention needs every earlier key and value, passed around a ring. Needed for long contexts.
 # - **expert** parallelism places the experts of a mixture-of-experts layer on different ranks
@@ -538,6 +599,20 @@ print(f"\nsharded data / data: {sharded_bytes / data_bytes:.1f} x")
 #
 # Large runs combine them ("3D parallelism"): tensor parallelism inside a node of 8 GPUs,
 # pipeline stages across nodes, data (or sharded data) parallelism over everything else.
+
+# %%
+micro_batches = [1, 2, 4, 8, 16, 32, 64]
+figure, axis = plt.subplots(figsize=(8, 4.5), layout="constrained")
+for stages in (2, 4, 8):
+    fractions = [bubble_fraction(stages, m) for m in micro_batches]
+    axis.plot(micro_batches, fractions, "o-", label=f"{stages} stages")
+    print(f"{stages} stages: idle share " + ", ".join(f"m={m}: {f:.0%}" for m, f in zip(micro_batches, fractions, strict=True)))
+axis.set(xscale="log", title="Pipeline bubble: (p - 1) / (m + p - 1)", xlabel="micro-batches m per step",
+         ylabel="share of the step a stage idles", xticks=micro_batches, xticklabels=micro_batches)
+axis.legend()
+plt.show()
+
+# %% [markdown]
 #
 # ## 6. Started by `torchrun`, on GPUs with `nccl`
 #
@@ -574,8 +649,8 @@ print("   ", done.stdout.strip().splitlines()[-1], "|", format_duration(time.per
 
 # %%
 for size in sizes:
-    slowest = max(t[size] for t in times)
-    print(f"all-reduce of {readable_bytes(4 * size):>8} on 2 processes: {format_duration(slowest)}")
+    print(f"all-reduce of {readable_bytes(4 * size):>8} on 2 processes: {format_duration(slowest[size])}")
+print(f"the fit: a message's latency {format_duration(latency)}; each MB sent {format_duration(1e6 / bandwidth)}")
 print(f"ZeRO-1, AdamW state per rank of the tiny GPT: {results_zero[0]['state_bytes']:,} and "
       f"{results_zero[1]['state_bytes']:,} bytes (unsharded {results_zero[0]['full_state_bytes']:,})")
 
@@ -610,7 +685,8 @@ print("processes still running:", len(workers.processes))
 # parallelism (the layers), sequence/context parallelism (the tokens) and expert parallelism (the
 # experts of an MoE layer). Section 5's table gives what each sends per step.
 # </details>
-#
+
+# %% [markdown]
 # **2. Why do 2 processes with half the batch each end with the same weights as 1 process?**
 #
 # <details><summary>Answer</summary>
@@ -620,7 +696,8 @@ print("processes still running:", len(workers.processes))
 # equal to the whole batch's, and the same optimizer step then keeps them equal, step after
 # step. Only round-off differs (the sums are added in another order): below `1e-6` here.
 # </details>
-#
+
+# %% [markdown]
 # **3. Does a ring all-reduce get slower per rank with more ranks?**
 #
 # <details><summary>Answer</summary>
@@ -629,17 +706,21 @@ print("processes still running:", len(workers.processes))
 # cell below prints `p = 2, 8, 1024` for GPT-2 small's bf16 gradient). Latency does grow with
 # the `2 (p - 1)` steps, which is why large clusters use trees or hierarchical rings.
 # </details>
-#
+
+# %% [markdown]
 # **4. What does ZeRO-1 save, and what does it cost?**
 #
 # <details><summary>Answer</summary>
 #
-# The AdamW state (8 of the 16 bytes per parameter in float32) is divided by `p`: GPT-2 small on
-# 8 ranks goes from about 1.99 GB to 1.12 GB per rank (section 3, and the cell below). The cost
-# is a broadcast (or all-gather) of the updated weights per step, and each rank must know who
-# owns what.
+# The AdamW state is divided by `p`. In float32 it is 8 of the 16 bytes per parameter: GPT-2 small
+# on 8 ranks goes from about 1.99 GB to 1.12 GB per rank, 1.8x less. In the ZeRO paper's mixed
+# precision it is 12 of 16 (master weights, `m`, `v`), and the saving is 2.9x (section 3, and the
+# cell below). The cost in bytes is nothing beyond DDP's if the gradients are reduce-scattered
+# and the new weights all-gathered (1.5x DDP for this notebook's all-reduce + broadcast), and
+# each rank must know who owns what.
 # </details>
-#
+
+# %% [markdown]
 # **5. Why does a tensor-parallel MLP need only one all-reduce in its forward pass?**
 #
 # <details><summary>Answer</summary>
@@ -657,4 +738,6 @@ for p in (2, 8, 1024):
           f"of a {readable_bytes(gradient_bytes)} gradient")
 memory = memory_per_rank(exact_parameters(gpt2), world_size=8)
 print(f"GPT-2 small, 8 ranks: data parallel {readable_bytes(memory['data parallel'])}, "
-      f"ZeRO-1 {readable_bytes(memory['ZeRO-1 (optimizer state)'])} per rank")
+      f"ZeRO-1 {readable_bytes(memory['ZeRO-1 (optimizer state)'])} per rank "
+      f"({memory['data parallel'] / memory['ZeRO-1 (optimizer state)']:.1f}x); mixed precision: "
+      f"{by_precision['mixed']['data parallel'] / by_precision['mixed']['ZeRO-1 (optimizer state)']:.1f}x")

@@ -40,18 +40,23 @@ class Exercise:
     name: str
     checker: Callable[[Any], str | None]
     hint: str
+    task: str = ""
 
 
 _REGISTRY: dict[str, Exercise] = {}
 
 
-def exercise(hint: str) -> Callable[[Callable[[Any], str | None]], Callable[[Any], str | None]]:
-    """Register the decorated checker as `<module>.<function name>` with a hint for failures."""
+def exercise(hint: str, task: str = "") -> Callable[[Callable[[Any], str | None]], Callable[[Any], str | None]]:
+    """Register the decorated checker as `<module>.<function name>` with a hint for failures.
+
+    task: what the student writes and what the check tests, shown while the exercise is not
+    attempted yet. It must not give the recipe (that is the hint's job, shown after a wrong try).
+    """
 
     def register(checker: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
         module = checker.__module__.rsplit(".", 1)[-1]
         name = f"{module}.{checker.__name__}"
-        _REGISTRY[name] = Exercise(name=name, checker=checker, hint=hint)
+        _REGISTRY[name] = Exercise(name=name, checker=checker, hint=hint, task=task)
         return checker
 
     return register
@@ -152,8 +157,9 @@ def evaluate(name: str, answer: Any, time_limit: float | None = None) -> tuple[b
                        "check stopped it. Look for a loop that never ends (a `while` whose "
                        f"condition never changes).\n   Hint: {ex.hint}")
     except NotImplementedError:
+        said = f"\n   {ex.task}" if ex.task else f"\n   Hint: {ex.hint}"
         return False, (f"⏳ {name}: not attempted yet. Replace `raise NotImplementedError` with "
-                       f"your code.\n   Hint: {ex.hint}")
+                       f"your code.{said}")
     except ExerciseFailed as failure:
         return False, f"❌ {name}: {failure}\n   Hint: {ex.hint}"
     except Exception as error:  # the student's code crashed: say where, without a traceback

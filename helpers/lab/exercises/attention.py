@@ -17,7 +17,9 @@ def _random(*shape: int, seed: int) -> Tensor:
 
 
 @exercise(hint="subtract the largest logit of each row before exp, then divide by the row's sum; "
-               "use dim=-1 and keepdim=True so the shapes broadcast.")
+               "use dim=-1 and keepdim=True so the shapes broadcast.",
+          task="Write a softmax over the last dimension. The check tries one row, a (3, 5) batch and "
+               "logits of size 1000.")
 def stable_softmax(student: Callable[[Tensor], Tensor]) -> str:
     """The student's softmax(x) over the last dim must match ours, also for huge logits."""
     row = torch.tensor([2.0, 1.0, 0.1], dtype=torch.float64)
@@ -40,7 +42,9 @@ def stable_softmax(student: Callable[[Tensor], Tensor]) -> str:
     return "It survives logits of 1000, where exp alone overflows."
 
 
-@exercise(hint="torch.diag(a) puts a on the diagonal; torch.outer(a, a) is a a^T.")
+@exercise(hint="torch.diag(a) puts a on the diagonal; torch.outer(a, a) is a a^T.",
+          task="Write the Jacobian (n, n) of softmax at the probabilities a (n,). The check compares "
+               "at two points.")
 def softmax_jacobian(student: Callable[[Tensor], Tensor]) -> str:
     """The student's Jacobian of softmax at probabilities a (n,) must equal diag(a) - a a^T."""
     for logits in ([2.5, 0.0, -2.5], [0.3, -1.2, 0.7, 2.0]):
@@ -49,12 +53,17 @@ def softmax_jacobian(student: Callable[[Tensor], Tensor]) -> str:
         expected = reference.softmax_jacobian(a)
         if isinstance(got, Tensor) and got.shape == expected.shape and torch.allclose(got, torch.diag(a)):
             raise ExerciseFailed("you returned only diag(a): subtract the outer product a a^T too.")
+        if isinstance(got, Tensor) and got.shape == expected.shape and torch.allclose(got, -expected):
+            raise ExerciseFailed("every sign is flipped: the Jacobian is diag(a) - a a^T, positive "
+                                 "on the diagonal (raising a logit raises its own probability).")
         expect_close(got, expected, f"the Jacobian at softmax({logits})", atol=1e-9)
     return "Each row of it sums to 0: adding a constant to every logit changes nothing."
 
 
 @exercise(hint="scores = q @ k.transpose(-2, -1) / math.sqrt(d_k); weights = softmax over the last "
-               "dim (the keys); output = weights @ v. Return (output, weights).")
+               "dim (the keys); output = weights @ v. Return (output, weights).",
+          task="Write attention(q, k, v) returning (output, weights). The check tries "
+               "self-attention, cross-attention and a batch of heads.")
 def scaled_attention(student: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> str:
     """The student's attention(q, k, v) -> (output, weights) on self- and cross-attention shapes."""
     cases = {

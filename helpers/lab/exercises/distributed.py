@@ -4,6 +4,7 @@ all-reduce of data parallelism, and an MLP's weights split for tensor parallelis
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 
 import torch
@@ -16,7 +17,9 @@ from helpers.scale.workers import ring_all_reduce_bytes
 
 
 @exercise(hint="Reduce-scatter and all-gather each take p - 1 steps; in each step a rank sends one "
-               "p-th of the tensor. Total: 2 (p - 1) / p x n_bytes.")
+               "p-th of the tensor. Total: 2 (p - 1) / p x n_bytes.",
+          task="Write ring_bytes(n_bytes, world_size): the bytes one rank sends in a ring "
+               "all-reduce of n_bytes. The check tries 1 to 8 ranks, one rank included.")
 def ring_bytes(student: Callable[[float, int], float]) -> str:
     for n_bytes, world_size in ((1000.0, 2), (497_758_208.0, 8), (12.0, 3), (5e9, 1)):
         got = student(n_bytes, world_size)
@@ -25,6 +28,9 @@ def ring_bytes(student: Callable[[float, int], float]) -> str:
             if isinstance(got, int | float) and math.isclose(float(got), expected / 2, rel_tol=1e-9):
                 raise ExerciseFailed(f"ring_bytes({n_bytes:g}, {world_size}) gave {got}, half the answer: "
                                      "you counted the reduce-scatter; the all-gather sends as much again.")
+            if isinstance(got, int | float) and world_size > 1 and math.isclose(float(got), 2 * n_bytes):
+                raise ExerciseFailed(f"ring_bytes({n_bytes:g}, {world_size}) gave 2 x n_bytes: in each "
+                                     "phase a rank sends p - 1 pieces of n_bytes / p, not the whole tensor.")
             raise ExerciseFailed(f"ring_bytes({n_bytes:g}, {world_size}) gave {got!r}, expected {expected:g}.")
     return "Right: almost 2 x the gradient's bytes per rank, however many ranks share the work."
 
@@ -43,52 +49,135 @@ def _two_replicas() -> tuple[GPT, GPT, GPT]:
     return models[0], models[1], models[2]
 
 
-@exercise(hint="for p in model.parameters(): all_reduce(p.grad), then p.grad /= world_size. "
-               "parameters() lists a tied matrix once: reduce each tensor exactly once.")
+class _Ring:
+    """Two ranks in two threads and an in-place sum between them, as `dist.all_reduce` does: each
+    rank blocks in all_reduce until the other rank has called it too."""
+
+    def __init__(self, models: tuple[nn.Module, nn.Module]) -> None:
+        self.grads = [{id(p.grad): name for name, p in m.named_parameters()} for m in models]
+        self.barrier = threading.Barrier(2, timeout=5.0)
+        self.slots: list[Tensor | None] = [None, None]
+        self.calls: list[list[str]] = [[], []]
+
+    def all_reduce(self, rank: int) -> Callable[[Tensor], None]:
+        def all_reduce(tensor: Tensor) -> None:
+            if not isinstance(tensor, Tensor) or id(tensor) not in self.grads[rank]:
+                raise ExerciseFailed("all_reduce was called on something that is not a parameter's "
+                                     ".grad (all-reduce p.grad, not p).")
+            self.calls[rank].append(self.grads[rank][id(tensor)])
+            self.slots[rank] = tensor.detach().clone()
+            try:
+                self.barrier.wait()  # both ranks have put in their tensor
+                total = self.slots[0] + self.slots[1]
+                self.barrier.wait()  # both have read: the slots may be reused
+            except threading.BrokenBarrierError:
+                raise ExerciseFailed("the two ranks called all_reduce a different number of times: "
+                                     "every rank must reduce the same tensors in the same order.") from None
+            tensor.copy_(total)
+        return all_reduce
+
+
+def _run_ranks(student: Callable, models: tuple[nn.Module, nn.Module], ring: _Ring) -> None:
+    """student(model_r, all_reduce_r, 2) on both ranks at once; re-raises the first error."""
+    errors: list[BaseException] = []
+
+    def rank_main(rank: int) -> None:
+        try:
+            student(models[rank], ring.all_reduce(rank), 2)
+        except BaseException as error:  # noqa: BLE001 - handed to the checking thread
+            errors.append(error)
+            ring.barrier.abort()
+
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20.0)
+    real = [e for e in errors if not isinstance(e, ExerciseFailed)] or errors
+    if real:
+        raise real[0]
+
+
+@exercise(hint="Every rank calls all_reduce(p.grad) once for each p in model.parameters() (which "
+               "lists a tied matrix once) and divides by world_size, before or after the sum.",
+          task="Write average_gradients(model, all_reduce, world_size): afterwards every rank's "
+               "p.grad must be the mean over the ranks. The check runs two ranks at once on a "
+               "tiny GPT with a tied embedding and compares with the whole batch's gradient.")
 def average_gradients(student: Callable[[nn.Module, Callable[[Tensor], None], int], None]) -> str:
     rank0, rank1, whole = _two_replicas()
-    partner = {id(p.grad): q.grad for p, q in zip(rank0.parameters(), rank1.parameters(), strict=True)}
-    calls: list[int] = []
-
-    def all_reduce(tensor: Tensor) -> None:
-        """In-place sum with the other rank's copy of the same gradient (as dist.all_reduce does)."""
-        if id(tensor) not in partner:
-            raise ExerciseFailed("all_reduce was called on a tensor that is not a parameter's .grad.")
-        calls.append(id(tensor))
-        tensor += partner[id(tensor)]
-
-    student(rank0, all_reduce, 2)
-    if len(calls) != len(set(calls)):
-        raise ExerciseFailed("some gradient was all-reduced twice (a tied matrix listed twice?): "
-                             "use model.parameters(), which lists each tensor once.")
+    ring = _Ring((rank0, rank1))
+    _run_ranks(student, (rank0, rank1), ring)
+    for rank in (0, 1):
+        calls = ring.calls[rank]
+        twice = sorted({name for name in calls if calls.count(name) > 1})
+        if twice:
+            raise ExerciseFailed(f"{twice[0]}'s gradient was all-reduced {calls.count(twice[0])} times "
+                                 "(a tied matrix reached twice?): reduce each tensor of "
+                                 "model.parameters() exactly once.")
     for (name, p), q in zip(rank0.named_parameters(), whole.parameters(), strict=True):
-        if id(p.grad) not in calls:
+        if name not in ring.calls[0]:
             raise ExerciseFailed(f"the gradient of {name} was never all-reduced.")
-        if not torch.allclose(p.grad, q.grad, atol=1e-6) and torch.allclose(p.grad, 2 * q.grad, atol=1e-6):
-            raise ExerciseFailed(f"{name}.grad is the sum over the ranks: divide by world_size for the mean.")
+        if not torch.allclose(p.grad, q.grad, atol=1e-6):
+            if torch.allclose(p.grad, 2 * q.grad, atol=1e-6):
+                raise ExerciseFailed(f"{name}.grad is the sum over the ranks: divide by world_size "
+                                     "for the mean.")
+            if torch.allclose(p.grad, q.grad / 2, atol=1e-6):
+                raise ExerciseFailed(f"{name}.grad is divided by world_size twice (before and "
+                                     "after the sum): once is the mean.")
         expect_close(p.grad, q.grad, f"{name}.grad after averaging")
     return "Every rank now holds the whole batch's gradient: the same step everywhere."
 
 
-@exercise(hint="Rank r takes hidden units r k ... (r + 1) k with k = hidden / world_size: those rows "
-               "of up_weight and of up_bias, and those columns of down_weight.")
+def _hidden_units(got: Tensor, full: Tensor, what: str) -> list[int]:
+    """Which rows of `full` (hidden, D) the rows of `got` are; fails if some row is none of them."""
+    distance = torch.cdist(got.double(), full.double())  # (k, hidden)
+    best = distance.min(dim=1)
+    if (best.values > 1e-6).any():
+        raise ExerciseFailed(f"{what} holds a row that is no row of up_weight: each rank keeps whole "
+                             "hidden units, their rows of up_weight as they are.")
+    return best.indices.tolist()
+
+
+@exercise(hint="Rank r takes k = hidden / world_size hidden units: those rows of up_weight and "
+               "entries of up_bias, and the same units' columns of down_weight (any split of the "
+               "units works, if all three use the same units).",
+          task="Write split_mlp(up_weight, up_bias, down_weight, rank, world_size) returning the "
+               "rank's (up_weight, up_bias, down_weight). The check adds the ranks' partial "
+               "outputs for 2 and 3 ranks and compares with the whole MLP.")
 def split_mlp(student: Callable[[Tensor, Tensor, Tensor, int, int], tuple[Tensor, Tensor, Tensor]]) -> str:
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(6, 12), nn.GELU(), nn.Linear(12, 6))
+    up, bias, down = mlp[0].weight.detach(), mlp[0].bias.detach(), mlp[2].weight.detach()
     x = torch.randn(3, 6)
     for world_size in (2, 3):
-        total = torch.zeros(3, 6)
+        total, seen, k = torch.zeros(3, 6), [], 12 // world_size
         for rank in range(world_size):
-            got = student(mlp[0].weight.detach(), mlp[0].bias.detach(), mlp[2].weight.detach(), rank, world_size)
-            if not isinstance(got, tuple | list) or len(got) != 3:
+            got = student(up.clone(), bias.clone(), down.clone(), rank, world_size)
+            if not isinstance(got, tuple | list) or len(got) != 3 \
+                    or not all(isinstance(t, Tensor) for t in got):
                 raise ExerciseFailed("split_mlp should return three tensors (up_weight, up_bias, down_weight).")
             up_w, up_b, down_w = got
-            k = 12 // world_size
-            expect_close(up_w, mlp[0].weight.detach()[rank * k:(rank + 1) * k], f"rank {rank}'s up_weight of {world_size}")
-            expect_close(up_b, mlp[0].bias.detach()[rank * k:(rank + 1) * k], f"rank {rank}'s up_bias of {world_size}")
-            expect_close(down_w, mlp[2].weight.detach()[:, rank * k:(rank + 1) * k],
-                         f"rank {rank}'s down_weight of {world_size}")
+            where = f"rank {rank} of {world_size}"
+            if tuple(up_w.shape) != (k, 6) or tuple(up_b.shape) != (k,):
+                raise ExerciseFailed(f"{where}: up_weight has shape {tuple(up_w.shape)} and up_bias "
+                                     f"{tuple(up_b.shape)}, expected ({k}, 6) and ({k},): "
+                                     f"{k} of the 12 hidden units each.")
+            if down_w.dim() == 2 and down_w.shape[1] == 12 and down_w.shape[0] < 6:
+                raise ExerciseFailed(f"{where}: down_weight has shape {tuple(down_w.shape)}: you split "
+                                     "its rows (the outputs). Split its columns, the hidden units.")
+            if tuple(down_w.shape) != (6, k):
+                raise ExerciseFailed(f"{where}: down_weight has shape {tuple(down_w.shape)}, expected (6, {k}).")
+            units = _hidden_units(up_w, up, f"{where}'s up_weight")
+            expect_close(up_b, bias[units], f"{where}'s up_bias (the entries of its hidden units)")
+            if not torch.allclose(down_w, down[:, units], atol=1e-6):
+                raise ExerciseFailed(f"{where}: down_weight's columns are not the hidden units of its "
+                                     f"up_weight rows ({units}): up and down must use the same units.")
+            seen += units
             total += F.gelu(x @ up_w.T + up_b) @ down_w.T
+        if sorted(seen) != list(range(12)):
+            twice = sorted({u for u in seen if seen.count(u) > 1})
+            raise ExerciseFailed(f"with {world_size} ranks, hidden units {twice} go to more than one "
+                                 "rank (and others to none): the ranks must share the units out.")
         with torch.no_grad():
             expect_close(total + mlp[2].bias.detach(), mlp(x), f"the sum of the {world_size} ranks' outputs")
     return "The ranks' partial outputs add up to the MLP's output: one all-reduce per MLP."

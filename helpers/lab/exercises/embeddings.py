@@ -40,7 +40,10 @@ def _random(*shape: int, seed: int) -> Tensor:
 
 
 @exercise(hint="one_hot(token_ids, weight.shape[0]) has shape (..., vocab_size); multiply it "
-               "with weight (vocab_size, d) using @.")
+               "with weight (vocab_size, d) using @.",
+          task="Write lookup_by_product(token_ids, weight) returning weight's rows for the ids, with "
+               "a matrix product only. The check refuses indexing and tries a repeated id and a "
+               "batch.")
 def lookup_by_product(student: Callable[[Tensor, Tensor], Tensor]) -> str:
     """student(token_ids (...,), weight (V, d)) -> (..., d) must equal weight[token_ids], by a product."""
     cases = {
@@ -50,7 +53,15 @@ def lookup_by_product(student: Callable[[Tensor, Tensor], Tensor]) -> str:
     }
     for seed, (what, (token_ids, weight_shape)) in enumerate(cases.items()):
         weight = _random(*weight_shape, seed=seed)
-        got = student(token_ids, weight.as_subclass(_RowsUnreadable))
+        try:
+            got = student(token_ids, weight.as_subclass(_RowsUnreadable))
+        except RuntimeError as error:
+            if "dtype" in str(error) or "Long" in str(error) or "shapes cannot be multiplied" in str(error):
+                raise ExerciseFailed(f"for {what} the product failed ({str(error).splitlines()[0]}): "
+                                     "the one-hot matrix needs as many columns as the table has rows "
+                                     "(num_classes=weight.shape[0]) and the weight's dtype "
+                                     "(.to(weight.dtype)).") from None
+            raise
         if isinstance(got, Tensor):
             got = got.as_subclass(Tensor)
         expect_close(got, weight[token_ids], f"the result for {what}", atol=1e-6)
@@ -58,7 +69,9 @@ def lookup_by_product(student: Callable[[Tensor, Tensor], Tensor]) -> str:
 
 
 @exercise(hint="divide every dot product by the two lengths: cos = q.w / (|q| |w|); "
-               "torch.topk(..., k).indices gives the k largest, largest first.")
+               "torch.topk(..., k).indices gives the k largest, largest first.",
+          task="Write most_similar(query, table, k) returning the indices of the k rows most similar "
+               "to query, most similar first. The check includes a long row that points elsewhere.")
 def most_similar(student: Callable[[Tensor, Tensor, int], Tensor]) -> str:
     """student(query (d,), table (V, d), k) -> indices (k,) of the rows most similar by cosine."""
     # Row 0 points almost the same way as the query but is short; row 2 is long but aslant:
@@ -126,7 +139,9 @@ def _diagnose_sinusoids(got: Tensor, n_positions: int, d_model: int, base: float
 
 @exercise(hint="angle = pos / base ** (2 * i / d_model) for pair i = 0 .. d_model/2 - 1; "
                "column 2i gets sin(angle), column 2i+1 gets cos(angle). Slices table[:, 0::2] "
-               "and table[:, 1::2] pick the even and the odd columns.")
+               "and table[:, 1::2] pick the even and the odd columns.",
+          task="Write sinusoidal_table(n_positions, d_model, base) returning the (n_positions, "
+               "d_model) table of notebook 2's formula. The check compares three sizes and bases.")
 def sinusoidal_table(student: Callable[..., Tensor]) -> str:
     """student(n_positions, d_model, base) -> (n_positions, d_model), the sinusoidal table."""
     for n_positions, d_model, base in ((4, 4, 10000.0), (4, 4, 100.0), (50, 16, 10000.0)):

@@ -24,7 +24,9 @@ def _pair(result: object, what: str, names: str) -> tuple:
 
 @exercise(hint="the merged max is torch.maximum(max_a, max_b); move each sum to it by multiplying "
                "with exp(old max - merged max), then add. A max of -inf means 'no key yet': "
-               "helpers.flash.tiled.exp_shifted(x, shift) computes exp(x - shift) safely for that case.")
+               "helpers.flash.tiled.exp_shifted(x, shift) computes exp(x - shift) safely for that case.",
+          task="Write merge(max_a, sum_a, max_b, sum_b) returning the (max, sum) of both halves "
+               "together. The check includes huge scores and fully masked halves.")
 def merge_softmax_states(student: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> str:
     """student(max_a, sum_a, max_b, sum_b) -> (max, sum) must equal one pass over both halves."""
     gen = torch.Generator().manual_seed(8)
@@ -82,7 +84,10 @@ def _run_with_step(student: StepFunction, q: Tensor, k: Tensor, v: Tensor, mask:
 @exercise(hint="new_max = max(row_max, scores.amax(-1)); correction = exp(row_max - new_max); "
                "probs = exp(scores - new_max[:, None]); then row_sum and acc are both multiplied "
                "by the correction before this tile's probs.sum(-1) and probs @ v_tile are added. "
-               "helpers.flash.tiled.exp_shifted avoids NaN where new_max is -inf.")
+               "helpers.flash.tiled.exp_shifted avoids NaN where new_max is -inf.",
+          task="Write the tile step (row_max, row_sum, acc, scores, v_tile) -> new (row_max, "
+               "row_sum, acc). The check runs a whole causal head with it, a ragged tile and a fully "
+               "masked row included.")
 def tile_step(student: StepFunction) -> str:
     """student(row_max, row_sum, acc, scores, v_tile) -> new (row_max, row_sum, acc), used for
     every tile of a 10-query, 10-key head (tiles of 4: the last one is ragged, one row is masked)."""

@@ -16,7 +16,9 @@ def _inputs(seed: int, *shape: int) -> torch.Tensor:
 
 
 @exercise(hint="mean = x.mean(-1, keepdim=True); variance = ((x - mean) ** 2).mean(-1, keepdim=True) "
-               "(divide by D, not D - 1); then (x - mean) / sqrt(variance + eps) * weight + bias.")
+               "(divide by D, not D - 1); then (x - mean) / sqrt(variance + eps) * weight + bias.",
+          task="Write layer_norm(x, weight, bias, eps) for x (..., D). The check compares with "
+               "torch's on random tokens and on a constant token.")
 def layer_norm(student: Callable[..., torch.Tensor]) -> str:
     x = _inputs(0, 3, 5, 8) * 4 + 2
     weight, bias = _inputs(1, 8), _inputs(2, 8)
@@ -33,6 +35,15 @@ def layer_norm(student: Callable[..., torch.Tensor]) -> str:
             raise ExerciseFailed("the standardised values are right, but weight (gamma) and bias (beta) "
                                  "are not applied.")
     expect_close(got, expected, "layer_norm(x, weight, bias, eps)", atol=1e-5)
+    tiny = x * 1e-4  # variance ~1e-7: eps = 1e-5 decides the result
+    got = student(tiny, weight, bias, eps)
+    if isinstance(got, torch.Tensor) and got.shape == tiny.shape:
+        centred = tiny - tiny.mean(-1, keepdim=True)
+        outside = centred / (centred.pow(2).mean(-1, keepdim=True).sqrt() + eps) * weight + bias
+        if torch.allclose(got, outside, atol=1e-5):
+            raise ExerciseFailed("eps is added outside the square root: sqrt(variance) + eps. "
+                                 "LayerNorm uses sqrt(variance + eps).")
+    expect_close(got, F.layer_norm(tiny, (8,), weight, bias, eps), "layer_norm of tiny tokens", atol=1e-4)
     constant = torch.full((2, 8), 3.0)
     flat = student(constant, torch.ones(8), torch.zeros(8), eps)
     if not torch.isfinite(flat).all():
@@ -43,7 +54,9 @@ def layer_norm(student: Callable[..., torch.Tensor]) -> str:
 
 
 @exercise(hint="Two projections of x: gate = x @ w_gate and up = x @ w_up, both (..., hidden). "
-               "Multiply silu(gate) by up elementwise, then project back with w_down.")
+               "Multiply silu(gate) by up elementwise, then project back with w_down.",
+          task="Write swiglu(x, w_gate, w_up, w_down) for x (..., D). The check compares with the "
+               "course's SwiGLU on a batch.")
 def swiglu(student: Callable[..., torch.Tensor]) -> str:
     d_model, hidden = 6, 16
     x = _inputs(3, 2, 4, d_model)
@@ -55,12 +68,18 @@ def swiglu(student: Callable[..., torch.Tensor]) -> str:
         if torch.allclose(got, swapped, atol=1e-4):
             raise ExerciseFailed("silu is applied to the wrong projection: it goes on x @ w_gate, "
                                  "and x @ w_up stays linear.")
+        for name, act in (("sigmoid", torch.sigmoid), ("gelu", F.gelu), ("relu", F.relu)):
+            if torch.allclose(got, (act(x @ w_gate) * (x @ w_up)) @ w_down, atol=1e-4):
+                raise ExerciseFailed(f"the gate goes through {name}: SwiGLU's is silu(z) = z * "
+                                     "sigmoid(z) (sigmoid alone is the original GLU).")
     expect_close(got, expected, "swiglu(x, w_gate, w_up, w_down)", atol=1e-4)
     return "That is the feed-forward network of Llama and most models since 2023."
 
 
 @exercise(hint="Subtract the mean token, x.mean(dim=-2, keepdim=True), then divide the Frobenius "
-               "norm of what is left, torch.linalg.matrix_norm(...), by that of x.")
+               "norm of what is left, torch.linalg.matrix_norm(...), by that of x.",
+          task="Write distance_from_rank_one(x) for x (..., N, D): one number per set of N tokens. "
+               "The check tries a batch, identical tokens and a rescaled x.")
 def distance_from_rank_one(student: Callable[[torch.Tensor], torch.Tensor]) -> str:
     x = _inputs(7, 3, 5, 4)
     got = student(x)
@@ -69,8 +88,12 @@ def distance_from_rank_one(student: Callable[[torch.Tensor], torch.Tensor]) -> s
         raise ExerciseFailed(f"x has shape (3, 5, 4): three sets of 5 tokens, so the answer has shape "
                              f"(3,), one distance per set, but yours has shape {tuple(got.shape)}. "
                              "Reduce over the last two dimensions only.")
-    expect_close(got, expected, "distance_from_rank_one(x)", atol=1e-5)
     same_token = _inputs(8, 1, 4).expand(5, 4)
+    alone = student(same_token)
+    if isinstance(alone, torch.Tensor) and alone.numel() == 1 and abs(float(alone) - 1.0) < 1e-5:
+        raise ExerciseFailed("5 copies of one token give a distance of 1, not 0: subtract the mean "
+                             "token first; what is left is the part that is not rank one.")
+    expect_close(got, expected, "distance_from_rank_one(x)", atol=1e-5)
     expect_close(student(same_token), torch.tensor(0.0), "the distance for 5 copies of one token", atol=1e-5)
     expect_close(student(10 * x), expected, "the distance for 10 * x (it should not change)", atol=1e-5)
     return "0 for identical tokens, and blind to the overall scale."

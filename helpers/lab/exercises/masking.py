@@ -28,7 +28,9 @@ def _expect_bool(got: object, expected: Tensor, what: str) -> None:
 
 
 @exercise(hint="build torch.tril(torch.ones(n, n, dtype=torch.bool)), then "
-               "scores.masked_fill(~allowed, float('-inf')), then softmax over dim=-1.")
+               "scores.masked_fill(~allowed, float('-inf')), then softmax over dim=-1.",
+          task="Write causal_softmax(scores) for an (n, n) score matrix: softmax weights with none "
+               "on a later key. The check compares with the course's on a (5, 5) matrix.")
 def causal_softmax(student: Callable[[Tensor], Tensor]) -> str:
     """The student's causal_softmax(scores (n, n)) -> weights, with no weight on any future key."""
     scores = torch.randn(5, 5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
@@ -49,17 +51,29 @@ def causal_softmax(student: Callable[[Tensor], Tensor]) -> str:
     return "No query can peek at the future."
 
 
-@exercise(hint="torch.arange(n) gives the key positions; compare them with lengths[:, None].")
+@exercise(hint="torch.arange(n) gives the key positions; compare them with lengths[:, None].",
+          task="Write padding_mask(lengths, n) returning a boolean (B, n) mask, True on real tokens. "
+               "The check tries lengths [3, 5, 1] with n = 5.")
 def padding_mask(student: Callable[[Tensor, int], Tensor]) -> str:
     """The student's padding_mask(lengths (B,), n) -> bool (B, n), True on real tokens."""
     lengths = torch.tensor([3, 5, 1])
     expected = reference.padding_mask(lengths, 5)[:, 0, 0, :]
-    _expect_bool(student(lengths, 5), expected, "padding_mask(tensor([3, 5, 1]), 5)")
+    got = student(lengths, 5)
+    if isinstance(got, Tensor) and got.shape == expected.shape and got.dtype == torch.bool:
+        if torch.equal(got, torch.arange(5)[None, :] <= lengths[:, None]):
+            raise ExerciseFailed("one real token too many: a sequence of length L has tokens at "
+                                 "positions 0 ... L - 1, so position L is already padding (use <).")
+        if torch.equal(got, ~expected):
+            raise ExerciseFailed("the mask is inverted: True must mark the real tokens (may attend), "
+                                 "False the padding.")
+    _expect_bool(got, expected, "padding_mask(tensor([3, 5, 1]), 5)")
     return "Padding is now invisible to every query."
 
 
 @exercise(hint="offset = i - j for query i and key j (torch.arange(n)[:, None] - torch.arange(n)); "
-               "allowed where 0 <= offset <= window.")
+               "allowed where 0 <= offset <= window.",
+          task="Write local_mask(n, window) returning a boolean (n, n) causal sliding-window mask. "
+               "The check tries windows 2, 0 and one wider than n.")
 def local_mask(student: Callable[[int, int], Tensor]) -> str:
     """The student's causal sliding-window mask local_mask(n, window) -> bool (n, n)."""
     for n, window in ((6, 2), (5, 0), (4, 10)):
@@ -70,5 +84,10 @@ def local_mask(student: Callable[[int, int], Tensor]) -> str:
             if torch.equal(got, two_sided) and not torch.equal(expected, two_sided):
                 raise ExerciseFailed(f"local_mask({n}, {window}) lets a query see later keys: keep only "
                                      "keys at or before the query (offset >= 0).")
+            short = reference.local_mask(n, max(window - 1, 0), causal=True)
+            if window > 0 and torch.equal(got, short) and not torch.equal(expected, short):
+                raise ExerciseFailed(f"local_mask({n}, {window}) lets each query see only {window} keys: "
+                                     f"the window counts the keys before the query, so offsets 0 ... "
+                                     f"{window} are allowed ({window + 1} keys).")
         _expect_bool(got, expected, f"local_mask({n}, {window})")
     return "Each query now sees at most window + 1 keys, so the cost grows as n * window, not n^2."

@@ -12,7 +12,9 @@ from helpers.model import modern
 
 
 @exercise(hint="A pair (a, b) turned by the angle m * theta is (a cos - b sin, a sin + b cos), "
-               "with angle = position * theta.")
+               "with angle = position * theta.",
+          task="Write rotate_pair(a, b, position, theta) returning the pair turned "
+               "counter-clockwise by position * theta. The check tries four pairs, position 0 included.")
 def rotate_pair(student: Callable[[float, float, int, float], tuple[float, float]]) -> str:
     cases = [(1.0, 0.0, 1, 0.5), (0.3, -1.2, 7, 0.1), (2.0, 1.0, 0, 1.0), (-0.5, 0.8, 13, 0.01)]
     for a, b, position, theta in cases:
@@ -26,13 +28,20 @@ def rotate_pair(student: Callable[[float, float, int, float], tuple[float, float
         backwards = (a * math.cos(angle) + b * math.sin(angle), -a * math.sin(angle) + b * math.cos(angle))
         if all(math.isclose(float(g), e, abs_tol=1e-6) for g, e in zip(got, backwards, strict=True)):
             raise ExerciseFailed("you turn the pair clockwise: the sign of the sin terms is swapped.")
+        once = (a * math.cos(theta) - b * math.sin(theta), a * math.sin(theta) + b * math.cos(theta))
+        if position != 1 and all(math.isclose(float(g), e, abs_tol=1e-6) for g, e in zip(got, once, strict=True)):
+            raise ExerciseFailed(f"rotate_pair(..., position={position}, theta={theta}) turned by theta "
+                                 "alone: the angle is position * theta.")
         raise ExerciseFailed(f"rotate_pair({a}, {b}, position={position}, theta={theta}) gave {got}, "
                              f"expected ({expected[0]:.4f}, {expected[1]:.4f}).")
     return "That is RoPE for one pair; the model does it for D_H / 2 pairs at once."
 
 
 @exercise(hint="distance = (i - j) for query i and key j, i.e. positions[:, None] - positions[None, :], "
-               "clamped at 0 above the diagonal; then bias = -slopes[:, None, None] * distance.")
+               "clamped at 0 above the diagonal; then bias = -slopes[:, None, None] * distance.",
+          task="Write alibi_bias(slopes, n_tokens) returning the (n_heads, N, N) buffer: "
+               "-slope_h * (i - j) for query i and key j <= i, 0 above the diagonal. The check "
+               "compares with the course's buffer for 4 and 8 heads.")
 def alibi_bias(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
     for n_heads, n_tokens in ((4, 6), (8, 3)):
         slopes = modern.alibi_slopes(n_heads)
@@ -42,6 +51,10 @@ def alibi_bias(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
                 and not torch.allclose(got, expected, atol=1e-6):
             if torch.allclose(got, -expected, atol=1e-6):
                 raise ExerciseFailed("the sign is flipped: ALiBi subtracts, so far keys get lower scores.")
+            if n_tokens > 1 and torch.allclose(got, expected.transpose(-2, -1), atol=1e-6):
+                raise ExerciseFailed("query and key are swapped: row i is the query and column j the "
+                                     "key, so the penalty belongs below the diagonal (keys j <= i, "
+                                     "distance i - j) and 0 above it.")
             if torch.allclose(got.tril(), expected, atol=1e-6):
                 raise ExerciseFailed("below the diagonal it is right; above it (future keys, "
                                      "masked anyway) the buffer should hold 0.")
@@ -50,7 +63,9 @@ def alibi_bias(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
 
 
 @exercise(hint="rms = sqrt(mean of x**2 over the last axis + eps), keepdim=True; return x / rms * weight. "
-               "No mean is subtracted and there is no bias.")
+               "No mean is subtracted and there is no bias.",
+          task="Write rms_norm(x, weight, eps) for x (..., D). The check compares with the "
+               "course's RMSNorm on ordinary tokens, tiny ones and a token of zeros.")
 def rms_norm(student: Callable[..., torch.Tensor]) -> str:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(3, 4, 8, generator=generator) * 3 + 1
@@ -63,6 +78,15 @@ def rms_norm(student: Callable[..., torch.Tensor]) -> str:
             raise ExerciseFailed("you subtract the mean first: that is LayerNorm. RMSNorm divides x "
                                  "itself by its root mean square.")
     expect_close(got, expected, "rms_norm(x, weight, eps)", atol=1e-5)
+    tiny = x[0] * 1e-4  # mean square ~1e-7, so eps = 1e-6 decides the result
+    got = student(tiny, weight, 1e-6)
+    if isinstance(got, torch.Tensor) and got.shape == tiny.shape:
+        rms_outside = tiny.pow(2).mean(-1, keepdim=True).sqrt() + 1e-6
+        if torch.allclose(got, tiny / rms_outside * weight, rtol=1e-4, atol=0):
+            raise ExerciseFailed("eps is added outside the square root: sqrt(mean(x**2)) + eps. "
+                                 "RMSNorm (and torch.nn.RMSNorm) uses sqrt(mean(x**2) + eps).")
+    expect_close(got, modern.rms_norm(tiny, weight, 1e-6), "rms_norm of tiny tokens (x of size 1e-4)",
+                 atol=1e-4)
     zeros = student(torch.zeros(2, 8), torch.ones(8), 1e-6)
     if not torch.isfinite(zeros).all():
         raise ExerciseFailed("a token of zeros gives NaN: eps belongs inside the square root.")

@@ -16,12 +16,19 @@ def _numbered(*shape: int) -> torch.Tensor:
 
 
 @exercise(hint="x.view(B, N, H, D_H) cuts each token's features into H pieces; "
-               ".transpose(1, 2) then puts the head axis before the token axis.")
+               ".transpose(1, 2) then puts the head axis before the token axis.",
+          task="Write split_heads(x, n_heads): (B, N, D) -> (B, H, N, D_H). The check uses numbered "
+               "entries, so a wrong order of features shows.")
 def split_heads(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
     for shape, n_heads in (((2, 3, 8), 4), ((1, 5, 6), 2), ((3, 1, 4), 1)):
         x = _numbered(*shape)
         got = student(x, n_heads)
         expected = multihead.split_heads(x, n_heads)
+        if isinstance(got, torch.Tensor) and got.shape == (shape[0], shape[1], n_heads, shape[2] // n_heads) \
+                and got.shape != expected.shape:
+            raise ExerciseFailed(f"for x of shape {shape} you return {tuple(got.shape)}, (B, N, H, D_H): "
+                                 "the features are cut into heads, but the head axis must come before "
+                                 "the token axis, (B, H, N, D_H).")
         if isinstance(got, torch.Tensor) and got.shape == expected.shape and not torch.equal(got, expected):
             raise ExerciseFailed(
                 f"for x of shape {shape} and {n_heads} heads the shape {tuple(got.shape)} is right, "
@@ -32,11 +39,19 @@ def split_heads(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
 
 
 @exercise(hint="Undo split_heads: .transpose(1, 2) back to (B, N, H, D_H), then "
-               ".reshape(B, N, H * D_H). (.view fails after a transpose; .reshape copies when needed.)")
+               ".reshape(B, N, H * D_H). (.view fails after a transpose; .reshape copies when needed.)",
+          task="Write merge_heads(heads): (B, H, N, D_H) -> (B, N, H * D_H), the inverse of "
+               "split_heads. The check uses numbered entries.")
 def merge_heads(student: Callable[[torch.Tensor], torch.Tensor]) -> str:
     for shape in ((2, 4, 3, 2), (1, 2, 5, 3), (3, 1, 2, 4)):
         heads = _numbered(*shape)
-        got = student(heads)
+        try:
+            got = student(heads)
+        except RuntimeError as error:
+            if "view" in str(error):
+                raise ExerciseFailed("after a transpose the tensor is no longer contiguous, so .view "
+                                     "fails: use .reshape (or .contiguous().view).") from None
+            raise
         expected = multihead.merge_heads(heads)
         if isinstance(got, torch.Tensor) and got.shape == expected.shape and not torch.equal(got, expected):
             raise ExerciseFailed(
@@ -50,7 +65,9 @@ def merge_heads(student: Callable[[torch.Tensor], torch.Tensor]) -> str:
 
 
 @exercise(hint="Each token stores one key and one value vector per KV head in every layer: "
-               "2 x n_layers x n_kv_heads x head_dim numbers, each bytes_per_value bytes.")
+               "2 x n_layers x n_kv_heads x head_dim numbers, each bytes_per_value bytes.",
+          task="Write kv_cache_bytes_per_token(n_layers, n_kv_heads, head_dim, bytes_per_value) "
+               "returning an int. The check tries four model shapes.")
 def kv_cache_bytes_per_token(student: Callable[[int, int, int, int], int]) -> str:
     cases = ((32, 1, 64, 4), (96, 96, 128, 2), (80, 8, 128, 2), (12, 12, 64, 1))  # 4 bytes first: unambiguous
     for n_layers, n_kv_heads, head_dim, n_bytes in cases:

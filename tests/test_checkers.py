@@ -1,0 +1,563 @@
+"""The checkers of notebooks 1-6, 8, 9 and 11 judge right: a second correct formulation passes,
+and each typical mistake fails with a message that names it (issue 22, "Checkers that judge
+wrongly"). The notebooks' own solutions are run by tests/test_exercises.py."""
+
+from __future__ import annotations
+
+import cmath
+import itertools
+import math
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import helpers.lab.exercises as exercises
+from helpers.flash import tiled
+
+# --- notebook 1 -----------------------------------------------------------------------------
+
+def pairs_counter(ids):
+    return dict(Counter(itertools.pairwise(ids)))
+
+
+def pairs_missing_last(ids):
+    return dict(Counter(zip(ids[:-2], ids[1:-1], strict=True)))
+
+
+def pairs_float(ids):
+    return {pair: float(count) for pair, count in Counter(itertools.pairwise(ids)).items()}
+
+
+def pairs_no_overlap(ids):
+    counts, i = {}, 0
+    while i < len(ids) - 1:
+        pair = (ids[i], ids[i + 1])
+        counts[pair] = counts.get(pair, 0) + 1
+        i += 2 if i + 2 < len(ids) and (ids[i + 1], ids[i + 2]) == pair else 1
+    return counts
+
+
+def _merge(ids, pair, new_id):
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+def encode_lowest_rank_first(word, merges):
+    """tiktoken's way: repeatedly merge the present pair of lowest rank."""
+    ids, ranks = list(word.encode("utf-8")), {pair: r for r, pair in enumerate(merges)}
+    while len(ids) > 1:
+        pair = min(itertools.pairwise(ids), key=lambda p: ranks.get(p, math.inf))
+        if pair not in ranks:
+            break
+        ids = _merge(ids, pair, 256 + ranks[pair])
+    return ids
+
+
+def encode_first_merge_only(word, merges):
+    return _merge(list(word.encode("utf-8")), merges[0], 256)
+
+
+def encode_wrong_ids(word, merges):
+    ids = list(word.encode("utf-8"))
+    for rank, pair in enumerate(merges):
+        ids = _merge(ids, pair, 255 + rank)
+    return ids
+
+
+def decode_bytearray(ids, vocab):
+    buffer = bytearray()
+    for i in ids:
+        buffer += vocab[i]
+    return buffer.decode("utf-8", "replace")
+
+
+def decode_per_token(ids, vocab):
+    return "".join(vocab[i].decode("utf-8", errors="replace") for i in ids)
+
+
+def decode_strict(ids, vocab):
+    return b"".join(vocab[i] for i in ids).decode("utf-8")
+
+
+# --- notebook 2 -----------------------------------------------------------------------------
+
+def lookup_eye(token_ids, weight):
+    return torch.eye(weight.shape[0], dtype=weight.dtype)[token_ids] @ weight
+
+
+def lookup_by_index(token_ids, weight):
+    return weight[token_ids]
+
+
+def lookup_long_one_hot(token_ids, weight):
+    return F.one_hot(token_ids, weight.shape[0]) @ weight
+
+
+def similar_argsort(query, table, k):
+    return F.cosine_similarity(table, query[None], dim=-1).argsort(descending=True)[:k]
+
+
+def similar_dot(query, table, k):
+    return (table @ query).topk(k).indices
+
+
+def similar_ascending(query, table, k):
+    return F.cosine_similarity(table, query[None], dim=-1).topk(k).indices.flip(0)
+
+
+def sinusoids_loop(n_positions, d_model, base):
+    table = torch.zeros(n_positions, d_model)
+    for pos in range(n_positions):
+        for i in range(d_model // 2):
+            angle = pos / base ** (2 * i / d_model)
+            table[pos, 2 * i], table[pos, 2 * i + 1] = math.sin(angle), math.cos(angle)
+    return table
+
+
+def sinusoids_swapped(n_positions, d_model, base):
+    return sinusoids_loop(n_positions, d_model, base).view(n_positions, -1, 2).flip(-1).reshape(n_positions, d_model)
+
+
+def sinusoids_i_over_d(n_positions, d_model, base):
+    return sinusoids_loop(n_positions, d_model, base ** 0.5)
+
+
+# --- notebook 3 -----------------------------------------------------------------------------
+
+def softmax_logsumexp(x):
+    return (x - x.logsumexp(dim=-1, keepdim=True)).exp()
+
+
+def softmax_unshifted(x):
+    return x.exp() / x.exp().sum(-1, keepdim=True)
+
+
+def softmax_columns(x):
+    shifted = (x - x.max()).exp()
+    return shifted / shifted.sum(0, keepdim=True)
+
+
+def jacobian_broadcast(a):
+    return a[:, None] * (torch.eye(len(a), dtype=a.dtype) - a[None, :])
+
+
+def jacobian_diag_only(a):
+    return torch.diag(a)
+
+
+def jacobian_sign(a):
+    return torch.outer(a, a) - torch.diag(a)
+
+
+def attention_einsum(q, k, v):
+    weights = torch.einsum("...nd,...md->...nm", q, k).div(q.shape[-1] ** 0.5).softmax(-1)
+    return torch.einsum("...nm,...md->...nd", weights, v), weights
+
+
+def attention_unscaled(q, k, v):
+    weights = (q @ k.transpose(-2, -1)).softmax(-1)
+    return weights @ v, weights
+
+
+def attention_wrong_dim(q, k, v):
+    weights = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).softmax(-2)
+    return weights @ v, weights
+
+
+# --- notebook 4 -----------------------------------------------------------------------------
+
+def causal_triu(scores):
+    n = scores.shape[-1]
+    return (scores + torch.full((n, n), -math.inf, dtype=scores.dtype).triu(1)).softmax(-1)
+
+
+def causal_zero_fill(scores):
+    n = scores.shape[-1]
+    return scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), 0.0).softmax(-1)
+
+
+def causal_upside_down(scores):
+    n = scores.shape[-1]
+    return scores.masked_fill(torch.ones(n, n, dtype=torch.bool).tril(-1), -math.inf).softmax(-1)
+
+
+def padding_lt(lengths, n):
+    return torch.arange(n).expand(len(lengths), n) < lengths.unsqueeze(1)
+
+
+def padding_le(lengths, n):
+    return torch.arange(n)[None, :] <= lengths[:, None]
+
+
+def padding_inverted(lengths, n):
+    return torch.arange(n)[None, :] >= lengths[:, None]
+
+
+def local_tril_triu(n, window):
+    ones = torch.ones(n, n, dtype=torch.bool)
+    return ones.tril() & ones.triu(-window)
+
+
+def local_two_sided(n, window):
+    offset = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    return offset.abs() <= window
+
+
+def local_short(n, window):
+    offset = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    return (offset >= 0) & (offset < window)
+
+
+# --- notebook 5 -----------------------------------------------------------------------------
+
+def split_permute(x, n_heads):
+    b, n, d = x.shape
+    return x.reshape(b, n, n_heads, d // n_heads).permute(0, 2, 1, 3)
+
+
+def split_one_view(x, n_heads):
+    b, n, d = x.shape
+    return x.view(b, n_heads, n, d // n_heads)
+
+
+def split_no_transpose(x, n_heads):
+    b, n, d = x.shape
+    return x.view(b, n, n_heads, d // n_heads)
+
+
+def merge_contiguous(heads):
+    b, h, n, dh = heads.shape
+    return heads.permute(0, 2, 1, 3).contiguous().view(b, n, h * dh)
+
+
+def merge_no_transpose(heads):
+    b, h, n, dh = heads.shape
+    return heads.reshape(b, n, h * dh)
+
+
+def merge_view_after_transpose(heads):
+    b, h, n, dh = heads.shape
+    return heads.transpose(1, 2).view(b, n, h * dh)
+
+
+def kv_bytes_reordered(n_layers, n_kv_heads, head_dim, n_bytes):
+    return n_bytes * head_dim * n_kv_heads * n_layers * 2
+
+
+def kv_bytes_keys_only(n_layers, n_kv_heads, head_dim, n_bytes):
+    return n_layers * n_kv_heads * head_dim * n_bytes
+
+
+def kv_bytes_numbers(n_layers, n_kv_heads, head_dim, n_bytes):
+    return 2 * n_layers * n_kv_heads * head_dim
+
+
+# --- notebook 6 -----------------------------------------------------------------------------
+
+def layer_norm_rsqrt(x, weight, bias, eps):
+    centred = x - x.mean(-1, keepdim=True)
+    return centred * torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + eps) * weight + bias
+
+
+def layer_norm_unbiased(x, weight, bias, eps):
+    return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + eps) * weight + bias
+
+
+def layer_norm_eps_outside(x, weight, bias, eps):
+    centred = x - x.mean(-1, keepdim=True)
+    return centred / (centred.pow(2).mean(-1, keepdim=True).sqrt() + eps) * weight + bias
+
+
+def swiglu_sigmoid_form(x, w_gate, w_up, w_down):
+    gate = x @ w_gate
+    return (gate * torch.sigmoid(gate) * (x @ w_up)) @ w_down
+
+
+def swiglu_swapped(x, w_gate, w_up, w_down):
+    return (F.silu(x @ w_up) * (x @ w_gate)) @ w_down
+
+
+def swiglu_glu(x, w_gate, w_up, w_down):
+    return (torch.sigmoid(x @ w_gate) * (x @ w_up)) @ w_down
+
+
+def rank_one_flatten(x):
+    centred = x - x.mean(-2, keepdim=True)
+    return centred.flatten(-2).norm(dim=-1) / x.flatten(-2).norm(dim=-1)
+
+
+def rank_one_whole(x):
+    return (x - x.mean(-2, keepdim=True)).norm() / x.norm()
+
+
+def rank_one_no_centring(x):
+    return x.flatten(-2).norm(dim=-1) / x.flatten(-2).norm(dim=-1)
+
+
+# --- notebook 8 -----------------------------------------------------------------------------
+
+def merge_where(max_a, sum_a, max_b, sum_b):
+    new_max = torch.maximum(max_a, max_b)
+    safe = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+    return new_max, sum_a * torch.exp(max_a - safe) + sum_b * torch.exp(max_b - safe)
+
+
+def merge_plain_sum(max_a, sum_a, max_b, sum_b):
+    return torch.maximum(max_a, max_b), sum_a + sum_b
+
+
+def merge_nan(max_a, sum_a, max_b, sum_b):
+    new_max = torch.maximum(max_a, max_b)
+    return new_max, sum_a * torch.exp(max_a - new_max) + sum_b * torch.exp(max_b - new_max)
+
+
+def step_where(row_max, row_sum, acc, scores, v_tile):
+    new_max = torch.maximum(row_max, scores.amax(-1))
+    safe = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+    correction = torch.exp(row_max - safe)
+    probs = torch.exp(scores - safe[:, None])
+    return new_max, row_sum * correction + probs.sum(-1), acc * correction[:, None] + probs @ v_tile
+
+
+def step_no_rescale(row_max, row_sum, acc, scores, v_tile):
+    new_max = torch.maximum(row_max, scores.amax(-1))
+    probs = tiled.exp_shifted(scores, new_max[:, None])
+    return new_max, row_sum + probs.sum(-1), acc + probs @ v_tile
+
+
+def step_nan(row_max, row_sum, acc, scores, v_tile):
+    new_max = torch.maximum(row_max, scores.amax(-1))
+    correction = torch.exp(row_max - new_max)
+    probs = torch.exp(scores - new_max[:, None])
+    return new_max, row_sum * correction + probs.sum(-1), acc * correction[:, None] + probs @ v_tile
+
+
+# --- notebook 9 -----------------------------------------------------------------------------
+
+def pair_complex(a, b, position, theta):
+    z = complex(a, b) * cmath.exp(1j * position * theta)
+    return z.real, z.imag
+
+
+def pair_clockwise(a, b, position, theta):
+    angle = position * theta
+    return a * math.cos(angle) + b * math.sin(angle), -a * math.sin(angle) + b * math.cos(angle)
+
+
+def pair_theta_only(a, b, position, theta):
+    return a * math.cos(theta) - b * math.sin(theta), a * math.sin(theta) + b * math.cos(theta)
+
+
+def alibi_good(slopes, n):
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    return -slopes[:, None, None] * (i - j).clamp(min=0)
+
+
+def alibi_swapped(slopes, n):
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    return -slopes[:, None, None] * (j - i).clamp(min=0)
+
+
+def alibi_sign(slopes, n):
+    return -alibi_good(slopes, n)
+
+
+def rms_rsqrt(x, weight, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rms_eps_outside(x, weight, eps):
+    return x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * weight
+
+
+def rms_centred(x, weight, eps):
+    x = x - x.mean(-1, keepdim=True)
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+# --- notebook 11 ----------------------------------------------------------------------------
+
+def ring_rewritten(n_bytes, world_size):
+    return 2 * n_bytes * (world_size - 1) / world_size
+
+
+def ring_half(n_bytes, world_size):
+    return n_bytes * (world_size - 1) / world_size
+
+
+def ring_whole(n_bytes, world_size):
+    return 2.0 * n_bytes if world_size > 1 else 0.0
+
+
+def average_after(model, all_reduce, world_size):
+    for p in model.parameters():
+        all_reduce(p.grad)
+        p.grad /= world_size
+
+
+def average_before(model, all_reduce, world_size):
+    """What DDP does: scale first, then sum."""
+    for p in model.parameters():
+        p.grad.div_(world_size)
+        all_reduce(p.grad)
+
+
+def average_sum_only(model, all_reduce, world_size):
+    for p in model.parameters():
+        all_reduce(p.grad)
+
+
+def average_divide_twice(model, all_reduce, world_size):
+    for p in model.parameters():
+        p.grad /= world_size
+        all_reduce(p.grad)
+        p.grad /= world_size
+
+
+def average_tied_twice(model, all_reduce, world_size):
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            all_reduce(p.grad)
+            p.grad /= world_size
+    all_reduce(model.lm_head.weight.grad)
+
+
+def split_interleaved(up_weight, up_bias, down_weight, rank, world_size):
+    units = slice(rank, None, world_size)
+    return up_weight[units], up_bias[units], down_weight[:, units]
+
+
+def split_down_rows(up_weight, up_bias, down_weight, rank, world_size):
+    k, m = up_weight.shape[0] // world_size, down_weight.shape[0] // world_size
+    return up_weight[rank * k:(rank + 1) * k], up_bias[rank * k:(rank + 1) * k], down_weight[rank * m:(rank + 1) * m]
+
+
+def split_mismatched(up_weight, up_bias, down_weight, rank, world_size):
+    k = up_weight.shape[0] // world_size
+    return up_weight[rank * k:(rank + 1) * k], up_bias[rank * k:(rank + 1) * k], down_weight[:, rank::world_size]
+
+
+CASES = [
+    ("tokenization.count_pairs", pairs_counter, None),
+    ("tokenization.count_pairs", pairs_missing_last, "the last pair"),
+    ("tokenization.count_pairs", pairs_float, "should be an int"),
+    ("tokenization.count_pairs", pairs_no_overlap, "overlapping pairs both count"),
+    ("tokenization.encode_word", encode_lowest_rank_first, None),
+    ("tokenization.encode_word", encode_first_merge_only, "apply every merge"),
+    ("tokenization.encode_word", encode_wrong_ids, "256 + r"),
+    ("tokenization.decode_ids", decode_bytearray, None),
+    ("tokenization.decode_ids", decode_per_token, "decoded token by token"),
+    ("tokenization.decode_ids", decode_strict, "errors='replace'"),
+    ("embeddings.lookup_by_product", lookup_eye, None),
+    ("embeddings.lookup_by_product", lookup_by_index, "by index"),
+    ("embeddings.lookup_by_product", lookup_long_one_hot, "weight's dtype"),
+    ("embeddings.most_similar", similar_argsort, None),
+    ("embeddings.most_similar", similar_dot, "ranked by dot product"),
+    ("embeddings.most_similar", similar_ascending, "most similar first"),
+    ("embeddings.sinusoidal_table", sinusoids_loop, None),
+    ("embeddings.sinusoidal_table", sinusoids_swapped, "swapped"),
+    ("embeddings.sinusoidal_table", sinusoids_i_over_d, "not i/d_model"),
+    ("attention.stable_softmax", softmax_logsumexp, None),
+    ("attention.stable_softmax", softmax_unshifted, "Subtract the row maximum"),
+    ("attention.stable_softmax", softmax_columns, "do not sum to 1"),
+    ("attention.softmax_jacobian", jacobian_broadcast, None),
+    ("attention.softmax_jacobian", jacobian_diag_only, "only diag(a)"),
+    ("attention.softmax_jacobian", jacobian_sign, "sign is flipped"),
+    ("attention.scaled_attention", attention_einsum, None),
+    ("attention.scaled_attention", attention_unscaled, "divide the scores by"),
+    ("attention.scaled_attention", attention_wrong_dim, "columns sum to 1"),
+    ("masking.causal_softmax", causal_triu, None),
+    ("masking.causal_softmax", causal_zero_fill, "exp(0) = 1"),
+    ("masking.causal_softmax", causal_upside_down, "upside down"),
+    ("masking.padding_mask", padding_lt, None),
+    ("masking.padding_mask", padding_le, "one real token too many"),
+    ("masking.padding_mask", padding_inverted, "inverted"),
+    ("masking.local_mask", local_tril_triu, None),
+    ("masking.local_mask", local_two_sided, "later keys"),
+    ("masking.local_mask", local_short, "offsets 0 ..."),
+    ("multihead_attention.split_heads", split_permute, None),
+    ("multihead_attention.split_heads", split_one_view, "View as (B, N, H, D_H) first"),
+    ("multihead_attention.split_heads", split_no_transpose, "head axis must come before"),
+    ("multihead_attention.merge_heads", merge_contiguous, None),
+    ("multihead_attention.merge_heads", merge_no_transpose, "Transpose first"),
+    ("multihead_attention.merge_heads", merge_view_after_transpose, "use .reshape"),
+    ("multihead_attention.kv_cache_bytes_per_token", kv_bytes_reordered, None),
+    ("multihead_attention.kv_cache_bytes_per_token", kv_bytes_keys_only, "both K and V"),
+    ("multihead_attention.kv_cache_bytes_per_token", kv_bytes_numbers, "numbers, not bytes"),
+    ("layers.layer_norm", layer_norm_rsqrt, None),
+    ("layers.layer_norm", layer_norm_unbiased, "D - 1"),
+    ("layers.layer_norm", layer_norm_eps_outside, "outside the square root"),
+    ("layers.swiglu", swiglu_sigmoid_form, None),
+    ("layers.swiglu", swiglu_swapped, "wrong projection"),
+    ("layers.swiglu", swiglu_glu, "through sigmoid"),
+    ("layers.distance_from_rank_one", rank_one_flatten, None),
+    ("layers.distance_from_rank_one", rank_one_whole, "one distance per set"),
+    ("layers.distance_from_rank_one", rank_one_no_centring, "subtract the mean token"),
+    ("flash_attention.merge_softmax_states", merge_where, None),
+    ("flash_attention.merge_softmax_states", merge_plain_sum, "rescale both"),
+    ("flash_attention.merge_softmax_states", merge_nan, "NaN"),
+    ("flash_attention.tile_step", step_where, None),
+    ("flash_attention.tile_step", step_no_rescale, "must be scaled by exp(old max - new max)"),
+    ("flash_attention.tile_step", step_nan, "NaN"),
+    ("modern_decoder.rotate_pair", pair_complex, None),
+    ("modern_decoder.rotate_pair", pair_clockwise, "clockwise"),
+    ("modern_decoder.rotate_pair", pair_theta_only, "position * theta"),
+    ("modern_decoder.alibi_bias", alibi_good, None),
+    ("modern_decoder.alibi_bias", alibi_swapped, "query and key are swapped"),
+    ("modern_decoder.alibi_bias", alibi_sign, "sign is flipped"),
+    ("modern_decoder.rms_norm", rms_rsqrt, None),
+    ("modern_decoder.rms_norm", rms_eps_outside, "outside the square root"),
+    ("modern_decoder.rms_norm", rms_centred, "that is LayerNorm"),
+    ("distributed.ring_bytes", ring_rewritten, None),
+    ("distributed.ring_bytes", ring_half, "half the answer"),
+    ("distributed.ring_bytes", ring_whole, "not the whole tensor"),
+    ("distributed.average_gradients", average_after, None),
+    ("distributed.average_gradients", average_before, None),
+    ("distributed.average_gradients", average_sum_only, "divide by world_size"),
+    ("distributed.average_gradients", average_divide_twice, "divided by world_size twice"),
+    ("distributed.average_gradients", average_tied_twice, "exactly once"),
+    ("distributed.split_mlp", split_interleaved, None),
+    ("distributed.split_mlp", split_down_rows, "you split its rows"),
+    ("distributed.split_mlp", split_mismatched, "must use the same units"),
+]
+
+
+@pytest.mark.parametrize("name, answer, message", CASES, ids=[f"{n}-{a.__name__}" for n, a, _ in CASES])
+def test_checker_judges(name, answer, message):
+    passed, said = exercises.evaluate(name, answer, time_limit=None)
+    assert passed == (message is None), said
+    if message is not None:
+        assert message in said, said
+        assert "❌" in said and "raised" not in said, said  # a named mistake, not a crash report
+
+
+OWNED = ("tokenization", "embeddings", "attention", "masking", "multihead_attention", "layers",
+         "flash_attention", "modern_decoder", "distributed")
+
+
+def test_every_owned_checker_has_a_right_and_two_wrong_cases():
+    names = [n for n in exercises.all_exercises() if n.split(".")[0] in OWNED]
+    for name in names:
+        right = sum(1 for n, _, m in CASES if n == name and m is None)
+        wrong = sum(1 for n, _, m in CASES if n == name and m is not None)
+        assert right >= 1 and wrong >= 2, (name, right, wrong)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in exercises.all_exercises() if n.split(".")[0] in OWNED))
+def test_not_attempted_says_the_task_not_the_recipe(name):
+    def stub(*args):
+        raise NotImplementedError
+
+    passed, said = exercises.evaluate(name, stub)
+    assert not passed and "not attempted yet" in said
+    assert "Hint" not in said and exercises.get(name).hint not in said
+    assert "Write " in said and "The check" in said
