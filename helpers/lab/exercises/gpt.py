@@ -30,7 +30,10 @@ def _diagnose(got: int, n_layers: int, d: int, vocab: int, context: int, expecte
     return gaps.get(got - expected, f"the gap is {got - expected:+,} parameters")
 
 
-@exercise(hint="Per block: 4 d^2 + 4d (W_Q, W_K, W_V, W_O and biases), 8 d^2 + 5d (d -> 4d -> d "
+@exercise(task="Write gpt_parameters(n_layers, d_model, vocab_size, context_length) returning the exact "
+               "count of a GPT-2-style model. The check tries GPT-2 small and medium, the course's models "
+               "and a toy, and names the piece a wrong count seems to miss.",
+          hint="Per block: 4 d^2 + 4d (W_Q, W_K, W_V, W_O and biases), 8 d^2 + 5d (d -> 4d -> d "
                "and biases), 4d (two LayerNorms). Then V d (tied, once), context x d, and 2d.")
 def exact_parameters(student: Callable[[int, int, int, int], int]) -> str:
     for n_layers, d, vocab, context in CONFIGS:
@@ -51,7 +54,9 @@ def _small_model(seed: int) -> gpt.GPT:
     return gpt.GPT(gpt.GPTConfig(vocab_size=11, context_length=8, n_layers=1, n_heads=2, d_model=8)).eval()
 
 
-@exercise(hint="Crop to the last model.config.context_length tokens, run the model, keep the "
+@exercise(task="Write greedy_next(gpt, ids) for ids (B, N): the next token of each row, shape (B, 1). "
+               "The check compares with the model's most likely token, on prompts longer than its context too.",
+          hint="Crop to the last model.config.context_length tokens, run the model, keep the "
                "logits of the last position ([:, -1]), argmax over the vocabulary with keepdim=True.")
 def greedy_step(student: Callable[[gpt.GPT, torch.Tensor], torch.Tensor]) -> str:
     generator = torch.Generator().manual_seed(0)
@@ -101,7 +106,9 @@ def _as_number(value: object, what: str) -> float:
     raise ExerciseFailed(f"{what} is a {type(value).__name__}, expected a tensor with one number")
 
 
-@exercise(hint="inputs = ids[:, :-1], targets = ids[:, 1:]; log_probs = logits minus the "
+@exercise(task="Write next_token_loss(gpt, ids) for windows ids (B, N + 1): the mean next-token "
+               "cross-entropy, a scalar tensor. The check compares with F.cross_entropy on three models.",
+          hint="inputs = ids[:, :-1], targets = ids[:, 1:]; log_probs = logits minus the "
                "logsumexp over the vocabulary; pick each target's log-probability with "
                "gather(-1, targets[..., None]) and return minus their mean.")
 def next_token_loss(student: Callable[[gpt.GPT, torch.Tensor], torch.Tensor]) -> str:
@@ -196,7 +203,9 @@ def _adamw_mistake(got: torch.Tensor, p: torch.Tensor, g: torch.Tensor, lr: floa
     return None
 
 
-@exercise(hint="p = p * (1 - lr * weight_decay); m = beta1 * m + (1 - beta1) * g; "
+@exercise(task="Write adamw_update(p, g, m, v, t, lr, betas, eps, weight_decay) returning the new "
+               "(p, m, v). The check runs several steps against torch.optim.AdamW.",
+          hint="p = p * (1 - lr * weight_decay); m = beta1 * m + (1 - beta1) * g; "
                "v = beta2 * v + (1 - beta2) * g * g; m_hat = m / (1 - beta1 ** t); "
                "v_hat = v / (1 - beta2 ** t); p = p - lr * m_hat / (sqrt(v_hat) + eps).")
 def adamw_update(student: Callable) -> str:
@@ -230,7 +239,9 @@ def _attention_last_row(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
     return (scores.softmax(-1) @ v)[:, -1:]
 
 
-@exercise(hint="q, k, v = x_new @ w_q, x_new @ w_k, x_new @ w_v (each (B, 1, d_h)); keys = "
+@exercise(task="Write cache_step(x_new, w_q, w_k, w_v, keys, values) returning (output, keys, values) "
+               "after one new token. The check compares with attention over the whole sequence.",
+          hint="q, k, v = x_new @ w_q, x_new @ w_k, x_new @ w_v (each (B, 1, d_h)); keys = "
                "cat([keys, k], dim=1), the same for values; weights = softmax(q @ keys^T / "
                "sqrt(d_h)) over the last axis; return (weights @ values, keys, values).")
 def cache_step(student: Callable) -> str:
