@@ -161,3 +161,22 @@ def test_sequence_log_prob_and_exhaustive_search_refuse_bad_outputs():
         sequence_log_prob(model, source, torch.tensor([], dtype=torch.long))
     with pytest.raises(ValueError, match="exhaustive search is for tiny"):
         exhaustive_search(model, source, max_length=8)
+
+
+# --- what a careless user tried beyond the list --------------------------------------------------
+
+def test_batch_indices_outside_the_data_and_a_sentence_that_is_not_text():
+    import random
+
+    from helpers.families.mlm import swap_neighbours
+    from helpers.families.translation import make_batch
+
+    data = TranslationData(SENTENCES)
+    with pytest.raises(ValueError, match=r"indices holds \[4\]: expected a non-empty list of example numbers in \[0, 3\]"):
+        make_batch(data, [0, 4])
+    with pytest.raises(ValueError, match="indices holds nothing"):
+        make_batch(data, [])
+    with pytest.raises(TypeError, match="sentence is a list"):
+        swap_neighbours(["The", "dog"], random.Random(0))
+    with pytest.raises(TypeError, match="source has dtype torch.float32"):
+        GRUSeq2Seq(10, 9, hidden=4)(torch.tensor([[3.0, 4.0]]), torch.tensor([[1, 3]]))

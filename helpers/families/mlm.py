@@ -95,6 +95,9 @@ def swap_neighbours(sentence: str, rng: random.Random, tries: int = 20) -> str |
 
     Returns None when no swap tried (up to `tries`) breaks the sentence (e.g. "Tom and Mia").
     """
+    if not isinstance(sentence, str):
+        raise TypeError(f"sentence is a {type(sentence).__name__}, expected a str")
+    checks.positive_int("tries", tries)
     words = list(re.finditer(r"[A-Za-z]+", sentence))
     spots = [i for i in range(len(words) - 1) if words[i].end() + 1 == words[i + 1].start()
              and words[i].group() != words[i + 1].group()]

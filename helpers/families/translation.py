@@ -223,6 +223,11 @@ def make_batch(data: TranslationData, indices: Sequence[int]) -> tuple[Tensor, T
 
     `data` is anything with a `pair(index)` method (TranslationData, or bottleneck.JoinedPairs).
     """
+    size = len(data.sentences) if isinstance(data, TranslationData) else len(data)
+    bad = [i for i in indices if not isinstance(i, int) or not 0 <= i < size]
+    if bad or not len(indices):
+        raise ValueError(f"indices holds {bad[:3] or 'nothing'}: expected a non-empty list of "
+                         f"example numbers in [0, {size - 1}]")
     pairs = [data.pair(i) for i in indices]
     source = pad_batch([s for s, _ in pairs])
     target = pad_batch([t for _, t in pairs])
