@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from helpers import checks
 from helpers.families.seq2seq import Encoder
+from helpers.model.embeddings import check_token_ids
 from helpers.text.corpus import is_well_formed
 
 IGNORE = -100  # the label of a position the loss skips (torch's cross_entropy default)
@@ -34,6 +35,21 @@ def mask_tokens(ids: Tensor, mask_id: int, vocab_size: int, first_word_id: int,
     first_word_id: ids below it are special tokens, never picked and never drawn as random words.
     """
     checks.number_in("rate", rate, 0.0, 1.0, low_open=True)
+    checks.positive_int("vocab_size", vocab_size)
+    checks.number_in("first_word_id", first_word_id, 1, vocab_size - 1)
+    for name, value in (("mask_id", mask_id), ("pad_id", pad_id)):
+        checks.non_negative_int(name, value)
+        if value >= first_word_id:
+            raise ValueError(f"{name} is {value}, expected a special token's id below "
+                             f"first_word_id = {first_word_id} (inside the vocabulary of {vocab_size})")
+    if mask_id == pad_id:
+        raise ValueError(f"mask_id and pad_id are both {mask_id}: expected two different ids, or "
+                         "hidden words would read as padding")
+    check_token_ids(ids, vocab_size, "ids")
+    if ids.dim() != 2:
+        raise ValueError(f"ids has shape {tuple(ids.shape)}, expected (B, M)")
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator is {type(generator).__name__}, expected a torch.Generator")
     real = ids != pad_id
     picked = (torch.rand(ids.shape, generator=generator) < rate) & real
     labels = ids.masked_fill(~picked, IGNORE)
@@ -79,6 +95,9 @@ def swap_neighbours(sentence: str, rng: random.Random, tries: int = 20) -> str |
 
     Returns None when no swap tried (up to `tries`) breaks the sentence (e.g. "Tom and Mia").
     """
+    if not isinstance(sentence, str):
+        raise TypeError(f"sentence is a {type(sentence).__name__}, expected a str")
+    checks.positive_int("tries", tries)
     words = list(re.finditer(r"[A-Za-z]+", sentence))
     spots = [i for i in range(len(words) - 1) if words[i].end() + 1 == words[i + 1].start()
              and words[i].group() != words[i + 1].group()]

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from helpers import checks
+from helpers.families.translation import check_special_ids
 from helpers.model.embeddings import TokenAndPositionEmbedding, check_token_ids
 from helpers.model.layers import FeedForward, LayerNorm
 from helpers.model.multihead import MultiHeadAttention
@@ -96,6 +97,7 @@ class Encoder(nn.Module):
 
     def forward(self, source: Tensor, source_mask: Tensor) -> Tensor:
         """source: (B, M) ids, source_mask: (B, M) bool -> (B, M, D)."""
+        check_source_mask(source_mask, source)  # a padding-only row would attend to nothing: NaN
         x = self.embed(source)
         for layer in self.layers:
             x = layer(x, _as_key_mask(source_mask))
@@ -119,8 +121,11 @@ class Seq2SeqConfig:
         for name in ("source_vocab_size", "target_vocab_size", "context_length", "n_layers",
                      "n_heads", "d_model"):
             checks.positive_int(name, getattr(self, name))
-        for name in ("pad_id", "bos_id", "eos_id"):
-            checks.number_in(name, getattr(self, name), 0, self.target_vocab_size - 1)
+        check_special_ids(self.pad_id, self.bos_id, self.eos_id,
+                          {"target_vocab_size": self.target_vocab_size})
+        if self.pad_id >= self.source_vocab_size:
+            raise ValueError(f"pad_id is {self.pad_id}, outside source_vocab_size "
+                             f"{self.source_vocab_size}: the source is padded with it too")
 
 
 class EncoderDecoder(nn.Module):
@@ -184,6 +189,15 @@ def _never_emitted(model: EncoderDecoder, log_probs: Tensor) -> Tensor:
                                 float("-inf"))
 
 
+def _check_max_length(model: EncoderDecoder, max_length: int) -> None:
+    """The decoder reads <bos> plus max_length - 1 tokens: all must have a position."""
+    checks.positive_int("max_length", max_length)
+    if max_length > model.config.context_length:
+        raise ValueError(f"max_length is {max_length}, past the model's context_length "
+                         f"{model.config.context_length}: expected at most {model.config.context_length} "
+                         "(the decoder has no position beyond it)")
+
+
 def _check_sentence(source: Tensor) -> Tensor:
     if not isinstance(source, Tensor) or source.dim() != 1 or source.numel() == 0:
         got = tuple(source.shape) if isinstance(source, Tensor) else type(source).__name__
@@ -199,7 +213,7 @@ def greedy_decode(model: EncoderDecoder, source: Tensor, max_length: int) -> Ten
     A sentence that has produced <eos> is padded from then on; decoding stops when all have.
     <pad> and <bos> are never chosen (as in beam search).
     """
-    checks.positive_int("max_length", max_length)
+    _check_max_length(model, max_length)
     c = model.config
     memory, mask = model.encode(source)
     out = torch.full((source.shape[0], 1), c.bos_id, dtype=torch.long, device=source.device)
@@ -218,6 +232,11 @@ def greedy_decode(model: EncoderDecoder, source: Tensor, max_length: int) -> Ten
 def sequence_log_prob(model: EncoderDecoder, source: Tensor, output: Tensor) -> float:
     """log p(output | source) for one sentence: source (M,), output (K,) ids (ending in <eos> or not)."""
     source = _check_sentence(source)
+    if not isinstance(output, Tensor) or output.dim() != 1 or output.numel() == 0:
+        got = tuple(output.shape) if isinstance(output, Tensor) else type(output).__name__
+        raise ValueError(f"output has shape {got}, expected a non-empty 1-D tensor of target ids")
+    _check_max_length(model, output.numel())
+    check_token_ids(output, model.config.target_vocab_size, "output")
     memory, mask = model.encode(source)
     target_in = torch.cat([torch.tensor([model.config.bos_id], device=output.device), output[:-1]])
     logits = model.decode(target_in[None], memory, mask)[0]  # (K, V)
@@ -235,7 +254,7 @@ def beam_search(model: EncoderDecoder, source: Tensor, beam_width: int,
     never chosen.
     """
     c = model.config
-    checks.positive_int("max_length", max_length)
+    _check_max_length(model, max_length)
     checks.positive_int("beam_width", beam_width)
     if beam_width > c.target_vocab_size:
         raise ValueError(f"beam_width is {beam_width}, expected at most the target vocabulary "
@@ -266,6 +285,11 @@ def exhaustive_search(model: EncoderDecoder, source: Tensor, max_length: int) ->
     """Score every output of at most max_length tokens (stopping at <eos>, never <pad> or <bos>):
     the true most likely output, found with V^max_length work."""
     c = model.config
+    _check_max_length(model, max_length)
+    if (c.target_vocab_size - 2) ** max_length > 100_000:
+        raise ValueError(f"max_length {max_length} with {c.target_vocab_size} target words means "
+                         f"{c.target_vocab_size - 2}^{max_length} outputs: expected at most 100,000 "
+                         "(exhaustive search is for tiny test vocabularies)")
     best: tuple[float, Tensor] | None = None
     vocab = [i for i in range(c.target_vocab_size) if i not in (c.pad_id, c.bos_id)]
     for length in range(1, max_length + 1):

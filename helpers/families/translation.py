@@ -21,9 +21,10 @@ Shapes: B batch, M source tokens, N target tokens.
 
 from __future__ import annotations
 
+import math
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -49,6 +50,22 @@ PLURALS = {"books": "book", "songs": "song", "pictures": "picture", "flowers": "
            "boats": "boat", "maps": "map", "circles": "circle"}
 _WORD = re.compile(r"[A-Za-z]+|[^\sA-Za-z]")
 _SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+
+
+def check_special_ids(pad_id: int, bos_id: int, eos_id: int, vocab_sizes: dict[str, int]) -> None:
+    """Raise unless pad, bos and eos are three different ids inside every vocabulary given."""
+    ids = {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id}
+    for name, value in ids.items():
+        checks.non_negative_int(name, value)
+    if len(set(ids.values())) < 3:
+        raise ValueError(f"the special ids coincide (pad_id={pad_id}, bos_id={bos_id}, "
+                         f"eos_id={eos_id}): expected three different ids, or padding would read "
+                         "as the end of a sentence")
+    for vocab_name, size in vocab_sizes.items():
+        for name, value in ids.items():
+            if value >= size:
+                raise ValueError(f"{name} is {value}, outside {vocab_name} {size}: expected an "
+                                 f"id in [0, {size - 1}]")
 
 
 def english_words(sentence: str) -> list[str]:
@@ -171,12 +188,22 @@ class TranslationData:
 
 def sentence_splits(n_sentences: int, fractions: tuple[float, float] = (0.1, 0.1),
                     seed: int = 0) -> tuple[list[int], list[int], list[int]]:
-    """Indices of train, validation and test sentences: a seeded shuffle cut in three parts."""
-    if n_sentences < 3:
-        raise ValueError(f"n_sentences is {n_sentences}, expected at least 3 (one per split)")
+    """Indices of train, validation and test sentences: a seeded shuffle cut in three parts.
+
+    fractions: the validation and test shares, each in (0, 1); every split gets at least one sentence.
+    """
+    checks.positive_int("n_sentences", n_sentences)
+    if not isinstance(fractions, (tuple, list)) or len(fractions) != 2:
+        raise ValueError(f"fractions is {fractions!r}, expected (validation share, test share)")
+    for name, value in zip(("fractions[0] (validation)", "fractions[1] (test)"), fractions, strict=True):
+        checks.number_in(name, value, 0.0, 1.0, low_open=True, high_open=True)
+    n_val, n_test = (max(1, int(f * n_sentences)) for f in fractions)
+    if n_val + n_test >= n_sentences:
+        raise ValueError(f"fractions {tuple(fractions)} of {n_sentences} sentences leave "
+                         f"{n_sentences - n_val - n_test} for training: expected every split "
+                         "to hold at least one sentence (smaller fractions, or more sentences)")
     order = list(range(n_sentences))
     random.Random(seed).shuffle(order)
-    n_val, n_test = (max(1, int(f * n_sentences)) for f in fractions)
     return order[n_val + n_test:], order[:n_val], order[n_val:n_val + n_test]
 
 
@@ -192,7 +219,15 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> Tenso
 
 
 def make_batch(data: TranslationData, indices: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
-    """source (B, M), decoder input (B, N) starting with <bos>, decoder target (B, N) ending <eos>."""
+    """source (B, M), decoder input (B, N) starting with <bos>, decoder target (B, N) ending <eos>.
+
+    `data` is anything with a `pair(index)` method (TranslationData, or bottleneck.JoinedPairs).
+    """
+    size = len(data.sentences) if isinstance(data, TranslationData) else len(data)
+    bad = [i for i in indices if not isinstance(i, int) or not 0 <= i < size]
+    if bad or not len(indices):
+        raise ValueError(f"indices holds {bad[:3] or 'nothing'}: expected a non-empty list of "
+                         f"example numbers in [0, {size - 1}]")
     pairs = [data.pair(i) for i in indices]
     source = pad_batch([s for s, _ in pairs])
     target = pad_batch([t for _, t in pairs])
@@ -205,13 +240,20 @@ def make_batch(data: TranslationData, indices: Sequence[int]) -> tuple[Tensor, T
 
 def train_translator(model: torch.nn.Module, data: TranslationData, train: Sequence[int],
                      steps: int, batch_size: int = 64, lr: float = 3e-3, seed: int = 0,
-                     label_smoothing: float = 0.0) -> list[float]:
+                     label_smoothing: float = 0.0,
+                     on_step: Callable[[int], None] | None = None) -> list[float]:
     """Teacher forcing with AdamW (notebook 7's schedule) for `steps` steps on random batches of `train`; returns the losses.
 
-    model(source, target_in) -> logits (B, N, V); the loss skips padding.
+    model(source, target_in) -> logits (B, N, V); the loss skips padding. `data` is anything with
+    `pair(index)`; on_step(step), if given, runs after every update (to measure mid-run).
     """
     checks.positive_int("steps", steps)
     checks.positive_int("batch_size", batch_size)
+    checks.positive_float("lr", lr)
+    checks.number_in("label_smoothing", label_smoothing, 0.0, 1.0, high_open=True)
+    if batch_size > len(train):
+        raise ValueError(f"batch_size is {batch_size}, larger than the {len(train)} training "
+                         "examples in train: expected at most len(train)")
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, foreach=True)
     model.train()
@@ -223,11 +265,16 @@ def train_translator(model: torch.nn.Module, data: TranslationData, train: Seque
         logits = model(source, target_in)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(),
                                                  ignore_index=PAD_ID, label_smoothing=label_smoothing)
+        if not math.isfinite(loss.item()):  # as the Trainer does: stop, never train on NaN
+            raise FloatingPointError(f"the training loss is {loss.item()} at step {step}: stopped "
+                                     "before the update spoils the weights (try a lower lr)")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
+        if on_step is not None:
+            on_step(step)
     model.eval()
     return losses
 
@@ -237,6 +284,17 @@ def score_translations(predicted: Tensor, target: Tensor) -> tuple[Tensor, Tenso
 
     Token accuracy: the share of the target's tokens (with <eos>) the prediction has at the same place.
     """
+    for name, value in (("predicted", predicted), ("target", target)):
+        if not isinstance(value, Tensor) or value.dim() != 2:
+            got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+            raise ValueError(f"{name} has shape {got}, expected (B, length) ids")
+    if predicted.shape[0] != target.shape[0]:
+        raise ValueError(f"predicted has {predicted.shape[0]} rows and target {target.shape[0]}: "
+                         "expected one prediction per target")
+    empty = (target != PAD_ID).sum(1).eq(0).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"target rows {empty} hold padding only: expected each to end in <eos> "
+                         "(their accuracy would be 0 / 0)")
     width = max(predicted.shape[1], target.shape[1])
     p = torch.nn.functional.pad(predicted, (0, width - predicted.shape[1]), value=PAD_ID)
     t = torch.nn.functional.pad(target, (0, width - target.shape[1]), value=PAD_ID)

@@ -9,8 +9,8 @@
 #
 # **After this notebook you can**
 # - generate a translation task from the course grammar and split it by sentence;
-# - say why a recurrent seq2seq model without attention degrades on long sentences, and show it
-#   with a measurement;
+# - say why a recurrent seq2seq model without attention degrades on long sources, what attention
+#   on the same GRUs fixed, and what the Transformer then removed (the recurrence), with three seeds;
 # - assemble an encoder-decoder from the course's parts: a bidirectional encoder, a decoder with
 #   causal self-attention and **cross-attention**, with the USF notes' shapes, padding masks on
 #   both sides, and train it on a laptop CPU;
@@ -58,7 +58,15 @@ torch.set_num_threads(1)  # every tensor here is small: one thread beats coordin
 # not monotonic, and their lengths differ. The rule lives in `helpers.families.translation`.
 
 # %%
-from helpers.families.translation import EOS_ID, PAD_ID, TranslationData, make_batch, score_translations, sentence_splits
+from helpers.families.translation import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    TranslationData,
+    make_batch,
+    score_translations,
+    sentence_splits,
+)
 
 data = TranslationData.from_corpus()
 for i in (4321, 9876, 1234):
@@ -101,73 +109,216 @@ print("target   :", target[0].tolist())
 assert torch.equal(target_in[0, 1:][target[0, :-1] != EOS_ID], target[0, :-1][target[0, :-1] != EOS_ID])
 
 # %% [markdown]
-# ## 2. The recurrent translator and its bottleneck
+# ## 2. The recurrent translator, its bottleneck, and what attention fixed
 #
-# Before 2017, translation was done by two recurrent networks (seq2seq, Sutskever et al., 2014). The
-# encoder GRU reads the English words one after another and updates one hidden vector; after the
-# last word, that vector is all the decoder gets. The decoder GRU starts from it and writes the
-# translation word by word. The CS 4804 notes name its two problems:
+# Before 2017, neural translation was done by recurrent networks. **Sutskever et al. (2014)** used
+# two deep LSTMs: the encoder read the English sentence (reversed, which shortened the distance
+# between the first words of source and target) and kept only its last state; the decoder started
+# from that one vector and wrote the translation word by word. The CS 4804 notes name the two
+# problems of that design:
 #
 # - **the bottleneck**: every sentence, short or long, must fit in one vector of `hidden` numbers;
 # - **the lack of parallelism**: step `t` needs the state of step `t - 1`.
 #
-# `helpers.families.rnn.GRUSeq2Seq` is that model (with no attention at all). We train it with the same loop
-# as the Transformer below: teacher forcing, cross-entropy on the real target tokens, AdamW with
-# notebook 7's warm-up and cosine schedule (`helpers.families.translation.train_translator`).
+# **Bahdanau, Cho and Bengio (2014)** fixed the first with **attention**: before writing each word,
+# the decoder scores every encoder state against its own state, and reads their weighted average.
+# Google's production translator (**GNMT, Wu et al., 2016**) was deep LSTMs with attention. The
+# Transformer (2017) kept the attention and removed the **recurrence**, which fixed the second.
 #
-# The step counts are the knobs. The defaults give both models about the same training time on a
-# laptop (the times are printed); more steps help both.
+# `helpers.families.rnn` holds both recurrent models, with GRUs in place of LSTMs:
+# `GRUSeq2Seq` (one vector between encoder and decoder) and `AttentionGRUSeq2Seq` (the same GRUs
+# plus Bahdanau's additive attention; the encoder is the plain one, so attention is the only
+# difference). Here is one decoder step of attention by hand, checked against the helper:
+#
+# `e_j = v . tanh(W_s s + W_h h_j)`,  `a = softmax(e)` over the real source tokens,
+# `c = sum_j a_j h_j`, then the GRU cell reads `[previous word; c]`.
 
 # %%
-from helpers.families.rnn import GRUSeq2Seq, gru_greedy_decode
-from helpers.families.translation import train_translator
-
-GRU_STEPS = 500          # the knob: more steps, a better GRU
-TRANSFORMER_STEPS = 300  # the knob: more steps, a better Transformer
-BATCH_SIZE = 32
+from helpers.families.rnn import AttentionGRUSeq2Seq
 
 torch.manual_seed(0)
-gru = GRUSeq2Seq(data.source_vocab.vocab_size, data.target_vocab.vocab_size, hidden=128)
-started = time.perf_counter()
-gru_losses = train_translator(gru, data, train_ids, steps=GRU_STEPS, batch_size=BATCH_SIZE)
-gru_seconds = time.perf_counter() - started
-print(f"GRU: {sum(p.numel() for p in gru.parameters()):,} parameters, {GRU_STEPS} steps, "
-      f"{format_duration(gru_seconds)}")
-print("loss fell below a third of its start:", gru_losses[-1] < gru_losses[0] / 3)
-assert gru_losses[-1] < gru_losses[0] / 3
+attention_gru = AttentionGRUSeq2Seq(data.source_vocab.vocab_size, data.target_vocab.vocab_size, hidden=32)
+source, _, _ = make_batch(data, test_ids[:2])
+with torch.no_grad():
+    states, last = attention_gru.encode_all(source)        # (B, M, D): one state per source token
+    s = last[0]                                            # (B, D): the decoder's first state
+    e = attention_gru.v(torch.tanh(attention_gru.w_s(s)[:, None] + attention_gru.w_h(states)))[..., 0]
+    a = e.masked_fill(source == PAD_ID, float("-inf")).softmax(dim=-1)  # (B, M)
+    c = (a[:, :, None] * states).sum(dim=1)                # (B, D): the context of this step
+    bos = torch.full((2, 1), BOS_ID)
+    logits, _ = attention_gru.step(bos, attention_gru.start(source))
+print("weights a:", tuple(a.shape), "| context c:", tuple(c.shape), "| padding gets weight 0:",
+      bool((a[source == PAD_ID] == 0).all()))
+gap = (attention_gru.last_weights - a).abs().max().item()
+print("largest difference from AttentionGRUSeq2Seq.step < 1e-6:", gap < 1e-6)
+assert gap < 1e-6 and torch.allclose(a.sum(-1), torch.ones(2))
 
 # %% [markdown]
-# **The sequential cost.** The GRU's encoder runs one step per source token, each waiting for the
-# previous one; the Transformer's encoder layer handles all tokens in a few matrix products. Below
-# we time one encoder pass of each against the sentence length `N` (batch 32, one CPU thread).
-# On one thread both grow with `N`; what the count beside the times shows is what a parallel
-# machine can do with them: the GRU's `N` dependent steps cannot run at the same time, whatever
-# the hardware.
+# ### The experiment: sources long enough to overflow the state
+#
+# One course sentence has 5 to 14 tokens: a state of 128 numbers holds it easily (a plain GRU
+# trained long enough gets almost all of them right). To make the bottleneck real we join 1, 2 or
+# 3 sentences of a split into one example (`helpers.families.bottleneck.JoinedPairs`: up to about
+# 40 tokens) and give every model a width of 32. The plain GRU, the GRU with attention and a
+# 2-layer encoder-decoder Transformer (section 3) learn the same examples, in the same order, for
+# the same number of steps: **equal data and equal steps, not equal time**. Each is decoded
+# greedily on held-out examples (made of test sentences) at half its steps and at the end: a
+# model still improving between the two is undertrained. Three seeds take minutes, so
+# `benchmarks/bench_bottleneck.py` runs them and writes `data/bottleneck.json`, which we read.
 
 # %%
+import json
+
+from helpers.families.bottleneck import JoinedPairs
+from helpers.text.corpus import data_dir
+
+bottleneck = json.loads((data_dir() / "bottleneck.json").read_text())
+settings = bottleneck["settings"]
+print("made by:", bottleneck["command"], "|", bottleneck["machine"])
+print({k: settings[k] for k in ("seeds", "steps", "hidden", "max_sentences", "train_examples", "test_examples")})
+example = JoinedPairs(data, test_ids, 3, settings["max_sentences"], seed=0)
+joined_source, joined_target = example.pair(2)
+print("one example:", " ".join(data.source_vocab.decode(joined_source)))
+print(f"  {len(joined_source)} source tokens -> {len(joined_target)} target tokens")
+MODEL_NAMES = {"gru": "GRU", "gru_attention": "GRU + attention", "transformer": "Transformer"}
+for key, name in MODEL_NAMES.items():
+    run = bottleneck["runs"][0]["models"][key]
+    print(f"{name:16s} {run['parameters']:>8,} parameters")
+
+# %%
+BINS = [(5, 11), (12, 18), (19, 25), (26, 32), (33, 45)]
+
+
+def by_length(result: dict, what: str) -> list[float]:
+    """Mean of `what` ('exact' or 'tokens') over the test examples in each source-length bin."""
+    pairs = list(zip(result["source_length"], result[what], strict=True))
+    return [sum(v for n, v in pairs if lo <= n <= hi) / max(1, sum(lo <= n <= hi for n, _ in pairs))
+            for lo, hi in BINS]
+
+
+curves = {(key, what): torch.tensor([by_length(run["models"][key]["end"], what) for run in bottleneck["runs"]])
+          for key in MODEL_NAMES for what in ("tokens", "exact")}  # (seeds, bins) each
+fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+labels = [f"{lo}-{hi}" for lo, hi in BINS]
+for ax, what, title in ((axes[0], "tokens", "token accuracy"), (axes[1], "exact", "exact match")):
+    for key, name in MODEL_NAMES.items():
+        c = curves[key, what]
+        ax.plot(labels, c.mean(0), "o-", label=name)
+        ax.fill_between(labels, c.min(0).values, c.max(0).values, alpha=0.2)
+    ax.set(xlabel="source length (tokens)", ylabel=title, ylim=(0, 1.02),
+           title=f"{title}, greedy, {len(bottleneck['runs'])} seeds (band: min-max)")
+axes[0].legend()
+plt.show()
+
+# %% [markdown]
+# The numbers behind the figure: the mean over the seeds, and the lowest and highest seed.
+
+# %%
+for what in ("tokens", "exact"):
+    print(f"{what} by source length".ljust(24) + "".join(f"{label:>19s}" for label in labels))
+    for key, name in MODEL_NAMES.items():
+        c = curves[key, what]
+        print(f"  {name:22s}" + "".join(f"  {m:.2f} [{lo:.2f}, {hi:.2f}]" for m, lo, hi
+                                        in zip(c.mean(0), c.min(0).values, c.max(0).values, strict=True)))
+seeds = [run["seed"] for run in bottleneck["runs"]]
+print("seeds:", seeds)
+assert len(seeds) >= 3
+
+# %%
+drops = {key: curves[key, "tokens"][:, 0] - curves[key, "tokens"][:, -1] for key in MODEL_NAMES}
+for key, name in MODEL_NAMES.items():
+    print(f"{name:16s} token accuracy, shortest bin minus longest, per seed: "
+          + " ".join(f"{d:+.2f}" for d in drops[key].tolist()))
+gru, attention, transformer = (curves[key, "tokens"] for key in MODEL_NAMES)
+print("plain GRU below both attention models in every seed and bin:",
+      bool((gru < attention).all() and (gru < transformer).all()))
+print(f"Transformer above the GRU with attention in {int((transformer > attention).sum())} of "
+      f"{transformer.numel()} seed-and-bin pairs")
+
+# %% [markdown]
+# **What this run shows, and what it does not.** At equal data and equal steps, the plain GRU is
+# behind both attention models on every seed and in every length bin, and the Transformer is
+# ahead of the GRU with attention in most of them (printed above). The plain GRU is weak even
+# on single sentences here, and weakest on the longest sources: its one vector of 32 numbers
+# must carry up to 40
+# words. Attention on the same GRUs lifts every bin. But the half-way reading (below) says that
+# **no model had converged**: the two attention models were still gaining fast, so this is a
+# comparison at equal compute, not of what each model can finally reach, and all three still
+# fall with length at this budget. More steps (`--steps`) is the first thing to try before
+# reading more into the curves.
+
+# %% [markdown]
+# **Were they trained enough?** The same runs, read at half their steps and at the end: the
+# token accuracy on all held-out examples, per seed.
+
+# %%
+def overall(result: dict) -> float:
+    return sum(result["tokens"]) / len(result["tokens"])
+
+
+for key, name in MODEL_NAMES.items():
+    rows = [(overall(run["models"][key]["half"]), overall(run["models"][key]["end"])) for run in bottleneck["runs"]]
+    print(f"{name:16s} " + "  ".join(f"seed {s}: {h:.3f} -> {e:.3f}" for s, (h, e) in zip(seeds, rows, strict=True)))
+    print(f"{'':16s} training time on the machine that wrote the file: "
+          + ", ".join(format_duration(run["models"][key]["seconds"]) for run in bottleneck["runs"]))
+
+# %% [markdown]
+# **The sequential cost.** The recurrence is the other problem. A GRU encoder runs one step per
+# source token, each waiting for the previous one: `N` dependent steps, whatever the hardware. A
+# Transformer encoder layer handles all `N` tokens in a few matrix products: its number of
+# dependent steps does not grow with `N`, and a parallel machine (a GPU's thousands of cores) runs
+# each product at once. Below, an untrained GRU encoder and an untrained 2-layer Transformer
+# encoder of the same width (64) read batches of 32 sentences of length `N`. We count the
+# dependent steps and the arithmetic (multiply-adds times two) per token, and time one forward
+# pass **on one CPU thread**, where nothing runs in parallel and the only question is how much
+# arithmetic and overhead each does.
+
+# %%
+from helpers.families.rnn import GRUSeq2Seq
 from helpers.families.seq2seq import Encoder
 from helpers.timing import best_time
 
-lengths = [8, 16, 32, 64, 128]
+lengths, width = [8, 32, 128], 64
 torch.manual_seed(0)
-timing_encoder = Encoder(data.source_vocab.vocab_size, 128, n_layers=2, n_heads=4, d_model=64).eval()
+gru_encoder = GRUSeq2Seq(data.source_vocab.vocab_size, data.target_vocab.vocab_size, hidden=width).eval()
+transformer_encoder = Encoder(data.source_vocab.vocab_size, 128, n_layers=2, n_heads=4, d_model=width).eval()
 gru_times, transformer_times = [], []
 with torch.no_grad():
     for n in lengths:
         ids = torch.randint(5, data.source_vocab.vocab_size, (32, n))
-        gru_times.append(best_time(lambda ids=ids: gru.encode(ids), repeats=3))
-        transformer_times.append(best_time(lambda ids=ids: timing_encoder(ids, ids != PAD_ID), repeats=3))
+        gru_times.append(best_time(lambda ids=ids: gru_encoder.encode(ids), repeats=3))
+        transformer_times.append(best_time(lambda ids=ids: transformer_encoder(ids, ids != PAD_ID), repeats=3))
 for n, g, t in zip(lengths, gru_times, transformer_times, strict=True):
-    print(f"N = {n:3d}: GRU encoder {format_duration(g)} in {n} dependent steps; "
-          f"Transformer encoder {format_duration(t)} in 2 layers, each a few products over all {n} tokens")
+    gru_flops = 12 * width**2                         # 3 gates, each two (D, D) products
+    layer_flops = 24 * width**2 + 4 * n * width       # Q, K, V, O; the MLP; scores and A V
+    print(f"N = {n:3d} | GRU: {n:3d} dependent steps, {gru_flops / 1e3:5.0f} kFLOP a token, "
+          f"{format_duration(g)} | Transformer: 2 layers of parallel products, "
+          f"{2 * layer_flops / 1e3:5.0f} kFLOP a token, {format_duration(t)}")
 
-fig, ax = plt.subplots(figsize=(6, 3.5))
-ax.plot(lengths, [t * 1e3 for t in gru_times], "o-", label="GRU encoder (N steps in a row)")
-ax.plot(lengths, [t * 1e3 for t in transformer_times], "s-", label="Transformer encoder (2 layers)")
-ax.set(xlabel="sentence length N (tokens)", ylabel="one forward pass (ms)",
-       title="Encoder time against length, batch 32, one thread")
-ax.legend()
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+axes[0].plot(lengths, lengths, "o-", label="GRU encoder: one step per token")
+axes[0].plot(lengths, [2] * len(lengths), "s-", label="Transformer encoder: one step per layer")
+axes[0].set(xlabel="sentence length N (tokens)", ylabel="dependent steps (must run in order)",
+            title="What a parallel machine cannot overlap")
+axes[1].plot(lengths, [t * 1e3 for t in gru_times], "o-", label="GRU encoder")
+axes[1].plot(lengths, [t * 1e3 for t in transformer_times], "s-", label="Transformer encoder")
+axes[1].set(xlabel="sentence length N (tokens)", ylabel="one forward pass (ms)",
+            title="Time on ONE CPU thread, batch 32 (no parallelism)")
+for ax in axes:
+    ax.legend()
 plt.show()
+
+# %% [markdown]
+# Read the two panels apart. On one CPU thread (right) the Transformer encoder gets nothing from
+# its parallel structure: it does about four times the GRU's arithmetic per token here (printed
+# above), one multiply after another, and in our runs it was the slower of the two at every
+# length. What the Transformer removes is the left panel's line: the `N` steps that must run in
+# order. On a GPU the GRU's 128 steps are 128 rounds of small products that leave most of the
+# chip idle, while the Transformer's few large products fill it; that, not a one-thread timing,
+# is the "lack of parallelism" of the CS 4804 notes, and it is why training on long sequences
+# moved to
+# Transformers. (Our times are not asserted: they depend on the machine.)
 
 # %% [markdown]
 # ## 3. The fix: an encoder-decoder Transformer
@@ -330,34 +481,38 @@ check("encoders.source_key_mask", source_key_mask)
 # %% [markdown]
 # ### Training
 #
-# The same loop as the GRU's, `TRANSFORMER_STEPS` steps of `BATCH_SIZE` sentences.
+# The loop of `helpers.families.translation.train_translator` (the same for the GRUs above):
+# teacher forcing, cross-entropy on the real target tokens, AdamW with notebook 7's warm-up and
+# cosine schedule, `TRANSFORMER_STEPS` steps of `BATCH_SIZE` single sentences. It stops with an
+# error if the loss ever stops being finite, as notebook 7's Trainer does.
 
 # %%
+from helpers.families.translation import train_translator
+
+TRANSFORMER_STEPS = 300  # the knob: more steps, a better Transformer
+BATCH_SIZE = 32
+
 torch.manual_seed(0)
 model = EncoderDecoder(config)
 started = time.perf_counter()
 transformer_losses = train_translator(model, data, train_ids, steps=TRANSFORMER_STEPS,
                                       batch_size=BATCH_SIZE)
-transformer_seconds = time.perf_counter() - started
-print(f"Transformer: {TRANSFORMER_STEPS} steps, {format_duration(transformer_seconds)}; "
-      f"GRU: {GRU_STEPS} steps, {format_duration(gru_seconds)}")
+print(f"Transformer: {TRANSFORMER_STEPS} steps, {format_duration(time.perf_counter() - started)}")
 print("loss fell below a tenth of its start:", transformer_losses[-1] < transformer_losses[0] / 10)
 assert transformer_losses[-1] < transformer_losses[0] / 10
 
 fig, ax = plt.subplots(figsize=(6, 3.5))
-ax.plot(gru_losses, label="GRU, no attention")
-ax.plot(transformer_losses, label="encoder-decoder Transformer")
+ax.plot(transformer_losses)
 ax.set(xlabel="step", ylabel="training loss (cross-entropy)", yscale="log",
-       title="Learning to translate into Grammish")
-ax.legend()
+       title="The encoder-decoder learns to translate into Grammish")
 plt.show()
 
 # %% [markdown]
 # ## 4. Accuracy against sentence length
 #
-# Both models translate the whole test split greedily (the most likely word at every step). We
-# score **exact match** (the whole sentence right) and **token accuracy** (the share of target
-# tokens right at their place), by source length.
+# The Transformer translates the whole test split of single sentences greedily (the most likely
+# word at every step). We score **exact match** (the whole sentence right) and **token accuracy**
+# (the share of target tokens right at their place), by source length.
 
 # %%
 from helpers.families.seq2seq import greedy_decode
@@ -365,45 +520,28 @@ from helpers.families.seq2seq import greedy_decode
 source, _, target = make_batch(data, test_ids)
 with torch.no_grad():
     transformer_out = greedy_decode(model, source, max_length=24)
-    gru_out = gru_greedy_decode(gru, source, max_length=24)
-scores = {"Transformer": score_translations(transformer_out, target),
-          "GRU": score_translations(gru_out, target)}
+t_exact, t_tokens = score_translations(transformer_out, target)
 
-bins = [(5, 8), (9, 10), (11, 12), (13, 14)]
+single_bins = [(5, 8), (9, 10), (11, 12), (13, 14)]
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-by_length: dict[str, list[float]] = {}
-for name, (exact, tokens) in scores.items():
-    for ax, values, what in ((axes[0], exact.float(), "exact match"), (axes[1], tokens, "token accuracy")):
-        per_bin = [values[(source_lengths >= lo) & (source_lengths <= hi)].mean().item() for lo, hi in bins]
-        ax.plot([f"{lo}-{hi}" for lo, hi in bins], per_bin, "o-", label=name)
-        ax.set(xlabel="source length (tokens)", ylabel=what, ylim=(0, 1.02), title=f"{what} on the test split")
-        by_length[f"{name} {what}"] = per_bin
-axes[0].legend()
+for ax, values, what in ((axes[0], t_exact.float(), "exact match"), (axes[1], t_tokens, "token accuracy")):
+    per_bin = [values[(source_lengths >= lo) & (source_lengths <= hi)].mean().item() for lo, hi in single_bins]
+    ax.plot([f"{lo}-{hi}" for lo, hi in single_bins], per_bin, "o-")
+    ax.set(xlabel="source length (tokens)", ylabel=what, ylim=(0, 1.02),
+           title=f"Transformer, {TRANSFORMER_STEPS} steps: {what} on the test split")
 plt.show()
 
 # %% [markdown]
-# Trained for about the same time, the Transformer translates most test sentences exactly, while
-# the GRU, squeezed through one vector, gets only a few whole sentences right, and its token
-# accuracy falls as the sentences grow. The Transformer's longest sentences (13-14 tokens, nearly
-# all from the "Once upon a time, there was ..." and "Long ago, ..." templates) are its weakest
-# after so short a run: their last words sit at positions few training sentences reach, and one
-# wrong word spoils an exact match. Doubling `TRANSFORMER_STEPS` closes most of that gap. (The printed numbers are bounds: training rounds slightly
-# differently from one CPU to another, and a stored notebook must read the same on all of them.
-# The measured values are in the figure.)
+# After so short a run the longest sentences (13-14 tokens, nearly all from the "Once upon a
+# time, there was ..." and "Long ago, ..." templates) are the weakest: their last words sit at
+# positions few training sentences reach, and one wrong word spoils an exact match. (The printed
+# numbers are bounds: training rounds slightly differently from one CPU to another, and a stored
+# notebook must read the same on all of them. The measured values are in the figure.)
 
 # %%
-t_exact, t_tokens = scores["Transformer"]
-g_exact, g_tokens = scores["GRU"]
-short, long = by_length["GRU token accuracy"][0], by_length["GRU token accuracy"][-1]
 print(f"Transformer exact match > 80 %: {t_exact.float().mean().item() > 0.8}; "
       f"token accuracy > 95 %: {t_tokens.mean().item() > 0.95}")
-print(f"GRU exact match < 10 %: {g_exact.float().mean().item() < 0.1}; "
-      f"token accuracy < 90 %: {g_tokens.mean().item() < 0.9}")
-print(f"GRU token accuracy, longest sentences at least 5 points below the shortest: {long < short - 0.05}")
-print("Transformer ahead of the GRU in every length bin:",
-      all(t > g for t, g in zip(by_length["Transformer exact match"], by_length["GRU exact match"], strict=True)))
-assert t_exact.float().mean() > 0.8 and g_exact.float().mean() < 0.1 and long < short - 0.05
-assert t_tokens.mean() > 0.95 > 0.9 > g_tokens.mean()
+assert t_exact.float().mean() > 0.8 and t_tokens.mean() > 0.95
 
 # %% [markdown]
 # ## 5. Greedy decoding and beam search
@@ -459,17 +597,39 @@ check("encoders.beam_step", beam_step)
 # %%
 from helpers.families.seq2seq import beam_search, sequence_log_prob
 
-beam_better = beam_as_good = 0
 n_beam = 60
+beam_better = beam_as_good = beam_right = greedy_right = 0
 for i in range(n_beam):
-    sentence = source[i][source[i] != PAD_ID]
+    sentence, reference = source[i][source[i] != PAD_ID], target[i][target[i] != PAD_ID]
     greedy = transformer_out[i][transformer_out[i] != PAD_ID]
     greedy_score = sequence_log_prob(model, sentence, greedy)
     beam, beam_score = beam_search(model, sentence, beam_width=4, max_length=24)
     beam_as_good += beam_score >= greedy_score - 1e-4
     beam_better += beam_score > greedy_score + 1e-4
+    beam_right += torch.equal(beam, reference)
+    greedy_right += torch.equal(greedy, reference)
 print(f"beam search at least as likely as greedy: {beam_as_good} of {n_beam} sentences")
 assert beam_as_good == n_beam
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# Counts of a model trained in float32 can move by one from one CPU to another; the asserts keep the claim.
+print(f"beam strictly more likely than greedy: {beam_better} of {n_beam} sentences")
+print(f"exactly right: greedy {greedy_right}, beam {beam_right} of {n_beam}")
+assert beam_right >= greedy_right - 3
+
+# %% [markdown]
+# On single sentences the beam rarely finds anything more likely than greedy's. On the longer joined
+# examples of section 2, `bench_bottleneck.py` ran the same comparison for each seed's
+# Transformer (width 4, the first held-out examples). In our runs the beam found a more likely output
+# for 5 to 10 of 30 examples, and exactly right ones stayed the same or one fewer: a more likely
+# sentence under a model still learning is not a better translation.
+
+# %%
+for run in bottleneck["runs"]:
+    b = run["models"]["transformer"]["beam"]
+    print(f"seed {run['seed']}: beam more likely than greedy on {b['beam_more_likely']:2d} of {b['n']}; "
+          f"exactly right: greedy {b['greedy_exact']:2d}, beam {b['beam_exact']:2d}")
 
 # %% [markdown]
 # Three translations by beam search, next to the reference. The model still confuses some rare
@@ -492,11 +652,24 @@ for i in range(3):
 # For a test sentence, we feed the model's own translation back as the decoder input and read the
 # weights of the last decoder layer's cross-attention: row = the Grammish word being written,
 # column = the English word it reads. With a monotonic alignment the bright cells would lie on the
-# diagonal; here the verb, written last, reads the English verb near the start, and each
-# adjective-noun pair is read crosswise.
+# diagonal. The first sentence below is chosen to contain both reorderings of the rule: an
+# adjective before its noun, and a verb that Grammish moves to the end of its clause.
 
 # %%
-sentence_choices = {" ".join(data.english[i]): i for i in test_ids[:8]}
+from helpers.families.translation import ADJECTIVES, PAST_VERBS
+
+
+def reorders(words: list[str]) -> bool:
+    """An adjective followed by a noun, and a past verb that is not the clause's last word."""
+    pair = any(a in ADJECTIVES and b.isalpha() and b not in ADJECTIVES for a, b in zip(words, words[1:], strict=False))
+    verb = any(w in PAST_VERBS and words[i + 1].isalpha() for i, w in enumerate(words[:-1]))
+    return pair and verb
+
+
+shown = [i for i in test_ids if reorders(data.english[i])][:4] + test_ids[:4]
+sentence_choices = {" ".join(data.english[i]): i for i in shown}
+print("drawn first:", next(iter(sentence_choices)))
+print("its Grammish:", " ".join(data.grammish[shown[0]]))
 
 
 def draw_cross_attention(sentence: str, head: int) -> torch.Tensor:
@@ -518,6 +691,16 @@ def draw_cross_attention(sentence: str, head: int) -> torch.Tensor:
 first_sentence = next(iter(sentence_choices))
 static_weights = draw_cross_attention(first_sentence, head=0)
 plt.show()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# Which source word a head reads most can change with the last bits of training, from CPU to CPU.
+english = data.english[sentence_choices[first_sentence]]
+with torch.no_grad():
+    averaged = model.cross_attention_weights()[-1, 0].mean(dim=0)  # (N, M): the heads averaged
+written = data.target_vocab.decode(greedy_decode(model, make_batch(data, [shown[0]])[0], 24)[0].tolist())
+for row, word in enumerate(written):
+    print(f"{word:10s} reads most: {english[int(averaged[row].argmax())]}")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -668,12 +851,12 @@ print("a broken one:", " ".join(vocab.itos[i] for i in train_x[(train_y == 0).no
 FINETUNE_STEPS = 100  # the knob
 
 
-def finetune(encoder: Encoder) -> float:
+def finetune(encoder: Encoder, seed: int) -> float:
     """Train Classifier(encoder) on the labelled set; return its accuracy on the test split."""
-    torch.manual_seed(1)
+    torch.manual_seed(seed)
     classifier = Classifier(encoder, n_classes=2)
     optimizer = torch.optim.AdamW(classifier.parameters(), lr=1e-3, foreach=True)
-    order = random.Random(2)
+    order = random.Random(seed)
     for _ in range(FINETUNE_STEPS):
         batch = order.sample(range(len(train_y)), 32)
         loss = F.cross_entropy(classifier(train_x[batch]), train_y[batch])
@@ -685,21 +868,37 @@ def finetune(encoder: Encoder) -> float:
         return (classifier(test_x).argmax(dim=-1) == test_y).float().mean().item()
 
 
+# %% [markdown]
+# Three finetuning seeds on each side (the seed draws the classifier's head, the batches, and for
+# the scratch side the encoder's weights); everything else is equal.
+
+# %%
 started = time.perf_counter()
-pretrained_accuracy = finetune(copy.deepcopy(encoder))
-torch.manual_seed(0)
-scratch_accuracy = finetune(Encoder(vocab.vocab_size, 24, n_layers=2, n_heads=4, d_model=64))
-finetune_seconds = time.perf_counter() - started
-print(f"both classifiers trained, {format_duration(finetune_seconds)}")
-print(f"pretrained encoder: test accuracy > 66 %: {pretrained_accuracy > 0.66}")
-print(f"from scratch      : test accuracy < 65 %: {scratch_accuracy < 0.65}")
-print(f"pretraining is worth at least 5 points: {pretrained_accuracy > scratch_accuracy + 0.05}")
-assert pretrained_accuracy > 0.66 and scratch_accuracy < 0.65 and pretrained_accuracy > scratch_accuracy + 0.05
+pretrained_accuracy, scratch_accuracy = [], []
+for seed in (1, 2, 3):
+    pretrained_accuracy.append(finetune(copy.deepcopy(encoder), seed))
+    torch.manual_seed(seed)
+    scratch_accuracy.append(finetune(Encoder(vocab.vocab_size, 24, n_layers=2, n_heads=4, d_model=64), seed))
+gaps = [p - q for p, q in zip(pretrained_accuracy, scratch_accuracy, strict=True)]
+print(f"six classifiers trained, {format_duration(time.perf_counter() - started)}")
+print(f"every pretrained seed > 62 %: {min(pretrained_accuracy) > 0.62}; every scratch seed < 66 %: "
+      f"{max(scratch_accuracy) < 0.66}; pretraining ahead on every seed by > 3 points: {min(gaps) > 0.03}")
+assert min(pretrained_accuracy) > 0.62 and max(scratch_accuracy) < 0.66 and min(gaps) > 0.03
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# The exact accuracies move by a sentence or two from one CPU to another; the cell above asserts bounds.
+print("pretrained:", " ".join(f"{a:.3f}" for a in pretrained_accuracy))
+print("scratch   :", " ".join(f"{a:.3f}" for a in scratch_accuracy))
+print(f"gap per seed: {' '.join(f'{g:+.3f}' for g in gaps)}; mean {sum(gaps) / 3:+.3f} "
+      f"on {len(test_y)} test sentences (chance: 0.5)")
 
 # %% [markdown]
-# From 256 labels alone, the scratch encoder barely learns what word order the grammar allows; the
-# pretrained one learned it from the unlabelled sentences, while predicting hidden words from both
-# sides, and needs the labels only to say which way to answer.
+# How much does it hold? On every seed the pretrained encoder is ahead, by the gaps printed above
+# (10 to 17 points in our runs, with both sides well above chance but far from perfect). What
+# pretraining gave is a starting point from which 256 labels go further; the measurement says
+# nothing finer than that, for instance not that the encoder "knows the word order" (a probe of
+# the pretrained vectors would be needed for that).
 #
 # ## 8. The three families, side by side
 #
@@ -735,6 +934,7 @@ def prompt_batch(indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, labels
 
 
+# %%
 torch.manual_seed(0)
 gpt = GPT(GPTConfig(vocab_size=shift + data.target_vocab.vocab_size, context_length=32, n_layers=2,
                     n_heads=4, d_model=64))
@@ -756,14 +956,13 @@ with torch.no_grad():
     source, target_in, target = make_batch(data, test_ids)
     right = model(source, target_in).argmax(-1) == target
     encoder_decoder_accuracy = right[target != PAD_ID].float().mean().item()
-    right = gru(source, target_in).argmax(-1) == target
-    gru_accuracy = right[target != PAD_ID].float().mean().item()
 print(f"teacher-forced token accuracy > 95 %: encoder-decoder {encoder_decoder_accuracy > 0.95}, "
-      f"decoder-only {decoder_only_accuracy > 0.95}; GRU < 90 %: {gru_accuracy < 0.9}")
-assert encoder_decoder_accuracy > 0.95 and decoder_only_accuracy > 0.95 and gru_accuracy < 0.9
+      f"decoder-only {decoder_only_accuracy > 0.95}")
+assert encoder_decoder_accuracy > 0.95 and decoder_only_accuracy > 0.95
 
 # %% [markdown]
-# Both attention models learn the reordering; the GRU does not. The table reads off the three
+# Both attention models learn the reordering, one seed each here (a bound, not a ranking of the
+# two: their gap is within what another seed moves). The table reads off the three
 # Transformers trained in this notebook where cross-attention sits, which masks each stack uses
 # and what each is trained to predict.
 
@@ -776,7 +975,7 @@ n_cross = sum(isinstance(layer.cross_attn, MultiHeadAttention) for layer in mode
 rows = [
     ("encoder-only (BERT)", parameters(mlm), "padding, bidirectional", "none",
      "the 15 % hidden words, from both sides"),
-    ("encoder-decoder (T5, 2017)", parameters(model),
+    ("encoder-decoder (T5, 2019)", parameters(model),
      "enc: padding; dec: causal", f"{n_cross} (one per decoder layer)",
      "the next target word, given the source"),
     ("decoder-only (GPT)", parameters(gpt), "causal", "none",
@@ -791,26 +990,25 @@ assert not any(isinstance(getattr(m, "cross_attn", None), MultiHeadAttention) fo
 # %% [markdown]
 # ## What we measured
 #
-# With the default knobs (`TRANSFORMER_STEPS = 300` and `GRU_STEPS = 500`, about the same
-# training time each, printed in sections 2 and 3; `PRETRAIN_STEPS`, `FINETUNE_STEPS` and
-# `DECODER_ONLY_STEPS`, with their times printed in sections 7 and 8):
-#
-# - the encoder-decoder Transformer gets more than 80 % of the test sentences exactly right and
-#   more than 95 % of their tokens, and beats the GRU at every length;
-# - the GRU without attention, trained about as long, gets fewer than 10 % exactly right, and its token
-#   accuracy falls by more than 5 points from the shortest sentences to the longest: the
-#   bottleneck;
-# - notebook 7's GPT, trained as a decoder-only translator on the same pairs, predicts more than
-#   95 % of the Grammish words from the English prompt and the true words before them, as the
-#   encoder-decoder does; the GRU stays below 90 %;
-# - beam search (width 4) found a translation at least as likely as greedy's on all 60 sentences
-#   tried;
-# - an encoder pretrained by masked language modelling and finetuned on 256 labels tells
-#   well-formed from broken sentences with more than 66 % accuracy; the same encoder from scratch
-#   stays below 65 %, at least 5 points worse.
-#
-# The cells above print each of these as a bound and assert it.
-#
+# - **The bottleneck** (section 2, three seeds from `data/bottleneck.json`, made by
+#   `python benchmarks/bench_bottleneck.py --jobs 3`): on sources of 1-3 joined sentences, with
+#   a width of 32 for every model and equal data and steps, the plain GRU's accuracy falls as the
+#   source grows; the same GRUs with Bahdanau's attention do not fall that way, and neither does
+#   the Transformer. The table of section 2 gives each model's mean and range by length, and the
+#   half-way reading says which models were still improving.
+# - **The recurrence** (section 2): the GRU's `N` dependent steps against the Transformer's
+#   two; the one-thread times beside them show the arithmetic, not the parallelism.
+# - **The encoder-decoder** (sections 3-4, `TRANSFORMER_STEPS = 300`): more than 80 % of the
+#   single test sentences exactly right and more than 95 % of their tokens.
+# - **Beam search** (section 5): never less likely than greedy on the 60 sentences tried; how
+#   often it is strictly more likely, and what that does to exact matches, is printed for this
+#   model and for the three seeds of the benchmark.
+# - **Pretraining** (section 7, three finetuning seeds a side): the pretrained encoder ahead of
+#   the scratch one on every seed; the gaps are printed.
+# - **The decoder-only translator** (section 8): more than 95 % teacher-forced token accuracy, as
+#   the encoder-decoder.
+
+# %% [markdown]
 # ## Check your understanding
 #
 # **What are the differences between the Transformer encoder and decoder?** (the USF notes)
@@ -824,26 +1022,31 @@ assert not any(isinstance(getattr(m, "cross_attn", None), MultiHeadAttention) fo
 # the encoder's output, `(B, H, N, M)` weights. The encoder runs once per source; the decoder runs
 # once per generated token.
 # </details>
-#
+
+# %% [markdown]
 # **Why does the GRU lose long sentences, and why does the Transformer not?**
 #
 # <details><summary>Answer</summary>
 #
-# The GRU decoder gets the whole source through one vector of 128 numbers, the encoder's last
-# state; more words must share the same space. Cross-attention lets each target word read every
-# source word's vector directly, however long the sentence (section 4's figure).
+# The plain GRU decoder gets the whole source through one vector, the encoder's last state (32
+# numbers in section 2's experiment); more words must share the same space. Attention, on a GRU
+# (Bahdanau) or in a Transformer, lets each target word read every source word's vector directly,
+# however long the sentence (section 2's figure). The Transformer then also drops the recurrence.
 # </details>
-#
+
+# %% [markdown]
 # **What parallelises in training each model?** (the USF notes' parallelisation question, for this notebook)
 #
 # <details><summary>Answer</summary>
 #
 # The Transformer processes all source tokens at once, and with teacher forcing and the causal
 # mask all target positions at once too: one pass per layer. The GRU needs one step per token,
-# each waiting for the previous (section 2 counts them: `N` dependent steps). At inference both
+# each waiting for the previous (section 2 counts them: `N` dependent steps; attention on a GRU
+# does not change that). At inference both
 # decoders write one token at a time.
 # </details>
-#
+
+# %% [markdown]
 # **Why does BERT replace only 80 % of the picked tokens by `<mask>`?**
 #
 # <details><summary>Answer</summary>
@@ -853,7 +1056,8 @@ assert not any(isinstance(getattr(m, "cross_attn", None), MultiHeadAttention) fo
 # positions say about themselves; the 10 % random and 10 % unchanged tokens make it build a
 # useful vector for every position.
 # </details>
-#
+
+# %% [markdown]
 # **Which family would you pick to translate, to classify a sentence, to write a story?**
 #
 # <details><summary>Answer</summary>

@@ -10,9 +10,9 @@ import torch
 from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
 
 
-@exercise(hint="Queries come from the N target tokens, keys and values from the M source tokens: "
-               "Q is (B, H, N, D_H), K and V are (B, H, M, D_H), the weights (B, H, N, M), and "
-               "the output, after W_O, is (B, N, D) with D_H = D // H.")
+@exercise(hint="Queries come from the target tokens, keys and values from the source tokens; "
+               "each head works in D // H features; the weights pair every query with every key; "
+               "the output has one vector of width D per target token.")
 def cross_attention_shapes(student: Callable[[int, int, int, int, int], dict]) -> str:
     for b, n, m, d, h in ((2, 5, 7, 16, 4), (1, 9, 3, 12, 3)):
         got = student(b, n, m, d, h)
@@ -28,8 +28,8 @@ def cross_attention_shapes(student: Callable[[int, int, int, int, int], dict]) -
     return "Those are the USF notes' shapes, with a batch and a head axis in front."
 
 
-@exercise(hint="source != pad_id gives (B, M) True on real tokens; add two axes in the middle, "
-               "[:, None, None, :], so that it broadcasts over heads and queries.")
+@exercise(hint="True marks a real token (not padding); two axes of size 1 between the batch and "
+               "the keys let one mask serve every head and every query.")
 def source_key_mask(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
     source = torch.tensor([[5, 6, 7, 0, 0], [8, 0, 0, 0, 0], [3, 4, 5, 6, 9]])
     got = student(source, 0)
@@ -48,17 +48,37 @@ def source_key_mask(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str
     return "Every head and every query of the decoder now skips the padding."
 
 
-@exercise(hint="total = scores[:, None] + log_probs is (k, V); total.flatten().topk(width) gives "
-               "the best values and flat indices; row = index // V, token = index % V.")
+def _per_row_mistake(new_scores: object, total: torch.Tensor, width: int) -> str | None:
+    """Name the slip when the scores are the best `width` of each row, or each row's best only."""
+    if not isinstance(new_scores, torch.Tensor) or not new_scores.is_floating_point():
+        return None
+    got = new_scores.detach().flatten().sort(descending=True).values
+    per_row = total.topk(min(width, total.shape[1]), dim=1).values.flatten().sort(descending=True).values
+    best_each = total.max(dim=1).values.sort(descending=True).values
+    right = total.flatten().topk(min(width, total.numel())).values
+    if got.shape == right.shape and torch.allclose(got, right):
+        return None
+    for candidate in (per_row, per_row[:width], best_each[:width]):
+        if got.shape == candidate.shape and torch.allclose(got, candidate):
+            return ("you chose the best children of each prefix separately (a per-row top-k, or each "
+                    "row's best word): a beam keeps the `width` best children of the whole (k, V) "
+                    "table, so a strong prefix may give several children and a weak one none. "
+                    "Flatten the table before topk.")
+    return None
+
+
+@exercise(hint="Every child's score is its prefix's score plus the new word's log-probability; "
+               "the beam keeps the `width` best children over all prefixes together, and each "
+               "child's flat index says which row and which token it came from.")
 def beam_step(student: Callable[[torch.Tensor, torch.Tensor, int], tuple]) -> str:
     generator = torch.Generator().manual_seed(0)
     scores = torch.tensor([-0.5, -1.0, -2.5])
     log_probs = torch.randn(3, 6, generator=generator).log_softmax(dim=-1)
+    total = scores[:, None] + log_probs
     for width in (1, 3, 4):
         got = student(scores, log_probs, width)
         if not isinstance(got, tuple) or len(got) != 3:
             raise ExerciseFailed(f"return (new_scores, rows, tokens), got {got!r}.")
-        total = scores[:, None] + log_probs
         best, flat = total.flatten().topk(width)
         new_scores, rows, tokens = got
         alone = log_probs.flatten().topk(width).values
@@ -66,6 +86,9 @@ def beam_step(student: Callable[[torch.Tensor, torch.Tensor, int], tuple]) -> st
                 torch.allclose(new_scores, alone):
             raise ExerciseFailed("add each prefix's score to its row of log_probs before choosing: "
                                  "a child's score is its prefix's score plus the new word's log-probability.")
+        mistake = _per_row_mistake(new_scores, total, width)
+        if mistake:
+            raise ExerciseFailed(f"with width {width}, {mistake}")
         expect_close(new_scores, best, f"the new scores with width {width}")
         rows, tokens = torch.as_tensor(rows), torch.as_tensor(tokens)
         if torch.equal(rows, flat // 6) and torch.equal(tokens, flat % 6):

@@ -1,0 +1,114 @@
+"""Notebook 10's checkers: another correct formulation passes, typical mistakes fail by name."""
+
+from __future__ import annotations
+
+import torch
+
+from helpers.lab.exercises import evaluate
+from helpers.model.multihead import MultiHeadAttention
+
+# --- cross_attention_shapes ---------------------------------------------------------------------
+
+
+def shapes_by_running(b, n, m, d, h):
+    """Another correct answer: run real cross-attention and read the shapes off."""
+    attn = MultiHeadAttention(d, h)
+    y, memory = torch.zeros(b, n, d), torch.zeros(b, m, d)
+    q = attn.q_proj(y).view(b, n, h, d // h).transpose(1, 2)
+    k = attn.k_proj(memory).view(b, m, h, d // h).transpose(1, 2)
+    weights = (q @ k.transpose(-2, -1)).softmax(-1)
+    return {"q": list(q.shape), "k": k.shape, "v": k.shape, "weights": weights.shape,
+            "output": attn(y, context=memory).shape}
+
+
+def shapes_keys_from_target(b, n, m, d, h):
+    return {"q": (b, h, n, d // h), "k": (b, h, n, d // h), "v": (b, h, n, d // h),
+            "weights": (b, h, n, n), "output": (b, n, d)}
+
+
+def shapes_weights_transposed(b, n, m, d, h):
+    return {"q": (b, h, n, d // h), "k": (b, h, m, d // h), "v": (b, h, m, d // h),
+            "weights": (b, h, m, n), "output": (b, n, d)}
+
+
+def test_cross_attention_shapes_checker():
+    assert evaluate("encoders.cross_attention_shapes", shapes_by_running)[0]
+    passed, message = evaluate("encoders.cross_attention_shapes", shapes_keys_from_target)
+    assert not passed and "k should be" in message and "Keys and values come from the source" in message
+    passed, message = evaluate("encoders.cross_attention_shapes", shapes_weights_transposed)
+    assert not passed and "weights should be (2, 4, 5, 7), got (2, 4, 7, 5)" in message
+
+
+# --- source_key_mask ----------------------------------------------------------------------------
+
+
+def test_source_key_mask_checker():
+    assert evaluate("encoders.source_key_mask", lambda s, p: s.ne(p).unsqueeze(1).unsqueeze(2))[0]
+    assert evaluate("encoders.source_key_mask", lambda s, p: (s != p).view(s.shape[0], 1, 1, -1))[0]
+    passed, message = evaluate("encoders.source_key_mask", lambda s, p: (s == p)[:, None, None, :])
+    assert not passed and "swapped" in message
+    passed, message = evaluate("encoders.source_key_mask", lambda s, p: s != p)
+    assert not passed and "shape (B, 1, 1, M)" in message
+    passed, message = evaluate("encoders.source_key_mask", lambda s, p: (s != p).long()[:, None, None, :])
+    assert not passed and "torch.bool" in message
+
+
+# --- beam_step ----------------------------------------------------------------------------------
+
+
+def beam_by_sorting(scores, log_probs, width):
+    """Another correct answer: sort the whole table, divmod the flat indices."""
+    total = (log_probs + scores.unsqueeze(1)).reshape(-1)
+    order = total.argsort(descending=True)[:width]
+    rows = torch.div(order, log_probs.shape[1], rounding_mode="floor")
+    return total[order], rows, order - rows * log_probs.shape[1]
+
+
+def beam_by_unravel(scores, log_probs, width):
+    best, flat = (scores[:, None] + log_probs).flatten().topk(width)
+    rows, tokens = torch.unravel_index(flat, log_probs.shape)
+    return best, rows, tokens
+
+
+def beam_per_row(scores, log_probs, width):
+    """The slip: the best `width` children of each prefix."""
+    best, tokens = (scores[:, None] + log_probs).topk(width, dim=1)
+    rows = torch.arange(len(scores))[:, None].expand_as(tokens)
+    return best.flatten(), rows.flatten(), tokens.flatten()
+
+
+def beam_best_word_per_row(scores, log_probs, width):
+    """The slip: each prefix extended by its best word only, then the best `width` of those."""
+    best_each, tokens = (scores[:, None] + log_probs).max(dim=1)
+    best, rows = best_each.topk(min(width, len(scores)))
+    return best, rows, tokens[rows]
+
+
+def beam_without_prefix_scores(scores, log_probs, width):
+    best, flat = log_probs.flatten().topk(width)
+    return best, flat // log_probs.shape[1], flat % log_probs.shape[1]
+
+
+def beam_swapped(scores, log_probs, width):
+    best, flat = (scores[:, None] + log_probs).flatten().topk(width)
+    return best, flat % log_probs.shape[1], flat // log_probs.shape[1]
+
+
+def test_beam_step_checker_accepts_other_correct_answers():
+    for answer in (beam_by_sorting, beam_by_unravel):
+        passed, message = evaluate("encoders.beam_step", answer)
+        assert passed, message
+
+
+def test_beam_step_checker_names_a_per_row_top_k():
+    for answer in (beam_per_row, beam_best_word_per_row):
+        passed, message = evaluate("encoders.beam_step", answer)
+        assert not passed and "best children of each prefix separately" in message, message
+        assert "Flatten the table" in message
+
+
+def test_beam_step_checker_names_the_other_slips():
+    passed, message = evaluate("encoders.beam_step", beam_without_prefix_scores)
+    assert not passed and "add each prefix's score" in message
+    passed, message = evaluate("encoders.beam_step", beam_swapped)
+    assert not passed and "swapped" in message
