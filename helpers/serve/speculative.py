@@ -145,12 +145,16 @@ def autoregressive_distribution(target: Conditional, prefix: tuple[int, ...],
 class SpeculativeStats:
     proposed: int = 0        # drafted tokens
     accepted: int = 0        # drafted tokens the target kept
+    rejected: int = 0        # drafted tokens the target replaced (at most one a round; the
+                             # drafted tokens after it are never checked)
     target_passes: int = 0   # forward passes of the target (one per round, plus the prompt)
     draft_passes: int = 0
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted / max(self.proposed, 1)
+        """Accepted / checked: the chance that a drafted token the target looks at is kept
+        (Leviathan et al.'s alpha). vLLM's "draft acceptance rate" is accepted / proposed."""
+        return self.accepted / max(self.accepted + self.rejected, 1)
 
 
 def _feed(model: nn.Module, cache: KVCache, ids: Sequence[int]) -> Tensor:
@@ -204,6 +208,7 @@ def speculative_generate(target: nn.Module, draft: nn.Module, prompt: Sequence[i
         if extra is None:  # every drafted token kept: the target's next token comes free
             extra = int(torch.multinomial(p[k], 1, generator=generator))
         stats.proposed, stats.accepted = stats.proposed + k, stats.accepted + kept
+        stats.rejected += kept < k
         seq += proposed[:kept] + [extra]
         t_cache.length = min(t_cache.length, len(seq) - 1)  # roll back past the rejection
         d_cache.length = min(d_cache.length, len(seq) - 1)
