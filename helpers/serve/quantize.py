@@ -143,7 +143,7 @@ def quantize_model(model: nn.Module, bits: int, group_size: int = 32) -> nn.Modu
     checks.one_of("bits", bits, (8, 4))
     quantized = copy.deepcopy(model).eval()
     for block in quantized.blocks:
-        for name, module in list(block.named_modules()):
+        for module in list(block.modules()):
             for child_name, child in list(module.named_children()):
                 if isinstance(child, nn.Linear):
                     setattr(module, child_name, QuantizedLinear(child, bits, group_size))
