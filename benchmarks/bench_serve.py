@@ -13,7 +13,8 @@ character-level, the course corpus, 200 Trainer steps in float32, seed 0.
    tokens. Printed: steps, wall time, tokens/s, mean latency in steps and in seconds (latency in
    steps x that scheme's measured seconds per step; arrivals are counted in engine steps).
 2. Speculative decoding, greedy, 3 prompts x 40 tokens, against the target alone with its KV
-   cache (`generate`): acceptance rate, target passes per token, wall-clock speed-up.
+   cache (`generate`): acceptance rate (accepted / checked drafted tokens, as in notebook 14),
+   target passes per token, wall-clock speed-up.
 3. Weight-only int8 on a 1024 -> 4096 Linear: float32, our dequantize-then-multiply,
    `torch._weight_int8pack_mm` (PyTorch's weight-only int8 CPU kernel) and `torch.ao`'s dynamic
    int8 quantization, for 1 and 16 rows.
@@ -95,7 +96,7 @@ def bench_speculative(target: GPT, draft: GPT, tokenizer: CharTokenizer, ks: lis
         seconds = best_time(runs, repeats=repeats)
         stats = [s for _, s in runs()]
         passes = sum(s.target_passes for s in stats)
-        rate = sum(s.accepted for s in stats) / sum(s.proposed for s in stats)
+        rate = sum(s.accepted for s in stats) / sum(s.accepted + s.rejected for s in stats)  # of those checked
         print(f"  k = {k}: acceptance {rate:.2f}, target passes per token {passes / (NEW * len(prompts)):.2f}, "
               f"{seconds * 1e3:.1f} ms, speed-up {base / seconds:.2f}x")
 
