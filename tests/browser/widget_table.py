@@ -107,4 +107,7 @@ WIDGETS: dict[str, list[Widget]] = {
     # The collectives and the parallel schemes run in worker processes; their results come back
     # as printed tables and figures, not widgets.
     "11_distributed": [],
+    "14_serving": [
+        Widget((slider("temperature"), slider("top_p")), drives="figure"),
+    ],
 }

@@ -1,0 +1,215 @@
+"""Speculative decoding: a small draft proposes k tokens, the target checks them in one pass.
+
+Defined in notebook 14, "Serving the model", section 6 (Leviathan et al. 2023; Chen et al. 2023):
+
+    acceptance_probability   min(1, p(x) / q(x)) for a drafted token x
+    residual                 norm(max(0, p - q)): where to draw from after a rejection
+    accept_or_reject         one drafted token: kept, or replaced by a draw from the residual
+    speculative_generate     the loop over two GPTs with KV caches; counts the passes
+    exact_distribution       the output distribution of speculative decoding, every path
+                             enumerated (for tiny vocabularies), to prove it equals the target's
+
+Accepting x with probability min(1, p/q) and otherwise drawing from the residual gives x with
+probability q(x) min(1, p(x)/q(x)) + (1 - sum_y min(q(y), p(y))) r(x) = min(q, p)(x) +
+max(0, p - q)(x) = p(x): the target's distribution, whatever the draft. tests/test_speculative.py
+checks it by enumeration. Shapes: V vocabulary, k drafted tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from helpers import checks
+from helpers.model.kv_cache import KVCache
+from helpers.serve import sampling
+
+
+def _check_probs(name: str, probs: Tensor) -> None:
+    if not isinstance(probs, Tensor) or probs.dim() != 1 or not probs.is_floating_point():
+        raise ValueError(f"{name} is {getattr(probs, 'shape', type(probs).__name__)}, expected a "
+                         "float (V,) probability vector")
+    if (probs < 0).any() or abs(float(probs.sum()) - 1) > 1e-6:
+        raise ValueError(f"{name} sums to {float(probs.sum()):.6f} or has negative entries, "
+                         "expected a probability distribution")
+
+
+def acceptance_probability(target: Tensor, draft: Tensor, token: int) -> float:
+    """min(1, p(token) / q(token)) for target p (V,) and draft q (V,); q(token) > 0 (drafted)."""
+    _check_probs("target", target)
+    _check_probs("draft", draft)
+    if target.shape != draft.shape:
+        raise ValueError(f"target has {target.shape[0]} tokens and draft {draft.shape[0]}: the "
+                         "draft must share the target's vocabulary")
+    q = float(draft[token])
+    if q <= 0:
+        raise ValueError(f"token {token} has draft probability 0, so the draft cannot propose it")
+    return min(1.0, float(target[token]) / q)
+
+
+def residual(target: Tensor, draft: Tensor) -> Tensor:
+    """norm(max(0, p - q)) (V,): the target's mass the draft under-proposed. When p == q (then
+    nothing is ever rejected) it returns p."""
+    _check_probs("target", target)
+    _check_probs("draft", draft)
+    left = (target - draft).clamp(min=0)
+    total = left.sum()
+    return target.clone() if total <= 0 else left / total
+
+
+def accept_or_reject(target: Tensor, draft: Tensor, token: int, u: float) -> tuple[bool, Tensor]:
+    """The rule for one drafted token, given a uniform u in [0, 1).
+
+    Returns (True, _) if the token is kept (u < min(1, p/q)), else (False, the residual
+    distribution to draw the replacement from). The second item is always the residual.
+    """
+    u = checks.number_in("u", u, 0.0, 1.0, high_open=True, expected="a uniform draw in [0, 1)")
+    return u < acceptance_probability(target, draft, token), residual(target, draft)
+
+
+# --- the exact output distribution, by enumeration ------------------------------------------
+
+Conditional = Callable[[tuple[int, ...]], Tensor]  # prefix -> next-token probabilities (V,)
+
+
+def exact_distribution(target: Conditional, draft: Conditional, prefix: tuple[int, ...],
+                       k: int, n_tokens: int) -> dict[tuple[int, ...], float]:
+    """P(the first n_tokens speculative decoding outputs after `prefix`), every path enumerated.
+
+    target, draft: prefix -> probabilities (V,). One round drafts k tokens (V^k draft paths),
+    keeps each with `acceptance_probability`, replaces the first rejected one by a draw from
+    `residual`, or adds a bonus token from the target when all k are kept; rounds repeat until
+    n_tokens are out. Exponential in k and n_tokens: for tiny vocabularies only.
+    """
+    checks.positive_int("k", k)
+    checks.positive_int("n_tokens", n_tokens)
+    out: dict[tuple[int, ...], float] = {}
+    _rounds(target, draft, tuple(prefix), (), 1.0, k, n_tokens, out)
+    return out
+
+
+def _rounds(target: Conditional, draft: Conditional, prefix: tuple[int, ...],
+            made: tuple[int, ...], weight: float, k: int, n_tokens: int,
+            out: dict[tuple[int, ...], float]) -> None:
+    if len(made) >= n_tokens:
+        key = made[:n_tokens]
+        out[key] = out.get(key, 0.0) + weight
+        return
+    _draft_paths(target, draft, prefix, made, weight, k, 0, k, n_tokens, out)
+
+
+def _draft_paths(target: Conditional, draft: Conditional, prefix: tuple[int, ...],
+                 made: tuple[int, ...], weight: float, k: int, i: int, k_round: int,
+                 n_tokens: int, out: dict[tuple[int, ...], float]) -> None:
+    """Drafted token i of the round: enumerate it, keep it or reject it."""
+    context = prefix + made
+    p = target(context).double()
+    if i == k_round:  # all kept: a bonus token from the target
+        for x, px in enumerate(p.tolist()):
+            if px > 0:
+                _rounds(target, draft, prefix, made + (x,), weight * px, k, n_tokens, out)
+        return
+    q = draft(context).double()
+    fix = residual(p, q).tolist()
+    for x, qx in enumerate(q.tolist()):
+        if qx <= 0:
+            continue
+        keep = acceptance_probability(p, q, x)
+        if keep > 0:
+            _draft_paths(target, draft, prefix, made + (x,), weight * qx * keep, k, i + 1,
+                         k_round, n_tokens, out)
+        if keep < 1:
+            for y, ry in enumerate(fix):
+                if ry > 0:
+                    _rounds(target, draft, prefix, made + (y,), weight * qx * (1 - keep) * ry,
+                            k, n_tokens, out)
+
+
+def autoregressive_distribution(target: Conditional, prefix: tuple[int, ...],
+                                n_tokens: int) -> dict[tuple[int, ...], float]:
+    """P(the next n_tokens) sampling from `target` one token at a time: the reference."""
+    checks.positive_int("n_tokens", n_tokens)
+    paths = {(): 1.0}
+    for _ in range(n_tokens):
+        paths = {made + (x,): w * px for made, w in paths.items()
+                 for x, px in enumerate(target(tuple(prefix) + made).double().tolist()) if px > 0}
+    return paths
+
+
+# --- the loop on two GPTs -------------------------------------------------------------------
+
+@dataclass
+class SpeculativeStats:
+    proposed: int = 0        # drafted tokens
+    accepted: int = 0        # drafted tokens the target kept
+    rejected: int = 0        # drafted tokens the target replaced (at most one a round; the
+                             # drafted tokens after it are never checked)
+    target_passes: int = 0   # forward passes of the target (one per round, plus the prompt)
+    draft_passes: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / checked: the chance that a drafted token the target looks at is kept
+        (Leviathan et al.'s alpha). vLLM's "draft acceptance rate" is accepted / proposed."""
+        return self.accepted / max(self.accepted + self.rejected, 1)
+
+
+def _feed(model: nn.Module, cache: KVCache, ids: Sequence[int]) -> Tensor:
+    """Feed the tokens of `ids` the cache does not hold yet; logits of those tokens (n, V)."""
+    return model.forward_cached(torch.tensor([list(ids[cache.length:])]), cache)[0]
+
+
+@torch.no_grad()
+def speculative_generate(target: nn.Module, draft: nn.Module, prompt: Sequence[int],
+                         max_new_tokens: int, k: int, temperature: float = 1.0,
+                         top_k: int | None = None, top_p: float | None = None,
+                         generator: torch.Generator | None = None
+                         ) -> tuple[list[int], SpeculativeStats]:
+    """Generate max_new_tokens after `prompt` with `draft` proposing k tokens a round.
+
+    The tokens follow the target's sampling distribution exactly (temperature 0: the target's
+    greedy tokens). Each cache holds every token but the last; after a rejection it is rolled
+    back by setting its length (the slots after it are simply overwritten later).
+    """
+    k = checks.positive_int("k", k)
+    checks.positive_int("max_new_tokens", max_new_tokens)
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"draft has vocab_size {draft.config.vocab_size} and target "
+                         f"{target.config.vocab_size}: the draft must use the target's tokenizer")
+    prompt = list(prompt)
+    need = len(prompt) + max_new_tokens + k
+    if need > min(target.config.context_length, draft.config.context_length):
+        raise ValueError(f"prompt + max_new_tokens + k = {need} tokens, longer than the cache "
+                         f"(context {min(target.config.context_length, draft.config.context_length)})")
+    target.eval(), draft.eval()
+    rule = lambda logits: sampling.distribution(logits, temperature, top_k, top_p)[0]  # noqa: E731
+    t_cache, d_cache = KVCache.for_model(target, 1), KVCache.for_model(draft, 1)
+    seq, stats = list(prompt), SpeculativeStats()
+    while len(seq) - len(prompt) < max_new_tokens:
+        proposed, q = [], []
+        for _ in range(k):  # the draft proposes k tokens, one pass each
+            q.append(rule(_feed(draft, d_cache, seq + proposed)[-1:]))
+            proposed.append(int(torch.multinomial(q[-1], 1, generator=generator)))
+        stats.draft_passes += k
+        logits = _feed(target, t_cache, seq + proposed)[-(k + 1):]  # one pass checks all k
+        stats.target_passes += 1
+        p = [rule(row.unsqueeze(0)) for row in logits]
+        kept, extra = 0, None
+        for i, token in enumerate(proposed):
+            u = float(torch.rand((), generator=generator, dtype=torch.float64))
+            ok, fix = accept_or_reject(p[i], q[i], token, u)
+            if not ok:
+                extra = int(torch.multinomial(fix, 1, generator=generator))
+                break
+            kept += 1
+        if extra is None:  # every drafted token kept: the target's next token comes free
+            extra = int(torch.multinomial(p[k], 1, generator=generator))
+        stats.proposed, stats.accepted = stats.proposed + k, stats.accepted + kept
+        stats.rejected += kept < k
+        seq += proposed[:kept] + [extra]
+        t_cache.length = min(t_cache.length, len(seq) - 1)  # roll back past the rejection
+        d_cache.length = min(d_cache.length, len(seq) - 1)
+    return seq[len(prompt):len(prompt) + max_new_tokens], stats

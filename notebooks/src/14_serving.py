@@ -1,0 +1,1005 @@
+# %% [markdown]
+# # 14. Serving the model: an inference engine, with proofs
+#
+# Training made a model; serving answers many people at once with it. This is the third stage of
+# the DS 246 notes' lifecycle (pretraining, post-training, inference and serving), and it is where
+# today's engines (vLLM, SGLang, llama.cpp) live. This notebook builds the pieces of such an
+# engine on the course's GPT, and proves that every speed trick leaves the answer unchanged, or
+# says exactly how much it changes it.
+#
+# **After this notebook you can**
+# - write temperature, top-k, top-p and min-p as transformations of the next-token distribution,
+#   and check them against `transformers`' logits processors;
+# - generate for prompts of different lengths in one batch (left padding, attention mask,
+#   position ids) with the same tokens as one prompt at a time;
+# - store the KV cache in pages (blocks, block tables, a free pool) and measure the memory that
+#   contiguous preallocation wastes; share a common prompt's blocks with copy on write;
+# - schedule requests with continuous batching and measure its throughput and latency against
+#   static batching;
+# - speed generation up with speculative decoding, and prove that its output distribution is the
+#   target model's, exactly;
+# - quantize weights to int8 per channel and int4 per group, and measure the error and the memory.
+#
+# **It assumes** notebook 7 (the GPT, `generate`, the KV cache) and notebook 9 (GQA's smaller cache).
+
+# %% [setup]
+
+# %%
+import math
+import time
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+
+from helpers.lab.exercises import check
+from helpers.timing import format_duration
+
+# %% [markdown]
+# ## 1. Sampling, exactly
+#
+# A model gives logits; a *sampling rule* turns them into the distribution the next token is drawn
+# from. Each rule below is a function from a distribution to a distribution, so we can print the
+# exact probabilities on a small vocabulary of six made-up words.
+#
+# - **temperature** `T`: softmax(logits / T). Below 1 the distribution sharpens, above 1 it flattens.
+# - **top-k**: keep the `k` most likely tokens, renormalise.
+# - **top-p** (nucleus, Holtzman et al. 2020): keep the smallest set of most likely tokens whose
+#   probability reaches `p`. Its size adapts: one token when the model is sure, many when it is not.
+# - **min-p**: keep the tokens at least `min_p` times as likely as the most likely one.
+
+# %%
+words = ["the", "cat", "dog", "sat", "ran", "slept"]
+logits = torch.tensor([2.0, 1.5, 1.0, 0.2, -0.5, -1.0])
+
+
+def by_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+def by_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    kth = logits.topk(k).values[-1]
+    return torch.softmax(logits.masked_fill(logits < kth, -math.inf), dim=-1)
+
+
+def by_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    probs = torch.softmax(logits, dim=-1)
+    order = probs.argsort(descending=True)
+    mass_before = probs[order].cumsum(0) - probs[order]  # mass ranked above each token
+    keep = torch.zeros_like(probs, dtype=torch.bool)
+    keep[order] = mass_before < p
+    return torch.softmax(logits.masked_fill(~keep, -math.inf), dim=-1)
+
+
+def by_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    probs = torch.softmax(logits, dim=-1)
+    return torch.softmax(logits.masked_fill(probs < min_p * probs.max(), -math.inf), dim=-1)
+
+
+rules = {"softmax": torch.softmax(logits, -1), "T = 0.5": by_temperature(logits, 0.5),
+         "T = 2": by_temperature(logits, 2.0), "top-k 2": by_top_k(logits, 2),
+         "top-p 0.8": by_top_p(logits, 0.8), "min-p 0.1": by_min_p(logits, 0.1)}
+print(f"{'':>10}" + "".join(f"{w:>7}" for w in words))
+for name, probs in rules.items():
+    print(f"{name:>10}" + "".join(f"{x:7.3f}" for x in probs.tolist()))
+
+# %% [markdown]
+# Read the top-p row: the softmax gives 0.440, 0.267 and 0.162 to the three most likely words.
+# The first two hold 0.707, less than 0.8, so the third is still needed; with it the mass is
+# 0.869 and the nucleus stops. min-p 0.1 keeps every word at least 0.1 x 0.440 = 0.044 likely:
+# four of them. Each rule renormalises what it keeps. The same rules live in
+# `helpers.serve.sampling`, in float64 and for a batch of rows; they agree (the numbers quoted
+# here are printed below):
+
+# %%
+from helpers.serve import sampling
+
+ours = {"T = 0.5": sampling.distribution(logits, temperature=0.5),
+        "top-k 2": sampling.distribution(logits, top_k=2),
+        "top-p 0.8": sampling.distribution(logits, top_p=0.8),
+        "min-p 0.1": sampling.distribution(logits, min_p=0.1)}
+worst = max((ours[name][0].float() - rules[name]).abs().max().item() for name in ours)
+assert worst < 1e-6
+print("helper vs the plain rules above: largest difference < 1e-6 (all four rules)")
+probs = torch.softmax(logits, -1)
+print(f"top two hold {probs[:2].sum():.3f}, top three {probs[:3].sum():.3f}; "
+      f"min-p threshold 0.1 x {probs.max():.3f} = {0.1 * probs.max():.3f}")
+
+# %% [markdown]
+# ### The same as `transformers`
+#
+# Hugging Face's `generate` applies its logits processors in the order temperature, top-k,
+# top-p, min-p. On random logits of a 50-token vocabulary, ours keep the same tokens with the
+# same probabilities (`tests/test_sampling.py` checks more seeds and combinations). The cell is
+# guarded: without `transformers` it says so and moves on.
+
+# %%
+try:
+    from transformers import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+except ImportError:
+    print("transformers is not installed: skipped (pip install transformers to run this check)")
+else:
+    scores = torch.randn(8, 50, generator=torch.Generator().manual_seed(0)) * 3
+    theirs = scores.clone()
+    for warper in (TemperatureLogitsWarper(0.8), TopKLogitsWarper(20), TopPLogitsWarper(0.9),
+                   MinPLogitsWarper(0.05)):
+        theirs = warper(None, theirs)
+    theirs = torch.softmax(theirs.double(), dim=-1)
+    mine = sampling.distribution(scores, temperature=0.8, top_k=20, top_p=0.9, min_p=0.05)
+    assert torch.equal(mine > 0, theirs > 0) and (mine - theirs).abs().max() < 1e-6
+    print(f"tokens kept per row: {(mine > 0).sum(-1).tolist()} (the same in both); "
+          "largest probability difference < 1e-6")
+
+# %% [markdown]
+# ### Exercise: top-p
+#
+# Write `my_top_p(logits, p)` for one row of logits (V,): return the logits with every token
+# outside the nucleus set to `-inf`, the others unchanged.
+
+# %%
+def my_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """logits (V,) -> (V,): -inf outside the smallest most-likely set whose mass reaches p."""
+    raise NotImplementedError
+
+
+check("serving.top_p", my_top_p)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Sort the tokens from most to least likely. A token stays if the tokens ranked above it hold less
+# than `p` of the probability.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `probs = softmax(logits)`, `order = probs.argsort(descending=True)`, `before = cumsum - probs`
+# in that order; keep where `before < p`, put the answer back in token order, `masked_fill` the rest.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+#     """logits (V,) -> (V,): -inf outside the smallest most-likely set whose mass reaches p."""
+#     ### BEGIN SOLUTION
+#     probs = torch.softmax(logits, dim=-1)
+#     order = probs.argsort(descending=True)
+#     before = probs[order].cumsum(0) - probs[order]
+#     keep = torch.zeros_like(probs, dtype=torch.bool)
+#     keep[order] = before < p
+#     return logits.masked_fill(~keep, float("-inf"))
+#     ### END SOLUTION
+#
+#
+# check("serving.top_p", my_top_p)
+# ```
+# </details>
+
+# %% [markdown]
+# ### Randomness the caller owns
+#
+# A server runs many requests at once, so a global seed cannot make one of them repeatable. Each
+# request carries its own `torch.Generator`: the same seed gives the same tokens, whatever else
+# the process draws in between. Temperature 0 is greedy and needs no randomness at all.
+
+# %%
+batch_logits = logits.repeat(3, 1)
+first = sampling.sample(batch_logits, top_p=0.9, generator=torch.Generator().manual_seed(7))
+torch.rand(1000)  # someone else uses the global generator in between
+again = sampling.sample(batch_logits, top_p=0.9, generator=torch.Generator().manual_seed(7))
+assert torch.equal(first, again)
+print("seed 7, drawn twice:", [words[i] for i in first.tolist()], "and", [words[i] for i in again.tolist()])
+print("greedy:", [words[i] for i in sampling.sample(batch_logits, temperature=0).tolist()])
+
+# %% [markdown]
+# ## 2. Two models to serve
+#
+# The rest of the notebook serves a **target** model (2 blocks, d = 64) and, for speculative
+# decoding, a **draft** four times smaller (1 block, d = 32), both character-level GPTs trained
+# here on the course corpus with notebook 7's `Trainer`, in float32. A few seconds each; raise
+# `TRAIN_STEPS` for better models (the lessons do not depend on it).
+
+# %%
+from helpers.model.gpt import GPT, GPTConfig
+from helpers.text.chars import CharTokenizer
+from helpers.text.corpus import load_corpus
+from helpers.training.trainer import TrainConfig, Trainer, encode_text, split_stories
+
+TRAIN_STEPS = 200  # the knob: 1000 for better models (about 5x longer)
+
+text = load_corpus()[:200_000]
+tokenizer = CharTokenizer.train(text)
+train_text, val_text = split_stories(text)
+train_ids, val_ids = encode_text(tokenizer, train_text), encode_text(tokenizer, val_text)
+vocab = len(tokenizer.chars)
+
+
+def train(config: GPTConfig) -> tuple[GPT, float]:
+    torch.manual_seed(0)
+    model = GPT(config)
+    trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=16, learning_rate=5e-3,
+                                                             eval_every=100, precision="fp32"))
+    history = trainer.fit(steps=TRAIN_STEPS, progress_bar=False)
+    return model.eval(), history.val_losses[-1]
+
+
+start = time.perf_counter()
+target, target_loss = train(GPTConfig(vocab_size=vocab, context_length=64, n_layers=2, n_heads=4, d_model=64))
+draft, draft_loss = train(GPTConfig(vocab_size=vocab, context_length=64, n_layers=1, n_heads=2, d_model=32))
+n_target, n_draft = (sum(p.numel() for p in m.parameters()) for m in (target, draft))
+assert target_loss < 2.4 and draft_loss < 2.6 and target_loss < draft_loss
+print(f"vocabulary: {vocab} characters; both trained, {format_duration(time.perf_counter() - start)}")
+print(f"target: {n_target:,} parameters, validation loss {target_loss:.1f}")
+print(f"draft:  {n_draft:,} parameters, validation loss {draft_loss:.1f}")
+
+# %% [markdown]
+# The target's next-character distribution after a prompt, with the rules of section 1 drawn on
+# it: the bars in colour are the tokens each rule keeps.
+
+# %%
+prompt_text = "Once upon a time, the "
+prompt_ids = tokenizer.encode(prompt_text)
+with torch.no_grad():
+    next_logits = target(torch.tensor([prompt_ids]))[0, -1]
+
+
+def draw_rule(temperature: float = 1.0, top_p: float = 0.9, shown: int = 12) -> dict:
+    """Bars of the top `shown` tokens: before (grey) and after temperature and top-p (colour)."""
+    before = torch.softmax(next_logits.double(), -1)
+    after = sampling.distribution(next_logits, temperature=temperature, top_p=top_p)[0]
+    order = before.argsort(descending=True)[:shown]
+    labels = [repr(tokenizer.decode([int(i)])) for i in order]
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    x = torch.arange(shown)
+    ax.bar(x - 0.2, before[order], width=0.4, color="lightgrey", label="softmax")
+    ax.bar(x + 0.2, after[order], width=0.4, color="tab:blue", label=f"T={temperature:g}, top-p={top_p:g}")
+    ax.set(xticks=x.tolist(), xlabel="next character", ylabel="probability",
+           title=f"after {prompt_text!r}: {int((after > 0).sum())} tokens kept")
+    ax.set_xticklabels(labels)
+    ax.legend()
+    return {"kept": int((after > 0).sum()), "top": float(after.max())}
+
+
+draw_rule()
+plt.show()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# The widget's output holds model ids that change on every run; the figure above is the same drawing.
+import ipywidgets as widgets
+
+from helpers.lab.widgets import Explorer
+
+explorer = Explorer(
+    draw_rule,
+    temperature=widgets.FloatSlider(value=1.0, min=0.1, max=3.0, step=0.1, description="temperature"),
+    top_p=widgets.FloatSlider(value=0.9, min=0.05, max=1.0, step=0.05, description="top_p"),
+)
+explorer
+
+# %% [markdown]
+# Moving the sliders really redraws: a smaller top-p keeps fewer tokens, a higher temperature
+# lowers the top token's probability.
+
+# %%
+start_view = explorer.last
+narrow = explorer.set(top_p=0.3)
+hot = explorer.set(temperature=2.5, top_p=1.0)
+assert narrow["kept"] < start_view["kept"] and hot["top"] < start_view["top"]
+print("redraws so far:", explorer.redraws)
+
+# %% [markdown]
+# ## 3. Many prompts in one batch
+#
+# A batch is a rectangle, prompts are not. We **pad on the left**, so that every row's next token
+# lands in the same (last) column, and give the model two more things:
+# - an **attention mask**: real tokens never attend to pads;
+# - **position ids**: each prompt's first real token is position 0, as it would be alone.
+
+# %%
+from helpers.serve.batching import forward_rows, generate_batch, left_pad, position_ids
+
+prompts = [tokenizer.encode(s) for s in ("The dog ", "Once upon a time, a little ", "A")]
+ids, real = left_pad(prompts)
+print("ids:\n", ids)
+print("attention mask:\n", real.int())
+print("position ids:\n", position_ids(real))
+
+# %% [markdown]
+# Proof: greedy generation of the three prompts together gives, token for token, what notebook
+# 7's `generate` gives each prompt alone.
+
+# %%
+from helpers.model.generation import generate
+
+together = generate_batch(target, prompts, 24)
+for prompt, row in zip(prompts, together, strict=True):
+    alone = generate(target, torch.tensor([prompt]), 24, temperature=0)[0, len(prompt):].tolist()
+    assert row == alone
+    print(repr(tokenizer.decode(prompt) + tokenizer.decode(row)))
+print("batched == alone for all three prompts")
+
+# %% [markdown]
+# Both extras are needed. Without the position ids (positions counted from the left edge, pads
+# included) or without the mask (pads attended to), the short prompts' logits change:
+
+# %%
+n = ids.shape[1]
+causal = torch.ones(n, n, dtype=torch.bool).tril()
+right = forward_rows(target, ids, position_ids(real), causal & real.unsqueeze(1) | torch.eye(n, dtype=torch.bool), None)
+no_positions = forward_rows(target, ids, torch.arange(n).expand_as(ids), causal & real.unsqueeze(1) | torch.eye(n, dtype=torch.bool), None)
+no_mask = forward_rows(target, ids, position_ids(real), causal.expand(len(prompts), n, n), None)
+for name, wrong in (("without position ids", no_positions), ("without the mask", no_mask)):
+    gap = (wrong[:, -1] - right[:, -1]).abs().amax(-1)
+    print(f"{name:>21}: largest logit change per prompt {[round(x, 1) for x in gap.tolist()]}")
+    assert gap[0] > 0.01 and gap[1] < 1e-5  # the longest prompt has no pads: unchanged
+
+# %% [markdown]
+# ## 4. A paged KV cache
+#
+# Notebook 7's cache preallocates `context_length` slots per sequence. A server does not know how
+# long an answer will be, so it must reserve the maximum, and most of it stays empty. vLLM's
+# PagedAttention (Kwon et al. 2023) borrows the operating system's answer, **pages**:
+# - the keys and values live in a pool of fixed-size **blocks** of `block_size` token slots;
+# - each sequence has a **block table**, the list of its blocks; token `t` lives in block
+#   `table[t // block_size]`, slot `t % block_size`;
+# - a sequence takes a block from the **free pool** only when its last block is full, and gives
+#   all of them back when it finishes.
+#
+# ### Exercise: the block-table lookup
+
+# %%
+def my_lookup(block_table: list[int], position: int, block_size: int) -> tuple[int, int]:
+    """Where token `position` of a sequence lives: (block id, slot within the block)."""
+    raise NotImplementedError
+
+
+check("serving.block_lookup", my_lookup)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# The block table maps a sequence's *logical* block (0, 1, 2, ...) to a *physical* block of the pool.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# The logical block is `position // block_size`, the slot `position % block_size`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_lookup(block_table: list[int], position: int, block_size: int) -> tuple[int, int]:
+#     """Where token `position` of a sequence lives: (block id, slot within the block)."""
+#     ### BEGIN SOLUTION
+#     return block_table[position // block_size], position % block_size
+#     ### END SOLUTION
+#
+#
+# check("serving.block_lookup", my_lookup)
+# ```
+# </details>
+
+# %% [markdown]
+# `helpers.serve.paged.PagedKVCache` holds the pool, `(L, n_blocks, H_KV, block_size, D_H)` for
+# the keys and the same for the values, the block tables and the free pool. Its `store_hook` is
+# the `kv_store` that every attention layer already calls (notebook 7): it writes the new keys
+# into their slots and gathers each sequence's blocks back in order. Three prompts go in one at a
+# time, then decode together; the logits equal notebook 7's contiguous cache, one per prompt.
+
+# %%
+from helpers.model.kv_cache import KVCache
+from helpers.serve.paged import PagedKVCache
+
+paged = PagedKVCache.for_model(target, block_size=4, n_blocks=32)
+contiguous = [KVCache.for_model(target, 1) for _ in prompts]
+worst = 0.0
+for i, prompt in enumerate(prompts):
+    paged.add_sequence(i)
+    got = paged.forward(target, [i], torch.tensor([prompt]))
+    worst = max(worst, (got - target.forward_cached(torch.tensor([prompt]), contiguous[i])).abs().max().item())
+step_ids = torch.tensor([[row[0]] for row in together])
+got = paged.forward(target, [0, 1, 2], step_ids)  # one decode step for all three
+for i, cache in enumerate(contiguous):
+    worst = max(worst, (got[i] - target.forward_cached(step_ids[i:i + 1], cache)[0]).abs().max().item())
+assert worst < 1e-5
+print("block tables:", paged.tables)
+print(f"paged vs contiguous logits: largest difference < 1e-5; blocks in use {paged.blocks_in_use()} of {paged.n_blocks}")
+
+# %% [markdown]
+# The student's lookup finds a token's key in the pool: token 9 of prompt 1, layer 0, equals the
+# contiguous cache's key for it.
+
+# %%
+try:
+    block, slot = my_lookup(paged.tables[1], 9, paged.block_size)
+except NotImplementedError:
+    print("(my_lookup is not written yet: using the helper's lookup)")
+    from helpers.serve.paged import lookup
+    block, slot = lookup(paged.tables[1], 9, paged.block_size)
+assert (paged.keys[0, block, :, slot] - contiguous[1].keys[0, 0, :, 9]).abs().max() < 1e-5
+print(f"token 9 of prompt 1 lives in block {block}, slot {slot}: the same key as the contiguous cache (< 1e-5)")
+
+# %% [markdown]
+# ### The memory that preallocation wastes
+#
+# Count token slots reserved but never used, for a mix of request lengths: first the twelve
+# requests served in section 5 (each reserving this model's context, 64 tokens), then 1,000
+# requests of GPT-2's context (1,024), their lengths drawn uniformly from 20 to 1,024.
+
+# %%
+from helpers.serve.paged import contiguous_waste, paged_waste
+import random
+
+rng = random.Random(0)
+workload = [(rng.randint(6, 24), rng.randint(4, 36)) for _ in range(12)]  # (prompt, new tokens)
+mixes = {"12 requests, context 64": ([p + n for p, n in workload], 64),
+         "1,000 requests, context 1,024": ([rng.randint(20, 1024) for _ in range(1000)], 1024)}
+for name, (lengths, context) in mixes.items():
+    used = sum(lengths)
+    print(f"{name}: {used:,} slots used")
+    print(f"  contiguous: {contiguous_waste(lengths, context):>8,} slots wasted "
+          f"({contiguous_waste(lengths, context) / (used + contiguous_waste(lengths, context)):.0%} of what it reserves)")
+    for size in (4, 16, 64):
+        waste = paged_waste(lengths, size)
+        print(f"  blocks of {size:>2}: {waste:>7,} slots wasted ({waste / (used + waste):.1%})")
+bytes_per_token = 2 * len(target.blocks) * target.config.d_model * 4
+print(f"one slot of this model = {bytes_per_token:,} bytes (keys and values, {len(target.blocks)} layers, float32)")
+
+# %% [markdown]
+# Contiguous preallocation wastes about half of what it reserves (a uniform length averages half
+# the context); pages waste at most one partly filled block per request, about half a block on
+# average. That memory is what lets a paged server run more requests at once.
+#
+# ## 5. Continuous batching
+#
+# **Static batching** gathers `B` requests, runs them until the longest is done, then takes the
+# next `B`: a finished request's row idles while the others go on, and a request that arrives just
+# after a batch starts waits for the whole batch. **Continuous batching** (Orca, Yu et al. 2022)
+# decides again at every step: finished requests leave, waiting ones join. Our `Scheduler` keeps
+# vLLM's two queues, *waiting* and *running*. Each step it admits arrived requests while the
+# running batch has fewer than `max_batch` and the free pool can hold them (their prompt is
+# prefilled in one pass, giving their first token), then gives every other running request one
+# token in one batched pass over the paged cache.
+#
+# The workload: the twelve requests above, prompts cut from the validation stories, one arriving
+# every two steps. A *step* is one round in which every running request gets one token.
+
+# %%
+from helpers.serve.scheduler import Request, serve_continuous, serve_static
+
+stories = val_text.split("\n\n")
+requests = [Request(i, tuple(tokenizer.encode(stories[i][:p])), n, arrival=2 * i)
+            for i, (p, n) in enumerate(workload)]
+start = time.perf_counter()
+continuous, scheduler = serve_continuous(target, requests, max_batch=4, block_size=4, n_blocks=64)
+continuous_seconds = time.perf_counter() - start
+start = time.perf_counter()
+static = serve_static(target, requests, batch_size=4)
+static_seconds = time.perf_counter() - start
+for served in (continuous, static):
+    for one in served:
+        alone = generate(target, torch.tensor([list(one.request.prompt)]), one.request.max_new_tokens,
+                         temperature=0)[0, len(one.request.prompt):].tolist()
+        assert one.tokens == alone
+print("every request's tokens, continuous and static, equal serving it alone")
+
+# %% [markdown]
+# Counting the steps (deterministic: they depend only on the arrivals and lengths), then the
+# wall-clock time on this machine:
+
+# %%
+tokens = sum(r.max_new_tokens for r in requests)
+rows = {"static": static, "continuous": continuous}
+finish = {name: max(s.finished for s in served) + 1 for name, served in rows.items()}
+latency = {name: sum(s.latency for s in served) / len(served) for name, served in rows.items()}
+first = {name: sum(s.first_token - s.request.arrival for s in served) / len(served) for name, served in rows.items()}
+for name in rows:
+    print(f"{name:>10}: {tokens} tokens in {finish[name]} steps = {tokens / finish[name]:.2f} tokens/step; "
+          f"mean latency {latency[name]:.1f} steps, mean wait for the first token {first[name]:.1f} steps")
+assert finish["continuous"] < finish["static"] and latency["continuous"] < latency["static"]
+print(f"wall clock: static {format_duration(static_seconds)}, continuous {format_duration(continuous_seconds)} "
+      "(benchmarks/bench_serve.py measures tokens/s)")
+
+# %% [markdown]
+# The timeline shows why: each row is a request, its bar spans arrival (light) to the last token;
+# static batches wait for their last member and run as long as their longest.
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+for ax, (name, served) in zip(axes, rows.items(), strict=True):
+    for s in served:
+        ax.barh(s.request.id, s.first_token - s.request.arrival, left=s.request.arrival, color="lightgrey")
+        ax.barh(s.request.id, s.finished - s.first_token + 1, left=s.first_token, color="tab:blue")
+    ax.set(title=f"{name} batching: done at step {finish[name]}", xlabel="step",
+           ylabel="request (grey: waiting, blue: generating)")
+axes[0].invert_yaxis()
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## 6. Prefix sharing with copy on write
+#
+# Requests often begin with the same text (a system prompt, a few-shot preamble). With pages they
+# can share its blocks: the prefix is prefilled once, then each request is a `fork` whose block
+# table points at the same blocks, each block's reference count says how many tables hold it.
+# The first time a request writes into a shared, partly filled block, the cache **copies it on
+# write**, so the other requests never see the write.
+
+# %%
+prefix = tokenizer.encode(stories[20][:42])
+suffixes = [tokenizer.encode(s) for s in (" The", " A", " Then", " Once", " It", " He")]
+new_tokens = 10
+
+
+def serve_shared(share: bool, block_size: int = 4) -> tuple[list[list[int]], int, int, int]:
+    """Greedy answers of prefix + each suffix: the answers, the blocks held at the end, the
+    tokens prefilled and the blocks copied on write."""
+    cache = PagedKVCache.for_model(target, block_size, n_blocks=200)
+    prefilled, logits = 0, []
+    if share:
+        cache.add_sequence("prefix")
+        cache.forward(target, ["prefix"], torch.tensor([prefix]))
+        prefilled += len(prefix)
+    for i, suffix in enumerate(suffixes):
+        own = suffix if share else prefix + suffix
+        cache.fork("prefix", i) if share else cache.add_sequence(i)
+        logits.append(cache.forward(target, [i], torch.tensor([own]))[0, -1])
+        prefilled += len(own)
+    answers = [[int(row.argmax())] for row in logits]
+    for _ in range(new_tokens - 1):
+        step = cache.forward(target, list(range(len(suffixes))), torch.tensor([[a[-1]] for a in answers]))
+        for a, row in zip(answers, step[:, -1], strict=True):
+            a.append(int(row.argmax()))
+    return answers, cache.blocks_in_use(), prefilled, cache.copies
+
+
+shared, shared_blocks, shared_prefill, copies = serve_shared(True)
+apart, apart_blocks, apart_prefill, _ = serve_shared(False)
+assert shared == apart
+for suffix, answer in zip(suffixes[:3], shared[:3], strict=True):
+    print(repr("..." + tokenizer.decode(prefix[-12:] + suffix + answer)))
+print(f"prefix of {len(prefix)} tokens = {len(prefix) // 4} full blocks of 4 and {len(prefix) % 4} tokens in "
+      f"one more; {len(suffixes)} requests, {new_tokens} new tokens each: the same answers shared or not")
+print(f"blocks held at the end: {apart_blocks} without sharing, {shared_blocks} with "
+      f"({1 - shared_blocks / apart_blocks:.0%} fewer); tokens prefilled {apart_prefill} vs {shared_prefill}; "
+      f"{copies} blocks copied on write")
+assert shared_blocks < apart_blocks and copies == len(suffixes)
+
+# %% [markdown]
+# The prefix is stored once instead of six times; each request copied only the partly filled
+# block it wrote into.
+#
+# ## 7. Speculative decoding: faster, with the same distribution
+#
+# A generation step of a large model is slow mostly because it reads all the weights to produce
+# one token. Speculative decoding (Leviathan et al. 2023; Chen et al. 2023) lets a small **draft**
+# model propose `k` tokens, one by one (cheap), then runs the **target** once on all `k` (one pass
+# gives the target's distribution at every one of those positions). Drafted token `x`, which the
+# draft proposed with probability `q(x)` where the target gives `p(x)`:
+# - is **accepted** with probability `min(1, p(x) / q(x))`;
+# - if rejected, it is replaced by a draw from the **residual** `norm(max(0, p - q))`, and the round
+#   ends; if all `k` are accepted, the target's distribution after them gives one more token free.
+#
+# Why this is exact: the chance of producing `x` in one position is
+# `q(x) min(1, p(x)/q(x)) + P(reject) r(x) = min(p, q)(x) + max(0, p - q)(x) = p(x)`,
+# since `P(reject) = 1 - sum_y min(p, q)(y)` is exactly the residual's normaliser.
+#
+# ### Exercise: the accept/reject step
+
+# %%
+def my_accept_or_reject(p: torch.Tensor, q: torch.Tensor, token: int, u: float) -> tuple[bool, torch.Tensor]:
+    """Target p (V,), draft q (V,), the drafted token and a uniform u in [0, 1) ->
+    (accepted?, the residual distribution (V,))."""
+    raise NotImplementedError
+
+
+check("serving.accept_or_reject", my_accept_or_reject)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Keep the token with probability `min(1, p/q)`: compare `u` with that number. The residual is
+# the part of `p` that the draft under-proposed.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `accepted = u < min(1, p[token] / q[token])`; `r = (p - q).clamp(min=0)`; return `(accepted, r / r.sum())`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_accept_or_reject(p: torch.Tensor, q: torch.Tensor, token: int, u: float) -> tuple[bool, torch.Tensor]:
+#     """Target p (V,), draft q (V,), the drafted token and a uniform u in [0, 1) ->
+#     (accepted?, the residual distribution (V,))."""
+#     ### BEGIN SOLUTION
+#     accepted = u < min(1.0, float(p[token] / q[token]))
+#     left = (p - q).clamp(min=0)
+#     return accepted, left / left.sum()
+#     ### END SOLUTION
+#
+#
+# check("serving.accept_or_reject", my_accept_or_reject)
+# ```
+# </details>
+
+# %% [markdown]
+# ### Proof by enumeration
+#
+# On a tiny vocabulary we can follow every path: each drafted token, accepted or rejected, each
+# residual draw, each bonus token, over as many rounds as it takes. `exact_distribution` does
+# this with the helper's own `acceptance_probability` and `residual`, and gives the probability of
+# every 3-token output. The target and draft here are made-up conditionals of 3 tokens (a
+# different random distribution after every prefix); the result must equal sampling the target
+# one token at a time, for every `k`.
+
+# %%
+from helpers.serve.speculative import autoregressive_distribution, exact_distribution
+
+
+def toy(salt: int):
+    def probs(prefix: tuple[int, ...]) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(hash((salt, prefix)) % 2**31)
+        return torch.softmax(torch.randn(3, generator=gen, dtype=torch.float64) * 2, dim=0)
+    return probs
+
+
+toy_target, toy_draft = toy(0), toy(1)
+plain = autoregressive_distribution(toy_target, (0,), n_tokens=3)
+for k in (1, 2, 3):
+    spec = exact_distribution(toy_target, toy_draft, (0,), k=k, n_tokens=3)
+    gap = max(abs(spec[path] - plain[path]) for path in plain)
+    assert gap < 1e-12 and len(spec) == 27
+    print(f"k = {k}: 27 outputs, largest difference from the target's distribution < 1e-12")
+print("for example P(0, 2, 1) =", f"{plain[(0, 2, 1)]:.6f}")
+
+# %% [markdown]
+# A wrong rule fails this proof. Accept every drafted token (no rejection at all) and the output
+# follows the draft instead:
+
+# %%
+import helpers.serve.speculative as speculative
+
+honest = speculative.acceptance_probability
+speculative.acceptance_probability = lambda p, q, x: 1.0
+try:
+    wrong = exact_distribution(toy_target, toy_draft, (0,), k=2, n_tokens=3)
+finally:
+    speculative.acceptance_probability = honest
+print(f"always accept: largest difference {max(abs(wrong[p] - plain[p]) for p in plain):.3f}")
+
+# %% [markdown]
+# The same enumeration works on the course models for the first output token (52 drafted tokens,
+# each accepted or replaced): its distribution is the target's softmax.
+
+# %%
+import functools
+
+
+def conditional(model: GPT):
+    @functools.cache
+    def probs(prefix: tuple[int, ...]) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.softmax(model(torch.tensor([prefix]))[0, -1].double(), dim=-1)
+    return probs
+
+
+course_prefix = tuple(tokenizer.encode("The cat "))
+spec = exact_distribution(conditional(target), conditional(draft), course_prefix, k=1, n_tokens=1)
+truth = conditional(target)(course_prefix)
+gap = max(abs(spec.get((x,), 0.0) - float(truth[x])) for x in range(vocab))
+assert gap < 1e-12
+print(f"course models, first token: largest difference from the target < 1e-12 over {vocab} tokens")
+
+# %% [markdown]
+# ### On the course models: greedy tokens, sampled statistics
+#
+# `speculative_generate` runs the loop with two KV caches. Each holds every token but the last;
+# after a rejection the cache is rolled back by setting its length (the stale slots are simply
+# overwritten later). At temperature 0 it must give exactly the target's greedy tokens:
+
+# %%
+from helpers.serve.speculative import speculative_generate
+
+for k in (1, 4):
+    fast, stats = speculative_generate(target, draft, prompt_ids, 30, k=k, temperature=0)
+    assert fast == generate(target, torch.tensor([prompt_ids]), 30, temperature=0)[0, len(prompt_ids):].tolist()
+print(repr(prompt_text + tokenizer.decode(fast)))
+print("speculative greedy == target greedy for k = 1 and 4")
+
+# %% [markdown]
+# Sampling at temperature 1: 300 two-token continuations by speculative decoding (k = 2) and 300
+# by the target alone, against the exact distribution of the **second** token (which depends on
+# the rule at both positions): `P(x2) = sum over x1 of p(x1) p(x2 | x1)`, from one batched forward
+# pass over all 52 first tokens. Both samples stand as far from it as 300 draws of the exact
+# distribution do (total variation distance, the same sampling noise):
+
+# %%
+SAMPLES = 300  # the knob: more samples shrink all three distances
+context = torch.tensor([prompt_ids])
+with torch.no_grad():
+    p1 = torch.softmax(target(context)[0, -1].double(), -1)                         # (V,)
+    both = torch.cat([context.expand(vocab, -1), torch.arange(vocab).view(-1, 1)], dim=1)
+    p2 = torch.softmax(target(both)[:, -1].double(), -1)                            # (V, V): row x1
+exact_second = p1 @ p2                                                              # (V,)
+gen = torch.Generator().manual_seed(0)
+spec_pairs = [speculative_generate(target, draft, prompt_ids, 2, k=2, generator=gen)[0] for _ in range(SAMPLES)]
+plain_pairs = generate_batch(target, [prompt_ids] * SAMPLES, 2, temperature=1.0, generator=gen)
+exact_draws = torch.multinomial(exact_second, SAMPLES, replacement=True, generator=gen).tolist()
+
+
+def distance(tokens: list[int]) -> float:
+    """Total variation between the tokens' frequencies and the exact second-token distribution."""
+    return 0.5 * (torch.bincount(torch.tensor(tokens), minlength=vocab) / len(tokens) - exact_second).abs().sum().item()
+
+
+tv = {"speculative": distance([b for _, b in spec_pairs]), "target alone": distance([b for _, b in plain_pairs]),
+      "exact draws": distance(exact_draws)}
+assert max(tv.values()) < 0.25 and tv["speculative"] < 2 * tv["exact draws"] + 0.05
+print(f"total variation from the exact second-token distribution, {SAMPLES} samples each: "
+      "speculative, target alone and exact draws all < 0.25; speculative < 2 x exact draws' + 0.05")
+
+# %% [markdown]
+# ### Acceptance rate and speed-up against k
+#
+# The cost we can count: **target forward passes per token**. Plain decoding needs one per token;
+# speculative decoding needs one per round, and a round yields between 1 and k + 1 tokens. The
+# acceptance rate `a` is the share of the drafted tokens the target checked that it kept (after a
+# rejection the rest of the round is never checked). If each were kept independently with
+# probability `a`, a round would yield `(1 - a^(k+1)) / (1 - a)` tokens on average (Leviathan et
+# al.). Measured greedily on three prompts, 40 tokens each:
+
+# %%
+sweep_prompts = [tokenizer.encode(s) for s in ("Once upon a time, ", "The little dog ", "She said ")]
+sweep, NEW = {}, 40
+for k in range(1, 7):
+    passes = accepted = checked = 0
+    for p in sweep_prompts:
+        _, stats = speculative_generate(target, draft, p, NEW, k=k, temperature=0)
+        passes, accepted = passes + stats.target_passes, accepted + stats.accepted
+        checked += stats.accepted + stats.rejected
+    rate = accepted / checked
+    sweep[k] = (rate, 3 * NEW / passes, (1 - rate ** (k + 1)) / (1 - rate))
+    print(f"k = {k}: acceptance {rate:.2f}, tokens per target pass {sweep[k][1]:.2f} "
+          f"(formula with that rate: {sweep[k][2]:.2f}), draft passes per token {k * passes / (3 * NEW):.2f}")
+assert all(s[1] > 1 for s in sweep.values())
+print(f"draft/target parameters: {n_draft / n_target:.2f}")
+
+# %% [markdown]
+# Tokens per target pass grow with `k` while the acceptance rate falls (a long run of guesses is
+# rarely all right), and each extra drafted token costs a draft pass. On a GPU, where a large
+# target's pass is bound by reading its weights, fewer target passes is most of the speed-up. On
+# this CPU, with models this small, each pass costs about the same fixed overhead whatever the
+# model, so the draft's passes eat the gain: `benchmarks/bench_serve.py` times it.
+#
+# ## 8. Quantization: fewer bytes per weight
+#
+# Generation reads every weight once per token, so a smaller weight is a faster step (where memory
+# bandwidth is the limit) and a bigger model in the same memory. **Weight-only** quantization
+# keeps activations in float and stores weights as small integers:
+# - **int8 per channel** (symmetric): each output row gets a scale `max|w| / 127`,
+#   `q = round(w / scale)` in [-127, 127], `w ~ q x scale`;
+# - **int4 per group** (asymmetric, as in GPTQ/AWQ formats): each group of 32 weights of a row maps
+#   its [min, max] to 0 ... 15 with a scale and a **zero point**, `w ~ (q - zero) x scale`, and two
+#   4-bit values are **packed** into one byte.
+#
+# ### Exercise: int8 per channel
+
+# %%
+def my_quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (out, in) float -> q (out, in) torch.int8 and scale (out,): w ~ q * scale[:, None]."""
+    raise NotImplementedError
+
+
+check("serving.quantize_int8_rows", my_quantize_int8)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# One scale per row (output channel) so that the row's largest |w| becomes 127.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `scale = w.abs().amax(dim=1) / 127`; `q = torch.round(w / scale[:, None]).to(torch.int8)`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def my_quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+#     """w (out, in) float -> q (out, in) torch.int8 and scale (out,): w ~ q * scale[:, None]."""
+#     ### BEGIN SOLUTION
+#     scale = w.abs().amax(dim=1) / 127
+#     q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+#     return q, scale
+#     ### END SOLUTION
+#
+#
+# check("serving.quantize_int8_rows", my_quantize_int8)
+# ```
+# </details>
+
+# %% [markdown]
+# int4 by hand on one of the target's weight matrices: a group's scale and zero point, the
+# packing, and the rounding error, at most half a step:
+
+# %%
+w = target.blocks[0].mlp.up.weight.detach()  # (256, 64): the first MLP matrix
+group = w[0, :32]
+low, high = min(group.min().item(), 0.0), max(group.max().item(), 0.0)
+scale = (high - low) / 15
+zero = round(-low / scale)
+q = (torch.round(group / scale) + zero).clamp(0, 15).to(torch.uint8)
+packed = q[0::2] | (q[1::2] << 4)  # value 2j in the low nibble, 2j + 1 in the high one
+back = (q.float() - zero) * scale
+assert (back - group).abs().max() <= scale / 2 + 1e-6
+print(f"group of 32 weights in [{low:.3f}, {high:.3f}]: scale {scale:.4f}, zero point {zero}")
+print(f"first values {q[:4].tolist()} -> packed bytes {packed[:2].tolist()} = "
+      f"{q[0].item()} + 16 x {q[1].item()}, {q[2].item()} + 16 x {q[3].item()}")
+print(f"32 weights: {group.numel() * 4} bytes in float32, {packed.numel()} bytes packed "
+      f"+ a scale and a zero point; largest error {(back - group).abs().max():.4f} <= scale / 2")
+
+# %% [markdown]
+# `helpers.serve.quantize` does the same for whole matrices, and `quantize_model` swaps every
+# Linear of the blocks for a `QuantizedLinear` that keeps the integers and dequantizes when
+# called. The token embedding (which is also the output matrix) stays in float32. The error on
+# the target, on validation windows:
+
+# %%
+from helpers.serve.quantize import dequantize_int4, quantize_int4, quantize_model, weight_bytes
+from helpers.training.trainer import random_batch
+
+packed_w, scale_w, zero_w = quantize_int4(w, group_size=32)
+assert torch.equal(dequantize_int4(packed_w, scale_w, zero_w)[0, :32], back)  # the helper == by hand
+x_val, y_val = random_batch(val_ids, 32, 64, generator=torch.Generator().manual_seed(1))
+
+
+def loss_and_logits(model: GPT) -> tuple[float, torch.Tensor]:
+    with torch.no_grad():
+        out = model(x_val)
+    return F.cross_entropy(out.flatten(0, 1), y_val.flatten()).item(), out
+
+
+from helpers.serve.quantize import QuantizedLinear
+
+
+def linear_bytes(model: GPT) -> tuple[int, int]:
+    """Bytes of the blocks' Linear weights: (the weights or integers, the scales and zero points)."""
+    payload = extra = 0
+    for m in model.blocks.modules():
+        if isinstance(m, QuantizedLinear):
+            payload += m.q.numel()
+            extra += sum(t.numel() * 4 for t in (m.scale, getattr(m, "zero", torch.empty(0))))
+        elif isinstance(m, torch.nn.Linear):
+            payload += m.weight.numel() * 4
+    return payload, extra
+
+
+base_loss, base_logits = loss_and_logits(target)
+assert base_loss < 2.4
+print(f"float32: validation loss < 2.4; the blocks' Linear weights {linear_bytes(target)[0]:,} bytes, "
+      f"the whole model {weight_bytes(target):,}")
+quantized, bounds = {}, {8: (0.01, 0.1), 4: (0.05, 1.0)}  # (loss change, logit change) bounds
+for bits in (8, 4):
+    quantized[bits] = quantize_model(target, bits)
+    loss, out = loss_and_logits(quantized[bits])
+    change = (out - base_logits).abs().max().item()
+    assert abs(loss - base_loss) < bounds[bits][0] and change < bounds[bits][1]
+    payload, extra = linear_bytes(quantized[bits])
+    print(f"int{bits}: validation loss change < {bounds[bits][0]}, largest logit change < {bounds[bits][1]}; "
+          f"Linear weights {payload:,} bytes + {extra:,} of scales{' and zero points' if bits == 4 else ''}, "
+          f"the whole model {weight_bytes(quantized[bits]):,}")
+
+# %% [markdown]
+# int8 costs almost nothing; int4 per group costs a little more. The integers take a quarter and
+# an eighth of the float32 bytes, but the extras matter: with a float32 scale and zero point per
+# group of 32 weights, int4 adds 8 bytes per 16 bytes of integers. Real formats store them in 16
+# bits (or share them over larger groups). The token embedding stays in float32.
+#
+# The student's int8 gives the same integers as the helper on the target's matrix:
+
+# %%
+try:
+    mine_q, mine_scale = my_quantize_int8(w)
+    from helpers.serve.quantize import quantize_int8
+    assert torch.equal(mine_q, quantize_int8(w)[0])
+    print("my_quantize_int8 == helpers.serve.quantize.quantize_int8 on the target's matrix")
+except NotImplementedError:
+    print("(my_quantize_int8 is not written yet)")
+
+# %% [markdown]
+# ### PyTorch's own int8 kernel
+#
+# PyTorch has a CPU kernel for exactly this scheme, weight-only int8 with one scale per output
+# channel: `torch._weight_int8pack_mm(x, q, scales)` (the kernel `torchao` calls). It gives our
+# dequantized product; `benchmarks/bench_serve.py` times it, and `torch.ao`'s dynamic quantization,
+# against float32.
+
+# %%
+from helpers.serve.quantize import dequantize_int8, quantize_int8
+
+big = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(0))
+q8, s8 = quantize_int8(big)
+x1 = torch.randn(4, 1024, generator=torch.Generator().manual_seed(1))
+if hasattr(torch, "_weight_int8pack_mm"):
+    kernel = torch._weight_int8pack_mm(x1, q8, s8)
+    ours8 = x1 @ dequantize_int8(q8, s8).T
+    assert (kernel - ours8).abs().max() < 1e-3
+    start = time.perf_counter()
+    for _ in range(20):
+        torch._weight_int8pack_mm(x1, q8, s8)
+    print(f"int8 kernel == our dequantized product (largest difference < 1e-3); 20 calls "
+          f"{format_duration(time.perf_counter() - start)}")
+else:
+    print("this torch has no torch._weight_int8pack_mm: skipped")
+print(f"1024 x 1024 weights: {big.numel() * 4:,} bytes in float32, {q8.numel() + s8.numel() * 4:,} in int8")
+
+# %% [markdown]
+# ## Check your understanding
+#
+# 1. Top-p 0.8 on the six words of section 1 kept three words. For which top-p does it keep four?
+#
+# <details><summary>Answer</summary>
+#
+# The top three hold 0.869 (printed below): any top-p above 0.869 needs the fourth word (and up
+# to the top four's mass, 0.942, no more than four).
+# </details>
+#
+# 2. Why does a batch pad on the left for generation, and what goes wrong with padding on the right?
+#
+# <details><summary>Answer</summary>
+#
+# Each step appends one token per row in the same column. With right padding, a short prompt's
+# next token would come after its pads: the model would read pads as part of the text (or the
+# code would have to track a different "last real token" per row). Left padding puts every row's
+# last real token in the last column.
+# </details>
+#
+# 3. A request of 1,000 tokens in blocks of 16: how many blocks, and how many slots are wasted?
+#
+# <details><summary>Answer</summary>
+#
+# 63 blocks (1,008 slots), 8 wasted (computed below). Contiguous preallocation for a 1,024-token
+# context would waste 24.
+# </details>
+#
+# 4. Speculative decoding with a draft identical to the target: what is the acceptance rate, and
+#    how many tokens does each target pass give with k = 4?
+#
+# <details><summary>Answer</summary>
+#
+# Every drafted token is accepted (p = q, so min(1, p/q) = 1), and each pass gives k + 1 = 5
+# tokens (checked below). The speed-up is then limited only by the draft's own cost.
+# </details>
+#
+# 5. Why is int8 quantization per output channel rather than one scale for the whole matrix?
+#
+# <details><summary>Answer</summary>
+#
+# One large row would set the scale for all of them, and the other rows' weights would round to a
+# few levels or to 0. Per channel, each row uses all 255 levels (the error measured below).
+# </details>
+
+# %%
+from helpers.serve.paged import lookup
+
+probs = torch.softmax(logits, -1)
+print(f"1. top three hold {probs[:3].sum():.3f}, top four {probs[:4].sum():.3f}: "
+      f"top-p 0.9 keeps {int((sampling.distribution(logits, top_p=0.9) > 0).sum())} words")
+print(f"3. {math.ceil(1000 / 16)} blocks, {paged_waste([1000], 16)} slots wasted (contiguous: "
+      f"{contiguous_waste([1000], 1024)})")
+_, same = speculative_generate(target, target, prompt_ids, 20, k=4, generator=torch.Generator().manual_seed(0))
+print(f"4. acceptance {same.acceptance_rate:.2f}, tokens per target pass {20 / same.target_passes:.1f}")
+rows_w = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
+rows_w[0] *= 100
+one_scale = rows_w.abs().max() / 127
+per_tensor = (torch.round(rows_w / one_scale) * one_scale - rows_w)[1:].abs().mean()
+q_rows, s_rows = quantize_int8(rows_w)
+per_channel = (dequantize_int8(q_rows, s_rows) - rows_w)[1:].abs().mean()
+print(f"5. one row 100x larger: mean error of the other rows {per_tensor:.3f} with one scale, "
+      f"{per_channel:.4f} per channel")

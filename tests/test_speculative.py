@@ -1,0 +1,110 @@
+"""Speculative decoding's output distribution is the target's, exactly (enumeration) and in the
+loop on two GPTs (helpers.serve.speculative; notebook 14, section 6)."""
+
+import itertools
+
+import pytest
+import torch
+
+from helpers.model.generation import generate
+from helpers.model.gpt import GPT, GPTConfig
+from helpers.serve.speculative import (
+    accept_or_reject,
+    acceptance_probability,
+    autoregressive_distribution,
+    exact_distribution,
+    residual,
+    speculative_generate,
+)
+
+
+def _toy(seed: int, vocab: int = 3):
+    """Two made-up conditionals: prefix -> probabilities (V,), different for every prefix."""
+    def conditional(salt: int):
+        def probs(prefix: tuple[int, ...]) -> torch.Tensor:
+            gen = torch.Generator().manual_seed(hash((seed, salt, prefix)) % 2**31)
+            return torch.softmax(torch.randn(vocab, generator=gen, dtype=torch.float64) * 2, dim=0)
+        return probs
+    return conditional(0), conditional(1)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_every_path_enumerated_gives_the_target_distribution(seed, k):
+    target, draft = _toy(seed)
+    spec = exact_distribution(target, draft, (0,), k=k, n_tokens=3)
+    plain = autoregressive_distribution(target, (0,), n_tokens=3)
+    assert set(spec) == set(itertools.product(range(3), repeat=3))
+    assert max(abs(spec[path] - plain[path]) for path in plain) < 1e-12
+    assert abs(sum(spec.values()) - 1) < 1e-12
+
+
+def test_a_broken_rule_is_caught_by_the_enumeration(monkeypatch):
+    """Accept every drafted token (no rejection): the output is then the draft's, not the target's."""
+    import helpers.serve.speculative as spec_module
+    monkeypatch.setattr(spec_module, "acceptance_probability", lambda p, q, x: 1.0)
+    target, draft = _toy(0)
+    spec = spec_module.exact_distribution(target, draft, (0,), k=2, n_tokens=2)
+    plain = autoregressive_distribution(target, (0,), n_tokens=2)
+    assert max(abs(spec[path] - plain[path]) for path in plain) > 1e-3
+
+
+def test_the_rule_on_one_token():
+    p = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    q = torch.tensor([0.2, 0.6, 0.2], dtype=torch.float64)
+    assert acceptance_probability(p, q, 1) == pytest.approx(0.5)
+    assert acceptance_probability(p, q, 0) == 1.0
+    assert residual(p, q).tolist() == pytest.approx([1.0, 0.0, 0.0])
+    assert accept_or_reject(p, q, 1, 0.49)[0] and not accept_or_reject(p, q, 1, 0.51)[0]
+
+
+def _models():
+    torch.manual_seed(0)
+    target = GPT(GPTConfig(vocab_size=16, context_length=48, n_layers=2, n_heads=2, d_model=32)).eval()
+    draft = GPT(GPTConfig(vocab_size=16, context_length=48, n_layers=1, n_heads=2, d_model=16)).eval()
+    return target, draft
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_speculative_equals_the_targets_greedy_tokens(k):
+    target, draft = _models()
+    prompt = [1, 2, 3]
+    tokens, stats = speculative_generate(target, draft, prompt, 20, k=k, temperature=0)
+    assert tokens == generate(target, torch.tensor([prompt]), 20, temperature=0)[0, 3:].tolist()
+    assert stats.target_passes <= 20 and stats.accepted <= stats.proposed
+
+
+def test_speculating_with_itself_accepts_everything():
+    target, _ = _models()
+    tokens, stats = speculative_generate(target, target, [4, 5], 12, k=3,
+                                         generator=torch.Generator().manual_seed(0))
+    assert stats.acceptance_rate == 1.0 and stats.target_passes == 3  # 4 tokens per pass
+
+
+def test_sampled_first_token_follows_the_target():
+    """400 one-token samples: the frequencies match the target's probabilities."""
+    target, draft = _models()
+    prompt = [1, 2, 3]
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(16)
+    for _ in range(400):
+        counts[speculative_generate(target, draft, prompt, 1, k=2, generator=gen)[0][0]] += 1
+    p = torch.softmax(target(torch.tensor([prompt]))[0, -1].double(), dim=0).float()
+    assert (counts / 400 - p).abs().max() < 5 * (p * (1 - p) / 400).sqrt().max() + 1e-3
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda t, d: speculative_generate(t, d, [1], 5, k=0), "k is 0"),
+    (lambda t, d: speculative_generate(t, GPT(GPTConfig(vocab_size=17, context_length=48, n_layers=1,
+                                                        n_heads=2, d_model=16)), [1], 5, k=2),
+     "vocab_size 17"),
+    (lambda t, d: speculative_generate(t, d, [1] * 40, 5, k=4), "longer than the cache"),
+    (lambda t, d: accept_or_reject(torch.ones(3) / 3, torch.ones(4) / 4, 0, 0.5), "vocabulary"),
+    (lambda t, d: accept_or_reject(torch.ones(3) / 3, torch.ones(3) / 3, 0, 1.0), "u is 1.0"),
+    (lambda t, d: residual(torch.ones(3), torch.ones(3) / 3), "sums to 3"),
+    (lambda t, d: exact_distribution(lambda x: x, lambda x: x, (), k=0, n_tokens=1), "k is 0"),
+])
+def test_bad_speculative_arguments(call, match):
+    target, draft = _models()
+    with pytest.raises(ValueError, match=match):
+        call(target, draft)
