@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.post.grpo import grpo_loss, group_advantages, k3_kl
+from helpers.post.grpo import group_advantages, grpo_loss, k3_kl
 
 
 def test_advantages_are_normalised_within_each_group():

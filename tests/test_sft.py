@@ -56,7 +56,8 @@ def test_checker_is_exact():
     texts, labels = tasks.true_false_statements(tasks.all_facts(3), seed=0)
     assert labels.count(1) == labels.count(0) == 16
     assert all(t.endswith(tasks.NUMBER_WORDS[f.c]) == bool(lab)
-               for t, lab, f in zip(texts, labels, [f for f in tasks.all_facts(3) for _ in (0, 1)]))
+               for t, lab, f in zip(texts, labels, [f for f in tasks.all_facts(3) for _ in (0, 1)],
+                                     strict=True))
 
 
 def test_bad_input_is_refused():

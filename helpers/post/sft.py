@@ -89,7 +89,7 @@ def token_logps(logits: Tensor, ids: Tensor) -> Tensor:
     if logits.dim() != 3 or logits.shape[:2] != ids.shape:
         raise ValueError(f"logits has shape {tuple(logits.shape)}, expected (B, N, V) with "
                          f"(B, N) = {tuple(ids.shape)}")
-    logps = logits[:, :-1].float().log_softmax(dim=-1)
+    logps = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(dim=-1)
     return logps.gather(-1, ids[:, 1:, None]).squeeze(-1)
 
 
