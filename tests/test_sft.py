@@ -79,3 +79,11 @@ def test_bad_input_is_refused():
         tasks.Fact(2, "times", 5)
     with pytest.raises(ValueError, match="facts is empty"):
         tasks.split_facts([], 0.3, 0)
+
+
+def test_well_formed_labels_come_from_the_grammar():
+    texts, labels = tasks.well_formed_statements(tasks.all_facts(4), seed=0)
+    assert labels == [1, 0] * 25
+    assert sorted(texts[0].split()) == sorted(texts[1].split())
+    assert tasks.is_well_formed("three plus two is six")  # form, not truth
+    assert not tasks.is_well_formed("three plus two is") and not tasks.is_well_formed("plus three two is five")

@@ -7,6 +7,8 @@
     pretraining_text          the facts as plain sentences ("three plus four is seven.")
     is_correct                the exact checker: does an answer text name the right number?
     true_false_statements     statements with the true or a wrong result, labelled 1 / 0
+    is_well_formed            the grammar's checker: "<number> plus <number> is <number>"?
+    well_formed_statements    statements and scrambled ones, labelled by is_well_formed
 
 The pretraining text states facts; the chat questions ("what is three plus four?") appear only
 after pretraining, in supervised finetuning. The checker compares words, so accuracy is counted,
@@ -16,6 +18,7 @@ never judged by eye.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 
 from helpers import checks
@@ -115,4 +118,33 @@ def true_false_statements(facts: list[Fact], seed: int) -> tuple[list[str], list
     for fact in facts:
         texts += [fact.statement(), fact.statement(wrong_result(fact, rng))]
         labels += [1, 0]
+    return texts, labels
+
+
+_NUMBER = "(?:" + "|".join(NUMBER_WORDS) + ")"
+_STATEMENT = re.compile(f"{_NUMBER} (?:{'|'.join(OPERATIONS)}) {_NUMBER} is {_NUMBER}")
+
+
+def is_well_formed(sentence: str) -> bool:
+    """The grammar's own checker: a number word, an operation, a number word, 'is', a number word
+    (whether the sum is right does not matter)."""
+    if not isinstance(sentence, str):
+        raise TypeError(f"sentence is a {type(sentence).__name__}, expected a str")
+    return _STATEMENT.fullmatch(sentence) is not None
+
+
+def well_formed_statements(facts: list[Fact], seed: int) -> tuple[list[str], list[int]]:
+    """Each fact twice: its statement (label 1) and the same words in a shuffled order that the
+    grammar refuses (label 0); labels come from `is_well_formed`."""
+    if not facts:
+        raise ValueError("facts is empty, expected facts to make statements from")
+    rng = random.Random(seed)
+    texts, labels = [], []
+    for fact in facts:
+        words = fact.statement().split()
+        while is_well_formed(" ".join(words)):
+            rng.shuffle(words)
+        for text in (fact.statement(), " ".join(words)):
+            texts.append(text)
+            labels.append(int(is_well_formed(text)))
     return texts, labels

@@ -70,7 +70,7 @@ tokenizer = setting.tokenizer
 print("vocabulary:", tokenizer.vocab_size, "tokens; special:", list(tokenizer.special_tokens))
 started = time.perf_counter()
 pretrained = recipe.pretrain(setting, steps=PRETRAIN_STEPS, seed=0)
-print(f"pretrained {PRETRAIN_STEPS} steps, took {format_duration(time.perf_counter() - started)}")
+print(f"pretrained {PRETRAIN_STEPS} steps, {format_duration(time.perf_counter() - started)}")
 
 
 # %% [markdown]
@@ -92,12 +92,12 @@ def prose_accuracy(model: nn.Module, facts: list) -> float:
 prose = {"train": prose_accuracy(pretrained, train_facts), "held": prose_accuracy(pretrained, held_facts)}
 chat_before = {"train": sft.greedy_accuracy(pretrained, tokenizer, train_facts),
                "held": sft.greedy_accuracy(pretrained, tokenizer, held_facts)}
-print("chat answer of the pretrained model:", sft.greedy_answers(pretrained, tokenizer, [fact.question()]))
 assert prose["train"] > chat_before["train"] + 0.2
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # A model trained in float32 can answer one question differently on another CPU; the cell above asserts the claim.
+print("chat answer of the pretrained model:", sft.greedy_answers(pretrained, tokenizer, [fact.question()]))
 print(f"prose accuracy: train {prose['train']:.2f}, held-out {prose['held']:.2f}")
 print(f"chat accuracy:  train {chat_before['train']:.2f}, held-out {chat_before['held']:.2f}")
 
@@ -105,21 +105,22 @@ print(f"chat accuracy:  train {chat_before['train']:.2f}, held-out {chat_before[
 # ## 2. Classification finetuning: a head on the last token
 #
 # The first kind of finetuning: reuse the pretrained body, add a linear head, and train it on
-# labelled examples. Task: is "three plus two is six" true? (the checker labels it). In a causal
+# labelled examples. Task: is a sentence well formed? "three plus two is five" is, "plus two is
+# three five" is not; the grammar's own checker (`tasks.is_well_formed`) gives the labels. In a causal
 # model only the **last** token has seen the whole sentence, so the head reads the last token's
 # final hidden state. We train all weights, only the last block (and the final LayerNorm), or
 # only the head, three seeds each, and test on the statements about held-out facts.
 
 # %%
-train_texts, train_labels = tasks.true_false_statements(train_facts, seed=0)
-test_texts, test_labels = tasks.true_false_statements(held_facts, seed=1)
+train_texts, train_labels = tasks.well_formed_statements(train_facts, seed=0)
+test_texts, test_labels = tasks.well_formed_statements(held_facts, seed=1)
 train_x, train_len = classify.encode_texts(tokenizer, train_texts, setting.pad_id)
 test_x, test_len = classify.encode_texts(tokenizer, test_texts, setting.pad_id)
 train_y, test_y = torch.tensor(train_labels), torch.tensor(test_labels)
 print(train_texts[:2], train_labels[:2], "|", len(train_texts), "train,", len(test_texts), "test")
 
 
-def finetune_classifier(which: str, seed: int, steps: int = 40, lr: float = 1e-3) -> dict:
+def finetune_classifier(which: str, seed: int, steps: int = 25, lr: float = 1e-3) -> dict:
     torch.manual_seed(seed)
     model = classify.Classifier(copy.deepcopy(pretrained), n_classes=2)
     trainable = classify.freeze_for(model, which)
@@ -149,12 +150,12 @@ for which, results in runs.items():
     accs = ", ".join(f"{r['accuracy']:.2f}" for r in results)
     seconds = sum(r["seconds"] for r in results) / 3
     print(f"{which:>4}: test accuracy (seeds 0, 1, 2) {accs} | mean {mean_acc[which]:.2f} | "
-          f"took {format_duration(seconds)} per run")
+          f"{format_duration(seconds)} per run")
 
 # %% [markdown]
 # Reading the table: the head alone trains the fewest parameters and is the cheapest per step,
 # and is limited by what the frozen body already computes at the last token; training more of
-# the body lets the last token's representation change to suit the task. With 40 steps, three
+# the body lets the last token's representation change to suit the task. With 25 steps, three
 # seeds and a test set of a few dozen statements, a difference of one or two statements is noise.
 #
 # ## 3. LoRA by hand
@@ -368,7 +369,7 @@ sft_seconds = time.perf_counter() - started
 chat_sft = {"train": sft.greedy_accuracy(sft_model, tokenizer, train_facts),
             "held": sft.greedy_accuracy(sft_model, tokenizer, held_facts)}
 assert chat_sft["train"] > chat_before["train"] + 0.3 and sft_losses[-1] < sft_losses[0]
-print(f"SFT {SFT_STEPS} steps, took {format_duration(sft_seconds)}")
+print(f"SFT {SFT_STEPS} steps, {format_duration(sft_seconds)}")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -472,12 +473,12 @@ DPO_STEPS = 20
 dpo_runs = {}
 for b in BETAS:
     model_b = copy.deepcopy(sft_model)
-    history = dpo.train_dpo(model_b, reference, pairs, beta=b, steps=DPO_STEPS, lr=5e-4)
+    history = dpo.train_dpo(model_b, reference, pairs, beta=b, steps=DPO_STEPS, lr=3e-5)
     dpo_runs[b] = {"model": model_b, "accuracy": history["accuracy"][-1],
                    "margin": history["margin"][-1] / b,  # in nats of log-ratio, comparable across beta
                    "kl": dpo.answer_kl(model_b, reference, chosen_ids, chosen_mask)}
 kls = [dpo_runs[b]["kl"] for b in BETAS]
-assert all(dpo_runs[b]["kl"] > 0 for b in BETAS)
+assert all(dpo_runs[b]["kl"] > 0 for b in BETAS) and kls[0] > 2 * kls[-1]
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -529,13 +530,31 @@ assert moved["kl"] != first["kl"]
 print("redraws so far:", explorer.redraws)
 
 # %% [markdown]
-# We keep beta = 0.1 for the next stage.
+# We keep beta = 0.3 for the next stage. DPO only asks the chosen answer to gain on the
+# rejected one, **relative** to the reference; it does not ask the chosen answer to become more
+# likely. Measured: how the log-probabilities of both answers moved.
 
 # %%
-dpo_model = dpo_runs[0.1]["model"]
+dpo_model = dpo_runs[0.3]["model"]
+with torch.no_grad():
+    moved_chosen = (sft.sequence_logps(dpo_model, chosen_ids, chosen_mask) - ref_chosen).mean().item()
+    moved_rejected = (sft.sequence_logps(dpo_model, rejected_ids, rejected_mask) - ref_rejected).mean().item()
 chat_dpo = {"train": sft.greedy_accuracy(dpo_model, tokenizer, train_facts),
             "held": sft.greedy_accuracy(dpo_model, tokenizer, held_facts)}
-assert 0 <= chat_dpo["train"] <= 1
+assert moved_rejected < moved_chosen
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# Trained values differ in the last digits from one CPU to another; the cell above asserts the order.
+print(f"mean change of log pi(chosen): {moved_chosen:+.2f} nats, of log pi(rejected): {moved_rejected:+.2f} nats")
+print(f"greedy chat accuracy: SFT train {chat_sft['train']:.2f} -> DPO train {chat_dpo['train']:.2f}")
+
+# %% [markdown]
+# If both numbers are negative, the model has learned to prefer by making **both** answers
+# less likely, and the probability freed goes elsewhere: a known failure of DPO ("likelihood
+# displacement"); it is why practitioners often add the SFT loss on the chosen answers (TRL's
+# `loss_type=["sigmoid", "sft"]`), and why greedy accuracy can fall while preference accuracy
+# rises. The closing table shows what happened here.
 
 # %% [markdown]
 # ## 6. GRPO: reward only what the checker accepts
@@ -550,6 +569,8 @@ assert 0 <= chat_dpo["train"] <= 1
 # baseline a value model would otherwise have to learn.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# Sampled answers of a trained model can differ from one CPU to another; the assertion keeps the claim.
 generator = torch.Generator().manual_seed(0)
 group_ids, group_mask, rewards = grpo.rollout(dpo_model, tokenizer, train_facts[0], group_size=8,
                                               max_new_tokens=9, temperature=1.0, generator=generator)
@@ -557,7 +578,9 @@ prompt_len = len(tokenizer.encode(sft.chat_prompt(train_facts[0].question())))
 end_id = tokenizer.special_tokens[sft.END]
 print(train_facts[0].question(), "->", train_facts[0].answer())
 for row, reward in zip(group_ids.tolist(), rewards.tolist(), strict=True):
-    print(f"  reward {reward:.0f}: {sft.answer_text(tokenizer, row[prompt_len:], end_id)!r}")
+    answer = sft.answer_text(tokenizer, row[prompt_len:], end_id)
+    assert reward == float(tasks.is_correct(answer, train_facts[0]))
+    print(f"  reward {reward:.0f}: {answer!r}")
 
 
 # %% [markdown]
@@ -636,12 +659,12 @@ print("autograd vs hand-computed gradient on the logits: max difference < 1e-12"
 # reward of the sampled answers, step by step (temperature 1, so below the greedy accuracy).
 
 # %%
-GRPO_STEPS = 30
+GRPO_STEPS = 20
 started = time.perf_counter()
 grpo_model = copy.deepcopy(dpo_model)
 grpo_history = grpo.train_grpo(grpo_model, reference, tokenizer, train_facts, steps=GRPO_STEPS,
                                prompts_per_step=4, group_size=8, lr=3e-4, seed=0)
-print(f"GRPO {GRPO_STEPS} steps, took {format_duration(time.perf_counter() - started)}")
+print(f"GRPO {GRPO_STEPS} steps, {format_duration(time.perf_counter() - started)}")
 chat_grpo = {"train": sft.greedy_accuracy(grpo_model, tokenizer, train_facts),
              "held": sft.greedy_accuracy(grpo_model, tokenizer, held_facts)}
 assert len(grpo_history["reward"]) == GRPO_STEPS
@@ -659,7 +682,7 @@ ax.legend()
 plt.show()
 
 # %% [markdown]
-# One run of 30 steps on 32 samples per step is noisy. Three seeds, and the two ways to average
+# One run of 20 steps on 32 samples per step is noisy. Three seeds, and the two ways to average
 # the loss over tokens, take longer than this notebook's minute: `python benchmarks/bench_grpo.py`
 # runs them from the SFT model of section 4 (same recipe, reference = that model) and writes
 # `data/grpo_rewards.json`, which we read here (tests/test_grpo_bench.py reruns a short version).
@@ -695,6 +718,18 @@ for (normalise, seed), (first5, last5) in summary.items():
     run_s = bench["runs"][f"{normalise}/{seed}"]
     print(f"{normalise:9} | {seed:4} | {first5:.2f} -> {last5:.2f} | "
           f"{run_s['train_accuracy']:.2f}, {run_s['held_accuracy']:.2f}")
+rose = {n: sum(summary[n, s][1] > summary[n, s][0] for s in bench["seeds"]) for n in ("sequence", "token")}
+print(f"seeds whose last 5 steps beat their first 5: per sequence {rose['sequence']} of 3, per token {rose['token']} of 3")
+print(f"standard error of one step's mean reward (32 samples, p = 0.5): {(0.25 / 32) ** 0.5:.2f}, "
+      f"of a mean of 5 steps: {(0.25 / 160) ** 0.5:.2f}")
+
+# %% [markdown]
+# Read the table with its noise in mind: a mean of 5 steps of 32 samples has a standard error
+# near 0.04, and the benchmark ran three seeds. In this benchmark the per-token runs rose in more
+# seeds than the per-sequence ones, which is the direction Dr. GRPO and DAPO predict; three
+# seeds of 40 steps make it a lead to test with more seeds and steps (the benchmark's knobs),
+# not a verdict. The reward that rises is the sampled one (temperature 1): greedy accuracy is a
+# different number, shown in the last two columns.
 
 # %% [markdown]
 # ## 7. The same held-out questions after each stage
@@ -705,11 +740,21 @@ for (normalise, seed), (first5, last5) in summary.items():
 print("stage          | train questions | held-out questions")
 for stage, acc in (("pretrained", chat_before), ("SFT", chat_sft), ("DPO", chat_dpo), ("GRPO", chat_grpo)):
     print(f"{stage:14} | {acc['train']:15.2f} | {acc['held']:.2f}")
-print(f"(chat template; {len(train_facts)} training and {len(held_facts)} held-out questions, greedy answers)")
-print(f"the whole notebook: took {format_duration(time.perf_counter() - NOTEBOOK_START)} "
-      f"(processor time: took {format_duration(time.process_time() - NOTEBOOK_CPU)})")
+print(f"(chat template; {len(train_facts)} training and {len(held_facts)} held-out questions, greedy answers; "
+      f"a GPT of {sum(p.numel() for p in pretrained.parameters()):,} parameters)")
+print(f"the whole notebook: {format_duration(time.perf_counter() - NOTEBOOK_START)} "
+      f"(processor time: {format_duration(time.process_time() - NOTEBOOK_CPU)})")
 
 # %% [markdown]
+# What the table says, for a model of about 105 thousand parameters (printed above) trained for seconds: the chat
+# format is learned by SFT, and SFT does most of the work on the training questions. DPO and
+# GRPO each raise what they optimise (the preference accuracy and margin; the sampled reward in
+# the benchmark's per-token runs), but here neither raises greedy accuracy, and nothing carries
+# over to the held-out questions: what a larger model does by reusing what it knows, this one
+# does by memorising answers. Every stage is a few lines around a loss, and the knobs
+# (`PRETRAIN_STEPS`, `SFT_STEPS`, `DPO_STEPS`, `GRPO_STEPS`, the benchmark's steps and seeds)
+# are there to find out how much of this is the budget.
+#
 # ## Check your understanding
 #
 # **1. Why does DPO (and GRPO) need a reference model?**
