@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
 
 
-@exercise(hint="base(x) + (x @ A.T) @ B.T * (alpha / r), with r = A.shape[0]: A is (r, in), "
-               "B is (out, r).")
+@exercise(hint="The frozen layer's output plus a low-rank correction: x goes down to r numbers "
+               "through A, back up through B, and is scaled by alpha / r.")
 def lora_forward(student: Callable) -> str:
     generator = torch.Generator().manual_seed(0)
     base = torch.nn.Linear(6, 4)
@@ -26,8 +26,7 @@ def lora_forward(student: Callable) -> str:
     return "With B = 0 that is exactly the base layer: the adapter starts as a no-op."
 
 
-@exercise(hint="The answer starts right after the prompt: positions len(prompt_ids) onwards are "
-               "1, the prompt's positions 0.")
+@exercise(hint="One entry per token of prompt + answer; only the answer's tokens count in the loss.")
 def answer_mask(student: Callable) -> str:
     for prompt, answer in (([7, 1, 2, 3, 8], [4, 5, 9]), ([7, 2, 8], [6, 9])):
         got = student(prompt, answer)
@@ -45,8 +44,8 @@ def answer_mask(student: Callable) -> str:
     return "The prompt's tokens now cost nothing: the model learns to answer, not to ask."
 
 
-@exercise(hint="z = beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)); "
-               "the loss is -log sigmoid(z) = F.softplus(-z) per pair.")
+@exercise(hint="Compare each answer's log-probability under the policy with the reference's; the "
+               "loss is a logistic loss on beta times the chosen answer's gain over the rejected one's.")
 def dpo_loss(student: Callable) -> str:
     generator = torch.Generator().manual_seed(0)
     pc, pr, rc, rr = (-torch.rand(5, generator=generator) * 8 for _ in range(4))
@@ -60,8 +59,8 @@ def dpo_loss(student: Callable) -> str:
     return "That is the DPO loss: a logistic loss on the difference of two log-ratios."
 
 
-@exercise(hint="rewards is (P, G): subtract rewards.mean(dim=1, keepdim=True), divide by "
-               "rewards.std(dim=1, keepdim=True) + eps.")
+@exercise(hint="Each row of rewards is one prompt's group: score every answer against its own "
+               "group's mean, in units of its own group's spread.")
 def group_advantages(student: Callable) -> str:
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0]])
     got = student(rewards, 1e-4)
