@@ -107,6 +107,10 @@ WIDGETS: dict[str, list[Widget]] = {
     # The collectives and the parallel schemes run in worker processes; their results come back
     # as printed tables and figures, not widgets.
     "11_distributed": [],
+    # DPO: move beta; the margin and the KL to the reference (precomputed per beta) redraw.
+    "13_post_training": [
+        Widget((slider("beta"),), drives="figure"),
+    ],
     "14_serving": [
         Widget((slider("temperature"), slider("top_p")), drives="figure"),
     ],

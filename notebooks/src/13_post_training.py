@@ -1,0 +1,801 @@
+# %% [markdown]
+# # 13. After pretraining: finetuning, LoRA, instruction tuning, DPO and GRPO
+#
+# The DS 246 notes open with the lifecycle of a language model: **pre-training**, then
+# **fine-tuning**, then inference ("GPT training stages"). Notebook 7 did the first stage. This
+# notebook does the second, on a laptop CPU, with a task whose every answer is checked exactly.
+#
+# **After this notebook you can**
+# - finetune a pretrained GPT as a classifier, training all weights, the last block or the head;
+# - write LoRA by hand (lora_A, lora_B, scaling = alpha / r), prove it starts as the base model
+#   and merges exactly, and recognise the same pieces in `peft`;
+# - teach a model a chat format with an answer-only loss;
+# - push it towards preferred answers with DPO and towards verifiably correct ones with GRPO,
+#   measuring each step on the same held-out questions.
+#
+# **It assumes** notebook 7 (the GPT, its training loop, sampling).
+
+# %% [setup]
+
+# %%
+import copy
+import time
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from helpers.lab.exercises import check
+from helpers.model.generation import generate
+from helpers.post import classify, dpo, grpo, lora, recipe, sft, tasks
+from helpers.timing import format_duration
+
+torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
+NOTEBOOK_START, NOTEBOOK_CPU = time.perf_counter(), time.process_time()
+
+# %% [markdown]
+# ## 1. A task with an exact checker, and a small pretrained GPT
+#
+# Arithmetic in words: "what is three plus four?" has one right answer, "seven", and a checker
+# that compares words decides it, so every accuracy below is counted, never judged by eye. We
+# use the sums of two numbers from zero to five (36 facts) and keep 30 % of them apart: the
+# **held-out** questions, never seen in the chat format.
+#
+# The pretraining text states every fact in plain prose, as a statement or as a question
+# followed by its answer. It never contains the chat template we teach later.
+
+# %%
+facts = tasks.all_facts(largest=5)
+train_facts, held_facts = tasks.split_facts(facts, held_out=0.3, seed=0)
+text = tasks.pretraining_text(facts, n_sentences=3000, seed=0)
+print(f"{len(facts)} facts: {len(train_facts)} for training, {len(held_facts)} held out")
+print(text[:100])
+fact = tasks.Fact(3, "plus", 2)
+print(repr(fact.question()), "->", repr(fact.answer()),
+      "| checker:", tasks.is_correct("five", fact), tasks.is_correct("six", fact))
+
+# %% [markdown]
+# A character tokenizer with four special tokens for the chat template, and a GPT of two blocks
+# (d = 64), pretrained with notebook 7's `Trainer` in float32. `PRETRAIN_STEPS` is the knob for
+# a longer run. `helpers.post.recipe` holds these same lines so that the benchmark of section 6
+# can rebuild this model.
+
+# %%
+PRETRAIN_STEPS = 300
+setting = recipe.make_setting(largest=5, held_out=0.3, sentences=3000, seed=0)
+assert setting.text == text and setting.held_facts == held_facts
+tokenizer = setting.tokenizer
+print("vocabulary:", tokenizer.vocab_size, "tokens; special:", list(tokenizer.special_tokens))
+started = time.perf_counter()
+pretrained = recipe.pretrain(setting, steps=PRETRAIN_STEPS, seed=0)
+print(f"pretrained {PRETRAIN_STEPS} steps, {format_duration(time.perf_counter() - started)}")
+
+
+# %% [markdown]
+# What does it know? Asked in prose ("what is three plus two? "), it completes with the answer
+# for many facts, held-out ones included: the knowledge is in the weights. Asked in the chat
+# template it has never seen, it does not answer at all.
+
+# %%
+def prose_accuracy(model: nn.Module, facts: list) -> float:
+    """Greedy completion of 'what is a plus b? ' checked up to the first '.'."""
+    right = 0
+    for f in facts:
+        prompt = torch.tensor([tokenizer.encode(f.question() + " ")])
+        completion = tokenizer.decode(generate(model, prompt, 9, top_k=1)[0, prompt.shape[1]:].tolist())
+        right += tasks.is_correct(completion.split(".")[0], f)
+    return right / len(facts)
+
+
+prose = {"train": prose_accuracy(pretrained, train_facts), "held": prose_accuracy(pretrained, held_facts)}
+chat_before = {"train": sft.greedy_accuracy(pretrained, tokenizer, train_facts),
+               "held": sft.greedy_accuracy(pretrained, tokenizer, held_facts)}
+assert prose["train"] > chat_before["train"] + 0.2
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# A model trained in float32 can answer one question differently on another CPU; the cell above asserts the claim.
+print("chat answer of the pretrained model:", sft.greedy_answers(pretrained, tokenizer, [fact.question()]))
+print(f"prose accuracy: train {prose['train']:.2f}, held-out {prose['held']:.2f}")
+print(f"chat accuracy:  train {chat_before['train']:.2f}, held-out {chat_before['held']:.2f}")
+
+# %% [markdown]
+# ## 2. Classification finetuning: a head on the last token
+#
+# The first kind of finetuning: reuse the pretrained body, add a linear head, and train it on
+# labelled examples. Task: is a sentence well formed? "three plus two is five" is, "plus two is
+# three five" is not; the grammar's own checker (`tasks.is_well_formed`) gives the labels. In a causal
+# model only the **last** token has seen the whole sentence, so the head reads the last token's
+# final hidden state. We train all weights, only the last block (and the final LayerNorm), or
+# only the head, three seeds each, and test on the statements about held-out facts.
+
+# %%
+train_texts, train_labels = tasks.well_formed_statements(train_facts, seed=0)
+test_texts, test_labels = tasks.well_formed_statements(held_facts, seed=1)
+train_x, train_len = classify.encode_texts(tokenizer, train_texts, setting.pad_id)
+test_x, test_len = classify.encode_texts(tokenizer, test_texts, setting.pad_id)
+train_y, test_y = torch.tensor(train_labels), torch.tensor(test_labels)
+print(train_texts[:2], train_labels[:2], "|", len(train_texts), "train,", len(test_texts), "test")
+
+
+def finetune_classifier(which: str, seed: int, steps: int = 25, lr: float = 1e-3) -> dict:
+    torch.manual_seed(seed)
+    model = classify.Classifier(copy.deepcopy(pretrained), n_classes=2)
+    trainable = classify.freeze_for(model, which)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    started = time.perf_counter()
+    for _ in range(steps):
+        loss = F.cross_entropy(model(train_x, train_len), train_y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    seconds = time.perf_counter() - started
+    with torch.no_grad():
+        accuracy = (model(test_x, test_len).argmax(-1) == test_y).float().mean().item()
+    return {"accuracy": accuracy, "seconds": seconds, "trainable": trainable}
+
+
+runs = {which: [finetune_classifier(which, seed) for seed in (0, 1, 2)] for which in classify.WHICH}
+for which, results in runs.items():
+    print(f"{which:>4}: {results[0]['trainable']:>7,} trainable parameters")
+mean_acc = {w: sum(r["accuracy"] for r in rs) / 3 for w, rs in runs.items()}
+assert all(0.0 <= a <= 1.0 for a in mean_acc.values())
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# Trained accuracies can move by one test statement from one CPU to another, and times vary.
+for which, results in runs.items():
+    accs = ", ".join(f"{r['accuracy']:.2f}" for r in results)
+    seconds = sum(r["seconds"] for r in results) / 3
+    print(f"{which:>4}: test accuracy (seeds 0, 1, 2) {accs} | mean {mean_acc[which]:.2f} | "
+          f"{format_duration(seconds)} per run")
+
+# %% [markdown]
+# Reading the table: the head alone trains the fewest parameters and is the cheapest per step,
+# and is limited by what the frozen body already computes at the last token; training more of
+# the body lets the last token's representation change to suit the task. With 25 steps, three
+# seeds and a test set of a few dozen statements, a difference of one or two statements is noise.
+#
+# ## 3. LoRA by hand
+#
+# Full finetuning updates every weight and AdamW keeps two more numbers per weight. LoRA (Hu et
+# al., 2021) freezes a layer's W (out x in) and learns a low-rank update instead:
+#
+#     y = W x + (alpha / r) * B A x,     A: (r, in),  B: (out, r),  r << min(in, out)
+#
+# A starts random, **B starts at zero**, so B A = 0: the model starts exactly as pretrained.
+# The scale alpha / r keeps the update's size comparable when r changes. First in plain code:
+
+# %%
+torch.manual_seed(0)
+layer = pretrained.blocks[0].attn.q_proj  # an nn.Linear 64 -> 64
+r, alpha = 4, 8.0
+A = torch.randn(r, layer.in_features) / layer.in_features ** 0.5
+B = torch.zeros(layer.out_features, r)
+x = torch.randn(3, layer.in_features)
+by_hand = layer(x) + (alpha / r) * (x @ A.T) @ B.T
+print("B = 0, so the output is the base layer's:", torch.equal(by_hand, layer(x)))
+B_trained = torch.randn(layer.out_features, r) * 0.1
+delta = (alpha / r) * B_trained @ A  # (out, in): rank at most r
+print("rank of the update:", torch.linalg.matrix_rank(delta).item(), "| its shape:", tuple(delta.shape))
+
+
+# %% [markdown]
+# **Exercise: the LoRA forward.** Write it for an `nn.Linear` `base`, A (r, in), B (out, r).
+
+# %%
+def lora_forward(x: torch.Tensor, base: nn.Linear, A: torch.Tensor, B: torch.Tensor,
+                 alpha: float) -> torch.Tensor:
+    """x (..., in) -> (..., out): base(x) + (alpha / r) * B A x."""
+    raise NotImplementedError
+
+
+check("post_training.lora_forward", lora_forward)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# The rank r is the number of rows of A. Apply A first (to r numbers), then B.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `base(x) + (x @ A.T) @ B.T * (alpha / r)`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# def lora_forward(x: torch.Tensor, base: nn.Linear, A: torch.Tensor, B: torch.Tensor,
+#                  alpha: float) -> torch.Tensor:
+#     """x (..., in) -> (..., out): base(x) + (alpha / r) * B A x."""
+#     r = A.shape[0]
+#     return base(x) + (x @ A.T) @ B.T * (alpha / r)
+# ### END SOLUTION
+#
+#
+# _ = check("post_training.lora_forward", lora_forward)
+# ```
+# </details>
+
+# %% [markdown]
+# The same layer lives in `helpers.post.lora.LoRALinear`, with peft's names: `lora_A`,
+# `lora_B` (each an `nn.Linear` without bias), `scaling = alpha / r` and `merge()`. `add_lora`
+# wraps every layer named like the targets (peft's rule), here the query and value projections.
+
+# %%
+helper_layer = lora.LoRALinear(copy.deepcopy(layer), r=r, alpha=alpha)
+with torch.no_grad():
+    helper_layer.lora_A.weight.copy_(A)
+    helper_layer.lora_B.weight.copy_(B_trained)
+gap = (helper_layer(x) - (layer(x) + (alpha / r) * (x @ A.T) @ B_trained.T)).abs().max().item()
+assert gap < 1e-5
+print(f"helper vs plain code: max difference < 1e-5 (scaling = {helper_layer.scaling})")
+
+adapted = copy.deepcopy(pretrained)
+targets = lora.add_lora(adapted, ["q_proj", "v_proj"], r=4, alpha=8.0)
+probe = torch.tensor([tokenizer.encode(train_facts[0].question())])
+print("wrapped:", targets)
+print("at the start the adapted model IS the pretrained one:", torch.equal(adapted(probe), pretrained(probe)))
+full, trainable = sum(p.numel() for p in pretrained.parameters()), lora.trainable_count(adapted)
+print(f"trainable parameters: {trainable:,} of {full:,} ({100 * trainable / full:.1f} %)")
+print(f"AdamW state (2 float32 per trainable weight): {2 * 4 * trainable / 1024:.1f} KiB with LoRA "
+      f"vs {2 * 4 * full / 1024:.1f} KiB for all weights")
+
+# %% [markdown]
+# Train the adapters for a few SFT steps (section 4 explains the loss), then **merge**: W <- W +
+# scaling * B A. The merged model is a plain GPT again, with no extra cost at inference, and it
+# gives the adapter's outputs.
+
+# %%
+batches = recipe.sft_batches(setting, n_batches=20, batch_size=16, seed=0)
+sft.train_sft(adapted, batches, steps=20, lr=3e-3, seed=0)
+moved = (adapted(probe) - pretrained(probe)).abs().max().item()
+before_merge = adapted(probe)
+print("adapters merged:", lora.merge_lora(adapted))
+merge_gap = (adapted(probe) - before_merge).abs().max().item()
+assert moved > 1e-3 and merge_gap < 1e-4
+print("the adapters changed the logits (by more than 1e-3); merged vs adapter: max difference < 1e-4")
+
+# %% [markdown]
+# The library practitioners use is `peft`. Loaded with the same A and B, its LoRA layers give the
+# same outputs (tests/test_lora.py proves it on every run of the tests; this cell runs where
+# `peft` is installed, and is skipped elsewhere).
+
+# %%
+try:
+    import peft
+except ImportError:
+    peft = None
+    print("peft is not installed: skipping (pip install peft to run this cell)")
+if peft is not None:
+    ours = copy.deepcopy(pretrained)
+    lora.add_lora(ours, ["q_proj", "v_proj"], r=4, alpha=8.0)
+    theirs = peft.inject_adapter_in_model(
+        peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]),
+        copy.deepcopy(pretrained))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, module in ours.named_modules():
+            if isinstance(module, lora.LoRALinear):
+                module.lora_B.weight.normal_(0, 0.1, generator=generator)  # a trained-looking B
+                theirs.get_submodule(name).lora_A["default"].weight.copy_(module.lora_A.weight)
+                theirs.get_submodule(name).lora_B["default"].weight.copy_(module.lora_B.weight)
+    peft_gap = (theirs(probe) - ours(probe)).abs().max().item()
+    assert peft_gap < 1e-5
+    print("peft's LoRA vs ours, same A and B: max difference < 1e-5")
+
+# %% [markdown]
+# ## 4. Instruction tuning (SFT): a chat template and a loss on the answer only
+#
+# A chat model reads a **template**: special tokens mark who speaks, and one marks the end of the
+# answer so that generation knows when to stop. Each special token is one id, never spelled out.
+
+# %%
+ids, mask = sft.encode_example(tokenizer, fact.question(), fact.answer())
+print(tokenizer.decode(ids.tolist()))
+print("tokens:", len(ids), "| answer tokens (mask = 1):", repr(tokenizer.decode(ids[mask.bool()].tolist())))
+
+
+# %% [markdown]
+# The loss counts only the answer (and the end token): the model should learn to **answer**, not
+# to predict the user's question. **Exercise:** the mask for a prompt and an answer.
+
+# %%
+def answer_mask(prompt_ids: list[int], answer_ids: list[int]) -> torch.Tensor:
+    """A (len(prompt_ids) + len(answer_ids),) tensor: 0 on the prompt, 1 on the answer."""
+    raise NotImplementedError
+
+
+check("post_training.answer_mask", answer_mask)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# One entry per token; the prompt comes first.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `torch.tensor([0] * len(prompt_ids) + [1] * len(answer_ids))`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# def answer_mask(prompt_ids: list[int], answer_ids: list[int]) -> torch.Tensor:
+#     """A (len(prompt_ids) + len(answer_ids),) tensor: 0 on the prompt, 1 on the answer."""
+#     return torch.tensor([0] * len(prompt_ids) + [1] * len(answer_ids))
+# ### END SOLUTION
+#
+#
+# _ = check("post_training.answer_mask", answer_mask)
+# ```
+# </details>
+
+# %% [markdown]
+# With the mask, the loss is the mean cross-entropy over the positions whose **target** is an
+# answer token (position t predicts token t + 1). Proof that the prompt gets no gradient: the
+# gradient of the loss on the logits is exactly zero at every position that predicts a prompt
+# token.
+
+# %%
+batch_ids, batch_mask = batches[0]
+logits = pretrained(batch_ids).detach().requires_grad_(True)
+targets_answer = batch_mask[:, 1:].bool()  # (B, N - 1): does position t predict an answer token?
+by_hand = F.cross_entropy(logits[:, :-1][targets_answer], batch_ids[:, 1:][targets_answer])
+loss = sft.answer_only_loss(logits, batch_ids, batch_mask)
+loss.backward()
+assert abs(loss.item() - by_hand.item()) < 1e-5
+zero = logits.grad[:, :-1][~targets_answer].abs().max().item()
+nonzero = logits.grad[:, :-1][targets_answer].abs().amin(dim=-1).min().item()
+assert zero == 0.0 and nonzero > 0
+print(f"largest gradient at a prompt position: {zero} | every answer position has a gradient")
+print("helper loss equals the plain-code loss (difference < 1e-5)")
+
+# %% [markdown]
+# Now SFT on the training questions: 60 AdamW steps of 16 questions, all weights.
+
+# %%
+SFT_STEPS = 60
+sft_model = copy.deepcopy(pretrained)
+started = time.perf_counter()
+sft_losses = sft.train_sft(sft_model, batches, steps=SFT_STEPS, lr=1e-3, seed=0)
+sft_seconds = time.perf_counter() - started
+chat_sft = {"train": sft.greedy_accuracy(sft_model, tokenizer, train_facts),
+            "held": sft.greedy_accuracy(sft_model, tokenizer, held_facts)}
+assert chat_sft["train"] > chat_before["train"] + 0.3 and sft_losses[-1] < sft_losses[0]
+print(f"SFT {SFT_STEPS} steps, {format_duration(sft_seconds)}")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# Trained accuracies can move by one question from one CPU to another; the cell above asserts the claim.
+print(f"answer-only loss: {sft_losses[0]:.2f} -> {sft_losses[-1]:.2f}")
+print(f"chat accuracy before SFT: train {chat_before['train']:.2f}, held-out {chat_before['held']:.2f}")
+print(f"chat accuracy after SFT:  train {chat_sft['train']:.2f}, held-out {chat_sft['held']:.2f}")
+print("held-out answers:", sft.greedy_answers(sft_model, tokenizer, [f.question() for f in held_facts[:6]]))
+print("right answers:   ", [f.answer() for f in held_facts[:6]])
+
+# %% [markdown]
+# The template is learned: the model now answers with a number word and stops. On the training
+# questions it is mostly right. On the held-out ones it is mostly wrong, although it knew many of
+# them in prose (section 1): a model this small, finetuned this briefly, learns the training
+# answers in the new format rather than how to route every fact it knows into it. Larger models
+# transfer far better; here we keep measuring both sets.
+#
+# ## 5. DPO: prefer the right answer
+#
+# Preference data comes as pairs: for one prompt a **chosen** answer and a **rejected** one
+# (here: the right number word and a near miss). DPO (Rafailov et al., 2023) trains the policy
+# pi directly on the pairs, measured against a frozen **reference** model pi_ref (the SFT model):
+#
+#     loss = -log sigmoid( beta * [ (log pi(chosen) - log pi_ref(chosen))
+#                                 - (log pi(rejected) - log pi_ref(rejected)) ] )
+#
+# Each log pi is an answer's log-probability, summed over its tokens. beta * log(pi / pi_ref) is
+# the **implicit reward**; the loss asks the chosen answer's reward to exceed the rejected one's.
+
+# %%
+reference = copy.deepcopy(sft_model).requires_grad_(False)
+pairs = dpo.preference_batch(tokenizer, train_facts, setting.pad_id, seed=0)
+chosen_ids, chosen_mask, rejected_ids, rejected_mask = pairs
+print("chosen:  ", tokenizer.decode([t for t in chosen_ids[0].tolist() if t != setting.pad_id]))
+print("rejected:", tokenizer.decode([t for t in rejected_ids[0].tolist() if t != setting.pad_id]))
+
+policy = copy.deepcopy(sft_model)
+with torch.no_grad():
+    ref_chosen = sft.sequence_logps(reference, chosen_ids, chosen_mask)
+    ref_rejected = sft.sequence_logps(reference, rejected_ids, rejected_mask)
+policy_chosen = sft.sequence_logps(policy, chosen_ids, chosen_mask)
+policy_rejected = sft.sequence_logps(policy, rejected_ids, rejected_mask)
+beta = 0.1
+by_hand = -F.logsigmoid(beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)))
+helper_losses, _, _ = dpo.dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)
+assert torch.allclose(by_hand, helper_losses)
+print(f"at the start the policy is the reference: every loss is log 2 = {by_hand.mean().item():.4f}")
+
+
+# %% [markdown]
+# **Exercise: the DPO loss**, per pair, from the four log-probabilities.
+
+# %%
+def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+             ref_rejected: torch.Tensor, beta: float) -> torch.Tensor:
+    """Each argument (B,); returns the losses (B,)."""
+    raise NotImplementedError
+
+
+check("post_training.dpo_loss", dpo_loss)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Two log-ratios (policy over reference), one for each answer; the loss is a logistic loss on
+# beta times their difference.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `z = beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))`, then
+# `-F.logsigmoid(z)`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+#              ref_rejected: torch.Tensor, beta: float) -> torch.Tensor:
+#     """Each argument (B,); returns the losses (B,)."""
+#     z = beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))
+#     return -F.logsigmoid(z)
+# ### END SOLUTION
+#
+#
+# _ = check("post_training.dpo_loss", dpo_loss)
+# ```
+# </details>
+
+# %% [markdown]
+# `helpers.post.dpo.dpo_loss` is this formula with TRL's names; tests/test_dpo.py runs TRL's
+# own `DPOTrainer` loss code on the same log-probabilities and gets the same number. Now we
+# train, for several beta, 20 full-batch steps each, and measure on the training pairs the
+# **preference accuracy** (chosen reward above rejected), the **reward margin**, and the
+# **KL to the reference** (exact over the vocabulary, per answer token).
+
+# %%
+BETAS = (0.03, 0.1, 0.3, 1.0)
+DPO_STEPS = 20
+dpo_runs = {}
+for b in BETAS:
+    model_b = copy.deepcopy(sft_model)
+    history = dpo.train_dpo(model_b, reference, pairs, beta=b, steps=DPO_STEPS, lr=3e-5)
+    dpo_runs[b] = {"model": model_b, "accuracy": history["accuracy"][-1],
+                   "margin": history["margin"][-1] / b,  # in nats of log-ratio, comparable across beta
+                   "kl": dpo.answer_kl(model_b, reference, chosen_ids, chosen_mask)}
+kls = [dpo_runs[b]["kl"] for b in BETAS]
+assert all(dpo_runs[b]["kl"] > 0 for b in BETAS) and kls[0] > 2 * kls[-1]
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# Trained values differ in the last digits from one CPU to another.
+print(" beta | pref. accuracy | log-ratio margin | KL to reference per token")
+for b in BETAS:
+    run = dpo_runs[b]
+    print(f"{b:5} | {run['accuracy']:14.2f} | {run['margin']:16.1f} | {run['kl']:.2f}")
+
+
+# %% [markdown]
+# The margin is shown as the difference of log-ratios (the reward divided by beta), so that the
+# runs compare. With AdamW the step size barely depends on the loss's scale, so a small beta does
+# not move the model less: it asks for a larger log-ratio before the loss is satisfied, and the
+# model travels further from the reference. beta is the strength of the leash.
+
+# %%
+def draw_dpo(beta: float) -> dict:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    margins = [dpo_runs[b]["margin"] for b in BETAS]
+    left.plot(BETAS, margins, "o-")
+    right.plot(BETAS, kls, "o-", color="tab:red")
+    for ax in (left, right):
+        ax.axvline(beta, color="gray", linestyle="--")
+        ax.set_xscale("log")
+        ax.set_xlabel("beta")
+    left.set(title="margin after DPO", ylabel="log-ratio margin (nats)")
+    right.set(title="KL(policy || reference) per answer token", ylabel="KL (nats)")
+    fig.suptitle(f"DPO, {DPO_STEPS} steps: beta = {beta}")
+    fig.tight_layout()
+    return {"margin": dpo_runs[beta]["margin"], "kl": dpo_runs[beta]["kl"]}
+
+
+draw_dpo(0.1)
+plt.show()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# The widget's output holds model ids that change on every run; the figure above is the same drawing.
+from helpers.lab.widgets import Explorer
+
+explorer = Explorer(draw_dpo, beta=widgets.SelectionSlider(options=BETAS, value=0.1, description="beta"))
+explorer
+
+# %%
+first = explorer.last
+moved = explorer.set(beta=1.0)
+assert moved["kl"] != first["kl"]
+print("redraws so far:", explorer.redraws)
+
+# %% [markdown]
+# We keep beta = 0.3 for the next stage. DPO only asks the chosen answer to gain on the
+# rejected one, **relative** to the reference; it does not ask the chosen answer to become more
+# likely. Measured: how the log-probabilities of both answers moved.
+
+# %%
+dpo_model = dpo_runs[0.3]["model"]
+with torch.no_grad():
+    moved_chosen = (sft.sequence_logps(dpo_model, chosen_ids, chosen_mask) - ref_chosen).mean().item()
+    moved_rejected = (sft.sequence_logps(dpo_model, rejected_ids, rejected_mask) - ref_rejected).mean().item()
+chat_dpo = {"train": sft.greedy_accuracy(dpo_model, tokenizer, train_facts),
+            "held": sft.greedy_accuracy(dpo_model, tokenizer, held_facts)}
+assert moved_rejected < moved_chosen
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# Trained values differ in the last digits from one CPU to another; the cell above asserts the order.
+print(f"mean change of log pi(chosen): {moved_chosen:+.2f} nats, of log pi(rejected): {moved_rejected:+.2f} nats")
+print(f"greedy chat accuracy: SFT train {chat_sft['train']:.2f} -> DPO train {chat_dpo['train']:.2f}")
+
+# %% [markdown]
+# If both numbers are negative, the model has learned to prefer by making **both** answers
+# less likely, and the probability freed goes elsewhere: a known failure of DPO ("likelihood
+# displacement"); it is why practitioners often add the SFT loss on the chosen answers (TRL's
+# `loss_type=["sigmoid", "sft"]`), and why greedy accuracy can fall while preference accuracy
+# rises. The closing table shows what happened here.
+
+# %% [markdown]
+# ## 6. GRPO: reward only what the checker accepts
+#
+# DPO needs pairs someone ranked. With a **verifiable reward** we need nothing but the checker:
+# sample a **group** of G answers to each prompt, reward 1 for a right answer and 0 otherwise,
+# and score each answer against its own group (Shao et al., 2024):
+#
+#     advantage_i = (r_i - mean(r)) / (std(r) + eps)
+#
+# Above the group's mean: push its tokens up; below: push them down. The group mean is the
+# baseline a value model would otherwise have to learn.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# Sampled answers of a trained model can differ from one CPU to another; the assertion keeps the claim.
+generator = torch.Generator().manual_seed(0)
+group_ids, group_mask, rewards = grpo.rollout(dpo_model, tokenizer, train_facts[0], group_size=8,
+                                              max_new_tokens=9, temperature=1.0, generator=generator)
+prompt_len = len(tokenizer.encode(sft.chat_prompt(train_facts[0].question())))
+end_id = tokenizer.special_tokens[sft.END]
+print(train_facts[0].question(), "->", train_facts[0].answer())
+for row, reward in zip(group_ids.tolist(), rewards.tolist(), strict=True):
+    answer = sft.answer_text(tokenizer, row[prompt_len:], end_id)
+    assert reward == float(tasks.is_correct(answer, train_facts[0]))
+    print(f"  reward {reward:.0f}: {answer!r}")
+
+
+# %% [markdown]
+# **Exercise: group-normalised advantages** for rewards of shape (P prompts, G answers).
+
+# %%
+def group_advantages(rewards: torch.Tensor, eps: float) -> torch.Tensor:
+    """rewards (P, G) -> advantages (P, G), normalised within each row."""
+    raise NotImplementedError
+
+
+check("post_training.group_advantages", group_advantages)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Each row is one prompt's group: its own mean and its own standard deviation.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `(rewards - rewards.mean(dim=1, keepdim=True)) / (rewards.std(dim=1, keepdim=True) + eps)`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# def group_advantages(rewards: torch.Tensor, eps: float) -> torch.Tensor:
+#     """rewards (P, G) -> advantages (P, G), normalised within each row."""
+#     mean = rewards.mean(dim=1, keepdim=True)
+#     return (rewards - mean) / (rewards.std(dim=1, keepdim=True) + eps)
+# ### END SOLUTION
+#
+#
+# _ = check("post_training.group_advantages", group_advantages)
+# ```
+# </details>
+
+# %% [markdown]
+# The loss per answer token t, with the ratio to the policy that sampled the answers (pi_old),
+# a clip that keeps repeated updates on the same samples inside a trust region, and a KL penalty
+# to the reference estimated by **k3** = exp(ref - logp) - (ref - logp) - 1 (never negative,
+# unbiased):
+#
+#     loss_t = -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) + beta * k3_t
+#
+# One step, checked by hand: on-policy the ratio is 1 and nothing is clipped, so the gradient
+# on a sampled token's log-probability is w_t (-A + beta (1 - exp(ref - logp))), with w_t = 1 /
+# (tokens of the answer x G) for the per-sequence mean; through the softmax, the gradient on the
+# logits is that times (one-hot - softmax).
+
+# %%
+advantages = grpo.group_advantages(rewards[None])[0]
+logits = dpo_model(group_ids).detach().double().requires_grad_(True)
+logps = sft.token_logps(logits, group_ids)
+with torch.no_grad():
+    ref_logps = sft.token_logps(reference(group_ids).double(), group_ids)
+answer_mask_t = group_mask[:, 1:].double()
+loss, _ = grpo.grpo_loss(logps, logps.detach(), ref_logps, advantages.double(), answer_mask_t,
+                         epsilon=0.2, beta=0.04, normalise="sequence")
+loss.backward()
+weight = answer_mask_t / answer_mask_t.sum(1, keepdim=True) / len(advantages)
+g = weight * (-advantages.double()[:, None] + 0.04 * (1 - (ref_logps - logps.detach()).exp()))
+probs = logits.detach()[:, :-1].softmax(-1)
+onehot = F.one_hot(group_ids[:, 1:], tokenizer.vocab_size).double()
+by_hand = torch.zeros_like(logits)
+by_hand[:, :-1] = g[..., None] * (onehot - probs)
+gap = (logits.grad - by_hand).abs().max().item()
+assert gap < 1e-12
+print("autograd vs hand-computed gradient on the logits: max difference < 1e-12")
+
+# %% [markdown]
+# Now the loop (`helpers.post.grpo.train_grpo`): each step samples G = 8 answers to 4 training
+# questions, rewards them with the checker, and makes 2 clipped updates. The curve is the mean
+# reward of the sampled answers, step by step (temperature 1, so below the greedy accuracy).
+
+# %%
+GRPO_STEPS = 20
+started = time.perf_counter()
+grpo_model = copy.deepcopy(dpo_model)
+grpo_history = grpo.train_grpo(grpo_model, reference, tokenizer, train_facts, steps=GRPO_STEPS,
+                               prompts_per_step=4, group_size=8, lr=3e-4, seed=0)
+print(f"GRPO {GRPO_STEPS} steps, {format_duration(time.perf_counter() - started)}")
+chat_grpo = {"train": sft.greedy_accuracy(grpo_model, tokenizer, train_facts),
+             "held": sft.greedy_accuracy(grpo_model, tokenizer, held_facts)}
+assert len(grpo_history["reward"]) == GRPO_STEPS
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 3.6))
+steps_axis = range(1, GRPO_STEPS + 1)
+ax.plot(steps_axis, grpo_history["reward"], alpha=0.4, label="mean reward per step")
+window = 5
+smooth = [sum(grpo_history["reward"][max(0, i - window + 1):i + 1]) / len(grpo_history["reward"][max(0, i - window + 1):i + 1])
+          for i in range(GRPO_STEPS)]
+ax.plot(steps_axis, smooth, label=f"mean of the last {window} steps")
+ax.set(xlabel="GRPO step", ylabel="mean reward of 32 samples", title="GRPO on the training questions (seed 0)")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# One run of 20 steps on 32 samples per step is noisy. Three seeds, and the two ways to average
+# the loss over tokens, take longer than this notebook's minute: `python benchmarks/bench_grpo.py`
+# runs them from the SFT model of section 4 (same recipe, reference = that model) and writes
+# `data/grpo_rewards.json`, which we read here (tests/test_grpo_bench.py reruns a short version).
+#
+# The normalisation is the point of Dr. GRPO (Liu et al., 2025) and DAPO (Yu et al., 2025):
+# GRPO's per-sequence mean gives each token of a short answer more weight than each token of a
+# long one, so among wrong answers, longer ones are penalised less per token; averaging over all
+# tokens ("token") weighs every token the same.
+
+# %%
+import json
+
+from helpers.text.corpus import data_dir
+
+bench = json.loads((data_dir() / "grpo_rewards.json").read_text())
+print("written by:", bench["command"], "|", bench["steps"], "steps, seeds", bench["seeds"])
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+summary = {}
+for ax, normalise in zip(axes, ("sequence", "token"), strict=True):
+    for seed in bench["seeds"]:
+        rewards_s = bench["runs"][f"{normalise}/{seed}"]["reward"]
+        smooth_s = [sum(rewards_s[max(0, i - 4):i + 1]) / len(rewards_s[max(0, i - 4):i + 1])
+                    for i in range(len(rewards_s))]
+        ax.plot(range(1, len(rewards_s) + 1), smooth_s, label=f"seed {seed}")
+        summary[normalise, seed] = (sum(rewards_s[:5]) / 5, sum(rewards_s[-5:]) / 5)
+    ax.set(title=f"GRPO, normalised per {normalise}", xlabel="GRPO step",
+           ylabel="mean reward (last 5 steps)")
+    ax.legend()
+fig.tight_layout()
+plt.show()
+print("normalise | seed | mean reward, first 5 steps -> last 5 steps | greedy accuracy train, held-out")
+for (normalise, seed), (first5, last5) in summary.items():
+    run_s = bench["runs"][f"{normalise}/{seed}"]
+    print(f"{normalise:9} | {seed:4} | {first5:.2f} -> {last5:.2f} | "
+          f"{run_s['train_accuracy']:.2f}, {run_s['held_accuracy']:.2f}")
+rose = {n: sum(summary[n, s][1] > summary[n, s][0] for s in bench["seeds"]) for n in ("sequence", "token")}
+print(f"seeds whose last 5 steps beat their first 5: per sequence {rose['sequence']} of 3, per token {rose['token']} of 3")
+print(f"standard error of one step's mean reward (32 samples, p = 0.5): {(0.25 / 32) ** 0.5:.2f}, "
+      f"of a mean of 5 steps: {(0.25 / 160) ** 0.5:.2f}")
+
+# %% [markdown]
+# Read the table with its noise in mind: a mean of 5 steps of 32 samples has a standard error
+# near 0.04, and the benchmark ran three seeds. In this benchmark the per-token runs rose in more
+# seeds than the per-sequence ones, which is the direction Dr. GRPO and DAPO predict; three
+# seeds of 40 steps make it a lead to test with more seeds and steps (the benchmark's knobs),
+# not a verdict. The reward that rises is the sampled one (temperature 1): greedy accuracy is a
+# different number, shown in the last two columns.
+
+# %% [markdown]
+# ## 7. The same held-out questions after each stage
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# Trained accuracies can move by one question from one CPU to another.
+print("stage          | train questions | held-out questions")
+for stage, acc in (("pretrained", chat_before), ("SFT", chat_sft), ("DPO", chat_dpo), ("GRPO", chat_grpo)):
+    print(f"{stage:14} | {acc['train']:15.2f} | {acc['held']:.2f}")
+print(f"(chat template; {len(train_facts)} training and {len(held_facts)} held-out questions, greedy answers; "
+      f"a GPT of {sum(p.numel() for p in pretrained.parameters()):,} parameters)")
+print(f"the whole notebook: {format_duration(time.perf_counter() - NOTEBOOK_START)} "
+      f"(processor time: {format_duration(time.process_time() - NOTEBOOK_CPU)})")
+
+# %% [markdown]
+# What the table says, for a model of about 105 thousand parameters (printed above) trained for seconds: the chat
+# format is learned by SFT, and SFT does most of the work on the training questions. DPO and
+# GRPO each raise what they optimise (the preference accuracy and margin; the sampled reward in
+# the benchmark's per-token runs), but here neither raises greedy accuracy, and nothing carries
+# over to the held-out questions: what a larger model does by reusing what it knows, this one
+# does by memorising answers. Every stage is a few lines around a loss, and the knobs
+# (`PRETRAIN_STEPS`, `SFT_STEPS`, `DPO_STEPS`, `GRPO_STEPS`, the benchmark's steps and seeds)
+# are there to find out how much of this is the budget.
+#
+# ## Check your understanding
+#
+# **1. Why does DPO (and GRPO) need a reference model?**
+#
+# <details><summary>Answer</summary>
+#
+# The loss only compares log-probabilities; without a reference, the cheapest way to raise
+# log pi(chosen) - log pi(rejected) is to push the rejected answer's probability towards zero and
+# drift anywhere else, forgetting what pretraining and SFT taught. Measuring each answer as a
+# ratio to the frozen reference makes the reward "better than before", and the DPO derivation
+# shows this is the optimum of reward maximisation with a KL penalty to that reference. In
+# section 5 the KL to the reference grew as beta shrank.
+# </details>
+#
+# **2. Why does LoRA's B start at zero?**
+#
+# <details><summary>Answer</summary>
+#
+# Then B A = 0 and the adapted model is exactly the pretrained one at step 0 (section 3 printed
+# `True` for equal outputs). Finetuning starts from what was learned instead of from a random
+# perturbation of it. A cannot also be zero: the gradient of B is (gradient of y) times A x, so
+# with both zero neither would ever move.
+# </details>
+#
+# **3. What does the KL term prevent?**
+#
+# <details><summary>Answer</summary>
+#
+# Reward hacking and collapse: without it the policy can move wherever the reward (or the
+# preference loss) is satisfied, losing fluency and diversity, e.g. collapsing to one answer per
+# prompt. The penalty beta * KL(pi || pi_ref) keeps it near the reference; k3 estimates that KL
+# from the sampled tokens alone, without a sum over the vocabulary.
+# </details>
+#
+# **4. Why does GRPO need no value model?**
+#
+# <details><summary>Answer</summary>
+#
+# PPO learns a value function to know what reward is "normal" for a prompt, and scores each
+# answer against it. GRPO samples G answers to the same prompt and uses their mean (and std) as
+# that baseline: the advantage is the answer's reward relative to its group. The price is G
+# samples per prompt, and a group whose answers all get the same reward teaches nothing
+# (advantages all zero), as the test of `group_advantages` shows.
+# </details>
