@@ -354,3 +354,37 @@ def test_workers_name_the_rank_that_exited_and_the_ranks_whose_shapes_differ():
 
 def test_unpicklable_check_accepts_tensors():
     pickle.dumps(torch.ones(2))  # the check uses plain pickle, which tensors support
+
+
+# --- found by trying the modules as a careless user -----------------------------------------------
+
+def test_checkpoint_paths_and_devices_are_named(tmp_path):
+    model = GPT(SMALL)
+    for target in (tmp_path / "missing" / "model.pt", tmp_path):
+        with pytest.raises(ValueError, match="is a folder or lies in a folder that does not exist"):
+            save_checkpoint(target, model)
+    path = save_checkpoint(tmp_path / "model.pt", model)
+    with pytest.raises(ValueError, match="device is 'gpu', expected 'cpu', 'cuda'"):
+        load_checkpoint(path, device="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="this machine has no cuda"):
+            load_checkpoint(path, device="cuda")
+    with pytest.raises(TypeError, match="path is 5 .int., expected a str or Path"):
+        load_checkpoint(5)
+
+
+def test_random_batch_refuses_float_ids():
+    from helpers.training.trainer import random_batch
+    with pytest.raises(TypeError, match="ids is torch.float32, expected a tensor of integer token ids"):
+        random_batch(torch.arange(20.0), 2, 4)
+
+
+def test_a_typo_in_world_size_starts_no_thousand_processes():
+    with pytest.raises(ValueError, match="world_size is 1000, expected at most 64"):
+        Workers(1000)
+
+
+def test_a_safetensors_shape_too_large_to_count_is_refused(tmp_path):
+    header = {"a": {"dtype": "F32", "shape": [2**40, 2**40], "data_offsets": [0, 0]}}
+    with pytest.raises(ValueError, match="has 0 bytes .*expected 4835703278458516698824704"):
+        read_safetensors(write_safetensors(tmp_path / "big.safetensors", header, b""))

@@ -69,6 +69,10 @@ def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
                         f"{', '.join(ARCHITECTURES)} (helpers.model.gpt.GPT or helpers.model.modern.ModernGPT)")
     for key, value in extra.items():
         _check_plain(f"extra value {key!r}", value)
+    target = Path(path)
+    if target.is_dir() or not target.parent.is_dir():
+        raise ValueError(f"path {str(target)!r} is a folder or lies in a folder that does not "
+                         "exist, expected a file name in an existing folder, such as 'model.pt'")
     weights = model.state_dict()
     state = {"architecture": architecture, "config": asdict(model.config), "model": weights,
              "checksum": {CHECKSUM: weights_checksum(weights)}, "extra": dict(extra)}
@@ -114,9 +118,12 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tup
     CheckpointError (a ValueError) saying what was found. The saved config is checked, and
     the weights' shapes compared with it on the meta device, before any memory is allocated.
     """
+    if not isinstance(path, str | Path):
+        raise TypeError(f"path is {path!r:.60} ({type(path).__name__}), expected a str or Path")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"path is {str(path)!r}: no such file")
+    _check_device(device)
     state = _read_checkpoint(path, device)
     if not isinstance(state, dict) or "config" not in state or "model" not in state:
         keys = sorted(map(str, state))[:5] if isinstance(state, dict) else []
@@ -134,6 +141,18 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tup
     model = model_class(config).to(device)
     model.load_state_dict(state["model"])
     return model, state
+
+
+def _check_device(device: torch.device | str) -> None:
+    """Raise a ValueError naming `device` unless torch knows it and this machine has it (else
+    torch.load's failure would read as a damaged file)."""
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device is {device!r}, expected 'cpu', 'cuda' or a torch.device") from None
+    available = getattr(getattr(torch, kind, None), "is_available", lambda: False)
+    if kind != "cpu" and not available():
+        raise ValueError(f"device is {device!r}, but this machine has no {kind}: expected 'cpu'")
 
 
 def _read_checkpoint(path: Path, device: torch.device | str) -> Any:

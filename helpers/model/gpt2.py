@@ -23,6 +23,7 @@ Shapes: V vocabulary, C context length, D = d_model, L = n_layers.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import urllib.error
@@ -108,7 +109,7 @@ def _safetensors_entry(path: Path, name: str, entry: object,
             and 0 <= offsets[0] <= offsets[1] <= n_data):
         raise ValueError(f"{path}: tensor {name!r} has data_offsets {offsets!r:.80}, expected "
                          f"[start, end] with 0 <= start <= end <= {n_data} (the file's bytes of data)")
-    needed = dtype.itemsize * torch.Size(shape).numel()
+    needed = dtype.itemsize * math.prod(shape)  # Python ints: a lying shape cannot overflow
     if offsets[1] - offsets[0] != needed:
         raise ValueError(f"{path}: tensor {name!r} has {offsets[1] - offsets[0]} bytes "
                          f"({offsets[0]}..{offsets[1]}), expected {needed} for shape {shape} "

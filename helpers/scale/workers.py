@@ -37,6 +37,8 @@ import torch.distributed as dist
 from helpers import checks
 from helpers.timing import best_time
 
+MAX_WORLD_SIZE = 64  # processes on one machine; a typo of 1000 would start a thousand
+
 
 class WorkerFailed(RuntimeError):
     """A worker raised; `rank` says which, `worker_traceback` is its traceback as text."""
@@ -115,6 +117,9 @@ class Workers:
 
     def __init__(self, world_size: int = 2, timeout: float = 60.0, quiet: bool = True) -> None:
         self.world_size = checks.positive_int("world_size", world_size)
+        if world_size > MAX_WORLD_SIZE:
+            raise ValueError(f"world_size is {world_size}, expected at most {MAX_WORLD_SIZE}: each "
+                             "rank is a whole Python process with torch imported")
         self.timeout = checks.positive_float("timeout", timeout)
         self.quiet = checks.boolean("quiet", quiet)
         self.processes: list[Any] = []

@@ -98,6 +98,9 @@ def random_batch(ids: Tensor, batch_size: int, context_length: int,
     """
     checks.positive_int("batch_size", batch_size)
     checks.positive_int("context_length", context_length)
+    if not isinstance(ids, Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"ids is {_shape_of(ids) if not isinstance(ids, Tensor) else ids.dtype}, "
+                        "expected a tensor of integer token ids")
     if ids.dim() != 1 or len(ids) < context_length + 1:
         raise ValueError(f"ids has shape {tuple(ids.shape)}, expected a 1-D tensor of at least "
                          f"context_length + 1 = {context_length + 1} tokens")
