@@ -163,8 +163,7 @@ def average_gradients(model: nn.Module) -> None:
 
     model.parameters() lists a tied matrix once, so it is reduced once.
     """
-    world_size = dist.get_world_size()
-    check_same_shapes(list(model.parameters()), "model's parameters")
+    world_size = dist.get_world_size()  # shapes were compared once, by broadcast_parameters
     for p in model.parameters():
         if p.grad is not None:
             dist.all_reduce(p.grad)  # sum over ranks, in place
