@@ -40,11 +40,13 @@ PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
 LINT = ["-m", "ruff", "check", "helpers", "tests", "notebooks", "tools", "benchmarks", "data", "course.py"]
 NBVAL = ["--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg"]
 PYTEST = ["-m", "pytest", "tests", "notebooks", *NBVAL, "-q", "-rfEs"]
-# Then strict nbval once more on another CPU personality: PyTorch's plain (non-SIMD) kernels, one
-# thread, and an OpenBLAS core other than this machine's (numpy's BLAS, used by Triton's
-# interpreter). A stored output that depends on the CPU fails here, not on a student's laptop.
+# Then strict nbval once more as a typical laptop: PyTorch's plain (non-SIMD) kernels, one
+# thread, an OpenBLAS core other than this machine's (numpy's BLAS, used by Triton's
+# interpreter), and training in float32 (COURSE_PRECISION=fp32: most laptops have no native
+# bf16, so there the trainer's "auto" is float32). A stored output that depends on the CPU or
+# on the precision fails here, not on a student's laptop.
 OTHER_CPU = {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1",
-             "OPENBLAS_CORETYPE": "Prescott"}
+             "OPENBLAS_CORETYPE": "Prescott", "COURSE_PRECISION": "fp32"}
 PYTEST_OTHER_CPU = ["-m", "pytest", "notebooks", *NBVAL, "-q", "-rfEs"]
 
 

@@ -100,6 +100,16 @@ def boolean(name: str, value: Any) -> bool:
     raise TypeError(f"{name} is {_got(value)}, expected True or False{advice}")
 
 
+def rank_in_world(rank: Any, world_size: Any) -> int:
+    """`rank`, if it is an int with 0 <= rank < world_size (world_size a positive int)."""
+    positive_int("world_size", world_size)
+    if not _is_int(rank):
+        raise TypeError(f"rank is {_got(rank)}, expected an int")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank is {rank}, expected 0 <= rank < world_size = {world_size}")
+    return rank
+
+
 def one_of(name: str, value: Any, choices: Iterable[Any]) -> Any:
     """`value`, if it is one of `choices`."""
     choices = list(choices)

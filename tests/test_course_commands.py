@@ -101,6 +101,7 @@ def test_test_command_runs_nbval_a_second_time_as_another_cpu(monkeypatch):
     assert "--nbval" in other[0] and "tests" not in other[0] and other[0][-2:] == ["-k", "masking"]
     assert other[1]["ATEN_CPU_CAPABILITY"] == "default" and other[1]["OMP_NUM_THREADS"] == "1"
     assert other[1]["OPENBLAS_CORETYPE"]
+    assert other[1]["COURSE_PRECISION"] == "fp32"  # as a laptop without native bf16 trains
 
 
 @pytest.mark.parametrize(("codes", "result"), [((0, 0, 0), 0), ((0, 0, 5), 0), ((0, 0, 1), 1),

@@ -48,7 +48,8 @@ def attention_case(draw: st.DrawFn) -> dict:
     elif mask_kind == "one row hidden":
         mask = torch.ones(n_q, n_k, dtype=torch.bool)
         mask[draw(st.integers(0, n_q - 1))] = False
-    return dict(q=q, k=k, v=v, mask=mask, causal=draw(st.booleans()),
+    causal = draw(st.booleans()) and n_q <= n_k  # more queries than keys: refused (test_bad_input_newer)
+    return dict(q=q, k=k, v=v, mask=mask, causal=causal,
                 block_q=draw(st.integers(1, 12)), block_k=draw(st.integers(1, 12)))
 
 
@@ -123,11 +124,14 @@ def test_a_fully_masked_row_gives_zero_output_and_zero_gradients():
     assert torch.isfinite(k.grad).all() and torch.isfinite(v.grad).all()
 
 
-def test_more_queries_than_keys_hides_the_first_queries_when_causal():
+def test_more_queries_than_keys_is_refused_when_causal_as_causal_mask_does():
     q, k, v = (torch.randn(n, 4, dtype=torch.float64) for n in (6, 4, 4))
-    out, lse = tiled.tiled_attention_fa2(q, k, v, causal=True, block_q=4, block_k=2)
-    assert torch.equal(out[:2], torch.zeros(2, 4, dtype=torch.float64))  # they see no key
-    assert lse[:2].eq(-math.inf).all() and lse[2:].isfinite().all()
+    with pytest.raises(ValueError, match=r"n_k is 4, expected n_k >= n_q = 6"):
+        tiled.tiled_attention_fa2(q, k, v, causal=True, block_q=4, block_k=2)
+    with pytest.raises(ValueError, match=r"n_k is 4, expected n_k >= n_q = 6"):
+        causal_mask(6, 4)
+    out, lse = tiled.tiled_attention_fa2(q, k, v, causal=False, block_q=4, block_k=2)
+    assert lse.isfinite().all()  # without causality every query sees every key
 
 
 def test_causal_flag_matches_the_course_causal_mask():

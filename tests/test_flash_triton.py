@@ -243,6 +243,16 @@ def test_key_tiles_counted_by_the_kernel_follow_the_diagonal(n_q, n_k, block_q, 
 
 # --- bad arguments name themselves -------------------------------------------------------------
 
+def test_causal_attention_with_more_queries_than_keys_is_refused_as_the_plain_path_does():
+    q, k = torch.randn(1, 1, 5, 16, device=DEVICE), torch.randn(1, 1, 3, 16, device=DEVICE)
+    for call in (lambda: triton_attention(q, k, k, causal=True),
+                 lambda: tiled.flash_attention(q, k, k, causal=True),
+                 lambda: causal_mask(5, 3)):
+        with pytest.raises(ValueError, match=r"n_k is 3, expected n_k >= n_q = 5"):
+            call()
+    assert triton_attention(k, q, q, causal=True)[0].shape == (1, 1, 3, 16)  # fewer queries: fine
+
+
 def test_a_string_causal_flag_is_refused():
     with pytest.raises(TypeError, match=r"causal is 'no' \(str\), expected True or False"):
         triton_attention(*random_qkv(16, 16, 16, torch.float32), causal="no")

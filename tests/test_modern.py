@@ -8,9 +8,11 @@ import math
 import pytest
 import torch
 
+from helpers.model import llama as llama_loader
 from helpers.model import modern
 from helpers.model.kv_cache import KVCache
 from helpers.model.layers import SwiGLUFeedForward
+from helpers.model.llama import from_llama_state_dict
 from helpers.model.modern import (
     ModernConfig,
     ModernGPT,
@@ -18,7 +20,6 @@ from helpers.model.modern import (
     RopeTable,
     alibi_bias,
     alibi_slopes,
-    from_llama_state_dict,
     llama_hidden_size,
     rope_rotate_complex,
     rope_rotate_half,
@@ -194,7 +195,7 @@ def test_bad_input_names_the_argument(make, error, words):
 
 def test_loader_names_a_missing_or_misshapen_weight():
     config = ModernConfig(**SMALL)
-    state = {theirs: p.detach() for ours, theirs in modern.llama_key_map(config).items()
+    state = {theirs: p.detach() for ours, theirs in llama_loader.llama_key_map(config).items()
              for name, p in ModernGPT(config).named_parameters() if name == ours}
     from_llama_state_dict(state, config)  # complete: loads
     broken = dict(state)
@@ -227,7 +228,7 @@ def llama():
 
 def test_modern_model_gives_llamas_logits(llama):
     _, reference = llama
-    ours = from_llama_state_dict(reference.state_dict(), modern.config_from_llama(reference.config))
+    ours = from_llama_state_dict(reference.state_dict(), llama_loader.config_from_llama(reference.config))
     ids = torch.randint(0, 50, (2, 40), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         expected = reference(ids).logits

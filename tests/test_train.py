@@ -87,6 +87,35 @@ def test_precision_falls_back_to_float32_without_native_bf16(monkeypatch):
         pick_dtype(cpu, "fp16")
 
 
+@pytest.mark.parametrize(("value", "native", "expected"), [
+    ("fp32", True, torch.float32), ("bf16", False, torch.bfloat16), ("auto", True, torch.bfloat16),
+    ("auto", False, torch.float32), ("", True, torch.bfloat16), (" FP32 ", True, torch.float32)])
+def test_course_precision_decides_what_auto_means(monkeypatch, value, native, expected):
+    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setenv("COURSE_PRECISION", value)
+    cpu = torch.device("cpu")
+    assert pick_dtype(cpu, "auto") == expected
+    # an explicit precision wins over the variable
+    assert pick_dtype(cpu, "fp32") == torch.float32 and pick_dtype(cpu, "bf16") == torch.bfloat16
+
+
+def test_course_precision_reaches_the_trainer(monkeypatch):
+    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setenv("COURSE_PRECISION", "fp32")
+    model, train_ids, val_ids = model_and_data()
+    assert Trainer(model, train_ids, val_ids, TrainConfig(batch_size=2)).dtype == torch.float32
+    monkeypatch.setenv("COURSE_PRECISION", "bf16")
+    model, train_ids, val_ids = model_and_data()
+    assert Trainer(model, train_ids, val_ids, TrainConfig(batch_size=2)).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("value", ["fp16", "float32", "1"])
+def test_course_precision_refuses_a_bad_value_naming_the_variable(monkeypatch, value):
+    monkeypatch.setenv("COURSE_PRECISION", value)
+    with pytest.raises(ValueError, match=f"COURSE_PRECISION is '{value}', expected one of fp32, bf16, auto"):
+        pick_dtype(torch.device("cpu"), "auto")
+
+
 # --- fast and plain paths agree ------------------------------------------------------------
 
 def paired_trainers(precision: str) -> tuple[Trainer, Trainer]:

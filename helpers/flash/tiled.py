@@ -151,17 +151,20 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
     for name, block in (("block_q", block_q), ("block_k", block_k)):
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
             raise ValueError(f"{name} is {block!r}, expected a positive int (rows per tile)")
-    check_causal(causal)
+    check_causal(causal, q.shape[-2], k.shape[-2])
     if scale is not None:
         checked_scale(scale, q.shape[-1])
     if mask is not None:
         check_mask(mask, torch.Size((*q.shape[:-1], k.shape[-2])))
 
 
-def check_causal(causal: bool) -> None:
-    """Raise a TypeError unless `causal` is a bool: a string such as "no" is truthy."""
+def check_causal(causal: bool, n_q: int = 0, n_k: int = 0) -> None:
+    """Raise a TypeError unless `causal` is a bool (a string such as "no" is truthy), and, as
+    `causal_mask` does, a ValueError for causal attention with more queries than keys."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal is {causal!r} ({type(causal).__name__}), expected True or False")
+    if causal and n_q > n_k:
+        raise ValueError(f"n_k is {n_k}, expected n_k >= n_q = {n_q} for causal attention (queries are the last n_q keys)")
 
 
 def checked_scale(scale: float | None, head_dim: int) -> float:

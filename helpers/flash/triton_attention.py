@@ -95,6 +95,7 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
     if q.shape[:2] != k.shape[:2] or k.shape != v.shape:
         raise ValueError(f"q, k, v have shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}: "
                          "expected (B, H, N_q, d), (B, H, N_k, d), (B, H, N_k, d)")
+    check_causal(causal, q.shape[-2], k.shape[-2])
     d = q.shape[-1]
     if d != k.shape[-1]:
         raise ValueError(f"q has head_dim {d} and k has head_dim {k.shape[-1]}: expected equal")

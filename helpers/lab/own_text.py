@@ -5,7 +5,8 @@ Used at the end of notebook 1 ("Tokenization") and of notebook 7 ("GPT"), behind
 is `read_text_file`, which says clearly what is wrong with a file that cannot be trained on:
 
     read_text_file(path)          the text of a UTF-8 file, or a ValueError naming the path and the
-                                  problem: missing, a folder, empty, binary, not UTF-8
+                                  problem: missing, a folder, a pipe or device, too large, empty,
+                                  binary, not UTF-8
     tokens_needed(...)            how many tokens a GPT run needs (a training and a validation window)
     bpe_on_text_file(path, ...)   notebook 1: learn BPE merges from the file, measure the compression
     gpt_on_text_file(path, ...)   notebook 7: BPE, then a small GPT trained for a fixed number of
@@ -14,6 +15,8 @@ is `read_text_file`, which says clearly what is wrong with a file that cannot be
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -29,6 +32,7 @@ _SNIFF_BYTES = 65_536  # the start of the file that is checked for binary conten
 _MAX_CONTROL_SHARE = 0.05  # text has almost no control characters besides tabs and line breaks
 _TEXT_CONTROLS = frozenset(b"\t\n\r\f\v\b\x1b")
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+MAX_TEXT_BYTES = 64 * 2**20  # 64 MiB: far more than a laptop CPU trains the course's GPT on
 
 
 def _control_share(data: bytes) -> float:
@@ -52,23 +56,26 @@ def _encoding_hint(data: bytes, file: Path) -> str:
     return "Save it again as UTF-8."  # not reached: latin-1 decodes everything
 
 
-def read_text_file(path: str | Path) -> str:
+def read_text_file(path: str | Path, max_bytes: int = MAX_TEXT_BYTES) -> str:
     """The text of the UTF-8 file at `path` (a byte-order mark at the start is dropped).
 
     Raises FileNotFoundError for a missing file and ValueError, naming the path and what was
-    expected, for a folder, an empty or whitespace-only file, a binary file (NUL bytes or many
-    control characters: an image, a PDF, a Word document) and a file that is not UTF-8 (with
-    the byte offset of the first bad byte and how to convert the file).
+    expected, for a folder, anything that is not a regular file (a named pipe, /dev/stdin,
+    /dev/zero: reading those could block or never end), a file over `max_bytes` (64 MiB by
+    default), an empty or whitespace-only file, a binary file (NUL bytes or many control
+    characters: an image, a PDF, a Word document) and a file that is not UTF-8 (with the byte
+    offset of the first bad byte and how to convert the file).
     """
     if not isinstance(path, str | Path):
         raise TypeError(f"path is {path!r:.60} of type {type(path).__name__}, expected a str or pathlib.Path")
+    checks.positive_int("max_bytes", max_bytes)
     file = Path(path).expanduser()
     if not file.exists():
         raise FileNotFoundError(f"path {str(file)!r} does not exist, expected a UTF-8 text file "
                                 f"(relative paths start from {str(Path.cwd())!r})")
     if file.is_dir():
         raise ValueError(f"path {str(file)!r} is a folder, expected a UTF-8 text file: name one file inside it")
-    data = file.read_bytes()
+    data = _read_regular_file(file, max_bytes)
     if data.startswith(_UTF16_BOMS):
         raise ValueError(f"path {str(file)!r} is UTF-16 text (it starts with a UTF-16 byte-order mark), "
                          "expected UTF-8: convert it once with `iconv -f UTF-16 -t UTF-8 in.txt > out.txt`")
@@ -90,6 +97,31 @@ def read_text_file(path: str | Path) -> str:
         raise ValueError(f"path {str(file)!r} is empty" + (f" ({len(data):,} bytes of white space only)" if data else "")
                          + ", expected some text to train on")
     return text
+
+
+def _read_regular_file(file: Path, max_bytes: int) -> bytes:
+    """The bytes of `file`, if it is a regular file of at most `max_bytes` bytes.
+
+    The file is opened without blocking (a named pipe with no writer would otherwise wait
+    forever) and checked through the open descriptor, so it cannot be swapped in between.
+    """
+    descriptor = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    with os.fdopen(descriptor, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            kind = ("a named pipe" if stat.S_ISFIFO(info.st_mode) else "a device" if
+                    stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "a socket"
+                    if stat.S_ISSOCK(info.st_mode) else "not a regular file")
+            raise ValueError(f"path {str(file)!r} is {kind}, expected a regular UTF-8 text file "
+                             "(reading a pipe or a device can wait or run forever)")
+        if info.st_size > max_bytes:
+            raise ValueError(f"path {str(file)!r} has {info.st_size:,} bytes, expected at most "
+                             f"max_bytes = {max_bytes:,}: train on a part of it, or raise max_bytes")
+        data = handle.read(max_bytes + 1)  # a file that grew since fstat is still capped
+    if len(data) > max_bytes:
+        raise ValueError(f"path {str(file)!r} has more than max_bytes = {max_bytes:,} bytes, "
+                         "expected at most that: train on a part of it, or raise max_bytes")
+    return data
 
 
 def tokens_needed(context_length: int, val_fraction: float = 0.1) -> int:

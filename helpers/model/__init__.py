@@ -13,5 +13,6 @@ scale or lab. The model owns both of its forwards: the plain one and the fused o
     generation   sampling (temperature, top-k) and the generation loop               nb 7
     checkpoints  save_checkpoint / load_checkpoint, safely (weights_only)            nb 7
     gpt2         GPT-2's published checkpoints loaded into the course's GPT          nb 7
-    modern       RoPE, ALiBi, RMSNorm, SwiGLU width, the GQA decoder, Llama weights  nb 9
+    modern       RoPE, ALiBi, RMSNorm, SwiGLU width, the GQA decoder                 nb 9
+    llama        a Hugging Face Llama's weights loaded into the modern decoder       nb 9
 """

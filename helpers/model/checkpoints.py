@@ -7,6 +7,13 @@ Defined in notebook 7, "GPT", section 9 (saving and loading a checkpoint):
     load_checkpoint    the model back, read with torch.load(weights_only=True), which never runs
                        code from the file
     CheckpointError    a file that is not such a checkpoint (a ValueError saying what it is)
+    weights_checksum   the SHA-256 of a state dict, stored on save and verified on load
+
+The weights carry a SHA-256 checksum, verified on load: torch ignores the zip archive's own
+checksums, so without it a flipped byte would load as a silently different weight. Before
+anything is built, the config is compared with what the weights in the file can support (the
+number of blocks, a context length within MAX_CONTEXT_LENGTH), so a hostile config cannot make
+loading build 100,000 layers.
 
 Both models of the course are supported: `helpers.model.gpt.GPT` and `helpers.model.modern.ModernGPT`
 (ARCHITECTURES). A checkpoint written before the class was stored is read as a GPT.
@@ -14,6 +21,8 @@ Both models of the course are supported: `helpers.model.gpt.GPT` and `helpers.mo
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -29,6 +38,19 @@ ARCHITECTURES: dict[str, tuple[type[nn.Module], type]] = {
     "GPT": (GPT, GPTConfig),
     "ModernGPT": (ModernGPT, ModernConfig),
 }
+CHECKSUM = "sha256"  # of every weight's name, dtype, shape and bytes, in the state dict's order
+MAX_CONTEXT_LENGTH = 2**20  # a ModernGPT builds a RoPE table this long: cap what a file may ask
+_BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.")
+
+
+def weights_checksum(weights: dict[str, Tensor]) -> str:
+    """The SHA-256 (hex) of a state dict: every entry's name, dtype, shape and raw bytes."""
+    digest = hashlib.sha256()
+    for name, tensor in weights.items():
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+    return digest.hexdigest()
 
 
 def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
@@ -47,8 +69,13 @@ def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
                         f"{', '.join(ARCHITECTURES)} (helpers.model.gpt.GPT or helpers.model.modern.ModernGPT)")
     for key, value in extra.items():
         _check_plain(f"extra value {key!r}", value)
-    state = {"architecture": architecture, "config": asdict(model.config),
-             "model": model.state_dict(), "extra": dict(extra)}
+    target = Path(path)
+    if target.is_dir() or not target.parent.is_dir():
+        raise ValueError(f"path {str(target)!r} is a folder or lies in a folder that does not "
+                         "exist, expected a file name in an existing folder, such as 'model.pt'")
+    weights = model.state_dict()
+    state = {"architecture": architecture, "config": asdict(model.config), "model": weights,
+             "checksum": {CHECKSUM: weights_checksum(weights)}, "extra": dict(extra)}
     if optimizer is not None:
         state["optimizer"] = optimizer.state_dict()
     torch.save(state, path)
@@ -91,9 +118,12 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tup
     CheckpointError (a ValueError) saying what was found. The saved config is checked, and
     the weights' shapes compared with it on the meta device, before any memory is allocated.
     """
+    if not isinstance(path, str | Path):
+        raise TypeError(f"path is {path!r:.60} ({type(path).__name__}), expected a str or Path")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"path is {str(path)!r}: no such file")
+    _check_device(device)
     state = _read_checkpoint(path, device)
     if not isinstance(state, dict) or "config" not in state or "model" not in state:
         keys = sorted(map(str, state))[:5] if isinstance(state, dict) else []
@@ -105,10 +135,24 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tup
                               "'model' entries: save with helpers.model.checkpoints.save_checkpoint(path, model)")
     model_class, config_class = _architecture_of(state, path)
     config = _config_from(state["config"], config_class, path)
+    _check_size_supported(config, state["model"], path)
     _check_weights_fit(model_class, config, state["model"], path)
+    _verify_checksum(state, path)
     model = model_class(config).to(device)
     model.load_state_dict(state["model"])
     return model, state
+
+
+def _check_device(device: torch.device | str) -> None:
+    """Raise a ValueError naming `device` unless torch knows it and this machine has it (else
+    torch.load's failure would read as a damaged file)."""
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device is {device!r}, expected 'cpu', 'cuda' or a torch.device") from None
+    available = getattr(getattr(torch, kind, None), "is_available", lambda: False)
+    if kind != "cpu" and not available():
+        raise ValueError(f"device is {device!r}, but this machine has no {kind}: expected 'cpu'")
 
 
 def _read_checkpoint(path: Path, device: torch.device | str) -> Any:
@@ -175,3 +219,40 @@ def _check_weights_fit(model_class: type[nn.Module], config: Any, weights: Any, 
                   f"{wrong[0]} has shape {got[wrong[0]]}, the config gives {expected[wrong[0]]}"
                   if wrong else f"unexpected {sorted(set(got) - set(expected))[:3]}")
         raise CheckpointError(f"{path} has weights that do not match its config ({detail})")
+    not_float = [name for name, t in weights.items() if not t.is_floating_point()][:3]
+    if not_float:
+        raise CheckpointError(f"{path} has weights of dtype {weights[not_float[0]].dtype} "
+                              f"({not_float}), expected floating-point weights")
+
+
+def _check_size_supported(config: Any, weights: Any, path: Path) -> None:
+    """Refuse a config that asks for more (or fewer) blocks than the file has weights for, or a
+    context length past MAX_CONTEXT_LENGTH, before a single module is built."""
+    if not isinstance(weights, dict):
+        raise CheckpointError(f"{path} has 'model' of type {type(weights).__name__}, expected a "
+                              "state dict of tensors")
+    blocks = {int(m.group(1)) for key in weights if (m := _BLOCK_KEY.match(str(key)))}
+    if config.n_layers != len(blocks) or blocks != set(range(len(blocks))):
+        raise CheckpointError(f"{path} has a config with n_layers = {config.n_layers:,}, but its "
+                              f"weights hold {len(blocks):,} blocks"
+                              + ("" if blocks == set(range(len(blocks))) else " (not numbered 0, 1, ...)")
+                              + ": expected the two to agree")
+    if config.context_length > MAX_CONTEXT_LENGTH:
+        raise CheckpointError(f"{path} has a config with context_length = {config.context_length:,}, "
+                              f"expected at most MAX_CONTEXT_LENGTH = {MAX_CONTEXT_LENGTH:,}")
+
+
+def _verify_checksum(state: dict, path: Path) -> None:
+    """Compare the weights with the checksum saved beside them (files from before checksums
+    were stored have none, and are loaded as they are)."""
+    saved = state.get("checksum")
+    if saved is None:
+        return
+    if not isinstance(saved, dict) or not isinstance(saved.get(CHECKSUM), str):
+        raise CheckpointError(f"{path} has a 'checksum' entry {saved!r:.80}, expected "
+                              f"{{'{CHECKSUM}': '<hex digest>'}}")
+    actual = weights_checksum(state["model"])
+    if actual != saved[CHECKSUM]:
+        raise CheckpointError(f"{path} is corrupted: its weights' {CHECKSUM} is {actual[:16]}..., "
+                              f"the checksum saved with them is {saved[CHECKSUM][:16]}...: the file "
+                              "changed after it was saved (a bad copy or download?); save it again")

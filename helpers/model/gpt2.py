@@ -23,6 +23,7 @@ Shapes: V vocabulary, C context length, D = d_model, L = n_layers.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import urllib.error
@@ -73,22 +74,57 @@ def read_safetensors(path: str | Path) -> dict[str, Tensor]:
         header = json.loads(data[8:8 + header_length].decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path} is not a safetensors file: its header is not JSON ({error})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} is not a safetensors file: its header is a JSON "
+                         f"{type(header).__name__}, expected an object {{name: entry}}")
     start_of_data = 8 + header_length
+    entries = {name: _safetensors_entry(path, name, entry, len(data) - start_of_data)
+               for name, entry in header.items() if name != "__metadata__"}
+    _check_no_overlap(path, entries)
     tensors = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _SAFETENSORS_DTYPES.get(entry.get("dtype"))
-        start, end = entry.get("data_offsets", (0, -1))
-        if dtype is None or not 0 <= start <= end <= len(data) - start_of_data:
-            raise ValueError(f"{path}: tensor {name!r} has dtype {entry.get('dtype')!r} and bytes "
-                             f"{start}..{end}, expected one of {sorted(_SAFETENSORS_DTYPES)} inside "
-                             f"the file's {len(data) - start_of_data} bytes of data")
+    for name, (dtype, shape, start, end) in entries.items():
         count = (end - start) // dtype.itemsize
         flat = torch.frombuffer(data, dtype=dtype, count=count, offset=start_of_data + start) \
             if count else torch.empty(0, dtype=dtype)
-        tensors[name] = flat.reshape(entry["shape"])
+        tensors[name] = flat.reshape(shape)
     return tensors
+
+
+def _safetensors_entry(path: Path, name: str, entry: object,
+                       n_data: int) -> tuple[torch.dtype, tuple[int, ...], int, int]:
+    """One header entry checked: (dtype, shape, start, end), its byte range inside the file's
+    `n_data` bytes of data and exactly as long as its dtype and shape need."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{path}: tensor {name!r} has the header entry {entry!r:.80}, expected "
+                         "{'dtype': ..., 'shape': [...], 'data_offsets': [start, end]}")
+    dtype = _SAFETENSORS_DTYPES.get(entry.get("dtype"))
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if dtype is None:
+        raise ValueError(f"{path}: tensor {name!r} has dtype {entry.get('dtype')!r}, expected one "
+                         f"of {sorted(_SAFETENSORS_DTYPES)}")
+    if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)):
+        raise ValueError(f"{path}: tensor {name!r} has shape {shape!r:.80}, expected a list of "
+                         "integers >= 0")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets)
+            and 0 <= offsets[0] <= offsets[1] <= n_data):
+        raise ValueError(f"{path}: tensor {name!r} has data_offsets {offsets!r:.80}, expected "
+                         f"[start, end] with 0 <= start <= end <= {n_data} (the file's bytes of data)")
+    needed = dtype.itemsize * math.prod(shape)  # Python ints: a lying shape cannot overflow
+    if offsets[1] - offsets[0] != needed:
+        raise ValueError(f"{path}: tensor {name!r} has {offsets[1] - offsets[0]} bytes "
+                         f"({offsets[0]}..{offsets[1]}), expected {needed} for shape {shape} "
+                         f"of {entry['dtype']}")
+    return dtype, tuple(shape), offsets[0], offsets[1]
+
+
+def _check_no_overlap(path: Path, entries: Mapping[str, tuple]) -> None:
+    """Refuse two tensors whose bytes overlap: each weight must have bytes of its own."""
+    spans = sorted((start, end, name) for name, (_, _, start, end) in entries.items() if end > start)
+    for (_, end, first), (start, _, second) in zip(spans, spans[1:], strict=False):
+        if start < end:
+            raise ValueError(f"{path}: tensors {first!r} and {second!r} share bytes "
+                             f"({second!r} starts at {start}, before {first!r} ends at {end}), "
+                             "expected each tensor's bytes to be its own")
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Tensor]:
@@ -179,6 +215,8 @@ def convert_gpt2_state(state: Mapping[str, Tensor], config: GPTConfig) -> dict[s
             raise ValueError(f"the checkpoint has no {key!r}, expected a tensor of shape {shape} "
                              f"for {config.n_layers} layers, d_model = {d}")
         tensor = state[key]
+        if not tensor.is_floating_point():
+            raise ValueError(f"{key!r} has dtype {tensor.dtype}, expected floating-point weights")
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{key!r} has shape {tuple(tensor.shape)}, expected {shape} for "
                              f"vocab_size = {v}, context_length = {config.context_length}, d_model = {d}")
@@ -262,6 +300,11 @@ def download_gpt2(cache_dir: str | Path, base_url: str = GPT2_URL, files: tuple[
     file:// base_url or their own fetch, so nothing here needs the network to be proven.
     """
     checks.positive_float("timeout", timeout)
+    if isinstance(files, str | bytes) or not files:
+        raise TypeError(f"files is {files!r:.60}, expected a non-empty tuple of file names, "
+                        "such as ('model.safetensors', 'vocab.json', 'merges.txt')")
+    for name in files:
+        _check_file_name(name)
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -271,6 +314,15 @@ def download_gpt2(cache_dir: str | Path, base_url: str = GPT2_URL, files: tuple[
             fetch(f"{base_url.rstrip('/')}/{name}", target, timeout)
         paths[name] = target
     return paths
+
+
+def _check_file_name(name: object) -> None:
+    """A download-list entry must be a plain file name: one that cannot leave the cache folder."""
+    if not isinstance(name, str) or not name.strip() or name in (".", "..") or ".." in name \
+            or any(sep in name for sep in ("/", "\\", "\0")) or Path(name).is_absolute():
+        raise ValueError(f"files has the entry {name!r:.80}, expected a plain file name such as "
+                         "'model.safetensors' (no folders, separators or '..': the file must stay "
+                         "in cache_dir)")
 
 
 def load_gpt2_small(cache_dir: str | Path, base_url: str = GPT2_URL, timeout: float = 60.0,

@@ -2,7 +2,8 @@
 
 Defined in notebook 7, "GPT", section 6 (the KV cache), after the plain version written there
 by hand. The cache owns its state: `store` writes a layer's new keys and values, `length`
-moves on once per step, `check_fits` says whether it fits a model and a batch. Both
+moves on once per step, `check_fits` (and `check_cache`, which first checks it is a KVCache) says whether it fits a
+model and a batch. Both
 `helpers.model.gpt.GPT` and `helpers.model.modern.ModernGPT` feed it through
 `forward_cached`; `helpers.model.generation` drives the loop.
 
@@ -95,3 +96,11 @@ class KVCache:
             raise TypeError(f"cache holds {self.keys.dtype} on {self.keys.device}, expected "
                             f"{weight.dtype} on {weight.device} like the model's weights: make it "
                             f"with KVCache.for_model(model, {batch_size})")
+
+
+def check_cache(cache: object, model: nn.Module, batch_size: int) -> None:
+    """Raise unless `cache` is a KVCache that fits `model` and a batch of `batch_size` sequences."""
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"cache is a {type(cache).__name__}, expected a KVCache "
+                        f"(KVCache.for_model(model, {batch_size}))")
+    cache.check_fits(model, batch_size)

@@ -12,7 +12,9 @@ uses `helpers.model.multihead.MultiHeadAttention` as it is; section 7's measurem
     section 4, SwiGLU   llama_hidden_size               8/3 x D, rounded up as Llama does
     section 6, model    ModernConfig, ModernBlock,      pre-norm RMSNorm, RoPE attention with GQA,
                         ModernGPT                       SwiGLU, no biases, tied or untied output
-                        from_llama_state_dict           a Hugging Face Llama's weights, loaded
+                        modern_generate_logits          the logits fed one token at a time (the cache)
+
+A Hugging Face Llama's weights load into ModernGPT with `helpers.model.llama`.
 
 Why a sibling of `helpers.model.gpt.GPT` and not a config switch inside it: the two differ in almost
 every part (no position table, another norm, another MLP, rotated keys), so one class full of
@@ -27,7 +29,6 @@ layout of Hugging Face's Llama), so they are equal feature for feature. Meta's o
 pairs neighbours (2i, 2i+1); that is a fixed permutation of the features of q and k, which
 leaves every score q . k unchanged.
 
-Model code: it imports torch and the course's model modules, never plots, widgets or exercises.
 Shapes: B batch, N tokens, V vocabulary, D = d_model, H heads, H_KV key/value heads,
 D_H = D / H, P rows of the RoPE table (the longest position + 1).
 """
@@ -35,7 +36,6 @@ D_H = D / H, P rows of the RoPE table (the longest position + 1).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from helpers import checks
 from helpers.model.attention import causal_mask
 from helpers.model.embeddings import check_token_ids
-from helpers.model.kv_cache import KVCache
+from helpers.model.kv_cache import KVCache, check_cache
 from helpers.model.layers import SwiGLUFeedForward
 from helpers.model.multihead import (
     MultiHeadAttention,
@@ -67,7 +67,8 @@ def rope_angles(head_dim: int, n_positions: int, base: float = 10000.0) -> Tenso
     """(P, D_H/2): angle[m, i] = m * theta_i, theta_i = base^(-2i / D_H), as in the sinusoidal table."""
     _check_head_dim(head_dim)
     checks.positive_int("n_positions", n_positions)
-    checks.positive_float("base", base)
+    checks.number_in("base", base, 1.0, math.inf, True, True, "a finite number > 1 (1 gives every "
+                     "position the same angle; Llama uses 10000)")
     theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D_H/2,)
     positions = torch.arange(n_positions, dtype=torch.float64)
     return torch.outer(positions, theta)  # float64, so that long tables keep their angles exact
@@ -107,6 +108,12 @@ class RopeTable:
         if positions is None:
             checks.non_negative_int("start", start)
             positions = torch.arange(start, start + x.shape[-2], device=self.cos.device)
+        elif not isinstance(positions, Tensor) or positions.shape != (x.shape[-2],) \
+                or positions.dtype not in (torch.int64, torch.int32):
+            got = (f"{tuple(positions.shape)} {positions.dtype}" if isinstance(positions, Tensor)
+                   else type(positions).__name__)
+            raise ValueError(f"positions is {got}, expected an integer tensor of shape "
+                             f"({x.shape[-2]},): one position for each of x's {x.shape[-2]} tokens")
         if positions.numel() and (positions.min() < 0 or positions.max() >= self.n_positions):
             raise ValueError(f"positions reach {int(positions.max())} (lowest {int(positions.min())}), "
                              f"expected 0 <= position < {self.n_positions}, the rows of the RoPE "
@@ -172,6 +179,10 @@ def alibi_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Causal attention with ALiBi: q, k, v (B, H, N, D_H) -> (B, H, N, D_H). No positions in q
     or k: the bias, added after the 1/sqrt(D_H) scaling, is the only place order enters."""
     n_heads, n_tokens = q.shape[-3], q.shape[-2]
+    if q.dim() != 4 or k.shape != q.shape or v.shape[:-1] != q.shape[:-1]:
+        raise ValueError(f"q, k, v have shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}, "
+                         "expected q and k (B, H, N, D_H) alike and v (B, H, N, D_V): the bias "
+                         "buffer is (H, N, N), for as many keys as queries")
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, N, N)
     scores = scores + alibi_bias(n_heads, n_tokens).to(scores)
     scores = scores.masked_fill(~causal_mask(n_tokens, device=q.device), float("-inf"))
@@ -182,6 +193,7 @@ def alibi_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
     """x: (..., D) divided by its root mean square, times a learned gain: no mean, no bias."""
+    checks.positive_float("eps", eps, " (it keeps the division away from 0)")
     rms = torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
     y = x / rms
     return y if weight is None else y * weight
@@ -242,7 +254,7 @@ class ModernConfig:
         _check_head_dim(self.d_model // self.n_heads)
         if self.mlp_hidden is not None:
             checks.positive_int("mlp_hidden", self.mlp_hidden)
-        checks.positive_float("rope_base", self.rope_base)
+        checks.number_in("rope_base", self.rope_base, 1.0, math.inf, True, True, "a finite number > 1")
         checks.positive_float("norm_eps", self.norm_eps)
         checks.boolean("tie_weights", self.tie_weights)
 
@@ -312,6 +324,8 @@ class ModernGPT(nn.Module):
     def forward_cached(self, token_ids: Tensor, cache: KVCache) -> Tensor:
         """Feed the n tokens (B, n) that follow the cache.length already in `cache`; their logits
         (B, n, V) equal the last n rows of a full pass. The cache then holds length + n tokens."""
+        self._check_ids(token_ids, 0)
+        check_cache(cache, self, token_ids.shape[0])
         start = cache.length
         self._check_ids(token_ids, start)
         logits = self._run(token_ids, start, cache)
@@ -332,63 +346,6 @@ class ModernGPT(nn.Module):
         if start + token_ids.shape[1] > self.config.context_length:
             raise ValueError(f"token_ids reach position {start + token_ids.shape[1] - 1}, expected "
                              f"at most context_length - 1 = {self.config.context_length - 1}")
-
-
-# --- loading a Hugging Face Llama -----------------------------------------------------------
-
-def config_from_llama(llama_config) -> ModernConfig:
-    """A ModernConfig with the sizes of a `transformers.LlamaConfig` (read by attribute name)."""
-    rope = getattr(llama_config, "rope_parameters", None) or {}
-    theta = rope.get("rope_theta", getattr(llama_config, "rope_theta", 10000.0))
-    return ModernConfig(
-        vocab_size=llama_config.vocab_size, context_length=llama_config.max_position_embeddings,
-        n_layers=llama_config.num_hidden_layers, n_heads=llama_config.num_attention_heads,
-        n_kv_heads=llama_config.num_key_value_heads, d_model=llama_config.hidden_size,
-        mlp_hidden=llama_config.intermediate_size, rope_base=float(theta),
-        norm_eps=llama_config.rms_norm_eps, tie_weights=bool(llama_config.tie_word_embeddings))
-
-
-# Hugging Face's names -> ours, for one layer ({} is the layer number).
-_LLAMA_LAYER_NAMES = {
-    "input_layernorm.weight": "norm1.weight", "post_attention_layernorm.weight": "norm2.weight",
-    "self_attn.q_proj.weight": "attn.q_proj.weight", "self_attn.k_proj.weight": "attn.k_proj.weight",
-    "self_attn.v_proj.weight": "attn.v_proj.weight", "self_attn.o_proj.weight": "attn.out_proj.weight",
-    "mlp.gate_proj.weight": "mlp.gate.weight", "mlp.up_proj.weight": "mlp.up.weight",
-    "mlp.down_proj.weight": "mlp.down.weight",
-}
-
-
-def llama_key_map(config: ModernConfig) -> dict[str, str]:
-    """Every ModernGPT parameter name -> the name a Hugging Face LlamaForCausalLM gives it."""
-    names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
-    if not config.tie_weights:
-        names["lm_head.weight"] = "lm_head.weight"
-    for layer in range(config.n_layers):
-        for theirs, ours in _LLAMA_LAYER_NAMES.items():
-            names[f"blocks.{layer}.{ours}"] = f"model.layers.{layer}.{theirs}"
-    return names
-
-
-@torch.no_grad()
-def from_llama_state_dict(state_dict: Mapping[str, Tensor], config: ModernConfig) -> ModernGPT:
-    """A ModernGPT holding the weights of a Hugging Face LlamaForCausalLM's `state_dict()`.
-
-    Raises KeyError naming a missing weight, ValueError naming a weight of the wrong shape.
-    Both models use the rotate-half pairing, so q_proj and k_proj load without a permutation.
-    """
-    model = ModernGPT(config)
-    ours = dict(model.named_parameters())
-    for our_name, their_name in llama_key_map(config).items():
-        if their_name not in state_dict:
-            raise KeyError(f"state_dict has no {their_name!r}, expected it for {our_name} "
-                           f"(a LlamaForCausalLM with n_layers = {config.n_layers}"
-                           f"{'' if config.tie_weights else ' and an untied lm_head'})")
-        weight = state_dict[their_name]
-        if tuple(weight.shape) != tuple(ours[our_name].shape):
-            raise ValueError(f"state_dict[{their_name!r}] has shape {tuple(weight.shape)}, expected "
-                             f"{tuple(ours[our_name].shape)} for {our_name}: the config's sizes differ")
-        ours[our_name].copy_(weight)
-    return model
 
 
 def modern_generate_logits(model: ModernGPT, token_ids: Tensor) -> Tensor:

@@ -103,6 +103,9 @@ def check_divides(batch_size: int, world_size: int) -> None:
 
 def shard_rows(batch: Tensor, rank: int, world_size: int) -> Tensor:
     """Rows rank * b : (rank + 1) * b of a (B, ...) batch, with b = B / world_size."""
+    checks.rank_in_world(rank, world_size)
+    if not isinstance(batch, Tensor) or batch.dim() == 0:
+        raise ValueError(f"batch is {batch!r:.60}, expected a tensor (B, ...) to split by rows")
     check_divides(batch.shape[0], world_size)
     rows = batch.shape[0] // world_size
     return batch[rank * rows:(rank + 1) * rows]
@@ -126,9 +129,30 @@ def train_single(run: Run) -> dict[str, Tensor]:
 # --- by hand ---------------------------------------------------------------------------------
 
 
+def check_same_shapes(tensors: list[Tensor], what: str) -> None:
+    """Raise on every rank, naming the first rank that differs, unless all ranks hold tensors of
+    the same shapes (a collective over tensors of other shapes hangs or fails obscurely)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    mine = [(tuple(t.shape), str(t.dtype)) for t in tensors]
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    for rank, theirs in enumerate(every):
+        if theirs != every[0]:
+            at = next((i for i, (a, b) in enumerate(zip(every[0], theirs, strict=False)) if a != b),
+                      min(len(theirs), len(every[0])))
+            raise ValueError(f"the {what} differ across ranks: rank {rank} has {len(theirs)} "
+                             f"tensors, rank 0 {len(every[0])}; the first difference is tensor {at} "
+                             f"({theirs[at] if at < len(theirs) else 'missing'} on rank {rank}, "
+                             f"{every[0][at] if at < len(every[0]) else 'missing'} on rank 0): "
+                             "expected the same model on every rank")
+
+
 @torch.no_grad()
 def broadcast_parameters(model: nn.Module, src: int = 0) -> None:
     """Overwrite every parameter and buffer with rank `src`'s, so all ranks start equal."""
+    checks.rank_in_world(src, dist.get_world_size())
+    check_same_shapes(list(model.parameters()) + list(model.buffers()), "model's parameters and buffers")
     for tensor in [*model.parameters(), *model.buffers()]:
         dist.broadcast(tensor, src=src)
 
@@ -139,7 +163,7 @@ def average_gradients(model: nn.Module) -> None:
 
     model.parameters() lists a tied matrix once, so it is reduced once.
     """
-    world_size = dist.get_world_size()
+    world_size = dist.get_world_size()  # shapes were compared once, by broadcast_parameters
     for p in model.parameters():
         if p.grad is not None:
             dist.all_reduce(p.grad)  # sum over ranks, in place

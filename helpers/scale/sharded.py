@@ -23,6 +23,7 @@ from helpers import checks
 from helpers.scale.data_parallel import (
     Run,
     average_gradients,
+    check_same_shapes,
     loss_of,
     make_batch,
     make_model,
@@ -51,6 +52,18 @@ class ShardedAdamW:
     def __init__(self, params: Iterable[Tensor], rank: int, world_size: int,
                  betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-8, weight_decay: float = 0.1) -> None:
         self.params = list(params)
+        checks.rank_in_world(rank, world_size)
+        if not self.params or not all(isinstance(p, Tensor) for p in self.params):
+            raise ValueError("params is empty or holds something other than tensors, expected the "
+                             "model's parameters (model.parameters())")
+        if not (isinstance(betas, tuple | list) and len(betas) == 2):
+            raise ValueError(f"betas is {betas!r}, expected two numbers (beta1, beta2)")
+        for name, beta in zip(("betas[0]", "betas[1]"), betas, strict=True):  # 1.0 never forgets
+            checks.number_in(name, beta, 0.0, 1.0, high_open=True, expected="a number in [0, 1)")
+        checks.positive_float("eps", eps)
+        checks.number_in("weight_decay", weight_decay, 0.0, float("inf"), high_open=True)
+        if world_size > 1:
+            check_same_shapes(self.params, "params")
         self.rank, self.world_size = rank, world_size
         self.owner = assign_owners([p.numel() for p in self.params], world_size)
         self.mine = [i for i, owner in enumerate(self.owner) if owner == rank]
@@ -60,6 +73,11 @@ class ShardedAdamW:
 
     @torch.no_grad()
     def step(self, lr: float) -> None:
+        checks.number_in("lr", lr, 0.0, float("inf"), high_open=True, expected="a finite number >= 0")
+        missing = [i for i in self.mine if self.params[i].grad is None][:3]
+        if missing:
+            raise ValueError(f"params {missing} of rank {self.rank} have no .grad, expected "
+                             "backward() to have run before step()")
         self.t += 1
         beta1, beta2 = self.betas
         for i in self.mine:

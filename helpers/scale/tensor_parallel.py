@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from helpers import checks
 from helpers.model.attention import scaled_dot_product_attention
 from helpers.model.layers import Block, FeedForward
 from helpers.model.multihead import MultiHeadAttention, attention_mask, merge_heads, split_heads
@@ -40,6 +41,7 @@ def _check_splits(name: str, size: int, world_size: int) -> int:
 @torch.no_grad()
 def column_shard(linear: nn.Linear, rank: int, world_size: int) -> nn.Linear:
     """Rows rank * k ... (rank + 1) * k of W (out_features) and of the bias: k = out / p outputs."""
+    checks.rank_in_world(rank, world_size)
     k = _check_splits("out_features", linear.out_features, world_size)
     shard = nn.Linear(linear.in_features, k, bias=linear.bias is not None)
     shard.weight.copy_(linear.weight[rank * k:(rank + 1) * k])
@@ -52,6 +54,7 @@ def column_shard(linear: nn.Linear, rank: int, world_size: int) -> nn.Linear:
 def row_shard(linear: nn.Linear, rank: int, world_size: int) -> nn.Linear:
     """Columns rank * k ... (rank + 1) * k of W (in_features), no bias: the bias is added once,
     after the partial sums are added up."""
+    checks.rank_in_world(rank, world_size)
     k = _check_splits("in_features", linear.in_features, world_size)
     shard = nn.Linear(k, linear.out_features, bias=False)
     shard.weight.copy_(linear.weight[:, rank * k:(rank + 1) * k])

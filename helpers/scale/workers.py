@@ -37,6 +37,8 @@ import torch.distributed as dist
 from helpers import checks
 from helpers.timing import best_time
 
+MAX_WORLD_SIZE = 64  # processes on one machine; a typo of 1000 would start a thousand
+
 
 class WorkerFailed(RuntimeError):
     """A worker raised; `rank` says which, `worker_traceback` is its traceback as text."""
@@ -90,6 +92,19 @@ def _check_sendable(fn: Callable[..., Any]) -> None:
                          "nested function or a function defined in a notebook cell")
 
 
+def _check_picklable(args: Sequence[Any]) -> None:
+    """Raise at once, naming the argument, if one cannot be pickled: the queue would otherwise
+    fail in a background thread and the workers would wait for a task that never comes."""
+    for index, arg in enumerate(args):
+        try:
+            pickle.dumps(arg)
+        except Exception as error:  # noqa: BLE001 - pickle raises many types
+            raise TypeError(f"argument {index} ({type(arg).__name__}: {arg!r:.60}) cannot be sent "
+                            f"to the workers ({type(error).__name__}: {error}), expected a picklable "
+                            "value: tensors, numbers, strings, lists and dicts of them, or objects "
+                            "of classes defined in a module") from None
+
+
 class Workers:
     """`world_size` spawned processes joined in one gloo group, kept alive between tasks.
 
@@ -102,6 +117,9 @@ class Workers:
 
     def __init__(self, world_size: int = 2, timeout: float = 60.0, quiet: bool = True) -> None:
         self.world_size = checks.positive_int("world_size", world_size)
+        if world_size > MAX_WORLD_SIZE:
+            raise ValueError(f"world_size is {world_size}, expected at most {MAX_WORLD_SIZE}: each "
+                             "rank is a whole Python process with torch imported")
         self.timeout = checks.positive_float("timeout", timeout)
         self.quiet = checks.boolean("quiet", quiet)
         self.processes: list[Any] = []
@@ -127,6 +145,7 @@ class Workers:
         process is left running.
         """
         _check_sendable(fn)
+        _check_picklable(args)
         timeout = self.timeout if timeout is None else checks.positive_float("timeout", timeout)
         if not self.processes:
             self.start()
@@ -160,6 +179,7 @@ def launch(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: flo
     Returns the results in rank order; raises WorkerFailed or TimeoutError as `Workers.run` does.
     """
     _check_sendable(fn)
+    _check_picklable(args)
     with Workers(world_size, timeout) as workers:
         return workers.run(fn, *args)
 
@@ -183,9 +203,31 @@ def _collect(processes: Sequence[Any], results: Any, timeout: float) -> list[Any
                                    "all workers were stopped") from None
             continue
         if not ok:
-            raise WorkerFailed(rank, payload)
+            raise _first_failure(processes, results, set(received) | {rank}, rank, payload)
         received[rank] = pickle.loads(payload)
     return [received[rank] for rank in range(len(processes))]
+
+
+def _first_failure(processes: Sequence[Any], results: Any, reported: set[int], rank: int,
+                   payload: str, grace: float = 2.0) -> WorkerFailed:
+    """The WorkerFailed to raise when `rank` reported a failure. If another process died
+    without a word (os._exit, killed), `rank` most likely failed only because its connection
+    to that one dropped: the silent one is named, with `rank`'s traceback beside it."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        silent = [r for r, p in enumerate(processes) if r not in reported and p.exitcode is not None]
+        if silent:
+            code = processes[silent[0]].exitcode
+            return WorkerFailed(silent[0], f"the process exited with code {code} without reporting "
+                                f"(os._exit, killed, or out of memory?); rank {rank} then failed "
+                                f"too, most likely because of it:\n{payload}")
+        if all(r in reported for r in range(len(processes))):
+            break
+        try:
+            reported.add(results.get(timeout=0.05)[0])
+        except queue.Empty:
+            continue
+    return WorkerFailed(rank, payload)
 
 
 def _stop(processes: Sequence[Any]) -> None:
@@ -209,6 +251,14 @@ def init_from_environment(backend: str | None = None) -> tuple[int, int]:
     """
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    checks.one_of("backend", backend, ("gloo", "nccl", "mpi"))
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError("backend is 'nccl', which needs a GPU, and this machine has none: "
+                         "expected 'gloo' on a CPU")
+    missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise RuntimeError(f"the environment variables {missing} are not set, expected the ones "
+                           "torchrun sets: start this script with `torchrun --nproc_per_node N`")
     dist.init_process_group(backend)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

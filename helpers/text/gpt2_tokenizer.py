@@ -94,9 +94,22 @@ class GPT2Tokenizer:
             raise ValueError(f"the vocabulary has no id for {missing[:3]} (made by the bytes or the "
                              "merges): vocab.json and merges.txt do not belong together")
         specials = sorted((token for token in vocab if token not in course_id), key=vocab.__getitem__)
+        self._check_no_missing_merges(specials, course_id, len(merges))
         self.bpe = BPETokenizer(pairs, specials)
         self.to_gpt2 = [vocab[token] for token in course_id] + [vocab[token] for token in specials]
         self.from_gpt2 = {gpt2: ours for ours, gpt2 in enumerate(self.to_gpt2)}
+
+    @staticmethod
+    def _check_no_missing_merges(specials: Sequence[str], made: Mapping[str, int], n_merges: int) -> None:
+        """A vocabulary entry no merge makes is a special token (`<|endoftext|>`), unless two
+        made tokens join into it: then it is a merge that merges.txt lacks (a cut-short file)."""
+        looks_merged = [token for token in specials
+                        if any(token[:i] in made and token[i:] in made for i in range(1, len(token)))]
+        if looks_merged:
+            raise ValueError(f"merges.txt has {n_merges} merges, but vocab.json has {len(looks_merged)} "
+                             f"tokens that only a merge makes and no merge does, such as "
+                             f"{looks_merged[:3]}: merges.txt is cut short (an interrupted "
+                             "download?), expected one merge for every such token")
 
     @staticmethod
     def _check_ids(vocab: Mapping[str, int]) -> None:

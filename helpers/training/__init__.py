@@ -3,5 +3,6 @@
 Built on `helpers.model`; the model never imports it.
 
     trainer  batches, the learning-rate schedule, the Trainer and its History
+    guards   the Trainer's checks: its inputs, the learning rate, non-finite weights
     speed    bfloat16 working copy, one buffer for every weight, fused AdamW, compile
 """

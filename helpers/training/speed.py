@@ -4,7 +4,8 @@ Nothing here is a new idea; each piece computes what the plain training step of 
 (section 4, "The training step by hand") computes, and tests/test_train.py checks each against
 it. `helpers.training.trainer.Trainer` uses:
 
-    cpu_has_native_bf16, pick_dtype            bfloat16 where the hardware has it, else float32
+    cpu_has_native_bf16, pick_dtype            bfloat16 where the hardware has it, else float32;
+                                               COURSE_PRECISION=fp32|bf16|auto decides "auto"
     flatten_into_one_buffer, FlatWeights       every weight and gradient in one buffer each,
                                                with the bf16 working copy
     make_optimizer                             AdamW (decay on matrices only), its fused kernel
@@ -27,6 +28,7 @@ What each buys is measured in benchmarks/bench_train.py against a plain loop:
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable, Sequence
 
 import torch
@@ -43,13 +45,35 @@ def cpu_has_native_bf16() -> bool:
     return any(getattr(cpu, name, lambda: False)() for name in probes)
 
 
-def pick_dtype(device: torch.device, precision: str = "auto") -> torch.dtype:
-    """The dtype to compute in: "bf16", "fp32", or "auto" (bf16 where it is native).
+PRECISION_VARIABLE = "COURSE_PRECISION"
+PRECISIONS = ("auto", "bf16", "fp32")
 
-    Without native support, bf16 products still run but slowly (each one is emulated), so
-    "auto" then falls back to float32.
+
+def precision_from_environment() -> str:
+    """What "auto" means in this run: the environment variable COURSE_PRECISION (fp32, bf16 or
+    auto; unset or empty means auto). `COURSE_PRECISION=fp32` runs the course as a laptop
+    without native bf16 does, on any machine."""
+    value = os.environ.get(PRECISION_VARIABLE, "").strip().lower() or "auto"
+    if value not in PRECISIONS:
+        raise ValueError(f"the environment variable {PRECISION_VARIABLE} is "
+                         f"{os.environ[PRECISION_VARIABLE]!r}, expected one of fp32, bf16, auto "
+                         "(or unset)")
+    return value
+
+
+def pick_dtype(device: torch.device, precision: str = "auto") -> torch.dtype:
+    """The dtype to compute in: "bf16", "fp32", or "auto".
+
+    "auto" follows the environment variable COURSE_PRECISION=fp32|bf16|auto when it is set
+    (for a whole run: `COURSE_PRECISION=fp32 jupyter lab` trains every notebook in float32, as
+    on a laptop without native bf16); otherwise, or with COURSE_PRECISION=auto, it is bf16 where
+    the hardware has it natively, else float32. An explicit "bf16" or "fp32" wins over the
+    variable. Without native support, bf16 products still run but slowly (each one is
+    emulated), so "auto" then falls back to float32.
     """
-    checks.one_of("precision", precision, ("auto", "bf16", "fp32"))
+    checks.one_of("precision", precision, PRECISIONS)
+    if precision == "auto":
+        precision = precision_from_environment()
     if precision != "auto":
         return torch.bfloat16 if precision == "bf16" else torch.float32
     if device.type == "cuda" and torch.cuda.is_bf16_supported():

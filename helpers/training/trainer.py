@@ -33,8 +33,8 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from helpers import checks
-from helpers.model.embeddings import check_token_ids
 from helpers.model.gpt import GPT
+from helpers.training.guards import check_learning_rate, check_trainer_inputs, non_finite_parameters
 from helpers.training.speed import FlatWeights, compile_loss, make_optimizer, pick_dtype
 
 # --- data ----------------------------------------------------------------------------------
@@ -49,8 +49,18 @@ def split_train_val(ids: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, Ten
     position, so no window straddles the two. It may cut a story: for the course corpus use
     `split_stories`, and `line_overlap` to measure what validation shares with training."""
     checks.number_in("val_fraction", val_fraction, 0.0, 1.0, low_open=True, high_open=True)
+    if not isinstance(ids, Tensor) or ids.dim() != 1:
+        raise ValueError(f"ids is {_shape_of(ids)}, expected a 1-D tensor of token ids")
     cut = int(len(ids) * (1.0 - val_fraction))
+    if not 0 < cut < len(ids):
+        raise ValueError(f"val_fraction = {val_fraction:g} of {len(ids)} tokens leaves "
+                         f"{cut} for training and {len(ids) - cut} for validation, expected both "
+                         "parts non-empty: give more text or another val_fraction")
     return ids[:cut], ids[cut:]
+
+
+def _shape_of(value: Any) -> str:
+    return f"of shape {tuple(value.shape)}" if isinstance(value, Tensor) else f"a {type(value).__name__}"
 
 
 def split_stories(text: str, val_fraction: float = 0.1, separator: str = "\n\n") -> tuple[str, str]:
@@ -88,6 +98,9 @@ def random_batch(ids: Tensor, batch_size: int, context_length: int,
     """
     checks.positive_int("batch_size", batch_size)
     checks.positive_int("context_length", context_length)
+    if not isinstance(ids, Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"ids is {_shape_of(ids) if not isinstance(ids, Tensor) else ids.dtype}, "
+                        "expected a tensor of integer token ids")
     if ids.dim() != 1 or len(ids) < context_length + 1:
         raise ValueError(f"ids has shape {tuple(ids.shape)}, expected a 1-D tensor of at least "
                          f"context_length + 1 = {context_length + 1} tokens")
@@ -223,7 +236,9 @@ class Trainer:
                  config: TrainConfig | None = None) -> None:
         config = TrainConfig() if config is None else config
         self.model, self.config = model, config
-        self.context_length = _check_trainer_inputs(model, train_ids, val_ids, config)
+        if not isinstance(config, TrainConfig):
+            raise TypeError(f"config is a {type(config).__name__}, expected a TrainConfig")
+        self.context_length = check_trainer_inputs(model, train_ids, val_ids, config.context_length)
         self.train_ids, self.val_ids = train_ids, val_ids
         self.device = next(model.parameters()).device
         self.dtype = pick_dtype(self.device, config.precision) if config.fast else torch.float32
@@ -263,6 +278,7 @@ class Trainer:
         fused attention on a CPU turns a query row of NaN into zeros, so with a NaN weight the
         fast path's loss can stay finite while its gradient does not: both are checked.)
         """
+        check_learning_rate(lr)
         x, y = self._batch(self.train_ids, self.generator)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -290,7 +306,7 @@ class Trainer:
         """Raise a FloatingPointError that says at which step the loss or the gradient stopped
         being finite, and what to try."""
         step = len(self.history.steps) + 1
-        broken = _non_finite_parameters(self.model)
+        broken = non_finite_parameters(self.model)
         if broken:
             cause = f"the model's weights already hold NaN or inf ({broken}): rebuild or reload it"
         else:
@@ -357,43 +373,9 @@ class Trainer:
             callback(self.history)
 
 
-def _non_finite_parameters(model: nn.Module) -> str:
-    """The names of the parameters holding a NaN or an infinity ("" if none), at most three."""
-    broken = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
-    return ", ".join(broken[:3]) + (", ..." if len(broken) > 3 else "")
-
-
 def _progress_bar(steps: int | None, seconds: float | None, enabled: bool) -> tqdm:
     """A text progress bar counting steps, or seconds of training for a time budget."""
     if steps is not None:
         return tqdm(total=steps, unit="step", disable=not enabled, mininterval=0.5)
     return tqdm(total=seconds, unit="s", disable=not enabled, mininterval=0.5,
                 bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}]{postfix}")
-
-
-def _check_trainer_inputs(model: nn.Module, train_ids: Tensor, val_ids: Tensor,
-                          config: TrainConfig) -> int:
-    """Raise unless the Trainer can use these; return the training window's length."""
-    model_config = getattr(model, "config", None)
-    if not isinstance(model, nn.Module) or not all(
-            hasattr(model_config, name) for name in ("vocab_size", "context_length")):
-        raise TypeError(f"model is a {type(model).__name__}, expected a torch.nn.Module mapping "
-                        "token ids (B, N) to logits (B, N, V) with config.vocab_size and "
-                        "config.context_length, such as a helpers.model.gpt.GPT")
-    if not isinstance(config, TrainConfig):
-        raise TypeError(f"config is a {type(config).__name__}, expected a TrainConfig")
-    longest = model_config.context_length
-    context_length = longest if config.context_length is None else config.context_length
-    if context_length > longest:
-        raise ValueError(f"context_length is {context_length}, expected at most the model's "
-                         f"context_length = {longest}")
-    for name, ids in (("train_ids", train_ids), ("val_ids", val_ids)):
-        check_token_ids(ids, model_config.vocab_size, name)  # once here, not at every step
-        if ids.dim() != 1 or len(ids) < context_length + 1:
-            raise ValueError(f"{name} has shape {tuple(ids.shape)}, expected a 1-D tensor of at "
-                             f"least context_length + 1 = {context_length + 1} tokens (one window "
-                             "and its next token): give more text or a smaller context_length")
-    broken = _non_finite_parameters(model)
-    if broken:
-        raise ValueError(f"model has NaN or inf in {broken} before training: rebuild or reload it")
-    return context_length
