@@ -524,7 +524,7 @@ print(f"this model's cache: {cache.nbytes():,} bytes with GQA, {mha_cache.nbytes
 # prints both counts); section 7 sets the width by hand where the sizes must match.
 #
 # **Is it Llama?** Hugging Face's `LlamaForCausalLM` is the reference implementation most
-# checkpoints are loaded with. `helpers.model.modern.from_llama_state_dict` copies its weights
+# checkpoints are loaded with. `helpers.model.llama.from_llama_state_dict` copies its weights
 # into a `ModernGPT` (the names differ, the shapes do not); a randomly initialised tiny Llama with
 # GQA must then give the same logits as ours, by a full pass and one token at a time through the
 # KV cache. The cell needs the `transformers` package (installed with the course) and says so if
@@ -538,7 +538,7 @@ except ImportError:
     print("transformers is not installed: pip install transformers to run this comparison")
 
 if transformers is not None:
-    from helpers.model.modern import config_from_llama, from_llama_state_dict
+    from helpers.model.llama import config_from_llama, from_llama_state_dict
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(6)
