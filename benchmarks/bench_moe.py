@@ -88,7 +88,7 @@ def main() -> None:
         result["balance"][name] = {"val_loss": [run["val_loss"] for run in runs],
                                    "shares": [[[round(s, 4) for s in step] for step in run["shares"]]
                                               for run in runs]}
-        late = [max(map(statistics.mean, zip(*run["shares"][-50:]))) for run in runs]
+        late = [max(map(statistics.mean, zip(*run["shares"][-50:], strict=True))) for run in runs]
         print(f"balance {name:9s} largest share over the last 50 steps {late}")
     Path(args.out).write_text(json.dumps(result))
     print(f"wrote {args.out}")

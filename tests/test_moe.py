@@ -170,3 +170,41 @@ def test_qwen3_moe_logits_equal_transformers(normalize):
 def test_bad_input_raises_a_clear_error(call, message):
     with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(").replace(")", r"\)")):
         call()
+
+
+def test_expert_parallel_on_two_processes_equals_one_process():
+    from helpers.scale.expert_parallel import expert_parallel_step
+    from helpers.scale.workers import launch
+    results = launch(expert_parallel_step, 2, 3, 20, 8, 4, 2, 16, timeout=180.0)
+    assert all(r["max_error"] < 1e-6 for r in results)
+    assert sum(r["rows_computed"] for r in results) == sum(r["rows_sent"] for r in results) == 2 * 20 * 2
+
+
+def test_dispatch_plan_sends_each_assignment_to_its_experts_rank():
+    from helpers.scale.expert_parallel import dispatch_plan
+    experts = torch.tensor([[3, 0], [1, 2], [2, 3]])
+    order, counts = dispatch_plan(experts, 4, 2)
+    assert counts.tolist() == [2, 4]
+    assert (experts.flatten()[order] // 2).tolist() == [0, 0, 1, 1, 1, 1]
+    with pytest.raises(ValueError, match="n_experts is 4, expected a multiple of world_size = 3"):
+        dispatch_plan(experts, 4, 3)
+
+
+def test_bench_moe_short_run_writes_its_table(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "moe.json"
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_moe.py"), "--steps", "3",
+                           "--seeds", "1", "--out", str(out)], capture_output=True, text=True,
+                          timeout=600, cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    moe = result["models"]["MoE 8 experts, top-2"]
+    dense = result["models"]["dense, equal active"]
+    assert moe["total_params"][0] > 2.5 * dense["total_params"][0]
+    assert abs(moe["active_params"][0] - dense["active_params"][0]) < 0.05 * dense["active_params"][0]
+    assert len(result["balance"]["none"]["shares"][0]) == 3
+    assert all(abs(sum(step) - 1) < 1e-3 for step in result["balance"]["bias"]["shares"][0])
