@@ -7,4 +7,5 @@ Built on `helpers.model`; each parallel version is proven equal to one process.
     sharded          ZeRO-1 by hand: each rank keeps the optimizer state of its shard
     tensor_parallel  column- and row-parallel MLP, attention heads split across ranks
     parallelism      what each kind of parallelism splits and sends, in bytes per step
+    expert_parallel  experts split across ranks, tokens sent by all-to-all (notebook 12)
 """

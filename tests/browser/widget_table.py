@@ -107,6 +107,12 @@ WIDGETS: dict[str, list[Widget]] = {
     # The collectives and the parallel schemes run in worker processes; their results come back
     # as printed tables and figures, not widgets.
     "11_distributed": [],
+    # MoE: top-k and the capacity factor against each expert's load; sliding windows: the window
+    # and the number of local layers per global against the KV cache at 128k tokens.
+    "12_frontier_decoder": [
+        Widget((slider("top-k"), slider("capacity factor")), drives="figure"),
+        Widget((slider("window"), slider("local per global")), drives="figure"),
+    ],
     # DPO: move beta; the margin and the KL to the reference (precomputed per beta) redraw.
     "13_post_training": [
         Widget((slider("beta"),), drives="figure"),

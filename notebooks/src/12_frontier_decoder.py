@@ -1,0 +1,929 @@
+# %% [markdown]
+# # 12. The decoder of 2025-2026: mixture of experts, latent attention, sliding windows
+#
+# Notebook 9 ended at Llama 2 (2023). The open models students read about now (DeepSeek-V3,
+# Qwen3, Gemma 3, gpt-oss, OLMo 3) keep that decoder and change where compute and memory go:
+# a **mixture of experts** gives each token a few of many MLPs, **multi-head latent attention**
+# caches one small vector per token instead of every head's keys and values, and **sliding
+# windows** bound the cache of most layers. Each piece is built here in plain code, then proven
+# equal to the helper, and the helpers are proven equal to `transformers`' own models.
+#
+# **After this notebook you can**
+# - build a top-k router and a set of SwiGLU experts, as a loop and as one batched product, say
+#   which models put the softmax before the top-k and which after, and what a capacity drops;
+# - balance the experts with the Switch Transformer's auxiliary loss or DeepSeek-V3's bias, and
+#   measure the collapse without either;
+# - explain why DeepSeek caches a latent instead of keys and values, absorb the up-projections,
+#   and size the KV cache of MHA, GQA, MQA and MLA from a config;
+# - write a sliding-window cache as a ring buffer, size Gemma 3's local/global stack at 128k
+#   tokens, and see what QK-norm and RoPE scaling change.
+#
+# **It assumes** notebooks 5 (GQA and the KV-cache size), 7 (training), 9 (RoPE, RMSNorm, SwiGLU)
+# and 11 (worker processes).
+
+# %% [setup]
+
+# %%
+import importlib.util
+import json
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+
+from helpers.lab.exercises import check
+from helpers.timing import format_duration
+
+torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+
+# %% [markdown]
+# ## 1. Mixture of experts
+#
+# A dense block sends every token through one MLP. A MoE block has `E` MLPs (the **experts**) and
+# a **router**, a linear layer `D -> E` that scores every expert for every token; each token goes
+# to its `k` best experts, and their outputs are summed with weights from the scores. The model
+# holds `E` MLPs' parameters but each token pays for `k`: more parameters at the same compute.
+#
+# ### 1.1 The router: softmax before or after the top-k
+#
+# Two conventions, for the same logits:
+# - **softmax over all `E`, then keep the top `k`** (Qwen3-MoE and DeepSeek-V2 with
+#   `norm_topk_prob=False`): the kept weights sum to less than 1;
+# - **top `k` logits, then a softmax over those `k`** (Mixtral): the weights sum to 1.
+#   `transformers`' `MixtralTopKRouter` computes it as softmax, top-k, divide by the sum, which is
+#   the same numbers; Qwen3-MoE with `norm_topk_prob=True` does exactly that too.
+#
+# DeepSeek-V3 uses a third: a **sigmoid** per expert, top-k, renormalised.
+
+# %%
+torch.manual_seed(0)
+logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])        # one token, four experts
+probs = torch.softmax(logits, dim=-1)
+kept, chosen = probs.topk(2, dim=-1)
+print("experts chosen:", chosen.tolist()[0])
+print("softmax then top-2 (Qwen3-MoE):", [round(w, 4) for w in kept[0].tolist()],
+      "sum", round(kept.sum().item(), 4))
+mixtral = torch.softmax(logits.topk(2, dim=-1).values, dim=-1)
+print("top-2 then softmax (Mixtral):  ", [round(w, 4) for w in mixtral[0].tolist()],
+      "sum", round(mixtral.sum().item(), 4))
+assert torch.allclose(mixtral, kept / kept.sum(-1, keepdim=True))  # transformers' way, same numbers
+
+# %% [markdown]
+# ### Exercise: the top-k router
+#
+# Write Mixtral's router: from `logits` `(T, E)`, return `weights` `(T, k)` (a softmax over the
+# `k` largest logits of each row) and `experts` `(T, k)` (their indices).
+
+# %%
+def top_k_router(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits (T, E) -> weights (T, k) summing to 1, experts (T, k)."""
+    raise NotImplementedError
+
+
+check("frontier_decoder.top_k_router", top_k_router)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Choose first, then normalise only among the chosen: the other experts get no weight at all.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `torch.topk(logits, k, dim=-1)` returns `(values, indices)`; a softmax over `values` is the weights.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# def top_k_router(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+#     """logits (T, E) -> weights (T, k) summing to 1, experts (T, k)."""
+#     values, experts = torch.topk(logits, k, dim=-1)
+#     return torch.softmax(values, dim=-1), experts
+# ### END SOLUTION
+#
+#
+# _ = check("frontier_decoder.top_k_router", top_k_router)
+# ```
+# </details>
+
+# %% [markdown]
+# ### 1.2 The experts: a loop, then one batched product
+#
+# Each expert is a SwiGLU MLP (notebook 9). The plain form loops over the experts: find the
+# tokens that chose expert `e`, run it on them, add the weighted result back to those tokens.
+
+# %%
+T, D, E, K, HIDDEN = 24, 16, 4, 2, 32
+torch.manual_seed(0)
+x = torch.randn(T, D)
+gate, up, down = (torch.randn(E, HIDDEN, D) * 0.2, torch.randn(E, HIDDEN, D) * 0.2,
+                  torch.randn(E, D, HIDDEN) * 0.2)
+weights, experts = torch.softmax(torch.randn(T, E), -1).topk(K, dim=-1)
+
+
+def moe_loop(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """x (T, D), weights and experts (T, k) -> (T, D), one expert at a time."""
+    out = torch.zeros_like(x)
+    for e in range(E):
+        token, slot = torch.where(experts == e)            # who chose e, and as which choice
+        h = F.silu(x[token] @ gate[e].T) * (x[token] @ up[e].T)
+        out.index_add_(0, token, (h @ down[e].T) * weights[token, slot, None])
+    return out
+
+
+looped = moe_loop(x, weights, experts)
+print("tokens per expert:", torch.bincount(experts.flatten(), minlength=E).tolist())
+
+# %% [markdown]
+# A loop of `E` small products is slow on a GPU (and `E` is 256 in DeepSeek-V3). The batched form
+# **sorts** the `T · k` assignments by expert, gives each one a row in its expert's buffer
+# `(E, C, D)`, runs all experts as three batched products, and scatters the rows back.
+# `C` is the largest load here, so nothing is dropped.
+
+# %%
+def moe_sorted(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    flat = experts.flatten()                                   # (T k,) expert of each assignment
+    order = torch.argsort(flat, stable=True)                   # assignments grouped by expert
+    counts = torch.bincount(flat, minlength=E)
+    first_row = torch.cumsum(counts, 0) - counts               # where each expert's group starts
+    row = torch.arange(len(flat)) - first_row[flat[order]]     # row inside its expert's buffer
+    token = order // K
+    buffer = torch.zeros(E, int(counts.max()), D)              # (E, C, D)
+    buffer[flat[order], row] = x[token]
+    h = F.silu(buffer @ gate.transpose(1, 2)) * (buffer @ up.transpose(1, 2))
+    y = (h @ down.transpose(1, 2))[flat[order], row]           # back to one row per assignment
+    return torch.zeros_like(x).index_add(0, token, y * weights.flatten()[order, None])
+
+
+batched = moe_sorted(x, weights, experts)
+print(f"loop vs batched: max difference < 1e-5: {(looped - batched).abs().max().item() < 1e-5}")
+assert torch.allclose(looped, batched, atol=1e-5)
+
+# %% [markdown]
+# The same two forms live in `helpers.model.moe` (`Experts.loop`, `Experts.sorted`), with the
+# router (`route`, all three conventions) and the whole layer (`MoELayer`). From here on we use them.
+
+# %%
+from helpers.model.moe import Experts, expert_capacity, expert_load, route
+
+helper = Experts(E, D, HIDDEN)
+with torch.no_grad():
+    helper.gate.copy_(gate), helper.up.copy_(up), helper.down.copy_(down)
+    from_helper, dropped = helper.sorted(x, weights, experts)
+    assert torch.allclose(from_helper, looped, atol=1e-5) and dropped == 0
+    assert torch.allclose(helper.loop(x, weights, experts), looped, atol=1e-5)
+print("helpers.model.moe agrees with the two forms above")
+
+# %% [markdown]
+# ### 1.3 The shared expert
+#
+# DeepSeek (and Qwen2-MoE) add one **shared expert** that every token passes through, beside the
+# routed ones: common knowledge lives there once instead of being copied into every expert.
+# `MoELayer(shared_hidden=...)` adds it; it counts fully towards the active parameters.
+
+# %%
+from helpers.model.frontier import FrontierConfig, FrontierGPT, count_parameters
+
+for shared in (0, 64):
+    total, active = count_parameters(FrontierGPT(FrontierConfig(
+        n_experts=8, top_k=2, expert_hidden=64, mlp_hidden=shared, n_layers=2, d_model=64)))
+    print(f"shared width {shared:3d}: {total:,} parameters, {active:,} active per token")
+
+# %% [markdown]
+# ### 1.4 Capacity: dropped tokens or dropless
+#
+# On a GPU each expert's buffer has a fixed size, the **capacity** `C = ceil(factor · T · k / E)`
+# (factor 1 is a fair share). Assignments past it are **dropped**: that token skips that expert and
+# keeps only its residual path. GShard and Switch drop; recent models (Mixtral, DeepSeek-V3,
+# Qwen3) are **dropless**, with grouped kernels that take any load. A skewed router drops a lot:
+
+# %%
+torch.manual_seed(1)
+skewed_logits = torch.randn(64, 8) + torch.tensor([2.0, 1.0, 0.5, 0, 0, 0, 0, 0])  # experts 0-2 favoured
+w8, e8 = route(skewed_logits, 2)
+layer_experts = Experts(8, D, HIDDEN)
+x64 = torch.randn(64, D)
+print("load per expert:", expert_load(e8, 8).int().tolist(), "of", 64 * 2, "assignments")
+for factor in (0.5, 1.0, 1.25, 2.0):
+    capacity = expert_capacity(64, 2, 8, factor)
+    _, lost = layer_experts.sorted(x64, w8, e8, capacity)
+    print(f"capacity factor {factor:4}: C = {capacity:3d} slots per expert, {lost:3d} assignments dropped")
+_, lost = layer_experts.sorted(x64, w8, e8)
+print(f"dropless:              C = {int(expert_load(e8, 8).max()):3d} (the largest load), {lost} dropped")
+
+# %% [markdown]
+# ### See it move: top-k, capacity and each expert's load
+#
+# The bars are each expert's load for the skewed router above; the dashed line is the capacity.
+# Raise `k`: every token sends more assignments, the loads and the capacity grow together.
+# Lower the factor: the line drops and the red part (dropped) grows. First a still figure.
+
+# %%
+def draw_load(top_k: int = 2, capacity_factor: float = 1.0) -> dict:
+    _, chosen = route(skewed_logits, top_k)
+    load = expert_load(chosen, 8)
+    capacity = expert_capacity(64, top_k, 8, capacity_factor)
+    kept = load.clamp(max=capacity)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar(range(8), kept, color="tab:blue", label="processed")
+    ax.bar(range(8), load - kept, bottom=kept, color="tab:red", label="dropped")
+    ax.axhline(capacity, color="black", linestyle="--", label=f"capacity C = {capacity}")
+    ax.set(xlabel="expert", ylabel="assignments", ylim=(0, 64),
+           title=f"64 tokens, top-{top_k}, capacity factor {capacity_factor}: "
+                 f"{int((load - kept).sum())} dropped")
+    ax.legend(loc="upper right")
+    return {"dropped": int((load - kept).sum()), "capacity": capacity}
+
+
+draw_load()
+plt.show()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# The widget's output holds model ids that change on every run; the figure above is the same drawing.
+from helpers.lab.widgets import Explorer
+
+load_explorer = Explorer(
+    draw_load,
+    top_k=widgets.IntSlider(value=2, min=1, max=8, description="top-k"),
+    capacity_factor=widgets.FloatSlider(value=1.0, min=0.25, max=4.0, step=0.25,
+                                        description="capacity factor"),
+)
+load_explorer
+
+# %%
+first = load_explorer.last
+roomier = load_explorer.set(capacity_factor=2.0)
+assert roomier["capacity"] > first["capacity"] and roomier["dropped"] < first["dropped"]
+print("redraws so far:", load_explorer.redraws)
+
+# %% [markdown]
+# ### 1.5 Equal to `transformers`' Qwen3-MoE
+#
+# `helpers.model.frontier.FrontierGPT` is notebook 9's decoder with a `MoELayer` for its MLP and
+# QK-norm (section 4). A tiny Qwen3-MoE built from a config (random weights, nothing downloaded)
+# loads into it with `from_qwen3_moe` and gives the same logits.
+
+# %%
+if HAS_TRANSFORMERS:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from helpers.model.frontier import config_from_qwen3_moe, from_qwen3_moe
+
+    torch.manual_seed(0)
+    qwen_config = Qwen3MoeConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
+                                 moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, head_dim=8, num_experts=6,
+                                 num_experts_per_tok=2, max_position_embeddings=32)
+    qwen = Qwen3MoeForCausalLM(qwen_config).eval()
+    with torch.no_grad():
+        for p in qwen.parameters():  # their init leaves the router at 0: give every weight a value
+            p.normal_(0, 0.2) if p.dim() > 1 else p.normal_(1, 0.1)
+        ids = torch.randint(0, 50, (2, 12))
+        ours = from_qwen3_moe(qwen.state_dict(), config_from_qwen3_moe(qwen_config)).eval()
+        gap = (ours(ids) - qwen(ids).logits).abs().max().item()
+    print(f"Qwen3-MoE logits vs ours: max difference < 1e-5: {gap < 1e-5}")
+    assert gap < 1e-5
+else:
+    print("transformers is not installed: tests/test_moe.py runs this comparison where it is")
+
+# %% [markdown]
+# ### 1.6 Balancing the experts
+#
+# Nothing in the language-model loss asks the router to spread the tokens. Early in training a
+# few experts get slightly better, so they are chosen more, so they learn more: the router
+# **collapses** onto them and the other experts waste their parameters. Two cures:
+#
+# - the **Switch Transformer's auxiliary loss** `E · Σ_i f_i · P_i`, where `f_i` is the share of
+#   assignments expert `i` received (not differentiable) and `P_i` the mean router probability of
+#   `i` (differentiable): it is `k` for a uniform router and grows as the router concentrates;
+# - **DeepSeek-V3's loss-free bias**: a per-expert number `b_i` added to the scores *only to choose*
+#   the experts, nudged after each step, `b_i += γ · sign(mean load - load_i)`. No gradient, and
+#   the weights of the chosen experts stay the router's own.
+
+# %% [markdown]
+# ### Exercise: the Switch loss
+#
+# Write `switch_loss(logits, experts, n_experts)`: `logits` `(T, E)`, `experts` `(T, k)` the
+# chosen experts; return the scalar `E · Σ_i f_i P_i` with `f_i` = assignments to `i` / `T`.
+
+# %%
+def switch_loss(logits: torch.Tensor, experts: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """The Switch Transformer's auxiliary loss, a scalar tensor with a gradient to `logits`."""
+    raise NotImplementedError
+
+
+check("frontier_decoder.switch_loss", switch_loss)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Two vectors of length `E`: how often each expert was chosen (counts, divided by `T`), and
+# how much probability the router gave it on average. Their dot product, times `E`.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `f = torch.bincount(experts.flatten(), minlength=n_experts) / T`, `P = logits.softmax(-1).mean(0)`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# def switch_loss(logits: torch.Tensor, experts: torch.Tensor, n_experts: int) -> torch.Tensor:
+#     """The Switch Transformer's auxiliary loss, a scalar tensor with a gradient to `logits`."""
+#     f = torch.bincount(experts.flatten(), minlength=n_experts).float() / logits.shape[0]
+#     p = torch.softmax(logits, dim=-1).mean(dim=0)
+#     return n_experts * (f * p).sum()
+# ### END SOLUTION
+#
+#
+# _ = check("frontier_decoder.switch_loss", switch_loss)
+# ```
+# </details>
+
+# %% [markdown]
+# `MoELayer(balance="aux_loss")` adds this loss the way DeepSeek-V2's code does: an autograd
+# function (`AddAuxLoss`) that returns the layer's output unchanged and, in backward, adds the
+# loss's gradient. Any trainer that backpropagates the language-model loss then trains the
+# router to balance too. `balance="bias"` applies DeepSeek-V3's rule after each training forward.
+#
+# Now train: a 2-layer MoE (8 experts, top-2) on the course corpus, characters as tokens, three
+# ways, and record the share of layer 0's assignments each expert gets at every step. A fair
+# share is `1/8`. `BALANCE_STEPS` is the knob.
+
+# %%
+from helpers.text.chars import CharTokenizer
+from helpers.text.corpus import load_corpus
+from helpers.training.trainer import TrainConfig, Trainer, encode_text, learning_rate, split_stories
+
+BALANCE_STEPS = 40  # the knob: 200 is what the benchmark below runs
+train_text, val_text = split_stories(load_corpus()[:300_000])
+tokenizer = CharTokenizer(sorted(set(train_text + val_text)))
+train_ids, val_ids = encode_text(tokenizer, train_text), encode_text(tokenizer, val_text)
+SIZES = dict(vocab_size=len(tokenizer.chars), context_length=64, n_layers=2, n_heads=4,
+             n_kv_heads=2, d_model=64)
+
+
+def train_steps(config: FrontierConfig, steps: int, lr: float = 3e-3, seed: int = 0,
+                after_step=None) -> tuple[FrontierGPT, Trainer]:
+    """A FrontierGPT trained by notebook 7's Trainer, in float32; after_step(model) after each step."""
+    torch.manual_seed(seed)
+    model = FrontierGPT(config)
+    trainer = Trainer(model, train_ids, val_ids, TrainConfig(
+        batch_size=12, learning_rate=lr, precision="fp32", fast=False, eval_batches=8, seed=seed))
+    for step in range(steps):
+        trainer.train_step(learning_rate((step + 1) / steps, lr))
+        if after_step is not None:
+            after_step(model)
+    return model, trainer
+
+
+shares = {}
+for balance in ("none", "aux_loss", "bias"):
+    record = []
+    train_steps(FrontierConfig(**SIZES, n_experts=8, top_k=2, expert_hidden=64, balance=balance,
+                               aux_coef=0.01, bias_rate=0.01), BALANCE_STEPS,
+                after_step=lambda m, r=record: r.append(m.moe_layers()[0].last_load / (12 * 64 * 2)))
+    shares[balance] = torch.stack(record)                       # (steps, E)
+print("steps recorded per run:", {balance: len(share) for balance, share in shares.items()})
+
+# %%
+fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
+for ax, (balance, share) in zip(axes, shares.items(), strict=True):
+    ax.stackplot(range(1, len(share) + 1), share.T.numpy(), labels=[f"expert {e}" for e in range(8)])
+    ax.set(title=f"balance = {balance!r}", xlabel="training step", ylim=(0, 1))
+axes[0].set_ylabel("share of layer 0's assignments")
+axes[2].legend(loc="center left", bbox_to_anchor=(1, 0.5))
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Routing decisions are discrete, so a run's exact shares can differ between CPUs; the measured
+# numbers come from `python benchmarks/bench_moe.py --part balance --steps 200`, which ran the
+# same three models for 200 steps with seeds 0, 1 and 2 and wrote `data/bench_moe.json`. The busiest expert's share
+# (fair: 0.125, the most possible with top-2: 0.5), averaged over blocks of 20 steps, for seed 0,
+# then over the last 50 steps for every seed:
+
+# %%
+from helpers.text.corpus import data_dir
+
+bench = json.loads((data_dir() / "bench_moe.json").read_text())
+for balance, runs in bench["balance"].items():
+    busiest = torch.tensor(runs["shares"][0]).max(dim=1).values          # (steps,)
+    blocks = busiest.reshape(-1, 20).mean(dim=1)
+    print(f"{balance:9s} seed 0, steps 1-20, 21-40, ...: {', '.join(f'{b:.2f}' for b in blocks)}")
+for balance, runs in bench["balance"].items():
+    busiest = [torch.tensor(run)[-50:].mean(0).max().item() for run in runs["shares"]]
+    print(f"{balance:9s} busiest expert's share, seeds {bench['seeds']}: "
+          f"{', '.join(f'{b:.2f}' for b in busiest)}   val loss "
+          f"{', '.join(f'{v:.3f}' for v in runs['val_loss'])}")
+
+# %% [markdown]
+# ### 1.7 Dense against MoE, three seeds
+#
+# Same benchmark file: three models trained with the same recipe, the same batches and the same
+# number of steps (printed), seeds 0, 1, 2. The MoE (8 experts of width 64, top-2, bias balancing) against a dense
+# SwiGLU of width 128 (**equal active** parameters: what one token pays) and one of width 512
+# (**equal total**: what the model stores). Times per 1,000 training tokens were measured on the
+# machine that ran the benchmark and are shown sanitised (rerun it for yours).
+
+# %%
+print(f"{bench['model_steps']} steps each")
+print(f"{'model':22s} {'total':>8s} {'active':>8s}   val loss (seeds {bench['seeds']})     mean")
+for name, runs in bench["models"].items():
+    losses = runs["val_loss"]
+    print(f"{name:22s} {runs['total_params'][0]:8,d} {runs['active_params'][0]:8,d}   "
+          f"{', '.join(f'{v:.3f}' for v in losses)}   {sum(losses) / len(losses):.3f}")
+for name, runs in bench["models"].items():
+    per_1k = 1000 / (sum(runs["tokens_per_s"]) / len(runs["tokens_per_s"]))
+    print(f"{name:22s} 1,000 training tokens {format_duration(per_1k)}")
+mean = {name: sum(r["val_loss"]) / 3 for name, r in bench["models"].items()}
+speed = {name: sum(r["tokens_per_s"]) / 3 for name, r in bench["models"].items()}
+print("MoE slower per token than dense at equal active:",
+      speed["MoE 8 experts, top-2"] < speed["dense, equal active"])
+moe_runs, active_runs = (bench["models"][n]["val_loss"] for n in ("MoE 8 experts, top-2", "dense, equal active"))
+wins = sum(m < d for m, d in zip(moe_runs, active_runs, strict=True))
+print(f"MoE below dense at equal active on {wins} of 3 seeds; mean below it: "
+      f"{mean['MoE 8 experts, top-2'] < mean['dense, equal active']}; below dense at equal total: "
+      f"{mean['MoE 8 experts, top-2'] < mean['dense, equal total']}")
+for balance, runs in bench["balance"].items():
+    print(f"MoE balanced by {balance!r:10s} val loss mean {sum(runs['val_loss']) / 3:.3f} "
+          f"after {bench['balance_steps']} steps")
+
+# %% [markdown]
+# What a CPU shows at this size: at equal steps the MoE beats the dense model with the same
+# active parameters (on every seed, printed above) and loses to the dense model with the same
+# total parameters: it sits between the two, as expected of a model that stores more than it
+# computes. It needs those steps: after 200 steps it had not yet caught up with the
+# equal-active dense model (the first version of this benchmark). Balancing did not buy loss
+# in the 200-step runs (the last lines): it buys experts that all learn, which pays when the
+# model is large and trained long. Per token the MoE is *slower* than the equal-active dense
+# model: the router, the sort, the scatter and eight small products cost
+# more than one product of the same work. nanochat's author found MoE loses on wall clock at
+# small scale too. MoE wins when the MLP's products dominate, run as grouped GEMMs, and the
+# experts are spread over many devices (next section), with enough tokens per expert to keep
+# each busy; none of that holds for a 2-layer model of width 64 on two CPU cores.
+
+# %% [markdown]
+# ### 1.8 Expert parallelism: the all-to-all
+#
+# DeepSeek-V3 has 256 experts per layer; no device holds them all. With expert parallelism each
+# of `W` ranks holds `E / W` experts and its own tokens. A MoE layer then runs in four steps:
+# route locally; **all-to-all** every assignment's token vector to the rank that holds its expert;
+# run the local experts; **all-to-all** the results back and sum them per token.
+# `helpers.scale.expert_parallel.expert_parallel_step` does exactly that inside two real worker
+# processes (notebook 11's `Workers`), and compares with the whole layer run in one process.
+
+# %%
+from helpers.scale.expert_parallel import expert_parallel_step
+from helpers.scale.workers import Workers
+
+with Workers(world_size=2, timeout=120.0) as workers:
+    results = workers.run(expert_parallel_step)
+for rank, result in enumerate(results):
+    print(f"rank {rank}: sent {result['rows_sent']} rows, computed {result['rows_computed']}, "
+          f"max difference from one process < 1e-6: {result['max_error'] < 1e-6}")
+assert all(r["max_error"] < 1e-6 for r in results)
+assert sum(r["rows_computed"] for r in results) == 2 * 16 * 2   # every assignment computed once
+
+# %% [markdown]
+# ## 2. Multi-head latent attention (DeepSeek-V2, V3)
+#
+# Notebook 5 counted the KV cache: every layer stores every head's key and value for every
+# token. GQA and MQA shrink it by sharing heads. DeepSeek's **MLA** instead compresses: each token
+# is projected to one latent `c = RMSNorm(W_DKV x)` of rank `r` (512 in DeepSeek-V3, against a
+# width of 7168), and every head's key and value are rebuilt from it, `k_h = W_UK_h c`,
+# `v_h = W_UV_h c`. The cache holds `c` only, plus a small **decoupled RoPE key** (64 numbers,
+# shared by all heads), because a rotation depends on the position and cannot be folded into a
+# fixed matrix.
+#
+# ### 2.1 Naive, then absorbed
+#
+# The naive form rebuilds every head's keys from the cache at every step: no memory saved in
+# compute. The trick is in the score: `q_h · (W_UK_h c) = (W_UK_hᵀ q_h) · c`. Multiply the query
+# by `W_UK_hᵀ` once, and it meets the latents directly. On the output side, `Σ_j a_j W_UV_h c_j =
+# W_UV_h Σ_j a_j c_j`: sum the latents first, project once. By hand, for one head:
+
+# %%
+torch.manual_seed(0)
+r, d_nope, n_keys = 6, 4, 5
+q = torch.randn(d_nope)                  # one head's query (its non-rotated part)
+w_uk = torch.randn(d_nope, r)            # that head's key up-projection
+latents = torch.randn(n_keys, r)         # the cache: one latent per earlier token
+naive_scores = (latents @ w_uk.T) @ q    # rebuild every key, then dot with q
+absorbed_scores = latents @ (w_uk.T @ q) # absorb W_UK into the query, dot with the latents
+print(f"naive vs absorbed scores: max difference < 1e-5: {(naive_scores - absorbed_scores).abs().max() < 1e-5}")
+assert torch.allclose(naive_scores, absorbed_scores, atol=1e-5)
+
+# %% [markdown]
+# ### Exercise: absorb the key up-projection
+#
+# For all heads at once: `q_nope` `(B, H, N, d_nope)` and `w_uk` `(H, d_nope, r)`; return the
+# queries in the latent space, `(B, H, N, r)`.
+
+# %%
+def absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
+    """q_nope (B, H, N, d_nope), w_uk (H, d_nope, r) -> W_UK_h^T q for every head, (B, H, N, r)."""
+    raise NotImplementedError
+
+
+check("frontier_decoder.absorb_query", absorb_query)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Head `h`'s query is multiplied by head `h`'s matrix: the head index is shared, `d_nope` is summed.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `torch.einsum("bhnd,hdr->bhnr", q_nope, w_uk)`, or `q_nope @ w_uk` (broadcasting `(H, d, r)`
+# against `(B, H, N, d)`).
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# def absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
+#     """q_nope (B, H, N, d_nope), w_uk (H, d_nope, r) -> W_UK_h^T q for every head, (B, H, N, r)."""
+#     return torch.einsum("bhnd,hdr->bhnr", q_nope, w_uk)
+# ### END SOLUTION
+#
+#
+# _ = check("frontier_decoder.absorb_query", absorb_query)
+# ```
+# </details>
+
+# %% [markdown]
+# `helpers.model.mla.LatentAttention` holds the whole layer with DeepSeek's names: `forward` is
+# the naive form, `forward_absorbed` the absorbed one, which also grows the latent cache token by
+# token. Both agree, and the token-by-token cache agrees with a full pass:
+
+# %%
+from helpers.model.mla import DEEPSEEK_V3, LatentAttention, cache_values_per_token
+from helpers.model.modern import RopeTable
+
+torch.manual_seed(0)
+mla = LatentAttention(d_model=64, n_heads=4, kv_rank=16, rope_dim=8, nope_dim=16, v_dim=16, q_rank=32)
+table = RopeTable.build(8, 32)
+x_mla = torch.randn(2, 10, 64)
+with torch.no_grad():
+    naive = mla(x_mla, table)
+    absorbed, (c_cache, k_rope_cache) = mla.forward_absorbed(x_mla, table)
+    cache, steps = None, []
+    for t in range(10):
+        out, cache = mla.forward_absorbed(x_mla[:, t:t + 1], table, cache)
+        steps.append(out)
+print(f"naive vs absorbed: max difference < 1e-5: {(naive - absorbed).abs().max() < 1e-5}")
+print(f"token by token with the latent cache vs full pass < 1e-5: "
+      f"{(torch.cat(steps, 1) - naive).abs().max() < 1e-5}")
+print("cached per token:", c_cache.shape[-1], "latent +", k_rope_cache.shape[-1], "RoPE key =",
+      c_cache.shape[-1] + k_rope_cache.shape[-1], "numbers; MHA with these heads would cache",
+      2 * 4 * 16)
+assert torch.allclose(naive, absorbed, atol=1e-5) and torch.allclose(torch.cat(steps, 1), naive, atol=1e-5)
+
+# %% [markdown]
+# ### 2.2 Cache bytes per token at DeepSeek-V3's sizes
+#
+# DeepSeek-V3's config: 61 layers, 128 heads of 128, `kv_lora_rank` 512, `qk_rope_head_dim` 64.
+# DeepSeek-V2's paper (table 1) compares, per token and layer: MHA `2 n_h d_h`, GQA `2 n_g d_h`,
+# MQA `2 d_h`, MLA `d_c + d_R`, which it writes as `9/2 d_h`. In bf16 (2 bytes), over all layers:
+
+# %%
+print(f"{'attention':22s} {'numbers/token':>14s} {'bytes/token':>12s} {'GiB at 128k tokens':>19s}")
+for kind, label in (("mha", "MHA, 128 heads"), ("gqa", "GQA, 8 groups"), ("mqa", "MQA"),
+                    ("mla", "MLA, r=512 + 64")):
+    values = cache_values_per_token(kind, DEEPSEEK_V3)
+    print(f"{label:22s} {values:14,d} {2 * values:12,d} {2 * values * 131072 / 2**30:19.1f}")
+ratio = cache_values_per_token("mha", DEEPSEEK_V3) / cache_values_per_token("mla", DEEPSEEK_V3)
+print(f"MLA caches {ratio:.1f}x less than MHA, and {cache_values_per_token('gqa', DEEPSEEK_V3) / cache_values_per_token('mla', DEEPSEEK_V3):.2f}x less than GQA with 8 groups")
+
+# %% [markdown]
+# MLA caches less than GQA with 8 groups and a bit more than twice MQA's 256 numbers per layer,
+# while every head still gets its own key and value. The price: the up-projections' products at every step,
+# which the absorbed form turns into products in the latent space.
+#
+# ### 2.3 Equal to `transformers`' DeepSeek-V3
+#
+# `helpers.model.deepseek.DeepSeekGPT` puts `LatentAttention` and a sigmoid-routed `MoELayer`
+# with a shared expert (and `routed_scaling_factor` 2.5) together; its first layer is dense, as
+# DeepSeek-V3's first three are. A tiny `DeepseekV3ForCausalLM` (one expert group; V3 has 8, a
+# restriction on which experts may be chosen) loads into it, naive and absorbed:
+
+# %%
+if HAS_TRANSFORMERS:
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    from helpers.model.deepseek import config_from_deepseek_v3, from_deepseek_v3
+
+    torch.manual_seed(0)
+    ds_config = DeepseekV3Config(
+        vocab_size=50, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=6,
+        n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
+        kv_lora_rank=12, q_lora_rank=24, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
+        max_position_embeddings=32)
+    deepseek = DeepseekV3ForCausalLM(ds_config).eval()
+    with torch.no_grad():
+        for p in deepseek.parameters():
+            p.normal_(0, 0.2) if p.dim() > 1 else p.normal_(1, 0.1)
+        ids = torch.randint(0, 50, (2, 12))
+        ours = from_deepseek_v3(deepseek.state_dict(), config_from_deepseek_v3(ds_config)).eval()
+        reference = deepseek(ids).logits
+        gaps = [(ours(ids, absorbed=a) - reference).abs().max().item() for a in (False, True)]
+    print(f"DeepSeek-V3 logits vs ours, naive < 1e-5: {gaps[0] < 1e-5}, absorbed < 1e-5: {gaps[1] < 1e-5}")
+    assert max(gaps) < 1e-5
+else:
+    print("transformers is not installed: tests/test_mla.py runs this comparison where it is")
+
+# %% [markdown]
+# ## 3. Sliding windows and a ring-buffer cache
+#
+# A **sliding-window** layer lets each query see only the last `W` keys (its own included):
+# notebook 4's local mask, as a band. Its cache then never needs more than `W` tokens. Write them
+# in a **ring buffer** of `W` slots: token `t` goes to slot `t mod W`, overwriting token `t - W`,
+# which no later query can see anyway.
+
+# %%
+from helpers.model.sliding import (
+    RingKVCache,
+    banded_mask,
+    layer_kinds,
+    pattern_cache_bytes,
+    ring_slot,
+)
+
+print(banded_mask(6, 3).int())
+print("slots of tokens 0..9 in a ring of 4:", [ring_slot(t, 4) for t in range(10)])
+
+# %% [markdown]
+# ### Exercise: the ring buffer's read order
+#
+# After `length` tokens have been written into a ring of `window` slots, which slots hold the
+# visible tokens, oldest first? (`RingKVCache.append` reads them in this order.)
+
+# %%
+def ring_order(length: int, window: int) -> list[int]:
+    """The slots of the last min(length, window) tokens, oldest first."""
+    raise NotImplementedError
+
+
+check("frontier_decoder.ring_order", ring_order)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# The visible tokens are the last `min(length, window)` ones; each lives at its position mod the window.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `n = min(length, window)`; `[t % window for t in range(length - n, length)]`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# def ring_order(length: int, window: int) -> list[int]:
+#     """The slots of the last min(length, window) tokens, oldest first."""
+#     n = min(length, window)
+#     return [t % window for t in range(length - n, length)]
+# ### END SOLUTION
+#
+#
+# _ = check("frontier_decoder.ring_order", ring_order)
+# ```
+# </details>
+
+# %% [markdown]
+# Decoding token by token through a `RingKVCache` gives the same outputs as full attention with
+# the banded mask, while the cache stays at `W` slots:
+
+# %%
+torch.manual_seed(0)
+WINDOW, STEPS = 4, 12
+q, k, v = (torch.randn(1, 2, STEPS, 8) for _ in range(3))
+scores = (q @ k.transpose(-2, -1) / 8 ** 0.5).masked_fill(~banded_mask(STEPS, WINDOW), float("-inf"))
+banded = torch.softmax(scores, -1) @ v
+ring = RingKVCache(1, 2, WINDOW, 8)
+outs = []
+for t in range(STEPS):
+    keys, values = ring.append(k[:, :, t:t + 1], v[:, :, t:t + 1])
+    outs.append(torch.softmax(q[:, :, t:t + 1] @ keys.transpose(-2, -1) / 8 ** 0.5, -1) @ values)
+print(f"ring buffer vs banded mask: max difference < 1e-6: {(torch.cat(outs, 2) - banded).abs().max() < 1e-6}")
+print(f"cache after {STEPS} tokens: {ring.keys.shape[2]} slots, {ring.nbytes} bytes")
+assert torch.allclose(torch.cat(outs, 2), banded, atol=1e-6)
+
+# %% [markdown]
+# ### 3.1 Gemma 3: five local layers for one global
+#
+# A model of sliding layers only cannot see past `W · L` tokens. Gemma 3 interleaves: five local
+# layers (window 1024), then one global layer that sees everything. Gemma 3 4B has 34 layers,
+# 4 key/value heads of 256. Its cache at 128k tokens, against all-global layers:
+
+# %%
+GEMMA3_4B = dict(n_layers=34, n_kv_heads=4, head_dim=256, window=1024)
+kinds = layer_kinds(GEMMA3_4B["n_layers"], local_per_global=5)
+print("layers:", "".join("G" if kind == "global" else "l" for kind in kinds),
+      f"({kinds.count('global')} global)")
+for n_tokens in (4096, 32768, 131072):
+    mixed = pattern_cache_bytes(kinds, n_tokens, GEMMA3_4B["window"], 4, 256)
+    full = pattern_cache_bytes(["global"] * 34, n_tokens, GEMMA3_4B["window"], 4, 256)
+    print(f"{n_tokens:7,d} tokens: all global {full / 2**30:5.2f} GiB, 5:1 pattern "
+          f"{mixed / 2**30:5.2f} GiB ({full / mixed:.1f}x less)")
+
+# %% [markdown]
+# ### See it move: window and pattern against the cache
+#
+# Cache size of one 128k-token sequence for Gemma 3 4B's sizes as the window and the number of
+# local layers per global change. A window of 0 is refused (a query must see itself).
+
+# %%
+def draw_cache(window: int = 1024, local_per_global: int = 5) -> dict:
+    lengths = torch.linspace(1024, 131072, 64).int().tolist()
+    kinds = layer_kinds(34, local_per_global)
+    mixed = [pattern_cache_bytes(kinds, n, window, 4, 256) / 2**30 for n in lengths]
+    full = [pattern_cache_bytes(["global"] * 34, n, window, 4, 256) / 2**30 for n in lengths]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot(lengths, full, label="all 34 layers global")
+    ax.plot(lengths, mixed, label=f"{local_per_global} local (window {window}) per global")
+    ax.set(xlabel="tokens in the sequence", ylabel="KV cache (GiB, bf16)",
+           title=f"Gemma 3 4B's sizes: {mixed[-1]:.2f} GiB at 128k tokens")
+    ax.legend()
+    return {"at_128k": mixed[-1]}
+
+
+draw_cache()
+plt.show()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# The widget's output holds model ids that change on every run; the figure above is the same drawing.
+cache_explorer = Explorer(
+    draw_cache,
+    window=widgets.IntSlider(value=1024, min=128, max=8192, step=128, description="window"),
+    local_per_global=widgets.IntSlider(value=5, min=0, max=11, description="local per global"),
+)
+cache_explorer
+
+# %%
+before = cache_explorer.last
+after = cache_explorer.set(window=4096)
+assert after["at_128k"] > before["at_128k"]
+print("redraws so far:", cache_explorer.redraws)
+try:
+    banded_mask(8, 0)
+except ValueError as error:
+    print("window 0:", error)
+
+# %% [markdown]
+# ## 4. QK-norm and RoPE scaling
+#
+# ### 4.1 QK-norm
+#
+# Nothing bounds a score `q · k / sqrt(D_H)`: as the weights grow during training, the logits
+# grow, the softmax saturates (notebook 3) and training can diverge. Gemma 2 capped the logits
+# with `c · tanh(s / c)`; Qwen3, Gemma 3 and OLMo 2 instead apply an RMSNorm to every query and key
+# head before RoPE (**QK-norm**), which bounds `|q · k| / sqrt(D_H)` by the norms' learned gains.
+# Two dense models, same seed and a high learning rate, with and without it; we record each
+# step's largest attention logit:
+
+# %%
+QK_STEPS = 60  # the knob
+logit_growth = {}
+for qk_norm in (False, True):
+    record = []
+    train_steps(FrontierConfig(**SIZES, mlp_hidden=128, qk_norm=qk_norm), QK_STEPS, lr=2e-2,
+                after_step=lambda m, r=record: r.append(max(b.attn.last_max_logit for b in m.blocks)))
+    logit_growth[qk_norm] = record
+    print(f"qk_norm={qk_norm!s:5s} largest |logit| at step 1 below 5: {record[0] < 5}, "
+          f"at the last step {'above' if record[-1] > 10 else 'below'} 10")
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 4))
+for qk_norm, record in logit_growth.items():
+    ax.plot(range(1, len(record) + 1), record, label=f"QK-norm {'on' if qk_norm else 'off'}")
+ax.set(xlabel="training step", ylabel="largest |q·k| / sqrt(D_H)", yscale="log",
+       title="Attention logits during training (learning rate 2e-2)")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# ### 4.2 RoPE scaling: train at 64, read at 512
+#
+# Notebook 9 found RoPE breaks past its training length: the slow pairs reach angles they never
+# saw. **Llama 3.1** divides the frequencies of the slow pairs by a factor (fast pairs unchanged, a
+# blend between); **YaRN** does the same with a ramp and also scales the logits by
+# `0.1 ln(factor) + 1`. Both are normally followed by a short finetune at the longer length;
+# here we only swap the table of a model trained at 64 tokens (factor 8, so 512 = 8 × 64) and
+# measure the loss of the last 64 positions at each length. `helpers.model.sliding` holds both
+# (`llama3_inv_freq`, `yarn_inv_freq`, equal to `transformers`' in tests/test_sliding.py).
+
+# %%
+import dataclasses
+
+ROPE_STEPS = 100  # the knob
+base_config = FrontierConfig(**SIZES, mlp_hidden=128, qk_norm=True)
+rope_model, _ = train_steps(base_config, ROPE_STEPS)
+rope_model.eval()
+generator = torch.Generator().manual_seed(123)
+starts = torch.randint(0, len(val_ids) - 513, (16,), generator=generator)
+rope_losses = {}
+for scaling in (None, "llama3", "yarn"):
+    config = dataclasses.replace(base_config, rope_scaling=scaling, rope_factor=8.0, original_context=64)
+    scaled = FrontierGPT(config)
+    scaled.load_state_dict(rope_model.state_dict())
+    scaled.eval()
+    for length in (64, 128, 256, 512):
+        xs = torch.stack([val_ids[s:s + length] for s in starts])
+        ys = torch.stack([val_ids[s + 1:s + length + 1] for s in starts])
+        with torch.no_grad():
+            logits = scaled(xs)[:, -64:]
+        rope_losses[(scaling, length)] = F.cross_entropy(logits.flatten(0, 1), ys[:, -64:].flatten()).item()
+print(f"{'RoPE':8s}" + "".join(f"{n:>8d}" for n in (64, 128, 256, 512)))
+for scaling in (None, "llama3", "yarn"):
+    print(f"{scaling or 'plain':8s}" + "".join(f"{rope_losses[(scaling, n)]:8.1f}" for n in (64, 128, 256, 512)))
+moved = {s: rope_losses[(s, 512)] - rope_losses[(s, 64)] for s in (None, "llama3", "yarn")}
+print("loss rise from 64 to 512 tokens, plain RoPE larger than with Llama 3 scaling:",
+      moved[None] > moved["llama3"])
+
+# %% [markdown]
+# Without scaling, the loss climbs as the window grows past the 64 tokens the model was trained
+# at. Swapping the table without any finetuning flattens that climb (the slow pairs stay inside
+# the angles they saw; YaRN ends lowest at 512 in the table), but it also changes the angles the
+# model learned at 64, so the short-context loss rises: this is why Llama 3.1 and YaRN finetune
+# briefly after the swap, which this small run does not.
+
+# %% [markdown]
+# ## Check your understanding
+#
+# **1. Mixtral and Qwen3-MoE route the same logits to the same experts. Do they give them the same
+# weights?**
+#
+# <details><summary>Answer</summary>
+#
+# No. Mixtral takes a softmax over the `k` chosen logits, so its weights sum to 1; Qwen3-MoE
+# (with `norm_topk_prob=False`) keeps the softmax over all `E` experts, so they sum to less
+# (section 1.1 printed 1.0 against 0.8337 for the same token). The chosen experts are the same
+# because the softmax keeps the order of the logits.
+# </details>
+#
+# **2. Why does a router collapse without balancing, and how do the two cures differ?**
+#
+# <details><summary>Answer</summary>
+#
+# The experts chosen early get the gradient, improve, and are chosen more: a rich-get-richer loop
+# (section 1.6 measured the busiest expert's share without balancing). The Switch loss adds a
+# gradient that pushes probability away from busy experts, which also disturbs the language
+# model's own gradient; DeepSeek-V3's bias only shifts which experts are chosen, with no gradient,
+# and leaves the weights of the chosen ones untouched.
+# </details>
+#
+# **3. A MoE with 8 experts, top-2, has about the active parameters of a dense model of width
+# 128 and the total of one of width 512. Which does it beat, on this CPU?**
+#
+# <details><summary>Answer</summary>
+#
+# At equal steps it beats the equal-active dense model on all three seeds and loses to the
+# equal-total one (section 1.7). But it is slower per token than the equal-active dense model,
+# because routing, sorting and many small products cost more than one large product on a CPU:
+# at equal *time* on this CPU its advantage shrinks or vanishes. MoE pays at scale.
+# </details>
+#
+# **4. Why does DeepSeek cache a latent instead of keys and values, and why is there a separate RoPE key?**
+#
+# <details><summary>Answer</summary>
+#
+# Every head's key and value are linear functions of the latent, so the cache only needs the
+# latent (512 numbers per layer in DeepSeek-V3, against 32,768 for 128 heads of keys and values),
+# and the up-projections can be absorbed into the query and the output. A rotation depends on
+# the position, so it cannot be absorbed into a fixed matrix: a small key of 64 numbers carries
+# RoPE separately, shared by all heads. Section 2.2 printed the ratio to MHA.
+# </details>
+#
+# **5. What does a ring buffer of `W` slots store after `t > W` tokens, and why is that enough?**
+#
+# <details><summary>Answer</summary>
+#
+# The last `W` tokens, token `s` in slot `s mod W`. A sliding-window layer's query at `t` sees keys
+# `t - W + 1 ... t` only, so older tokens can be overwritten; section 3 proved decoding through
+# the ring equal to the banded mask.
+# </details>
+#
+# **6. What parallelises in a MoE layer, and what has to travel?** (the USF notes' question on what
+# parallelises, for the newest layer)
+#
+# <details><summary>Answer</summary>
+#
+# The experts are independent: each rank can hold some of them (expert parallelism). The tokens
+# then travel twice per layer, in an all-to-all to their experts' ranks and back; section 1.8
+# proved the two-process result equal to one process.
+# </details>
