@@ -78,17 +78,6 @@ def test_head_dim_128_and_several_heads():
     torch.testing.assert_close(out.double(), reference(q, k, v, True), rtol=0, atol=2e-5)
 
 
-def test_queries_that_see_no_key_get_zeros_not_nan():
-    q, k, v = random_qkv(40, 24, 16, torch.float32)
-    out, lse = triton_attention(q, k, v, causal=True, block_q=16, block_k=16)
-    hidden = 40 - 24  # query i sees keys j <= i - 16: the first 16 queries see none
-    assert not out.isnan().any()
-    assert torch.equal(out[:, :, :hidden], torch.zeros_like(out[:, :, :hidden]))
-    assert lse[:, :, :hidden].eq(float("-inf")).all() and lse[:, :, hidden:].isfinite().all()
-    expected, _ = tiled.tiled_attention_fa2(*(t.double() for t in (q, k, v)), causal=True)
-    torch.testing.assert_close(out.double(), expected, rtol=0, atol=2e-5)
-
-
 def test_non_contiguous_inputs_are_read_through_their_strides():
     gen = torch.Generator().manual_seed(5)
     # (B, N, H, d), as a fused projection lays heads out, viewed as (B, H, N, d) without a copy
@@ -151,11 +140,13 @@ def naive_gradients(q, k, v, upstream, causal: bool):
 @pytest.mark.parametrize("n_q, n_k, d", [
     (45, 45, 16),    # ragged: 45 is not a multiple of the 32-row tile
     (20, 50, 32),    # fewer queries than keys
-    (50, 20, 16),    # more queries than keys: when causal, the first 30 see no key
+    (50, 20, 16),    # more queries than keys (not causal: refused there, as on the plain path)
     (33, 33, 80),    # head dim padded to 128 inside
     (16, 40, 128),   # the largest head dim
 ])
 def test_gradients_match_autograd_through_naive_attention(dtype, causal, n_q, n_k, d):
+    if causal and n_q > n_k:
+        pytest.skip("causal with more queries than keys is refused, as on the plain path")
     q, k, v = (t.requires_grad_() for t in random_qkv(n_q, n_k, d, dtype, seed=1))
     upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
     out, _ = triton_attention(q, k, v, causal=causal)
@@ -237,6 +228,8 @@ def test_causal_forward_skips_the_tiles_above_the_diagonal():
     (45, 45, 16, 32), (40, 100, 32, 32), (100, 40, 32, 16), (64, 64, 32, 64), (1, 77, 16, 16)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_key_tiles_counted_by_the_kernel_follow_the_diagonal(n_q, n_k, block_q, block_k, causal):
+    if causal and n_q > n_k:
+        pytest.skip("causal with more queries than keys is refused, as on the plain path")
     counted = key_tiles_visited(n_q, n_k, causal, block_q=block_q, block_k=block_k)
     assert counted == expected_key_tiles(n_q, n_k, causal, block_q, block_k)
 

@@ -242,7 +242,8 @@ class ScriptedDecoder:
     has 0.4 x 0.95 = 0.38, and only a search that keeps the second choice of step 1 finds it.
     """
 
-    config = type("Config", (), {"target_vocab_size": 5, "pad_id": 0, "bos_id": 1, "eos_id": 2})()
+    config = type("Config", (), {"target_vocab_size": 5, "pad_id": 0, "bos_id": 1, "eos_id": 2,
+                                 "context_length": 16})()
     TABLE = {(1,): [0, 0, 0, 0.6, 0.4], (1, 3): [0, 0, 0.30, 0.36, 0.34], (1, 4): [0, 0, 0.95, 0.025, 0.025]}
 
     def encode(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -886,7 +886,8 @@ print("loss rise from 64 to 512 tokens, plain RoPE larger than with Llama 3 scal
 # model's own gradient; DeepSeek-V3's bias only shifts which experts are chosen, with no gradient,
 # and leaves the weights of the chosen ones untouched.
 # </details>
-#
+
+# %% [markdown]
 # **3. A MoE with 8 experts, top-2, has about the active parameters of a dense model of width
 # 128 and the total of one of width 512. Which does it beat, on this CPU?**
 #
@@ -908,7 +909,8 @@ print("loss rise from 64 to 512 tokens, plain RoPE larger than with Llama 3 scal
 # the position, so it cannot be absorbed into a fixed matrix: a small key of 64 numbers carries
 # RoPE separately, shared by all heads. Section 2.2 printed the ratio to MHA.
 # </details>
-#
+
+# %% [markdown]
 # **5. What does a ring buffer of `W` slots store after `t > W` tokens, and why is that enough?**
 #
 # <details><summary>Answer</summary>

@@ -754,7 +754,8 @@ print(f"the whole notebook: {format_duration(time.perf_counter() - NOTEBOOK_STAR
 # does by memorising answers. Every stage is a few lines around a loss, and the knobs
 # (`PRETRAIN_STEPS`, `SFT_STEPS`, `DPO_STEPS`, `GRPO_STEPS`, the benchmark's steps and seeds)
 # are there to find out how much of this is the budget.
-#
+
+# %% [markdown]
 # ## Check your understanding
 #
 # **1. Why does DPO (and GRPO) need a reference model?**
@@ -778,7 +779,8 @@ print(f"the whole notebook: {format_duration(time.perf_counter() - NOTEBOOK_STAR
 # perturbation of it. A cannot also be zero: the gradient of B is (gradient of y) times A x, so
 # with both zero neither would ever move.
 # </details>
-#
+
+# %% [markdown]
 # **3. What does the KL term prevent?**
 #
 # <details><summary>Answer</summary>

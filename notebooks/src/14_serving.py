@@ -864,7 +864,7 @@ def loss_and_logits(model: GPT) -> tuple[float, torch.Tensor]:
         out = model(x_val)
     return F.cross_entropy(out.flatten(0, 1), y_val.flatten()).item(), out
 
-
+# %%
 from helpers.serve.quantize import QuantizedLinear
 
 
@@ -959,7 +959,8 @@ print(f"1024 x 1024 weights: {big.numel() * 4:,} bytes in float32, {q8.numel() +
 # code would have to track a different "last real token" per row). Left padding puts every row's
 # last real token in the last column.
 # </details>
-#
+
+# %% [markdown]
 # 3. A request of 1,000 tokens in blocks of 16: how many blocks, and how many slots are wasted?
 #
 # <details><summary>Answer</summary>

@@ -43,6 +43,11 @@ def layer_norm(student: Callable[..., torch.Tensor]) -> str:
         if torch.allclose(got, outside, atol=1e-5):
             raise ExerciseFailed("eps is added outside the square root: sqrt(variance) + eps. "
                                  "LayerNorm uses sqrt(variance + eps).")
+        without_eps = centred / centred.pow(2).mean(-1, keepdim=True).sqrt() * weight + bias
+        if torch.allclose(got, without_eps, atol=1e-5):
+            raise ExerciseFailed("eps is missing: on tokens this small it decides the result, and a "
+                                 "constant token would divide by 0. eps must go inside the square root, "
+                                 "sqrt(variance + eps).")
     expect_close(got, F.layer_norm(tiny, (8,), weight, bias, eps), "layer_norm of tiny tokens", atol=1e-4)
     constant = torch.full((2, 8), 3.0)
     flat = student(constant, torch.ones(8), torch.zeros(8), eps)
