@@ -7,15 +7,21 @@ idea in plain code first, then switches to the helper and checks the two agree.
     timing      wall-clock timing; at the top because scale measures its collectives with it
     text/       tokenizers (chars, bpe, subword, gpt2_tokenizer) and the corpora  nb 1, 7
     model/      embeddings, attention, multihead, layers, fused, kv_cache, gpt,
-                generation, checkpoints, gpt2, modern (RoPE ... Llama)            nb 2-7, 9
+                generation, checkpoints, gpt2, modern (RoPE ... GQA), llama   nb 2-7, 9
+                and the 2025-2026 decoder: moe, mla, sliding, frontier, deepseek nb 12
     flash/      tiled attention, Triton kernels, cost model, memory profiling    nb 8
-    training/   the loop (trainer) and its speed machinery (speed)               nb 7
-    families/   translation task, seq2seq, GRU, masked LM                        nb 10
-    scale/      workers and collectives, data parallel, ZeRO-1, tensor parallel  nb 11
-    lab/        what only notebooks use: set-up, plots, widgets, exercises, own text
+    training/   the loop (trainer, guards) and its speed machinery (speed)       nb 7
+    families/   translation task, seq2seq, GRU (with attention), masked LM       nb 10
+    scale/      workers and collectives, data parallel, ZeRO-1, tensor and
+                expert parallel                                                  nb 11, 12
+    post/       after pretraining: tasks, classify, lora, sft, dpo, grpo         nb 13
+    serve/      serving: sampling, batching, paged cache, scheduler,
+                speculative decoding, quantization                               nb 14
+    lab/        what only notebooks use: set-up, plots, widgets, exercises, the
+                notes' tables, own text
 
 Arrows run one way: checks and timing <- text <- model <- (flash, training) <- (families,
-scale) <- lab <- notebooks. Nothing in model imports training; nothing below lab imports plots,
+scale, post, serve) <- lab <- notebooks. Nothing in model imports training; nothing below lab imports plots,
 widgets or exercises; tests/test_layout.py draws the import graph and fails on a circle or an
 arrow against this order. `timing` sits beside `checks` rather than in lab because the scale
 workers time their collectives with it. Each subpackage's `__init__.py` lists its modules and
