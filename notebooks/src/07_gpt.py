@@ -820,7 +820,7 @@ plt.show()
 #
 # ### Train
 #
-# `TRAIN_STEPS`, at the top of the next cell, is the knob: the default trains in well under a minute on a 2-core laptop; more
+# `TRAIN_STEPS`, at the top of the next cell, is the knob: the default trains in about a minute on a 2-core laptop in float32; more
 # steps give better stories. The progress bar and the loss plot update as it
 # runs (the plot redraws at every evaluation).
 
