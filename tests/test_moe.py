@@ -208,3 +208,15 @@ def test_bench_moe_short_run_writes_its_table(tmp_path):
     assert abs(moe["active_params"][0] - dense["active_params"][0]) < 0.05 * dense["active_params"][0]
     assert len(result["balance"]["none"]["shares"][0]) == 3
     assert all(abs(sum(step) - 1) < 1e-3 for step in result["balance"]["bias"]["shares"][0])
+
+
+def test_copy_named_weights_names_a_missing_entry_and_a_wrong_shape():
+    from helpers.model.frontier import copy_named_weights
+
+    ours = {"w": torch.zeros(2, 3)}
+    copy_named_weights(ours, {"their.w": torch.ones(2, 3)}, {"w": "their.w"})
+    assert torch.equal(ours["w"], torch.ones(2, 3))
+    with pytest.raises(KeyError, match="state_dict has no 'their.w', expected it for w"):
+        copy_named_weights(ours, {}, {"w": "their.w"})
+    with pytest.raises(ValueError, match=r"has shape \(3, 2\), expected \(2, 3\) for w"):
+        copy_named_weights(ours, {"their.w": torch.ones(3, 2)}, {"w": "their.w"})

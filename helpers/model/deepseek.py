@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from helpers import checks
 from helpers.model.embeddings import check_token_ids
+from helpers.model.frontier import copy_named_weights
 from helpers.model.layers import SwiGLUFeedForward
 from helpers.model.mla import LatentAttention
 from helpers.model.modern import RMSNorm, RopeTable
@@ -171,11 +172,5 @@ def from_deepseek_v3(state_dict: Mapping[str, Tensor], config: DeepSeekConfig,
         names |= {f"{b}mlp.shared.{ours}.weight": f"{p}mlp.shared_experts.{ours}_proj.weight"
                   for ours in ("gate", "up", "down")}
     ours = dict(model.named_parameters()) | dict(model.named_buffers())
-    for our_name, their_name in names.items():
-        if their_name not in src:
-            raise KeyError(f"state_dict has no {their_name!r}, expected it for {our_name}")
-        if tuple(src[their_name].shape) != tuple(ours[our_name].shape):
-            raise ValueError(f"state_dict[{their_name!r}] has shape {tuple(src[their_name].shape)}, "
-                             f"expected {tuple(ours[our_name].shape)} for {our_name}")
-        ours[our_name].copy_(src[their_name])
+    copy_named_weights(ours, src, names)
     return model

@@ -272,6 +272,16 @@ def from_qwen3_moe(state_dict: Mapping[str, Tensor], config: FrontierConfig) -> 
             source[f"{key}.gate"], source[f"{key}.up"] = source[key].chunk(2, dim=1)
         names[f"blocks.{i}.mlp.experts.gate"] = f"{key}.gate"
         names[f"blocks.{i}.mlp.experts.up"] = f"{key}.up"
+    copy_named_weights(ours, source, names)
+    return model
+
+
+def copy_named_weights(ours: Mapping[str, Tensor], source: Mapping[str, Tensor],
+                       names: Mapping[str, str]) -> None:
+    """Copy source[their name] into ours[our name] for every pair in `names`, in place.
+
+    A missing entry (KeyError) or a shape that differs (ValueError) is named before it is copied.
+    """
     for our_name, their_name in names.items():
         if their_name not in source:
             raise KeyError(f"state_dict has no {their_name!r}, expected it for {our_name}")
@@ -279,4 +289,3 @@ def from_qwen3_moe(state_dict: Mapping[str, Tensor], config: FrontierConfig) -> 
             raise ValueError(f"state_dict[{their_name!r}] has shape {tuple(source[their_name].shape)}, "
                              f"expected {tuple(ours[our_name].shape)} for {our_name}")
         ours[our_name].copy_(source[their_name])
-    return model
