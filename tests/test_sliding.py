@@ -107,3 +107,20 @@ def test_sliding_model_sees_nothing_past_its_window():
 def test_bad_input_raises_a_clear_error(call, message):
     with pytest.raises((ValueError, TypeError), match=message):
         call()
+
+
+def test_qk_norm_attention_names_bad_shapes_and_masks():
+    from helpers.model.sliding import qk_norm_attention
+
+    q = k = v = torch.randn(1, 2, 4, 8)
+    gain, mask = torch.ones(8), torch.ones(4, 4, dtype=torch.bool)
+    out, largest = qk_norm_attention(q, k, v, gain, gain, mask)
+    assert out.shape == (1, 2, 4, 8) and largest <= 8 ** 0.5 + 1e-4  # |q.k| <= D_H after RMS-norm
+    with pytest.raises(ValueError, match=r"expected \(B, H, N, D_H\)"):
+        qk_norm_attention(q[0], k, v, gain, gain, mask)
+    with pytest.raises(ValueError, match=r"q_weight has shape \(4,\), expected \(8,\)"):
+        qk_norm_attention(q, k, v, torch.ones(4), gain, mask)
+    with pytest.raises(ValueError, match="expected bool"):
+        qk_norm_attention(q, k, v, gain, gain, mask.float())
+    with pytest.raises(ValueError, match="eps"):
+        qk_norm_attention(q, k, v, gain, gain, mask, eps=0.0)

@@ -111,11 +111,28 @@ def qk_norm_attention(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weigh
     """Attention with QK-norm: q (B, H, N, D_H), k, v (B, H, M, D_H), mask bool (N, M) ->
     (output (B, H, N, D_H), the largest |score|). Each query and key head is RMS-normalised (with
     a learned gain (D_H,)) so |q . k| / sqrt(D_H) is bounded by the gains, not by the weights."""
+    _check_qk_norm_inputs(q, k, v, q_weight, k_weight, mask)
+    checks.positive_float("eps", eps)
     q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     largest = scores.detach().abs().max()
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v, largest
+
+
+def _check_qk_norm_inputs(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight: Tensor,
+                          mask: Tensor) -> None:
+    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or q.shape[:2] != k.shape[:2] \
+            or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q, k, v have shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}, "
+                         "expected (B, H, N, D_H) and (B, H, M, D_H) twice")
+    for name, weight in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if weight.shape != (q.shape[-1],):
+            raise ValueError(f"{name} has shape {tuple(weight.shape)}, expected ({q.shape[-1]},): "
+                             "one gain per feature of a head")
+    if mask.dtype != torch.bool or mask.shape != (q.shape[2], k.shape[2]):
+        raise ValueError(f"mask is {mask.dtype} of shape {tuple(mask.shape)}, expected bool "
+                         f"({q.shape[2]}, {k.shape[2]}): True where a query may see a key")
 
 
 # --- RoPE scaling ---------------------------------------------------------------------------
