@@ -22,4 +22,5 @@ scale or lab. The model owns both of its forwards: the plain one and the fused o
                  RoPE scaling (Llama 3, YaRN)                                        nb 12
     frontier     the decoder with MoE, QK-norm, windows; Qwen3-MoE weights          nb 12
     deepseek     MLA + sigmoid-routed MoE; DeepSeek-V3 weights                      nb 12
+    gemma        Gemma 3's text decoder (four norms, GeGLU, local/global RoPE)       nb 12
 """
