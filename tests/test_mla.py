@@ -56,8 +56,10 @@ def test_absorbed_model_equals_naive_model():
 
 
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="needs transformers")
-@pytest.mark.parametrize("q_rank, interleave", [(None, True), (24, True), (24, False)])
-def test_deepseek_v3_logits_equal_transformers(q_rank, interleave):
+@pytest.mark.parametrize("q_rank, interleave, groups", [(None, True, (1, 1)), (24, True, (1, 1)),
+                                                        (24, False, (1, 1)), (24, True, (3, 2)),
+                                                        (None, True, (3, 1))])
+def test_deepseek_v3_logits_equal_transformers(q_rank, interleave, groups):
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     from helpers.model.deepseek import config_from_deepseek_v3, from_deepseek_v3
@@ -65,7 +67,7 @@ def test_deepseek_v3_logits_equal_transformers(q_rank, interleave):
     hf_config = DeepseekV3Config(
         vocab_size=50, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=6,
-        n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
+        n_shared_experts=1, num_experts_per_tok=2, n_group=groups[0], topk_group=groups[1], first_k_dense_replace=1,
         kv_lora_rank=12, q_lora_rank=q_rank, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
         max_position_embeddings=32, rope_interleave=interleave)
     hf = DeepseekV3ForCausalLM(hf_config).eval()
@@ -96,3 +98,29 @@ def test_deepseek_v3_logits_equal_transformers(q_rank, interleave):
 def test_bad_input_raises_a_clear_error(call, message):
     with pytest.raises((ValueError, TypeError, KeyError), match=message):
         call()
+
+
+@pytest.mark.parametrize("make_cache, error, message", [
+    (lambda c, k: [c, k], TypeError, "cache is list"),
+    (lambda c, k: (c,), TypeError, "cache is tuple"),
+    (lambda c, k: (c[:, :, :-1], k), ValueError, r"cache\[0\] \(c\) has shape \(2, 5, 11\)"),
+    (lambda c, k: (c, k[:, :-1]), ValueError, r"cache\[1\] \(k_rope\) has shape \(2, 4, 4\)"),
+    (lambda c, k: (c[:1], k[:1]), ValueError, r"expected \(2, M0, 12\)"),
+    (lambda c, k: (c.double(), k.double()), ValueError, "dtype torch.float64"),
+])
+def test_a_cache_that_forward_absorbed_did_not_return_is_refused(make_cache, error, message):
+    layer, table = _layer()
+    x = torch.randn(2, 5, layer.d_model)
+    with torch.no_grad():
+        _, (c, k_rope) = layer.forward_absorbed(x, table)
+        with pytest.raises(error, match=message):
+            layer.forward_absorbed(x[:, :1], table, make_cache(c, k_rope))
+
+
+def test_a_cache_past_the_rope_table_is_refused():
+    layer, table = _layer()
+    x = torch.randn(1, table.n_positions, layer.d_model)
+    with torch.no_grad():
+        _, cache = layer.forward_absorbed(x, table)
+        with pytest.raises(ValueError, match=f"holds {table.n_positions} tokens and x adds 1"):
+            layer.forward_absorbed(x[:, :1], table, cache)

@@ -106,6 +106,20 @@ class LatentAttention(nn.Module):
         w = self.kv_b.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_rank)
         return w[:, :self.nope_dim], w[:, self.nope_dim:]
 
+    def _check_cache(self, cache: tuple[Tensor, Tensor], batch: int, dtype: torch.dtype) -> int:
+        """The number of tokens in a (c (B, M0, r), k_rope (B, M0, d_R)) cache; a clear error if
+        it is not one that `forward_absorbed` returned for this layer and batch."""
+        if not (isinstance(cache, tuple) and len(cache) == 2 and all(isinstance(t, Tensor) for t in cache)):
+            raise TypeError(f"cache is {type(cache).__name__}, expected None or the (c, k_rope) "
+                            "pair of tensors that forward_absorbed returned")
+        c, k_rope = cache
+        m0 = c.shape[1] if c.dim() == 3 else -1
+        for name, t, width in (("cache[0] (c)", c, self.kv_rank), ("cache[1] (k_rope)", k_rope, self.rope_dim)):
+            if t.dim() != 3 or tuple(t.shape) != (batch, m0, width) or t.dtype != dtype:
+                raise ValueError(f"{name} has shape {tuple(t.shape)} and dtype {t.dtype}, expected "
+                                 f"({batch}, M0, {width}) with one M0 for both, dtype {dtype}")
+        return m0
+
     def _attend(self, scores: Tensor) -> Tensor:
         n_q, n_k = scores.shape[-2:]
         mask = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).tril(n_k - n_q)
@@ -128,8 +142,12 @@ class LatentAttention(nn.Module):
         """The inference form: x (B, N, D) for the tokens after `cache` (c (B, M0, r), k_rope
         (B, M0, d_R), None for none) -> (output (B, N, D), the cache grown by N tokens).
         No per-head key or value is ever built: scores and sums run in the latent space."""
+        check_features("x", x, self.d_model, self.kv_a.weight.dtype)
         b, n, _ = x.shape
-        start = 0 if cache is None else cache[0].shape[1]
+        start = 0 if cache is None else self._check_cache(cache, b, x.dtype)
+        if start + n > table.n_positions:
+            raise ValueError(f"the cache holds {start} tokens and x adds {n}, expected at most "
+                             f"{table.n_positions} in all (the RoPE table's length)")
         positions = torch.arange(start, start + n, device=x.device)
         q_nope, q_rope = self.queries(x, table, positions)
         c, k_rope = self.latent(x, table, positions)
