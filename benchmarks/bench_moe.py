@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from helpers.model.frontier import FrontierConfig, FrontierGPT, count_parameters
+from helpers.model.frontier import FrontierConfig, FrontierGPT, total_and_active_parameters
 from helpers.text.chars import CharTokenizer
 from helpers.text.corpus import load_corpus
 from helpers.training.trainer import TrainConfig, Trainer, encode_text, learning_rate, split_stories
@@ -67,7 +67,7 @@ def train(extra: dict, seed: int, steps: int, data, record_load: bool = False) -
             load = model.moe_layers()[0].last_load
             shares.append((load / load.sum()).tolist())
     seconds = time.perf_counter() - started
-    total, active = count_parameters(model)
+    total, active = total_and_active_parameters(model)
     return {"val_loss": trainer.evaluate()["val"], "tokens_per_s": steps * 12 * 64 / seconds,
             "total_params": total, "active_params": active, "shares": shares}
 

@@ -6,7 +6,7 @@ import importlib.util
 import pytest
 import torch
 
-from helpers.model.frontier import FrontierConfig, FrontierGPT, count_parameters
+from helpers.model.frontier import FrontierConfig, FrontierGPT, total_and_active_parameters
 from helpers.model.moe import (
     AddAuxLoss,
     Experts,
@@ -122,7 +122,7 @@ def test_bias_balancing_lowers_an_overloaded_expert():
 def test_moe_model_trains_a_step_and_counts_active_parameters():
     config = FrontierConfig(n_experts=4, top_k=1, expert_hidden=16, balance="aux_loss")
     model = FrontierGPT(config)
-    total, active = count_parameters(model)
+    total, active = total_and_active_parameters(model)
     expert = 3 * 16 * config.d_model
     assert total - active == config.n_layers * 3 * expert
     loss = model(torch.randint(0, 64, (2, 10))).logsumexp(-1).mean()
@@ -220,3 +220,32 @@ def test_copy_named_weights_names_a_missing_entry_and_a_wrong_shape():
         copy_named_weights(ours, {}, {"w": "their.w"})
     with pytest.raises(ValueError, match=r"has shape \(3, 2\), expected \(2, 3\) for w"):
         copy_named_weights(ours, {"their.w": torch.ones(3, 2)}, {"w": "their.w"})
+
+
+def test_group_limited_routing_keeps_every_choice_inside_the_best_groups():
+    """DeepSeek-V3's groups: a group's score is the sum of its two best; only the topk_group
+    best groups may be chosen. Checked by brute force, on logits where the limit decides."""
+    torch.manual_seed(0)
+    logits = torch.randn(64, 8)
+    free_w, free_e = route(logits, 2, "sigmoid", normalize=True)
+    weights, experts = route(logits, 2, "sigmoid", normalize=True, n_group=4, topk_group=1)
+    scores = logits.sigmoid().view(64, 4, 2)
+    best_group = scores.topk(2, dim=-1).values.sum(-1).argmax(-1)            # (T,)
+    assert torch.equal(experts // 2, best_group[:, None].expand(-1, 2))
+    assert (experts.sort(-1).values != free_e.sort(-1).values).any(-1).sum() > 10  # the limit decided
+    torch.testing.assert_close(weights.sum(-1), torch.ones(64))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(n_group=3), "n_group is 3, expected a divisor of n_experts = 8"),
+    (dict(n_group=8), "n_group is 8, expected a divisor .* at least 2 experts per group"),
+    (dict(n_group=4, topk_group=5), "topk_group is 5"),
+    (dict(n_group=4, topk_group=0), "topk_group"),
+    (dict(mode="softmax_topk", n_group=2), "expected mode 'sigmoid'"),
+])
+def test_bad_expert_groups_raise_a_clear_error(kwargs, message):
+    args = dict(mode="sigmoid") | kwargs
+    with pytest.raises(ValueError, match=message):
+        route(torch.randn(4, 8), 2, **args)
+    with pytest.raises(ValueError, match=message.split(",")[0]):
+        MoELayer(16, 8, 2, 8, **args)

@@ -8,9 +8,8 @@ Defined in notebook 12, "The decoder of 2025-2026", section 2, to prove `helpers
                             -> RMSNorm -> logits; the first `n_dense` blocks have a dense MLP
     config_from_deepseek_v3, from_deepseek_v3   a transformers model's sizes and weights
 
-Limits: one expert group (n_group = topk_group = 1); DeepSeek-V3 itself uses 8 groups, of which
-each token may reach 4, a restriction on the choice that matters for communication, not for
-the layer's arithmetic. DeepSeek lays RoPE pairs out interleaved (x0, x1), (x2, x3), ...; the
+Expert groups as DeepSeek-V3 has them (n_group = 8 of which each token reaches topk_group = 4:
+a limit on how many nodes a token's hidden state travels to). DeepSeek lays RoPE pairs out interleaved (x0, x1), (x2, x3), ...; the
 loader permutes those rows so the course's rotate-half RoPE computes the same scores.
 Shapes: B batch, N tokens, V vocabulary, D d_model.
 """
@@ -51,6 +50,8 @@ class DeepSeekConfig:
     expert_hidden: int = 32
     n_shared: int = 1
     routed_scale: float = 2.5
+    n_group: int = 1
+    topk_group: int = 1
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
 
@@ -73,7 +74,7 @@ class DeepSeekBlock(nn.Module):
         self.mlp = SwiGLUFeedForward(c.d_model, c.mlp_hidden) if dense else MoELayer(
             c.d_model, c.n_experts, c.top_k, c.expert_hidden, mode="sigmoid", normalize=True,
             shared_hidden=c.expert_hidden * c.n_shared, balance="bias", bias_rate=0.0,
-            routed_scale=c.routed_scale)
+            routed_scale=c.routed_scale, n_group=c.n_group, topk_group=c.topk_group)
 
     def forward(self, x: Tensor, table: RopeTable, absorbed: bool = False) -> Tensor:
         h = self.norm1(x)
@@ -106,10 +107,7 @@ class DeepSeekGPT(nn.Module):
 
 
 def config_from_deepseek_v3(hf) -> DeepSeekConfig:
-    """A DeepSeekConfig with the sizes of a `transformers.DeepseekV3Config` (one expert group)."""
-    if (hf.n_group or 1) != 1 or (hf.topk_group or 1) != 1:
-        raise ValueError(f"n_group is {hf.n_group} and topk_group {hf.topk_group}, expected 1 and 1: "
-                         "the course's router has no expert groups")
+    """A DeepSeekConfig with the sizes of a `transformers.DeepseekV3Config`."""
     if not hf.norm_topk_prob:
         raise ValueError("norm_topk_prob is False, expected True (DeepSeek-V3's setting)")
     theta = (getattr(hf, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
@@ -121,7 +119,8 @@ def config_from_deepseek_v3(hf) -> DeepSeekConfig:
         n_dense=hf.first_k_dense_replace, n_experts=hf.n_routed_experts,
         top_k=hf.num_experts_per_tok, expert_hidden=hf.moe_intermediate_size,
         n_shared=hf.n_shared_experts, routed_scale=float(hf.routed_scaling_factor),
-        rope_base=float(theta), norm_eps=hf.rms_norm_eps)
+        rope_base=float(theta), norm_eps=hf.rms_norm_eps, n_group=hf.n_group or 1,
+        topk_group=hf.topk_group or 1)
 
 
 def _deinterleave(w: Tensor, n_groups: int, width: int, rope_dim: int) -> Tensor:

@@ -215,7 +215,7 @@ class FrontierGPT(nn.Module):
         return self.lm_head(self.norm(x))
 
 
-def count_parameters(model: nn.Module) -> tuple[int, int]:
+def total_and_active_parameters(model: nn.Module) -> tuple[int, int]:
     """(total, active per token): a MoE layer's experts count k / E towards the active ones."""
     total = sum(p.numel() for p in model.parameters())
     inactive = 0

@@ -47,13 +47,39 @@ def check_top_k(top_k: int, n_experts: int) -> None:
                          "cannot be sent to more experts than there are")
 
 
+def check_groups(n_group: int, topk_group: int, n_experts: int, top_k: int) -> None:
+    """Experts in n_group equal groups of at least 2, a token reaching topk_group of them."""
+    checks.positive_int("n_group", n_group)
+    checks.positive_int("topk_group", topk_group)
+    if n_experts % n_group or n_experts // n_group < 2:
+        raise ValueError(f"n_group is {n_group}, expected a divisor of n_experts = {n_experts} "
+                         "that leaves at least 2 experts per group")
+    if topk_group > n_group or top_k > topk_group * (n_experts // n_group):
+        raise ValueError(f"topk_group is {topk_group}, expected at most n_group = {n_group} and "
+                         f"enough groups to hold top_k = {top_k} experts")
+
+
+def group_limit(choice: Tensor, n_group: int, topk_group: int) -> Tensor:
+    """DeepSeek-V3's restriction: choice (T, E) with every expert outside the token's
+    `topk_group` best groups (a group's score: the sum of its two best) set to -inf."""
+    t, e = choice.shape
+    grouped = choice.view(t, n_group, e // n_group)                         # (T, G, E/G)
+    best_groups = grouped.topk(2, dim=-1).values.sum(-1).topk(topk_group, dim=-1).indices
+    keep = torch.zeros(t, n_group, dtype=torch.bool, device=choice.device)
+    keep.scatter_(1, best_groups, True)
+    return grouped.masked_fill(~keep[..., None], float("-inf")).view(t, e)
+
+
 def route(logits: Tensor, top_k: int, mode: str = "softmax_topk", bias: Tensor | None = None,
-          normalize: bool = False) -> tuple[Tensor, Tensor]:
+          normalize: bool = False, n_group: int = 1, topk_group: int = 1) -> tuple[Tensor, Tensor]:
     """logits (T, E) -> weights (T, k), experts (T, k) (long).
 
     bias (E,), optional: added to the scores only to choose the experts (DeepSeek-V3's
     loss-free balancing); the weights are the scores without it. normalize=True rescales the
     k weights to sum to 1 (Qwen3-MoE's norm_topk_prob, DeepSeek-V3's; "topk_softmax" always sums to 1).
+    n_group > 1 ("sigmoid" only): the experts form n_group groups (on DeepSeek-V3, one per node
+    of eight GPUs) and each token chooses among its topk_group best groups, which bounds how
+    many nodes its hidden state travels to.
     """
     if not isinstance(logits, Tensor) or logits.dim() != 2:
         got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
@@ -62,12 +88,20 @@ def route(logits: Tensor, top_k: int, mode: str = "softmax_topk", bias: Tensor |
     checks.one_of("mode", mode, ROUTER_MODES)
     if bias is not None and tuple(bias.shape) != (logits.shape[1],):
         raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({logits.shape[1]},): one per expert")
+    if n_group != 1 or topk_group != 1:
+        check_groups(n_group, topk_group, logits.shape[1], top_k)
+        if mode != "sigmoid":
+            raise ValueError(f"n_group is {n_group} with mode {mode!r}, expected mode 'sigmoid': "
+                             "only DeepSeek's router limits the groups")
     if mode == "topk_softmax":
         top, experts = torch.topk(logits + (0 if bias is None else bias), top_k, dim=-1)
         chosen = logits.gather(1, experts) if bias is not None else top
         return torch.softmax(chosen.float(), dim=-1).to(logits.dtype), experts
     scores = torch.softmax(logits.float(), dim=-1) if mode == "softmax_topk" else logits.float().sigmoid()
-    experts = torch.topk(scores + (0 if bias is None else bias), top_k, dim=-1).indices
+    choice = scores + (0 if bias is None else bias)
+    if n_group > 1:
+        choice = group_limit(choice, n_group, topk_group)
+    experts = torch.topk(choice, top_k, dim=-1).indices
     weights = scores.gather(1, experts)
     if normalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -203,9 +237,15 @@ class MoELayer(nn.Module):
     def __init__(self, d_model: int, n_experts: int, top_k: int, hidden: int,
                  mode: str = "softmax_topk", normalize: bool = False, shared_hidden: int = 0,
                  capacity_factor: float | None = None, balance: str = "none",
-                 aux_coef: float = 0.01, bias_rate: float = 1e-3, routed_scale: float = 1.0) -> None:
+                 aux_coef: float = 0.01, bias_rate: float = 1e-3, routed_scale: float = 1.0,
+                 n_group: int = 1, topk_group: int = 1) -> None:
         super().__init__()
         check_top_k(top_k, n_experts)
+        if n_group != 1 or topk_group != 1:
+            check_groups(n_group, topk_group, n_experts, top_k)
+            if mode != "sigmoid":
+                raise ValueError(f"n_group is {n_group} with mode {mode!r}, expected mode 'sigmoid'")
+        self.n_group, self.topk_group = n_group, topk_group
         checks.one_of("mode", mode, ROUTER_MODES)
         checks.boolean("normalize", normalize)
         checks.non_negative_int("shared_hidden", shared_hidden)
@@ -232,7 +272,8 @@ class MoELayer(nn.Module):
         flat = x.reshape(-1, self.d_model)                                  # (T, D)
         logits = self.router(flat)                                          # (T, E)
         use_bias = self.bias if self.balance == "bias" else None
-        weights, experts = route(logits, self.top_k, self.mode, use_bias, self.normalize)
+        weights, experts = route(logits, self.top_k, self.mode, use_bias, self.normalize,
+                                 self.n_group, self.topk_group)
         weights = weights * self.routed_scale        # DeepSeek-V3's routed_scaling_factor (2.5)
         capacity = None if self.capacity_factor is None else expert_capacity(
             flat.shape[0], self.top_k, self.n_experts, self.capacity_factor)

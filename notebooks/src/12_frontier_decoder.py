@@ -186,10 +186,10 @@ print("helpers.model.moe agrees with the two forms above")
 # `MoELayer(shared_hidden=...)` adds it; it counts fully towards the active parameters.
 
 # %%
-from helpers.model.frontier import FrontierConfig, FrontierGPT, count_parameters
+from helpers.model.frontier import FrontierConfig, FrontierGPT, total_and_active_parameters
 
 for shared in (0, 64):
-    total, active = count_parameters(FrontierGPT(FrontierConfig(
+    total, active = total_and_active_parameters(FrontierGPT(FrontierConfig(
         n_experts=8, top_k=2, expert_hidden=64, mlp_hidden=shared, n_layers=2, d_model=64)))
     print(f"shared width {shared:3d}: {total:,} parameters, {active:,} active per token")
 
@@ -614,8 +614,10 @@ print(f"MLA caches {ratio:.1f}x less than MHA, and {cache_values_per_token('gqa'
 #
 # `helpers.model.deepseek.DeepSeekGPT` puts `LatentAttention` and a sigmoid-routed `MoELayer`
 # with a shared expert (and `routed_scaling_factor` 2.5) together; its first layer is dense, as
-# DeepSeek-V3's first three are. A tiny `DeepseekV3ForCausalLM` (one expert group; V3 has 8, a
-# restriction on which experts may be chosen) loads into it, naive and absorbed:
+# DeepSeek-V3's first three are. Its router also limits each token to a few **groups** of
+# experts (V3: 8 groups, one per node of GPUs, of which a token reaches 4), so that a hidden state
+# travels to at most 4 nodes; a group's score is the sum of its two best experts'. A tiny
+# `DeepseekV3ForCausalLM` with 3 groups of 2 experts, 2 reached, loads into it, naive and absorbed:
 
 # %%
 if HAS_TRANSFORMERS:
@@ -627,7 +629,7 @@ if HAS_TRANSFORMERS:
     ds_config = DeepseekV3Config(
         vocab_size=50, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=6,
-        n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
+        n_shared_experts=1, num_experts_per_tok=2, n_group=3, topk_group=2, first_k_dense_replace=1,
         kv_lora_rank=12, q_lora_rank=24, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
         max_position_embeddings=32)
     deepseek = DeepseekV3ForCausalLM(ds_config).eval()
@@ -861,6 +863,44 @@ print("loss rise from 64 to 512 tokens, plain RoPE larger than with Llama 3 scal
 # the angles they saw; YaRN ends lowest at 512 in the table), but it also changes the angles the
 # model learned at 64, so the short-context loss rises: this is why Llama 3.1 and YaRN finetune
 # briefly after the swap, which this small run does not.
+
+# %% [markdown]
+# ### 4.3 Equal to `transformers`' Gemma 3
+#
+# Gemma 3 puts these pieces together with a few changes of its own: the embedding is scaled
+# by `sqrt(D)` and tied to the output layer; each RMSNorm stores its gain as an offset from 1;
+# each block has a norm after attention and after the MLP as well as before; the MLP is GeGLU
+# (GELU where SwiGLU has SiLU); the scores are divided by `sqrt(query_pre_attn_scalar)`; local
+# layers use a RoPE base of 10,000 and global layers 1,000,000 (with "linear" scaling, positions
+# divided by 8, in Gemma 3 4B). `helpers.model.gemma` writes each of these as one line; a tiny
+# Gemma 3 with a window of 4 (shorter than the 12 tokens, so the band matters) and 5 local
+# layers per global one gives the same logits.
+
+# %%
+if HAS_TRANSFORMERS:
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from helpers.model.gemma import config_from_gemma3, from_gemma3
+
+    torch.manual_seed(0)
+    gemma_config = Gemma3TextConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+        sliding_window=4, max_position_embeddings=32,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})
+    gemma = Gemma3ForCausalLM(gemma_config).eval()
+    with torch.no_grad():
+        for p in gemma.parameters():  # their norms' offsets start at 0: move every weight
+            p.normal_(0, 0.2)
+        ids = torch.randint(0, 50, (2, 12))
+        ours = from_gemma3(gemma.state_dict(), config_from_gemma3(gemma_config)).eval()
+        gap = (ours(ids) - gemma(ids).logits).abs().max().item()
+    print("layers:", "".join("G" if k == "global" else "l" for k in ours.config.kinds))
+    print(f"Gemma 3 logits vs ours: max difference < 1e-5: {gap < 1e-5}")
+    assert gap < 1e-5
+else:
+    print("transformers is not installed: tests/test_gemma.py runs this comparison where it is")
 
 # %% [markdown]
 # ## Check your understanding
