@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -96,6 +97,8 @@ def test_readme_colab_links_use_the_one_repository_address():
 
 def test_wheel_installs_into_a_fresh_environment_and_finds_the_corpus(tmp_path):
     wheels = tmp_path / "wheels"
+    # A checkout on PYTHONPATH would win: pip would call the package installed and skip it.
+    clean_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(wheels), str(ROOT)], check=True, cwd=tmp_path)
     (wheel,) = wheels.glob("transformer_course-*.whl")
@@ -104,14 +107,16 @@ def test_wheel_installs_into_a_fresh_environment_and_finds_the_corpus(tmp_path):
     python = env_dir / ("Scripts" if sys.platform == "win32" else "bin") / "python"
     # --no-deps: this checks the package's own files (code and data), not PyPI's; the corpus
     # module needs only the standard library.
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True,
+                   env=clean_env)
     elsewhere = tmp_path / "somewhere-else"
     elsewhere.mkdir()
     probe = ("import helpers, helpers.lab.exercises, helpers.text.corpus as c, helpers.text.corpus_rich as r; "
              "t = c.load_corpus(); rich = r.load_rich_corpus()[:100_000]; "
              "print(helpers.__file__); print(len(t.encode()), c.well_formed_fraction(t)); "
              "print(len(rich), r.rich_well_formed_fraction(rich.rsplit(chr(10), 1)[0]))")
-    result = subprocess.run([str(python), "-c", probe], cwd=elsewhere, capture_output=True, text=True)
+    result = subprocess.run([str(python), "-c", probe], cwd=elsewhere, capture_output=True, text=True,
+                            env=clean_env)
     assert result.returncode == 0, result.stderr
     out = result.stdout.split("\n")
     assert str(env_dir) in out[0], "imported from the fresh environment, not the checkout"
