@@ -270,6 +270,9 @@ def site(extra_args: list[str], root: Path = ROOT) -> int:
         print(f"the site is built in a folder of its own, not {target}: name another folder "
               f"(default {SITE_DIR}/)")
         return 2
+    if target.is_dir() and any(target.iterdir()) and not (target / "myst.yml").exists():
+        print(f"{target} holds other files: name an empty folder or an earlier site's")
+        return 2
     myst, node = find_myst(), node_major()
     if myst is None:
         print(f"the website needs mystmd, the course's optional extra 'site': {SITE_INSTALL}")
@@ -282,7 +285,11 @@ def site(extra_args: list[str], root: Path = ROOT) -> int:
     project = importlib.util.module_from_spec(spec)  # standard library only, like this file
     spec.loader.exec_module(project)
     names = project.write_project(root, target, current_address(root), sys.executable)
-    run([myst, "build", "--html"], cwd=target)
+    try:
+        run([myst, "build", "--html"], cwd=target)
+    except subprocess.CalledProcessError as error:
+        print(f"myst build failed (exit {error.returncode}); its messages are above")
+        return 1
     print(f"the site of {len(names)} notebooks: {target / '_build' / 'html' / 'index.html'}")
     return 0
 

@@ -49,6 +49,13 @@ def test_site_refuses_to_build_over_the_course(where, tmp_path, capsys, tools_pr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notebooks"]  # nothing written
 
 
+def test_site_refuses_a_folder_that_holds_other_files(tmp_path, capsys, tools_present):
+    (tmp_path / "thesis.tex").write_text("mine")
+    assert course.site([str(tmp_path)]) == 2
+    assert "holds other files" in capsys.readouterr().out
+    assert [p.name for p in tmp_path.iterdir()] == ["thesis.tex"]
+
+
 def test_site_without_mystmd_names_the_extra_to_install(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(course, "find_myst", lambda: None)
     assert course.site([str(tmp_path / "out")]) == 1
@@ -70,6 +77,15 @@ def test_site_writes_the_project_then_runs_myst_build_html_in_it(monkeypatch, tm
     assert course.site([str(tmp_path / "out")]) == 0
     assert calls == [(["myst", "build", "--html"], (tmp_path / "out").resolve())]
     assert (tmp_path / "out" / "myst.yml").exists()
+
+
+def test_site_says_when_myst_build_fails(monkeypatch, tmp_path, capsys, tools_present):
+    def failing(args, cwd):
+        raise course.subprocess.CalledProcessError(1, args)
+
+    monkeypatch.setattr(course, "run", failing)
+    assert course.site([str(tmp_path / "out")]) == 1
+    assert "myst build failed" in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")

@@ -86,7 +86,7 @@ def crawl(page, root: str) -> dict[str, dict]:
     return seen
 
 
-def test_every_page_loads_with_its_images_maths_and_links(browser, site_url):
+def test_every_page_loads_with_its_images_maths_and_links(site_url, browser):
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     try:
         page = context.new_page()
