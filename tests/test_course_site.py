@@ -131,7 +131,10 @@ def test_landing_sources_and_instructors_pages_come_from_the_readme_and_the_note
     index = (target / "index.md").read_text()
     assert all(f"(notebooks/{name})" in index for name in names)
     assert "(sources.md)" in index and "(instructors.md)" in index
-    assert "Matrix Magic" in (target / "sources.md").read_text()
+    sources = (target / "sources.md").read_text()
+    assert "Matrix Magic" in sources
+    used = re.findall(r"^- \*\*(the [^*]+)\*\*: (.*)$", sources, re.M)
+    assert len(used) == 5 and all("(notebooks/" in where for _, where in used), used
     instructors = (target / "instructors.md").read_text()
     assert all(f"| {Path(name).stem} |" in instructors for name in names)  # TIMES.md's table
     assert all(f"**{name}**: about" in instructors for name in names)  # a stop line each

@@ -119,6 +119,19 @@ def knobs(sources: Path) -> list[str]:
     return lines
 
 
+def citations(root: Path, sources: str) -> str:
+    """Markdown: for each set of notes (the short names of the README's table), the notebooks
+    that cite it."""
+    texts = {path.stem: path.read_text(encoding="utf-8").lower()
+             for path in sorted((root / "notebooks" / "src").glob("[0-9][0-9]_*.py"))}
+    lines = ["## Where each is used", ""]
+    for short in re.findall(r"^\| (the [^|]+?) \|", sources, re.M):
+        using = [name for name, text in texts.items() if short.lower() in text]
+        lines.append(f"- **{short}**: " + (", ".join(
+            f"[{name}](notebooks/{name}.ipynb)" for name in using) or "not cited yet"))
+    return "\n".join(lines)
+
+
 def instructors_page(root: Path, names: list[str], notebooks: dict[str, dict]) -> str:
     times = (root / "notebooks" / "TIMES.md").read_text(encoding="utf-8")
     times_table = "\n".join(line for line in times.splitlines() if line.startswith("|"))
@@ -171,7 +184,8 @@ def write_project(root: Path, target: Path, repo_slug: str, python: str) -> list
         f"# {title}", opening, "## The notebooks", readme_section(readme, "The notebooks"),
         "See also [the sources](sources.md) and [the page for instructors](instructors.md)."]),
         "utf-8")
-    (target / "sources.md").write_text(f"# Sources\n\n{readme_section(readme, 'Sources')}\n",
+    sources = readme_section(readme, "Sources")
+    (target / "sources.md").write_text(f"# Sources\n\n{sources}\n\n{citations(root, sources)}\n",
                                        "utf-8")
     (target / "instructors.md").write_text(instructors_page(root, list(notebooks), notebooks),
                                            "utf-8")
