@@ -4,10 +4,11 @@
     python3 course.py lab     # set up .venv (first time only) and open JupyterLab on notebooks/
     python3 course.py test    # set up .venv with the test tools and run the whole suite
 
-and two for instructors and whoever forks the course:
+and three for instructors and whoever forks the course:
 
     python3 course.py student [DIR]    # the student edition: solutions blanked, outputs cleared
     python3 course.py publish https://github.com/OWNER/REPO   # point Colab links and installs at it
+    python3 course.py site [DIR]       # the course website (default: _site/), needs `pip install .[site]`
 
 Both create a virtual environment in `.venv`, install PyTorch first and then the course package
 (editable) with pinned versions from `constraints.txt` (the environment the stored notebook
@@ -18,6 +19,7 @@ Extra arguments after `test` go to pytest, e.g. `python3 course.py test -k token
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -50,9 +52,9 @@ OTHER_CPU = {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1",
 PYTEST_OTHER_CPU = ["-m", "pytest", "notebooks", *NBVAL, "-q", "-rfEs"]
 
 
-def run(args: list[str | Path], **kwargs) -> None:
+def run(args: list[str | Path], cwd: Path = ROOT, **kwargs) -> None:
     print("+", " ".join(str(a) for a in args), flush=True)
-    subprocess.run([str(a) for a in args], check=True, cwd=ROOT, **kwargs)
+    subprocess.run([str(a) for a in args], check=True, cwd=cwd, **kwargs)
 
 
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -232,8 +234,68 @@ def student(extra_args: list[str], root: Path = ROOT) -> int:
     return 0
 
 
+# The website: a MyST project (Jupyter Book 2's engine, mystmd) written from the committed
+# notebooks and the README by tools/site/project.py, built by `myst build --html` with the
+# course's own small theme (tools/site/render.py), so that nothing is downloaded or executed.
+SITE_DIR = "_site"
+SITE_INSTALL = "pip install .[site]  (or: .venv/bin/python -m pip install -e '.[site]' -c constraints.txt)"
+
+
+def find_myst() -> str | None:
+    """The `myst` command of the course's .venv, of this Python, or on PATH."""
+    for folder in (BIN, Path(sys.executable).parent):
+        for name in ("myst", "myst.exe"):
+            if (folder / name).exists():
+                return str(folder / name)
+    return shutil.which("myst")
+
+
+def node_major() -> int | None:
+    node = shutil.which("node")
+    if node is None:
+        return None
+    version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout
+    match = re.match(r"v(\d+)", version.strip())
+    return int(match.group(1)) if match else None
+
+
+def site(extra_args: list[str], root: Path = ROOT) -> int:
+    """Build the course website into DIR (default: _site/); the HTML lands in DIR/_build/html."""
+    if len(extra_args) > 1 or any(arg.startswith("-") for arg in extra_args):
+        print(f"usage: python3 course.py site [DIR] (got {' '.join(extra_args)})")
+        return 2
+    target = Path(extra_args[0] if extra_args else root / SITE_DIR).resolve()
+    protected = [root.resolve(), *root.resolve().parents, (root / "notebooks").resolve()]
+    if target in protected or (root / "notebooks").resolve() in target.parents:
+        print(f"the site is built in a folder of its own, not {target}: name another folder "
+              f"(default {SITE_DIR}/)")
+        return 2
+    if target.is_dir() and any(target.iterdir()) and not (target / "myst.yml").exists():
+        print(f"{target} holds other files: name an empty folder or an earlier site's")
+        return 2
+    myst, node = find_myst(), node_major()
+    if myst is None:
+        print(f"the website needs mystmd, the course's optional extra 'site': {SITE_INSTALL}")
+        return 1
+    if node is None or node < 18:
+        print(f"mystmd needs Node.js 18 or newer on PATH (found {node and f'v{node}'}): "
+              "install it from your system's packages or nodejs.org")
+        return 1
+    spec = importlib.util.spec_from_file_location("site_project", root / "tools/site/project.py")
+    project = importlib.util.module_from_spec(spec)  # standard library only, like this file
+    spec.loader.exec_module(project)
+    names = project.write_project(root, target, current_address(root), sys.executable)
+    try:
+        run([myst, "build", "--html"], cwd=target)
+    except subprocess.CalledProcessError as error:
+        print(f"myst build failed (exit {error.returncode}); its messages are above")
+        return 1
+    print(f"the site of {len(names)} notebooks: {target / '_build' / 'html' / 'index.html'}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    commands = {"lab": lab, "test": test, "publish": publish, "student": student}
+    commands = {"lab": lab, "test": test, "publish": publish, "student": student, "site": site}
     if not argv or argv[0] not in commands:
         print(__doc__)
         return 2
