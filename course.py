@@ -117,7 +117,7 @@ def lab(extra_args: list[str]) -> int:
 
 
 def test(extra_args: list[str]) -> int:
-    ensure_environment("lab,test,browser")
+    ensure_environment("lab,test,browser,site")
     # No MPLBACKEND here: the notebook kernels inherit this environment and must keep their
     # inline backend, whose figures are part of the stored outputs nbval compares.
     env = {**os.environ, "PYTHONHASHSEED": "0"}
