@@ -2,7 +2,8 @@
 formulation and name each usual mistake; `yours_or` picks the student's function or the helper.
 
 Each wrong answer here is written the way a student would write it, independently of the
-checker's own list of slips, so a test fails if the checker stops recognising the mistake.
+checker's own list of slips, so a test fails if the checker stops recognising the mistake. The
+cases (CORE_CASES) are judged by tests/test_checkers.py's test_checker_judges, beside the others.
 """
 
 from __future__ import annotations
@@ -23,12 +24,6 @@ from helpers.text.chars import pre_split
 
 def verdict(name: str, answer) -> tuple[bool, str]:
     return exercises.evaluate(name, answer, time_limit=60)
-
-
-def assert_named(name: str, answer, message: str | None) -> None:
-    passed, said = verdict(name, answer)
-    assert passed == (message is None), said
-    assert message is None or message in said, said
 
 
 # --- 01: the BPE training loop -------------------------------------------------------------------
@@ -64,7 +59,7 @@ def bpe_loop(split: bool = True, tie: str = "bytes", recount: bool = True):
     return train_textbook
 
 
-@pytest.mark.parametrize("answer, message", [
+BPE_CASES = [
     (bpe_loop(), None),
     (lambda text, n: [m.pair for m in textbook_merges(text, n)], None),
     (lambda text, n: [list(m.pair) for m in textbook_merges(text, n)], None),  # lists for pairs are fine
@@ -74,9 +69,8 @@ def bpe_loop(split: bool = True, tie: str = "bytes", recount: bool = True):
     (bpe_loop(recount=False), "counts the pairs only once"),
     (lambda text, n: [m.pair for m in textbook_merges(text, n)][:-1] if n else [], "keep going until n_merges"),
     (lambda text, n: tuple(m.pair for m in textbook_merges(text, n)), "expected a list"),
-])
-def test_bpe_training_loop_checker(answer, message):
-    assert_named("tokenization.train_bpe", answer, message)
+]
+
 
 
 def test_bpe_loop_that_never_stops_early_is_refused_with_where_it_broke():
@@ -117,7 +111,7 @@ def word_step(zero_grad: str = "before", reduce: str = "sum", sign: float = -1.0
     return training_step
 
 
-@pytest.mark.parametrize("answer, message", [
+STEP_CASES = [
     (word_step(), None),
     (word_step(zero_grad="after"), None),
     (word_step(zero_grad="never"), "never clears the gradients"),
@@ -126,9 +120,8 @@ def word_step(zero_grad: str = "before", reduce: str = "sum", sign: float = -1.0
     (word_step(log=False), "not their logarithm"),
     (word_step(dim=0), "normalises over dim=0"),
     (word_step(step=False), "never changes the parameters"),
-])
-def test_training_step_checker(answer, message):
-    assert_named("embeddings.training_step", answer, message)
+]
+
 
 
 # --- 03: scaled dot-product attention ------------------------------------------------------------
@@ -149,7 +142,7 @@ def attention_answer(scale: str = "sqrt_dk"):
     return my_attention
 
 
-@pytest.mark.parametrize("answer, message", [
+ATTENTION_CASES = [
     (attention_answer(), None),
     (lambda q, k, v: (F.scaled_dot_product_attention(q, k, v),
                       (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(-1)), None),
@@ -157,9 +150,8 @@ def attention_answer(scale: str = "sqrt_dk"):
     (attention_answer("dk"), "not by d_k"),
     (attention_answer("sqrt_dv"), "sqrt(d_v)"),
     (attention_answer("after"), "before the softmax"),
-])
-def test_scaled_attention_checker(answer, message):
-    assert_named("attention.scaled_attention", answer, message)
+]
+
 
 
 # --- 04: attention with a causal and a padding mask ----------------------------------------------
@@ -194,7 +186,7 @@ def masked_with_torch(q, k, v, lengths):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), scaled_dot_product_attention(q, k, v, mask=mask)[1]
 
 
-@pytest.mark.parametrize("answer, message", [
+MASKED_CASES = [
     (masked_answer(), None),  # a large finite fill instead of -inf is fine when no row is all masked
     (masked_with_torch, None),
     (masked_answer("after"), "mask after the softmax"),
@@ -205,9 +197,8 @@ def masked_with_torch(q, k, v, lengths):
     (masked_answer("no_padding"), "lets real tokens see the pads"),
     (masked_answer("rows"), "pad queries (rows) instead of the pad keys"),
     (masked_answer("le"), "one pad too many"),
-])
-def test_masked_attention_checker(answer, message):
-    assert_named("masking.masked_attention", answer, message)
+]
+
 
 
 # --- 05: the multi-head attention forward --------------------------------------------------------
@@ -238,7 +229,7 @@ def mha_with_torch(x, mha, causal=False):
     return reference(x, x, x, attn_mask=mask, need_weights=False)[0]
 
 
-@pytest.mark.parametrize("answer, message", [
+MHA_CASES = [
     (mha_answer(), None),
     (mha_with_torch, None),
     (mha_answer("model"), "1/sqrt(d_model)"),
@@ -247,9 +238,8 @@ def mha_with_torch(x, mha, causal=False):
     (mha_answer("merge_view"), "merges the heads by reading"),
     (mha_answer("no_out"), "forgot the output projection"),
     (mha_answer("no_causal"), "ignores causal=True"),
-])
-def test_mha_forward_checker(answer, message):
-    assert_named("multihead_attention.mha_forward", answer, message)
+]
+
 
 
 # --- 06: the Pre-LN block ------------------------------------------------------------------------
@@ -271,7 +261,7 @@ def block_answer(slip: str = ""):
     return my_pre_ln_block
 
 
-@pytest.mark.parametrize("answer, message", [
+BLOCK_CASES = [
     (block_answer(), None),
     (lambda x, block, causal=True: block(x, causal=causal), None),
     (block_answer("post"), "Post-LN"),
@@ -283,9 +273,16 @@ def block_answer(slip: str = ""):
     (block_answer("tanh"), "tanh approximation"),
     (block_answer("no_causal"), "ignores causal=True"),
     (block_answer("final_norm"), "normalises the block's output"),
-])
-def test_pre_ln_block_checker(answer, message):
-    assert_named("layers.pre_ln_block", answer, message)
+]
+
+
+
+# For tests/test_checkers.py, which wants a right and two wrong cases of every checker it owns.
+CORE_CASES = [(name, answer, message) for name, cases in (
+    ("tokenization.train_bpe", BPE_CASES), ("embeddings.training_step", STEP_CASES),
+    ("attention.scaled_attention", ATTENTION_CASES), ("masking.masked_attention", MASKED_CASES),
+    ("multihead_attention.mha_forward", MHA_CASES), ("layers.pre_ln_block", BLOCK_CASES))
+    for answer, message in cases]
 
 
 # --- the notebooks run on the student's function, or say why they do not ------------------------
@@ -381,3 +378,28 @@ def test_the_core_solution_is_10_to_30_lines_or_says_why_not(name):
     lines = [line for line in code.splitlines() if line.strip("# ")]
     low = 4 if name == "03_attention" else 8
     assert low <= len(lines) <= 30, (name, len(lines))
+
+
+@pytest.mark.parametrize("name", EARLY)
+def test_the_student_edition_runs_the_same_code_as_the_checked_notebook(name):
+    """The solutions sit only in markdown reveals, so the student edition's code cells are the full
+    notebook's: strict nbval, running the full notebook with every stub unanswered, therefore runs
+    exactly what a student runs top to bottom (each core exercise falling back to the helper)."""
+    import copy
+    import importlib.util
+    import json
+
+    from notebook_tools import NOTEBOOKS, ROOT
+
+    spec = importlib.util.spec_from_file_location("course_for_core", ROOT / "course.py")
+    course = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(course)
+    full = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text(encoding="utf-8"))
+    student = course.student_notebook(copy.deepcopy(full))
+
+    def code(nb):
+        return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+    assert code(student) == code(full)
+    text = "".join("".join(c["source"]) for c in student["cells"])
+    assert "Solution</summary>" not in text and "Hint 1</summary>" in text and "Hint 2</summary>" in text
