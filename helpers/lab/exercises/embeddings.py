@@ -223,9 +223,9 @@ def _run_steps(step: Callable[..., Any], seed: int, n_steps: int = 3) -> tuple[l
                "one step of training and returns the loss as a float. The check runs three steps "
                "from the same start as the course's step and compares the losses and the vectors.")
 def training_step(student: Callable[..., Any]) -> str:
-    for seed in (0, 1):
-        want_losses, want_weight = _run_steps(training_step_variant, seed)
+    for seed in (0,):
         got = _run_steps(student, seed)
+        want_losses, want_weight = _run_steps(training_step_variant, seed)
         same_losses = torch.allclose(torch.tensor(got[0]), torch.tensor(want_losses), rtol=1e-9, atol=1e-12)
         if not (same_losses and torch.allclose(got[1], want_weight, atol=1e-9)):
             for slip, knobs in STEP_SLIPS.items():
