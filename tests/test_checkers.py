@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 import torch
 import torch.nn.functional as F
+from test_core_exercises import CORE_CASES
 
 import helpers.lab.exercises as exercises
 from helpers.flash import tiled
@@ -529,6 +530,7 @@ CASES = [
     ("distributed.split_mlp", split_down_rows, "you split its rows"),
     ("distributed.split_mlp", split_mismatched, "must use the same units"),
 ]
+CASES += CORE_CASES  # the core exercises of notebooks 1-6, written out in test_core_exercises.py
 
 
 @pytest.mark.parametrize("name, answer, message", CASES, ids=[f"{n}-{a.__name__}" for n, a, _ in CASES])

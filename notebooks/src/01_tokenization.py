@@ -172,7 +172,12 @@ def count_pairs(ids: list[int]) -> dict[tuple[int, int], int]:
 check("tokenization.count_pairs", count_pairs)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# A list of n ids has n - 1 neighbouring pairs, and each one adds 1 to its own count.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # Visit the neighbours with `zip(ids, ids[1:])` and keep a running count in a dict:
 # `counts[pair] = counts.get(pair, 0) + 1`. Overlapping pairs count: `[5, 5, 5]` holds `(5, 5)` twice.
@@ -181,12 +186,14 @@ check("tokenization.count_pairs", count_pairs)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def count_pairs(ids: list[int]) -> dict[tuple[int, int], int]:
 #     """How often each pair of neighbours occurs: [1, 2, 1, 2] -> {(1, 2): 2, (2, 1): 1}."""
 #     counts = {}
 #     for pair in zip(ids, ids[1:]):  # (ids[0], ids[1]), (ids[1], ids[2]), ...
 #         counts[pair] = counts.get(pair, 0) + 1
 #     return counts
+# ### END SOLUTION
 #
 #
 # _ = check("tokenization.count_pairs", count_pairs)
@@ -267,25 +274,73 @@ from helpers.text.bpe import merge
 assert merge_pair([7, 7, 7, 1, 7, 7], (7, 7), 256) == merge([7, 7, 7, 1, 7, 7], (7, 7), 256)
 
 # %% [markdown]
-# And the whole textbook loop, on the chunks:
+# **Exercise 2: the training loop.** Now put the pieces together: the whole textbook loop, on the
+# chunks. Return the merged pairs in the order they were learned (merge `i` makes id `256 + i`),
+# and stop early if no chunk has a pair left. `pre_split`, `count_pairs`, `most_frequent_pair`
+# and `merge_pair` are all defined above; the cells after this one train with your function.
 
 # %%
 def train_textbook(text: str, n_merges: int) -> list[tuple[int, int]]:
-    """The textbook BPE loop: recount every pair of every chunk, merge the most frequent, repeat."""
-    chunks = [list(chunk.encode("utf-8")) for chunk in pre_split(text)]
-    vocab = [bytes([byte]) for byte in range(256)]  # id -> the bytes it spells, to break ties
-    merges = []
-    for step in range(n_merges):
-        counts = Counter()
-        for ids in chunks:
-            counts.update(count_pairs(ids))
-        if not counts:
-            break
-        pair = most_frequent_pair(counts, vocab)  # a tie goes to the greatest byte strings
-        merges.append(pair)
-        vocab.append(vocab[pair[0]] + vocab[pair[1]])
-        chunks = [merge_pair(ids, pair, 256 + step) for ids in chunks]
-    return merges
+    """The textbook BPE loop: the first `n_merges` merged pairs of `text`, merge i making id 256 + i."""
+    raise NotImplementedError
+
+
+check("tokenization.train_bpe", train_textbook)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Keep every chunk as a list of ids and, beside it, what each id spells in bytes (to break ties).
+# Each step sees the chunks as the previous merge left them, so count afresh every time.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Start from `chunks = [list(c.encode("utf-8")) for c in pre_split(text)]` and
+# `vocab = [bytes([b]) for b in range(256)]`. For each step: add up `count_pairs(ids)` over all
+# chunks in a `Counter`; `break` if it is empty; `pair = most_frequent_pair(counts, vocab)`;
+# append it; append `vocab[left] + vocab[right]` to `vocab`; replace each chunk by
+# `merge_pair(ids, pair, 256 + step)`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# def train_textbook(text: str, n_merges: int) -> list[tuple[int, int]]:
+#     """The textbook BPE loop: the first `n_merges` merged pairs of `text`, merge i making id 256 + i."""
+#     chunks = [list(chunk.encode("utf-8")) for chunk in pre_split(text)]
+#     vocab = [bytes([byte]) for byte in range(256)]  # id -> the bytes it spells, to break ties
+#     merges = []
+#     for step in range(n_merges):
+#         counts = Counter()
+#         for ids in chunks:
+#             counts.update(count_pairs(ids))
+#         if not counts:
+#             break  # every chunk is a single token
+#         pair = most_frequent_pair(counts, vocab)  # a tie goes to the greatest byte strings
+#         merges.append(pair)
+#         vocab.append(vocab[pair[0]] + vocab[pair[1]])
+#         chunks = [merge_pair(ids, pair, 256 + step) for ids in chunks]
+#     return merges
+# ### END SOLUTION
+#
+#
+# _ = check("tokenization.train_bpe", train_textbook)
+# ```
+# </details>
+#
+# The next cell trains with your loop if it passes, and with the course's `textbook_pairs`
+# (the same loop, in `helpers.text.bpe`) if not, saying which:
+
+# %%
+from helpers.lab.exercises import yours_or
+from helpers.text.bpe import textbook_merges
+
+
+def textbook_pairs(text: str, n_merges: int) -> list[tuple[int, int]]:
+    """The course's textbook loop, as pairs only."""
+    return [m.pair for m in textbook_merges(text, n_merges)]
 
 
 def show_merges(merges: list[tuple[int, int]]) -> None:
@@ -297,6 +352,7 @@ def show_merges(merges: list[tuple[int, int]]) -> None:
               f" -> id {256 + step}: {readable(token[256 + step])}")
 
 
+train_textbook = yours_or("tokenization.train_bpe", train_textbook, textbook_pairs)
 show_merges(train_textbook(TOY_SOUP, 6))
 
 # %% [markdown]
@@ -305,8 +361,6 @@ show_merges(train_textbook(TOY_SOUP, 6))
 # against it. It also records how often each pair occurred when it was merged:
 
 # %%
-from helpers.text.bpe import textbook_merges
-
 soup_merges = textbook_merges(TOY_SOUP, 6)
 assert [m.pair for m in soup_merges] == train_textbook(TOY_SOUP, 6)
 print(soup_merges[0])
@@ -434,7 +488,7 @@ print(bpe.labels(longest))
 # To encode, pre-split the text and replay the merges inside each chunk, earliest-learned
 # first, exactly as training applied them.
 #
-# **Exercise 2: encode one word.** Given the merges as a list of pairs (merge `i` made id
+# **Exercise 3: encode one word.** Given the merges as a list of pairs (merge `i` made id
 # `256 + i`), turn a word into its ids. `merge_pair` from above does the replacing.
 
 # %%
@@ -446,7 +500,12 @@ def encode_word(word: str, merges: list[tuple[int, int]]) -> list[int]:
 check("tokenization.encode_word", encode_word)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Encoding replays training: the same merges, in the same order, on the word's bytes.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # Start from `list(word.encode("utf-8"))`, then loop `for rank, pair in enumerate(merges)` and
 # replace `pair` by `256 + rank`. A merge can only apply after the merges that made its parts.
@@ -455,12 +514,14 @@ check("tokenization.encode_word", encode_word)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def encode_word(word: str, merges: list[tuple[int, int]]) -> list[int]:
 #     """The ids of `word`: its UTF-8 bytes with every merge applied, in the order learned."""
 #     ids = list(word.encode("utf-8"))
 #     for rank, pair in enumerate(merges):
 #         ids = merge_pair(ids, pair, 256 + rank)
 #     return ids
+# ### END SOLUTION
 #
 #
 # _ = check("tokenization.encode_word", encode_word)
@@ -510,7 +571,7 @@ wave_ids = bpe.encode("👋")
 print("👋 ->", wave_ids, "| first two ids decode to", repr(bpe.decode(wave_ids[:2])))
 
 # %% [markdown]
-# **Exercise 3: decode.** Given ids and a vocabulary `{id: bytes}`, return the text. Some tokens
+# **Exercise 4: decode.** Given ids and a vocabulary `{id: bytes}`, return the text. Some tokens
 # hold only part of a character.
 
 # %%
@@ -522,7 +583,12 @@ def decode_ids(ids: list[int], vocab: dict[int, bytes]) -> str:
 check("tokenization.decode_ids", decode_ids)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# A token is bytes, not text: one character may start in one token and end in the next.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # Decoding token by token breaks a character split across two tokens. Join all the bytes with
 # `b"".join(...)`, then decode once with `errors="replace"`.
@@ -531,9 +597,11 @@ check("tokenization.decode_ids", decode_ids)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def decode_ids(ids: list[int], vocab: dict[int, bytes]) -> str:
 #     """The text of `ids`; bytes that do not form whole characters become '�'."""
 #     return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")
+# ### END SOLUTION
 #
 #
 # _ = check("tokenization.decode_ids", decode_ids)

@@ -279,7 +279,12 @@ def lookup_by_product(token_ids: torch.Tensor, weight: torch.Tensor) -> torch.Te
 check("embeddings.lookup_by_product", lookup_by_product)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# A one-hot row has a single 1, so multiplying it by the table picks out one row of the table.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # `one_hot(token_ids, weight.shape[0])` has shape (..., V); `@` multiplies its last dimension
 # with the first dimension of `weight`.
@@ -288,12 +293,14 @@ check("embeddings.lookup_by_product", lookup_by_product)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # from helpers.model.embeddings import one_hot
 #
 #
 # def lookup_by_product(token_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 #     """token_ids (...,) and weight (V, d) -> (..., d), without indexing `weight`."""
 #     return one_hot(token_ids, weight.shape[0]).to(weight.dtype) @ weight
+# ### END SOLUTION
 #
 #
 # _ = check("embeddings.lookup_by_product", lookup_by_product)
@@ -349,9 +356,65 @@ print(f"negative numbers in a fresh nn.Embedding(12, 8): {(nn.Embedding(12, 8).w
 # stories ("dog" and "goat", "river" and "lake") have the same neighbours, so training pushes
 # their rows the same way. This is the idea behind word2vec; a Transformer learns its table the
 # same way, only with a harder prediction task.
+#
+# ### Exercise 2: the training step
+# Each step scores, for every word at once, how likely each other word is to be its neighbour (a
+# `log_softmax` over the predictor's outputs, one row per word), and the loss is the cross-entropy against how often each (word, neighbour) pair really
+# occurs: `pair_share`, a `(V, V)` table summing to 1. Write the step; the training below runs on it.
 
 # %%
+def training_step(embedding: nn.Embedding, predict_neighbour: nn.Linear,
+                  optimizer: torch.optim.Optimizer, pair_share: torch.Tensor) -> float:
+    """One step of gradient descent on the neighbour-prediction loss; returns the loss before the step."""
+    raise NotImplementedError
+
+
+check("embeddings.training_step", training_step)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Feed every word id through the embedding and the predictor, turn each row into log-probabilities
+# of the neighbours, and weight them by how often each pair occurs. Then the usual three calls of
+# any PyTorch training step.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `log_probs = torch.log_softmax(predict_neighbour(embedding(torch.arange(V))), dim=-1)` is `(V, V)`;
+# `loss = -(pair_share * log_probs).sum()`; then `optimizer.zero_grad()`, `loss.backward()`,
+# `optimizer.step()`, and return `loss.item()`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# def training_step(embedding: nn.Embedding, predict_neighbour: nn.Linear,
+#                   optimizer: torch.optim.Optimizer, pair_share: torch.Tensor) -> float:
+#     """One step of gradient descent on the neighbour-prediction loss; returns the loss before the step."""
+#     every_word = torch.arange(pair_share.shape[0])
+#     log_probs = torch.log_softmax(predict_neighbour(embedding(every_word)), dim=-1)  # (V, V)
+#     loss = -(pair_share * log_probs).sum()  # cross-entropy over all (word, neighbour) pairs
+#     optimizer.zero_grad()
+#     loss.backward()
+#     optimizer.step()
+#     return loss.item()
+# ### END SOLUTION
+#
+#
+# _ = check("embeddings.training_step", training_step)
+# ```
+# </details>
+#
+# The training runs on your step once it passes its check, and on the course's until then:
+
+# %%
+from helpers.lab.exercises import yours_or
+from helpers.lab.exercises.embeddings import course_training_step
+
 TRAIN_STEPS = 150  # the knob: more steps give slightly better vectors, and take longer
+step = yours_or("embeddings.training_step", training_step, course_training_step)
 
 
 def corpus_words(text: str) -> list[str]:
@@ -377,14 +440,10 @@ def learn_word_vectors(counts: torch.Tensor, d_model: int, steps: int) -> tuple[
     predict_neighbour = nn.Linear(d_model, vocab_size, dtype=torch.float64)
     optimizer = torch.optim.Adam([*embedding.parameters(), *predict_neighbour.parameters()], lr=0.05)
     pair_share = counts / counts.sum()  # how often each (word, neighbour) pair occurs
-    every_word = torch.arange(vocab_size)
+    loss = float("nan")
     for _ in range(steps):
-        log_probs = torch.log_softmax(predict_neighbour(embedding(every_word)), dim=-1)  # (V, V)
-        loss = -(pair_share * log_probs).sum()  # cross-entropy over all (word, neighbour) pairs
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return embedding.weight.detach(), loss.item()
+        loss = step(embedding, predict_neighbour, optimizer, pair_share)
+    return embedding.weight.detach(), loss
 
 # %%
 words = corpus_words(load_corpus())
@@ -419,7 +478,7 @@ heatmap(cosine_similarity(shown_vectors[:, None, :], shown_vectors[None, :, :]),
 plt.show()
 
 # %% [markdown]
-# ### Exercise 2: nearest neighbours
+# ### Exercise 3: nearest neighbours
 # Write `most_similar(query, table, k)`: the indices of the `k` rows of `table` (V, d) whose
 # cosine with `query` (d,) is largest, most similar first. Careful: ranking by the plain dot
 # product lets long vectors win even when they point elsewhere, and the checker knows it.
@@ -433,7 +492,12 @@ def most_similar(query: torch.Tensor, table: torch.Tensor, k: int) -> torch.Tens
 check("embeddings.most_similar", most_similar)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Cosine similarity is the dot product of the two vectors after each is scaled to length 1.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # `table @ query` gives every dot product at once (shape (V,)); divide by `table.norm(dim=1)`
 # and `query.norm()`, then take `.topk(k).indices`.
@@ -442,10 +506,12 @@ check("embeddings.most_similar", most_similar)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def most_similar(query: torch.Tensor, table: torch.Tensor, k: int) -> torch.Tensor:
 #     """query (d,), table (V, d) -> (k,) row indices, most similar by cosine first."""
 #     cosines = (table @ query) / (table.norm(dim=1) * query.norm())  # (V,)
 #     return cosines.topk(k).indices
+# ### END SOLUTION
 #
 #
 # _ = check("embeddings.most_similar", most_similar)
@@ -659,7 +725,7 @@ print("sinusoidal_positions matches the formula, also for an odd d_model (5): th
       "is then an unpaired sine")
 
 # %% [markdown]
-# ### Exercise 3: write the formula
+# ### Exercise 4: write the formula
 # Write `sinusoidal_table(n_positions, d_model, base)` without loops over positions: build the
 # angles for all positions and pairs at once, then fill the even columns with sines and the odd
 # columns with cosines. Assume `d_model` is even.
@@ -673,7 +739,13 @@ def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> t
 check("embeddings.sinusoidal_table", sinusoidal_table)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Every entry is a sine or cosine of (position x frequency), the frequency depending only on the
+# pair index.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # `positions = torch.arange(n_positions).unsqueeze(1)` has shape (n_positions, 1) and
 # `pair = torch.arange(d_model // 2)` has shape (d_model / 2,); dividing one by
@@ -683,6 +755,7 @@ check("embeddings.sinusoidal_table", sinusoidal_table)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
 #     """(n_positions, d_model): sin in column 2i, cos in column 2i+1, of pos / base^(2i/d_model)."""
 #     positions = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)  # (n_positions, 1)
@@ -692,6 +765,7 @@ check("embeddings.sinusoidal_table", sinusoidal_table)
 #     table[:, 0::2] = torch.sin(angles)
 #     table[:, 1::2] = torch.cos(angles)
 #     return table
+# ### END SOLUTION
 #
 #
 # _ = check("embeddings.sinusoidal_table", sinusoidal_table)

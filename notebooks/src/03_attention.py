@@ -104,15 +104,23 @@ def my_softmax(x: torch.Tensor) -> torch.Tensor:
 check("attention.stable_softmax", my_softmax)
 
 # %% [markdown]
-# <details><summary>Hint</summary>Subtract <code>x.amax(dim=-1, keepdim=True)</code> before
+# <details><summary>Hint 1</summary>
+#
+# Softmax does not change if you add the same constant to every logit of a row; pick the constant
+# that keeps exp from overflowing.
+# </details>
+#
+# <details><summary>Hint 2</summary>Subtract <code>x.amax(dim=-1, keepdim=True)</code> before
 # <code>torch.exp</code>; divide by the sum over <code>dim=-1</code> with <code>keepdim=True</code>.</details>
 #
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def my_softmax(x: torch.Tensor) -> torch.Tensor:
 #     exps = torch.exp(x - x.amax(dim=-1, keepdim=True))
 #     return exps / exps.sum(dim=-1, keepdim=True)
+# ### END SOLUTION
 #
 #
 # check("attention.stable_softmax", my_softmax)
@@ -295,16 +303,24 @@ def my_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[tor
 check("attention.scaled_attention", my_attention)
 
 # %% [markdown]
-# <details><summary>Hint</summary>Scores are <code>q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])</code>;
+# <details><summary>Hint 1</summary>
+#
+# Score every query against every key, turn each query's scores into a distribution over the keys,
+# and average the values with it.
+# </details>
+#
+# <details><summary>Hint 2</summary>Scores are <code>q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])</code>;
 # softmax them along <code>dim=-1</code>; multiply by <code>v</code>.</details>
 #
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def my_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 #     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
 #     weights = torch.softmax(scores, dim=-1)
 #     return weights @ v, weights
+# ### END SOLUTION
 #
 #
 # check("attention.scaled_attention", my_attention)
@@ -317,17 +333,22 @@ check("attention.scaled_attention", my_attention)
 # The same two functions live in the course package as `helpers.model.attention.softmax` and
 # `helpers.model.attention.scaled_dot_product_attention(q, k, v, mask=None, scale=None)`, which also
 # takes a mask (notebook 4) and checks its inputs. The cell below proves that our plain version,
-# the helper and PyTorch's own `F.scaled_dot_product_attention` agree on a batch of heads.
+# your `my_attention` (the helper stands in for it, saying so, until it passes its check), the
+# helper and PyTorch's own `F.scaled_dot_product_attention` agree on a batch of heads. Section 7's
+# self-attention runs on your function too.
 
 # %%
 import torch.nn.functional as F
 
+from helpers.lab.exercises import yours_or
 from helpers.model.attention import scaled_dot_product_attention, softmax_jacobian
 from helpers.model.attention import softmax as helper_softmax
 
+my_attention = yours_or("attention.scaled_attention", my_attention, scaled_dot_product_attention)
 torch.manual_seed(2)
 q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 5)  # (batch, heads, N, d)
 ours, our_weights = attention(q, k, v)
+torch.testing.assert_close(my_attention(q, k, v), (ours, our_weights))
 helper_out, helper_weights = scaled_dot_product_attention(q, k, v)
 torch.testing.assert_close(ours, helper_out)
 torch.testing.assert_close(our_weights, helper_weights)
@@ -391,13 +412,21 @@ def my_jacobian(a: torch.Tensor) -> torch.Tensor:
 check("attention.softmax_jacobian", my_jacobian)
 
 # %% [markdown]
-# <details><summary>Hint</summary><code>torch.diag(a)</code> and <code>torch.outer(a, a)</code>.</details>
+# <details><summary>Hint 1</summary>
+#
+# Differentiate a_i = e^{z_i} / sum_k e^{z_k} with respect to z_j: the diagonal (i = j) gets an
+# extra term.
+# </details>
+#
+# <details><summary>Hint 2</summary><code>torch.diag(a)</code> and <code>torch.outer(a, a)</code>.</details>
 #
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def my_jacobian(a: torch.Tensor) -> torch.Tensor:
 #     return torch.diag(a) - torch.outer(a, a)
+# ### END SOLUTION
 #
 #
 # check("attention.softmax_jacobian", my_jacobian)
@@ -775,7 +804,7 @@ print(f"\nGPT-3 (N = {gpt3_n}, {gpt3_heads} heads): {per_head:,} attention weigh
 # %%
 def self_attention(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor) -> torch.Tensor:
     """Self-attention of tokens x (N, D_in) with projections (D_in, D_out). Returns (N, D_out)."""
-    return scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v)[0]
+    return my_attention(x @ w_q, x @ w_k, x @ w_v)[0]  # yours, once it passes its check
 
 
 torch.manual_seed(3)

@@ -233,16 +233,24 @@ def my_causal_softmax(scores: torch.Tensor) -> torch.Tensor:
 check("masking.causal_softmax", my_causal_softmax)
 
 # %% [markdown]
-# <details><summary>Hint</summary>The allowed positions are <code>torch.tril(torch.ones(n, n, dtype=torch.bool))</code>;
+# <details><summary>Hint 1</summary>
+#
+# Query i may see keys 0 ... i: a lower triangle. A masked score must give weight exactly 0 after
+# the softmax.
+# </details>
+#
+# <details><summary>Hint 2</summary>The allowed positions are <code>torch.tril(torch.ones(n, n, dtype=torch.bool))</code>;
 # fill the others (<code>~allowed</code>) with <code>float("-inf")</code>.</details>
 #
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def my_causal_softmax(scores: torch.Tensor) -> torch.Tensor:
 #     n = scores.shape[-1]
 #     allowed = torch.tril(torch.ones(n, n, dtype=torch.bool))
 #     return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+# ### END SOLUTION
 #
 #
 # check("masking.causal_softmax", my_causal_softmax)
@@ -372,20 +380,102 @@ def my_padding_mask(lengths: torch.Tensor, n: int) -> torch.Tensor:
 check("masking.padding_mask", my_padding_mask)
 
 # %% [markdown]
-# <details><summary>Hint</summary>Compare <code>torch.arange(n)</code> (shape <code>(n,)</code>)
+# <details><summary>Hint 1</summary>
+#
+# Position j of sentence b is real when j is smaller than that sentence's length.
+# </details>
+#
+# <details><summary>Hint 2</summary>Compare <code>torch.arange(n)</code> (shape <code>(n,)</code>)
 # with <code>lengths[:, None]</code> (shape <code>(B, 1)</code>): broadcasting gives
 # <code>(B, n)</code>.</details>
 #
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def my_padding_mask(lengths: torch.Tensor, n: int) -> torch.Tensor:
 #     return torch.arange(n) < lengths[:, None]
+# ### END SOLUTION
 #
 #
 # check("masking.padding_mask", my_padding_mask)
 # ```
 # </details>
+
+# %% [markdown]
+# ### Exercise 3: attention with both masks
+# Now the whole layer's core, the one `batched_heads` got from the helper above: write
+# `my_masked_attention(q, k, v, lengths)` for `q`, `k`, `v` of shape `(B, H, N, d)` and `lengths`
+# `(B,)`, returning `(output, weights)`, where no query puts weight on a later key or on a pad key.
+# The cell after it reruns the garbage test on your function.
+
+# %%
+def my_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal and padding attention: q, k (B, H, N, d), v (B, H, N, d_v), lengths (B,).
+    Returns output (B, H, N, d_v) and weights (B, H, N, N)."""
+    raise NotImplementedError
+
+
+check("masking.masked_attention", my_masked_attention)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Build one boolean mask that is True where a query may look: not in the future *and* not a pad.
+# Hide the rest before the softmax, so that each row's weights still sum to 1.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# Scaled scores `q @ k.transpose(-2, -1) / d ** 0.5`; the causal part is
+# `torch.tril(torch.ones(N, N, dtype=torch.bool))`; the padding part is
+# `torch.arange(N) < lengths[:, None]`, reshaped to `(B, 1, 1, N)` so that it hides key columns;
+# combine them with `&`, `masked_fill(~allowed, float("-inf"))`, softmax over `dim=-1`, then `@ v`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# def my_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+#                         lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+#     """Causal and padding attention: q, k (B, H, N, d), v (B, H, N, d_v), lengths (B,).
+#     Returns output (B, H, N, d_v) and weights (B, H, N, N)."""
+#     n, d = q.shape[-2], q.shape[-1]
+#     scores = q @ k.transpose(-2, -1) / d**0.5                   # (B, H, N, N)
+#     causal = torch.tril(torch.ones(n, n, dtype=torch.bool))     # (N, N): key j <= query i
+#     real = torch.arange(n) < lengths[:, None]                   # (B, N): key j is no pad
+#     allowed = causal & real[:, None, None, :]                   # (B, 1, N, N)
+#     weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+#     return weights @ v, weights
+# ### END SOLUTION
+#
+#
+# check("masking.masked_attention", my_masked_attention)
+# ```
+# </details>
+
+# %%
+from helpers.lab.exercises import yours_or
+
+
+def course_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The course's version: the helper with causal_mask & padding_mask."""
+    n = q.shape[-2]
+    return scaled_dot_product_attention(q, k, v, mask=causal_mask(n) & padding_mask(lengths, n))
+
+
+masked_attention = yours_or("masking.masked_attention", my_masked_attention, course_masked_attention)
+q, k, v = ((tokens @ w).unsqueeze(1).expand(-1, heads, -1, -1) for w in (W_Q, W_K, W_V))
+clean = masked_attention(q, k, v, lengths)[0]
+q, k, v = ((garbage @ w).unsqueeze(1).expand(-1, heads, -1, -1) for w in (W_Q, W_K, W_V))
+dirty = masked_attention(q, k, v, lengths)[0]
+moved = max((dirty[b, :, :n] - clean[b, :, :n]).abs().max().item() for b, n in enumerate(lengths.tolist()))
+torch.testing.assert_close(clean, clean_out)
+print("largest move of a real token's output after filling the pads with garbage:", moved)
+assert moved == 0
 
 # %% [markdown]
 # ## 7. A fully masked row, and how to avoid NaN
@@ -570,15 +660,23 @@ def my_local_mask(n: int, window: int) -> torch.Tensor:
 check("masking.local_mask", my_local_mask)
 
 # %% [markdown]
-# <details><summary>Hint</summary><code>offset = torch.arange(n)[:, None] - torch.arange(n)[None, :]</code>
+# <details><summary>Hint 1</summary>
+#
+# Key j is visible from query i when it is not in the future and not more than window - 1 steps
+# back.
+# </details>
+#
+# <details><summary>Hint 2</summary><code>offset = torch.arange(n)[:, None] - torch.arange(n)[None, :]</code>
 # is <code>i - j</code>; combine two comparisons with <code>&amp;</code>.</details>
 #
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def my_local_mask(n: int, window: int) -> torch.Tensor:
 #     offset = torch.arange(n)[:, None] - torch.arange(n)[None, :]
 #     return (offset >= 0) & (offset <= window)
+# ### END SOLUTION
 #
 #
 # check("masking.local_mask", my_local_mask)

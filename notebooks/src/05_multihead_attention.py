@@ -176,7 +176,13 @@ def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
 check("multihead_attention.split_heads", split_heads)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# The D features of a token are H blocks of D_H; each block becomes a head, and heads go before
+# tokens.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # Give the last axis two axes, `(H, D_H)`, with `.view(B, N, H, D_H)`; then swap the token and head
 # axes with `.transpose(1, 2)`.
@@ -185,10 +191,12 @@ check("multihead_attention.split_heads", split_heads)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
 #     """(B, N, H * D_H) -> (B, H, N, D_H)."""
 #     batch, n_tokens, width = x.shape
 #     return x.view(batch, n_tokens, n_heads, width // n_heads).transpose(1, 2)
+# ### END SOLUTION
 #
 #
 # _ = check("multihead_attention.split_heads", split_heads)
@@ -204,7 +212,12 @@ def merge_heads(heads: torch.Tensor) -> torch.Tensor:
 check("multihead_attention.merge_heads", merge_heads)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Undo split_heads step by step, in reverse order.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # Transpose back to `(B, N, H, D_H)`, then `.reshape(B, N, H * D_H)`. After a transpose the memory is
 # no longer in row order, so `.view` refuses; `.reshape` copies when it has to.
@@ -213,10 +226,12 @@ check("multihead_attention.merge_heads", merge_heads)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def merge_heads(heads: torch.Tensor) -> torch.Tensor:
 #     """(B, H, N, D_H) -> (B, N, H * D_H)."""
 #     batch, n_heads, n_tokens, head_dim = heads.shape
 #     return heads.transpose(1, 2).reshape(batch, n_tokens, n_heads * head_dim)
+# ### END SOLUTION
 #
 #
 # _ = check("multihead_attention.merge_heads", merge_heads)
@@ -258,6 +273,84 @@ b_qkv = torch.cat([fused.q_proj.bias, fused.k_proj.bias, fused.v_proj.bias])
 q_once, k_once, v_once = (x @ w_qkv.T + b_qkv).split(32, dim=-1)
 assert torch.allclose(q_once, fused.q_proj(x), atol=1e-6) and torch.allclose(v_once, fused.v_proj(x), atol=1e-6)
 print("one [D x 3D] product == three [D x D] products:", tuple(w_qkv.T.shape))
+
+# %% [markdown]
+# ### Exercise: the forward pass of multi-head attention
+#
+# Now write what `MultiHeadAttention.forward` does, from its four `nn.Linear` layers
+# (`mha.q_proj`, `mha.k_proj`, `mha.v_proj`, `mha.out_proj`) and `mha.n_heads`: `x` `(B, N, D)` in,
+# `(B, N, D)` out, with the causal mask when `causal` is true. `split_heads` and `merge_heads` (the
+# course's, imported above) may help. The cell after it proves your function equal to the module
+# and to PyTorch's own `torch.nn.MultiheadAttention`.
+
+# %%
+def my_mha_forward(x: torch.Tensor, mha: MultiHeadAttention, causal: bool = False) -> torch.Tensor:
+    """Multi-head self-attention of x (B, N, D) with the weights of `mha`. Returns (B, N, D)."""
+    raise NotImplementedError
+
+
+check("multihead_attention.mha_forward", my_mha_forward)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# The four steps of the table in section 3: project, split into heads, attend inside each head
+# (the heads never mix here), then put the heads side by side again and project with `W_O`.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `q = split_heads(mha.q_proj(x), mha.n_heads)`, the same for `k` and `v` (each `(B, H, N, D_H)`);
+# scores `q @ k.transpose(-2, -1) / D_H ** 0.5`; if `causal`, `masked_fill` the entries above the
+# diagonal with `float("-inf")`; softmax over `dim=-1`, `@ v`; then `mha.out_proj(merge_heads(heads))`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# def my_mha_forward(x: torch.Tensor, mha: MultiHeadAttention, causal: bool = False) -> torch.Tensor:
+#     """Multi-head self-attention of x (B, N, D) with the weights of `mha`. Returns (B, N, D)."""
+#     n_tokens = x.shape[1]
+#     q = split_heads(mha.q_proj(x), mha.n_heads)               # (B, H, N, D_H)
+#     k = split_heads(mha.k_proj(x), mha.n_heads)
+#     v = split_heads(mha.v_proj(x), mha.n_heads)
+#     scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5     # (B, H, N, N)
+#     if causal:
+#         future = ~torch.tril(torch.ones(n_tokens, n_tokens, dtype=torch.bool))
+#         scores = scores.masked_fill(future, float("-inf"))
+#     heads = torch.softmax(scores, dim=-1) @ v                 # (B, H, N, D_H)
+#     return mha.out_proj(merge_heads(heads))                   # (B, N, D)
+# ### END SOLUTION
+#
+#
+# _ = check("multihead_attention.mha_forward", my_mha_forward)
+# ```
+# </details>
+
+# %%
+from helpers.lab.exercises import yours_or
+
+
+def module_forward(x: torch.Tensor, mha: MultiHeadAttention, causal: bool = False) -> torch.Tensor:
+    """The course's forward: the module itself."""
+    return mha(x, causal=causal)
+
+
+mha_forward = yours_or("multihead_attention.mha_forward", my_mha_forward, module_forward)
+reference = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+with torch.no_grad():  # PyTorch keeps W_Q, W_K, W_V stacked in one (3·D, D) matrix
+    reference.in_proj_weight.copy_(w_qkv)
+    reference.in_proj_bias.copy_(b_qkv)
+    reference.out_proj.weight.copy_(fused.out_proj.weight)
+    reference.out_proj.bias.copy_(fused.out_proj.bias)
+    for causal in (False, True):
+        future = ~causal_mask(x.shape[1]) if causal else None  # PyTorch's mask: True = may NOT attend
+        theirs = reference(x, x, x, attn_mask=future, need_weights=False)[0]
+        gaps = [(mha_forward(x, fused, causal) - other).abs().max().item() for other in (fused(x, causal=causal), theirs)]
+        assert max(gaps) < 1e-5
+        print(f"causal={causal!s:5}: largest gap to the module and to torch.nn.MultiheadAttention below 1e-5: "
+              f"{max(gaps) < 1e-5}")
 
 # %% [markdown]
 # ## 4. What `W_O` does
@@ -519,7 +612,12 @@ def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, byte
 check("multihead_attention.kv_cache_bytes_per_token", kv_cache_bytes_per_token)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Count the numbers the cache keeps for one new token, then multiply by the bytes of each.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # Every layer stores, for every KV head, one key vector and one value vector of `head_dim` numbers.
 # </details>
@@ -527,9 +625,11 @@ check("multihead_attention.kv_cache_bytes_per_token", kv_cache_bytes_per_token)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
 #     """Bytes of KV cache that one token occupies."""
 #     return 2 * n_layers * n_kv_heads * head_dim * bytes_per_value
+# ### END SOLUTION
 #
 #
 # _ = check("multihead_attention.kv_cache_bytes_per_token", kv_cache_bytes_per_token)

@@ -151,7 +151,13 @@ def my_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps
 check("layers.layer_norm", my_layer_norm)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Each token's features are standardised on their own: subtract their mean, divide by their
+# standard deviation, then scale and shift.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # `x.mean(-1, keepdim=True)` keeps the last axis so that the subtraction broadcasts. The variance
 # is the mean of the squared deviations.
@@ -160,11 +166,13 @@ check("layers.layer_norm", my_layer_norm)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def my_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
 #     """x: (..., D); weight, bias: (D,) -> (..., D)."""
 #     mean = x.mean(-1, keepdim=True)
 #     variance = ((x - mean) ** 2).mean(-1, keepdim=True)
 #     return (x - mean) / torch.sqrt(variance + eps) * weight + bias
+# ### END SOLUTION
 #
 #
 # _ = check("layers.layer_norm", my_layer_norm)
@@ -320,7 +328,13 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: to
 check("layers.swiglu", swiglu)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Two projections of x: one goes through SiLU and gates the other element by element; a third
+# projects back.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # `F.silu` is SiLU. Only the gate projection goes through it.
 # </details>
@@ -328,9 +342,11 @@ check("layers.swiglu", swiglu)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
 #     """x: (..., D) -> (..., D)."""
 #     return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
+# ### END SOLUTION
 #
 #
 # _ = check("layers.swiglu", swiglu)
@@ -615,7 +631,13 @@ def my_distance_from_rank_one(x: torch.Tensor) -> torch.Tensor:
 check("layers.distance_from_rank_one", my_distance_from_rank_one)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Subtract the best rank-one approximation (the mean token repeated) and compare the size of what
+# is left with the size of the whole.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # The mean token is `x.mean(dim=-2, keepdim=True)`; `torch.linalg.matrix_norm` computes the
 # Frobenius norm over the last two dimensions.
@@ -624,10 +646,12 @@ check("layers.distance_from_rank_one", my_distance_from_rank_one)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def my_distance_from_rank_one(x: torch.Tensor) -> torch.Tensor:
 #     """x: (..., N, D) -> (...): ‖x - mean token‖_F / ‖x‖_F."""
 #     residual = x - x.mean(dim=-2, keepdim=True)
 #     return torch.linalg.matrix_norm(residual) / torch.linalg.matrix_norm(x)
+# ### END SOLUTION
 #
 #
 # _ = check("layers.distance_from_rank_one", my_distance_from_rank_one)
@@ -722,19 +746,75 @@ plt.show()
 #
 # `x = x + attn(ln1(x))`, then `x = x + mlp(ln2(x))`
 #
-# First in plain code from the pieces, then `helpers.model.layers.Block`, which must agree.
+# Write it yourself first, from the pieces; `helpers.model.layers.Block` must then agree with it.
+# The LayerNorms go through `norm`: your `my_layer_norm` from section 1 once it passes its check,
+# the course's `layer_norm` until then.
 
 # %%
-def pre_ln_block(x: torch.Tensor, ln1: nn.Module, attn: nn.Module, ln2: nn.Module, mlp: nn.Module) -> torch.Tensor:
+from helpers.lab.exercises import yours_or
+
+norm = yours_or("layers.layer_norm", my_layer_norm, layer_norm)
+
+# %% [markdown]
+# ### Exercise: the Pre-LN block
+#
+# Write `my_pre_ln_block(x, block, causal)`: the output `(B, N, D)` of `block`, a `Block`, from its
+# parts: `block.ln1` and `block.ln2` (each with `.weight`, `.bias` and `.eps`, for `norm`),
+# `block.attn` (call it as `block.attn(h, causal=causal)`) and the FFN `block.mlp`, whose two
+# `nn.Linear` layers `block.mlp.up` and `block.mlp.down` you apply yourself, with the exact GELU
+# (`F.gelu`) between them. The cell after it checks your block against `Block`.
+
+# %%
+def my_pre_ln_block(x: torch.Tensor, block: Block, causal: bool = True) -> torch.Tensor:
     """x: (B, N, D) -> (B, N, D): masked self-attention, then the FFN, each on a residual branch."""
-    x = x + attn(ln1(x), causal=True)
-    return x + mlp(ln2(x))
+    raise NotImplementedError
 
 
+check("layers.pre_ln_block", my_pre_ln_block)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# The residual stream `x` is never normalised itself: each branch reads a normalised *copy* of it
+# and adds its result back onto `x`. Attention first, then the FFN, each with its own LayerNorm.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `h = norm(x, block.ln1.weight, block.ln1.bias, block.ln1.eps)`; `x = x + block.attn(h, causal=causal)`;
+# the same with `block.ln2` for a new `h`; then return `x + block.mlp.down(F.gelu(block.mlp.up(h)))`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# def my_pre_ln_block(x: torch.Tensor, block: Block, causal: bool = True) -> torch.Tensor:
+#     """x: (B, N, D) -> (B, N, D): masked self-attention, then the FFN, each on a residual branch."""
+#     ln1, ln2, mlp = block.ln1, block.ln2, block.mlp
+#     h = norm(x, ln1.weight, ln1.bias, ln1.eps)          # (B, N, D): each token standardised
+#     x = x + block.attn(h, causal=causal)                 # the attention branch
+#     h = norm(x, ln2.weight, ln2.bias, ln2.eps)
+#     hidden = F.gelu(h @ mlp.up.weight.T + mlp.up.bias)  # (B, N, 4D)
+#     return x + hidden @ mlp.down.weight.T + mlp.down.bias  # the FFN branch
+# ### END SOLUTION
+#
+#
+# _ = check("layers.pre_ln_block", my_pre_ln_block)
+# ```
+# </details>
+
+# %%
+def course_block(x: torch.Tensor, block: Block, causal: bool = True) -> torch.Tensor:
+    """The course's block itself, standing in for an unfinished exercise."""
+    return block(x, causal=causal)
+
+
+pre_ln_block = yours_or("layers.pre_ln_block", my_pre_ln_block, course_block)
 torch.manual_seed(0)
 block = Block(d_model=64, n_heads=4)
 x = torch.randn(2, 10, 64)
-by_hand = pre_ln_block(x, block.ln1, block.attn, block.ln2, block.mlp)
+by_hand = pre_ln_block(x, block)
 assert torch.allclose(block(x), by_hand, atol=1e-6)
 print("Block == plain code:", torch.allclose(block(x), by_hand, atol=1e-6), "  output", tuple(block(x).shape))
 

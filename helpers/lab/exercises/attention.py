@@ -79,20 +79,34 @@ def scaled_attention(student: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, T
                                  f"{type(result).__name__}.")
         output, weights = result
         expected_out, expected_w = reference.scaled_dot_product_attention(q, k, v)
-        _explain_wrong_weights(weights, q, k, what)
+        _explain_wrong_weights(weights, q, k, what, d_v=v.shape[-1])
         expect_close(weights, expected_w, f"the weights for {what}")
         expect_close(output, expected_out, f"the output for {what}")
     return "Your function handles self-attention, cross-attention and batched heads alike."
 
 
-def _explain_wrong_weights(weights: object, q: Tensor, k: Tensor, what: str) -> None:
-    """Recognise the two classic mistakes: no 1/sqrt(d_k), and softmax over the wrong dim."""
+def _explain_wrong_weights(weights: object, q: Tensor, k: Tensor, what: str, d_v: int | None = None) -> None:
+    """Recognise the classic mistakes: no 1/sqrt(d_k), 1/d_k, 1/sqrt(d_v), the scale after the
+    softmax, and the softmax over the wrong dim."""
     if not isinstance(weights, Tensor) or weights.shape[-2:] != (q.shape[-2], k.shape[-2]):
         return
     scores = q @ k.transpose(-2, -1)
     if torch.allclose(weights, reference.softmax(scores), atol=1e-9):
         raise ExerciseFailed(f"for {what} your weights are softmax(q k^T): divide the scores by "
                              f"sqrt(d_k) = {math.sqrt(q.shape[-1]):.3f} before the softmax.")
+    d_k = q.shape[-1]
+    d_v = d_k if d_v is None else d_v
+    slips = {f"your weights are softmax(q k^T / d_k): divide by sqrt(d_k) = {math.sqrt(d_k):.3f}, "
+             f"not by d_k = {d_k}.": reference.softmax(scores / d_k),
+             "your weights are softmax(q k^T) / sqrt(d_k): the scale goes on the scores, before "
+             "the softmax, so that each row still sums to 1.": reference.softmax(scores) / math.sqrt(d_k)}
+    if d_v != d_k:
+        slips[f"you divided the scores by sqrt(d_v) = {math.sqrt(d_v):.3f}: the scale is sqrt(d_k) = "
+              f"{math.sqrt(d_k):.3f}, the size of the vectors in each dot product."] = \
+            reference.softmax(scores / math.sqrt(d_v))
+    for slip, wrong in slips.items():
+        if torch.allclose(weights, wrong, atol=1e-9):
+            raise ExerciseFailed(f"for {what} {slip}")
     if q.shape[-2] > 1 and torch.allclose(weights, reference.softmax(scores / math.sqrt(q.shape[-1]), dim=-2), atol=1e-9):
         raise ExerciseFailed(f"for {what} your weights' columns sum to 1: each query (row) must get "
                              "a distribution over the keys, so take the softmax over dim=-1.")

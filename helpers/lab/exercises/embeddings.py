@@ -1,4 +1,5 @@
-"""Exercises of notebook 2 (embeddings): a lookup as a product, nearest neighbours, sinusoids."""
+"""Exercises of notebook 2 (embeddings): a lookup as a product, the word vectors' training step,
+nearest neighbours, sinusoids."""
 
 from __future__ import annotations
 
@@ -154,3 +155,85 @@ def sinusoidal_table(student: Callable[..., Tensor]) -> str:
                      f"d_model={d_model}, base={base:g}", atol=1e-5)
     return (f"Its slowest pair for d_model=16 has a wavelength of "
             f"2 pi 10000^(14/16) = {2 * math.pi * 10000 ** (14 / 16):,.0f} positions.")
+
+
+# --- the core exercise: one training step of the word-vector model -----------------------------
+
+def training_step_variant(embedding: torch.nn.Embedding, predict_neighbour: torch.nn.Linear,
+                          optimizer: torch.optim.Optimizer, pair_share: Tensor, *, zero_grad: bool = True,
+                          reduce: str = "sum", sign: float = -1.0, log: bool = True, dim: int = -1,
+                          step: bool = True) -> float:
+    """One step of the notebook's word-vector training, right by default, or with a usual slip."""
+    every_word = torch.arange(pair_share.shape[0])
+    logits = predict_neighbour(embedding(every_word))                              # (V, V)
+    scores = torch.log_softmax(logits, dim=dim) if log else torch.softmax(logits, dim=dim)
+    picked = pair_share * scores
+    loss = sign * (picked.sum() if reduce == "sum" else picked.mean())
+    if zero_grad:
+        optimizer.zero_grad()
+    loss.backward()
+    if step:
+        optimizer.step()
+    return loss.item()
+
+
+def course_training_step(embedding: torch.nn.Embedding, predict_neighbour: torch.nn.Linear,
+                         optimizer: torch.optim.Optimizer, pair_share: Tensor) -> float:
+    """The course's training step, standing in for the exercise until it passes its check."""
+    return training_step_variant(embedding, predict_neighbour, optimizer, pair_share)
+
+
+STEP_SLIPS = {
+    "never clears the gradients: call optimizer.zero_grad() before loss.backward(), or each "
+    "step adds the old gradients to the new": {"zero_grad": False},
+    "averages over all V x V entries: the pair shares already sum to 1, so the loss is their "
+    "weighted sum": {"reduce": "mean"},
+    "has the sign flipped: the loss is minus the log-probability, so that lowering it raises "
+    "the probability of real neighbours": {"sign": 1.0},
+    "weights the probabilities, not their logarithm: the cross-entropy uses log_softmax": {"log": False},
+    "normalises over dim=0: each word's row (dim=-1) is a distribution over its neighbours": {"dim": 0},
+    "never changes the parameters: call optimizer.step() after loss.backward()": {"step": False},
+}
+
+
+def _word_model(seed: int, vocab_size: int, d_model: int) -> tuple[Any, Any, Any, Tensor]:
+    """A small embedding, its neighbour predictor, their Adam and a (V, V) table of pair shares."""
+    with torch.random.fork_rng():  # leave the notebook's random numbers as they were
+        torch.manual_seed(seed)
+        embedding = torch.nn.Embedding(vocab_size, d_model, dtype=torch.float64)
+        predict = torch.nn.Linear(d_model, vocab_size, dtype=torch.float64)
+        counts = torch.randint(0, 5, (vocab_size, vocab_size)).double()
+    counts = counts + counts.T + torch.eye(vocab_size)  # symmetric, and no word without a neighbour
+    optimizer = torch.optim.Adam([*embedding.parameters(), *predict.parameters()], lr=0.05)
+    return embedding, predict, optimizer, counts / counts.sum()
+
+
+def _run_steps(step: Callable[..., Any], seed: int, n_steps: int = 3) -> tuple[list[float], Tensor]:
+    embedding, predict, optimizer, share = _word_model(seed, 6, 3)
+    losses = []
+    for _ in range(n_steps):
+        loss = step(embedding, predict, optimizer, share)
+        losses.append(float(loss.detach() if isinstance(loss, Tensor) else loss))
+    return losses, embedding.weight.detach().clone()
+
+
+@exercise(hint="Score every word's neighbours with log_softmax over each row, weight each (word, "
+               "neighbour) entry by its share and sum, negate; then zero_grad, backward, step.",
+          task="Write training_step(embedding, predict_neighbour, optimizer, pair_share) that runs "
+               "one step of training and returns the loss as a float. The check runs three steps "
+               "from the same start as the course's step and compares the losses and the vectors.")
+def training_step(student: Callable[..., Any]) -> str:
+    for seed in (0,):
+        got = _run_steps(student, seed)
+        want_losses, want_weight = _run_steps(training_step_variant, seed)
+        same_losses = torch.allclose(torch.tensor(got[0]), torch.tensor(want_losses), rtol=1e-9, atol=1e-12)
+        if not (same_losses and torch.allclose(got[1], want_weight, atol=1e-9)):
+            for slip, knobs in STEP_SLIPS.items():
+                losses, weight = _run_steps(lambda *a, knobs=knobs: training_step_variant(*a, **knobs), seed)
+                if torch.allclose(torch.tensor(got[0]), torch.tensor(losses)) and torch.allclose(got[1], weight):
+                    raise ExerciseFailed(f"your step {slip}.")
+        if not same_losses:
+            raise ExerciseFailed(f"over three steps your losses are {[round(g, 6) for g in got[0]]}, expected "
+                                 f"{[round(w, 6) for w in want_losses]}.")
+        expect_close(got[1], want_weight, "the word vectors after three steps", atol=1e-9)
+    return "The notebook's training now runs on your step."

@@ -1,4 +1,5 @@
-"""Exercises of notebook 6 (LayerNorm, FFN and residuals): LayerNorm by hand, SwiGLU, rank collapse."""
+"""Exercises of notebook 6 (LayerNorm, FFN and residuals): LayerNorm by hand, SwiGLU, rank collapse,
+the Pre-LN block."""
 
 from __future__ import annotations
 
@@ -102,3 +103,72 @@ def distance_from_rank_one(student: Callable[[torch.Tensor], torch.Tensor]) -> s
     expect_close(student(same_token), torch.tensor(0.0), "the distance for 5 copies of one token", atol=1e-5)
     expect_close(student(10 * x), expected, "the distance for 10 * x (it should not change)", atol=1e-5)
     return "0 for identical tokens, and blind to the overall scale."
+
+
+# --- the core exercise: a Pre-LN transformer block ---------------------------------------------
+
+def block_variant(x: torch.Tensor, block: layers.Block, causal: bool = True, *, order: str = "pre",
+                  attn_residual: str = "x", mlp_residual: bool = True, second_norm: str = "ln2",
+                  activation: str = "gelu", attn_causal: bool = True, final_norm: bool = False) -> torch.Tensor:
+    """A Pre-LN block's forward written out, right by default, or with a usual slip (to name it)."""
+    def norm(t: torch.Tensor, ln: layers.LayerNorm) -> torch.Tensor:
+        return layers.layer_norm(t, ln.weight, ln.bias, ln.eps)
+
+    def mlp(t: torch.Tensor) -> torch.Tensor:
+        act = {"gelu": F.gelu, "relu": F.relu, "tanh": lambda u: F.gelu(u, approximate="tanh")}[activation]
+        return block.mlp.down(act(block.mlp.up(t)))
+
+    def attn(t: torch.Tensor) -> torch.Tensor:
+        return block.attn(t, causal=causal and attn_causal)
+
+    if order == "post":
+        x = norm(x + attn(x), block.ln1)
+        return norm(x + mlp(x), block.ln2)
+    h = norm(x, block.ln1)
+    x = {"x": x, "none": 0.0, "normed": h}[attn_residual] + attn(h)
+    h = norm(x, block.ln2 if second_norm == "ln2" else block.ln1)
+    out = x + mlp(h) if mlp_residual else mlp(h)
+    return norm(out, block.ln2) if final_norm else out
+
+
+BLOCK_SLIPS = {
+    "normalises after each residual add (Post-LN, 2017): Pre-LN normalises the branch's input, "
+    "x + attn(ln1(x))": {"order": "post"},
+    "has no residual around attention: x = x + attn(ln1(x)), not attn(ln1(x))": {"attn_residual": "none"},
+    "adds the attention branch to the normalised x: the residual stream carries x itself, "
+    "x + attn(ln1(x))": {"attn_residual": "normed"},
+    "has no residual around the FFN: the output is x + mlp(ln2(x))": {"mlp_residual": False},
+    "uses ln1 before the FFN too: each branch has its own LayerNorm, ln2 for the FFN": {"second_norm": "ln1"},
+    "uses ReLU in the FFN: this block's activation is the exact GELU, F.gelu": {"activation": "relu"},
+    "uses the tanh approximation of GELU: this block's activation is the exact F.gelu": {"activation": "tanh"},
+    "ignores causal=True: pass it on to the attention": {"attn_causal": False},
+    "normalises the block's output: Pre-LN leaves the residual stream as it is (GPT-2 normalises "
+    "once, after the last block)": {"final_norm": True},
+}
+
+
+@exercise(hint="Two residual branches in turn, each reading a normalised copy of the stream: "
+               "x = x + attn(ln1(x)), then x + down(gelu(up(ln2(x)))).",
+          task="Write pre_ln_block(x, block, causal) returning the (B, N, D) output of the Pre-LN "
+               "Block `block`, using its ln1, attn, ln2 and mlp weights. The check compares with "
+               "block(x) on random weights, causal and not, one token included.")
+def pre_ln_block(student: Callable[..., torch.Tensor]) -> str:
+    for seed, (batch, n, d, h, causal) in enumerate(((2, 5, 8, 2, True), (1, 4, 12, 3, False), (2, 1, 8, 2, True))):
+        with torch.random.fork_rng():  # leave the notebook's random numbers as they were
+            torch.manual_seed(seed)
+            block = layers.Block(d, h).double()
+            with torch.no_grad():  # LayerNorms that differ, so that ln1 and ln2 cannot be swapped
+                for ln in (block.ln1, block.ln2):
+                    ln.weight.normal_(1.0, 0.3)
+                    ln.bias.normal_(0.0, 0.3)
+            x = torch.randn(batch, n, d, dtype=torch.float64) * 2 + 1
+        what = f"x {tuple(x.shape)}, causal={causal}"
+        with torch.no_grad():
+            got = student(x.clone(), block, causal)
+            want = block(x, causal=causal)
+            if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.allclose(got.double(), want, atol=1e-6):
+                for slip, knobs in BLOCK_SLIPS.items():
+                    if torch.allclose(got.double(), block_variant(x, block, causal, **knobs), atol=1e-6):
+                        raise ExerciseFailed(f"for {what} your block {slip}.")
+        expect_close(got, want, f"the block's output for {what}", atol=1e-6)
+    return "That is GPT-2's block; notebook 7 stacks twelve of them."

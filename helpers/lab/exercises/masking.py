@@ -1,4 +1,5 @@
-"""Exercises of notebook 4 (masking): a causal softmax, a padding mask, a sliding-window mask."""
+"""Exercises of notebook 4 (masking): a causal softmax, a padding mask, attention with both masks,
+a sliding-window mask."""
 
 from __future__ import annotations
 
@@ -91,3 +92,72 @@ def local_mask(student: Callable[[int, int], Tensor]) -> str:
                                      f"{window} are allowed ({window + 1} keys).")
         _expect_bool(got, expected, f"local_mask({n}, {window})")
     return "Each query now sees at most window + 1 keys, so the cost grows as n * window, not n^2."
+
+
+# --- the core exercise: attention with a causal and a padding mask -----------------------------
+
+def masked_attention_variant(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, *, scale: bool = True,
+                             fill: float = float("-inf"), after_softmax: bool = False,
+                             causal: str = "tril", padding: str = "keys") -> tuple[Tensor, Tensor]:
+    """Causal + padding attention, right by default, or with one of the usual slips (to name it)."""
+    n = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / (q.shape[-1] ** 0.5 if scale else 1.0)
+    ones = torch.ones(n, n, dtype=torch.bool)
+    allowed = {"tril": ones.tril(), "triu": ones.triu(), "none": ones}[causal]
+    positions = torch.arange(n)
+    real = positions <= lengths[:, None] if padding == "keys_le" else positions < lengths[:, None]
+    if padding in ("keys", "keys_le"):
+        allowed = allowed & real[:, None, None, :]
+    elif padding == "queries":
+        allowed = allowed & real[:, None, :, None]
+    if after_softmax:
+        weights = torch.softmax(scores, dim=-1) * allowed
+    else:
+        weights = torch.softmax(scores.masked_fill(~allowed, fill), dim=-1)
+    return weights @ v, weights
+
+
+MASK_SLIPS = {
+    "applies the mask after the softmax: fill the scores first, then take the softmax, so that "
+    "each row's weights still sum to 1": {"after_softmax": True},
+    "fills the masked scores with 0, and exp(0) = 1: fill them with float('-inf')": {"fill": 0.0},
+    "forgot the 1/sqrt(d) scale of the scores": {"scale": False},
+    "has no causal mask: query i must not see the keys after it": {"causal": "none"},
+    "has the causal mask upside down: query i sees keys 0 ... i (torch.tril), not i ... n - 1": {"causal": "triu"},
+    "lets real tokens see the pads: a padding mask hides the pad keys (the columns)": {"padding": "none"},
+    "hides the pad queries (rows) instead of the pad keys (columns)": {"padding": "queries"},
+    "shows one pad too many: position j is real when j < length, not j <= length": {"padding": "keys_le"},
+}
+
+
+@exercise(hint="One boolean mask, (B, 1, N, N) = causal (N, N) & padding (B, 1, 1, N), filled into the "
+               "scaled scores with -inf before the softmax over the keys.",
+          task="Write masked_attention(q, k, v, lengths) for q, k, v (B, H, N, d) returning (output, "
+               "weights), with no weight on a later key or on a pad key. The check tries lengths "
+               "[5, 3, 1] and a single token, and compares with the course's attention.")
+def masked_attention(student: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> str:
+    generator = torch.Generator().manual_seed(6)
+    for shape, d_v, lengths in (((3, 2, 5, 4), 3, [5, 3, 1]), ((1, 1, 1, 2), 2, [1]), ((2, 3, 4, 8), 8, [2, 4])):
+        q, k = (torch.randn(*shape, generator=generator, dtype=torch.float64) for _ in range(2))
+        v = torch.randn(*shape[:-1], d_v, generator=generator, dtype=torch.float64)
+        lengths_t = torch.tensor(lengths)
+        what = f"q, k {shape}, v {tuple(v.shape)}, lengths {lengths}"
+        got = student(q, k, v, lengths_t.clone())
+        if not isinstance(got, tuple) or len(got) != 2:
+            raise ExerciseFailed(f"return a pair (output, weights); for {what} you returned a "
+                                 f"{type(got).__name__}.")
+        n = shape[-2]
+        mask = reference.causal_mask(n) & reference.padding_mask(lengths_t, n)
+        want_out, want_w = reference.scaled_dot_product_attention(q, k, v, mask=mask)
+        out, weights = got
+        if isinstance(weights, Tensor) and weights.shape == want_w.shape and not torch.allclose(weights, want_w):
+            slips = {slip: masked_attention_variant(q, k, v, lengths_t, **knobs)[1] for slip, knobs in MASK_SLIPS.items()}
+            # A row a slip masks entirely is NaN there, or anything with a finite fill: compare the
+            # other rows, trying first the slips that leave the fewest such rows.
+            for slip, wrong in sorted(slips.items(), key=lambda item: int(item[1].isnan().sum())):
+                seen = ~wrong.isnan()
+                if torch.allclose(weights.double()[seen], wrong[seen]):
+                    raise ExerciseFailed(f"for {what} your attention {slip}.")
+        expect_close(weights, want_w, f"the weights for {what}")
+        expect_close(out, want_out, f"the output for {what}")
+    return "No token reads the future or a pad; the next cell runs on your function."

@@ -1,4 +1,5 @@
-"""Exercises of notebook 5 (multi-head attention): splitting and merging heads, sizing a KV cache."""
+"""Exercises of notebook 5 (multi-head attention): splitting and merging heads, the forward pass,
+sizing a KV cache."""
 
 from __future__ import annotations
 
@@ -85,3 +86,65 @@ def kv_cache_bytes_per_token(student: Callable[[int, int, int, int], int]) -> st
         raise ExerciseFailed(f"{call} gave {got!r}, expected {expected}.")
     gpt3 = multihead.kv_cache_bytes_per_token(96, 96, 128, 2) / 2**20
     return f"GPT-3 (96 layers, 96 heads of 128, fp16) keeps {gpt3:.1f} MiB for every token."
+
+
+# --- the core exercise: the forward pass of multi-head attention -------------------------------
+
+def mha_variant(x: torch.Tensor, mha: multihead.MultiHeadAttention, causal: bool = False, *,
+                scale: str = "head", split: str = "transpose", merge: str = "transpose",
+                out_proj: bool = True, mask: bool = True) -> torch.Tensor:
+    """The forward of `mha` on x (B, N, D), right by default, or with a usual slip (to name it)."""
+    batch, n, d = x.shape
+    h = mha.n_heads
+
+    def split_(t: torch.Tensor) -> torch.Tensor:
+        if split == "view":  # (B, N, D) read straight as (B, H, N, D_H): tokens and heads mixed
+            return t.reshape(batch, h, n, d // h)
+        return t.view(batch, n, h, d // h).transpose(1, 2)
+
+    q, k, v = (split_(proj(x)) for proj in (mha.q_proj, mha.k_proj, mha.v_proj))
+    size = {"head": d // h, "model": d, "none": 1}[scale]
+    scores = q @ k.transpose(-2, -1) / size ** 0.5
+    if causal and mask:
+        scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    heads = torch.softmax(scores, dim=-1) @ v                       # (B, H, N, D_H)
+    merged = heads.reshape(batch, n, d) if merge == "view" else heads.transpose(1, 2).reshape(batch, n, d)
+    return mha.out_proj(merged) if out_proj else merged
+
+
+MHA_SLIPS = {
+    "scales the scores by 1/sqrt(d_model): each head's dot products have D_H terms, so the "
+    "scale is 1/sqrt(head_dim)": {"scale": "model"},
+    "forgot the 1/sqrt(head_dim) scale of the scores": {"scale": "none"},
+    "splits the heads by reading (B, N, D) straight as (B, H, N, D_H), which mixes tokens: "
+    "view as (B, N, H, D_H) first, then move the head axis": {"split": "view"},
+    "merges the heads by reading (B, H, N, D_H) straight as (B, N, D), which mixes tokens: "
+    "move the head axis back after the tokens first": {"merge": "view"},
+    "forgot the output projection W_O (mha.out_proj) after merging the heads": {"out_proj": False},
+    "ignores causal=True: with it, query i sees keys 0 ... i only": {"mask": False},
+}
+
+
+@exercise(hint="Project x three times, split each into heads (B, H, N, D_H), attend within each head "
+               "(scaled by sqrt(D_H), causal when asked), merge the heads back and apply out_proj.",
+          task="Write mha_forward(x, mha, causal) returning the (B, N, D) output of the "
+               "MultiHeadAttention module mha, using its q_proj, k_proj, v_proj and out_proj. The "
+               "check compares with mha(x) for 1 to 4 heads, with and without causal, a single "
+               "token included.")
+def mha_forward(student: Callable[..., torch.Tensor]) -> str:
+    for seed, (batch, n, d, h, causal) in enumerate(((2, 5, 8, 2, False), (2, 5, 8, 2, True),
+                                                      (1, 6, 12, 4, True), (3, 1, 6, 1, True))):
+        with torch.random.fork_rng():  # leave the notebook's random numbers as they were
+            torch.manual_seed(seed)
+            mha = multihead.MultiHeadAttention(d, h).double()
+            x = torch.randn(batch, n, d, dtype=torch.float64)
+        what = f"x {tuple(x.shape)}, {h} heads, causal={causal}"
+        with torch.no_grad():
+            got = student(x.clone(), mha, causal)
+            want = mha(x, causal=causal)
+            if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.allclose(got, want):
+                for slip, knobs in MHA_SLIPS.items():
+                    if torch.allclose(got.double(), mha_variant(x, mha, causal, **knobs)):
+                        raise ExerciseFailed(f"for {what} your forward {slip}.")
+        expect_close(got, want, f"the output for {what}", atol=1e-6)
+    return "Your forward equals MultiHeadAttention's; the next cell proves it equals PyTorch's too."

@@ -1,4 +1,5 @@
-"""Checked exercises of notebook 01, tokenization: count pairs, apply merges, decode bytes.
+"""Checked exercises of notebook 01, tokenization: count pairs, the training loop, apply merges,
+decode bytes.
 
 Each checker runs the student's function on a few small cases, the tricky ones included, and
 compares it with the course's own implementation in `helpers.text.bpe`.
@@ -6,6 +7,7 @@ compares it with the course's own implementation in `helpers.text.bpe`.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +15,8 @@ import numpy as np
 
 from helpers.lab.exercises import ExerciseFailed, exercise, expect_count
 from helpers.text import bpe as reference
+from helpers.text.chars import pre_split
+from helpers.text.corpus import TOY_SOUP
 
 
 def _is_int(value: Any) -> bool:
@@ -107,3 +111,76 @@ def decode_ids(student: Callable[[list[int], dict[int, bytes]], Any]) -> str:
             raise ExerciseFailed(f"for ids={ids} (tokens {pieces}) you returned {got!r}, "
                                  f"expected {expected!r}.")
     return "Bytes first, text last: that is why byte-level BPE can encode any text."
+
+
+# --- the core exercise: the BPE training loop --------------------------------------------------
+
+def _variant(text: str, n_merges: int, split: bool = True, tie: str = "bytes",
+             recount: bool = True) -> list[tuple[int, int]]:
+    """The training loop, right by default, or with one of the usual slips (to name it)."""
+    chunks = [list(c.encode("utf-8")) for c in (pre_split(text) if split else [text])]
+    vocab = [bytes([byte]) for byte in range(256)]
+    merges: list[tuple[int, int]] = []
+    counts: Counter = Counter()
+    for step in range(n_merges):
+        if recount or step == 0:
+            counts = Counter()
+            for ids in chunks:
+                counts.update(reference.count_pairs(ids))
+        counts = Counter({pair: n for pair, n in counts.items() if n > 0})
+        if not counts:
+            break
+        if tie == "bytes":
+            pair = reference.most_frequent_pair(counts, vocab)
+        elif tie == "first":
+            pair = counts.most_common(1)[0][0]
+        else:  # the greatest ids, which is the byte order only while every id is a byte
+            top = max(counts.values())
+            pair = max(p for p, n in counts.items() if n == top)
+        merges.append(pair)
+        vocab.append(vocab[pair[0]] + vocab[pair[1]])
+        chunks = [reference.merge(ids, pair, 256 + step) for ids in chunks]
+        del counts[pair]
+    return merges
+
+
+SLIPS = {
+    "merges across chunk boundaries: pre-split the text first and count pairs inside each chunk "
+    "only (pre_split(text))": {"split": False},
+    "merges the wrong pair on a tie (you took the first pair counted): among equally frequent "
+    "pairs take the one whose byte strings are greatest, most_frequent_pair(counts, vocab)": {"tie": "first"},
+    "merges the wrong pair on a tie (you compared the ids): a tie goes to the greatest byte strings, "
+    "so keep vocab (id -> bytes) and call most_frequent_pair(counts, vocab)": {"tie": "ids"},
+    "counts the pairs only once: count again after every merge, since a merge removes pairs and "
+    "makes new ones": {"recount": False},
+}
+TRAIN_CASES = [("low lower lowest newer wider new", 10), (TOY_SOUP, 12), ("aaab ab", 10), ("soup", 0)]
+
+
+@exercise(hint="Each step: count the pairs of every chunk, pick the most frequent (ties by the "
+               "bytes they spell), replace it everywhere by the next new id; stop early when no "
+               "chunk has a pair left.",
+          task="Write train_textbook(text, n_merges) returning the list of merged pairs in order. "
+               "The check trains on four texts (one runs out of pairs, one asks for 0 merges) and "
+               "compares every merge with the course's trainer.")
+def train_bpe(student: Callable[[str, int], Any]) -> str:
+    for text, n_merges in TRAIN_CASES:
+        got = student(text, n_merges)
+        if not isinstance(got, list):
+            raise ExerciseFailed(f"train_textbook({text!r}, {n_merges}) returned a {type(got).__name__}, "
+                                 "expected a list of (left, right) pairs.")
+        got = [tuple(pair) if isinstance(pair, list | tuple) else pair for pair in got]
+        expected = [m.pair for m in reference.textbook_merges(text, n_merges)]
+        if got == expected:
+            continue
+        for slip, knobs in SLIPS.items():
+            if got == _variant(text, n_merges, **knobs):
+                raise ExerciseFailed(f"on {text!r} your loop {slip}.")
+        if got == expected[:len(got)] and len(got) < len(expected):
+            raise ExerciseFailed(f"on {text!r} you returned {len(got)} merges, expected {len(expected)}: "
+                                 f"the first {len(got)} are right, keep going until n_merges.")
+        first = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), None)
+        where = f"merge {first} is {got[first]}, expected {expected[first]}" if first is not None else \
+            f"you returned {len(got)} merges, expected {len(expected)}"
+        raise ExerciseFailed(f"train_textbook({text!r}, {n_merges}): {where}.")
+    return "That is the textbook BPE loop; the rest of the notebook trains with it."

@@ -1,0 +1,408 @@
+"""The core exercises of notebooks 1-6 (the pieces the notebooks then run on) accept every correct
+formulation and name each usual mistake; `yours_or` picks the student's function or the helper.
+
+Each wrong answer here is written the way a student would write it, independently of the
+checker's own list of slips, so a test fails if the checker stops recognising the mistake. The
+cases (CORE_CASES) are judged by tests/test_checkers.py's test_checker_judges, beside the others.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import helpers.lab.exercises as exercises
+from helpers.model.attention import causal_mask, padding_mask, scaled_dot_product_attention
+from helpers.model.multihead import merge_heads, split_heads
+from helpers.text.bpe import count_pairs, merge, most_frequent_pair, textbook_merges
+from helpers.text.chars import pre_split
+
+
+def verdict(name: str, answer) -> tuple[bool, str]:
+    return exercises.evaluate(name, answer, time_limit=60)
+
+
+# --- 01: the BPE training loop -------------------------------------------------------------------
+
+def bpe_loop(split: bool = True, tie: str = "bytes", recount: bool = True):
+    """A student's training loop; `tie` and `recount` choose its slips."""
+    def train_textbook(text: str, n_merges: int) -> list[tuple[int, int]]:
+        chunks = [list(c.encode("utf-8")) for c in (pre_split(text) if split else [text])]
+        vocab = [bytes([b]) for b in range(256)]
+        merges = []
+        counts = Counter()
+        for ids in chunks:
+            counts.update(count_pairs(ids))
+        while len(merges) < n_merges:
+            if recount:
+                counts = Counter()
+                for ids in chunks:
+                    counts.update(count_pairs(ids))
+            counts = +counts  # drop zero and negative counts
+            if not counts:
+                break
+            if tie == "bytes":
+                pair = most_frequent_pair(counts, vocab)
+            elif tie == "first":
+                pair = max(counts, key=counts.get)  # the first of the tied pairs counted
+            else:
+                pair = max(counts, key=lambda p: (counts[p], p))
+            merges.append(pair)
+            vocab.append(vocab[pair[0]] + vocab[pair[1]])
+            chunks = [merge(ids, pair, 256 + len(merges) - 1) for ids in chunks]
+            counts[pair] = 0
+        return merges
+    return train_textbook
+
+
+BPE_CASES = [
+    (bpe_loop(), None),
+    (lambda text, n: [m.pair for m in textbook_merges(text, n)], None),
+    (lambda text, n: [list(m.pair) for m in textbook_merges(text, n)], None),  # lists for pairs are fine
+    (bpe_loop(split=False), "merges across chunk boundaries"),
+    (bpe_loop(tie="first"), "wrong pair on a tie (you took the first pair counted)"),
+    (bpe_loop(tie="ids"), "wrong pair on a tie (you compared the ids)"),
+    (bpe_loop(recount=False), "counts the pairs only once"),
+    (lambda text, n: [m.pair for m in textbook_merges(text, n)][:-1] if n else [], "keep going until n_merges"),
+    (lambda text, n: tuple(m.pair for m in textbook_merges(text, n)), "expected a list"),
+]
+
+
+
+def test_bpe_loop_that_never_stops_early_is_refused_with_where_it_broke():
+    def no_break(text, n_merges):
+        chunks, merges = [list(c.encode()) for c in pre_split(text)], []
+        for step in range(n_merges):
+            counts = Counter()
+            for ids in chunks:
+                counts.update(count_pairs(ids))
+            pair = most_frequent_pair(counts)  # raises once no pair is left
+            merges.append(pair)
+            chunks = [merge(ids, pair, 256 + step) for ids in chunks]
+        return merges
+    passed, said = verdict("tokenization.train_bpe", no_break)
+    assert not passed and "raised" in said
+
+
+# --- 02: the word vectors' training step ---------------------------------------------------------
+
+def word_step(zero_grad: str = "before", reduce: str = "sum", sign: float = -1.0, log: bool = True,
+              dim: int = -1, step: bool = True):
+    def training_step(embedding, predict_neighbour, optimizer, pair_share):
+        logits = predict_neighbour(embedding.weight)  # every word's row: the same as embedding(arange(V))
+        if log:
+            scores = logits.log_softmax(dim)
+        else:
+            scores = logits.softmax(dim)
+        weighted = pair_share * scores
+        loss = sign * (weighted.sum() if reduce == "sum" else weighted.mean())
+        if zero_grad == "before":
+            optimizer.zero_grad()
+        loss.backward()
+        if step:
+            optimizer.step()
+        if zero_grad == "after":
+            optimizer.zero_grad()
+        return loss  # a 0-d tensor is accepted as the float
+    return training_step
+
+
+STEP_CASES = [
+    (word_step(), None),
+    (word_step(zero_grad="after"), None),
+    (word_step(zero_grad="never"), "never clears the gradients"),
+    (word_step(reduce="mean"), "averages over all V x V entries"),
+    (word_step(sign=1.0), "sign flipped"),
+    (word_step(log=False), "not their logarithm"),
+    (word_step(dim=0), "normalises over dim=0"),
+    (word_step(step=False), "never changes the parameters"),
+]
+
+
+
+# --- 03: scaled dot-product attention ------------------------------------------------------------
+
+def attention_answer(scale: str = "sqrt_dk"):
+    def my_attention(q, k, v):
+        scores = q @ k.transpose(-2, -1)
+        if scale == "sqrt_dk":
+            scores = scores / math.sqrt(q.shape[-1])
+        elif scale == "dk":
+            scores = scores / q.shape[-1]
+        elif scale == "sqrt_dv":
+            scores = scores / math.sqrt(v.shape[-1])
+        weights = scores.softmax(-1)
+        if scale == "after":
+            weights = weights / math.sqrt(q.shape[-1])
+        return weights @ v, weights
+    return my_attention
+
+
+ATTENTION_CASES = [
+    (attention_answer(), None),
+    (lambda q, k, v: (F.scaled_dot_product_attention(q, k, v),
+                      (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(-1)), None),
+    (attention_answer("none"), "divide the scores by"),
+    (attention_answer("dk"), "not by d_k"),
+    (attention_answer("sqrt_dv"), "sqrt(d_v)"),
+    (attention_answer("after"), "before the softmax"),
+]
+
+
+
+# --- 04: attention with a causal and a padding mask ----------------------------------------------
+
+def masked_answer(slip: str = ""):
+    def my_masked_attention(q, k, v, lengths):
+        n = q.shape[-2]
+        scores = q @ k.transpose(-2, -1)
+        if slip != "unscaled":
+            scores = scores / math.sqrt(q.shape[-1])
+        causal = torch.ones(n, n).tril().bool()
+        if slip == "upside_down":
+            causal = torch.ones(n, n).triu().bool()
+        if slip == "no_causal":
+            causal = torch.ones(n, n).bool()
+        keys = torch.arange(n)[None, :]
+        real = keys <= lengths[:, None] if slip == "le" else keys < lengths[:, None]  # (B, N)
+        if slip == "no_padding":
+            real = torch.ones_like(real)
+        allowed = causal & (real[:, None, :, None] if slip == "rows" else real[:, None, None, :])
+        if slip == "after":
+            weights = scores.softmax(-1).masked_fill(~allowed, 0.0)
+        else:
+            weights = scores.masked_fill(~allowed, 0.0 if slip == "zero" else -1e9).softmax(-1)
+        return weights @ v, weights
+    return my_masked_attention
+
+
+def masked_with_torch(q, k, v, lengths):
+    n = q.shape[-2]
+    mask = causal_mask(n) & padding_mask(lengths, n)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), scaled_dot_product_attention(q, k, v, mask=mask)[1]
+
+
+MASKED_CASES = [
+    (masked_answer(), None),  # a large finite fill instead of -inf is fine when no row is all masked
+    (masked_with_torch, None),
+    (masked_answer("after"), "mask after the softmax"),
+    (masked_answer("zero"), "exp(0) = 1"),
+    (masked_answer("unscaled"), "forgot the 1/sqrt(d) scale"),
+    (masked_answer("no_causal"), "has no causal mask"),
+    (masked_answer("upside_down"), "upside down"),
+    (masked_answer("no_padding"), "lets real tokens see the pads"),
+    (masked_answer("rows"), "pad queries (rows) instead of the pad keys"),
+    (masked_answer("le"), "one pad too many"),
+]
+
+
+
+# --- 05: the multi-head attention forward --------------------------------------------------------
+
+def mha_answer(slip: str = ""):
+    def my_mha_forward(x, mha, causal=False):
+        b, n, d = x.shape
+        h = mha.n_heads
+        if slip == "split_view":
+            q, k, v = (p(x).reshape(b, h, n, d // h) for p in (mha.q_proj, mha.k_proj, mha.v_proj))
+        else:
+            q, k, v = (split_heads(p(x), h) for p in (mha.q_proj, mha.k_proj, mha.v_proj))
+        scale = {"model": d ** -0.5, "none": 1.0}.get(slip, (d // h) ** -0.5)
+        mask = causal_mask(n) if causal and slip != "no_causal" else None
+        heads, _ = scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)
+        merged = heads.reshape(b, n, d) if slip == "merge_view" else merge_heads(heads)
+        return merged if slip == "no_out" else mha.out_proj(merged)
+    return my_mha_forward
+
+
+def mha_with_torch(x, mha, causal=False):
+    reference = torch.nn.MultiheadAttention(mha.d_model, mha.n_heads, batch_first=True, dtype=x.dtype)
+    with torch.no_grad():
+        reference.in_proj_weight.copy_(torch.cat([mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight]))
+        reference.in_proj_bias.copy_(torch.cat([mha.q_proj.bias, mha.k_proj.bias, mha.v_proj.bias]))
+        reference.out_proj.load_state_dict(mha.out_proj.state_dict())
+    mask = ~causal_mask(x.shape[1]) if causal else None
+    return reference(x, x, x, attn_mask=mask, need_weights=False)[0]
+
+
+MHA_CASES = [
+    (mha_answer(), None),
+    (mha_with_torch, None),
+    (mha_answer("model"), "1/sqrt(d_model)"),
+    (mha_answer("none"), "forgot the 1/sqrt(head_dim) scale"),
+    (mha_answer("split_view"), "splits the heads by reading"),
+    (mha_answer("merge_view"), "merges the heads by reading"),
+    (mha_answer("no_out"), "forgot the output projection"),
+    (mha_answer("no_causal"), "ignores causal=True"),
+]
+
+
+
+# --- 06: the Pre-LN block ------------------------------------------------------------------------
+
+def block_answer(slip: str = ""):
+    def my_pre_ln_block(x, block, causal=True):
+        ln2 = block.ln1 if slip == "ln1_twice" else block.ln2
+        act = {"relu": F.relu, "tanh": lambda t: F.gelu(t, approximate="tanh")}.get(slip, F.gelu)
+        attend = causal and slip != "no_causal"
+        if slip == "post":
+            x = block.ln1(x + block.attn(x, causal=attend))
+            return block.ln2(x + block.mlp.down(act(block.mlp.up(x))))
+        h = block.ln1(x)
+        base = {"no_attn_residual": 0.0, "normed_residual": h}.get(slip, x)
+        x = base + block.attn(h, causal=attend)
+        branch = block.mlp.down(act(block.mlp.up(ln2(x))))
+        out = branch if slip == "no_mlp_residual" else x + branch
+        return block.ln2(out) if slip == "final_norm" else out
+    return my_pre_ln_block
+
+
+BLOCK_CASES = [
+    (block_answer(), None),
+    (lambda x, block, causal=True: block(x, causal=causal), None),
+    (block_answer("post"), "Post-LN"),
+    (block_answer("no_attn_residual"), "no residual around attention"),
+    (block_answer("normed_residual"), "adds the attention branch to the normalised x"),
+    (block_answer("no_mlp_residual"), "no residual around the FFN"),
+    (block_answer("ln1_twice"), "uses ln1 before the FFN too"),
+    (block_answer("relu"), "uses ReLU"),
+    (block_answer("tanh"), "tanh approximation"),
+    (block_answer("no_causal"), "ignores causal=True"),
+    (block_answer("final_norm"), "normalises the block's output"),
+]
+
+
+
+# For tests/test_checkers.py, which wants a right and two wrong cases of every checker it owns.
+CORE_CASES = [(name, answer, message) for name, cases in (
+    ("tokenization.train_bpe", BPE_CASES), ("embeddings.training_step", STEP_CASES),
+    ("attention.scaled_attention", ATTENTION_CASES), ("masking.masked_attention", MASKED_CASES),
+    ("multihead_attention.mha_forward", MHA_CASES), ("layers.pre_ln_block", BLOCK_CASES))
+    for answer, message in cases]
+
+
+# --- the notebooks run on the student's function, or say why they do not ------------------------
+
+def test_yours_or_picks_the_passing_answer_and_says_so(capsys):
+    mine = block_answer()
+    assert exercises.yours_or("layers.pre_ln_block", mine, print) is mine
+    assert "using your my_pre_ln_block" in capsys.readouterr().out
+
+
+def test_yours_or_falls_back_to_the_helper_and_says_why(capsys, monkeypatch):
+    monkeypatch.setattr(exercises, "STRICT", False)
+
+    def my_pre_ln_block(x, block, causal=True):
+        raise NotImplementedError
+
+    helper = block_answer()
+    assert exercises.yours_or("layers.pre_ln_block", my_pre_ln_block, helper) is helper
+    said = capsys.readouterr().out
+    assert "using the course's" in said and "not attempted yet" in said
+    assert exercises.yours_or("layers.pre_ln_block", block_answer("post"), helper) is helper
+    assert "does not pass its check yet" in capsys.readouterr().out
+
+
+def test_yours_or_raises_in_strict_mode_so_the_solution_tests_prove_it_was_used(monkeypatch):
+    monkeypatch.setattr(exercises, "STRICT", True)
+    with pytest.raises(AssertionError, match="Post-LN"):
+        exercises.yours_or("layers.pre_ln_block", block_answer("post"), block_answer())
+
+
+def test_the_checkers_leave_the_global_random_numbers_alone():
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    for name, answer in (("multihead_attention.mha_forward", mha_answer()), ("layers.pre_ln_block", block_answer()),
+                         ("embeddings.training_step", word_step())):
+        assert verdict(name, answer)[0]
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+# --- hints in three steps, solutions between nbgrader's markers, the student edition -------------
+
+EARLY = ["01_tokenization", "02_embeddings", "03_attention", "04_masking", "05_multihead_attention", "06_layers"]
+CORE = {"01_tokenization": "tokenization.train_bpe", "02_embeddings": "embeddings.training_step",
+        "03_attention": "attention.scaled_attention", "04_masking": "masking.masked_attention",
+        "05_multihead_attention": "multihead_attention.mha_forward", "06_layers": "layers.pre_ln_block"}
+
+
+def _cells(name: str):
+    """The cells of notebook `name` as tools/build_notebooks.py writes them from the source."""
+    import importlib.util
+
+    from notebook_tools import ROOT, SOURCES
+
+    spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "tools" / "build_notebooks.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    return build.to_notebook(SOURCES / f"{name}.py").cells
+
+
+@pytest.mark.parametrize("name", EARLY)
+def test_every_exercise_has_two_hints_then_a_marked_solution(name):
+    import re
+
+    cells = _cells(name)
+    stubs = [i for i, c in enumerate(cells) if c.cell_type == "code" and 'check("' in c.source]
+    assert stubs
+    for index in stubs:
+        reveal = next(c.source for c in cells[index + 1:] if c.cell_type == "markdown")
+        order = [reveal.find(s) for s in ("<summary>Hint 1</summary>", "<summary>Hint 2</summary>",
+                                          "<summary>Solution</summary>", "### BEGIN SOLUTION", "### END SOLUTION")]
+        assert -1 not in order and order == sorted(order), f"{name} cell {index}: {order}"
+        code = re.search(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", reveal, re.S).group(1)
+        assert "NotImplementedError" not in code and code.strip(), f"{name} cell {index}"
+
+
+@pytest.mark.parametrize("name", EARLY)
+def test_the_core_exercise_is_used_by_the_cells_after_it(name):
+    cells = _cells(name)
+    stub = next(i for i, c in enumerate(cells) if c.cell_type == "code" and f'check("{CORE[name]}"' in c.source)
+    later = "\n".join(c.source for c in cells[stub + 1:] if c.cell_type == "code")
+    assert f'yours_or("{CORE[name]}"' in later
+
+
+@pytest.mark.parametrize("name", EARLY)
+def test_the_core_solution_is_10_to_30_lines_or_says_why_not(name):
+    """The issue asks for a core piece of 10-30 lines; notebook 3's attention is shorter by nature."""
+    import re
+
+    cells = _cells(name)
+    stub = next(i for i, c in enumerate(cells) if c.cell_type == "code" and f'check("{CORE[name]}"' in c.source)
+    reveal = next(c.source for c in cells[stub + 1:] if c.cell_type == "markdown")
+    code = re.search(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", reveal, re.S).group(1)
+    lines = [line for line in code.splitlines() if line.strip("# ")]
+    low = 4 if name == "03_attention" else 8
+    assert low <= len(lines) <= 30, (name, len(lines))
+
+
+@pytest.mark.parametrize("name", EARLY)
+def test_the_student_edition_runs_the_same_code_as_the_checked_notebook(name):
+    """The solutions sit only in markdown reveals, so the student edition's code cells are the full
+    notebook's: strict nbval, running the full notebook with every stub unanswered, therefore runs
+    exactly what a student runs top to bottom (each core exercise falling back to the helper)."""
+    import copy
+    import importlib.util
+    import json
+
+    import nbformat
+    from notebook_tools import ROOT
+
+    spec = importlib.util.spec_from_file_location("course_for_core", ROOT / "course.py")
+    course = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(course)
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = _cells(name)  # from the source, so that the test does not wait for a rebuild
+    full = json.loads(nbformat.writes(notebook))
+    student = course.student_notebook(copy.deepcopy(full))
+
+    def code(nb):
+        return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+    assert code(student) == code(full)
+    text = "".join("".join(c["source"]) for c in student["cells"])
+    assert "Solution</summary>" not in text and "Hint 1</summary>" in text and "Hint 2</summary>" in text
