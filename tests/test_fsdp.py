@@ -18,14 +18,11 @@ from helpers.scale.fsdp import (
     train_reference,
 )
 from helpers.scale.parallelism import memory_per_rank
-from helpers.scale.workers import WorkerFailed, Workers
 
 
-@pytest.fixture(scope="module")
-def workers():
-    pool = Workers(2, timeout=60.0)
-    yield pool
-    pool.close()
+@pytest.fixture
+def workers(scale_workers):
+    return scale_workers  # one pool for the session (tests/conftest.py)
 
 
 def test_fsdp_by_hand_ends_with_the_weights_of_one_process(workers):
@@ -89,10 +86,3 @@ def test_a_shard_keeps_its_piece_and_frees_the_weights():
     assert shard.shard.tolist() == [5.0, 0.0, 1.0, 2.0, 0.0]  # values 5..8 and one zero of padding
     assert shard.decay.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
     assert p.numel() == 0 and q.numel() == 0  # freed
-
-
-def test_a_failing_fsdp_worker_stops_every_rank_and_names_itself(workers):
-    with pytest.raises(WorkerFailed, match="worker of rank [01] failed") as failure:
-        workers.run(train_fsdp_by_hand, Run(model="mlp"), timeout=30.0)
-    assert failure.value.rank in (0, 1) and "run.model" in failure.value.worker_traceback
-    assert workers.processes == []

@@ -19,11 +19,9 @@ from helpers.scale.pipeline import (
 from helpers.scale.workers import WorkerFailed, Workers
 
 
-@pytest.fixture(scope="module")
-def workers():
-    pool = Workers(2, timeout=60.0)
-    yield pool
-    pool.close()
+@pytest.fixture
+def workers(scale_workers):
+    return scale_workers  # one pool for the session (tests/conftest.py)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
