@@ -119,3 +119,11 @@ def test_a_worker_failing_mid_schedule_stops_every_rank_and_names_itself(workers
         run_pipeline(workers, "1f1b", micro_batches=4, batch_size=8, fail_at=(1, 2))
     assert failure.value.rank == 1
     assert workers.processes == []  # rank 0, waiting in a recv, was stopped too
+
+
+def test_the_1f1b_exercise_checker_refuses_gpipe_and_accepts_the_order():
+    from helpers.lab.exercises import evaluate
+
+    assert evaluate("distributed.one_f_one_b", one_f_one_b_order)[0]
+    passed, message = evaluate("distributed.one_f_one_b", gpipe_order)
+    assert not passed and "GPipe" in message

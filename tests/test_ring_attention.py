@@ -82,3 +82,11 @@ def test_ring_helpers_check_their_arguments():
         block_attention(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 3), torch.zeros(1, 1, 2, 3), False)
     with pytest.raises(ValueError, match="lse_b"):
         merge_partial(None, None, torch.zeros(2, 4), torch.zeros(3))
+
+
+def test_the_ring_merge_exercise_checker_refuses_an_unweighted_sum():
+    from helpers.lab.exercises import evaluate
+
+    assert evaluate("distributed.ring_merge", merge_partial)[0]
+    passed, message = evaluate("distributed.ring_merge", lambda o, lse, ob, lb: (o + ob, torch.logaddexp(lse, lb)))
+    assert not passed and "weighted" in message
