@@ -201,7 +201,7 @@ def _in_flight(ops: list) -> int:
           task="Write one_f_one_b(stages, micro_batches): for each rank, the list of ('F', i) and "
                "('B', i) it runs in a 1F1B step. The check compares sizes from 1 to 4 stages.")
 def one_f_one_b(student: Callable[[int, int], list]) -> str:
-    from helpers.scale.pipeline import gpipe_order, one_f_one_b_order, timeline
+    from helpers.scale.pipeline import gpipe_order, one_f_one_b_order, timeline, timeline_bubble
 
     for stages, m in ((2, 4), (4, 8), (4, 2), (3, 1), (1, 3)):
         got = student(stages, m)
@@ -216,13 +216,18 @@ def one_f_one_b(student: Callable[[int, int], list]) -> str:
             raise ExerciseFailed(f"one_f_one_b({stages}, {m}) is GPipe's order (all forwards, then "
                                  "all backwards): 1F1B starts backwards as soon as the warm-up is done.")
         try:
-            timeline(got)
+            events = timeline(got)
         except ValueError as error:
             raise ExerciseFailed(f"one_f_one_b({stages}, {m}): {error}") from None
-        worst = max(range(stages), key=lambda r: _in_flight(got[r]) - _in_flight(expected[r]))
-        raise ExerciseFailed(f"one_f_one_b({stages}, {m}) rank {worst} runs {got[worst]}, expected "
-                             f"{expected[worst]} (it holds {_in_flight(got[worst])} micro-batches at "
-                             f"once; 1F1B holds at most {_in_flight(expected[worst])}).")
+        wrong = next(r for r in range(stages) if got[r] != expected[r])
+        idle, best = timeline_bubble(events), timeline_bubble(timeline(expected))
+        if idle > best + 1e-9:
+            raise ExerciseFailed(f"one_f_one_b({stages}, {m}): the ranks idle {idle:.0%} of the step, "
+                                 f"1F1B only {best:.0%}; rank {wrong} runs {got[wrong]}, expected "
+                                 f"{expected[wrong]}: without a warm-up, forwards wait for backwards.")
+        raise ExerciseFailed(f"one_f_one_b({stages}, {m}) rank {wrong} runs {got[wrong]}, expected "
+                             f"{expected[wrong]} (it holds {_in_flight(got[wrong])} micro-batches at "
+                             f"once; 1F1B holds at most {_in_flight(expected[wrong])}).")
     return "Right: the same bubble as GPipe, but rank r keeps at most p - r micro-batches, not m."
 
 
