@@ -12,3 +12,18 @@ if not torch.cuda.is_available():
 
 # Let tests import their small shared module (notebook_tools) by name.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def scale_workers():
+    """Two gloo processes shared by notebook 11's part-two tests (fsdp, pipeline, ring attention):
+    starting them (import torch twice) costs more than the tests. A test that makes a worker fail
+    stops them; the next `run` starts fresh ones."""
+    from helpers.scale.workers import Workers
+
+    pool = Workers(2, timeout=60.0)
+    yield pool
+    pool.close()

@@ -533,6 +533,48 @@ CASES = [
 CASES += CORE_CASES  # the core exercises of notebooks 1-6, written out in test_core_exercises.py
 
 
+# Notebook 11, part two: the 1F1B order and one ring-attention merge.
+def f1b_loops(stages, micro_batches):
+    orders = []
+    for rank in range(stages):
+        ahead = [("F", i) for i in range(min(stages - 1 - rank, micro_batches))]
+        rest = [op for i in range(len(ahead), micro_batches) for op in (("F", i), ("B", i - len(ahead)))]
+        orders.append(ahead + rest + [("B", i) for i in range(micro_batches - len(ahead), micro_batches)])
+    return orders
+
+
+def f1b_gpipe(stages, micro_batches):
+    return [[("F", i) for i in range(micro_batches)] + [("B", i) for i in range(micro_batches)]
+            for _ in range(stages)]
+
+
+def f1b_no_warmup(stages, micro_batches):
+    return [[op for i in range(micro_batches) for op in (("F", i), ("B", i))] for _ in range(stages)]
+
+
+def merge_logaddexp(out, lse, o_b, lse_b):
+    new = torch.logaddexp(lse, lse_b)
+    return out * torch.exp(lse - new)[..., None] + o_b * torch.exp(lse_b - new)[..., None], new
+
+
+def merge_unweighted(out, lse, o_b, lse_b):
+    return out + o_b, torch.logaddexp(lse, lse_b)
+
+
+def merge_max_lse(out, lse, o_b, lse_b):
+    return merge_logaddexp(out, lse, o_b, lse_b)[0], torch.maximum(lse, lse_b)
+
+
+CASES += [
+    ("distributed.one_f_one_b", f1b_loops, None),
+    ("distributed.one_f_one_b", f1b_gpipe, "GPipe"),
+    ("distributed.one_f_one_b", f1b_no_warmup, "without a warm-up"),
+    ("distributed.ring_merge", merge_logaddexp, None),
+    ("distributed.ring_merge", merge_unweighted, "weighted"),
+    ("distributed.ring_merge", merge_max_lse, "lse has the right shape"),
+]
+
+
 @pytest.mark.parametrize("name, answer, message", CASES, ids=[f"{n}-{a.__name__}" for n, a, _ in CASES])
 def test_checker_judges(name, answer, message):
     passed, said = exercises.evaluate(name, answer, time_limit=None)

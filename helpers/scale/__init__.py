@@ -8,4 +8,11 @@ Built on `helpers.model`; each parallel version is proven equal to one process.
     tensor_parallel  column- and row-parallel MLP, attention heads split across ranks
     parallelism      what each kind of parallelism splits and sends, in bytes per step
     expert_parallel  experts split across ranks, tokens sent by all-to-all (notebook 12)
+    fsdp             FSDP (ZeRO-3) by hand: flat shards all-gathered per unit, gradients
+                     reduce-scattered, AdamW on the shard; the ZeRO paper's memory table
+    pipeline         the blocks split into stages, GPipe and 1F1B with point-to-point sends,
+                     their timeline and bubble, measured
+    ring_attention   context parallelism: key/value blocks around a ring, the online softmax,
+                     the zig-zag split for causal attention
+    recompute        gradient accumulation and activation recomputation: saved bytes and time
 """

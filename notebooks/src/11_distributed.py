@@ -655,6 +655,255 @@ print(f"ZeRO-1, AdamW state per rank of the tiny GPT: {results_zero[0]['state_by
       f"{results_zero[1]['state_bytes']:,} bytes (unsharded {results_zero[0]['full_state_bytes']:,})")
 
 # %% [markdown]
+# ## 7. Part two: FSDP, pipelines and rings, by hand
+#
+# Three more ways to split a training step, each written with the collectives of section 1 and
+# proven equal to one process on the same two workers.
+#
+# **FSDP (ZeRO-3) by hand** (`helpers.scale.fsdp`). Each unit (a block; the embeddings, `ln_f`
+# and the tied output matrix form the root unit) keeps its parameters as one flat vector cut in
+# `p` equal pieces, and a rank stores only its piece. Before a unit's forward the ranks
+# all-gather the pieces into the full weights, run the unit, and free them. The backward
+# all-gathers again, runs the unit's backward, and *reduce-scatters* the gradient: each rank
+# receives the mean over ranks of its own piece only. AdamW then updates the piece. (Here the
+# backward reruns the unit's forward from its saved input, so no full weight survives between
+# the passes; torch's FSDP keeps the graph and refills the freed storage instead.)
+
+# %%
+from helpers.scale.fsdp import memory_table, train_fsdp_by_hand, train_reference
+
+run_fsdp = Run(model="gpt", steps=3, lr=0.01)
+results_fsdp = workers.run(train_fsdp_by_hand, run_fsdp)
+reference_fsdp = train_reference(run_fsdp)  # one process, torch.optim.AdamW, float64
+gap = max(max_difference(r["weights"], reference_fsdp) for r in results_fsdp)
+assert gap < 1e-12
+print(f"FSDP by hand on 2 processes vs 1 process, {run_fsdp.steps} AdamW steps in float64: max |diff| < 1e-12")
+for rank, r in enumerate(results_fsdp):
+    print(f"rank {rank} holds {r['held_bytes']:,} bytes (weights, gradients, m, v of its pieces); "
+          f"one process {r['single_bytes']:,}; full weights alive at once at most {r['peak_full_bytes']:,}")
+
+# %% [markdown]
+# The ZeRO paper counts memory in mixed precision: 2 bytes a parameter of bf16 weights, 2 of
+# gradients and 12 of optimizer state (a float32 master copy, `m`, `v`), `16 Psi` in all for
+# `Psi` parameters. On `N` ranks stage 1 keeps `4 Psi + 12 Psi / N`, stage 2 `2 Psi + 14 Psi / N`,
+# stage 3 (FSDP) `16 Psi / N`. In plain code first, then the helper:
+
+# %%
+n_ranks = 64
+for name, config in (("GPT-2 small", GPTConfig.gpt2_small()),
+                     ("GPT-3 175B", GPTConfig(vocab_size=50257, context_length=2048, n_layers=96,
+                                              n_heads=96, d_model=12288))):
+    psi = exact_parameters(config)
+    by_hand = [16 * psi, 4 * psi + 12 * psi / n_ranks, 2 * psi + 14 * psi / n_ranks, 16 * psi / n_ranks]
+    from_helper = list(memory_table(n_ranks)[name].values())
+    assert all(math.isclose(a, b) for a, b in zip(by_hand, from_helper, strict=True))
+    print(f"{name} ({psi / 1e9:.3g} B parameters), per rank on {n_ranks} ranks: data parallel "
+          f"{readable_bytes(by_hand[0])}, ZeRO-1 {readable_bytes(by_hand[1])}, ZeRO-2 "
+          f"{readable_bytes(by_hand[2])}, ZeRO-3 / FSDP {readable_bytes(by_hand[3])}")
+
+# %% [markdown]
+# ### Pipeline parallelism: GPipe and 1F1B
+#
+# `helpers.scale.pipeline` gives rank 0 the embeddings and the first half of the blocks, rank 1
+# the rest, `ln_f` and the output matrix. The batch is cut into `m` micro-batches; rank 0 sends
+# each micro-batch's activations `(b, N, D)` to rank 1 with a point-to-point `send`, and rank 1
+# sends their gradient back. GPipe runs all forwards, then all backwards (it keeps `m`
+# micro-batches of activations); 1F1B starts backwards as soon as it can and keeps at most `p - r`.
+# The tied token matrix lives on both ends: one all-reduce adds its two gradients.
+
+# %%
+from helpers.scale.pipeline import (
+    gpipe_order,
+    measure_bubble,
+    one_f_one_b_order,
+    reference_gradients,
+    run_pipeline,
+    timeline,
+    timeline_bubble,
+)
+
+print("1F1B, 2 stages, 4 micro-batches:")
+for rank, ops in enumerate(one_f_one_b_order(2, 4)):
+    print(f"  rank {rank}: " + " ".join(f"{kind}{i}" for kind, i in ops))
+reference_pipe = reference_gradients(batch_size=8)
+for schedule in ("gpipe", "1f1b"):
+    results_pipe = run_pipeline(workers, schedule, micro_batches=4, batch_size=8)
+    gap = max((g - reference_pipe[name]).abs().max().item() for r in results_pipe for name, g in r["grads"].items())
+    assert gap < 1e-12
+    print(f"{schedule}: gradients of 2 stages vs 1 process (float64): max |diff| < 1e-12")
+
+# %% [markdown]
+# ### Exercise: the 1F1B order
+#
+# Write the order in which each rank runs its forwards `("F", i)` and backwards `("B", i)` in a
+# 1F1B step of `stages` ranks and `micro_batches` micro-batches (the order printed above, for
+# any sizes).
+
+# %%
+def one_f_one_b(stages: int, micro_batches: int) -> list[list[tuple[str, int]]]:
+    """For each rank r < stages, its ops in order: ("F", i) and ("B", i) for i < micro_batches."""
+    raise NotImplementedError
+
+
+check("distributed.one_f_one_b", one_f_one_b)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# A rank can start a backward only once the last stage has run that micro-batch's forward. Rank
+# `r` fills the pipe with `p - 1 - r` forwards first; from then on it runs one forward and one
+# backward in turn.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `warmup = min(stages - 1 - r, micro_batches)` forwards; then for `i` in
+# `range(micro_batches - warmup)`: `("F", warmup + i)`, `("B", i)`; then the backwards left.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# def one_f_one_b(stages: int, micro_batches: int) -> list[list[tuple[str, int]]]:
+#     """For each rank r < stages, its ops in order: ("F", i) and ("B", i) for i < micro_batches."""
+#     orders = []
+#     for rank in range(stages):
+#         warmup = min(stages - 1 - rank, micro_batches)
+#         ops = [("F", i) for i in range(warmup)]
+#         for i in range(micro_batches - warmup):
+#             ops += [("F", warmup + i), ("B", i)]
+#         ops += [("B", i) for i in range(micro_batches - warmup, micro_batches)]
+#         orders.append(ops)
+#     return orders
+# ### END SOLUTION
+#
+#
+# _ = check("distributed.one_f_one_b", one_f_one_b)
+# ```
+# </details>
+
+# %%
+figure, axes = plt.subplots(2, 1, figsize=(10, 4.5), layout="constrained", sharex=True)
+for axis, (name, order) in zip(axes, (("GPipe", gpipe_order), ("1F1B", one_f_one_b_order)), strict=True):
+    events = timeline(order(4, 6))
+    for rank, slot, kind, i in events:
+        axis.barh(rank, 1, left=slot, color="tab:blue" if kind == "F" else "tab:orange", edgecolor="white")
+        axis.text(slot + 0.5, rank, f"{kind}{i}", ha="center", va="center", color="white", fontsize=9)
+    axis.set(title=f"{name}, 4 stages, 6 micro-batches: idle share {timeline_bubble(events):.0%} "
+                   f"= (p - 1) / (m + p - 1)", ylabel="stage (rank)", yticks=range(4))
+    axis.invert_yaxis()
+    assert math.isclose(timeline_bubble(events), bubble_fraction(4, 6))
+axes[-1].set_xlabel("time slot (one forward or backward of one micro-batch)")
+plt.show()
+
+# %% [markdown]
+# The bubble, measured: a step of 16 sequences on the two processes, in float32, for several `m`.
+# Each rank times its own computation; the rest of the step it waited. The figure shows the
+# measured idle share beside the formula (timings differ between machines, so only the figure
+# shows them; the step times are printed rounded).
+
+# %%
+measured = measure_bubble(workers, "1f1b", [1, 2, 4, 8], batch_size=16, repeats=2)
+figure, axis = plt.subplots(figsize=(7, 4), layout="constrained")
+ms = list(measured)
+axis.plot(ms, [measured[m]["formula"] for m in ms], "o-", label="formula (p - 1) / (m + p - 1)")
+axis.plot(ms, [measured[m]["measured"] for m in ms], "s--", label="measured: 1 - compute time / step time")
+axis.set(xscale="log", xticks=ms, xticklabels=ms, title="1F1B on 2 CPU processes: the bubble shrinks with m",
+         xlabel="micro-batches m", ylabel="share of the step a rank idles")
+axis.legend()
+plt.show()
+for m in ms:
+    print(f"m = {m}: one step {format_duration(measured[m]['wall'])}")
+
+# %% [markdown]
+# ### Context parallelism: ring attention
+#
+# `helpers.scale.ring_attention` splits the *tokens*: each rank keeps the queries, keys and values
+# of its slice of the sequence. The key/value block travels around the ring; at each step a rank
+# scores its queries against the block it holds and folds the result into its running output
+# with notebook 8's online softmax (each row's log-sum-exp is all the merge needs), then passes
+# the block on. For causal attention the zig-zag split gives rank `r` chunks `r` and `2p - 1 - r`,
+# so both ranks do the same work. The backward runs through the ring too: the gradient of a key
+# block is sent back the other way.
+
+# %% [markdown]
+# ### Exercise: one step of the ring
+#
+# At each step a rank holds its running output `out` `(B, H, c, D_H)` with each row's
+# log-sum-exp `lse` `(B, H, c)`, and the attention `o_b`, `lse_b` of its queries to the block
+# that just arrived. Write the merge: the attention over the keys of both.
+
+# %%
+def ring_merge(out: torch.Tensor, lse: torch.Tensor, o_b: torch.Tensor,
+               lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) and (o_b, lse_b) over disjoint keys -> (out, lse) over all of them."""
+    raise NotImplementedError
+
+
+check("distributed.ring_merge", ring_merge)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# `exp(lse)` is each part's softmax denominator. The merged denominator is their sum, and each
+# part's output counts in proportion to its own denominator.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `new = torch.logaddexp(lse, lse_b)`; weights `torch.exp(lse - new)` and `torch.exp(lse_b - new)`,
+# each with `.unsqueeze(-1)` to multiply the `(..., c, D_H)` outputs.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# def ring_merge(out: torch.Tensor, lse: torch.Tensor, o_b: torch.Tensor,
+#                lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+#     """(out, lse) and (o_b, lse_b) over disjoint keys -> (out, lse) over all of them."""
+#     new = torch.logaddexp(lse, lse_b)
+#     return out * torch.exp(lse - new).unsqueeze(-1) + o_b * torch.exp(lse_b - new).unsqueeze(-1), new
+# ### END SOLUTION
+#
+#
+# _ = check("distributed.ring_merge", ring_merge)
+# ```
+# </details>
+
+# %%
+from helpers.scale.ring_attention import full_attention_reference, run_ring_attention, split_sequence
+
+shape = (2, 2, 16, 8)  # B, H, N, D_H
+reference_ring = full_attention_reference(shape)
+for zigzag in (False, True):
+    results_ring = run_ring_attention(workers, shape, zigzag=zigzag)
+    gap = max((r[name] - split_sequence(reference_ring[name], rank, 2, zigzag)).abs().max().item()
+              for rank, r in enumerate(results_ring) for name in ("out", "q", "k", "v"))
+    assert gap < 1e-6
+    print(f"{'zig-zag' if zigzag else 'contiguous'} split: output and gradients of q, k, v vs full "
+          f"attention: max |diff| < 1e-6; scores computed per rank {[r['work'] for r in results_ring]}")
+
+# %% [markdown]
+# ### On one device: gradient accumulation and recomputation
+#
+# Two ways to cut the activations a step keeps for its backward, on the tiny GPT: accumulate the
+# gradient over `k` pieces of the batch, or save only each block's input and rerun the block in
+# the backward (`torch.utils.checkpoint`). The bytes are counted with autograd's saved-tensor
+# hooks (`helpers.scale.recompute`); the gradients are the same (checked in tests/test_recompute.py).
+
+# %%
+from helpers.scale.recompute import compare_memory_and_time
+
+torch.manual_seed(0)
+ids_rc = torch.randint(0, TINY_GPT.vocab_size, (16, TINY_GPT.context_length + 1))
+table_rc = compare_memory_and_time(make_model(Run(model="gpt")), ids_rc[:, :-1], ids_rc[:, 1:], accumulation=4)
+for name, row in table_rc.items():
+    print(f"{name:>14}: activations kept at most {readable_bytes(row['peak_bytes']):>8}, "
+          f"a step {format_duration(row['seconds'])}")
+
+# %% [markdown]
 # ### When a worker fails
 #
 # If a worker raises, its traceback comes back to the notebook as a `WorkerFailed`, and all the
@@ -741,3 +990,39 @@ print(f"GPT-2 small, 8 ranks: data parallel {readable_bytes(memory['data paralle
       f"ZeRO-1 {readable_bytes(memory['ZeRO-1 (optimizer state)'])} per rank "
       f"({memory['data parallel'] / memory['ZeRO-1 (optimizer state)']:.1f}x); mixed precision: "
       f"{by_precision['mixed']['data parallel'] / by_precision['mixed']['ZeRO-1 (optimizer state)']:.1f}x")
+
+# %% [markdown]
+# **6. FSDP all-gathers every weight twice per step. Why not keep the gathered weights from the
+# forward pass for the backward?**
+#
+# <details><summary>Answer</summary>
+#
+# Then every rank would hold all the weights at once at the end of the forward pass, which is
+# what FSDP exists to avoid: the model's 16-bit weights alone may not fit (GPT-3's are 2 bytes x
+# 175 B parameters). Gathering again costs bytes on the link, not memory; a unit's weights are
+# alive only while it runs (section 7 prints the peak, a fraction of the whole model). ZeRO-2 is
+# the trade the other way: weights kept whole, gradients and state split.
+# </details>
+
+# %% [markdown]
+# **7. GPipe and 1F1B have the same bubble. What does 1F1B buy, and what shrinks the bubble?**
+#
+# <details><summary>Answer</summary>
+#
+# Both fill and drain the pipe in `p - 1` slots, so both idle `(p - 1) / (m + p - 1)` of the step
+# (section 7's timeline counts it). 1F1B runs each backward as early as it can, so rank `r` keeps
+# the activations of at most `p - r` micro-batches instead of all `m`: the memory no longer grows
+# with `m`. Only more micro-batches (or interleaved stages, several small stages per rank)
+# shrink the bubble, and smaller micro-batches run less efficiently, as the step times show.
+# </details>
+
+# %% [markdown]
+# **8. Why does ring attention need each row's log-sum-exp, and not only the partial outputs?**
+#
+# <details><summary>Answer</summary>
+#
+# A partial output is normalised by its own block's softmax denominator. To merge two, each must
+# be re-weighted by its block's share of the total denominator, `exp(lse_block - lse_total)`, and
+# the log-sum-exp is exactly that denominator (notebook 8's online softmax). With the zig-zag split
+# every rank scores as many query-key pairs as the other (section 7 prints the counts).
+# </details>

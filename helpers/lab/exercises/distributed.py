@@ -181,3 +181,76 @@ def split_mlp(student: Callable[[Tensor, Tensor, Tensor, int, int], tuple[Tensor
         with torch.no_grad():
             expect_close(total + mlp[2].bias.detach(), mlp(x), f"the sum of the {world_size} ranks' outputs")
     return "The ranks' partial outputs add up to the MLP's output: one all-reduce per MLP."
+
+
+# --- part two: the 1F1B order, one ring-attention merge ---------------------------------------
+
+
+def _in_flight(ops: list) -> int:
+    """The most micro-batches whose activations a rank holds at once (forwards not yet backed)."""
+    alive = peak = 0
+    for kind, _ in ops:
+        alive += 1 if kind == "F" else -1
+        peak = max(peak, alive)
+    return peak
+
+
+@exercise(hint="Rank r first runs p - 1 - r forwards (no more than m), then alternates one forward "
+               "and one backward (F of the next micro-batch, B of the oldest), then runs the "
+               "backwards that are left.",
+          task="Write one_f_one_b(stages, micro_batches): for each rank, the list of ('F', i) and "
+               "('B', i) it runs in a 1F1B step. The check compares sizes from 1 to 4 stages.")
+def one_f_one_b(student: Callable[[int, int], list]) -> str:
+    from helpers.scale.pipeline import gpipe_order, one_f_one_b_order, timeline, timeline_bubble
+
+    for stages, m in ((2, 4), (4, 8), (4, 2), (3, 1), (1, 3)):
+        got = student(stages, m)
+        expected = one_f_one_b_order(stages, m)
+        if not isinstance(got, list) or len(got) != stages:
+            raise ExerciseFailed(f"one_f_one_b({stages}, {m}) gave {got!r:.80}, expected a list of "
+                                 f"{stages} lists, one per rank")
+        got = [[(str(kind), int(i)) for kind, i in ops] for ops in got]
+        if got == expected:
+            continue
+        if got == gpipe_order(stages, m):
+            raise ExerciseFailed(f"one_f_one_b({stages}, {m}) is GPipe's order (all forwards, then "
+                                 "all backwards): 1F1B starts backwards as soon as the warm-up is done.")
+        try:
+            events = timeline(got)
+        except ValueError as error:
+            raise ExerciseFailed(f"one_f_one_b({stages}, {m}): {error}") from None
+        wrong = next(r for r in range(stages) if got[r] != expected[r])
+        idle, best = timeline_bubble(events), timeline_bubble(timeline(expected))
+        if idle > best + 1e-9:
+            raise ExerciseFailed(f"one_f_one_b({stages}, {m}): the ranks idle {idle:.0%} of the step, "
+                                 f"1F1B only {best:.0%}; rank {wrong} runs {got[wrong]}, expected "
+                                 f"{expected[wrong]}: without a warm-up, forwards wait for backwards.")
+        raise ExerciseFailed(f"one_f_one_b({stages}, {m}) rank {wrong} runs {got[wrong]}, expected "
+                             f"{expected[wrong]} (it holds {_in_flight(got[wrong])} micro-batches at "
+                             f"once; 1F1B holds at most {_in_flight(expected[wrong])}).")
+    return "Right: the same bubble as GPipe, but rank r keeps at most p - r micro-batches, not m."
+
+
+@exercise(hint="L = logaddexp(lse, lse_b) is the log of the merged denominator; each partial "
+               "output is reweighted by its share of it: out * exp(lse - L) + o_b * exp(lse_b - L).",
+          task="Write ring_merge(out, lse, o_b, lse_b): two attentions of the same queries over "
+               "disjoint blocks of keys -> (the attention over both, its log-sum-exp). The check "
+               "compares with attention over all the keys at once.")
+def ring_merge(student: Callable[..., tuple[Tensor, Tensor]]) -> str:
+    from helpers.scale.ring_attention import block_attention
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=generator, dtype=torch.float64) for _ in range(3))
+    k[:, :, 2:] += 3.0  # the second block dominates: a merge that ignores the weights fails
+    parts = [block_attention(q, k[:, :, s], v[:, :, s], diagonal=False) for s in (slice(0, 2), slice(2, 4))]
+    got = student(*parts[0], *parts[1])
+    if not (isinstance(got, tuple | list) and len(got) == 2):
+        raise ExerciseFailed(f"ring_merge gave {type(got).__name__}, expected a pair (out, lse)")
+    out, lse = got
+    expected = F.scaled_dot_product_attention(q, k, v)
+    expect_close(lse, (q @ k.transpose(-2, -1) / 8 ** 0.5).logsumexp(-1), "lse", atol=1e-9)
+    if torch.allclose(out, parts[0][0] + parts[1][0]):
+        raise ExerciseFailed("out is o_a + o_b: each part must be weighted by its share of the merged "
+                             "softmax denominator, exp(lse_part - L).")
+    expect_close(out, expected, "out", atol=1e-9)
+    return "Right: one step of the ring, and notebook 8's online softmax across processes."
