@@ -199,3 +199,21 @@ def test_the_ring_checker_refuses_a_collective_and_knows_a_stub_without_starting
     assert not passed and "build it from point-to-point sends" in said
     passed, said = evaluate("distributed.ring_all_reduce", cell.stub)
     assert not passed and "not attempted yet" in said
+
+
+def test_an_exercise_may_ask_for_more_time_than_the_default():
+    import time as clock
+
+    from helpers.lab.exercises import exercise
+
+    @exercise(hint="wait", task="Write nothing. The check waits.", time_limit=5.0)
+    def slow_checker(fn):
+        clock.sleep(0.3)
+
+    @exercise(hint="wait", task="Write nothing. The check waits.")
+    def quick_checker(fn):
+        clock.sleep(0.3)
+
+    assert evaluate("test_core_exercises_middle.slow_checker", None, time_limit=0.1)[0]
+    passed, said = evaluate("test_core_exercises_middle.quick_checker", None, time_limit=0.1)
+    assert not passed and "did not return within 0.1 s" in said

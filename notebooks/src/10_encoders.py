@@ -800,6 +800,9 @@ check("encoders.mask_tokens", my_mask_tokens)
 # <details><summary>Solution</summary>
 #
 # ```python
+# from helpers.families.mlm import IGNORE
+#
+#
 # ### BEGIN SOLUTION
 # def my_mask_tokens(ids: torch.Tensor, mask_id: int, vocab_size: int, first_word_id: int,
 #                    generator: torch.Generator, rate: float = 0.15, pad_id: int = 0):

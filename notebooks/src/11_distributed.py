@@ -180,6 +180,9 @@ check("distributed.ring_all_reduce", my_ring_all_reduce)
 # <details><summary>Solution</summary>
 #
 # ```python
+# import torch.distributed as dist
+#
+#
 # ### BEGIN SOLUTION
 # def my_ring_all_reduce(rank: int, world_size: int, tensors: list[torch.Tensor]) -> torch.Tensor:
 #     """tensors: p tensors of the same shape, this rank reads tensors[rank] -> their sum."""
