@@ -575,6 +575,71 @@ CASES += [
 ]
 
 
+# --- issue 24's core exercises of notebooks 8, 9 and 11 (more cases in test_core_exercises_middle) ---
+
+def _flash_backward(mistake):
+    from helpers.lab.exercises.flash_attention import backward_variant
+    return lambda *args: backward_variant(*args, mistake=mistake)
+
+
+def backward_tiled(*args):
+    return _flash_backward("")(*args)
+
+
+def backward_d_from_grad_out(*args):
+    return _flash_backward("D = rowsum(dO)")(*args)
+
+
+def backward_d_of_one_tile(*args):
+    return _flash_backward("D of one tile")(*args)
+
+
+def _block(mistake):
+    from helpers.lab.exercises.modern_decoder import modern_block_variant
+    return lambda block, x, table: modern_block_variant(block, x, table, mistake)
+
+
+def block_by_hand(block, x, table):
+    return _block("")(block, x, table)
+
+
+def block_post_norm(block, x, table):
+    return _block("post-norm")(block, x, table)
+
+
+def block_interleaved(block, x, table):
+    return _block("interleaved")(block, x, table)
+
+
+def ring_course(rank, world_size, tensors):
+    from helpers.scale.workers import ring_all_reduce
+    return ring_all_reduce(rank, world_size, tensors)
+
+
+def ring_own_tensor(rank, world_size, tensors):
+    return tensors[rank].clone()
+
+
+def ring_collective(rank, world_size, tensors):
+    import torch.distributed as dist
+    total = tensors[rank].clone()
+    dist.all_reduce(total)
+    return total
+
+
+CASES += [
+    ("flash_attention.backward", backward_tiled, None),
+    ("flash_attention.backward", backward_d_from_grad_out, "you summed dO alone"),
+    ("flash_attention.backward", backward_d_of_one_tile, "over one key tile only"),
+    ("modern_decoder.modern_block", block_by_hand, None),
+    ("modern_decoder.modern_block", block_post_norm, "post-norm"),
+    ("modern_decoder.modern_block", block_interleaved, "pairs feature i with feature i + D_H/2"),
+    ("distributed.ring_all_reduce", ring_course, None),
+    ("distributed.ring_all_reduce", ring_own_tensor, "its own tensor unchanged"),
+    ("distributed.ring_all_reduce", ring_collective, "point-to-point"),
+]
+
+
 @pytest.mark.parametrize("name, answer, message", CASES, ids=[f"{n}-{a.__name__}" for n, a, _ in CASES])
 def test_checker_judges(name, answer, message):
     passed, said = exercises.evaluate(name, answer, time_limit=None)

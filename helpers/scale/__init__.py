@@ -3,6 +3,7 @@
 Built on `helpers.model`; each parallel version is proven equal to one process.
 
     workers          local processes with gloo, collectives, clean failures
+    cell_functions   a function defined in a notebook cell, sent to the workers as source
     data_parallel    data parallelism by hand: all-reduce, bucketed hooks, torchrun entry
     sharded          ZeRO-1 by hand: each rank keeps the optimizer state of its shard
     tensor_parallel  column- and row-parallel MLP, attention heads split across ranks

@@ -9,10 +9,13 @@
     collectives_demo                the four collectives on small tensors, run inside each worker
     time_all_reduce                 the best time of one all-reduce per size, run inside each worker
     ring_all_reduce_bytes(n, p)     bytes each rank sends in a ring all-reduce: 2 (p - 1) / p x n
+    ring_all_reduce                 the ring all-reduce itself, with send and receive, run inside each worker
 
-Why `fn` must live in a module: the workers are *spawned* (a fresh Python, as on macOS, Windows
-and Colab's safe default), so they receive `fn` by name and import it. A function defined in a
-notebook cell has no module to import it from; the notebook calls functions of `helpers`.
+How `fn` travels: the workers are *spawned* (a fresh Python, as on macOS, Windows and Colab's
+safe default). A function of a module is sent by name and imported; a function defined in a
+notebook cell has no module to import, so its source is sent and executed there
+(`helpers.scale.cell_functions`). A lambda, or a function reading globals that cannot be
+pickled, is refused with a message naming it before any process starts.
 
 On a GPU cluster the same worker functions run under `torchrun --nproc_per_node N`, which sets
 RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, with backend="nccl"; see `init_from_environment`.
@@ -35,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from helpers import checks
+from helpers.scale.cell_functions import CellFunction, ship
 from helpers.timing import best_time
 
 MAX_WORLD_SIZE = 64  # processes on one machine; a typo of 1000 would start a thousand
@@ -74,6 +78,8 @@ def _serve(rank: int, world_size: int, port: int, timeout: float, quiet: bool, t
                                 timeout=datetime.timedelta(seconds=timeout))
         while (task := tasks.get()) is not None:
             fn, args = task
+            if isinstance(fn, CellFunction):  # a notebook cell's function: rebuild it from its source
+                fn = fn.build()
             # Plain pickle copies tensors by value (the queue's own pickler would share memory
             # that vanishes if this process exits before the parent reads it).
             results.put((rank, True, pickle.dumps(fn(rank, world_size, *args))))
@@ -82,14 +88,6 @@ def _serve(rank: int, world_size: int, port: int, timeout: float, quiet: bool, t
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _check_sendable(fn: Callable[..., Any]) -> None:
-    qualname = getattr(fn, "__qualname__", repr(fn))
-    if not callable(fn) or "<" in qualname or getattr(fn, "__module__", "__main__") == "__main__":
-        raise ValueError(f"fn={qualname!r} cannot be sent to spawned processes: expected a function "
-                         "defined at the top of a module (e.g. one of helpers), not a lambda, a "
-                         "nested function or a function defined in a notebook cell")
 
 
 def _check_picklable(args: Sequence[Any]) -> None:
@@ -140,17 +138,17 @@ class Workers:
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> list[Any]:
         """fn(rank, world_size, *args) on every rank; the results in rank order.
 
-        fn must be importable (defined in a module), its arguments and result picklable. A worker
+        fn is defined with `def` in a module or a notebook cell; its arguments and result picklable. A worker
         that raises -> WorkerFailed with its traceback; too slow -> TimeoutError. Either way no
         process is left running.
         """
-        _check_sendable(fn)
+        sendable = ship(fn)
         _check_picklable(args)
         timeout = self.timeout if timeout is None else checks.positive_float("timeout", timeout)
         if not self.processes:
             self.start()
         for rank_tasks in self.tasks:
-            rank_tasks.put((fn, args))
+            rank_tasks.put((sendable, args))
         try:
             return _collect(self.processes, self.results, timeout)
         except BaseException:
@@ -178,7 +176,7 @@ def launch(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: flo
 
     Returns the results in rank order; raises WorkerFailed or TimeoutError as `Workers.run` does.
     """
-    _check_sendable(fn)
+    ship(fn)
     _check_picklable(args)
     with Workers(world_size, timeout) as workers:
         return workers.run(fn, *args)
@@ -348,3 +346,34 @@ def ring_all_reduce_by_hand(per_rank: Sequence[torch.Tensor]) -> tuple[list[torc
             chunks[(r + 1) % p][c] = values
         sent += outgoing[0][2].numel()
     return [torch.cat(c) for c in chunks], sent
+
+
+def ring_all_reduce(rank: int, world_size: int, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The sum over the ranks of their tensors, by a ring, run inside each worker.
+
+    tensors: one per rank, same shape, at least world_size values; rank r reads only tensors[r]
+    (on a cluster it would have computed it). Rank r sends only to r + 1 and receives from r - 1,
+    one of p chunks a step: p - 1 steps of reduce-scatter (add what arrives), then p - 1 of
+    all-gather (keep it). The send is asynchronous (`isend`): if every rank waited in a blocking
+    send for its neighbour to receive, nobody would ever receive.
+    """
+    checks.rank_in_world(rank, world_size)
+    if len(tensors) != world_size or not all(isinstance(t, torch.Tensor) for t in tensors) \
+            or tensors[rank].numel() < world_size:
+        raise ValueError(f"tensors must be {world_size} tensors (one per rank) of at least "
+                         f"world_size={world_size} values each, got {[getattr(t, 'shape', t) for t in tensors]}")
+    chunks = list(tensors[rank].detach().flatten().clone().tensor_split(world_size))
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+
+    def pass_on(send: int, receive: int) -> torch.Tensor:
+        incoming = torch.empty_like(chunks[receive])
+        request = dist.isend(chunks[send].contiguous(), right)
+        dist.recv(incoming, left)
+        request.wait()
+        return incoming
+
+    for step in range(world_size - 1):  # reduce-scatter: afterwards rank r owns chunk r + 1
+        chunks[(rank - step - 1) % world_size] += pass_on((rank - step) % world_size, (rank - step - 1) % world_size)
+    for step in range(world_size - 1):  # all-gather: the finished chunks go round once
+        chunks[(rank - step) % world_size] = pass_on((rank + 1 - step) % world_size, (rank - step) % world_size)
+    return torch.cat(chunks).reshape(tensors[rank].shape)

@@ -388,7 +388,14 @@ def gpt_parameters(n_layers: int, d_model: int, vocab_size: int, context_length:
 check("gpt.exact_parameters", gpt_parameters)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Count each weight tensor once: the rule of thumb counts only the big matrices of the blocks and
+# the embedding; the small vectors (biases, LayerNorm gains) and the position table are what it
+# leaves out.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # Start from `12 * n_layers * d_model**2 + vocab_size * d_model`, then add what the rule of thumb
 # leaves out, one line of the table above at a time.
@@ -397,11 +404,13 @@ check("gpt.exact_parameters", gpt_parameters)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def gpt_parameters(n_layers: int, d_model: int, vocab_size: int, context_length: int) -> int:
 #     """Exact parameter count of a GPT-2-style model (biases, tied output matrix)."""
 #     d = d_model
 #     per_block = (4 * d * d + 4 * d) + (8 * d * d + 5 * d) + 4 * d
 #     return n_layers * per_block + vocab_size * d + context_length * d + 2 * d
+# ### END SOLUTION
 #
 #
 # check("gpt.exact_parameters", gpt_parameters)
@@ -574,7 +583,13 @@ def next_token_loss(gpt: GPT, ids: torch.Tensor) -> torch.Tensor:
 check("gpt.next_token_loss", next_token_loss)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Position `t` predicts token `t + 1`: the model reads all but the last token, and each prediction
+# is scored against the token that follows it, averaged over every position of every row.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # Run the model on `ids[:, :-1]`; the log-probabilities are `logits - logits.logsumexp(-1,
 # keepdim=True)`; `gather(-1, ids[:, 1:, None])` picks each target's.
@@ -583,11 +598,13 @@ check("gpt.next_token_loss", next_token_loss)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def next_token_loss(gpt: GPT, ids: torch.Tensor) -> torch.Tensor:
 #     """ids (B, N + 1) -> the mean cross-entropy of predicting ids[:, 1:] from ids[:, :-1], a scalar."""
 #     logits = gpt(ids[:, :-1])                                    # (B, N, V)
 #     log_probs = logits - logits.logsumexp(dim=-1, keepdim=True)  # (B, N, V)
 #     return -log_probs.gather(-1, ids[:, 1:, None]).mean()
+# ### END SOLUTION
 #
 #
 # check("gpt.next_token_loss", next_token_loss)
@@ -685,7 +702,13 @@ def adamw_update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Ten
 check("gpt.adamw_update", adamw_update)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Two running averages (of the gradient and of its square), each corrected for starting at zero;
+# the weight decay shrinks `p` on its own, outside the adaptive step.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # Follow the four lines of equations above in order: the two averages, their bias correction,
 # the decay of `p`, then the step.
@@ -694,6 +717,7 @@ check("gpt.adamw_update", adamw_update)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def adamw_update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int,
 #                  lr: float, betas: tuple[float, float], eps: float,
 #                  weight_decay: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -704,6 +728,7 @@ check("gpt.adamw_update", adamw_update)
 #     m_hat, v_hat = m / (1 - beta1 ** t), v / (1 - beta2 ** t)
 #     p = p * (1 - lr * weight_decay)
 #     return p - lr * m_hat / (v_hat.sqrt() + eps), m, v
+# ### END SOLUTION
 #
 #
 # check("gpt.adamw_update", adamw_update)
@@ -976,7 +1001,13 @@ def greedy_next(gpt: GPT, ids: torch.Tensor) -> torch.Tensor:
 check("gpt.greedy_step", greedy_next)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Greedy decoding takes the most likely token, and only the last position's prediction is about
+# the token that comes next.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # `gpt(ids)` has shape `(B, S, V)`; the prediction for the next token is at the last position.
 # </details>
@@ -984,10 +1015,12 @@ check("gpt.greedy_step", greedy_next)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def greedy_next(gpt: GPT, ids: torch.Tensor) -> torch.Tensor:
 #     """ids (B, S) -> the most likely next token of each row, (B, 1)."""
 #     window = ids[:, -gpt.config.context_length:]
 #     return gpt(window)[:, -1].argmax(dim=-1, keepdim=True)
+# ### END SOLUTION
 #
 #
 # check("gpt.greedy_step", greedy_next)
@@ -1048,7 +1081,13 @@ def cache_step(x_new: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: t
 check("gpt.cache_step", cache_step)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Only the new token is computed: its key and value join the cached ones, and its query attends to
+# all of them (no mask is needed, nothing lies in its future).
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # `x_new @ w_k` is the new key, `(B, 1, d_h)`; `torch.cat([keys, new_key], dim=1)` appends it.
 # The scores are `q @ keys.transpose(-2, -1) / sqrt(d_h)`, `(B, 1, t + 1)`.
@@ -1057,6 +1096,7 @@ check("gpt.cache_step", cache_step)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def cache_step(x_new: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,
 #                keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 #     """One new token attends to the stored keys and values and its own; returns (out, keys, values)."""
@@ -1065,6 +1105,7 @@ check("gpt.cache_step", cache_step)
 #     values = torch.cat([values, x_new @ w_v], dim=1)
 #     weights = (q @ keys.transpose(-2, -1) / keys.shape[-1] ** 0.5).softmax(dim=-1)  # (B, 1, t + 1)
 #     return weights @ values, keys, values
+# ### END SOLUTION
 #
 #
 # check("gpt.cache_step", cache_step)

@@ -47,7 +47,7 @@ from matplotlib.patches import Patch
 from helpers.flash import costs, profiling, tiled
 from helpers.model.attention import causal_mask, scaled_dot_product_attention
 from helpers.text.corpus import data_dir
-from helpers.lab.exercises import check
+from helpers.lab.exercises import check, yours_or
 from helpers.lab.plots import heatmap
 from helpers.timing import best_time, format_duration
 from helpers.lab.widgets import Explorer
@@ -249,7 +249,13 @@ def merge(max_a: torch.Tensor, sum_a: torch.Tensor, max_b: torch.Tensor, sum_b: 
 check("flash_attention.merge_softmax_states", merge)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Two partial softmax sums measured from different maxima cannot be added as they are: bring both
+# to the same (larger) maximum first.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # Take the larger of the two maxima, rescale each sum by $e^{\text{its max} - \text{new max}}$
 # and add. `flash.exp_shifted(x, shift)` computes $e^{x - \text{shift}}$ without NaN when the shift
@@ -259,11 +265,13 @@ check("flash_attention.merge_softmax_states", merge)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def merge(max_a: torch.Tensor, sum_a: torch.Tensor, max_b: torch.Tensor, sum_b: torch.Tensor):
 #     """States (rows,) of two blocks of the same rows -> the state (max, sum) of both."""
 #     new_max = torch.maximum(max_a, max_b)
 #     new_sum = tiled.exp_shifted(max_a, new_max) * sum_a + tiled.exp_shifted(max_b, new_max) * sum_b
 #     return new_max, new_sum
+# ### END SOLUTION
 #
 #
 # check("flash_attention.merge_softmax_states", merge)
@@ -427,7 +435,13 @@ def my_tile_step(row_max: torch.Tensor, row_sum: torch.Tensor, acc: torch.Tensor
 check("flash_attention.tile_step", my_tile_step)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# The tile may raise a row's maximum. Everything accumulated so far was measured from the old
+# maximum, so rescale it to the new one before adding this tile's contribution.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # The new maximum is `torch.maximum(row_max, scores.amax(-1))`. Both the old sum and the old
 # accumulator were measured from the old maximum: multiply them by
@@ -438,6 +452,7 @@ check("flash_attention.tile_step", my_tile_step)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def my_tile_step(row_max: torch.Tensor, row_sum: torch.Tensor, acc: torch.Tensor,
 #                  scores: torch.Tensor, v_tile: torch.Tensor):
 #     """row_max, row_sum: (B_r,); acc: (B_r, d_v); scores: (B_r, B_c), -inf where masked;
@@ -446,6 +461,7 @@ check("flash_attention.tile_step", my_tile_step)
 #     correction = tiled.exp_shifted(row_max, new_max)
 #     probs = tiled.exp_shifted(scores, new_max[:, None])
 #     return new_max, correction * row_sum + probs.sum(-1), correction[:, None] * acc + probs @ v_tile
+# ### END SOLUTION
 #
 #
 # check("flash_attention.tile_step", my_tile_step)
@@ -582,6 +598,88 @@ for name, mine, theirs in zip(shapes, tiled_grads, naive_grads, strict=True):
     error = (mine - theirs).abs().max().item()
     assert error < 1e-12
     print(f"d{name}: shape {tuple(mine.shape)}, max |tiled - naive| < 1e-12: {error < 1e-12}")
+
+# %% [markdown]
+# ### Exercise 3: the backward pass, tile by tile
+#
+# Write `my_flash_backward` for one head without a mask: from $Q, K, V$, the saved output $O$ and
+# log-sum-exp $L$, and the upstream gradient $dO$, return $(dQ, dK, dV)$, looping over tiles of
+# `block` queries and `block` keys (the last tiles may be ragged) and never building the whole
+# $P$. The check compares with autograd through naive attention; the cell after it runs the
+# backward of a head with your function if it passes, else with the course's.
+
+# %%
+def my_flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                      lse: torch.Tensor, grad_out: torch.Tensor, block: int):
+    """q (N_q, d), k and v (N_k, d), out and grad_out (N_q, d), lse (N_q,) -> (dq, dk, dv)."""
+    raise NotImplementedError
+
+
+check("flash_attention.backward", my_flash_backward)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Each tile of $P$ is rebuilt from its scores and the row's saved $L$. Two of the gradients
+# accumulate over the tiles, and one number per query, $D$, does not depend on the tile at all:
+# compute it once, before the loops.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `D = (grad_out * out).sum(-1)`. For rows `r` and columns `c` of a tile pair:
+# `p = torch.exp(scale * q[r] @ k[c].T - lse[r, None])`, `dv[c] += p.T @ grad_out[r]`,
+# `dp = grad_out[r] @ v[c].T`, `ds = p * (dp - D[r, None])`, `dq[r] += scale * ds @ k[c]`,
+# `dk[c] += scale * ds.T @ q[r]`, with `scale = 1 / sqrt(d)`.
+# </details>
+
+# %% [markdown]
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# def my_flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+#                       lse: torch.Tensor, grad_out: torch.Tensor, block: int):
+#     """q (N_q, d), k and v (N_k, d), out and grad_out (N_q, d), lse (N_q,) -> (dq, dk, dv)."""
+#     scale = 1.0 / math.sqrt(q.shape[-1])
+#     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+#     big_d = (grad_out * out).sum(-1)  # D_i = rowsum(dO_i * O_i), once per query
+#     for start in range(0, q.shape[0], block):
+#         r = slice(start, start + block)
+#         for key_start in range(0, k.shape[0], block):
+#             c = slice(key_start, key_start + block)
+#             p = torch.exp(scale * q[r] @ k[c].T - lse[r, None])  # this tile of P, rebuilt
+#             dv[c] += p.T @ grad_out[r]
+#             dp = grad_out[r] @ v[c].T
+#             ds = p * (dp - big_d[r, None])
+#             dq[r] += scale * ds @ k[c]
+#             dk[c] += scale * ds.T @ q[r]
+#     return dq, dk, dv
+# ### END SOLUTION
+#
+#
+# check("flash_attention.backward", my_flash_backward)
+# ```
+# </details>
+
+# %%
+def course_flash_backward(q, k, v, out, lse, grad_out, block):
+    """The course's tiled backward (helpers.flash.tiled), with my_flash_backward's arguments."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    return tiled.tiled_attention_backward(q, k, v, out, lse, grad_out, None, False, scale, block, block)
+
+
+flash_backward = yours_or("flash_attention.backward", my_flash_backward, course_flash_backward)
+torch.manual_seed(5)
+q_head, k_head, v_head = (torch.randn(n, 16, dtype=torch.float64) for n in (37, 45, 45))
+grad_head = torch.randn(37, 16, dtype=torch.float64)
+out_head, lse_head = tiled.tiled_attention_fa2(q_head, k_head, v_head, block_q=16, block_k=16)
+mine = flash_backward(q_head, k_head, v_head, out_head, lse_head, grad_head, 16)
+leaves = [t.clone().requires_grad_() for t in (q_head, k_head, v_head)]
+theirs = torch.autograd.grad(scaled_dot_product_attention(*leaves)[0], leaves, grad_head)
+backward_gap = max((a - b).abs().max().item() for a, b in zip(mine, theirs, strict=True))
+assert backward_gap < 1e-12
+print("a head of 37 queries and 45 keys, tiles of 16: max |tiled backward - autograd| < 1e-12")
 
 # %% [markdown]
 # What recomputation saves, per layer of GPT-2 medium on a batch of 64: the softmax output $P$

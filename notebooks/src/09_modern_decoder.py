@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers.model.embeddings import sinusoidal_positions
-from helpers.lab.exercises import check
+from helpers.lab.exercises import check, yours_or
 from helpers.lab.plots import heatmap
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
@@ -182,7 +182,13 @@ def rotate_pair(a: float, b: float, position: int, theta: float) -> tuple[float,
 check("modern_decoder.rotate_pair", rotate_pair)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# A pair of features is a point in the plane, or the complex number `a + ib`; rotating by `φ` is
+# multiplying by the unit complex number at angle `φ`.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # Multiply `a + ib` by `cos φ + i sin φ` and read off the real and imaginary parts.
 # </details>
@@ -190,10 +196,12 @@ check("modern_decoder.rotate_pair", rotate_pair)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def rotate_pair(a: float, b: float, position: int, theta: float) -> tuple[float, float]:
 #     """The pair (a, b) turned by the angle position * theta, counter-clockwise."""
 #     angle = position * theta
 #     return a * math.cos(angle) - b * math.sin(angle), a * math.sin(angle) + b * math.cos(angle)
+# ### END SOLUTION
 #
 #
 # _ = check("modern_decoder.rotate_pair", rotate_pair)
@@ -333,7 +341,13 @@ def my_alibi_bias(slopes: torch.Tensor, n_tokens: int) -> torch.Tensor:
 check("modern_decoder.alibi_bias", my_alibi_bias)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# The bias of query `i` and key `j` depends only on how far back the key is, `i - j`, times the
+# head's slope (negative: farther is penalised more).
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # `torch.arange(n)[:, None] - torch.arange(n)[None, :]` is the `(N, N)` table of `i - j`.
 # </details>
@@ -341,11 +355,13 @@ check("modern_decoder.alibi_bias", my_alibi_bias)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def my_alibi_bias(slopes: torch.Tensor, n_tokens: int) -> torch.Tensor:
 #     """slopes: (H,) -> (H, N, N) with -slope_h * (i - j) for j <= i and 0 above the diagonal."""
 #     positions = torch.arange(n_tokens)
 #     behind = (positions[None, :] - positions[:, None]).clamp(max=0)  # j - i, 0 above the diagonal
 #     return slopes[:, None, None] * behind
+# ### END SOLUTION
 #
 #
 # _ = check("modern_decoder.alibi_bias", my_alibi_bias)
@@ -404,7 +420,13 @@ def my_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
 check("modern_decoder.rms_norm", my_rms_norm)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# LayerNorm without the mean: divide each token's vector by its root mean square, then scale by
+# the learned gain.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # `x.pow(2).mean(-1, keepdim=True)` is the mean square of each token; `eps` goes inside the root.
 # </details>
@@ -412,9 +434,11 @@ check("modern_decoder.rms_norm", my_rms_norm)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def my_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 #     """x: (..., D); weight: (D,) -> (..., D)."""
 #     return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+# ### END SOLUTION
 #
 #
 # _ = check("modern_decoder.rms_norm", my_rms_norm)
@@ -516,6 +540,92 @@ print("cached, one token at a time, vs full pass: largest difference < 1e-4")
 cache = KVCache.for_model(model, batch_size=2)
 mha_cache = KVCache(config.n_layers, 2, config.n_heads, config.context_length, config.head_dim)
 print(f"this model's cache: {cache.nbytes():,} bytes with GQA, {mha_cache.nbytes():,} with one KV head per query head")
+
+# %% [markdown]
+# ### Exercise: the modern block, from its weights
+#
+# Write the block's forward yourself: `my_modern_block(block, x, table)` for `x` `(B, N, D)`
+# at positions `0 ... N - 1`, using only the block's weights (`block.norm1`, `block.attn`'s
+# `q_proj`, `k_proj`, `v_proj`, `out_proj`, `block.norm2`, `block.mlp`'s `gate`, `up`, `down`)
+# and the RoPE table's `cos` and `sin` (each `(P, D_H/2)`), with GQA's `n_heads` query heads and
+# `n_kv_heads` key/value heads. The check compares with `block(x, table)`; the cell after the
+# hints runs this section's model through your block if it passes, else through the course's.
+
+# %%
+def my_modern_block(block, x: torch.Tensor, table) -> torch.Tensor:
+    """x (B, N, D) -> x + attn(RMSNorm(x)) with RoPE and GQA, then + SwiGLU(RMSNorm(.)), (B, N, D)."""
+    raise NotImplementedError
+
+
+check("modern_decoder.modern_block", my_modern_block)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Two residual branches, each reading a normalised copy of `x`: attention, then the MLP. Inside
+# attention, RoPE turns the queries and keys (not the values) after they are split into heads;
+# each key/value head serves `n_heads // n_kv_heads` query heads. Every piece has been written
+# in this notebook or in notebooks 5-7.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `rms(t, norm) = t / sqrt(mean(t², -1) + norm.eps) * norm.weight`. Heads:
+# `.view(B, N, heads, -1).transpose(1, 2)`, and `k.repeat_interleave(groups, dim=1)` for k and v.
+# RoPE pairs feature `i` with `i + D_H/2`: halves `a, b` become `a cos - b sin` and
+# `a sin + b cos` with `cos, sin = table.cos[:N], table.sin[:N]`. Causal softmax of
+# `q k^T / sqrt(D_H)`, times v, heads merged, `x = x + out_proj(...)`; then
+# `x + down(silu(gate(h)) * up(h))` with `h = rms(x, block.norm2)`.
+# </details>
+
+# %% [markdown]
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# def my_modern_block(block, x: torch.Tensor, table) -> torch.Tensor:
+#     """x (B, N, D) -> x + attn(RMSNorm(x)) with RoPE and GQA, then + SwiGLU(RMSNorm(.)), (B, N, D)."""
+#     def rms(t, norm):
+#         return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight
+#
+#     def rope(t):  # (B, H, N, D_H): feature i turns with feature i + D_H/2
+#         cos, sin = table.cos[:t.shape[-2]], table.sin[:t.shape[-2]]
+#         a, b = t.chunk(2, dim=-1)
+#         return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+#
+#     attn, (batch, n, d) = block.attn, x.shape
+#     h = rms(x, block.norm1)
+#     q = attn.q_proj(h).view(batch, n, attn.n_heads, -1).transpose(1, 2)
+#     k = attn.k_proj(h).view(batch, n, attn.n_kv_heads, -1).transpose(1, 2)
+#     v = attn.v_proj(h).view(batch, n, attn.n_kv_heads, -1).transpose(1, 2)
+#     groups = attn.n_heads // attn.n_kv_heads
+#     q, k, v = rope(q), rope(k).repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+#     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+#     scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+#     x = x + attn.out_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, n, d))
+#     h = rms(x, block.norm2)
+#     return x + block.mlp.down(F.silu(block.mlp.gate(h)) * block.mlp.up(h))
+# ### END SOLUTION
+#
+#
+# check("modern_decoder.modern_block", my_modern_block)
+# ```
+# </details>
+
+# %%
+def course_modern_block(block, x: torch.Tensor, table) -> torch.Tensor:
+    """The course's ModernBlock.forward, with my_modern_block's arguments."""
+    return block(x, table)
+
+
+modern_block = yours_or("modern_decoder.modern_block", my_modern_block, course_modern_block)
+with torch.no_grad():
+    hidden = model.embed(ids)
+    for block in model.blocks:
+        hidden = modern_block(block, hidden, model.rope)
+    block_gap = float((model.lm_head(model.norm(hidden)) - full).abs().max())
+assert block_gap < 1e-5
+print("the model run block by block through that function vs model(ids): largest difference < 1e-5")
 
 # %% [markdown]
 # The model's SwiGLU width, 192, is not `8D/3` itself: `ModernConfig` sizes the MLP with

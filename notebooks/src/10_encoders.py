@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from helpers.lab.exercises import check
+from helpers.lab.exercises import check, yours_or
 from helpers.lab.plots import heatmap
 from helpers.timing import format_duration
 
@@ -388,7 +388,13 @@ def cross_attention_shapes(b: int, n: int, m: int, d: int, h: int) -> dict:
 check("encoders.cross_attention_shapes", cross_attention_shapes)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Cross-attention is attention whose queries and keys/values come from two different sequences:
+# the shapes follow from which sequence feeds which.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # The queries come from the target (`n` tokens), the keys and values from the source (`m`).
 # Each head works in `d // h` features.
@@ -397,11 +403,13 @@ check("encoders.cross_attention_shapes", cross_attention_shapes)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def cross_attention_shapes(b: int, n: int, m: int, d: int, h: int) -> dict:
 #     """{'q': ..., 'k': ..., 'v': ..., 'weights': ..., 'output': ...}, each a shape tuple."""
 #     d_h = d // h
 #     return {"q": (b, h, n, d_h), "k": (b, h, m, d_h), "v": (b, h, m, d_h),
 #             "weights": (b, h, n, m), "output": (b, n, d)}
+# ### END SOLUTION
 #
 #
 # _ = check("encoders.cross_attention_shapes", cross_attention_shapes)
@@ -461,7 +469,13 @@ def source_key_mask(source: torch.Tensor, pad_id: int) -> torch.Tensor:
 check("encoders.source_key_mask", source_key_mask)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# A padded source position must be hidden from every query of every head: the mask is per source
+# key, broadcast over heads and queries.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # Compare with `pad_id`, then index with `[:, None, None, :]`.
 # </details>
@@ -469,9 +483,11 @@ check("encoders.source_key_mask", source_key_mask)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def source_key_mask(source: torch.Tensor, pad_id: int) -> torch.Tensor:
 #     """(B, M) ids -> (B, 1, 1, M) bool, True where the token is not padding."""
 #     return (source != pad_id)[:, None, None, :]
+# ### END SOLUTION
 #
 #
 # _ = check("encoders.source_key_mask", source_key_mask)
@@ -568,7 +584,13 @@ def beam_step(scores: torch.Tensor, log_probs: torch.Tensor, width: int) -> tupl
 check("encoders.beam_step", beam_step)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Every kept sequence can be extended by every token: score all `k x V` extensions by their total
+# log-probability and keep the best `width`, whichever rows they come from.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # Add the prefix scores to every row of `log_probs`, flatten, take `topk(width)`; an index `i` of
 # the flattened `(k, V)` table is row `i // V`, token `i % V`.
@@ -577,11 +599,13 @@ check("encoders.beam_step", beam_step)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def beam_step(scores: torch.Tensor, log_probs: torch.Tensor, width: int) -> tuple:
 #     """-> (new_scores (width,), rows (width,), tokens (width,)), best first."""
 #     total = scores[:, None] + log_probs  # (k, V)
 #     best, flat = total.flatten().topk(width)
 #     return best, flat // total.shape[1], flat % total.shape[1]
+# ### END SOLUTION
 #
 #
 # _ = check("encoders.beam_step", beam_step)
@@ -735,6 +759,69 @@ print("redraws so far:", explorer.redraws)
 # tokens; of those, replace 80 % by `<mask>`, 10 % by a random word, and leave 10 % as they are
 # (so the model cannot learn that only `<mask>` positions matter). The loss is taken on the picked
 # tokens only. `helpers.families.mlm.mask_tokens` does it; on a large batch the shares come out as the rule says.
+#
+# ### Exercise: BERT's corruption of a batch
+#
+# Write it yourself: `my_mask_tokens(ids, mask_id, vocab_size, first_word_id, generator, rate,
+# pad_id)` returns `(inputs, labels)`: `labels` holds the original id where a token was picked and
+# `IGNORE` (-100, which `F.cross_entropy` skips) elsewhere; ids below `first_word_id` are special
+# tokens, never drawn as random words; padding is never picked; every random draw uses
+# `generator`. The cell after the hints corrupts a batch with your function if it passes the
+# check, else with the course's `mask_tokens`.
+
+# %%
+from helpers.families.mlm import IGNORE
+
+
+def my_mask_tokens(ids: torch.Tensor, mask_id: int, vocab_size: int, first_word_id: int,
+                   generator: torch.Generator, rate: float = 0.15, pad_id: int = 0):
+    """ids (B, M) -> (inputs (B, M), labels (B, M))."""
+    raise NotImplementedError
+
+
+check("encoders.mask_tokens", my_mask_tokens)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Two independent draws per position: the first decides whether a real token is picked (labels
+# follow from it), the second splits the picked tokens into three groups by where it falls in
+# `[0, 1)`. Masks (boolean tensors) and `torch.where` do it for the whole batch at once.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `picked = (torch.rand(ids.shape, generator=generator) < rate) & (ids != pad_id)`;
+# `labels = ids.masked_fill(~picked, IGNORE)`; `roll = torch.rand(ids.shape, generator=generator)`;
+# `<mask>` where `picked & (roll < 0.8)`, a word of `torch.randint(first_word_id, vocab_size,
+# ids.shape, generator=generator)` where `picked & (0.8 <= roll < 0.9)`, the rest unchanged.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# from helpers.families.mlm import IGNORE
+#
+#
+# ### BEGIN SOLUTION
+# def my_mask_tokens(ids: torch.Tensor, mask_id: int, vocab_size: int, first_word_id: int,
+#                    generator: torch.Generator, rate: float = 0.15, pad_id: int = 0):
+#     """ids (B, M) -> (inputs (B, M), labels (B, M))."""
+#     picked = (torch.rand(ids.shape, generator=generator) < rate) & (ids != pad_id)
+#     labels = ids.masked_fill(~picked, IGNORE)
+#     roll = torch.rand(ids.shape, generator=generator)
+#     to_mask = picked & (roll < 0.8)
+#     to_random = picked & (roll >= 0.8) & (roll < 0.9)  # roll >= 0.9: the word stays
+#     random_words = torch.randint(first_word_id, vocab_size, ids.shape, generator=generator)
+#     inputs = ids.masked_fill(to_mask, mask_id)
+#     inputs = torch.where(to_random, random_words, inputs)
+#     return inputs, labels
+# ### END SOLUTION
+#
+#
+# check("encoders.mask_tokens", my_mask_tokens)
+# ```
+# </details>
 
 # %%
 from helpers.text.corpus import PETS, PLACES
@@ -750,7 +837,8 @@ def english_batch(indices: list[int]) -> torch.Tensor:
 
 generator = torch.Generator().manual_seed(0)
 ids = english_batch(train_ids[:2000])
-inputs, labels = mask_tokens(ids, MASK_ID, vocab.vocab_size, len(SPECIALS), generator)
+corrupt = yours_or("encoders.mask_tokens", my_mask_tokens, mask_tokens)
+inputs, labels = corrupt(ids, MASK_ID, vocab.vocab_size, len(SPECIALS), generator)
 picked = labels != IGNORE
 print(f"picked: {picked.sum() / (ids != PAD_ID).sum():.1%} of the real tokens; of those "
       f"<mask> {(inputs[picked] == MASK_ID).float().mean():.1%}, unchanged "

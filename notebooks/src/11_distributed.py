@@ -39,8 +39,8 @@ import torch.nn.functional as F
 import helpers
 
 from helpers.scale.data_parallel import TINY_GPT, Run, average_gradients, data_parallel, loss_of, make_batch, make_model, max_difference, train_bucketed, train_single
-from helpers.scale.workers import WorkerFailed, Workers, collectives_demo, fail_on_rank, ring_all_reduce_by_hand, ring_all_reduce_bytes
-from helpers.lab.exercises import check
+from helpers.scale.workers import WorkerFailed, Workers, collectives_demo, fail_on_rank, ring_all_reduce, ring_all_reduce_by_hand, ring_all_reduce_bytes
+from helpers.lab.exercises import check, yours_or
 from helpers.model.gpt import GPTConfig, exact_parameters
 from helpers.scale.parallelism import (
     bubble_fraction,
@@ -73,8 +73,10 @@ torch.set_num_threads(1)  # two processes will share the cores with this one
 # rank order, which prints them (so the output does not depend on which process finished first).
 #
 # Two things follow from *spawning*. Starting is slow: each process is a new Python that imports
-# `torch` (the cell below times it). And `fn` travels by name: the new process imports it, so it
-# must be defined in a module, such as `helpers`, not in a notebook cell.
+# `torch` (the cell below times it). And `fn` must travel: a function of a module, such as
+# `helpers`, goes by name and the new process imports it; a function defined in a notebook cell
+# has no module there, so its source goes instead (with the modules and values it reads) and the
+# worker runs it (`helpers.scale.cell_functions`). Your own functions can run on the workers.
 
 # %%
 workers = Workers(world_size=2, timeout=120.0)
@@ -98,16 +100,17 @@ for name in results[0]:
 # An all-reduce is a reduce-scatter followed by an all-gather: the ring below builds it so.
 #
 # (What happens when a worker raises is the last thing this notebook shows, since it stops the
-# processes.) The next cell tries to send a function defined in this notebook, and is refused
-# before any process is bothered:
+# processes.) The next cell sends a function defined in this notebook; a lambda, which has no
+# source of its own to send, is refused before any process is bothered:
 
 # %%
-def my_task(rank: int, world_size: int) -> int:
-    return rank
+def my_task(rank: int, world_size: int) -> str:
+    return f"rank {rank} of {world_size} ran a function defined in this notebook"
 
 
+print(workers.run(my_task))
 try:
-    workers.run(my_task)
+    workers.run(lambda rank, world_size: rank)
 except ValueError as error:
     print(error)
 
@@ -136,6 +139,84 @@ print(f"each rank sent {values_sent} values; 2 (p - 1) / p x n = 2 x 2 / 3 x 6 =
       f"{ring_all_reduce_bytes(6, 3):g}")
 
 # %% [markdown]
+# ### Exercise: the ring all-reduce on real processes
+#
+# Now on the workers, with messages instead of a list: write `my_ring_all_reduce(rank,
+# world_size, tensors)`. It runs on every rank; rank `r` starts from `tensors[r]` and may only
+# exchange tensors with its neighbours, `dist.isend(tensor, dst)` and `dist.recv(tensor, src)`
+# (no collective). Every rank returns the sum of all ranks' tensors. The check runs it on three
+# worker processes; the cell after it sums with your function if it passes, else with the
+# course's `ring_all_reduce`.
+
+# %%
+import torch.distributed as dist  # noqa: F401 - my_ring_all_reduce sends with it
+
+
+def my_ring_all_reduce(rank: int, world_size: int, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """tensors: p tensors of the same shape, this rank reads tensors[rank] -> their sum."""
+    raise NotImplementedError
+
+
+check("distributed.ring_all_reduce", my_ring_all_reduce)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Copy `ring_all_reduce_by_hand`'s two loops, seen from one rank: a step is "send a chunk to
+# `rank + 1`, receive one from `rank - 1`". Send without waiting (`isend`), then receive, then
+# wait for the send: if every rank first waited for its send to be received, nobody would receive.
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `chunks = list(tensors[rank].flatten().clone().tensor_split(world_size))`. Reduce-scatter, for
+# `s` in `range(p - 1)`: send chunk `(rank - s) % p`, receive into a fresh `torch.empty_like` of
+# chunk `(rank - s - 1) % p` and **add** it there. All-gather, `p - 1` more steps: send chunk
+# `(rank + 1 - s) % p`, receive chunk `(rank - s) % p` and **keep** it. Return `torch.cat(chunks)`
+# reshaped like the input.
+# </details>
+
+# %% [markdown]
+# <details><summary>Solution</summary>
+#
+# ```python
+# import torch.distributed as dist
+#
+#
+# ### BEGIN SOLUTION
+# def my_ring_all_reduce(rank: int, world_size: int, tensors: list[torch.Tensor]) -> torch.Tensor:
+#     """tensors: p tensors of the same shape, this rank reads tensors[rank] -> their sum."""
+#     p = world_size
+#     chunks = list(tensors[rank].flatten().clone().tensor_split(p))
+#
+#     def exchange(send: int, receive: int) -> torch.Tensor:
+#         incoming = torch.empty_like(chunks[receive])
+#         request = dist.isend(chunks[send].contiguous(), (rank + 1) % p)
+#         dist.recv(incoming, (rank - 1) % p)
+#         request.wait()
+#         return incoming
+#
+#     for s in range(p - 1):  # reduce-scatter: add what arrives
+#         chunks[(rank - s - 1) % p] += exchange((rank - s) % p, (rank - s - 1) % p)
+#     for s in range(p - 1):  # all-gather: keep what arrives
+#         chunks[(rank - s) % p] = exchange((rank + 1 - s) % p, (rank - s) % p)
+#     return torch.cat(chunks).reshape(tensors[rank].shape)
+# ### END SOLUTION
+#
+#
+# check("distributed.ring_all_reduce", my_ring_all_reduce)
+# ```
+# </details>
+
+# %%
+ring = yours_or("distributed.ring_all_reduce", my_ring_all_reduce, ring_all_reduce)
+tensors = [torch.arange(6.0) * (rank + 1) for rank in range(2)]
+results = workers.run(ring, tensors)
+for rank, result in enumerate(results):
+    print(f"rank {rank} ends with {result.tolist()}")
+assert all(torch.equal(result, sum(tensors)) for result in results)
+
+# %% [markdown]
 # ### Exercise: the bytes of a ring all-reduce
 #
 # Write `ring_bytes(n_bytes, world_size)`: the bytes each rank sends in a ring all-reduce.
@@ -149,7 +230,12 @@ def ring_bytes(n_bytes: float, world_size: int) -> float:
 check("distributed.ring_bytes", ring_bytes)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Count the messages: how many steps each phase of the ring takes, and how big one chunk is.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # Two phases of `p - 1` steps each; every step sends one chunk of `n_bytes / p`.
 # </details>
@@ -157,9 +243,11 @@ check("distributed.ring_bytes", ring_bytes)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def ring_bytes(n_bytes: float, world_size: int) -> float:
 #     """Bytes each rank sends in a ring all-reduce of an n_bytes tensor over world_size ranks."""
 #     return 2 * (world_size - 1) / world_size * n_bytes
+# ### END SOLUTION
 #
 #
 # check("distributed.ring_bytes", ring_bytes)
@@ -278,7 +366,13 @@ def my_average_gradients(model: torch.nn.Module, all_reduce, world_size: int) ->
 check("distributed.average_gradients", my_average_gradients)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# The whole batch's gradient is the mean of the ranks' gradients: a sum over the ranks, then a
+# division. Each gradient tensor must be reduced exactly once on every rank, in the same order.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # Sum with `all_reduce(p.grad)`, then divide by `world_size`. Careful with the tied matrix: it
 # must be reduced once, and `model.parameters()` lists it once.
@@ -287,12 +381,14 @@ check("distributed.average_gradients", my_average_gradients)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def my_average_gradients(model: torch.nn.Module, all_reduce, world_size: int) -> None:
 #     """Replace every p.grad by its mean over the ranks."""
 #     for p in model.parameters():
 #         if p.grad is not None:
 #             all_reduce(p.grad)
 #             p.grad /= world_size
+# ### END SOLUTION
 #
 #
 # check("distributed.average_gradients", my_average_gradients)
@@ -479,7 +575,13 @@ def split_mlp(up_weight: torch.Tensor, up_bias: torch.Tensor, down_weight: torch
 check("distributed.split_mlp", split_mlp)
 
 # %% [markdown]
-# <details><summary>Hint</summary>
+# <details><summary>Hint 1</summary>
+#
+# Each rank keeps whole hidden units: a unit is a row of the up projection (and its bias entry)
+# and the matching column of the down projection.
+# </details>
+#
+# <details><summary>Hint 2</summary>
 #
 # `k = hidden // world_size`; rows `rank * k : (rank + 1) * k` of `up_weight` and `up_bias`,
 # the same range of *columns* of `down_weight`.
@@ -488,12 +590,14 @@ check("distributed.split_mlp", split_mlp)
 # <details><summary>Solution</summary>
 #
 # ```python
+# ### BEGIN SOLUTION
 # def split_mlp(up_weight: torch.Tensor, up_bias: torch.Tensor, down_weight: torch.Tensor,
 #               rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 #     """up_weight (hidden, D), up_bias (hidden,), down_weight (D, hidden) -> this rank's slices."""
 #     k = up_weight.shape[0] // world_size
 #     rows = slice(rank * k, (rank + 1) * k)
 #     return up_weight[rows], up_bias[rows], down_weight[:, rows]
+# ### END SOLUTION
 #
 #
 # check("distributed.split_mlp", split_mlp)

@@ -254,3 +254,82 @@ def ring_merge(student: Callable[..., tuple[Tensor, Tensor]]) -> str:
                              "softmax denominator, exp(lse_part - L).")
     expect_close(out, expected, "out", atol=1e-9)
     return "Right: one step of the ring, and notebook 8's online softmax across processes."
+
+
+def _is_stub(fn: Callable) -> bool:
+    """True when fn's body (after its docstring) is only `raise NotImplementedError`: the untouched
+    stub, recognised without starting any process."""
+    import ast
+    import inspect
+    import textwrap
+    try:
+        body = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0].body
+    except (OSError, TypeError, SyntaxError, IndexError, AttributeError):
+        return False
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0])
+
+
+_POOL: list = []  # three workers kept for the checks of one session (started on first use)
+
+
+def _three_workers():
+    import atexit
+
+    from helpers.scale.workers import Workers, sleep_on_rank
+    if not _POOL:
+        _POOL.append(Workers(3, timeout=30.0))
+        atexit.register(_POOL[0].close)
+    if not _POOL[0].processes:  # start them with time to spare: a busy machine starts slowly
+        _POOL[0].run(sleep_on_rank, 0.0, timeout=180.0)
+    return _POOL[0]
+
+
+@exercise(hint="Cut your tensor into p chunks (tensor_split). Reduce-scatter, p - 1 steps: at step s "
+               "send chunk (rank - s) % p to rank + 1 with dist.isend, dist.recv chunk (rank - s - 1) "
+               "% p from rank - 1 and add it to yours. All-gather, p - 1 steps: send chunk (rank + 1 "
+               "- s) % p, receive chunk (rank - s) % p and keep it. Return torch.cat of the chunks.",
+          task="Write my_ring_all_reduce(rank, world_size, tensors) with dist.isend and dist.recv only: "
+               "every rank returns the sum of all ranks' tensors (rank r starts from tensors[r]). "
+               "The check runs it on 3 worker processes with 7 values each (uneven chunks).",
+          time_limit=240.0)
+def ring_all_reduce(student: Callable[[int, int, list[Tensor]], Tensor]) -> str:
+    from helpers.scale.cell_functions import _names_read
+    from helpers.scale.workers import WorkerFailed
+    if _is_stub(student):
+        raise NotImplementedError
+    if "all_reduce" in _names_read(getattr(student, "__code__", compile("", "", "exec"))):
+        raise ExerciseFailed("your function calls an all_reduce: the exercise is to build it from "
+                             "point-to-point sends and receives.")
+    tensors = [torch.arange(7.0) * (rank + 1) + rank for rank in range(3)]
+    total = sum(tensors)
+    try:
+        results = _three_workers().run(student, tensors)
+    except TimeoutError:
+        raise ExerciseFailed("the ranks did not finish within 30 s: some rank waits for a message that "
+                             "never comes (every send needs its receive on the neighbour, in the same "
+                             "order; send with dist.isend so that no rank blocks before receiving).") from None
+    except WorkerFailed as failure:
+        last = failure.worker_traceback.strip().splitlines()[-1]
+        if last.startswith("NotImplementedError"):
+            raise NotImplementedError from None
+        raise ExerciseFailed(f"rank {failure.rank} raised {last}") from None
+    for rank, got in enumerate(results):
+        if not isinstance(got, Tensor) or got.shape != total.shape:
+            raise ExerciseFailed(f"rank {rank} returned {getattr(got, 'shape', type(got).__name__)}, "
+                                 f"expected a tensor of shape {tuple(total.shape)}.")
+        if torch.allclose(got, total):
+            continue
+        if torch.allclose(got, tensors[rank]):
+            raise ExerciseFailed(f"rank {rank} returned its own tensor unchanged: nothing was added.")
+        if torch.allclose(got, total / 3):
+            raise ExerciseFailed(f"rank {rank} returned the mean: an all-reduce sums (data parallelism "
+                                 "divides by world_size afterwards).")
+        owned = (rank + 1) % 3
+        if torch.allclose(got.tensor_split(3)[owned], total.tensor_split(3)[owned]):
+            raise ExerciseFailed(f"rank {rank} holds the full sum only in chunk {owned}, the one the "
+                                 "reduce-scatter finishes on it: the all-gather phase is missing, or "
+                                 "it adds the chunks it receives instead of keeping them.")
+        raise ExerciseFailed(f"rank {rank} returned {got.tolist()}, expected {total.tolist()}.")
+    return "Every rank holds the sum, and each sent 2 (p - 1) / p of the tensor: the ring all-reduce."

@@ -1,4 +1,5 @@
-"""Exercises of notebook 8 (tiled FlashAttention): merge two softmax states; write one tile step."""
+"""Exercises of notebook 8 (tiled FlashAttention): merge two softmax states; write one tile step;
+write the backward pass tile by tile (its D and dS)."""
 
 from __future__ import annotations
 
@@ -116,3 +117,72 @@ def tile_step(student: StepFunction) -> str:
                              "-inf, and exp(-inf - (-inf)) is NaN. Shift by 0 where the max is -inf.")
     expect_close(got_out, expected_out, "the attention output built from your steps", atol=1e-9)
     return "That one function is the whole inner loop of FlashAttention-2, and of the Triton kernel."
+
+
+BackwardFunction = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, int], tuple[Tensor, Tensor, Tensor]]
+
+
+def backward_variant(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor,
+                     block: int, mistake: str = "") -> tuple[Tensor, Tensor, Tensor]:
+    """The tiled backward of one head (no mask), right or with one named `mistake` (the checker
+    compares a wrong answer with each): q (N_q, d), k and v (N_k, d), out and grad_out (N_q, d),
+    lse (N_q,) -> dq, dk, dv."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    big_d = {"D = rowsum(dO)": grad_out.sum(-1), "no D": torch.zeros_like(lse)}.get(
+        mistake, (grad_out * out).sum(-1))
+    for r in range(0, q.shape[0], block):
+        rows = slice(r, r + block)
+        for c in range(0, k.shape[0], block):
+            cols = slice(c, c + block)
+            scores = scale * q[rows] @ k[cols].T
+            probs = scores.softmax(-1) if mistake == "tile softmax" else torch.exp(scores - lse[rows, None])
+            d_probs = grad_out[rows] @ v[cols].T
+            d = (probs * d_probs).sum(-1) if mistake == "D of one tile" else big_d[rows]
+            d_scores = probs * (d_probs - d[:, None])
+            s = 1.0 if mistake == "no scale" else scale
+            dq[rows] += s * d_scores @ k[cols]
+            dk[cols] += s * d_scores.T @ q[rows]
+            dv[cols] += probs.T @ grad_out[rows]
+    return dq, dk, dv
+
+
+BACKWARD_MISTAKES = {
+    "D = rowsum(dO)": "D is rowsum(dO * O), one number per query: you summed dO alone.",
+    "no D": "dS = P * (dP - D): the D term is missing (dS = P * dP forgets that the softmax's "
+            "weights sum to 1).",
+    "D of one tile": "D summed P * dP over one key tile only: it is a sum over all keys, which is "
+                     "why it is computed once from O and dO, as rowsum(dO * O).",
+    "tile softmax": "P was rebuilt with a softmax over one key tile: each tile's P is "
+                    "exp(S - L) with the saved log-sum-exp L of the whole row.",
+    "no scale": "dQ and dK are missing the 1/sqrt(d) of the scores S = Q K^T / sqrt(d).",
+}
+
+
+@exercise(hint="Before the loops D = (grad_out * out).sum(-1). For each tile pair: S = Q_i K_j^T / "
+               "sqrt(d); P = exp(S - lse_i[:, None]); dV_j += P^T dO_i; dP = dO_i V_j^T; "
+               "dS = P * (dP - D_i[:, None]); dQ_i += dS K_j / sqrt(d); dK_j += dS^T Q_i / sqrt(d).",
+          task="Write my_flash_backward(q, k, v, out, lse, grad_out, block) for one head without a "
+               "mask, returning (dq, dk, dv), tile by tile from the saved output and log-sum-exp. "
+               "The check compares with autograd through naive attention, with ragged tiles.")
+def backward(student: BackwardFunction) -> str:
+    gen = torch.Generator().manual_seed(88)
+    q, k, v = (torch.randn(n, 6, generator=gen, dtype=torch.float64) for n in (10, 13, 13))
+    grad_out = torch.randn(10, 6, generator=gen, dtype=torch.float64)
+    out, lse = reference.tiled_attention_fa2(q, k, v, block_q=4, block_k=4)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = torch.autograd.grad(scaled_dot_product_attention(*leaves)[0], leaves, grad_out)
+    got = _pair(student(q.clone(), k.clone(), v.clone(), out.clone(), lse.clone(), grad_out.clone(), 4),
+                "flash_backward", "dq, dk, dv")
+    if not all(isinstance(g, Tensor) and g.shape == e.shape for g, e in zip(got, expected, strict=True)):
+        raise ExerciseFailed(f"return dq, dk, dv shaped like q, k, v: {[tuple(e.shape) for e in expected]}; "
+                             f"you returned {[getattr(g, 'shape', type(g).__name__) for g in got]}.")
+    if all(torch.allclose(g, e, atol=1e-9) for g, e in zip(got, expected, strict=True)):
+        return "dS = P (dP - D): the whole backward of attention, without ever storing P."
+    for mistake, message in BACKWARD_MISTAKES.items():
+        wrong = backward_variant(q, k, v, out, lse, grad_out, 4, mistake)
+        if all(torch.allclose(g, w, atol=1e-9) for g, w in zip(got, wrong, strict=True)):
+            raise ExerciseFailed(message)
+    for name, g, e in zip(("dq", "dk", "dv"), got, expected, strict=True):
+        expect_close(g, e, name, atol=1e-9)
+    raise ExerciseFailed("dq, dk and dv differ from autograd's.")

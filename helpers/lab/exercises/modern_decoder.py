@@ -1,4 +1,5 @@
-"""Exercises of notebook 9 (from GPT-2 to the modern decoder): a RoPE pair, ALiBi's bias, RMSNorm."""
+"""Exercises of notebook 9 (from GPT-2 to the modern decoder): a RoPE pair, ALiBi's bias, RMSNorm,
+and the whole modern block (RMSNorm, RoPE attention with GQA, SwiGLU) written from its weights."""
 
 from __future__ import annotations
 
@@ -91,3 +92,88 @@ def rms_norm(student: Callable[..., torch.Tensor]) -> str:
     if not torch.isfinite(zeros).all():
         raise ExerciseFailed("a token of zeros gives NaN: eps belongs inside the square root.")
     return "It matches torch.nn.RMSNorm."
+
+
+def modern_block_variant(block: modern.ModernBlock, x: torch.Tensor, table: modern.RopeTable,
+                         mistake: str = "") -> torch.Tensor:
+    """The modern block's forward from its weights, right or with one named `mistake` (the
+    checker compares a wrong answer with each): x (B, N, D) -> (B, N, D)."""
+    import torch.nn.functional as F
+
+    def norm(t: torch.Tensor, layer: modern.RMSNorm) -> torch.Tensor:
+        if mistake == "LayerNorm":
+            t = t - t.mean(-1, keepdim=True)
+        return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + layer.eps) * layer.weight
+
+    def rope(t: torch.Tensor) -> torch.Tensor:  # (B, H, N, D_H)
+        if mistake == "no RoPE":
+            return t
+        cos, sin = table.cos[:t.shape[-2]], table.sin[:t.shape[-2]]
+        if mistake == "interleaved":  # pairs (2i, 2i + 1) instead of (i, i + D_H/2)
+            a, b = t[..., 0::2], t[..., 1::2]
+            return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+        a, b = t.chunk(2, dim=-1)
+        return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+    attn, (batch, n, d) = block.attn, x.shape
+    heads = lambda t, h: t.view(batch, n, h, -1).transpose(1, 2)  # noqa: E731
+    h = x if mistake == "post-norm" else norm(x, block.norm1)
+    groups = attn.n_heads // attn.n_kv_heads
+    q = rope(heads(attn.q_proj(h), attn.n_heads))
+    k = rope(heads(attn.k_proj(h), attn.n_kv_heads)).repeat_interleave(groups, dim=1)
+    v = heads(attn.v_proj(h), attn.n_kv_heads).repeat_interleave(groups, dim=1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mistake != "not causal":
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+    x = x + attn.out_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, n, d))
+    if mistake == "post-norm":
+        x = norm(x, block.norm1)
+    h = x if mistake == "post-norm" else norm(x, block.norm2)
+    gate, up = (block.mlp.up, block.mlp.gate) if mistake == "gate and up swapped" else (block.mlp.gate, block.mlp.up)
+    x = x + block.mlp.down(F.silu(gate(h)) * up(h))
+    return norm(x, block.norm2) if mistake == "post-norm" else x
+
+
+BLOCK_MISTAKES = {
+    "post-norm": "you normalise after each residual addition (GPT-1's post-norm): the modern block "
+                 "normalises each branch's input, x + f(norm(x)), and leaves the residual stream alone.",
+    "LayerNorm": "you subtract each token's mean: RMSNorm only divides by the root mean square.",
+    "no RoPE": "the queries and keys are not rotated: RoPE turns both by their positions before the scores.",
+    "interleaved": "you rotate the pairs (0, 1), (2, 3), ...: this course's RoPE (Llama's "
+                   "rotate_half) pairs feature i with feature i + D_H/2.",
+    "not causal": "a query sees the keys after it: the decoder's attention is causal.",
+    "gate and up swapped": "SiLU is applied to up(h) instead of gate(h): SwiGLU is down(silu(gate(h)) * up(h)).",
+}
+
+
+def _random_block() -> tuple[modern.ModernBlock, torch.Tensor, modern.RopeTable]:
+    torch.manual_seed(9)
+    config = modern.ModernConfig(vocab_size=16, context_length=16, n_layers=1, n_heads=4, n_kv_heads=2,
+                                 d_model=32, mlp_hidden=48)
+    block = modern.ModernBlock(config).double()
+    with torch.no_grad():  # gains away from 1, so that forgetting them shows
+        block.norm1.weight.uniform_(0.5, 1.5)
+        block.norm2.weight.uniform_(0.5, 1.5)
+    x = 2.0 * torch.randn(2, 9, 32, dtype=torch.float64) + 0.5  # a mean away from 0, so LayerNorm shows
+    return block, x, modern.RopeTable.build(config.head_dim, 16, dtype=torch.float64)
+
+
+@exercise(hint="h = RMSNorm(x) with norm1's gain and eps; q, k, v from attn.q_proj/k_proj/v_proj, "
+               "split into heads (n_heads for q, n_kv_heads for k and v, repeat_interleave the latter); "
+               "rotate q and k: halves (a, b) -> (a cos - b sin, a sin + b cos) with table.cos[:N], "
+               "table.sin[:N]; causal softmax(q k^T / sqrt(D_H)) v; merge heads; x + out_proj(...); "
+               "then x + mlp.down(silu(mlp.gate(h2)) * mlp.up(h2)) with h2 = RMSNorm(x) by norm2.",
+          task="Write my_modern_block(block, x, table): the ModernBlock's forward from its weights "
+               "(block.norm1, block.attn, block.norm2, block.mlp) and the RoPE table, for x (B, N, D). "
+               "The check compares with block(x, table) on random weights and names a known slip.")
+def modern_block(student: Callable[[modern.ModernBlock, torch.Tensor, modern.RopeTable], torch.Tensor]) -> str:
+    block, x, table = _random_block()
+    with torch.no_grad():
+        expected = block(x, table)
+        got = student(block, x.clone(), table)
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape and not torch.allclose(got, expected, atol=1e-9):
+            for mistake, message in BLOCK_MISTAKES.items():
+                if torch.allclose(got, modern_block_variant(block, x, table, mistake), atol=1e-9):
+                    raise ExerciseFailed(message)
+    expect_close(got, expected, "the block's output", atol=1e-9)
+    return "RMSNorm, RoPE, GQA and SwiGLU: the block of Llama, Mistral and Qwen, from its weights."
