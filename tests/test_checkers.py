@@ -640,6 +640,42 @@ CASES += [
 ]
 
 
+def piece_course(rank, world_size, grads):
+    from helpers.scale.fsdp import gradient_piece
+    return gradient_piece(rank, world_size, grads)
+
+
+def piece_by_all_reduce(rank, world_size, grads):  # correct, if twice the traffic
+    import torch.distributed as dist
+    total = grads[rank].clone()
+    dist.all_reduce(total)
+    return (total / world_size).chunk(world_size)[rank]
+
+
+def piece_summed(rank, world_size, grads):
+    return piece_course(rank, world_size, grads) * world_size
+
+
+def piece_own(rank, world_size, grads):
+    return grads[rank].chunk(world_size)[rank]
+
+
+def piece_whole(rank, world_size, grads):
+    import torch.distributed as dist
+    total = grads[rank].clone()
+    dist.all_reduce(total)
+    return total / world_size
+
+
+CASES += [
+    ("distributed.fsdp_grad_piece", piece_course, None),
+    ("distributed.fsdp_grad_piece", piece_by_all_reduce, None),
+    ("distributed.fsdp_grad_piece", piece_summed, "divide by world_size"),
+    ("distributed.fsdp_grad_piece", piece_own, "its own gradient's piece"),
+    ("distributed.fsdp_grad_piece", piece_whole, "the whole mean"),
+]
+
+
 @pytest.mark.parametrize("name, answer, message", CASES, ids=[f"{n}-{a.__name__}" for n, a, _ in CASES])
 def test_checker_judges(name, answer, message):
     passed, said = exercises.evaluate(name, answer, time_limit=None)

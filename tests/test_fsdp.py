@@ -86,3 +86,13 @@ def test_a_shard_keeps_its_piece_and_frees_the_weights():
     assert shard.shard.tolist() == [5.0, 0.0, 1.0, 2.0, 0.0]  # values 5..8 and one zero of padding
     assert shard.decay.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
     assert p.numel() == 0 and q.numel() == 0  # freed
+
+
+def test_gradient_piece_checks_its_arguments_before_any_collective():
+    from helpers.scale.fsdp import gradient_piece
+    with pytest.raises(ValueError, match="rank"):
+        gradient_piece(2, 2, [torch.zeros(4), torch.zeros(4)])
+    with pytest.raises(ValueError, match="grads has 1 entries, expected one per rank \\(2\\)"):
+        gradient_piece(0, 2, [torch.zeros(4)])
+    with pytest.raises(ValueError, match="grads has tensor entries|grads has Tensor"):
+        gradient_piece(0, 2, torch.zeros(2, 4))

@@ -66,6 +66,16 @@ def reduce_scatter_mean(flat: Tensor, world_size: int) -> Tensor:
     return mine / world_size
 
 
+def gradient_piece(rank: int, world_size: int, grads: list[Tensor]) -> Tensor:
+    """Run on every rank: grads[rank] (P,) is this rank's flat gradient -> (P / world_size,) its
+    piece of the mean over ranks (notebook 11's exercise; the workers pass rank and world_size)."""
+    checks.rank_in_world(rank, world_size)
+    if not isinstance(grads, (list, tuple)) or len(grads) != world_size:
+        got = len(grads) if isinstance(grads, (list, tuple)) else type(grads).__name__
+        raise ValueError(f"grads has {got} entries, expected one per rank ({world_size})")
+    return reduce_scatter_mean(grads[rank], world_size)
+
+
 class FlatShard:
     """The parameters of one unit, flattened, padded to a multiple of world_size, cut in pieces.
 

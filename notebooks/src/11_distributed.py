@@ -771,7 +771,8 @@ print(f"ZeRO-1, AdamW state per rank of the tiny GPT: {results_zero[0]['state_by
 # all-gathers again, runs the unit's backward, and *reduce-scatters* the gradient: each rank
 # receives the mean over ranks of its own piece only. AdamW then updates the piece. (Here the
 # backward reruns the unit's forward from its saved input, so no full weight survives between
-# the passes; torch's FSDP keeps the graph and refills the freed storage instead.)
+# the passes; torch's FSDP keeps the graph and refills the freed storage instead.) This is what
+# section 3's `fully_shard` did on the same workers; here every collective is in plain sight.
 
 # %%
 from helpers.scale.fsdp import memory_table, train_fsdp_by_hand, train_reference
@@ -785,6 +786,71 @@ print(f"FSDP by hand on 2 processes vs 1 process, {run_fsdp.steps} AdamW steps i
 for rank, r in enumerate(results_fsdp):
     print(f"rank {rank} holds {r['held_bytes']:,} bytes (weights, gradients, m, v of its pieces); "
           f"one process {r['single_bytes']:,}; full weights alive at once at most {r['peak_full_bytes']:,}")
+
+# %% [markdown]
+# ### Exercise: FSDP's gradient step
+#
+# Write `my_grad_piece(rank, world_size, grads)`: rank `r`'s flat gradient is `grads[r]` `(P,)`;
+# every rank returns `(P / p,)`, its own piece of the mean over ranks, with one collective. The
+# check runs it on three worker processes; the cell after it uses your function if it passes,
+# else the course's `gradient_piece`.
+
+# %%
+import torch.distributed as dist  # noqa: F401 - my_grad_piece communicates with it
+
+
+def my_grad_piece(rank: int, world_size: int, grads: list[torch.Tensor]) -> torch.Tensor:
+    """grads: p flat gradients (P,), this rank reads grads[rank] -> (P / p,) its piece of the mean."""
+    raise NotImplementedError
+
+
+check("distributed.fsdp_grad_piece", my_grad_piece)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# An all-reduce followed by keeping one piece would be right, but every rank would receive all
+# `P` values only to drop most of them. Which collective of section 1 delivers to each rank just
+# the sum of its own piece?
+# </details>
+#
+# <details><summary>Hint 2</summary>
+#
+# `pieces = list(grads[rank].chunk(world_size))`, `mine = torch.empty_like(pieces[0])`,
+# `dist.reduce_scatter(mine, pieces)`: rank `r` receives piece `r` summed over the ranks. Then
+# divide by `world_size`.
+# </details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# import torch.distributed as dist
+#
+#
+# ### BEGIN SOLUTION
+# def my_grad_piece(rank: int, world_size: int, grads: list[torch.Tensor]) -> torch.Tensor:
+#     """grads: p flat gradients (P,), this rank reads grads[rank] -> (P / p,) its piece of the mean."""
+#     pieces = list(grads[rank].chunk(world_size))
+#     mine = torch.empty_like(pieces[0])
+#     dist.reduce_scatter(mine, pieces)
+#     return mine / world_size
+# ### END SOLUTION
+#
+#
+# check("distributed.fsdp_grad_piece", my_grad_piece)
+# ```
+# </details>
+
+# %%
+from helpers.scale.fsdp import gradient_piece
+
+grad_piece = yours_or("distributed.fsdp_grad_piece", my_grad_piece, gradient_piece)
+grads = [torch.arange(8.0) * (rank + 1) for rank in range(2)]
+pieces = workers.run(grad_piece, grads)
+for rank, piece in enumerate(pieces):
+    print(f"rank {rank} keeps {piece.tolist()}")
+assert torch.equal(torch.cat(pieces), sum(grads) / 2)
+print("together the pieces are the mean gradient; no rank ever held all of it")
 
 # %% [markdown]
 # The ZeRO paper counts memory in mixed precision: 2 bytes a parameter of bf16 weights, 2 of

@@ -333,3 +333,51 @@ def ring_all_reduce(student: Callable[[int, int, list[Tensor]], Tensor]) -> str:
                                  "it adds the chunks it receives instead of keeping them.")
         raise ExerciseFailed(f"rank {rank} returned {got.tolist()}, expected {total.tolist()}.")
     return "Every rank holds the sum, and each sent 2 (p - 1) / p of the tensor: the ring all-reduce."
+
+
+@exercise(hint="Cut your flat gradient into p equal pieces (list(flat.chunk(p))), make an empty "
+               "tensor like one piece, call dist.reduce_scatter(that, pieces): it receives piece "
+               "`rank` summed over all ranks. Divide by world_size.",
+          task="Write my_grad_piece(rank, world_size, grads): rank r's flat gradient is grads[r] (P,); "
+               "return (P / world_size,), this rank's piece of the mean over ranks, with one "
+               "collective. The check runs it on 3 worker processes with 9 values each.",
+          time_limit=240.0)
+def fsdp_grad_piece(student: Callable[[int, int, list[Tensor]], Tensor]) -> str:
+    from helpers.scale.workers import WorkerFailed
+    if _is_stub(student):
+        raise NotImplementedError
+    grads = [torch.arange(9.0) * (rank + 1) + 10 * rank for rank in range(3)]
+    mean = sum(grads) / 3
+    try:
+        results = _three_workers().run(student, grads)
+    except TimeoutError:
+        raise ExerciseFailed("the ranks did not finish within 30 s: every rank must call the same "
+                             "collective, with pieces of the same size.") from None
+    except WorkerFailed as failure:
+        last = failure.worker_traceback.strip().splitlines()[-1]
+        if last.startswith("NotImplementedError"):
+            raise NotImplementedError from None
+        raise ExerciseFailed(f"rank {failure.rank} raised {last}") from None
+    for rank, got in enumerate(results):
+        want = mean.chunk(3)[rank]
+        if not isinstance(got, Tensor):
+            raise ExerciseFailed(f"rank {rank} returned {type(got).__name__}, expected a tensor.")
+        if got.shape == mean.shape and torch.allclose(got, mean):
+            raise ExerciseFailed(f"rank {rank} returned the whole mean (9 values): FSDP keeps only "
+                                 "its own piece, that is what saves the memory.")
+        if got.shape != want.shape:
+            raise ExerciseFailed(f"rank {rank} returned shape {tuple(got.shape)}, expected "
+                                 f"{tuple(want.shape)}: one of the 3 pieces.")
+        if torch.allclose(got, want):
+            continue
+        if torch.allclose(got, want * 3):
+            raise ExerciseFailed(f"rank {rank} returned the sum of its piece: divide by world_size "
+                                 "(the loss is the mean over all ranks' batches).")
+        if torch.allclose(got, grads[rank].chunk(3)[rank]) or torch.allclose(got, grads[rank].chunk(3)[rank] / 3):
+            raise ExerciseFailed(f"rank {rank} returned its own gradient's piece: the other ranks' "
+                                 "gradients never arrived (a collective is needed).")
+        other = next((r for r in range(3) if r != rank and torch.allclose(got, mean.chunk(3)[r])), None)
+        if other is not None:
+            raise ExerciseFailed(f"rank {rank} returned piece {other}: rank r keeps piece r.")
+        raise ExerciseFailed(f"rank {rank} returned {got.tolist()}, expected {want.tolist()}.")
+    return "Each rank holds its piece of the mean gradient: FSDP's reduce-scatter, 1 / p of an all-reduce's result."
