@@ -477,8 +477,9 @@ check("post_training.dpo_loss", dpo_loss)
 # %% [markdown]
 # One DPO step with your loss (the helpers' until yours passes the check): at the start the policy
 # is the reference, so every reward is 0 and every loss log 2. The gradient of the mean loss
-# raises each chosen answer's log-probability and lowers each rejected one's; one SGD step on the
-# policy's weights then opens a margin between the rewards.
+# raises each chosen answer's log-probability and lowers each rejected one's; one AdamW step on
+# the policy's weights (at the learning rate of the training below) then opens a margin between
+# the rewards.
 
 # %%
 import math
@@ -498,15 +499,13 @@ assert (logps[0].grad < 0).all() and (logps[1].grad > 0).all()
 print(f"at the start: mean loss {losses.mean().item():.4f} (log 2 = {math.log(2):.4f}), "
       f"largest |reward| < 1e-6: {max(chosen_rewards.abs().max(), rejected_rewards.abs().max()).item() < 1e-6}")
 print("the gradient raises every chosen answer and lowers every rejected one")
+torch.optim.AdamW(step_policy.parameters(), lr=3e-5, weight_decay=0.0).step()  # the lr trained with below
 with torch.no_grad():
-    for p in step_policy.parameters():
-        if p.grad is not None:
-            p -= 1.0 * p.grad
     after = loss_fn(sft.sequence_logps(step_policy, chosen_ids, chosen_mask),
                     sft.sequence_logps(step_policy, rejected_ids, rejected_mask), ref_chosen, ref_rejected, beta)
 margin = (after[1] - after[2]).mean().item()
 assert after[0].mean() < losses.mean() and margin > 0
-print(f"after one SGD step: mean loss below log 2, mean reward margin > 0: {margin > 0}")
+print(f"after one AdamW step: mean loss below log 2, mean reward margin > 0: {margin > 0}")
 
 
 # %% [markdown]
