@@ -5,6 +5,8 @@ Defined in notebook 14, "Serving the model", section 6 (Leviathan et al. 2023; C
     acceptance_probability   min(1, p(x) / q(x)) for a drafted token x
     residual                 norm(max(0, p - q)): where to draw from after a rejection
     accept_or_reject         one drafted token: kept, or replaced by a draw from the residual
+    verify_round             one round's k drafted tokens: the kept ones, then a residual draw
+                             or the bonus token
     speculative_generate     the loop over two GPTs with KV caches; counts the passes
     exact_distribution       the output distribution of speculative decoding, every path
                              enumerated (for tiny vocabularies), to prove it equals the target's
@@ -68,6 +70,36 @@ def accept_or_reject(target: Tensor, draft: Tensor, token: int, u: float) -> tup
     """
     u = checks.number_in("u", u, 0.0, 1.0, high_open=True, expected="a uniform draw in [0, 1)")
     return u < acceptance_probability(target, draft, token), residual(target, draft)
+
+
+def verify_round(p: Tensor, q: Tensor, drafted: Sequence[int],
+                 generator: torch.Generator | None = None) -> list[int]:
+    """One round's check of k drafted tokens: p (k + 1, V) the target's probabilities at each
+    drafted position and one after, q (k, V) the draft's. Keeps drafted tokens while
+    `accept_or_reject` does; the first rejected one is replaced by a draw from the residual and
+    ends the round; if all k are kept, a bonus token is drawn from p[k]. Returns 1 to k + 1 tokens.
+    """
+    drafted = [int(t) for t in drafted]
+    if not isinstance(p, Tensor) or not isinstance(q, Tensor) or p.dim() != 2 or q.dim() != 2:
+        raise ValueError(f"p and q have shapes {getattr(p, 'shape', p)} and {getattr(q, 'shape', q)}, "
+                         "expected (k + 1, V) and (k, V)")
+    if tuple(p.shape) != (len(drafted) + 1, q.shape[1]) or q.shape[0] != len(drafted):
+        raise ValueError(f"p is {tuple(p.shape)} and q {tuple(q.shape)} for {len(drafted)} drafted "
+                         f"tokens, expected ({len(drafted) + 1}, V) and ({len(drafted)}, V)")
+    for i, token in enumerate(drafted):
+        u = float(torch.rand((), generator=generator, dtype=torch.float64))
+        ok, fix = accept_or_reject(p[i], q[i], token, u)
+        if not ok:
+            return drafted[:i] + [int(torch.multinomial(fix, 1, generator=generator))]
+    return drafted + [int(torch.multinomial(p[len(drafted)], 1, generator=generator))]
+
+
+def _kept(out: list[int], drafted: list[int], k: int) -> int:
+    """How many drafted tokens a round kept, from its output (1 to k + 1 tokens)."""
+    if not 1 <= len(out) <= k + 1 or out[:len(out) - 1] != drafted[:len(out) - 1]:
+        raise ValueError(f"verify returned {out} for drafted {drafted}: expected the kept drafted "
+                         "tokens then one more, 1 to k + 1 tokens")
+    return len(out) - 1
 
 
 # --- the exact output distribution, by enumeration ------------------------------------------
@@ -166,15 +198,23 @@ def _feed(model: nn.Module, cache: KVCache, ids: Sequence[int]) -> Tensor:
 def speculative_generate(target: nn.Module, draft: nn.Module, prompt: Sequence[int],
                          max_new_tokens: int, k: int, temperature: float = 1.0,
                          top_k: int | None = None, top_p: float | None = None,
-                         generator: torch.Generator | None = None
+                         generator: torch.Generator | None = None,
+                         verify: Callable[..., list[int]] | None = None
                          ) -> tuple[list[int], SpeculativeStats]:
     """Generate max_new_tokens after `prompt` with `draft` proposing k tokens a round.
 
     The tokens follow the target's sampling distribution exactly (temperature 0: the target's
     greedy tokens). Each cache holds every token but the last; after a rejection it is rolled
-    back by setting its length (the slots after it are simply overwritten later).
+    back by setting its length (the slots after it are simply overwritten later). verify(p (k + 1,
+    V), q (k, V), drafted, generator) -> the round's tokens; default `verify_round` (notebook 14
+    passes the student's own).
     """
     k = checks.positive_int("k", k)
+    if verify is None:
+        verify = verify_round
+    elif not callable(verify):
+        raise ValueError(f"verify is {type(verify).__name__}, expected a function (p, q, drafted, "
+                         "generator) -> tokens, like verify_round")
     checks.positive_int("max_new_tokens", max_new_tokens)
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"draft has vocab_size {draft.config.vocab_size} and target "
@@ -196,20 +236,12 @@ def speculative_generate(target: nn.Module, draft: nn.Module, prompt: Sequence[i
         stats.draft_passes += k
         logits = _feed(target, t_cache, seq + proposed)[-(k + 1):]  # one pass checks all k
         stats.target_passes += 1
-        p = [rule(row.unsqueeze(0)) for row in logits]
-        kept, extra = 0, None
-        for i, token in enumerate(proposed):
-            u = float(torch.rand((), generator=generator, dtype=torch.float64))
-            ok, fix = accept_or_reject(p[i], q[i], token, u)
-            if not ok:
-                extra = int(torch.multinomial(fix, 1, generator=generator))
-                break
-            kept += 1
-        if extra is None:  # every drafted token kept: the target's next token comes free
-            extra = int(torch.multinomial(p[k], 1, generator=generator))
+        p = torch.stack([rule(row.unsqueeze(0)) for row in logits])      # (k + 1, V)
+        out = [int(t) for t in verify(p, torch.stack(q), list(proposed), generator)]
+        kept = _kept(out, proposed, k)
         stats.proposed, stats.accepted = stats.proposed + k, stats.accepted + kept
         stats.rejected += kept < k
-        seq += proposed[:kept] + [extra]
+        seq += out
         t_cache.length = min(t_cache.length, len(seq) - 1)  # roll back past the rejection
         d_cache.length = min(d_cache.length, len(seq) - 1)
     return seq[len(prompt):len(prompt) + max_new_tokens], stats

@@ -71,71 +71,93 @@ print("top-2 then softmax (Mixtral):  ", [round(w, 4) for w in mixtral[0].tolist
 assert torch.allclose(mixtral, kept / kept.sum(-1, keepdim=True))  # transformers' way, same numbers
 
 # %% [markdown]
-# ### Exercise: the top-k router
+# ### 1.2 The experts: a loop, then one batched product
 #
-# Write Mixtral's router: from `logits` `(T, E)`, return `weights` `(T, k)` (a softmax over the
-# `k` largest logits of each row) and `experts` `(T, k)` (their indices).
+# Each expert is a SwiGLU MLP (notebook 9). The plain form of the whole layer routes each token
+# (section 1.1, Mixtral's convention), then loops over the experts: each expert runs only on the
+# tokens that chose it, and its output comes back to them weighted by the router.
+#
+# ### Exercise: the MoE forward
+#
+# Write `moe_forward(x, logits, k, experts)`: `x` `(T, D)` the tokens, `logits` `(T, E)` the
+# router's scores, `experts` a list of `E` functions `(n, D) -> (n, D)`. Return `(T, D)`. The cells
+# below run the MoE with your function once it passes the check.
 
 # %%
-def top_k_router(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits (T, E) -> weights (T, k) summing to 1, experts (T, k)."""
+def moe_forward(x: torch.Tensor, logits: torch.Tensor, k: int, experts: list) -> torch.Tensor:
+    """x (T, D), logits (T, E), experts: E functions (n, D) -> (n, D). Returns (T, D)."""
     raise NotImplementedError
 
 
-check("frontier_decoder.top_k_router", top_k_router)
+check("frontier_decoder.moe_forward", moe_forward)
 
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Choose first, then normalise only among the chosen: the other experts get no weight at all.
+# Two steps. Route: each token keeps its `k` largest logits, and a softmax over those `k` gives
+# weights that sum to 1 (the other experts get nothing). Dispatch and combine: for each expert,
+# find the tokens that chose it (and as which of their `k` choices), run the expert on those rows
+# only, and add its output, times each token's weight for it, into those tokens' rows.
 # </details>
 #
 # <details><summary>Hint 2</summary>
 #
-# `torch.topk(logits, k, dim=-1)` returns `(values, indices)`; a softmax over `values` is the weights.
+# `values, chosen = logits.topk(k, dim=-1)`, `weights = values.softmax(-1)`, both `(T, k)`. Start
+# from `out = torch.zeros_like(x)`; for each `e`, `token, slot = torch.where(chosen == e)` gives
+# the tokens and their slot; `out.index_add_(0, token, experts[e](x[token]) * weights[token, slot, None])`.
 # </details>
 #
 # <details><summary>Solution</summary>
 #
 # ```python
-# ### BEGIN SOLUTION
-# def top_k_router(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-#     """logits (T, E) -> weights (T, k) summing to 1, experts (T, k)."""
-#     values, experts = torch.topk(logits, k, dim=-1)
-#     return torch.softmax(values, dim=-1), experts
-# ### END SOLUTION
+# def moe_forward(x: torch.Tensor, logits: torch.Tensor, k: int, experts: list) -> torch.Tensor:
+#     """x (T, D), logits (T, E), experts: E functions (n, D) -> (n, D). Returns (T, D)."""
+#     ### BEGIN SOLUTION
+#     # Route (Mixtral): the k best experts of each token, a softmax over their k logits only.
+#     values, chosen = logits.topk(k, dim=-1)                  # (T, k) each
+#     weights = torch.softmax(values, dim=-1)                  # (T, k), each row sums to 1
+#     # Dispatch and combine: each expert sees only the tokens that chose it.
+#     out = torch.zeros_like(x)
+#     for e, expert in enumerate(experts):
+#         token, slot = torch.where(chosen == e)               # who chose e, as which choice
+#         if len(token) == 0:
+#             continue                                         # no token chose e: it does no work
+#         y = expert(x[token])                                 # (n_e, D)
+#         out.index_add_(0, token, y * weights[token, slot, None])
+#     return out
+#     ### END SOLUTION
 #
 #
-# _ = check("frontier_decoder.top_k_router", top_k_router)
+# _ = check("frontier_decoder.moe_forward", moe_forward)
 # ```
 # </details>
 
 # %% [markdown]
-# ### 1.2 The experts: a loop, then one batched product
-#
-# Each expert is a SwiGLU MLP (notebook 9). The plain form loops over the experts: find the
-# tokens that chose expert `e`, run it on them, add the weighted result back to those tokens.
+# Now four SwiGLU experts and a router's logits for 24 tokens. The layer's output comes from your
+# `moe_forward` once it passes the check, and from the helpers' until then (the cell says which).
 
 # %%
+from helpers.lab.exercises import yours_or_helper
+from helpers.lab.exercises.frontier_decoder import helper_moe_forward
+
 T, D, E, K, HIDDEN = 24, 16, 4, 2, 32
 torch.manual_seed(0)
 x = torch.randn(T, D)
 gate, up, down = (torch.randn(E, HIDDEN, D) * 0.2, torch.randn(E, HIDDEN, D) * 0.2,
                   torch.randn(E, D, HIDDEN) * 0.2)
-weights, experts = torch.softmax(torch.randn(T, E), -1).topk(K, dim=-1)
+router_logits = torch.randn(T, E)
+values, experts = router_logits.topk(K, dim=-1)
+weights = values.softmax(-1)                                   # Mixtral's weights, (T, K)
 
 
-def moe_loop(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-    """x (T, D), weights and experts (T, k) -> (T, D), one expert at a time."""
-    out = torch.zeros_like(x)
-    for e in range(E):
-        token, slot = torch.where(experts == e)            # who chose e, and as which choice
-        h = F.silu(x[token] @ gate[e].T) * (x[token] @ up[e].T)
-        out.index_add_(0, token, (h @ down[e].T) * weights[token, slot, None])
-    return out
+def swiglu_expert(e: int):
+    """Expert e as a function (n, D) -> (n, D)."""
+    return lambda rows: (F.silu(rows @ gate[e].T) * (rows @ up[e].T)) @ down[e].T
 
 
-looped = moe_loop(x, weights, experts)
+forward = yours_or_helper("frontier_decoder.moe_forward", moe_forward, helper_moe_forward,
+                          "helpers' moe_forward (helpers.model.moe.route and a loop)")
+looped = forward(x, router_logits, K, [swiglu_expert(e) for e in range(E)])
 print("tokens per expert:", torch.bincount(experts.flatten(), minlength=E).tolist())
 
 # %% [markdown]

@@ -420,12 +420,14 @@ print(f"at the start the policy is the reference: every loss is log 2 = {by_hand
 
 
 # %% [markdown]
-# **Exercise: the DPO loss**, per pair, from the four log-probabilities.
+# **Exercise: the DPO loss**, per pair, from the four log-probabilities, with the implicit rewards
+# beside it (what TRL logs). The cell after the solution takes one DPO step with your loss.
 
 # %%
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
-             ref_rejected: torch.Tensor, beta: float) -> torch.Tensor:
-    """Each argument (B,); returns the losses (B,)."""
+             ref_rejected: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each argument (B,): an answer's log-probability, summed over its tokens.
+    Returns the losses (B,), the chosen answers' rewards (B,) and the rejected answers' (B,)."""
     raise NotImplementedError
 
 
@@ -434,31 +436,77 @@ check("post_training.dpo_loss", dpo_loss)
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Two log-ratios (policy over reference), one for each answer; the loss is a logistic loss on
-# beta times their difference.
+# Measure each answer against the reference: how much more likely the policy makes it (a
+# log-ratio, since these are log-probabilities). The reward of an answer is beta times its
+# log-ratio; the loss is a logistic loss that asks the chosen answer's reward to beat the
+# rejected one's, and the rewards are only reported (no gradient).
 # </details>
 #
 # <details><summary>Hint 2</summary>
 #
-# `z = beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))`, then
-# `-F.logsigmoid(z)`.
+# `chosen = policy_chosen - ref_chosen`, `rejected = policy_rejected - ref_rejected`;
+# `losses = -F.logsigmoid(beta * (chosen - rejected))`; rewards `beta * chosen.detach()` and
+# `beta * rejected.detach()`.
 # </details>
 #
 # <details><summary>Solution</summary>
 #
 # ```python
-# ### BEGIN SOLUTION
 # def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
-#              ref_rejected: torch.Tensor, beta: float) -> torch.Tensor:
-#     """Each argument (B,); returns the losses (B,)."""
-#     z = beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))
-#     return -F.logsigmoid(z)
-# ### END SOLUTION
+#              ref_rejected: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+#     """Each argument (B,): an answer's log-probability, summed over its tokens.
+#     Returns the losses (B,), the chosen answers' rewards (B,) and the rejected answers' (B,)."""
+#     ### BEGIN SOLUTION
+#     # How much more likely the policy makes each answer than the reference does.
+#     chosen_logratios = policy_chosen - ref_chosen
+#     rejected_logratios = policy_rejected - ref_rejected
+#     # Logistic (Bradley-Terry) loss on the difference; logsigmoid is the stable log(sigmoid).
+#     margin = beta * (chosen_logratios - rejected_logratios)
+#     losses = -F.logsigmoid(margin)
+#     # The implicit rewards, for reporting only: no gradient flows through them.
+#     chosen_rewards = beta * chosen_logratios.detach()
+#     rejected_rewards = beta * rejected_logratios.detach()
+#     return losses, chosen_rewards, rejected_rewards
+#     ### END SOLUTION
 #
 #
 # _ = check("post_training.dpo_loss", dpo_loss)
 # ```
 # </details>
+
+# %% [markdown]
+# One DPO step with your loss (the helpers' until yours passes the check): at the start the policy
+# is the reference, so every reward is 0 and every loss log 2. The gradient of the mean loss
+# raises each chosen answer's log-probability and lowers each rejected one's; one AdamW step on
+# the policy's weights (at the learning rate of the training below) then opens a margin between
+# the rewards.
+
+# %%
+import math
+
+from helpers.lab.exercises import yours_or_helper
+from helpers.lab.exercises.post_training import helper_dpo_loss
+
+loss_fn = yours_or_helper("post_training.dpo_loss", dpo_loss, helper_dpo_loss, "helpers.post.dpo.dpo_loss")
+step_policy = copy.deepcopy(sft_model)
+logps = [sft.sequence_logps(step_policy, ids, mask) for ids, mask in
+         ((chosen_ids, chosen_mask), (rejected_ids, rejected_mask))]
+for logp in logps:
+    logp.retain_grad()
+losses, chosen_rewards, rejected_rewards = loss_fn(*logps, ref_chosen, ref_rejected, beta)
+losses.mean().backward()
+assert (logps[0].grad < 0).all() and (logps[1].grad > 0).all()
+print(f"at the start: mean loss {losses.mean().item():.4f} (log 2 = {math.log(2):.4f}), "
+      f"largest |reward| < 1e-6: {max(chosen_rewards.abs().max(), rejected_rewards.abs().max()).item() < 1e-6}")
+print("the gradient raises every chosen answer and lowers every rejected one")
+torch.optim.AdamW(step_policy.parameters(), lr=3e-5, weight_decay=0.0).step()  # the lr trained with below
+with torch.no_grad():
+    after = loss_fn(sft.sequence_logps(step_policy, chosen_ids, chosen_mask),
+                    sft.sequence_logps(step_policy, rejected_ids, rejected_mask), ref_chosen, ref_rejected, beta)
+margin = (after[1] - after[2]).mean().item()
+assert after[0].mean() < losses.mean() and margin > 0
+print(f"after one AdamW step: mean loss below log 2, mean reward margin > 0: {margin > 0}")
+
 
 # %% [markdown]
 # `helpers.post.dpo.dpo_loss` is this formula with TRL's names; tests/test_dpo.py runs TRL's

@@ -588,11 +588,17 @@ assert shared_blocks < apart_blocks and copies == len(suffixes)
 # since `P(reject) = 1 - sum_y min(p, q)(y)` is exactly the residual's normaliser.
 #
 # ### Exercise: the accept/reject step
+#
+# Write the target's check of one round: `my_accept_or_reject(p, q, drafted, generator)` with
+# `p` `(k + 1, V)` the target's distributions at the `k` drafted positions and one after, `q`
+# `(k, V)` the draft's, and `drafted` the `k` drafted tokens. Return the tokens the round emits
+# (a list of ints, 1 to `k + 1` of them), drawing every random number from `generator`. Once it
+# passes, the speculative decoding below runs with your function.
 
 # %%
-def my_accept_or_reject(p: torch.Tensor, q: torch.Tensor, token: int, u: float) -> tuple[bool, torch.Tensor]:
-    """Target p (V,), draft q (V,), the drafted token and a uniform u in [0, 1) ->
-    (accepted?, the residual distribution (V,))."""
+def my_accept_or_reject(p: torch.Tensor, q: torch.Tensor, drafted: list[int],
+                        generator: torch.Generator | None = None) -> list[int]:
+    """p (k + 1, V), q (k, V), drafted: k token ids -> the round's tokens (1 to k + 1 ints)."""
     raise NotImplementedError
 
 
@@ -601,25 +607,40 @@ check("serving.accept_or_reject", my_accept_or_reject)
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Keep the token with probability `min(1, p/q)`: compare `u` with that number. The residual is
-# the part of `p` that the draft under-proposed.
+# Go through the drafted tokens in order. Keep a token with probability `min(1, p/q)` at its
+# position: compare a uniform draw with that number. The first rejected token is replaced by a
+# draw from the part of `p` the draft under-proposed, and the round ends there. If no token was
+# rejected, the target's distribution after the last one gives a bonus token.
 # </details>
 #
 # <details><summary>Hint 2</summary>
 #
-# `accepted = u < min(1, p[token] / q[token])`; `r = (p - q).clamp(min=0)`; return `(accepted, r / r.sum())`.
+# For `i, x` in `enumerate(drafted)`: `u = torch.rand((), generator=generator)`; if
+# `u >= min(1, p[i, x] / q[i, x])`: `r = (p[i] - q[i]).clamp(min=0)`, return
+# `drafted[:i] + [int(torch.multinomial(r / r.sum(), 1, generator=generator))]`. After the loop:
+# `drafted + [int(torch.multinomial(p[k], 1, generator=generator))]`.
 # </details>
 #
 # <details><summary>Solution</summary>
 #
 # ```python
-# def my_accept_or_reject(p: torch.Tensor, q: torch.Tensor, token: int, u: float) -> tuple[bool, torch.Tensor]:
-#     """Target p (V,), draft q (V,), the drafted token and a uniform u in [0, 1) ->
-#     (accepted?, the residual distribution (V,))."""
+# def my_accept_or_reject(p: torch.Tensor, q: torch.Tensor, drafted: list[int],
+#                         generator: torch.Generator | None = None) -> list[int]:
+#     """p (k + 1, V), q (k, V), drafted: k token ids -> the round's tokens (1 to k + 1 ints)."""
 #     ### BEGIN SOLUTION
-#     accepted = u < min(1.0, float(p[token] / q[token]))
-#     left = (p - q).clamp(min=0)
-#     return accepted, left / left.sum()
+#     kept = []
+#     for i, token in enumerate(drafted):
+#         u = float(torch.rand((), generator=generator, dtype=torch.float64))
+#         if u < min(1.0, float(p[i, token] / q[i, token])):
+#             kept.append(token)                              # accepted: on to the next one
+#             continue
+#         # Rejected: redraw from what the draft under-proposed, norm(max(0, p - q)); round over.
+#         left = (p[i] - q[i]).clamp(min=0)
+#         replacement = int(torch.multinomial(left / left.sum(), 1, generator=generator))
+#         return kept + [replacement]
+#     # All k kept: the target's distribution after them gives one more token for free.
+#     bonus = int(torch.multinomial(p[len(drafted)], 1, generator=generator))
+#     return kept + [bonus]
 #     ### END SOLUTION
 #
 #
@@ -700,13 +721,18 @@ print(f"course models, first token: largest difference from the target < 1e-12 o
 #
 # `speculative_generate` runs the loop with two KV caches. Each holds every token but the last;
 # after a rejection the cache is rolled back by setting its length (the stale slots are simply
-# overwritten later). At temperature 0 it must give exactly the target's greedy tokens:
+# overwritten later). Each round's check is a function of `(p, q, drafted, generator)`: your
+# `my_accept_or_reject` once it passes the check, the helpers' `verify_round` until then (the
+# cell says which). At temperature 0 it must give exactly the target's greedy tokens:
 
 # %%
-from helpers.serve.speculative import speculative_generate
+from helpers.lab.exercises import yours_or_helper
+from helpers.serve.speculative import speculative_generate, verify_round
 
+verify = yours_or_helper("serving.accept_or_reject", my_accept_or_reject, verify_round,
+                         "helpers.serve.speculative.verify_round")
 for k in (1, 4):
-    fast, stats = speculative_generate(target, draft, prompt_ids, 30, k=k, temperature=0)
+    fast, stats = speculative_generate(target, draft, prompt_ids, 30, k=k, temperature=0, verify=verify)
     assert fast == generate(target, torch.tensor([prompt_ids]), 30, temperature=0)[0, len(prompt_ids):].tolist()
 print(repr(prompt_text + tokenizer.decode(fast)))
 print("speculative greedy == target greedy for k = 1 and 4")
@@ -727,7 +753,8 @@ with torch.no_grad():
     p2 = torch.softmax(target(both)[:, -1].double(), -1)                            # (V, V): row x1
 exact_second = p1 @ p2                                                              # (V,)
 gen = torch.Generator().manual_seed(0)
-spec_pairs = [speculative_generate(target, draft, prompt_ids, 2, k=2, generator=gen)[0] for _ in range(SAMPLES)]
+spec_pairs = [speculative_generate(target, draft, prompt_ids, 2, k=2, generator=gen, verify=verify)[0]
+              for _ in range(SAMPLES)]
 plain_pairs = generate_batch(target, [prompt_ids] * SAMPLES, 2, temperature=1.0, generator=gen)
 exact_draws = torch.multinomial(exact_second, SAMPLES, replacement=True, generator=gen).tolist()
 

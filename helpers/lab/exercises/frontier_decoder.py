@@ -1,9 +1,9 @@
-"""Exercises of notebook 12 (the decoder of 2025-2026): the router's top-k, the Switch loss,
-the MLA absorption and the ring buffer's index."""
+"""Exercises of notebook 12 (the decoder of 2025-2026): the MoE forward (route, dispatch,
+combine), the Switch loss, the MLA absorption and the ring buffer's index."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -11,42 +11,92 @@ from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
 from helpers.model import moe, sliding
 
 
-def _sorted_by_expert(weights: torch.Tensor, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same routing with each token's k choices in expert order, so any order is accepted."""
-    experts, order = experts.sort(dim=-1)
-    return weights.gather(-1, order), experts
+def helper_moe_forward(x: torch.Tensor, logits: torch.Tensor, k: int,
+                       experts: Sequence[Callable[[torch.Tensor], torch.Tensor]]) -> torch.Tensor:
+    """Mixtral's MoE forward from the helpers: `moe.route`, then a loop over the experts.
+    x (T, D), logits (T, E), experts: E functions (n, D) -> (n, D). Returns (T, D)."""
+    weights, chosen = moe.route(logits, k, "topk_softmax")
+    out = torch.zeros_like(x)
+    for e, expert in enumerate(experts):
+        token, slot = torch.where(chosen == e)
+        out.index_add_(0, token, expert(x[token]) * weights[token, slot, None])
+    return out
 
 
-@exercise(hint="Choose the k experts first, then share the weight among the chosen ones only.")
-def top_k_router(student: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]) -> str:
+def _with_weights(x, logits, k, experts, weights_of) -> torch.Tensor:
+    """The forward with the k chosen experts of each token weighted by weights_of(logits, chosen)."""
+    chosen = logits.topk(k, dim=-1).indices
+    weights = weights_of(logits, chosen)
+    outs = torch.stack([torch.stack([experts[int(e)](x[t:t + 1])[0] for e in row]) for t, row in enumerate(chosen)])
+    return (outs * weights[..., None]).sum(1)
+
+
+# The usual slips, each computed on the checker's inputs and named when the answer matches it.
+MOE_SLIPS = {
+    "your weights are the softmax over all E experts, kept for the top k but not renormalised "
+    "(Qwen3-MoE's form with norm_topk_prob=False): this exercise asks for Mixtral's, whose k "
+    "weights sum to 1": lambda lg, ch: lg.softmax(-1).gather(-1, ch),
+    "you summed the k experts' outputs without their weights: multiply each by its router "
+    "weight": lambda lg, ch: torch.ones(ch.shape, dtype=lg.dtype),
+    "your softmax runs over the tokens (dim=0), not over each token's experts (dim=-1)":
+        lambda lg, ch: lg.softmax(0).gather(-1, ch) / lg.softmax(0).gather(-1, ch).sum(-1, keepdim=True),
+    "each token's weights went to the wrong experts: weight j belongs to the j-th chosen expert "
+    "(keep topk's values and indices together)": lambda lg, ch: lg.gather(-1, ch).softmax(-1).flip(-1),
+}
+
+
+def _experts(n: int, d: int, generator: torch.Generator) -> tuple[list[Callable], list[int]]:
+    """n different linear experts (n, d) -> (n, d), and a list counting the rows each one saw."""
+    mats = [torch.randn(d, d, generator=generator, dtype=torch.float64) for _ in range(n)]
+    seen = [0]
+
+    def make(m: torch.Tensor) -> Callable:
+        def expert(rows: torch.Tensor) -> torch.Tensor:
+            seen[0] += rows.shape[0]
+            return rows @ m
+        return expert
+    return [make(m) for m in mats], seen
+
+
+@exercise(hint="Route first (the k largest logits of each token, a softmax over those k), then "
+               "dispatch: each expert runs on the tokens that chose it, and its output is added to "
+               "them times their weight for it.",
+          task="Write moe_forward(x, logits, k, experts) -> (T, D): Mixtral's routing and the "
+               "weighted sum of each token's k experts. The check compares it with the helpers' "
+               "MoE on random tokens, for k = 1, 2 and 3 and with experts no token chose.")
+def moe_forward(student: Callable) -> str:
     generator = torch.Generator().manual_seed(0)
-    for tokens, n_experts, k in ((5, 4, 2), (7, 8, 3), (3, 6, 1)):
-        logits = torch.randn(tokens, n_experts, generator=generator)
-        got = student(logits, k)
-        if not isinstance(got, tuple | list) or len(got) != 2:
-            raise ExerciseFailed(f"top_k_router should return (weights, experts), got {type(got).__name__}.")
-        weights, experts = got
-        if not isinstance(experts, torch.Tensor) or experts.shape != (tokens, k):
-            shape = tuple(experts.shape) if isinstance(experts, torch.Tensor) else type(experts).__name__
-            raise ExerciseFailed(f"experts should have shape ({tokens}, {k}), one row of k indices per "
-                                 f"token, got {shape}.")
-        want_w, want_e = moe.route(logits, k, "topk_softmax")
-        got_w, got_e = _sorted_by_expert(torch.as_tensor(weights).float(), experts.long())
-        want_w, want_e = _sorted_by_expert(want_w, want_e)
-        if not torch.equal(got_e, want_e):
-            raise ExerciseFailed(f"for {n_experts} experts and k = {k} you chose {got_e.tolist()}, "
-                                 f"expected {want_e.tolist()}: the k experts with the largest logits.")
-        full = torch.softmax(logits, -1).gather(-1, want_e)
-        if got_w.shape == full.shape and torch.allclose(got_w, full, atol=1e-6) and k < n_experts:
-            raise ExerciseFailed("your weights are the softmax over all experts, kept for the top k "
-                                 "(Qwen3-MoE's form): this exercise asks for Mixtral's, a softmax "
-                                 "over the k chosen logits, so they sum to 1.")
-        expect_close(got_w, want_w, f"the weights for k = {k}", atol=1e-6)
-    return "That is Mixtral's router; MoELayer(mode='topk_softmax') computes the same."
+    ran_all = False
+    for tokens, n_experts, k, skew in ((6, 4, 2, 0.0), (9, 6, 3, 0.0), (5, 5, 1, 0.0), (8, 6, 2, 4.0)):
+        x = torch.randn(tokens, 3, generator=generator, dtype=torch.float64)
+        logits = torch.randn(tokens, n_experts, generator=generator, dtype=torch.float64)
+        logits[:, :2] += skew                    # the last case: experts 0 and 1 take every token
+        experts, seen = _experts(n_experts, 3, generator)
+        got = student(x.clone(), logits.clone(), k, experts)
+        want = helper_moe_forward(x, logits, k, experts)
+        if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.allclose(got.double(), want, atol=1e-6):
+            for slip, weights_of in MOE_SLIPS.items():
+                if torch.allclose(got.double(), _with_weights(x, logits, k, experts, weights_of), atol=1e-6):
+                    raise ExerciseFailed(f"{slip} (T = {tokens}, E = {n_experts}, k = {k}).")
+            for wrong_k in {1, n_experts} - {k}:
+                if torch.allclose(got.double(), helper_moe_forward(x, logits, wrong_k, experts), atol=1e-6):
+                    raise ExerciseFailed(f"with k = {k} your output is the MoE with k = {wrong_k}: "
+                                         f"each token goes to exactly its k best experts.")
+        expect_close(got, want, f"the output for T = {tokens}, E = {n_experts}, k = {k}", atol=1e-6)
+        seen[0] = 0
+        student(x, logits, k, experts)
+        ran_all = ran_all or seen[0] > tokens * k
+    if ran_all:
+        return ("Right outputs, but every expert ran on more rows than chose it: a MoE's saving is "
+                "that each token visits only its k experts (select the rows with torch.where).")
+    return "That is Mixtral's MoE layer: each token paid for k experts of E."
 
 
 @exercise(hint="Two vectors of length E: how often each expert was chosen, and how much "
-               "probability the router gave it on average.")
+               "probability the router gave it on average.",
+          task="Write switch_loss(logits, experts, n_experts) -> a scalar tensor. The check "
+               "compares it with the helpers' Switch loss for k = 1 and 2 and checks that it "
+               "has a gradient to the logits.")
 def switch_loss(student: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> str:
     generator = torch.Generator().manual_seed(1)
     for tokens, n_experts, k in ((12, 4, 1), (20, 6, 2)):
@@ -69,7 +119,10 @@ def switch_loss(student: Callable[[torch.Tensor, torch.Tensor, int], torch.Tenso
     return "That is the Switch Transformer's auxiliary loss, equal to transformers' load_balancing_loss_func."
 
 
-@exercise(hint="q . (W c) = (W^T q) . c: move the up-projection from the key to the query, head by head.")
+@exercise(hint="q . (W c) = (W^T q) . c: move the up-projection from the key to the query, head by head.",
+          task="Write absorb_query(q_nope, w_uk) -> (B, H, N, r). The check compares it with the "
+               "helpers' absorbed query and its scores against the latents with the scores "
+               "against the keys built in full.")
 def absorb_query(student: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> str:
     generator = torch.Generator().manual_seed(2)
     q_nope = torch.randn(2, 3, 5, 4, generator=generator)         # (B, H, N, d_nope)
@@ -87,7 +140,10 @@ def absorb_query(student: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) 
     return "Same scores, and the cache never held a per-head key."
 
 
-@exercise(hint="Only the last `window` tokens are visible; each sits at its position modulo the window.")
+@exercise(hint="Only the last `window` tokens are visible; each sits at its position modulo the window.",
+          task="Write ring_order(length, window) -> the list of buffer slots to read, oldest "
+               "first. The check compares it with RingKVCache's order for caches shorter than, "
+               "equal to and longer than the window.")
 def ring_order(student: Callable[[int, int], list[int]]) -> str:
     for length, window in ((1, 4), (3, 4), (4, 4), (6, 4), (11, 4), (5, 1), (9, 3)):
         got = student(length, window)

@@ -1,0 +1,280 @@
+"""The core exercises of notebooks 12-14 (the MoE forward, the DPO loss, the speculative round):
+every correct formulation passes, each usual slip fails with the message that names it, and the
+notebooks' fallback says which function runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import helpers.lab.exercises as exercises
+from helpers.lab.exercises.frontier_decoder import helper_moe_forward
+from helpers.serve.speculative import verify_round
+
+# --- notebook 12: the MoE forward ---------------------------------------------------------
+
+
+def _moe(weights_rule: str = "mixtral", dim: int = -1, per_token: bool = False):
+    """A MoE forward answer; `weights_rule` picks the router's convention or a slip."""
+    def answer(x, logits, k, experts):
+        if weights_rule == "renormalised":                      # softmax, top-k, divide: correct
+            probs = logits.softmax(-1)
+            kept, chosen = probs.topk(k, dim=-1)
+            weights = kept / kept.sum(-1, keepdim=True)
+        else:
+            values, chosen = logits.topk(k, dim=-1)
+            weights = {"mixtral": lambda: values.softmax(-1),
+                       "qwen": lambda: logits.softmax(-1).gather(-1, chosen),
+                       "unweighted": lambda: torch.ones_like(values),
+                       "tokens": lambda: (lambda w: w / w.sum(-1, keepdim=True))(logits.softmax(0).gather(-1, chosen)),
+                       "flipped": lambda: values.softmax(-1).flip(-1)}[weights_rule]()
+        out = torch.zeros_like(x)
+        if per_token:                                           # one token at a time: correct
+            for t in range(x.shape[0]):
+                for j in range(k):
+                    out[t] += weights[t, j] * experts[int(chosen[t, j])](x[t:t + 1])[0]
+            return out
+        for e, expert in enumerate(experts):
+            token, slot = torch.where(chosen == e)
+            out.index_add_(0, token, expert(x[token]) * weights[token, slot, None])
+        return out
+    return answer
+
+
+def _moe_every_expert_on_every_token(x, logits, k, experts):
+    values, chosen = logits.topk(k, dim=-1)
+    gates = torch.zeros_like(logits).scatter(-1, chosen, values.softmax(-1))   # (T, E)
+    return sum(gates[:, e, None] * expert(x) for e, expert in enumerate(experts))
+
+
+def _moe_with_k(fixed_k: int):
+    return lambda x, logits, k, experts: helper_moe_forward(x, logits, fixed_k, experts)
+
+
+@pytest.mark.parametrize("answer, message", [
+    (_moe(), None),
+    (_moe("renormalised"), None),
+    (_moe(per_token=True), None),
+    (_moe_every_expert_on_every_token, None),
+    (_moe("qwen"), "softmax over all E experts, kept for the top k but not renormalised"),
+    (_moe("unweighted"), "without their weights"),
+    (_moe("tokens"), "runs over the tokens (dim=0)"),
+    (_moe("flipped"), "went to the wrong experts"),
+    (_moe_with_k(1), "is the MoE with k = 1"),
+])
+def test_moe_forward_checker(answer, message):
+    passed, said = exercises.evaluate("frontier_decoder.moe_forward", answer)
+    assert passed == (message is None), said
+    assert message is None or message in said
+
+
+def test_moe_forward_checker_notes_a_forward_that_runs_every_expert_on_every_token():
+    said = exercises.evaluate("frontier_decoder.moe_forward", _moe_every_expert_on_every_token)[1]
+    assert "every expert ran on more rows than chose it" in said
+    assert "Mixtral's MoE layer" in exercises.evaluate("frontier_decoder.moe_forward", _moe())[1]
+
+
+def test_helper_moe_forward_equals_the_helpers_experts_loop():
+    from helpers.model.moe import Experts, route
+
+    torch.manual_seed(0)
+    layer, x, logits = Experts(4, 8, 16), torch.randn(10, 8), torch.randn(10, 4)
+    with torch.no_grad():
+        want = layer.loop(x, *route(logits, 2, "topk_softmax"))
+        got = helper_moe_forward(x, logits, 2, [lambda rows, e=e: layer.one(e, rows) for e in range(4)])
+    torch.testing.assert_close(got, want)
+
+
+# --- notebook 13: the DPO loss -------------------------------------------------------------
+
+def _dpo(rule: str = "right", reduce: bool = False, detach: bool = True, rewards_beta: bool = True):
+    def answer(pc, pr, rc, rr, beta):
+        c, r = pc - rc, pr - rr
+        losses = {"right": lambda: -F.logsigmoid(beta * (c - r)),
+                  "softplus": lambda: F.softplus(-beta * (c - r)),
+                  "log_sigmoid": lambda: -torch.log(torch.sigmoid(beta * (c - r))),
+                  "beta_outside": lambda: -beta * F.logsigmoid(c - r),
+                  "sign": lambda: F.logsigmoid(beta * (c - r)),
+                  "swapped": lambda: -F.logsigmoid(beta * (r - c)),
+                  "no_reference": lambda: -F.logsigmoid(beta * (pc - pr)),
+                  "no_log": lambda: 1 - torch.sigmoid(beta * (c - r))}[rule]()
+        scale = beta if rewards_beta else 1.0
+        cr, rr_ = (scale * c, scale * r)
+        if detach:
+            cr, rr_ = cr.detach(), rr_.detach()
+        return (losses.mean() if reduce else losses), cr, rr_
+    return answer
+
+
+@pytest.mark.parametrize("answer, message", [
+    (_dpo(), None),
+    (_dpo("softplus"), None),
+    (_dpo("log_sigmoid"), None),
+    (_dpo(detach=False), None),
+    (_dpo("beta_outside"), "beta is applied outside the log-sigmoid"),
+    (_dpo("sign"), "the sign is flipped"),
+    (_dpo("swapped"), "chosen and rejected are swapped"),
+    (_dpo("no_reference"), "the reference is left out"),
+    (_dpo("no_log"), "the log is missing"),
+    (_dpo(reduce=True), "return one loss per pair"),
+    (_dpo(rewards_beta=False), "log-ratios without beta"),
+    (lambda pc, pr, rc, rr, beta: -F.logsigmoid(beta * ((pc - rc) - (pr - rr))), "return three tensors"),
+])
+def test_dpo_loss_checker(answer, message):
+    passed, said = exercises.evaluate("post_training.dpo_loss", answer)
+    assert passed == (message is None), said
+    assert message is None or message in said
+
+
+@pytest.mark.parametrize("beta", [0.1, 1.0])
+def test_dpo_solution_equals_trl_on_the_same_log_probabilities(beta):
+    """The published solution against TRL's own loss code, as tests/test_dpo.py does for the helper."""
+    pytest.importorskip("trl")
+    from types import SimpleNamespace
+
+    from test_dpo import logps, trl_stub
+    from trl import DPOTrainer
+
+    pc, pr, rc, rr = (t.float() for t in logps(5, n=4))
+    per_token = torch.cat([pc, pr])[:, None]  # TRL sums per-token log-probs: one token holds each sum
+    outputs = SimpleNamespace(log_probs=per_token, entropy=torch.zeros_like(per_token),
+                              mean_logits=torch.zeros_like(per_token),
+                              is_top1=torch.zeros_like(per_token, dtype=torch.bool))
+    inputs = {"input_ids": torch.zeros(8, 2, dtype=torch.long),
+              "attention_mask": torch.ones(8, 2, dtype=torch.long),
+              "completion_mask": torch.tensor([[0, 1]] * 8), "ref_chosen_logps": rc,
+              "ref_rejected_logps": rr}
+    trl_loss = DPOTrainer._compute_loss(trl_stub(beta), lambda **kw: outputs, inputs, False)
+    torch.testing.assert_close(_dpo()(pc, pr, rc, rr, beta)[0].mean(), trl_loss)
+
+
+# --- notebook 14: the speculative round ------------------------------------------------------
+
+def _round(accept: str = "right", fix: str = "residual", bonus: str = "right", stop: bool = True):
+    """A round answer, right by default, with one of the usual slips on request."""
+    def answer(p, q, drafted, generator=None):
+        out = []
+        for i, x in enumerate(drafted):
+            u = float(torch.rand((), generator=generator, dtype=torch.float64))
+            a = {"right": min(1.0, float(p[i, x] / q[i, x])), "ratio": float(p[i, x] / q[i, x]),
+                 "inverted": min(1.0, float(q[i, x] / p[i, x])) if p[i, x] > 0 else 1.0,
+                 "p_only": float(p[i, x]), "reversed": 0.0}[accept]
+            if (u < a) if accept != "reversed" else (u >= min(1.0, float(p[i, x] / q[i, x]))):
+                out.append(x)
+                continue
+            left = {"residual": (p[i] - q[i]).clamp(min=0), "unclamped": p[i] - q[i], "p": p[i]}[fix]
+            out.append(int(torch.multinomial(left / left.sum(), 1, generator=generator)))
+            if stop:
+                return out
+        if bonus == "none":
+            return out
+        row = {"right": len(drafted), "previous": len(drafted) - 1}[bonus]
+        return out + [int(torch.multinomial(p[row], 1, generator=generator))]
+    return answer
+
+
+def _round_with_global_rng(p, q, drafted, generator=None):
+    """Right, drawing from torch's global generator and sampling with a cumulative sum."""
+    for i, x in enumerate(drafted):
+        if torch.rand(()) >= p[i, x] / q[i, x]:
+            left = (p[i] - q[i]).clamp(min=0)
+            cdf = (left / left.sum()).cumsum(0)
+            return list(drafted[:i]) + [int(torch.searchsorted(cdf, torch.rand((), dtype=cdf.dtype)))]
+    return list(drafted) + [int(torch.multinomial(p[-1], 1))]
+
+
+@pytest.mark.parametrize("answer, message", [
+    (_round(), None),
+    (_round("ratio"), None),
+    (_round_with_global_rng, None),
+    (lambda p, q, d, g=None: verify_round(p, q, d, g), None),
+    (_round(fix="unclamped"), "clamp it at 0"),
+    (_round(fix="p"), "after a rejection you drew from p"),
+    (_round("inverted"), "min(1, q/p)"),
+    (_round("reversed"), "keep it when u < min(1, p/q)"),
+    (_round("p_only"), "your acceptance is p(x) alone"),
+    (_round(bonus="previous"), "the bonus token comes from p[k - 1]"),
+    (_round(bonus="none"), "ends without the bonus token"),
+    (_round(stop=False), "exactly one more token"),
+])
+def test_accept_or_reject_checker(answer, message):
+    passed, said = exercises.evaluate("serving.accept_or_reject", answer)
+    assert passed == (message is None), said
+    assert message is None or message in said
+
+
+def test_the_round_checker_leaves_torchs_global_generator_alone():
+    state = torch.get_rng_state()
+    exercises.evaluate("serving.accept_or_reject", _round())
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+# --- the fallback the notebooks use ----------------------------------------------------------
+
+def test_yours_or_helper_says_which_function_runs(capsys):
+    def stub(*args):
+        raise NotImplementedError
+
+    helper, wrong, right = _dpo(), _dpo("sign"), _dpo("softplus")
+    assert exercises.yours_or_helper("post_training.dpo_loss", stub, helper, "the helper") is helper
+    assert "is not attempted yet: using the helper instead" in capsys.readouterr().out
+    assert exercises.yours_or_helper("post_training.dpo_loss", wrong, helper, "the helper") is helper
+    assert "does not pass its check yet: using the helper instead" in capsys.readouterr().out
+    assert exercises.yours_or_helper("post_training.dpo_loss", right, stub, "the helper") is right
+    assert "using your answer: it passes post_training.dpo_loss" in capsys.readouterr().out
+
+
+def test_not_attempted_messages_of_12_to_14_say_what_to_write_not_the_recipe():
+    from helpers.lab.exercises import all_exercises
+
+    recipes = ["torch.", "topk", "logsigmoid", "clamp", "min(1", "max(0", "// ", "% ", "einsum", "127"]
+    late = {n: e for n, e in all_exercises().items()
+            if n.split(".")[0] in ("frontier_decoder", "post_training", "serving")}
+    assert len(late) == 12
+    for name, ex in late.items():
+        assert ex.task.startswith("Write ") and "check" in ex.task, name
+        assert not [r for r in recipes if r in ex.task], (name, ex.task)
+
+
+# --- the round the notebook hands to speculative_generate ------------------------------------
+
+def test_speculative_generate_runs_a_students_round_and_stays_exact():
+    """The notebook passes the student's round as `verify`: greedy tokens stay the target's, and
+    the default (verify_round) draws the same numbers as the student-style solution above."""
+    from helpers.model.generation import generate
+    from helpers.model.gpt import GPT, GPTConfig
+    from helpers.serve.speculative import speculative_generate
+
+    torch.manual_seed(0)
+    target = GPT(GPTConfig(vocab_size=16, context_length=48, n_layers=2, n_heads=2, d_model=32)).eval()
+    draft = GPT(GPTConfig(vocab_size=16, context_length=48, n_layers=1, n_heads=2, d_model=16)).eval()
+    greedy = generate(target, torch.tensor([[1, 2, 3]]), 15, temperature=0)[0, 3:].tolist()
+    assert speculative_generate(target, draft, [1, 2, 3], 15, k=3, temperature=0, verify=_round())[0] == greedy
+    sampled = [speculative_generate(target, draft, [1, 2, 3], 10, k=2, verify=verify,
+                                    generator=torch.Generator().manual_seed(4))[0]
+               for verify in (None, _round())]
+    assert sampled[0] == sampled[1]
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda p, q: verify_round(p, q, [0, 1]), r"for 2 drafted tokens, expected \(3, V\)"),
+    (lambda p, q: verify_round(p[0], q, [0]), "expected \\(k \\+ 1, V\\) and \\(k, V\\)"),
+    (lambda p, q: verify_round(p[:2], q[:1, :3], [0]), r"expected \(2, V\) and \(1, V\)"),
+])
+def test_verify_round_refuses_mismatched_shapes(call, match):
+    p, q = torch.full((2, 4), 0.25), torch.full((1, 4), 0.25)
+    with pytest.raises(ValueError, match=match):
+        call(p, q)
+
+
+def test_speculative_generate_refuses_a_verify_that_is_not_a_round():
+    from helpers.model.gpt import GPT, GPTConfig
+    from helpers.serve.speculative import speculative_generate
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=8, context_length=32, n_layers=1, n_heads=2, d_model=16)).eval()
+    with pytest.raises(ValueError, match="verify is int"):
+        speculative_generate(model, model, [1], 4, k=2, verify=3)
+    with pytest.raises(ValueError, match="verify returned"):
+        speculative_generate(model, model, [1], 4, k=2, verify=lambda p, q, d, g: [5, 5, 5, 5])
