@@ -210,20 +210,7 @@ def test_the_round_checker_leaves_torchs_global_generator_alone():
     assert torch.equal(torch.get_rng_state(), state)
 
 
-# --- the fallback the notebooks use ----------------------------------------------------------
-
-def test_yours_or_helper_says_which_function_runs(capsys):
-    def stub(*args):
-        raise NotImplementedError
-
-    helper, wrong, right = _dpo(), _dpo("sign"), _dpo("softplus")
-    assert exercises.yours_or_helper("post_training.dpo_loss", stub, helper, "the helper") is helper
-    assert "is not attempted yet: using the helper instead" in capsys.readouterr().out
-    assert exercises.yours_or_helper("post_training.dpo_loss", wrong, helper, "the helper") is helper
-    assert "does not pass its check yet: using the helper instead" in capsys.readouterr().out
-    assert exercises.yours_or_helper("post_training.dpo_loss", right, stub, "the helper") is right
-    assert "using your answer: it passes post_training.dpo_loss" in capsys.readouterr().out
-
+# --- the not-attempted messages ---------------------------------------------------------------
 
 def test_not_attempted_messages_of_12_to_14_say_what_to_write_not_the_recipe():
     from helpers.lab.exercises import all_exercises

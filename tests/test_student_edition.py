@@ -101,7 +101,7 @@ def test_the_edition_never_overwrites_the_notebooks(capsys):
 # test_stored_stubs_say_not_attempted) and "using ... instead" at every fallback (below), and is
 # skipped here saying so. COURSE_STUDENT_RUN=all runs every one of them here anyway.
 FULL_NAMES = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-FALLBACK = "yours_or_helper("
+FALLBACK = "yours_or("
 
 
 def _code(cells: list) -> list[str]:
@@ -136,7 +136,8 @@ def test_stored_fallbacks_say_the_helper_runs_instead(name):
     cells = json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8"))["cells"]
     for cell in cells:
         if cell["cell_type"] == "code" and FALLBACK in "".join(cell["source"]):
-            assert "not attempted yet: using" in _said(cell), (name, _said(cell))
+            said = _said(cell)
+            assert "using the course's" in said and "not attempted yet" in said, (name, said)
 
 
 @pytest.mark.parametrize("name", FULL_NAMES)

@@ -137,7 +137,7 @@ check("frontier_decoder.moe_forward", moe_forward)
 # `moe_forward` once it passes the check, and from the helpers' until then (the cell says which).
 
 # %%
-from helpers.lab.exercises import yours_or_helper
+from helpers.lab.exercises import yours_or
 from helpers.lab.exercises.frontier_decoder import helper_moe_forward
 
 T, D, E, K, HIDDEN = 24, 16, 4, 2, 32
@@ -155,8 +155,7 @@ def swiglu_expert(e: int):
     return lambda rows: (F.silu(rows @ gate[e].T) * (rows @ up[e].T)) @ down[e].T
 
 
-forward = yours_or_helper("frontier_decoder.moe_forward", moe_forward, helper_moe_forward,
-                          "helpers' moe_forward (helpers.model.moe.route and a loop)")
+forward = yours_or("frontier_decoder.moe_forward", moe_forward, helper_moe_forward)
 looped = forward(x, router_logits, K, [swiglu_expert(e) for e in range(E)])
 print("tokens per expert:", torch.bincount(experts.flatten(), minlength=E).tolist())
 

@@ -484,10 +484,10 @@ check("post_training.dpo_loss", dpo_loss)
 # %%
 import math
 
-from helpers.lab.exercises import yours_or_helper
+from helpers.lab.exercises import yours_or
 from helpers.lab.exercises.post_training import helper_dpo_loss
 
-loss_fn = yours_or_helper("post_training.dpo_loss", dpo_loss, helper_dpo_loss, "helpers.post.dpo.dpo_loss")
+loss_fn = yours_or("post_training.dpo_loss", dpo_loss, helper_dpo_loss)
 step_policy = copy.deepcopy(sft_model)
 logps = [sft.sequence_logps(step_policy, ids, mask) for ids, mask in
          ((chosen_ids, chosen_mask), (rejected_ids, rejected_mask))]

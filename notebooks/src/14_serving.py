@@ -726,11 +726,10 @@ print(f"course models, first token: largest difference from the target < 1e-12 o
 # cell says which). At temperature 0 it must give exactly the target's greedy tokens:
 
 # %%
-from helpers.lab.exercises import yours_or_helper
+from helpers.lab.exercises import yours_or
 from helpers.serve.speculative import speculative_generate, verify_round
 
-verify = yours_or_helper("serving.accept_or_reject", my_accept_or_reject, verify_round,
-                         "helpers.serve.speculative.verify_round")
+verify = yours_or("serving.accept_or_reject", my_accept_or_reject, verify_round)
 for k in (1, 4):
     fast, stats = speculative_generate(target, draft, prompt_ids, 30, k=k, temperature=0, verify=verify)
     assert fast == generate(target, torch.tensor([prompt_ids]), 30, temperature=0)[0, len(prompt_ids):].tolist()

@@ -179,20 +179,6 @@ def passes(name: str, answer: Any, time_limit: float | None = None) -> bool:
     return evaluate(name, answer, time_limit)[0]
 
 
-def yours_or_helper(name: str, answer: Callable, helper: Callable, helper_name: str) -> Callable:
-    """`answer` if it passes exercise `name`, else `helper`; prints which of the two the notebook
-    uses from here on, so a cell that needs the student's function still runs when the exercise
-    is not attempted yet (or not right yet), and says so."""
-    passed, message = evaluate(name, answer)
-    mine = getattr(answer, "__name__", "your function")
-    if passed:
-        print(f"using your {mine}: it passes {name}")
-        return answer
-    why = "is not attempted yet" if "not attempted yet" in message else "does not pass its check yet"
-    print(f"your {mine} {why}: using {helper_name} instead")
-    return helper
-
-
 def check(name: str, answer: Any, time_limit: float | None = None) -> None:
     """Run exercise `name` against the student's `answer` and print the verdict.
 
