@@ -286,6 +286,20 @@ def _three_workers():
     return _POOL[0]
 
 
+def _run_on_three(student: Callable, tensors: list[Tensor], on_timeout: str) -> list:
+    """The student's function run on three workers; a stub, a crash or a hang as the exercise's verdict."""
+    from helpers.scale.workers import WorkerFailed
+    try:
+        return _three_workers().run(student, tensors)
+    except TimeoutError:
+        raise ExerciseFailed(f"the ranks did not finish within 30 s: {on_timeout}") from None
+    except WorkerFailed as failure:
+        last = failure.worker_traceback.strip().splitlines()[-1]
+        if last.startswith("NotImplementedError"):
+            raise NotImplementedError from None
+        raise ExerciseFailed(f"rank {failure.rank} raised {last}") from None
+
+
 @exercise(hint="Cut your tensor into p chunks (tensor_split). Reduce-scatter, p - 1 steps: at step s "
                "send chunk (rank - s) % p to rank + 1 with dist.isend, dist.recv chunk (rank - s - 1) "
                "% p from rank - 1 and add it to yours. All-gather, p - 1 steps: send chunk (rank + 1 "
@@ -296,7 +310,6 @@ def _three_workers():
           time_limit=240.0)
 def ring_all_reduce(student: Callable[[int, int, list[Tensor]], Tensor]) -> str:
     from helpers.scale.cell_functions import _names_read
-    from helpers.scale.workers import WorkerFailed
     if _is_stub(student):
         raise NotImplementedError
     if "all_reduce" in _names_read(getattr(student, "__code__", compile("", "", "exec"))):
@@ -304,17 +317,9 @@ def ring_all_reduce(student: Callable[[int, int, list[Tensor]], Tensor]) -> str:
                              "point-to-point sends and receives.")
     tensors = [torch.arange(7.0) * (rank + 1) + rank for rank in range(3)]
     total = sum(tensors)
-    try:
-        results = _three_workers().run(student, tensors)
-    except TimeoutError:
-        raise ExerciseFailed("the ranks did not finish within 30 s: some rank waits for a message that "
-                             "never comes (every send needs its receive on the neighbour, in the same "
-                             "order; send with dist.isend so that no rank blocks before receiving).") from None
-    except WorkerFailed as failure:
-        last = failure.worker_traceback.strip().splitlines()[-1]
-        if last.startswith("NotImplementedError"):
-            raise NotImplementedError from None
-        raise ExerciseFailed(f"rank {failure.rank} raised {last}") from None
+    results = _run_on_three(student, tensors, "some rank waits for a message that never comes (every "
+                            "send needs its receive on the neighbour, in the same order; send with "
+                            "dist.isend so that no rank blocks before receiving).")
     for rank, got in enumerate(results):
         if not isinstance(got, Tensor) or got.shape != total.shape:
             raise ExerciseFailed(f"rank {rank} returned {getattr(got, 'shape', type(got).__name__)}, "
@@ -343,21 +348,12 @@ def ring_all_reduce(student: Callable[[int, int, list[Tensor]], Tensor]) -> str:
                "collective. The check runs it on 3 worker processes with 9 values each.",
           time_limit=240.0)
 def fsdp_grad_piece(student: Callable[[int, int, list[Tensor]], Tensor]) -> str:
-    from helpers.scale.workers import WorkerFailed
     if _is_stub(student):
         raise NotImplementedError
     grads = [torch.arange(9.0) * (rank + 1) + 10 * rank for rank in range(3)]
     mean = sum(grads) / 3
-    try:
-        results = _three_workers().run(student, grads)
-    except TimeoutError:
-        raise ExerciseFailed("the ranks did not finish within 30 s: every rank must call the same "
-                             "collective, with pieces of the same size.") from None
-    except WorkerFailed as failure:
-        last = failure.worker_traceback.strip().splitlines()[-1]
-        if last.startswith("NotImplementedError"):
-            raise NotImplementedError from None
-        raise ExerciseFailed(f"rank {failure.rank} raised {last}") from None
+    results = _run_on_three(student, grads, "every rank must call the same collective, with "
+                            "pieces of the same size.")
     for rank, got in enumerate(results):
         want = mean.chunk(3)[rank]
         if not isinstance(got, Tensor):
