@@ -302,7 +302,8 @@ check("tokenization.train_bpe", train_textbook)
 # append it; append `vocab[left] + vocab[right]` to `vocab`; replace each chunk by
 # `merge_pair(ids, pair, 256 + step)`.
 # </details>
-#
+
+# %% [markdown]
 # <details><summary>Solution</summary>
 #
 # ```python

@@ -605,8 +605,6 @@ check("gpt.next_token_loss", next_token_loss)
 #     log_probs = logits - logits.logsumexp(dim=-1, keepdim=True)  # (B, N, V)
 #     return -log_probs.gather(-1, ids[:, 1:, None]).mean()
 # ### END SOLUTION
-#
-#
 # check("gpt.next_token_loss", next_token_loss)
 # ```
 # </details>
@@ -623,9 +621,8 @@ check("gpt.next_token_loss", next_token_loss)
 #   (biases and LayerNorm gains are not decayed);
 # - the step: `p = p - lr x m_hat / (sqrt(v_hat) + eps)`.
 #
-# Each weight gets its own step size: a weight whose gradient is consistently large or small
-# moves by about `lr` either way. `helpers.training.trainer.matrices_and_vectors` splits the parameters into
-# the matrices (two or more axes) and the rest.
+# Each weight gets its own step size: one whose gradient is consistently large or small moves by
+# about `lr` either way. `helpers.training.trainer.matrices_and_vectors` finds the matrices.
 
 # %%
 from helpers.training.trainer import matrices_and_vectors
@@ -1021,8 +1018,6 @@ check("gpt.greedy_step", greedy_next)
 #     window = ids[:, -gpt.config.context_length:]
 #     return gpt(window)[:, -1].argmax(dim=-1, keepdim=True)
 # ### END SOLUTION
-#
-#
 # check("gpt.greedy_step", greedy_next)
 # ```
 # </details>
@@ -1083,8 +1078,7 @@ check("gpt.cache_step", cache_step)
 # %% [markdown]
 # <details><summary>Hint 1</summary>
 #
-# Only the new token is computed: its key and value join the cached ones, and its query attends to
-# all of them (no mask is needed, nothing lies in its future).
+# Only the new token is computed: its key and value join the cached ones; its query attends to all.
 # </details>
 #
 # <details><summary>Hint 2</summary>
@@ -1106,22 +1100,19 @@ check("gpt.cache_step", cache_step)
 #     weights = (q @ keys.transpose(-2, -1) / keys.shape[-1] ** 0.5).softmax(dim=-1)  # (B, 1, t + 1)
 #     return weights @ values, keys, values
 # ### END SOLUTION
-#
-#
 # check("gpt.cache_step", cache_step)
 # ```
 # </details>
 #
 # ### The cache in helpers
 #
-# `GPT.forward_cached` does this with each block's own weights. The attention of
-# notebook 5 has a hook for it, `kv_store`: `MultiHeadAttention.forward` projects only the new
-# tokens to Q, K and V, hands the new keys and values to `kv_store`, and attends to whatever it
-# returns. The cache's hook writes them into a `KVCache` (two preallocated tensors) and returns
-# everything stored for that layer. Several new tokens at once (the prompt) need the end-aligned
-# causal mask of notebook 4, `causal_mask(n_new, n_total)`; a single new token may see every
-# stored key. Generation is inference only, so by default this runs the fused kernels of
-# section 10 (`fast=True`); `fast=False` runs the course's own `Block`, as the cell checks too.
+# `GPT.forward_cached` does this with each block's weights through notebook 5's hook `kv_store`:
+# `MultiHeadAttention.forward` projects only the new tokens, hands their keys and values to
+# `kv_store` and attends to what it returns; the cache's hook writes them into a `KVCache` (two
+# preallocated tensors) and returns all of that layer's. A prompt (several new tokens) needs
+# notebook 4's end-aligned `causal_mask(n_new, n_total)`; one new token sees every stored key.
+# Generation is inference only, so this runs section 10's fused kernels by default (`fast=True`);
+# `fast=False` runs the course's own `Block`, as the cell checks too.
 #
 # First the proof: greedy generation with and without the cache writes the same tokens, and the
 # cached logits equal the full forward pass.

@@ -620,7 +620,8 @@ check("serving.accept_or_reject", my_accept_or_reject)
 # `drafted[:i] + [int(torch.multinomial(r / r.sum(), 1, generator=generator))]`. After the loop:
 # `drafted + [int(torch.multinomial(p[k], 1, generator=generator))]`.
 # </details>
-#
+
+# %% [markdown]
 # <details><summary>Solution</summary>
 #
 # ```python
