@@ -111,3 +111,27 @@ def test_weights_the_model_has_no_place_for_are_refused():
     missing = {k: v for k, v in hf.state_dict().items() if "k_norm" not in k}
     with pytest.raises(KeyError, match="k_norm"):
         from_gemma3(missing, config)
+
+
+def test_the_pieces_check_their_arguments():
+    from helpers.model.gemma import GemmaAttention, GemmaBlock, GemmaNorm, gemma_rope
+    config = GemmaConfig(context_length=8)
+    with pytest.raises(ValueError, match="offset is"):
+        gemma_norm(torch.randn(2, 8), torch.zeros(2, 8), 1e-6)
+    with pytest.raises(ValueError, match="x has shape \\(2, 7\\), expected \\(..., 8\\)"):
+        gemma_norm(torch.randn(2, 7), torch.zeros(8), 1e-6)
+    with pytest.raises(ValueError, match="eps"):
+        gemma_norm(torch.randn(2, 8), torch.zeros(8), 0.0)
+    with pytest.raises(ValueError, match="dim"):
+        GemmaNorm(0, 1e-6)
+    for make in (lambda: gemma_rope(config, "sliding", 8), lambda: GemmaAttention(config, "loca"),
+                 lambda: GemmaBlock(config, "")):
+        with pytest.raises(ValueError, match="kind"):
+            make()
+    with pytest.raises(ValueError, match="n_positions"):
+        gemma_rope(config, "local", 0)
+    table = gemma_rope(config, "local", 8)
+    with pytest.raises(ValueError, match="expected \\(B, N, D\\) with N <= 8"):
+        GemmaAttention(config, "local")(torch.randn(1, 9, 64), table)
+    with pytest.raises(ValueError, match="expected \\(..., 64\\)"):
+        GemmaAttention(config, "global")(torch.randn(1, 4, 63), table)

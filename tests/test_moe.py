@@ -249,3 +249,13 @@ def test_bad_expert_groups_raise_a_clear_error(kwargs, message):
         route(torch.randn(4, 8), 2, **args)
     with pytest.raises(ValueError, match=message.split(",")[0]):
         MoELayer(16, 8, 2, 8, **args)
+
+
+def test_group_limit_and_the_parameter_count_check_their_arguments():
+    from helpers.model.moe import group_limit
+    with pytest.raises(ValueError, match="choice has shape"):
+        group_limit(torch.randn(8), 2, 1)
+    with pytest.raises(ValueError, match="n_group is 3"):
+        group_limit(torch.randn(4, 8), 3, 1)
+    with pytest.raises(TypeError, match="model is a dict"):
+        total_and_active_parameters({})

@@ -217,6 +217,8 @@ class FrontierGPT(nn.Module):
 
 def total_and_active_parameters(model: nn.Module) -> tuple[int, int]:
     """(total, active per token): a MoE layer's experts count k / E towards the active ones."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model is a {type(model).__name__}, expected a torch.nn.Module")
     total = sum(p.numel() for p in model.parameters())
     inactive = 0
     for module in model.modules():

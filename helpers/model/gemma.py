@@ -32,7 +32,7 @@ from helpers import checks
 from helpers.model.embeddings import check_token_ids
 from helpers.model.frontier import copy_named_weights
 from helpers.model.modern import RopeTable, rms_norm, rope_rotate_half
-from helpers.model.multihead import merge_heads, repeat_kv_heads, split_heads
+from helpers.model.multihead import check_features, merge_heads, repeat_kv_heads, split_heads
 from helpers.model.sliding import banded_mask
 
 KINDS = ("local", "global")
@@ -81,12 +81,16 @@ class GemmaConfig:
 
 def gemma_norm(x: Tensor, offset: Tensor, eps: float) -> Tensor:
     """x (..., D) / rms(x) * (1 + offset): Gemma stores the gain as its difference from 1."""
+    if not isinstance(offset, Tensor) or offset.dim() != 1:
+        raise ValueError(f"offset is {getattr(offset, 'shape', type(offset).__name__)}, expected a (D,) tensor")
+    check_features("x", x, offset.shape[0], x.dtype if isinstance(x, Tensor) else torch.float32)
     return rms_norm(x.float(), 1.0 + offset.float(), eps).type_as(x)
 
 
 class GemmaNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
+        checks.positive_int("dim", dim)
         self.weight, self.eps = nn.Parameter(torch.zeros(dim)), eps
 
     def forward(self, x: Tensor) -> Tensor:
@@ -96,6 +100,8 @@ class GemmaNorm(nn.Module):
 def gemma_rope(config: GemmaConfig, kind: str, n_positions: int) -> RopeTable:
     """cos and sin (P, D_H/2) of a local or a global layer (the global one's positions divided
     by `global_rope_factor`: "linear" RoPE scaling, which Gemma 3 4B uses with factor 8)."""
+    checks.one_of("kind", kind, KINDS)
+    checks.positive_int("n_positions", n_positions)
     local = kind == "local"
     base = config.local_base if local else config.global_base
     factor = 1.0 if local else config.global_rope_factor
@@ -109,6 +115,7 @@ class GemmaAttention(nn.Module):
 
     def __init__(self, config: GemmaConfig, kind: str) -> None:
         super().__init__()
+        checks.one_of("kind", kind, KINDS)
         c, self.config = config, config
         self.window = c.window if kind == "local" else 0
         self.q_proj = nn.Linear(c.d_model, c.n_heads * c.head_dim, bias=False)
@@ -119,6 +126,10 @@ class GemmaAttention(nn.Module):
 
     def forward(self, x: Tensor, table: RopeTable) -> Tensor:
         """x: (B, N, D) -> (B, N, D)."""
+        check_features("x", x, self.config.d_model, self.q_proj.weight.dtype)
+        if x.dim() != 3 or x.shape[1] > table.n_positions:
+            raise ValueError(f"x has shape {tuple(x.shape)}, expected (B, N, D) with N <= "
+                             f"{table.n_positions}, the RoPE table's length")
         c, n = self.config, x.shape[1]
         q = self.q_norm(split_heads(self.q_proj(x), c.n_heads))        # (B, H, N, D_H)
         k = self.k_norm(split_heads(self.k_proj(x), c.n_kv_heads))     # (B, H_KV, N, D_H)
@@ -137,6 +148,7 @@ class GemmaBlock(nn.Module):
 
     def __init__(self, config: GemmaConfig, kind: str) -> None:
         super().__init__()
+        checks.one_of("kind", kind, KINDS)
         d, f, eps = config.d_model, config.mlp_hidden, config.norm_eps
         self.kind = kind
         self.pre_attn, self.post_attn = GemmaNorm(d, eps), GemmaNorm(d, eps)

@@ -62,6 +62,9 @@ def check_groups(n_group: int, topk_group: int, n_experts: int, top_k: int) -> N
 def group_limit(choice: Tensor, n_group: int, topk_group: int) -> Tensor:
     """DeepSeek-V3's restriction: choice (T, E) with every expert outside the token's
     `topk_group` best groups (a group's score: the sum of its two best) set to -inf."""
+    if not isinstance(choice, Tensor) or choice.dim() != 2:
+        raise ValueError(f"choice has shape {getattr(choice, 'shape', type(choice).__name__)}, expected (T, E)")
+    check_groups(n_group, topk_group, choice.shape[1], 1)
     t, e = choice.shape
     grouped = choice.view(t, n_group, e // n_group)                         # (T, G, E/G)
     best_groups = grouped.topk(2, dim=-1).values.sum(-1).topk(topk_group, dim=-1).indices
