@@ -90,3 +90,18 @@ def test_the_ring_merge_exercise_checker_refuses_an_unweighted_sum():
     assert evaluate("distributed.ring_merge", merge_partial)[0]
     passed, message = evaluate("distributed.ring_merge", lambda o, lse, ob, lb: (o + ob, torch.logaddexp(lse, lb)))
     assert not passed and "weighted" in message
+
+
+def test_ring_attention_and_the_reference_check_their_arguments_before_any_communication():
+    from helpers.scale.ring_attention import full_attention_reference, ring_attention
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="q, k, v have shapes"):
+        ring_attention(q, q[:, :, :3], q, zigzag=True)
+    with pytest.raises(ValueError, match="q, k, v have shapes"):
+        ring_attention(q[0], q[0], q[0], zigzag=True)
+    with pytest.raises((ValueError, TypeError), match="zigzag"):
+        ring_attention(q, q, q, zigzag="yes")
+    with pytest.raises(ValueError, match="shape is"):
+        full_attention_reference((1, 2, 4))
+    with pytest.raises(ValueError, match="shape's N"):
+        full_attention_reference((1, 2, 0, 8))

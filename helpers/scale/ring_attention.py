@@ -116,8 +116,16 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, zigzag: bool, causal: bool =
     """This rank's queries (B, H, n, D_H) against the whole sequence's keys and values, which
     arrive one rank's block at a time. Returns the output (B, H, n, D_H) and the number of
     score entries computed (the work, to compare ranks)."""
+    if not all(isinstance(t, Tensor) and t.dim() == 4 for t in (q, k, v)) or not q.shape == k.shape == v.shape:
+        got = [tuple(getattr(t, "shape", ())) for t in (q, k, v)]
+        raise ValueError(f"q, k, v have shapes {got}, expected three equal (B, H, n, D_H): this "
+                         "rank's slice of the sequence")
+    checks.boolean("zigzag", zigzag)
+    checks.boolean("causal", causal)
     rank, p = dist.get_rank(), dist.get_world_size()
     mine = chunk_ids(rank, p, zigzag)
+    if q.shape[2] % len(mine):
+        raise ValueError(f"q has {q.shape[2]} positions, expected a multiple of {len(mine)} chunks")
     c = q.shape[2] // len(mine)
     kv = torch.stack([k, v])  # (2, B, H, n, D_H): one message per step
     state = [(None, None) for _ in mine]  # (out, lse) per query chunk
@@ -163,18 +171,24 @@ def run_ring_attention(workers: Workers, shape: tuple[int, int, int, int], zigza
     sequence length N does not split into p, or 2p for zig-zag, equal chunks)."""
     if not isinstance(workers, Workers):
         raise TypeError(f"workers is a {type(workers).__name__}, expected a Workers")
-    if not isinstance(shape, tuple | list) or len(shape) != 4:
-        raise ValueError(f"shape is {shape!r}, expected (B, H, N, D_H)")
-    for name, size in zip(("B", "H", "N", "D_H"), shape, strict=True):
-        checks.positive_int(f"shape's {name}", size)
+    _check_shape(shape)
     checks.boolean("causal", causal)
     check_divides(shape[2], workers.world_size, zigzag)
     return workers.run(ring_attention_worker, tuple(shape), zigzag, causal, seed)
 
 
+def _check_shape(shape: object) -> None:
+    if not isinstance(shape, tuple | list) or len(shape) != 4:
+        raise ValueError(f"shape is {shape!r}, expected (B, H, N, D_H)")
+    for name, size in zip(("B", "H", "N", "D_H"), shape, strict=True):
+        checks.positive_int(f"shape's {name}", size)
+
+
 def full_attention_reference(shape: tuple[int, int, int, int], causal: bool = True,
                              seed: int = 0) -> dict[str, Tensor]:
     """One process: out (B, H, N, D_H) and the gradients of q, k, v of sum(out * probe)."""
+    _check_shape(shape)
+    checks.boolean("causal", causal)
     q, k, v, probe = _inputs(tuple(shape), seed)
     for t in (q, k, v):
         t.requires_grad_(True)
