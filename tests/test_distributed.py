@@ -124,7 +124,7 @@ def test_a_slow_task_times_out_and_is_stopped():
     assert pool.processes == []
 
 
-def test_functions_from_a_notebook_cell_or_lambdas_are_refused_before_spawning():
+def test_lambdas_are_refused_before_spawning():
     with pytest.raises(ValueError, match="lambda"):
         launch(lambda rank, world_size: rank, 2)
 
