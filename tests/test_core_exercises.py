@@ -342,6 +342,17 @@ def _cells(name: str):
     return build.to_notebook(SOURCES / f"{name}.py").cells
 
 
+def _reveal(cells: list, stub: int) -> str:
+    """The markdown after an exercise's stub, up to the next code cell: its hints and its solution,
+    in one cell or in two (a long solution gets its own, so that no cell passes 40 lines)."""
+    text = []
+    for cell in cells[stub + 1:]:
+        if cell.cell_type == "code":
+            break
+        text.append(cell.source)
+    return "\n\n".join(text)
+
+
 @pytest.mark.parametrize("name", EARLY)
 def test_every_exercise_has_two_hints_then_a_marked_solution(name):
     import re
@@ -350,7 +361,7 @@ def test_every_exercise_has_two_hints_then_a_marked_solution(name):
     stubs = [i for i, c in enumerate(cells) if c.cell_type == "code" and 'check("' in c.source]
     assert stubs
     for index in stubs:
-        reveal = next(c.source for c in cells[index + 1:] if c.cell_type == "markdown")
+        reveal = _reveal(cells, index)
         order = [reveal.find(s) for s in ("<summary>Hint 1</summary>", "<summary>Hint 2</summary>",
                                           "<summary>Solution</summary>", "### BEGIN SOLUTION", "### END SOLUTION")]
         assert -1 not in order and order == sorted(order), f"{name} cell {index}: {order}"
@@ -373,7 +384,7 @@ def test_the_core_solution_is_10_to_30_lines_or_says_why_not(name):
 
     cells = _cells(name)
     stub = next(i for i, c in enumerate(cells) if c.cell_type == "code" and f'check("{CORE[name]}"' in c.source)
-    reveal = next(c.source for c in cells[stub + 1:] if c.cell_type == "markdown")
+    reveal = _reveal(cells, stub)
     code = re.search(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", reveal, re.S).group(1)
     lines = [line for line in code.splitlines() if line.strip("# ")]
     low = 4 if name == "03_attention" else 8
