@@ -50,12 +50,11 @@ def trl_stub(beta: float):
                            _total_train_tokens=0, _tp_size=1)
 
 
-@pytest.mark.parametrize("beta", [0.1, 1.0])
-def test_equals_trl_dpo_loss_on_the_same_log_probabilities(beta):
-    pytest.importorskip("trl")
+def trl_dpo_loss(pc: torch.Tensor, pr: torch.Tensor, rc: torch.Tensor, rr: torch.Tensor,
+                 beta: float) -> torch.Tensor:
+    """TRL's mean DPO loss on four (B,) summed log-probabilities (B = 4)."""
     from trl import DPOTrainer
 
-    pc, pr, rc, rr = (t.float() for t in logps(2, n=4))
     # TRL sums per-token log-probs itself: hand it one token per answer holding the whole sum.
     per_token = torch.cat([pc, pr])[:, None]  # (2B, 1): chosen rows, then rejected rows
     outputs = SimpleNamespace(log_probs=per_token, entropy=torch.zeros_like(per_token),
@@ -65,7 +64,14 @@ def test_equals_trl_dpo_loss_on_the_same_log_probabilities(beta):
               "attention_mask": torch.ones(8, 2, dtype=torch.long),
               "completion_mask": torch.tensor([[0, 1]] * 8), "ref_chosen_logps": rc,
               "ref_rejected_logps": rr}
-    trl_loss = DPOTrainer._compute_loss(trl_stub(beta), lambda **kw: outputs, inputs, False)
+    return DPOTrainer._compute_loss(trl_stub(beta), lambda **kw: outputs, inputs, False)
+
+
+@pytest.mark.parametrize("beta", [0.1, 1.0])
+def test_equals_trl_dpo_loss_on_the_same_log_probabilities(beta):
+    pytest.importorskip("trl")
+    pc, pr, rc, rr = (t.float() for t in logps(2, n=4))
+    trl_loss = trl_dpo_loss(pc, pr, rc, rr, beta)
     ours = dpo_loss(pc, pr, rc, rr, beta)[0].mean()
     torch.testing.assert_close(ours, trl_loss)
 

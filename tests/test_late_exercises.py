@@ -131,21 +131,10 @@ def test_dpo_loss_checker(answer, message):
 def test_dpo_solution_equals_trl_on_the_same_log_probabilities(beta):
     """The published solution against TRL's own loss code, as tests/test_dpo.py does for the helper."""
     pytest.importorskip("trl")
-    from types import SimpleNamespace
-
-    from test_dpo import logps, trl_stub
-    from trl import DPOTrainer
+    from test_dpo import logps, trl_dpo_loss
 
     pc, pr, rc, rr = (t.float() for t in logps(5, n=4))
-    per_token = torch.cat([pc, pr])[:, None]  # TRL sums per-token log-probs: one token holds each sum
-    outputs = SimpleNamespace(log_probs=per_token, entropy=torch.zeros_like(per_token),
-                              mean_logits=torch.zeros_like(per_token),
-                              is_top1=torch.zeros_like(per_token, dtype=torch.bool))
-    inputs = {"input_ids": torch.zeros(8, 2, dtype=torch.long),
-              "attention_mask": torch.ones(8, 2, dtype=torch.long),
-              "completion_mask": torch.tensor([[0, 1]] * 8), "ref_chosen_logps": rc,
-              "ref_rejected_logps": rr}
-    trl_loss = DPOTrainer._compute_loss(trl_stub(beta), lambda **kw: outputs, inputs, False)
+    trl_loss = trl_dpo_loss(pc, pr, rc, rr, beta)
     torch.testing.assert_close(_dpo()(pc, pr, rc, rr, beta)[0].mean(), trl_loss)
 
 
