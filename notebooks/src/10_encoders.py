@@ -938,7 +938,7 @@ print(f"{len(train_y)} labelled training sentences ({int((train_y == 0).sum())} 
       f"{len(test_y)} test sentences ({int((test_y == 0).sum())} broken)")
 print("a broken one:", " ".join(vocab.itos[i] for i in train_x[(train_y == 0).nonzero()[0, 0]].tolist() if i))
 
-FINETUNE_STEPS = 100  # the knob
+FINETUNE_STEPS = 60  # the knob
 
 
 def finetune(encoder: Encoder, seed: int) -> float:
