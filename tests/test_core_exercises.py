@@ -1,4 +1,4 @@
-"""The core exercises of notebooks 1-6 (the pieces the notebooks then run on) accept every correct
+"""The core exercises of notebooks 1-7 (the pieces the notebooks then run on) accept every correct
 formulation and name each usual mistake; `yours_or` picks the student's function or the helper.
 
 Each wrong answer here is written the way a student would write it, independently of the
@@ -424,7 +424,11 @@ def test_the_checkers_leave_the_global_random_numbers_alone():
 EARLY = ["01_tokenization", "02_embeddings", "03_attention", "04_masking", "05_multihead_attention", "06_layers"]
 CORE = {"01_tokenization": "tokenization.train_bpe", "02_embeddings": "embeddings.training_step",
         "03_attention": "attention.attention_layer", "04_masking": "masking.masked_attention",
-        "05_multihead_attention": "multihead_attention.mha_forward", "06_layers": "layers.pre_ln_block"}
+        "05_multihead_attention": "multihead_attention.mha_forward", "06_layers": "layers.pre_ln_block",
+        "07_gpt": "gpt.adamw_update"}
+# Notebook 7's plain training loop runs on two of its exercises: the loss and the AdamW update.
+ALSO_USED = {"07_gpt": ["gpt.next_token_loss"]}
+WITH_CORE = [*EARLY, "07_gpt"]
 
 
 def _cells(name: str):
@@ -450,7 +454,7 @@ def _reveal(cells: list, stub: int) -> str:
     return "\n\n".join(text)
 
 
-@pytest.mark.parametrize("name", EARLY)
+@pytest.mark.parametrize("name", WITH_CORE)
 def test_every_exercise_has_two_hints_then_a_marked_solution(name):
     import re
 
@@ -466,15 +470,16 @@ def test_every_exercise_has_two_hints_then_a_marked_solution(name):
         assert "NotImplementedError" not in code and code.strip(), f"{name} cell {index}"
 
 
-@pytest.mark.parametrize("name", EARLY)
+@pytest.mark.parametrize("name", WITH_CORE)
 def test_the_core_exercise_is_used_by_the_cells_after_it(name):
     cells = _cells(name)
-    stub = next(i for i, c in enumerate(cells) if c.cell_type == "code" and f'check("{CORE[name]}"' in c.source)
-    later = "\n".join(c.source for c in cells[stub + 1:] if c.cell_type == "code")
-    assert f'yours_or("{CORE[name]}"' in later
+    for exercise in [CORE[name], *ALSO_USED.get(name, [])]:
+        stub = next(i for i, c in enumerate(cells) if c.cell_type == "code" and f'check("{exercise}"' in c.source)
+        later = "\n".join(c.source for c in cells[stub + 1:] if c.cell_type == "code")
+        assert f'yours_or("{exercise}"' in later, exercise
 
 
-@pytest.mark.parametrize("name", EARLY)
+@pytest.mark.parametrize("name", WITH_CORE)
 def test_the_core_solution_is_10_to_30_lines_or_says_why_not(name):
     """The issue asks for a core piece of 10-30 lines (counted without blank lines)."""
     import re
@@ -487,7 +492,7 @@ def test_the_core_solution_is_10_to_30_lines_or_says_why_not(name):
     assert 8 <= len(lines) <= 30, (name, len(lines))
 
 
-@pytest.mark.parametrize("name", EARLY)
+@pytest.mark.parametrize("name", WITH_CORE)
 def test_the_student_edition_runs_the_same_code_as_the_checked_notebook(name):
     """The solutions sit only in markdown reveals, so the student edition's code cells are the full
     notebook's: strict nbval, running the full notebook with every stub unanswered, therefore runs
