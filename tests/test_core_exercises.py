@@ -425,10 +425,13 @@ EARLY = ["01_tokenization", "02_embeddings", "03_attention", "04_masking", "05_m
 CORE = {"01_tokenization": "tokenization.train_bpe", "02_embeddings": "embeddings.training_step",
         "03_attention": "attention.attention_layer", "04_masking": "masking.masked_attention",
         "05_multihead_attention": "multihead_attention.mha_forward", "06_layers": "layers.pre_ln_block",
-        "07_gpt": "gpt.adamw_update"}
+        "07_gpt": "gpt.adamw_update", "08_flash_attention": "flash_attention.backward",
+        "09_modern_decoder": "modern_decoder.modern_block", "10_encoders": "encoders.mask_tokens",
+        "11_distributed": "distributed.ring_all_reduce", "12_frontier_decoder": "frontier_decoder.moe_forward",
+        "13_post_training": "post_training.dpo_loss", "14_serving": "serving.accept_or_reject"}
 # Notebook 7's plain training loop runs on two of its exercises: the loss and the AdamW update.
-ALSO_USED = {"07_gpt": ["gpt.next_token_loss"]}
-WITH_CORE = [*EARLY, "07_gpt"]
+ALSO_USED = {"07_gpt": ["gpt.next_token_loss"], "11_distributed": ["distributed.fsdp_grad_piece"]}
+WITH_CORE = list(CORE)  # every notebook
 
 
 def _cells(name: str):
