@@ -232,6 +232,15 @@ def test_the_layer_checker_says_not_attempted_for_the_notebooks_stub():
     assert not passed and "not attempted yet" in said and "MyAttentionLayer(d_in, d_k, d_v)" in said
 
 
+def test_the_layer_checker_raises_exercise_failed_itself_for_a_wrong_layer():
+    """Called directly (not through check), the checker raises; `evaluate` turns that into the verdict."""
+    from helpers.lab.exercises.attention import attention_layer
+
+    with pytest.raises(exercises.ExerciseFailed, match="has a bias"):
+        attention_layer(layer_answer("bias"))
+    attention_layer(layer_answer())  # and a right one passes without raising
+
+
 def test_the_layer_checker_wants_the_class_not_a_layer():
     passed, said = verdict("attention.attention_layer", layer_answer()(6, 4, 3))
     assert not passed and "pass the class MyAttentionLayer itself" in said
