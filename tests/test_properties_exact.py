@@ -1,0 +1,184 @@
+"""Tests written against the mutants that survived benchmarks/mutation.py (see benchmarks/MUTATION.md).
+
+Each one can fail: it was first seen to fail on the planted bug it is named after. Grouped by the
+five classes of issue 30, beside tests/test_properties.py:
+
+1. exact properties on every path: buffers on the inputs' device and in their dtype, whatever the
+   default device or dtype (a buffer made with `device=None` lands on the default device);
+2. hand-written pieces against the reference (PyTorch's attention, the paper's statistics);
+3. configuration asserted, defaults and non-default values alike;
+4. sizes that reach the edges (tiles of several sizes, each argument checked on every entry point);
+5. fixtures where the behaviour decides the answer (block sizes that change the bits).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers.flash import tiled
+
+PATHS = {
+    "fa1": tiled.tiled_attention_fa1,
+    "fa2": lambda q, k, v, **kw: tiled.tiled_attention_fa2(q, k, v, **kw)[0],
+    "flash": tiled.flash_attention,
+}
+
+
+def qkv(*shape: int, dtype: torch.dtype = torch.float32, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*shape, generator=generator, dtype=dtype) for _ in range(3))
+
+
+def reference(q, k, v, **kw):
+    return F.scaled_dot_product_attention(q, k, v, **kw)
+
+
+# --- 1. exact properties: buffers follow the inputs, not the defaults ------------------------------
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_tiled_attention_ignores_the_default_device(path, causal):
+    """Every buffer is made on q's device: under a `meta` default device a buffer made with
+    device=None would be a meta tensor, and mixing it with the CPU inputs would fail."""
+    q, k, v = qkv(2, 7, 4)
+    mask = torch.rand(2, 7, 9, generator=torch.Generator().manual_seed(1)) > 0.3
+    k, v = torch.cat([k, k[:, :2]], 1), torch.cat([v, v[:, :2]], 1)
+    with torch.no_grad():
+        expected = PATHS[path](q, k, v, mask=mask, causal=causal, block_q=3, block_k=4)
+        with torch.device("meta"):
+            got = PATHS[path](q, k, v, mask=mask, causal=causal, block_q=3, block_k=4)
+    assert got.device == q.device and torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_trace_tiles_ignores_the_default_device(causal):
+    q, k, v = qkv(5, 4)
+    expected = tiled.trace_tiles(q, k, v, 2, 2, causal=causal)
+    with torch.device("meta"):
+        got = tiled.trace_tiles(q, k, v, 2, 2, causal=causal)
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a.output, b.output) and torch.equal(a.row_max, b.row_max)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64], ids=str)
+def test_the_start_state_has_the_tiles_dtype_and_device(dtype):
+    q_tile = torch.randn(2, 3, 4, dtype=dtype)
+    with torch.device("meta"):
+        state = tiled.start_tile_state(q_tile, d_v=5)
+    assert state.row_max.shape == state.row_sum.shape == (2, 3)
+    assert state.acc.shape == (2, 3, 5)
+    for name, tensor in state._asdict().items():
+        assert (tensor.dtype, tensor.device) == (dtype, q_tile.device), name
+    assert torch.all(state.row_max == float("-inf"))
+    assert not state.row_sum.any() and not state.acc.any()
+
+
+# --- 2. against the reference: the statistics trace_tiles shows ----------------------------------
+
+def test_every_traced_tile_holds_the_papers_running_statistics():
+    q, k, v = qkv(5, 4, dtype=torch.float64)
+    snapshots = tiled.trace_tiles(q, k, v, block_q=2, block_k=3)
+    assert [(s.rows, s.cols) for s in snapshots] == [
+        (rows, cols) for rows in (slice(0, 2), slice(2, 4), slice(4, 5))
+        for cols in (slice(0, 3), slice(3, 5))]
+    scores = q @ k.T / 2.0  # scale 1 / sqrt(4)
+    for s in snapshots:
+        seen = scores[s.rows, : s.cols.stop]  # every key tile up to this one
+        row_max = seen.amax(dim=-1)
+        torch.testing.assert_close(s.row_max, row_max)
+        torch.testing.assert_close(s.row_sum, torch.exp(seen - row_max[:, None]).sum(-1))
+        torch.testing.assert_close(s.output, torch.softmax(seen, -1) @ v[: s.cols.stop])
+
+
+# --- 3. configuration: the defaults, and non-default values reaching the computation -------------
+
+@pytest.mark.parametrize("path", PATHS)
+def test_attention_is_not_causal_unless_asked(path):
+    q, k, v = qkv(1, 6, 4, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(PATHS[path](q, k, v, block_q=4, block_k=4), reference(q, k, v))
+
+
+def test_trace_tiles_is_not_causal_unless_asked():
+    q, k, v = qkv(4, 4)
+    assert len(tiled.trace_tiles(q, k, v, 2, 2)) == 4  # the causal trace skips the top-right tile
+    assert len(tiled.trace_tiles(q, k, v, 2, 2, causal=True)) == 3
+
+
+def test_the_documented_tile_sizes_are_the_defaults():
+    defaults = {name: p.default for name, p in
+                inspect.signature(tiled.tiled_attention_fa1).parameters.items()}
+    assert (defaults["block_q"], defaults["block_k"]) == (64, 64)
+    for fn in (tiled.tiled_attention_fa2, tiled.flash_attention):
+        parameters = inspect.signature(fn).parameters
+        assert parameters["block_q"].default == tiled.DEFAULT_BLOCK_Q == 512
+        assert parameters["block_k"].default == tiled.DEFAULT_BLOCK_K == 1024
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_non_default_scale_reaches_every_path(path):
+    q, k, v = qkv(2, 5, 4, dtype=torch.float64)
+    with torch.no_grad():
+        got = PATHS[path](q, k, v, scale=0.9, block_q=2, block_k=3)
+    torch.testing.assert_close(got, reference(q, k, v, scale=0.9))
+
+
+# --- 4. every check on every entry point ----------------------------------------------------------
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("mask, error, message", [
+    (torch.ones(4, 5), TypeError, "mask has dtype torch.float32, expected torch.bool"),
+    (torch.ones(3, 5, dtype=torch.bool), ValueError, r"mask has shape \(3, 5\)"),
+])
+def test_every_path_checks_the_mask(path, mask, error, message):
+    q, k, v = torch.randn(2, 4, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    with pytest.raises(error, match=message):
+        PATHS[path](q, k, v, mask=mask)
+
+
+@pytest.mark.parametrize("needs_grad", ["q", "k", "v"])
+def test_the_in_place_forward_refuses_any_one_input_that_needs_gradients(needs_grad):
+    args = dict(zip("qkv", qkv(4, 8), strict=True))
+    args[needs_grad].requires_grad_(True)
+    with pytest.raises(ValueError, match=r"^q, k or v requires grad, but tiled_attention_fa2 reuses "
+                       r"its tiles in place and has no autograd graph: call "
+                       r"flash_attention\(q, k, v, \.\.\.\) instead$"):
+        tiled.tiled_attention_fa2(**args)
+
+
+def test_a_bad_scale_is_named_before_the_gradient_rule():
+    q, k, v = qkv(4, 8)
+    with pytest.raises(ValueError, match="scale is -1.0"):
+        tiled.tiled_attention_fa2(q.requires_grad_(True), k, v, scale=-1.0)
+
+
+def test_trace_tiles_checks_its_arguments():
+    q, k, v = qkv(4, 8)
+    with pytest.raises(ValueError, match=r"^q has shape \(2, 4, 8\), expected one head \(N_q, d\)$"):
+        tiled.trace_tiles(q.expand(2, 4, 8), k, v, 2, 2)
+    with pytest.raises(TypeError, match=r"causal is 'no' \(str\), expected True or False"):
+        tiled.trace_tiles(q, k, v, 2, 2, causal="no")
+    with pytest.raises(ValueError, match="expected n_k >= n_q = 4 for causal attention"):
+        tiled.trace_tiles(q, k[:3], v[:3], 2, 2, causal=True)
+
+
+# --- 5. fixtures where the behaviour decides: tile sizes that change the bits --------------------
+
+def test_flash_attention_tiles_as_it_is_told():
+    """The forward of flash_attention is tiled_attention_fa2 with the same tiles, bit for bit; the
+    fixture is chosen so that another key tile size changes the bits (the online softmax rounds
+    differently), so a tile size lost on the way would show."""
+    q, k, v = qkv(2, 9, 8, seed=3)
+    k, v = torch.cat([k] * 4, 1), torch.cat([v] * 4, 1)
+    with torch.no_grad():
+        expected, _ = tiled.tiled_attention_fa2(q, k, v, block_q=5, block_k=8)
+        got = tiled.flash_attention(q, k, v, block_q=5, block_k=8)
+        for block_q in (8, 5):  # one key tile, whatever the query tiles
+            one_key_tile, _ = tiled.tiled_attention_fa2(q, k, v, block_q=block_q, block_k=1024)
+            assert not torch.equal(one_key_tile, expected)
+    assert torch.equal(got, expected)
