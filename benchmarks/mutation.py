@@ -8,8 +8,8 @@
 Slow (minutes per module), so not in CI. For each module it:
   1. copies helpers/, tests/, data/ and pyproject.toml into a scratch folder (--workdir, outside the
      repository) and appends a [tool.mutmut] table there: mutate that one module, run only the
-     test files that MODULE_TESTS maps to it, stop at the first failure (-x), a fixed hypothesis
-     seed. The repository's own pyproject.toml carries no mutmut configuration;
+     test files that MODULE_TESTS maps to it less SLOW_TESTS, stop at the first failure (-x), a
+     fixed hypothesis seed. The repository's own pyproject.toml carries no mutmut configuration;
   2. runs `mutmut run` there (mutmut runs, for each mutant, only the tests that call the mutated
      function; a mutant is a timeout when it runs longer than
      (the tests' clean time + --timeout-constant) x --timeout-multiplier x 2 CPU seconds);
@@ -75,11 +75,20 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_train.py", "tests/test_properties.py", "tests/test_bad_input.py",
         "tests/test_bad_input_newer.py", "tests/test_properties_exact.py",
     ],
+    "helpers/training/speed.py": [
+        "tests/test_train.py", "tests/test_properties.py", "tests/test_bad_input.py",
+        "tests/test_bad_input_newer.py", "tests/test_properties_exact.py",
+    ],
     "helpers/scale/sharded.py": [
         "tests/test_distributed.py", "tests/test_properties.py", "tests/test_bad_input_newer.py",
         "tests/test_properties_exact.py",
     ],
 }
+
+# Tests left out of every run (--deselect): each costs tens of seconds per mutant it covers.
+SLOW_TESTS = [
+    "tests/test_train.py::test_compiled_trainer_computes_the_same_loss_and_trains",  # torch.compile
+]
 
 # mutmut's exit-code verdicts, folded into the report's columns.
 STATUS_COLUMN = {
@@ -256,7 +265,9 @@ def mutmut_config(module: str, tests: list[str], timeout_multiplier: float,
         f"only_mutate = {toml_list([module])}",
         'also_copy = ["data"]',
         f"pytest_add_cli_args_test_selection = {toml_list(tests)}",
-        'pytest_add_cli_args = ["-x", "-q", "-p", "no:cacheprovider", "--hypothesis-seed=0"]',
+        "pytest_add_cli_args = " + toml_list(
+            ["-x", "-q", "-p", "no:cacheprovider", "--hypothesis-seed=0"]
+            + [arg for test in SLOW_TESTS for arg in ("--deselect", test)]),
         f"timeout_multiplier = {timeout_multiplier}",
         f"timeout_constant = {timeout_constant}",
         "use_git_change_detection = false",

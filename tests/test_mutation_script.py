@@ -77,6 +77,9 @@ def test_every_mapped_module_and_test_file_exists():
     for module, tests in mutation.MODULE_TESTS.items():
         assert (ROOT / module).is_file(), module
         assert tests and all((ROOT / t).is_file() for t in tests), (module, tests)
+    for test in mutation.SLOW_TESTS:
+        path, name = test.split("::")
+        assert f"def {name}(" in (ROOT / path).read_text("utf-8"), test
 
 
 def test_mutant_names_and_diffs_are_read():
@@ -118,3 +121,4 @@ def test_generated_config_mutates_one_module_with_its_tests():
     assert table["only_mutate"] == [MODULE] and table["source_paths"] == ["helpers"]
     assert table["pytest_add_cli_args_test_selection"] == ["tests/test_flash.py"]
     assert (table["timeout_multiplier"], table["timeout_constant"]) == (5.0, 2.0)
+    assert table["pytest_add_cli_args"][-2:] == ["--deselect", mutation.SLOW_TESTS[-1]]

@@ -151,6 +151,19 @@ def test_the_in_place_forward_refuses_any_one_input_that_needs_gradients(needs_g
         tiled.tiled_attention_fa2(**args)
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("bad, error, message", [
+    (dict(causal="no", scale=-1.0), TypeError, "causal is 'no'"),
+    (dict(scale=-1.0, mask=torch.ones(4, 5)), ValueError, "scale is -1.0"),
+])
+def test_with_two_bad_arguments_every_path_names_the_same_one_first(path, bad, error, message):
+    """The checks run in one order (q, k, v, tiles, causal, scale, mask) on every entry point, so
+    a wrong call gets the same message whichever function it reached."""
+    q, k, v = torch.randn(2, 4, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    with pytest.raises(error, match=message):
+        PATHS[path](q, k, v, **bad)
+
+
 def test_a_bad_scale_is_named_before_the_gradient_rule():
     q, k, v = qkv(4, 8)
     with pytest.raises(ValueError, match="scale is -1.0"):
