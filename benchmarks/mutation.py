@@ -120,6 +120,7 @@ class ModuleResult:
     seconds: float = 0.0
     tests: list[str] = field(default_factory=list)
     date: str = ""
+    history: list[dict[str, object]] = field(default_factory=list)  # earlier runs' summary rows
 
 
 def function_of(mutant_name: str) -> str:
@@ -144,7 +145,8 @@ def changed_lines(diff: str) -> tuple[str, str]:
     return "\n".join(before), "\n".join(after)
 
 
-def load_equivalents(path: Path = EQUIVALENT) -> list[dict[str, str]]:
+def load_equivalents(path: Path | None = None) -> list[dict[str, str]]:
+    path = EQUIVALENT if path is None else path
     if not path.exists():
         return []
     if tomllib is None:
@@ -188,6 +190,14 @@ def summary(result: ModuleResult, equivalents: list[dict[str, str]]) -> dict[str
             "equivalent_reasons": found, "stale": stale}
 
 
+def history_row(result: ModuleResult, equivalents: list[dict[str, str]]) -> dict[str, object]:
+    """The summary of a run, kept when a rerun replaces it (so the report shows before and after)."""
+    s = summary(result, equivalents)
+    row = {k: s[k] for k in ("total", "killed", "survived", "timeout", "other", "equivalent")}
+    return {"date": result.date, **row, "score": round(s["score"], 4),
+            "seconds": round(result.seconds, 1)}
+
+
 def render_report(results: dict[str, ModuleResult], equivalents: list[dict[str, str]]) -> str:
     lines = [
         "# Mutation testing",
@@ -195,7 +205,8 @@ def render_report(results: dict[str, ModuleResult], equivalents: list[dict[str, 
         "Written by `benchmarks/mutation.py` (mutmut 3) from `benchmarks/mutation_results.json`;",
         "equivalent mutants are judged in `benchmarks/mutation_equivalent.toml`.",
         "Score = killed / (total - equivalent); a timeout counts as neither.",
-        "Time: wall time of the module's run on the machine named in the date column.",
+        "Time: wall time of the module's `mutmut run` (niced, on a shared machine: a rough size, not",
+        "a benchmark). Timeouts: CPU time past (clean test time + constant) x multiplier x 2.",
         "",
         "| module | total | killed | survived | timeout | other | equivalent | score | time | run |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
@@ -207,6 +218,14 @@ def render_report(results: dict[str, ModuleResult], equivalents: list[dict[str, 
             f"| `{name}` | {s['total']} | {s['killed']} | {s['survived']} | {s['timeout']} | "
             f"{s['other']} | {s['equivalent']} | {100 * s['score']:.1f} % | "
             f"{result.seconds / 60:.1f} min | {result.date} |")
+    earlier = [(name, row) for name, result in sorted(results.items()) for row in result.history]
+    if earlier:
+        lines += ["", "Earlier runs (replaced by the rows above; equivalents as judged then):", "",
+                  "| module | total | killed | survived | timeout | other | equivalent | score | time | run |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        lines += [f"| `{name}` | {r['total']} | {r['killed']} | {r['survived']} | {r['timeout']} | "
+                  f"{r['other']} | {r['equivalent']} | {100 * r['score']:.1f} % | "
+                  f"{r['seconds'] / 60:.1f} min | {r['date']} |" for name, r in earlier]
     for name, s in summaries.items():
         result = results[name]
         lines += ["", f"## `{name}`", "", "Tests: " + ", ".join(f"`{t}`" for t in result.tests)]
@@ -230,25 +249,30 @@ def render_report(results: dict[str, ModuleResult], equivalents: list[dict[str, 
     return "\n".join(lines) + "\n"
 
 
-def load_results(path: Path = RESULTS) -> dict[str, ModuleResult]:
+def load_results(path: Path | None = None) -> dict[str, ModuleResult]:
+    path = RESULTS if path is None else path
     if not path.exists():
         return {}
     stored = json.loads(path.read_text("utf-8"))
     return {name: ModuleResult(module=name, mutants=[Mutant(**m) for m in entry["mutants"]],
-                               seconds=entry["seconds"], tests=entry["tests"], date=entry["date"])
+                               seconds=entry["seconds"], tests=entry["tests"], date=entry["date"],
+                               history=entry.get("history", []))
             for name, entry in stored.items()}
 
 
-def save_results(results: dict[str, ModuleResult], path: Path = RESULTS) -> None:
+def save_results(results: dict[str, ModuleResult], path: Path | None = None) -> None:
+    path = RESULTS if path is None else path
     stored = {name: {"seconds": round(r.seconds, 1), "tests": r.tests, "date": r.date,
+                     "history": r.history,
                      "mutants": [{"name": m.name, "status": m.status, "diff": m.diff}
                                  for m in sorted(r.mutants, key=lambda m: m.name)]}
               for name, r in sorted(results.items())}
     path.write_text(json.dumps(stored, indent=1, ensure_ascii=False) + "\n", "utf-8")
 
 
-def write_report(results: dict[str, ModuleResult], report: Path = REPORT,
-                 equivalent: Path = EQUIVALENT) -> str:
+def write_report(results: dict[str, ModuleResult], report: Path | None = None,
+                 equivalent: Path | None = None) -> str:
+    report = REPORT if report is None else report
     text = render_report(results, load_equivalents(equivalent))
     report.write_text(text, "utf-8")
     return text
@@ -368,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     for module in args.module:
         result = run_module(module, args)
         results = load_results()  # read again: another module's run may have finished meanwhile
+        if module in results:
+            old = results[module]
+            result.history = [*old.history, history_row(old, load_equivalents())]
         results[module] = result
         save_results(results)
         print(f"{module}: {result.seconds / 60:.1f} min")

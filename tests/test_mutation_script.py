@@ -105,6 +105,22 @@ def test_report_scores_and_names_the_equivalents(tmp_path):
     assert "x__tiles__mutmut_7`: `return" in text and "made up for the test" in text
     assert "x__tiles__mutmut_8` (survived)" in text and "x_finish__mutmut_1` (no tests)" in text
     assert "Stale judgements" in text and "a line no mutant changes" in text
+    assert "Earlier runs" not in text
+
+
+def test_a_rerun_keeps_the_earlier_score(tmp_path, monkeypatch):
+    monkeypatch.setattr(mutation, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(mutation, "REPORT", tmp_path / "MUTATION.md")
+    monkeypatch.setattr(mutation, "EQUIVALENT", tmp_path / "eq.toml")
+    (tmp_path / "eq.toml").write_text(EQUIVALENT, "utf-8")
+    mutation.save_results({MODULE: fake_result()})
+    better = fake_result()
+    better.mutants[7].status = "killed"  # the test written for x__tiles__mutmut_8
+    monkeypatch.setattr(mutation, "run_module", lambda module, args: better)
+    assert mutation.main(["--module", MODULE]) == 0
+    text = (tmp_path / "MUTATION.md").read_text("utf-8")
+    assert f"| `{MODULE}` | 10 | 7 | 2 | 1 | 0 | 1 | 77.8 % |" in text
+    assert "Earlier runs" in text and f"| `{MODULE}` | 10 | 6 | 3 | 1 | 0 | 1 | 66.7 % |" in text
 
 
 def test_an_incomplete_judgement_is_refused(tmp_path):

@@ -141,6 +141,37 @@ def test_every_path_checks_the_mask(path, mask, error, message):
         PATHS[path](q, k, v, mask=mask)
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("k_batch, v_batch", [(1, 2), (2, 1)])
+def test_tiles_need_equal_leading_dimensions_not_broadcast_ones(path, k_batch, v_batch):
+    """Plain attention broadcasts (1, ...) against (2, ...); tiling does not, for k or v alike."""
+    q, k, v = torch.randn(2, 4, 8), torch.randn(k_batch, 5, 8), torch.randn(v_batch, 5, 8)
+    shapes = rf"\(2, 4, 8\), \({k_batch}, 5, 8\), \({v_batch}, 5, 8\)"
+    with pytest.raises(ValueError, match=rf"^q, k, v have shapes {shapes}: expected the same "
+                       r"leading \(batch, head\) dimensions$"):
+        PATHS[path](q, k, v)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("blocks, message", [
+    (dict(block_k=0), "block_k is 0"),
+    (dict(block_q=True), "block_q is True"),
+    (dict(block_k=2.5), "block_k is 2.5"),
+])
+def test_every_path_names_a_bad_tile_size(path, blocks, message):
+    q, k, v = qkv(2, 4, 8)
+    with pytest.raises(ValueError, match=rf"^{message}, expected a positive int \(rows per tile\)$"):
+        PATHS[path](q, k, v, **blocks)
+
+
+def test_check_causal_alone_checks_the_type_only():
+    """Without sizes (the Triton wrapper's first call) it checks the flag's type, nothing else."""
+    tiled.check_causal(True)
+    tiled.check_causal(False)
+    with pytest.raises(TypeError, match="causal is 1"):
+        tiled.check_causal(1)
+
+
 @pytest.mark.parametrize("needs_grad", ["q", "k", "v"])
 def test_the_in_place_forward_refuses_any_one_input_that_needs_gradients(needs_grad):
     args = dict(zip("qkv", qkv(4, 8), strict=True))
