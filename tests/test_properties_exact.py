@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.flash import tiled
+from helpers.model import attention
 
 PATHS = {
     "fa1": tiled.tiled_attention_fa1,
@@ -78,6 +79,31 @@ def test_the_start_state_has_the_tiles_dtype_and_device(dtype):
     assert not state.row_sum.any() and not state.acc.any()
 
 
+MASKS = {  # each mask function with arguments that give a (4, 4) or (4, 6) mask, and device
+    "causal": lambda device: attention.causal_mask(4, 6, device=device),
+    "bidirectional": lambda device: attention.bidirectional_mask(4, 6, device=device),
+    "local": lambda device: attention.local_mask(4, 1, device=device),
+    "strided": lambda device: attention.strided_mask(4, 2, device=device),
+    "global": lambda device: attention.global_mask(4, [1], device=device),
+}
+
+
+@pytest.mark.parametrize("name", MASKS)
+def test_masks_are_made_on_the_device_asked_for_not_the_default_one(name):
+    expected = MASKS[name]("cpu")
+    with torch.device("meta"):
+        got = MASKS[name]("cpu")
+    assert got.device.type == "cpu" and torch.equal(got, expected)
+
+
+def test_the_padding_mask_follows_the_lengths_device():
+    lengths = torch.tensor([2, 0, 3])
+    expected = attention.padding_mask(lengths, 3)
+    with torch.device("meta"):
+        got = attention.padding_mask(lengths, 3)
+    assert got.device.type == "cpu" and torch.equal(got, expected)
+
+
 # --- 2. against the reference: the statistics trace_tiles shows ----------------------------------
 
 def test_every_traced_tile_holds_the_papers_running_statistics():
@@ -93,6 +119,16 @@ def test_every_traced_tile_holds_the_papers_running_statistics():
         torch.testing.assert_close(s.row_max, row_max)
         torch.testing.assert_close(s.row_sum, torch.exp(seen - row_max[:, None]).sum(-1))
         torch.testing.assert_close(s.output, torch.softmax(seen, -1) @ v[: s.cols.stop])
+
+
+def test_the_softmax_jacobian_of_a_batch_is_autograds_row_by_row():
+    a = torch.softmax(torch.randn(3, 4, dtype=torch.float64), -1)
+    got = attention.softmax_jacobian(a)
+    assert got.shape == (3, 4, 4)
+    for row, jacobian in zip(a, got, strict=True):
+        expected = torch.autograd.functional.jacobian(
+            lambda s: torch.softmax(s, -1), torch.log(row))  # softmax(log a) = a
+        torch.testing.assert_close(jacobian, expected)
 
 
 # --- 3. configuration: the defaults, and non-default values reaching the computation -------------
@@ -209,6 +245,81 @@ def test_trace_tiles_checks_its_arguments():
         tiled.trace_tiles(q, k, v, 2, 2, causal="no")
     with pytest.raises(ValueError, match="expected n_k >= n_q = 4 for causal attention"):
         tiled.trace_tiles(q, k[:3], v[:3], 2, 2, causal=True)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: attention.causal_mask(0), ValueError, "^n_q is 0, expected a positive int$"),
+    (lambda: attention.causal_mask(2, 0), ValueError, "^n_k is 0, expected a positive int$"),
+    (lambda: attention.bidirectional_mask(0), ValueError, "^n_q is 0, expected a positive int$"),
+    (lambda: attention.bidirectional_mask(2, 0), ValueError, "^n_k is 0, expected a positive int$"),
+    (lambda: attention.local_mask(0, 1), ValueError, "^n is 0, expected a positive int$"),
+    (lambda: attention.strided_mask(0, 1), ValueError, "^n is 0, expected a positive int$"),
+    (lambda: attention.global_mask(0, []), ValueError, "^n is 0, expected a positive int$"),
+    (lambda: attention.padding_mask(torch.tensor([1]), 0), ValueError,
+     "^n_k is 0, expected a positive int$"),
+    (lambda: attention.padding_mask(torch.tensor([True]), 2), TypeError,
+     r"^lengths has dtype torch.bool, expected an integer tensor of token counts \(a length of "
+     r"2.5 tokens means nothing\): use lengths.long\(\)$"),
+    (lambda: attention.softmax([1.0]), TypeError, "^x is a list, expected a torch.Tensor$"),
+    (lambda: attention.softmax_jacobian([0.5]), ValueError,
+     r"^a is list, expected a tensor of probabilities of shape \(\.\.\., n\)$"),
+    (lambda: attention.softmax_jacobian(torch.tensor(1.0)), ValueError,
+     r"^a is \(\), expected a tensor of probabilities"),
+    (lambda: attention.check_scale(-1.0), ValueError,
+     r"^scale is -1.0, expected a finite number > 0 such as 1/sqrt\(d_k\)$"),
+])
+def test_mask_and_softmax_helpers_name_the_bad_argument(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (dict(k=[1.0]), TypeError, "^k is a list, expected a torch.Tensor$"),
+    (dict(v=torch.ones(3)), ValueError, r"^v has shape \(3,\), expected \(\.\.\., N, d\) with 2\+ dims$"),
+    (dict(k=torch.ones(2, 5, 8, dtype=torch.long)), TypeError,
+     "^k has dtype torch.int64, expected a floating-point tensor$"),
+    (dict(q=torch.ones(2, 4, 0), k=torch.ones(2, 5, 0)), ValueError,
+     r"^q has shape \(2, 4, 0\): d_k is 0, expected d_k >= 1$"),
+    (dict(k=torch.ones(2, 0, 8), v=torch.ones(2, 0, 8)), ValueError,
+     r"^k has shape \(2, 0, 8\): N_k is 0, expected at least one key$"),
+    (dict(k=torch.ones(2, 5, 3)), ValueError, "must match, got 8 and 3$"),
+    (dict(k=torch.ones(3, 5, 8)), ValueError, "do not broadcast$"),
+    (dict(v=torch.ones(3, 5, 8)), ValueError, "do not broadcast$"),
+    (dict(k=torch.ones(2, 5, 8, device="meta")), ValueError,
+     r"^q is on cpu, k on meta and v on cpu: expected all three on one device \(move them with "
+     r"\.to\(device\)\)$"),
+    (dict(mask=[True]), TypeError, "^mask is a list, expected a boolean torch.Tensor$"),
+    (dict(mask=torch.ones(4, 5)), TypeError, r"expected torch.bool \(True = may attend\); for a "
+     r"0/1 mask use mask.bool\(\)$"),
+    (dict(mask=torch.ones(3, 5, dtype=torch.bool)), ValueError,
+     r"^mask has shape \(3, 5\), expected a shape broadcastable to \(\.\.\., 4, 5\) to match "
+     r"scores of shape \(2, 4, 5\)$"),
+])
+def test_attention_names_the_bad_argument_exactly(change, error, message):
+    args = dict(q=torch.ones(2, 4, 8), k=torch.ones(2, 5, 8), v=torch.ones(2, 5, 8))
+    args.update(change)
+    with pytest.raises(error, match=message):
+        attention.scaled_dot_product_attention(**args)
+
+
+def test_a_mask_of_another_shape_is_named_with_the_scores_last_two_sizes():
+    """(..., N_q, N_k) are the scores' last two sizes, also in 4-D."""
+    q, k = torch.ones(1, 2, 4, 8), torch.ones(1, 2, 5, 8)
+    with pytest.raises(ValueError, match=r"broadcastable to \(\.\.\., 4, 5\)"):
+        attention.scaled_dot_product_attention(q, k, k, mask=torch.ones(3, 5, dtype=torch.bool))
+
+
+def test_the_mask_shapes_follow_their_arguments():
+    assert attention.bidirectional_mask(2, 3).shape == (2, 3)
+    assert attention.bidirectional_mask(2).shape == (2, 2)
+    assert attention.strided_mask(4, 2, causal=False)[0].tolist() == [True, False, True, False]
+    assert attention.strided_mask(4, 2)[0].tolist() == [True, False, False, False]
+
+
+def test_global_tokens_given_as_a_small_integer_tensor_are_positions():
+    """A uint8 tensor would index as a boolean mask; the positions are made long first."""
+    expected = attention.global_mask(4, [0, 2])
+    assert torch.equal(attention.global_mask(4, torch.tensor([0, 2], dtype=torch.uint8)), expected)
 
 
 # --- 5. fixtures where the behaviour decides: tile sizes that change the bits --------------------
