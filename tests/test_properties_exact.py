@@ -18,9 +18,11 @@ import inspect
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from helpers.flash import tiled
 from helpers.model import attention
+from helpers.training import speed
 
 PATHS = {
     "fa1": tiled.tiled_attention_fa1,
@@ -104,6 +106,20 @@ def test_the_padding_mask_follows_the_lengths_device():
     assert got.device.type == "cpu" and torch.equal(got, expected)
 
 
+def test_one_buffer_holds_the_weights_in_the_dtype_asked_for():
+    params = [nn.Parameter(torch.randn(2, 3)), nn.Parameter(torch.randn(3))]
+    buffer = speed.flatten_into_one_buffer(params, torch.bfloat16)
+    assert buffer.dtype == torch.bfloat16 and buffer.shape == (9,)
+    assert all(p.dtype == torch.bfloat16 and p.data_ptr() >= buffer.data_ptr() for p in params)
+
+
+def test_the_master_weights_are_float32_whatever_the_models_dtype():
+    model = nn.Linear(3, 2).to(torch.bfloat16)
+    flat = speed.FlatWeights(model, torch.bfloat16)
+    assert flat.weights.dtype == flat.gradients.dtype == torch.float32
+    assert flat.working_weights.dtype == torch.bfloat16
+
+
 # --- 2. against the reference: the statistics trace_tiles shows ----------------------------------
 
 def test_every_traced_tile_holds_the_papers_running_statistics():
@@ -154,6 +170,45 @@ def test_the_documented_tile_sizes_are_the_defaults():
         parameters = inspect.signature(fn).parameters
         assert parameters["block_q"].default == tiled.DEFAULT_BLOCK_Q == 512
         assert parameters["block_k"].default == tiled.DEFAULT_BLOCK_K == 1024
+
+
+@pytest.mark.parametrize("avx512, amx", [(True, False), (False, True), (False, False)])
+def test_native_bf16_is_either_probe(monkeypatch, avx512, amx):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    assert speed.cpu_has_native_bf16() is (avx512 or amx)
+
+
+@pytest.mark.parametrize("missing", ["_is_avx512_bf16_supported", "_is_amx_tile_supported"])
+def test_a_torch_without_a_probe_has_no_native_bf16_by_it(monkeypatch, missing):
+    """torch >= 2.2 is allowed; a release without one of the probes counts it as absent."""
+    other = {"_is_avx512_bf16_supported", "_is_amx_tile_supported"} - {missing}
+    monkeypatch.setattr(torch.cpu, other.pop(), lambda: False, raising=False)
+    monkeypatch.delattr(torch.cpu, missing, raising=False)
+    assert speed.cpu_has_native_bf16() is False
+
+
+def test_a_torch_without_torch_cpu_has_no_native_bf16(monkeypatch):
+    monkeypatch.delattr(torch, "cpu")
+    assert speed.cpu_has_native_bf16() is False
+
+
+@pytest.mark.parametrize("model, matrices, vectors", [
+    (nn.LayerNorm(4), 0, 2),          # vectors only: no decayed group at all
+    (nn.Linear(3, 2, bias=False), 1, 0),  # matrices only: no undecayed group
+    (nn.Linear(3, 2), 1, 1),
+])
+def test_the_weight_decay_split_has_no_empty_group(model, matrices, vectors):
+    decayed, undecayed = speed.FlatWeights(model, torch.float32).matrices_and_vectors()
+    assert (len(decayed), len(undecayed)) == (min(matrices, 1), min(vectors, 1))
+    sizes = [p.numel() for p in model.parameters()]
+    assert sum(t.numel() for t in decayed + undecayed) == sum(sizes)
+
+
+def test_compile_loss_compiles_the_loss_it_is_given(monkeypatch):
+    monkeypatch.setattr(torch, "compile", lambda fn: ("compiled", fn))
+    loss = lambda x, y: (x - y).sum()  # noqa: E731
+    assert speed.compile_loss(loss) == ("compiled", loss)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -307,6 +362,25 @@ def test_a_mask_of_another_shape_is_named_with_the_scores_last_two_sizes():
     q, k = torch.ones(1, 2, 4, 8), torch.ones(1, 2, 5, 8)
     with pytest.raises(ValueError, match=r"broadcastable to \(\.\.\., 4, 5\)"):
         attention.scaled_dot_product_attention(q, k, k, mask=torch.ones(3, 5, dtype=torch.bool))
+
+
+def test_the_fast_path_names_what_it_cannot_train():
+    model = nn.Linear(3, 2)
+    model.bias.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"^FlatWeights trains every parameter, and this model has "
+                       r"frozen ones \(requires_grad=False\): use TrainConfig\(fast=False\)$"):
+        speed.FlatWeights(model, torch.float32)
+    flat = speed.FlatWeights(nn.Linear(3, 2), torch.float32)
+    flat.params[0].data = flat.params[0].data.clone()
+    with pytest.raises(RuntimeError, match=r"\(by \.to\(\), \.float\(\) or similar\): make a new "
+                       r"Trainer$"):
+        flat.zero_gradients()
+
+
+def test_a_bad_course_precision_says_unset_is_fine(monkeypatch):
+    monkeypatch.setenv("COURSE_PRECISION", "fp16")
+    with pytest.raises(ValueError, match=r"expected one of fp32, bf16, auto \(or unset\)$"):
+        speed.precision_from_environment()
 
 
 def test_the_mask_shapes_follow_their_arguments():
