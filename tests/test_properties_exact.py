@@ -58,6 +58,24 @@ def test_tiled_attention_ignores_the_default_device(path, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
+def test_the_log_sum_exp_and_the_backward_ignore_the_default_device(causal):
+    q, k, v = qkv(2, 7, 4)
+    with torch.no_grad():
+        expected = tiled.tiled_attention_fa2(q, k, v, causal=causal, block_q=3, block_k=4)
+        with torch.device("meta"):
+            got = tiled.tiled_attention_fa2(q, k, v, causal=causal, block_q=3, block_k=4)
+    for a, b in zip(got, expected, strict=True):
+        assert a.device == q.device and torch.equal(a, b)
+    # the backward itself (autograd runs it outside the default-device context)
+    args = (q, k, v, *expected, torch.ones_like(expected[0]), None, causal, 0.5, 3, 4)
+    grads = tiled.tiled_attention_backward(*args)
+    with torch.device("meta"):
+        grads_meta = tiled.tiled_attention_backward(*args)
+    for a, b in zip(grads_meta, grads, strict=True):
+        assert a.device == q.device and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("causal", [False, True])
 def test_trace_tiles_ignores_the_default_device(causal):
     q, k, v = qkv(5, 4)
     expected = tiled.trace_tiles(q, k, v, 2, 2, causal=causal)
@@ -160,6 +178,15 @@ def test_trace_tiles_is_not_causal_unless_asked():
     q, k, v = qkv(4, 4)
     assert len(tiled.trace_tiles(q, k, v, 2, 2)) == 4  # the causal trace skips the top-right tile
     assert len(tiled.trace_tiles(q, k, v, 2, 2, causal=True)) == 3
+
+
+def test_the_algorithm_1_loop_tiles_by_64_unless_told():
+    """Another tile size changes the bits (the merge order), so the default is seen exactly."""
+    q, k, v = qkv(1, 130, 16)
+    default = tiled.tiled_attention_fa1(q, k, v)
+    assert torch.equal(default, tiled.tiled_attention_fa1(q, k, v, block_q=64, block_k=64))
+    assert not torch.equal(default, tiled.tiled_attention_fa1(q, k, v, block_q=65))
+    assert not torch.equal(default, tiled.tiled_attention_fa1(q, k, v, block_k=65))
 
 
 def test_the_documented_tile_sizes_are_the_defaults():
