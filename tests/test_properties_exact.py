@@ -232,6 +232,55 @@ def test_the_weight_decay_split_has_no_empty_group(model, matrices, vectors):
     assert sum(t.numel() for t in decayed + undecayed) == sum(sizes)
 
 
+def optimizer_settings(optimizer: torch.optim.Optimizer) -> list[tuple]:
+    return [(g["lr"], g["betas"], g["weight_decay"], g["fused"], g["foreach"])
+            for g in optimizer.param_groups]
+
+
+def test_make_optimizer_takes_its_settings_and_the_fused_kernel_by_default():
+    model = nn.Linear(3, 2)
+    try:  # PyTorch has a fused CPU AdamW since 2.4; before, the foreach fallback is expected
+        torch.optim.AdamW([nn.Parameter(torch.ones(1))], fused=True)
+        fused, foreach = True, None
+    except (RuntimeError, TypeError):
+        fused, foreach = None, True
+    default = speed.make_optimizer([model.weight], [model.bias], lr=0.25, weight_decay=0.3)
+    assert optimizer_settings(default) == [(0.25, (0.9, 0.99), 0.3, fused, foreach),
+                                           (0.25, (0.9, 0.99), 0.0, fused, foreach)]
+    plain = speed.make_optimizer([model.weight], [], lr=0.5, weight_decay=0.2,
+                                 betas=(0.8, 0.9), fused=False)
+    assert optimizer_settings(plain) == [(0.5, (0.8, 0.9), 0.2, None, False)]
+
+
+def test_without_a_fused_kernel_make_optimizer_takes_the_foreach_one(monkeypatch):
+    real = torch.optim.AdamW
+
+    def no_fused_kernel(*args, fused=None, **kwargs):
+        if fused:
+            raise RuntimeError("no fused AdamW for this device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", no_fused_kernel)
+    model = nn.Linear(3, 2)
+    optimizer = speed.make_optimizer([model.weight], [model.bias], lr=0.25, weight_decay=0.3,
+                                     betas=(0.8, 0.9))
+    assert optimizer_settings(optimizer) == [(0.25, (0.8, 0.9), 0.3, None, True),
+                                             (0.25, (0.8, 0.9), 0.0, None, True)]
+
+
+def test_auto_precision_is_the_default_and_reads_the_device(monkeypatch):
+    """Only a CUDA device asks CUDA about bf16; a CPU asks its own probes."""
+    monkeypatch.delenv("COURSE_PRECISION", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: False)
+    assert speed.pick_dtype(torch.device("cpu")) == torch.float32
+    assert speed.pick_dtype(torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: True)
+    assert speed.pick_dtype(torch.device("cpu")) == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert speed.pick_dtype(torch.device("cuda")) == torch.float32
+
+
 def test_compile_loss_compiles_the_loss_it_is_given(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn: ("compiled", fn))
     loss = lambda x, y: (x - y).sum()  # noqa: E731
