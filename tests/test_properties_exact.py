@@ -17,11 +17,14 @@ import inspect
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from helpers.flash import tiled
 from helpers.model import attention
+from helpers.scale import sharded
+from helpers.scale.data_parallel import Run, make_model, max_difference, train_single
 from helpers.training import speed
 
 PATHS = {
@@ -163,6 +166,51 @@ def test_the_softmax_jacobian_of_a_batch_is_autograds_row_by_row():
         expected = torch.autograd.functional.jacobian(
             lambda s: torch.softmax(s, -1), torch.log(row))  # softmax(log a) = a
         torch.testing.assert_close(jacobian, expected)
+
+
+@pytest.fixture
+def one_rank():
+    """A one-process gloo group in this process: the workers' code runs here, where a mutation
+    tool (and a debugger) can see it; with one rank, sharded must equal unsharded exactly."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("task", [sharded.train_zero_by_hand, sharded.train_zero_torch])
+def test_zero_on_one_rank_is_adamw_bit_for_bit(one_rank, task):
+    run = Run(model="gpt", steps=2, lr=0.01)
+    result = task(0, 1, run)
+    assert result["max_gap"] == 0.0
+    n_bytes = sum(p.numel() * p.element_size() for p in make_model(run).parameters())
+    assert result["state_bytes"] == result["full_state_bytes"] == 2 * n_bytes  # m and v
+    if task is sharded.train_zero_by_hand:
+        assert result["owned"] == result["parameters"] == len(list(make_model(run).parameters()))
+
+
+def test_fsdp_on_one_rank_holds_every_weight_and_trains_as_one_process(one_rank):
+    run = Run(model="gpt", steps=2)
+    result = sharded.train_fsdp(0, 1, run)
+    assert result["local_bytes"] == result["full_bytes"] and result["kind"] == "DTensor"
+    assert max_difference(result["weights"], train_single(run)) == 0.0
+
+
+def test_the_sharded_optimizers_defaults_are_torchs_adamw_with_decay_on_matrices():
+    torch.manual_seed(0)
+    ours, theirs = nn.Linear(4, 3).double(), nn.Linear(4, 3).double()
+    theirs.load_state_dict(ours.state_dict())
+    hand = sharded.ShardedAdamW(ours.parameters(), rank=0, world_size=1)
+    reference = torch.optim.AdamW([{"params": [theirs.weight], "weight_decay": 0.1},
+                                   {"params": [theirs.bias], "weight_decay": 0.0}],
+                                  lr=0.1, betas=(0.9, 0.99), eps=1e-8, foreach=False)
+    for step in range(3):
+        for model in (ours, theirs):
+            model.zero_grad(set_to_none=True)
+            model(torch.full((2, 4), step + 1.0, dtype=torch.float64)).pow(2).sum().backward()
+        hand.step(lr=0.1)
+        reference.step()
+    for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-15)
 
 
 # --- 3. configuration: the defaults, and non-default values reaching the computation -------------
@@ -457,6 +505,24 @@ def test_a_bad_course_precision_says_unset_is_fine(monkeypatch):
     monkeypatch.setenv("COURSE_PRECISION", "fp16")
     with pytest.raises(ValueError, match=r"expected one of fp32, bf16, auto \(or unset\)$"):
         speed.precision_from_environment()
+
+
+@pytest.mark.parametrize("params, kwargs, message", [
+    ([], {}, r"^params is empty or holds something other than tensors, expected the model's "
+     r"parameters \(model.parameters\(\)\)$"),
+    (["a"], {}, "^params is empty or holds something other than tensors"),
+    (None, {"weight_decay": -1.0}, r"^weight_decay is -1.0, expected a number in \[0, inf\)$"),
+    (None, {"weight_decay": float("inf")}, r"^weight_decay is inf, expected a number in \[0, inf\)$"),
+])
+def test_the_sharded_optimizer_names_what_is_wrong(params, kwargs, message):
+    params = [nn.Parameter(torch.ones(2))] if params is None else params
+    with pytest.raises(ValueError, match=message):
+        sharded.ShardedAdamW(params, rank=0, world_size=1, **kwargs)
+
+
+def test_owners_need_a_positive_world_size():
+    with pytest.raises(ValueError, match="^world_size is 0, expected a positive int$"):
+        sharded.assign_owners([3, 2], 0)
 
 
 def test_the_mask_shapes_follow_their_arguments():
