@@ -86,6 +86,16 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
 }
 
+# What a reader of a module's score should know, printed under its heading in MUTATION.md.
+MODULE_NOTES: dict[str, str] = {
+    "helpers/scale/sharded.py": (
+        "mutmut counts a test for a function only when the function runs in the pytest process: "
+        "the two-rank tests run in worker processes (helpers.scale.workers) and count for nothing "
+        "here, so the one-rank tests in test_properties_exact.py run the workers' code in-process. "
+        "Mutants that only two or more ranks reach (the shape check before the broadcasts) stay "
+        "open."),
+}
+
 # Tests left out of every run (--deselect): each costs tens of seconds per mutant it covers.
 SLOW_TESTS = [
     "tests/test_train.py::test_compiled_trainer_computes_the_same_loss_and_trains",  # torch.compile
@@ -230,6 +240,8 @@ def render_report(results: dict[str, ModuleResult], equivalents: list[dict[str, 
     for name, s in summaries.items():
         result = results[name]
         lines += ["", f"## `{name}`", "", "Tests: " + ", ".join(f"`{t}`" for t in result.tests)]
+        if name in MODULE_NOTES:
+            lines += ["", MODULE_NOTES[name]]
         reasons = s["equivalent_reasons"]
         if reasons:
             lines += ["", "Judged equivalent:", ""]
