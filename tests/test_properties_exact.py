@@ -188,11 +188,31 @@ def test_zero_on_one_rank_is_adamw_bit_for_bit(one_rank, task):
         assert result["owned"] == result["parameters"] == len(list(make_model(run).parameters()))
 
 
-def test_fsdp_on_one_rank_holds_every_weight_and_trains_as_one_process(one_rank):
-    run = Run(model="gpt", steps=2)
+@pytest.mark.parametrize("model", ["gpt", "mlp"])
+def test_fsdp_on_one_rank_holds_every_weight_and_trains_as_one_process(one_rank, model):
+    run = Run(model=model, steps=2)
     result = sharded.train_fsdp(0, 1, run)
     assert result["local_bytes"] == result["full_bytes"] and result["kind"] == "DTensor"
     assert max_difference(result["weights"], train_single(run)) == 0.0
+
+
+def test_torchs_zero_runs_with_the_settings_of_ours(one_rank, monkeypatch):
+    """Both optimizers of train_zero_torch are AdamW with ShardedAdamW's defaults: the notebook
+    compares the two implementations, so their settings must be the same ones."""
+    settings = []
+
+    class RecordingAdamW(torch.optim.AdamW):
+        def __init__(self, params, **kwargs):
+            settings.append(kwargs)
+            super().__init__(params, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", RecordingAdamW)
+    sharded.train_zero_torch(0, 1, Run(steps=1, lr=0.05))
+    defaults = inspect.signature(sharded.ShardedAdamW).parameters
+    expected = dict(lr=0.05, betas=defaults["betas"].default, eps=defaults["eps"].default,
+                    weight_decay=defaults["weight_decay"].default, foreach=False)
+    assert settings == [expected, expected]
+    assert expected == dict(lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, foreach=False)
 
 
 def test_the_sharded_optimizers_defaults_are_torchs_adamw_with_decay_on_matrices():
@@ -327,6 +347,15 @@ def test_auto_precision_is_the_default_and_reads_the_device(monkeypatch):
     assert speed.pick_dtype(torch.device("cpu")) == torch.bfloat16
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     assert speed.pick_dtype(torch.device("cuda")) == torch.float32
+
+
+def test_zeroing_reattaches_a_gradient_that_was_replaced():
+    model = nn.Linear(3, 2)
+    flat = speed.FlatWeights(model, torch.float32)
+    model.weight.grad = torch.ones_like(model.weight)  # not a view of the buffer any more
+    flat.zero_gradients()
+    assert model.weight.grad.data_ptr() == flat.gradients.data_ptr()  # matrices come first
+    assert not model.weight.grad.any()
 
 
 def test_compile_loss_compiles_the_loss_it_is_given(monkeypatch):
