@@ -23,9 +23,11 @@ from torch import nn
 
 from helpers.flash import tiled
 from helpers.model import attention
+from helpers.model.gpt import GPT, GPTConfig
 from helpers.scale import sharded
 from helpers.scale.data_parallel import Run, make_model, max_difference, train_single
 from helpers.training import speed
+from helpers.training import trainer as train
 
 PATHS = {
     "fa1": tiled.tiled_attention_fa1,
@@ -233,6 +235,22 @@ def test_the_sharded_optimizers_defaults_are_torchs_adamw_with_decay_on_matrices
         torch.testing.assert_close(a, b, rtol=0, atol=1e-15)
 
 
+def tiny_trainer(**config) -> train.Trainer:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=7, context_length=8, n_layers=1, n_heads=1, d_model=8))
+    ids = torch.tensor([0, 1, 2, 3, 4, 5, 6, 5, 4, 3, 2, 1]).repeat(20)
+    settings = dict(batch_size=2, eval_batches=1, eval_every=2) | config
+    return train.Trainer(model, *train.split_train_val(ids, 0.2), train.TrainConfig(**settings))
+
+
+def test_the_history_holds_the_evaluated_losses():
+    trainer = tiny_trainer()
+    history = trainer.fit(steps=2, progress_bar=False)
+    losses = trainer.evaluate()  # the same fixed batches, the same weights
+    assert history.eval_steps == [2]
+    assert history.train_losses == [losses["train"]] and history.val_losses == [losses["val"]]
+
+
 # --- 3. configuration: the defaults, and non-default values reaching the computation -------------
 
 @pytest.mark.parametrize("path", PATHS)
@@ -362,6 +380,47 @@ def test_compile_loss_compiles_the_loss_it_is_given(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn: ("compiled", fn))
     loss = lambda x, y: (x - y).sum()  # noqa: E731
     assert speed.compile_loss(loss) == ("compiled", loss)
+
+
+def test_the_schedules_defaults_are_a_5_percent_warmup_and_a_10_percent_floor():
+    for progress in (0.0, 0.025, 0.05, 0.3, 0.9, 1.0):
+        assert train.learning_rate(progress, 2.0) == train.learning_rate(progress, 2.0, 0.05, 0.1)
+    assert train.learning_rate(0.025, 2.0) == 1.0 and train.learning_rate(1.0, 2.0) == 0.2
+
+
+def test_the_schedule_holds_outside_the_run_and_peaks_exactly_at_the_warmups_end():
+    assert train.learning_rate(1.5, 0.7) == train.learning_rate(1.0, 0.7) == pytest.approx(0.07)
+    assert train.learning_rate(-0.5, 0.7) == 0.0
+    assert 0.7 * 0.05 / 0.05 != 0.7  # so the warm-up formula at its own end would be seen
+    assert train.learning_rate(0.05, 0.7, warmup=0.05) == 0.7
+
+
+def test_the_progress_bar_counts_steps_or_seconds_as_asked():
+    bar = train._progress_bar(5, None, enabled=True)
+    assert (bar.total, bar.unit, bar.disable, bar.mininterval) == (5, "step", False, 0.5)
+    bar.close()
+    bar = train._progress_bar(None, 3.0, enabled=True)
+    assert (bar.total, bar.unit, bar.disable, bar.mininterval) == (3.0, "s", False, 0.5)
+    assert "{n:.0f}/{total:.0f} s" in bar.bar_format
+    bar.close()
+    for steps, seconds in ((5, None), (None, 3.0)):
+        assert train._progress_bar(steps, seconds, enabled=False).disable is True
+
+
+def test_fit_shows_a_bar_with_both_losses_by_default(capsys):
+    tiny_trainer().fit(steps=2)
+    err = capsys.readouterr().err
+    assert "2/2" in err and "step" in err and "train=" in err and "val=" in err
+
+
+def test_encode_text_gives_int64_ids_even_for_no_text():
+    class Letters:
+        def encode(self, text):
+            return [ord(c) - ord("a") for c in text]
+
+    assert train.encode_text(Letters(), "cab").tolist() == [2, 0, 1]
+    empty = train.encode_text(Letters(), "")
+    assert empty.dtype == torch.int64 and empty.shape == (0,)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -552,6 +611,33 @@ def test_the_sharded_optimizer_names_what_is_wrong(params, kwargs, message):
 def test_owners_need_a_positive_world_size():
     with pytest.raises(ValueError, match="^world_size is 0, expected a positive int$"):
         sharded.assign_owners([3, 2], 0)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(progress="a"), TypeError, r"^progress is 'a' \(a str\), expected a number in \[-inf, inf\]$"),
+    (dict(peak=0.0), ValueError, "^peak is 0.0, expected a finite number > 0$"),
+    (dict(warmup=1.0), ValueError, r"^warmup is 1.0, expected a number in \[0, 1\)$"),
+    (dict(warmup=1.5), ValueError, r"^warmup is 1.5, expected a number in \[0, 1\)$"),
+    (dict(floor=1.5), ValueError, r"^floor is 1.5, expected a number in \[0, 1\]$"),
+])
+def test_the_schedule_names_a_bad_argument(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        train.learning_rate(**(dict(progress=0.5, peak=1.0) | kwargs))
+
+
+def test_fit_and_the_splits_name_a_bad_argument():
+    with pytest.raises(TypeError, match="^progress_bar is 'yes'"):
+        tiny_trainer().fit(steps=1, progress_bar="yes")
+    with pytest.raises(ValueError, match="^ids is a list, expected a 1-D tensor of token ids$"):
+        train.split_train_val([1, 2, 3])
+    with pytest.raises(ValueError, match=r"^ids is of shape \(2, 2\), expected a 1-D tensor"):
+        train.split_train_val(torch.zeros(2, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="^val_text has no non-blank lines, expected at least one$"):
+        train.line_overlap("a", "\n \n")
+
+
+def test_two_stories_split_and_keep_their_own_spaces():
+    assert train.split_stories("  a\n\n b \n", 0.5) == ("  a\n\n", " b \n\n")
 
 
 def test_the_mask_shapes_follow_their_arguments():
