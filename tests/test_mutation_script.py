@@ -106,6 +106,7 @@ def test_report_scores_and_names_the_equivalents(tmp_path):
     assert "x__tiles__mutmut_8` (survived)" in text and "x_finish__mutmut_1` (no tests)" in text
     assert "Stale judgements" in text and "a line no mutant changes" in text
     assert "Earlier runs" not in text
+    assert "not run yet: `helpers/model/attention.py`" in text
 
 
 def test_a_rerun_keeps_the_earlier_score(tmp_path, monkeypatch):
