@@ -608,6 +608,18 @@ def test_the_sharded_optimizer_names_what_is_wrong(params, kwargs, message):
         sharded.ShardedAdamW(params, rank=0, world_size=1, **kwargs)
 
 
+@pytest.mark.parametrize("world_size, checked", [(1, False), (2, True), (3, True)])
+def test_the_sharded_optimizer_compares_shapes_across_ranks_when_there_are_several(
+        monkeypatch, world_size, checked):
+    """The cross-rank comparison itself needs two processes (tests/test_distributed.py); here,
+    that the optimizer asks for it, with its parameters, exactly when there are other ranks."""
+    calls = []
+    monkeypatch.setattr(sharded, "check_same_shapes", lambda *args: calls.append(args))
+    params = [nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(2, 2))]
+    sharded.ShardedAdamW(params, rank=0, world_size=world_size)
+    assert calls == ([(params, "params")] if checked else [])
+
+
 def test_owners_need_a_positive_world_size():
     with pytest.raises(ValueError, match="^world_size is 0, expected a positive int$"):
         sharded.assign_owners([3, 2], 0)
