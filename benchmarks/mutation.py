@@ -91,9 +91,9 @@ MODULE_NOTES: dict[str, str] = {
     "helpers/scale/sharded.py": (
         "mutmut counts a test for a function only when the function runs in the pytest process: "
         "the two-rank tests run in worker processes (helpers.scale.workers) and count for nothing "
-        "here, so the one-rank tests in test_properties_exact.py run the workers' code in-process. "
-        "Mutants that only two or more ranks reach (the shape check before the broadcasts) stay "
-        "open."),
+        "here, so the one-rank tests in test_properties_exact.py run the workers' code in-process "
+        "(and one asserts the call of the cross-rank shape check). Open: which MLP layers are "
+        "their own FSDP units changes when weights are gathered (memory), not any result."),
 }
 
 # Tests left out of every run (--deselect): each costs tens of seconds per mutant it covers.
