@@ -23,6 +23,7 @@ from torch import nn
 
 from helpers.flash import tiled
 from helpers.model import attention
+from helpers.model import multihead as mh
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.scale import sharded
 from helpers.scale.data_parallel import Run, make_model, max_difference, train_single
@@ -143,6 +144,16 @@ def test_the_master_weights_are_float32_whatever_the_models_dtype():
     assert flat.working_weights.dtype == torch.bfloat16
 
 
+def test_the_heads_causal_mask_is_made_on_the_inputs_device():
+    torch.manual_seed(0)
+    x, head, fused = torch.randn(2, 4, 8), mh.AttentionHead(8, 4), mh.MultiHeadAttention(8, 2)
+    expected = head(x, causal=True), fused(x, causal=True)
+    with torch.device("meta"):
+        got = head(x, causal=True), fused(x, causal=True)
+    for a, b in zip(got, expected, strict=True):
+        assert a.device == x.device and torch.equal(a, b)
+
+
 # --- 2. against the reference: the statistics trace_tiles shows ----------------------------------
 
 def test_every_traced_tile_holds_the_papers_running_statistics():
@@ -249,6 +260,28 @@ def test_the_history_holds_the_evaluated_losses():
     losses = trainer.evaluate()  # the same fixed batches, the same weights
     assert history.eval_steps == [2]
     assert history.train_losses == [losses["train"]] and history.val_losses == [losses["val"]]
+
+
+@pytest.mark.parametrize("mask_dims", [2, 3])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_k", [4, 6])
+def test_separate_heads_mask_as_the_fused_attention_does(mask_dims, causal, n_k):
+    """SeparateHeadsAttention (and so each AttentionHead) against fuse_heads' MultiHeadAttention,
+    with a padding mask that decides the answer, alone, with causality, and in cross-attention."""
+    torch.manual_seed(0)
+    separate = mh.SeparateHeadsAttention(8, 2).double()
+    fused = mh.fuse_heads(separate).double()
+    x = torch.randn(2, 4, 8, dtype=torch.float64)
+    context = None if n_k == 4 else torch.randn(2, n_k, 8, dtype=torch.float64)
+    mask = torch.ones(2, 4, n_k, dtype=torch.bool)
+    mask[0, :, 0] = False  # the first key of the first sequence is padding
+    mask = mask[0] if mask_dims == 2 else mask
+    got = separate(x, context, mask=mask, causal=causal)
+    torch.testing.assert_close(got, fused(x, context, mask=mask, causal=causal))
+    assert not torch.allclose(got, separate(x, context, causal=causal))  # the mask matters
+    if causal:
+        assert not torch.allclose(got, separate(x, context, mask=mask))  # and so does causality
+    assert separate.last_weights.shape == (2, 2, 4, n_k)
 
 
 # --- 3. configuration: the defaults, and non-default values reaching the computation -------------
@@ -421,6 +454,31 @@ def test_encode_text_gives_int64_ids_even_for_no_text():
     assert train.encode_text(Letters(), "cab").tolist() == [2, 0, 1]
     empty = train.encode_text(Letters(), "")
     assert empty.dtype == torch.int64 and empty.shape == (0,)
+
+
+def test_heads_have_biases_and_see_every_key_unless_told():
+    torch.manual_seed(0)
+    head, separate = mh.AttentionHead(8, 4), mh.SeparateHeadsAttention(8, 2)
+    fused = mh.MultiHeadAttention(8, 2)
+    assert all(p.bias is not None for p in (head.q_proj, head.k_proj, head.v_proj))
+    assert separate.out_proj.bias is not None and separate.heads[0].k_proj.bias is not None
+    assert (head.d_model, head.head_dim) == (8, 4)
+    mh.check_features("x", torch.ones(8), 8, torch.float32)  # one token's features, no batch
+    plain = mh.AttentionHead(8, 4, bias=False)
+    assert all(p.bias is None for p in (plain.q_proj, plain.k_proj, plain.v_proj))
+    assert head.last_weights is None and fused.last_weights is None
+    assert separate.last_weights is None
+    x = torch.randn(1, 4, 8)
+    assert torch.equal(head(x), head(x, causal=False))
+    assert not torch.allclose(head(x), head(x, causal=True))
+    q, k, v = (torch.randn(1, 2, 4, 4) for _ in range(3))
+    assert torch.equal(fused.attend(q, k, v), fused.attend(q, k, v, causal=False))
+    assert not torch.allclose(fused.attend(q, k, v), fused.attend(q, k, v, causal=True))
+
+
+def test_a_kv_cache_entry_is_two_bytes_unless_told():
+    assert mh.kv_cache_bytes_per_token(2, 3, 4) == 2 * 2 * 3 * 4 * 2
+    assert mh.kv_cache_bytes_per_token(2, 3, 4, bytes_per_value=4) == 2 * 2 * 3 * 4 * 4
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -650,6 +708,45 @@ def test_fit_and_the_splits_name_a_bad_argument():
 
 def test_two_stories_split_and_keep_their_own_spaces():
     assert train.split_stories("  a\n\n b \n", 0.5) == ("  a\n\n", " b \n\n")
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: mh.split_heads([1.0], 2), ValueError, r"^x has shape list, expected \(B, N, H \* D_H\)$"),
+    (lambda: mh.split_heads(torch.ones(2, 3), 2), ValueError, r"^x has shape \(2, 3\), expected"),
+    (lambda: mh.split_heads(torch.ones(1, 2, 4), 0), ValueError, "^n_heads is 0, expected a positive int$"),
+    (lambda: mh.merge_heads([1.0]), ValueError, r"^x has shape list, expected \(B, H, N, D_H\)$"),
+    (lambda: mh.merge_heads(torch.ones(2, 3)), ValueError, r"^x has shape \(2, 3\), expected"),
+    (lambda: mh.check_head_counts(10, 4, 4), ValueError, "gets d_model / n_heads = 2.5 features, "
+     "which must be a whole number$"),
+    (lambda: mh.check_head_counts(12, 3, 2), ValueError, "serve the same number of query heads, got 1.5$"),
+    (lambda: mh.check_head_counts(12, 3, 0), ValueError, "^n_kv_heads is 0, expected a positive int$"),
+    (lambda: mh.kv_cache_bytes_per_token(1, 0, 1), ValueError, "^n_kv_heads is 0"),
+    (lambda: mh.kv_cache_bytes_per_token(1, 1, 0), ValueError, "^head_dim is 0"),
+    (lambda: mh.kv_cache_bytes_per_token(1, 1, 1, 0), ValueError, "^bytes_per_value is 0"),
+    (lambda: mh.MultiHeadAttention(8, 2, dropout=1.0), ValueError,
+     r"^dropout is 1.0, expected a number in \[0, 1\)$"),
+    (lambda: mh.MultiHeadAttention(8, 2, dropout=1.5), ValueError, "^dropout is 1.5"),
+    (lambda: mh.AttentionHead(0, 4), ValueError, "^d_model is 0, expected a positive int$"),
+    (lambda: mh.AttentionHead(8, 0), ValueError, "^head_dim is 0, expected a positive int$"),
+    (lambda: mh.AttentionHead(8, 4, bias="yes"), TypeError, "^bias is 'yes'"),
+    (lambda: mh.AttentionHead(8, 4)([1.0]), TypeError,
+     r"^x is a list, expected a torch.Tensor \(B, N, 8\)$"),
+    (lambda: mh.AttentionHead(8, 4)(torch.ones(1, 0, 8)), ValueError,
+     r"^x has shape \(1, 0, 8\): a sequence of 0 tokens, expected at least one token \(N >= 1\)$"),
+    (lambda: mh.AttentionHead(8, 4)(torch.ones(1, 2, 8), torch.ones(1, 2, 4)), ValueError,
+     r"^context has shape \(1, 2, 4\)"),
+    (lambda: mh.AttentionHead(8, 4)(torch.ones(1, 2, 8), mask=torch.ones(1, 1, 2, 2, dtype=torch.bool)),
+     ValueError, r"expected \(N, M\) or \(B, N, M\): a single head has no head axis$"),
+    (lambda: mh.AttentionHead(8, 4)(torch.ones(1, 2, 8), [1.0]), TypeError,
+     r"^context is a list, expected a torch.Tensor \(B, N, 8\)$"),
+    (lambda: mh.check_features("x", torch.tensor(1.0), 4, torch.float32), ValueError,
+     r"^x has shape \(\), expected \(\.\.\., 4\)"),
+    (lambda: mh.attention_mask([True], False, 2, 2, "cpu"), TypeError,
+     r"^mask is list, expected a torch.bool tensor \(True = may attend\)$"),
+])
+def test_the_attention_modules_name_what_is_wrong(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
 
 
 def test_the_mask_shapes_follow_their_arguments():
