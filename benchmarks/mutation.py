@@ -288,20 +288,30 @@ def load_results(path: Path | None = None) -> dict[str, ModuleResult]:
     path = RESULTS if path is None else path
     if not path.exists():
         return {}
-    stored = json.loads(path.read_text("utf-8"))
-    return {name: ModuleResult(module=name, mutants=[Mutant(**m) for m in entry["mutants"]],
-                               seconds=entry["seconds"], tests=entry["tests"], date=entry["date"],
-                               history=entry.get("history", []))
-            for name, entry in stored.items()}
+    results = {}
+    for name, entry in json.loads(path.read_text("utf-8")).items():
+        stored = entry["mutants"]
+        if isinstance(stored, list):  # the first format: one object per mutant
+            mutants = [Mutant(**m) for m in stored]
+        else:  # {name: status}, diffs apart (only mutants not killed have one)
+            mutants = [Mutant(m, status, entry.get("diffs", {}).get(m, ""))
+                       for m, status in stored.items()]
+        results[name] = ModuleResult(module=name, mutants=mutants, seconds=entry["seconds"],
+                                     tests=entry["tests"], date=entry["date"],
+                                     history=entry.get("history", []))
+    return results
 
 
 def save_results(results: dict[str, ModuleResult], path: Path | None = None) -> None:
+    """One line per mutant ({name: status}); the diffs of those not killed apart."""
     path = RESULTS if path is None else path
-    stored = {name: {"seconds": round(r.seconds, 1), "tests": r.tests, "date": r.date,
-                     "history": r.history,
-                     "mutants": [{"name": m.name, "status": m.status, "diff": m.diff}
-                                 for m in sorted(r.mutants, key=lambda m: m.name)]}
-              for name, r in sorted(results.items())}
+    stored = {}
+    for name, r in sorted(results.items()):
+        mutants = sorted(r.mutants, key=lambda m: m.name)
+        stored[name] = {"seconds": round(r.seconds, 1), "tests": r.tests, "date": r.date,
+                        "history": r.history,
+                        "mutants": {m.name: m.status for m in mutants},
+                        "diffs": {m.name: m.diff for m in mutants if m.diff}}
     path.write_text(json.dumps(stored, indent=1, ensure_ascii=False) + "\n", "utf-8")
 
 

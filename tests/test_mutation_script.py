@@ -4,6 +4,7 @@ equivalence judgements, tested on a made-up result: mutmut itself is never run h
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -139,3 +140,14 @@ def test_generated_config_mutates_one_module_with_its_tests():
     assert table["pytest_add_cli_args_test_selection"] == ["tests/test_flash.py"]
     assert (table["timeout_multiplier"], table["timeout_constant"]) == (5.0, 2.0)
     assert table["pytest_add_cli_args"][-2:] == ["--deselect", mutation.SLOW_TESTS[-1]]
+
+
+def test_results_of_the_first_format_are_still_read(tmp_path):
+    old = {MODULE: {"seconds": 60.0, "tests": [], "date": "2026-01-01",
+                    "mutants": [{"name": "helpers.flash.tiled.x__tiles__mutmut_7",
+                                 "status": "survived", "diff": DIFF}]}}
+    (tmp_path / "old.json").write_text(json.dumps(old), "utf-8")
+    result = mutation.load_results(tmp_path / "old.json")[MODULE]
+    assert result.mutants == [mutation.Mutant("helpers.flash.tiled.x__tiles__mutmut_7", "survived", DIFF)]
+    mutation.save_results({MODULE: result}, tmp_path / "new.json")
+    assert mutation.load_results(tmp_path / "new.json")[MODULE].mutants == result.mutants

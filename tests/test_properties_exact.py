@@ -282,6 +282,17 @@ def test_separate_heads_mask_as_the_fused_attention_does(mask_dims, causal, n_k)
     if causal:
         assert not torch.allclose(got, separate(x, context, mask=mask))  # and so does causality
     assert separate.last_weights.shape == (2, 2, 4, n_k)
+    # exactly: the padded key and (when causal) the last key change nothing they must not
+    source = x if context is None else context
+    for position, rows in ((0, slice(None)), (-1, slice(0, 3) if causal else slice(0, 0))):
+        changed = source.clone()
+        changed[0, position] += 1.0
+        args = (changed, None) if context is None else (x, changed)
+        if context is None and position == 0:  # x is also the queries: leave query 0 out
+            rows = slice(1, None)
+        after = separate(*args, mask=mask, causal=causal)
+        if position == 0 or causal:
+            assert torch.equal(after[0, rows], got[0, rows])
 
 
 # --- 3. configuration: the defaults, and non-default values reaching the computation -------------
@@ -741,6 +752,8 @@ def test_two_stories_split_and_keep_their_own_spaces():
      r"^context is a list, expected a torch.Tensor \(B, N, 8\)$"),
     (lambda: mh.check_features("x", torch.tensor(1.0), 4, torch.float32), ValueError,
      r"^x has shape \(\), expected \(\.\.\., 4\)"),
+    (lambda: mh.check_features("x", [1.0], 4, torch.float32), TypeError,
+     r"^x is a list, expected a torch.Tensor \(\.\.\., 4\)$"),
     (lambda: mh.attention_mask([True], False, 2, 2, "cpu"), TypeError,
      r"^mask is list, expected a torch.bool tensor \(True = may attend\)$"),
 ])
