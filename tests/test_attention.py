@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from helpers.lab.exercises import check
 from helpers.model.attention import (
+    AttentionLayer,
     causal_mask,
     padding_mask,
     scaled_dot_product_attention,
@@ -273,3 +274,55 @@ def test_attention_checker_explains_missing_scale_and_wrong_dim(capsys):
 
     out = verdict(capsys, "attention.scaled_attention", columns)
     assert out.startswith("❌") and "columns sum to 1" in out
+
+
+# --- AttentionLayer: learned projections around scaled dot-product attention ---------------------
+
+def layer_in_float64(d_in: int = 6, d_k: int = 4, d_v: int = 3) -> AttentionLayer:
+    torch.manual_seed(0)
+    return AttentionLayer(d_in, d_k, d_v).double()
+
+
+def test_attention_layer_is_attention_of_the_projected_tokens():
+    layer = layer_in_float64()
+    x_query, x_data = randn(2, 3, 6, seed=1), randn(2, 5, 6, seed=2)
+    output, weights = layer(x_query, x_data)
+    w_q, w_k, w_v = (proj.weight.T for proj in (layer.w_q, layer.w_k, layer.w_v))  # (d_in, d)
+    expected_out, expected_w = scaled_dot_product_attention(x_query @ w_q, x_data @ w_k, x_data @ w_v)
+    assert output.shape == (2, 3, 3) and weights.shape == (2, 3, 5)
+    torch.testing.assert_close(output, expected_out, **TIGHT)
+    torch.testing.assert_close(weights, expected_w, **TIGHT)
+    assert all(proj.bias is None for proj in (layer.w_q, layer.w_k, layer.w_v))
+    assert sum(p.numel() for p in layer.parameters()) == 6 * (2 * 4 + 3)
+
+
+def test_attention_layer_self_attention_is_the_layer_on_one_input_and_broadcasts_leading_dims():
+    layer = layer_in_float64()
+    x = randn(4, 6, seed=3)
+    output, weights = layer(x, x)
+    assert output.shape == (4, 3) and weights.shape == (4, 4)
+    torch.testing.assert_close(weights.sum(dim=-1), torch.ones(4, dtype=torch.float64), **TIGHT)
+    batched, _ = layer(randn(2, 1, 3, 6, seed=4), randn(1, 4, 5, 6, seed=5))  # (2, 1) and (1, 4) broadcast
+    assert batched.shape == (2, 4, 3, 3)
+
+
+@pytest.mark.parametrize("d_in, d_k, d_v, error, words", [
+    (0, 4, 3, ValueError, "d_in is 0"), (6, -1, 3, ValueError, "d_k is -1"),
+    (6, 4, 2.5, TypeError, "d_v is 2.5"), (True, 4, 3, TypeError, "d_in is True"),
+])
+def test_attention_layer_refuses_bad_sizes(d_in, d_k, d_v, error, words):
+    with pytest.raises(error, match=words):
+        AttentionLayer(d_in, d_k, d_v)
+
+
+@pytest.mark.parametrize("x_query, x_data, error, words", [
+    ([[0.0] * 6], torch.randn(3, 6), TypeError, "x_query is a list"),
+    (torch.randn(6), torch.randn(3, 6), ValueError, r"x_query has shape \(6,\), expected \(..., N, 6\)"),
+    (torch.randn(2, 6), torch.randn(3, 5), ValueError, r"x_data has shape \(3, 5\), expected \(..., N, 6\)"),
+    (torch.randn(2, 6), torch.randn(0, 6), ValueError, "at least one token"),
+    (torch.randn(2, 6, dtype=torch.float64), torch.randn(3, 6), TypeError, "x_query has dtype torch.float64"),
+    (torch.randn(2, 2, 6), torch.randn(3, 3, 6), ValueError, "leading .batch. dimensions do not broadcast"),
+])
+def test_attention_layer_refuses_tokens_it_cannot_attend(x_query, x_data, error, words):
+    with pytest.raises(error, match=words):
+        AttentionLayer(6, 4, 3)(x_query, x_data)

@@ -4,7 +4,8 @@ Built in notebooks 2-7, 9 and 12 on top of `helpers.text`; nothing here imports 
 scale or lab. The model owns both of its forwards: the plain one and the fused one.
 
     embeddings   one-hot, token embeddings, learned and sinusoidal positions         nb 2
-    attention    softmax, scaled dot-product attention, causal/padding/sparse masks  nb 3, 4
+    attention    softmax, scaled dot-product attention, the attention layer,
+                 causal/padding/sparse masks                                         nb 3, 4
     multihead    multi-head attention (two styles, GQA/MQA), the KV-cache size       nb 5
     layers       LayerNorm, feed-forward networks (GELU, SwiGLU), the Pre-LN block   nb 6
     fused        the same block with PyTorch's fused kernels (GPT.forward(fast=True)) nb 7

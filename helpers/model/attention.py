@@ -3,6 +3,7 @@
     softmax(x, dim)                                  stable softmax; an all -inf row gives zeros
     softmax_jacobian(a)                              d softmax / d logits = diag(a) - a a^T
     scaled_dot_product_attention(q, k, v, mask, scale)   returns (output, weights)
+    AttentionLayer(d_in, d_k, d_v)                   learned W_Q, W_K, W_V; layer(x_query, x_data)
     causal_mask(n_q, n_k)                            True on and below the (end-aligned) diagonal
     bidirectional_mask(n_q, n_k)                     all True: encoder self-attention
     padding_mask(lengths, n_k)                       True on real tokens, shape (B, 1, 1, n_k)
@@ -17,7 +18,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from helpers import checks
 
@@ -25,6 +26,7 @@ __all__ = [
     "softmax",
     "softmax_jacobian",
     "scaled_dot_product_attention",
+    "AttentionLayer",
     "causal_mask",
     "padding_mask",
     "local_mask",
@@ -163,6 +165,54 @@ def scaled_dot_product_attention(
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = softmax(scores, dim=-1)
     return weights @ v, weights
+
+
+class AttentionLayer(nn.Module):
+    """One attention layer with learned projections, no bias: W_Q, W_K (d_in -> d_k), W_V (d_in -> d_v).
+
+    Notebook 3, section 4 (the exercise `MyAttentionLayer`). The same layer is self-attention,
+    layer(x, x), and cross-attention, layer(x_query, x_data): decoder tokens asking the encoder's.
+    """
+
+    def __init__(self, d_in: int, d_k: int, d_v: int) -> None:
+        super().__init__()
+        self.d_in = checks.positive_int("d_in", d_in)
+        self.d_k = checks.positive_int("d_k", d_k)
+        self.d_v = checks.positive_int("d_v", d_v)
+        self.w_q = nn.Linear(d_in, d_k, bias=False)  # queries: what each token looks for
+        self.w_k = nn.Linear(d_in, d_k, bias=False)  # keys: what each token offers
+        self.w_v = nn.Linear(d_in, d_v, bias=False)  # values: what each token hands over
+
+    def forward(self, x_query: Tensor, x_data: Tensor) -> tuple[Tensor, Tensor]:
+        """x_query (..., N_q, d_in), x_data (..., N_x, d_in), leading dims broadcast.
+
+        Returns output (..., N_q, d_v) and weights (..., N_q, N_x), each row summing to 1.
+        """
+        for name, x in (("x_query", x_query), ("x_data", x_data)):
+            self._check_tokens(name, x)
+        try:
+            torch.broadcast_shapes(x_query.shape[:-2], x_data.shape[:-2])
+        except RuntimeError:
+            raise ValueError(f"x_query has shape {tuple(x_query.shape)} and x_data has shape "
+                             f"{tuple(x_data.shape)}: their leading (batch) dimensions do not broadcast") from None
+        q = self.w_q(x_query)                        # (..., N_q, d_k)
+        k, v = self.w_k(x_data), self.w_v(x_data)    # (..., N_x, d_k), (..., N_x, d_v)
+        return scaled_dot_product_attention(q, k, v)
+
+    def _check_tokens(self, name: str, x: Tensor) -> None:
+        """Raise unless x is a tensor (..., N >= 1, d_in) in the dtype and on the device of the weights."""
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name} is a {type(x).__name__}, expected a torch.Tensor (..., N, {self.d_in})")
+        if x.dim() < 2 or x.shape[-1] != self.d_in or x.shape[-2] == 0:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}, expected (..., N, {self.d_in}): at least "
+                             f"one token, each with d_in = {self.d_in} features")
+        weight = self.w_q.weight
+        if x.dtype != weight.dtype:
+            raise TypeError(f"{name} has dtype {x.dtype}, expected {weight.dtype}, the dtype of the layer's "
+                            f"weights: convert {name} with .to({weight.dtype}) (or the layer with .to({x.dtype}))")
+        if x.device != weight.device:
+            raise ValueError(f"{name} is on {x.device} and the layer's weights on {weight.device}: "
+                             "move them to one device with .to(device)")
 
 
 def causal_mask(n_q: int, n_k: int | None = None, device: torch.device | str | None = None) -> Tensor:

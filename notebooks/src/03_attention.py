@@ -4,7 +4,8 @@
 # **After this notebook you will be able to**
 # - explain queries, keys and values as a *soft* dictionary lookup, and write down the shape of
 #   every tensor in self-attention and in cross-attention;
-# - write a numerically stable softmax and scaled dot-product attention from scratch;
+# - write a numerically stable softmax and scaled dot-product attention from scratch, then an
+#   attention *layer* with learned $W_Q$, $W_K$, $W_V$ that serves as self- and as cross-attention;
 # - show, with numbers and plots, *why* the scores are divided by $\sqrt{d_k}$: large scores
 #   saturate the softmax and the gradient that reaches $Q$ and $K$ dies;
 # - reproduce the worked examples of the lecture notes ("I like to eat", "The cat sat here") and
@@ -23,6 +24,7 @@ import math
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
+from torch import nn
 
 from helpers.lab.exercises import check
 from helpers.lab.notes_tables import load_notes_tables
@@ -334,8 +336,8 @@ check("attention.scaled_attention", my_attention)
 # `helpers.model.attention.scaled_dot_product_attention(q, k, v, mask=None, scale=None)`, which also
 # takes a mask (notebook 4) and checks its inputs. The cell below proves that our plain version,
 # your `my_attention` (the helper stands in for it, saying so, until it passes its check), the
-# helper and PyTorch's own `F.scaled_dot_product_attention` agree on a batch of heads. Section 7's
-# self-attention runs on your function too.
+# helper and PyTorch's own `F.scaled_dot_product_attention` agree on a batch of heads. The attention
+# layer of exercise 3 may call it.
 
 # %%
 import torch.nn.functional as F
@@ -365,6 +367,96 @@ try:
     scaled_dot_product_attention(torch.randn(2, 4), torch.randn(3, 5), torch.randn(3, 5))
 except ValueError as error:
     print("ValueError:", error)
+
+# %% [markdown]
+# ### Exercise 3 (the core of this notebook): an attention layer with learned projections
+# So far $W_Q$, $W_K$, $W_V$ were tensors drawn by hand. In a model they are the learned parameters
+# of a layer. Write `MyAttentionLayer(d_in, d_k, d_v)`, a `torch.nn.Module` that
+# - holds three projections without bias, named `w_q`, `w_k` ($d_{in} \to d_k$) and `w_v`
+#   ($d_{in} \to d_v$): each an `nn.Linear` or an `nn.Parameter` matrix, stored either way round;
+# - when called as `layer(x_query, x_data)`, with tokens of shapes `(..., N_q, d_in)` and
+#   `(..., N_x, d_in)`, returns `(output, weights)` of shapes `(..., N_q, d_v)` and `(..., N_q, N_x)`.
+#
+# Self-attention is then `layer(x, x)` and cross-attention `layer(decoder_tokens, encoder_tokens)`.
+# The check builds your layer with $d_{in}$, $d_k$, $d_v$ all different, puts its own numbers in the
+# three projections and compares with the formula, on single sequences and on batches. Sections 7
+# and 8 run on your layer once it passes. You may call `my_attention` (the helper's, until yours
+# passes).
+
+# %%
+class MyAttentionLayer(nn.Module):
+    def __init__(self, d_in: int, d_k: int, d_v: int) -> None:
+        super().__init__()
+        raise NotImplementedError
+
+    def forward(self, x_query: torch.Tensor, x_data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+check("attention.attention_layer", MyAttentionLayer)
+
+# %% [markdown]
+# <details><summary>Hint 1</summary>
+#
+# Three learned linear maps turn tokens into queries, keys and values; from there it is exercise 2.
+# The only new question is which input feeds which map: the queries ask, so they come from
+# `x_query`; the keys and the values are what gets looked up, so they come from `x_data`.
+# </details>
+#
+# <details><summary>Hint 2</summary>In <code>__init__</code>: <code>nn.Linear(d_in, d_k, bias=False)</code>
+# for <code>self.w_q</code> and <code>self.w_k</code>, <code>nn.Linear(d_in, d_v, bias=False)</code> for
+# <code>self.w_v</code>. In <code>forward</code>: <code>q = self.w_q(x_query)</code>, <code>k</code> and
+# <code>v</code> the same way from <code>x_data</code>, then the scores
+# <code>q @ k.transpose(-2, -1) / math.sqrt(d_k)</code>, their softmax over <code>dim=-1</code>, and
+# <code>weights @ v</code> (or <code>my_attention(q, k, v)</code>).</details>
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# ### BEGIN SOLUTION
+# class MyAttentionLayer(nn.Module):
+#     def __init__(self, d_in: int, d_k: int, d_v: int) -> None:
+#         super().__init__()
+#         self.w_q = nn.Linear(d_in, d_k, bias=False)  # queries: what each token looks for
+#         self.w_k = nn.Linear(d_in, d_k, bias=False)  # keys: what each token offers
+#         self.w_v = nn.Linear(d_in, d_v, bias=False)  # values: what each token hands over
+#
+#     def forward(self, x_query: torch.Tensor, x_data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+#         q = self.w_q(x_query)                                      # (..., N_q, d_k)
+#         k, v = self.w_k(x_data), self.w_v(x_data)                  # (..., N_x, d_k), (..., N_x, d_v)
+#         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., N_q, N_x)
+#         weights = torch.softmax(scores, dim=-1)                    # each row sums to 1
+#         return weights @ v, weights
+# ### END SOLUTION
+#
+#
+# check("attention.attention_layer", MyAttentionLayer)
+# ```
+# </details>
+
+# %% [markdown]
+# ### From here on: `helpers.model.attention.AttentionLayer`
+# The course package holds the same layer as `helpers.model.attention.AttentionLayer(d_in, d_k, d_v)`
+# (its projections are `nn.Linear`s named `w_q`, `w_k`, `w_v`, and it checks its inputs). From here
+# on the notebook builds its layers from `MyAttentionLayer`: yours once it passes its check, the
+# helper until then. One layer with the cross-attention sizes of section 4 serves both uses:
+
+# %%
+from helpers.model.attention import AttentionLayer
+
+MyAttentionLayer = yours_or("attention.attention_layer", MyAttentionLayer, AttentionLayer)
+torch.manual_seed(8)
+decoder_tokens, encoder_tokens = torch.randn(2, 6), torch.randn(5, 6)  # N_q = 2, N_x = 5, d_in = 6
+layer = MyAttentionLayer(6, 4, 3)  # d_in = 6, d_k = 4, d_v = 3
+with torch.no_grad():
+    cross_out, cross_weights = layer(decoder_tokens, encoder_tokens)  # queries ask the encoder
+    self_out, self_weights = layer(encoder_tokens, encoder_tokens)    # the encoder asks itself
+print(f"cross-attention, layer(decoder, encoder): output {tuple(cross_out.shape)}, weights {tuple(cross_weights.shape)}")
+print(f"self-attention,  layer(encoder, encoder): output {tuple(self_out.shape)}, weights {tuple(self_weights.shape)}")
+assert torch.allclose(cross_weights.sum(dim=-1), torch.ones(2)) and torch.allclose(self_weights.sum(dim=-1), torch.ones(5))
+learned = sum(p.numel() for p in layer.parameters())
+assert learned == 6 * (2 * 4 + 3)
+print(f"learned numbers: {learned} = d_in x (2 d_k + d_v) = 6 x (2 x 4 + 3); every row of weights sums to 1")
 
 # %% [markdown]
 # ## 5. Why divide by $\sqrt{d_k}$? The softmax-saturation demo
@@ -400,7 +492,7 @@ print(f"1 - first weight = {1 - saturated[0]:.4g}, and the other two weights sum
 # $J = \mathrm{diag}(a) - a a^\top$. Backpropagation multiplies the incoming gradient by $J$,
 # so if $J$ is tiny, so is every gradient flowing back into the scores.
 #
-# #### Exercise 3: the Jacobian by hand
+# #### Exercise 4: the Jacobian by hand
 # Write `my_jacobian(a)` that returns $\mathrm{diag}(a) - aa^\top$ for a probability vector `a` of
 # shape `(n,)`.
 
@@ -799,21 +891,25 @@ print(f"\nGPT-3 (N = {gpt3_n}, {gpt3_heads} heads): {per_head:,} attention weigh
 #
 # Shuffle the input tokens of self-attention and the outputs come out shuffled the same way,
 # with exactly the same vectors. In symbols, for a permutation matrix $P$:
-# $\mathrm{SelfAttn}(PX) = P\,\mathrm{SelfAttn}(X)$. Proof by computation:
+# $\mathrm{SelfAttn}(PX) = P\,\mathrm{SelfAttn}(X)$. Proof by computation, on your attention
+# layer of exercise 3 (the helper's, until yours passes):
 
 # %%
-def self_attention(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor) -> torch.Tensor:
-    """Self-attention of tokens x (N, D_in) with projections (D_in, D_out). Returns (N, D_out)."""
-    return my_attention(x @ w_q, x @ w_k, x @ w_v)[0]  # yours, once it passes its check
-
-
 torch.manual_seed(3)
 x = torch.randn(5, 6, dtype=torch.float64)
-w_q, w_k, w_v = (torch.randn(6, 4, dtype=torch.float64) for _ in range(3))
 perm = torch.tensor([3, 0, 4, 1, 2])
 P = torch.eye(5, dtype=torch.float64)[perm]  # permutation matrix: (P x)[i] = x[perm[i]]
-shuffled_then_attended = self_attention(P @ x, w_q, w_k, w_v)
-attended_then_shuffled = P @ self_attention(x, w_q, w_k, w_v)
+self_attention_layer = MyAttentionLayer(6, 4, 4).double()  # float64: the two sides agree to 1e-12
+
+
+def self_attention(x: torch.Tensor) -> torch.Tensor:
+    """Self-attention of tokens x (N, 6) through self_attention_layer: Q, K, V all from x. Returns (N, 4)."""
+    with torch.no_grad():
+        return self_attention_layer(x, x)[0]
+
+
+shuffled_then_attended = self_attention(P @ x)
+attended_then_shuffled = P @ self_attention(x)
 torch.testing.assert_close(shuffled_then_attended, attended_then_shuffled, rtol=1e-12, atol=1e-12)
 print("SelfAttn(P X) == P SelfAttn(X) for the permutation", perm.tolist())
 
@@ -824,7 +920,8 @@ print("SelfAttn(P X) == P SelfAttn(X) for the permutation", perm.tolist())
 # ## 8. Cross-attention vs self-attention, side by side
 # In an encoder-decoder model (the DS 246 notes) the decoder's tokens supply the **queries** and the
 # encoder's output supplies the **keys and values**: cross-attention. Self-attention takes all
-# three from the same tokens. Same function, different inputs, different weight-matrix shapes.
+# three from the same tokens. One layer with the same learned weights serves both: only the inputs
+# differ, and with them the shape of the attention weights.
 
 # %%
 torch.manual_seed(4)
@@ -832,9 +929,10 @@ source = ["the", "cat", "sat", "on", "a", "mat"]  # encoder side: N_X = 6
 target = ["le", "chat", "est"]                      # decoder side: N_Q = 3
 d_model, d_head = 8, 4
 enc, dec = torch.randn(len(source), d_model), torch.randn(len(target), d_model)
-w_q, w_k, w_v = (torch.randn(d_model, d_head) for _ in range(3))
-_, cross_weights = scaled_dot_product_attention(dec @ w_q, enc @ w_k, enc @ w_v)
-_, self_weights = scaled_dot_product_attention(dec @ w_q, dec @ w_k, dec @ w_v)
+translation_layer = MyAttentionLayer(d_model, d_head, d_head)  # yours once it passes exercise 3
+with torch.no_grad():
+    _, cross_weights = translation_layer(dec, enc)  # queries from the decoder, keys and values from the encoder
+    _, self_weights = translation_layer(dec, dec)   # all three from the decoder
 fig, axes = plt.subplots(1, 2, figsize=(13, 4))
 heatmap(cross_weights, target, source, ax=axes[0], vmin=0, vmax=1,
         title=f"Cross-attention {tuple(cross_weights.shape)}", xlabel="encoder token (key)", ylabel="decoder token (query)")
@@ -845,7 +943,9 @@ plt.show()
 
 # %% [markdown]
 # (The projections are random, so *which* tokens attend to which means nothing yet; the shapes
-# are the point: $N_Q \times N_X$ for cross-attention, $N \times N$ for self-attention.)
+# are the point: $N_Q \times N_X$ for cross-attention, $N \times N$ for self-attention. How peaked
+# the maps are depends on how the weights start: `nn.Linear` draws them small, so a fresh layer
+# spreads its attention almost evenly; training is what sharpens it.)
 #
 # ## Check your understanding
 #
@@ -904,12 +1004,11 @@ print("weights", tuple(w.shape), "= (batch, heads, N_Q, N_X);  output", tuple(ou
 torch.manual_seed(6)
 vocab = {"the": 0, "cat": 1, "sat": 2}
 table = torch.randn(3, 6, dtype=torch.float64)  # one made-up embedding row per word, no positions
-w_q, w_k, w_v = (torch.randn(6, 4, dtype=torch.float64) for _ in range(3))
 
 
 def outputs_for(sentence: str) -> torch.Tensor:
-    """Self-attention outputs (3, 4) of a three-word sentence embedded without positions."""
-    return self_attention(table[[vocab[word] for word in sentence.split()]], w_q, w_k, w_v)
+    """Section 7's self-attention outputs (3, 4) of a three-word sentence embedded without positions."""
+    return self_attention(table[[vocab[word] for word in sentence.split()]])
 
 
 a_out, b_out, c_out = outputs_for("the cat sat"), outputs_for("sat cat the"), outputs_for("cat the sat")

@@ -609,84 +609,19 @@ check("gpt.next_token_loss", next_token_loss)
 # ```
 # </details>
 #
-# **The gradient and AdamW.** `loss.backward()` fills `p.grad` for every weight `p` (notebook 6
-# followed the gradient through a block). AdamW then keeps two running averages per weight, of
-# the gradient `g` and of its square, and moves the weight by their ratio. At step `t = 1, 2, ...`,
-# with `m` and `v` starting at zero:
+# **The gradient and AdamW.** `loss.backward()` fills `p.grad` for every weight `p`. AdamW then
+# keeps two running averages per weight, of the gradient `g` and of its square, and moves the
+# weight by their ratio. At step `t = 1, 2, ...`, with `m` and `v` starting at zero:
 #
 # - `m = beta1 m + (1 - beta1) g` and `v = beta2 v + (1 - beta2) g^2`;
-# - bias correction (the averages start at zero, so early on they are too small):
-#   `m_hat = m / (1 - beta1^t)`, `v_hat = v / (1 - beta2^t)`;
-# - decoupled weight decay: `p = p (1 - lr x weight_decay)`, on the weight matrices only
-#   (biases and LayerNorm gains are not decayed);
+# - bias correction, as both start at zero: `m_hat = m / (1 - beta1^t)`, `v_hat = v / (1 - beta2^t)`;
+# - decoupled weight decay: `p = p (1 - lr x weight_decay)`, on weight matrices only (not on biases or gains);
 # - the step: `p = p - lr x m_hat / (sqrt(v_hat) + eps)`.
-#
-# Each weight gets its own step size: one whose gradient is consistently large or small moves by
-# about `lr` either way. `helpers.training.trainer.matrices_and_vectors` finds the matrices.
-
-# %%
-from helpers.training.trainer import matrices_and_vectors
-
-
-class HandAdamW:
-    """AdamW from its equations; `matrices` are decayed, `vectors` (biases, gains) are not."""
-
-    def __init__(self, matrices: list[torch.Tensor], vectors: list[torch.Tensor],
-                 betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-8,
-                 weight_decay: float = 0.1) -> None:
-        self.groups = [(matrices, weight_decay), (vectors, 0.0)]
-        self.betas, self.eps, self.t = betas, eps, 0
-        self.m = [[torch.zeros_like(p) for p in params] for params, _ in self.groups]
-        self.v = [[torch.zeros_like(p) for p in params] for params, _ in self.groups]
-
-    @torch.no_grad()
-    def step(self, lr: float) -> None:
-        self.t += 1
-        beta1, beta2 = self.betas
-        for (params, decay), ms, vs in zip(self.groups, self.m, self.v, strict=True):
-            for p, m, v in zip(params, ms, vs, strict=True):
-                m.mul_(beta1).add_((1 - beta1) * p.grad)
-                v.mul_(beta2).add_((1 - beta2) * p.grad * p.grad)
-                m_hat, v_hat = m / (1 - beta1 ** self.t), v / (1 - beta2 ** self.t)
-                p.mul_(1 - lr * decay)
-                p.sub_(lr * m_hat / (v_hat.sqrt() + self.eps))
-
-# %%
-tiny_config = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=32, n_layers=2, n_heads=2, d_model=32)
-torch.manual_seed(0)
-ours, theirs = GPT(tiny_config), GPT(tiny_config)
-theirs.load_state_dict(ours.state_dict())
-hand_optimizer = HandAdamW(*matrices_and_vectors(ours), weight_decay=0.1)
-their_matrices, their_vectors = matrices_and_vectors(theirs)
-torch_optimizer = torch.optim.AdamW([{"params": their_matrices, "weight_decay": 0.1},
-                                     {"params": their_vectors, "weight_decay": 0.0}],
-                                    lr=1e-2, betas=(0.9, 0.99), eps=1e-8, foreach=False)
-batches = torch.Generator().manual_seed(1)
-for _ in range(5):
-    x_batch, y_batch = random_batch(train_ids, 8, tiny_config.context_length, batches)
-    ours.zero_grad(set_to_none=True)
-    next_token_cross_entropy(ours(x_batch), y_batch).backward()      # fills p.grad
-    for mine, twin in zip(ours.parameters(), theirs.parameters(), strict=True):
-        twin.grad = mine.grad.clone()                                # the same gradient for both
-    hand_optimizer.step(lr=1e-2)
-    torch_optimizer.step()
-adamw_gap = max((a - b).abs().max().item() for a, b in zip(ours.parameters(), theirs.parameters(), strict=True))
-assert adamw_gap < 1e-6
-print(f"{len(their_matrices)} matrices decayed, {len(their_vectors)} vectors not")
-print("after 5 steps, largest difference from torch.optim.AdamW (two groups): < 1e-6")
-
-# %% [markdown]
-# Both optimisers receive the same gradient. Two separate `backward()` passes would differ in
-# round-off only, yet the optimisers would drift apart: the key biases get a gradient that is zero
-# up to round-off (adding the same number to every score of a row leaves the softmax unchanged),
-# and Adam divides each gradient by its own size, so a round-off gradient of either sign moves its
-# weight by about `lr` in that direction.
 #
 # ### Exercise: one AdamW update
 #
-# Write the update for a single weight tensor: given the weight `p`, its gradient `g`, the
-# running averages `m` and `v`, the step number `t` (from 1) and the settings, return the new
-# `(p, m, v)`.
+# Write these lines for one weight tensor: given the weight `p`, its gradient `g`, the averages
+# `m` and `v`, the step number `t` (from 1) and the settings, return the new `(p, m, v)`.
 
 # %%
 def adamw_update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int,
@@ -731,6 +666,73 @@ check("gpt.adamw_update", adamw_update)
 # check("gpt.adamw_update", adamw_update)
 # ```
 # </details>
+#
+# **Every weight of a model.** Each weight gets its own step size: one whose gradient is
+# consistently large or small moves by about `lr` either way. `HandAdamW` keeps `m` and `v` for
+# every weight and runs your `adamw_update` on each (until yours passes its check, the course's
+# `helpers.training.by_hand.adamw_update`), with weight decay on the matrices only
+# (`matrices_and_vectors` finds them). Checked against `torch.optim.AdamW` with the same two
+# groups, both given the same gradient:
+
+# %%
+from collections.abc import Callable
+
+from helpers.lab.exercises import yours_or
+from helpers.training import by_hand
+from helpers.training.trainer import matrices_and_vectors
+
+update = yours_or("gpt.adamw_update", adamw_update, by_hand.adamw_update)
+
+
+class HandAdamW:
+    """AdamW on every weight, one `update(p, g, m, v, t, ...)` per tensor; `matrices` are decayed,
+    `vectors` (biases, gains) are not."""
+
+    def __init__(self, update: Callable, matrices: list[torch.Tensor], vectors: list[torch.Tensor],
+                 betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-8,
+                 weight_decay: float = 0.1) -> None:
+        self.update, self.betas, self.eps, self.t = update, betas, eps, 0
+        self.slots = [[p, torch.zeros_like(p), torch.zeros_like(p), decay]  # weight, m, v, its decay
+                      for params, decay in ((matrices, weight_decay), (vectors, 0.0)) for p in params]
+
+    @torch.no_grad()
+    def step(self, lr: float) -> None:
+        self.t += 1
+        for slot in self.slots:
+            p, m, v, decay = slot
+            new_p, slot[1], slot[2] = self.update(p, p.grad, m, v, self.t, lr, self.betas, self.eps, decay)
+            p.copy_(new_p)  # in place: the model keeps its tensor
+
+# %%
+tiny_config = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=32, n_layers=2, n_heads=2, d_model=32)
+torch.manual_seed(0)
+ours, theirs = GPT(tiny_config), GPT(tiny_config)
+theirs.load_state_dict(ours.state_dict())
+hand_optimizer = HandAdamW(update, *matrices_and_vectors(ours), weight_decay=0.1)
+their_matrices, their_vectors = matrices_and_vectors(theirs)
+torch_optimizer = torch.optim.AdamW([{"params": their_matrices, "weight_decay": 0.1},
+                                     {"params": their_vectors, "weight_decay": 0.0}],
+                                    lr=1e-2, betas=(0.9, 0.99), eps=1e-8, foreach=False)
+batches = torch.Generator().manual_seed(1)
+for _ in range(5):
+    x_batch, y_batch = random_batch(train_ids, 8, tiny_config.context_length, batches)
+    ours.zero_grad(set_to_none=True)
+    next_token_cross_entropy(ours(x_batch), y_batch).backward()      # fills p.grad
+    for mine, other in zip(ours.parameters(), theirs.parameters(), strict=True):
+        other.grad = mine.grad.clone()                               # the same gradient for both
+    hand_optimizer.step(lr=1e-2)
+    torch_optimizer.step()
+adamw_gap = max((a - b).abs().max().item() for a, b in zip(ours.parameters(), theirs.parameters(), strict=True))
+assert adamw_gap < 1e-6
+print(f"{len(their_matrices)} matrices decayed, {len(their_vectors)} vectors not")
+print("after 5 steps, largest difference from torch.optim.AdamW (two groups): < 1e-6")
+
+# %% [markdown]
+# Both optimisers receive the same gradient. Two separate `backward()` passes would differ in
+# round-off only, yet the optimisers would drift apart: the key biases get a gradient that is zero
+# up to round-off (adding the same number to every score of a row leaves the softmax unchanged),
+# and Adam divides each gradient by its own size, so a round-off gradient of either sign moves its
+# weight by about `lr` in that direction.
 #
 # **Gradient clipping.** One unlucky batch can give a huge gradient. Clipping by the global norm
 # treats all the gradients as one long vector: if its length `||g|| = sqrt(sum of every g^2)`
@@ -792,43 +794,62 @@ print(f"{len(grid)} points, largest difference from helpers.training.trainer.lea
 
 # %% [markdown]
 # **The loop.** Now the pieces train a tiny GPT (2 blocks, width 32, a context of 32, float32)
-# for `PLAIN_STEPS` steps of 16 random windows. The rate at each step is the schedule's at the
-# end of that step, `(step + 1) / PLAIN_STEPS`, as in `helpers.training.trainer`.
+# for `PLAIN_STEPS` steps of 16 random windows, on your `next_token_loss` and your `adamw_update`
+# (the course's until yours pass their checks). The rate at each step is the schedule's at the
+# end of that step, `(step + 1) / PLAIN_STEPS`, as in `helpers.training.trainer`. For the first
+# `TWIN_STEPS` steps a twin with the same first weights and the same windows takes the course
+# Trainer's step on its plain path (`fast=False`: `F.cross_entropy`, `clip_grad_norm_` and
+# `torch.optim.AdamW` with the same two groups). Its own `backward()` differs from ours in
+# round-off, so the key biases drift apart (see above), but they cannot change the output: the
+# two losses must agree.
 
 # %%
-PLAIN_STEPS = 120  # the knob of this plain loop: a few seconds of CPU
+from helpers.training.trainer import TrainConfig, Trainer
 
+PLAIN_STEPS = 120  # the knob of this plain loop: a few seconds of CPU
+TWIN_STEPS = 40    # the first steps, taken by the Trainer's twin too
+
+loss_of = yours_or("gpt.next_token_loss", next_token_loss, by_hand.next_token_loss)
 torch.manual_seed(0)
-tiny = GPT(tiny_config)
-optimizer = HandAdamW(*matrices_and_vectors(tiny), weight_decay=0.1)
-batches = torch.Generator().manual_seed(0)
-plain_losses = []
+tiny, twin = GPT(tiny_config), GPT(tiny_config)
+twin.load_state_dict(tiny.state_dict())
+optimizer = HandAdamW(update, *matrices_and_vectors(tiny), weight_decay=0.1)
+twin_trainer = Trainer(twin, train_ids, val_ids, TrainConfig(batch_size=16, learning_rate=1e-2, fast=False))
+batches = torch.Generator().manual_seed(twin_trainer.config.seed)  # so both draw the same windows
+plain_losses, twin_losses = [], []
 for step in range(PLAIN_STEPS):
-    starts = torch.randint(0, len(train_ids) - tiny_config.context_length - 1, (16,), generator=batches)
-    ids = torch.stack([train_ids[s:s + tiny_config.context_length + 1] for s in starts.tolist()])
-    loss = next_token_cross_entropy(tiny(ids[:, :-1]), ids[:, 1:])  # the loss
+    x, y = random_batch(train_ids, 16, tiny_config.context_length, batches)
+    ids = torch.cat([x, y[:, -1:]], dim=1)                          # the windows (16, 33)
+    lr = warmup_cosine((step + 1) / PLAIN_STEPS, peak=1e-2)         # the schedule
+    loss = loss_of(tiny, ids)                                       # your loss
     tiny.zero_grad(set_to_none=True)
     loss.backward()                                                 # the gradient
     clip_by_global_norm(list(tiny.parameters()), max_norm=1.0)      # clipping
-    optimizer.step(lr=warmup_cosine((step + 1) / PLAIN_STEPS, peak=1e-2))  # the schedule, AdamW
+    optimizer.step(lr)                                              # your AdamW, every weight
     plain_losses.append(loss.item())
+    if step < TWIN_STEPS:
+        twin_losses.append(twin_trainer.train_step(lr))             # PyTorch's pieces
 
+twin_gap = max(abs(a - b) for a, b in zip(plain_losses[:TWIN_STEPS], twin_losses, strict=True))
 first, last = plain_losses[0], sum(plain_losses[-10:]) / 10
-assert last < 2.5 < first - 1.0
+assert twin_gap < 1e-3 and last < 2.5 < first - 1.0
+print(f"first {TWIN_STEPS} steps: largest difference from the Trainer twin's losses < 1e-3")
 print(f"loss fell from {first:.2f} at the first step (ln {tokenizer.vocab_size} = "
       f"{math.log(tokenizer.vocab_size):.2f}) to below 2.5 (the mean of the last 10 steps)")
 fig, ax = plt.subplots(figsize=(7, 3.5))
-ax.plot(range(1, PLAIN_STEPS + 1), plain_losses)
+ax.plot(range(1, PLAIN_STEPS + 1), plain_losses, label="the plain loop on your pieces")
+ax.plot(range(1, TWIN_STEPS + 1), twin_losses, "--", label="its twin: Trainer.train_step")
 ax.set_xlabel("step")
 ax.set_ylabel("training loss")
 ax.set_title("A tiny GPT trained by the plain loop")
+ax.legend()
 plt.show()
 
 # %% [markdown]
 # That is all of training. **This is what `helpers.training.trainer` does, faster**: `Trainer.train_step`
-# is the body of this loop, with `torch.optim.AdamW` (its fused kernel) in place of `HandAdamW`,
-# `clip_grad_norm_` in place of `clip_by_global_norm`, `F.cross_entropy` for the loss and
-# `learning_rate` for the schedule, and section 10 explains what makes its steps fast (that
+# is the body of this loop (its plain path just took the twin's steps), with `torch.optim.AdamW`
+# (its fused kernel) in place of `HandAdamW`, `clip_grad_norm_` in place of `clip_by_global_norm`,
+# `F.cross_entropy` for the loss and `learning_rate` for the schedule; section 10 explains what makes its steps fast (that
 # machinery lives apart, in `helpers.training.speed`, so `helpers/training/trainer.py` reads like this loop). From here
 # on the notebook trains with it.
 #

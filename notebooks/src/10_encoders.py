@@ -499,20 +499,22 @@ check("encoders.source_key_mask", source_key_mask)
 #
 # The loop of `helpers.families.translation.train_translator` (the same for the GRUs above):
 # teacher forcing, cross-entropy on the real target tokens, AdamW with notebook 7's warm-up and
-# cosine schedule, `TRANSFORMER_STEPS` steps of `BATCH_SIZE` single sentences. It stops with an
+# cosine schedule to a peak rate of `PEAK_LR`, `TRANSFORMER_STEPS` steps of `BATCH_SIZE` single
+# sentences. It stops with an
 # error if the loss ever stops being finite, as notebook 7's Trainer does.
 
 # %%
 from helpers.families.translation import train_translator
 
-TRANSFORMER_STEPS = 300  # the knob: more steps, a better Transformer
+TRANSFORMER_STEPS = 200  # the knob: more steps, a better Transformer
 BATCH_SIZE = 32
+PEAK_LR = 1e-2  # the rate at the top of the warm-up: a short run needs a high one
 
 torch.manual_seed(0)
 model = EncoderDecoder(config)
 started = time.perf_counter()
 transformer_losses = train_translator(model, data, train_ids, steps=TRANSFORMER_STEPS,
-                                      batch_size=BATCH_SIZE)
+                                      batch_size=BATCH_SIZE, lr=PEAK_LR)
 print(f"Transformer: {TRANSFORMER_STEPS} steps, {format_duration(time.perf_counter() - started)}")
 print("loss fell below a tenth of its start:", transformer_losses[-1] < transformer_losses[0] / 10)
 assert transformer_losses[-1] < transformer_losses[0] / 10
@@ -936,7 +938,7 @@ print(f"{len(train_y)} labelled training sentences ({int((train_y == 0).sum())} 
       f"{len(test_y)} test sentences ({int((test_y == 0).sum())} broken)")
 print("a broken one:", " ".join(vocab.itos[i] for i in train_x[(train_y == 0).nonzero()[0, 0]].tolist() if i))
 
-FINETUNE_STEPS = 100  # the knob
+FINETUNE_STEPS = 60  # the knob
 
 
 def finetune(encoder: Encoder, seed: int) -> float:
@@ -995,15 +997,17 @@ print(f"gap per seed: {' '.join(f'{g:+.3f}' for g in gaps)}; mean {sum(gaps) / 3
 # those only). It is notebook 7's GPT (`helpers.model.gpt.GPT`) with one vocabulary for both languages:
 # English ids as they are, Grammish ids shifted past them. There is no cross-attention; the
 # Grammish words read the English ones through the same causal self-attention. We train it for
-# `DECODER_ONLY_STEPS` steps and compare the three models' **teacher-forced** token accuracy on the
-# test split (each target word predicted from the true words before it).
+# `DECODER_ONLY_STEPS` steps with a plain loop (a constant rate, no schedule), so the two are not
+# trained at equal cost: the comparison is a bound each model passes, not a ranking. We compare
+# the three models' **teacher-forced** token accuracy on the test split (each target word
+# predicted from the true words before it).
 
 # %%
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.families.mlm import IGNORE as SKIP
 from helpers.families.translation import BOS_ID
 
-DECODER_ONLY_STEPS = 300  # the knob: as many steps as the encoder-decoder had
+DECODER_ONLY_STEPS = 300  # the knob: more steps, a better decoder-only translator
 shift = vocab.vocab_size  # Grammish id t becomes shift + t
 
 
@@ -1086,7 +1090,7 @@ assert not any(isinstance(getattr(m, "cross_attn", None), MultiHeadAttention) fo
 #   half-way reading says which models were still improving.
 # - **The recurrence** (section 2): the GRU's `N` dependent steps against the Transformer's
 #   two; the one-thread times beside them show the arithmetic, not the parallelism.
-# - **The encoder-decoder** (sections 3-4, `TRANSFORMER_STEPS = 300`): more than 80 % of the
+# - **The encoder-decoder** (sections 3-4, `TRANSFORMER_STEPS = 200`): more than 80 % of the
 #   single test sentences exactly right and more than 95 % of their tokens.
 # - **Beam search** (section 5): never less likely than greedy on the 60 sentences tried; how
 #   often it is strictly more likely, and what that does to exact matches, is printed for this

@@ -35,6 +35,8 @@ import torch.nn.functional as F
 from helpers.lab.exercises import check
 from helpers.timing import format_duration
 
+torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
+
 # %% [markdown]
 # ## 1. Sampling, exactly
 #

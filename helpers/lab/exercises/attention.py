@@ -1,4 +1,5 @@
-"""Exercises of notebook 3 (scaled dot-product attention): softmax, its Jacobian, attention."""
+"""Exercises of notebook 3 (scaled dot-product attention): softmax, its Jacobian, attention, and
+the core one, an attention layer with learned projections."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 from collections.abc import Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
 from helpers.model import attention as reference
@@ -110,3 +111,161 @@ def _explain_wrong_weights(weights: object, q: Tensor, k: Tensor, what: str, d_v
     if q.shape[-2] > 1 and torch.allclose(weights, reference.softmax(scores / math.sqrt(q.shape[-1]), dim=-2), atol=1e-9):
         raise ExerciseFailed(f"for {what} your weights' columns sum to 1: each query (row) must get "
                              "a distribution over the keys, so take the softmax over dim=-1.")
+
+
+# --- the core exercise: an attention layer with learned projections -----------------------------
+
+D_IN, D_K, D_V = 6, 4, 3  # all different: a matrix's shape alone says which way it is stored
+LAYER_CASES = {  # what: (x_query shape, x_data shape)
+    "self-attention (x of shape (5, 6) as both inputs)": ((5, D_IN), None),
+    "cross-attention (x_query (2, 6), x_data (7, 6))": ((2, D_IN), (7, D_IN)),
+    "a batch (x_query (2, 3, 6), x_data (2, 5, 6))": ((2, 3, D_IN), (2, 5, D_IN)),
+    "a batch of heads (x_query (2, 2, 3, 6), x_data (2, 2, 4, 6))": ((2, 2, 3, D_IN), (2, 2, 4, D_IN)),
+}
+
+
+def _projection(layer: nn.Module, name: str, d_out: int, label: str) -> tuple[Tensor, bool]:
+    """The student's projection `name` as (its parameter, whether x @ parameter.T projects).
+
+    Accepted: nn.Linear(d_in, d_out, bias=False), or an nn.Parameter of shape (d_in, d_out)
+    (used as x @ w) or (d_out, d_in) (used as x @ w.T, F.linear's way).
+    """
+    store = getattr(layer, name, getattr(layer, name.upper(), None))
+    if store is None:
+        raise ExerciseFailed(f"your layer has no attribute {name}: store the three projections as self.w_q, "
+                             "self.w_k and self.w_v (each an nn.Linear without bias or an nn.Parameter matrix), "
+                             "so the check can set their values.")
+    if isinstance(store, nn.Linear):
+        if store.bias is not None:
+            raise ExerciseFailed(f"self.{name} has a bias: the projections are x W with no + b, so build "
+                                 f"it as nn.Linear(d_in, {label}, bias=False).")
+        if tuple(store.weight.shape) != (d_out, D_IN):
+            raise ExerciseFailed(f"MyAttentionLayer({D_IN}, {D_K}, {D_V}).{name} is nn.Linear({store.in_features}, "
+                                 f"{store.out_features}), expected nn.Linear(d_in, {label}) = "
+                                 f"nn.Linear({D_IN}, {d_out}).")
+        return store.weight, True
+    if isinstance(store, Tensor):
+        if not isinstance(store, nn.Parameter):
+            raise ExerciseFailed(f"self.{name} is a plain tensor: wrap it in nn.Parameter(...) so that it is "
+                                 "one of the layer's parameters (trained by the optimizer, moved by .to()).")
+        if tuple(store.shape) in ((D_IN, d_out), (d_out, D_IN)):
+            return store, tuple(store.shape) == (d_out, D_IN)
+        raise ExerciseFailed(f"in MyAttentionLayer({D_IN}, {D_K}, {D_V}) self.{name} has shape {tuple(store.shape)}, "
+                             f"expected (d_in, {label}) = ({D_IN}, {d_out}) or its transpose.")
+    raise ExerciseFailed(f"self.{name} is a {type(store).__name__}, expected an nn.Linear or an nn.Parameter.")
+
+
+def _build_layer(student: Callable[[int, int, int], nn.Module]) -> tuple[nn.Module, list[Tensor]]:
+    """The student's layer (d_in, d_k, d_v) = (6, 4, 3) in float64, with the check's own weights set;
+    returns it and the matrices (d_in, d) that project x as x @ matrix (W_Q, W_K, W_V)."""
+    if isinstance(student, nn.Module):
+        raise ExerciseFailed("pass the class MyAttentionLayer itself, not a layer built from it: the check "
+                             "builds its own with d_in, d_k, d_v all different.")
+    with torch.random.fork_rng():  # leave the notebook's random numbers as they were
+        torch.manual_seed(0)
+        try:
+            layer = student(D_IN, D_K, D_V)
+        except AttributeError as error:
+            if "Module.__init__() call" in str(error):
+                raise ExerciseFailed("call super().__init__() first in __init__: nn.Module must set "
+                                     "itself up before it can hold layers or parameters.") from None
+            raise
+    if not isinstance(layer, nn.Module):
+        raise ExerciseFailed(f"MyAttentionLayer({D_IN}, {D_K}, {D_V}) gave a {type(layer).__name__}, expected "
+                             "an nn.Module: write class MyAttentionLayer(nn.Module).")
+    sizes = {"w_q": (D_K, "d_k"), "w_k": (D_K, "d_k"), "w_v": (D_V, "d_v")}
+    stores = {name: _projection(layer, name, d, label) for name, (d, label) in sizes.items()}
+    for name, (parameter, _) in stores.items():
+        if not torch.isfinite(parameter).all():
+            raise ExerciseFailed(f"a new layer's self.{name} holds inf or NaN: torch.empty leaves memory "
+                                 "uninitialised, so start from random values (torch.randn, or nn.Linear).")
+        if not parameter.detach().any():
+            raise ExerciseFailed(f"a new layer's self.{name} is all zeros: every score would be 0 and every "
+                                 "query would spread its attention evenly; start from random values.")
+    expected = D_IN * (2 * D_K + D_V)
+    total = sum(p.numel() for p in layer.parameters())
+    if total != expected:
+        raise ExerciseFailed(f"MyAttentionLayer({D_IN}, {D_K}, {D_V}) has {total} learned numbers, expected "
+                             f"d_in x (2 d_k + d_v) = {expected}, the three projection matrices and nothing else.")
+    layer.double()
+    generator = torch.Generator().manual_seed(11)
+    matrices = []
+    for name, (d, label) in sizes.items():
+        parameter, transposed = _projection(layer, name, d, label)
+        matrix = torch.randn(D_IN, d, generator=generator, dtype=torch.float64) / math.sqrt(D_IN)
+        with torch.no_grad():
+            parameter.copy_(matrix.T if transposed else matrix)
+        matrices.append(matrix)
+    return layer, matrices
+
+
+def _explain_wrong_layer(weights: object, x_query: Tensor, x_data: Tensor, matrices: list[Tensor], what: str) -> None:
+    """Name the slips a layer adds to those of scaled attention: the keys projected with W_Q,
+    the queries taken from x_data, the weights returned transposed, scaling by d_in."""
+    if not isinstance(weights, Tensor) or not weights.is_floating_point():
+        return
+    weights = weights.double()
+    w_q, w_k, _ = matrices
+    q, k = x_query @ w_q, x_data @ w_k
+    expected = reference.softmax(q @ k.transpose(-2, -1) / math.sqrt(D_K))
+    if weights.shape == expected.shape and torch.allclose(weights, expected, atol=1e-9):
+        return  # right (in self-attention, "swapped inputs" would match it too)
+    if weights.shape == expected.mT.shape and torch.allclose(weights, expected.mT, atol=1e-9):
+        raise ExerciseFailed(f"for {what} your weights are transposed, (N_x, N_q): return them as "
+                             "(..., N_q, N_x), one row per query, each row summing to 1.")
+    slips = {
+        "your keys are projected with w_q: the keys are x_data through w_k.":
+            reference.softmax(q @ (x_data @ w_q).transpose(-2, -1) / math.sqrt(D_K)),
+        "your queries come from x_data and your keys from x_query: layer(x_query, x_data) takes the "
+        "queries from its first argument, the keys and values from its second.":
+            reference.softmax((x_data @ w_q) @ (x_query @ w_k).transpose(-2, -1) / math.sqrt(D_K)),
+        f"you divided the scores by sqrt(d_in) = {math.sqrt(D_IN):.3f}: the scale is sqrt(d_k) = "
+        f"{math.sqrt(D_K):.3f}, the size of the projected vectors in each dot product.":
+            reference.softmax(q @ k.transpose(-2, -1) / math.sqrt(D_IN)),
+    }
+    for slip, wrong in slips.items():
+        if weights.shape == wrong.shape and torch.allclose(weights, wrong, atol=1e-9):
+            raise ExerciseFailed(f"for {what} {slip}")
+    _explain_wrong_weights(weights, q, k, what, d_v=D_V)
+
+
+@exercise(hint="In __init__: super().__init__(), then self.w_q, self.w_k = nn.Linear(d_in, d_k, bias=False) "
+               "and self.w_v = nn.Linear(d_in, d_v, bias=False). In forward: q = self.w_q(x_query), "
+               "k and v from x_data, then softmax(q @ k.transpose(-2, -1) / sqrt(d_k)) and weights @ v.",
+          task="Write class MyAttentionLayer(nn.Module): MyAttentionLayer(d_in, d_k, d_v) holds the "
+               "projections self.w_q, self.w_k, self.w_v (nn.Linear or nn.Parameter), and "
+               "layer(x_query, x_data) returns (output, weights). The check builds one with d_in, "
+               "d_k, d_v all different, sets its weights, and tries self-attention, cross-attention "
+               "and batches.")
+def attention_layer(student: Callable[[int, int, int], nn.Module]) -> str:
+    """The student's class MyAttentionLayer(d_in, d_k, d_v): its layer(x_query, x_data) must give
+    softmax(Q K^T / sqrt(d_k)) V with Q = x_query W_Q, K = x_data W_K, V = x_data W_V."""
+    layer, matrices = _build_layer(student)
+    for seed, (what, (query_shape, data_shape)) in enumerate(LAYER_CASES.items()):
+        x_query = _random(*query_shape, seed=20 + 2 * seed)
+        x_data = x_query if data_shape is None else _random(*data_shape, seed=21 + 2 * seed)
+        try:
+            with torch.no_grad():
+                result = layer(x_query, x_data)
+        except NotImplementedError:
+            raise
+        except Exception as error:
+            if x_query.dim() == 2:
+                raise
+            raise ExerciseFailed(
+                f"your layer works on (N, d_in) inputs but stops on {what} with {type(error).__name__}: "
+                f"{error}. Leading (batch) dims must pass through: use k.transpose(-2, -1) rather than "
+                "k.T or .t(), @ rather than torch.mm, and dim=-1 rather than a fixed dim.") from None
+        if not isinstance(result, tuple) or len(result) != 2:
+            raise ExerciseFailed(f"forward must return a pair (output, weights); for {what} it returned a "
+                                 f"{type(result).__name__}.")
+        output, weights = result
+        q, k, v = (x @ matrix for x, matrix in zip((x_query, x_data, x_data), matrices, strict=True))
+        expected_out, expected_w = reference.scaled_dot_product_attention(q, k, v)
+        _explain_wrong_layer(weights, x_query, x_data, matrices, what)
+        expect_close(weights, expected_w, f"the weights for {what}")
+        if isinstance(output, Tensor) and output.shape[-1] == D_K != D_V:
+            raise ExerciseFailed(f"for {what} the output has d_k = {D_K} features, expected d_v = {D_V}: "
+                                 "the values are x_data projected with w_v.")
+        expect_close(output, expected_out, f"the output for {what}")
+    return "One layer, two uses: layer(x, x) is self-attention, layer(decoder, encoder) cross-attention."

@@ -1,0 +1,80 @@
+"""The training step by hand (notebook 7, section 4): its two core pieces in plain code.
+
+    next_token_loss(model, ids)   the mean next-token cross-entropy of windows ids (B, N + 1)
+    adamw_update(p, g, m, v, t, lr, betas, eps, weight_decay)
+                                  one AdamW step on one weight tensor: the new (p, m, v)
+
+Notebook 7 asks the student to write both, then trains a small GPT with them; until an answer
+passes its check, the notebook runs on these (`helpers.lab.exercises.yours_or`). The Trainer
+does the same work with `F.cross_entropy` and `torch.optim.AdamW`; tests/test_by_hand.py holds
+these to PyTorch's.
+
+Shapes (the legend of `helpers`): B batch, N tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from helpers import checks
+
+
+def next_token_loss(model: nn.Module, ids: Tensor) -> Tensor:
+    """ids (B, N + 1) -> the mean cross-entropy of predicting ids[:, 1:] from ids[:, :-1], a scalar.
+
+    The model reads the first N tokens of each window and returns logits (B, N, V); position i
+    is scored on the token at i + 1. log-softmax is written out: z minus logsumexp(z).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model is a {type(model).__name__}, expected a language model "
+                        "(an nn.Module mapping ids (B, N) to logits (B, N, V))")
+    if not isinstance(ids, Tensor):
+        raise TypeError(f"ids is a {type(ids).__name__}, expected a tensor of token ids (B, N + 1)")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"ids has dtype {ids.dtype}, expected integer token ids (torch.long)")
+    if ids.dim() != 2 or ids.shape[1] < 2:
+        raise ValueError(f"ids has shape {tuple(ids.shape)}, expected windows (B, N + 1) of at least "
+                         "2 tokens: N inputs and, one step later, N targets")
+    logits = model(ids[:, :-1])                                   # (B, N, V)
+    log_probs = logits - logits.logsumexp(dim=-1, keepdim=True)   # (B, N, V)
+    return -log_probs.gather(-1, ids[:, 1:, None]).mean()         # (B, N, 1) picked, then a scalar
+
+
+def _check_betas(betas: Any) -> tuple[float, float]:
+    if not (isinstance(betas, tuple | list) and len(betas) == 2):
+        raise ValueError(f"betas is {betas!r}, expected two numbers (beta1, beta2)")
+    return tuple(checks.number_in(name, beta, 0.0, 1.0, high_open=True, expected="a number in [0, 1)")
+                 for name, beta in zip(("betas[0]", "betas[1]"), betas, strict=True))
+
+
+def adamw_update(p: Tensor, g: Tensor, m: Tensor, v: Tensor, t: int, lr: float,
+                 betas: tuple[float, float], eps: float,
+                 weight_decay: float) -> tuple[Tensor, Tensor, Tensor]:
+    """One AdamW step on a weight p with gradient g; returns the new (p, m, v), inputs unchanged.
+
+    p, g, m, v: tensors of one shape, m and v the running averages (zeros before step 1);
+    t: the step number, from 1; lr >= 0; betas in [0, 1); eps > 0; weight_decay >= 0
+    (decoupled: p shrinks by lr x weight_decay, outside the adaptive step).
+    """
+    for name, tensor in (("p", p), ("g", g), ("m", m), ("v", v)):
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"{name} is a {type(tensor).__name__}, expected a tensor")
+        if not tensor.is_floating_point():
+            raise TypeError(f"{name} has dtype {tensor.dtype}, expected a floating-point tensor")
+        if tensor.shape != p.shape:
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected p's shape {tuple(p.shape)}")
+    checks.positive_int("t", t)
+    checks.number_in("lr", lr, 0.0, math.inf, high_open=True, expected="a finite number >= 0")
+    beta1, beta2 = _check_betas(betas)
+    checks.positive_float("eps", eps)
+    checks.number_in("weight_decay", weight_decay, 0.0, math.inf, high_open=True,
+                     expected="a finite number >= 0 (0 = no decay)")
+    m = beta1 * m + (1 - beta1) * g                           # the running average of g
+    v = beta2 * v + (1 - beta2) * g * g                       # ... and of g squared
+    m_hat, v_hat = m / (1 - beta1 ** t), v / (1 - beta2 ** t)  # bias correction: both start at 0
+    p = p * (1 - lr * weight_decay)                           # decoupled weight decay
+    return p - lr * m_hat / (v_hat.sqrt() + eps), m, v
