@@ -30,6 +30,7 @@ def tiny_gpt() -> GPT:
     (None, [[1, 2]], TypeError, "ids is a list, expected a tensor of token ids (B, N + 1)"),
     (None, torch.zeros(2, 3, dtype=torch.complex64), TypeError,
      "ids has dtype torch.complex64, expected integer token ids (torch.long)"),
+    (None, torch.zeros(2, 3), TypeError, "ids has dtype torch.float32, expected integer token ids (torch.long)"),
     (None, torch.zeros(2, 3, dtype=torch.bool), TypeError,
      "ids has dtype torch.bool, expected integer token ids (torch.long)"),
     (None, torch.zeros(2, 1, dtype=torch.long), ValueError,
