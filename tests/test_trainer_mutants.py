@@ -375,3 +375,12 @@ def test_trainconfig_accepts_the_edges_of_each_range():
                          batch_size=1, eval_every=1, eval_batches=1, precision="bf16")
     assert (config.warmup, config.min_lr_ratio, config.weight_decay) == (0.0, 1.0, 0.0)
     assert TrainConfig(min_lr_ratio=0.0, fast=False, precision="fp32").min_lr_ratio == 0.0
+
+
+def test_split_train_val_takes_one_token_each_and_says_when_a_part_is_empty():
+    train_ids, val_ids = train.split_train_val(torch.arange(2), 0.5)  # the smallest split
+    assert train_ids.tolist() == [0] and val_ids.tolist() == [1]
+    said = ("val_fraction = 0.9 of 3 tokens leaves 0 for training and 3 for validation, expected both "
+            "parts non-empty: give more text or another val_fraction")
+    with pytest.raises(ValueError, match="^" + re.escape(said) + "$"):
+        train.split_train_val(torch.arange(3), 0.9)
