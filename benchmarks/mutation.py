@@ -75,6 +75,16 @@ MODULE_TESTS: dict[str, list[str]] = {
     "helpers/training/trainer.py": [
         "tests/test_train.py", "tests/test_properties.py", "tests/test_bad_input.py",
         "tests/test_bad_input_newer.py", "tests/test_properties_exact.py",
+        "tests/test_by_hand.py",  # the plain loop step for step against Trainer.train_step
+        "tests/test_trainer_mutants.py",
+    ],
+    "helpers/training/by_hand.py": [
+        "tests/test_by_hand.py", "tests/test_gpt_checkers.py",  # the checker that it passes
+        "tests/test_by_hand_mutants.py",
+    ],
+    "helpers/training/guards.py": [
+        "tests/test_train.py", "tests/test_bad_input.py", "tests/test_bad_input_newer.py",
+        "tests/test_properties.py", "tests/test_properties_exact.py", "tests/test_guards_mutants.py",
     ],
     "helpers/training/speed.py": [
         "tests/test_train.py", "tests/test_properties.py", "tests/test_bad_input.py",

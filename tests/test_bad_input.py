@@ -229,7 +229,7 @@ def test_a_checkpoint_round_trips_with_plain_extras(tmp_path):
 def _write_bad_file(kind: str, folder: Path) -> Path:
     path = folder / f"{kind}.pt"
     if kind == "random":
-        path.write_bytes(os.urandom(2000))
+        path.write_bytes(b"\x00" + os.urandom(1999))  # never "{" or "[" first: that is the JSON case
     elif kind == "truncated":
         save_checkpoint(path, small_model())
         path.write_bytes(path.read_bytes()[:3000])
