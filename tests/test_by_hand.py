@@ -47,12 +47,15 @@ def test_next_token_loss_gives_the_same_gradient_as_f_cross_entropy():
 
 
 @pytest.mark.parametrize("lr, betas, eps, decay", [(1e-2, (0.9, 0.99), 1e-8, 0.1), (3e-3, (0.8, 0.999), 1e-6, 0.0),
-                                                    (5e-2, (0.0, 0.5), 1e-8, 0.5)])
+                                                    (5e-2, (0.0, 0.5), 1e-8, 0.5),
+                                                    # the edges: no step at all, betas of 0 given as a list, a large eps and decay
+                                                    (0.0, (0.9, 0.99), 1e-8, 0.1), (1e-2, [0.0, 0.0], 1e-3, 0.0),
+                                                    (1e-1, (0.5, 0.9), 0.5, 2.0)])
 def test_adamw_update_takes_the_steps_of_torch_optim_adamw(lr, betas, eps, decay):
     generator = torch.Generator().manual_seed(3)
     start = torch.randn(4, 5, generator=generator, dtype=torch.float64)
     param = torch.nn.Parameter(start.clone())
-    reference = torch.optim.AdamW([param], lr=lr, betas=betas, eps=eps, weight_decay=decay, foreach=False)
+    reference = torch.optim.AdamW([param], lr=lr, betas=tuple(betas), eps=eps, weight_decay=decay, foreach=False)
     p, m, v = start.clone(), torch.zeros_like(start), torch.zeros_like(start)
     for t in range(1, 6):
         g = torch.randn(4, 5, generator=generator, dtype=torch.float64)
@@ -60,6 +63,11 @@ def test_adamw_update_takes_the_steps_of_torch_optim_adamw(lr, betas, eps, decay
         reference.step()
         p, m, v = adamw_update(p, g, m, v, t, lr, betas, eps, decay)
         assert torch.allclose(p, param.detach(), rtol=1e-12, atol=1e-14), t
+        state = reference.state[param]  # and the running averages themselves
+        assert torch.allclose(m, state["exp_avg"], rtol=1e-12, atol=0), t
+        assert torch.allclose(v, state["exp_avg_sq"], rtol=1e-12, atol=0), t
+    if lr == 0.0:
+        assert torch.equal(p, start)  # a rate of 0 moves nothing, decay included
 
 
 def test_adamw_update_leaves_its_inputs_alone():
