@@ -500,8 +500,8 @@ check("encoders.source_key_mask", source_key_mask)
 # The loop of `helpers.families.translation.train_translator` (the same for the GRUs above):
 # teacher forcing, cross-entropy on the real target tokens, AdamW with notebook 7's warm-up and
 # cosine schedule to a peak rate of `PEAK_LR`, `TRANSFORMER_STEPS` steps of `BATCH_SIZE` single
-# sentences. It stops with an
-# error if the loss ever stops being finite, as notebook 7's Trainer does.
+# sentences. It stops with an error if the loss ever stops being finite, as notebook 7's Trainer
+# does.
 
 # %%
 from helpers.families.translation import train_translator
