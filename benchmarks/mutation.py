@@ -107,7 +107,9 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_gpt.py", "tests/test_properties.py", "tests/test_bad_input.py",
         "tests/test_bad_input_newer.py", "tests/test_properties_exact.py",
     ],
-    "helpers/model/embeddings.py": ["tests/test_embeddings.py", "tests/test_bad_input.py"],
+    "helpers/model/embeddings.py": [
+        "tests/test_embeddings.py", "tests/test_bad_input.py", "tests/test_embeddings_mutants.py",
+    ],
     "helpers/model/modern.py": [
         "tests/test_modern.py", "tests/test_properties.py", "tests/test_bad_input_newer.py",
     ],
