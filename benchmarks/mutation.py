@@ -112,6 +112,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     "helpers/model/modern.py": [
         "tests/test_modern.py", "tests/test_properties.py", "tests/test_bad_input_newer.py",
+        "tests/test_modern_mutants.py",
     ],
 }
 
