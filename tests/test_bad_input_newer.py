@@ -297,6 +297,14 @@ def test_alibi_with_different_query_and_key_lengths_is_named():
         alibi_attention(q, k, k)
 
 
+def test_alibi_names_a_q_of_too_few_dimensions_and_a_non_tensor_before_any_work():
+    """q.shape[-3] used to be read before the check: a 2-D q raised IndexError, a list AttributeError."""
+    with pytest.raises(ValueError, match=r"q, k, v have shapes \(4, 8\), \(4, 8\), \(4, 8\)"):
+        alibi_attention(torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8))
+    with pytest.raises(TypeError, match="k is a list, expected a tensor"):
+        alibi_attention(torch.randn(1, 2, 4, 8), [[0.0]], torch.randn(1, 2, 4, 8))
+
+
 def test_the_modern_models_cache_is_checked():
     torch.manual_seed(0)
     model = ModernGPT(MODERN).eval()

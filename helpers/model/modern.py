@@ -178,11 +178,14 @@ def alibi_bias(n_heads: int, n_tokens: int) -> Tensor:
 def alibi_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Causal attention with ALiBi: q, k, v (B, H, N, D_H) -> (B, H, N, D_H). No positions in q
     or k: the bias, added after the 1/sqrt(D_H) scaling, is the only place order enters."""
-    n_heads, n_tokens = q.shape[-3], q.shape[-2]
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"{name} is a {type(tensor).__name__}, expected a tensor (B, H, N, D_H)")
     if q.dim() != 4 or k.shape != q.shape or v.shape[:-1] != q.shape[:-1]:
         raise ValueError(f"q, k, v have shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}, "
                          "expected q and k (B, H, N, D_H) alike and v (B, H, N, D_V): the bias "
                          "buffer is (H, N, N), for as many keys as queries")
+    n_heads, n_tokens = q.shape[-3], q.shape[-2]
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, N, N)
     scores = scores + alibi_bias(n_heads, n_tokens).to(scores)
     scores = scores.masked_fill(~causal_mask(n_tokens, device=q.device), float("-inf"))
