@@ -101,11 +101,11 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     "helpers/model/layers.py": [
         "tests/test_norms_ffn.py", "tests/test_gpt.py", "tests/test_modern.py",
-        "tests/test_bad_input.py",
+        "tests/test_bad_input.py", "tests/test_layers_mutants.py",
     ],
     "helpers/model/gpt.py": [
         "tests/test_gpt.py", "tests/test_properties.py", "tests/test_bad_input.py",
-        "tests/test_bad_input_newer.py", "tests/test_properties_exact.py",
+        "tests/test_bad_input_newer.py", "tests/test_properties_exact.py", "tests/test_gpt_mutants.py",
     ],
     "helpers/model/embeddings.py": [
         "tests/test_embeddings.py", "tests/test_bad_input.py", "tests/test_embeddings_mutants.py",
