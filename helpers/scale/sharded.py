@@ -29,6 +29,7 @@ from helpers.scale.data_parallel import (
     make_model,
     shard_rows,
 )
+from helpers.training.by_hand import adamw_update
 
 
 def assign_owners(sizes: Sequence[int], world_size: int) -> list[int]:
@@ -79,14 +80,11 @@ class ShardedAdamW:
             raise ValueError(f"params {missing} of rank {self.rank} have no .grad, expected "
                              "backward() to have run before step()")
         self.t += 1
-        beta1, beta2 = self.betas
-        for i in self.mine:
-            p, g, m, v = self.params[i], self.params[i].grad, self.m[i], self.v[i]
-            m.mul_(beta1).add_((1 - beta1) * g)
-            v.mul_(beta2).add_((1 - beta2) * g * g)
-            m_hat, v_hat = m / (1 - beta1 ** self.t), v / (1 - beta2 ** self.t)
-            p.mul_(1 - lr * (self.weight_decay if p.dim() >= 2 else 0.0))
-            p.sub_(lr * m_hat / (v_hat.sqrt() + self.eps))
+        for i in self.mine:  # notebook 7's update, on this rank's own parameters only
+            p, decay = self.params[i], self.weight_decay if self.params[i].dim() >= 2 else 0.0
+            new_p, self.m[i], self.v[i] = adamw_update(p, p.grad, self.m[i], self.v[i], self.t, lr,
+                                                       self.betas, self.eps, decay)
+            p.copy_(new_p)  # in place: the model keeps its tensor
         if self.world_size > 1:
             for p, owner in zip(self.params, self.owner, strict=True):
                 dist.broadcast(p, src=owner)  # the owner's updated values, everywhere
