@@ -114,6 +114,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_modern.py", "tests/test_properties.py", "tests/test_bad_input_newer.py",
         "tests/test_modern_mutants.py",
     ],
+    "helpers/model/llama.py": ["tests/test_modern.py", "tests/test_bad_input_newer.py"],
 }
 
 # What a reader of a module's score should know, printed under its heading in MUTATION.md.
@@ -246,6 +247,9 @@ def render_report(results: dict[str, ModuleResult], equivalents: list[dict[str, 
         "Written by `benchmarks/mutation.py` (mutmut 3) from `benchmarks/mutation_results.json`;",
         "equivalent mutants are judged in `benchmarks/mutation_equivalent.toml`.",
         "Score = killed / (total - equivalent); a timeout counts as neither.",
+        "mutmut skips decorated functions: `@torch.no_grad()`, `@property` and `@contextmanager`",
+        "are moved below the function in the scratch copy so their bodies are mutated (runs before",
+        "2026-11-27 left them out); functions under other decorators are named per module.",
         "Time: wall time of the module's `mutmut run` (niced, on a shared machine: a rough size, not",
         "a benchmark). Timeouts: CPU time past (clean test time + constant) x multiplier x 2.",
         "",
@@ -277,6 +281,14 @@ def render_report(results: dict[str, ModuleResult], equivalents: list[dict[str, 
         lines += ["", f"## `{name}`", "", "Tests: " + ", ".join(f"`{t}`" for t in result.tests)]
         if name in MODULE_NOTES:
             lines += ["", MODULE_NOTES[name]]
+        if (ROOT / name).exists():
+            _, moved, kept = unwrap_decorators((ROOT / name).read_text("utf-8"))
+            if moved:
+                lines += ["", "Mutated undecorated (`f = decorator(f)` in the scratch copy): "
+                          + ", ".join(f"`{n}`" for n in moved)]
+            if kept:
+                lines += ["", "Not mutated (mutmut skips decorated functions): "
+                          + ", ".join(f"`{n}`" for n in kept)]
         reasons = s["equivalent_reasons"]
         if reasons:
             lines += ["", "Judged equivalent:", ""]
@@ -357,6 +369,49 @@ def mutmut_config(module: str, tests: list[str], timeout_multiplier: float,
     ])
 
 
+# mutmut 3 leaves every decorated function unmutated (bar staticmethod and classmethod). In the
+# scratch copy, a function whose one decorator is below is written undecorated and wrapped after
+# its definition (`f = torch.no_grad()(f)`), which is the same function: mutmut then reaches its
+# body. Other decorators (triton.jit, functools.cache, ...) are kept and named in the report.
+REWRAPPED = ("torch.no_grad()", "torch.inference_mode()", "property", "contextmanager")
+
+
+def unwrap_decorators(source: str) -> tuple[str, list[str], list[str]]:
+    """`source` with REWRAPPED decorators moved below their functions; the names moved, the names
+    still decorated (which mutmut will not mutate)."""
+    import libcst as cst
+
+    module = cst.parse_module(source)
+    moved: list[str] = []
+    kept: list[str] = []
+
+    class Unwrap(cst.CSTTransformer):
+        def __init__(self) -> None:
+            self.classes: list[str] = []
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> None:
+            self.classes.append(node.name.value)
+
+        def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+            self.classes.pop()
+            return updated
+
+        def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef):
+            name = ".".join([*self.classes, updated.name.value])
+            decorators = [module.code_for_node(d.decorator) for d in updated.decorators]
+            if not decorators or decorators in (["staticmethod"], ["classmethod"]):
+                return updated
+            if len(decorators) != 1 or decorators[0] not in REWRAPPED:
+                kept.append(name)
+                return updated
+            moved.append(name)
+            wrap = cst.parse_statement(
+                f"{updated.name.value} = {decorators[0]}({updated.name.value})\n")
+            return cst.FlattenSentinel([updated.with_changes(decorators=[]), wrap])
+
+    return module.visit(Unwrap()).code, moved, kept
+
+
 def prepare(module: str, tests: list[str], workdir: Path, timeout_multiplier: float,
             timeout_constant: float) -> Path:
     scratch = workdir / module.replace("/", "_").removesuffix(".py")
@@ -371,6 +426,9 @@ def prepare(module: str, tests: list[str], workdir: Path, timeout_multiplier: fl
         raise ValueError("pyproject.toml has a [tool.mutmut] table; this script writes its own")
     (scratch / "pyproject.toml").write_text(
         pyproject + mutmut_config(module, tests, timeout_multiplier, timeout_constant), "utf-8")
+    target = scratch / module
+    source, _, _ = unwrap_decorators(target.read_text("utf-8"))
+    target.write_text(source, "utf-8")
     return scratch
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("tomllib", reason="the report reads its judgements with Python 3.11's tomllib")
 
@@ -151,3 +152,64 @@ def test_results_of_the_first_format_are_still_read(tmp_path):
     assert result.mutants == [mutation.Mutant("helpers.flash.tiled.x__tiles__mutmut_7", "survived", DIFF)]
     mutation.save_results({MODULE: result}, tmp_path / "new.json")
     assert mutation.load_results(tmp_path / "new.json")[MODULE].mutants == result.mutants
+
+
+DECORATED = '''
+import torch
+from contextlib import contextmanager
+
+
+class Box:
+    @property
+    def size(self) -> int:
+        """A docstring stays first."""
+        return 3
+
+    @staticmethod
+    def make() -> "Box":
+        return Box()
+
+    @functools.cache
+    def cached(self) -> int:
+        return 1
+
+
+@torch.no_grad()
+def scale_(x):
+    x.mul_(2)
+    return x
+
+
+@contextmanager
+def opened():
+    yield 1
+
+
+def plain(x):
+    return x
+'''
+
+
+def test_decorators_are_moved_below_their_functions_so_mutmut_reaches_them():
+    source, moved, kept = mutation.unwrap_decorators(DECORATED)
+    assert moved == ["Box.size", "scale_", "opened"]
+    assert kept == ["Box.cached"]  # staticmethod is mutmut's own case, plain has no decorator
+    assert "    size = property(size)\n" in source
+    assert "scale_ = torch.no_grad()(scale_)\n" in source
+    assert "@torch.no_grad()" not in source and "@property" not in source
+    assert "@staticmethod" in source and "@functools.cache" in source
+    namespace: dict = {"functools": __import__("functools")}
+    exec(compile(source, "<rewritten>", "exec"), namespace)
+    assert namespace["Box"]().size == 3
+    leaf = torch.ones(2, requires_grad=True)
+    assert namespace["scale_"](leaf).tolist() == [2.0, 2.0]  # in place on a leaf: only under no_grad
+    with pytest.raises(RuntimeError, match="leaf"):
+        leaf.mul_(2)
+    with namespace["opened"]() as value:
+        assert value == 1
+
+
+def test_every_helpers_module_still_compiles_after_the_rewrite():
+    for path in sorted((ROOT / "helpers").rglob("*.py")):
+        source, _, _ = mutation.unwrap_decorators(path.read_text("utf-8"))
+        compile(source, str(path), "exec")
