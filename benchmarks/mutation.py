@@ -114,7 +114,94 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_modern.py", "tests/test_properties.py", "tests/test_bad_input_newer.py",
         "tests/test_modern_mutants.py",
     ],
-    "helpers/model/llama.py": ["tests/test_modern.py", "tests/test_bad_input_newer.py"],
+    # --- model-a (first runs 2026-11-27) ---
+    "helpers/model/llama.py": [
+        "tests/test_modern.py", "tests/test_bad_input_newer.py",
+    ],
+    "helpers/model/gpt2.py": [
+        "tests/test_gpt2.py", "tests/test_bad_input_newer.py",
+    ],
+    "helpers/model/gemma.py": [
+        "tests/test_gemma.py",
+    ],
+    "helpers/model/checkpoints.py": [
+        "tests/test_train.py", "tests/test_bad_input.py", "tests/test_bad_input_newer.py",
+    ],
+    # --- end model-a ---
+    # --- model-b (first runs 2026-11-27) ---
+    "helpers/model/deepseek.py": [
+        "tests/test_mla.py",
+    ],
+    "helpers/model/mla.py": [
+        "tests/test_mla.py",
+    ],
+    "helpers/model/moe.py": [
+        "tests/test_moe.py", "tests/test_late_exercises.py",
+    ],
+    "helpers/model/frontier.py": [
+        "tests/test_moe.py", "tests/test_sliding.py",
+    ],
+    "helpers/model/sliding.py": [
+        "tests/test_sliding.py",
+    ],
+    # --- end model-b ---
+    # --- model-c (first runs 2026-11-27) ---
+    "helpers/model/kv_cache.py": [
+        "tests/test_gpt.py", "tests/test_modern.py", "tests/test_bad_input.py",
+        "tests/test_bad_input_newer.py", "tests/test_properties.py",
+    ],
+    "helpers/model/generation.py": [
+        "tests/test_gpt.py", "tests/test_sampling.py", "tests/test_bad_input.py",
+    ],
+    "helpers/model/fused.py": [
+        "tests/test_gpt.py",
+    ],
+    # --- end model-c ---
+    # --- flash (first runs 2026-11-27) ---
+    "helpers/flash/costs.py": [
+        "tests/test_flash.py", "tests/test_bad_input_newer.py",
+    ],
+    "helpers/flash/profiling.py": [
+        "tests/test_flash.py", "tests/test_bad_input_newer.py",
+    ],
+    "helpers/flash/triton_attention.py": [
+        "tests/test_flash.py", "tests/test_bad_input_newer.py", "tests/test_properties_exact.py",
+    ],
+    # --- end flash ---
+    # --- scale-a (first runs 2026-11-27) ---
+    "helpers/scale/data_parallel.py": [
+        "tests/test_distributed.py", "tests/test_properties_exact.py", "tests/test_bad_input_newer.py",
+    ],
+    "helpers/scale/tensor_parallel.py": [
+        "tests/test_distributed.py", "tests/test_properties_exact.py", "tests/test_bad_input_newer.py",
+    ],
+    "helpers/scale/expert_parallel.py": [
+        "tests/test_moe.py", "tests/test_properties_exact.py",
+    ],
+    "helpers/scale/parallelism.py": [
+        "tests/test_distributed.py", "tests/test_pipeline.py", "tests/test_properties_exact.py",
+    ],
+    "helpers/scale/recompute.py": [
+        "tests/test_recompute.py", "tests/test_properties_exact.py",
+    ],
+    # --- end scale-a ---
+    # --- scale-b (first runs 2026-11-27) ---
+    "helpers/scale/fsdp.py": [
+        "tests/test_fsdp.py", "tests/test_properties_exact.py",
+    ],
+    "helpers/scale/pipeline.py": [
+        "tests/test_pipeline.py", "tests/test_properties_exact.py",
+    ],
+    "helpers/scale/ring_attention.py": [
+        "tests/test_ring_attention.py", "tests/test_properties_exact.py",
+    ],
+    "helpers/scale/workers.py": [
+        "tests/test_workers_cell_functions.py", "tests/test_bad_input_newer.py",
+    ],
+    "helpers/scale/cell_functions.py": [
+        "tests/test_workers_cell_functions.py", "tests/test_properties_exact.py",
+    ],
+    # --- end scale-b ---
 }
 
 # What a reader of a module's score should know, printed under its heading in MUTATION.md.
