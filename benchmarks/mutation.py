@@ -185,6 +185,38 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_recompute.py", "tests/test_properties_exact.py",
     ],
     # --- end scale-a ---
+    # --- serve-post (first runs 2026-11-27) ---
+    "helpers/serve/batching.py": [
+        "tests/test_scheduler.py", "tests/test_sampling.py",
+    ],
+    "helpers/serve/paged.py": [
+        "tests/test_paged.py",
+    ],
+    "helpers/serve/quantize.py": [
+        "tests/test_quantize.py",
+    ],
+    "helpers/serve/sampling.py": [
+        "tests/test_sampling.py",
+    ],
+    "helpers/serve/scheduler.py": [
+        "tests/test_scheduler.py",
+    ],
+    "helpers/serve/speculative.py": [
+        "tests/test_speculative.py",
+    ],
+    "helpers/post/lora.py": [
+        "tests/test_lora.py", "tests/test_post_bad_input.py",
+    ],
+    "helpers/post/dpo.py": [
+        "tests/test_dpo.py", "tests/test_post_bad_input.py",
+    ],
+    "helpers/post/sft.py": [
+        "tests/test_sft.py", "tests/test_post_bad_input.py",
+    ],
+    "helpers/post/grpo.py": [
+        "tests/test_grpo.py", "tests/test_post_bad_input.py",
+    ],
+    # --- end serve-post ---
     # --- scale-b (first runs 2026-11-27) ---
     "helpers/scale/fsdp.py": [
         "tests/test_fsdp.py", "tests/test_properties_exact.py",
