@@ -282,6 +282,7 @@ class ModuleResult:
     tests: list[str] = field(default_factory=list)
     date: str = ""
     history: list[dict[str, object]] = field(default_factory=list)  # earlier runs' summary rows
+    note: str = ""      # how the run was made, when not by `mutmut run` (mutation_kernels.py)
 
 
 def function_of(mutant_name: str) -> str:
@@ -400,6 +401,8 @@ def render_report(results: dict[str, ModuleResult], equivalents: list[dict[str, 
         lines += ["", f"## `{name}`", "", "Tests: " + ", ".join(f"`{t}`" for t in result.tests)]
         if name in MODULE_NOTES:
             lines += ["", MODULE_NOTES[name]]
+        if result.note:
+            lines += ["", result.note]
         if (ROOT / name).exists():
             _, moved, kept = unwrap_decorators((ROOT / name).read_text("utf-8"))
             if moved:
@@ -442,7 +445,8 @@ def load_results(path: Path | None = None) -> dict[str, ModuleResult]:
                        for m, status in stored.items()]
         results[name] = ModuleResult(module=name, mutants=mutants, seconds=entry["seconds"],
                                      tests=entry["tests"], date=entry["date"],
-                                     history=entry.get("history", []))
+                                     history=entry.get("history", []),
+                                     note=entry.get("note", ""))
     return results
 
 
@@ -453,7 +457,7 @@ def save_results(results: dict[str, ModuleResult], path: Path | None = None) -> 
     for name, r in sorted(results.items()):
         mutants = sorted(r.mutants, key=lambda m: m.name)
         stored[name] = {"seconds": round(r.seconds, 1), "tests": r.tests, "date": r.date,
-                        "history": r.history,
+                        "history": r.history, **({"note": r.note} if r.note else {}),
                         "mutants": {m.name: m.status for m in mutants},
                         "diffs": {m.name: m.diff for m in mutants if m.diff}}
     path.write_text(json.dumps(stored, indent=1, ensure_ascii=False) + "\n", "utf-8")
