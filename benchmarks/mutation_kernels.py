@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -213,13 +214,15 @@ class Worker:
         self.process.wait()
 
 
-def run_all(numbers: list[str], args: argparse.Namespace, deadline: float
+def run_all(numbers: list[str], args: argparse.Namespace, deadline: float,
+            save: Callable[[dict[str, dict[str, object]]], None] = lambda verdicts: None
             ) -> dict[str, dict[str, object]]:
-    """Verdicts {number: {status, passed, failed, seconds}} of the mutants, `args.jobs` at a time."""
+    """Verdicts {number: {status, passed, failed, seconds}} of the mutants, `args.jobs` at a time;
+    `save` gets the verdicts so far every 10 s (a run cut short keeps them)."""
     queue = list(numbers)
     workers = [Worker(i, args) for i in range(min(args.jobs, len(queue)))]
     verdicts: dict[str, dict[str, object]] = {}
-    next_report = time.monotonic() + 30
+    next_report = time.monotonic() + 10
     try:
         while queue or any(w.current is not None for w in workers):
             for i, w in enumerate(workers):
@@ -246,42 +249,59 @@ def run_all(numbers: list[str], args: argparse.Namespace, deadline: float
                 break
             if time.monotonic() > next_report:
                 print(f"  {len(verdicts)} of {len(numbers)} done", flush=True)
-                next_report += 30
+                save(verdicts)
+                next_report += 10
             time.sleep(0.2)
     finally:
         for w in workers:
             w.stop()
+    save(verdicts)
     return verdicts
 
 
 def command_run(args: argparse.Namespace) -> int:
     index = json.loads((args.dir / "index.json").read_text("utf-8"))
-    start = time.monotonic()
-    baseline = run_all(["original"], argparse.Namespace(**{**vars(args), "jobs": 1}),
-                       deadline=start + args.budget)
-    base = baseline.get("original", {})
-    print(f"unmutated kernels: {base}", flush=True)
-    if base.get("status") != "survived" or base.get("passed", 0) < args.min_passed:
-        print(f"the unmutated kernels must pass at least {args.min_passed} tests first")
-        return 1
     numbers = [str(i) for i in range(len(index))]
     random.Random(args.seed).shuffle(numbers)  # stopped by --budget, the tested ones are a sample
+    done: dict[str, str] = {}
+    for path in args.resume:  # earlier runs: skip their verdicts, retry their timeouts last
+        for name, verdict in json.loads(path.read_text("utf-8"))["verdicts"].items():
+            done[name] = str(verdict["status"])
+    position = {m["name"]: str(i) for i, m in enumerate(index)}
+    fresh = [n for n in numbers if index[int(n)]["name"] not in done]
+    retry = [position[name] for name, status in done.items() if status == "timeout"]
+    numbers = retry if args.retry_only else fresh + retry
+    if args.only:
+        unknown = [name for name in args.only if name not in position]
+        if unknown:
+            raise SystemExit(f"--only: no mutant named {unknown[0]!r} in {args.dir / 'index.json'}")
+        numbers = [position[name] for name in args.only]
     if args.limit:
         numbers = numbers[:args.limit]
-    verdicts = run_all(numbers, args, deadline=start + args.budget)
     device = describe_device()
-    out = {"device": device, "baseline": base, "seed": args.seed,
-           "date": time.strftime("%Y-%m-%d", time.gmtime()),
-           "seconds": round(time.monotonic() - start, 1),
-           "verdicts": {index[int(n)]["name"]: v for n, v in verdicts.items()}}
-    (args.dir / "verdicts.json").write_text(json.dumps(out, indent=1), "utf-8")
-    if args.out:
-        shutil.copyfile(args.dir / "verdicts.json", args.out)
+    start = time.monotonic()
+
+    def save(verdicts: dict[str, dict[str, object]]) -> None:
+        out = {"device": device, "baseline": verdicts.get("original", {}), "seed": args.seed,
+               "date": time.strftime("%Y-%m-%d", time.gmtime()),
+               "seconds": round(time.monotonic() - start, 1),
+               "verdicts": {index[int(n)]["name"]: v for n, v in verdicts.items()
+                            if n != "original"}}
+        for path in [args.dir / "verdicts.json", *([args.out] if args.out else [])]:
+            path.write_text(json.dumps(out, indent=1), "utf-8")
+
+    # The unmutated kernels run first, beside the first mutants; if they fail, nothing counts.
+    verdicts = run_all(["original", *numbers], args, start + args.budget, save)
+    base = verdicts.pop("original", {})
+    print(f"unmutated kernels: {base}")
+    if base.get("status") != "survived" or int(base.get("passed", 0)) < args.min_passed:
+        print(f"the unmutated kernels must pass at least {args.min_passed} tests: no verdict counts")
+        return 1
     counts: dict[str, int] = {}
     for v in verdicts.values():
         counts[str(v["status"])] = counts.get(str(v["status"]), 0) + 1
     print(f"{device}: {len(verdicts)} of {len(numbers)} mutants tested in "
-          f"{out['seconds']:.0f} s: {counts}")
+          f"{time.monotonic() - start:.0f} s: {counts}")
     return 0
 
 
@@ -300,7 +320,16 @@ def command_store(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import mutation
 
-    found = json.loads((args.dir / "verdicts.json").read_text("utf-8"))
+    runs = [json.loads(path.read_text("utf-8"))
+            for path in (args.verdicts or [args.dir / "verdicts.json"])]
+    found = {**runs[-1], "verdicts": {}, "seconds": sum(float(r["seconds"]) for r in runs)}
+    origin: dict[str, str] = {}
+    for run in runs:  # a later run's verdict replaces an earlier one (a retried timeout)
+        found["verdicts"].update(run["verdicts"])
+        origin.update(dict.fromkeys(run["verdicts"], run["device"]))
+    devices = sorted(set(origin.values()))
+    found["device"] = "; ".join(
+        f"{d} ({list(origin.values()).count(d)} final verdicts)" for d in devices)
     index = {m["name"]: m for m in json.loads((args.dir / "index.json").read_text("utf-8"))}
     mutants = []
     for name, verdict in sorted(found["verdicts"].items()):
@@ -331,6 +360,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("make", "run", "store"):
         p = sub.add_parser(name)
         p.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where the mutants are")
+        if name == "store":
+            p.add_argument("--verdicts", type=Path, nargs="*", default=[],
+                           help="verdicts.json of one or more runs (default: the one in --dir)")
         if name == "run":
             p.add_argument("--jobs", type=int, default=2, help="worker processes")
             p.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant")
@@ -340,7 +372,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.add_argument("--seed", type=int, default=0, help="the order the mutants are tested in")
             p.add_argument("--min-passed", type=int, default=60,
                            help="tests the unmutated kernels must pass")
-            p.add_argument("--out", type=Path, default=None, help="also copy verdicts.json here")
+            p.add_argument("--out", type=Path, default=None, help="also write verdicts.json here")
+            p.add_argument("--resume", type=Path, nargs="*", default=[],
+                           help="verdicts of earlier runs: test only the rest, and their timeouts")
+            p.add_argument("--retry-only", action="store_true",
+                           help="with --resume: test only the earlier runs' timeouts")
+            p.add_argument("--only", nargs="*", default=[],
+                           help="test these mutants (by name) and no other, e.g. after a new test")
     w = sub.add_parser("worker")
     w.add_argument("scratch", type=Path)
     w.add_argument("log", type=Path)

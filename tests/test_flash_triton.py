@@ -234,6 +234,33 @@ def test_key_tiles_counted_by_the_kernel_follow_the_diagonal(n_q, n_k, block_q, 
     assert counted == expected_key_tiles(n_q, n_k, causal, block_q, block_k)
 
 
+def test_every_batch_and_head_counts_its_own_key_tiles():
+    # The forward kernel's count is a (B * H, query tiles) table, one row per (batch, head) program
+    # row; key_tiles_visited launches one (batch, head), so only this reads the other rows.
+    from helpers.flash.triton_attention import _forward
+
+    q = torch.zeros(2, 3, 40, 16, device=DEVICE)
+    k = torch.zeros(2, 3, 70, 16, device=DEVICE)
+    visits = torch.full((6, 3), -1, dtype=torch.int32, device=DEVICE)
+    _forward(q, k, k, True, 1.0, 16, 16, visits=visits)
+    assert visits.tolist() == [expected_key_tiles(40, 70, True, 16, 16)] * 6
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_each_query_row_is_shifted_by_its_own_largest_score(causal):
+    # Every other query is 1000 times longer, so its scores reach about 3000 while its neighbours'
+    # stay near 3, in the same tile: shifting a row by the tile's largest score instead of its own
+    # would underflow the short rows' exponentials to 0.
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 1, n, 32, generator=gen, dtype=torch.float64) for n in (8, 40, 40))
+    q[:, :, 1::2] *= 1000.0
+    expected = reference(q, k, v, causal)
+    out, lse = triton_attention(*(t.float().to(DEVICE) for t in (q, k, v)), causal=causal)
+    torch.testing.assert_close(out.double().cpu(), expected.cpu(), rtol=0, atol=2e-5)
+    _, expected_lse = tiled.tiled_attention_fa2(q, k, v, causal=causal)
+    torch.testing.assert_close(lse.double().cpu(), expected_lse, rtol=1e-6, atol=1e-4)
+
+
 # --- bad arguments name themselves -------------------------------------------------------------
 
 def test_causal_attention_with_more_queries_than_keys_is_refused_as_the_plain_path_does():
