@@ -10,6 +10,7 @@ its next-token distributions are far from uniform (a wrong temperature or window
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 import torch
@@ -70,6 +71,21 @@ def test_top_k_draws_from_the_k_best_only(top_k, keep):
 def test_top_k_of_the_whole_vocabulary_or_more_keeps_every_token(top_k):
     got = frequencies(ROW, temperature=1.0, top_k=top_k)
     torch.testing.assert_close(got, expected(ROW, 1.0), atol=0.035, rtol=0)
+
+
+def test_top_k_below_the_vocabulary_cuts_even_when_the_batch_is_small():
+    # B = 2 < V = 4: the cut compares top_k with the vocabulary, not with the batch
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.zeros(2, 4)
+    drawn = torch.cat([sample_next(logits, top_k=2, generator=generator) for _ in range(60)])
+    assert set(drawn.flatten().tolist()) == {0, 1}
+
+
+def test_sampling_names_its_softmax_axis_and_warns_nothing():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an implicit softmax dim warns (deprecated)
+        sample_next(torch.zeros(2, 3), generator=torch.Generator().manual_seed(0))
+        sample_next(torch.zeros(2, 3), top_k=2, generator=torch.Generator().manual_seed(0))
 
 
 def test_top_k_among_many_equal_logits_keeps_the_lowest_ids():
