@@ -294,3 +294,24 @@ def test_generate_refuses_bad_arguments_by_name(call, error, message):
     with pytest.raises(error, match="^" + re.escape(message) + "$"):
         call(model)
     assert model.training
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(temperature=-1.0), ValueError, "temperature is -1.0, expected a number >= 0 (0 = greedy)"),
+    (dict(top_k=0), ValueError, "top_k is 0, expected a positive int"),
+    (dict(generator=7), TypeError, "generator is a int, expected a torch.Generator"),
+])
+def test_generate_refuses_bad_sampling_arguments_before_any_forward_pass(kwargs, error, message):
+    model = peaked_model().eval()
+    passes = []
+    model.register_forward_pre_hook(lambda module, args: passes.append(1))
+    fed = spy_on_cached(model)
+    for use_cache in (True, False):
+        with pytest.raises(error, match="^" + re.escape(message) + "$"):
+            generate(model, torch.zeros(1, 2, dtype=torch.long), 3, use_cache=use_cache, **kwargs)
+    assert passes == [] and fed == []
+
+
+def test_sample_next_refuses_a_generator_that_is_not_one():
+    with pytest.raises(TypeError, match=r"^generator is a int, expected a torch.Generator$"):
+        sample_next(torch.zeros(1, 3), generator=0)
