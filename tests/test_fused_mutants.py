@@ -98,20 +98,51 @@ def test_which_kernel_each_case_uses(monkeypatch):
     assert len(masks) == 4
 
 
-def test_the_causal_bias_is_zero_on_and_below_the_diagonal_and_kept_per_size():
+def causal_bias_by_hand(n: int) -> torch.Tensor:
+    """(n, n) float32: 0 on and below the diagonal, -inf above it."""
+    return torch.tensor([[0.0 if j <= i else float("-inf") for j in range(n)] for i in range(n)])
+
+
+@pytest.mark.parametrize("compiling", [False, True])
+def test_the_causal_bias_is_zero_on_and_below_the_diagonal_in_the_asked_dtype(monkeypatch, compiling):
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+    fused._kept_causal_bias.cache_clear()  # an earlier test may have kept this size already
+    # under a meta default device, so that a tensor made without device=... shows
+    with torch.device("meta"):
+        bias = fused._causal_bias(4, torch.float16, torch.device("cpu"))
+    assert bias.dtype == torch.float16 and bias.device.type == "cpu"
+    assert torch.equal(bias.float(), causal_bias_by_hand(4))
+    on_meta = fused._causal_bias(3, torch.bfloat16, torch.device("meta"))
+    assert on_meta.is_meta and on_meta.dtype == torch.bfloat16 and on_meta.shape == (3, 3)
+
+
+def test_the_causal_bias_is_kept_per_size_unless_compiling(monkeypatch):
+    fused._kept_causal_bias.cache_clear()
     bias = fused._causal_bias(4, torch.bfloat16, torch.device("cpu"))
-    assert bias.shape == (4, 4) and bias.dtype == torch.bfloat16
-    expected = torch.zeros(4, 4).masked_fill(torch.ones(4, 4, dtype=torch.bool).triu(1), float("-inf"))
-    assert torch.equal(bias.float(), expected)
     assert fused._causal_bias(4, torch.bfloat16, torch.device("cpu")) is bias  # made once
     assert fused._causal_bias(3, torch.bfloat16, torch.device("cpu")).shape == (3, 3)
-
-
-def test_the_causal_bias_is_built_afresh_while_compiling(monkeypatch):
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    first = fused._causal_bias(5, torch.float16, torch.device("cpu"))
-    assert fused._causal_bias(5, torch.float16, torch.device("cpu")) is not first
-    assert torch.equal(first, fused._build_causal_bias(5, torch.float16, torch.device("cpu")))
+    first = fused._causal_bias(4, torch.bfloat16, torch.device("cpu"))
+    assert first is not bias and fused._causal_bias(4, torch.bfloat16, torch.device("cpu")) is not first
+    assert torch.equal(first, bias)
+
+
+@pytest.mark.parametrize("dtype, n_q", [(torch.float32, 4), (torch.float32, 2), (torch.bfloat16, 4)])
+def test_attention_makes_its_mask_on_the_inputs_device(dtype, n_q):
+    fused._kept_causal_bias.cache_clear()
+    q, k, v = qkv(n_q, 4, dtype=dtype)
+    with torch.device("meta"):  # a mask made on the default device would be on meta
+        out = fused_causal_attention(q, k, v)
+    assert out.device.type == "cpu"
+    torch.testing.assert_close(out.double(), reference_attention(q, k, v), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("n_q", [5, 2])
+def test_attention_reads_the_token_axis_second_from_the_end_whatever_the_leading_axes(n_q):
+    # (B * H, N, D_H) with N != D_H: the token axis is -2, not axis 2
+    q, k, v = (t.reshape(6, -1, 4) for t in qkv(n_q, 5))
+    torch.testing.assert_close(fused_causal_attention(q, k, v).double(), reference_attention(q, k, v),
+                               atol=1e-5, rtol=1e-5)
 
 
 def gqa_block(bias: bool = True) -> Block:
