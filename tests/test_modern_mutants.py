@@ -87,6 +87,14 @@ def test_alibi_attention_refuses_mismatched_shapes_with_the_whole_message(shapes
         alibi_attention(q, k, v)
 
 
+@pytest.mark.parametrize("position, name", [(0, "q"), (1, "k"), (2, "v")])
+def test_alibi_attention_names_the_argument_that_is_not_a_tensor(position, name):
+    args = [torch.zeros(1, 2, 3, 4) for _ in range(3)]
+    args[position] = [[0.0]]
+    with pytest.raises(TypeError, match=full(f"{name} is a list, expected a tensor (B, H, N, D_H)")):
+        alibi_attention(*args)
+
+
 # --- configuration: defaults asserted ---------------------------------------------------------
 
 def test_llama_hidden_size_rounds_up_to_32_by_default():
