@@ -97,7 +97,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     # Mapped for the next runs (each file below runs in under 5 s here), not run yet:
     "helpers/model/multihead.py": [
         "tests/test_multihead.py", "tests/test_properties.py", "tests/test_bad_input.py",
-        "tests/test_properties_exact.py",
+        "tests/test_properties_exact.py", "tests/test_multihead_mutants.py",
     ],
     "helpers/model/layers.py": [
         "tests/test_norms_ffn.py", "tests/test_gpt.py", "tests/test_modern.py",
@@ -148,13 +148,15 @@ MODULE_TESTS: dict[str, list[str]] = {
     # --- model-c (first runs 2026-11-27) ---
     "helpers/model/kv_cache.py": [
         "tests/test_gpt.py", "tests/test_modern.py", "tests/test_bad_input.py",
-        "tests/test_bad_input_newer.py", "tests/test_properties.py",
+        "tests/test_bad_input_newer.py", "tests/test_properties.py", "tests/test_gpt_mutants.py",
+        "tests/test_kv_cache_mutants.py",
     ],
     "helpers/model/generation.py": [
         "tests/test_gpt.py", "tests/test_sampling.py", "tests/test_bad_input.py",
+        "tests/test_generation_mutants.py",
     ],
     "helpers/model/fused.py": [
-        "tests/test_gpt.py",
+        "tests/test_gpt.py", "tests/test_gpt_mutants.py", "tests/test_fused_mutants.py",
     ],
     # --- end model-c ---
     # --- flash (first runs 2026-11-27) ---

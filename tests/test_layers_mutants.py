@@ -262,7 +262,7 @@ def test_init_gpt2_leaves_a_linear_without_bias_alone():
 
 
 def test_init_gpt2_rejects_a_bad_n_layers():
-    with pytest.raises(ValueError, match="n_layers"):
+    with pytest.raises(ValueError, match=r"^n_layers is 0, expected a positive int$"):
         init_gpt2_(nn.Linear(2, 2), 0)
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers.model.kv_cache import KVCache
 from helpers.model.modern import (
     ModernBlock,
     ModernConfig,
@@ -84,6 +85,14 @@ def test_alibi_attention_refuses_mismatched_shapes_with_the_whole_message(shapes
                "many keys as queries")
     with pytest.raises(ValueError, match=full(message)):
         alibi_attention(q, k, v)
+
+
+@pytest.mark.parametrize("position, name", [(0, "q"), (1, "k"), (2, "v")])
+def test_alibi_attention_names_the_argument_that_is_not_a_tensor(position, name):
+    args = [torch.zeros(1, 2, 3, 4) for _ in range(3)]
+    args[position] = [[0.0]]
+    with pytest.raises(TypeError, match=full(f"{name} is a list, expected a tensor (B, H, N, D_H)")):
+        alibi_attention(*args)
 
 
 # --- configuration: defaults asserted ---------------------------------------------------------
@@ -277,3 +286,53 @@ def test_a_rope_base_just_above_1_is_accepted():
 def test_rope_and_config_arguments_are_named_in_full(make, error, message):
     with pytest.raises(error, match="^" + re.escape(message)):
         make()
+
+
+# --- the @property and @torch.no_grad() bodies (mutated since the script rewrites decorators) ---
+
+def test_rope_table_sizes_and_complex_form():
+    table = RopeTable.build(6, 7)
+    assert table.n_positions == 7 and table.head_dim == 6
+    assert isinstance(table.n_positions, int) and isinstance(table.head_dim, int)
+    z = table.complex
+    assert z.shape == (7, 3) and z.is_complex()
+    assert torch.equal(z.real, table.cos) and torch.equal(z.imag, table.sin)
+
+
+def test_config_head_dim_is_an_int_and_hidden_is_llamas_unless_given():
+    config = ModernConfig(**SMALL)
+    assert config.head_dim == 8 and isinstance(config.head_dim, int)
+    assert config.hidden == llama_hidden_size(32) == 96
+    assert ModernConfig(**SMALL, mlp_hidden=40).hidden == 40
+    assert ModernConfig(**{**SMALL, "d_model": 24, "n_heads": 2, "n_kv_heads": 1}).head_dim == 12
+
+
+def test_forward_cached_moves_the_cache_on_by_the_tokens_fed():
+    torch.manual_seed(0)
+    model = ModernGPT(ModernConfig(**{**SMALL, "context_length": 6})).eval()
+    ids = torch.randint(0, 40, (2, 6))
+    cache = KVCache.for_model(model, 2)
+    first = model.forward_cached(ids[:, :3], cache)
+    assert first.shape == (2, 3, 40) and cache.length == 3
+    assert not first.requires_grad  # generation records no graph
+    second = model.forward_cached(ids[:, 3:], cache)  # exactly the context: accepted
+    assert cache.length == 6
+    torch.testing.assert_close(torch.cat([first, second], dim=1), model(ids), atol=1e-5, rtol=1e-5)
+    whole = KVCache.for_model(model, 2)
+    model.forward_cached(ids, whole)  # a full context into an empty cache
+    assert whole.length == 6
+
+
+def test_forward_cached_refuses_a_cache_of_another_batch_or_no_room():
+    torch.manual_seed(0)
+    model = ModernGPT(ModernConfig(**{**SMALL, "context_length": 6})).eval()
+    cache = KVCache.for_model(model, 2)
+    with pytest.raises(ValueError, match=r"^cache has batch size 2 .*expected 3 for this model"):
+        model.forward_cached(torch.zeros(3, 2, dtype=torch.long), cache)
+    model.forward_cached(torch.zeros(2, 4, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match=full("token_ids reach position 6, expected at most "
+                                              "context_length - 1 = 5")):
+        model.forward_cached(torch.zeros(2, 3, dtype=torch.long), cache)
+    assert cache.length == 4
+    with pytest.raises(ValueError, match=full("token_ids has shape (2,), expected (B, N) with N >= 1")):
+        model.forward_cached(torch.zeros(2, dtype=torch.long), cache)

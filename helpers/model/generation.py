@@ -52,10 +52,7 @@ def sample_next(logits: Tensor, temperature: float = 1.0, top_k: int | None = No
     are refused with a ValueError, instead of silently picking a token.
     """
     _check_logits(logits)
-    temperature = checks.number_in("temperature", temperature, 0.0, math.inf, high_open=True,
-                                   expected="a number >= 0 (0 = greedy)")
-    if top_k is not None:
-        top_k = checks.positive_int("top_k", top_k)
+    temperature, top_k = _check_sampling(temperature, top_k, generator)
     if temperature == 0 or top_k == 1:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.double()
@@ -66,6 +63,19 @@ def sample_next(logits: Tensor, temperature: float = 1.0, top_k: int | None = No
         kept = torch.full_like(logits, float("-inf")).scatter(-1, order, logits.gather(-1, order))
         logits = kept
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+
+
+def _check_sampling(temperature: float, top_k: int | None,
+                    generator: torch.Generator | None) -> tuple[float, int | None]:
+    """temperature as a float >= 0 and top_k as None or an int >= 1, else an error naming the
+    argument (a generator other than None or a torch.Generator too)."""
+    temperature = checks.number_in("temperature", temperature, 0.0, math.inf, high_open=True,
+                                   expected="a number >= 0 (0 = greedy)")
+    if top_k is not None:
+        top_k = checks.positive_int("top_k", top_k)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator is a {type(generator).__name__}, expected a torch.Generator")
+    return temperature, top_k
 
 
 def _check_logits(logits: Tensor) -> None:
@@ -102,6 +112,7 @@ def generate(model: GPT, prompt: Tensor, max_new_tokens: int, temperature: float
     """
     checks.positive_int("max_new_tokens", max_new_tokens)
     checks.boolean("use_cache", use_cache)
+    _check_sampling(temperature, top_k, generator)  # before the first forward pass, not after it
     if not isinstance(prompt, Tensor):
         raise TypeError(f"prompt is a {type(prompt).__name__}, expected a (B, N) tensor of token "
                         "ids, e.g. torch.tensor([ids])")
