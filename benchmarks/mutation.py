@@ -171,18 +171,23 @@ MODULE_TESTS: dict[str, list[str]] = {
     # --- scale-a (first runs 2026-11-27) ---
     "helpers/scale/data_parallel.py": [
         "tests/test_distributed.py", "tests/test_properties_exact.py", "tests/test_bad_input_newer.py",
+        "tests/test_data_parallel_mutants.py",
     ],
     "helpers/scale/tensor_parallel.py": [
         "tests/test_distributed.py", "tests/test_properties_exact.py", "tests/test_bad_input_newer.py",
+        "tests/test_tensor_parallel_mutants.py",
     ],
     "helpers/scale/expert_parallel.py": [
         "tests/test_moe.py", "tests/test_properties_exact.py",
+        "tests/test_expert_parallel_mutants.py",
     ],
     "helpers/scale/parallelism.py": [
         "tests/test_distributed.py", "tests/test_pipeline.py", "tests/test_properties_exact.py",
+        "tests/test_parallelism_mutants.py",
     ],
     "helpers/scale/recompute.py": [
         "tests/test_recompute.py", "tests/test_properties_exact.py",
+        "tests/test_recompute_mutants.py",
     ],
     # --- end scale-a ---
     # --- serve-post (first runs 2026-11-27) ---
