@@ -169,13 +169,15 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     # --- end flash ---
     # --- scale-a (first runs 2026-11-27) ---
+    # Not tests/test_distributed.py: its workers run in spawned processes (nothing counted) and
+    # the parent's checks put them behind every mutant of make_model, loss_of, demo_block, ...
     "helpers/scale/data_parallel.py": [
-        "tests/test_distributed.py", "tests/test_properties_exact.py", "tests/test_bad_input_newer.py",
-        "tests/test_data_parallel_mutants.py",
+        "tests/test_data_parallel_mutants.py", "tests/test_properties_exact.py",
+        "tests/test_bad_input_newer.py",
     ],
     "helpers/scale/tensor_parallel.py": [
-        "tests/test_distributed.py", "tests/test_properties_exact.py", "tests/test_bad_input_newer.py",
-        "tests/test_tensor_parallel_mutants.py",
+        "tests/test_tensor_parallel_mutants.py", "tests/test_properties_exact.py",
+        "tests/test_bad_input_newer.py",
     ],
     "helpers/scale/expert_parallel.py": [
         "tests/test_moe.py", "tests/test_properties_exact.py",
@@ -249,6 +251,22 @@ MODULE_NOTES: dict[str, str] = {
         "here, so the one-rank tests in test_properties_exact.py run the workers' code in-process "
         "(and one asserts the call of the cross-rank shape check). Open: which MLP layers are "
         "their own FSDP units changes when weights are gathered (memory), not any result."),
+    "helpers/scale/data_parallel.py": (
+        "mutmut counts only what runs in the pytest process, and a one-rank gloo group cannot tell "
+        "rank 0's rows from rank 1's nor a sum over ranks from a copy: test_data_parallel_mutants.py "
+        "runs two and three ranks as threads of torch's in-process 'threaded' process group "
+        "(tests/threaded_ranks.py), the workers' own code, against one process and torch's DDP. "
+        "tests/test_distributed.py (spawned workers) is left out of the map: it counts for nothing "
+        "here and its parent-side checks would run behind every mutant of make_model or loss_of."),
+    "helpers/scale/tensor_parallel.py": (
+        "Two to four ranks as threads of torch's in-process process group (tests/threaded_ranks.py), "
+        "each split module against the whole one forward and backward, and the hand-split MLP "
+        "against torch.distributed.tensor.parallel's on the same threads; tests/test_distributed.py "
+        "(spawned workers, counted for nothing) is left out of the map."),
+    "helpers/scale/expert_parallel.py": (
+        "One to four ranks as threads of torch's in-process process group (tests/threaded_ranks.py): "
+        "the split layer against the whole one, and each rank's received rows against a count made "
+        "in the test from the router. tests/test_moe.py's two-process run counts for nothing here."),
 }
 
 # Tests left out of every run (--deselect): each costs tens of seconds per mutant it covers.

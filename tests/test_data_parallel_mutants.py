@@ -105,6 +105,15 @@ def test_a_batch_is_drawn_from_the_seed_and_the_step(model):
     assert inputs.device == targets.device == torch.device("cpu")
 
 
+@pytest.mark.parametrize("model", ["mlp", "gpt"])
+def test_the_model_and_the_batches_are_put_on_the_runs_device(monkeypatch, model):
+    """Seen through the meta device (no GPU needed): whatever device_of says, they go there."""
+    monkeypatch.setattr(dp, "device_of", lambda run: torch.device("meta"))
+    run = Run(model=model)
+    assert {p.device.type for p in make_model(run).parameters()} == {"meta"}
+    assert [t.device.type for t in make_batch(run, 0)] == ["meta", "meta"]
+
+
 def test_the_loss_is_mse_for_the_mlp_and_next_token_cross_entropy_for_the_gpt():
     mlp = make_model(Run())
     x, y = make_batch(Run(), 0)
@@ -409,6 +418,8 @@ def test_each_rank_starts_from_its_own_weights_until_the_broadcast(monkeypatch):
         assert max_difference(weights[0], weights[1]) > 0.01
         assert sorted(seeds) == [4, 5]
         seeds.clear()
+    run_ranks(2, dp.train_torch_ddp, run)  # DDP's own broadcast makes them equal
+    assert sorted(seeds) == [4, 5]
 
 
 def test_the_bucketed_worker_reports_its_buckets_and_the_first_steps_launches():
@@ -420,9 +431,54 @@ def test_the_bucketed_worker_reports_its_buckets_and_the_first_steps_launches():
     assert names == [["2.bias", "2.weight"], ["0.bias", "0.weight"]] and log == [(0, 2), (1, 4)]
 
 
-def test_the_script_trains_by_hand_on_the_ranks_torchrun_started(monkeypatch, capsys):
+def _big_last_layers(run, seed=None):
+    """Parameters, last first, of 16384 bytes (a whole default bucket), 16384 and 1024."""
+    torch.manual_seed(run.seed if seed is None else seed)
+    return nn.Sequential(nn.Linear(16, 16, bias=False), nn.Linear(16, 256, bias=False),
+                         nn.Linear(256, 16, bias=False))
+
+
+def test_a_default_bucket_holds_16384_bytes(monkeypatch):
+    monkeypatch.setattr(dp, "make_model", locked(_big_last_layers))
+    (_, names, log), _ = run_ranks(2, dp.train_bucketed, Run(steps=1, batch_size=2))
+    assert names == [["2.weight"], ["1.weight"], ["0.weight"]] and log == [(0, 1), (1, 2), (2, 3)]
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+@pytest.mark.parametrize("gap, verdict", [(0.0, "<"), (0.5e-6, "<"), (1e-6, ">="), (0.25, ">=")])
+def test_the_script_trains_the_gpt_by_hand_and_rank_0_compares_it_with_one_process(
+        monkeypatch, capsys, cuda, gap, verdict):
+    """As torchrun would start it on 3 processes: rank r's weights are r, one process's are `gap`."""
+    import helpers.scale.workers as workers
+
+    runs, singles = [], []
+
+    def by_hand(rank, world_size, run):
+        runs.append((rank, world_size, run))
+        return {"w": torch.tensor([float(rank)], dtype=torch.float64)}
+
+    monkeypatch.setattr(workers, "init_from_environment", lambda: (dist.get_rank(), dist.get_world_size()))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(dp, "train_by_hand", by_hand)
+    monkeypatch.setattr(dp, "train_single", lambda run: singles.append(run) or {"w": torch.tensor([gap], dtype=torch.float64)})
+    run_ranks(3, lambda rank, world_size: dp.main())
+    device = "cuda" if cuda else "cpu"
+    assert capsys.readouterr().out == f"3 processes (threaded, {device}) vs 1 process: max |diff| {verdict} 1e-6\n"
+    run = Run(model="gpt", batch_size=12, device=device)
+    assert sorted(runs, key=lambda r: r[0]) == [(0, 3, run), (1, 3, run), (2, 3, run)] and singles == [run]
+
+
+def test_the_script_checks_itself_against_one_process(monkeypatch, capsys):
     import helpers.scale.workers as workers
 
     monkeypatch.setattr(workers, "init_from_environment", lambda: (dist.get_rank(), dist.get_world_size()))
     run_ranks(2, lambda rank, world_size: dp.main())
     assert capsys.readouterr().out == "2 processes (threaded, cpu) vs 1 process: max |diff| < 1e-6\n"
+
+
+def test_the_broadcast_refuses_models_that_differ_across_ranks():
+    def task(rank, world_size):
+        broadcast_parameters(nn.Linear(2, 2 + rank))
+
+    with pytest.raises(ValueError, match="^the model's parameters and buffers differ across ranks: rank 1 "):
+        run_ranks(2, task)
