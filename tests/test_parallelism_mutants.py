@@ -220,3 +220,17 @@ def test_a_negative_latency_is_zero_and_a_falling_time_is_an_infinite_bandwidth(
 def test_the_fit_names_bad_measurements(n_bytes, seconds, message):
     with pytest.raises(ValueError, match=message):
         fit_latency_bandwidth(n_bytes, seconds)
+
+
+def test_a_time_that_does_not_grow_with_the_message_is_an_infinite_bandwidth():
+    """Equal times for 1 and 2 bytes: the fit's seconds per byte is exactly 0, not a division by it."""
+    latency, bandwidth = fit_latency_bandwidth([1.0, 2.0], [1.0, 1.0])
+    assert latency == pytest.approx(1.0, rel=1e-12) and bandwidth == math.inf
+
+
+def test_the_fit_reads_sizes_past_2_to_the_24_exactly():
+    """123456789 bytes is no float32 number (the nearest is 123456792): read in float32, the fit
+    would be off by about 2e-8 of the bandwidth."""
+    sizes = [1000.0, 123_456_789.0, 16_777_217.0]
+    latency, bandwidth = fit_latency_bandwidth(sizes, [2e-5 + n / 1e9 for n in sizes])
+    assert latency == pytest.approx(2e-5, rel=1e-9) and bandwidth == pytest.approx(1e9, rel=1e-10)

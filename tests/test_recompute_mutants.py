@@ -112,7 +112,7 @@ def test_a_step_gives_autograds_gradients_and_loss_whatever_the_pieces(setup, ac
         assert result["loss"] == pytest.approx(loss, rel=1e-12, abs=0)
         for name, grad in expected.items():
             torch.testing.assert_close(result["grads"][name], grad, rtol=0, atol=1e-12)
-    model.zero_grad()
+    model.zero_grad(set_to_none=False)  # zeroes the model's gradients in place
     assert all(g.abs().sum() > 0 for g in result["grads"].values())  # copies, not the model's own
 
 
