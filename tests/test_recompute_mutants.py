@@ -8,6 +8,7 @@ Written for the mutation run (benchmarks/mutation.py, issue 30).
 from __future__ import annotations
 
 import time
+import warnings
 
 import pytest
 import torch
@@ -190,3 +191,21 @@ def test_the_comparison_accumulates_over_4_pieces_3_times_unless_told(monkeypatc
 def test_the_comparison_needs_a_positive_number_of_repeats(setup):
     with pytest.raises(ValueError, match="^repeats is 0, expected a positive int$"):
         compare_memory_and_time(*setup, repeats=0)
+
+
+def test_recomputing_asks_for_the_reentrant_checkpoint_explicitly(setup):
+    """torch warns (and will refuse) when use_reentrant is left to its default."""
+    model, ids, targets = setup
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gradient_step(model, ids, targets, 2, recompute=True)
+
+
+def test_the_pieces_are_cut_along_the_rows_not_the_positions(setup):
+    model, ids, targets = setup
+    ids, targets = ids[:, :15], targets[:, :15]  # 4 rows of 15 positions: 2 pieces of 2 rows
+    loss, expected = _grads_by_autograd(model, ids, targets)
+    result = gradient_step(model, ids, targets, accumulation=2)
+    assert result["loss"] == pytest.approx(loss, rel=1e-12, abs=0)
+    with pytest.raises(ValueError, match="^batch of 4 rows cannot be cut into accumulation=3 equal pieces"):
+        gradient_step(model, ids[:, :12], targets[:, :12], accumulation=3)
