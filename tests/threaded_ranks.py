@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,7 @@ import torch.distributed as dist
 from torch.testing._internal.distributed import multi_threaded_pg
 
 _SEEDING = threading.Lock()
+_TURNS: weakref.WeakSet = weakref.WeakSet()  # every SeedTurns alive: a rank that leaves gives its turn back
 
 
 def locked(function: Callable) -> Callable:
@@ -35,9 +38,11 @@ def locked(function: Callable) -> Callable:
     return one_at_a_time
 
 
-def run_ranks(world_size: int, task: Callable, *args: Any, timeout: float = 30.0) -> list:
+def run_ranks(world_size: int, task: Callable, *args: Any, timeout: float = 10.0) -> list:
     """task(rank, world_size, *args) on `world_size` threads, each the rank of one threaded
-    process group; the results by rank. The first rank's exception is raised here."""
+    process group; the results by rank. The first rank's exception is raised here, and a rank
+    still waiting after `timeout` seconds in all (a rank that skipped a collective leaves the
+    others waiting) raises TimeoutError."""
     torch._C._distributed_c10d._set_thread_isolation_mode(True)
     multi_threaded_pg._install_threaded_pg()
     store = dist.HashStore()
@@ -52,6 +57,8 @@ def run_ranks(world_size: int, task: Callable, *args: Any, timeout: float = 30.0
             errors.append((rank, error))
             multi_threaded_pg.ProcessLocalGroup.exception_handle(error)  # wake the waiting ranks
         finally:
+            for turns in list(_TURNS):
+                turns.release()
             if dist.is_initialized():  # a task such as a script's main() may have left already
                 dist.destroy_process_group()
 
@@ -60,8 +67,9 @@ def run_ranks(world_size: int, task: Callable, *args: Any, timeout: float = 30.0
                    for rank in range(world_size)]
         for thread in threads:
             thread.start()
+        deadline = time.monotonic() + timeout
         for thread in threads:
-            thread.join(timeout)
+            thread.join(max(0.0, deadline - time.monotonic()))
         multi_threaded_pg.ProcessLocalGroup.reset()
     finally:
         multi_threaded_pg._uninstall_threaded_pg()
@@ -81,6 +89,7 @@ class SeedTurns:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._owner: int | None = None
+        _TURNS.add(self)
 
     def manual_seed(self, real: Callable) -> Callable:
         def seeded(seed: int) -> Any:
