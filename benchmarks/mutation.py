@@ -258,7 +258,10 @@ MODULE_NOTES: dict[str, str] = {
         "runs two and three ranks as threads of torch's in-process 'threaded' process group "
         "(tests/threaded_ranks.py), the workers' own code, against one process and torch's DDP. "
         "tests/test_distributed.py (spawned workers) is left out of the map: it counts for nothing "
-        "here and its parent-side checks would run behind every mutant of make_model or loss_of."),
+        "here and its parent-side checks would run behind every mutant of make_model or loss_of. "
+        "The one 'other' verdict, loss_of's F.mse_loss(None, targets), crashed mutmut's forked "
+        "worker (exit -11); run directly with that mutant, the first test that calls loss_of fails "
+        "(AttributeError), whatever the order."),
     "helpers/scale/tensor_parallel.py": (
         "Two to four ranks as threads of torch's in-process process group (tests/threaded_ranks.py), "
         "each split module against the whole one forward and backward, and the hand-split MLP "
