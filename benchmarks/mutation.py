@@ -184,9 +184,11 @@ MODULE_TESTS: dict[str, list[str]] = {
     "helpers/scale/expert_parallel.py": [
         "tests/test_expert_parallel_mutants.py", "tests/test_properties_exact.py",
     ],
+    # Not tests/test_distributed.py nor tests/test_pipeline.py: their in-process checks of the
+    # formulas are repeated in test_parallelism_mutants.py, and their spawned-worker tests are slow
+    # and, for the measured bubble, timing-dependent (one failed the clean run on a loaded machine).
     "helpers/scale/parallelism.py": [
-        "tests/test_distributed.py", "tests/test_pipeline.py", "tests/test_properties_exact.py",
-        "tests/test_parallelism_mutants.py",
+        "tests/test_parallelism_mutants.py", "tests/test_properties_exact.py",
     ],
     "helpers/scale/recompute.py": [
         "tests/test_recompute.py", "tests/test_properties_exact.py",
