@@ -104,7 +104,7 @@ def test_the_loss_is_the_models_next_token_loss(setup, recompute):
     assert rc._loss(model, ids, targets, recompute) == expected
 
 
-@pytest.mark.parametrize("accumulation, recompute", [(1, False), (2, True)])
+@pytest.mark.parametrize("accumulation, recompute", [(1, False), (2, False), (1, True), (2, True)])
 def test_a_step_gives_autograds_gradients_and_loss_whatever_the_pieces(setup, accumulation, recompute):
     model, ids, targets = setup
     loss, expected = _grads_by_autograd(model, ids, targets)
