@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 from threaded_ranks import SeedTurns, run_ranks
 
 from helpers.model.moe import MoELayer, route
@@ -113,3 +114,15 @@ def test_a_stable_order_keeps_each_ranks_assignments_in_token_order():
 def test_the_plan_names_a_split_that_does_not_divide(n_experts, world_size, error, message):
     with pytest.raises(error, match=message):
         dispatch_plan(torch.zeros(2, 1, dtype=torch.long), n_experts, world_size)
+
+
+def test_each_rank_runs_only_the_experts_it_holds(layers, monkeypatch):
+    """Rank r holds experts r E/W ... (r+1) E/W - 1: it never runs another rank's expert, not
+    even on no rows."""
+    from helpers.model.moe import Experts
+
+    ran = []
+    real_one = Experts.one
+    monkeypatch.setattr(Experts, "one", lambda self, e, x: ran.append((dist.get_rank(), e)) or real_one(self, e, x))
+    run_ranks(4, ep.expert_parallel_step, 0, 16, 8, 8, 2, 8)
+    assert sorted(ran) == [(rank, e) for rank in range(4) for e in (2 * rank, 2 * rank + 1)]
