@@ -171,20 +171,30 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     # --- end flash ---
     # --- scale-a (first runs 2026-11-27) ---
+    # Not tests/test_distributed.py: its workers run in spawned processes (nothing counted) and
+    # the parent's checks put them behind every mutant of make_model, loss_of, demo_block, ...
     "helpers/scale/data_parallel.py": [
-        "tests/test_distributed.py", "tests/test_properties_exact.py", "tests/test_bad_input_newer.py",
+        "tests/test_data_parallel_mutants.py", "tests/test_properties_exact.py",
+        "tests/test_bad_input_newer.py",
     ],
     "helpers/scale/tensor_parallel.py": [
-        "tests/test_distributed.py", "tests/test_properties_exact.py", "tests/test_bad_input_newer.py",
+        "tests/test_tensor_parallel_mutants.py", "tests/test_properties_exact.py",
+        "tests/test_bad_input_newer.py",
     ],
+    # Not tests/test_moe.py: its two-process run counts for nothing, and its bench_moe test needs
+    # benchmarks/, which the scratch copy leaves out (the clean run fails there).
     "helpers/scale/expert_parallel.py": [
-        "tests/test_moe.py", "tests/test_properties_exact.py",
+        "tests/test_expert_parallel_mutants.py", "tests/test_properties_exact.py",
     ],
+    # Not tests/test_distributed.py nor tests/test_pipeline.py: their in-process checks of the
+    # formulas are repeated in test_parallelism_mutants.py, and their spawned-worker tests are slow
+    # and, for the measured bubble, timing-dependent (one failed the clean run on a loaded machine).
     "helpers/scale/parallelism.py": [
-        "tests/test_distributed.py", "tests/test_pipeline.py", "tests/test_properties_exact.py",
+        "tests/test_parallelism_mutants.py", "tests/test_properties_exact.py",
     ],
     "helpers/scale/recompute.py": [
         "tests/test_recompute.py", "tests/test_properties_exact.py",
+        "tests/test_recompute_mutants.py",
     ],
     # --- end scale-a ---
     # --- serve-post (first runs 2026-11-27) ---
@@ -246,6 +256,26 @@ MODULE_NOTES: dict[str, str] = {
         "here, so the one-rank tests in test_properties_exact.py run the workers' code in-process "
         "(and one asserts the call of the cross-rank shape check). Open: which MLP layers are "
         "their own FSDP units changes when weights are gathered (memory), not any result."),
+    "helpers/scale/data_parallel.py": (
+        "mutmut counts only what runs in the pytest process, and a one-rank gloo group cannot tell "
+        "rank 0's rows from rank 1's nor a sum over ranks from a copy: test_data_parallel_mutants.py "
+        "runs two and three ranks as threads of torch's in-process 'threaded' process group "
+        "(tests/threaded_ranks.py), the workers' own code, against one process and torch's DDP. "
+        "tests/test_distributed.py (spawned workers) is left out of the map: it counts for nothing "
+        "here and its parent-side checks would run behind every mutant of make_model or loss_of. "
+        "The one 'other' verdict, loss_of's F.mse_loss(None, targets), crashed mutmut's forked "
+        "worker (exit -11); run directly with that mutant, the first test that calls loss_of fails "
+        "(AttributeError), whatever the order."),
+    "helpers/scale/tensor_parallel.py": (
+        "Two to four ranks as threads of torch's in-process process group (tests/threaded_ranks.py), "
+        "each split module against the whole one forward and backward, and the hand-split MLP "
+        "against torch.distributed.tensor.parallel's on the same threads; tests/test_distributed.py "
+        "(spawned workers, counted for nothing) is left out of the map."),
+    "helpers/scale/expert_parallel.py": (
+        "One to four ranks as threads of torch's in-process process group (tests/threaded_ranks.py): "
+        "the split layer against the whole one, and each rank's received rows against a count made "
+        "in the test from the router. tests/test_moe.py is left out of the map: its two-process "
+        "run counts for nothing here and its benchmark test needs benchmarks/, not in the scratch copy."),
 }
 
 MODULE_NOTES["helpers/flash/triton_kernels.py"] = (
