@@ -159,7 +159,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     # --- end model-c ---
     # --- flash (first runs 2026-11-27) ---
     "helpers/flash/costs.py": [
-        "tests/test_flash.py", "tests/test_bad_input_newer.py",
+        "tests/test_flash.py", "tests/test_bad_input_newer.py", "tests/test_costs_mutants.py",
     ],
     "helpers/flash/profiling.py": [
         "tests/test_flash.py", "tests/test_bad_input_newer.py",
