@@ -162,10 +162,12 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_flash.py", "tests/test_bad_input_newer.py", "tests/test_costs_mutants.py",
     ],
     "helpers/flash/profiling.py": [
-        "tests/test_flash.py", "tests/test_bad_input_newer.py",
+        "tests/test_flash.py", "tests/test_bad_input_newer.py", "tests/test_profiling_mutants.py",
     ],
     "helpers/flash/triton_attention.py": [
-        "tests/test_flash.py", "tests/test_bad_input_newer.py", "tests/test_properties_exact.py",
+        # the wrapper's checks and launch arguments with the kernels recorded, and tiny
+        # interpreted runs (seconds); tests/test_flash_triton.py's interpreted sizes take minutes
+        "tests/test_triton_attention_mutants.py",
     ],
     # --- end flash ---
     # --- scale-a (first runs 2026-11-27) ---
