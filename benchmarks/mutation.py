@@ -89,10 +89,11 @@ MODULE_TESTS: dict[str, list[str]] = {
     "helpers/training/speed.py": [
         "tests/test_train.py", "tests/test_properties.py", "tests/test_bad_input.py",
         "tests/test_bad_input_newer.py", "tests/test_properties_exact.py",
+        "tests/test_speed_mutants.py",
     ],
     "helpers/scale/sharded.py": [
         "tests/test_distributed.py", "tests/test_properties.py", "tests/test_bad_input_newer.py",
-        "tests/test_properties_exact.py",
+        "tests/test_properties_exact.py", "tests/test_sharded_mutants.py",
     ],
     # Mapped for the next runs (each file below runs in under 5 s here), not run yet:
     "helpers/model/multihead.py": [
