@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 import torch
-import torch.profiler  # noqa: F401  (its first import takes seconds: paid here, not by a test)
+import torch._inductor.config  # noqa: F401  (the profiler's first start imports it: paid here)
 
 from helpers.flash import profiling
 
