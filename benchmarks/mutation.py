@@ -89,10 +89,11 @@ MODULE_TESTS: dict[str, list[str]] = {
     "helpers/training/speed.py": [
         "tests/test_train.py", "tests/test_properties.py", "tests/test_bad_input.py",
         "tests/test_bad_input_newer.py", "tests/test_properties_exact.py",
+        "tests/test_speed_mutants.py",
     ],
     "helpers/scale/sharded.py": [
         "tests/test_distributed.py", "tests/test_properties.py", "tests/test_bad_input_newer.py",
-        "tests/test_properties_exact.py",
+        "tests/test_properties_exact.py", "tests/test_sharded_mutants.py",
     ],
     # Mapped for the next runs (each file below runs in under 5 s here), not run yet:
     "helpers/model/multihead.py": [
@@ -161,13 +162,15 @@ MODULE_TESTS: dict[str, list[str]] = {
     # --- end model-c ---
     # --- flash (first runs 2026-11-27) ---
     "helpers/flash/costs.py": [
-        "tests/test_flash.py", "tests/test_bad_input_newer.py",
+        "tests/test_flash.py", "tests/test_bad_input_newer.py", "tests/test_costs_mutants.py",
     ],
     "helpers/flash/profiling.py": [
-        "tests/test_flash.py", "tests/test_bad_input_newer.py",
+        "tests/test_flash.py", "tests/test_bad_input_newer.py", "tests/test_profiling_mutants.py",
     ],
     "helpers/flash/triton_attention.py": [
-        "tests/test_flash.py", "tests/test_bad_input_newer.py", "tests/test_properties_exact.py",
+        # the wrapper's checks and launch arguments with the kernels recorded, and tiny
+        # interpreted runs (seconds); tests/test_flash_triton.py's interpreted sizes take minutes
+        "tests/test_triton_attention_mutants.py",
     ],
     # --- end flash ---
     # --- scale-a (first runs 2026-11-27) ---

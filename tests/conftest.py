@@ -10,6 +10,17 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# tqdm's default lock holds a multiprocessing lock, which every process forked after it shares:
+# a mutmut worker (benchmarks/mutation.py) stopped while drawing a bar leaves it held, and every
+# later worker's bar then waits on it until its timeout. A thread lock is each process's own; and
+# no monitor thread, which takes the lock every few seconds, can hold it when a worker is forked.
+import threading  # noqa: E402
+
+from tqdm import tqdm  # noqa: E402
+
+tqdm.set_lock(threading.RLock())
+tqdm.monitor_interval = 0
+
 # Let tests import their small shared module (notebook_tools) by name.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

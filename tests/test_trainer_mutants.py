@@ -384,3 +384,33 @@ def test_split_train_val_takes_one_token_each_and_says_when_a_part_is_empty():
             "parts non-empty: give more text or another val_fraction")
     with pytest.raises(ValueError, match="^" + re.escape(said) + "$"):
         train.split_train_val(torch.arange(3), 0.9)
+
+
+# --- what a run measured, and the evaluation (mutated since @property and @torch.no_grad() are) ---
+
+def test_tokens_per_second_of_a_run_too_short_to_time_is_finite():
+    # train_seconds 0 (or below a nanosecond) counts as 1 ns: 4 steps of 100 tokens -> 4e11 / s
+    for seconds in (0.0, 1e-12):
+        rate = train.History(steps=[1, 2, 3, 4], tokens_per_step=100, train_seconds=seconds).tokens_per_second
+        assert rate == pytest.approx(4e11, rel=1e-12)
+    assert train.History(steps=[7], tokens_per_step=3, train_seconds=0.5).tokens_per_second == 6.0
+
+
+def test_evaluate_loss_is_the_mean_over_batches_without_dropout_and_restores_the_mode():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=5, context_length=4, n_layers=1, n_heads=1, d_model=8,
+                          dropout=0.5))
+    batches = [(torch.tensor([[0, 1, 2, 3]]), torch.tensor([[1, 2, 3, 4]])),
+               (torch.tensor([[4, 4, 0, 0], [1, 2, 3, 4]]), torch.tensor([[4, 0, 0, 1], [2, 3, 4, 0]]))]
+    model.eval()
+    with torch.no_grad():
+        losses = [torch.nn.functional.cross_entropy(model(x, fast=True).flatten(0, 1), y.flatten()).item()
+                  for x, y in batches]
+    assert losses[0] != pytest.approx(losses[1], rel=1e-3)  # the mean is not either one
+    model.train()
+    assert train.evaluate_loss(model, batches) == pytest.approx(sum(losses) / 2, rel=1e-6)
+    assert model.training is True and all(m.training for m in model.modules())
+    assert train.evaluate_loss(model, batches[:1]) == pytest.approx(losses[0], rel=1e-6)
+    model.eval()
+    assert train.evaluate_loss(model, batches) == pytest.approx(sum(losses) / 2, rel=1e-6)
+    assert model.training is False

@@ -60,5 +60,6 @@ def attention_flops(batch: int, heads: int, n_q: int, n_k: int, d: int, causal: 
     """Multiply-adds counted as 2 FLOPs: Q K^T and P V are 2 N_q N_k d each, so 4 B H N^2 d;
     causal attention needs about half of them."""
     _check_sizes(batch=batch, heads=heads, n_q=n_q, n_k=n_k, d=d)
+    checks.boolean("causal", causal)
     flops = 4 * batch * heads * n_q * n_k * d
     return flops // 2 if causal else flops

@@ -38,6 +38,9 @@ def peak_memory_bytes(fn: Callable[[], Any]) -> int:
     such as F.scaled_dot_product_attention allocate inside C++. The peak of that total during the
     call, minus the total at its start, is deterministic: it depends on tensor sizes, not timing.
     """
+    if not callable(fn):
+        raise TypeError(f"fn is {fn!r} (a {type(fn).__name__}), expected a function to call with "
+                        "no arguments, e.g. lambda: attention(q, k, v)")
     from torch.profiler import ProfilerActivity, profile
 
     with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU],

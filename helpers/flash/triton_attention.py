@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from helpers import checks
 from helpers.flash import triton_kernels as kernels
 from helpers.flash.tiled import check_causal, checked_scale
 from helpers.flash.triton_kernels import LOG2_E, tl, triton
@@ -250,6 +251,21 @@ def triton_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     return TritonAttention.apply(q, k, v, causal, scale, block_q, block_k)
 
 
+def _check_saved(q: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor) -> None:
+    """out and grad_out shaped, typed and placed like q, lse like the log-sum-exp triton_attention
+    returns for q: the backward kernels index them with q's sizes, so a smaller tensor would be
+    read past its end."""
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    for name, t, shape, dtype in (("out", out, q.shape, q.dtype), ("lse", lse, q.shape[:3], lse_dtype),
+                                  ("grad_out", grad_out, q.shape, q.dtype)):
+        expected = f"expected a {dtype} tensor of shape {tuple(shape)} on {q.device}, to match q"
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} is a {type(t).__name__}, {expected}")
+        if t.shape != shape or t.dtype != dtype or t.device != q.device:
+            raise ValueError(f"{name} is a {t.dtype} tensor of shape {tuple(t.shape)} on {t.device}, "
+                             f"{expected}")
+
+
 def triton_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                               grad_out: Tensor, causal: bool = False, scale: float | None = None,
                               block_q: int | None = None, block_k: int | None = None
@@ -259,6 +275,7 @@ def triton_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse:
     (triton_attention's backward uses default_backward_blocks)."""
     _require_triton()
     _check_inputs(q, k, v, causal)
+    _check_saved(q, out, lse, grad_out)
     scale = checked_scale(scale, q.shape[-1])
     for name, block in (("block_q", block_q), ("block_k", block_k)):
         if block is not None:
@@ -275,6 +292,9 @@ def key_tiles_visited(n_q: int, n_k: int, causal: bool, block_q: int = 32, block
     stops its loop at the last key the tile's last query sees, which halves the work at N_q = N_k.
     """
     _require_triton()
+    for name, size in (("n_q", n_q), ("n_k", n_k), ("head_dim", head_dim)):
+        checks.positive_int(name, size)
+    check_causal(causal, n_q, n_k)
     device = "cpu" if interpreting() else "cuda"
     q = torch.zeros(1, 1, n_q, head_dim, device=device)
     k = torch.zeros(1, 1, n_k, head_dim, device=device)
