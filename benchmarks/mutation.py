@@ -116,10 +116,10 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     # --- model-a (first runs 2026-11-27) ---
     "helpers/model/llama.py": [
-        "tests/test_modern.py", "tests/test_bad_input_newer.py",
+        "tests/test_modern.py", "tests/test_bad_input_newer.py", "tests/test_llama_mutants.py",
     ],
     "helpers/model/gpt2.py": [
-        "tests/test_gpt2.py", "tests/test_bad_input_newer.py",
+        "tests/test_gpt2.py", "tests/test_bad_input_newer.py", "tests/test_gpt2_mutants.py",
     ],
     "helpers/model/gemma.py": [
         "tests/test_gemma.py",
