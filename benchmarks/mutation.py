@@ -122,7 +122,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_gpt2.py", "tests/test_bad_input_newer.py", "tests/test_gpt2_mutants.py",
     ],
     "helpers/model/gemma.py": [
-        "tests/test_gemma.py",
+        "tests/test_gemma.py", "tests/test_gemma_mutants.py",
     ],
     "helpers/model/checkpoints.py": [
         "tests/test_train.py", "tests/test_bad_input.py", "tests/test_bad_input_newer.py",
