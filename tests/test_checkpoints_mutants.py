@@ -52,6 +52,10 @@ def test_weights_that_are_not_name_tensor_pairs_are_refused(tmp_path):
     assert message(CheckpointError, lambda: load_checkpoint(path)) == (
         f"{path} has 'model' entries that are not {{name: tensor}}: [0] (the first: a int key, "
         "a Tensor value), expected a state dict of tensors")
+    path = saved(tmp_path, lambda state: state["model"].update({f"x{i}": [i] for i in range(5)}))
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == (
+        f"{path} has 'model' entries that are not {{name: tensor}}: ['x0', 'x1', 'x2'] (the first: a "
+        "str key, a list value), expected a state dict of tensors")
 
 
 def test_an_architecture_that_is_not_a_name_is_refused(tmp_path):
