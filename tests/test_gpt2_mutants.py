@@ -221,6 +221,13 @@ def test_n_inner_must_be_four_times_the_width():
         gpt2_config(gpt2_state(), {"n_head": 2, "n_inner": 40})  # 5 D
 
 
+def test_integer_weights_are_refused():
+    config = GPTConfig(vocab_size=5, context_length=4, n_layers=1, n_heads=2, d_model=4)
+    state = {"wte.weight": torch.zeros(5, 4, dtype=torch.int32)}
+    assert message(ValueError, lambda: convert_gpt2_state(state, config)) == \
+        "'wte.weight' has dtype torch.int32, expected floating-point weights"
+
+
 def test_an_untied_head_and_leftover_keys_are_named_in_full():
     state = gpt2_state()
     config = gpt2_config(state, n_heads=2)
@@ -297,10 +304,18 @@ def test_download_arguments_are_named_in_full(tmp_path):
     assert message(TypeError, lambda: download_gpt2(tmp_path, files=())) == (
         "files is (), expected a non-empty tuple of file names, such as ('model.safetensors', "
         "'vocab.json', 'merges.txt')")
-    for name in (".", "..x", "a..b", "nul\0.txt"):
-        assert message(ValueError, lambda name=name: download_gpt2(tmp_path, files=(name,))) == (
+    assert message(TypeError, lambda: download_gpt2(tmp_path, files="vocab.json")) == (
+        "files is 'vocab.json', expected a non-empty tuple of file names, such as "
+        "('model.safetensors', 'vocab.json', 'merges.txt')")
+    for name in (".", "..x", "a..b", "nul\0.txt", "../evil.txt", "sub/model.bin", "..", "a\\b",
+                 "/etc/passwd", "", " ", 5):
+        fetched = []
+        assert message(ValueError, lambda name=name, fetched=fetched: download_gpt2(
+            tmp_path / "cache", files=("vocab.json", name),
+            fetch=lambda url, target, timeout: fetched.append(target))) == (
             f"files has the entry {name!r}, expected a plain file name such as 'model.safetensors' "
             "(no folders, separators or '..': the file must stay in cache_dir)")
+        assert fetched == []  # refused before anything was fetched
 
 
 class _Response:
