@@ -104,6 +104,9 @@ def test_each_bad_header_entry_is_named(tmp_path):
     cases = [
         ({"w": [1]}, "tensor 'w' has the header entry [1], expected {'dtype': ..., 'shape': [...], "
                      "'data_offsets': [start, end]}"),
+        ({"w": {"dtype": "F8_E4M3", "shape": [1], "data_offsets": [0, 1]}},
+         "tensor 'w' has dtype 'F8_E4M3', expected one of ['BF16', 'BOOL', 'F16', 'F32', 'F64', 'I16', "
+         "'I32', 'I64', 'I8', 'U8']"),
         ({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}},
          "tensor 'w' has shape [-1], expected a list of integers >= 0"),
         ({"w": {"dtype": "F32", "shape": [1], "data_offsets": [-4, 4]}},
@@ -295,6 +298,8 @@ def test_download_url_cache_folder_timeout_and_refetch_of_empty_files(tmp_path):
     download_gpt2(cache, "https://hub.example/gpt2", ("a.txt", "b.txt"), timeout=5.0,
                   fetch=copying_fetch(hub, calls))
     assert calls[2:] == [("https://hub.example/gpt2/b.txt", 5.0)]  # one byte: kept
+    download_gpt2(tmp_path / "box", "https://hub.example/BOX/", ("a.txt",),  # only the one '/' cut
+                  fetch=copying_fetch({"https://hub.example/BOX/a.txt": b"A"}, calls))
     assert (cache / "a.txt").read_bytes() == b"A" and (cache / "b.txt").read_bytes() == b"BB"
 
 
