@@ -179,6 +179,20 @@ def test_load_names_a_bad_path_or_device(tmp_path):
     assert next(model.parameters()).device.type == "cpu"
 
 
+def test_the_file_is_read_onto_the_device_asked_for(tmp_path, monkeypatch):
+    path, where = saved(tmp_path), []
+    real_load = torch.load
+
+    def spy(*args, **kwargs):
+        where.append((kwargs["map_location"], kwargs["weights_only"]))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", spy)
+    device = torch.device("cpu")
+    load_checkpoint(path, device=device)
+    assert where == [(device, True)]
+
+
 # --- load_checkpoint: files that are not checkpoints -----------------------------------------------
 
 @pytest.mark.parametrize("content, found", [
@@ -273,8 +287,9 @@ def test_weights_that_do_not_fit_the_config_are_named(tmp_path):
 
     def integers(state):
         state["checksum"] = None
-        for name in ("ln_f.weight", "ln_f.bias", "blocks.0.ln1.weight", "blocks.0.ln1.bias"):
+        for name in ("ln_f.weight", "ln_f.bias", "blocks.0.ln1.weight"):
             state["model"][name] = state["model"][name].long()
+        state["model"]["blocks.0.ln1.bias"] = state["model"]["blocks.0.ln1.bias"].int()  # the first named
     path = saved(tmp_path, integers)
     assert message(CheckpointError, lambda: load_checkpoint(path)) == (
         f"{path} has weights of dtype torch.int64 (['blocks.0.ln1.weight', 'blocks.0.ln1.bias', "
