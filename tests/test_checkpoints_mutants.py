@@ -334,3 +334,57 @@ def test_the_checksum_entry_and_a_changed_weight_are_named(tmp_path):
         f"{path} is corrupted: its weights' sha256 is {changed[:16]}..., the checksum saved with them "
         f"is {weights_checksum(original)[:16]}...: the file changed after it was saved (a bad copy or "
         "download?); save it again")
+
+
+def test_a_file_without_a_config_or_with_many_keys_is_named(tmp_path):
+    path = tmp_path / "x.pt"
+    torch.save({"model": {"w": torch.ones(1)}}, path)
+    assert message(CheckpointError, lambda: load_checkpoint(path)).startswith(
+        f"{path} holds a dict with the keys ['model'], expected a checkpoint with 'config'")
+    torch.save({k: 1 for k in "gfedcba"}, path)
+    assert message(CheckpointError, lambda: load_checkpoint(path)).startswith(
+        f"{path} holds a dict with the keys ['a', 'b', 'c', 'd', 'e'], expected")
+
+
+@pytest.mark.parametrize("text, pickled", [
+    ("Unsupported global: GLOBAL pkg.Thing was not an allowed global by default", True),
+    ("Unsupported global: pkg.Thing", True),  # without the rest of newer torch's explanation
+    ("Weights only load failed: weights_only=True refuses GLOBAL pkg.Thing", True),
+    ("Weights only load failed: weights_only=True met an unknown opcode", False),  # no GLOBAL
+    ("GLOBAL pkg.Thing could not be found", False),  # not weights_only's refusal
+])
+def test_torch_refusing_a_pickled_object_is_told_apart_in_its_wordings(tmp_path, monkeypatch, text, pickled):
+    path = saved(tmp_path)  # a zip: a failure that is not a refused object reads as damaged
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(text)
+
+    monkeypatch.setattr(torch, "load", refuse)
+    what = ("a whole pickled object (torch.save(model)?), which could run code when loaded, so it "
+            "is not loaded") if pickled else "a damaged or truncated checkpoint (the zip archive is incomplete)"
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == (
+        f"{path} is {what}: expected a file written by helpers.model.checkpoints.save_checkpoint(path, model)")
+
+
+def test_the_model_is_moved_to_the_device_asked_for(tmp_path, monkeypatch):
+    moved, real_to = [], torch.nn.Module.to
+
+    def spy(self, *args, **kwargs):
+        moved.append(args)
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "to", spy)
+    device = torch.device("cpu")
+    load_checkpoint(saved(tmp_path), device=device)
+    assert moved == [(device,)]
+
+
+def test_a_device_this_machine_has_is_accepted(monkeypatch):
+    from helpers.model.checkpoints import _check_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
+    _check_device("cuda")
+    _check_device(torch.device("cuda", 0))
+    _check_device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert message(ValueError, lambda: _check_device("cuda:0")) == \
+        "device is 'cuda:0', but this machine has no cuda: expected 'cpu'"
