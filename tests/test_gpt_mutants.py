@@ -265,3 +265,18 @@ def test_ids_on_another_device_than_the_model_are_named():
     with pytest.raises(ValueError, match=r"^token_ids is on cpu and the model on cuda:0: move the ids "
                                          r"with token_ids.to\('cuda:0'\)$"):
         model(torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_head_dim_is_an_int():
+    """head_dim sizes tensors (the KV cache, the attention's split): a float would not do."""
+    for config in (GPTConfig(), GPTConfig(n_heads=3, d_model=12), GPTConfig(**SMALL)):
+        assert type(config.head_dim) is int and config.head_dim * config.n_heads == config.d_model
+
+
+def test_forward_cached_takes_the_fast_path_by_default():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SMALL)).eval()
+    calls = _spy_forwards(model)
+    cache = KVCache.for_model(model, 1)
+    model.forward_cached(torch.tensor([[1, 2, 3]]), cache)
+    assert calls == {"ln_f": 0, "blocks": []} and cache.length == 3

@@ -180,7 +180,7 @@ def _read_checkpoint(path: Path, device: torch.device | str) -> Any:
 def _architecture_of(state: dict, path: Path) -> tuple[type[nn.Module], type]:
     """The model and config classes a checkpoint names (GPT when it names none)."""
     name = state.get("architecture", "GPT")
-    if name not in ARCHITECTURES:
+    if not isinstance(name, str) or name not in ARCHITECTURES:  # a list would not even hash
         raise CheckpointError(f"{path} holds a model of architecture {name!r}, expected one of "
                               f"{', '.join(ARCHITECTURES)}")
     return ARCHITECTURES[name]
@@ -208,10 +208,15 @@ def _check_weights_fit(model_class: type[nn.Module], config: Any, weights: Any, 
     if not isinstance(weights, dict):
         raise CheckpointError(f"{path} has 'model' of type {type(weights).__name__}, expected a "
                               "state dict of tensors")
+    odd = [name for name, t in weights.items() if not isinstance(name, str) or not isinstance(t, Tensor)]
+    if odd:
+        raise CheckpointError(f"{path} has 'model' entries that are not {{name: tensor}}: "
+                              f"{odd[:3]!r:.120} (the first: a {type(odd[0]).__name__} key, a "
+                              f"{type(weights[odd[0]]).__name__} value), expected a state dict of tensors")
     with torch.device("meta"):
         shapes_only = model_class(config)
     expected = {name: tuple(t.shape) for name, t in shapes_only.state_dict().items()}
-    got = {name: tuple(t.shape) for name, t in weights.items() if isinstance(t, Tensor)}
+    got = {name: tuple(t.shape) for name, t in weights.items()}
     if got != expected:
         missing = sorted(set(expected) - set(got))[:3]
         wrong = sorted(n for n in set(expected) & set(got) if expected[n] != got[n])[:3]

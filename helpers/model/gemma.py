@@ -182,7 +182,8 @@ class GemmaGPT(nn.Module):
         n = token_ids.shape[1]
         tables = {kind: RopeTable(t.cos[:n].to(self.embed.weight), t.sin[:n].to(self.embed.weight))
                   for kind, t in self.tables.items()}
-        x = self.embed(token_ids) * torch.tensor(math.sqrt(self.config.d_model)).to(self.embed.weight)
+        # sqrt(D) rounded to the weights' dtype, as transformers does (a CPU scalar on any device)
+        x = self.embed(token_ids) * torch.tensor(math.sqrt(self.config.d_model), dtype=self.embed.weight.dtype)
         for block in self.blocks:
             x = block(x, tables[block.kind])
         return self.norm(x) @ self.embed.weight.T
@@ -226,6 +227,8 @@ def config_from_gemma3(hf) -> GemmaConfig:
 def from_gemma3(state_dict: Mapping[str, Tensor], config: GemmaConfig) -> GemmaGPT:
     """A GemmaGPT holding a Gemma3ForCausalLM's `state_dict()`. Raises KeyError naming a missing
     weight, ValueError naming one of the wrong shape or one the model has no place for."""
+    if not isinstance(config, GemmaConfig):
+        raise TypeError(f"config is a {type(config).__name__}, expected a GemmaConfig (config_from_gemma3)")
     model = GemmaGPT(config)
     names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
     ours_to_theirs = {"pre_attn": "input_layernorm", "post_attn": "post_attention_layernorm",

@@ -1,6 +1,7 @@
 """A Hugging Face Llama's weights in the course's ModernGPT (notebook 9, section 6).
 
-    config_from_llama       a ModernConfig with the sizes of a transformers.LlamaConfig
+    config_from_llama       a ModernConfig with the sizes of a transformers.LlamaConfig; RoPE
+                            scaling or an activation ModernGPT lacks is refused
     llama_key_map           every ModernGPT parameter name -> Hugging Face's name for it
     from_llama_state_dict   a LlamaForCausalLM's state_dict() loaded into a ModernGPT; a missing
                             weight, a wrong shape or a weight left over (more layers than the
@@ -21,9 +22,23 @@ from helpers.model.modern import ModernConfig, ModernGPT
 
 
 def config_from_llama(llama_config) -> ModernConfig:
-    """A ModernConfig with the sizes of a `transformers.LlamaConfig` (read by attribute name)."""
-    rope = getattr(llama_config, "rope_parameters", None) or {}
+    """A ModernConfig with the sizes of a `transformers.LlamaConfig` (read by attribute name).
+
+    Raises ValueError for a Llama that ModernGPT would compute differently, whose weights would
+    load and then give other logits: RoPE with frequency scaling (rope_type 'linear', 'llama3',
+    'yarn', ...: Llama 3.1 and later) or an activation other than SiLU.
+    """
+    rope = getattr(llama_config, "rope_parameters", None) or {}  # transformers >= 5
     theta = rope.get("rope_theta", getattr(llama_config, "rope_theta", 10000.0))
+    scaling = rope or getattr(llama_config, "rope_scaling", None) or {}  # transformers 4: rope_scaling
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"llama_config has rope_type = {rope_type!r}, expected 'default': "
+                         "ModernGPT's RoPE has no frequency scaling, so its logits would differ")
+    activation = getattr(llama_config, "hidden_act", "silu")
+    if activation != "silu":
+        raise ValueError(f"llama_config has hidden_act = {activation!r}, expected 'silu': "
+                         "ModernGPT's SwiGLU gates with SiLU, so its logits would differ")
     return ModernConfig(
         vocab_size=llama_config.vocab_size, context_length=llama_config.max_position_embeddings,
         n_layers=llama_config.num_hidden_layers, n_heads=llama_config.num_attention_heads,

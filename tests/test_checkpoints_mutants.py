@@ -1,0 +1,390 @@
+"""helpers.model.checkpoints: hostile and damaged files refused with a CheckpointError that names
+what is wrong, read in full; what save_checkpoint refuses, named down to the nested key.
+
+Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
+one-line bug that test_train.py, test_bad_input.py and test_bad_input_newer.py let through.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.model.checkpoints import (
+    MAX_CONTEXT_LENGTH,
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+    weights_checksum,
+)
+from helpers.model.gpt import GPT, GPTConfig
+from helpers.model.modern import ModernConfig, ModernGPT
+
+SMALL = GPTConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, d_model=8)
+
+
+def message(error_type, call) -> str:
+    with pytest.raises(error_type) as info:
+        call()
+    return str(info.value)
+
+
+def saved(tmp_path: Path, change=None) -> Path:
+    """A GPT's checkpoint, then (optionally) `change(state)` applied to what the file holds."""
+    torch.manual_seed(0)
+    path = save_checkpoint(tmp_path / "model.pt", GPT(SMALL))
+    if change is not None:
+        state = torch.load(path, weights_only=True)
+        change(state)
+        torch.save(state, path)
+    return path
+
+
+def test_weights_that_are_not_name_tensor_pairs_are_refused(tmp_path):
+    path = saved(tmp_path, lambda state: state["model"].update(junk=5))
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == (
+        f"{path} has 'model' entries that are not {{name: tensor}}: ['junk'] (the first: a str key, "
+        "a int value), expected a state dict of tensors")
+    path = saved(tmp_path, lambda state: state["model"].update({0: torch.ones(1)}))
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == (
+        f"{path} has 'model' entries that are not {{name: tensor}}: [0] (the first: a int key, "
+        "a Tensor value), expected a state dict of tensors")
+    path = saved(tmp_path, lambda state: state["model"].update({f"x{i}": [i] for i in range(5)}))
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == (
+        f"{path} has 'model' entries that are not {{name: tensor}}: ['x0', 'x1', 'x2'] (the first: a "
+        "str key, a list value), expected a state dict of tensors")
+
+
+def test_an_architecture_that_is_not_a_name_is_refused(tmp_path):
+    path = saved(tmp_path, lambda state: state.update(architecture=["GPT"]))
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == (
+        f"{path} holds a model of architecture ['GPT'], expected one of GPT, ModernGPT")
+
+
+# --- the checksum ----------------------------------------------------------------------------
+
+def test_the_checksum_covers_names_dtypes_shapes_and_bytes_in_order():
+    weights = {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3).t(),  # not contiguous
+               "b": torch.zeros(0, 4, dtype=torch.float16), "c": torch.tensor([1.5], dtype=torch.float64)}
+    digest = hashlib.sha256()
+    for name, tensor in weights.items():  # the documented recipe, written out again
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.contiguous().numpy().tobytes())
+    assert weights_checksum(weights) == digest.hexdigest()
+    variants = [dict(reversed(list(weights.items()))), {**weights, "c": weights["c"].float()},
+                {**weights, "b": torch.zeros(4, 0, dtype=torch.float16)}, {**weights, "c": weights["c"] + 1},
+                {"A" if k == "a" else k: v for k, v in weights.items()}]
+    assert len({weights_checksum(w) for w in variants} | {digest.hexdigest()}) == 6
+
+
+# --- save_checkpoint ----------------------------------------------------------------------------
+
+def test_what_a_checkpoint_holds(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(SMALL)
+    path = save_checkpoint(str(tmp_path / "gpt.pt"), model, note="x")
+    assert path == tmp_path / "gpt.pt" and isinstance(path, Path)
+    state = torch.load(path, weights_only=True)
+    assert sorted(state) == ["architecture", "checksum", "config", "extra", "model"]  # no optimizer
+    assert state["architecture"] == "GPT" and state["config"] == SMALL.to_dict()
+    assert state["checksum"] == {"sha256": weights_checksum(model.state_dict())}
+    assert state["extra"] == {"note": "x"}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+    model(torch.zeros(1, 3, dtype=torch.long)).sum().backward()
+    optimizer.step()
+    state = torch.load(save_checkpoint(path, model, optimizer), weights_only=True)
+    assert "momentum_buffer" in state["optimizer"]["state"][0] and state["extra"] == {}
+
+
+def test_a_modern_gpt_round_trips_with_its_optimizer(tmp_path):
+    torch.manual_seed(1)
+    config = ModernConfig(vocab_size=13, context_length=8, n_layers=1, n_heads=2, n_kv_heads=1, d_model=8)
+    model = ModernGPT(config)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ids = torch.tensor([[1, 2, 3]])
+    model(ids).sum().backward()
+    optimizer.step()
+    loaded, state = load_checkpoint(save_checkpoint(tmp_path / "m.pt", model, optimizer, step=1))
+    assert type(loaded) is ModernGPT and loaded.config == config and state["architecture"] == "ModernGPT"
+    assert torch.equal(loaded(ids), model(ids)) and state["extra"] == {"step": 1}
+    again = torch.optim.SGD(loaded.parameters(), lr=0.1, momentum=0.9)
+    again.load_state_dict(state["optimizer"])
+    assert torch.equal(again.state[next(iter(loaded.parameters()))]["momentum_buffer"],
+                       optimizer.state[next(iter(model.parameters()))]["momentum_buffer"])
+
+
+def test_save_names_a_model_or_path_it_cannot_take(tmp_path):
+    assert message(TypeError, lambda: save_checkpoint(tmp_path / "m.pt", torch.nn.Linear(2, 2))) == (
+        "model is a Linear, expected one of GPT, ModernGPT (helpers.model.gpt.GPT or "
+        "helpers.model.modern.ModernGPT)")
+    for target in (tmp_path, tmp_path / "missing" / "m.pt"):
+        assert message(ValueError, lambda target=target: save_checkpoint(target, GPT(SMALL))) == (
+            f"path {str(target)!r} is a folder or lies in a folder that does not exist, expected a "
+            "file name in an existing folder, such as 'model.pt'")
+
+
+class Item:
+    """Looks like a numpy scalar: it has .item()."""
+
+    def item(self):
+        return 1.0
+
+    def __repr__(self):
+        return "Item()"
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ({"meta": {1.5: 0}}, "extra value 'meta' has the key 1.5 (a float), expected str or int keys"),
+    ({"meta": {"a": [1, {2: Item()}]}},
+     "extra value 'meta'['a'][1][2] is Item(), a Item: expected a bool, int, float, str, None, tensor, "
+     "or a list or dict of them (use float(...) or int(...)), which load_checkpoint can read back safely"),
+    ({"folder": Path("runs")},
+     f"extra value 'folder' is {Path('runs')!r}, a {type(Path('runs')).__name__}: expected a bool, int, "
+     "float, str, None, tensor, or a list or dict of them (use str(...)), which load_checkpoint can "
+     "read back safely"),
+    ({"tags": {"a"}},
+     "extra value 'tags' is {'a'}, a set: expected a bool, int, float, str, None, tensor, or a list or "
+     "dict of them, which load_checkpoint can read back safely"),
+])
+def test_extras_that_could_not_be_read_back_are_named_in_full(tmp_path, extra, expected):
+    assert message(TypeError, lambda: save_checkpoint(tmp_path / "m.pt", GPT(SMALL), **extra)) == expected
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_plain_extras_round_trip(tmp_path):
+    extra = dict(a=(1, 2.5, "x", None, True), b={"k": [torch.ones(2)], 3: {"deep": False}},
+                 c=torch.nn.Parameter(torch.zeros(1)))
+    _, state = load_checkpoint(save_checkpoint(tmp_path / "m.pt", GPT(SMALL), **extra))
+    assert state["extra"]["a"] == (1, 2.5, "x", None, True)
+    assert torch.equal(state["extra"]["b"]["k"][0], torch.ones(2)) and state["extra"]["b"][3] == {"deep": False}
+
+
+# --- load_checkpoint: what it is given ---------------------------------------------------------------
+
+def test_load_names_a_bad_path_or_device(tmp_path):
+    assert message(TypeError, lambda: load_checkpoint(5)) == "path is 5 (int), expected a str or Path"
+    assert message(FileNotFoundError, lambda: load_checkpoint(tmp_path / "no.pt")) == \
+        f"path is {str(tmp_path / 'no.pt')!r}: no such file"
+    path = saved(tmp_path)
+    assert message(ValueError, lambda: load_checkpoint(path, device="gpu")) == \
+        "device is 'gpu', expected 'cpu', 'cuda' or a torch.device"
+    assert message(ValueError, lambda: load_checkpoint(path, device=3.5)) == \
+        "device is 3.5, expected 'cpu', 'cuda' or a torch.device"
+    assert message(ValueError, lambda: load_checkpoint(path, device="meta")) == \
+        "device is 'meta', but this machine has no meta: expected 'cpu'"
+    model, _ = load_checkpoint(path, device=torch.device("cpu"))
+    assert next(model.parameters()).device.type == "cpu"
+
+
+def test_the_file_is_read_onto_the_device_asked_for(tmp_path, monkeypatch):
+    path, where = saved(tmp_path), []
+    real_load = torch.load
+
+    def spy(*args, **kwargs):
+        where.append((kwargs["map_location"], kwargs["weights_only"]))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", spy)
+    device = torch.device("cpu")
+    load_checkpoint(path, device=device)
+    assert where == [(device, True)]
+
+
+# --- load_checkpoint: files that are not checkpoints -----------------------------------------------
+
+@pytest.mark.parametrize("content, found", [
+    ([torch.ones(1)], "a list"),
+    ({}, "a dict"),
+    ({"b": 1, "a": 2, "config": {}}, "a dict with the keys ['a', 'b', 'config']"),
+    ({f"k{i}": torch.ones(1) for i in range(7)},
+     "a bare state dict (weights without a config, e.g. torch.save(model.state_dict()))"),
+])
+def test_files_without_a_config_and_weights_are_named(tmp_path, content, found):
+    path = tmp_path / "x.pt"
+    torch.save(content, path)
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == (
+        f"{path} holds {found}, expected a checkpoint with 'config' and 'model' entries: save with "
+        "helpers.model.checkpoints.save_checkpoint(path, model)")
+
+
+class Hostile:
+    def __reduce__(self):
+        return (print, ("hostile code ran",))
+
+
+def test_unreadable_files_are_named_in_full(tmp_path, capsys):
+    expected_end = ": expected a file written by helpers.model.checkpoints.save_checkpoint(path, model)"
+    for head in ("[1, 2]", '{"a": 1}'):
+        path = tmp_path / "t.json"
+        path.write_text(head)
+        assert message(CheckpointError, lambda path=path: load_checkpoint(path)) == (
+            f"{path} is a JSON file (a tokenizer's or a config's?), expected a checkpoint written by "
+            "helpers.model.checkpoints.save_checkpoint")
+    pickled = tmp_path / "pickled.pt"
+    torch.save({"config": {}, "model": Hostile()}, pickled)
+    assert message(CheckpointError, lambda: load_checkpoint(pickled)) == (
+        f"{pickled} is a whole pickled object (torch.save(model)?), which could run code when loaded, "
+        f"so it is not loaded{expected_end}")
+    assert "hostile code ran" not in capsys.readouterr().out
+    truncated = tmp_path / "cut.pt"
+    truncated.write_bytes(saved(tmp_path).read_bytes()[:2000])
+    assert message(CheckpointError, lambda: load_checkpoint(truncated)) == (
+        f"{truncated} is a damaged or truncated checkpoint (the zip archive is incomplete){expected_end}")
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    assert message(CheckpointError, lambda: load_checkpoint(empty)) == \
+        f"{empty} is not a PyTorch checkpoint{expected_end}"
+
+
+# --- load_checkpoint: the config and the weights, checked before building -------------------------
+
+def test_a_checkpoint_naming_no_architecture_is_a_gpt_and_an_unknown_one_is_named(tmp_path):
+    model, _ = load_checkpoint(saved(tmp_path, lambda state: state.pop("architecture")))
+    assert type(model) is GPT
+    path = saved(tmp_path, lambda state: state.update(architecture="Mamba"))
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == \
+        f"{path} holds a model of architecture 'Mamba', expected one of GPT, ModernGPT"
+
+
+def test_bad_configs_are_named_in_full(tmp_path):
+    fields = sorted(SMALL.to_dict())
+    path = saved(tmp_path, lambda state: state.update(config=[1]))
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == \
+        f"{path} has a 'config' of type list, expected a dict of GPTConfig fields"
+    path = saved(tmp_path, lambda state: state["config"].update(n_kv_heads=2, flash=True))
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == \
+        f"{path} has a config with unknown fields ['flash', 'n_kv_heads'], expected fields among {fields}"
+    path = saved(tmp_path, lambda state: state["config"].update(n_heads=3))
+    assert message(CheckpointError, lambda: load_checkpoint(path)).startswith(
+        f"{path} has an invalid config: d_model")
+
+
+def test_weights_that_do_not_fit_the_config_are_named(tmp_path):
+    def drop(state):
+        for name in ("ln_f.weight", "blocks.0.ln1.bias", "ln_f.bias", "blocks.1.ln2.bias"):
+            del state["model"][name]
+    path = saved(tmp_path, drop)
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == (
+        f"{path} has weights that do not match its config (missing ['blocks.0.ln1.bias', "
+        "'blocks.1.ln2.bias', 'ln_f.bias'])")
+
+    def extra(state):
+        for name in ("zeta", "alpha", "beta", "gamma"):
+            state["model"][name] = torch.ones(1)
+    path = saved(tmp_path, extra)
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == (
+        f"{path} has weights that do not match its config (unexpected ['alpha', 'beta', 'gamma'])")
+    path = saved(tmp_path, lambda state: state["model"].update({"ln_f.weight": torch.ones(9)}))
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == (
+        f"{path} has weights that do not match its config (ln_f.weight has shape (9,), the config "
+        "gives (8,))")
+    path = saved(tmp_path, lambda state: state.update(model=[1]))
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == \
+        f"{path} has 'model' of type list, expected a state dict of tensors"
+
+    def integers(state):
+        state["checksum"] = None
+        for name in ("ln_f.weight", "ln_f.bias", "blocks.0.ln1.weight"):
+            state["model"][name] = state["model"][name].long()
+        state["model"]["blocks.0.ln1.bias"] = state["model"]["blocks.0.ln1.bias"].int()  # the first named
+    path = saved(tmp_path, integers)
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == (
+        f"{path} has weights of dtype torch.int64 (['blocks.0.ln1.weight', 'blocks.0.ln1.bias', "
+        "'ln_f.weight']), expected floating-point weights")
+
+
+def test_the_block_count_and_numbering_and_the_context_cap(tmp_path):
+    path = saved(tmp_path, lambda state: state["config"].update(n_layers=3))
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == (
+        f"{path} has a config with n_layers = 3, but its weights hold 2 blocks: expected the two to agree")
+
+    def renumber(state):
+        state["model"] = {k.replace("blocks.1.", "blocks.2."): v for k, v in state["model"].items()}
+    path = saved(tmp_path, renumber)
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == (
+        f"{path} has a config with n_layers = 2, but its weights hold 2 blocks (not numbered 0, 1, ...): "
+        "expected the two to agree")
+    path = saved(tmp_path, lambda state: state["config"].update(context_length=MAX_CONTEXT_LENGTH + 1))
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == (
+        f"{path} has a config with context_length = 1,048,577, expected at most MAX_CONTEXT_LENGTH = "
+        "1,048,576")
+    path = saved(tmp_path, lambda state: state["config"].update(context_length=MAX_CONTEXT_LENGTH))
+    assert "do not match its config (embed.position.weight has shape (8, 8)" in \
+        message(CheckpointError, lambda: load_checkpoint(path))  # at the cap: on to the weights
+
+
+def test_the_checksum_entry_and_a_changed_weight_are_named(tmp_path):
+    model, _ = load_checkpoint(saved(tmp_path, lambda state: state.pop("checksum")))  # older files
+    assert type(model) is GPT
+    for entry in ("abc", {"md5": "abc"}, {"sha256": 5}):
+        path = saved(tmp_path, lambda state, entry=entry: state.update(checksum=entry))
+        assert message(CheckpointError, lambda path=path: load_checkpoint(path)) == (
+            f"{path} has a 'checksum' entry {entry!r}, expected {{'sha256': '<hex digest>'}}")
+    original = {}
+
+    def change(state):
+        original.update(state["model"])
+        state["model"]["ln_f.bias"] = state["model"]["ln_f.bias"] + 1
+    path = saved(tmp_path, change)
+    changed = weights_checksum(torch.load(path, weights_only=True)["model"])
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == (
+        f"{path} is corrupted: its weights' sha256 is {changed[:16]}..., the checksum saved with them "
+        f"is {weights_checksum(original)[:16]}...: the file changed after it was saved (a bad copy or "
+        "download?); save it again")
+
+
+def test_a_file_without_a_config_or_with_many_keys_is_named(tmp_path):
+    path = tmp_path / "x.pt"
+    torch.save({"model": {"w": torch.ones(1)}}, path)
+    assert message(CheckpointError, lambda: load_checkpoint(path)).startswith(
+        f"{path} holds a dict with the keys ['model'], expected a checkpoint with 'config'")
+    torch.save({k: 1 for k in "gfedcba"}, path)
+    assert message(CheckpointError, lambda: load_checkpoint(path)).startswith(
+        f"{path} holds a dict with the keys ['a', 'b', 'c', 'd', 'e'], expected")
+
+
+@pytest.mark.parametrize("text, pickled", [
+    ("Unsupported global: GLOBAL pkg.Thing was not an allowed global by default", True),
+    ("Unsupported global: pkg.Thing", True),  # without the rest of newer torch's explanation
+    ("Weights only load failed: weights_only=True refuses GLOBAL pkg.Thing", True),
+    ("Weights only load failed: weights_only=True met an unknown opcode", False),  # no GLOBAL
+    ("GLOBAL pkg.Thing could not be found", False),  # not weights_only's refusal
+])
+def test_torch_refusing_a_pickled_object_is_told_apart_in_its_wordings(tmp_path, monkeypatch, text, pickled):
+    path = saved(tmp_path)  # a zip: a failure that is not a refused object reads as damaged
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(text)
+
+    monkeypatch.setattr(torch, "load", refuse)
+    what = ("a whole pickled object (torch.save(model)?), which could run code when loaded, so it "
+            "is not loaded") if pickled else "a damaged or truncated checkpoint (the zip archive is incomplete)"
+    assert message(CheckpointError, lambda: load_checkpoint(path)) == (
+        f"{path} is {what}: expected a file written by helpers.model.checkpoints.save_checkpoint(path, model)")
+
+
+def test_the_model_is_moved_to_the_device_asked_for(tmp_path, monkeypatch):
+    moved, real_to = [], torch.nn.Module.to
+
+    def spy(self, *args, **kwargs):
+        moved.append(args)
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "to", spy)
+    device = torch.device("cpu")
+    load_checkpoint(saved(tmp_path), device=device)
+    assert moved == [(device,)]
+
+
+def test_a_device_this_machine_has_is_accepted(monkeypatch):
+    from helpers.model.checkpoints import _check_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
+    _check_device("cuda")
+    _check_device(torch.device("cuda", 0))
+    _check_device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert message(ValueError, lambda: _check_device("cuda:0")) == \
+        "device is 'cuda:0', but this machine has no cuda: expected 'cpu'"
