@@ -274,3 +274,22 @@ def test_cache_values_per_token_checks_kind_and_groups():
     with pytest.raises(ValueError, match="^n_groups is 0"):
         cache_values_per_token("gqa", DEEPSEEK_V3, n_groups=0)
 
+
+# --- the bug the run found: the naive form and the queries checked x only after a product ----------
+
+@pytest.mark.parametrize("method", ["forward", "forward_absorbed", "queries", "latent"])
+def test_every_entry_point_checks_x_and_the_table_before_any_product(method):
+    layer, table = _layer(dtype=torch.float32)
+    call = getattr(layer, method)
+    with pytest.raises(ValueError, match=full(
+            f"x has shape (1, 2, {D + 1}), expected (..., {D}): the last dimension holds each "
+            f"token's d_model = {D} features")):
+        call(torch.randn(1, 2, D + 1), table)                          # was torch's "mat1 and mat2"
+    with pytest.raises(ValueError, match=full(f"x has shape (2, {D}), expected (B, N, {D})")):
+        call(torch.randn(2, D), table)                                 # was "not enough values to unpack"
+    with pytest.raises(TypeError, match=full(f"table is a tuple, expected a RopeTable built for rope_dim = {D_R}")):
+        call(torch.randn(1, 2, D), (table.cos, table.sin))
+    with pytest.raises(ValueError, match=full(
+            f"table has head_dim 6, expected rope_dim = {D_R}: the RoPE table rotates only the "
+            "rope_dim features of each key and query")):
+        call(torch.randn(1, 2, D), RopeTable.build(6, 16))             # was "x has shape (1, 3, 2, 4)"
