@@ -136,7 +136,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_mla.py", "tests/test_mla_mutants.py",
     ],
     "helpers/model/moe.py": [
-        "tests/test_moe.py", "tests/test_late_exercises.py",
+        "tests/test_moe.py", "tests/test_late_exercises.py", "tests/test_moe_mutants.py",
     ],
     "helpers/model/frontier.py": [
         "tests/test_moe.py", "tests/test_sliding.py",
