@@ -483,3 +483,54 @@ def test_zero_aux_coef_and_bias_rate_and_a_hint_for_capacity():
     with pytest.raises(ValueError, match=re.escape("(1.0 = each expert holds exactly its fair share)")):
         expert_capacity(4, 1, 4, 0.0)
 
+
+# --- the bugs the run found: arguments checked late or not at all --------------------------------
+
+@pytest.mark.parametrize("call, error, message", [
+    # group_limit printed torch.Size([8])
+    (lambda: group_limit(torch.randn(8), 2, 1), ValueError, "choice has shape (8,), expected (T, E)"),
+    # expert_load counted an expert that does not exist (a longer vector) or failed inside bincount
+    (lambda: expert_load(torch.tensor([[5]]), 3), ValueError, "experts holds 5 .. 5, expected indices in 0 .. 2"),
+    (lambda: expert_load(torch.tensor([[-1, 0]]), 3), ValueError, "experts holds -1 .. 0, expected indices in 0 .. 2"),
+    (lambda: expert_load(torch.tensor([[1.0]]), 3), TypeError,
+     "experts is torch.float32, expected an integer tensor (torch.long) of expert indices"),
+    (lambda: expert_load([[1]], 3), TypeError, "experts is list, expected an integer tensor (torch.long) of expert indices"),
+    (lambda: expert_load(torch.tensor([[0]]), 0), ValueError, "n_experts is 0, expected a positive int"),
+    # switch_aux_loss: AttributeError on a list, a size mismatch deep inside for an index past E
+    (lambda: switch_aux_loss(torch.randn(4, 3), [[0]] * 4, 3), TypeError,
+     "experts is list, expected an integer tensor (torch.long) of expert indices"),
+    (lambda: switch_aux_loss(torch.randn(4, 3), torch.full((4, 1), 5), 3), ValueError,
+     "experts holds 5 .. 5, expected indices in 0 .. 2"),
+    # Experts: float indices ran in loop and failed in bincount in sorted; weights in another dtype
+    # failed in index_add
+    (lambda: Experts(3, 4, 8).loop(torch.randn(2, 4), torch.ones(2, 1), torch.zeros(2, 1)), TypeError,
+     "experts is torch.float32, expected an integer tensor (torch.long) of expert indices"),
+    (lambda: Experts(3, 4, 8).sorted(torch.randn(2, 4), torch.ones(2, 1, dtype=torch.float64),
+                                     torch.zeros(2, 1).long()), TypeError,
+     "weights is torch.float64, expected a tensor of x's dtype torch.float32"),
+    (lambda: Experts(3, 4, 8).loop(torch.randn(2, 4), [[1.0], [1.0]], torch.zeros(2, 1).long()), TypeError,
+     "weights is list, expected a tensor of x's dtype torch.float32"),
+    # route: AttributeError for a list bias; a non-bool normalize went unchecked
+    (lambda: route(torch.randn(4, 3), 1, bias=[0.0, 0.0, 0.0]), ValueError,
+     "bias is list, expected a tensor (3,): one per expert"),
+    (lambda: route(torch.randn(4, 3), 1, bias=torch.zeros(4)), ValueError,
+     "bias is (4,), expected a tensor (3,): one per expert"),
+    (lambda: route(torch.randn(4, 3), 1, normalize=1), TypeError, "normalize is 1 ..."),
+])
+def test_bad_arguments_are_named_before_any_work(call, error, message):
+    pattern = "^" + re.escape(message[:-4]) if message.endswith(" ...") else full(message)
+    with pytest.raises(error, match=pattern):
+        call()
+
+
+def test_int32_indices_are_accepted():
+    experts = _experts()
+    x, weights = torch.randn(3, 6, dtype=torch.float64), torch.rand(3, 1, dtype=torch.float64)
+    chosen = torch.tensor([[0], [4], [0]], dtype=torch.int32)
+    assert expert_load(chosen, 5).tolist() == [2, 0, 0, 0, 1]
+    torch.testing.assert_close(experts.loop(x, weights, chosen), per_token(experts, x, weights, chosen),
+                               atol=1e-12, rtol=0)
+    out, dropped = experts.sorted(x, weights, chosen, 1)
+    assert dropped == 1
+    torch.testing.assert_close(out, per_token(experts, x, weights, chosen, torch.tensor([[True], [True], [False]])),
+                               atol=1e-12, rtol=0)
