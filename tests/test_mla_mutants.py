@@ -209,6 +209,17 @@ def test_cache_errors_are_read_in_full():
     with pytest.raises(ValueError, match=re.escape("cache[1] (k_rope) has shape (2, 3, 4) and dtype torch.float64")):
         layer.forward_absorbed(x, table, (c, k.double()))
 
+    with pytest.raises(ValueError, match=re.escape(f"cache[0] (c) has shape ({R},)")):
+        layer.forward_absorbed(x, table, (c[0, 0], k))                 # 1-D: no shape[1] either
+
+
+def test_the_causal_mask_is_built_on_the_scores_device():
+    layer, _ = _layer()
+    scores = torch.zeros(2, H, 3, 5, device="meta")                   # shapes only, no values
+    assert layer._attend(scores).device.type == "meta"
+    weights = layer._attend(torch.zeros(1, 1, 3, 5, dtype=torch.float64))
+    expected = torch.tensor([[1 / 3] * 3 + [0, 0], [1 / 4] * 4 + [0], [1 / 5] * 5], dtype=torch.float64)
+    torch.testing.assert_close(weights[0, 0], expected, atol=1e-15, rtol=0)   # tril(M - N)
 
 # --- errors and the config table -----------------------------------------------------------------
 
