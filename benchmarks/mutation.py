@@ -142,7 +142,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_moe.py", "tests/test_sliding.py",
     ],
     "helpers/model/sliding.py": [
-        "tests/test_sliding.py",
+        "tests/test_sliding.py", "tests/test_sliding_mutants.py",
     ],
     # --- end model-b ---
     # --- model-c (first runs 2026-11-27) ---
