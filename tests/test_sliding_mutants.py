@@ -308,3 +308,24 @@ def test_llama3_needs_high_above_low_and_accepts_factor_one():
         llama3_inv_freq(32, 10000.0, 2.0, 64, 2.0, 2.0)
     torch.testing.assert_close(llama3_inv_freq(32, 10000.0, 1.0, 64), _inv(32, 10000.0), atol=0, rtol=1e-12)
 
+
+# --- the bugs the run found: a cast without a word, AttributeErrors ------------------------------
+
+def test_append_refuses_another_dtype_instead_of_casting_it():
+    cache = RingKVCache(1, 2, 3, 4)
+    k64 = torch.randn(1, 2, 1, 4, dtype=torch.float64)
+    with pytest.raises(TypeError, match=full("k is torch.float64, expected a tensor of the cache's dtype torch.float32")):
+        cache.append(k64, k64.float())                                   # was rounded to float32 silently
+    with pytest.raises(TypeError, match=full("v is torch.float64, expected a tensor of the cache's dtype torch.float32")):
+        cache.append(k64.float(), k64)
+    with pytest.raises(TypeError, match=full("k is list, expected a tensor of the cache's dtype torch.float32")):
+        cache.append([0.0] * 4, k64.float())                             # was an AttributeError
+    assert cache.length == 0
+
+
+@pytest.mark.parametrize("position, name", list(enumerate(["q", "k", "v", "q_weight", "k_weight", "mask"])))
+def test_qk_norm_attention_names_an_argument_that_is_not_a_tensor(position, name):
+    args = [torch.randn(1, 2, 4, 8)] * 3 + [torch.ones(8)] * 2 + [torch.ones(4, 4, dtype=torch.bool)]
+    args[position] = args[position].tolist()                             # was an AttributeError
+    with pytest.raises(TypeError, match=full(f"{name} is a list, expected a torch.Tensor")):
+        qk_norm_attention(*args)
