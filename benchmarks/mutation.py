@@ -130,7 +130,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     # --- end model-a ---
     # --- model-b (first runs 2026-11-27) ---
     "helpers/model/deepseek.py": [
-        "tests/test_mla.py",
+        "tests/test_mla.py", "tests/test_deepseek_mutants.py",
     ],
     "helpers/model/mla.py": [
         "tests/test_mla.py", "tests/test_mla_mutants.py",

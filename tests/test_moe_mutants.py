@@ -225,7 +225,7 @@ def test_route_limits_the_groups_only_when_asked():
     torch.manual_seed(0)
     logits = torch.randn(32, 8)
     free = route(logits, 2, "sigmoid")
-    assert all(torch.equal(a, b) for a, b in zip(free, route(logits, 2, "sigmoid", n_group=1, topk_group=1)))
+    assert all(torch.equal(a, b) for a, b in zip(free, route(logits, 2, "sigmoid", n_group=1, topk_group=1), strict=True))
     w, e = route(logits, 2, "sigmoid", n_group=2, topk_group=1)
     limited = group_limit(logits.sigmoid(), 2, 1)
     assert torch.equal(e, limited.topk(2, dim=-1).indices)
