@@ -139,7 +139,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_moe.py", "tests/test_late_exercises.py", "tests/test_moe_mutants.py",
     ],
     "helpers/model/frontier.py": [
-        "tests/test_moe.py", "tests/test_sliding.py",
+        "tests/test_moe.py", "tests/test_sliding.py", "tests/test_frontier_mutants.py",
     ],
     "helpers/model/sliding.py": [
         "tests/test_sliding.py", "tests/test_sliding_mutants.py",
