@@ -379,3 +379,25 @@ def test_from_qwen3_moe_puts_every_weight_back_where_it_came_from():
             "state_dict has no 'model.layers.1.mlp.experts.gate_up_proj.gate', expected it for blocks.1.mlp.experts.gate")):
         from_qwen3_moe(missing, config)
 
+
+# --- the bugs the run found: checks that came late or not at all ----------------------------------
+
+def test_attention_checks_x_and_its_window_before_any_work():
+    config = FrontierConfig(**SMALL)
+    attn, table = FrontierAttention(config), rope_table(config, 3)
+    with pytest.raises(ValueError, match=full(
+            "x has shape (1, 3, 15), expected (..., 16): the last dimension holds each token's d_model = 16 features")):
+        attn(torch.randn(1, 3, 15), table)                               # was torch's "mat1 and mat2"
+    with pytest.raises(TypeError, match="^x has dtype torch.float64"):
+        attn(torch.randn(1, 3, 16, dtype=torch.float64), table)
+    with pytest.raises(ValueError, match=full("window is -1, expected an int >= 0")):
+        FrontierAttention(config, -1)                                    # was accepted, failed at forward
+    with pytest.raises(ValueError, match=full("window is -2, expected an int >= 0")):
+        FrontierBlock(config, -2)
+
+
+def test_rope_table_names_a_config_of_another_type():
+    with pytest.raises(TypeError, match=full("config is a dict, expected a FrontierConfig")):
+        rope_table({}, 3)                                                # was an AttributeError
+    with pytest.raises(ValueError, match="^n_positions is 0"):
+        rope_table(FrontierConfig(**SMALL), 0)
