@@ -484,6 +484,29 @@ def test_zero_aux_coef_and_bias_rate_and_a_hint_for_capacity():
         expert_capacity(4, 1, 4, 0.0)
 
 
+
+def test_group_checks_run_when_either_group_argument_is_set():
+    message = "topk_group is 2, expected at most n_group = 1 and enough groups to hold top_k = 2 experts"
+    with pytest.raises(ValueError, match=full(message)):
+        route(torch.randn(3, 8), 2, "sigmoid", n_group=1, topk_group=2)
+    with pytest.raises(ValueError, match=full(message)):
+        MoELayer(8, 8, 2, 8, mode="sigmoid", n_group=1, topk_group=2)
+
+
+def test_one_expert_is_routed_without_groups():
+    """n_group = 1 never builds groups (a group of one expert has no two best)."""
+    logits = torch.randn(3, 1)
+    w, e = route(logits, 1, "sigmoid")
+    assert e.tolist() == [[0]] * 3
+    torch.testing.assert_close(w, logits.sigmoid(), atol=0, rtol=0)
+
+
+def test_infinite_rates_are_refused():
+    with pytest.raises(ValueError, match=full("aux_coef is inf, expected a number in [0, inf)")):
+        MoELayer(8, 4, 2, 8, aux_coef=math.inf)
+    with pytest.raises(ValueError, match=full("bias_rate is inf, expected a number in [0, inf)")):
+        MoELayer(8, 4, 2, 8, bias_rate=math.inf)
+
 # --- the bugs the run found: arguments checked late or not at all --------------------------------
 
 @pytest.mark.parametrize("call, error, message", [

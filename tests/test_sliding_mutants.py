@@ -193,6 +193,13 @@ def test_qk_norm_attention_equals_the_reference(eps):
     assert float(largest) == pytest.approx(expected_largest, rel=1e-12) and not largest.requires_grad
 
 
+
+def test_the_largest_score_is_detached_and_the_output_is_not():
+    q, k, v = (torch.randn(1, 1, 3, 4, requires_grad=True) for _ in range(3))
+    gain = torch.ones(4, requires_grad=True)
+    out, largest = qk_norm_attention(q, k, v, gain, gain, banded_mask(3, 3))
+    assert out.requires_grad and not largest.requires_grad and largest.dim() == 0
+
 def test_qk_norm_attention_names_every_bad_shape_in_full():
     q = k = v = torch.randn(1, 2, 4, 8)
     gain, mask = torch.ones(8), torch.ones(4, 4, dtype=torch.bool)
