@@ -311,6 +311,7 @@ def test_accepted_edges_of_the_config():
     FrontierConfig(**SMALL | {"mlp_hidden": 0, "n_experts": 2, "top_k": 2})       # experts alone
     FrontierConfig(**SMALL | {"n_experts": 0, "top_k": 99, "router_mode": "x"})    # unchecked when dense
     FrontierConfig(**SMALL | {"rope_factor": 1.0, "window": 0, "head_dim": 2})
+    assert FrontierConfig(**SMALL | {"d_model": 18, "head_dim": 4}).resolved_head_dim == 4   # 18 % 4 is fine with head_dim
 
 
 # --- Qwen3-MoE sizes and weights without transformers --------------------------------------------
