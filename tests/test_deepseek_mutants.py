@@ -242,7 +242,8 @@ def test_the_loader_names_a_missing_or_misshapen_weight():
         from_deepseek_v3(no_q, config)
     no_kv = dict(sd)
     del no_kv["model.layers.0.self_attn.kv_a_proj_with_mqa.weight"]
-    with pytest.raises(KeyError, match=re.escape("'model.layers.0.self_attn.kv_a_proj_with_mqa.weight'")):
+    with pytest.raises(KeyError, match=re.escape(
+            "'model.layers.0.self_attn.kv_a_proj_with_mqa.weight', expected it for blocks.0.attn.kv_a.weight")):
         from_deepseek_v3(no_kv, config)
     wrong = dict(sd)
     wrong["model.norm.weight"] = torch.ones(15)
