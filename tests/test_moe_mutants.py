@@ -478,9 +478,11 @@ def test_errors_are_read_in_full(call, error, message):
 
 def test_zero_aux_coef_and_bias_rate_and_a_hint_for_capacity():
     MoELayer(8, 4, 2, 8, aux_coef=0.0, bias_rate=0.0)                   # 0 is allowed for both
-    with pytest.raises(ValueError, match=re.escape("or None for dropless routing")):
+    with pytest.raises(ValueError, match=full(
+            "capacity_factor is 0.0, expected a finite number > 0 or None for dropless routing")):
         MoELayer(8, 4, 2, 8, capacity_factor=0.0)
-    with pytest.raises(ValueError, match=re.escape("(1.0 = each expert holds exactly its fair share)")):
+    with pytest.raises(ValueError, match=full(
+            "capacity_factor is 0.0, expected a finite number > 0 (1.0 = each expert holds exactly its fair share)")):
         expert_capacity(4, 1, 4, 0.0)
 
 
@@ -506,6 +508,49 @@ def test_infinite_rates_are_refused():
         MoELayer(8, 4, 2, 8, aux_coef=math.inf)
     with pytest.raises(ValueError, match=full("bias_rate is inf, expected a number in [0, inf)")):
         MoELayer(8, 4, 2, 8, bias_rate=math.inf)
+
+
+def test_near_ties_are_decided_by_the_probabilities_themselves():
+    """Two probabilities of about 1e-8 apart by 2x: added to 1 in float32 they would tie."""
+    logits = torch.tensor([[0.0, -18.0, -18.7, -30.0]])
+    assert route(logits, 2)[1].tolist() == [[0, 1]]
+    assert route(logits[:, [0, 2, 1, 3]], 2)[1].tolist() == [[0, 2]]
+
+
+def test_group_limit_builds_its_mask_on_the_choices_device():
+    out = group_limit(torch.zeros(3, 8, device="meta"), 4, 2)          # shapes only: no values
+    assert out.device.type == "meta" and out.shape == (3, 8)
+
+
+def test_add_aux_loss_gives_the_gradient_on_the_losss_device():
+    x = torch.zeros(3, device="meta", requires_grad=True)
+    loss = torch.zeros(2, device="meta", requires_grad=True)
+    AddAuxLoss.apply(x, loss).sum().backward()
+    assert loss.grad.device.type == "meta" and loss.grad.shape == (2,)
+
+
+def test_the_layer_passes_both_group_arguments():
+    """n_group = 4, topk_group = 3 of 8 experts: passed as (topk_group, 1) the route would refuse
+    3 groups of 8 experts, and as anything else would choose among other groups."""
+    layer = _layer(mode="sigmoid", n_group=4, topk_group=3)
+    x = torch.randn(16, 6, dtype=torch.float64)
+    torch.testing.assert_close(layer(x), _manual(layer, x)[0], atol=1e-12, rtol=0)
+    layer = _layer(mode="sigmoid", n_group=2, topk_group=1, normalize=True)
+    torch.manual_seed(3)
+    x = torch.randn(32, 6, dtype=torch.float64)
+    out, logits, chosen = _manual(layer, x)
+    torch.testing.assert_close(layer(x), out, atol=1e-12, rtol=0)
+    assert (chosen // 4 == chosen[:, :1] // 4).all()                      # one group of 4 per token
+
+
+def test_a_balanced_load_leaves_the_bias_unchanged():
+    """Each of 4 tokens picks its own expert: every load equals the mean, sign(0) = 0."""
+    layer = MoELayer(4, 4, 1, 3, mode="sigmoid", balance="bias", bias_rate=0.5)
+    with torch.no_grad():
+        layer.router.weight.copy_(10 * torch.eye(4))
+    layer(torch.eye(4))
+    assert layer.last_load.tolist() == [1, 1, 1, 1]
+    assert torch.equal(layer.bias, torch.zeros(4))
 
 # --- the bugs the run found: arguments checked late or not at all --------------------------------
 
