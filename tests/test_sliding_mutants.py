@@ -273,7 +273,8 @@ def _yarn_reference(head_dim, base, factor, original, beta_fast, beta_slow):
 
 @pytest.mark.parametrize("head_dim, base, factor, original, beta_fast, beta_slow", [
     (32, 10000.0, 8.0, 64, 32.0, 1.0),
-    (64, 10000.0, 4.0, 4096, 16.0, 2.0),       # the ramp's top clamped at head_dim - 1
+    (64, 10000.0, 4.0, 4096, 16.0, 2.0),
+    (16, 100.0, 4.0, 4096, 32.0, 0.1),         # the ramp's top (ceil 15.25) clamped at head_dim - 1
     (32, 10000.0, 2.0, 64, 3.0, 2.9),          # a ramp of one step (low = high)
     (16, 50000.0, 16.0, 2048, 64.0, 0.5),
 ])
@@ -286,8 +287,9 @@ def test_yarn_inv_freq_follows_its_reference(head_dim, base, factor, original, b
 
 
 def test_yarn_defaults_are_32_and_1():
-    ours, attention = yarn_inv_freq(64, 10000.0, 4.0, 4096)
-    theirs, their_attention = _yarn_reference(64, 10000.0, 4.0, 4096, 32.0, 1.0)
+    # at 2048 tokens the ramp's start moves with beta_fast: floor(8.07) for 32, floor(7.97) for 33
+    ours, attention = yarn_inv_freq(64, 10000.0, 4.0, 2048)
+    theirs, their_attention = _yarn_reference(64, 10000.0, 4.0, 2048, 32.0, 1.0)
     torch.testing.assert_close(ours, theirs, atol=0, rtol=1e-12)
     assert attention == pytest.approx(1 + 0.1 * math.log(4.0))
     assert yarn_inv_freq(8, 10000.0, 1.0, 64)[1] == 1.0                 # factor 1: no attention change
@@ -308,6 +310,12 @@ def test_yarn_defaults_are_32_and_1():
 def test_scaling_arguments_are_checked_by_name(call, message):
     with pytest.raises(ValueError, match="^" + re.escape(message)):
         call()
+
+
+@pytest.mark.parametrize("scaling", [llama3_inv_freq, yarn_inv_freq])
+def test_an_infinite_factor_is_refused(scaling):
+    with pytest.raises(ValueError, match=full("factor is inf, expected a number in [1, inf)")):
+        scaling(32, 10000.0, math.inf, 64)
 
 
 def test_llama3_needs_high_above_low_and_accepts_factor_one():
@@ -336,3 +344,4 @@ def test_qk_norm_attention_names_an_argument_that_is_not_a_tensor(position, name
     args[position] = args[position].tolist()                             # was an AttributeError
     with pytest.raises(TypeError, match=full(f"{name} is a list, expected a torch.Tensor")):
         qk_norm_attention(*args)
+
