@@ -345,3 +345,9 @@ def test_qk_norm_attention_names_an_argument_that_is_not_a_tensor(position, name
     with pytest.raises(TypeError, match=full(f"{name} is a list, expected a torch.Tensor")):
         qk_norm_attention(*args)
 
+
+@pytest.mark.parametrize("scaling", [llama3_inv_freq, yarn_inv_freq])
+def test_an_odd_head_dim_is_refused(scaling):
+    """RoPE turns pairs: 7 features gave 4 frequencies (llama3) or a shape error (yarn)."""
+    with pytest.raises(ValueError, match=full("head_dim is 7, expected an even number for RoPE")):
+        scaling(7, 10000.0, 2.0, 64)

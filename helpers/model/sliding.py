@@ -146,6 +146,8 @@ def _check_qk_norm_inputs(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_w
 
 def _inv_freq(head_dim: int, base: float) -> Tensor:
     checks.positive_int("head_dim", head_dim)
+    if head_dim % 2:
+        raise ValueError(f"head_dim is {head_dim}, expected an even number for RoPE")
     checks.positive_float("base", base)
     return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
 
