@@ -183,6 +183,7 @@ def test_every_moe_field_reaches_the_layer():
     assert mlp.shared.gate.out_features == 7
     assert FrontierBlock(FrontierConfig(**SMALL | {"n_experts": 6, "mlp_hidden": 0})).mlp.shared is None
     dense = FrontierBlock(FrontierConfig(**SMALL)).mlp
+    assert FrontierBlock(FrontierConfig(**SMALL)).attn.window == 0          # global unless told
     assert isinstance(dense, SwiGLUFeedForward) and dense.gate.out_features == 24
 
 
@@ -250,6 +251,50 @@ def test_the_rope_table_follows_the_models_dtype():
     assert model.to("meta").rope.sin.device.type == "meta"
 
 
+
+def test_the_final_norm_takes_the_configs_eps():
+    assert FrontierGPT(FrontierConfig(**SMALL | {"norm_eps": 0.125})).norm.eps == 0.125
+
+
+def test_to_empty_without_recursion_leaves_the_submodules_weights_alone():
+    torch.manual_seed(10)
+    model = FrontierGPT(FrontierConfig(**SMALL))
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    model.to_empty(device="cpu", recurse=False)                          # the model itself holds no parameter
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]), name
+
+
+def test_the_stored_table_is_used_up_to_its_length():
+    """A table long enough is the model's own, not rebuilt: one without rotation (cos 1, sin 0)
+    gives the model without RoPE at N = context_length."""
+    torch.manual_seed(11)
+    model = FrontierGPT(FrontierConfig(**SMALL)).eval()
+    from helpers.model.modern import RopeTable
+    model.rope = RopeTable(torch.ones(10, 2), torch.zeros(10, 2))
+    ids = torch.randint(0, 20, (1, 10))
+    with torch.no_grad():
+        x = model.embed(ids)
+        for block in model.blocks:
+            x = block(x, model.rope)
+        torch.testing.assert_close(model(ids), model.lm_head(model.norm(x)), atol=0, rtol=0)
+
+
+def test_a_bfloat16_model_past_its_context_stays_in_bfloat16():
+    torch.manual_seed(12)
+    model = FrontierGPT(FrontierConfig(**SMALL)).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 20, (1, 12))                                  # past context_length = 10
+    with torch.no_grad():
+        out = model(ids)
+        table = rope_table(model.config, 12)
+        from helpers.model.modern import RopeTable
+        table = RopeTable(table.cos.to(torch.bfloat16), table.sin.to(torch.bfloat16))
+        x = model.embed(ids)
+        for block in model.blocks:
+            x = block(x, table)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, model.lm_head(model.norm(x)), atol=0, rtol=0)
+
 @pytest.mark.parametrize("ids, message", [
     (torch.zeros(2, 0, dtype=torch.long), "token_ids has shape (2, 0), expected (B, N) with N >= 1"),
     (torch.zeros(3, dtype=torch.long), "token_ids has shape (3,), expected (B, N) with N >= 1"),
@@ -266,6 +311,7 @@ def test_total_and_active_parameters_count_k_of_e_experts():
     model = FrontierGPT(FrontierConfig(**SMALL | {"n_experts": 5, "top_k": 2, "expert_hidden": 3, "mlp_hidden": 4}))
     total, active = total_and_active_parameters(model)
     assert total == sum(p.numel() for p in model.parameters())
+    assert type(total) is int and type(active) is int                   # counts, not floats
     experts = 3 * 5 * 3 * 16                                            # gate, up, down of 5 experts
     assert total - active == 2 * (experts * 3 // 5)                     # 3 of 5 idle per layer
     dense = FrontierGPT(FrontierConfig(**SMALL))
@@ -293,6 +339,7 @@ def test_total_and_active_parameters_count_k_of_e_experts():
     ({"rope_scaling": "ntk"}, ValueError, "rope_scaling is 'ntk' ..."),
     ({"rope_factor": 0.5}, ValueError, "rope_factor is 0.5 ..."),
     ({"original_context": 0}, ValueError, "original_context is 0, expected a positive int"),
+    ({"rope_factor": math.inf}, ValueError, "rope_factor is inf, expected a number in [1, inf)"),
     ({"qk_norm": 1}, TypeError, "qk_norm is 1 ..."),
     ({"vocab_size": 0}, ValueError, "vocab_size is 0, expected a positive int"),
     ({"context_length": 0}, ValueError, "context_length is 0, expected a positive int"),
@@ -317,8 +364,8 @@ def test_accepted_edges_of_the_config():
 # --- Qwen3-MoE sizes and weights without transformers --------------------------------------------
 
 def _hf(**changes):
-    fields = dict(vocab_size=21, max_position_embeddings=11, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, hidden_size=16, head_dim=6, num_experts=5, num_experts_per_tok=2,
+    fields = dict(vocab_size=21, max_position_embeddings=11, num_hidden_layers=3, num_attention_heads=6,
+                  num_key_value_heads=3, hidden_size=16, head_dim=6, num_experts=5, num_experts_per_tok=3,
                   moe_intermediate_size=3, norm_topk_prob=1, rope_parameters={"rope_theta": 300.0},
                   rms_norm_eps=1e-5, mlp_only_layers=[], decoder_sparse_step=1)
     return SimpleNamespace(**(fields | changes))
@@ -326,12 +373,14 @@ def _hf(**changes):
 
 def test_config_from_qwen3_moe_reads_every_size():
     c = config_from_qwen3_moe(_hf())
-    assert c == FrontierConfig(vocab_size=21, context_length=11, n_layers=2, n_heads=4, n_kv_heads=2, d_model=16,
-                               head_dim=6, n_experts=5, top_k=2, expert_hidden=3, router_mode="softmax_topk",
+    assert c == FrontierConfig(vocab_size=21, context_length=11, n_layers=3, n_heads=6, n_kv_heads=3, d_model=16,
+                               head_dim=6, n_experts=5, top_k=3, expert_hidden=3, router_mode="softmax_topk",
                                normalize_topk=True, qk_norm=True, rope_base=300.0, norm_eps=1e-5)
     assert c.normalize_topk is True and isinstance(c.rope_base, float)
     hf = _hf(rope_parameters=None)
     del hf.mlp_only_layers, hf.decoder_sparse_step
+    assert config_from_qwen3_moe(hf).rope_base == 10000.0
+    del hf.rope_parameters                                               # older configs have none
     assert config_from_qwen3_moe(hf).rope_base == 10000.0
     assert config_from_qwen3_moe(_hf(rope_parameters={})).rope_base == 10000.0
 
@@ -368,16 +417,16 @@ def test_from_qwen3_moe_puts_every_weight_back_where_it_came_from():
     with torch.no_grad():
         for p in source.parameters():
             p.copy_(torch.randn_like(p))
-    sd = _their_state(source, 2)
+    sd = _their_state(source, config.n_layers)
     loaded = from_qwen3_moe(sd, config)
     theirs = dict(source.named_parameters())
     for name, p in loaded.named_parameters():
         assert torch.equal(p, theirs[name]), name
     assert "model.layers.0.mlp.experts.gate_up_proj.gate" not in sd      # the caller's dict untouched
     missing = dict(sd)
-    del missing["model.layers.1.mlp.experts.gate_up_proj"]
+    del missing["model.layers.2.mlp.experts.gate_up_proj"]
     with pytest.raises(KeyError, match=re.escape(
-            "state_dict has no 'model.layers.1.mlp.experts.gate_up_proj.gate', expected it for blocks.1.mlp.experts.gate")):
+            "state_dict has no 'model.layers.2.mlp.experts.gate_up_proj.gate', expected it for blocks.2.mlp.experts.gate")):
         from_qwen3_moe(missing, config)
 
 
