@@ -451,3 +451,22 @@ def test_rope_table_names_a_config_of_another_type():
         rope_table({}, 3)                                                # was an AttributeError
     with pytest.raises(ValueError, match="^n_positions is 0"):
         rope_table(FrontierConfig(**SMALL), 0)
+
+
+def test_a_model_built_on_meta_then_loaded_has_a_real_rope_table():
+    """to_empty gave the table (not a buffer, so not in the state dict) torch.empty_like's
+    undefined values: the loaded model answered NaN. The table is now rebuilt from the config."""
+    torch.manual_seed(13)
+    config = FrontierConfig(**SMALL)
+    reference = FrontierGPT(config).eval()
+    with torch.device("meta"):
+        model = FrontierGPT(config)
+    assert model.rope.cos.device.type == "meta"
+    model.to_empty(device="cpu")
+    model.load_state_dict(reference.state_dict())
+    model.eval()
+    assert torch.equal(model.rope.cos, reference.rope.cos) and torch.equal(model.rope.sin, reference.rope.sin)
+    assert model.rope.n_positions == 10
+    ids = torch.randint(0, 20, (2, 10))
+    with torch.no_grad():
+        assert torch.equal(model(ids), reference(ids))

@@ -194,7 +194,9 @@ class FrontierGPT(nn.Module):
 
     def _apply(self, fn, recurse: bool = True):  # keep the RoPE table on the model's device/dtype
         super()._apply(fn, recurse)
-        self.rope = RopeTable(fn(self.rope.cos), fn(self.rope.sin))
+        like = fn(self.rope.cos)          # the device and dtype fn moves to (after to_empty: no values)
+        table = rope_table(self.config, self.config.context_length)   # so the values are rebuilt
+        self.rope = RopeTable(table.cos.to(like), table.sin.to(like))
         return self
 
     def moe_layers(self) -> list[MoELayer]:
