@@ -135,19 +135,19 @@ MODULE_TESTS: dict[str, list[str]] = {
     # --- end model-a ---
     # --- model-b (first runs 2026-11-27) ---
     "helpers/model/deepseek.py": [
-        "tests/test_mla.py",
+        "tests/test_mla.py", "tests/test_deepseek_mutants.py",
     ],
     "helpers/model/mla.py": [
-        "tests/test_mla.py",
+        "tests/test_mla.py", "tests/test_mla_mutants.py",
     ],
     "helpers/model/moe.py": [
-        "tests/test_moe.py", "tests/test_late_exercises.py",
+        "tests/test_moe.py", "tests/test_late_exercises.py", "tests/test_moe_mutants.py",
     ],
     "helpers/model/frontier.py": [
-        "tests/test_moe.py", "tests/test_sliding.py",
+        "tests/test_moe.py", "tests/test_sliding.py", "tests/test_frontier_mutants.py",
     ],
     "helpers/model/sliding.py": [
-        "tests/test_sliding.py",
+        "tests/test_sliding.py", "tests/test_sliding_mutants.py",
     ],
     # --- end model-b ---
     # --- model-c (first runs 2026-11-27) ---

@@ -29,7 +29,7 @@ from helpers.model.embeddings import check_token_ids
 from helpers.model.layers import SwiGLUFeedForward
 from helpers.model.modern import RMSNorm, RopeTable, rms_norm, rope_angles, rope_rotate_half
 from helpers.model.moe import ROUTER_MODES, MoELayer, check_top_k
-from helpers.model.multihead import merge_heads, repeat_kv_heads, split_heads
+from helpers.model.multihead import check_features, merge_heads, repeat_kv_heads, split_heads
 from helpers.model.sliding import banded_mask, layer_kinds, llama3_inv_freq, yarn_inv_freq
 
 
@@ -104,6 +104,8 @@ class FrontierConfig:
 
 def rope_table(config: FrontierConfig, n_positions: int) -> RopeTable:
     """cos and sin (P, D_H/2) with the config's RoPE scaling (YaRN's attention factor folded in)."""
+    if not isinstance(config, FrontierConfig):
+        raise TypeError(f"config is a {type(config).__name__}, expected a FrontierConfig")
     d_h, scale = config.resolved_head_dim, 1.0
     if config.rope_scaling is None:
         angles = rope_angles(d_h, n_positions, config.rope_base)
@@ -122,6 +124,7 @@ class FrontierAttention(nn.Module):
 
     def __init__(self, config: FrontierConfig, window: int = 0) -> None:
         super().__init__()
+        checks.non_negative_int("window", window)
         d_h, self.window = config.resolved_head_dim, window
         self.n_heads, self.n_kv_heads, self.eps = config.n_heads, config.n_kv_heads, config.norm_eps
         self.q_proj = nn.Linear(config.d_model, config.n_heads * d_h, bias=False)
@@ -134,6 +137,7 @@ class FrontierAttention(nn.Module):
 
     def forward(self, x: Tensor, table: RopeTable) -> Tensor:
         """x: (B, N, D) -> (B, N, D)."""
+        check_features("x", x, self.q_proj.in_features, self.q_proj.weight.dtype)
         q = split_heads(self.q_proj(x), self.n_heads)                   # (B, H, N, D_H)
         k = split_heads(self.k_proj(x), self.n_kv_heads)                # (B, H_KV, N, D_H)
         v = split_heads(self.v_proj(x), self.n_kv_heads)
@@ -190,7 +194,9 @@ class FrontierGPT(nn.Module):
 
     def _apply(self, fn, recurse: bool = True):  # keep the RoPE table on the model's device/dtype
         super()._apply(fn, recurse)
-        self.rope = RopeTable(fn(self.rope.cos), fn(self.rope.sin))
+        like = fn(self.rope.cos)          # the device and dtype fn moves to (after to_empty: no values)
+        table = rope_table(self.config, self.config.context_length)   # so the values are rebuilt
+        self.rope = RopeTable(table.cos.to(like), table.sin.to(like))
         return self
 
     def moe_layers(self) -> list[MoELayer]:

@@ -84,10 +84,24 @@ class LatentAttention(nn.Module):
         self.o_proj = nn.Linear(n_heads * v_dim, d_model, bias=False)
         self.scale = 1.0 / math.sqrt(nope_dim + rope_dim)
 
+    def _check_input(self, x: Tensor, table: RopeTable) -> None:
+        """x a (B, N, D) tensor in the weights' dtype, table a RopeTable of head_dim = rope_dim:
+        a clear error before any product (else torch's "mat1 and mat2" or an unpacking error)."""
+        check_features("x", x, self.d_model, self.kv_a.weight.dtype)
+        if x.dim() != 3:
+            raise ValueError(f"x has shape {tuple(x.shape)}, expected (B, N, {self.d_model})")
+        if not isinstance(table, RopeTable):
+            raise TypeError(f"table is a {type(table).__name__}, expected a RopeTable built for "
+                            f"rope_dim = {self.rope_dim}")
+        if table.head_dim != self.rope_dim:
+            raise ValueError(f"table has head_dim {table.head_dim}, expected rope_dim = {self.rope_dim}: "
+                             "the RoPE table rotates only the rope_dim features of each key and query")
+
     def queries(self, x: Tensor, table: RopeTable, positions: Tensor | None = None
                 ) -> tuple[Tensor, Tensor]:
         """x (B, N, D) -> q_nope (B, H, N, d_nope), q_rope (B, H, N, d_R) rotated at `positions`
         (N,) (default 0 ... N - 1)."""
+        self._check_input(x, table)
         b, n, _ = x.shape
         q = self.q_b(self.q_a_norm(self.q_a(x))) if self.q_rank else self.q_proj(x)
         q = q.view(b, n, self.n_heads, self.nope_dim + self.rope_dim).transpose(1, 2)
@@ -97,7 +111,7 @@ class LatentAttention(nn.Module):
     def latent(self, x: Tensor, table: RopeTable, positions: Tensor | None = None
                ) -> tuple[Tensor, Tensor]:
         """What the cache keeps: x (B, N, D) -> c (B, N, r), k_rope (B, N, d_R) rotated."""
-        check_features("x", x, self.d_model, self.kv_a.weight.dtype)
+        self._check_input(x, table)
         c, k_rope = self.kv_a(x).split([self.kv_rank, self.rope_dim], dim=-1)
         return self.kv_a_norm(c), rope_rotate_half(k_rope, table, positions)
 
@@ -127,8 +141,8 @@ class LatentAttention(nn.Module):
 
     def forward(self, x: Tensor, table: RopeTable) -> Tensor:
         """The naive form: x (B, N, D) -> (B, N, D), per-head keys and values rebuilt from c."""
+        q_nope, q_rope = self.queries(x, table)                            # checks x and table first
         b, n, _ = x.shape
-        q_nope, q_rope = self.queries(x, table)
         c, k_rope = self.latent(x, table)
         kv = self.kv_b(c).view(b, n, self.n_heads, self.nope_dim + self.v_dim).transpose(1, 2)
         k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)         # (B, H, N, d_nope), (B, H, N, d_v)
@@ -142,7 +156,7 @@ class LatentAttention(nn.Module):
         """The inference form: x (B, N, D) for the tokens after `cache` (c (B, M0, r), k_rope
         (B, M0, d_R), None for none) -> (output (B, N, D), the cache grown by N tokens).
         No per-head key or value is ever built: scores and sums run in the latent space."""
-        check_features("x", x, self.d_model, self.kv_a.weight.dtype)
+        self._check_input(x, table)
         b, n, _ = x.shape
         start = 0 if cache is None else self._check_cache(cache, b, x.dtype)
         if start + n > table.n_positions:

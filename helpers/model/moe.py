@@ -63,7 +63,8 @@ def group_limit(choice: Tensor, n_group: int, topk_group: int) -> Tensor:
     """DeepSeek-V3's restriction: choice (T, E) with every expert outside the token's
     `topk_group` best groups (a group's score: the sum of its two best) set to -inf."""
     if not isinstance(choice, Tensor) or choice.dim() != 2:
-        raise ValueError(f"choice has shape {getattr(choice, 'shape', type(choice).__name__)}, expected (T, E)")
+        got = tuple(choice.shape) if isinstance(choice, Tensor) else type(choice).__name__
+        raise ValueError(f"choice has shape {got}, expected (T, E)")
     check_groups(n_group, topk_group, choice.shape[1], 1)
     t, e = choice.shape
     grouped = choice.view(t, n_group, e // n_group)                         # (T, G, E/G)
@@ -89,8 +90,10 @@ def route(logits: Tensor, top_k: int, mode: str = "softmax_topk", bias: Tensor |
         raise ValueError(f"logits has shape {got}, expected (T, E): one score per token and expert")
     check_top_k(top_k, logits.shape[1])
     checks.one_of("mode", mode, ROUTER_MODES)
-    if bias is not None and tuple(bias.shape) != (logits.shape[1],):
-        raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({logits.shape[1]},): one per expert")
+    checks.boolean("normalize", normalize)
+    if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (logits.shape[1],)):
+        got = tuple(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__
+        raise ValueError(f"bias is {got}, expected a tensor ({logits.shape[1]},): one per expert")
     if n_group != 1 or topk_group != 1:
         check_groups(n_group, topk_group, logits.shape[1], top_k)
         if mode != "sigmoid":
@@ -120,8 +123,21 @@ def expert_capacity(n_tokens: int, top_k: int, n_experts: int, capacity_factor: 
     return math.ceil(capacity_factor * n_tokens * top_k / n_experts)
 
 
+def check_expert_indices(experts: Tensor, n_experts: int) -> None:
+    """experts: an integer tensor of indices in 0 .. n_experts - 1 (else bincount counts an
+    expert that does not exist, or fails with a message that names no argument)."""
+    checks.positive_int("n_experts", n_experts)
+    if not isinstance(experts, Tensor) or experts.dtype not in (torch.int64, torch.int32):
+        got = experts.dtype if isinstance(experts, Tensor) else type(experts).__name__
+        raise TypeError(f"experts is {got}, expected an integer tensor (torch.long) of expert indices")
+    if experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= n_experts):
+        raise ValueError(f"experts holds {int(experts.min())} .. {int(experts.max())}, "
+                         f"expected indices in 0 .. {n_experts - 1}")
+
+
 def expert_load(experts: Tensor, n_experts: int) -> Tensor:
     """experts (T, k) -> (E,) the number of assignments each expert received (float)."""
+    check_expert_indices(experts, n_experts)
     return torch.bincount(experts.reshape(-1), minlength=n_experts).float()
 
 
@@ -135,6 +151,7 @@ def switch_aux_loss(logits: Tensor, experts: Tensor, n_experts: int) -> Tensor:
     if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[1] != n_experts:
         got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(f"logits has shape {got}, expected (T, {n_experts})")
+    check_expert_indices(experts, n_experts)
     if experts.dim() != 2 or experts.shape[0] != logits.shape[0]:
         raise ValueError(f"experts has shape {tuple(experts.shape)}, expected ({logits.shape[0]}, k)")
     f = expert_load(experts, n_experts) / logits.shape[0]        # (E,) not differentiable
@@ -178,12 +195,13 @@ class Experts(nn.Module):
 
     def _check(self, x: Tensor, weights: Tensor, experts: Tensor) -> None:
         check_features("x", x, self.d_model, self.gate.dtype)
+        check_expert_indices(experts, self.n_experts)
+        if not isinstance(weights, Tensor) or weights.dtype != x.dtype:
+            got = weights.dtype if isinstance(weights, Tensor) else type(weights).__name__
+            raise TypeError(f"weights is {got}, expected a tensor of x's dtype {x.dtype}")
         if x.dim() != 2 or weights.shape != experts.shape or experts.shape[0] != x.shape[0]:
             raise ValueError(f"x {tuple(x.shape)}, weights {tuple(weights.shape)} and experts "
                              f"{tuple(experts.shape)}: expected (T, D), (T, k) and (T, k)")
-        if experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= self.n_experts):
-            raise ValueError(f"experts holds {int(experts.min())} .. {int(experts.max())}, "
-                             f"expected indices in 0 .. {self.n_experts - 1}")
 
     def loop(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
         """The plain form: x (T, D), weights and experts (T, k) -> (T, D), one expert at a time."""

@@ -68,6 +68,10 @@ class RingKVCache:
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """k, v: (B, H, 1, D_H) for the next token -> keys, values (B, H, min(t+1, W), D_H)."""
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, Tensor) or t.dtype != self.keys.dtype:
+                got = t.dtype if isinstance(t, Tensor) else type(t).__name__
+                raise TypeError(f"{name} is {got}, expected a tensor of the cache's dtype {self.keys.dtype}")
         if k.shape != v.shape or k.shape[2] != 1 or k.shape[:2] + k.shape[3:] != \
                 self.keys.shape[:2] + self.keys.shape[3:]:
             raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)}, expected both "
@@ -122,6 +126,9 @@ def qk_norm_attention(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weigh
 
 def _check_qk_norm_inputs(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight: Tensor,
                           mask: Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v), ("q_weight", q_weight), ("k_weight", k_weight), ("mask", mask)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} is a {type(t).__name__}, expected a torch.Tensor")
     if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or q.shape[:2] != k.shape[:2] \
             or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q, k, v have shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}, "
@@ -139,6 +146,8 @@ def _check_qk_norm_inputs(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_w
 
 def _inv_freq(head_dim: int, base: float) -> Tensor:
     checks.positive_int("head_dim", head_dim)
+    if head_dim % 2:
+        raise ValueError(f"head_dim is {head_dim}, expected an even number for RoPE")
     checks.positive_float("base", base)
     return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
 
