@@ -190,19 +190,19 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_scheduler.py", "tests/test_sampling.py",
     ],
     "helpers/serve/paged.py": [
-        "tests/test_paged.py",
+        "tests/test_paged.py", "tests/test_paged_mutants.py",
     ],
     "helpers/serve/quantize.py": [
-        "tests/test_quantize.py",
+        "tests/test_quantize.py", "tests/test_quantize_mutants.py",
     ],
     "helpers/serve/sampling.py": [
-        "tests/test_sampling.py",
+        "tests/test_sampling.py", "tests/test_sampling_mutants.py",
     ],
     "helpers/serve/scheduler.py": [
         "tests/test_scheduler.py",
     ],
     "helpers/serve/speculative.py": [
-        "tests/test_speculative.py",
+        "tests/test_speculative.py", "tests/test_speculative_mutants.py",
     ],
     "helpers/post/lora.py": [
         "tests/test_lora.py", "tests/test_post_bad_input.py",
