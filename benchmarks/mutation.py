@@ -187,7 +187,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     # --- end scale-a ---
     # --- serve-post (first runs 2026-11-27) ---
     "helpers/serve/batching.py": [
-        "tests/test_scheduler.py", "tests/test_sampling.py",
+        "tests/test_scheduler.py", "tests/test_sampling.py", "tests/test_batching_mutants.py",
     ],
     "helpers/serve/paged.py": [
         "tests/test_paged.py", "tests/test_paged_mutants.py",
@@ -199,7 +199,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_sampling.py", "tests/test_sampling_mutants.py",
     ],
     "helpers/serve/scheduler.py": [
-        "tests/test_scheduler.py",
+        "tests/test_scheduler.py", "tests/test_scheduler_mutants.py",
     ],
     "helpers/serve/speculative.py": [
         "tests/test_speculative.py", "tests/test_speculative_mutants.py",
