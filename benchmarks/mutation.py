@@ -205,10 +205,10 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_speculative.py", "tests/test_speculative_mutants.py",
     ],
     "helpers/post/lora.py": [
-        "tests/test_lora.py", "tests/test_post_bad_input.py",
+        "tests/test_lora.py", "tests/test_post_bad_input.py", "tests/test_lora_mutants.py",
     ],
     "helpers/post/dpo.py": [
-        "tests/test_dpo.py", "tests/test_post_bad_input.py",
+        "tests/test_dpo.py", "tests/test_post_bad_input.py", "tests/test_dpo_mutants.py",
     ],
     "helpers/post/sft.py": [
         "tests/test_sft.py", "tests/test_post_bad_input.py",
