@@ -211,7 +211,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_dpo.py", "tests/test_post_bad_input.py", "tests/test_dpo_mutants.py",
     ],
     "helpers/post/sft.py": [
-        "tests/test_sft.py", "tests/test_post_bad_input.py",
+        "tests/test_sft.py", "tests/test_post_bad_input.py", "tests/test_sft_mutants.py",
     ],
     "helpers/post/grpo.py": [
         "tests/test_grpo.py", "tests/test_post_bad_input.py",
