@@ -214,7 +214,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/test_sft.py", "tests/test_post_bad_input.py", "tests/test_sft_mutants.py",
     ],
     "helpers/post/grpo.py": [
-        "tests/test_grpo.py", "tests/test_post_bad_input.py",
+        "tests/test_grpo.py", "tests/test_post_bad_input.py", "tests/test_grpo_mutants.py",
     ],
     # --- end serve-post ---
     # --- scale-b (first runs 2026-11-27) ---
