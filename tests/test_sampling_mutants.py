@@ -192,3 +192,27 @@ def test_error_messages_in_full(call, error, message):
 def test_sample_checks_the_generator_before_the_logits():
     with pytest.raises(TypeError, match="generator"):
         sampling.sample("not logits", generator="nor a generator")
+
+
+# --- check_rule: the same checks, before a loop's first forward pass ------------------------------
+
+def test_check_rule_accepts_what_sample_accepts():
+    assert sampling.check_rule() is None
+    sampling.check_rule(0, 1, 1.0, 0.0, torch.Generator())
+    sampling.check_rule(2.5, 3, 1e-9, 1.0)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(generator=5), TypeError, "generator is a int, expected a torch.Generator"),
+    (dict(temperature=-0.1), ValueError, "temperature is -0.1, expected a number >= 0 (0 = greedy)"),
+    (dict(temperature=math.inf), ValueError, "temperature is inf, expected a number >= 0 (0 = greedy)"),
+    (dict(top_k=0), ValueError, "top_k is 0, expected a positive int"),
+    (dict(temperature=0, top_k=0), ValueError, "top_k is 0, expected a positive int"),
+    (dict(top_p=0.0), ValueError, "top_p is 0.0, expected a probability in (0, 1]"),
+    (dict(top_p=1.01), ValueError, "top_p is 1.01, expected a probability in (0, 1]"),
+    (dict(min_p=-0.5), ValueError, "min_p is -0.5, expected a fraction in [0, 1]"),
+    (dict(min_p=1.5), ValueError, "min_p is 1.5, expected a fraction in [0, 1]"),
+])
+def test_check_rule_errors_equal_the_filters(kwargs, error, message):
+    with pytest.raises(error, match=full(message)):
+        sampling.check_rule(**kwargs)
