@@ -202,3 +202,18 @@ def test_forward_rows_position_at_the_last_context_slot():
 def test_forward_rows_errors_in_full(ids, positions, mask, message):
     with pytest.raises(ValueError, match=full(message)):
         forward_rows(_model(context=6), ids, positions, mask)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(temperature=-1.0), ValueError, "temperature is -1.0, expected a number >= 0 (0 = greedy)"),
+    (dict(temperature=0, top_k=0), ValueError, "top_k is 0, expected a positive int"),
+    (dict(temperature=1.0, top_p=0.0), ValueError, "top_p is 0.0, expected a probability in (0, 1]"),
+    (dict(temperature=1.0, min_p=2.0), ValueError, "min_p is 2.0, expected a fraction in [0, 1]"),
+    (dict(generator="seed"), TypeError, "generator is a str, expected a torch.Generator"),
+])
+def test_bad_sampling_arguments_are_refused_before_any_pass(kwargs, error, message):
+    model = _model()
+    model.forward = lambda *a, **k: pytest.fail("the model ran before the checks")
+    model.blocks[0].forward = model.forward
+    with pytest.raises(error, match=full(message)):
+        generate_batch(model, [[1, 2]], 2, **kwargs)

@@ -376,3 +376,121 @@ def test_a_different_vocabulary_is_refused_in_full():
     with pytest.raises(ValueError, match=full("draft has vocab_size 17 and target 16: the draft "
                                               "must use the target's tokenizer")):
         speculative_generate(target, other, [1], 3, k=2)
+
+
+# --- found by the first run -------------------------------------------------------------------
+
+def test_acceptance_names_a_bad_draft():
+    with pytest.raises(ValueError, match=full("draft is torch.Size([2, 2]), expected a float (V,) "
+                                              "probability vector")):
+        acceptance_probability(vec(0.5, 0.5), torch.ones(2, 2) / 4, 0)
+
+
+@pytest.mark.parametrize("p, q, shown", [
+    ([0.5, 0.5], torch.ones(1, 2) / 2, "[0.5, 0.5] and torch.Size([1, 2])"),
+    (torch.ones(2, 2) / 2, "q", "torch.Size([2, 2]) and q"),
+])
+def test_round_refuses_what_is_not_a_tensor(p, q, shown):
+    with pytest.raises(ValueError, match=full(f"p and q have shapes {shown}, expected (k + 1, V) "
+                                              "and (k, V)")):
+        verify_round(p, q, [0])
+
+
+def _full_support(seed: int, vocab: int = 3):
+    """A target and a draft, prefix -> probabilities (V,), every token possible, every prefix
+    different."""
+    def conditional(salt: int):
+        def probs(prefix: tuple[int, ...]) -> torch.Tensor:
+            gen = torch.Generator().manual_seed(hash((seed, salt, prefix)) % 2**31)
+            return torch.softmax(torch.randn(vocab, generator=gen, dtype=F64), dim=0)
+        return probs
+    return conditional(0), conditional(1)
+
+
+class Counted:
+    """A conditional that counts its calls."""
+
+    def __init__(self, probs) -> None:
+        self.probs, self.calls = probs, 0
+
+    def __call__(self, prefix):
+        self.calls += 1
+        return self.probs(prefix)
+
+
+def test_enumeration_asks_each_conditional_only_what_it_needs():
+    """k = 1, n_tokens = 1, a full-support target and draft: the draft is asked once (the empty
+    prefix), the target once there and once after each of the 3 drafted tokens (for the bonus).
+    A rejected token ends the output: nothing after it is asked."""
+    target, draft = (Counted(f) for f in _full_support(0))
+    exact_distribution(target, draft, (), k=1, n_tokens=1)
+    assert (target.calls, draft.calls) == (4, 1)
+    target, draft = (Counted(f) for f in _full_support(0))
+    exact_distribution(target, draft, (), k=2, n_tokens=1)
+    assert (target.calls, draft.calls) == (1 + 3 + 9, 1 + 3)
+
+
+class Fed:
+    """Wraps a model's forward_cached to record how many tokens each call feeds."""
+
+    def __init__(self, model) -> None:
+        self.sizes: list[int] = []
+        inner = model.forward_cached
+
+        def record(ids, cache, *args, **kwargs):
+            self.sizes.append(ids.shape[1])
+            return inner(ids, cache, *args, **kwargs)
+        model.forward_cached = record
+
+
+@pytest.mark.parametrize("temperature", [0, 1.0])
+def test_nothing_is_fed_twice(temperature):
+    """The target's cache holds every token but the last: after the prompt + k, each round feeds
+    exactly the last emitted token and the k new drafted ones. The draft's first pass of a round
+    feeds 1 token after a rejection, 2 after a full acceptance (the last drafted one and the
+    bonus), and 1 a pass after that."""
+    target, draft = _models()
+    fed_t, fed_d, spy = Fed(target), Fed(draft), Spy()
+    k, prompt = 3, [1, 2, 3]
+    speculative_generate(target, draft, prompt, 12, k=k, temperature=temperature, verify=spy,
+                         generator=torch.Generator().manual_seed(1))
+    assert fed_t.sizes == [len(prompt) + k] + [k + 1] * (len(spy.rounds) - 1)
+    want = [len(prompt), 1, 1]
+    for *_, out in spy.rounds[:-1]:
+        want += [2 if len(out) == k + 1 else 1, 1, 1]
+    assert fed_d.sizes == want
+
+
+def test_default_temperature_is_one():
+    target, draft = _models()
+    spy = Spy()
+    speculative_generate(target, draft, [1, 2], 3, k=2, verify=spy,
+                         generator=torch.Generator().manual_seed(0))
+    p, _, drafted, _ = spy.rounds[0]
+    with torch.no_grad():
+        want = torch.softmax(target(torch.tensor([[1, 2] + drafted]))[0, 1:].double(), dim=-1)
+    assert (p - want).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(prompt=[]), ValueError, "prompts[0] is empty, expected at least one token id"),
+    (dict(prompt=[1, 16]), ValueError,
+     "prompts[0] = [1, 16]... holds a value that is not a token id in [0, 16)"),
+    (dict(temperature=-1.0), ValueError, "temperature is -1.0, expected a number >= 0 (0 = greedy)"),
+    (dict(top_k=0), ValueError, "top_k is 0, expected a positive int"),
+    (dict(top_p=2.0), ValueError, "top_p is 2.0, expected a probability in (0, 1]"),
+    (dict(generator=3), TypeError, "generator is a int, expected a torch.Generator"),
+])
+def test_bad_prompts_and_rules_are_refused_before_any_pass(kwargs, error, message):
+    target, draft = _models()
+    for model in (target, draft):
+        model.forward_cached = lambda *a, **k: pytest.fail("a model ran before the checks")
+    args = dict(prompt=[1], max_new_tokens=3, k=2) | kwargs
+    with pytest.raises(error, match=full(message)):
+        speculative_generate(target, draft, **args)
+
+
+def test_a_tensor_prompt_is_accepted():
+    target, draft = _models()
+    a = speculative_generate(target, draft, torch.tensor([1, 2]), 4, k=2, temperature=0)[0]
+    assert a == speculative_generate(target, draft, [1, 2], 4, k=2, temperature=0)[0]
