@@ -217,3 +217,11 @@ def test_bad_sampling_arguments_are_refused_before_any_pass(kwargs, error, messa
     model.blocks[0].forward = model.forward
     with pytest.raises(error, match=full(message)):
         generate_batch(model, [[1, 2]], 2, **kwargs)
+
+
+def test_left_pad_ids_stay_below_2_to_the_62():
+    """left_pad knows no vocabulary: it takes any id below 2^62 (an int64 with room to spare)."""
+    assert left_pad([[2**62 - 1]])[0].tolist() == [[2**62 - 1]]
+    with pytest.raises(ValueError, match=full(f"prompts[0] = [{2**62}]... holds a value that is not "
+                                              f"a token id in [0, {2**62})")):
+        left_pad([[2**62]])
