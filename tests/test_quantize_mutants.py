@@ -243,3 +243,12 @@ def test_weight_bytes_counts_a_tied_matrix_once_and_the_buffers():
     assert weight_bytes(layer) == 6 * 4 + 6 * 4 * 1 + 6 * 2 * 4 * 2  # bias, q, scale, zero
     layer8 = QuantizedLinear(torch.nn.Linear(8, 6, bias=False), 8)
     assert weight_bytes(layer8) == 6 * 8 + 6 * 4
+
+
+def test_int4_clamps_a_top_value_that_rounds_to_16():
+    """[-11.5, 3.5]: scale 1, zero round(11.5) = 12 (half to even), and round(3.5) + 12 = 16,
+    one past the 4 bits: it is clamped to 15 (so it comes back as 3, half a step off)."""
+    packed, scale, zero = quantize_int4(torch.tensor([[-11.5, 3.5]]), group_size=2)
+    assert scale.tolist() == [[1.0]] and zero.tolist() == [[12.0]]
+    assert unpack_int4(packed).tolist() == [[0, 15]]
+    assert dequantize_int4(packed, scale, zero).tolist() == [[-12.0, 3.0]]
