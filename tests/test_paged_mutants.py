@@ -275,3 +275,28 @@ def test_waste_at_the_edges():
         contiguous_waste([1], 0)
     with pytest.raises(ValueError, match=full("block_size is 0, expected a positive int")):
         paged_waste([1], 0)
+
+
+# --- found by the first run -------------------------------------------------------------------
+
+def test_lookup_divides_in_integers():
+    """A block table is any sequence: a range of 2^55 blocks, the last slot of the last one.
+    Float division would round 3 * 2^55 - 1 over 3 up to 2^55 and call it out of range."""
+    assert lookup(range(2**55), 3 * 2**55 - 1, 3) == (2**55 - 1, 2)
+
+
+def test_for_model_of_a_one_layer_model():
+    cache = PagedKVCache.for_model(_model(n_layers=1), block_size=2, n_blocks=3)
+    assert cache.keys.shape == (1, 3, 2, 2, 8)
+
+
+@pytest.mark.parametrize("tokens, blocks", [(2, 1), (10, 3)])
+def test_copy_on_write_replaces_the_last_block(tokens, blocks):
+    cache = PagedKVCache(1, 1, 2, block_size=4, n_blocks=8)
+    cache.add_sequence("p")
+    cache.reserve("p", tokens)
+    cache.lengths["p"] = tokens
+    cache.fork("p", "c")
+    cache.reserve("c", 1)
+    assert cache.tables["c"] == list(range(blocks - 1)) + [blocks]
+    assert cache.tables["p"] == list(range(blocks))
