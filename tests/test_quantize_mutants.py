@@ -252,3 +252,42 @@ def test_int4_clamps_a_top_value_that_rounds_to_16():
     assert scale.tolist() == [[1.0]] and zero.tolist() == [[12.0]]
     assert unpack_int4(packed).tolist() == [[0, 15]]
     assert dequantize_int4(packed, scale, zero).tolist() == [[-12.0, 3.0]]
+
+
+# --- found by the first run: subnormal weights, where the clamps decide ---------------------------
+
+TINY = 2.0**-149  # the smallest float32 subnormal: scales computed from such weights round a lot
+
+
+def test_int8_clamps_subnormal_rows():
+    """amax = 190 x 2^-149: amax / 127 rounds to 2^-149 itself, so w / scale is +-190: clamped
+    to +-127 (without the clamp, int8 would wrap them around)."""
+    q, scale = quantize_int8(torch.tensor([[190 * TINY, -190 * TINY, 0.0, 5 * TINY]]))
+    assert scale.tolist() == [TINY] and q.tolist() == [[127, -127, 0, 5]]
+
+
+def test_int4_clamps_a_subnormal_group():
+    """[-22 x 2^-149, 0]: the scale rounds to 2^-149, the zero point 22 is clamped to 15 and the
+    low weight's q = -22 + 15 to 0."""
+    packed, scale, zero = quantize_int4(torch.tensor([[-22 * TINY, 0.0]]), group_size=2)
+    assert scale.tolist() == [[TINY]] and zero.tolist() == [[15.0]]
+    assert unpack_int4(packed).tolist() == [[0, 15]]
+
+
+def test_non_finite_count_is_the_non_finite_ones():
+    with pytest.raises(ValueError, match="^weight holds 3 inf or NaN values"):
+        quantize_int8(torch.tensor([[float("inf"), float("nan"), -float("inf"), 0.0]]))
+
+
+def test_pack_works_on_any_number_of_dimensions():
+    assert pack_int4(torch.tensor([1, 2, 3, 4], dtype=U8)).tolist() == [0x21, 0x43]
+    q = torch.arange(12, dtype=U8).view(2, 3, 2)
+    assert pack_int4(q).shape == (2, 3, 1) and unpack_int4(pack_int4(q)).tolist() == q.tolist()
+    with pytest.raises(ValueError, match=full("q is torch.uint8 (2, 2, 3), expected uint8 values in "
+                                              "[0, 15] with an even last size")):
+        pack_int4(torch.zeros(2, 2, 3, dtype=U8))
+
+
+def test_quantized_linear_default_group_size_is_32():
+    layer = QuantizedLinear(torch.nn.Linear(64, 2), 4)
+    assert layer.scale.shape == (2, 2) and layer.q.shape == (2, 32)
