@@ -199,3 +199,17 @@ def test_train_dpo_errors_in_full(tok, kwargs, error, message):
     args = dict(beta=0.1, steps=1, lr=1e-3) | kwargs
     with pytest.raises(error, match=full(message)):
         dpo.train_dpo(model, model, _batch(tok), **args)
+
+
+@pytest.mark.parametrize("ids, mask, message", [
+    (torch.zeros(2, 5, dtype=torch.long), torch.tensor([[1, 0, 0, 0, 0]] * 2),
+     "mask has no answer tokens after position 0, expected some to average the KL over (else the "
+     "mean is 0 / 0)"),
+    (torch.zeros(2, 5, dtype=torch.long), torch.ones(2, 4), "mask has shape (2, 4), expected (2, 5) like ids"),
+    (torch.zeros(5, dtype=torch.long), torch.ones(5), "ids has shape (5,), expected (B, N) with N >= 2"),
+])
+def test_answer_kl_refuses_before_running_the_models(ids, mask, message):
+    model = torch.nn.Module()
+    model.forward = lambda *a: pytest.fail("a model ran before the checks")
+    with pytest.raises(ValueError, match=full(message)):
+        dpo.answer_kl(model, model, ids, mask)
