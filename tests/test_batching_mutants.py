@@ -55,7 +55,7 @@ PROMPTS = [[3, 1, 4, 1, 5], [9], [2, 6, 5]]
 
 
 @pytest.mark.parametrize("rule", [dict(temperature=1.0), dict(temperature=0.8, top_k=4),
-                                  dict(temperature=1.5, top_p=0.7), dict(temperature=1.2, min_p=0.2)])
+                                  dict(temperature=1.5, top_p=0.7), dict(temperature=1.2, min_p=0.9)])
 def test_sampled_batch_equals_each_row_alone_with_the_same_generator(rule):
     model = _model()
     got = generate_batch(model, PROMPTS, 5, generator=torch.Generator().manual_seed(1), **rule)
@@ -225,3 +225,23 @@ def test_left_pad_ids_stay_below_2_to_the_62():
     with pytest.raises(ValueError, match=full(f"prompts[0] = [{2**62}]... holds a value that is not "
                                               f"a token id in [0, {2**62})")):
         left_pad([[2**62]])
+
+
+def test_left_pad_default_pad_id_is_0():
+    ids, _ = left_pad([[5], [6, 7]])
+    assert ids.tolist() == [[0, 5], [6, 7]]
+
+
+def test_forward_rows_follows_the_mask_alone():
+    """With a full mask the first token sees the later ones (no causal mask is added): its logits
+    change, while the last token, which sees everything either way, keeps its causal logits
+    (one layer, so that the other tokens' changed outputs do not reach it)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=VOCAB, context_length=8, n_layers=1, n_heads=2, d_model=16)).eval()
+    ids = torch.tensor([[3, 1, 4, 1]])
+    positions = torch.arange(4).view(1, 4)
+    with torch.no_grad():
+        everything = forward_rows(model, ids, positions, torch.ones(1, 4, 4, dtype=torch.bool))
+        causal = forward_rows(model, ids, positions, torch.ones(1, 4, 4, dtype=torch.bool).tril())
+    assert (everything[0, -1] - causal[0, -1]).abs().max() < 1e-5
+    assert (everything[0, 0] - causal[0, 0]).abs().max() > 1e-3
