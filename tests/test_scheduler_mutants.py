@@ -194,3 +194,11 @@ def test_static_batch_size_is_checked():
         serve_static(_model(), [Request(0, (1,), 1)], batch_size=0)
     with pytest.raises(ValueError, match=full("max_batch is 0, expected a positive int")):
         serve_continuous(_model(), [Request(0, (1,), 1)], max_batch=0)
+
+
+def test_static_batches_run_back_to_back():
+    """batch_size 1, all arrive at 0, 2, 3 and 1 tokens: each starts when the one before ends,
+    at 0, 2 and 5."""
+    model = _model()
+    requests = [Request(0, (1,), 2), Request(1, (2,), 3), Request(2, (3,), 1)]
+    assert timeline(serve_static(model, requests, batch_size=1)) == [(0, 0, 1), (1, 2, 4), (2, 5, 5)]
