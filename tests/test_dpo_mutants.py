@@ -161,18 +161,22 @@ def test_train_dpo_equals_a_hand_loop_with_adamw(tok):
     optimizer = torch.optim.AdamW([p for p in hand.parameters() if p.requires_grad], lr=1e-2,
                                   weight_decay=0.0)
     hand.train()
-    losses = []
+    losses, margins, accuracies = [], [], []
     for _ in range(2):
-        loss = dpo.dpo_loss(sft.sequence_logps(hand, c_ids, c_mask), sft.sequence_logps(hand, r_ids, r_mask),
-                            ref_c, ref_r, 0.2)[0].mean()
+        loss, chosen, rejected = dpo.dpo_loss(sft.sequence_logps(hand, c_ids, c_mask),
+                                              sft.sequence_logps(hand, r_ids, r_mask), ref_c, ref_r, 0.2)
         optimizer.zero_grad()
-        loss.backward()
+        loss.mean().backward()
         optimizer.step()
-        losses.append(loss.item())
+        losses.append(loss.mean().item())
+        margins.append((chosen - rejected).mean().item())
+        accuracies.append((chosen > rejected).float().mean().item())
     for (name, p), q in zip(policy.named_parameters(), hand.parameters(), strict=True):
         assert (p - q).abs().max() < 1e-6, name
     assert torch.equal(policy.embed.position.weight, frozen)
     assert history["loss"] == pytest.approx(losses, abs=1e-6)
+    assert history["margin"] == pytest.approx(margins, abs=1e-6)
+    assert history["accuracy"] == accuracies
     assert history["loss"][0] == pytest.approx(math.log(2), abs=1e-6)  # policy == reference
     assert history["accuracy"][0] == 0.0 and history["margin"][0] == 0.0
     assert history["loss"][-1] < history["loss"][0]
@@ -213,3 +217,13 @@ def test_answer_kl_refuses_before_running_the_models(ids, mask, message):
     model.forward = lambda *a: pytest.fail("a model ran before the checks")
     with pytest.raises(ValueError, match=full(message)):
         dpo.answer_kl(model, model, ids, mask)
+
+
+def test_answer_kl_with_a_single_answer_token_at_position_1(tok):
+    policy, reference = _gpt(tok, 0), _gpt(tok, 1)
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        logp = policy(ids)[0, 0].log_softmax(-1)
+        logq = reference(ids)[0, 0].log_softmax(-1)
+    want = (logp.exp() * (logp - logq)).sum().item()
+    assert dpo.answer_kl(policy, reference, ids, torch.tensor([[0, 1, 0]])) == pytest.approx(want, rel=1e-5)
