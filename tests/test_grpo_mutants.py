@@ -269,6 +269,8 @@ def test_train_grpo_defaults(tok, monkeypatch):
     (dict(beta=-1.0), "beta is -1.0, expected a number >= 0"),
     (dict(temperature=-1.0), "temperature is -1.0, expected a number >= 0 (0 = greedy)"),
     (dict(max_new_tokens=0), "max_new_tokens is 0, expected a positive int"),
+    (dict(beta=math.inf), "beta is inf, expected a number >= 0"),
+    (dict(temperature=math.inf), "temperature is inf, expected a number >= 0 (0 = greedy)"),
 ])
 def test_train_grpo_errors_in_full(tok, kwargs, message):
     """Refused before any rollout: the policy is never called."""
@@ -282,3 +284,25 @@ def test_train_grpo_errors_in_full(tok, kwargs, message):
 def test_train_grpo_group_size_must_be_an_int(tok):
     with pytest.raises(TypeError, match=full("group_size is 2.5 (a float), expected a positive int")):
         grpo.train_grpo(_gpt(tok), _gpt(tok), tok, tasks.all_facts(2), steps=1, group_size=2.5)
+
+
+def test_train_grpo_defaults_equal_the_documented_values(tok):
+    """prompts_per_step 4, group_size 8, lr 1e-3, iterations 2, epsilon 0.2, beta 0.04, per
+    sequence, temperature 1, 9 new tokens, seed 0."""
+    facts = tasks.all_facts(2)
+    reference, policy = _gpt(tok, 0), _gpt(tok, 1)
+    hand = copy.deepcopy(policy)
+    got = grpo.train_grpo(policy, reference, tok, facts, steps=1)
+    want = _hand_grpo(hand, reference, tok, facts, steps=1, prompts_per_step=4, group_size=8, lr=1e-3,
+                      iterations=2, epsilon=0.2, beta=0.04, normalise="sequence", temperature=1.0,
+                      max_new_tokens=9, seed=0)
+    for key in want:
+        assert got[key] == pytest.approx(want[key], abs=1e-6), key
+    for p, q in zip(policy.parameters(), hand.parameters(), strict=True):
+        assert (p - q).abs().max() < 1e-6
+
+
+def test_train_grpo_accepts_groups_of_two_and_greedy_sampling(tok):
+    history = grpo.train_grpo(_gpt(tok, 1), _gpt(tok, 0), tok, tasks.all_facts(2), steps=1,
+                              prompts_per_step=1, group_size=2, temperature=0, max_new_tokens=2)
+    assert len(history["reward"]) == 1

@@ -151,11 +151,14 @@ def test_sampled_answers_are_generate_with_the_same_generator(tok):
     model = _gpt(tok)
     prompt = torch.tensor(tok.encode(sft.chat_prompt("what is one plus one?")))
     end = tok.special_tokens[sft.END]
-    ids, mask = sft.sample_answers(model, prompt, 3, 6, end, temperature=0.8,
+    ids, mask = sft.sample_answers(model, prompt, 3, 6, end, temperature=0.05,
                                    generator=torch.Generator().manual_seed(2))
-    want = generate(model, prompt[None].expand(3, -1), 6, temperature=0.8,
+    want = generate(model, prompt[None].expand(3, -1), 6, temperature=0.05,
                     generator=torch.Generator().manual_seed(2))
     assert torch.equal(ids, want)
+    hot = generate(model, prompt[None].expand(3, -1), 6, temperature=1.0,
+                   generator=torch.Generator().manual_seed(2))
+    assert not torch.equal(ids, hot)  # the temperature reached generate
     completion = want[:, len(prompt):]
     assert mask[:, :len(prompt)].sum() == 0
     assert torch.equal(mask[:, len(prompt):], sft.completion_mask(completion, end))
@@ -266,3 +269,24 @@ def test_train_sft_errors_in_full(tok, kwargs, message):
     args = dict(batches=[(torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2))], steps=1, lr=1e-3) | kwargs
     with pytest.raises(ValueError, match=full(message)):
         sft.train_sft(_gpt(tok), **args)
+
+
+def test_greedy_answers_stop_at_end(tok, monkeypatch):
+    end = tok.special_tokens[sft.END]
+    two, three = tok.encode("two"), tok.encode("three")
+
+    def fake(model, prompt, max_new_tokens, top_k):
+        return torch.cat([prompt, torch.tensor([two + [end] + three] * prompt.shape[0])], dim=1)
+    monkeypatch.setattr(sft, "generate", fake)
+    assert sft.greedy_answers(None, tok, ["what is one plus one?", "what is three plus one?"]) == \
+        ["two", "two"]
+
+
+def test_train_sft_default_seed_is_0(tok):
+    batches = [sft.pad_batch([sft.encode_example(tok, f.question(), f.answer())], 0)
+               for f in tasks.all_facts(2)[:3]]
+    a, b = _gpt(tok), _gpt(tok)
+    assert sft.train_sft(a, batches, steps=3, lr=1e-2) == sft.train_sft(b, batches, steps=3, lr=1e-2, seed=0)
+    c = _gpt(tok)
+    assert sft.train_sft(c, batches, steps=3, lr=1e-2, seed=1) != sft.train_sft(_gpt(tok), batches, steps=3,
+                                                                                lr=1e-2, seed=0)
