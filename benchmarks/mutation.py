@@ -206,34 +206,34 @@ MODULE_TESTS: dict[str, list[str]] = {
     # --- end scale-a ---
     # --- serve-post (first runs 2026-11-27) ---
     "helpers/serve/batching.py": [
-        "tests/test_scheduler.py", "tests/test_sampling.py",
+        "tests/test_scheduler.py", "tests/test_sampling.py", "tests/test_batching_mutants.py",
     ],
     "helpers/serve/paged.py": [
-        "tests/test_paged.py",
+        "tests/test_paged.py", "tests/test_paged_mutants.py",
     ],
     "helpers/serve/quantize.py": [
-        "tests/test_quantize.py",
+        "tests/test_quantize.py", "tests/test_quantize_mutants.py",
     ],
     "helpers/serve/sampling.py": [
-        "tests/test_sampling.py",
+        "tests/test_sampling.py", "tests/test_sampling_mutants.py",
     ],
     "helpers/serve/scheduler.py": [
-        "tests/test_scheduler.py",
+        "tests/test_scheduler.py", "tests/test_scheduler_mutants.py",
     ],
     "helpers/serve/speculative.py": [
-        "tests/test_speculative.py",
+        "tests/test_speculative.py", "tests/test_speculative_mutants.py",
     ],
     "helpers/post/lora.py": [
-        "tests/test_lora.py", "tests/test_post_bad_input.py",
+        "tests/test_lora.py", "tests/test_post_bad_input.py", "tests/test_lora_mutants.py",
     ],
     "helpers/post/dpo.py": [
-        "tests/test_dpo.py", "tests/test_post_bad_input.py",
+        "tests/test_dpo.py", "tests/test_post_bad_input.py", "tests/test_dpo_mutants.py",
     ],
     "helpers/post/sft.py": [
-        "tests/test_sft.py", "tests/test_post_bad_input.py",
+        "tests/test_sft.py", "tests/test_post_bad_input.py", "tests/test_sft_mutants.py",
     ],
     "helpers/post/grpo.py": [
-        "tests/test_grpo.py", "tests/test_post_bad_input.py",
+        "tests/test_grpo.py", "tests/test_post_bad_input.py", "tests/test_grpo_mutants.py",
     ],
     # --- end serve-post ---
     # --- scale-b (first runs 2026-11-27) ---

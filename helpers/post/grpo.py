@@ -116,11 +116,18 @@ def train_grpo(policy: nn.Module, reference: nn.Module, tokenizer, facts: list[F
     checks.positive_int("prompts_per_step", prompts_per_step)
     checks.positive_int("iterations", iterations)
     checks.positive_float("lr", lr)
-    if group_size < 2:
+    if checks.positive_int("group_size", group_size) < 2:
         raise ValueError(f"group_size is {group_size!r}, expected >= 2: a group of one has no "
                          "baseline to compare with")
     if not facts:
         raise ValueError("facts is empty, expected prompts to train on")
+    # grpo_loss and sample_answers check these too, but only after a whole rollout: refuse first
+    checks.one_of("normalise", normalise, NORMALISATIONS)
+    checks.number_in("epsilon", epsilon, 0.0, 1.0, low_open=True, high_open=True)
+    checks.number_in("beta", beta, 0.0, float("inf"), high_open=True, expected="a number >= 0")
+    checks.number_in("temperature", temperature, 0.0, float("inf"), high_open=True,
+                     expected="a number >= 0 (0 = greedy)")
+    checks.positive_int("max_new_tokens", max_new_tokens)
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr,
                                   weight_decay=0.0)

@@ -21,6 +21,16 @@ from torch import Tensor, nn
 from helpers import checks
 
 
+def _check_rank(base: nn.Linear, r: int, alpha: float) -> None:
+    checks.positive_int("r", r)
+    checks.positive_float("alpha", alpha)
+    largest = min(base.in_features, base.out_features)
+    if r > largest:
+        raise ValueError(f"r is {r}, expected at most min(in_features, out_features) = "
+                         f"{largest}: a rank-{r} update of a {base.out_features} x "
+                         f"{base.in_features} matrix cannot exist")
+
+
 class LoRALinear(nn.Module):
     """A frozen nn.Linear with a rank-r update B A, scaled by alpha / r."""
 
@@ -28,13 +38,7 @@ class LoRALinear(nn.Module):
         super().__init__()
         if not isinstance(base, nn.Linear):
             raise TypeError(f"base is a {type(base).__name__}, expected an nn.Linear")
-        checks.positive_int("r", r)
-        checks.positive_float("alpha", alpha)
-        largest = min(base.in_features, base.out_features)
-        if r > largest:
-            raise ValueError(f"r is {r}, expected at most min(in_features, out_features) = "
-                             f"{largest}: a rank-{r} update of a {base.out_features} x "
-                             f"{base.in_features} matrix cannot exist")
+        _check_rank(base, r, alpha)
         self.base, self.r, self.alpha = base, r, float(alpha)
         self.scaling = alpha / r
         for p in base.parameters():
@@ -89,15 +93,21 @@ def _parent_and_name(model: nn.Module, name: str) -> tuple[nn.Module, str]:
 
 def add_lora(model: nn.Module, target_modules: list[str], r: int, alpha: float) -> list[str]:
     """Freeze `model` and wrap every nn.Linear whose name ends with one of `target_modules`
-    (peft's rule, e.g. ["q_proj", "v_proj"]) in a LoRALinear; returns the wrapped names."""
+    (peft's rule, e.g. ["q_proj", "v_proj"]) in a LoRALinear; returns the wrapped names.
+    Every argument and every layer's rank is checked before the model is touched."""
+    if isinstance(target_modules, str) or not all(isinstance(t, str) for t in target_modules):
+        raise TypeError(f"target_modules is {target_modules!r}, expected a list of layer names "
+                        "such as ['q_proj', 'v_proj']")
     if not target_modules:
         raise ValueError("target_modules is empty, expected names such as ['q_proj', 'v_proj']")
-    for p in model.parameters():
-        p.requires_grad_(False)
     names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)
              and any(name == t or name.endswith("." + t) for t in target_modules)]
     if not names:
         raise ValueError(f"no nn.Linear of the model is named like {target_modules}")
+    for name in names:
+        _check_rank(model.get_submodule(name), r, alpha)
+    for p in model.parameters():
+        p.requires_grad_(False)
     for name in names:
         parent, child = _parent_and_name(model, name)
         setattr(parent, child, LoRALinear(getattr(parent, child), r, alpha))

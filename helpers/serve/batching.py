@@ -107,6 +107,7 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_t
     """
     rows = check_prompts(prompts, model.config.vocab_size)
     checks.positive_int("max_new_tokens", max_new_tokens)
+    sampling.check_rule(temperature, top_k, top_p, min_p, generator)
     longest = max(len(row) for row in rows) + max_new_tokens
     if longest > model.config.context_length:
         raise ValueError(f"the longest prompt plus max_new_tokens is {longest} tokens, expected "

@@ -10,6 +10,8 @@ out are -inf; softmax of the result is the distribution the next token is drawn 
     min_p_filter        keep the tokens at least min_p times as likely as the most likely one
     distribution        all four in transformers' order (temperature, top-k, top-p, min-p) -> (B, V)
     sample              one token per row, from `distribution`, with the caller's torch.Generator
+    check_rule          the checks of those arguments alone, for loops that sample only after a
+                        forward pass (batching, speculative decoding) to refuse them before it
 
 Each equals the `transformers` logits processor of the same name on the same logits
 (tests/test_sampling.py). The rules work in float64, so probabilities are exact to ~1e-15.
@@ -110,6 +112,22 @@ def distribution(logits: Tensor, temperature: float = 1.0, top_k: int | None = N
     if min_p is not None:
         logits = min_p_filter(logits, min_p)
     return F.softmax(logits, dim=-1)
+
+
+def check_rule(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+               min_p: float | None = None, generator: torch.Generator | None = None) -> None:
+    """Raise, naming the argument, unless `sample` would accept these (a greedy call too: a bad
+    top_k is refused even where temperature 0 would ignore it)."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator is a {type(generator).__name__}, expected a torch.Generator")
+    checks.number_in("temperature", temperature, 0.0, math.inf, high_open=True,
+                     expected="a number >= 0 (0 = greedy)")
+    if top_k is not None:
+        checks.positive_int("top_k", top_k)
+    if top_p is not None:
+        checks.number_in("top_p", top_p, 0.0, 1.0, low_open=True, expected="a probability in (0, 1]")
+    if min_p is not None:
+        checks.number_in("min_p", min_p, 0.0, 1.0, expected="a fraction in [0, 1]")
 
 
 def sample(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,

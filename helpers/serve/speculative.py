@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from helpers import checks
 from helpers.model.kv_cache import KVCache
 from helpers.serve import sampling
+from helpers.serve.batching import check_prompts
 
 
 def _check_probs(name: str, probs: Tensor) -> None:
@@ -219,7 +220,8 @@ def speculative_generate(target: nn.Module, draft: nn.Module, prompt: Sequence[i
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"draft has vocab_size {draft.config.vocab_size} and target "
                          f"{target.config.vocab_size}: the draft must use the target's tokenizer")
-    prompt = list(prompt)
+    prompt = check_prompts([prompt], target.config.vocab_size)[0]
+    sampling.check_rule(temperature, top_k, top_p, None, generator)
     need = len(prompt) + max_new_tokens + k
     if need > min(target.config.context_length, draft.config.context_length):
         raise ValueError(f"prompt + max_new_tokens + k = {need} tokens, longer than the cache "
