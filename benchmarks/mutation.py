@@ -218,21 +218,15 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     # --- end serve-post ---
     # --- scale-b (first runs 2026-11-27) ---
-    "helpers/scale/fsdp.py": [
-        "tests/test_fsdp.py", "tests/test_properties_exact.py",
-    ],
-    "helpers/scale/pipeline.py": [
-        "tests/test_pipeline.py", "tests/test_properties_exact.py",
-    ],
-    "helpers/scale/ring_attention.py": [
-        "tests/test_ring_attention.py", "tests/test_properties_exact.py",
-    ],
-    "helpers/scale/workers.py": [
-        "tests/test_workers_cell_functions.py", "tests/test_bad_input_newer.py",
-    ],
-    "helpers/scale/cell_functions.py": [
-        "tests/test_workers_cell_functions.py", "tests/test_properties_exact.py",
-    ],
+    # Only the *_mutants.py files: test_fsdp.py, test_pipeline.py, test_ring_attention.py and
+    # test_workers_cell_functions.py spawn worker processes (seconds per mutant, and mutmut cannot
+    # see the code they run); the *_mutants.py files run the same workers in this process, their
+    # ranks as threads joined by real gloo groups (tests/thread_ranks.py).
+    "helpers/scale/fsdp.py": ["tests/test_fsdp_mutants.py"],
+    "helpers/scale/pipeline.py": ["tests/test_pipeline_mutants.py"],
+    "helpers/scale/ring_attention.py": ["tests/test_ring_attention_mutants.py"],
+    "helpers/scale/workers.py": ["tests/test_workers_mutants.py"],
+    "helpers/scale/cell_functions.py": ["tests/test_cell_functions_mutants.py"],
     # --- end scale-b ---
 }
 
