@@ -50,6 +50,20 @@ def test_reduce_scatter_mean_gives_each_rank_its_piece_of_the_mean(monkeypatch):
     got = ranks(monkeypatch, 2).run(lambda rank, p: fsdp.gradient_piece(rank, p, flats[:2]))
     for rank, piece in enumerate(torch.stack(flats[:2]).mean(0).chunk(2)):
         torch.testing.assert_close(got[rank], piece, rtol=0, atol=1e-6)
+    (alone,) = ranks(monkeypatch, 1).run(lambda rank, p: fsdp.reduce_scatter_mean(flats[2], p))
+    assert torch.equal(alone, flats[2])  # one rank: its own gradient, whole
+
+
+def test_a_shard_is_its_ranks_piece_before_any_communication():
+    for rank, values, decay in ((0, [0.0, 1.0, 2.0, 3.0, 4.0], [1.0] * 5), (1, [5.0, 0.0, 1.0, 2.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0])):
+        p = nn.Parameter(torch.arange(6.0, dtype=torch.float64).view(2, 3))
+        q = nn.Parameter(torch.arange(3.0, dtype=torch.float64))
+        shard = fsdp.FlatShard([p, q, p], rank=rank, world_size=2)  # p twice (tied): kept once
+        assert (shard.total, shard.size, shard.numels, shard.shapes) == (9, 5, [6, 3], [(2, 3), (3,)])
+        assert shard.shard.tolist() == values and shard.decay.tolist() == decay  # padded with one zero
+        assert torch.equal(shard.grad, torch.zeros(5, dtype=torch.float64))  # a zero gradient to start
+        assert shard.gathered is False
+        assert p.numel() == q.numel() == 0 and p.dtype == q.dtype == torch.float64  # freed, dtype kept
 
 
 def test_a_flat_shard_gathers_frees_and_reduce_scatters(monkeypatch):
@@ -156,8 +170,10 @@ def test_the_flat_checks_name_what_they_got():
     with pytest.raises(ValueError, match=r"^flat has 5 values, expected a multiple of world_size = 2 "
                                          r"\(pad the flat vector with zeros\)$"):
         fsdp.reduce_scatter_mean(torch.zeros(5), 2)
-    with pytest.raises(ValueError, match="world_size"):
+    with pytest.raises(ValueError, match="^world_size is 0, expected a positive int$"):
         fsdp.reduce_scatter_mean(torch.zeros(4), 0)
+    with pytest.raises(ValueError, match=r"^grads has 1 entries, expected one per rank \(2\)$"):
+        fsdp.gradient_piece(0, 2, [torch.zeros(4)])
     with pytest.raises(ValueError, match=r"^grads has int entries, expected one per rank \(2\)$"):
         fsdp.gradient_piece(0, 2, 3)
     with pytest.raises(ValueError, match=r"^params is empty or holds something other than parameters, "
@@ -166,7 +182,7 @@ def test_the_flat_checks_name_what_they_got():
     with pytest.raises(ValueError, match=r"^shards is empty or holds something other than FlatShard, "
                                          r"expected the units of gpt_units\(\)$"):
         fsdp.ShardAdamW([object()], 0.1)
-    with pytest.raises(ValueError, match="lr"):
+    with pytest.raises(ValueError, match="^lr is 0.0"):
         fsdp.ShardAdamW(fsdp.gpt_units(make_model(Run(model="gpt")), 0, 1), 0.0)
     with pytest.raises(TypeError, match="^model is a Linear, expected the course GPT$"):
         fsdp.gpt_units(nn.Linear(2, 2), 0, 1)
@@ -180,6 +196,8 @@ def test_the_memory_table_is_over_64_ranks_unless_told():
     assert table["GPT-3 175B"] == memory_per_rank(exact_parameters(fsdp.GPT3), 64, precision="mixed")
     assert table["GPT-2 small"] == memory_per_rank(exact_parameters(GPTConfig.gpt2_small()), 64,
                                                    precision="mixed")
+    with pytest.raises(ValueError, match="^world_size is 0, expected a positive int$"):
+        fsdp.memory_table(0)
     assert fsdp.memory_table(8)["GPT-3 175B"] == memory_per_rank(exact_parameters(fsdp.GPT3), 8,
                                                                  precision="mixed")
     assert (fsdp.GPT3.vocab_size, fsdp.GPT3.context_length, fsdp.GPT3.n_layers, fsdp.GPT3.n_heads,

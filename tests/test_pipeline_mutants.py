@@ -7,6 +7,8 @@ mutants that survived benchmarks/mutation.py."""
 from __future__ import annotations
 
 import re
+import threading
+import types
 
 import pytest
 import torch
@@ -209,3 +211,18 @@ def test_the_order_and_size_checks_read_in_full():
         pp.run_pipeline(None, "gpipe", 2)
     with pytest.raises(TypeError, match="double"):
         pp.run_pipeline(Workers(2), "gpipe", 2, double=1)
+
+
+def test_busy_counts_the_compute_and_wall_the_whole_step(monkeypatch):
+    """A clock that ticks one second per reading, per rank: each op is read twice around its
+    compute (one second busy), the step once before and once after (the wall)."""
+    clock = threading.local()
+
+    def perf_counter():
+        clock.now = getattr(clock, "now", 0.0) + 1.0
+        return clock.now
+
+    monkeypatch.setattr(pp, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    results = pp.run_pipeline(thread_workers(monkeypatch, 2), "1f1b", 3, batch_size=6, config=SMALL)
+    for result in results:
+        assert (result["busy"], result["wall"]) == (2 * 3, 4 * 3 + 1)
