@@ -10,12 +10,13 @@ import re
 
 import pytest
 import torch
+import torch.distributed as dist
 from thread_ranks import ThreadRanks
 from torch import nn
 
 from helpers.model.gpt import GPTConfig, exact_parameters
 from helpers.scale import fsdp
-from helpers.scale.data_parallel import Run, make_model, max_difference
+from helpers.scale.data_parallel import Run, make_batch, make_model, max_difference
 from helpers.scale.parallelism import memory_per_rank
 
 
@@ -202,3 +203,35 @@ def test_the_memory_table_is_over_64_ranks_unless_told():
                                                                  precision="mixed")
     assert (fsdp.GPT3.vocab_size, fsdp.GPT3.context_length, fsdp.GPT3.n_layers, fsdp.GPT3.n_heads,
             fsdp.GPT3.d_model) == (50257, 2048, 96, 96, 12288)
+
+
+@pytest.fixture
+def one_rank():
+    """A one-process gloo group in this process (torch's own FSDP needs a default group)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_fsdp_by_hand_trains_as_pytorchs_fully_shard(one_rank):
+    """FSDP2's fully_shard with the same units (each block, then the root) and the same AdamW."""
+    from torch.distributed.fsdp import fully_shard
+
+    run = Run(model="gpt", steps=2, lr=0.01)
+    ours = fsdp.train_fsdp_by_hand(0, 1, run)
+    model = make_model(run).double()
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                                  lr=0.01, betas=(0.9, 0.99), eps=1e-8, foreach=False)
+    for step in range(run.steps):
+        ids, targets = make_batch(run, step)
+        optimizer.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), targets.flatten()).backward()
+        optimizer.step()
+    theirs = {name: t.full_tensor().detach() for name, t in model.state_dict().items()}
+    assert type(next(model.parameters())).__name__ == "DTensor"
+    assert max_difference(ours["weights"], theirs) < 1e-12

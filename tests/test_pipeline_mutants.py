@@ -107,6 +107,10 @@ def test_one_stage_runs_the_whole_model_without_messages(monkeypatch):
 
 
 def test_fail_at_fails_that_rank_at_that_forward_only(monkeypatch):
+    ranks = ThreadRanks(2).patch(monkeypatch, pp)
+    with pytest.raises(RuntimeError, match="^rank 1 fails on purpose at the forward of micro-batch 0$"):
+        pp.run_pipeline(ThreadWorkers(ranks), "gpipe", 2, batch_size=4, config=SMALL, fail_at=(1, 0))
+    assert [c for r, c in ranks.calls if r == 1] == ["barrier"]  # before it receives anything
     with pytest.raises(RuntimeError, match="^rank 0 fails on purpose at the forward of micro-batch 1$"):
         pp.run_pipeline(thread_workers(monkeypatch, 1), "gpipe", 2, batch_size=4, config=SMALL, fail_at=(0, 1))
     # another rank's or a missing micro-batch's fail_at changes nothing
@@ -189,12 +193,15 @@ def test_the_order_and_size_checks_read_in_full():
         pp.timeline(backwards)
     with pytest.raises(ValueError, match="^orders deadlock: every rank waits for an op no rank can run$"):
         pp.timeline([[("F", 0), ("B", 0), ("F", 1), ("B", 1)], [("F", 1), ("F", 0), ("B", 0), ("B", 1)]])
-    with pytest.raises(ValueError, match=re.escape("events is empty, expected the output of timeline()")):
+    with pytest.raises(ValueError, match=f"^{re.escape('events is empty, expected the output of timeline()')}$"):
         pp.timeline_bubble([])
-    with pytest.raises(ValueError, match="micro_batches"):
+    with pytest.raises(ValueError, match="^micro_batches is 0"):
         pp.gpipe_order(2, 0)
-    with pytest.raises(ValueError, match="stages"):
+    with pytest.raises(ValueError, match="^stages is 0"):
         pp.one_f_one_b_order(0, 2)
+    with pytest.raises(ValueError, match=re.escape("orders[0] is [('F', 0)], expected each of ('F', i) and "
+                                                   "('B', i) for i < 1 exactly once")):
+        pp.timeline([[("F", 0)]])  # m counts the forwards of rank 0
     message = ("batch_size=6 cannot be cut into micro_batches=4: expected a batch_size divisible by 4 "
                "(equal micro-batches, so that the mean of their losses is the batch's loss)")
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
@@ -205,12 +212,43 @@ def test_the_order_and_size_checks_read_in_full():
     pp.check_pipeline(4, "1f1b", 2, 8)  # fits: no error
     for args, name in (((0, "gpipe", 2, 8), "world_size"), ((2, "gpipe", 2, 0), "batch_size"),
                        ((2, "gpipe", 0, 8), "micro_batches"), ((2, "GPipe", 2, 8), "schedule")):
-        with pytest.raises(ValueError, match=name):
+        with pytest.raises(ValueError, match=f"^{name} is "):
             pp.check_pipeline(*args)
     with pytest.raises(TypeError, match="^workers is a NoneType, expected a Workers$"):
         pp.run_pipeline(None, "gpipe", 2)
-    with pytest.raises(TypeError, match="double"):
+    with pytest.raises(TypeError, match="^workers is a str, expected a Workers$"):
+        pp.run_pipeline("pool", "gpipe", 2)
+    with pytest.raises(TypeError, match="^double is "):
         pp.run_pipeline(Workers(2), "gpipe", 2, double=1)
+    with pytest.raises(ValueError, match="^batch_size is 0"):
+        pp.reference_gradients(0)
+
+
+def test_run_pipeline_checks_the_config_it_is_given(monkeypatch):
+    workers = thread_workers(monkeypatch, 2)
+    odd = GPTConfig(vocab_size=16, context_length=4, n_layers=3, n_heads=1, d_model=8)
+    with pytest.raises(ValueError, match="^config.n_layers=3 cannot be split over world_size=2"):
+        pp.run_pipeline(workers, "gpipe", 2, 8, odd)
+    with pytest.raises(ValueError, match="^repeats is 0"):
+        pp.measure_bubble(workers, "gpipe", [1], repeats=0)
+    assert workers.runs == 0
+
+
+def test_the_worker_defaults_are_the_notebooks(monkeypatch):
+    """pipeline_worker called with its defaults: PIPE_GPT, seed 0, float64, one process's gradients."""
+    (result,) = ThreadRanks(1).patch(monkeypatch, pp).run(pp.pipeline_worker, "gpipe", 1, 2)
+    reference = pp.reference_gradients(2)
+    for name, grad in result["grads"].items():
+        assert grad.dtype == torch.float64
+        torch.testing.assert_close(grad, reference[name], rtol=0, atol=1e-12)
+
+
+def test_a_batch_is_drawn_from_its_own_seeded_generator():
+    config = GPTConfig(vocab_size=4, context_length=8, n_layers=1, n_heads=1, d_model=4)
+    first, again = pp._batch(config, 16, 5), pp._batch(config, 16, 5)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])  # no global generator
+    assert not torch.equal(first[0], pp._batch(config, 16, 6)[0])
+    assert set(first[0].flatten().tolist()) == {0, 1, 2, 3}  # every id, 0 included
 
 
 def test_busy_counts_the_compute_and_wall_the_whole_step(monkeypatch):

@@ -19,8 +19,7 @@ import types
 
 import pytest
 import torch
-import torch.distributed as dist
-from thread_ranks import ThreadRanks
+from thread_ranks import ThreadRanks, World
 
 from helpers.scale import workers as w
 from helpers.scale.cell_functions import CellFunction
@@ -59,24 +58,27 @@ class ThreadProcess:
 
 
 class ServeRanks(ThreadRanks):
-    """ThreadRanks plus the group set-up that _serve makes (init, is_initialized, destroy)."""
+    """ThreadRanks plus the group set-up that _serve makes (init, is_initialized, destroy): the
+    ranks of one start meet in the World of their port."""
 
     def __init__(self, fake_os):
         super().__init__(0)
-        self.os, self.store, self.inits, self.destroyed = fake_os, dist.HashStore(), [], []
+        self.os, self.worlds, self.inits, self.destroyed = fake_os, {}, [], []
+        self.lock = threading.Lock()
 
     def init_process_group(self, backend, rank, world_size, timeout):
         self.inits.append((backend, rank, world_size, timeout))
-        self.local.rank, self.world_size = rank, world_size
-        prefix = dist.PrefixStore(self.os.environ["MASTER_PORT"], self.store)
-        self.local.group = dist.ProcessGroupGloo(prefix, rank, world_size, timeout)
+        with self.lock:
+            world = self.worlds.setdefault(self.os.environ["MASTER_PORT"],
+                                           World(world_size, timeout.total_seconds()))
+        self.local.rank, self.local.world = rank, world
 
     def is_initialized(self):
-        return getattr(self.local, "group", None) is not None
+        return getattr(self.local, "world", None) is not None
 
     def destroy_process_group(self):
         self.destroyed.append(self.local.rank)
-        self.local.group = None
+        self.local.world = None
 
 
 class FakeOS:
