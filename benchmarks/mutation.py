@@ -238,6 +238,16 @@ MODULE_NOTES: dict[str, str] = {
         "here, so the one-rank tests in test_properties_exact.py run the workers' code in-process "
         "(and one asserts the call of the cross-rank shape check). Open: which MLP layers are "
         "their own FSDP units changes when weights are gathered (memory), not any result."),
+    'helpers/scale/fsdp.py': (
+        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in test_fsdp.py run the workers in spawned processes: test_fsdp_mutants.py runs the same worker functions here, their ranks as threads (tests/thread_ranks.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. On 2 and 3 ranks (3 pads every unit) FSDP by hand ends with one process's AdamW weights; on a one-rank gloo group it trains as PyTorch's FSDP2 fully_shard."),
+    'helpers/scale/pipeline.py': (
+        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in test_pipeline.py run the workers in spawned processes: test_pipeline_mutants.py runs the same worker functions here, their ranks as threads (tests/thread_ranks.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. Each rank's sends and receives are checked against its schedule; busy and wall time are read on a fake clock. Timeouts: planted bugs that make timeline() loop forever."),
+    'helpers/scale/ring_attention.py': (
+        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in test_ring_attention.py run the workers in spawned processes: test_ring_attention_mutants.py runs the same worker functions here, their ranks as threads (tests/thread_ranks.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. On 2 and 3 ranks forward and backward equal scaled_dot_product_attention, and each rank's messages go round the ring as they should."),
+    'helpers/scale/workers.py': (
+        "The spawned processes of test_workers_cell_functions.py and test_distributed.py are invisible to mutmut: test_workers_mutants.py runs Workers on a fake multiprocessing context whose Process is a thread, its _serve loop included, with os faked (a quiet worker's dup2 is recorded, not done to pytest) and torch.distributed simulated (tests/thread_ranks.py); _collect, _first_failure and _stop on fake processes."),
+    'helpers/scale/cell_functions.py': (
+        'test_workers_cell_functions.py sends cell functions to real processes; test_cell_functions_mutants.py checks in this process what ship() sends and that build() rebuilds it.'),
 }
 
 # Tests left out of every run (--deselect): each costs tens of seconds per mutant it covers.

@@ -160,6 +160,9 @@ def test_a_rebuilt_functions_traceback_shows_its_lines(cell):
     frame = traceback.extract_tb(error.value.__traceback__)[-1]
     assert frame.filename == "<notebook cell: fails>" and frame.lineno == 3 and frame.line == "return x / 0"
     assert linecache.getline("<notebook cell: fails>", 2) == "    x = 1\n"
+    linecache.checkcache()  # what traceback printing does: the lines stay, there is no file to stat
+    assert linecache.getlines("<notebook cell: fails>") == ["def fails(rank, world_size):\n", "    x = 1\n",
+                                                           "    return x / 0"]
 
 
 def test_build_imports_each_module_under_its_alias():

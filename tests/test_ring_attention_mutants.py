@@ -116,9 +116,9 @@ def test_the_ring_checks_read_in_full():
                                                    "expected a multiple of 2")):
         ra.check_divides(5, 2, False)
     for args, name in (((0, 2, True), "seq_len"), ((4, 0, True), "world_size"), ((4, 2, 1), "zigzag")):
-        with pytest.raises((ValueError, TypeError), match=name):
+        with pytest.raises((ValueError, TypeError), match=f"^{name} is "):
             ra.check_divides(*args)
-    with pytest.raises(TypeError, match="zigzag"):
+    with pytest.raises(TypeError, match="^zigzag is "):
         ra.chunk_ids(0, 2, "yes")
     with pytest.raises(ValueError, match=re.escape("x is (3, 4), expected (B, H, N, D_H)")):
         ra.split_sequence(torch.zeros(3, 4), 0, 2, True)
@@ -142,8 +142,10 @@ def test_the_ring_checks_read_in_full():
         ra.ring_attention(q, None, q, zigzag=True)
     with pytest.raises(ValueError, match="q, k, v have shapes"):
         ra.ring_attention(q, q, torch.zeros(1, 1, 2, 5), zigzag=True)
-    with pytest.raises(TypeError, match="causal"):
+    with pytest.raises(TypeError, match="^causal is "):
         ra.ring_attention(q, q, q, zigzag=True, causal=1)
+    with pytest.raises(TypeError, match="^zigzag is "):
+        ra.ring_attention(q, q, q, zigzag=1)
     with pytest.raises(ValueError, match=re.escape("shape is (1, 2, 4), expected (B, H, N, D_H)")):
         ra.full_attention_reference((1, 2, 4))
     with pytest.raises(ValueError, match="shape is 'abcd'"):
@@ -151,15 +153,38 @@ def test_the_ring_checks_read_in_full():
     for i, name in enumerate(("B", "H", "N", "D_H")):
         shape = [1, 2, 4, 4]
         shape[i] = 0
-        with pytest.raises(ValueError, match=f"shape's {name}"):
+        with pytest.raises(ValueError, match=f"^shape's {name} is 0"):
             ra.full_attention_reference(tuple(shape))
-    with pytest.raises(TypeError, match="causal"):
+    with pytest.raises(TypeError, match="^causal is "):
         ra.full_attention_reference(SHAPE, causal="no")
+    with pytest.raises(TypeError, match="^causal is "):
+        ra.run_ring_attention(Workers(2), SHAPE, causal="no")
+    with pytest.raises(TypeError, match="^workers is a str, expected a Workers$"):
+        ra.run_ring_attention("pool", SHAPE)
     with pytest.raises(TypeError, match="^workers is a NoneType, expected a Workers$"):
         ra.run_ring_attention(None, SHAPE)
     pool = Workers(2)
-    with pytest.raises(TypeError, match="zigzag"):
+    with pytest.raises(TypeError, match="^zigzag is "):
         ra.run_ring_attention(pool, SHAPE, zigzag=None)
-    with pytest.raises(ValueError, match="shape's D_H"):
+    with pytest.raises(ValueError, match="^shape's D_H is 0"):
         ra.run_ring_attention(pool, (1, 2, 12, 0))
     assert pool.processes == []
+
+
+def test_the_worker_defaults_to_causal_attention_from_seed_0(monkeypatch):
+    results = ThreadRanks(2).patch(monkeypatch, ra).run(ra.ring_attention_worker, SHAPE, True)
+    reference = ra.full_attention_reference(SHAPE, causal=True, seed=0)
+    for rank, result in enumerate(results):
+        for name in ("out", "q", "k", "v"):
+            torch.testing.assert_close(result[name], ra.split_sequence(reference[name], rank, 2, True),
+                                       rtol=0, atol=1e-12)
+
+
+def test_zero_keys_and_values_give_zeros_not_nan(monkeypatch):
+    """Keys and values all zero (a padded or empty stretch of the sequence): every output is 0."""
+    q = torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    zeros = torch.zeros_like(q)
+    results = ThreadRanks(2).patch(monkeypatch, ra).run(
+        lambda rank, p: ra.ring_attention(*(ra.split_sequence(t, rank, p, True) for t in (q, zeros, zeros)),
+                                          zigzag=True)[0])
+    assert all(torch.equal(out, torch.zeros(1, 2, 4, 4, dtype=torch.float64)) for out in results)

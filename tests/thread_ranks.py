@@ -66,8 +66,11 @@ class ThreadRanks:
             self.local.rank, self.local.world = rank, world
             try:
                 with self.turn:
-                    self.local.has_turn = True
+                    self.local.has_turn, self.local.sent = True, []
                     results[rank] = fn(rank, self.world_size, *args)
+                    if not all(sent.waited for sent in self.local.sent):
+                        raise RuntimeError(f"rank {rank} returned before waiting for all its isends "
+                                           "(gloo may still be reading their tensors)")
             except BaseException as error:  # noqa: BLE001 - raised again in the caller
                 errors.append((rank, error))
                 world.abort()
@@ -173,7 +176,10 @@ class ThreadRanks:
         if not 0 <= dst < world.world_size or dst == self.local.rank:
             raise RuntimeError(f"rank {self.local.rank} sends to rank {dst}, in a world of {world.world_size}")
         world.queues[(self.local.rank, dst)].put(tensor.detach().clone())
-        return _Sent()
+        sent = _Sent()
+        if hasattr(self.local, "sent"):
+            self.local.sent.append(sent)
+        return sent
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         world = self._log(f"recv from {src}")
@@ -196,10 +202,14 @@ class ThreadRanks:
 
 
 class _Sent:
-    """isend's answer: the copy is already in the receiver's queue."""
+    """isend's answer: the copy is already in the receiver's queue; `run` checks that every rank
+    waited for each of its sends before returning, as it must with gloo."""
+
+    def __init__(self) -> None:
+        self.waited = False
 
     def wait(self) -> None:
-        return None
+        self.waited = True
 
 
 class ThreadWorkers(Workers):
