@@ -197,6 +197,9 @@ def test_what_cannot_travel_is_refused_with_its_name(cell):
         cf.ship(cell.anonymous)
     with pytest.raises(ValueError, match=f"^{re.escape(message.format('make.<locals>.inner'))}$"):
         cf.ship(cell.make())
+    cell.anonymous.__qualname__ = "anonymous"  # renamed: still a lambda, refused as one
+    with pytest.raises(ValueError, match=f"^{re.escape(message.format('anonymous'))}$"):
+        cf.ship(cell.anonymous)
     message = ("fn='coroutine' cannot be sent to the workers: its source is not one plain `def`; "
                "expected a function defined with `def` at the top of a cell")
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
