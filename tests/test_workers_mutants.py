@@ -113,6 +113,10 @@ def threaded(monkeypatch):
     return types.SimpleNamespace(os=fake_os, dist=ranks, contexts=contexts, threads=threads_set)
 
 
+def rank_only(rank, world_size):
+    return rank
+
+
 def add_rank(rank, world_size, offset):
     return rank * 10 + world_size + offset
 
@@ -125,6 +129,7 @@ def test_workers_on_thread_processes_run_tasks_in_rank_order_and_stop(threaded):
     assert threaded.contexts == ["spawn"] and len(processes) == 3
     assert all(p.daemon and p.target is w._serve for p in processes)
     port = processes[0].args[2]
+    assert isinstance(port, int) and 0 < port < 65536  # free_port's
     assert [p.args[:2] for p in processes] == [(r, 3) for r in range(3)]
     assert all(p.args[2:5] == (port, 5.0, False) for p in processes)
     assert len({id(p.args[5]) for p in processes}) == 3 and len({id(p.args[6]) for p in processes}) == 1
@@ -195,7 +200,7 @@ def test_collect_names_a_rank_that_died_without_a_word():
                                                        "exited with code -9 without reporting (killed, or out "
                                                        "of memory?)")) as failure:
         w._collect([Silent(-9), Silent(None)], results, 30.0)
-    assert failure.value.rank == 0 and 1.0 <= time.monotonic() - start < 3.0  # waited 1 s for its message
+    assert failure.value.rank == 0 and 1.0 <= time.monotonic() - start < 1.8  # waited 1 s for its message
     # a message that arrives within that second still counts
     results.put((0, True, pickle.dumps("late")))
     results.put((1, True, pickle.dumps("one")))
@@ -219,10 +224,14 @@ def test_a_rank_failing_after_a_silent_death_names_the_silent_one():
                             "reporting (os._exit, killed, or out of memory?); rank 0 then failed too, most "
                             "likely because of it:\nconnection reset")
     # a rank that reports in the meantime is not silent; with everyone reported, the failure is rank 0's
-    results.put((1, True, b""))
+    results.put((2, True, b""))
     start = time.monotonic()
-    failure = w._first_failure([Silent(None), Silent(0)], results, {0}, 0, "boom")
+    failure = w._first_failure([Silent(None), Silent(None), Silent(0)], results, {0, 1}, 0, "boom")
     assert (failure.rank, failure.worker_traceback) == (0, "boom") and time.monotonic() - start < 0.5
+    # a report read first does not stop the search for a silent one
+    results.put((1, True, b""))
+    failure = w._first_failure([Silent(None), Silent(None), Silent(-9)], results, {0}, 0, "boom")
+    assert failure.rank == 2
     start = time.monotonic()
     failure = w._first_failure([Silent(None), Silent(None)], queue.Queue(), {0}, 0, "boom", grace=0.3)
     assert failure.rank == 0 and 0.3 <= time.monotonic() - start < 1.0
@@ -263,10 +272,25 @@ def test_stop_terminates_then_kills_what_does_not_finish():
     assert done.events == [("join", 2)]
 
 
+def test_stop_gives_later_processes_only_what_is_left_of_the_2_seconds(monkeypatch):
+    now = iter([0.0, 1.75, 3.0])  # the deadline read at 0, then each join starts later
+    monkeypatch.setattr(w, "time", types.SimpleNamespace(monotonic=lambda: next(now)))
+    first, second = Stuck("terminate"), Stuck("terminate")
+    first.alive = second.alive = False
+    w._stop([first, second])
+    assert first.events == [("join", 0)] and second.events == [("join", 0)]  # 0.25 s, then none
+
+
 def test_the_worker_checks_read_in_full():
     failed = w.WorkerFailed(3, "trace")
     assert str(failed) == "worker of rank 3 failed; its traceback:\ntrace" and isinstance(failed, RuntimeError)
     assert (failed.rank, failed.worker_traceback) == (3, "trace")
+    for kwargs, message in (({"world_size": 0}, "^world_size is 0"), ({"timeout": 0}, "^timeout is 0"),
+                            ({"quiet": 1}, "^quiet is 1")):
+        with pytest.raises((ValueError, TypeError), match=message):
+            w.Workers(**kwargs)
+    with pytest.raises(ValueError, match="^timeout is -1"):
+        w.Workers().run(add_rank, 0, timeout=-1)
     with pytest.raises(ValueError, match=re.escape("world_size is 65, expected at most 64: each rank is a "
                                                    "whole Python process with torch imported")):
         w.Workers(65)
@@ -303,7 +327,8 @@ def test_launch_checks_before_starting_and_stops_after(monkeypatch):
             return [fn(rank, self.world_size, *args) for rank in range(self.world_size)]
 
     monkeypatch.setattr(w, "Workers", Recording)
-    assert w.launch(add_rank, 2, 0) == [2, 12] and w.launch(add_rank, 3, 1, timeout=7.0) == [4, 14, 24]
+    assert w.launch(rank_only) == [0, 1]
+    assert w.launch(add_rank, 3, 1, timeout=7.0) == [4, 14, 24]
     assert started == [(2, 60.0), (3, 7.0)]
     with pytest.raises(ValueError, match="lambda"):
         w.launch(lambda rank, world_size: rank)
@@ -332,8 +357,11 @@ def test_init_from_environment_names_what_is_missing(monkeypatch):
     with pytest.raises(ValueError, match=re.escape("backend is 'nccl', which needs a GPU, and this machine "
                                                    "has none: expected 'gloo' on a CPU")):
         w.init_from_environment("nccl")
-    with pytest.raises(ValueError, match="backend"):
+    with pytest.raises(ValueError, match=re.escape("backend is 'tcp', expected one of ")):
         w.init_from_environment("tcp")
+    w.init_from_environment("mpi")  # torchrun with an MPI build
+    assert joined[-1] == "mpi"
+    joined.pop()
     devices = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_device", devices.append)
@@ -398,6 +426,9 @@ def test_the_ring_all_reduce_sums_sending_to_the_right_only(monkeypatch):
         w.ring_all_reduce(0, 2, [torch.ones(2), 5])
     with pytest.raises(ValueError, match="rank"):
         w.ring_all_reduce(2, 2, [torch.ones(2)] * 2)
+    exactly = [torch.tensor([1.0, 2.0]), torch.tensor([10.0, 20.0])]  # world_size values: enough
+    results = ThreadRanks(2).patch(monkeypatch, w).run(w.ring_all_reduce, exactly)
+    assert all(r.tolist() == [11.0, 22.0] for r in results)
     (one,) = ThreadRanks(1).patch(monkeypatch, w).run(w.ring_all_reduce, [torch.ones(3)])
     assert torch.equal(one, torch.ones(3))
 
@@ -412,9 +443,9 @@ def test_the_ring_by_hand_and_its_bytes():
     results, sent = w.ring_all_reduce_by_hand([torch.arange(5.0), torch.ones(5)])  # chunks of 3 and 2
     assert all(torch.equal(result, torch.arange(5.0) + 1) for result in results) and sent == 3 + 2
     assert w.ring_all_reduce_bytes(1200, 4) == 1800 and w.ring_all_reduce_bytes(0, 3) == 0
-    with pytest.raises(ValueError, match="world_size"):
+    with pytest.raises(ValueError, match="^world_size is 0"):
         w.ring_all_reduce_bytes(10, 0)
-    with pytest.raises(ValueError, match="n_bytes"):
+    with pytest.raises(ValueError, match="^n_bytes is -1"):
         w.ring_all_reduce_bytes(-1, 2)
-    with pytest.raises(ValueError, match="len\\(per_rank\\)"):
+    with pytest.raises(ValueError, match="^len\\(per_rank\\) is 0"):
         w.ring_all_reduce_by_hand([])
