@@ -221,7 +221,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     # Only the *_mutants.py files: test_fsdp.py, test_pipeline.py, test_ring_attention.py and
     # test_workers_cell_functions.py spawn worker processes (seconds per mutant, and mutmut cannot
     # see the code they run); the *_mutants.py files run the same workers in this process, their
-    # ranks as threads joined by real gloo groups (tests/thread_ranks.py).
+    # ranks as threads whose torch.distributed calls are simulated in Python (tests/thread_ranks.py).
     "helpers/scale/fsdp.py": ["tests/test_fsdp_mutants.py"],
     "helpers/scale/pipeline.py": ["tests/test_pipeline_mutants.py"],
     "helpers/scale/ring_attention.py": ["tests/test_ring_attention_mutants.py"],
