@@ -291,7 +291,7 @@ def test_stop_gives_later_processes_only_what_is_left_of_the_2_seconds(monkeypat
     assert first.events == [("join", 0)] and second.events == [("join", 0)]  # 0.25 s, then none
 
 
-def test_the_worker_checks_read_in_full():
+def test_the_worker_checks_read_in_full(threaded):  # threads: a planted bug that starts workers leaks none
     failed = w.WorkerFailed(3, "trace")
     assert str(failed) == "worker of rank 3 failed; its traceback:\ntrace" and isinstance(failed, RuntimeError)
     assert (failed.rank, failed.worker_traceback) == (3, "trace")
