@@ -237,21 +237,15 @@ MODULE_TESTS: dict[str, list[str]] = {
     ],
     # --- end serve-post ---
     # --- scale-b (first runs 2026-11-27) ---
-    "helpers/scale/fsdp.py": [
-        "tests/test_fsdp.py", "tests/test_properties_exact.py",
-    ],
-    "helpers/scale/pipeline.py": [
-        "tests/test_pipeline.py", "tests/test_properties_exact.py",
-    ],
-    "helpers/scale/ring_attention.py": [
-        "tests/test_ring_attention.py", "tests/test_properties_exact.py",
-    ],
-    "helpers/scale/workers.py": [
-        "tests/test_workers_cell_functions.py", "tests/test_bad_input_newer.py",
-    ],
-    "helpers/scale/cell_functions.py": [
-        "tests/test_workers_cell_functions.py", "tests/test_properties_exact.py",
-    ],
+    # Only the *_mutants.py files: test_fsdp.py, test_pipeline.py, test_ring_attention.py and
+    # test_workers_cell_functions.py spawn worker processes (seconds per mutant, and mutmut cannot
+    # see the code they run); the *_mutants.py files run the same workers in this process, their
+    # ranks as threads whose torch.distributed calls are simulated in Python (tests/thread_ranks.py).
+    "helpers/scale/fsdp.py": ["tests/test_fsdp_mutants.py"],
+    "helpers/scale/pipeline.py": ["tests/test_pipeline_mutants.py"],
+    "helpers/scale/ring_attention.py": ["tests/test_ring_attention_mutants.py"],
+    "helpers/scale/workers.py": ["tests/test_workers_mutants.py"],
+    "helpers/scale/cell_functions.py": ["tests/test_cell_functions_mutants.py"],
     # --- end scale-b ---
 }
 
@@ -283,6 +277,16 @@ MODULE_NOTES: dict[str, str] = {
         "the split layer against the whole one, and each rank's received rows against a count made "
         "in the test from the router. tests/test_moe.py is left out of the map: its two-process "
         "run counts for nothing here and its benchmark test needs benchmarks/, not in the scratch copy."),
+    'helpers/scale/fsdp.py': (
+        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in test_fsdp.py run the workers in spawned processes: test_fsdp_mutants.py runs the same worker functions here, their ranks as threads (tests/thread_ranks.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. On 2 and 3 ranks (3 pads every unit) FSDP by hand ends with one process's AdamW weights; on a one-rank gloo group it trains as PyTorch's FSDP2 fully_shard."),
+    'helpers/scale/pipeline.py': (
+        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in test_pipeline.py run the workers in spawned processes: test_pipeline_mutants.py runs the same worker functions here, their ranks as threads (tests/thread_ranks.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. Each rank's sends and receives are checked against its schedule; busy and wall time are read on a fake clock. Timeouts: planted bugs that make timeline() loop forever."),
+    'helpers/scale/ring_attention.py': (
+        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in test_ring_attention.py run the workers in spawned processes: test_ring_attention_mutants.py runs the same worker functions here, their ranks as threads (tests/thread_ranks.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. On 2 and 3 ranks forward and backward equal scaled_dot_product_attention, and each rank's messages go round the ring as they should."),
+    'helpers/scale/workers.py': (
+        "The spawned processes of test_workers_cell_functions.py and test_distributed.py are invisible to mutmut: test_workers_mutants.py runs Workers on a fake multiprocessing context whose Process is a thread, its _serve loop included, with os faked (a quiet worker's dup2 is recorded, not done to pytest) and torch.distributed simulated (tests/thread_ranks.py); _collect, _first_failure and _stop on fake processes."),
+    'helpers/scale/cell_functions.py': (
+        'test_workers_cell_functions.py sends cell functions to real processes; test_cell_functions_mutants.py checks in this process what ship() sends and that build() rebuilds it.'),
 }
 
 MODULE_NOTES["helpers/flash/triton_kernels.py"] = (

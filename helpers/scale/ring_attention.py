@@ -57,7 +57,8 @@ def check_divides(seq_len: int, world_size: int, zigzag: bool) -> int:
 def split_sequence(x: Tensor, rank: int, world_size: int, zigzag: bool) -> Tensor:
     """x (B, H, N, D_H) -> this rank's tokens (B, H, n, D_H), its chunks in order."""
     if not isinstance(x, Tensor) or x.dim() != 4:
-        raise ValueError(f"x is {getattr(x, 'shape', type(x).__name__)}, expected (B, H, N, D_H)")
+        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"x is {got}, expected (B, H, N, D_H)")
     c = check_divides(x.shape[2], world_size, zigzag)
     return torch.cat([x[:, :, i * c:(i + 1) * c] for i in chunk_ids(rank, world_size, zigzag)], dim=2)
 

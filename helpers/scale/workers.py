@@ -213,7 +213,13 @@ def _first_failure(processes: Sequence[Any], results: Any, reported: set[int], r
     to that one dropped: the silent one is named, with `rank`'s traceback beside it."""
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        silent = [r for r, p in enumerate(processes) if r not in reported and p.exitcode is not None]
+        dead = [r for r, p in enumerate(processes) if r not in reported and p.exitcode is not None]
+        try:  # a dead process's last message is in the pipe by now: read what is there first
+            reported.add(results.get(timeout=0.05)[0])
+            continue
+        except queue.Empty:
+            pass
+        silent = [r for r in dead if r not in reported]
         if silent:
             code = processes[silent[0]].exitcode
             return WorkerFailed(silent[0], f"the process exited with code {code} without reporting "
@@ -221,10 +227,6 @@ def _first_failure(processes: Sequence[Any], results: Any, reported: set[int], r
                                 f"too, most likely because of it:\n{payload}")
         if all(r in reported for r in range(len(processes))):
             break
-        try:
-            reported.add(results.get(timeout=0.05)[0])
-        except queue.Empty:
-            continue
     return WorkerFailed(rank, payload)
 
 
