@@ -8,10 +8,9 @@ the context filled exactly, the pad id and prompt forms accepted, and every mess
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
+from mutant_tools import full
 
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.serve import sampling
@@ -24,11 +23,6 @@ from helpers.serve.batching import (
 )
 
 VOCAB = 24
-
-
-def full(message: str) -> str:
-    """A pattern that matches exactly `message`, nothing more or less."""
-    return "^" + re.escape(message) + "$"
 
 
 def _model(context: int = 24) -> GPT:

@@ -8,10 +8,10 @@ complex ids, a start that is not an int), and every error message read in full.
 from __future__ import annotations
 
 import math
-import re
 
 import pytest
 import torch
+from mutant_tools import full
 
 from helpers.model.embeddings import (
     TokenAndPositionEmbedding,
@@ -20,12 +20,6 @@ from helpers.model.embeddings import (
     one_hot,
     sinusoidal_positions,
 )
-
-
-def full(message: str) -> str:
-    """A pattern that matches exactly `message`, nothing more or less."""
-    return "^" + re.escape(message) + "$"
-
 
 # --- configuration: the paper's base by default, and the bounds of base ---------------------------
 

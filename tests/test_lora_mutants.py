@@ -8,18 +8,12 @@ the rank at its largest, and every error message read in full.
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
+from mutant_tools import full
 from torch import nn
 
 from helpers.post.lora import LoRALinear, add_lora, merge_lora, trainable_count
-
-
-def full(message: str) -> str:
-    """A pattern that matches exactly `message`, nothing more or less."""
-    return "^" + re.escape(message) + "$"
 
 
 class Toy(nn.Module):

@@ -13,16 +13,12 @@ import re
 
 import pytest
 import torch
+from mutant_tools import full
 
 from helpers.model.mla import DEEPSEEK_V3, LatentAttention, cache_values_per_token
 from helpers.model.modern import RopeTable
 
 D, H, R, D_R, D_NOPE, D_V = 20, 3, 6, 4, 5, 7   # every size different, so a swapped one shows
-
-
-def full(message: str) -> str:
-    """A pattern that matches exactly `message`, nothing more or less."""
-    return "^" + re.escape(message) + "$"
 
 
 def _layer(q_rank=0, seed=0, eps=1e-6, dtype=torch.float64):

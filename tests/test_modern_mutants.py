@@ -14,6 +14,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from mutant_tools import full
 
 from helpers.model.kv_cache import KVCache
 from helpers.model.modern import (
@@ -33,11 +34,6 @@ from helpers.model.modern import (
 )
 
 SMALL = dict(vocab_size=40, context_length=32, n_layers=1, n_heads=4, n_kv_heads=2, d_model=32)
-
-
-def full(message: str) -> str:
-    """A pattern that matches exactly `message`, nothing more or less."""
-    return "^" + re.escape(message) + "$"
 
 
 def alibi_reference(q, k, v):

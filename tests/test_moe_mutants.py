@@ -15,6 +15,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from mutant_tools import full
 
 from helpers.model.moe import (
     AddAuxLoss,
@@ -26,11 +27,6 @@ from helpers.model.moe import (
     route,
     switch_aux_loss,
 )
-
-
-def full(message: str) -> str:
-    """A pattern that matches exactly `message`, nothing more or less."""
-    return "^" + re.escape(message) + "$"
 
 
 def _experts(n_experts=5, d=6, hidden=7, seed=0, dtype=torch.float64):

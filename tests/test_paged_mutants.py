@@ -8,19 +8,13 @@ for a model in another dtype, and every error message read in full.
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
+from mutant_tools import full
 
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.model.kv_cache import KVCache
 from helpers.serve.paged import PagedKVCache, contiguous_waste, lookup, paged_waste
-
-
-def full(message: str) -> str:
-    """A pattern that matches exactly `message`, nothing more or less."""
-    return "^" + re.escape(message) + "$"
 
 
 def _model(seed: int = 0, **kw) -> GPT:

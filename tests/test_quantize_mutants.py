@@ -8,11 +8,10 @@ the bytes counted, and every error message read in full.
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 import torch.nn.functional as F
+from mutant_tools import full
 
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.serve.quantize import (
@@ -28,11 +27,6 @@ from helpers.serve.quantize import (
 )
 
 U8 = torch.uint8
-
-
-def full(message: str) -> str:
-    """A pattern that matches exactly `message`, nothing more or less."""
-    return "^" + re.escape(message) + "$"
 
 
 # --- int8 ---------------------------------------------------------------------------------------

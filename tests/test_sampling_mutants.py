@@ -9,21 +9,16 @@ message read in full.
 from __future__ import annotations
 
 import math
-import re
 
 import pytest
 import torch
+from mutant_tools import full
 
 from helpers.serve import sampling
 
 transformers = pytest.importorskip("transformers")
 
 HALF_QUARTERS = torch.tensor([[0.5, 0.25, 0.25]], dtype=torch.float64).log()  # exact in float64
-
-
-def full(message: str) -> str:
-    """A pattern that matches exactly `message`, nothing more or less."""
-    return "^" + re.escape(message) + "$"
 
 
 def kept(logits: torch.Tensor) -> list[list[bool]]:

@@ -8,20 +8,14 @@ clock, the defaults, and every message in full.
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
+from mutant_tools import full
 
 from helpers.model.generation import generate
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.serve.paged import PagedKVCache
 from helpers.serve.scheduler import Request, Scheduler, Served, serve_continuous, serve_static
-
-
-def full(message: str) -> str:
-    """A pattern that matches exactly `message`, nothing more or less."""
-    return "^" + re.escape(message) + "$"
 
 
 def _model(context: int = 24) -> GPT:

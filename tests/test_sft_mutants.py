@@ -10,33 +10,23 @@ in full.
 from __future__ import annotations
 
 import copy
-import re
 
 import pytest
 import torch
 import torch._dynamo  # noqa: F401  (torch.optim imports it on first use: seconds, once, at collection)
 import torch.nn.functional as F
+from mutant_tools import full, post_tokenizer, tiny_gpt
 
 from helpers.model.generation import generate
-from helpers.model.gpt import GPT, GPTConfig
 from helpers.post import sft, tasks
-from helpers.text.chars import CharTokenizer
-
-
-def full(message: str) -> str:
-    """A pattern that matches exactly `message`, nothing more or less."""
-    return "^" + re.escape(message) + "$"
 
 
 @pytest.fixture(scope="module")
 def tok():
-    return CharTokenizer.train(tasks.pretraining_text(tasks.all_facts(3), 50, seed=0), sft.SPECIAL_TOKENS)
+    return post_tokenizer()
 
 
-def _gpt(tok, seed=0) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=48, n_layers=1, n_heads=2,
-                         d_model=16)).eval()
+_gpt = tiny_gpt
 
 
 # --- template and batches -------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import re
 
 import pytest
 import torch
+from mutant_tools import full
 
 from helpers.model.sliding import (
     RingKVCache,
@@ -24,12 +25,6 @@ from helpers.model.sliding import (
     ring_slot,
     yarn_inv_freq,
 )
-
-
-def full(message: str) -> str:
-    """A pattern that matches exactly `message`, nothing more or less."""
-    return "^" + re.escape(message) + "$"
-
 
 # --- the mask and the window ---------------------------------------------------------------------
 

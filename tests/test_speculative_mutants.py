@@ -13,6 +13,7 @@ import re
 
 import pytest
 import torch
+from mutant_tools import full
 
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.serve import sampling
@@ -29,11 +30,6 @@ from helpers.serve.speculative import (
 )
 
 F64 = torch.float64
-
-
-def full(message: str) -> str:
-    """A pattern that matches exactly `message`, nothing more or less."""
-    return "^" + re.escape(message) + "$"
 
 
 def vec(*values: float) -> torch.Tensor:

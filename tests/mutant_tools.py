@@ -1,0 +1,28 @@
+"""Small pieces shared by the mutation-test files (tests/test_*_mutants.py)."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from helpers.model.gpt import GPT, GPTConfig
+from helpers.post import sft, tasks
+from helpers.text.chars import CharTokenizer
+
+
+def full(message: str) -> str:
+    """A pattern that matches exactly `message`, nothing more or less."""
+    return "^" + re.escape(message) + "$"
+
+
+def post_tokenizer() -> CharTokenizer:
+    """The character tokenizer of the post-training tests: the facts' text and sft's special tokens."""
+    return CharTokenizer.train(tasks.pretraining_text(tasks.all_facts(3), 50, seed=0), sft.SPECIAL_TOKENS)
+
+
+def tiny_gpt(tok: CharTokenizer, seed: int = 0) -> GPT:
+    """A one-layer GPT (d_model 16, 2 heads, context 48) over `tok`, in eval mode, drawn from `seed`."""
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=48, n_layers=1, n_heads=2,
+                         d_model=16)).eval()
