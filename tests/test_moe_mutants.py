@@ -21,6 +21,7 @@ from helpers.model.moe import (
     AddAuxLoss,
     Experts,
     MoELayer,
+    check_expert_indices,
     expert_capacity,
     expert_load,
     group_limit,
@@ -598,3 +599,16 @@ def test_int32_indices_are_accepted():
     assert dropped == 1
     torch.testing.assert_close(out, per_token(experts, x, weights, chosen, torch.tensor([[True], [True], [False]])),
                                atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("experts, n_experts, error, message", [
+    (torch.tensor([[0, 4]]), 4, ValueError, "experts holds 0 .. 4, expected indices in 0 .. 3"),
+    (torch.tensor([[-1, 2]]), 4, ValueError, "experts holds -1 .. 2, expected indices in 0 .. 3"),
+    (torch.tensor([[0.0, 1.0]]), 4, TypeError, "experts is torch.float32, expected an integer tensor"),
+    ([[0, 1]], 4, TypeError, "experts is list, expected an integer tensor"),
+])
+def test_check_expert_indices_names_what_it_got(experts, n_experts, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        check_expert_indices(experts, n_experts)
+    check_expert_indices(torch.tensor([[0, 3]]), 4)  # the edges themselves are accepted
+    check_expert_indices(torch.zeros(0, 2, dtype=torch.long), 4)  # no tokens: nothing to check
