@@ -457,7 +457,7 @@ def render_report(results: dict[str, ModuleResult], equivalents: list[dict[str, 
         if result.note:
             lines += ["", result.note]
         if (ROOT / name).exists():
-            _, moved, kept = unwrap_decorators((ROOT / name).read_text("utf-8"))
+            moved, kept = decorated_functions((ROOT / name).read_text("utf-8"))
             if moved:
                 lines += ["", "Mutated undecorated (`f = decorator(f)` in the scratch copy): "
                           + ", ".join(f"`{n}`" for n in moved)]
@@ -553,6 +553,32 @@ def mutmut_config(module: str, tests: list[str], timeout_multiplier: float,
 # its definition (`f = torch.no_grad()(f)`), which is the same function: mutmut then reaches its
 # body. Other decorators (triton.jit, functools.cache, ...) are kept and named in the report.
 REWRAPPED = ("torch.no_grad()", "torch.inference_mode()", "property", "contextmanager")
+
+
+def decorated_functions(source: str) -> tuple[list[str], list[str]]:
+    """The functions unwrap_decorators moves and those it leaves decorated, read with the
+    standard library's ast (the report runs where libcst, mutmut's parser, is not installed)."""
+    import ast
+
+    moved: list[str] = []
+    kept: list[str] = []
+
+    def visit(body: list[ast.stmt], prefix: list[str]) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                visit(node.body, [*prefix, node.name])
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                decorators = [ast.unparse(d) for d in node.decorator_list]
+                name = ".".join([*prefix, node.name])
+                if decorators and decorators not in (["staticmethod"], ["classmethod"]):
+                    (moved if len(decorators) == 1 and decorators[0] in REWRAPPED else kept).append(name)
+                visit(node.body, [*prefix, node.name])
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                for part in (node.body, getattr(node, "orelse", []), getattr(node, "finalbody", [])):
+                    visit(part, prefix)
+
+    visit(ast.parse(source).body, [])
+    return moved, kept
 
 
 def unwrap_decorators(source: str) -> tuple[str, list[str], list[str]]:

@@ -344,13 +344,15 @@ def command_store(args: argparse.Namespace) -> int:
         note=f"Run by benchmarks/mutation_kernels.py on {found['device']}; "
              f"{len(mutants)} of {len(index)} mutants tested (a random sample where fewer; "
              f"seed {found.get('seed', 0)}).")
-    results = mutation.load_results()
+    results = mutation.load_results(args.results)
     if MODULE in results:
         old = results[MODULE]
-        result.history = [*old.history, mutation.history_row(old, mutation.load_equivalents())]
+        result.history = [*old.history,
+                          mutation.history_row(old, mutation.load_equivalents(args.equivalent))]
     results[MODULE] = result
-    mutation.save_results(results)
-    print(mutation.write_report(mutation.load_results()).split("\n## ")[0])
+    mutation.save_results(results, args.results)
+    report = mutation.write_report(mutation.load_results(args.results), args.report, args.equivalent)
+    print(report.split("\n## ")[0])
     return 0
 
 
@@ -363,6 +365,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if name == "store":
             p.add_argument("--verdicts", type=Path, nargs="*", default=[],
                            help="verdicts.json of one or more runs (default: the one in --dir)")
+            p.add_argument("--results", type=Path, default=None,
+                           help="the results JSON (default: benchmarks/mutation_results.json)")
+            p.add_argument("--report", type=Path, default=None,
+                           help="the report (default: benchmarks/MUTATION.md)")
+            p.add_argument("--equivalent", type=Path, default=None,
+                           help="the judgements (default: benchmarks/mutation_equivalent.toml)")
         if name == "run":
             p.add_argument("--jobs", type=int, default=2, help="worker processes")
             p.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant")

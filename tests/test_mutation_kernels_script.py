@@ -79,7 +79,7 @@ def test_run_needs_the_mutants_first(tmp_path, capsys):
     assert "no index.json" in err and "run `make` first" in err
 
 
-def test_store_merges_runs_and_a_later_verdict_wins(tmp_path, monkeypatch):
+def test_store_merges_runs_and_a_later_verdict_wins(tmp_path):
     diff = ("--- a\n+++ b\n@@ -1 +1 @@\n-        return x + y\n+        return x - y\n")
     names = [f"helpers.flash.triton_kernels.x_add_kernel__mutmut_{i}" for i in (1, 2, 3)]
     (tmp_path / "index.json").write_text(json.dumps(
@@ -94,10 +94,11 @@ def test_store_merges_runs_and_a_later_verdict_wins(tmp_path, monkeypatch):
     first.write_text(json.dumps(run("GPU", {names[0]: "killed", names[1]: "timeout"}, 60)))
     second = tmp_path / "cpu.json"
     second.write_text(json.dumps(run("CPU", {names[1]: "survived", names[2]: "error3"}, 30)))
-    monkeypatch.setattr(mutation, "RESULTS", tmp_path / "results.json")
-    monkeypatch.setattr(mutation, "REPORT", tmp_path / "MUTATION.md")
-    monkeypatch.setattr(mutation, "EQUIVALENT", tmp_path / "none.toml")
-    args = kernels.parse_args(["store", "--dir", str(tmp_path), "--verdicts", str(first), str(second)])
+    real = mutation.RESULTS.read_bytes() if mutation.RESULTS.exists() else None
+    args = kernels.parse_args(["store", "--dir", str(tmp_path), "--verdicts", str(first), str(second),
+                               "--results", str(tmp_path / "results.json"),
+                               "--report", str(tmp_path / "MUTATION.md"),
+                               "--equivalent", str(tmp_path / "none.toml")])
     assert kernels.command_store(args) == 0
     result = mutation.load_results(tmp_path / "results.json")[kernels.MODULE]
     statuses = {m.name: m.status for m in result.mutants}
@@ -105,5 +106,7 @@ def test_store_merges_runs_and_a_later_verdict_wins(tmp_path, monkeypatch):
     assert result.seconds == 90
     assert "CPU (2 final verdicts); GPU (1 final verdicts)" in result.note
     assert "3 of 3 mutants tested" in result.note
+    assert (mutation.RESULTS.read_bytes() if mutation.RESULTS.exists() else None) == real
+    assert "| `helpers/flash/triton_kernels.py` | 3 | 1 |" in (tmp_path / "MUTATION.md").read_text()
     survivor = next(m for m in result.mutants if m.name == names[1])
     assert mutation.changed_lines(survivor.diff) == ("return x + y", "return x - y")

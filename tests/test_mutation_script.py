@@ -191,6 +191,7 @@ def plain(x):
 
 
 def test_decorators_are_moved_below_their_functions_so_mutmut_reaches_them():
+    pytest.importorskip("libcst", reason="the rewrite uses mutmut's parser (the mutation extra)")
     source, moved, kept = mutation.unwrap_decorators(DECORATED)
     assert moved == ["Box.size", "scale_", "opened"]
     assert kept == ["Box.cached"]  # staticmethod is mutmut's own case, plain has no decorator
@@ -209,7 +210,16 @@ def test_decorators_are_moved_below_their_functions_so_mutmut_reaches_them():
         assert value == 1
 
 
+def test_the_report_lists_the_same_functions_without_libcst():
+    assert mutation.decorated_functions(DECORATED) == (["Box.size", "scale_", "opened"],
+                                                       ["Box.cached"])
+    nested = "if x:\n    class A:\n        @property\n        def b(self):\n            return 1\n"
+    assert mutation.decorated_functions(nested) == (["A.b"], [])
+
+
 def test_every_helpers_module_still_compiles_after_the_rewrite():
+    pytest.importorskip("libcst", reason="the rewrite uses mutmut's parser (the mutation extra)")
     for path in sorted((ROOT / "helpers").rglob("*.py")):
-        source, _, _ = mutation.unwrap_decorators(path.read_text("utf-8"))
+        source, moved, kept = mutation.unwrap_decorators(path.read_text("utf-8"))
         compile(source, str(path), "exec")
+        assert (moved, kept) == mutation.decorated_functions(path.read_text("utf-8")), path
