@@ -22,6 +22,10 @@ unmutated kernels run first, and must pass, or nothing else runs.
 
 `store` puts the verdicts into benchmarks/mutation_results.json under the module's name, with the
 device they ran on, so mutation.py's report and equivalence judgements cover them as any module.
+
+The runs behind the stored result are in benchmarks/kernel_mutation_runs/ (two on an H200, two
+under the interpreter, in that order): `run --resume benchmarks/kernel_mutation_runs/*.json`
+tests the mutants none of them reached, then their timeouts; `store --verdicts` takes them all.
 """
 
 from __future__ import annotations
