@@ -223,9 +223,10 @@ def test_the_demo_block_and_its_inputs_come_from_the_seed():
     assert torch.equal(x, tp.demo_block(seed=0)[1])
 
 
-@pytest.mark.skipif(os.environ.get("CI") == "true", reason=(
+@pytest.mark.skipif(os.environ.get("COURSE_MUTATION_RUN") != "1", reason=(
     "flaky inside the whole suite: on 2026-11-26 one of four full runs got every output wrong "
-    "(seed 5), alone it passes; left to the mutation runs (no CI variable) until the cause, "
+    "(seed 5), alone it passes; run only by benchmarks/mutation.py (COURSE_MUTATION_RUN=1) until "
+    "the cause, "
     "likely state shared between threaded process groups, is found"))
 @pytest.mark.parametrize("seed", [None, 5])
 def test_the_worker_returns_the_split_blocks_output_and_gradients(seed):
