@@ -26,3 +26,18 @@ def tiny_gpt(tok: CharTokenizer, seed: int = 0) -> GPT:
     torch.manual_seed(seed)
     return GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=48, n_layers=1, n_heads=2,
                          d_model=16)).eval()
+
+
+def as_ipython_cell(monkeypatch, source: str, filename: str):
+    """Yield `source` executed as the module __main__ with its text in linecache, as IPython runs
+    a notebook cell (for the tests of helpers.scale.cell_functions); the cache entry is removed."""
+    import linecache
+    import sys
+    import types
+
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    module = types.ModuleType("__main__")
+    exec(compile(source, filename, "exec"), module.__dict__)
+    monkeypatch.setitem(sys.modules, "__main__", module)
+    yield module
+    linecache.cache.pop(filename, None)

@@ -17,6 +17,7 @@ import traceback
 import types
 
 import pytest
+from mutant_tools import as_ipython_cell
 
 from helpers.scale import cell_functions as cf
 
@@ -107,13 +108,7 @@ anonymous = lambda rank, world_size: rank  # noqa: E731
 @pytest.fixture
 def cell(monkeypatch):
     """CELL executed as the module __main__ with its source in linecache, as IPython does."""
-    filename = "<ipython-input-7-cell>"
-    linecache.cache[filename] = (len(CELL), None, CELL.splitlines(True), filename)
-    module = types.ModuleType("__main__")
-    exec(compile(CELL, filename, "exec"), module.__dict__)
-    monkeypatch.setitem(sys.modules, "__main__", module)
-    yield module
-    linecache.cache.pop(filename, None)
+    yield from as_ipython_cell(monkeypatch, CELL, "<ipython-input-7-cell>")
 
 
 def test_a_cell_function_travels_with_what_it_reads_and_is_rebuilt(cell):

@@ -3,13 +3,13 @@ IPython keeps it) runs on real spawned workers; what cannot travel is refused be
 
 from __future__ import annotations
 
-import linecache
 import sys
 import threading
 import types
 
 import pytest
 import torch
+from mutant_tools import as_ipython_cell
 
 from helpers.scale.cell_functions import CellFunction, ship
 from helpers.scale.workers import Workers, launch, ring_all_reduce
@@ -64,13 +64,7 @@ def cell(monkeypatch):
     """The cell's source executed in a fresh module named __main__, registered in linecache like
     an IPython cell, with sys.modules['__main__'] pointing at it (no __file__: spawn cannot
     re-import it, exactly as in a notebook)."""
-    filename = "<ipython-input-1-cell>"
-    linecache.cache[filename] = (len(CELL), None, CELL.splitlines(True), filename)
-    module = types.ModuleType("__main__")
-    exec(compile(CELL, filename, "exec"), module.__dict__)
-    monkeypatch.setitem(sys.modules, "__main__", module)
-    yield module
-    linecache.cache.pop(filename, None)
+    yield from as_ipython_cell(monkeypatch, CELL, "<ipython-input-1-cell>")
 
 
 def test_a_cell_function_runs_on_two_real_processes(cell):
