@@ -139,6 +139,8 @@ class LabNotebook:
                                     timeout=max(1.0, deadline - time.monotonic()) * 1000)
 
     def open(self) -> None:
+        notebook = json.loads((self.lab.root_dir / self.path).read_text(encoding="utf-8"))
+        self.code_cell_count = sum(cell["cell_type"] == "code" for cell in notebook["cells"])
         self.page.goto(self.lab.lab_url(self.path))
         self.page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell",
                                     timeout=KERNEL_START_TIMEOUT * 1000)
@@ -176,9 +178,9 @@ class LabNotebook:
         """Save from the page (Ctrl+S) and return the notebook JupyterLab wrote to disk."""
         target = self.lab.root_dir / self.path
         before = target.stat().st_mtime_ns
-        self.page.click(".jp-NotebookPanel .jp-Notebook")  # focus the notebook, not the file list
-        self.page.keyboard.press("Escape")  # command mode: Ctrl+S saves the notebook
-        self.page.keyboard.press("Control+s")
+        # From the menu, not with a click into the notebook: a click that lands on JupyterLab 4's
+        # footer below the last cell ("Click to add a cell.") adds an empty, unrun cell.
+        self.menu("File", "Save Notebook")
         deadline = time.monotonic() + 30
         while target.stat().st_mtime_ns == before:
             if time.monotonic() > deadline:
@@ -199,7 +201,12 @@ class LabNotebook:
             for output in cell.get("outputs", []):
                 if output.get("output_type") == "error":
                     found.append(f"code cell {index}: {output.get('ename')}: {output.get('evalue')}")
-        for report in self.page.evaluate(JS_CELL_REPORT):
+        reports = self.page.evaluate(JS_CELL_REPORT)
+        if len(reports) != self.code_cell_count or len(code_cells) != self.code_cell_count:
+            found.append(f"the page shows {len(reports)} code cells and saved {len(code_cells)}, "
+                         f"the notebook opened with {self.code_cell_count}: a cell was added or "
+                         "removed while the suite drove it")
+        for report in reports:
             index = report["index"]
             if not report["prompt"].strip("[]: ").isdigit():
                 found.append(f"code cell {index}: not executed (prompt {report['prompt']!r})")

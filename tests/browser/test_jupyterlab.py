@@ -105,6 +105,12 @@ def test_the_checks_catch_a_broken_notebook(page, lab, screenshots):
     assert "code cell 3: 1 widget view(s) in its outputs, 0 drawn" in problems
     assert "code cell 4: shows a widget that failed to draw" in problems
     assert "code cell 1:" not in problems, "the working Explorer was reported"
+    assert "code cells" not in problems, "the cell count was reported for an untouched notebook"
+    # The footer under the last cell adds a cell when clicked: a stray click must be seen.
+    notebook.page.click(".jp-Notebook-footer")
+    added = "\n".join(notebook.problems(notebook.save()))
+    assert f"shows {len(BROKEN_CELLS) + 1} code cells and saved {len(BROKEN_CELLS) + 1}" in added
+    assert f"code cell {len(BROKEN_CELLS)}: not executed" in added
     explorer = notebook.views().first
     with pytest.raises(AssertionError, match="moving dropdown 'ignored' did not change"):
         notebook.drive(explorer, Widget((slider("slope"), dropdown("ignored")), drives="figure"),
