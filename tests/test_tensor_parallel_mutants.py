@@ -9,8 +9,6 @@ same workers in spawned processes, which a mutation tool cannot see.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.distributed.tensor.parallel  # noqa: F401 - imported once here, not inside a timed test
@@ -66,6 +64,25 @@ def test_a_row_shard_holds_its_ranks_input_columns_and_no_bias(rank):
     assert (shard.in_features, shard.out_features) == (2, 2)
     assert torch.equal(shard.weight, linear.weight[:, 2 * rank:2 * rank + 2])
     assert shard.bias is None and shard.weight.requires_grad and shard.weight.grad_fn is None
+
+
+@pytest.mark.parametrize("shard_of", [column_shard, row_shard])
+def test_a_shard_keeps_the_layers_dtype_and_draws_no_random_numbers(shard_of):
+    """A shard copies its weights: a float64 layer's shard is float64 to the last bit, and making
+    it leaves the global generator where it was (another rank-thread may be seeding it)."""
+    linear = _linear(6, 6).double()
+    with torch.no_grad():
+        linear.weight.add_(1e-12)  # a difference float32 cannot hold
+    torch.manual_seed(0)
+    shard = shard_of(linear, 1, 2)
+    after_shard = torch.rand(4)
+    torch.manual_seed(0)
+    assert torch.equal(after_shard, torch.rand(4))
+    assert shard.weight.dtype == torch.float64 and shard.weight.device == linear.weight.device
+    columns = shard.weight if shard_of is row_shard else shard.weight.T
+    assert torch.equal(columns, (linear.weight[:, 3:] if shard_of is row_shard else linear.weight[3:].T))
+    if shard_of is column_shard:
+        assert shard.bias.dtype == torch.float64 and torch.equal(shard.bias, linear.bias[3:])
 
 
 @pytest.mark.parametrize("call, message", [
@@ -223,11 +240,6 @@ def test_the_demo_block_and_its_inputs_come_from_the_seed():
     assert torch.equal(x, tp.demo_block(seed=0)[1])
 
 
-@pytest.mark.skipif(os.environ.get("COURSE_MUTATION_RUN") != "1", reason=(
-    "flaky inside the whole suite: on 2026-11-26 one of four full runs got every output wrong "
-    "(seed 5), alone it passes; run only by benchmarks/mutation.py (COURSE_MUTATION_RUN=1) until "
-    "the cause, "
-    "likely state shared between threaded process groups, is found"))
 @pytest.mark.parametrize("seed", [None, 5])
 def test_the_worker_returns_the_split_blocks_output_and_gradients(seed):
     results = run_ranks(2, tp.tensor_parallel_block, *([] if seed is None else [seed]))

@@ -38,12 +38,22 @@ def _check_splits(name: str, size: int, world_size: int) -> int:
     return size // world_size
 
 
+def _empty_linear(like: nn.Linear, in_features: int, out_features: int, bias: bool) -> nn.Linear:
+    """An uninitialised Linear in `like`'s dtype and device, for a shard to copy its weights into.
+
+    Why not nn.Linear(...): its random initialisation would draw from the global generator (and
+    move it) only to be overwritten, and its float32 default would round a float64 layer.
+    """
+    return nn.utils.skip_init(nn.Linear, in_features, out_features, bias=bias,
+                              device=like.weight.device, dtype=like.weight.dtype)
+
+
 @torch.no_grad()
 def column_shard(linear: nn.Linear, rank: int, world_size: int) -> nn.Linear:
     """Rows rank * k ... (rank + 1) * k of W (out_features) and of the bias: k = out / p outputs."""
     checks.rank_in_world(rank, world_size)
     k = _check_splits("out_features", linear.out_features, world_size)
-    shard = nn.Linear(linear.in_features, k, bias=linear.bias is not None)
+    shard = _empty_linear(linear, linear.in_features, k, bias=linear.bias is not None)
     shard.weight.copy_(linear.weight[rank * k:(rank + 1) * k])
     if linear.bias is not None:
         shard.bias.copy_(linear.bias[rank * k:(rank + 1) * k])
@@ -56,7 +66,7 @@ def row_shard(linear: nn.Linear, rank: int, world_size: int) -> nn.Linear:
     after the partial sums are added up."""
     checks.rank_in_world(rank, world_size)
     k = _check_splits("in_features", linear.in_features, world_size)
-    shard = nn.Linear(k, linear.out_features, bias=False)
+    shard = _empty_linear(linear, k, linear.out_features, bias=False)
     shard.weight.copy_(linear.weight[:, rank * k:(rank + 1) * k])
     return shard
 
