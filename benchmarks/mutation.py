@@ -247,6 +247,24 @@ MODULE_TESTS: dict[str, list[str]] = {
     "helpers/scale/workers.py": ["tests/test_workers_mutants.py"],
     "helpers/scale/cell_functions.py": ["tests/test_cell_functions_mutants.py"],
     # --- end scale-b ---
+    # --- text-a (first runs 2026-11-27) ---
+    "helpers/text/bpe.py": ["tests/test_bpe.py", "tests/test_own_text.py"],
+    "helpers/text/chars.py": ["tests/test_tokenizers.py", "tests/test_bpe.py"],
+    "helpers/text/subword.py": ["tests/test_subword.py"],
+    "helpers/text/gpt2_tokenizer.py": ["tests/test_gpt2_tokenizer.py", "tests/test_bad_input_newer.py"],
+    # --- end text-a ---
+    # --- text-b (first runs 2026-11-27) ---
+    "helpers/text/corpus.py": ["tests/test_corpus.py"],
+    "helpers/text/corpus_rich.py": ["tests/test_corpus_rich.py"],
+    "helpers/text/lexicon.py": ["tests/test_corpus_rich.py"],
+    # --- end text-b ---
+    # --- families (first runs 2026-11-27) ---
+    "helpers/families/bottleneck.py": ["tests/test_bottleneck.py"],
+    "helpers/families/mlm.py": ["tests/test_families_bad_input.py", "tests/test_translation.py"],
+    "helpers/families/rnn.py": ["tests/test_families_bad_input.py", "tests/test_bottleneck.py"],
+    "helpers/families/seq2seq.py": ["tests/test_seq2seq.py", "tests/test_families_bad_input.py"],
+    "helpers/families/translation.py": ["tests/test_translation.py", "tests/test_families_bad_input.py"],
+    # --- end families ---
 }
 
 # What a reader of a module's score should know, printed under its heading in MUTATION.md.
