@@ -85,6 +85,15 @@ def test_a_shard_keeps_the_layers_dtype_and_draws_no_random_numbers(shard_of):
         assert shard.bias.dtype == torch.float64 and torch.equal(shard.bias, linear.bias[3:])
 
 
+@pytest.mark.parametrize("shard_of", [column_shard, row_shard])
+def test_a_shard_of_a_layer_on_the_meta_device_stays_there(shard_of):
+    """A model built on the meta device (no memory) is split before any weight exists."""
+    with torch.device("meta"):
+        linear = nn.Linear(4, 4)
+    shard = shard_of(linear, 0, 2)
+    assert shard.weight.is_meta and shard.weight.shape == ((2, 4) if shard_of is column_shard else (4, 2))
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: column_shard(_linear(4, 6), 0, 4),
      "^out_features=6 cannot be split over world_size=4 ranks: expected a multiple of 4$"),
