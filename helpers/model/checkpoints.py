@@ -150,9 +150,16 @@ def _check_device(device: torch.device | str) -> None:
         kind = torch.device(device).type
     except (RuntimeError, TypeError):
         raise ValueError(f"device is {device!r}, expected 'cpu', 'cuda' or a torch.device") from None
-    available = getattr(getattr(torch, kind, None), "is_available", lambda: False)
+    backend = getattr(torch, kind, None)
+    available = getattr(backend, "is_available", lambda: False)
     if kind != "cpu" and not available():
         raise ValueError(f"device is {device!r}, but this machine has no {kind}: expected 'cpu'")
+    index = torch.device(device).index
+    if kind != "cpu" and index is not None:
+        count = getattr(backend, "device_count", lambda: 1)()
+        if index >= count:
+            raise ValueError(f"device is {device!r}, but this machine has {count} {kind} "
+                             f"device(s): expected an index below {count}")
 
 
 def _read_checkpoint(path: Path, device: torch.device | str) -> Any:
