@@ -386,6 +386,7 @@ def test_a_device_this_machine_has_is_accepted(monkeypatch):
     _check_device("cuda")
     _check_device(torch.device("cuda", 0))
     _check_device("cpu")
+    _check_device("cpu:1")  # a CPU index names the one CPU device: torch accepts any
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     _check_device("cuda:1")
     assert message(ValueError, lambda: _check_device("cuda:2")) == \

@@ -156,7 +156,7 @@ def _check_device(device: torch.device | str) -> None:
         raise ValueError(f"device is {device!r}, but this machine has no {kind}: expected 'cpu'")
     index = torch.device(device).index
     if kind != "cpu" and index is not None:
-        count = getattr(backend, "device_count", lambda: 1)()
+        count = backend.device_count()  # every torch backend with is_available() has it
         if index >= count:
             raise ValueError(f"device is {device!r}, but this machine has {count} {kind} "
                              f"device(s): expected an index below {count}")
