@@ -255,7 +255,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     # --- end text-a ---
     # --- text-b (first runs 2026-11-27) ---
     "helpers/text/corpus.py": ["tests/test_corpus.py", "tests/test_corpus_mutants.py"],
-    "helpers/text/corpus_rich.py": ["tests/test_corpus_rich.py"],
+    "helpers/text/corpus_rich.py": ["tests/test_corpus_rich.py", "tests/test_corpus_rich_mutants.py"],
     "helpers/text/lexicon.py": ["tests/test_corpus_rich.py", "tests/test_lexicon_mutants.py"],
     # --- end text-b ---
     # --- families (first runs 2026-11-27) ---

@@ -277,3 +277,34 @@ def test_each_later_section_appears_when_the_draw_is_below_nine_tenths():
     assert len(generate_story(_FixedDraw(1, 0.9))) == 2
     assert len(generate_story(_FixedDraw(1, 0.8999999999999999))) == len(STORY)
 
+
+# --- bad input (each refused before any work, naming the argument) ---------------------------
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: is_well_formed(None), "sentence is None (a NoneType), expected a str"),
+    (lambda: is_well_formed(b"Mia ran."), "sentence is b'Mia ran.' (a bytes), expected a str"),
+    (lambda: well_formed_fraction(["a"]), "text is ['a'] (a list), expected a str"),
+    (lambda: with_article(3), "phrase is 3 (a int), expected a str"),
+    (lambda: starts_with_vowel_sound(None), "phrase is None (a NoneType), expected a str"),
+    (lambda: generate_story(3), "rng is 3 (a int), expected a random.Random"),
+    (lambda: generate_corpus(seed="1"), "seed is '1' (a str), expected an int"),
+    (lambda: generate_corpus(seed=1.0), "seed is 1.0 (a float), expected an int"),
+    (lambda: generate_corpus(seed=True), "seed is True (a bool), expected an int"),
+    (lambda: generate_corpus(min_bytes=2.5), "min_bytes is 2.5 (a float), expected an int >= 0"),
+])
+def test_bad_input_is_refused_with_a_type_error_naming_the_argument(call, message):
+    with pytest.raises(TypeError) as error:
+        call()
+    assert str(error.value) == message
+
+
+def test_negative_min_bytes_is_refused():
+    with pytest.raises(ValueError) as error:
+        generate_corpus(min_bytes=-1)
+    assert str(error.value) == "min_bytes is -1, expected an int >= 0"
+
+
+def test_numpy_integer_seed_and_size_give_the_int_corpus():
+    np = pytest.importorskip("numpy")
+    assert generate_corpus(seed=np.int64(4), min_bytes=np.int64(300)) == generate_corpus(4, 300)
