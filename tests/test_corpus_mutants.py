@@ -271,6 +271,9 @@ class _FixedDraw(random.Random):
     def random(self):
         return self.value
 
+    def getrandbits(self, k):  # so that choice() and randrange() still draw from the seed
+        return super().getrandbits(k)
+
 
 def test_each_later_section_appears_when_the_draw_is_below_nine_tenths():
     # random() in [0, 0.9) keeps a section, [0.9, 1) drops it: 0.9 itself drops it.
