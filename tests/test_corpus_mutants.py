@@ -311,3 +311,18 @@ def test_negative_min_bytes_is_refused():
 def test_numpy_integer_seed_and_size_give_the_int_corpus():
     np = pytest.importorskip("numpy")
     assert generate_corpus(seed=np.int64(4), min_bytes=np.int64(300)) == generate_corpus(4, 300)
+
+
+def test_corpus_adds_up_the_sizes_of_all_its_stories(monkeypatch):
+    # Stories "a", "bb", "ccc", ... of 3, 4, 5, ... bytes each with their newline and blank line:
+    # 3 + 4 + 5 = 12 reaches 10 after three. A size that is not summed would never get there
+    # (or only at the eighth story); a stub that refuses an eleventh story stops such a loop.
+    drawn = []
+
+    def story(rng):
+        assert len(drawn) < 10, "more than ten stories drawn"
+        drawn.append(chr(ord("a") + len(drawn)) * (len(drawn) + 1))
+        return [drawn[-1]]
+
+    monkeypatch.setattr(corpus, "generate_story", story)
+    assert generate_corpus(seed=0, min_bytes=10) == "a\n\nbb\n\nccc\n"

@@ -186,6 +186,20 @@ def test_corpus_counts_bytes_not_characters(monkeypatch):
     assert generate_rich_corpus(seed=0, min_bytes=21).count("é") == 18
 
 
+def test_corpus_adds_up_the_sizes_of_all_its_stories(monkeypatch):
+    # Stories of 3, 4, 5, ... bytes (with newline and blank line): 3 + 4 + 5 = 12 reaches 10 after
+    # three. A stub that refuses an eleventh story stops a loop whose size does not grow.
+    drawn = []
+
+    def story(rng):
+        assert len(drawn) < 10, "more than ten stories drawn"
+        drawn.append(chr(ord("a") + len(drawn)) * (len(drawn) + 1))
+        return [drawn[-1]]
+
+    monkeypatch.setattr(cr, "generate_rich_story", story)
+    assert generate_rich_corpus(seed=0, min_bytes=10) == "a\n\nbb\n\nccc\n"
+
+
 @pytest.mark.parametrize("min_bytes", [700, 2500])
 def test_corpus_is_the_seeded_stories(min_bytes):
     text = generate_rich_corpus(seed=11, min_bytes=min_bytes)
