@@ -237,6 +237,10 @@ def test_slots_fit_checks_every_word_and_every_article():
     assert cr._slots_fit(("old", "a", "useful"), ["adj_thing", "a", "adj_thing"])
     assert not cr._slots_fit(("old", "an", "useful"), ["adj_thing", "a", "adj_thing"])
     assert cr._slots_fit((), [])
+    with pytest.raises(ValueError):  # one word per slot, checked
+        cr._slots_fit(("old",), ["adj_thing", "thing"])
+    with pytest.raises(ValueError):
+        cr._slots_fit(("old", "box"), ["adj_thing"])
 
 
 def test_fraction_counts_non_empty_lines_only():
