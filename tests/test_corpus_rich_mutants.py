@@ -75,6 +75,10 @@ def test_fill_uses_story_values_draws_the_rest_and_fits_each_article():
     expected_thing = rng.choice(SLOTS["thing"])
     assert cr._fill("{animal} and {thing2}", {}, random.Random(3)) == (
         f"{expected_animal} and {expected_thing}")
+    # An article with no slot after it looks up the empty name: an error, not a guess.
+    with pytest.raises(KeyError) as error:
+        cr._fill("{thing} {a}", {"thing": "box"}, random.Random(0))
+    assert error.value.args == ("",)
     # An empty story value counts as none.
     assert cr._fill("{hero}", {"hero": ""}, random.Random(0)) in SLOTS["hero"]
 
@@ -281,6 +285,7 @@ def test_load_rich_corpus_reads_utf8_and_names_the_missing_file(monkeypatch, tmp
 
 @pytest.mark.parametrize(("call", "message"), [
     (lambda: is_rich_well_formed(None), "sentence is a NoneType, expected a str"),
+    (lambda: is_rich_well_formed(5), "sentence is a int, expected a str"),
     (lambda: rich_well_formed_fraction(None), "text is a NoneType, expected a str"),
     (lambda: rich_well_formed_fraction(["Mia ran."]), "text is a list, expected a str"),
     (lambda: known_word_fraction(b"cat"), "text is a bytes, expected a str"),
