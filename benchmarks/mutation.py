@@ -254,9 +254,9 @@ MODULE_TESTS: dict[str, list[str]] = {
     "helpers/text/gpt2_tokenizer.py": ["tests/test_gpt2_tokenizer.py", "tests/test_bad_input_newer.py"],
     # --- end text-a ---
     # --- text-b (first runs 2026-11-27) ---
-    "helpers/text/corpus.py": ["tests/test_corpus.py"],
-    "helpers/text/corpus_rich.py": ["tests/test_corpus_rich.py"],
-    "helpers/text/lexicon.py": ["tests/test_corpus_rich.py"],
+    "helpers/text/corpus.py": ["tests/test_corpus.py", "tests/test_corpus_mutants.py"],
+    "helpers/text/corpus_rich.py": ["tests/test_corpus_rich.py", "tests/test_corpus_rich_mutants.py"],
+    "helpers/text/lexicon.py": ["tests/test_corpus_rich.py", "tests/test_lexicon_mutants.py"],
     # --- end text-b ---
     # --- families (first runs 2026-11-27) ---
     "helpers/families/bottleneck.py": ["tests/test_bottleneck.py"],

@@ -18,6 +18,7 @@ import random
 import re
 from functools import cache
 
+from helpers import checks
 from helpers.text import lexicon as lx
 from helpers.text.corpus import data_dir, with_article
 
@@ -185,6 +186,8 @@ def _fill(template: str, values: dict[str, str], rng: random.Random) -> str:
 
 def generate_rich_story(rng: random.Random) -> list[str]:
     """One tale, conversation or diary page; hero, friend and pronouns stay fixed within it."""
+    if not isinstance(rng, random.Random):
+        raise TypeError(f"rng is {checks._got(rng)}, expected a random.Random")
     form = rng.choice(list(FORMS))
     she = rng.random() < 0.5
     hero = rng.choice(lx.NAMES_SHE if she else lx.NAMES_HE)
@@ -204,7 +207,10 @@ def generate_rich_story(rng: random.Random) -> list[str]:
 def generate_rich_corpus(seed: int = RICH_CORPUS_SEED,
                          min_bytes: int = RICH_CORPUS_MIN_BYTES) -> str:
     """Stories until the text reaches `min_bytes` (UTF-8): one sentence a line, blank line between."""
-    rng = random.Random(seed)
+    if not checks._is_int(seed):
+        raise TypeError(f"seed is {checks._got(seed)}, expected an int")
+    min_bytes = checks.non_negative_int("min_bytes", min_bytes)
+    rng = random.Random(int(seed))
     stories: list[str] = []
     size = 0
     while size < min_bytes:
@@ -257,6 +263,8 @@ def is_rich_well_formed(sentence: str) -> bool:
 
 def rich_well_formed_fraction(text: str) -> float:
     """Share of the non-empty lines of `text` the rich grammar can produce (0.0 for no lines)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text is a {type(text).__name__}, expected a str")
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         return 0.0

@@ -8,6 +8,8 @@ go -> went, good -> better). `tests/test_corpus_rich.py` checks the rules on han
 
 from __future__ import annotations
 
+from helpers import checks
+
 VOWELS = "aeiou"
 
 # --- the stems -------------------------------------------------------------------------------
@@ -171,22 +173,27 @@ def _consonant_y(word: str) -> bool:
     return len(word) >= 2 and word[-1] == "y" and word[-2] not in VOWELS
 
 
+def _add_s(word: str) -> str:
+    """The regular -s ending of plurals and of verbs: cats, boxes, berries; runs, washes, carries."""
+    if word.endswith(("s", "x", "z", "ch", "sh")):
+        return word + "es"
+    if _consonant_y(word):
+        return word[:-1] + "ies"
+    return word + "s"
+
+
 def plural(noun: str) -> str:
     """cat -> cats, box -> boxes, berry -> berries, child -> children."""
     if noun in IRREGULAR_PLURALS:
         return IRREGULAR_PLURALS[noun]
-    if noun.endswith(("s", "x", "z", "ch", "sh")):
-        return noun + "es"
-    if _consonant_y(noun):
-        return noun[:-1] + "ies"
-    return noun + "s"
+    return _add_s(noun)
 
 
 def third_person(verb: str) -> str:
-    """run -> runs, wash -> washes, carry -> carries, go -> goes."""
+    """run -> runs, wash -> washes, carry -> carries, go -> goes, fish -> fishes."""
     if verb in ("go", "do", "undo"):
         return verb + "es"
-    return plural(verb) if verb not in IRREGULAR_PLURALS else verb + "s"
+    return _add_s(verb)  # the irregular noun plurals are not verb forms: she fishes, not fishs
 
 
 def past(verb: str) -> str:
@@ -272,6 +279,8 @@ def un(word: str) -> str:
 
 def number_word(n: int) -> str:
     """0..99 written out: 7 -> seven, 42 -> forty-two."""
+    if not checks._is_int(n):
+        raise TypeError(f"n is {checks._got(n)}, expected a whole number from 0 to 99")
     if not 0 <= n <= 99:
         raise ValueError(f"n is {n}, expected a whole number from 0 to 99")
     if n < 20:
@@ -282,6 +291,7 @@ def number_word(n: int) -> str:
 
 def ordinal(n: int) -> str:
     """1 -> 1st, 2 -> 2nd, 3 -> 3rd, 11 -> 11th, 22 -> 22nd."""
+    n = checks.non_negative_int("n", n)
     if n % 100 in (11, 12, 13):
         return f"{n}th"
     return f"{n}" + {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
