@@ -396,10 +396,11 @@ def test_exhaustive_search_and_sequence_log_prob_on_a_table(seed):
 
 
 def test_the_special_ids_are_never_emitted_and_the_prefix_starts_with_bos():
-    model = Table(vocab=7, seed=1, pad_id=5, bos_id=3, eos_id=6)
-    with torch.no_grad():
-        for t in (5, 3):  # make the forbidden tokens the likeliest everywhere
-            model.logits = (lambda f, t: lambda prefix: f(prefix).index_fill(0, torch.tensor([t]), 50.0))(model.logits, t)
+    class Forbidden(Table):
+        def logits(self, prefix):  # the forbidden tokens the likeliest everywhere
+            return super().logits(prefix).index_fill(0, torch.tensor([5, 3]), 50.0)
+
+    model = Forbidden(vocab=7, seed=1, pad_id=5, bos_id=3, eos_id=6)
     ids, score = beam_search(model, torch.tensor([4]), beam_width=3, max_length=3)
     assert not set(ids.tolist()) & {3, 5} and math.isfinite(score)
     assert all(row[0] == 3 for call in model.calls for row in call)
