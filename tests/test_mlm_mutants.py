@@ -113,6 +113,10 @@ def test_mask_tokens_messages():
         with pytest.raises(ValueError) as excinfo:
             mask_tokens(ids, MASK, VOCAB, first, g)
         assert _message(excinfo).startswith("first_word_id ") and "XX" not in _message(excinfo)
+    with pytest.raises(ValueError) as excinfo:  # first_word_id 1 is allowed, and leaves no room for <mask>
+        mask_tokens(ids, MASK, VOCAB, 1, g)
+    assert _message(excinfo) == ("mask_id is 4, expected a special token's id below first_word_id = 1 "
+                                 "(inside the vocabulary of 20)")
     with pytest.raises(ValueError) as excinfo:
         mask_tokens(ids, 5, VOCAB, FIRST, g)
     assert _message(excinfo) == ("mask_id is 5, expected a special token's id below first_word_id = 5 "

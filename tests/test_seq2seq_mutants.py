@@ -509,3 +509,15 @@ def test_beam_scores_live_on_the_sources_device():
     # dropping the -inf children needs their count
     with pytest.raises(NotImplementedError):
         beam_search(MetaLogits(vocab=6), torch.tensor([3, 4], device="meta"), beam_width=2, max_length=3)
+
+
+def test_exhaustive_search_keeps_the_first_of_equally_likely_outputs():
+    class Uniform(Table):
+        def logits(self, prefix):
+            return torch.zeros(self.vocab)
+
+    model = Uniform(vocab=6, pad_id=0, bos_id=1, eos_id=2)
+    ids, score = exhaustive_search(model, torch.tensor([3]), max_length=1)
+    assert ids.tolist() == [2] and score == pytest.approx(-math.log(6))  # 2, 3, 4, 5 tie: the first is kept
+    ids, score = exhaustive_search(model, torch.tensor([3]), max_length=2)
+    assert ids.tolist() == [2]  # the one-token output is likelier than any two-token one

@@ -372,3 +372,14 @@ def test_score_translations_messages():
     assert _message(excinfo) == ("target rows [0, 2] hold padding only: expected each to end in <eos> (their "
                                  "accuracy would be 0 / 0)")
     assert math.isclose(score_translations(good, good)[1].item(), 1.0)
+
+
+def test_from_corpus_takes_each_distinct_sentence_once_sorted(monkeypatch):
+    import helpers.families.translation as translation
+
+    text = "The dog barked.\n\nThe cat sat.\nThe dog barked.\n   \nA cat sat.\n"
+    monkeypatch.setattr(translation.corpus, "load_corpus", lambda: text)
+    data = TranslationData.from_corpus()
+    assert isinstance(data, TranslationData)
+    assert data.sentences == ["A cat sat.", "The cat sat.", "The dog barked."]
+    assert data.english[0] == ["a", "cat", "sat", "."]
