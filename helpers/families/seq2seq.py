@@ -296,7 +296,7 @@ def exhaustive_search(model: EncoderDecoder, source: Tensor, max_length: int) ->
         for seq in itertools.product(vocab, repeat=length):
             if c.eos_id in seq[:-1] or (length < max_length and seq[-1] != c.eos_id):
                 continue  # stops at its first <eos>; shorter than max_length only by ending in it
-            ids = torch.tensor(seq, device=source.device)
+            ids = source.new_tensor(seq, dtype=torch.long)  # on the source's device
             score = sequence_log_prob(model, source, ids)
             if best is None or score > best[0]:
                 best = (score, ids)
