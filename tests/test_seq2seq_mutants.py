@@ -295,6 +295,24 @@ def test_exhaustive_search_bound_is_exactly_one_hundred_thousand():
         exhaustive_search(Fake(), torch.tensor([3]), max_length=6)
     with pytest.raises(AttributeError):  # 10^5 passes the bound and goes on to the (absent) model
         exhaustive_search(Fake(), torch.tensor([3]), max_length=5)
+    Config.target_vocab_size = 100_003  # one output too many, with max_length 1
+    with pytest.raises(ValueError, match="100001\\^1 outputs"):
+        exhaustive_search(Fake(), torch.tensor([3]), max_length=1)
+    Config.target_vocab_size = 100_002
+    with pytest.raises(AttributeError):
+        exhaustive_search(Fake(), torch.tensor([3]), max_length=1)
+
+
+def test_exhaustive_search_up_to_the_context_length_and_on_int32_ids():
+    model = Table(vocab=4, seed=2, context_length=3, eos_boost=0.3)
+    ids, score = exhaustive_search(model, torch.tensor([3]), max_length=3)  # never a 4th token
+    expected_ids, expected_score = _best_by_brute_force(model, 3)
+    assert ids.tolist() == expected_ids and ids.dtype == torch.long
+    real = small_model(target_vocab_size=5)
+    source = torch.tensor([3, 4, 5])
+    ids32, score32 = exhaustive_search(real, source.int(), max_length=2)
+    ids64, score64 = exhaustive_search(real, source, max_length=2)
+    assert torch.equal(ids32, ids64) and ids32.dtype == torch.long and score32 == pytest.approx(score64)
 
 
 # --- decoding on a scripted model ---------------------------------------------------------
@@ -495,6 +513,8 @@ def test_never_emitted_works_on_the_log_probs_device():
     assert out.device.type == "meta" and out.shape == (2, 3, 6)
     out = _never_emitted(model, torch.zeros(2, 6))
     assert out[:, [1, 4]].eq(float("-inf")).all() and out[:, [0, 2, 3, 5]].eq(0).all()
+    out = _never_emitted(model, torch.zeros(2, 3, 6))  # (B, N, V): the last dimension
+    assert out[..., [1, 4]].eq(float("-inf")).all() and out[..., [0, 2, 3, 5]].eq(0).all()
 
 
 def test_beam_scores_live_on_the_sources_device():
