@@ -541,3 +541,17 @@ def test_exhaustive_search_keeps_the_first_of_equally_likely_outputs():
     assert ids.tolist() == [2] and score == pytest.approx(-math.log(6))  # 2, 3, 4, 5 tie: the first is kept
     ids, score = exhaustive_search(model, torch.tensor([3]), max_length=2)
     assert ids.tolist() == [2]  # the one-token output is likelier than any two-token one
+
+
+def test_beam_search_keeps_the_first_finished_output_on_a_tie():
+    class Uniform(Table):
+        def logits(self, prefix):
+            return torch.zeros(self.vocab)
+
+    model = Uniform(vocab=6, pad_id=0, bos_id=1, eos_id=2)
+    ids, score = beam_search(model, torch.tensor([3]), beam_width=3, max_length=1)
+    # every child ties; the children come in topk's order, and the first one finished is kept
+    total = torch.full((6,), -math.log(6)).index_fill(0, torch.tensor([0, 1]), float("-inf"))
+    first = total.topk(3).indices[0].item()
+    assert ids.tolist() == [first] and score == pytest.approx(-math.log(6))
+    assert first != max(total.topk(3).indices.tolist())  # the tie is not broken by the largest id
