@@ -189,13 +189,15 @@ def test_run_bottleneck_reads_the_half_once_and_trains_on(data, monkeypatch):
         return [0.5]
 
     reads = []
-    real_evaluate = bottleneck.evaluate
     monkeypatch.setattr(bottleneck, "train_translator", fake_train)
-    monkeypatch.setattr(bottleneck, "evaluate", lambda *args: reads.append(args[2]) or real_evaluate(*args))
+    monkeypatch.setattr(bottleneck, "evaluate", lambda model, test, n: reads.append(n) or {"read": len(reads)})
     train = JoinedPairs(data, SHORT, n_examples=2, max_sentences=1)
-    run_bottleneck(data, train, train, seed=0, steps=5, hidden=8, models=("gru",))
+    test = JoinedPairs(data, [1], n_examples=1, max_sentences=1)
+    results = run_bottleneck(data, train, test, seed=0, steps=5, hidden=8, models=("gru",))
     assert modes == [False, True, False, False, False]  # back to training right after the half read
-    assert len(reads) == 2
+    longest = max(len(data.pair(1)[1]), len(data.pair(0)[1]), len(data.pair(3)[1]))  # the longest target
+    assert reads == [longest + 1, longest + 1]  # one token more than the longest target
+    assert results["gru"]["half"] == {"read": 1} and results["gru"]["end"] == {"read": 2}
 
 
 # --- beam against greedy, by hand ----------------------------------------------------------------
@@ -238,6 +240,9 @@ def test_beam_against_greedy_counts_only_a_strictly_better_beam_and_exact_output
     assert result == {"n": 2, "beam_more_likely": 0, "beam_exact": 2, "greedy_exact": 2}
     monkeypatch.setattr(bottleneck, "sequence_log_prob", lambda m, s, out: -1.0 - 2e-4)
     assert beam_against_greedy(model, test, n=2)["beam_more_likely"] == 2
+    monkeypatch.setattr(bottleneck, "beam_search", lambda m, s, w, n: (target_of[tuple(s.tolist())], -1.0 + 1e-4))
+    monkeypatch.setattr(bottleneck, "sequence_log_prob", lambda m, s, out: -1.0)
+    assert beam_against_greedy(model, test, n=2)["beam_more_likely"] == 0  # exactly 1e-4 better is not enough
     with pytest.raises(ValueError) as excinfo:
         beam_against_greedy(model, test, n=0)
     assert _message(excinfo).startswith("n ") and "XX" not in _message(excinfo)
