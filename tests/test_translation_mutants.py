@@ -222,6 +222,10 @@ def test_pad_batch():
     out = pad_batch([[5, 6, 7], [8]])
     assert out.dtype == torch.long and out.tolist() == [[5, 6, 7], [8, 0, 0]]
     assert pad_batch([[5], [8, 9]], pad_id=3).tolist() == [[5, 3], [8, 9]]
+    for bad in (0.5, -1, True):  # a float pad would make a float batch, or truncate silently
+        with pytest.raises((TypeError, ValueError)) as excinfo:
+            pad_batch([[5], [8, 9]], pad_id=bad)
+        assert _message(excinfo).startswith("pad_id ")
     for bad in ([], [[5], []]):
         with pytest.raises(ValueError) as excinfo:
             pad_batch(bad)
@@ -383,3 +387,54 @@ def test_from_corpus_takes_each_distinct_sentence_once_sorted(monkeypatch):
     assert isinstance(data, TranslationData)
     assert data.sentences == ["A cat sat.", "The cat sat.", "The dog barked."]
     assert data.english[0] == ["a", "cat", "sat", "."]
+
+
+def test_train_translator_clips_the_gradient_norm_at_one():
+    data = TranslationData(SENTENCES)
+    torch.manual_seed(0)
+    model = GRUSeq2Seq(data.source_vocab.vocab_size, data.target_vocab.vocab_size, hidden=4)
+    with torch.no_grad():
+        model.head.weight.mul_(30)  # large logits, large gradients: the clip acts
+    reference = copy.deepcopy(model)
+    norms = []
+    real_clip = torch.nn.utils.clip_grad_norm_
+
+    def clip(parameters, max_norm):
+        norm = real_clip(parameters, max_norm)
+        norms.append(norm.item())
+        return norm
+
+    train_translator(model, data, range(5), steps=3, batch_size=2, lr=3e-2)
+    torch.nn.utils.clip_grad_norm_ = clip
+    try:
+        _train_by_hand(reference, data, range(5), 3, 2, lr=3e-2, seed=0, label_smoothing=0.0)
+    finally:
+        torch.nn.utils.clip_grad_norm_ = real_clip
+    assert min(norms) > 2.0  # a clip at 2 would differ
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
+
+
+def test_a_parameter_without_a_gradient_is_left_alone():
+    """zero_grad(set_to_none=True): a parameter unused in a step has no gradient, and AdamW skips it
+    (no weight decay, no momentum step); a zeroed gradient would move it."""
+    data = TranslationData(SENTENCES)
+    torch.manual_seed(0)
+
+    class SometimesBiased(GRUSeq2Seq):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.extra = torch.nn.Parameter(torch.ones(self.target_vocab_size))
+            self.calls = 0
+
+        def forward(self, source, target_in):
+            self.calls += 1
+            logits = super().forward(source, target_in)
+            return logits + self.extra if self.calls == 2 else logits  # only step 1 uses it (step 0's lr is 0)
+
+    model = SometimesBiased(data.source_vocab.vocab_size, data.target_vocab.vocab_size, hidden=4)
+    after_first = []
+    train_translator(model, data, range(5), steps=3, batch_size=2, lr=3e-2,
+                     on_step=lambda step: after_first.append(model.extra.detach().clone()) if step == 1 else None)
+    assert not torch.equal(after_first[0], torch.ones_like(after_first[0]))  # step 1 moved it
+    assert torch.equal(model.extra.detach(), after_first[0])  # step 2 did not
