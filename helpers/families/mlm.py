@@ -98,12 +98,13 @@ def swap_neighbours(sentence: str, rng: random.Random, tries: int = 20) -> str |
     if not isinstance(sentence, str):
         raise TypeError(f"sentence is a {type(sentence).__name__}, expected a str")
     checks.positive_int("tries", tries)
-    words = list(re.finditer(r"[A-Za-z]+", sentence))
-    spots = [i for i in range(len(words) - 1) if words[i].end() + 1 == words[i + 1].start()
+    # words: "o'clock" and "twenty-five" are one word each; neighbours: one space apart
+    words = list(re.finditer(r"[A-Za-z]+(?:['-][A-Za-z]+)*", sentence))
+    spots = [i for i in range(len(words) - 1) if sentence[words[i].end():words[i + 1].start()] == " "
              and words[i].group() != words[i + 1].group()]
     for _ in range(tries if spots else 0):
-        a, b = words[rng.choice(spots)], None
-        b = next(w for w in words if w.start() == a.end() + 1)
+        i = rng.choice(spots)
+        a, b = words[i], words[i + 1]
         swapped = sentence[:a.start()] + b.group() + " " + a.group() + sentence[b.end():]
         if not is_well_formed(swapped):
             return swapped

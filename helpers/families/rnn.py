@@ -160,7 +160,7 @@ def gru_greedy_decode(model: GRUSeq2Seq, source: Tensor, max_length: int) -> Ten
         raise ValueError(f"max_length is {max_length}, expected at most 10,000 steps")
     carry = model.start(source)
     token = torch.full((source.shape[0], 1), model.bos_id, dtype=torch.long, device=source.device)
-    done = torch.zeros(source.shape[0], dtype=torch.bool, device=source.device)
+    done = torch.zeros_like(token[:, 0], dtype=torch.bool)  # on the source's device, as token is
     out = []
     for _ in range(max_length):
         logits, carry = model.step(token, carry)

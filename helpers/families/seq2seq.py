@@ -217,7 +217,7 @@ def greedy_decode(model: EncoderDecoder, source: Tensor, max_length: int) -> Ten
     c = model.config
     memory, mask = model.encode(source)
     out = torch.full((source.shape[0], 1), c.bos_id, dtype=torch.long, device=source.device)
-    done = torch.zeros(source.shape[0], dtype=torch.bool, device=source.device)
+    done = torch.zeros_like(out[:, 0], dtype=torch.bool)  # on the source's device, as out is
     for _ in range(max_length):
         next_id = _never_emitted(model, model.decode(out, memory, mask)[:, -1]).argmax(dim=-1)  # (B,)
         next_id = next_id.masked_fill(done, c.pad_id)
@@ -238,7 +238,7 @@ def sequence_log_prob(model: EncoderDecoder, source: Tensor, output: Tensor) -> 
     _check_max_length(model, output.numel())
     check_token_ids(output, model.config.target_vocab_size, "output")
     memory, mask = model.encode(source)
-    target_in = torch.cat([torch.tensor([model.config.bos_id], device=output.device), output[:-1]])
+    target_in = torch.cat([output.new_tensor([model.config.bos_id]), output[:-1]])  # output's device
     logits = model.decode(target_in[None], memory, mask)[0]  # (K, V)
     return logits.log_softmax(dim=-1).gather(1, output[:, None]).sum().item()
 
@@ -296,7 +296,7 @@ def exhaustive_search(model: EncoderDecoder, source: Tensor, max_length: int) ->
         for seq in itertools.product(vocab, repeat=length):
             if c.eos_id in seq[:-1] or (length < max_length and seq[-1] != c.eos_id):
                 continue  # stops at its first <eos>; shorter than max_length only by ending in it
-            ids = torch.tensor(seq, device=source.device)
+            ids = source.new_tensor(seq, dtype=torch.long)  # on the source's device
             score = sequence_log_prob(model, source, ids)
             if best is None or score > best[0]:
                 best = (score, ids)

@@ -209,6 +209,7 @@ def sentence_splits(n_sentences: int, fractions: tuple[float, float] = (0.1, 0.1
 
 def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> Tensor:
     """Lists of ids of different lengths -> (B, longest) long tensor, padded on the right."""
+    checks.non_negative_int("pad_id", pad_id)
     if not sequences or any(len(s) == 0 for s in sequences):
         raise ValueError("sequences must be a non-empty list of non-empty id lists: an empty "
                          "sentence has nothing to translate")
