@@ -199,3 +199,10 @@ def test_empty_training_text_is_named():
     with raises_exactly(ValueError, "text is empty (or only spaces), expected some training text with words in it"):
         WordPieceTokenizer.train(" \n", vocab_size=5)
 
+
+@pytest.mark.parametrize("pieces", ["ab", None, b"ab", 5, ["a", 5]])
+def test_segmentations_refuses_pieces_that_are_not_a_collection_of_str(pieces):
+    # A str used to pass as its own substrings: segmentations("ab", "ab") listed a+b and ab.
+    with pytest.raises(TypeError, match=rf"^pieces is {re.escape(repr(pieces)[:60])} of type "
+                                        rf"{type(pieces).__name__}, expected a collection of str such as"):
+        segmentations("ab", pieces)

@@ -33,6 +33,10 @@ def segmentations(word: str, pieces: Collection[str]) -> list[list[str]]:
     piece), so it is counted first, and a word with more than MAX_SEGMENTATIONS is refused.
     """
     word = _checked_text(word, "word")
+    if isinstance(pieces, str | bytes) or not isinstance(pieces, Collection) \
+            or not all(isinstance(piece, str) for piece in pieces):
+        raise TypeError(f"pieces is {pieces!r:.60} of type {type(pieces).__name__}, expected a collection "
+                        "of str such as {'a', 'ab'} (a single str would match any of its substrings)")
     longest = max(map(len, pieces), default=0)
     # ways[start]: how many segmentations word[start:] has; counting is cheap, listing is not.
     ways = [0] * len(word) + [1]
