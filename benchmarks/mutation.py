@@ -251,9 +251,10 @@ MODULE_TESTS: dict[str, list[str]] = {
     # test_own_text.py is left out: its knob-cell tests read notebooks/src (not copied to the
     # scratch folder) and its GPT run takes 11 s; test_bpe.py covers what it calls of bpe.py.
     "helpers/text/bpe.py": ["tests/test_bpe.py", "tests/test_bpe_mutants.py"],
-    "helpers/text/chars.py": ["tests/test_tokenizers.py", "tests/test_bpe.py"],
-    "helpers/text/subword.py": ["tests/test_subword.py"],
-    "helpers/text/gpt2_tokenizer.py": ["tests/test_gpt2_tokenizer.py", "tests/test_bad_input_newer.py"],
+    "helpers/text/chars.py": ["tests/test_tokenizers.py", "tests/test_bpe.py", "tests/test_chars_mutants.py"],
+    "helpers/text/subword.py": ["tests/test_subword.py", "tests/test_subword_mutants.py"],
+    "helpers/text/gpt2_tokenizer.py": ["tests/test_gpt2_tokenizer.py", "tests/test_bad_input_newer.py",
+                                       "tests/test_gpt2_tokenizer_mutants.py"],
     # --- end text-a ---
     # --- text-b (first runs 2026-11-27) ---
     "helpers/text/corpus.py": ["tests/test_corpus.py"],
