@@ -206,3 +206,25 @@ def test_segmentations_refuses_pieces_that_are_not_a_collection_of_str(pieces):
     with pytest.raises(TypeError, match=rf"^pieces is {re.escape(repr(pieces)[:60])} of type "
                                         rf"{type(pieces).__name__}, expected a collection of str such as"):
         segmentations("ab", pieces)
+
+
+@pytest.mark.parametrize("vocab", ["abc", None, ["a", ""], ["a", 5]])
+def test_wordpiece_refuses_a_vocab_that_is_not_a_list_of_pieces(vocab):
+    # "abc" used to become the pieces a, b, c; None failed inside list() with no name.
+    with pytest.raises(TypeError, match=rf"^vocab is {re.escape(repr(vocab))} of type {type(vocab).__name__}, "
+                                        r"expected a list of non-empty str"):
+        WordPieceTokenizer(vocab)
+
+
+@pytest.mark.parametrize("build", [
+    lambda unk: WordPieceTokenizer(["a"], unk_token=unk),
+    lambda unk: WordPieceTokenizer.train("ab", 10, unk_token=unk),
+    lambda unk: UnigramTokenizer({"a": -1.0}, unk_token=unk),
+    lambda unk: UnigramTokenizer.train("ab", 2, unk_token=unk),
+])
+@pytest.mark.parametrize("unk", [None, "", 0])
+def test_unk_token_must_be_a_non_empty_str(build, unk):
+    # None used to be appended to WordPiece's vocabulary, and Unigram returned None as a piece.
+    with pytest.raises(TypeError, match=rf"^unk_token is {re.escape(repr(unk))} of type {type(unk).__name__}, "
+                                        r"expected a non-empty str such as '\[UNK\]'$"):
+        build(unk)
