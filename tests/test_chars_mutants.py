@@ -14,7 +14,10 @@ import re
 
 import numpy as np
 import pytest
+import regex
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers.text import chars
 from helpers.text.chars import (
@@ -104,6 +107,41 @@ def test_stream_blocks_keep_a_special_token_whole():
     assert list(stream_blocks(["a x y"], ["x y", "q"], block_chars=1)) == ["a", " x y"]
     assert list(stream_blocks(["a x y"], block_chars=1)) == ["a x", " y"]
     assert list(stream_blocks(["a x", " y b"], ["x y"], block_chars=1)) == ["a", " x y", " b"]
+    # "a x " has read the space after x, but not yet whether "y" follows: no cut there yet.
+    assert list(stream_blocks(["a x ", "y b"], ["x y"], block_chars=1)) == ["a", " x y", " b"]
+    assert list(stream_blocks(["ab c", "d e"], ["d e"], block_chars=1)) == ["ab", " cd e"]
+
+
+def reference_blocks(texts, special_tokens, block_chars):
+    """stream_blocks without its bookkeeping: each time block_chars or more characters wait, look
+    at every place in them for the last one to cut (a non-space then a space, no special token
+    across it, and far enough from the end that none can still be arriving)."""
+    longest = max(map(len, special_tokens), default=0)
+    pending = ""
+    for piece in texts:
+        pending += piece
+        if len(pending) < block_chars:
+            continue
+        end = len(pending) - max(longest - 1, 0)
+        cuts = [cut for cut in range(1, min(end, len(pending) - 1) + 1)
+                if regex.match(r"\S\s", pending[cut - 1:cut + 1])
+                and not any(pending.startswith(token, at) for token in special_tokens
+                            for at in range(max(0, cut - len(token) + 1), cut))]
+        if cuts:
+            yield pending[:cuts[-1]]
+            pending = pending[cuts[-1]:]
+    if pending:
+        yield pending
+
+
+SPECIALS = st.sampled_from([[], ["x y"], ["b"], ["x y", "y  x"], ["<e>", "a a"], [" ", "ab x"]])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(alphabet="ab xy\n<e>", max_size=7), max_size=8), SPECIALS, st.integers(1, 9))
+def test_stream_blocks_cut_at_the_last_safe_place_as_a_plain_search_does(texts, special_tokens, block_chars):
+    assert list(stream_blocks(texts, special_tokens, block_chars)) == list(
+        reference_blocks(texts, special_tokens, block_chars))
 
 
 def test_stream_blocks_refuse_what_is_not_an_iterable_of_str():
