@@ -218,3 +218,13 @@ def test_a_chunk_of_exactly_the_heap_length_is_merged_by_the_scanning_loop(monke
     assert calls == []
     tokenizer.apply_merges(list(b"ab" * 32 + b"a"))
     assert calls == [65]
+
+
+def test_the_heap_merge_joins_a_new_token_with_an_unmerged_left_neighbour():
+    # x a b: merging a b at position 2 makes the pair (x, ab) at positions 1 and 2, a neighbour
+    # that no earlier merge moved; in a run such as a b a b the left neighbour is always merged.
+    x = ord("x")
+    tokenizer = BPETokenizer([(A, B), (x, 256)])
+    ids = list(b"cxab" * 17)
+    assert len(ids) > bpe._HEAP_MERGE_LENGTH
+    assert tokenizer.apply_merges(list(ids)) == [C, 257] * 17 == merged_in_order(ids, tokenizer.merges)
