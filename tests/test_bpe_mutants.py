@@ -228,3 +228,15 @@ def test_the_heap_merge_joins_a_new_token_with_an_unmerged_left_neighbour():
     ids = list(b"cxab" * 17)
     assert len(ids) > bpe._HEAP_MERGE_LENGTH
     assert tokenizer.apply_merges(list(ids)) == [C, 257] * 17 == merged_in_order(ids, tokenizer.merges)
+
+
+def test_the_heap_merge_at_the_first_and_the_last_position():
+    x, d = ord("x"), ord("d")
+    # Position 0 as the left neighbour of a new token (x + ab) and as the new token itself (ab + c).
+    tokenizer = BPETokenizer([(A, B), (x, 256), (256, C)])
+    assert tokenizer.apply_merges(list(b"xab" + b"d" * 62)) == [257] + [d] * 62
+    assert tokenizer.apply_merges(list(b"abc" + b"d" * 62)) == [258] + [d] * 62
+    # b c at the end merges first, then a + bc; the stale entry for a b then finds no right neighbour.
+    tokenizer = BPETokenizer([(B, C), (A, 256), (A, B)])
+    ids = list(b"d" * 62 + b"abc")
+    assert tokenizer.apply_merges(list(ids)) == [d] * 62 + [257] == merged_in_order(ids, tokenizer.merges)
