@@ -158,6 +158,9 @@ def test_stream_blocks_refuse_what_is_not_an_iterable_of_str():
         list(stream_blocks(["a"], block_chars=0))
     with raises_exactly(TypeError, "texts[1] is 7 of type int, expected a str"):
         list(stream_blocks(["a", 7]))
+    with raises_exactly(ValueError, "texts[1][1] is '\\ud800', a lone surrogate that UTF-8 cannot encode; "
+                                    "expected valid Unicode text"):
+        list(stream_blocks(["ok", "a\ud800"]))
 
 
 # --- special tokens --------------------------------------------------------------------------
