@@ -228,3 +228,18 @@ def test_unk_token_must_be_a_non_empty_str(build, unk):
     with pytest.raises(TypeError, match=rf"^unk_token is {re.escape(repr(unk))} of type {type(unk).__name__}, "
                                         r"expected a non-empty str such as '\[UNK\]'$"):
         build(unk)
+
+
+def test_unigram_drops_at_least_one_piece_a_round_even_when_the_fraction_rounds_away(monkeypatch):
+    sizes = []
+    original = UnigramTokenizer._usage
+
+    def spy(self, word_counts):
+        sizes.append(len(self.log_probs))
+        return original(self, word_counts)
+
+    monkeypatch.setattr(UnigramTokenizer, "_usage", spy)
+    # 1 - 1e-17 is 1.0 in floating point, so int(n * (1 - fraction)) is n: one piece goes a round.
+    # The seed is all 36 substrings of abcdefgh (4 * 30 is more).
+    tokenizer = UnigramTokenizer.train("abcdefgh", vocab_size=30, prune_fraction=1e-17)
+    assert sizes == [36, 36, 35, 35, 34, 34, 33, 33, 32, 32, 31, 31, 30] and tokenizer.vocab_size == 30
