@@ -240,3 +240,26 @@ def test_the_heap_merge_at_the_first_and_the_last_position():
     tokenizer = BPETokenizer([(B, C), (A, 256), (A, B)])
     ids = list(b"d" * 62 + b"abc")
     assert tokenizer.apply_merges(list(ids)) == [d] * 62 + [257] == merged_in_order(ids, tokenizer.merges)
+
+
+# --- encode_iterable: lazily with GPT-2's pattern, never cutting a special token ----------------
+
+def test_encode_iterable_reads_lazily_only_with_gpt2s_pattern():
+    def counted(read):
+        for index in range(200):
+            read.append(index)
+            yield "ab " * 400  # 1,200 characters a piece: a block every 55 pieces
+    read = []
+    first = next(BPETokenizer([(A, B)]).encode_iterable(counted(read)))
+    assert first == 256 and len(read) < 100
+    read = []
+    first = next(BPETokenizer([(A, B)], pattern=r"\w+|\s+").encode_iterable(counted(read)))
+    assert first == 256 and len(read) == 200  # another pattern: the whole text is read first
+
+
+def test_encode_iterable_never_cuts_a_block_inside_a_special_token():
+    # After 70,000 letters and " x " a block may end; cutting after "x" would split "x y".
+    tokenizer = BPETokenizer([], special_tokens=["x y"])
+    pieces = ["a" * 70_000 + " x ", "y b"]
+    ids = list(tokenizer.encode_iterable(pieces))
+    assert ids == tokenizer.encode("".join(pieces)) and ids.count(256) == 1
