@@ -291,6 +291,8 @@ def test_an_unknown_character_after_a_special_token_is_placed_in_the_whole_text(
                "contains it, or use BPETokenizer, which can encode any text")
     with raises_exactly(ValueError, message):
         tokenizer.encode("ab<e>az")
+    with raises_exactly(ValueError, message.replace("text[6]", "text[5]")):
+        tokenizer.encode("ab<e>zazz")  # the first of the three
 
 
 def test_readable_marks_tabs_spaces_and_new_lines():
