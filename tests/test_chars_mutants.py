@@ -110,6 +110,9 @@ def test_stream_blocks_keep_a_special_token_whole():
     # "a x " has read the space after x, but not yet whether "y" follows: no cut there yet.
     assert list(stream_blocks(["a x ", "y b"], ["x y"], block_chars=1)) == ["a", " x y", " b"]
     assert list(stream_blocks(["ab c", "d e"], ["d e"], block_chars=1)) == ["ab", " cd e"]
+    # A special token at the very start, and one that ends with the space after the cut.
+    assert list(stream_blocks(["x y", "z"], ["x y"], block_chars=1)) == ["x yz"]
+    assert list(stream_blocks(["ab c"], ["b "], block_chars=1)) == ["ab c"]
 
 
 def reference_blocks(texts, special_tokens, block_chars):
