@@ -243,3 +243,46 @@ def test_unigram_drops_at_least_one_piece_a_round_even_when_the_fraction_rounds_
     # The seed is all 36 substrings of abcdefgh (4 * 30 is more).
     tokenizer = UnigramTokenizer.train("abcdefgh", vocab_size=30, prune_fraction=1e-17)
     assert sizes == [36, 36, 35, 35, 34, 34, 33, 33, 32, 32, 31, 31, 30] and tokenizer.vocab_size == 30
+
+
+# --- written after the first mutation run ---------------------------------------------------
+
+def test_segmentations_ignore_an_empty_piece():
+    assert segmentations("ab", {"", "a", "b"}) == [["a", "b"]]
+
+
+def test_the_defaults_unk_tokens_and_the_longest_piece():
+    assert WordPieceTokenizer(["a"]).vocab == ["a", "[UNK]"]
+    assert WordPieceTokenizer.train("ab", 10).unk_token == "[UNK]"
+    assert UnigramTokenizer({"a": -1.0}).tokenize("ab") == ["a", "<unk>"]
+    assert UnigramTokenizer.train("ab ab", 2).unk_token == "<unk>"
+    # abcdefghij: 10 + 9 + ... + 3 = 52 substrings of at most 8 letters, all kept (4 * 60 > 52).
+    tokenizer = UnigramTokenizer.train("abcdefghij abcdefghij", vocab_size=60)
+    assert tokenizer.vocab_size == 52 and max(map(len, tokenizer.log_probs)) == 8
+
+
+def test_wordpiece_counts_a_pair_over_every_word_that_holds_it():
+    # x ##a ##b and y ##a ##b: (##a, ##b) occurs twice, 2 / (2 * 2) ties (x, ##a) and (y, ##a)
+    # at 1 / (1 * 2), and the smallest pair wins; counted once it would score 1 / 4 and lose.
+    assert WordPieceTokenizer.train("xab yab", vocab_size=6).vocab == ["##a", "##b", "x", "y", "##ab", "[UNK]"]
+
+
+def test_unigram_usage_adds_up_every_word():
+    tokenizer = UnigramTokenizer({"a": -1.0, "b": -1.0, "ab": -1.5, "c": -1.0})
+    # ab: ab (-1.5 beats -2); cab: c + ab; ba: b + a.
+    assert tokenizer._usage({"ab": 3, "cab": 1, "ba": 2}) == {"ab": 4, "c": 1, "b": 2, "a": 2}
+
+
+def test_unigram_prunes_the_piece_the_corpus_misses_least_whatever_its_name():
+    # cd (3 times) and ab (once): cd costs the corpus more to lose, though "ab" sorts first.
+    tokenizer = UnigramTokenizer.train("cd cd cd ab", vocab_size=5)
+    assert set(tokenizer.log_probs) == {"a", "b", "c", "d", "cd"}
+    # Add-one re-estimate after pruning: a, b, c, d once each, cd 3 times: 1 + 1 + 2 + 2 + 4 = 10.
+    assert tokenizer.log_probs == pytest.approx({"a": math.log(2 / 10), "b": math.log(2 / 10), "c": math.log(1 / 10),
+                                                 "d": math.log(1 / 10), "cd": math.log(4 / 10)})
+
+
+def test_unigram_pruning_keeps_the_unk_token():
+    tokenizer = UnigramTokenizer({"a": -1.0, "b": -1.0, "ab": -1.5}, unk_token="?")
+    pruned = tokenizer._pruned({"ab": 1}, keep=2, chars={"a", "b"})
+    assert set(pruned.log_probs) == {"a", "b"} and pruned.unk_token == "?"
