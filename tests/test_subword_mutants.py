@@ -286,3 +286,34 @@ def test_unigram_pruning_keeps_the_unk_token():
     tokenizer = UnigramTokenizer({"a": -1.0, "b": -1.0, "ab": -1.5}, unk_token="?")
     pruned = tokenizer._pruned({"ab": 1}, keep=2, chars={"a", "b"})
     assert set(pruned.log_probs) == {"a", "b"} and pruned.unk_token == "?"
+
+
+def test_unigram_seed_counts_substrings_over_every_word(monkeypatch):
+    seen = []
+    original = UnigramTokenizer._usage
+
+    def spy(self, word_counts):
+        seen.append(dict(self.log_probs))
+        return original(self, word_counts)
+
+    monkeypatch.setattr(UnigramTokenizer, "_usage", spy)
+    # b occurs in ab (3 times) and in bcdefghijk (once): 4 against a's 3. Of 54 substrings the 44
+    # most common (4 * 11) start with the pieces seen 3 or 4 times, ab among them.
+    UnigramTokenizer.train("ab ab ab bcdefghijk", vocab_size=11)
+    assert "ab" in seen[0]
+    assert seen[0]["b"] - seen[0]["a"] == pytest.approx(math.log(4 / 3))
+
+
+def test_wordpiece_tokenize_word_names_word():
+    with raises_exactly(TypeError, "word is None of type NoneType, expected a str"):
+        WordPieceTokenizer(["a"]).tokenize_word(None)
+
+
+def test_unigram_loss_is_usage_times_the_log_probability_lost():
+    # Without ab the corpus spells it a + b: it loses 0 - (-2) = 2 per use, 1 use: 2.
+    # Without bc: -1.5 - (-2) = 0.5 per use, 3 uses: 1.5. Unused ba loses nothing.
+    tokenizer = UnigramTokenizer({"a": -1.0, "b": -1.0, "c": -1.0, "ab": 0.0, "bc": -1.5, "ba": -0.5})
+    pruned = tokenizer._pruned({"ab": 1, "bc": 3}, keep=4, chars={"a", "b", "c"})
+    assert set(pruned.log_probs) == {"a", "b", "c", "ab"}
+    pruned = tokenizer._pruned({"ab": 1, "bc": 3}, keep=5, chars={"a", "b", "c"})
+    assert set(pruned.log_probs) == {"a", "b", "c", "ab", "bc"}
