@@ -263,3 +263,17 @@ def test_encode_iterable_never_cuts_a_block_inside_a_special_token():
     pieces = ["a" * 70_000 + " x ", "y b"]
     ids = list(tokenizer.encode_iterable(pieces))
     assert ids == tokenizer.encode("".join(pieces)) and ids.count(256) == 1
+
+
+def test_each_distinct_chunk_is_merged_once(monkeypatch):
+    calls = []
+    original = BPETokenizer.apply_merges
+    monkeypatch.setattr(BPETokenizer, "apply_merges", lambda self, ids: calls.append(bytes(ids)) or original(self, ids))
+    assert BPETokenizer([(A, B)]).encode("ab ab ab") == [256, 32, 256, 32, 256]
+    assert calls == [b"ab", b" ab"]  # " ab" the second time comes from the cache
+
+
+def test_training_on_nothing_is_named_in_full():
+    with pytest.raises(ValueError, match=r"^text is empty \(or only special tokens\), expected some training "
+                                         r"text to learn merges from$"):
+        learn_merges("<e>", 3, special_tokens=["<e>"])
