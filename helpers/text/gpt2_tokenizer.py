@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from helpers.text.bpe import BYTE_VOCAB_SIZE, BPETokenizer
+from helpers.text.chars import _checked_ids
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -137,14 +138,10 @@ class GPT2Tokenizer:
         return [self.to_gpt2[i] for i in self.bpe.encode(text)]
 
     def decode(self, ids: Iterable[int]) -> str:
-        """The text of GPT-2's `ids` (half a UTF-8 character decodes to '�')."""
-        ours = []
-        for position, token_id in enumerate(ids):
-            if token_id not in self.from_gpt2:
-                raise ValueError(f"ids[{position}] is {token_id!r}, expected an id in "
-                                 f"range(0, {self.vocab_size})")
-            ours.append(self.from_gpt2[token_id])
-        return self.bpe.decode(ours)
+        """The text of GPT-2's `ids` (half a UTF-8 character decodes to '�'). Like
+        BPETokenizer.decode it takes NumPy and torch integers (a row of `generate`'s output) and
+        refuses bools. GPT-2's ids are exactly 0 .. vocab_size - 1 (checked when built)."""
+        return self.bpe.decode([self.from_gpt2[token_id] for token_id in _checked_ids(ids, self.vocab_size)])
 
     def __repr__(self) -> str:
         return (f"GPT2Tokenizer(vocab_size={self.vocab_size}, merges={len(self.bpe.merges)}, "

@@ -33,6 +33,10 @@ def segmentations(word: str, pieces: Collection[str]) -> list[list[str]]:
     piece), so it is counted first, and a word with more than MAX_SEGMENTATIONS is refused.
     """
     word = _checked_text(word, "word")
+    if isinstance(pieces, str | bytes) or not isinstance(pieces, Collection) \
+            or not all(isinstance(piece, str) for piece in pieces):
+        raise TypeError(f"pieces is {pieces!r:.60} of type {type(pieces).__name__}, expected a collection "
+                        "of str such as {'a', 'ab'} (a single str would match any of its substrings)")
     longest = max(map(len, pieces), default=0)
     # ways[start]: how many segmentations word[start:] has; counting is cheap, listing is not.
     ways = [0] * len(word) + [1]
@@ -61,6 +65,12 @@ def split_words(text: str) -> list[str]:
     return _WORD.findall(_checked_text(text))
 
 
+def _check_unk_token(unk_token: object) -> None:
+    if not isinstance(unk_token, str) or not unk_token:
+        raise TypeError(f"unk_token is {unk_token!r:.60} of type {type(unk_token).__name__}, expected a "
+                        "non-empty str such as '[UNK]'")
+
+
 def _word_counts(text: str) -> Counter[str]:
     counts = Counter(split_words(text))
     if not counts:
@@ -81,6 +91,11 @@ class WordPieceTokenizer:
     """
 
     def __init__(self, vocab: Sequence[str], unk_token: str = "[UNK]") -> None:
+        if isinstance(vocab, str) or not isinstance(vocab, Sequence) \
+                or not all(isinstance(piece, str) and piece for piece in vocab):
+            raise TypeError(f"vocab is {vocab!r:.60} of type {type(vocab).__name__}, expected a list of "
+                            "non-empty str such as ['a', '##b']")
+        _check_unk_token(unk_token)
         self.vocab = list(vocab)
         self.unk_token = unk_token
         if unk_token not in self.vocab:
@@ -90,6 +105,7 @@ class WordPieceTokenizer:
 
     @classmethod
     def train(cls, text: str, vocab_size: int, unk_token: str = "[UNK]") -> WordPieceTokenizer:
+        _check_unk_token(unk_token)
         word_counts = _word_counts(text)
         spellings = {word: [word[0]] + ["##" + char for char in word[1:]] for word in word_counts}
         vocab = sorted({piece for pieces in spellings.values() for piece in pieces})
@@ -172,6 +188,7 @@ class UnigramTokenizer:
             raise ValueError(f"log_probs is {log_probs!r:.60}, expected a non-empty dict piece -> log-probability")
         if not all(isinstance(piece, str) and piece for piece in log_probs):
             raise TypeError("log_probs has a key that is not a non-empty str, expected pieces of text as keys")
+        _check_unk_token(unk_token)
         self.log_probs = dict(log_probs)
         self.unk_token = unk_token
         self._longest = max(len(piece) for piece in self.log_probs)
@@ -188,6 +205,7 @@ class UnigramTokenizer:
         (SentencePiece re-estimates with expected counts over all segmentations; counting only
         the best one, as here, is its common "hard" simplification.)
         """
+        _check_unk_token(unk_token)
         word_counts = _word_counts(text)
         chars = {char for word in word_counts for char in word}
         vocab_size = _size_at_least("vocab_size", vocab_size, len(chars), ": one piece for each character of text")
