@@ -115,3 +115,47 @@ def test_the_file_readers(tmp_path):
     merges.write_text("#version: 0.2\na b\nab c\nĠ t\n", encoding="utf-8")
     loaded = GPT2Tokenizer.from_files(vocab_path, merges)
     assert loaded.to_gpt2 == tokenizer.to_gpt2 and loaded.bpe == tokenizer.bpe
+
+
+def test_the_readers_read_utf8_whatever_the_locale(monkeypatch, tmp_path):
+    # On a machine whose locale encoding is a Windows code page, reading without encoding="utf-8"
+    # would turn GPT-2's 'Ġ' (two bytes in UTF-8) into two characters.
+    import io
+
+    real = io.text_encoding
+    monkeypatch.setattr(io, "text_encoding",
+                        lambda encoding, stacklevel=2: "latin-1" if encoding is None else real(encoding))
+    merges = tmp_path / "merges.txt"
+    merges.write_text("Ġ t\n", encoding="utf-8")
+    assert read_merges(merges) == [("Ġ", "t")]
+    vocab_path = tmp_path / "vocab.json"
+    vocab_path.write_text('{"Ġt": 0}', encoding="utf-8")
+    assert read_vocab(vocab_path) == {"Ġt": 0}
+
+
+def test_a_vocabulary_that_is_not_an_object_is_named_in_full(tmp_path):
+    vocab_path = tmp_path / "vocab.json"
+    vocab_path.write_text("[1, 2]", encoding="utf-8")
+    message = f"{vocab_path} holds a list, expected a JSON object " + '{"token": id, ...} like GPT-2\'s vocab.json'
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        read_vocab(vocab_path)
+
+
+def test_the_messages_name_three_tokens_of_many():
+    vocab, _ = hand_built()
+    merges = [*MERGES, ("c", "d"), ("e", "f"), ("g", "h")]  # three more tokens vocab lacks
+    with pytest.raises(ValueError, match=re.escape("no id for ['cd', 'ef', 'gh'] (made")):
+        GPT2Tokenizer(vocab, [*merges, ("i", "j")])
+    tokens = [*bytes_to_unicode().values(), *(left + right for left, right in merges), EOT]
+    full = {token: i for i, token in enumerate(tokens)}
+    with pytest.raises(ValueError, match=re.escape("has 0 merges, but vocab.json has 5 tokens that only a "
+                                                   "merge makes and no merge does, such as ['ab', 'Ġt', 'cd']:")):
+        GPT2Tokenizer(full, [])  # 'abc' needs 'ab', which no merge makes here: not among them
+
+
+def test_special_tokens_keep_the_vocabularys_id_order():
+    tokens = [*bytes_to_unicode().values(), *(left + right for left, right in MERGES)]
+    vocab = {token: i for i, token in enumerate(tokens)} | {"<|z|>": 259, "<|a|>": 260}
+    tokenizer = GPT2Tokenizer(vocab, MERGES)
+    assert list(tokenizer.special_tokens) == ["<|z|>", "<|a|>"]  # by id, not alphabetically
+    assert tokenizer.encode("<|z|><|a|>") == [259, 260]
