@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 
 import torch
@@ -41,3 +42,18 @@ def as_ipython_cell(monkeypatch, source: str, filename: str):
     monkeypatch.setitem(sys.modules, "__main__", module)
     yield module
     linecache.cache.pop(filename, None)
+
+
+class FixedDraw(random.Random):
+    """A generator whose random() always returns `value`, to put a draw exactly on a threshold
+    (0.5, 0.9); choice() and randrange() still draw from the seed."""
+
+    def __init__(self, seed: int, value: float) -> None:
+        super().__init__(seed)
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+    def getrandbits(self, k: int) -> int:  # choice() and randrange() go through it, not random()
+        return super().getrandbits(k)

@@ -11,6 +11,7 @@ import random
 import re
 
 import pytest
+from mutant_tools import FixedDraw
 
 from helpers.text import corpus
 from helpers.text.corpus import (
@@ -261,24 +262,10 @@ def test_noun_phrases_pair_every_adjective_with_every_noun():
     assert corpus._noun_phrases([], ["box"]) == []
 
 
-class _FixedDraw(random.Random):
-    """A generator whose random() always returns `value`; choices still come from the seed."""
-
-    def __init__(self, seed, value):
-        super().__init__(seed)
-        self.value = value
-
-    def random(self):
-        return self.value
-
-    def getrandbits(self, k):  # so that choice() and randrange() still draw from the seed
-        return super().getrandbits(k)
-
-
 def test_each_later_section_appears_when_the_draw_is_below_nine_tenths():
     # random() in [0, 0.9) keeps a section, [0.9, 1) drops it: 0.9 itself drops it.
-    assert len(generate_story(_FixedDraw(1, 0.9))) == 2
-    assert len(generate_story(_FixedDraw(1, 0.8999999999999999))) == len(STORY)
+    assert len(generate_story(FixedDraw(1, 0.9))) == 2
+    assert len(generate_story(FixedDraw(1, 0.8999999999999999))) == len(STORY)
 
 
 # --- bad input (each refused before any work, naming the argument) ---------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from mutant_tools import FixedDraw
 
 from helpers.text import corpus
 from helpers.text import corpus_rich as cr
@@ -26,21 +27,6 @@ from helpers.text.corpus_rich import (
     rich_well_formed_fraction,
     word_forms,
 )
-
-
-class _FixedDraw(random.Random):
-    """A generator whose random() always returns `value`; choices still come from the seed."""
-
-    def __init__(self, seed, value):
-        super().__init__(seed)
-        self.value = value
-
-    def random(self):
-        return self.value
-
-    def getrandbits(self, k):  # so that choice() and randrange() still draw from the seed
-        return super().getrandbits(k)
-
 
 # --- word lists and slots ----------------------------------------------------------------------
 
@@ -131,9 +117,9 @@ def _story_values(monkeypatch, rng):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_pronouns_follow_the_heros_name_and_a_half_makes_a_he(monkeypatch, seed):
-    he = _story_values(monkeypatch, _FixedDraw(seed, 0.5))
+    he = _story_values(monkeypatch, FixedDraw(seed, 0.5))
     assert he["hero"] in lx.NAMES_HE and (he["Subj"], he["subj"], he["poss"]) == ("He", "he", "his")
-    she = _story_values(monkeypatch, _FixedDraw(seed, 0.4999999999999999))
+    she = _story_values(monkeypatch, FixedDraw(seed, 0.4999999999999999))
     assert she["hero"] in lx.NAMES_SHE
     assert (she["Subj"], she["subj"], she["poss"]) == ("She", "she", "her")
     for values in (he, she):
@@ -144,15 +130,15 @@ def test_pronouns_follow_the_heros_name_and_a_half_makes_a_he(monkeypatch, seed)
 def test_each_later_section_appears_when_the_draw_is_below_nine_tenths():
     for seed in range(6):
         form = random.Random(seed).choice(list(FORMS))
-        assert len(generate_rich_story(_FixedDraw(seed, 0.9))) == 1
-        assert len(generate_rich_story(_FixedDraw(seed, 0.8999999999999999))) == len(FORMS[form])
+        assert len(generate_rich_story(FixedDraw(seed, 0.9))) == 1
+        assert len(generate_rich_story(FixedDraw(seed, 0.8999999999999999))) == len(FORMS[form])
 
 
 def test_answers_take_the_choice_of_their_question():
     # Dialogue sections 2/3 (question, answer), 4/5 and 6/7 pair up; the tale's 2/3 too.
     for seed in range(120):
         rng = random.Random(seed)
-        story = generate_rich_story(_FixedDraw(seed, 0.0))
+        story = generate_rich_story(FixedDraw(seed, 0.0))
         form = rng.choice(list(FORMS))
         sections = FORMS[form]
         picks = [[j for j, t in enumerate(section) if _matches(t, story[i])]
