@@ -2,10 +2,12 @@
 
     positive_int(name, value)                 an int >= 1 (numpy integers accepted), returned as int
     non_negative_int(name, value)             an int >= 0
+    integer(name, value)                      any int (a seed), never a bool or a float
     positive_float(name, value)               a finite number > 0 (numpy scalars accepted), as float
     number_in(name, value, low, high, ...)    a finite number in a range, ends open or closed
     boolean(name, value)                      True or False, never a string such as "False"
     one_of(name, value, choices)              one of a few allowed values
+    instance(name, value, kind, expected)     an instance of `kind` (str, random.Random, ...)
 
 Every check takes the argument's name first and its value second, returns the value (converted
 to a plain Python number where that helps), and raises with a message that names the argument,
@@ -61,6 +63,20 @@ def non_negative_int(name: str, value: Any) -> int:
     if value < 0:
         raise ValueError(f"{name} is {value!r}, expected an int >= 0")
     return int(value)
+
+
+def integer(name: str, value: Any, expected: str = "an int") -> int:
+    """`value` as an int, if it is an integer of any sign (numpy integers accepted, bools not)."""
+    if not _is_int(value):
+        raise TypeError(f"{name} is {_got(value)}, expected {expected}")
+    return int(value)
+
+
+def instance(name: str, value: Any, kind: type | tuple[type, ...], expected: str) -> Any:
+    """`value` unchanged, if it is an instance of `kind`; else a TypeError naming `name`."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{name} is {_got(value)}, expected {expected}")
+    return value
 
 
 def positive_float(name: str, value: Any, hint: str = "") -> float:

@@ -76,16 +76,9 @@ YOU_SOUND = ("unique", "unicorn", "uniform", "union", "unit", "univers", "use", 
 W_SOUND = ("one", "once")
 
 
-def _text(name: str, value: object) -> str:
-    """`value` if it is a str; else a TypeError naming `name`."""
-    if not isinstance(value, str):
-        raise TypeError(f"{name} is {checks._got(value)}, expected a str")
-    return value
-
-
 def starts_with_vowel_sound(phrase: str) -> bool:
     """True when the first word of `phrase` is read starting with a vowel sound (it takes "an")."""
-    _text("phrase", phrase)
+    checks.instance("phrase", phrase, str, "a str")
     word = re.match(r"[a-z]*", phrase.lower()).group()  # "one-eyed cat" -> "one"
     if word.startswith(SILENT_H):
         return True
@@ -96,7 +89,7 @@ def starts_with_vowel_sound(phrase: str) -> bool:
 
 def with_article(phrase: str) -> str:
     """`phrase` with "a" or "an" in front, chosen by the sound of its first word."""
-    _text("phrase", phrase)
+    checks.instance("phrase", phrase, str, "a str")
     return ("an " if starts_with_vowel_sound(phrase) else "a ") + phrase
 
 
@@ -164,8 +157,7 @@ def _fill(template: str, values: dict[str, str]) -> str:
 
 def generate_story(rng: random.Random) -> list[str]:
     """One story: a list of sentences in which the names, pet and thing stay consistent."""
-    if not isinstance(rng, random.Random):
-        raise TypeError(f"rng is {checks._got(rng)}, expected a random.Random")
+    checks.instance("rng", rng, random.Random, "a random.Random")
     gender = rng.choice(["she", "he"])
     hero = rng.choice(HEROES[gender])
     friend = rng.choice([name for name in NAMES if name != hero])
@@ -180,10 +172,9 @@ def generate_story(rng: random.Random) -> list[str]:
 
 def generate_corpus(seed: int = CORPUS_SEED, min_bytes: int = CORPUS_MIN_BYTES) -> str:
     """Stories from the grammar until the text reaches `min_bytes` (UTF-8), one sentence a line."""
-    if not checks._is_int(seed):
-        raise TypeError(f"seed is {checks._got(seed)}, expected an int")
+    seed = checks.integer("seed", seed)
     min_bytes = checks.non_negative_int("min_bytes", min_bytes)
-    rng = random.Random(int(seed))
+    rng = random.Random(seed)
     stories: list[str] = []
     size = 0
     while size < min_bytes:
@@ -210,14 +201,14 @@ def _template_regexes() -> list[re.Pattern[str]]:
 
 def is_well_formed(sentence: str) -> bool:
     """True when the grammar can produce `sentence` (surrounding whitespace ignored)."""
-    _text("sentence", sentence)
+    checks.instance("sentence", sentence, str, "a str")
     sentence = sentence.strip()
     return any(p.fullmatch(sentence) for p in _template_regexes())
 
 
 def well_formed_fraction(text: str) -> float:
     """Share of the non-empty lines of `text` that the grammar can produce (0.0 for no lines)."""
-    _text("text", text)
+    checks.instance("text", text, str, "a str")
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         return 0.0

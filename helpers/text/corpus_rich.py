@@ -186,8 +186,7 @@ def _fill(template: str, values: dict[str, str], rng: random.Random) -> str:
 
 def generate_rich_story(rng: random.Random) -> list[str]:
     """One tale, conversation or diary page; hero, friend and pronouns stay fixed within it."""
-    if not isinstance(rng, random.Random):
-        raise TypeError(f"rng is {checks._got(rng)}, expected a random.Random")
+    checks.instance("rng", rng, random.Random, "a random.Random")
     form = rng.choice(list(FORMS))
     she = rng.random() < 0.5
     hero = rng.choice(lx.NAMES_SHE if she else lx.NAMES_HE)
@@ -207,10 +206,9 @@ def generate_rich_story(rng: random.Random) -> list[str]:
 def generate_rich_corpus(seed: int = RICH_CORPUS_SEED,
                          min_bytes: int = RICH_CORPUS_MIN_BYTES) -> str:
     """Stories until the text reaches `min_bytes` (UTF-8): one sentence a line, blank line between."""
-    if not checks._is_int(seed):
-        raise TypeError(f"seed is {checks._got(seed)}, expected an int")
+    seed = checks.integer("seed", seed)
     min_bytes = checks.non_negative_int("min_bytes", min_bytes)
-    rng = random.Random(int(seed))
+    rng = random.Random(seed)
     stories: list[str] = []
     size = 0
     while size < min_bytes:

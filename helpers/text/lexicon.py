@@ -279,8 +279,7 @@ def un(word: str) -> str:
 
 def number_word(n: int) -> str:
     """0..99 written out: 7 -> seven, 42 -> forty-two."""
-    if not checks._is_int(n):
-        raise TypeError(f"n is {checks._got(n)}, expected a whole number from 0 to 99")
+    n = checks.integer("n", n, "a whole number from 0 to 99")
     if not 0 <= n <= 99:
         raise ValueError(f"n is {n}, expected a whole number from 0 to 99")
     if n < 20:
