@@ -693,8 +693,7 @@ def run_module(module: str, args: argparse.Namespace) -> ModuleResult:
     tests = [t for t in MODULE_TESTS[module] if (ROOT / t).exists()]
     scratch = prepare(module, tests, args.workdir, args.timeout_multiplier, args.timeout_constant)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               COURSE_MUTATION_RUN="1")  # tests too flaky for CI run here (see their skip reason)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     start = time.perf_counter()
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.jobs)]
     done = subprocess.run(command, cwd=scratch, env=env,
