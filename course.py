@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """The course's two commands, needing nothing but Python 3.10+:
 
-    python3 course.py lab     # set up .venv (first time only) and open JupyterLab on notebooks/
-    python3 course.py test    # set up .venv with the test tools and run the whole suite
+    python3 course.py lab [DIR]   # set up .venv (first time only) and open JupyterLab on notebooks/ (or DIR)
+    python3 course.py test        # set up .venv with the test tools and run the whole suite
 
 and three for instructors and whoever forks the course:
 
-    python3 course.py student [DIR]    # the student edition: solutions blanked, outputs cleared
+    python3 course.py student [DIR]    # the student edition: a folder to hand out, no solutions in it
     python3 course.py publish https://github.com/OWNER/REPO   # point Colab links and installs at it
     python3 course.py site [DIR]       # the course website (default: _site/), needs `pip install .[site]`
 
@@ -109,11 +109,31 @@ def ensure_environment(extras: str) -> None:
     STAMP.write_text(f"{install_fingerprint()}\n{extras}")
 
 
+def lab_folder(extra_args: list[str], root: Path = ROOT) -> tuple[Path, list[str]] | str:
+    """(the folder to open, the arguments left for jupyter lab), or why the arguments are wrong.
+
+    `lab` alone opens notebooks/; `lab DIR` opens DIR (a student edition's notebooks/ when DIR
+    is the edition's folder)."""
+    if not extra_args or extra_args[0].startswith("-"):
+        return root / "notebooks", extra_args
+    folder = Path(extra_args[0]).expanduser().resolve()
+    if not folder.is_dir():
+        return f"no folder {extra_args[0]!r} to open (usage: python3 course.py lab [DIR])"
+    if (folder / "notebooks").is_dir():
+        folder = folder / "notebooks"
+    return folder, extra_args[1:]
+
+
 def lab(extra_args: list[str]) -> int:
+    chosen = lab_folder(extra_args)
+    if isinstance(chosen, str):
+        print(chosen)
+        return 2
+    folder, extra_args = chosen
     ensure_environment("lab")
     if hasattr(os, "geteuid") and os.geteuid() == 0:  # containers and CI boxes often run as root
         extra_args = ["--allow-root", *extra_args]
-    return subprocess.call([str(BIN / "jupyter"), "lab", "notebooks", *extra_args], cwd=ROOT)
+    return subprocess.call([str(BIN / "jupyter"), "lab", str(folder), *extra_args], cwd=ROOT)
 
 
 def test(extra_args: list[str]) -> int:
@@ -169,17 +189,35 @@ def publish(extra_args: list[str], root: Path = ROOT) -> int:
     return 0
 
 
-# The student edition: nbgrader's conventions, so that instructors meet the markers they know.
-# A code cell's lines between `### BEGIN SOLUTION` and `### END SOLUTION` become `# YOUR CODE
-# HERE` and `raise NotImplementedError`; lines between `### BEGIN HIDDEN TESTS` and `### END
-# HIDDEN TESTS` go; a markdown cell loses its `<details><summary>Solution</summary> ...
-# </details>` reveal; every output is cleared.
-SOLUTION_REVEAL = re.compile(r"<details>\s*<summary>\s*Solution\s*</summary>.*?</details>\s*", re.S)
+# The student edition: nbgrader's conventions, so that instructors meet the markers they know
+# and `nbgrader generate_assignment` writes the same notebooks. In an answer cell the lines
+# between `### BEGIN SOLUTION` and `### END SOLUTION` become nbgrader's stub (`# YOUR CODE HERE`,
+# `raise NotImplementedError()`, at the marker's indent); in a test cell the lines between
+# `### BEGIN HIDDEN TESTS` and `### END HIDDEN TESTS` go; every output is cleared.
 STUDENT_DIR = "student"
+CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
+# What the student folder holds besides its notebooks: the package and data the notebooks
+# import, the files that install them, and this script (whose `lab` opens the notebooks).
+STUDENT_FILES = ["helpers", "data", "pyproject.toml", "constraints.txt", "course.py"]
+STUDENT_README = """# The Transformer, from a matrix product to a FlashAttention kernel: student edition
+
+Fourteen Jupyter notebooks with exercises for you to write. You need Python 3.10 or newer:
+
+```bash
+python3 course.py lab
+```
+
+installs the course into `.venv/` (the first time only) and opens JupyterLab on `notebooks/`.
+Run each notebook top to bottom. Every exercise is a code cell that says `# YOUR CODE HERE`:
+replace `raise NotImplementedError()` with your code and run the `check(...)` cell after it. A
+wrong answer is told what is wrong; a second wrong try also says how to fix it. Until your
+answer passes, the cells after it use the course's own version, and say so.
+"""
 
 
 def blank_solutions(source: str) -> str:
-    """A code cell's source with every solution region replaced by nbgrader's stub."""
+    """A code cell's source with every solution region replaced by nbgrader's stub and every
+    hidden-test region removed."""
     out, skipping = [], None
     for line in source.splitlines(keepends=True):
         marker = line.strip()
@@ -189,7 +227,7 @@ def blank_solutions(source: str) -> str:
             skipping = marker
             if marker == "### BEGIN SOLUTION":
                 indent = line[: len(line) - len(line.lstrip())]
-                out += [f"{indent}# YOUR CODE HERE\n", f"{indent}raise NotImplementedError\n"]
+                out += [f"{indent}{stub}\n" for stub in CODE_STUB]
         elif marker in ("### END SOLUTION", "### END HIDDEN TESTS"):
             if skipping is None or skipping.split()[-1] != marker.split()[-1]:
                 raise ValueError(f"{marker!r} without its BEGIN line")
@@ -198,39 +236,63 @@ def blank_solutions(source: str) -> str:
             out.append(line)
     if skipping is not None:
         raise ValueError(f"{skipping!r} without its END line")
-    return "".join(out)
+    text = "".join(out)
+    return text.rstrip("\n") if not source.endswith("\n") else text
 
 
 def student_notebook(notebook: dict) -> dict:
-    """The student's copy of a notebook (its JSON): solutions blanked, reveals gone, no outputs."""
+    """The student's copy of a notebook (its JSON): solutions blanked, hidden tests gone, no outputs."""
     for cell in notebook["cells"]:
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         if cell["cell_type"] == "code":
             cell["source"] = blank_solutions(source)
             cell["outputs"], cell["execution_count"] = [], None
-        elif cell["cell_type"] == "markdown":
-            cell["source"] = SOLUTION_REVEAL.sub("", source)
     notebook.get("metadata", {}).pop("widgets", None)  # saved widget state is an output too
     return notebook
 
 
+def is_student_edition(root: Path = ROOT) -> bool:
+    """True in a folder written by `student`: it has notebooks but not their sources."""
+    return not (root / "notebooks" / "src").is_dir()
+
+
 def student(extra_args: list[str], root: Path = ROOT) -> int:
-    """Write the student edition of every notebook into DIR (default: student/)."""
-    if len(extra_args) > 1:
+    """Write the student edition into DIR (default: student/): a folder that runs on its own."""
+    if len(extra_args) > 1 or any(arg.startswith("-") for arg in extra_args):
         print(f"usage: python3 course.py student [DIR] (got {' '.join(extra_args)})")
         return 2
     target = Path(extra_args[0] if extra_args else root / STUDENT_DIR).resolve()
-    if target == (root / "notebooks").resolve():
-        print("the student edition must not overwrite notebooks/: name another folder")
+    home = root.resolve()
+    inside = target.relative_to(home).parts[0] if home in target.parents else None
+    if target in (home, *home.parents) or inside in ("notebooks", "helpers", "data", "tests",
+                                                     "tools", "benchmarks", ".git", ".venv"):
+        print(f"the student edition goes in a folder of its own, not {target}: name another "
+              f"folder (default {STUDENT_DIR}/)")
         return 2
-    target.mkdir(parents=True, exist_ok=True)
+    earlier = (target / "notebooks").is_dir() and is_student_edition(target) \
+        and not (target / ".git").exists()
+    if target.exists() and any(target.iterdir()) and not earlier:
+        print(f"{target} holds other files: name an empty folder or an earlier student edition's")
+        return 2
+    if target.exists():
+        shutil.rmtree(target)
+    (target / "notebooks").mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for name in STUDENT_FILES:
+        source = root / name
+        if source.is_dir():
+            shutil.copytree(source, target / name, ignore=ignore)
+        else:
+            shutil.copy2(source, target / name)
+    (target / "README.md").write_text(STUDENT_README, encoding="utf-8")
     written = []
     for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         notebook = student_notebook(json.loads(path.read_text(encoding="utf-8")))
-        (target / path.name).write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n",
-                                        encoding="utf-8")
+        (target / "notebooks" / path.name).write_text(
+            json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         written.append(path.name)
-    print(f"student edition of {len(written)} notebooks in {target}")
+    print(f"student edition of {len(written)} notebooks in {target}; hand out the folder, and the "
+          f"students run: python3 course.py lab")
     return 0
 
 
@@ -298,6 +360,9 @@ def main(argv: list[str]) -> int:
     commands = {"lab": lab, "test": test, "publish": publish, "student": student, "site": site}
     if not argv or argv[0] not in commands:
         print(__doc__)
+        return 2
+    if argv[0] != "lab" and is_student_edition():
+        print("this is the student edition of the course: its one command is  python3 course.py lab")
         return 2
     return commands[argv[0]](argv[1:])
 

@@ -33,9 +33,13 @@ def test_start_prints_a_line_nbval_can_compare(capsys):
 
 
 def test_setup_cell_installs_from_the_one_repository_address_only_when_needed():
-    assert f'COURSE = "{COURSE_REPO}"' in SETUP_CELL and 'f"git+{COURSE}"' in SETUP_CELL
-    assert 'find_spec("helpers") is None' in SETUP_CELL
+    assert f"pip install -q git+{COURSE_REPO}'" in SETUP_CELL
+    assert 'find_spec("helpers") is None and os.system(' in SETUP_CELL
     compile(SETUP_CELL, "<setup cell>", "exec")
+
+
+def test_setup_cell_is_at_most_five_lines_before_the_first_idea():
+    assert len(SETUP_CELL.splitlines()) <= 5
 
 
 def test_setup_cell_says_what_to_do_when_the_install_fails(tmp_path):
@@ -54,4 +58,4 @@ def test_setup_cell_says_what_to_do_when_the_install_fails(tmp_path):
         sys.executable = sys_executable
     message = str(stop.value)
     assert COURSE_REPO in message
-    assert "pip install -q ./FOLDER" in message and "course.py publish" in message
+    assert "pip install ./FOLDER" in message and "'In Colab'" in message

@@ -1,56 +1,221 @@
-"""Every exercise's published solution passes its checker, and the untouched stub does not.
+"""The exercises as students meet them and instructors grade them.
 
-Each notebook is run in a fresh kernel with every stub cell (a code cell calling `check(...)`
-followed by a solution block) replaced by that solution, in strict mode, where a failing check
-raises. Running the real notebook, rather than the solution alone, gives each solution the
-variables the cells above it defined.
+The committed notebooks are the instructor's edition: every answer cell holds its solution
+between nbgrader's markers, so strict nbval, which re-runs them, proves each solution passes its
+check. Here: the student edition runs top to bottom with every exercise "not attempted" and the
+cells after each exercise falling back to the course's helper; each notebook has at least two core
+exercises (10-30 lines) that it then runs on the student's code; no solution stands in an earlier
+cell; hints go from the idea to the steps in words, never the code; and `check` speaks in steps.
 """
 
 from __future__ import annotations
 
+import copy
+import importlib.util
+import io
+import re
+import tokenize
+
 import pytest
 from nbclient import NotebookClient
-from notebook_tools import NOTEBOOKS, notebook_paths, read, solution_after
+from notebook_tools import NOTEBOOKS, ROOT, exercises_in, notebook_paths, read
 
 import helpers.lab.exercises as exercises
 
 NOTEBOOK_IDS = [p.stem for p in notebook_paths()]
-STRICT_CELL = "import helpers.lab.exercises\nhelpers.lab.exercises.STRICT = True"
+
+spec = importlib.util.spec_from_file_location("course_for_exercises", ROOT / "course.py")
+course = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(course)
 
 
-def with_solutions(name: str):
-    nb = read(NOTEBOOKS / f"{name}.ipynb")
-    replaced = 0
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type == "code" and 'check("' in cell.source:
-            solution = solution_after(nb.cells, index)
-            assert solution is not None, f"{name} cell {index}: an exercise without a solution block after it"
-            cell.source = solution
-            replaced += 1
-    first_code = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
-    nb.cells.insert(first_code + 1, type(nb.cells[first_code])(cell_type="code", source=STRICT_CELL,
-                                                                metadata={}, outputs=[], execution_count=None))
-    return nb, replaced
+def _outputs(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.get("outputs", []))
 
 
 @pytest.mark.parametrize("name", NOTEBOOK_IDS)
-def test_every_solution_passes_its_check(name):
-    nb, replaced = with_solutions(name)
-    assert replaced >= 1, f"{name} has no checked exercise"
-    NotebookClient(nb, timeout=300, kernel_name="python3",
+def test_the_student_edition_runs_with_every_exercise_not_attempted(name):
+    full = read(NOTEBOOKS / f"{name}.ipynb")
+    student = type(full)(course.student_notebook(copy.deepcopy(dict(full))))
+    found = exercises_in(full.cells)
+    NotebookClient(student, timeout=300, kernel_name="python3",
                    resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
-    passed = sum("✅" in "".join(o.get("text", "") for o in c.get("outputs", []))
-                 for c in nb.cells if c.cell_type == "code")
-    assert passed >= replaced
+    for exercise in found:
+        said = _outputs(student.cells[exercise.test_index])
+        assert "not attempted yet" in said, f"{name}: {exercise.name} says {said!r}"
+    fallbacks = [_outputs(c) for c in student.cells if c.cell_type == "code" and "yours_or(" in c.source]
+    for said in fallbacks:
+        assert "using the course's" in said and "not attempted yet" in said, f"{name}: {said!r}"
 
 
 @pytest.mark.parametrize("name", NOTEBOOK_IDS)
-def test_stored_stubs_say_not_attempted(name):
+def test_every_stored_check_of_the_instructors_edition_passes(name):
     cells = read(NOTEBOOKS / f"{name}.ipynb").cells
-    for cell in cells:
-        if cell.cell_type == "code" and 'check("' in cell.source:
-            text = "".join(o.get("text", "") for o in cell.outputs)
-            assert "not attempted yet" in text, f"{name}: a stub's stored output is {text!r}"
+    found = exercises_in(cells)
+    assert found, f"{name} has no exercise"
+    for exercise in found:
+        said = _outputs(cells[exercise.test_index])
+        assert said.startswith("✅"), f"{name}: {exercise.name}'s stored output is {said!r}"
+
+
+@pytest.mark.parametrize("name", NOTEBOOK_IDS)
+def test_exercise_cells_carry_nbgraders_metadata(name):
+    cells = read(NOTEBOOKS / f"{name}.ipynb").cells
+    for exercise in exercises_in(cells):
+        answer = cells[exercise.answer_index].metadata["nbgrader"]
+        test = cells[exercise.test_index].metadata["nbgrader"]
+        assert answer["solution"] and not answer["grade"] and not answer["locked"]
+        assert test["grade"] and test["locked"] and not test["solution"]
+        assert test["points"] == exercises.get(exercise.name).points >= 1
+        assert answer["grade_id"] != test["grade_id"]
+
+
+CORE_LINES = range(10, 31)
+
+
+@pytest.mark.parametrize("name", NOTEBOOK_IDS)
+def test_every_notebook_has_two_core_exercises_it_then_runs_on(name):
+    """At least two exercises of 10-30 lines whose answer a later cell uses through yours_or."""
+    cells = read(NOTEBOOKS / f"{name}.ipynb").cells
+    core = []
+    for exercise in exercises_in(cells):
+        later = "\n".join(c.source for c in cells[exercise.test_index + 1:] if c.cell_type == "code")
+        if len(exercise.solution_lines()) in CORE_LINES and f'yours_or("{exercise.name}"' in later:
+            core.append(exercise.name)
+    assert len(core) >= 2, f"{name}: core exercises used later: {core}"
+
+
+def _tokens(source: str) -> list[str]:
+    """The code tokens of `source` (names, operators, numbers, strings), no comments or layout."""
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+            tokenize.ENDMARKER}
+    try:
+        return [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                if t.type not in skip]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return re.findall(r"\w+|[^\s\w]", source)
+
+
+def shared_fraction(solution: str, cell: str) -> float:
+    """The fraction of the solution's tokens (as a multiset) that also stand in `cell`."""
+    wanted, have = _tokens(solution), _tokens(cell)
+    pool: dict[str, int] = {}
+    for token in have:
+        pool[token] = pool.get(token, 0) + 1
+    shared = 0
+    for token in wanted:
+        if pool.get(token, 0):
+            pool[token] -= 1
+            shared += 1
+    return shared / max(len(wanted), 1)
+
+
+def test_the_copy_heuristic_flags_a_copied_solution_and_passes_a_fresh_one():
+    solution = "    exps = torch.exp(x - x.amax(dim=-1, keepdim=True))\n    return exps / exps.sum(dim=-1, keepdim=True)\n"
+    copied = "def softmax(s):\n    e = torch.exp(s - s.amax(dim=-1, keepdim=True))\n    return e / e.sum(dim=-1, keepdim=True)\n"
+    assert shared_fraction(solution, copied) >= 0.65
+    assert shared_fraction(solution, "print(torch.softmax(scores, -1))\n") < 0.65
+
+
+COPY_LIMIT = 0.65
+
+
+@pytest.mark.parametrize("name", NOTEBOOK_IDS)
+def test_no_solution_is_already_written_in_an_earlier_cell(name):
+    cells = read(NOTEBOOKS / f"{name}.ipynb").cells
+    for exercise in exercises_in(cells):
+        for index, cell in enumerate(cells[:exercise.answer_index]):
+            if cell.cell_type == "code":
+                fraction = shared_fraction(exercise.solution, cell.source)
+                assert fraction < COPY_LIMIT, (f"{name}: {exercise.name}'s solution is {fraction:.0%} "
+                                               f"in cell {index}:\n{cell.source}")
+
+
+HINT = re.compile(r"<details>\s*<summary>\s*Hint (\d)[^<]*</summary>(.*?)</details>", re.S)
+CODE_SPAN = re.compile(r"`([^`]+)`|<code>(.*?)</code>", re.S)
+
+
+def _looks_like_code(span: str) -> bool:
+    """A code span that is more than a name: a call, an index, an operator or an assignment."""
+    return bool(re.search(r"[(\[=@]|\w\s*[-+*/]\s*\w", span))
+
+
+@pytest.mark.parametrize("name", NOTEBOOK_IDS)
+def test_hints_step_from_the_idea_to_words_and_never_give_the_code(name):
+    cells = read(NOTEBOOKS / f"{name}.ipynb").cells
+    for exercise in exercises_in(cells):
+        statement = next(c.source for c in reversed(cells[:exercise.answer_index]) if c.cell_type == "markdown")
+        hints = {int(n): text for n, text in HINT.findall(statement)}
+        assert sorted(hints) == [1, 2], f"{name}: {exercise.name} needs Hint 1 (the idea) and Hint 2 (the steps)"
+        registered = exercises.get(exercise.name).hint
+        for where, text in [*((f"Hint {n}", t) for n, t in hints.items()), ("the checker's hint", registered)]:
+            spans = [a or b for a, b in CODE_SPAN.findall(text)]
+            coded = [span for span in spans if _looks_like_code(span)]
+            assert not coded, f"{name}: {exercise.name}'s {where} gives code: {coded}"
+            for line in exercise.solution_lines():
+                code = " ".join(line.split())
+                assert len(code) < 12 or code not in " ".join(text.split()), \
+                    f"{name}: {exercise.name}'s {where} holds a solution line: {code}"
+
+
+def test_check_says_what_is_wrong_first_and_how_to_fix_it_on_the_second_try(capsys, monkeypatch):
+    from helpers.lab.exercises import ExerciseFailed, check, exercise
+
+    @exercise(hint="return the answer to everything")
+    def stepped_42(fn):
+        if fn() != 42:
+            raise ExerciseFailed(f"got {fn()!r}, expected 42", fix="count to 42")
+
+    monkeypatch.setattr(exercises, "_WRONG_TRIES", {})
+    check("test_exercises.stepped_42", lambda: 41)
+    first = capsys.readouterr().out
+    check("test_exercises.stepped_42", lambda: 40)
+    second = capsys.readouterr().out
+    assert "got 41, expected 42" in first and "count to 42" not in first and "second" in first
+    assert "got 40, expected 42" in second and "How to fix it: count to 42" in second
+    check("test_exercises.stepped_42", lambda: 42)
+    assert capsys.readouterr().out.startswith("✅")
+
+
+def test_a_forbidden_library_call_is_refused_by_name(capsys):
+    import torch
+    import torch.nn.functional as F
+
+    from helpers.lab.exercises import exercise
+
+    @exercise(hint="take the log-softmax yourself", forbidden=("torch.nn.functional.cross_entropy",))
+    def own_loss(fn):
+        logits, target = torch.tensor([[2.0, 0.5]]), torch.tensor([0])
+        expected = -(logits.log_softmax(-1)[0, 0])
+        assert torch.allclose(fn(logits, target), expected)
+
+    passed, said = exercises.evaluate("test_exercises.own_loss", lambda lg, t: F.cross_entropy(lg, t))
+    assert not passed and "F.cross_entropy" in said and "write yourself" in said
+    by_module = exercises.evaluate("test_exercises.own_loss", lambda lg, t: torch.nn.CrossEntropyLoss()(lg, t))
+    assert not by_module[0] and "F.cross_entropy" in by_module[1]
+    assert exercises.passes("test_exercises.own_loss", lambda lg, t: -lg.log_softmax(-1)[0, t[0]])
+    assert F.cross_entropy(torch.tensor([[1.0, 0.0]]), torch.tensor([0])) > 0  # restored after
+
+
+def test_under_nbgraders_autograder_a_failing_check_fails_its_cell(monkeypatch):
+    from helpers.lab.exercises import ExerciseFailed, check, exercise
+
+    @exercise(hint="return 5")
+    def graded_5(fn):
+        if fn() != 5:
+            raise ExerciseFailed("not 5")
+
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    check("test_exercises.graded_5", lambda: 5)
+    with pytest.raises(AssertionError, match="graded_5: not 5"):
+        check("test_exercises.graded_5", lambda: 6)
+
+    def stub():
+        raise NotImplementedError()
+
+    with pytest.raises(AssertionError, match="not attempted yet"):
+        check("test_exercises.graded_5", stub)
+    assert exercises.yours_or("test_exercises.graded_5", stub, lambda: 5)() == 5
 
 
 def test_every_registered_exercise_is_used_by_a_notebook():
@@ -80,7 +245,7 @@ def test_check_reports_problems_without_a_traceback(capsys):
     assert verdicts["right"].startswith("✅")
     assert verdicts["wrong"].startswith("❌") and "got 41, expected 42" in verdicts["wrong"]
     assert "ZeroDivisionError" in verdicts["crash"] and "Traceback" not in verdicts["crash"]
-    assert "not attempted yet" in verdicts["stub"] and "Hint: return 42" in verdicts["stub"]
+    assert "not attempted yet" in verdicts["stub"] and "return 42" not in verdicts["stub"]
     with pytest.raises(KeyError, match="no exercise"):
         check("test_exercises.nope", stub)
 

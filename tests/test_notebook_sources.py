@@ -25,8 +25,10 @@ def test_there_are_notebooks_and_each_has_a_source():
 
 @pytest.mark.parametrize("name", NOTEBOOK_IDS)
 def test_stored_cells_equal_the_source(name):
-    stored = [(c.cell_type, c.source) for c in read(NOTEBOOKS / f"{name}.ipynb").cells]
-    built = [(c.cell_type, c.source) for c in to_notebook(SOURCES / f"{name}.py").cells]
+    stored = [(c.cell_type, c.source, c.metadata.get("nbgrader"))
+              for c in read(NOTEBOOKS / f"{name}.ipynb").cells]
+    built = [(c.cell_type, c.source, c.metadata.get("nbgrader"))
+             for c in to_notebook(SOURCES / f"{name}.py").cells]
     assert stored == built, f"{name}.ipynb differs from src/{name}.py: rebuild it with tools/build_notebooks.py"
 
 
@@ -44,14 +46,12 @@ def test_house_rules_visible_in_the_text(name):
     markdown = "\n".join(c.source for c in cells if c.cell_type == "markdown")
     assert "## Check your understanding" in markdown
     assert "<summary>Answer</summary>" in markdown, "answers the student can reveal"
-    assert "<summary>Solution</summary>" in markdown, "at least one checked exercise with a solution"
+    assert "<summary>Solution</summary>" not in markdown, "solutions live in the answer cells"
     assert 'check("' in "\n".join(c.source for c in cells if c.cell_type == "code")
 
 
 def test_nbcheck_reports_no_errors():
-    nbcheck = ROOT.parent / "shared" / "tools" / "nbcheck.py"
-    if not nbcheck.exists():
-        pytest.skip("../shared/tools/nbcheck.py is not beside this checkout")
+    nbcheck = ROOT / "tools" / "nbcheck.py"
     result = subprocess.run([sys.executable, str(nbcheck), str(NOTEBOOKS)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 
@@ -67,3 +67,50 @@ def test_every_cell_does_one_thing(name):
             if cell.source != SETUP_CELL and len(cell.source.splitlines()) > MAX_CELL_LINES]
     assert not long, f"{name}: cells over {MAX_CELL_LINES} lines (index, kind, lines): {long}"
     assert len(cells) <= MAX_CELLS.get(name, len(cells)), f"{name} has {len(cells)} cells"
+
+
+EXERCISE_SOURCE = '''# %% [markdown]
+# # A title
+
+# %% [setup]
+
+# %%
+def double(x):
+    """Twice x."""
+    ### BEGIN SOLUTION
+    return 2 * x
+    ### END SOLUTION
+
+# %%
+check("attention.stable_softmax", double)
+'''
+
+
+def _built(tmp_path, source: str):
+    path = tmp_path / "99_test.py"
+    path.write_text(source, encoding="utf-8")
+    return to_notebook(path)
+
+
+def test_the_build_marks_answer_and_test_cells_for_nbgrader(tmp_path):
+    cells = _built(tmp_path, EXERCISE_SOURCE).cells
+    answer, test = cells[2].metadata["nbgrader"], cells[3].metadata["nbgrader"]
+    assert answer == {"grade": False, "grade_id": "attention-stable_softmax-answer", "locked": False,
+                      "schema_version": 3, "solution": True, "task": False}
+    assert test["grade"] and test["locked"] and test["points"] >= 1
+    assert "nbgrader" not in cells[1].metadata
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s.replace("    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION\n",
+                         "### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n"), "top level"),
+    (lambda s: s.replace('# %%\ncheck(', 'check('), "no check"),
+    (lambda s: s.replace('check("attention.stable_softmax", double)', 'print(1)'), "must be its test cell"),
+    (lambda s: s.replace("    ### END SOLUTION\n", ""), "matched"),
+    (lambda s: s + "\n# %%\ncheck(\"attention.scaled_attention\", double)\n", "has no answer cell"),
+    (lambda s: s.replace("# # A title", "# # A title\n# <details><summary>Solution</summary>x</details>"),
+     "'Solution' reveal"),
+])
+def test_the_build_refuses_a_malformed_exercise(tmp_path, change, message):
+    with pytest.raises(ValueError, match=message):
+        _built(tmp_path, change(EXERCISE_SOURCE))

@@ -10,6 +10,15 @@ like any Python file. A cell that is exactly `# %% [setup]` becomes the course's
 (`helpers.lab.environment.SETUP_CELL`). This script turns each source into `notebooks/NN_name.ipynb`
 and executes it in a fresh kernel, as "Restart and Run All" would, storing the real outputs that
 nbval later compares. Run it inside the course's environment (`.venv/bin/python`).
+
+Exercises carry nbgrader's cell metadata, written here from the cells themselves so that the
+sources stay plain: a code cell holding `### BEGIN SOLUTION` ... `### END SOLUTION` (inside a
+function or class body, so that the blanked student copy still runs) is an autograded answer
+cell; the code cell right after it must be the exercise's test cell, `check("notebook.name",
+answer)` (optionally with `### BEGIN HIDDEN TESTS` ... `### END HIDDEN TESTS`), which becomes a
+locked, graded cell worth the points its checker was registered with
+(`@exercise(points=...)`). `nbgrader generate_assignment` and `course.py student` turn these
+notebooks into the student edition.
 """
 
 from __future__ import annotations
@@ -55,6 +64,82 @@ def parse_cells(text: str) -> list[tuple[str, str]]:
     return parsed
 
 
+CHECK_CALL = re.compile(r'^check\("([\w.]+)"', re.M)
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+SOLUTION_REVEAL = re.compile(r"<summary>\s*Solution\s*</summary>")
+
+
+def _nbgrader(grade_id: str, *, solution: bool, grade: bool, points: int | None = None) -> dict:
+    meta = {"grade": grade, "grade_id": grade_id, "locked": not solution, "schema_version": 3,
+            "solution": solution, "task": False}
+    if points is not None:
+        meta["points"] = points
+    return meta
+
+
+def _check_cell_problem(source: str) -> str | None:
+    """Why `source` is not a well-formed test cell (one check call, hidden tests, comments), or None."""
+    lines, hidden = [], False
+    for line in source.splitlines():
+        stripped = line.strip()
+        if stripped == HIDDEN_BEGIN:
+            hidden = True
+        elif stripped == HIDDEN_END:
+            hidden = False
+        elif not hidden and stripped and not stripped.startswith("#"):
+            lines.append(line)
+    if len(CHECK_CALL.findall(source)) != 1:
+        return "it must call check(...) exactly once"
+    if hidden:
+        return f"{HIDDEN_BEGIN!r} without {HIDDEN_END!r}"
+    if not lines or not lines[0].startswith("check("):
+        return "it may hold only the check(...) call, comments and hidden tests"
+    return None
+
+
+def add_nbgrader_metadata(nb: nbformat.NotebookNode, name: str) -> None:
+    """Mark every exercise's answer cell and test cell as nbgrader expects (see the docstring)."""
+    from helpers.lab.exercises import get
+
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    seen: set[str] = set()
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and SOLUTION_REVEAL.search(cell.source):
+            raise ValueError(f"{name}: a 'Solution' reveal in markdown; solutions live in the "
+                             f"exercise's code cell between {BEGIN!r} and {END!r}")
+    for index, cell in enumerate(code):
+        if BEGIN not in cell.source:
+            if END in cell.source:
+                raise ValueError(f"{name}: {END!r} without {BEGIN!r} in:\n{cell.source}")
+            continue
+        begins = [line for line in cell.source.splitlines() if line.strip() == BEGIN]
+        if any(not line.startswith((" ", "\t")) for line in begins):
+            raise ValueError(f"{name}: {BEGIN!r} at the top level of a cell; put the solution "
+                             f"inside a function or class body so that the blanked copy runs:\n{cell.source}")
+        if cell.source.count(BEGIN) != cell.source.count(END) or CHECK_CALL.search(cell.source):
+            raise ValueError(f"{name}: an answer cell needs matched {BEGIN!r}/{END!r} lines and no "
+                             f"check(...) call (that goes in the next cell):\n{cell.source}")
+        test = code[index + 1] if index + 1 < len(code) else None
+        problem = "there is none" if test is None else _check_cell_problem(test.source)
+        if problem:
+            raise ValueError(f"{name}: the code cell after an answer cell must be its test cell "
+                             f"(check(...) alone), but {problem}:\n{test.source if test else ''}")
+        exercise = CHECK_CALL.search(test.source).group(1)
+        if exercise in seen:
+            raise ValueError(f"{name}: exercise {exercise!r} has two answer cells")
+        seen.add(exercise)
+        grade_id = exercise.replace(".", "-")
+        cell.metadata["nbgrader"] = _nbgrader(f"{grade_id}-answer", solution=True, grade=False)
+        test.metadata["nbgrader"] = _nbgrader(f"{grade_id}-check", solution=False, grade=True,
+                                              points=get(exercise).points)
+    for cell in code:
+        found = CHECK_CALL.search(cell.source)
+        if found and "nbgrader" not in cell.metadata:
+            raise ValueError(f"{name}: check({found.group(1)!r}) has no answer cell with "
+                             f"{BEGIN!r} right before it")
+
+
 def to_notebook(source_path: Path) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -64,6 +149,7 @@ def to_notebook(source_path: Path) -> nbformat.NotebookNode:
         nb.cells.append(make(source))
     for index, cell in enumerate(nb.cells):  # stable ids keep diffs small
         cell["id"] = f"{source_path.stem[:2]}-{index:03d}"
+    add_nbgrader_metadata(nb, source_path.stem)
     return nb
 
 

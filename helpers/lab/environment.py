@@ -17,24 +17,9 @@ import torch
 COURSE_REPO = "https://github.com/transformer-course/transformer-course"
 
 SETUP_CELL = f'''\
-# Set-up: the same cell works locally and in Colab. In a fresh Colab runtime it installs the
-# course package from the repository first; locally (after the README's first command) it imports.
-import importlib.util
-import subprocess
-import sys
-
-if importlib.util.find_spec("helpers") is None:
-    COURSE = "{COURSE_REPO}"
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{{COURSE}}"],
-                             capture_output=True, text=True)
-    if install.returncode != 0:
-        print(install.stderr[-1500:])
-        raise SystemExit(
-            f"Could not install the course package from {{COURSE}}.\\n"
-            "Either upload the course folder (the one holding pyproject.toml) and run\\n"
-            "    !pip install -q ./FOLDER\\n"
-            "or, in your copy of the course, run  python3 course.py publish https://github.com/YOU/REPO\\n"
-            "to point every notebook at your fork; then run this cell again.")
+import importlib.util, os, sys  # set-up: in a fresh Colab runtime this installs the course package first
+if importlib.util.find_spec("helpers") is None and os.system(f'"{{sys.executable}}" -m pip install -q git+{COURSE_REPO}'):
+    raise SystemExit("Could not install the course from {COURSE_REPO}: upload the course folder and run !pip install ./FOLDER, or see the README's 'In Colab'.")
 from helpers.lab.environment import start
 device = start(seed=0)'''
 

@@ -9,12 +9,23 @@ decorated with `@exercise(hint=...)` that receives the student's answer and rais
 `check` never shows a traceback: a wrong answer, a crash inside the student's code, an
 exercise not attempted yet (`raise NotImplementedError`) and a function that does not return
 within TIME_LIMIT seconds (an endless loop) each print one short explanation.
+
+Feedback comes in steps, as a teacher would give it: the first wrong try says only what is
+wrong; from the second wrong try of the same exercise on, the message also says how to fix it
+(the failure's own `fix`, else the exercise's `hint`, both in words, never the code).
+
+Grading: in the notebooks every `check(...)` sits in a locked nbgrader test cell. Under
+`nbgrader autograde` (which sets NBGRADER_EXECUTION=autograde) and with STRICT set, a failing
+check raises AssertionError with its message, so the cell fails and the feedback names the
+check and what was wrong.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import numbers
+import os
 import signal
 import threading
 import time
@@ -32,7 +43,16 @@ TIME_LIMIT = 30.0
 
 
 class ExerciseFailed(Exception):
-    """Raised by an exercise's checker with a message for the student."""
+    """Raised by an exercise's checker: `message` says what is wrong, `fix` (optional) how to fix
+    it in words. `check` shows `fix` only from the student's second wrong try on."""
+
+    def __init__(self, message: str, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
+class _Forbidden(Exception):
+    """Raised when the student's code calls a library function its exercise asks them to write."""
 
 
 @dataclass(frozen=True)
@@ -42,25 +62,39 @@ class Exercise:
     hint: str
     task: str = ""
     time_limit: float | None = None  # more seconds than TIME_LIMIT, for a checker that starts processes
+    points: int = 1  # nbgrader points of the exercise's test cell
+    forbidden: tuple[str, ...] = ()  # dotted names the student's code may not call
 
 
 _REGISTRY: dict[str, Exercise] = {}
 
 
-def exercise(hint: str, task: str = "",
-             time_limit: float | None = None) -> Callable[[Callable[[Any], str | None]], Callable[[Any], str | None]]:
-    """Register the decorated checker as `<module>.<function name>` with a hint for failures.
+def exercise(hint: str, task: str = "", time_limit: float | None = None, points: int = 1,
+             forbidden: tuple[str, ...] = ()) -> Callable[[Callable[[Any], str | None]], Callable[[Any], str | None]]:
+    """Register the decorated checker as `<module>.<function name>`.
 
+    hint: how to fix a wrong answer, in words (the steps, never the code); shown from the second
+    wrong try on, when the failure carries no `fix` of its own.
     task: what the student writes and what the check tests, shown while the exercise is not
-    attempted yet. It must not give the recipe (that is the hint's job, shown after a wrong try).
+    attempted yet. It must not give the recipe.
     time_limit: the seconds this checker may take at least (one that starts worker processes
     needs more than TIME_LIMIT on a busy machine).
+    points: what the exercise's nbgrader test cell is worth (the build writes it).
+    forbidden: dotted names of library functions the exercise asks the student to write
+    themselves (e.g. "torch.nn.functional.cross_entropy"); calling one fails the check by name.
     """
+    if not isinstance(points, int) or isinstance(points, bool) or points < 1:
+        raise ValueError(f"points must be a positive int, got {points!r}")
+    for dotted in forbidden:
+        if not isinstance(dotted, str) or "." not in dotted:
+            raise ValueError(f"forbidden names are dotted paths like 'torch.nn.functional.cross_entropy', "
+                             f"got {dotted!r}")
 
     def register(checker: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
         module = checker.__module__.rsplit(".", 1)[-1]
         name = f"{module}.{checker.__name__}"
-        _REGISTRY[name] = Exercise(name=name, checker=checker, hint=hint, task=task, time_limit=time_limit)
+        _REGISTRY[name] = Exercise(name=name, checker=checker, hint=hint, task=task,
+                                   time_limit=time_limit, points=points, forbidden=tuple(forbidden))
         return checker
 
     return register
@@ -146,31 +180,104 @@ def _run_with_time_limit(checker: Callable[[Any], str | None], answer: Any,
     return outcome["value"]
 
 
-def evaluate(name: str, answer: Any, time_limit: float | None = None) -> tuple[bool, str]:
+def _resolve(dotted: str) -> tuple[Any, str]:
+    """(the object holding the last name of `dotted`, that name): ("torch.nn.functional", "softmax")
+    gives the module torch.nn.functional and "softmax"; a class in the path is walked into."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            owner: Any = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for part in parts[cut:-1]:
+            owner = getattr(owner, part)
+        return owner, parts[-1]
+    raise ValueError(f"cannot find the module of forbidden name {dotted!r}")
+
+
+@contextlib.contextmanager
+def _forbidding(names: tuple[str, ...]):
+    """While inside, each dotted name in `names` raises _Forbidden when called."""
+    saved = []
+    try:
+        for dotted in names:
+            owner, attr = _resolve(dotted)
+            original = getattr(owner, attr)
+
+            def refuse(*args: Any, _dotted: str = dotted, **kwargs: Any) -> Any:
+                raise _Forbidden(_dotted)
+
+            saved.append((owner, attr, original))
+            setattr(owner, attr, refuse)
+        yield
+    finally:
+        for owner, attr, original in reversed(saved):
+            setattr(owner, attr, original)
+
+
+def _guarded(answer: Any, names: tuple[str, ...]) -> Any:
+    """The student's function wrapped so that each call runs with `names` forbidden (a class is
+    returned as it is: its check runs forbidden as a whole)."""
+    if not names or isinstance(answer, type) or not callable(answer):
+        return answer
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        with _forbidding(names):
+            return answer(*args, **kwargs)
+
+    guarded.__name__ = getattr(answer, "__name__", "answer")
+    guarded.__wrapped__ = answer
+    return guarded
+
+
+# How many times each exercise has failed `check` in this kernel: the second wrong try on gets
+# the "how to fix it" line as well.
+_WRONG_TRIES: dict[str, int] = {}
+
+
+def _verdict(name: str, what: str, fix: str, attempt: int | None) -> str:
+    """A failure's message: what is wrong, then (from the second try on, or always when `attempt`
+    is None, as tests read it) how to fix it."""
+    if attempt is not None and attempt < 2:
+        return (f"❌ {name}: {what}\n   Change your code and run the check again; from the second "
+                "wrong try on, it also says how to fix it.")
+    return f"❌ {name}: {what}\n   How to fix it: {fix}"
+
+
+def evaluate(name: str, answer: Any, time_limit: float | None = None,
+             attempt: int | None = None) -> tuple[bool, str]:
     """Run exercise `name` against `answer`; return (passed, the message for the student).
 
     time_limit: seconds before giving up on an answer that does not return; None takes the
     module's TIME_LIMIT (set `helpers.lab.exercises.TIME_LIMIT = None` to wait forever).
+    attempt: the how-many-th wrong try this would be (1: say only what is wrong; 2 or more:
+    also how to fix it); None gives the full message.
     """
     ex = get(name)
     seconds = TIME_LIMIT if time_limit is None else time_limit
     if seconds is not None and ex.time_limit is not None:
         seconds = max(seconds, ex.time_limit)
+    whole_check = ex.forbidden if isinstance(answer, type) else ()
     try:
-        praise = _run_with_time_limit(ex.checker, answer, seconds)
+        with _forbidding(whole_check):
+            praise = _run_with_time_limit(ex.checker, _guarded(answer, ex.forbidden), seconds)
     except _TimeUp:
-        return False, (f"⏱ {name}: your function did not return within {seconds:g} s, so the "
-                       "check stopped it. Look for a loop that never ends (a `while` whose "
-                       f"condition never changes).\n   Hint: {ex.hint}")
+        return False, _verdict(name, f"⏱ your function did not return within {seconds:g} s, so the "
+                               "check stopped it.", "look for a loop that never ends (a `while` "
+                               "whose condition never changes).", attempt)
     except NotImplementedError:
-        said = f"\n   {ex.task}" if ex.task else f"\n   Hint: {ex.hint}"
-        return False, (f"⏳ {name}: not attempted yet. Replace `raise NotImplementedError` with "
+        said = f"\n   {ex.task}" if ex.task else ""
+        return False, (f"⏳ {name}: not attempted yet. Replace `raise NotImplementedError()` with "
                        f"your code.{said}")
+    except _Forbidden as refused:
+        short = str(refused).replace("torch.nn.functional.", "F.")
+        return False, _verdict(name, f"your code calls {short}, which this exercise asks you to "
+                               "write yourself.", ex.hint, attempt)
     except ExerciseFailed as failure:
-        return False, f"❌ {name}: {failure}\n   Hint: {ex.hint}"
+        return False, _verdict(name, str(failure), failure.fix or ex.hint, attempt)
     except Exception as error:  # the student's code crashed: say where, without a traceback
-        return False, (f"❌ {name}: your code raised {type(error).__name__}: {error}"
-                       f"{_where_it_broke(error)}\n   Hint: {ex.hint}")
+        return False, _verdict(name, f"your code raised {type(error).__name__}: {error}"
+                               f"{_where_it_broke(error)}", ex.hint, attempt)
     return True, f"✅ {name}: correct!" + (f" {praise}" if praise else "")
 
 
@@ -179,16 +286,25 @@ def passes(name: str, answer: Any, time_limit: float | None = None) -> bool:
     return evaluate(name, answer, time_limit)[0]
 
 
+def grading() -> bool:
+    """True under `nbgrader autograde` (or validate), where a failing check must fail its cell."""
+    return os.environ.get("NBGRADER_EXECUTION") in ("autograde", "validate")
+
+
 def check(name: str, answer: Any, time_limit: float | None = None) -> None:
     """Run exercise `name` against the student's `answer` and print the verdict.
 
     Returns nothing, so that a bare `check(...)` as the last line of a cell shows only the
-    verdict (with helpers.lab.exercises.STRICT set, a wrong answer raises AssertionError instead).
-    An answer that has not returned after `time_limit` seconds (default TIME_LIMIT) fails
-    with a message saying so.
+    verdict. The first wrong try says what is wrong; later ones also how to fix it. With STRICT
+    set, or under nbgrader's autograder, a failing answer raises AssertionError instead, with the
+    same message. An answer that has not returned after `time_limit` seconds (default
+    TIME_LIMIT) fails with a message saying so.
     """
-    passed, message = evaluate(name, answer, time_limit)
-    if STRICT and not passed:
+    tries = _WRONG_TRIES.get(name, 0)
+    passed, message = evaluate(name, answer, time_limit, attempt=tries + 1)
+    if not passed and not message.startswith("⏳"):
+        _WRONG_TRIES[name] = tries + 1
+    if (STRICT or grading()) and not passed:
         raise AssertionError(message)
     print(message)
 
@@ -228,6 +344,9 @@ def yours_or(name: str, answer: Callable[..., Any], helper: Callable[..., Any]) 
     """
     passed, message = evaluate(name, answer)
     label = getattr(answer, "__name__", "answer")
+    if grading() and not passed:  # graded: the check cell already lost its points; run on
+        print(f"using the course's {getattr(helper, '__name__', 'helper')} from here on")
+        return helper
     if passed:
         print(f"using your {label} from here on (it passes {name})")
         return answer
