@@ -55,10 +55,10 @@ def check(path):
         m = MARKER.search(src)
         if m:
             lines = src.splitlines()
-            line = next(l for l in lines if "NBVAL_" in l)
+            line = next(text for text in lines if "NBVAL_" in text)
             if len(line.split("NBVAL_", 1)[1].split(None, 1)) > 1:
                 errors.append(f"{where}: text after NBVAL_{m.group(1)} on its line: nbval then ignores the marker; put the reason on the next line")
-            elif sum(1 for l in lines if l.strip().startswith("#")) < 2:
+            elif sum(1 for text in lines if text.strip().startswith("#")) < 2:
                 warnings.append(f"{where}: NBVAL_{m.group(1)} with no comment saying why")
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error" and "NBVAL_RAISES_EXCEPTION" not in src:
