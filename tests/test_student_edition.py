@@ -1,13 +1,23 @@
-"""`python3 course.py student [DIR]`: the student edition, with nbgrader's markers honoured."""
+"""`python3 course.py student [DIR]`: a folder to hand out, with nbgrader's markers honoured.
+
+The folder holds the student notebooks, the `helpers` package and the data they import, the
+files that install them, and a README with one command; no instructor's notebook, no notebook
+source, no solution anywhere in it. (Each student notebook running top to bottom, every exercise
+"not attempted", is tests/test_exercises.py's.)
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
 from pathlib import Path
 
+import nbformat
 import pytest
 from nbclient import NotebookClient
+from notebook_tools import exercises_in, notebook_paths, read
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("course_for_student", ROOT / "course.py")
@@ -20,20 +30,18 @@ SOLVED = '''def f(x):
     y = x * x
     return y
     ### END SOLUTION
-
-
-check("x.f", f)
+'''
+TESTED = '''check("x.f", f)
 ### BEGIN HIDDEN TESTS
 assert f(3) == 9
 ### END HIDDEN TESTS
 '''
 
 
-def test_solutions_are_blanked_with_nbgraders_stub_at_their_indent():
-    blanked = course.blank_solutions(SOLVED)
-    assert "y = x * x" not in blanked and "assert f(3)" not in blanked and "###" not in blanked
-    assert '    """Square x."""\n    # YOUR CODE HERE\n    raise NotImplementedError\n' in blanked
-    assert blanked.endswith('check("x.f", f)\n')
+def test_solutions_become_nbgraders_stub_at_their_indent_and_hidden_tests_go():
+    assert course.blank_solutions(SOLVED) == ('def f(x):\n    """Square x."""\n    # YOUR CODE HERE\n'
+                                              '    raise NotImplementedError()\n')
+    assert course.blank_solutions(TESTED) == 'check("x.f", f)\n'
 
 
 @pytest.mark.parametrize("broken, message", [
@@ -47,117 +55,114 @@ def test_unbalanced_markers_are_refused(broken, message):
         course.blank_solutions(broken)
 
 
-def test_a_markdown_solution_reveal_goes_and_the_hints_stay():
+def test_outputs_and_saved_widget_state_are_cleared():
     notebook = {"cells": [
-        {"cell_type": "markdown", "source": "<details><summary>Hint 1</summary>\nthe idea\n</details>\n\n"
-                                            "<details><summary>Solution</summary>\n\n```python\nx = 1\n```\n</details>\n"},
+        {"cell_type": "markdown", "source": "<details><summary>Hint 1: the idea</summary>x</details>"},
         {"cell_type": "code", "source": ["x = 2\n"], "outputs": [{"output_type": "stream"}],
          "execution_count": 3}], "metadata": {"widgets": {"state": {}}}}
     student = course.student_notebook(notebook)
-    assert "Hint 1" in student["cells"][0]["source"] and "x = 1" not in student["cells"][0]["source"]
+    assert "Hint 1" in student["cells"][0]["source"]
     assert student["cells"][1]["outputs"] == [] and student["cells"][1]["execution_count"] is None
     assert "widgets" not in student["metadata"]
 
 
-def test_the_edition_of_every_notebook_keeps_its_exercises_and_loses_its_solutions(tmp_path):
-    assert course.main(["student", str(tmp_path)]) == 0
-    names = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    assert sorted(p.name for p in tmp_path.glob("*.ipynb")) == names
-    for name in names:
-        full = json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8"))
-        cells = json.loads((tmp_path / name).read_text(encoding="utf-8"))["cells"]
-        text = "".join(c["source"] for c in cells)
-        assert "Solution</summary>" not in text and "### BEGIN SOLUTION" not in text, name
-        assert all(c.get("outputs", []) == [] for c in cells if c["cell_type"] == "code"), name
-        stubs = sum('check("' in "".join(c["source"]) for c in full["cells"] if c["cell_type"] == "code")
-        assert stubs >= 1 and sum('check("' in c["source"] for c in cells if c["cell_type"] == "code") == stubs
-
-
-def test_a_student_notebook_runs_top_to_bottom_and_says_not_attempted(tmp_path):
-    course.main(["student", str(tmp_path)])
-    notebook = json.loads((tmp_path / "04_masking.ipynb").read_text(encoding="utf-8"))
-    import nbformat
-
-    nb = nbformat.reads(json.dumps(notebook), as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
-    stubs = [c for c in nb.cells if c.cell_type == "code" and 'check("' in c.source]
-    for cell in stubs:
-        assert "not attempted yet" in "".join(o.get("text", "") for o in cell.outputs)
-
-
-def test_the_edition_never_overwrites_the_notebooks(capsys):
-    assert course.main(["student", str(ROOT / "notebooks")]) == 2
-    assert "must not overwrite" in capsys.readouterr().out
-
-
-# --- every student notebook, top to bottom --------------------------------------------------
-# Running all fourteen student notebooks costs about seven minutes on a 2-core CPU, on top of
-# the two strict nbval passes that already run each notebook. The student edition changes a
-# notebook's code only where a code cell holds `### BEGIN SOLUTION` (markdown reveals and outputs
-# do not run), so: a notebook whose student code differs from the full edition's is run here,
-# top to bottom; one whose code is the same cell for cell is the very program strict nbval runs
-# (twice), whose stored outputs say "not attempted yet" at every stub (test_exercises.py's
-# test_stored_stubs_say_not_attempted) and "using ... instead" at every fallback (below), and is
-# skipped here saying so. COURSE_STUDENT_RUN=all runs every one of them here anyway.
-FULL_NAMES = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-FALLBACK = "yours_or("
-
-
-def _code(cells: list) -> list[str]:
-    return ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
-
-
-def _said(cell) -> str:
-    """What a code cell printed (its stream outputs), from nbformat or raw JSON."""
-    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
-
-
 @pytest.fixture(scope="module")
 def edition(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("student")
+    folder = tmp_path_factory.mktemp("handout") / "student"
     assert course.main(["student", str(folder)]) == 0
     return folder
 
 
-@pytest.mark.parametrize("name", FULL_NAMES)
-def test_student_code_is_the_full_code_with_only_its_solutions_blanked(name, edition):
-    full = _code(json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8"))["cells"])
-    student = _code(json.loads((edition / name).read_text(encoding="utf-8"))["cells"])
-    assert len(student) == len(full), name
-    for mine, theirs in zip(student, full, strict=True):
-        assert mine == course.blank_solutions(theirs), name
+def test_the_folder_holds_what_runs_and_nothing_of_the_instructors(edition):
+    names = sorted(p.name for p in notebook_paths())
+    assert sorted(p.name for p in (edition / "notebooks").glob("*.ipynb")) == names
+    assert (edition / "helpers" / "lab" / "exercises" / "__init__.py").is_file()
+    assert (edition / "data" / "corpus.txt").is_file() and (edition / "pyproject.toml").is_file()
+    assert "python3 course.py lab" in (edition / "README.md").read_text(encoding="utf-8")
+    for absent in ("notebooks/src", "tests", "tools", "benchmarks", ".ci", "CONTRIBUTING.md", ".git"):
+        assert not (edition / absent).exists(), absent
+    assert not list(edition.rglob("__pycache__"))
 
 
-@pytest.mark.parametrize("name", FULL_NAMES)
-def test_stored_fallbacks_say_the_helper_runs_instead(name):
-    """The full edition's stubs are unanswered, so every cell that needs a student's function
-    runs the helper's and its stored output says so (nbval then checks a fresh run says it too)."""
-    cells = json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8"))["cells"]
-    for cell in cells:
-        if cell["cell_type"] == "code" and FALLBACK in "".join(cell["source"]):
-            said = _said(cell)
-            assert "using the course's" in said and "not attempted yet" in said, (name, said)
+def _normalised(text: str) -> str:
+    return " ".join(text.split())
 
 
-@pytest.mark.parametrize("name", FULL_NAMES)
-def test_every_student_notebook_runs_top_to_bottom_and_says_not_attempted(name, edition):
-    import os
+def test_no_solution_is_anywhere_in_the_folder(edition):
+    """Every solution's text (whitespace aside) is searched in every file of the folder."""
+    solutions = [(path.stem, exercise) for path in notebook_paths() for exercise in exercises_in(read(path).cells)]
+    assert len(solutions) >= 2 * len(notebook_paths())
+    files = {path: _normalised(path.read_text(encoding="utf-8", errors="replace"))
+             for path in edition.rglob("*") if path.is_file() and path.suffix in (".py", ".ipynb", ".md", ".txt", ".json", ".toml")}
+    for name, exercise in solutions:
+        block = _normalised(exercise.solution)
+        for path, text in files.items():
+            assert block not in text, f"{name}: {exercise.name}'s solution is in {path}"
+            if path.suffix == ".ipynb":
+                for line in exercise.solution_lines():
+                    code = _normalised(line)
+                    assert len(code) < 25 or json.dumps(code)[1:-1] not in text, \
+                        f"{name}: {exercise.name}'s line {code!r} is in {path.name}"
 
-    import nbformat
 
-    full = _code(json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8"))["cells"])
-    nb = nbformat.read(edition / name, as_version=4)
-    same_code = [c.source for c in nb.cells if c.cell_type == "code"] == full
-    if same_code and os.environ.get("COURSE_STUDENT_RUN") != "all":
-        pytest.skip("its student code is the full edition's cell for cell, which strict nbval runs "
-                    "top to bottom; COURSE_STUDENT_RUN=all runs it here too")
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
-    stubs = [c for c in nb.cells if c.cell_type == "code" and 'check("' in c.source]
-    assert stubs, f"{name} has no exercise"
-    for cell in stubs:
-        assert "not attempted yet" in _said(cell), (name, cell.source[:80], _said(cell))
-    for cell in nb.cells:
-        if cell.cell_type == "code" and FALLBACK in cell.source:
-            assert "not attempted yet: using" in _said(cell), (name, _said(cell))
+def test_every_exercise_keeps_its_stub_and_its_check(edition):
+    for path in notebook_paths():
+        full = read(path)
+        student = nbformat.read(edition / "notebooks" / path.name, as_version=4)
+        for exercise in exercises_in(full.cells):
+            assert "raise NotImplementedError()" in student.cells[exercise.answer_index].source
+            assert "### BEGIN" not in student.cells[exercise.answer_index].source
+            assert student.cells[exercise.test_index].source.startswith(f'check("{exercise.name}"')
+            assert student.cells[exercise.test_index].metadata["nbgrader"]["locked"]
+
+
+def test_a_notebook_runs_on_the_folders_own_package(edition):
+    """With the folder's copy of helpers first on the path, a student notebook runs top to bottom."""
+    nb = nbformat.read(edition / "notebooks" / "04_masking.ipynb", as_version=4)
+    nb.cells.insert(1, nbformat.v4.new_code_cell("import helpers\nprint(helpers.__file__)"))
+    env = {**os.environ, "PYTHONPATH": str(edition)}
+    client = NotebookClient(nb, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(edition / "notebooks")}})
+    previous = os.environ.get("PYTHONPATH")
+    os.environ.update(env)
+    try:
+        client.execute()
+    finally:
+        if previous is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = previous
+    said = "".join(o.get("text", "") for o in nb.cells[1].outputs)
+    assert str(edition) in said
+    checks = [c for c in nb.cells if c.cell_type == "code" and re.match(r'check\("', c.source)]
+    assert checks and all("not attempted yet" in "".join(o.get("text", "") for o in c.outputs) for c in checks)
+
+
+def test_the_folders_course_py_offers_only_lab(edition, capsys):
+    spec = importlib.util.spec_from_file_location("student_course", edition / "course.py")
+    theirs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(theirs)
+    assert theirs.main(["test"]) == 2
+    assert "student edition" in capsys.readouterr().out
+    folder, rest = theirs.lab_folder([])
+    assert folder == edition / "notebooks" and rest == []
+
+
+def test_lab_opens_a_folder_given_to_it(edition, tmp_path):
+    assert course.lab_folder([str(edition)]) == (edition / "notebooks", [])
+    assert course.lab_folder([str(tmp_path), "--port", "9"]) == (tmp_path, ["--port", "9"])
+    assert course.lab_folder(["--port", "9"]) == (ROOT / "notebooks", ["--port", "9"])
+    assert "no folder" in course.lab_folder([str(tmp_path / "missing")])
+
+
+@pytest.mark.parametrize("where", ["notebooks", "helpers", ".", ".."])
+def test_the_edition_never_overwrites_the_course(where, capsys):
+    assert course.main(["student", str(ROOT / where)]) == 2
+    assert "folder of its own" in capsys.readouterr().out
+
+
+def test_the_edition_never_empties_a_folder_of_other_files(tmp_path, capsys):
+    (tmp_path / "thesis.tex").write_text("mine")
+    assert course.main(["student", str(tmp_path)]) == 2
+    assert (tmp_path / "thesis.tex").read_text() == "mine"
+    assert "holds other files" in capsys.readouterr().out
