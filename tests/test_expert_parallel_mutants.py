@@ -116,6 +116,25 @@ def test_the_plan_names_a_split_that_does_not_divide(n_experts, world_size, erro
         dispatch_plan(torch.zeros(2, 1, dtype=torch.long), n_experts, world_size)
 
 
+@pytest.mark.parametrize("experts, error, message", [
+    (torch.tensor([[0, 4]]), ValueError, r"^experts holds ids from 0 to 4, expected ids in \[0, 3\] for n_experts = 4$"),
+    (torch.tensor([[-1, 2]]), ValueError, r"^experts holds ids from -1 to 2, expected ids in \[0, 3\]"),
+    (torch.tensor([[0.0, 1.0]]), TypeError, r"^experts has dtype torch.float32, expected an integer tensor"),
+    ([[0, 1]], TypeError, r"^experts has a list, expected an integer tensor"),
+])
+def test_the_plan_refuses_expert_ids_it_cannot_send(experts, error, message):
+    with pytest.raises(error, match=message):
+        dispatch_plan(experts, 4, 2)
+
+
+@pytest.mark.parametrize("name", ["n_tokens", "d_model", "n_experts", "top_k", "hidden"])
+def test_the_step_refuses_an_empty_size_before_starting(name):
+    from helpers.scale.expert_parallel import expert_parallel_step
+
+    with pytest.raises(ValueError, match=f"^{name} is 0, expected a positive int$"):
+        expert_parallel_step(0, 2, **{name: 0})
+
+
 def test_each_rank_runs_only_the_experts_it_holds(layers, monkeypatch):
     """Rank r holds experts r E/W ... (r+1) E/W - 1: it never runs another rank's expert, not
     even on no rows."""

@@ -133,6 +133,10 @@ def test_sequence_logps_sums_the_answer_tokens(tok):
     assert got.shape == (2,) and (got - (per * mask[:, 1:]).sum(1)).abs().max() < 1e-6
     with pytest.raises(ValueError, match=full("mask has shape (2,), expected (2, 9) like ids")):
         sft.sequence_logps(model, ids[:, :9], mask[:, 0])
+    with pytest.raises(ValueError, match=full("mask holds the values [0, 2], expected only 0 and 1: "
+                                              "a 2 would count a token twice, a -1 subtract it")):
+        sft.sequence_logps(model, ids, mask * 2)
+    assert torch.equal(sft.sequence_logps(model, ids, mask.bool()), got)
 
 
 # --- sampling answers -----------------------------------------------------------------------------

@@ -68,6 +68,10 @@ def _check_ids_and_mask(ids: Tensor, mask: Tensor) -> None:
         raise ValueError(f"ids has shape {tuple(ids.shape)}, expected (B, N) with N >= 2")
     if mask.shape != ids.shape:
         raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {tuple(ids.shape)} like ids")
+    if mask.is_complex() or ((mask != 0) & (mask != 1)).any():
+        values = mask.unique().tolist()[:6]
+        raise ValueError(f"mask holds the values {values}, expected only 0 and 1: a 2 would count "
+                         "a token twice, a -1 subtract it")
 
 
 def answer_only_loss(logits: Tensor, ids: Tensor, mask: Tensor) -> Tensor:

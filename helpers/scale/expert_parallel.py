@@ -29,6 +29,14 @@ def dispatch_plan(experts: Tensor, n_experts: int, world_size: int) -> tuple[Ten
     Rank r holds experts r E/W ... (r+1) E/W - 1, so assignment a goes to rank experts[a] // (E/W).
     """
     checks.positive_int("world_size", world_size)
+    checks.positive_int("n_experts", n_experts)
+    if not isinstance(experts, Tensor) or experts.dtype not in (torch.int8, torch.int16, torch.int32,
+                                                                 torch.int64, torch.uint8):
+        got = f"dtype {experts.dtype}" if isinstance(experts, Tensor) else f"a {type(experts).__name__}"
+        raise TypeError(f"experts has {got}, expected an integer tensor (T, k) of expert ids")
+    if experts.numel() and (experts.min() < 0 or experts.max() >= n_experts):
+        raise ValueError(f"experts holds ids from {int(experts.min())} to {int(experts.max())}, "
+                         f"expected ids in [0, {n_experts - 1}] for n_experts = {n_experts}")
     if n_experts % world_size:
         raise ValueError(f"n_experts is {n_experts}, expected a multiple of world_size = {world_size}: "
                          "every rank holds the same number of experts")
@@ -49,6 +57,9 @@ def expert_parallel_step(rank: int, world_size: int, seed: int = 0, n_tokens: in
                          hidden: int = 32) -> dict[str, float]:
     """One MoE layer's forward split across the ranks; returns the largest difference from the
     single-process layer, and the rows this rank sent and computed."""
+    for name, value in (("n_tokens", n_tokens), ("d_model", d_model), ("n_experts", n_experts),
+                        ("top_k", top_k), ("hidden", hidden)):
+        checks.positive_int(name, value)
     torch.manual_seed(seed)                                   # the same layer on every rank
     layer = MoELayer(d_model, n_experts, top_k, hidden).eval()
     x = torch.randn(n_tokens, d_model, generator=torch.Generator().manual_seed(seed + 1 + rank))

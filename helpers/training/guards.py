@@ -42,7 +42,7 @@ def check_trainer_inputs(model: nn.Module, train_ids: Tensor, val_ids: Tensor,
                         "token ids (B, N) to logits (B, N, V) with config.vocab_size and "
                         "config.context_length, such as a helpers.model.gpt.GPT")
     longest = model_config.context_length
-    context_length = longest if window is None else window
+    context_length = longest if window is None else checks.positive_int("window", window)
     if context_length > longest:
         raise ValueError(f"context_length is {context_length}, expected at most the model's "
                          f"context_length = {longest}")
