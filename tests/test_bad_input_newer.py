@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import threading
 import time
 import zipfile
@@ -186,6 +187,22 @@ def test_llama_state_dict_with_extra_layers_is_refused():
     names = llama_key_map(bigger.config)
     state = {names[ours]: p.detach() for ours, p in bigger.named_parameters()}
     with pytest.raises(ValueError, match=r"no place for: \['model.layers.2"):
+        from_llama_state_dict(state, MODERN)
+
+
+@pytest.mark.parametrize("spoil, error, message", [
+    (lambda w: w.round().long(), TypeError, r"has dtype torch.int64, expected a floating-point tensor"),
+    (lambda w: w.tolist(), TypeError, r"has a list, expected a floating-point tensor"),
+    (lambda w: w.clone().fill_(float("nan")), ValueError, r"holds NaN or inf, expected finite weights"),
+])
+def test_llama_weights_that_are_not_finite_floats_are_refused_by_name(spoil, error, message):
+    torch.manual_seed(0)
+    model = ModernGPT(MODERN)
+    names = llama_key_map(MODERN)
+    state = {names[ours]: p.detach() for ours, p in model.named_parameters()}
+    first = names[next(iter(dict(model.named_parameters())))]
+    state[first] = spoil(state[first])
+    with pytest.raises(error, match=re.escape(f"state_dict[{first!r}]") + " " + message):
         from_llama_state_dict(state, MODERN)
 
 

@@ -92,6 +92,12 @@ def from_llama_state_dict(state_dict: Mapping[str, Tensor], config: ModernConfig
                            f"(a LlamaForCausalLM with n_layers = {config.n_layers}"
                            f"{'' if config.tie_weights else ' and an untied lm_head'})")
         weight = state_dict[their_name]
+        if not isinstance(weight, Tensor) or not weight.is_floating_point():
+            got = f"dtype {weight.dtype}" if isinstance(weight, Tensor) else f"a {type(weight).__name__}"
+            raise TypeError(f"state_dict[{their_name!r}] has {got}, expected a floating-point "
+                            "tensor (integer weights are a quantized or wrong checkpoint)")
+        if not torch.isfinite(weight).all():
+            raise ValueError(f"state_dict[{their_name!r}] holds NaN or inf, expected finite weights")
         if tuple(weight.shape) != tuple(ours[our_name].shape):
             raise ValueError(f"state_dict[{their_name!r}] has shape {tuple(weight.shape)}, expected "
                              f"{tuple(ours[our_name].shape)} for {our_name}: the config's sizes differ")
