@@ -67,3 +67,19 @@ def test_recompute_arguments_are_checked():
         SavedTensorMeter("gpt")
     with pytest.raises(ValueError, match="repeats"):
         compare_memory_and_time(model, ids, targets, repeats=0)
+
+
+@pytest.mark.parametrize("rows, tokens", [(0, 8), (2, 0)])
+def test_an_empty_batch_is_refused_before_a_nan_loss(rows, tokens):
+    model, _, _ = _setup()
+    empty = torch.zeros(rows, tokens, dtype=torch.long)
+    with pytest.raises(ValueError, match=rf"^ids has shape \({rows}, {tokens}\), expected at least one row"):
+        gradient_step(model, empty, empty)
+
+
+def test_ids_outside_the_vocabulary_or_of_a_float_dtype_are_refused_by_name():
+    model, ids, targets = _setup()
+    with pytest.raises(ValueError, match=r"^targets contains the id \d+, expected ids in \[0, 31\]"):
+        gradient_step(model, ids, targets + 32)
+    with pytest.raises(TypeError, match="ids has dtype torch.float32"):
+        gradient_step(model, ids.float(), targets)

@@ -29,6 +29,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from helpers import checks
+from helpers.model.embeddings import check_token_ids
 from helpers.model.gpt import GPT
 
 
@@ -106,6 +107,11 @@ def gradient_step(model: GPT, ids: Tensor, targets: Tensor, accumulation: int = 
     checks.boolean("recompute", recompute)
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.shape != getattr(targets, "shape", None):
         raise ValueError("ids and targets must be two (B, N) tensors of the same shape")
+    if ids.numel() == 0:
+        raise ValueError(f"ids has shape {tuple(ids.shape)}, expected at least one row of at least "
+                         "one token (an empty batch has no loss to take the gradient of)")
+    check_token_ids(ids, model.config.vocab_size, "ids")
+    check_token_ids(targets, model.config.vocab_size, "targets")
     if ids.shape[0] % k:
         raise ValueError(f"batch of {ids.shape[0]} rows cannot be cut into accumulation={k} equal "
                          f"pieces: expected B divisible by {k}")
