@@ -154,6 +154,18 @@ def test_extras_that_could_not_be_read_back_are_named_in_full(tmp_path, extra, e
     assert not (tmp_path / "m.pt").exists()
 
 
+def test_a_config_with_a_numpy_number_is_refused_at_save_not_at_load(tmp_path):
+    import dataclasses
+
+    import numpy as np
+
+    model = GPT(SMALL)
+    model.config = dataclasses.replace(SMALL, n_layers=np.int64(SMALL.n_layers))
+    said = message(TypeError, lambda: save_checkpoint(tmp_path / "m.pt", model))
+    assert said.startswith("model.config.n_layers is ") and "(use float(...) or int(...))" in said
+    assert not (tmp_path / "m.pt").exists()
+
+
 def test_plain_extras_round_trip(tmp_path):
     extra = dict(a=(1, 2.5, "x", None, True), b={"k": [torch.ones(2)], 3: {"deep": False}},
                  c=torch.nn.Parameter(torch.zeros(1)))

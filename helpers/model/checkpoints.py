@@ -69,6 +69,8 @@ def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
                         f"{', '.join(ARCHITECTURES)} (helpers.model.gpt.GPT or helpers.model.modern.ModernGPT)")
     for key, value in extra.items():
         _check_plain(f"extra value {key!r}", value)
+    for field, value in asdict(model.config).items():  # a numpy int here would save, then not load
+        _check_plain(f"model.config.{field}", value)
     target = Path(path)
     if target.is_dir() or not target.parent.is_dir():
         raise ValueError(f"path {str(target)!r} is a folder or lies in a folder that does not "
