@@ -65,3 +65,19 @@ def test_bad_requests_are_refused():
         scheduler.submit([Request(0, (1,) * 10, 5)])  # 15 tokens, the pool holds 12
     with pytest.raises(ValueError, match="max_batch is 0"):
         Scheduler(model, PagedKVCache.for_model(model, 4, 3), max_batch=0)
+
+
+def test_a_request_id_used_twice_is_refused_before_anything_is_queued():
+    model, _ = _setup(0)
+    scheduler = Scheduler(model, PagedKVCache.for_model(model, 4, 8), max_batch=2)
+    with pytest.raises(ValueError, match="^request id 3 is used twice, expected every request"):
+        scheduler.submit([Request(3, (1, 2), 2), Request(4, (1,), 2), Request(3, (2,), 2)])
+    assert not scheduler.waiting
+    scheduler.submit([Request(3, (1, 2), 2)])
+    with pytest.raises(ValueError, match="^request id 3 is used twice"):
+        scheduler.submit([Request(3, (5,), 1)])
+    with pytest.raises(TypeError, match="^requests holds a tuple, expected Request objects"):
+        scheduler.submit([(1, 2)])
+    with pytest.raises(ValueError, match="longer than the context"):
+        scheduler.submit([Request(7, (1,), 2), Request(8, (1,) * 30, 5)])
+    assert [r.id for r in scheduler.waiting] == [3]

@@ -77,16 +77,28 @@ class Scheduler:
         self.batch_sizes: list[int] = []  # running requests at each step, for the timeline
 
     def submit(self, requests: Sequence[Request]) -> None:
-        """Queue requests (in arrival order); refuse one that could never fit the cache."""
+        """Queue requests (in arrival order); refuse one that could never fit the cache, or whose
+        id is taken (the cache's block tables are kept by id), before queueing any of them."""
         context = self.model.config.context_length
-        for request in sorted(requests, key=lambda r: (r.arrival, r.id)):
+        bad = [r for r in requests if not isinstance(r, Request)]
+        if bad:
+            raise TypeError(f"requests holds a {type(bad[0]).__name__}, expected Request objects")
+        taken = {r.id for r in self.waiting} | {s.request.id for s in (*self.running, *self.done)}
+        seen: set[int] = set()
+        for request in requests:
+            if request.id in taken or request.id in seen:
+                raise ValueError(f"request id {request.id} is used twice, expected every request "
+                                 "(queued, running, done or new) to have its own id")
+            seen.add(request.id)
+        ordered = sorted(requests, key=lambda r: (r.arrival, r.id))
+        for request in ordered:
             check_prompts([request.prompt], self.model.config.vocab_size)
             total = len(request.prompt) + request.max_new_tokens
             if total > context or self.cache.blocks_needed(total) > self.cache.n_blocks:
                 raise ValueError(f"request {request.id} needs {total} tokens, longer than the "
                                  f"context ({context}) or the cache ({self.cache.n_blocks} blocks "
                                  f"of {self.cache.block_size})")
-            self.waiting.append(request)
+        self.waiting.extend(ordered)
 
     def _blocks_promised(self) -> int:
         """Blocks the running requests will still take before they finish."""
