@@ -78,6 +78,8 @@ def test_quantized_model_is_smaller_and_close():
     (lambda: quantize_int4(torch.ones(2, 8), group_size=0), "group_size is 0"),
     (lambda: pack_int4(torch.tensor([[16, 1]], dtype=torch.uint8)), r"\[0, 15\]"),
     (lambda: QuantizedLinear(torch.nn.Linear(4, 4), bits=3), "bits is 3"),
+    (lambda: quantize_int8(torch.ones(4, 0)), r"^weight has shape \(4, 0\), expected at least one row"),
+    (lambda: quantize_int4(torch.ones(0, 8), 4), r"^weight has shape \(0, 8\), expected at least one row"),
 ])
 def test_bad_quantization_input(call, match):
     with pytest.raises(ValueError, match=match):

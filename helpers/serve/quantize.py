@@ -31,6 +31,9 @@ def _check_weight(weight: Tensor) -> None:
     if not isinstance(weight, Tensor) or not weight.is_floating_point() or weight.dim() != 2:
         raise ValueError(f"weight is {getattr(weight, 'shape', type(weight).__name__)}, expected "
                          "a floating-point (out, in) matrix")
+    if weight.numel() == 0:
+        raise ValueError(f"weight has shape {tuple(weight.shape)}, expected at least one row and "
+                         "one column (an empty matrix has no scale)")
     if not torch.isfinite(weight).all():
         raise ValueError(f"weight holds {int((~torch.isfinite(weight)).sum())} inf or NaN values: "
                          "a scale computed from them would be inf or NaN, and every other weight "
