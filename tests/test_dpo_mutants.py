@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -97,6 +98,23 @@ def test_each_shape_is_checked_by_name(which):
     args[which] = torch.zeros(2)
     with pytest.raises(ValueError, match=full(f"{which} has shape (2,), expected (3,) like "
                                               "policy_chosen_logps")):
+        dpo.dpo_loss(*args.values(), beta=0.1)
+
+
+@pytest.mark.parametrize("which", ["policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps",
+                                   "ref_rejected_logps"])
+@pytest.mark.parametrize("spoil, error, message", [
+    (lambda t: t.tolist(), TypeError, "{} is a list, expected a floating-point tensor (B,) of summed "
+                                      "log-probabilities"),
+    (lambda t: t.long(), TypeError, "{} is torch.int64 (3,), expected a floating-point tensor (B,)"),
+    (lambda t: t[None], TypeError, "{} is torch.float32 (1, 3), expected a floating-point tensor (B,)"),
+    (lambda t: t + float("nan"), ValueError, "{} holds NaN or inf, expected finite log-probabilities"),
+])
+def test_each_log_probability_must_be_a_finite_float_vector(which, spoil, error, message):
+    args = {n: torch.zeros(3) for n in ("policy_chosen_logps", "policy_rejected_logps",
+                                        "ref_chosen_logps", "ref_rejected_logps")}
+    args[which] = spoil(args[which])
+    with pytest.raises(error, match="^" + re.escape(message.format(which))):
         dpo.dpo_loss(*args.values(), beta=0.1)
 
 

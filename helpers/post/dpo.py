@@ -61,9 +61,18 @@ def dpo_loss(policy_chosen_logps: Tensor, policy_rejected_logps: Tensor,
     Returns losses (B,), chosen_rewards (B,), rejected_rewards (B,); the rewards are detached."""
     beta = checks.positive_float("beta", beta, ": beta scales the log-ratios; beta <= 0 "
                                  "would reward moving away from the preference or ignore it")
+    given = (("policy_chosen_logps", policy_chosen_logps), ("policy_rejected_logps", policy_rejected_logps),
+             ("ref_chosen_logps", ref_chosen_logps), ("ref_rejected_logps", ref_rejected_logps))
+    for name, t in given:
+        if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() != 1:
+            got = f"a {type(t).__name__}" if not isinstance(t, Tensor) else f"{t.dtype} {tuple(t.shape)}"
+            raise TypeError(f"{name} is {got}, expected a floating-point tensor (B,) of summed "
+                            "log-probabilities")
+        if not torch.isfinite(t).all():
+            raise ValueError(f"{name} holds NaN or inf, expected finite log-probabilities (a NaN "
+                             "would make every loss and gradient NaN)")
     shape = policy_chosen_logps.shape
-    for name, t in (("policy_rejected_logps", policy_rejected_logps),
-                    ("ref_chosen_logps", ref_chosen_logps), ("ref_rejected_logps", ref_rejected_logps)):
+    for name, t in given[1:]:
         if t.shape != shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} like "
                              "policy_chosen_logps")
