@@ -81,6 +81,12 @@ def test_bad_input_is_refused():
         group_advantages(torch.tensor([[1.0], [0.0]]))
     with pytest.raises(ValueError, match="rewards has shape"):
         group_advantages(torch.tensor([1.0, 0.0]))
+    with pytest.raises(ValueError, match="^rewards holds NaN or inf, expected finite rewards"):
+        group_advantages(torch.tensor([[1.0, float("nan")], [0.0, 1.0]]))
+    with pytest.raises(TypeError, match="^rewards has dtype torch.int64, expected a floating-point"):
+        group_advantages(torch.tensor([[1, 0], [0, 1]]))
+    with pytest.raises(TypeError, match="^rewards has a list"):
+        group_advantages([[1.0, 0.0]])
     x = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="normalise"):
         grpo_loss(x, x, x, torch.zeros(2), torch.ones(2, 3), normalise="batch")
@@ -90,3 +96,9 @@ def test_bad_input_is_refused():
         grpo_loss(x, x, x, torch.zeros(2), torch.tensor([[1.0, 1, 1], [0, 0, 0]]))
     with pytest.raises(ValueError, match="ref_logps has shape"):
         k3_kl(x, torch.zeros(2, 2))
+    for position in range(4):
+        spoiled = [x, x, x, torch.zeros(2)]
+        spoiled[position] = spoiled[position] + float("inf")
+        name = ("logps", "old_logps", "ref_logps", "advantages")[position]
+        with pytest.raises(ValueError, match=f"^{name} holds NaN or inf"):
+            grpo_loss(*spoiled, torch.ones(2, 3))

@@ -32,8 +32,14 @@ NORMALISATIONS = ("sequence", "token", "constant")
 def group_advantages(rewards: Tensor, eps: float = 1e-4) -> Tensor:
     """rewards (P, G) -> advantages (P, G): each row centred on its mean and divided by its
     (unbiased) std + eps. A group whose answers all got the same reward has advantage 0."""
+    if not isinstance(rewards, Tensor) or not rewards.is_floating_point():
+        got = f"dtype {rewards.dtype}" if isinstance(rewards, Tensor) else f"a {type(rewards).__name__}"
+        raise TypeError(f"rewards has {got}, expected a floating-point tensor (P, G)")
     if rewards.dim() != 2:
         raise ValueError(f"rewards has shape {tuple(rewards.shape)}, expected (P, G)")
+    if not torch.isfinite(rewards).all():
+        raise ValueError("rewards holds NaN or inf, expected finite rewards (one NaN would make "
+                         "its whole group's advantages NaN)")
     if rewards.shape[1] < 2:
         raise ValueError(f"rewards has groups of {rewards.shape[1]}, expected G >= 2 answers per "
                          "prompt: a group of one has nothing to be compared with")
@@ -69,6 +75,11 @@ def grpo_loss(logps: Tensor, old_logps: Tensor, ref_logps: Tensor, advantages: T
     if advantages.shape != logps.shape[:1]:
         raise ValueError(f"advantages has shape {tuple(advantages.shape)}, expected "
                          f"({logps.shape[0]},), one per answer")
+    for name, t in (("logps", logps), ("old_logps", old_logps), ("ref_logps", ref_logps),
+                    ("advantages", advantages)):
+        if not torch.isfinite(t).all():
+            raise ValueError(f"{name} holds NaN or inf, expected finite values (they would make "
+                             "the loss NaN)")
     mask = mask.float()
     if (mask.sum(dim=1) == 0).any():
         raise ValueError("mask has an answer with no tokens, expected at least one per answer")
