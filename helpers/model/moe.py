@@ -84,6 +84,8 @@ def route(logits: Tensor, top_k: int, mode: str = "softmax_topk", bias: Tensor |
     n_group > 1 ("sigmoid" only): the experts form n_group groups (on DeepSeek-V3, one per node
     of eight GPUs) and each token chooses among its topk_group best groups, which bounds how
     many nodes its hidden state travels to.
+    NaN or inf logits are not checked here (the router runs at every forward pass, like every
+    other layer): they propagate into the weights and choices; the trainer refuses the NaN loss.
     """
     if not isinstance(logits, Tensor) or logits.dim() != 2:
         got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
