@@ -113,6 +113,17 @@ def test_a_mask_of_the_wrong_shape():
         small_model()(ids(2, 5, 13), ids(2, 4, 11), torch.ones(2, 4, dtype=torch.bool))
 
 
+def test_a_mask_that_marks_padding_as_a_real_token_is_refused():
+    model = small_model()
+    source = ids(2, 5, 13)
+    source[1, 3:] = model.config.pad_id
+    with pytest.raises(ValueError, match=r"^source_mask marks the padding id 0 as a real token at "
+                                         r"\(row, position\) \[\[1, 3\], \[1, 4\]\]"):
+        model.encode(source, torch.ones(2, 5, dtype=torch.bool))
+    memory, mask = model.encode(source, source != model.config.pad_id)
+    assert memory.shape[:2] == (2, 5) and mask[1].tolist() == [True, True, True, False, False]
+
+
 def test_an_empty_sentence():
     model = small_model()
     with pytest.raises(ValueError, match="empty sentences"):

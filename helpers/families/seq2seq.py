@@ -154,6 +154,11 @@ class EncoderDecoder(nn.Module):
         check_token_ids(source, self.config.source_vocab_size, "source")
         source_mask = self.source_mask(source) if source_mask is None else source_mask
         check_source_mask(source_mask, source)
+        padding_as_real = (source_mask & (source == self.config.pad_id)).nonzero().tolist()
+        if padding_as_real:
+            raise ValueError(f"source_mask marks the padding id {self.config.pad_id} as a real token "
+                             f"at (row, position) {padding_as_real[:3]}, expected False wherever "
+                             "source is padding (the encoder would attend to the padding)")
         return self.encoder(source, source_mask), source_mask
 
     def decode(self, target_in: Tensor, memory: Tensor, source_mask: Tensor) -> Tensor:
