@@ -117,10 +117,10 @@ def test_the_plan_names_a_split_that_does_not_divide(n_experts, world_size, erro
 
 
 @pytest.mark.parametrize("experts, error, message", [
-    (torch.tensor([[0, 4]]), ValueError, r"^experts holds ids from 0 to 4, expected ids in \[0, 3\] for n_experts = 4$"),
-    (torch.tensor([[-1, 2]]), ValueError, r"^experts holds ids from -1 to 2, expected ids in \[0, 3\]"),
-    (torch.tensor([[0.0, 1.0]]), TypeError, r"^experts has dtype torch.float32, expected an integer tensor"),
-    ([[0, 1]], TypeError, r"^experts has a list, expected an integer tensor"),
+    (torch.tensor([[0, 4]]), ValueError, r"^experts holds 0 \.\. 4, expected indices in 0 \.\. 3$"),
+    (torch.tensor([[-1, 2]]), ValueError, r"^experts holds -1 \.\. 2, expected indices in 0 \.\. 3$"),
+    (torch.tensor([[0.0, 1.0]]), TypeError, r"^experts is torch.float32, expected an integer tensor"),
+    ([[0, 1]], TypeError, r"^experts is list, expected an integer tensor"),
 ])
 def test_the_plan_refuses_expert_ids_it_cannot_send(experts, error, message):
     with pytest.raises(error, match=message):

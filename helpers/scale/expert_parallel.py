@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from helpers import checks
-from helpers.model.moe import MoELayer, route
+from helpers.model.moe import MoELayer, check_expert_indices, route
 
 
 def dispatch_plan(experts: Tensor, n_experts: int, world_size: int) -> tuple[Tensor, Tensor]:
@@ -29,14 +29,7 @@ def dispatch_plan(experts: Tensor, n_experts: int, world_size: int) -> tuple[Ten
     Rank r holds experts r E/W ... (r+1) E/W - 1, so assignment a goes to rank experts[a] // (E/W).
     """
     checks.positive_int("world_size", world_size)
-    checks.positive_int("n_experts", n_experts)
-    if not isinstance(experts, Tensor) or experts.dtype not in (torch.int8, torch.int16, torch.int32,
-                                                                 torch.int64, torch.uint8):
-        got = f"dtype {experts.dtype}" if isinstance(experts, Tensor) else f"a {type(experts).__name__}"
-        raise TypeError(f"experts has {got}, expected an integer tensor (T, k) of expert ids")
-    if experts.numel() and (experts.min() < 0 or experts.max() >= n_experts):
-        raise ValueError(f"experts holds ids from {int(experts.min())} to {int(experts.max())}, "
-                         f"expected ids in [0, {n_experts - 1}] for n_experts = {n_experts}")
+    check_expert_indices(experts, n_experts)
     if n_experts % world_size:
         raise ValueError(f"n_experts is {n_experts}, expected a multiple of world_size = {world_size}: "
                          "every rank holds the same number of experts")
