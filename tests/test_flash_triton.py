@@ -234,6 +234,21 @@ def test_key_tiles_counted_by_the_kernel_follow_the_diagonal(n_q, n_k, block_q, 
     assert counted == expected_key_tiles(n_q, n_k, causal, block_q, block_k)
 
 
+@pytest.mark.parametrize("offset", range(16))
+def test_causal_tiles_whose_last_visible_key_opens_a_new_key_tile(offset):
+    """N_k - N_q = offset, for every remainder modulo the 16-wide key tile: at offset 1 the last
+    key the first query tile sees is the first key of its next key tile (N_q = 32, N_k = 33), the
+    case a loop bound one tile short would drop. Outputs and tile counts, each offset."""
+    n_q, n_k, block = 32, 32 + offset, 16
+    gen = torch.Generator().manual_seed(offset)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=gen, dtype=torch.float64) for n in (n_q, n_k, n_k))
+    out, _ = triton_attention(*(t.float().to(DEVICE) for t in (q, k, v)), causal=True,
+                              block_q=block, block_k=block)
+    torch.testing.assert_close(out.double().cpu(), reference(q, k, v, True), rtol=0, atol=2e-5)
+    assert key_tiles_visited(n_q, n_k, True, block_q=block, block_k=block) == \
+        expected_key_tiles(n_q, n_k, True, block, block)
+
+
 def test_every_batch_and_head_counts_its_own_key_tiles():
     # The forward kernel's count is a (B * H, query tiles) table, one row per (batch, head) program
     # row; key_tiles_visited launches one (batch, head), so only this reads the other rows.
