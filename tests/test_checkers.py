@@ -706,3 +706,34 @@ def test_not_attempted_says_the_task_not_the_recipe(name):
     assert not passed and "not attempted yet" in said
     assert "Hint" not in said and exercises.get(name).hint not in said
     assert "Write " in said and "The check" in said
+
+
+# --- notebook 9's ALiBi attention: the usual slips are named --------------------------------
+
+def alibi_attention_by_where(q, k, v):
+    """Another correct way: torch.where for the mask and the bias from the course's buffer."""
+    import math
+
+    from helpers.model.modern import alibi_bias
+    n = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + alibi_bias(q.shape[-3], n).to(q.dtype)
+    later = torch.ones(n, n, dtype=torch.bool).triu(1)
+    return torch.where(later, float("-inf"), scores).softmax(-1) @ v
+
+
+@pytest.mark.parametrize("mistake, named", [
+    ("", None),
+    ("bias before scaling", "before dividing by sqrt(D_H)"),
+    ("not causal", "sees the keys after it"),
+    ("sign", "wrong sign"),
+    ("no bias", "no distance penalty"),
+])
+def test_alibi_attention_checker_names_the_slip(mistake, named):
+    from helpers.lab.exercises import evaluate
+    from helpers.lab.exercises.modern_decoder import alibi_attention_variant
+
+    passed, said = evaluate("modern_decoder.alibi_attention",
+                            lambda q, k, v: alibi_attention_variant(q, k, v, mistake))
+    assert passed == (named is None), said
+    assert named is None or named in said
+    assert evaluate("modern_decoder.alibi_attention", alibi_attention_by_where)[0]

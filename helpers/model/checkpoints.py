@@ -164,13 +164,15 @@ def _check_device(device: torch.device | str) -> None:
                              f"device(s): expected an index below {count}")
 
 
-def _read_checkpoint(path: Path, device: torch.device | str) -> Any:
-    """torch.load(weights_only=True), its errors turned into what the student can act on."""
+def _read_checkpoint(path: Path, device: torch.device | str,
+                     writer: str = "helpers.model.checkpoints.save_checkpoint(path, model)") -> Any:
+    """torch.load(weights_only=True), its errors turned into what the student can act on;
+    `writer` names the function that writes such files, for the messages."""
     with path.open("rb") as file:
         head = file.read(4)
     if head[:1] in (b"{", b"["):
         raise CheckpointError(f"{path} is a JSON file (a tokenizer's or a config's?), expected "
-                              "a checkpoint written by helpers.model.checkpoints.save_checkpoint")
+                              f"a checkpoint written by {writer.split('(')[0]}")
     try:
         return torch.load(path, map_location=device, weights_only=True)
     except Exception as error:  # noqa: BLE001 - every failure gets the course's message
@@ -182,8 +184,7 @@ def _read_checkpoint(path: Path, device: torch.device | str) -> Any:
             what = "a damaged or truncated checkpoint (the zip archive is incomplete)"
         else:
             what = "not a PyTorch checkpoint"
-        raise CheckpointError(f"{path} is {what}: expected a file written by "
-                              "helpers.model.checkpoints.save_checkpoint(path, model)") from None
+        raise CheckpointError(f"{path} is {what}: expected a file written by {writer}") from None
 
 
 def _architecture_of(state: dict, path: Path) -> tuple[type[nn.Module], type]:
