@@ -242,6 +242,11 @@ MODULE_TESTS: dict[str, list[str]] = {
     # see the code they run); the *_mutants.py files run the same workers in this process, their
     # ranks as threads whose torch.distributed calls are simulated in Python (tests/thread_ranks.py).
     "helpers/scale/fsdp.py": ["tests/test_fsdp_mutants.py"],
+    # The general wrappers' workers run in spawned processes too: only their in-process tests count.
+    "helpers/scale/fsdp_module.py": ["tests/test_fsdp_module.py"],
+    "helpers/scale/zero.py": ["tests/test_zero.py"],
+    "helpers/scale/any_model.py": ["tests/test_fsdp_module.py", "tests/test_zero.py"],
+    "helpers/training/resume.py": ["tests/test_resume.py"],
     "helpers/scale/pipeline.py": ["tests/test_pipeline_mutants.py"],
     "helpers/scale/ring_attention.py": ["tests/test_ring_attention_mutants.py"],
     "helpers/scale/workers.py": ["tests/test_workers_mutants.py"],

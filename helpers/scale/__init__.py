@@ -11,6 +11,11 @@ Built on `helpers.model`; each parallel version is proven equal to one process.
     expert_parallel  experts split across ranks, tokens sent by all-to-all (notebook 12)
     fsdp             FSDP (ZeRO-3) by hand: flat shards all-gathered per unit, gradients
                      reduce-scattered, AdamW on the shard; the ZeRO paper's memory table
+    fsdp_module      the same as a wrapper for any nn.Module (FSDP(module, compute_dtype,
+                     units)), which any torch.optim optimizer steps
+    zero             ZeRO-1 around any optimizer class (ShardedOptimizer)
+    any_model        the wrappers on models the course did not write, against fully_shard,
+                     one process and the unsharded optimizer
     pipeline         the blocks split into stages, GPipe and 1F1B with point-to-point sends,
                      their timeline and bubble, measured
     ring_attention   context parallelism: key/value blocks around a ring, the online softmax,
