@@ -105,13 +105,9 @@ def _optimizer(kind: str, params: Any, lr: float) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=lr) if kind == "adamw" else torch.optim.SGD(params, lr=lr)
 
 
-def train_fsdp_any(rank: int, world_size: int, name: str, dtype: str = "float32",
-                   steps: int = 3, lr: float = 1e-2, optimizer: str = "adamw") -> dict[str, Any]:
-    """Worker: our FSDP around model `name`, the optimizer on the shards; losses, full weights."""
-    compute = _check_run(name, dtype, steps, optimizer)
-    model = FSDP(make(name), compute_dtype=None if compute == torch.float32 else compute,
-                 units=UNITS[name])
-    optimizer = _optimizer(optimizer, model.parameters(), lr)
+def _train(model: nn.Module, optimizer: torch.optim.Optimizer, name: str, steps: int,
+           rank: int, world_size: int) -> list[float]:
+    """`steps` steps of data parallelism on this rank's rows; the loss of each, averaged over ranks."""
     losses = []
     for step in range(steps):
         inputs, targets = batch(name, step)
@@ -120,6 +116,16 @@ def train_fsdp_any(rank: int, world_size: int, name: str, dtype: str = "float32"
         loss.backward()
         optimizer.step()
         losses.append(_mean_over_ranks(loss.detach(), world_size))
+    return losses
+
+
+def train_fsdp_any(rank: int, world_size: int, name: str, dtype: str = "float32",
+                   steps: int = 3, lr: float = 1e-2, optimizer: str = "adamw") -> dict[str, Any]:
+    """Worker: our FSDP around model `name`, the optimizer on the shards; losses, full weights."""
+    compute = _check_run(name, dtype, steps, optimizer)
+    model = FSDP(make(name), compute_dtype=None if compute == torch.float32 else compute,
+                 units=UNITS[name])
+    losses = _train(model, _optimizer(optimizer, model.parameters(), lr), name, steps, rank, world_size)
     return {"losses": losses, "weights": model.full_parameters(), "piece_bytes": model.piece_bytes()}
 
 
@@ -137,15 +143,7 @@ def train_fully_shard_any(rank: int, world_size: int, name: str, dtype: str = "f
     for module in [m for m in model.modules() if isinstance(m, kinds)]:
         fully_shard(module, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
-    for step in range(steps):
-        inputs, targets = batch(name, step)
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_of(model, shard_rows(inputs, rank, world_size), shard_rows(targets, rank, world_size))
-        loss.backward()
-        optimizer.step()
-        losses.append(_mean_over_ranks(loss.detach(), world_size))
+    losses = _train(model, torch.optim.AdamW(model.parameters(), lr=lr), name, steps, rank, world_size)
     weights = {n: p.full_tensor().detach().clone() for n, p in zip(names, model.parameters(), strict=True)}
     return {"losses": losses, "weights": weights}
 
@@ -155,14 +153,7 @@ def train_one_process_any(name: str, steps: int = 3, lr: float = 1e-2,
     """The reference: the same run in one process, float32, whole batches."""
     _check_run(name, "float32", steps, optimizer)
     model = make(name)
-    optimizer = _optimizer(optimizer, model.parameters(), lr)
-    losses = []
-    for step in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_of(model, *batch(name, step))
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.detach()))
+    losses = _train(model, _optimizer(optimizer, model.parameters(), lr), name, steps, 0, 1)
     return {"losses": losses, "weights": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
