@@ -241,12 +241,14 @@ class Page:
         return fetch(item["path"]).decode("utf-8")
 
 
-def headings(tree: dict) -> list[tuple[int, str, str]]:
-    """(depth, anchor, text) of the page's `##` and `###` headings, in order: its contents."""
+def headings(tree: dict, page: Page | None = None) -> list[tuple[int, str, str]]:
+    """(depth, anchor, its HTML) of the page's `##` and `###` headings, in order: its contents.
+    With `page`, a heading's maths and code show as in the heading; without, as plain text."""
     if tree["type"] == "heading":
         depth = tree.get("depth", 2)
-        return [(depth, tree.get("identifier", ""), plain(tree))] if depth in (2, 3) else []
-    return [found for child in tree.get("children", []) for found in headings(child)]
+        shown = page.children(tree) if page is not None else html.escape(plain(tree))
+        return [(depth, tree.get("identifier", ""), shown)] if depth in (2, 3) else []
+    return [found for child in tree.get("children", []) for found in headings(child, page)]
 
 
 def contents(found: list[tuple[int, str, str]]) -> str:
@@ -255,7 +257,7 @@ def contents(found: list[tuple[int, str, str]]) -> str:
         return ""
     items, open_sub = [], False
     for depth, anchor, text in found:
-        link = f'<a href="#{html.escape(anchor)}">{html.escape(text)}</a>'
+        link = f'<a href="#{html.escape(anchor)}">{text}</a>'
         if depth == 3 and items:
             items.append(("" if open_sub else "<ul>") + f"<li>{link}</li>")
             open_sub = True
@@ -329,7 +331,7 @@ def main() -> int:
         page = Page(set(slugs), index)
         body = page.node(document["mdast"])
         write_page(out, names[slug], document["frontmatter"].get("title", slug), body, nav,
-                   headings(document["mdast"]), label)
+                   headings(document["mdast"], page), label)
         files |= page.files
     for path in sorted(files):
         out.joinpath(path.lstrip("/")).write_bytes(fetch(path))
