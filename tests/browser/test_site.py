@@ -34,6 +34,11 @@ spec = importlib.util.spec_from_file_location("course_for_site", ROOT / "course.
 course = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(course)
 
+spec = importlib.util.spec_from_file_location("site_project_for_browser", ROOT / "tools/site/project.py")
+site_project = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(site_project)
+PLACEHOLDER_SLUG = site_project.PLACEHOLDER_SLUG
+
 MATHS_PAGE = "attention.html"  # notebook 3: $\sqrt{d_k}$ and friends
 MARKERS = re.compile(r"NBVAL_\w+|### (?:BEGIN|END) (?:SOLUTION|HIDDEN TESTS)")
 SOLUTION_REGION = re.compile(r"^[ \t]*### BEGIN SOLUTION[^\n]*\n(.*?)^[ \t]*### END SOLUTION", re.S | re.M)
@@ -208,6 +213,9 @@ def test_every_page_loads_with_its_images_maths_and_links(editions, edition):
     assert len(with_figures) == len(notebooks), "each notebook page has figures"
     if edition == "instructor":
         assert all(shown["colab"] for shown in with_figures.values()), "each notebook: a Colab link"
+        unpublished = course.current_address(ROOT) == PLACEHOLDER_SLUG  # see `course.py publish`
+        said = [("do not work yet" in shown["text"]) for shown in with_figures.values()]
+        assert said == [unpublished] * len(with_figures), "the Colab links say they need the address"
     else:  # the Colab links open the instructor's notebooks, solutions and all
         assert not any(shown["colab"] for shown in pages.values())
     maths = pages[urljoin(root, MATHS_PAGE)]["maths"]

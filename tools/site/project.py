@@ -42,8 +42,10 @@ CHECK_CALL = re.compile(r"^check\(", re.M)
 # The older form's solution: a markdown reveal, `<details><summary>Solution</summary>...</details>`.
 SOLUTION_REVEAL = re.compile(r"<details>\s*<summary>\s*Solution\s*</summary>.*?</details>[ \t]*\n?",
                              re.S | re.I)
-# The address the course names until it has a public home (the README's "In Colab").
-PLACEHOLDER_SLUG = "transformer-course/transformer-course"
+# The address the course names until it has a public home (the README's "In Colab"). Written in
+# two halves on purpose: `course.py publish` rewrites every literal address in the course, and
+# this one must stay the placeholder, so that a published site drops the caveat.
+PLACEHOLDER_SLUG = "transformer-course/" + "transformer-course"
 KNOB = re.compile(r"^([A-Z][A-Z0-9_]+) = (.+?)\s+#\s*(.*(?:knob|<-).*)$")
 ENVIRONMENT_KNOBS = [
     ("COURSE_PRECISION", "`fp32`, `bf16` or `auto` (unset: `auto`)", "what the trainer's "
