@@ -322,8 +322,8 @@ def node_major() -> int | None:
 
 
 def render_python() -> str:
-    """The Python that runs the site's theme: one with Pygments (it highlights the code), this
-    one if it has it, else the course's .venv (JupyterLab brings Pygments), else this one."""
+    """The Python that runs the site's theme: this one if it has Pygments (which highlights the
+    code) or there is no .venv, else the course's .venv (JupyterLab brings Pygments)."""
     if importlib.util.find_spec("pygments") is not None or not PYTHON.exists():
         return sys.executable
     return str(PYTHON)
