@@ -8,7 +8,8 @@ instead of a dead widget. Then what students and readers meet: no test marker as
 either edition, no solution anywhere in the student's (pages and search index), highlighted
 code, previous/next links that walk the whole site in the sidebar's order, each page's own
 contents, and a search box that finds a word with the site opened from disk (file://, every
-other request refused). Skips, saying why, when mystmd (`pip install .[site]`) or Node.js 18+ is
+other request refused). Last, a one-notebook course in nbgrader's exercise form built both ways
+(the committed notebooks may still be in the older form, solutions in markdown). Skips, saying why, when mystmd (`pip install .[site]`) or Node.js 18+ is
 missing.
 """
 
@@ -303,3 +304,35 @@ def test_the_search_box_finds_a_word_with_the_site_opened_from_disk(built, brows
         context.close()
     assert not errors, f"JavaScript errors: {errors}"
     assert all(url.startswith("file:") for url in requests), [u for u in requests if not u.startswith("file:")]
+
+
+def test_a_notebook_in_the_nbgrader_form_builds_into_both_editions(tmp_path):
+    """The whole build (mystmd and the theme) on a notebook whose exercise carries nbgrader's
+    metadata and markers: the instructor's page shows the solution and the hidden test without
+    markers, the student's page shows neither, nor the outputs of the answer and test cells."""
+    if course.find_myst() is None or (course.node_major() or 0) < 18:
+        pytest.skip("mystmd and Node.js 18+ are needed to build the site")
+    from test_course_site import exercise_notebook
+
+    root = tmp_path / "course"
+    for name in ("README.md", "notebooks/TIMES.md", "helpers/lab/environment.py",
+                 "tools/site/project.py", "tools/site/render.py"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text((ROOT / name).read_text(encoding="utf-8"), encoding="utf-8")
+    (root / "notebooks" / "src").mkdir()
+    notebook = exercise_notebook(metadata=True)
+    notebook["metadata"] = {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                           "language": "python"}}
+    (root / "notebooks" / "09_x.ipynb").write_text(json.dumps(notebook), encoding="utf-8")
+    shown = {}
+    for edition, flags in (("instructor", []), ("student", ["--student"])):
+        assert course.site([*flags, str(tmp_path / edition)], root=root) == 0
+        page = (tmp_path / edition / "_build" / "html" / "x.html").read_text(encoding="utf-8")
+        shown[edition] = words(re.sub(r"<[^>]+>", " ", page))
+    for text in shown.values():
+        assert not MARKERS.search(text) and "timing 3 s" in text and "using your f" in text
+    for secret in ("y = x * x", "assert f ( 3 ) == 9", "Exercise x.f: passed", "the answer cell ran",
+                   "the older form's solution"):
+        assert secret.replace(" ", "") in shown["instructor"].replace(" ", "")
+        assert secret.replace(" ", "") not in shown["student"].replace(" ", ""), secret
+    assert "NotImplementedError" in shown["student"] and "YOUR CODE HERE" in shown["student"]
