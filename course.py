@@ -8,7 +8,7 @@ and three for instructors and whoever forks the course:
 
     python3 course.py student [DIR]    # the student edition: a folder to hand out, no solutions in it
     python3 course.py publish https://github.com/OWNER/REPO   # point Colab links and installs at it
-    python3 course.py site [DIR]       # the course website (default: _site/), needs `pip install .[site]`
+    python3 course.py site [--student] [DIR]   # the website (default: _site/), needs `pip install .[site]`
 
 Both create a virtual environment in `.venv`, install PyTorch first and then the course package
 (editable) with pinned versions from `constraints.txt` (the environment the stored notebook
@@ -321,10 +321,23 @@ def node_major() -> int | None:
     return int(match.group(1)) if match else None
 
 
+def render_python() -> str:
+    """The Python that runs the site's theme: this one if it has Pygments (which highlights the
+    code) or there is no .venv, else the course's .venv (JupyterLab brings Pygments)."""
+    if importlib.util.find_spec("pygments") is not None or not PYTHON.exists():
+        return sys.executable
+    return str(PYTHON)
+
+
 def site(extra_args: list[str], root: Path = ROOT) -> int:
-    """Build the course website into DIR (default: _site/); the HTML lands in DIR/_build/html."""
+    """Build the course website into DIR (default: _site/); the HTML lands in DIR/_build/html.
+
+    `--student` builds the student's edition: no solutions, no hidden tests, no outputs of the
+    answer and test cells (see tools/site/project.py)."""
+    student_site = "--student" in extra_args
+    extra_args = [arg for arg in extra_args if arg != "--student"]
     if len(extra_args) > 1 or any(arg.startswith("-") for arg in extra_args):
-        print(f"usage: python3 course.py site [DIR] (got {' '.join(extra_args)})")
+        print(f"usage: python3 course.py site [--student] [DIR] (got {' '.join(extra_args)})")
         return 2
     target = Path(extra_args[0] if extra_args else root / SITE_DIR).resolve()
     protected = [root.resolve(), *root.resolve().parents, (root / "notebooks").resolve()]
@@ -346,13 +359,17 @@ def site(extra_args: list[str], root: Path = ROOT) -> int:
     spec = importlib.util.spec_from_file_location("site_project", root / "tools/site/project.py")
     project = importlib.util.module_from_spec(spec)  # standard library only, like this file
     spec.loader.exec_module(project)
-    names = project.write_project(root, target, current_address(root), sys.executable)
+    if (target / "_build").is_dir():  # an earlier build, maybe of the other edition: no page of it stays
+        shutil.rmtree(target / "_build")
+    names = project.write_project(root, target, current_address(root), render_python(),
+                                  student_notebook if student_site else None)
     try:
         run([myst, "build", "--html"], cwd=target)
     except subprocess.CalledProcessError as error:
         print(f"myst build failed (exit {error.returncode}); its messages are above")
         return 1
-    print(f"the site of {len(names)} notebooks: {target / '_build' / 'html' / 'index.html'}")
+    edition = "student" if student_site else "instructor's"
+    print(f"the {edition} site of {len(names)} notebooks: {target / '_build' / 'html' / 'index.html'}")
     return 0
 
 

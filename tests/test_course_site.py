@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+MARKERS = re.compile(r"NBVAL_|### (BEGIN|END) (SOLUTION|HIDDEN TESTS)")
 
 
 def load(name: str, path: Path):
@@ -38,7 +39,7 @@ def tools_present(monkeypatch):
 @pytest.mark.parametrize("args", [["--html"], ["-o"], ["a", "b"]])
 def test_site_refuses_unknown_arguments(args, capsys, tools_present):
     assert course.main(["site", *args]) == 2
-    assert "usage: python3 course.py site [DIR]" in capsys.readouterr().out
+    assert "usage: python3 course.py site [--student] [DIR]" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("where", [".", "notebooks", "notebooks/src", ".."])
@@ -77,6 +78,35 @@ def test_site_writes_the_project_then_runs_myst_build_html_in_it(monkeypatch, tm
     assert course.site([str(tmp_path / "out")]) == 0
     assert calls == [(["myst", "build", "--html"], (tmp_path / "out").resolve())]
     assert (tmp_path / "out" / "myst.yml").exists()
+    assert json.loads((tmp_path / "out" / "edition.json").read_text()) == {"edition": "instructor"}
+
+
+@pytest.mark.parametrize("args", [["--student", "{out}"], ["{out}", "--student"]])
+def test_site_student_builds_the_student_edition_over_an_earlier_build(monkeypatch, tmp_path,
+                                                                       tools_present, args):
+    out = tmp_path / "out"
+    (out / "_build" / "html").mkdir(parents=True)
+    (out / "myst.yml").write_text("version: 1\n")
+    (out / "_build" / "html" / "attention.html").write_text("the instructor's solution")
+    monkeypatch.setattr(course, "run", lambda args, cwd: None)
+    assert course.site([arg.format(out=out) for arg in args]) == 0
+    assert not (out / "_build").exists(), "an earlier build's pages must not stay"
+    assert json.loads((out / "edition.json").read_text()) == {"edition": "student"}
+    for path in NOTEBOOKS:  # the student copies (answer cells blanked), whichever form they are in
+        shown = json.loads((out / "notebooks" / path.name).read_text())
+        for cell in shown["cells"]:
+            text = "".join(cell["source"])
+            assert not MARKERS.search(text) and not re.search(r"<summary>\s*Solution", text), text
+
+
+def test_the_theme_runs_on_a_python_with_pygments(monkeypatch, tmp_path):
+    monkeypatch.setattr(course, "PYTHON", tmp_path / "python")
+    assert course.render_python() == course.sys.executable  # no .venv: this one
+    (tmp_path / "python").write_text("")
+    monkeypatch.setattr(course.importlib.util, "find_spec", lambda name: None)
+    assert course.render_python() == str(tmp_path / "python")  # no Pygments here: the .venv's
+    monkeypatch.setattr(course.importlib.util, "find_spec", lambda name: object())
+    assert course.render_python() == course.sys.executable
 
 
 def test_site_says_when_myst_build_fails(monkeypatch, tmp_path, capsys, tools_present):
@@ -185,3 +215,173 @@ def test_the_theme_turns_a_myst_tree_into_html_with_page_links_and_figures():
     assert "a &lt; b" in out and 'href="attention.html#scores"' in out and 'href="index.html"' in out
     assert '<span class="katex">x</span>' in out and '<img src="abc.png"' in out
     assert page.files == {"/abc.png"}
+
+
+# A notebook in the new exercise form (CONTRIBUTING.md "## Exercises"), with an older-form
+# "Solution" reveal in markdown too: the site must handle both.
+SOLVED = '''def f(x):
+    """Square x."""
+    ### BEGIN SOLUTION
+    y = x * x  # the instructor's square
+    return y
+    ### END SOLUTION
+'''
+TESTED = '''check("x.f", f)
+### BEGIN HIDDEN TESTS
+assert f(3) == 9  # a hidden case
+### END HIDDEN TESTS
+'''
+REVEAL = '''<details><summary>Solution</summary>
+
+```python
+### BEGIN SOLUTION
+def g():
+    return "the older form's solution"
+### END SOLUTION
+```
+</details>
+
+After the reveal.'''
+
+
+def stream(text: str) -> dict:
+    return {"output_type": "stream", "name": "stdout", "text": text}
+
+
+def exercise_notebook(metadata: bool) -> dict:
+    def cell(kind: str, source: str, outputs: list | None = None, grader: dict | None = None) -> dict:
+        made = {"cell_type": kind, "metadata": {"nbgrader": grader} if metadata and grader else {},
+                "source": source}
+        if kind == "code":
+            made |= {"outputs": outputs or [], "execution_count": 1}
+        return made
+
+    return {"metadata": {}, "cells": [
+        cell("markdown", "# 9. A notebook"),
+        cell("code", "# NBVAL_IGNORE_OUTPUT\nprint('timing')", [stream("timing 3 s\n")]),
+        cell("markdown", "### Exercise 1\n<details><summary>Hint 1: the idea</summary>Square it."
+                         "</details>"),
+        cell("code", SOLVED, [stream("the answer cell ran\n")], {"solution": True, "grade": False}),
+        cell("code", TESTED, [stream("Exercise x.f: passed\n")], {"solution": False, "grade": True,
+                                                                    "points": 2}),
+        cell("code", "answer = yours_or('x.f', f, None)", [stream("using your f\n")]),
+        cell("markdown", REVEAL)]}
+
+
+def texts(notebook: dict) -> list[str]:
+    return ["".join(cell["source"]) for cell in notebook["cells"]]
+
+
+@pytest.mark.parametrize("metadata", [True, False], ids=["nbgrader metadata", "markers only"])
+def test_the_instructors_site_shows_solutions_and_hidden_tests_without_markers(metadata):
+    shown = project.site_notebook(exercise_notebook(metadata), project.colab_url("alice/course", "09_x.ipynb"))
+    assert texts(shown)[1].startswith("[Open in Colab](")
+    del shown["cells"][1]
+    setup, answer, tested, after = (texts(shown)[i] for i in (1, 3, 4, 6))
+    assert setup == "print('timing')"
+    assert "y = x * x" in answer and "assert f(3) == 9" in tested
+    assert "the older form's solution" in after
+    assert not any(MARKERS.search(text) for text in texts(shown))
+    outputs = [cell.get("outputs") for cell in shown["cells"]]
+    assert outputs == [cell.get("outputs") for cell in exercise_notebook(metadata)["cells"]]
+
+
+@pytest.mark.parametrize("metadata", [True, False], ids=["nbgrader metadata", "markers only"])
+def test_the_students_site_has_no_solution_no_hidden_test_and_no_exercise_output(metadata):
+    shown = project.site_notebook(exercise_notebook(metadata),
+                                  project.colab_url("alice/course", "09_x.ipynb"),
+                                  course.student_notebook)
+    opening = texts(shown)[1]
+    assert "colab" not in opening.lower() and "python3 course.py lab" in opening
+    del shown["cells"][1]
+    answer, tested, after = (texts(shown)[i] for i in (3, 4, 6))
+    assert "raise NotImplementedError()" in answer and "# YOUR CODE HERE" in answer
+    everything = "\n".join(texts(shown))
+    for secret in ("y = x * x", "the instructor's square", "assert f(3) == 9", "a hidden case",
+                   "the older form's solution", "<summary>Solution"):
+        assert secret not in everything
+    assert tested.strip() == 'check("x.f", f)' and after.strip() == "After the reveal."
+    assert "Hint 1: the idea" in texts(shown)[2]
+    assert not MARKERS.search(everything)
+    assert [cell.get("outputs") for cell in shown["cells"]] == [
+        None, [stream("timing 3 s\n")], None, [], [], [stream("using your f\n")], None]
+
+
+def test_the_colab_links_say_they_need_the_public_address_until_the_course_has_one():
+    placeholder = project.PLACEHOLDER_SLUG
+    caveat = project.colab_caveat(placeholder)
+    assert "do not work yet" in caveat and "course.py publish" in caveat
+    assert f"https://github.com/{placeholder}" in caveat
+    assert project.colab_caveat("alice/course") == ""
+    link = texts(project.site_notebook(exercise_notebook(True),
+                                       project.colab_url(placeholder, "09_x.ipynb")))[1]
+    assert "do not work yet" in link
+    published = texts(project.site_notebook(exercise_notebook(True),
+                                            project.colab_url("alice/course", "09_x.ipynb")))[1]
+    assert "do not work yet" not in published
+
+
+def test_the_student_landing_page_has_no_colab_column(tmp_path):
+    project.write_project(ROOT, tmp_path, "alice/course", "/usr/bin/python3", course.student_notebook)
+    index = (tmp_path / "index.md").read_text()
+    assert "colab.research.google.com" not in index and "student edition" in index
+    assert all(f"(notebooks/{path.name})" in index for path in NOTEBOOKS)
+    header = next(line for line in index.splitlines() if line.startswith("| #"))
+    assert header.rstrip().endswith("| needs |")
+    rows = [line for line in index.splitlines() if line.startswith("|")]
+    assert len({line.count("|") for line in rows}) == 1, "every row lost the same column"
+
+
+def test_without_colab_column_leaves_other_tables_alone():
+    table = "| a | b |\n|---|---|\n| 1 | 2 |"
+    assert project.without_colab_column(table) == table
+    assert project.without_colab_column("| a | Colab |\n|---|---|\n| 1 | [open](x) |") == (
+        "| a |\n|---|\n| 1 |")
+
+
+def test_the_instructors_page_shows_no_marker_and_says_how_to_hand_out_and_grade(written):
+    target, _ = written
+    page = (target / "instructors.md").read_text()
+    assert not MARKERS.search(page)
+    for needed in ("python3 course.py student DIR", "DIR/notebooks", "python3 course.py lab DIR",
+                   "nbgrader generate_assignment", "nbgrader autograde",
+                   "nbgrader generate_feedback", "pip install .[grade]", "course.py site --student"):
+        assert needed in page, needed
+
+
+def heading(depth: int, ident: str, text: str) -> dict:
+    return {"type": "heading", "depth": depth, "identifier": ident,
+            "children": [{"type": "text", "value": text}]}
+
+
+def test_the_theme_highlights_code_and_writes_contents_pager_and_search(tmp_path, monkeypatch):
+    page = render.Page({"intro", "attention"}, "intro")
+    code = page.node({"type": "code", "lang": "python", "value": "def f(x):\n    return x < 1"})
+    assert '<span class="k">def</span>' in code and "&lt;" in code
+    assert page.node({"type": "code", "lang": "", "value": "a < b"}).count("<span") == 0
+    tree = {"type": "root", "children": [
+        heading(2, "one", "One"), {"type": "paragraph", "children": [{"type": "text", "value": "alpha"}]},
+        heading(3, "one-a", "One a"), {"type": "code", "value": "beta()"},
+        {"type": "output", "jupyter_data": {"output_type": "stream", "text": "gamma"}},
+        heading(2, "two", "Two"), heading(4, "deep", "Deep")]}
+    found = render.headings(tree)
+    assert found == [(2, "one", "One"), (3, "one-a", "One a"), (2, "two", "Two")]
+    toc = render.contents(found)
+    assert toc.index('href="#one"') < toc.index('href="#one-a"') < toc.index('href="#two"')
+    assert toc.count("<ul>") == toc.count("</ul>") == 2 and toc.count("<li>") == toc.count("</li>") == 3
+    assert [s["heading"] for s in render.sections(tree)] == ["One", "One a", "Two", "Deep"]
+    assert render.sections(tree)[1]["text"] == "beta()"  # code is searchable, outputs are not
+    assert "gamma" not in json.dumps(render.sections(tree))
+    nav = [("index", "Home"), ("attention", "3. Attention"), ("sources", "Sources")]
+    middle = render.pager("attention", nav)
+    assert 'rel="prev" href="index.html"' in middle and 'rel="next" href="sources.html"' in middle
+    assert 'rel="prev"' not in render.pager("index", nav)
+    assert 'rel="next"' not in render.pager("sources", nav)
+    render.write_page(tmp_path, "attention", "3. Attention", code, nav, found, "Student edition")
+    written = (tmp_path / "attention.html").read_text()
+    assert 'id="search"' in written and "search.js" in written and "Student edition" in written
+    assert ".highlight .k" in written and 'rel="next"' in written and 'class="contents"' in written
+    index = render.search_index({"attention": {"frontmatter": {"title": "3. Attention"}, "mdast": tree}},
+                                {"attention": "attention"})
+    assert index[0] == {"url": "attention.html#one", "page": "3. Attention", "heading": "One",
+                        "text": "alpha"}

@@ -3,12 +3,18 @@
 The server and the browser live for this folder's tests only (module scope), serve copies of the
 notebooks from a temporary folder, and are stopped (the server by its own PID) when the module
 ends, passed or failed.
+
+A missing Chromium is installed in CI only (CI=true). Elsewhere the suite asks on the terminal
+first (y/N, once a session), and with no terminal or on a "no" it skips, naming the command that
+installs it (tools/install_browser.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,11 +36,36 @@ def load_installer():
     return module
 
 
-@pytest.fixture(scope="module")
-def chromium() -> Path:
+def terminal_question(config: pytest.Config, installer) -> Callable[[str], bool | None]:
+    """Ask on the user's terminal with pytest's capture of stdin and stdout suspended (as pdb
+    does): the yes or no, or None when stdin is no terminal."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+
+    def ask(question: str) -> bool | None:
+        suspended = contextlib.nullcontext() if capture is None else uncaptured(capture)
+        with suspended:
+            return installer.ask_on_terminal(question)
+
+    return ask
+
+
+@contextlib.contextmanager
+def uncaptured(capture):
+    capture.suspend(in_=True)
+    try:
+        yield
+    finally:
+        capture.resume()
+
+
+@pytest.fixture(scope="session")
+def chromium(request) -> Path:
+    """Session scope: asked (and skipped) once for the whole suite, not once a module."""
     installer = load_installer()
     try:
-        return installer.ensure_chromium()
+        return installer.ensure_chromium(ask=terminal_question(request.config, installer))
+    except installer.BrowserNotInstalled as why:
+        pytest.skip(str(why))
     except installer.BrowserMissing as error:
         pytest.fail(str(error), pytrace=False)
 

@@ -6,6 +6,12 @@ every committed notebook with its stored outputs, a Colab link under its title, 
 output replaced by a note (the static figure the notebook draws before every widget is the
 widget's fallback, see CONTRIBUTING.md). Nothing is executed. Standard library only.
 
+Two editions. The instructor's shows each exercise's solution as plain code; the student's
+(`course.py site --student`) blanks it as `course.student_notebook` does, drops hidden tests and
+the outputs of answer and test cells, and keeps every other stored output. Neither shows the
+test markers (`# NBVAL_*`, nbgrader's `### BEGIN/END SOLUTION` and `### BEGIN/END HIDDEN TESTS`)
+as page text. Robust to the older form too, where a solution sat in a markdown "Solution" reveal.
+
 The instructors' page says where each notebook can stop in a 50-minute class. The estimate is
 per `## ` section: prose words at 100 a minute (read and explained), code lines at 4 a minute
 (read, run and discussed), plus the section's measured run time (the cells' `execution`
@@ -15,9 +21,11 @@ measurement of a class.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -27,6 +35,17 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_NOTE = ('<p class="widget-note">An interactive widget goes here: run the notebook '
                "(JupyterLab or Colab) to move its controls. The figure just above is the same "
                "drawing, static.</p>")
+# Lines that steer the tests, not the reader: nbval's cell comments and nbgrader's markers.
+MARKER_LINE = re.compile(r"^[ \t]*(?:#[ \t]*NBVAL_\w+|### (?:BEGIN|END) (?:SOLUTION|HIDDEN TESTS))\b.*(?:\n|$)",
+                         re.M)
+CHECK_CALL = re.compile(r"^check\(", re.M)
+# The older form's solution: a markdown reveal, `<details><summary>Solution</summary>...</details>`.
+SOLUTION_REVEAL = re.compile(r"<details>\s*<summary>\s*Solution\s*</summary>.*?</details>[ \t]*\n?",
+                             re.S | re.I)
+# The address the course names until it has a public home (the README's "In Colab"). Written in
+# two halves on purpose: `course.py publish` rewrites every literal address in the course, and
+# this one must stay the placeholder, so that a published site drops the caveat.
+PLACEHOLDER_SLUG = "transformer-course/" + "transformer-course"
 KNOB = re.compile(r"^([A-Z][A-Z0-9_]+) = (.+?)\s+#\s*(.*(?:knob|<-).*)$")
 ENVIRONMENT_KNOBS = [
     ("COURSE_PRECISION", "`fp32`, `bf16` or `auto` (unset: `auto`)", "what the trainer's "
@@ -93,11 +112,77 @@ def colab_url(slug: str, name: str) -> str:
     return f"https://colab.research.google.com/github/{slug}/blob/main/notebooks/{name}"
 
 
-def site_notebook(notebook: dict, colab: str) -> dict:
-    """The notebook as the site shows it: a Colab link under the title, widget views as a note."""
+def colab_caveat(slug: str) -> str:
+    """What a reader must know about the Colab links: nothing once the course is published."""
+    if slug != PLACEHOLDER_SLUG:
+        return ""
+    return (f"The Colab links need the course at its public address, and "
+            f"`https://github.com/{slug}` is a placeholder until it has one: **they do not work "
+            "yet**. Whoever hosts the course runs `python3 course.py publish "
+            "https://github.com/OWNER/REPO` (the README's \"In Colab\"), which points them there.")
+
+
+def without_colab_column(markdown: str) -> str:
+    """The README's notebook table without its last column when that is the Colab one."""
+    lines = markdown.splitlines()
+    header = next((line for line in lines if line.startswith("|")), "")
+    if not re.search(r"\|\s*Colab\s*\|\s*$", header):
+        return markdown
+    return "\n".join(re.sub(r"[^|]*\|\s*$", "", line) if line.startswith("|") else line
+                     for line in lines)
+
+
+def source_text(cell: dict) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def is_exercise_cell(cell: dict) -> bool:
+    """An answer cell or a test cell: by nbgrader's metadata, or by its markers and check call."""
+    if cell["cell_type"] != "code":
+        return False
+    grader = cell.get("metadata", {}).get("nbgrader", {})
+    source = source_text(cell)
+    return bool(grader.get("solution") or grader.get("grade") or CHECK_CALL.search(source)
+                or "### BEGIN SOLUTION" in source or "### BEGIN HIDDEN TESTS" in source)
+
+
+def without_markers(source: str) -> str:
+    """`source` without its test-marker lines (what nbval and nbgrader read, not the student)."""
+    return MARKER_LINE.sub("", source)
+
+
+def student_edition(notebook: dict, student_notebook: Callable[[dict], dict]) -> dict:
+    """`student_notebook(notebook)` (solutions blanked, hidden tests gone, outputs cleared), with
+    the stored outputs of every cell but the answer and test cells put back; no Solution reveal."""
+    original = copy.deepcopy(notebook["cells"])
+    blanked = student_notebook(notebook)
+    for before, after in zip(original, blanked["cells"], strict=True):  # one for one
+        if after["cell_type"] == "markdown":
+            after["source"] = SOLUTION_REVEAL.sub("", source_text(after))
+        elif after["cell_type"] == "code" and not is_exercise_cell(before):
+            after["outputs"] = before.get("outputs", [])
+            after["execution_count"] = before.get("execution_count")
+    return blanked
+
+
+def site_notebook(notebook: dict, colab: str, student_notebook: Callable[[dict], dict] | None = None
+                  ) -> dict:
+    """The notebook as the site shows it: the edition's exercises (see the module docstring), no
+    test markers, a Colab link under the title (the student's: how to open it instead), widget
+    views as a note."""
+    if student_notebook is not None:
+        notebook = student_edition(notebook, student_notebook)
+    for cell in notebook["cells"]:
+        cell["source"] = without_markers(source_text(cell))
+    slug = colab.split("/github/", 1)[-1].split("/blob/", 1)[0]
+    if student_notebook is None:
+        text = f"[Open in Colab]({colab}) (run it there, or locally with `python3 course.py lab`)."
+        text += f" {colab_caveat(slug)}" if colab_caveat(slug) else ""
+    else:  # the repository's copy holds the solutions: the student runs the handed-out folder
+        text = ("Run this notebook from the student folder your instructor handed out: "
+                "`python3 course.py lab` inside it opens it in JupyterLab.")
     opening = {"cell_type": "markdown", "metadata": {}, "id": f"colab-{colab.rsplit('/', 1)[-1][:2]}",
-               "source": f"[Open in Colab]({colab}) (run it there, or locally with "
-                         "`python3 course.py lab`)"}
+               "source": text}
     notebook["cells"].insert(1, opening)
     for cell in notebook["cells"]:
         for output in cell.get("outputs", []):
@@ -153,19 +238,45 @@ def instructors_page(root: Path, names: list[str], notebooks: dict[str, dict]) -
         "Named knobs at the top of a section (change the value, then run the section again):", "",
         "| notebook | knob | what it does |", "|---|---|---|", *knobs(root / "notebooks" / "src"), "",
         "## Handing out the student edition", "",
-        "`python3 course.py student DIR` writes every notebook into `DIR` (default `student/`) "
-        "with nbgrader's conventions: code between `### BEGIN SOLUTION` and `### END SOLUTION` "
-        "becomes `# YOUR CODE HERE` and `raise NotImplementedError`, hidden tests and the "
-        "\"Solution\" reveals go, every output is cleared; the hints stay. Hand out `DIR` with "
-        "the `helpers` package (the students run `python3 course.py lab`, or Colab's first cell "
-        "installs it). Each exercise's check then says \"not attempted\" until it is solved, and "
-        "the rest of the notebook still runs.", ""])
+        "`python3 course.py student DIR` (default `student/`) writes a folder that runs on its "
+        "own: the student notebooks in `DIR/notebooks`, the `helpers` package and the data they "
+        "import, the files that install them, `course.py` and a README with one command. In an "
+        "answer cell the code between nbgrader's solution markers becomes `# YOUR CODE HERE` and `raise NotImplementedError()`, hidden tests go and every "
+        "output is cleared; the hints stay. No full notebook, no notebook source and no solution "
+        "is in the folder: zip it or push it to a repository of its own.", "",
+        "The students open it with `python3 course.py lab` inside the folder (you can try it "
+        "from the course with `python3 course.py lab DIR`). Each exercise's check says \"not "
+        "attempted\" until it is solved, and the cells after it use the course's own version "
+        "and say so, so the notebook always runs to the end.", "",
+        "`python3 course.py site --student` builds this website without the solutions, the "
+        "hidden tests or the outputs of answer and test cells, for the students to read.", "",
+        "## Grading with nbgrader", "",
+        "The committed notebooks carry nbgrader's cell metadata: each answer cell is an "
+        "autograded answer with its solution between nbgrader's markers, each `check(...)` cell after "
+        "it a locked, graded test cell with its points (and hidden tests where they help). "
+        "nbgrader's own commands work unchanged; install them with the extra "
+        "`pip install .[grade]` (in the course's `.venv`: `.venv/bin/python -m pip install -e "
+        "'.[grade]' -c constraints.txt`). In a grading folder with the usual "
+        "`source/ASSIGNMENT/` layout:", "",
+        "```bash",
+        "mkdir -p source/week1 && cp COURSE/notebooks/03_attention.ipynb source/week1/",
+        "nbgrader generate_assignment week1   # release/week1/: the student notebooks",
+        "# the students' work goes in submitted/STUDENT/week1/, then",
+        "nbgrader autograde week1",
+        "nbgrader generate_feedback week1     # feedback/STUDENT/week1/: which check failed",
+        "```", "",
+        "`generate_assignment` writes the same student notebooks as `course.py student`. The "
+        "autograder runs the notebooks, so it needs the course package where it runs (the "
+        "course's `.venv` has it).", ""])
 
 
-def write_project(root: Path, target: Path, repo_slug: str, python: str) -> list[str]:
+def write_project(root: Path, target: Path, repo_slug: str, python: str,
+                  student_notebook: Callable[[dict], dict] | None = None) -> list[str]:
     """Write the MyST project into `target`; returns the notebooks' file names.
 
     python: the interpreter that runs the theme (`render.py`) when myst builds the HTML.
+    student_notebook: None for the instructor's edition; for the student's, the function that
+    makes a notebook's student copy (`course.student_notebook`).
     """
     readme = (root / "README.md").read_text(encoding="utf-8")
     paths = sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -176,13 +287,20 @@ def write_project(root: Path, target: Path, repo_slug: str, python: str) -> list
     for path in paths:
         notebooks[path.name] = json.loads(path.read_text(encoding="utf-8"))
         shown = site_notebook(json.loads(path.read_text(encoding="utf-8")),
-                              colab_url(repo_slug, path.name))
+                              colab_url(repo_slug, path.name), student_notebook)
         (target / "notebooks" / path.name).write_text(json.dumps(shown, indent=1), "utf-8")
     title = readme.splitlines()[0].lstrip("# ").strip()
     opening = readme.split("\n## ", 1)[0].split("\n", 1)[1].strip()
+    table = readme_section(readme, "The notebooks")
+    caveat = colab_caveat(repo_slug)
+    if student_notebook is not None:  # the Colab links open the instructor's notebooks
+        table = without_colab_column(table)
+        caveat = ("This is the student edition: the exercises are yours to write. Open the "
+                  "notebooks from the folder your instructor handed out (`python3 course.py lab` "
+                  "inside it).")
     (target / "index.md").write_text("\n\n".join([
-        f"# {title}", opening, "## The notebooks", readme_section(readme, "The notebooks"),
-        "See also [the sources](sources.md) and [the page for instructors](instructors.md)."]),
+        f"# {title}", opening, "## The notebooks", table,
+        *([caveat] if caveat else []), "See also [the sources](sources.md) and [the page for instructors](instructors.md)."]),
         "utf-8")
     sources = readme_section(readme, "Sources")
     (target / "sources.md").write_text(f"# Sources\n\n{sources}\n\n{citations(root, sources)}\n",
@@ -194,6 +312,8 @@ def write_project(root: Path, target: Path, repo_slug: str, python: str) -> list
         f"version: 1\nproject:\n  title: {json.dumps(title)}\n  toc:\n    - file: index.md\n"
         f"{toc}\n    - file: sources.md\n    - file: instructors.md\n"
         "site:\n  template: ./theme\n", "utf-8")
+    edition = "student" if student_notebook is not None else "instructor"
+    (target / "edition.json").write_text(json.dumps({"edition": edition}), "utf-8")
     theme = target / "theme"
     theme.mkdir(exist_ok=True)
     shutil.copy(Path(__file__).with_name("render.py"), theme / "render.py")

@@ -9,9 +9,15 @@ and serves the result as JSON on a local content server; `myst build --html` the
     CONTENT_CDN       http://localhost:PORT, serving /config.json, /content/SLUG.json and files
     BUILD_DIRECTORY   where the HTML goes
 
-Standard library only. Each page is one HTML file (`SLUG.html`, the first page `index.html`) with
-a sidebar of every page, and the figures sit beside them. The maths arrives as KaTeX's HTML with
-MathML inside; with no KaTeX style sheet to hand, the page shows the MathML, which browsers draw.
+Standard library, and Pygments (JupyterLab's highlighter, so in every course environment) for the
+code; without it the code shows plain. Each page is one HTML file (`SLUG.html`, the first page
+`index.html`) with a sidebar of every page and a search box, its own contents (its headings) at
+the top, and links to the previous and the next page; the figures sit beside them. The maths
+arrives as KaTeX's HTML with MathML inside; with no KaTeX style sheet to hand, the page shows the
+MathML, which browsers draw.
+
+The search works offline, from disk too: `search.js` holds an index written here (each section's
+heading and text) as a script, not JSON, since a page opened as a file may not fetch() another.
 """
 
 from __future__ import annotations
@@ -23,12 +29,29 @@ import sys
 import urllib.request
 from pathlib import Path
 
+try:
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import get_lexer_by_name
+    from pygments.util import ClassNotFound
+except ImportError:  # the code then shows plain
+    highlight = None
+
 STYLE = """
 body { margin: 0; font: 17px/1.55 system-ui, sans-serif; color: #1f2328; display: flex; }
-nav { width: 17rem; flex: none; height: 100vh; position: sticky; top: 0; overflow-y: auto;
+nav.sidebar { width: 17rem; flex: none; height: 100vh; position: sticky; top: 0; overflow-y: auto;
       background: #f6f8fa; border-right: 1px solid #d0d7de; padding: 1rem; box-sizing: border-box; }
-nav a { display: block; padding: .25rem 0; color: #0550ae; text-decoration: none; }
-nav a.current { font-weight: 600; }
+nav.sidebar a { display: block; padding: .25rem 0; color: #0550ae; text-decoration: none; }
+nav.sidebar a.current { font-weight: 600; }
+p.edition { margin: 0 0 .5rem; font-size: 14px; color: #57606a; }
+input#search { width: 100%; box-sizing: border-box; padding: .35rem .5rem; font: inherit;
+      font-size: 15px; border: 1px solid #d0d7de; border-radius: 6px; }
+ol#search-results { margin: .3rem 0 1rem; padding-left: 1.2rem; font-size: 14px; }
+ol#search-results small { display: block; color: #57606a; }
+nav.contents { border: 1px solid #d0d7de; border-radius: 6px; padding: .3rem 1rem; font-size: 15px; }
+nav.contents ul { margin: .2rem 0; padding-left: 1.2rem; }
+nav.pager { display: flex; justify-content: space-between; gap: 1rem; margin: 2rem 0 1rem;
+      padding-top: 1rem; border-top: 1px solid #d0d7de; }
 main { max-width: 60rem; padding: 1.5rem 2.5rem; min-width: 0; }
 pre { background: #f6f8fa; padding: .6rem .8rem; overflow-x: auto; font-size: 14px; }
 pre.output { background: #fff; border-left: 3px solid #d0d7de; }
@@ -42,6 +65,84 @@ a.colab { display: inline-block; background: #f9ab00; color: #000; padding: .2re
           border-radius: 4px; text-decoration: none; font-weight: 600; }
 p.widget-note { font-style: italic; color: #57606a; }
 """
+# The search box: loads search.js on first use (a script tag works from disk), then lists the
+# sections whose heading or text holds every word typed.
+SEARCH_SCRIPT = """
+(function () {
+  const box = document.getElementById('search'), list = document.getElementById('search-results');
+  let loading = false;
+  function show() {
+    const words = box.value.toLowerCase().split(/\\s+/).filter(Boolean);
+    list.replaceChildren();
+    if (!words.length || !window.COURSE_SEARCH) return;
+    const hits = window.COURSE_SEARCH.filter(r => words.every(w => r.low.includes(w)));
+    for (const hit of hits.slice(0, 30)) {
+      const item = document.createElement('li'), link = document.createElement('a');
+      link.href = hit.url;
+      link.textContent = hit.page + (hit.heading ? ' \u203a ' + hit.heading : '');
+      const at = Math.max(hit.text.toLowerCase().indexOf(words[0]) - 40, 0);
+      const note = document.createElement('small');
+      note.textContent = (at ? '\u2026' : '') + hit.text.slice(at, at + 120);
+      item.append(link, note);
+      list.append(item);
+    }
+    if (!hits.length) list.append(Object.assign(document.createElement('li'), {textContent: 'no match'}));
+  }
+  function load() {
+    if (loading) return;
+    loading = true;
+    const script = document.createElement('script');
+    script.src = 'search.js';
+    script.onload = () => {
+      for (const r of window.COURSE_SEARCH) r.low = (r.page + ' ' + r.heading + ' ' + r.text).toLowerCase();
+      show();
+    };
+    document.head.append(script);
+  }
+  box.addEventListener('focus', load);
+  box.addEventListener('input', () => { load(); show(); });
+})();
+"""
+CODE_STYLE = HtmlFormatter(style="default").get_style_defs(".highlight") if highlight else ""
+
+
+def highlighted(code: str, lang: str) -> str:
+    """`code` as HTML: Pygments' spans (classes styled by CODE_STYLE), or escaped when it has no lexer."""
+    if highlight is not None and lang:
+        try:
+            lexer = get_lexer_by_name(lang)
+        except ClassNotFound:
+            lexer = None
+        if lexer is not None:
+            return highlight(code, lexer, HtmlFormatter(nowrap=True)).rstrip("\n")
+    return html.escape(code)
+
+
+def plain(node: dict) -> str:
+    """The text a node shows, without markup (headings in the contents, the search index)."""
+    if "value" in node and node["type"] in ("text", "inlineCode", "code", "inlineMath", "math"):
+        return node["value"]
+    return "".join(plain(child) for child in node.get("children", []))
+
+
+def sections(tree: dict) -> list[dict]:
+    """The page's searchable sections: each heading (its anchor) and the prose and code under it."""
+    found = [{"heading": "", "anchor": "", "text": []}]
+
+    def walk(node: dict) -> None:
+        kind = node["type"]
+        if kind == "heading":
+            found.append({"heading": plain(node), "anchor": node.get("identifier", ""), "text": []})
+        elif kind in ("text", "inlineCode", "code", "inlineMath"):
+            found[-1]["text"].append(node["value"])
+        elif kind != "output":  # outputs are numbers and figures: not what a reader looks for
+            for child in node.get("children", []):
+                walk(child)
+
+    walk(tree)
+    return [{**section, "text": " ".join(" ".join(section["text"]).split())}
+            for section in found if section["heading"] or section["text"]]
+
 
 
 def fetch(path: str) -> bytes:
@@ -77,7 +178,9 @@ class Page:
             depth, ident = node.get("depth", 2), node.get("identifier", "")
             return f'<h{depth} id="{html.escape(ident)}">{inner()}</h{depth}>'
         if kind == "code":
-            return f'<pre><code class="language-{node.get("lang", "")}">{html.escape(node["value"])}</code></pre>'
+            lang = html.escape(node.get("lang") or "")
+            return (f'<pre class="highlight"><code class="language-{lang}">'
+                    f'{highlighted(node["value"], node.get("lang") or "")}</code></pre>')
         if kind == "link":
             url = self.href(node.get("url", ""))
             return f'<a href="{html.escape(url)}">{inner()}</a>'
@@ -138,14 +241,79 @@ class Page:
         return fetch(item["path"]).decode("utf-8")
 
 
-def write_page(out: Path, name: str, title: str, body: str, nav: list[tuple[str, str]]) -> None:
+def headings(tree: dict, page: Page | None = None) -> list[tuple[int, str, str]]:
+    """(depth, anchor, its HTML) of the page's `##` and `###` headings, in order: its contents.
+    With `page`, a heading's maths and code show as in the heading; without, as plain text."""
+    if tree["type"] == "heading":
+        depth = tree.get("depth", 2)
+        shown = page.children(tree) if page is not None else html.escape(plain(tree))
+        return [(depth, tree.get("identifier", ""), shown)] if depth in (2, 3) else []
+    return [found for child in tree.get("children", []) for found in headings(child, page)]
+
+
+def contents(found: list[tuple[int, str, str]]) -> str:
+    """The page's own table of contents: its `##` headings, each with its `###` ones."""
+    if not found:
+        return ""
+    items, open_sub = [], False
+    for depth, anchor, text in found:
+        link = f'<a href="#{html.escape(anchor)}">{text}</a>'
+        if depth == 3 and items:
+            items.append(("" if open_sub else "<ul>") + f"<li>{link}</li>")
+            open_sub = True
+        else:
+            items.append(("</ul></li>" if open_sub else "</li>" if items else "") + f"<li>{link}")
+            open_sub = False
+    items.append("</ul></li>" if open_sub else "</li>")
+    return f'<nav class="contents" aria-label="Contents"><strong>Contents</strong><ul>{"".join(items)}</ul></nav>'
+
+
+def pager(name: str, nav: list[tuple[str, str]]) -> str:
+    """Links to the previous and the next page in the sidebar's order."""
+    at = [slug for slug, _ in nav].index(name)
+    links = []
+    if at > 0:
+        links.append(f'<a rel="prev" href="{nav[at - 1][0]}.html">&larr; {html.escape(nav[at - 1][1])}</a>')
+    else:
+        links.append("<span></span>")
+    if at + 1 < len(nav):
+        links.append(f'<a rel="next" href="{nav[at + 1][0]}.html">{html.escape(nav[at + 1][1])} &rarr;</a>')
+    return f'<nav class="pager" aria-label="Previous and next page">{"".join(links)}</nav>'
+
+
+def edition_label() -> str:
+    """"Student edition" or "Instructor's edition", from the edition.json `project.py` wrote."""
+    where = Path(__file__).resolve().parent.parent / "edition.json"
+    edition = json.loads(where.read_text(encoding="utf-8"))["edition"] if where.exists() else ""
+    return {"student": "Student edition", "instructor": "Instructor's edition"}.get(edition, "")
+
+
+def write_page(out: Path, name: str, title: str, body: str, nav: list[tuple[str, str]],
+               found: list[tuple[int, str, str]], label: str = "") -> None:
     links = "".join(f'<a href="{slug}.html"{" class=current" if slug == name else ""}>'
                     f"{html.escape(text)}</a>" for slug, text in nav)
+    edition = f'<p class="edition">{html.escape(label)}</p>' if label else ""
+    search = ('<input id="search" type="search" placeholder="Search the course" '
+              'aria-label="Search the course" autocomplete="off"><ol id="search-results"></ol>')
     out.joinpath(f"{name}.html").write_text(
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}'
         f'</title><meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<style>{STYLE}</style></head><body><nav>{links}</nav><main><h1>{html.escape(title)}</h1>"
-        f"{body}</main></body></html>\n", encoding="utf-8")
+        f"<style>{STYLE}{CODE_STYLE}</style></head><body>"
+        f'<nav class="sidebar">{edition}{search}{links}</nav>'
+        f"<main><h1>{html.escape(title)}</h1>{contents(found)}{body}{pager(name, nav)}</main>"
+        f"<script>{SEARCH_SCRIPT}</script></body></html>\n", encoding="utf-8")
+
+
+def search_index(documents: dict[str, dict], names: dict[str, str]) -> list[dict]:
+    """One record per section of every page: where it is (url), its page, heading and text."""
+    records = []
+    for slug, document in documents.items():
+        page = document["frontmatter"].get("title", slug)
+        for section in sections(document["mdast"]):
+            anchor = f"#{section['anchor']}" if section["anchor"] else ""
+            records.append({"url": f"{names[slug]}.html{anchor}", "page": page,
+                            "heading": section["heading"], "text": section["text"]})
+    return records
 
 
 def main() -> int:
@@ -158,14 +326,22 @@ def main() -> int:
     names = {slug: "index" if slug == index else slug for slug in slugs}
     nav = [(names[s], documents[s]["frontmatter"].get("title", s)) for s in slugs]
     files: set[str] = set()
+    label = edition_label()
     for slug, document in documents.items():
         page = Page(set(slugs), index)
         body = page.node(document["mdast"])
-        write_page(out, names[slug], document["frontmatter"].get("title", slug), body, nav)
+        write_page(out, names[slug], document["frontmatter"].get("title", slug), body, nav,
+                   headings(document["mdast"], page), label)
         files |= page.files
     for path in sorted(files):
         out.joinpath(path.lstrip("/")).write_bytes(fetch(path))
-    print(f"wrote {len(slugs)} pages and {len(files)} files to {out}", file=sys.stderr)
+    records = search_index(documents, names)
+    out.joinpath("search.js").write_text(
+        "window.COURSE_SEARCH = " + json.dumps(records, ensure_ascii=False) + ";\n", encoding="utf-8")
+    if highlight is None:
+        print("Pygments is missing: the code is not highlighted (pip install pygments)", file=sys.stderr)
+    print(f"wrote {len(slugs)} pages, {len(files)} files and a search index of {len(records)} "
+          f"sections to {out}", file=sys.stderr)
     return 0
 
 
