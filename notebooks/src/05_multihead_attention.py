@@ -368,8 +368,8 @@ def my_mha_forward(x: torch.Tensor, mha: MultiHeadAttention, causal: bool = Fals
     if causal:
         above = torch.triu(torch.ones(n_tokens, n_tokens, dtype=torch.bool), diagonal=1)
         scores = scores.masked_fill(above, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    return mha.out_proj(merge_heads(weights @ values))        # (B, N, D)
+    heads = torch.softmax(scores, dim=-1) @ values            # (B, H, N, D_H)
+    return mha.out_proj(merge_heads(heads))                   # (B, N, D)
     ### END SOLUTION
 
 # %%
@@ -664,7 +664,8 @@ print("GQA (8 query heads, 2 KV heads) == MHA with K/V shared in groups of 4:",
 def my_kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
     """Bytes of KV cache that one token occupies."""
     ### BEGIN SOLUTION
-    return 2 * n_layers * n_kv_heads * head_dim * bytes_per_value
+    numbers = 2 * n_layers * n_kv_heads * head_dim  # a key and a value per head and layer
+    return numbers * bytes_per_value
     ### END SOLUTION
 
 # %%

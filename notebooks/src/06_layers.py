@@ -202,22 +202,22 @@ other_batch[0] = batch[0]              # the same first token, different company
 token = batch[:1]                      # (1, 8)
 
 
-def normalise_token_0(norm: nn.Module, rows: torch.Tensor, train: bool) -> torch.Tensor | str:
-    """norm's output for the first row of `rows`, or the error it raises."""
-    norm.train(train)
+def normalise_token_0(layer: nn.Module, rows: torch.Tensor, train: bool) -> torch.Tensor | str:
+    """layer's output for the first row of `rows`, or the error it raises."""
+    layer.train(train)
     try:
-        return norm(rows)[0]
+        return layer(rows)[0]
     except (ValueError, RuntimeError) as error:
         return f"error: {error}"
 
 
-for norm in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
-    name = type(norm).__name__
+for layer in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
+    name = type(layer).__name__
     with torch.no_grad():
-        in_batch = normalise_token_0(norm, batch, train=True)
-        in_other = normalise_token_0(norm, other_batch, train=True)
-        alone = normalise_token_0(norm, token, train=True)
-        evaluated = normalise_token_0(norm, batch, train=False)
+        in_batch = normalise_token_0(layer, batch, train=True)
+        in_other = normalise_token_0(layer, other_batch, train=True)
+        alone = normalise_token_0(layer, token, train=True)
+        evaluated = normalise_token_0(layer, batch, train=False)
     print(f"{name}:")
     print(f"  batch of 64 vs another batch of 64 (train): largest change {(in_batch - in_other).abs().max():.4f}")
     alone_text = alone if isinstance(alone, str) else f"largest change {(in_batch - alone).abs().max():.4f}"
