@@ -210,7 +210,7 @@ def block_forward(student: Callable[..., torch.Tensor]) -> str:
             if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.allclose(got.double(), want, atol=1e-6):
                 for wrong, fix, knobs, kinds in BLOCK_SLIPS:
                     if kind in kinds and torch.allclose(got.double(), block_variant(x, block, causal, **knobs), atol=1e-6):
-                        raise ExerciseFailed(f"for {what} your block {wrong}.", fix=fix)
+                        raise ExerciseFailed(f"for {what}, your block {wrong}.", fix=fix)
         expect_close(got, want, f"the block's output for {what}", atol=1e-6)
     return "Both orders of the block; notebook 7 stacks twelve Pre-LN ones into GPT-2."
 

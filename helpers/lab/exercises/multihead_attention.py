@@ -169,7 +169,7 @@ def mha_forward(student: Callable[..., torch.Tensor]) -> str:
             if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.allclose(got.double(), want):
                 for slip, (wrong, fix) in MHA_SLIPS.items():
                     if torch.allclose(got.double(), mha_variant(x, mha, causal, **MHA_KNOBS[slip])):
-                        raise ExerciseFailed(f"for {what} your forward {wrong}.", fix=fix)
+                        raise ExerciseFailed(f"for {what}, your forward {wrong}.", fix=fix)
         expect_close(got, want, f"the output for {what}", atol=1e-6)
     return "Your forward equals MultiHeadAttention's; the next cell proves it equals PyTorch's too."
 
