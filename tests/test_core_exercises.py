@@ -16,13 +16,15 @@ import torch
 import torch.nn.functional as F
 
 import helpers.lab.exercises as exercises
+from helpers.model import multihead
 from helpers.model.attention import (
     AttentionLayer,
     causal_mask,
     padding_mask,
     scaled_dot_product_attention,
 )
-from helpers.model.multihead import merge_heads, split_heads
+from helpers.model.layers import LayerNorm
+from helpers.model.multihead import MultiHeadAttention, merge_heads, split_heads
 from helpers.text.bpe import count_pairs, merge, most_frequent_pair, textbook_merges
 from helpers.text.chars import pre_split
 
@@ -343,37 +345,119 @@ MHA_CASES = [
     (mha_answer("merge_view"), "merges the heads by reading"),
     (mha_answer("no_out"), "forgot the output projection"),
     (mha_answer("no_causal"), "ignores causal=True"),
+    (lambda x, mha, causal=False: mha(x, causal=causal), "MultiHeadAttention.forward"),
+    (lambda x, mha, causal=False: mha.attend(*(split_heads(p(x), mha.n_heads) for p in (mha.q_proj, mha.k_proj, mha.v_proj)),
+                                             causal=causal), "MultiHeadAttention.attend"),
+]
+
+
+# --- 05: one fused module from a list of heads ---------------------------------------------------
+
+def fuse_answer(slip: str = ""):
+    """A student's fuse_heads; `slip` picks a usual mistake."""
+    def my_fuse_heads(separate):
+        has_bias = separate.out_proj.bias is not None
+        fused = MultiHeadAttention(separate.d_model, separate.n_heads,
+                                   bias=True if slip == "always_bias" else has_bias)
+        with torch.no_grad():
+            for name in ("q_proj", "k_proj", "v_proj"):
+                source = {"q_proj": "k_proj", "k_proj": "q_proj"}.get(name, name) if slip == "swap_qk" else name
+                parts = [getattr(head, source) for head in separate.heads]
+                if slip == "interleave":
+                    weight = torch.stack([p.weight for p in parts], dim=1).flatten(0, 1)
+                elif slip == "transpose":
+                    weight = torch.cat([p.weight.T for p in parts], dim=1)
+                else:
+                    weight = torch.cat([p.weight for p in parts])
+                if slip == "backwards":
+                    for h, p in enumerate(parts):
+                        p.weight.copy_(getattr(fused, name).weight[h * p.weight.shape[0]:(h + 1) * p.weight.shape[0]])
+                    continue
+                getattr(fused, name).weight.copy_(weight)
+                if has_bias and slip != "no_bias":
+                    getattr(fused, name).bias.copy_(torch.cat([p.bias for p in parts]))
+            if slip != "no_out":
+                fused.out_proj.weight.copy_(separate.out_proj.weight)
+                if has_bias:
+                    fused.out_proj.bias.copy_(separate.out_proj.bias)
+        return fused
+    return my_fuse_heads
+
+
+def fuse_by_state_dict(separate):
+    """Another right answer: rename and stack the entries of the state dict."""
+    fused = MultiHeadAttention(separate.d_model, separate.n_heads, bias=separate.out_proj.bias is not None)
+    state = {f"out_proj.{k}": v for k, v in separate.out_proj.state_dict().items()}
+    for key in fused.state_dict():
+        proj, _, kind = key.partition(".")
+        if proj != "out_proj":
+            state[key] = torch.cat([head.state_dict()[f"{proj}.{kind}"] for head in separate.heads])
+    fused.load_state_dict(state)
+    return fused
+
+
+FUSE_CASES = [
+    (fuse_answer(), None),
+    (fuse_by_state_dict, None),
+    (fuse_answer("always_bias"), "has no biases"),
+    (fuse_answer("no_bias"), "bias is not the heads' biases"),
+    (fuse_answer("interleave"), "interleave the heads"),
+    (fuse_answer("transpose"), "is transposed"),
+    (fuse_answer("swap_qk"), "q_proj holds the heads' k_proj weights"),
+    (fuse_answer("no_out"), "output projection W_O"),
+    (fuse_answer("backwards"), "changed the weights of separate"),
+    (lambda separate: separate, "returns a SeparateHeadsAttention"),
+    (lambda separate: multihead.fuse_heads(separate), "calls helpers.model.multihead.fuse_heads"),
 ]
 
 
 
-# --- 06: the Pre-LN block ------------------------------------------------------------------------
+# --- 06: the transformer block, Pre-LN and Post-LN -----------------------------------------------
 
 def block_answer(slip: str = ""):
-    def my_pre_ln_block(x, block, causal=True):
+    """A student's block; `slip` picks a usual mistake ("always_pre": ignores block.pre_norm)."""
+    def my_block_forward(x, block, causal=True):
         ln2 = block.ln1 if slip == "ln1_twice" else block.ln2
         act = {"relu": F.relu, "tanh": lambda t: F.gelu(t, approximate="tanh")}.get(slip, F.gelu)
         attend = causal and slip != "no_causal"
-        if slip == "post":
+        if slip == "post" or (not block.pre_norm and slip != "always_pre"):
             x = block.ln1(x + block.attn(x, causal=attend))
-            return block.ln2(x + block.mlp.down(act(block.mlp.up(x))))
+            return ln2(x + block.mlp.down(act(block.mlp.up(x))))
         h = block.ln1(x)
         base = {"no_attn_residual": 0.0, "normed_residual": h}.get(slip, x)
         x = base + block.attn(h, causal=attend)
         branch = block.mlp.down(act(block.mlp.up(ln2(x))))
         out = branch if slip == "no_mlp_residual" else x + branch
         return block.ln2(out) if slip == "final_norm" else out
-    return my_pre_ln_block
+    return my_block_forward
+
+
+def block_by_hand(x, block, causal=True):
+    """Another right answer: LayerNorm and the FFN's products written out, both orders."""
+    def norm(t, ln):
+        centred = t - t.mean(-1, keepdim=True)
+        return centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + ln.eps) * ln.weight + ln.bias
+
+    def ffn(t):
+        return F.gelu(t @ block.mlp.up.weight.T + block.mlp.up.bias) @ block.mlp.down.weight.T + block.mlp.down.bias
+
+    if block.pre_norm:
+        x = x + block.attn(norm(x, block.ln1), causal=causal)
+        return x + ffn(norm(x, block.ln2))
+    x = norm(x + block.attn(x, causal=causal), block.ln1)
+    return norm(x + ffn(x), block.ln2)
 
 
 BLOCK_CASES = [
     (block_answer(), None),
-    (lambda x, block, causal=True: block(x, causal=causal), None),
-    (block_answer("post"), "Post-LN"),
+    (block_by_hand, None),
+    (lambda x, block, causal=True: block(x, causal=causal), "calls helpers.model.layers.Block.forward"),
+    (block_answer("post"), "Post-LN, 2017"),
+    (block_answer("always_pre"), "uses the Pre-LN order, but this block is Post-LN"),
     (block_answer("no_attn_residual"), "no residual around attention"),
     (block_answer("normed_residual"), "adds the attention branch to the normalised x"),
     (block_answer("no_mlp_residual"), "no residual around the FFN"),
-    (block_answer("ln1_twice"), "uses ln1 before the FFN too"),
+    (block_answer("ln1_twice"), "uses ln1 for the FFN too"),
     (block_answer("relu"), "uses ReLU"),
     (block_answer("tanh"), "tanh approximation"),
     (block_answer("no_causal"), "ignores causal=True"),
@@ -381,13 +465,70 @@ BLOCK_CASES = [
 ]
 
 
+# --- 06: GPT-2's initialisation ------------------------------------------------------------------
+
+def init_answer(slip: str = ""):
+    """A student's GPT-2 initialisation; `slip` picks a usual mistake."""
+    @torch.no_grad()
+    def my_gpt2_init(blocks, n_layers, std=0.02):
+        divisor = {"no_factor": 1.0, "sqrt_n": math.sqrt(n_layers), "two_n": 2 * n_layers}.get(
+            slip, math.sqrt(2 * n_layers))
+        for module in blocks.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.normal_(0.0, std / divisor if slip == "scale_all" else std)
+                if slip != "keep_bias":
+                    module.bias.zero_()
+            if slip == "touch_norms" and isinstance(module, LayerNorm):
+                module.weight.normal_(0.0, std)
+        for block in blocks:
+            residual = (block.attn.out_proj, block.mlp.down) if slip != "scale_up" else (block.attn.out_proj, block.mlp.up)
+            for layer in residual:
+                layer.weight.normal_(0.0, std / divisor)
+        return blocks
+    return my_gpt2_init
+
+
+def init_by_names(blocks, n_layers, std=0.02):
+    """Another right answer: by parameter name, with torch.nn.init."""
+    for name, param in blocks.named_parameters():
+        if name.endswith("bias") and "ln" not in name:
+            torch.nn.init.zeros_(param)
+        elif name.endswith(("out_proj.weight", "down.weight")):
+            torch.nn.init.normal_(param, std=std / math.sqrt(2 * n_layers))
+        elif "ln" not in name:
+            torch.nn.init.normal_(param, std=std)
+    return blocks
+
+
+def init_by_the_course(blocks, n_layers, std=0.02):
+    """The course's helper, which the exercise asks the student to write."""
+    from helpers.model.layers import init_gpt2_
+
+    return init_gpt2_(blocks, n_layers, std)
+
+
+INIT_CASES = [
+    (init_answer(), None),
+    (init_by_names, None),
+    (init_answer("no_factor"), "without the 1/sqrt(2N) factor"),
+    (init_answer("sqrt_n"), "std / sqrt(N)"),
+    (init_answer("two_n"), "divides by 2N, not by its square root"),
+    (init_answer("scale_all"), "that is the residual projections' std"),
+    (init_answer("scale_up"), "mlp.up.weight in block 0"),
+    (init_answer("keep_bias"), "is not zero"),
+    (init_answer("touch_norms"), "no longer has weight 1 and bias 0"),
+    (lambda blocks, n_layers, std=0.02: None, "default initialisation"),
+    (init_by_the_course, "calls helpers.model.layers.init_gpt2_"),
+]
+
 
 # For tests/test_checkers.py, which wants a right and two wrong cases of every checker it owns.
 CORE_CASES = [(name, answer, message) for name, cases in (
     ("tokenization.train_bpe", BPE_CASES), ("embeddings.training_step", STEP_CASES),
     ("attention.scaled_attention", ATTENTION_CASES), ("attention.attention_layer", LAYER_CASES),
     ("masking.masked_attention", MASKED_CASES),
-    ("multihead_attention.mha_forward", MHA_CASES), ("layers.pre_ln_block", BLOCK_CASES))
+    ("multihead_attention.mha_forward", MHA_CASES), ("multihead_attention.fuse_heads", FUSE_CASES),
+    ("layers.block_forward", BLOCK_CASES), ("layers.gpt2_init", INIT_CASES))
     for answer, message in cases]
 
 
@@ -395,34 +536,35 @@ CORE_CASES = [(name, answer, message) for name, cases in (
 
 def test_yours_or_picks_the_passing_answer_and_says_so(capsys):
     mine = block_answer()
-    assert exercises.yours_or("layers.pre_ln_block", mine, print) is mine
-    assert "using your my_pre_ln_block" in capsys.readouterr().out
+    assert exercises.yours_or("layers.block_forward", mine, print) is mine
+    assert "using your my_block_forward" in capsys.readouterr().out
 
 
 def test_yours_or_falls_back_to_the_helper_and_says_why(capsys, monkeypatch):
     monkeypatch.setattr(exercises, "STRICT", False)
 
-    def my_pre_ln_block(x, block, causal=True):
+    def my_block_forward(x, block, causal=True):
         raise NotImplementedError
 
     helper = block_answer()
-    assert exercises.yours_or("layers.pre_ln_block", my_pre_ln_block, helper) is helper
+    assert exercises.yours_or("layers.block_forward", my_block_forward, helper) is helper
     said = capsys.readouterr().out
     assert "using the course's" in said and "not attempted yet" in said
-    assert exercises.yours_or("layers.pre_ln_block", block_answer("post"), helper) is helper
+    assert exercises.yours_or("layers.block_forward", block_answer("post"), helper) is helper
     assert "does not pass its check yet" in capsys.readouterr().out
 
 
 def test_yours_or_raises_in_strict_mode_so_the_solution_tests_prove_it_was_used(monkeypatch):
     monkeypatch.setattr(exercises, "STRICT", True)
     with pytest.raises(AssertionError, match="Post-LN"):
-        exercises.yours_or("layers.pre_ln_block", block_answer("post"), block_answer())
+        exercises.yours_or("layers.block_forward", block_answer("post"), block_answer())
 
 
 def test_the_checkers_leave_the_global_random_numbers_alone():
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    for name, answer in (("multihead_attention.mha_forward", mha_answer()), ("layers.pre_ln_block", block_answer()),
+    for name, answer in (("multihead_attention.mha_forward", mha_answer()), ("layers.block_forward", block_answer()),
+                         ("layers.gpt2_init", init_answer()), ("multihead_attention.fuse_heads", fuse_answer()),
                          ("embeddings.training_step", word_step()), ("attention.attention_layer", layer_answer())):
         assert verdict(name, answer)[0]
     assert torch.equal(torch.get_rng_state(), before)

@@ -215,7 +215,7 @@ def test_exercise_checkers_accept_the_solutions_and_explain_the_usual_mistakes()
 
     with pytest.raises(ExerciseFailed, match="wrong places"):
         get("multihead_attention.split_heads").checker(split_without_transpose)
-    with pytest.raises(ExerciseFailed, match="Transpose first"):
+    with pytest.raises(ExerciseFailed, match="interleaves tokens"):
         get("multihead_attention.merge_heads").checker(merge_without_transpose)
     with pytest.raises(ExerciseFailed, match="both K and V"):
         get("multihead_attention.kv_cache_bytes_per_token").checker(lambda n, h, d, b: n * h * d * b)

@@ -6,7 +6,8 @@
 #
 # **After this notebook you can**
 # - build multi-head attention two ways, as a list of single-head modules and as one module that
-#   handles every head in one batched product, and prove that the two compute the same thing;
+#   handles every head in one batched product, copy one's weights into the other, and prove that
+#   the two compute the same thing;
 # - write down the shape of every tensor on the way, `[B, H, N, D_H]`, and say what `W_O` does;
 # - read the attention maps of each head;
 # - size the KV cache and say what grouped-query (GQA) and multi-query (MQA) attention save;
@@ -83,7 +84,7 @@ W_K = [torch.randn(D, D_H) / D**0.5 for _ in range(H)]
 W_V = [torch.randn(D, D_H) / D**0.5 for _ in range(H)]
 W_O = torch.randn(H * D_H, D) / (H * D_H) ** 0.5       # [H·D_H x D]
 
-
+# %%
 def one_head(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor) -> torch.Tensor:
     """x: (N, D) -> (N, D_H): masked self-attention with this head's own projections."""
     q, k, v = x @ w_q, x @ w_k, x @ w_v  # (N, D_H) each
@@ -134,8 +135,84 @@ print("SeparateHeadsAttention == plain code:", torch.allclose(from_module, multi
 # | 4. output projection | merge heads, then `W_O` | `[B, N, H·D_H] [H·D_H, D] -> [B, N, D]` |
 #
 # The head axis `H` sits next to the batch axis, so PyTorch's batched matrix product runs every
-# (sequence, head) pair in one call. The cell does the four steps by hand on a batch of two
-# sequences (the Matrix Magic sentence and the same tokens reversed) and asserts every shape.
+# (sequence, head) pair in one call. Steps 1 and 4 hide the only tricky lines: turning
+# `[B, N, H·D_H]` into `[B, H, N, D_H]` and back. You write both first; then a cell does the four
+# steps by hand with them on a batch of two sequences (the Matrix Magic sentence and the same tokens
+# reversed) and asserts every shape.
+
+# %% [markdown]
+# ### Exercise: split the heads
+#
+# Write `my_split_heads(x, n_heads)`: `x` is `(B, N, H·D_H)`, the result `(B, H, N, D_H)`, where
+# head `h` holds features `h·D_H ... (h+1)·D_H - 1` of every token. Reshaping straight to
+# `[B, H, N, D_H]` has the right shape and the wrong contents; the checker notices.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# The D features of a token are H blocks of D_H side by side; each block becomes a head, and in
+# the result heads come before tokens.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Read the sizes off the input's shape. Give the last axis two axes, heads first and then the
+# features of one head, so that each token keeps its own features. Then swap the token axis and
+# the head axis (axes 1 and 2).
+# </details>
+
+# %%
+def my_split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(B, N, H * D_H) -> (B, H, N, D_H)."""
+    ### BEGIN SOLUTION
+    n_batch, n_tokens, width = x.shape
+    head_dim = width // n_heads
+    per_head = x.view(n_batch, n_tokens, n_heads, head_dim)  # (B, N, H, D_H)
+    return per_head.transpose(1, 2)                           # (B, H, N, D_H)
+    ### END SOLUTION
+
+# %%
+check("multihead_attention.split_heads", my_split_heads)
+
+# %% [markdown]
+# ### Exercise: merge the heads
+#
+# Write `my_merge_heads(heads)`, the inverse: `(B, H, N, D_H)` in, `(B, N, H·D_H)` out, each token's
+# heads side by side.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Undo the split step by step, in reverse order.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Swap the head and token axes back, so that each token's heads sit together; then join the last
+# two axes into one. After a transpose the memory is no longer in row order, so `view` refuses;
+# `reshape` copies when it has to.
+# </details>
+
+# %%
+def my_merge_heads(heads: torch.Tensor) -> torch.Tensor:
+    """(B, H, N, D_H) -> (B, N, H * D_H)."""
+    ### BEGIN SOLUTION
+    b, h, n, d_h = heads.shape
+    tokens_first = heads.transpose(1, 2)  # (B, N, H, D_H)
+    return tokens_first.reshape(b, n, h * d_h)
+    ### END SOLUTION
+
+# %%
+check("multihead_attention.merge_heads", my_merge_heads)
+
+# %% [markdown]
+# The four steps now run on your two functions (or on the course's `split_heads` and
+# `merge_heads` from `helpers.model.multihead`, until yours pass their checks).
+
+# %%
+from helpers.lab.exercises import yours_or
+from helpers.model import multihead
+
+split_heads = yours_or("multihead_attention.split_heads", my_split_heads, multihead.split_heads)
+merge_heads = yours_or("multihead_attention.merge_heads", my_merge_heads, multihead.merge_heads)
 
 # %%
 batch = torch.stack([X, X.flip(0)])  # (B, N, D)
@@ -143,10 +220,9 @@ B = batch.shape[0]
 W_QKV = torch.cat(W_Q + W_K + W_V, dim=1)  # [D, 3·H·D_H]: all heads' Q, then K, then V columns
 
 qkv = batch @ W_QKV                                        # step 1
-q, k, v = qkv.split(H * D_H, dim=-1)                       # 3 x [B, N, H·D_H]
-q, k, v = (t.view(B, N, H, D_H).transpose(1, 2) for t in (q, k, v))  # 3 x [B, H, N, D_H]
+q, k, v = (split_heads(t, H) for t in qkv.split(H * D_H, dim=-1))  # 3 x [B, H, N, D_H]
 heads, weights = scaled_dot_product_attention(q, k, v, mask=causal_mask(N))  # steps 2 and 3
-merged = heads.transpose(1, 2).reshape(B, N, H * D_H)      # [B, N, H·D_H]
+merged = merge_heads(heads)                                # [B, N, H·D_H]
 fused_plain = merged @ W_O                                 # step 4
 
 expected_shapes = {"W_QKV": (D, 3 * H * D_H), "qkv": (B, N, 3 * H * D_H), "q": (B, H, N, D_H),
@@ -161,100 +237,81 @@ assert torch.allclose(fused_plain[0], multi_head_plain, atol=1e-6)
 print("four matrix multiplies == heads one by one:", torch.allclose(fused_plain[0], multi_head_plain, atol=1e-6))
 
 # %% [markdown]
-# ### Exercise: split and merge heads
-#
-# Steps 1 and 4 hide the only tricky lines: turning `[B, N, H·D_H]` into `[B, H, N, D_H]` and back.
-# Write both. Reshaping straight to `[B, H, N, D_H]` has the right shape and the wrong contents;
-# the checker notices.
-
-# %%
-def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """(B, N, H * D_H) -> (B, H, N, D_H)."""
-    raise NotImplementedError
-
-
-check("multihead_attention.split_heads", split_heads)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# The D features of a token are H blocks of D_H; each block becomes a head, and heads go before
-# tokens.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# Give the last axis two axes, `(H, D_H)`, with `.view(B, N, H, D_H)`; then swap the token and head
-# axes with `.transpose(1, 2)`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-#     """(B, N, H * D_H) -> (B, H, N, D_H)."""
-#     batch, n_tokens, width = x.shape
-#     return x.view(batch, n_tokens, n_heads, width // n_heads).transpose(1, 2)
-# ### END SOLUTION
-#
-#
-# _ = check("multihead_attention.split_heads", split_heads)
-# ```
-# </details>
-
-# %%
-def merge_heads(heads: torch.Tensor) -> torch.Tensor:
-    """(B, H, N, D_H) -> (B, N, H * D_H)."""
-    raise NotImplementedError
-
-
-check("multihead_attention.merge_heads", merge_heads)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Undo split_heads step by step, in reverse order.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# Transpose back to `(B, N, H, D_H)`, then `.reshape(B, N, H * D_H)`. After a transpose the memory is
-# no longer in row order, so `.view` refuses; `.reshape` copies when it has to.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def merge_heads(heads: torch.Tensor) -> torch.Tensor:
-#     """(B, H, N, D_H) -> (B, N, H * D_H)."""
-#     batch, n_heads, n_tokens, head_dim = heads.shape
-#     return heads.transpose(1, 2).reshape(batch, n_tokens, n_heads * head_dim)
-# ### END SOLUTION
-#
-#
-# _ = check("multihead_attention.merge_heads", merge_heads)
-# ```
-# </details>
-
-# %% [markdown]
 # ### The fused module, and the proof that both styles agree
 #
-# `helpers.model.multihead.MultiHeadAttention(d_model, n_heads)` is the batched version, with
-# `split_heads` and `merge_heads` from the same module. It keeps three projections, `q_proj`,
-# `k_proj`, `v_proj`, rather than one `W_QKV`: stacked, they are exactly `W_QKV`, and kept apart
-# they let keys and values have fewer heads than queries (section 6). `fuse_heads` builds one from
-# a `SeparateHeadsAttention` by stacking head `h`'s weights into rows `h·D_H ... (h+1)·D_H - 1`.
-# The cell copies the weights across and compares the outputs, with biases, on random batches,
-# with and without the causal mask.
+# `helpers.model.multihead.MultiHeadAttention(d_model, n_heads)` is the batched version: it keeps
+# three projections, `q_proj`, `k_proj`, `v_proj`, each `nn.Linear(D, H·D_H)`, and `out_proj` for
+# `W_O`, and runs the four steps with `split_heads` and `merge_heads`. (Kept apart rather than as one
+# `W_QKV`, the projections let keys and values have fewer heads than queries, section 6.) Given the
+# same weights, it must compute exactly what `SeparateHeadsAttention` computes.
+
+# %% [markdown]
+# ### Exercise: fuse a list of heads into one module
+#
+# Write `my_fuse_heads(separate)`: a new `MultiHeadAttention` with the same `d_model`, the same number
+# of heads, and biases exactly when `separate` has them, whose weights are copies of those of the
+# `SeparateHeadsAttention` `separate`, so that the two modules give the same output. In
+# `nn.Linear`'s `[out x in]` layout, head `h`'s query weight (`separate.heads[h].q_proj.weight`,
+# `[D_H x D]`) must become rows `h·D_H ... (h+1)·D_H - 1` of the fused query weight; the same for
+# keys, values and the biases. `W_O` works on the concatenated heads in both modules. The cell
+# after the check builds the fused module with your function and compares the two.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Concatenating the heads' outputs is the same as one big projection whose weight is the heads'
+# weights stacked, head 0's rows first. So the fused projections are stacks of the heads'
+# projections, and the output projection is shared as it is.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Find out whether `separate` has biases (its output projection's bias is None or not) and build a
+# `MultiHeadAttention` of the same size with that bias setting. Without recording gradients, for
+# each of the query, key and value projections: collect that projection of every head, in head
+# order; concatenate their weights along the first (output) axis and copy the result into the
+# fused projection's weight; do the same with the biases when there are some. Copy the output
+# projection's weight and bias as they are, and return the new module.
+# </details>
 
 # %%
-from helpers.model.multihead import MultiHeadAttention, fuse_heads, merge_heads, split_heads
+from helpers.model.multihead import MultiHeadAttention
 
+
+def my_fuse_heads(separate: SeparateHeadsAttention) -> MultiHeadAttention:
+    """A MultiHeadAttention computing what `separate` (H heads of D_H, D = H·D_H) computes."""
+    ### BEGIN SOLUTION
+    has_bias = separate.out_proj.bias is not None
+    fused = MultiHeadAttention(separate.d_model, separate.n_heads, bias=has_bias)
+    pairs = [(fused.q_proj, [head.q_proj for head in separate.heads]),
+             (fused.k_proj, [head.k_proj for head in separate.heads]),
+             (fused.v_proj, [head.v_proj for head in separate.heads])]
+    with torch.no_grad():
+        for big, small in pairs:
+            big.weight.copy_(torch.cat([one.weight for one in small], dim=0))  # (H·D_H, D)
+            if has_bias:
+                big.bias.copy_(torch.cat([one.bias for one in small]))
+        fused.out_proj.weight.copy_(separate.out_proj.weight)
+        if has_bias:
+            fused.out_proj.bias.copy_(separate.out_proj.bias)
+    return fused
+    ### END SOLUTION
+
+# %%
+check("multihead_attention.fuse_heads", my_fuse_heads)
+
+# %% [markdown]
+# The cell fuses a random `SeparateHeadsAttention` with your function (or the course's
+# `fuse_heads`) and compares the outputs, with biases, on random batches, with and without the
+# causal mask. Every later cell of this notebook that needs a fused module with known weights uses
+# this one.
+
+# %%
+from helpers.model.multihead import fuse_heads
+
+fuse = yours_or("multihead_attention.fuse_heads", my_fuse_heads, fuse_heads)
 torch.manual_seed(1)
 separate = SeparateHeadsAttention(d_model=32, n_heads=4)
-fused = fuse_heads(separate)
+fused = fuse(separate)
 x = torch.randn(3, 7, 32)  # (B, N, D)
 for causal in (False, True):
     gap = (separate(x, causal=causal) - fused(x, causal=causal)).abs().max().item()
@@ -279,59 +336,46 @@ print("one [D x 3D] product == three [D x D] products:", tuple(w_qkv.T.shape))
 #
 # Now write what `MultiHeadAttention.forward` does, from its four `nn.Linear` layers
 # (`mha.q_proj`, `mha.k_proj`, `mha.v_proj`, `mha.out_proj`) and `mha.n_heads`: `x` `(B, N, D)` in,
-# `(B, N, D)` out, with the causal mask when `causal` is true. `split_heads` and `merge_heads` (the
-# course's, imported above) may help. The cell after it proves your function equal to the module
-# and to PyTorch's own `torch.nn.MultiheadAttention`.
-
-# %%
-def my_mha_forward(x: torch.Tensor, mha: MultiHeadAttention, causal: bool = False) -> torch.Tensor:
-    """Multi-head self-attention of x (B, N, D) with the weights of `mha`. Returns (B, N, D)."""
-    raise NotImplementedError
-
-
-check("multihead_attention.mha_forward", my_mha_forward)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
+# `(B, N, D)` out, with the causal mask when `causal` is true. Compute the scores, the mask and the
+# softmax yourself; `split_heads` and `merge_heads` (yours from above, or the course's) may help.
+# Calling the module itself (or its `attend`) does not count. The cell after the check proves your
+# function equal to the module and to PyTorch's own `torch.nn.MultiheadAttention`.
+#
+# <details><summary>Hint 1: the idea</summary>
 #
 # The four steps of the table in section 3: project, split into heads, attend inside each head
 # (the heads never mix here), then put the heads side by side again and project with `W_O`.
 # </details>
 #
-# <details><summary>Hint 2</summary>
+# <details><summary>Hint 2: the steps</summary>
 #
-# `q = split_heads(mha.q_proj(x), mha.n_heads)`, the same for `k` and `v` (each `(B, H, N, D_H)`);
-# scores `q @ k.transpose(-2, -1) / D_H ** 0.5`; if `causal`, `masked_fill` the entries above the
-# diagonal with `float("-inf")`; softmax over `dim=-1`, `@ v`; then `mha.out_proj(merge_heads(heads))`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def my_mha_forward(x: torch.Tensor, mha: MultiHeadAttention, causal: bool = False) -> torch.Tensor:
-#     """Multi-head self-attention of x (B, N, D) with the weights of `mha`. Returns (B, N, D)."""
-#     n_tokens = x.shape[1]
-#     q = split_heads(mha.q_proj(x), mha.n_heads)               # (B, H, N, D_H)
-#     k = split_heads(mha.k_proj(x), mha.n_heads)
-#     v = split_heads(mha.v_proj(x), mha.n_heads)
-#     scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5     # (B, H, N, N)
-#     if causal:
-#         future = ~torch.tril(torch.ones(n_tokens, n_tokens, dtype=torch.bool))
-#         scores = scores.masked_fill(future, float("-inf"))
-#     heads = torch.softmax(scores, dim=-1) @ v                 # (B, H, N, D_H)
-#     return mha.out_proj(merge_heads(heads))                   # (B, N, D)
-# ### END SOLUTION
-#
-#
-# _ = check("multihead_attention.mha_forward", my_mha_forward)
-# ```
+# Pass `x` through the query, key and value projections and split each result into the module's
+# number of heads, which gives three tensors of shape (B, H, N, D_H). Multiply the queries by the
+# transposed keys (the last two axes) and divide by the square root of the head size. If `causal`
+# is true, fill the entries above the diagonal with minus infinity. Take the softmax over the last
+# axis, multiply by the values, merge the heads and apply the output projection.
 # </details>
 
 # %%
-from helpers.lab.exercises import yours_or
+def my_mha_forward(x: torch.Tensor, mha: MultiHeadAttention, causal: bool = False) -> torch.Tensor:
+    """Multi-head self-attention of x (B, N, D) with the weights of `mha`. Returns (B, N, D)."""
+    ### BEGIN SOLUTION
+    n_tokens, n_heads = x.shape[1], mha.n_heads
+    queries = split_heads(mha.q_proj(x), n_heads)             # (B, H, N, D_H)
+    keys = split_heads(mha.k_proj(x), n_heads)
+    values = split_heads(mha.v_proj(x), n_heads)
+    scores = queries @ keys.transpose(-2, -1) / queries.shape[-1] ** 0.5  # (B, H, N, N)
+    if causal:
+        above = torch.triu(torch.ones(n_tokens, n_tokens, dtype=torch.bool), diagonal=1)
+        scores = scores.masked_fill(above, float("-inf"))
+    heads = torch.softmax(scores, dim=-1) @ values            # (B, H, N, D_H)
+    return mha.out_proj(merge_heads(heads))                   # (B, N, D)
+    ### END SOLUTION
 
+# %%
+check("multihead_attention.mha_forward", my_mha_forward)
 
+# %%
 def module_forward(x: torch.Tensor, mha: MultiHeadAttention, causal: bool = False) -> torch.Tensor:
     """The course's forward: the module itself."""
     return mha(x, causal=causal)
@@ -601,40 +645,31 @@ print("GQA (8 query heads, 2 KV heads) == MHA with K/V shared in groups of 4:",
 # %% [markdown]
 # ### Exercise: bytes of KV cache per token
 #
-# Write the formula: 2 (a key and a value) x layers x KV heads x head size x bytes per number.
-
-# %%
-def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
-    """Bytes of KV cache that one token occupies."""
-    raise NotImplementedError
-
-
-check("multihead_attention.kv_cache_bytes_per_token", kv_cache_bytes_per_token)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
+# Write `my_kv_cache_bytes_per_token(n_layers, n_kv_heads, head_dim, bytes_per_value)`: how many
+# bytes of keys and values one token leaves in the cache, as an `int`.
+#
+# <details><summary>Hint 1: the idea</summary>
 #
 # Count the numbers the cache keeps for one new token, then multiply by the bytes of each.
 # </details>
 #
-# <details><summary>Hint 2</summary>
+# <details><summary>Hint 2: the steps</summary>
 #
-# Every layer stores, for every KV head, one key vector and one value vector of `head_dim` numbers.
+# Every layer stores, for every key/value head, one key vector and one value vector of
+# `head_dim` numbers. Multiply the two vectors by the layers, the key/value heads and the head
+# size, and that count by the bytes of one number.
 # </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
-#     """Bytes of KV cache that one token occupies."""
-#     return 2 * n_layers * n_kv_heads * head_dim * bytes_per_value
-# ### END SOLUTION
-#
-#
-# _ = check("multihead_attention.kv_cache_bytes_per_token", kv_cache_bytes_per_token)
-# ```
-# </details>
+
+# %%
+def my_kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
+    """Bytes of KV cache that one token occupies."""
+    ### BEGIN SOLUTION
+    numbers = 2 * n_layers * n_kv_heads * head_dim  # a key and a value per head and layer
+    return numbers * bytes_per_value
+    ### END SOLUTION
+
+# %%
+check("multihead_attention.kv_cache_bytes_per_token", my_kv_cache_bytes_per_token)
 
 # %% [markdown]
 # ### What the cache costs at real sizes

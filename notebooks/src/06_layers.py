@@ -12,9 +12,11 @@
 #   why transformers use it rather than BatchNorm;
 # - build the FFN `D -> 4D -> D` with ReLU, GELU or SwiGLU and count its parameters;
 # - show with numbers why residual connections make deep stacks trainable, how the residual stream
-#   grows with Pre-LN and Post-LN, and what GPT-2's `1/sqrt(2N)` initialisation does about it;
+#   grows with Pre-LN and Post-LN, and initialise a stack as GPT-2 does, with `1/sqrt(2N)` on the
+#   projections that write into the stream;
 # - answer "can the FFN be replaced by attention?" with a measurement;
-# - use the Pre-LN `Block` from `helpers.model.layers`.
+# - write the Pre-LN and the Post-LN block from their parts, and use the `Block` of
+#   `helpers.model.layers`.
 #
 # **It assumes** notebook 5 (multi-head attention) and basic PyTorch (`nn.Module`, `backward`).
 
@@ -46,31 +48,71 @@ torch.set_num_threads(1)
 # Two details decide whether a hand-written version matches PyTorch's: the variance is the
 # **biased** one (divide by `D`, not `D - 1`), and `eps` sits **inside** the square root.
 
+# %% [markdown]
+# ### Exercise: LayerNorm
+#
+# Write `my_layer_norm(x, weight, bias, eps)`: `x` is `(..., D)`, `weight` (gamma) and `bias` (beta)
+# are `(D,)`, and the result has the shape of `x`. The checker compares with `F.layer_norm` and
+# tries a token whose features are all equal. The cells after it measure your function against
+# `nn.LayerNorm`, and what the two details change.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Each token's features are standardised on their own: subtract their mean, divide by their
+# standard deviation, then scale and shift.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Take the mean over the last axis, keeping that axis (with size 1) so that the subtraction
+# broadcasts over the features. The variance is the mean of the squared deviations from that mean,
+# again over the last axis. Divide the deviations by the square root of the variance plus `eps`,
+# multiply by `weight` and add `bias`.
+# </details>
+
 # %%
-def layer_norm_by_hand(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """x: (..., D) -> (..., D), each token standardised over its own D features."""
+def my_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: (..., D); weight, bias: (D,) -> (..., D), each token standardised over its own D features."""
+    ### BEGIN SOLUTION
     mean = x.mean(dim=-1, keepdim=True)
     variance = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # divide by D: the biased variance
-    return (x - mean) / torch.sqrt(variance + eps) * gamma + beta
+    return (x - mean) / torch.sqrt(variance + eps) * weight + bias
+    ### END SOLUTION
 
+# %%
+check("layers.layer_norm", my_layer_norm)
 
+# %% [markdown]
+# From here on the notebook normalises with `norm`: your `my_layer_norm` once it passes its check,
+# the course's `helpers.model.layers.layer_norm` until then. The cell compares it with
+# `nn.LayerNorm` (with random `gamma` and `beta`), then shows what each of the two details changes.
+
+# %%
+from helpers.lab.exercises import yours_or
+from helpers.model.layers import layer_norm
+
+norm = yours_or("layers.layer_norm", my_layer_norm, layer_norm)
+
+# %%
 torch.manual_seed(0)
 x = torch.randn(2, 5, 8) * 3 + 1  # (B, N, D)
 reference = nn.LayerNorm(8)
 with torch.no_grad():
     reference.weight.normal_()
     reference.bias.normal_()
-mine = layer_norm_by_hand(x, reference.weight, reference.bias)
+mine = norm(x, reference.weight, reference.bias, 1e-5)
 assert torch.allclose(mine, reference(x), atol=1e-6)
-print("by hand == nn.LayerNorm:", torch.allclose(mine, reference(x), atol=1e-6))
+print("norm == nn.LayerNorm:", torch.allclose(mine, reference(x), atol=1e-6))
 
+# %%
 unbiased = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + 1e-5) * reference.weight + reference.bias
 print(f"with the unbiased variance (D - 1) instead: largest difference {(unbiased - reference(x)).abs().max():.4f}")
 
+# %%
 constant_token = torch.full((1, 8), 3.0)  # every feature equal: variance 0
 no_eps = (constant_token - constant_token.mean()) / constant_token.std(correction=0)
 print("constant token without eps:", no_eps[0, :3], "...  with eps:",
-      layer_norm_by_hand(constant_token, torch.ones(8), torch.zeros(8))[0, :3], "...")
+      norm(constant_token, torch.ones(8), torch.zeros(8), 1e-5)[0, :3], "...")
 
 # %% [markdown]
 # Dividing by `D - 1` makes every output a factor `sqrt((D-1)/D)` too small (the printed
@@ -105,7 +147,7 @@ for i in range(4):
           f"{unbiased_std[i]:>13.2f}")
 
 # %%
-correct = layer_norm_by_hand(MATRIX_MAGIC_INPUT, torch.ones(8), torch.zeros(8), eps=MATRIX_MAGIC_EPS)
+correct = norm(MATRIX_MAGIC_INPUT, torch.ones(8), torch.zeros(8), MATRIX_MAGIC_EPS)
 assert torch.allclose(correct, F.layer_norm(MATRIX_MAGIC_INPUT, (8,), eps=MATRIX_MAGIC_EPS), atol=1e-6)
 print(f"correct normalised rows (nn.LayerNorm, eps = {MATRIX_MAGIC_EPS}):\n", correct.round(decimals=2))
 print("the Matrix Magic notes' rows:\n", MATRIX_MAGIC_NORMALISED)
@@ -123,61 +165,18 @@ print(f"(x - mean) / sqrt(notes std + eps) matches the notes' rows to {gap:.3f}"
 # where the formula wants the variance, so its rows have standard deviation between 1.34 and 1.81
 # instead of 1.
 #
-# From here on the course uses `helpers.model.layers.layer_norm` and the module `helpers.model.layers.LayerNorm`
-# (learned `weight` = gamma starting at 1, `bias` = beta starting at 0). The cell checks the
-# module against `nn.LayerNorm` with the same parameters.
+# The course's `helpers.model.layers.layer_norm` and the module `helpers.model.layers.LayerNorm`
+# (learned `weight` = gamma starting at 1, `bias` = beta starting at 0) compute the same. The cell
+# checks the module against `nn.LayerNorm` with the same parameters, and the function against `norm`.
 
 # %%
-from helpers.model.layers import LayerNorm, layer_norm
+from helpers.model.layers import LayerNorm
 
 ours = LayerNorm(8)
 ours.load_state_dict(reference.state_dict())
 assert torch.allclose(ours(x), reference(x), atol=1e-6)
 assert torch.allclose(layer_norm(x, reference.weight, reference.bias), mine, atol=1e-6)
 print("helpers.model.layers.LayerNorm == nn.LayerNorm:", torch.allclose(ours(x), reference(x), atol=1e-6))
-
-# %% [markdown]
-# ### Exercise: LayerNorm
-#
-# Write it yourself. The checker compares with `F.layer_norm` and tries a token whose features
-# are all equal.
-
-# %%
-def my_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: (..., D); weight, bias: (D,) -> (..., D)."""
-    raise NotImplementedError
-
-
-check("layers.layer_norm", my_layer_norm)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Each token's features are standardised on their own: subtract their mean, divide by their
-# standard deviation, then scale and shift.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `x.mean(-1, keepdim=True)` keeps the last axis so that the subtraction broadcasts. The variance
-# is the mean of the squared deviations.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def my_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-#     """x: (..., D); weight, bias: (D,) -> (..., D)."""
-#     mean = x.mean(-1, keepdim=True)
-#     variance = ((x - mean) ** 2).mean(-1, keepdim=True)
-#     return (x - mean) / torch.sqrt(variance + eps) * weight + bias
-# ### END SOLUTION
-#
-#
-# _ = check("layers.layer_norm", my_layer_norm)
-# ```
-# </details>
 
 # %% [markdown]
 # ## 2. BatchNorm vs LayerNorm
@@ -203,22 +202,22 @@ other_batch[0] = batch[0]              # the same first token, different company
 token = batch[:1]                      # (1, 8)
 
 
-def normalise_token_0(norm: nn.Module, rows: torch.Tensor, train: bool) -> torch.Tensor | str:
-    """norm's output for the first row of `rows`, or the error it raises."""
-    norm.train(train)
+def normalise_token_0(layer: nn.Module, rows: torch.Tensor, train: bool) -> torch.Tensor | str:
+    """layer's output for the first row of `rows`, or the error it raises."""
+    layer.train(train)
     try:
-        return norm(rows)[0]
+        return layer(rows)[0]
     except (ValueError, RuntimeError) as error:
         return f"error: {error}"
 
 
-for norm in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
-    name = type(norm).__name__
+for layer in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
+    name = type(layer).__name__
     with torch.no_grad():
-        in_batch = normalise_token_0(norm, batch, train=True)
-        in_other = normalise_token_0(norm, other_batch, train=True)
-        alone = normalise_token_0(norm, token, train=True)
-        evaluated = normalise_token_0(norm, batch, train=False)
+        in_batch = normalise_token_0(layer, batch, train=True)
+        in_other = normalise_token_0(layer, other_batch, train=True)
+        alone = normalise_token_0(layer, token, train=True)
+        evaluated = normalise_token_0(layer, batch, train=False)
     print(f"{name}:")
     print(f"  batch of 64 vs another batch of 64 (train): largest change {(in_batch - in_other).abs().max():.4f}")
     alone_text = alone if isinstance(alone, str) else f"largest change {(in_batch - alone).abs().max():.4f}"
@@ -313,45 +312,35 @@ print(f"D = {D}: 8·D² = {8 * D**2:,}; the FFN holds {counts['FFN, GELU'] / (co
 # biases `4D + D`); attention has `4D² + 4D`. So about two thirds of a block's parameters sit in its
 # FFN (the share printed above). SwiGLU with hidden size `8D/3` and no biases lands on exactly
 # `8D²` for this `D`.
-#
-# ### Exercise: SwiGLU
-#
-# Write SwiGLU with weights in the mathematical layout: `w_gate` and `w_up` are `(D, hidden)`,
-# `w_down` is `(hidden, D)`.
-
-# %%
-def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
-    """x: (..., D) -> (..., D)."""
-    raise NotImplementedError
-
-
-check("layers.swiglu", swiglu)
 
 # %% [markdown]
-# <details><summary>Hint 1</summary>
+# ### Exercise: SwiGLU
+#
+# Write `my_swiglu(x, w_gate, w_up, w_down)` with weights in the mathematical layout: `x` is
+# `(..., D)`, `w_gate` and `w_up` are `(D, hidden)`, `w_down` is `(hidden, D)`; the result is
+# `(..., D)`.
+#
+# <details><summary>Hint 1: the idea</summary>
 #
 # Two projections of x: one goes through SiLU and gates the other element by element; a third
 # projects back.
 # </details>
 #
-# <details><summary>Hint 2</summary>
+# <details><summary>Hint 2: the steps</summary>
 #
-# `F.silu` is SiLU. Only the gate projection goes through it.
+# Multiply `x` by the gate matrix and by the up matrix. Only the gate projection goes through SiLU
+# (`F.silu`); multiply the two results element by element, then multiply by the down matrix.
 # </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
-#     """x: (..., D) -> (..., D)."""
-#     return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
-# ### END SOLUTION
-#
-#
-# _ = check("layers.swiglu", swiglu)
-# ```
-# </details>
+
+# %%
+def my_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """x: (..., D); w_gate, w_up: (D, hidden); w_down: (hidden, D) -> (..., D)."""
+    ### BEGIN SOLUTION
+    return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
+    ### END SOLUTION
+
+# %%
+check("layers.swiglu", my_swiglu)
 
 # %% [markdown]
 # ### Dropout: on in training, off in evaluation
@@ -460,7 +449,7 @@ def stream_stds_unit_branches(pre_norm: bool, branches_per_layer: int = 1, width
         stds.append(x.std().item())
     return stds
 
-
+# %%
 @torch.no_grad()
 def stream_stds_blocks(blocks: list[nn.Module], x: torch.Tensor) -> list[float]:
     """Std of the stream after each block."""
@@ -560,13 +549,65 @@ assert 0.8 < variances["Xavier, 2/(fan_in + fan_out)"][-1] < 1.25
 # together add the same amount whatever the depth. Without the factor, the textbook section points out, the
 # stream's variance grows in proportion to the depth.
 #
-# `helpers.model.layers.init_gpt2_(model, n_layers)` does this. The cell builds stacks of `N` Pre-LN blocks,
-# initialises them with and without the `1/sqrt(2N)` factor, feeds them a stream of standard
-# deviation 0.02 (like GPT-2's embeddings), and measures the stream at the top.
+# `helpers.model.layers.init_gpt2_(model, n_layers)` does this; first you write it.
+
+# %% [markdown]
+# ### Exercise: GPT-2's initialisation
+#
+# Write `my_gpt2_init(blocks, n_layers, std)`: `blocks` is an `nn.ModuleList` of `n_layers` Pre-LN
+# `Block`s; initialise it in place as GPT-2 does and return it. Every `nn.Linear` weight is drawn
+# from `N(0, std²)` and every `nn.Linear` bias set to 0, except that each block's two residual
+# projections, `block.attn.out_proj.weight` and `block.mlp.down.weight`, are drawn with standard
+# deviation `std / sqrt(2 · n_layers)`; the LayerNorms keep their ones and zeros. The checker
+# measures the standard deviation of every weight; the cell after it builds stacks with your
+# function and measures the stream.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Draw everything with the same small standard deviation first, then draw the two projections
+# that add to the stream again, smaller, so that the `2N` additions together add a fixed amount.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Compute the residual standard deviation: `std` divided by the square root of twice the number
+# of blocks. Walk over every module of the stack; for each linear layer, fill its weight from a
+# normal distribution of mean 0 and standard deviation `std`, and fill its bias with zeros when it
+# has one (`nn.init` has a function for each). Then, for each block, fill its attention's output
+# projection weight and its FFN's down projection weight again, with the residual standard
+# deviation. Return the stack.
+# </details>
+
+# %%
+@torch.no_grad()
+def my_gpt2_init(blocks: nn.ModuleList, n_layers: int, std: float = 0.02) -> nn.ModuleList:
+    """GPT-2's initialisation of a stack of n_layers Pre-LN Blocks, in place; returns `blocks`."""
+    ### BEGIN SOLUTION
+    residual_std = std / math.sqrt(2 * n_layers)  # two additions to the stream per block
+    for module in blocks.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+    for block in blocks:  # the two projections that write into the residual stream
+        nn.init.normal_(block.attn.out_proj.weight, mean=0.0, std=residual_std)
+        nn.init.normal_(block.mlp.down.weight, mean=0.0, std=residual_std)
+    return blocks
+    ### END SOLUTION
+
+# %%
+check("layers.gpt2_init", my_gpt2_init)
+
+# %% [markdown]
+# The cell builds stacks of `N` Pre-LN blocks, initialises them with your `my_gpt2_init` (or the
+# course's `init_gpt2_` until yours passes), with and without the `1/sqrt(2N)` factor, feeds them
+# a stream of standard deviation 0.02 (like GPT-2's embeddings), and measures the stream at the
+# top.
 
 # %%
 from helpers.model.layers import RESIDUAL_PROJECTIONS, init_gpt2_
 
+gpt2_init = yours_or("layers.gpt2_init", my_gpt2_init, init_gpt2_)
 STACK_DEPTHS = (1, 2, 4, 8, 16, 32)
 
 
@@ -574,14 +615,14 @@ def gpt2_stack(n_blocks: int, scale_residual: bool) -> list[Block]:
     """n_blocks Pre-LN blocks with GPT-2's init, with or without the 1/sqrt(2N) factor."""
     torch.manual_seed(0)
     blocks = nn.ModuleList(Block(64, 4) for _ in range(n_blocks))
-    init_gpt2_(blocks, n_layers=n_blocks)
+    gpt2_init(blocks, n_blocks)
     if not scale_residual:
         for name, param in blocks.named_parameters():
             if name.endswith(RESIDUAL_PROJECTIONS):
                 nn.init.normal_(param, std=0.02)
     return list(blocks)
 
-
+# %%
 embeddings = 0.02 * torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(1))
 top_std = {scaled: [stream_stds_blocks(gpt2_stack(n, scaled), embeddings)[-1] for n in STACK_DEPTHS]
            for scaled in (False, True)}
@@ -619,44 +660,41 @@ plt.show()
 # We measure how far the `N` token vectors are from all being equal: the size of what is left
 # after subtracting the mean token, relative to the whole, `‖X - 1·meanᵀ‖ / ‖X‖`. It is 0 for
 # `N` copies of one vector.
-#
-# ### Exercise: distance from rank one
-
-# %%
-def my_distance_from_rank_one(x: torch.Tensor) -> torch.Tensor:
-    """x: (..., N, D) -> (...): ‖x - mean token‖_F / ‖x‖_F."""
-    raise NotImplementedError
-
-
-check("layers.distance_from_rank_one", my_distance_from_rank_one)
 
 # %% [markdown]
-# <details><summary>Hint 1</summary>
+# ### Exercise: distance from rank one
+#
+# Write `my_distance_from_rank_one(x)`: `x` is `(..., N, D)`, sets of `N` tokens; the result has
+# one number per set, shape `(...)`: `‖X - 1·meanᵀ‖_F / ‖X‖_F`. The matrix `1·meanᵀ`, every row the
+# mean token, is what an attention head computes when all its weights are `1/N`: the `N x N` matrix
+# of `1/N`s times `X`. Use that, or subtract the mean token directly; the checker compares values.
+#
+# <details><summary>Hint 1: the idea</summary>
 #
 # Subtract the best rank-one approximation (the mean token repeated) and compare the size of what
 # is left with the size of the whole.
 # </details>
 #
-# <details><summary>Hint 2</summary>
+# <details><summary>Hint 2: the steps</summary>
 #
-# The mean token is `x.mean(dim=-2, keepdim=True)`; `torch.linalg.matrix_norm` computes the
-# Frobenius norm over the last two dimensions.
+# Read `N` off the second-to-last axis. Build the `N x N` matrix whose entries are all one over
+# `N`, in the dtype of `x`; multiplied with `x` it gives every token the mean token. Subtract that
+# from `x`. Take the Frobenius norm of the remainder and of `x` over the last two axes only
+# (`torch.linalg.matrix_norm` does that), and divide.
 # </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def my_distance_from_rank_one(x: torch.Tensor) -> torch.Tensor:
-#     """x: (..., N, D) -> (...): ‖x - mean token‖_F / ‖x‖_F."""
-#     residual = x - x.mean(dim=-2, keepdim=True)
-#     return torch.linalg.matrix_norm(residual) / torch.linalg.matrix_norm(x)
-# ### END SOLUTION
-#
-#
-# _ = check("layers.distance_from_rank_one", my_distance_from_rank_one)
-# ```
-# </details>
+
+# %%
+def my_distance_from_rank_one(x: torch.Tensor) -> torch.Tensor:
+    """x: (..., N, D) -> (...): ‖x - mean token‖_F / ‖x‖_F."""
+    ### BEGIN SOLUTION
+    n = x.shape[-2]  # tokens per set
+    uniform = torch.full((n, n), 1 / n, dtype=x.dtype)  # attention weights, all 1/N
+    rest = x - uniform @ x  # (..., N, D): every token minus the mean token
+    return torch.linalg.matrix_norm(rest) / torch.linalg.matrix_norm(x)
+    ### END SOLUTION
+
+# %%
+check("layers.distance_from_rank_one", my_distance_from_rank_one)
 
 # %% [markdown]
 # The helper is `helpers.model.layers.distance_from_rank_one`. The cell pushes 16 random tokens
@@ -746,63 +784,60 @@ plt.show()
 #
 # `x = x + attn(ln1(x))`, then `x = x + mlp(ln2(x))`
 #
-# Write it yourself first, from the pieces; `helpers.model.layers.Block` must then agree with it.
-# The LayerNorms go through `norm`: your `my_layer_norm` from section 1 once it passes its check,
-# the course's `layer_norm` until then.
-
-# %%
-from helpers.lab.exercises import yours_or
-
-norm = yours_or("layers.layer_norm", my_layer_norm, layer_norm)
+# and for the Post-LN block of 2017 (section 5): `x = ln1(x + attn(x))`, then `x = ln2(x + mlp(x))`.
+# Write both yourself first, from the pieces; `helpers.model.layers.Block` must then agree with
+# them. The LayerNorms go through `norm`: your `my_layer_norm` from section 1 once it passes its
+# check, the course's `layer_norm` until then.
 
 # %% [markdown]
-# ### Exercise: the Pre-LN block
+# ### Exercise: the transformer block
 #
-# Write `my_pre_ln_block(x, block, causal)`: the output `(B, N, D)` of `block`, a `Block`, from its
-# parts: `block.ln1` and `block.ln2` (each with `.weight`, `.bias` and `.eps`, for `norm`),
-# `block.attn` (call it as `block.attn(h, causal=causal)`) and the FFN `block.mlp`, whose two
-# `nn.Linear` layers `block.mlp.up` and `block.mlp.down` you apply yourself, with the exact GELU
-# (`F.gelu`) between them. The cell after it checks your block against `Block`.
+# Write `my_block_forward(x, block, causal)`: the output `(B, N, D)` of `block`, a `Block`, from its
+# parts, in the order its `block.pre_norm` says (true: Pre-LN, false: Post-LN). The parts:
+# `block.ln1` and `block.ln2` (each with `.weight`, `.bias` and `.eps`, for `norm`), `block.attn`
+# (call it as `block.attn(h, causal=causal)`) and the FFN `block.mlp`, whose two `nn.Linear` layers
+# `block.mlp.up` and `block.mlp.down` you apply yourself, with the exact GELU (`F.gelu`) between
+# them. Calling the block itself does not count. The cell after the check runs your block against
+# `Block`, in both orders.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# In Pre-LN the residual stream `x` is never normalised itself: each branch reads a normalised
+# *copy* of it and adds its result back onto `x`. In Post-LN each branch reads `x` itself, and the
+# sum is normalised. Either way: attention first, then the FFN, each with its own LayerNorm.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Write the FFN once, as a small inner function: the up layer's weight and bias, the exact GELU,
+# then the down layer's. Pre-LN: normalise `x` with `norm` and the weight, bias and eps of `ln1`;
+# run the attention on that copy (passing `causal` on) and add its output to `x`; normalise the new
+# `x` with `ln2`'s parameters, run the FFN on that copy and return `x` plus its output. Post-LN:
+# add the attention of `x` to `x` and normalise the sum with `ln1`'s parameters; then add the FFN of
+# the result to it and normalise with `ln2`'s.
+# </details>
 
 # %%
-def my_pre_ln_block(x: torch.Tensor, block: Block, causal: bool = True) -> torch.Tensor:
+def my_block_forward(x: torch.Tensor, block: Block, causal: bool = True) -> torch.Tensor:
     """x: (B, N, D) -> (B, N, D): masked self-attention, then the FFN, each on a residual branch."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    ln1, ln2, mlp = block.ln1, block.ln2, block.mlp
 
+    def ffn(t: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D), each token on its own
+        hidden = F.gelu(t @ mlp.up.weight.T + mlp.up.bias)  # (B, N, 4D)
+        return hidden @ mlp.down.weight.T + mlp.down.bias
 
-check("layers.pre_ln_block", my_pre_ln_block)
+    if block.pre_norm:  # GPT-2: each branch reads a normalised copy; the stream is left alone
+        h = norm(x, ln1.weight, ln1.bias, ln1.eps)
+        x = x + block.attn(h, causal=causal)
+        h = norm(x, ln2.weight, ln2.bias, ln2.eps)
+        return x + ffn(h)
+    x = norm(x + block.attn(x, causal=causal), ln1.weight, ln1.bias, ln1.eps)  # Post-LN, 2017
+    return norm(x + ffn(x), ln2.weight, ln2.bias, ln2.eps)
+    ### END SOLUTION
 
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# The residual stream `x` is never normalised itself: each branch reads a normalised *copy* of it
-# and adds its result back onto `x`. Attention first, then the FFN, each with its own LayerNorm.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `h = norm(x, block.ln1.weight, block.ln1.bias, block.ln1.eps)`; `x = x + block.attn(h, causal=causal)`;
-# the same with `block.ln2` for a new `h`; then return `x + block.mlp.down(F.gelu(block.mlp.up(h)))`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def my_pre_ln_block(x: torch.Tensor, block: Block, causal: bool = True) -> torch.Tensor:
-#     """x: (B, N, D) -> (B, N, D): masked self-attention, then the FFN, each on a residual branch."""
-#     ln1, ln2, mlp = block.ln1, block.ln2, block.mlp
-#     h = norm(x, ln1.weight, ln1.bias, ln1.eps)          # (B, N, D): each token standardised
-#     x = x + block.attn(h, causal=causal)                 # the attention branch
-#     h = norm(x, ln2.weight, ln2.bias, ln2.eps)
-#     hidden = F.gelu(h @ mlp.up.weight.T + mlp.up.bias)  # (B, N, 4D)
-#     return x + hidden @ mlp.down.weight.T + mlp.down.bias  # the FFN branch
-# ### END SOLUTION
-#
-#
-# _ = check("layers.pre_ln_block", my_pre_ln_block)
-# ```
-# </details>
+# %%
+check("layers.block_forward", my_block_forward)
 
 # %%
 def course_block(x: torch.Tensor, block: Block, causal: bool = True) -> torch.Tensor:
@@ -810,13 +845,15 @@ def course_block(x: torch.Tensor, block: Block, causal: bool = True) -> torch.Te
     return block(x, causal=causal)
 
 
-pre_ln_block = yours_or("layers.pre_ln_block", my_pre_ln_block, course_block)
+block_forward = yours_or("layers.block_forward", my_block_forward, course_block)
 torch.manual_seed(0)
 block = Block(d_model=64, n_heads=4)
+post_block = Block(d_model=64, n_heads=4, pre_norm=False)
 x = torch.randn(2, 10, 64)
-by_hand = pre_ln_block(x, block)
-assert torch.allclose(block(x), by_hand, atol=1e-6)
-print("Block == plain code:", torch.allclose(block(x), by_hand, atol=1e-6), "  output", tuple(block(x).shape))
+for name, b in (("Pre-LN", block), ("Post-LN", post_block)):
+    assert torch.allclose(b(x), block_forward(x, b), atol=1e-5)
+    print(f"{name} Block == the block from its parts:", torch.allclose(b(x), block_forward(x, b), atol=1e-5))
+print("output", tuple(block(x).shape))
 
 D = 64
 for name, part in block.named_children():
