@@ -390,7 +390,7 @@ def train_word_vectors(embedding: nn.Embedding, predict_neighbour: nn.Linear, co
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        losses.append(loss.item())
+        losses.append(loss.item())  # the loss before this step's update
     return losses
     ### END SOLUTION
 

@@ -314,7 +314,8 @@ def train_word_vectors(student: Callable[..., Any]) -> str:
 
 def _filled(cls: Callable[..., Any], vocab_size: int, context_length: int, d_model: int) -> Any:
     """An instance of the student's class whose two tables hold known numbers."""
-    module = cls(vocab_size, context_length, d_model)
+    with torch.random.fork_rng():  # the tables' random start leaves the notebook's numbers alone
+        module = cls(vocab_size, context_length, d_model)
     for name, rows in (("token", vocab_size), ("position", context_length)):
         table = getattr(module, name, None)
         if not isinstance(table, torch.nn.Embedding):

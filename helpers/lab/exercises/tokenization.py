@@ -169,10 +169,11 @@ def decode_ids(student: Callable[[list[int], dict[int, bytes]], Any]) -> str:
         try:
             got = student(list(ids), dict(DECODE_VOCAB))
         except UnicodeDecodeError:
-            raise ExerciseFailed(f"for ids={ids} decoding failed with UnicodeDecodeError: a character cut "
-                                 "between tokens (or left unfinished) is not valid UTF-8 on its own.",
-                                 fix="decode with errors='replace', after joining all the bytes, so "
-                                     "that an unfinished character becomes '�'.") from None
+            raise ExerciseFailed(f"for ids={ids} decoding failed with UnicodeDecodeError: you decoded "
+                                 "strictly (without errors='replace'), and a character cut between "
+                                 "tokens, or left unfinished, is not valid UTF-8 on its own.",
+                                 fix="after joining all the bytes, decode them asking Python to "
+                                     "replace whatever is not a whole character by the mark '�'.") from None
         expected = b"".join(DECODE_VOCAB[i] for i in ids).decode("utf-8", errors="replace")
         split = "".join(DECODE_VOCAB[i].decode("utf-8", errors="replace") for i in ids)
         if got == split and split != expected:
