@@ -478,7 +478,8 @@ print(bpe.labels(longest))
 # chunk would work, but most of them cannot apply; instead, repeat one step: among the chunk's
 # neighbouring pairs, merge the one learned earliest (lowest rank), with `merge_pair` from above,
 # until no pair of the chunk was ever learned. This gives the same ids as replaying the merges in
-# order, because a merge's two parts always exist before it is learned. A text repeats its
+# order: a pair that holds a merged id was learned after the merge that made the id, so a merge
+# never creates a pair of lower rank than its own. A text repeats its
 # words: the corpus has hundreds of times more chunks than distinct ones (section 4 printed both
 # counts), so remember the ids of each chunk the first time you encode it and reuse them after.
 # The rest of this section, and the comparison of the three tokenizers on the whole corpus,
@@ -526,8 +527,8 @@ def encode_text(text: str, merges: list[tuple[int, int]]) -> list[int]:
 check("tokenization.encode_text", encode_text)
 
 # %% [markdown]
-# `BPETokenizer.encode` does the same, with a heap to find the lowest rank faster in long chunks.
-# The next cell encodes with your `encode_text` if it passes its check, and with
+# `BPETokenizer.encode` does the same (for a very long chunk it keeps the pairs in a heap, with
+# the same result). The next cell encodes with your `encode_text` if it passes its check, and with
 # the course's tokenizer if not, saying which; `decode` looks each id up and joins the bytes:
 
 # %%
