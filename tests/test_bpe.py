@@ -341,14 +341,15 @@ def test_the_exercises_refuse_float_counts_and_ids():
     def float_counts(ids):
         return {pair: float(n) for pair, n in count_pairs(ids).items()}
 
-    def float_ids(word, merges):
-        return [float(i) for i in BPETokenizer(merges).apply_merges(list(word.encode()))]
+    def float_ids(text, merges):
+        return [float(i) for i in BPETokenizer(merges).encode(text)]
 
     assert passes("tokenization.count_pairs", lambda ids: dict(count_pairs(ids)))
     passed, message = evaluate("tokenization.count_pairs", float_counts)
     assert not passed and "should be an int, but it is a float" in message
-    assert passes("tokenization.encode_word", lambda w, m: BPETokenizer(m).apply_merges(list(w.encode())))
-    assert not passes("tokenization.encode_word", float_ids)
+    assert passes("tokenization.encode_text", lambda text, m: BPETokenizer(m).encode(text))
+    passed, message = evaluate("tokenization.encode_text", float_ids)
+    assert not passed and "expected a list of int ids" in message
 
 
 # --- streaming encode: a file a block at a time, the same ids as the whole text ------------------

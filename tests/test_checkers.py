@@ -52,26 +52,55 @@ def _merge(ids, pair, new_id):
     return out
 
 
-def encode_lowest_rank_first(word, merges):
-    """tiktoken's way: repeatedly merge the present pair of lowest rank."""
-    ids, ranks = list(word.encode("utf-8")), {pair: r for r, pair in enumerate(merges)}
-    while len(ids) > 1:
-        pair = min(itertools.pairwise(ids), key=lambda p: ranks.get(p, math.inf))
-        if pair not in ranks:
-            break
-        ids = _merge(ids, pair, 256 + ranks[pair])
-    return ids
+def _chunks(text):
+    from helpers.text.chars import pre_split
+    return pre_split(text)
 
 
-def encode_first_merge_only(word, merges):
-    return _merge(list(word.encode("utf-8")), merges[0], 256)
+def encode_lowest_rank_first(text, merges):
+    """tiktoken's way: in each chunk, repeatedly merge the present pair of lowest rank."""
+    ranks, out = {pair: r for r, pair in enumerate(merges)}, []
+    for chunk in _chunks(text):
+        ids = list(chunk.encode("utf-8"))
+        while len(ids) > 1:
+            pair = min(itertools.pairwise(ids), key=lambda p: ranks.get(p, math.inf))
+            if pair not in ranks:
+                break
+            ids = _merge(ids, pair, 256 + ranks[pair])
+        out += ids
+    return out
 
 
-def encode_wrong_ids(word, merges):
-    ids = list(word.encode("utf-8"))
-    for rank, pair in enumerate(merges):
-        ids = _merge(ids, pair, 255 + rank)
-    return ids
+def _replay(text, merges, first_id=256, split=True, rank_order=None):
+    out = []
+    for chunk in (_chunks(text) if split else [text]):
+        ids = list(chunk.encode("utf-8"))
+        for rank in (rank_order or range)(len(merges)):
+            ids = _merge(ids, merges[rank], first_id + rank)
+        out.extend(ids)
+    return out
+
+
+def encode_whole_text(text, merges):
+    return _replay(text, merges, split=False)
+
+
+def encode_wrong_ids(text, merges):
+    return _replay(text, merges, first_id=255)
+
+
+def encode_latest_first(text, merges):
+    return _replay(text, merges, rank_order=lambda n: reversed(range(n)))
+
+
+def encode_code_points(text, merges):
+    out = []
+    for chunk in _chunks(text):
+        ids = [ord(char) for char in chunk]
+        for rank, pair in enumerate(merges):
+            ids = _merge(ids, pair, 256 + rank)
+        out += ids
+    return out
 
 
 def decode_bytearray(ids, vocab):
@@ -452,9 +481,11 @@ CASES = [
     ("tokenization.count_pairs", pairs_missing_last, "the last pair"),
     ("tokenization.count_pairs", pairs_float, "should be an int"),
     ("tokenization.count_pairs", pairs_no_overlap, "overlapping pairs both count"),
-    ("tokenization.encode_word", encode_lowest_rank_first, None),
-    ("tokenization.encode_word", encode_first_merge_only, "apply every merge"),
-    ("tokenization.encode_word", encode_wrong_ids, "256 + r"),
+    ("tokenization.encode_text", encode_lowest_rank_first, None),
+    ("tokenization.encode_text", encode_whole_text, "merged across chunk boundaries"),
+    ("tokenization.encode_text", encode_wrong_ids, "256 + r"),
+    ("tokenization.encode_text", encode_latest_first, "latest first"),
+    ("tokenization.encode_text", encode_code_points, "code points"),
     ("tokenization.decode_ids", decode_bytearray, None),
     ("tokenization.decode_ids", decode_per_token, "decoded token by token"),
     ("tokenization.decode_ids", decode_strict, "errors='replace'"),

@@ -23,6 +23,7 @@ from helpers.model.attention import (
     padding_mask,
     scaled_dot_product_attention,
 )
+from helpers.model.embeddings import TokenAndPositionEmbedding
 from helpers.model.layers import LayerNorm
 from helpers.model.multihead import MultiHeadAttention, merge_heads, split_heads
 from helpers.text.bpe import count_pairs, merge, most_frequent_pair, textbook_merges
@@ -95,40 +96,90 @@ def test_bpe_loop_that_never_stops_early_is_refused_with_where_it_broke():
     assert not passed and "raised" in said
 
 
-# --- 02: the word vectors' training step ---------------------------------------------------------
+# --- 02: the word vectors' training loop and the input layer --------------------------------------
 
-def word_step(zero_grad: str = "before", reduce: str = "sum", sign: float = -1.0, log: bool = True,
-              dim: int = -1, step: bool = True):
-    def training_step(embedding, predict_neighbour, optimizer, pair_share):
-        logits = predict_neighbour(embedding.weight)  # every word's row: the same as embedding(arange(V))
-        if log:
-            scores = logits.log_softmax(dim)
-        else:
-            scores = logits.softmax(dim)
-        weighted = pair_share * scores
-        loss = sign * (weighted.sum() if reduce == "sum" else weighted.mean())
-        if zero_grad == "before":
-            optimizer.zero_grad()
-        loss.backward()
-        if step:
-            optimizer.step()
-        if zero_grad == "after":
-            optimizer.zero_grad()
-        return loss  # a 0-d tensor is accepted as the float
-    return training_step
+def word_loop(zero_grad: str = "before", reduce: str = "sum", sign: float = -1.0, log: bool = True,
+              dim: int = -1, step: bool = True, share: bool = True, adam_each_step: bool = False,
+              only_embedding: bool = False):
+    def train_word_vectors(embedding, predict_neighbour, counts, steps, lr=0.05):
+        def make_adam():
+            params = list(embedding.parameters())
+            if not only_embedding:
+                params += list(predict_neighbour.parameters())
+            return torch.optim.Adam(params, lr=lr)
+
+        optimizer = make_adam()
+        weights = counts / counts.sum() if share else counts
+        losses = []
+        for _ in range(steps):
+            if adam_each_step:
+                optimizer = make_adam()
+            logits = predict_neighbour(embedding.weight)  # every word's row: the same as embedding(arange(V))
+            scores = logits.log_softmax(dim) if log else logits.softmax(dim)
+            weighted = weights * scores
+            loss = sign * (weighted.sum() if reduce == "sum" else weighted.mean())
+            if zero_grad == "before":
+                optimizer.zero_grad()
+            loss.backward()
+            if step:
+                optimizer.step()
+            if zero_grad == "after":
+                optimizer.zero_grad()
+            losses.append(loss.detach())  # 0-d tensors are accepted as the floats
+        return losses
+    return train_word_vectors
 
 
 STEP_CASES = [
-    (word_step(), None),
-    (word_step(zero_grad="after"), None),
-    (word_step(zero_grad="never"), "never clears the gradients"),
-    (word_step(reduce="mean"), "averages over all V x V entries"),
-    (word_step(sign=1.0), "sign flipped"),
-    (word_step(log=False), "not their logarithm"),
-    (word_step(dim=0), "normalises over dim=0"),
-    (word_step(step=False), "never changes the parameters"),
+    (word_loop(), None),
+    (word_loop(zero_grad="after"), None),
+    (word_loop(zero_grad="never"), "never clears the gradients"),
+    (word_loop(reduce="mean"), "averages over all V x V entries"),
+    (word_loop(sign=1.0), "sign flipped"),
+    (word_loop(log=False), "not their logarithm"),
+    (word_loop(dim=0), "normalises over dim=0"),
+    (word_loop(step=False), "never changes the parameters"),
+    (word_loop(share=False), "raw counts"),
+    (word_loop(adam_each_step=True), "new Adam at every step"),
+    (word_loop(only_embedding=True), "trains the embedding only"),
+    (lambda *args, **kwargs: word_loop()(*args, **kwargs)[-1], "expected a list of 4 losses"),
 ]
 
+
+def input_layer(mistake: str = ""):
+    """A student's token + position layer; `mistake` picks one of the usual slips."""
+    class TokenAndPosition(torch.nn.Module):
+        def __init__(self, vocab_size, context_length, d_model):
+            super().__init__()
+            self.token = torch.nn.Embedding(vocab_size, d_model)
+            self.position = torch.nn.Embedding(context_length, d_model)
+
+        def forward(self, token_ids):
+            n = token_ids.size(-1)
+            if mistake != "no checks" and (n > self.position.weight.shape[0]
+                                           or bool((token_ids >= self.token.weight.shape[0]).any())):
+                raise ValueError(f"token_ids {token_ids.tolist()} does not fit the tables")
+            tokens = self.token(token_ids)
+            if mistake == "by id":
+                return tokens + self.position(token_ids)
+            if mistake == "concatenated":
+                return torch.cat([tokens, self.position.weight[:n].expand_as(tokens)], dim=-1)
+            if mistake == "tokens only":
+                return tokens
+            if mistake == "no checks":
+                return tokens + self.position(torch.arange(n))
+            return tokens + self.position.weight[:n]
+    return TokenAndPosition
+
+
+INPUT_CASES = [
+    (input_layer(), None),
+    (TokenAndPositionEmbedding, None),  # the course's own layer
+    (input_layer("by id"), "looked the positions up by the token ids"),
+    (input_layer("concatenated"), "concatenated"),
+    (input_layer("tokens only"), "token vectors alone"),
+    (input_layer("no checks"), "IndexError"),
+]
 
 
 # --- 03: scaled dot-product attention ------------------------------------------------------------
@@ -524,7 +575,8 @@ INIT_CASES = [
 
 # For tests/test_checkers.py, which wants a right and two wrong cases of every checker it owns.
 CORE_CASES = [(name, answer, message) for name, cases in (
-    ("tokenization.train_bpe", BPE_CASES), ("embeddings.training_step", STEP_CASES),
+    ("tokenization.train_bpe", BPE_CASES), ("embeddings.train_word_vectors", STEP_CASES),
+    ("embeddings.token_and_position", INPUT_CASES),
     ("attention.scaled_attention", ATTENTION_CASES), ("attention.attention_layer", LAYER_CASES),
     ("masking.masked_attention", MASKED_CASES),
     ("multihead_attention.mha_forward", MHA_CASES), ("multihead_attention.fuse_heads", FUSE_CASES),
@@ -565,6 +617,7 @@ def test_the_checkers_leave_the_global_random_numbers_alone():
     before = torch.get_rng_state()
     for name, answer in (("multihead_attention.mha_forward", mha_answer()), ("layers.block_forward", block_answer()),
                          ("layers.gpt2_init", init_answer()), ("multihead_attention.fuse_heads", fuse_answer()),
-                         ("embeddings.training_step", word_step()), ("attention.attention_layer", layer_answer())):
+                         ("embeddings.train_word_vectors", word_loop()),
+                         ("embeddings.token_and_position", input_layer()), ("attention.attention_layer", layer_answer())):
         assert verdict(name, answer)[0]
     assert torch.equal(torch.get_rng_state(), before)

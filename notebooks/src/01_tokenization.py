@@ -161,47 +161,40 @@ print("possible byte values:", len(range(256)))
 #
 # The list of merges *is* the tokenizer: encoding a new text replays them.
 #
-# **Exercise 1: count the pairs.** Write the counting step of item 2 for one list of ids.
-
-# %%
-def count_pairs(ids: list[int]) -> dict[tuple[int, int], int]:
-    """How often each pair of neighbours occurs: [1, 2, 1, 2] -> {(1, 2): 2, (2, 1): 1}."""
-    raise NotImplementedError
-
-
-check("tokenization.count_pairs", count_pairs)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
+# ### Exercise 1: count the pairs
+# Write the counting step of item 2 for one list of ids: a dict from each pair of neighbouring
+# ids to how often it occurs. The cells below use the course's own `count_pairs` on the soup
+# sentences and on the whole corpus.
+#
+# <details><summary>Hint 1: the idea</summary>
 #
 # A list of n ids has n - 1 neighbouring pairs, and each one adds 1 to its own count.
 # </details>
 #
-# <details><summary>Hint 2</summary>
+# <details><summary>Hint 2: the steps</summary>
 #
-# Visit the neighbours with `zip(ids, ids[1:])` and keep a running count in a dict:
-# `counts[pair] = counts.get(pair, 0) + 1`. Overlapping pairs count: `[5, 5, 5]` holds `(5, 5)` twice.
+# Walk along the list one position at a time, pairing each id with the one after it, and stop at
+# the last pair. Keep a running count per pair in a dict, starting a pair at zero the first time
+# you meet it. Overlapping pairs count: three fives in a row hold the pair (5, 5) twice.
 # </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def count_pairs(ids: list[int]) -> dict[tuple[int, int], int]:
-#     """How often each pair of neighbours occurs: [1, 2, 1, 2] -> {(1, 2): 2, (2, 1): 1}."""
-#     counts = {}
-#     for pair in zip(ids, ids[1:]):  # (ids[0], ids[1]), (ids[1], ids[2]), ...
-#         counts[pair] = counts.get(pair, 0) + 1
-#     return counts
-# ### END SOLUTION
-#
-#
-# _ = check("tokenization.count_pairs", count_pairs)
-# ```
-# </details>
-#
-# From here on we use the same function from `helpers.text.bpe` (written with `Counter` and
-# `itertools.pairwise`, which yields the same neighbours as the `zip`). On the soup sentences,
+
+# %%
+def count_pairs(ids: list[int]) -> dict[tuple[int, int], int]:
+    """How often each pair of neighbours occurs: [1, 2, 1, 2] -> {(1, 2): 2, (2, 1): 1}."""
+    ### BEGIN SOLUTION
+    counts = {}
+    for pair in zip(ids[:-1], ids[1:], strict=True):  # (ids[0], ids[1]), (ids[1], ids[2]), ...
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+    ### END SOLUTION
+
+
+# %%
+check("tokenization.count_pairs", count_pairs)
+
+# %% [markdown]
+# From here on we use the same function from `helpers.text.bpe` (it returns a `Counter`, a dict
+# that also finds the most common entries). On the soup sentences,
 # several pairs are equally frequent, so the first merge needs a rule for ties. The course uses
 # the rule of Stanford's CS336 reference trainer: the pair whose byte strings come last in
 # dictionary order (compared byte by byte, `b"u"` after `b"o"` after `b"I"`) wins. It depends
@@ -274,63 +267,52 @@ from helpers.text.bpe import merge
 assert merge_pair([7, 7, 7, 1, 7, 7], (7, 7), 256) == merge([7, 7, 7, 1, 7, 7], (7, 7), 256)
 
 # %% [markdown]
-# **Exercise 2: the training loop.** Now put the pieces together: the whole textbook loop, on the
-# chunks. Return the merged pairs in the order they were learned (merge `i` makes id `256 + i`),
-# and stop early if no chunk has a pair left. `pre_split`, `count_pairs`, `most_frequent_pair`
-# and `merge_pair` are all defined above; the cells after this one train with your function.
-
-# %%
-def train_textbook(text: str, n_merges: int) -> list[tuple[int, int]]:
-    """The textbook BPE loop: the first `n_merges` merged pairs of `text`, merge i making id 256 + i."""
-    raise NotImplementedError
-
-
-check("tokenization.train_bpe", train_textbook)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
+# ### Exercise 2: the training loop
+# Now put the pieces together: the whole textbook loop, on the chunks. Return the merged pairs in
+# the order they were learned (merge `i` makes id `256 + i`), and stop early if no chunk has a
+# pair left. `pre_split`, `count_pairs`, `most_frequent_pair` and `merge_pair` are all defined
+# above; the cells after this one train with your function.
+#
+# <details><summary>Hint 1: the idea</summary>
 #
 # Keep every chunk as a list of ids and, beside it, what each id spells in bytes (to break ties).
 # Each step sees the chunks as the previous merge left them, so count afresh every time.
 # </details>
 #
-# <details><summary>Hint 2</summary>
+# <details><summary>Hint 2: the steps</summary>
 #
-# Start from `chunks = [list(c.encode("utf-8")) for c in pre_split(text)]` and
-# `vocab = [bytes([b]) for b in range(256)]`. For each step: add up `count_pairs(ids)` over all
-# chunks in a `Counter`; `break` if it is empty; `pair = most_frequent_pair(counts, vocab)`;
-# append it; append `vocab[left] + vocab[right]` to `vocab`; replace each chunk by
-# `merge_pair(ids, pair, 256 + step)`.
+# Start with each chunk of the pre-split text as its list of UTF-8 bytes, and a vocabulary list
+# holding the 256 single bytes. Then, once per merge: add up the pair counts of all the chunks in
+# one `Counter`; stop if it is empty; let `most_frequent_pair`, given the counts and the
+# vocabulary, pick the pair; remember it; add the bytes of its two parts, joined, to the
+# vocabulary; and rewrite every chunk with `merge_pair`, giving the pair the next new id.
 # </details>
 
+# %%
+def train_textbook(text: str, n_merges: int) -> list[tuple[int, int]]:
+    """The textbook BPE loop: the first `n_merges` merged pairs of `text`, merge i making id 256 + i."""
+    ### BEGIN SOLUTION
+    chunks = [list(chunk.encode("utf-8")) for chunk in pre_split(text)]
+    vocab = [bytes([byte]) for byte in range(256)]  # id -> the bytes it spells, to break ties
+    merges = []
+    for step in range(n_merges):
+        counts = Counter()
+        for ids in chunks:
+            counts.update(count_pairs(ids))
+        if not counts:
+            break  # every chunk is a single token
+        pair = most_frequent_pair(counts, vocab)  # a tie goes to the greatest byte strings
+        merges.append(pair)
+        vocab.append(vocab[pair[0]] + vocab[pair[1]])
+        chunks = [merge_pair(ids, pair, 256 + step) for ids in chunks]
+    return merges
+    ### END SOLUTION
+
+
+# %%
+check("tokenization.train_bpe", train_textbook)
+
 # %% [markdown]
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def train_textbook(text: str, n_merges: int) -> list[tuple[int, int]]:
-#     """The textbook BPE loop: the first `n_merges` merged pairs of `text`, merge i making id 256 + i."""
-#     chunks = [list(chunk.encode("utf-8")) for chunk in pre_split(text)]
-#     vocab = [bytes([byte]) for byte in range(256)]  # id -> the bytes it spells, to break ties
-#     merges = []
-#     for step in range(n_merges):
-#         counts = Counter()
-#         for ids in chunks:
-#             counts.update(count_pairs(ids))
-#         if not counts:
-#             break  # every chunk is a single token
-#         pair = most_frequent_pair(counts, vocab)  # a tie goes to the greatest byte strings
-#         merges.append(pair)
-#         vocab.append(vocab[pair[0]] + vocab[pair[1]])
-#         chunks = [merge_pair(ids, pair, 256 + step) for ids in chunks]
-#     return merges
-# ### END SOLUTION
-#
-#
-# _ = check("tokenization.train_bpe", train_textbook)
-# ```
-# </details>
-#
 # The next cell trains with your loop if it passes, and with the course's `textbook_pairs`
 # (the same loop, in `helpers.text.bpe`) if not, saying which:
 
@@ -489,52 +471,77 @@ print(bpe.labels(longest))
 # To encode, pre-split the text and replay the merges inside each chunk, earliest-learned
 # first, exactly as training applied them.
 #
-# **Exercise 3: encode one word.** Given the merges as a list of pairs (merge `i` made id
-# `256 + i`), turn a word into its ids. `merge_pair` from above does the replacing.
+# ### Exercise 3: encode any text
+# Write `encode_text(text, merges)`: given the merges as a list of pairs (merge `i` made id
+# `256 + i`, so `i` is the merge's *rank*), return the ids of a whole text. Pre-split it as
+# training did and start each chunk from its UTF-8 bytes. Trying all the merges in turn on every
+# chunk would work, but most of them cannot apply; instead, repeat one step: among the chunk's
+# neighbouring pairs, merge the one learned earliest (lowest rank), with `merge_pair` from above,
+# until no pair of the chunk was ever learned. This gives the same ids as replaying the merges in
+# order: a pair that holds a merged id was learned after the merge that made the id, so a merge
+# never creates a pair of lower rank than its own. A text repeats its
+# words: the corpus has hundreds of times more chunks than distinct ones (section 4 printed both
+# counts), so remember the ids of each chunk the first time you encode it and reuse them after.
+# The rest of this section, and the comparison of the three tokenizers on the whole corpus,
+# encode with your function.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Encoding replays training: the same chunks, the same merges, in the order they were learned.
+# A dict from each pair to its rank tells at once whether a pair was learned, and when.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Build a dict from each merged pair to its rank, an empty dict from chunk to its ids, and an
+# empty list for the result. For each chunk of the pre-split text that the chunk dict does not
+# hold yet: take its UTF-8 bytes as a list; while it has at least two ids, find its neighbouring
+# pair of lowest rank (the built-in `min` with a key that gives an unknown pair an infinite
+# rank), stop if that pair was never learned, and otherwise merge it into 256 plus its rank.
+# Store the chunk's ids under the chunk. Then, known or new, add the chunk's stored ids to the
+# result. Return the result.
+# </details>
 
 # %%
-def encode_word(word: str, merges: list[tuple[int, int]]) -> list[int]:
-    """The ids of `word`: its UTF-8 bytes with every merge applied, in the order learned."""
-    raise NotImplementedError
+def encode_text(text: str, merges: list[tuple[int, int]]) -> list[int]:
+    """The ids of `text`: each chunk's UTF-8 bytes with every merge applied, in the order learned."""
+    ### BEGIN SOLUTION
+    rank_of = {pair: rank for rank, pair in enumerate(merges)}  # the pair -> when it was learned
+    known: dict[str, list[int]] = {}  # chunk -> its ids; a text repeats most of its chunks
+    encoded: list[int] = []
+    for chunk in pre_split(text):  # merges never cross a chunk boundary
+        if chunk not in known:
+            tokens = list(chunk.encode("utf-8"))
+            while len(tokens) > 1:
+                earliest = min(pairwise(tokens), key=lambda p: rank_of.get(p, math.inf))
+                if earliest not in rank_of:
+                    break  # no pair left in this chunk was ever merged
+                tokens = merge_pair(tokens, earliest, 256 + rank_of[earliest])
+            known[chunk] = tokens
+        encoded += known[chunk]
+    return encoded
+    ### END SOLUTION
 
 
-check("tokenization.encode_word", encode_word)
+# %%
+check("tokenization.encode_text", encode_text)
 
 # %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Encoding replays training: the same merges, in the same order, on the word's bytes.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# Start from `list(word.encode("utf-8"))`, then loop `for rank, pair in enumerate(merges)` and
-# replace `pair` by `256 + rank`. A merge can only apply after the merges that made its parts.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def encode_word(word: str, merges: list[tuple[int, int]]) -> list[int]:
-#     """The ids of `word`: its UTF-8 bytes with every merge applied, in the order learned."""
-#     ids = list(word.encode("utf-8"))
-#     for rank, pair in enumerate(merges):
-#         ids = merge_pair(ids, pair, 256 + rank)
-#     return ids
-# ### END SOLUTION
-#
-#
-# _ = check("tokenization.encode_word", encode_word)
-# ```
-# </details>
-#
-# `BPETokenizer.encode` does this for every chunk (skipping merges that cannot apply, and
-# remembering chunks it has seen), and `decode` looks each id up and joins the bytes:
+# `BPETokenizer.encode` does the same (for a very long chunk it keeps the pairs in a heap, with
+# the same result). The next cell encodes with your `encode_text` if it passes its check, and with
+# the course's tokenizer if not, saying which; `decode` looks each id up and joins the bytes:
 
 # %%
+def course_encode(text: str, merges: list[tuple[int, int]]) -> list[int]:
+    """The course's encoder: a BPETokenizer with these merges."""
+    return BPETokenizer(merges).encode(text)
+
+
+encode = yours_or("tokenization.encode_text", encode_text, course_encode)
+
 sentence = "One morning, Mia found a shiny key."
-sentence_ids = bpe.encode(sentence)
+sentence_ids = encode(sentence, bpe.merges)
+assert sentence_ids == bpe.encode(sentence)
 print(f"{len(sentence)} characters -> {len(sentence_ids)} tokens: {sentence_ids}")
 print(bpe.labels(sentence_ids))
 assert bpe.decode(sentence_ids) == sentence
@@ -545,8 +552,8 @@ assert bpe.decode(sentence_ids) == sentence
 
 # %%
 for text in ["Zoë's café ☕", "東京で会いましょう", "👋🏽 hello", "x_1 = 3.14  # π", "  two\tspaces\n"]:
-    ids = bpe.encode(text)
-    assert bpe.decode(ids) == text
+    ids = encode(text, bpe.merges)
+    assert ids == bpe.encode(text) and bpe.decode(ids) == text
     print(f"{len(text):2} characters -> {len(ids):2} tokens   {bpe.labels(ids)[:8]}")
 
 # %% [markdown]
@@ -572,43 +579,35 @@ wave_ids = bpe.encode("👋")
 print("👋 ->", wave_ids, "| first two ids decode to", repr(bpe.decode(wave_ids[:2])))
 
 # %% [markdown]
-# **Exercise 4: decode.** Given ids and a vocabulary `{id: bytes}`, return the text. Some tokens
-# hold only part of a character.
-
-# %%
-def decode_ids(ids: list[int], vocab: dict[int, bytes]) -> str:
-    """The text of `ids`; bytes that do not form whole characters become '�'."""
-    raise NotImplementedError
-
-
-check("tokenization.decode_ids", decode_ids)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
+# ### Exercise 4: decode
+# Given a list of token ids and a dict `token_bytes` from each id to the bytes of its token,
+# return the text. Some tokens hold only part of a character.
+#
+# <details><summary>Hint 1: the idea</summary>
 #
 # A token is bytes, not text: one character may start in one token and end in the next.
 # </details>
 #
-# <details><summary>Hint 2</summary>
+# <details><summary>Hint 2: the steps</summary>
 #
-# Decoding token by token breaks a character split across two tokens. Join all the bytes with
-# `b"".join(...)`, then decode once with `errors="replace"`.
+# Decoding token by token breaks a character split across two tokens. Look up every id's bytes
+# and join them into one bytes object first; then decode it once as UTF-8, asking Python to
+# replace whatever is not a whole character instead of raising an error.
 # </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def decode_ids(ids: list[int], vocab: dict[int, bytes]) -> str:
-#     """The text of `ids`; bytes that do not form whole characters become '�'."""
-#     return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")
-# ### END SOLUTION
-#
-#
-# _ = check("tokenization.decode_ids", decode_ids)
-# ```
-# </details>
-#
+
+# %%
+def decode_ids(token_ids: list[int], token_bytes: dict[int, bytes]) -> str:
+    """The text of `token_ids`, `token_bytes` giving each id's bytes; bytes that do not form whole
+    characters become '�'."""
+    ### BEGIN SOLUTION
+    return b"".join(token_bytes[token_id] for token_id in token_ids).decode("utf-8", errors="replace")
+    ### END SOLUTION
+
+
+# %%
+check("tokenization.decode_ids", decode_ids)
+
+# %% [markdown]
 # A tokenizer is its merges and special tokens, so saving it is writing those down. Reloading
 # gives an identical tokenizer:
 
@@ -635,8 +634,8 @@ except ValueError as error:
 
 # %%
 unseen = "Zoë met a dragon."
-corpus_ids = bpe.encode(corpus)
-assert bpe.decode(corpus_ids) == corpus
+corpus_ids = encode(corpus, bpe.merges)
+assert corpus_ids == bpe.encode(corpus) and bpe.decode(corpus_ids) == corpus
 
 
 def can_encode(encode, text: str) -> bool:

@@ -210,10 +210,47 @@ print("entry (0, 0) = 1*7 + 2*9 + 3*11 =", 1 * 7 + 2 * 9 + 3 * 11)
 #
 # So `xW` is row `i` of `W`: multiplying by a one-hot vector *is* looking up a row. Stack the
 # one-hot rows of a whole sentence into `X` (n x V) and `XW` (n x d) holds the rows of all its
-# tokens, in order. Checked on the soup sentence, to the last bit:
+# tokens, in order. Write it down in code:
+#
+# ### Exercise 1: look rows up with a product only
+# Write `lookup_by_product(token_ids, weight)` that returns the rows of `weight` (V, d) for ids
+# of any shape, using `one_hot` and a matrix product. The checker hands you a weight that refuses
+# to be indexed, so `weight[token_ids]` will not pass.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# A one-hot row has a single 1, so multiplying it by the table picks out one row of the table.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Make the one-hot rows of the ids, as many columns as the table has rows, and convert them to
+# the table's dtype (a product needs both sides in one dtype). Then take the matrix product of
+# those rows with the table: it works on the last dimension of the one-hot rows, whatever shape
+# the ids have.
+# </details>
 
 # %%
-product = one_hot(ids, len(SOUP_VOCAB)).double() @ token_embedding.weight  # (16, 12) @ (12, 8)
+def lookup_by_product(token_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """token_ids (...,) and weight (V, d) -> (..., d), without indexing `weight`."""
+    ### BEGIN SOLUTION
+    return one_hot(token_ids, len(weight)).type_as(weight) @ weight  # (..., V) @ (V, d)
+    ### END SOLUTION
+
+
+# %%
+check("embeddings.lookup_by_product", lookup_by_product)
+
+# %% [markdown]
+# The rest of this section computes the product with your function once it passes its check, and
+# with the course's until then, saying which. Checked on the soup sentence, to the last bit:
+
+# %%
+from helpers.lab.exercises import yours_or
+from helpers.lab.exercises.embeddings import course_lookup_by_product
+
+lookup_rows = yours_or("embeddings.lookup_by_product", lookup_by_product, course_lookup_by_product)
+product = lookup_rows(ids, token_embedding.weight)  # (16, 12) one-hot rows @ (12, 8)
 lookup = token_embedding(ids)  # (16, 8)
 print("one-hot product == nn.Embedding lookup, exactly:", torch.equal(product, lookup))
 
@@ -226,7 +263,7 @@ print("one-hot product == nn.Embedding lookup, exactly:", torch.equal(product, l
 torch.manual_seed(0)
 upstream = torch.randn(4, 8, dtype=torch.float64)  # some gradient arriving from later layers
 gradients = []
-for embed_batch in (lambda t: one_hot(t, 12).double() @ token_embedding.weight, token_embedding):
+for embed_batch in (lambda t: lookup_rows(t, token_embedding.weight), token_embedding):
     token_embedding.weight.grad = None
     (embed_batch(batch) * upstream).sum().backward()
     gradients.append(token_embedding.weight.grad.clone())
@@ -245,7 +282,7 @@ torch.manual_seed(0)
 gpt2_table = nn.Embedding(GPT2_VOCAB, GPT2_D_MODEL)
 some_ids = torch.randint(GPT2_VOCAB, (64,))
 with torch.no_grad():
-    by_product = best_time(lambda: one_hot(some_ids, GPT2_VOCAB) @ gpt2_table.weight, repeats=3)
+    by_product = best_time(lambda: lookup_rows(some_ids, gpt2_table.weight), repeats=3)
     by_lookup = best_time(lambda: gpt2_table(some_ids), repeats=3)
 print(f"multiply-adds in the product: {64 * GPT2_VOCAB * GPT2_D_MODEL / 1e9:.1f} billion")
 print(f"one-hot matrix: {64 * GPT2_VOCAB * BYTES_PER_FLOAT32 / 1e6:.1f} MB")
@@ -262,51 +299,6 @@ print("one-hot product", format_duration(by_product))
 print("lookup         ", format_duration(by_lookup), f"({by_product / by_lookup:,.0f} times faster)")
 
 # %% [markdown]
-# ### Exercise 1: look rows up with a product only
-# Write `lookup_by_product(token_ids, weight)` that returns the rows of `weight` (V, d) for ids
-# of any shape, using `one_hot` and a matrix product. The checker hands you a weight that refuses
-# to be indexed, so `weight[token_ids]` will not pass.
-
-# %%
-from helpers.model.embeddings import one_hot
-
-
-def lookup_by_product(token_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """token_ids (...,) and weight (V, d) -> (..., d), without indexing `weight`."""
-    raise NotImplementedError
-
-
-check("embeddings.lookup_by_product", lookup_by_product)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# A one-hot row has a single 1, so multiplying it by the table picks out one row of the table.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `one_hot(token_ids, weight.shape[0])` has shape (..., V); `@` multiplies its last dimension
-# with the first dimension of `weight`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# from helpers.model.embeddings import one_hot
-#
-#
-# def lookup_by_product(token_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-#     """token_ids (...,) and weight (V, d) -> (..., d), without indexing `weight`."""
-#     return one_hot(token_ids, weight.shape[0]).to(weight.dtype) @ weight
-# ### END SOLUTION
-#
-#
-# _ = check("embeddings.lookup_by_product", lookup_by_product)
-# ```
-# </details>
-
 # %% [markdown]
 # ## 5. How alike are two vectors?
 #
@@ -357,66 +349,60 @@ print(f"negative numbers in a fresh nn.Embedding(12, 8): {(nn.Embedding(12, 8).w
 # their rows the same way. This is the idea behind word2vec; a Transformer learns its table the
 # same way, only with a harder prediction task.
 #
-# ### Exercise 2: the training step
-# Each step scores, for every word at once, how likely each other word is to be its neighbour (a
-# `log_softmax` over the predictor's outputs, one row per word), and the loss is the cross-entropy against how often each (word, neighbour) pair really
-# occurs: `pair_share`, a `(V, V)` table summing to 1. Write the step; the training below runs on it.
+# ### Exercise 2: the training loop
+# Write `train_word_vectors(embedding, predict_neighbour, counts, steps, lr)`. `counts` is a
+# `(V, V)` table: entry `[i, j]` counts how often word `j` stands within two places of word `i`.
+# Divided by its total it becomes the share of each (word, neighbour) pair, a table summing to 1.
+# Train both modules with Adam (learning rate `lr`) for `steps` steps. Each step scores, for every
+# word at once, how likely each word is to be its neighbour: the predictor's outputs for all the
+# words' rows, turned into log-probabilities one row per word by a log-softmax. The loss is the
+# cross-entropy against the pair shares: minus the sum, over all pairs, of share times
+# log-probability. Return the loss of every step (before its update) as a list of floats. The
+# training below runs on your loop.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# This is the usual PyTorch training loop: an optimizer made once, then at every step a forward
+# pass, a loss, and the three calls that clear the gradients, compute them and take a step.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Before the loop: make Adam over the parameters of both modules, divide the counts by their sum,
+# and make the ids of all V words (0 to V - 1). In the loop: look all the ids up in the embedding,
+# pass the rows through the predictor, take the log-softmax along the last dimension (each word's
+# row), multiply by the shares, sum everything and negate. Clear the gradients, go backward, let
+# Adam step, and append the loss as a plain float to a list, which you return at the end.
+# </details>
 
 # %%
-def training_step(embedding: nn.Embedding, predict_neighbour: nn.Linear,
-                  optimizer: torch.optim.Optimizer, pair_share: torch.Tensor) -> float:
-    """One step of gradient descent on the neighbour-prediction loss; returns the loss before the step."""
-    raise NotImplementedError
+def train_word_vectors(embedding: nn.Embedding, predict_neighbour: nn.Linear, counts: torch.Tensor,
+                       steps: int, lr: float = 0.05) -> list[float]:
+    """Train both modules with Adam on the neighbour-prediction loss; counts (V, V) -> the loss of every step."""
+    ### BEGIN SOLUTION
+    optimizer = torch.optim.Adam([*embedding.parameters(), *predict_neighbour.parameters()], lr=lr)
+    pair_share = counts / counts.sum()  # (V, V): how often each (word, neighbour) pair occurs
+    every_word = torch.arange(counts.shape[0])  # (V,)
+    losses = []
+    for _ in range(steps):
+        log_probs = torch.log_softmax(predict_neighbour(embedding(every_word)), dim=-1)  # (V, V)
+        loss = -(pair_share * log_probs).sum()  # cross-entropy over all (word, neighbour) pairs
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())  # the loss before this step's update
+    return losses
+    ### END SOLUTION
 
 
-check("embeddings.training_step", training_step)
+# %%
+check("embeddings.train_word_vectors", train_word_vectors)
 
 # %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Feed every word id through the embedding and the predictor, turn each row into log-probabilities
-# of the neighbours, and weight them by how often each pair occurs. Then the usual three calls of
-# any PyTorch training step.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `log_probs = torch.log_softmax(predict_neighbour(embedding(torch.arange(V))), dim=-1)` is `(V, V)`;
-# `loss = -(pair_share * log_probs).sum()`; then `optimizer.zero_grad()`, `loss.backward()`,
-# `optimizer.step()`, and return `loss.item()`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def training_step(embedding: nn.Embedding, predict_neighbour: nn.Linear,
-#                   optimizer: torch.optim.Optimizer, pair_share: torch.Tensor) -> float:
-#     """One step of gradient descent on the neighbour-prediction loss; returns the loss before the step."""
-#     every_word = torch.arange(pair_share.shape[0])
-#     log_probs = torch.log_softmax(predict_neighbour(embedding(every_word)), dim=-1)  # (V, V)
-#     loss = -(pair_share * log_probs).sum()  # cross-entropy over all (word, neighbour) pairs
-#     optimizer.zero_grad()
-#     loss.backward()
-#     optimizer.step()
-#     return loss.item()
-# ### END SOLUTION
-#
-#
-# _ = check("embeddings.training_step", training_step)
-# ```
-# </details>
-#
-# The training runs on your step once it passes its check, and on the course's until then:
+# The neighbour counts: one pass per offset, adding 1 at (word, neighbour) and at (neighbour,
+# word) for every pair of words that far apart.
 
 # %%
-from helpers.lab.exercises import yours_or
-from helpers.lab.exercises.embeddings import course_training_step
-
-TRAIN_STEPS = 150  # the knob: more steps give slightly better vectors, and take longer
-step = yours_or("embeddings.training_step", training_step, course_training_step)
-
-
 def corpus_words(text: str) -> list[str]:
     """Lower-cased words and punctuation marks of `text`, in order."""
     return re.findall(r"[a-z]+|[.,!?\"]", text.lower())
@@ -433,17 +419,24 @@ def neighbour_counts(word_ids: torch.Tensor, vocab_size: int, window: int = 2) -
     return counts
 
 
+# %% [markdown]
+# The training runs on your loop once it passes its check, and on the course's until then:
+
+# %%
+from helpers.lab.exercises.embeddings import course_train_word_vectors
+
+TRAIN_STEPS = 150  # the knob: more steps give slightly better vectors, and take longer
+train = yours_or("embeddings.train_word_vectors", train_word_vectors, course_train_word_vectors)
+
+
 def learn_word_vectors(counts: torch.Tensor, d_model: int, steps: int) -> tuple[torch.Tensor, float]:
     """Rows of an nn.Embedding trained to predict each word's neighbours: (V, d_model), final loss."""
     vocab_size = counts.shape[0]
     embedding = nn.Embedding(vocab_size, d_model, dtype=torch.float64)
     predict_neighbour = nn.Linear(d_model, vocab_size, dtype=torch.float64)
-    optimizer = torch.optim.Adam([*embedding.parameters(), *predict_neighbour.parameters()], lr=0.05)
-    pair_share = counts / counts.sum()  # how often each (word, neighbour) pair occurs
-    loss = float("nan")
-    for _ in range(steps):
-        loss = step(embedding, predict_neighbour, optimizer, pair_share)
-    return embedding.weight.detach(), loss
+    losses = train(embedding, predict_neighbour, counts, steps)
+    return embedding.weight.detach(), losses[-1]
+
 
 # %%
 words = corpus_words(load_corpus())
@@ -456,13 +449,52 @@ print(f"{len(words):,} words, {len(VOCAB)} different; vectors of shape {tuple(wo
 print(f"loss after {TRAIN_STEPS} steps: {final_loss:.4f}")
 
 # %% [markdown]
-# Now the nearest neighbours of a word, by cosine, are words that play the same part:
+# ### Exercise 3: nearest neighbours
+# Write `most_similar(query, table, k)`: the indices of the `k` rows of `table` (V, d) whose
+# cosine with `query` (d,) is largest, most similar first. Careful: ranking by the plain dot
+# product lets long vectors win even when they point elsewhere, and the checker knows it.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Cosine similarity is the dot product of the two vectors after each is scaled to length 1.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Scale every row of the table, and the query, to length 1 by dividing each by its length. One
+# matrix-vector product then gives the dot product of every scaled row with the scaled query, the
+# cosines, at once. Keep the indices of the k largest, largest first (`topk` returns them in that
+# order).
+# </details>
 
 # %%
+def most_similar(query: torch.Tensor, table: torch.Tensor, k: int) -> torch.Tensor:
+    """query (d,), table (V, d) -> (k,) row indices, most similar by cosine first."""
+    ### BEGIN SOLUTION
+    unit_rows = table / table.norm(dim=1, keepdim=True)  # (V, d), every row of length 1
+    cosines = unit_rows @ (query / query.norm())  # (V,)
+    return cosines.topk(k).indices  # largest first
+    ### END SOLUTION
+
+
+# %%
+check("embeddings.most_similar", most_similar)
+
+# %% [markdown]
+# Now the nearest neighbours of a word, by cosine, are words that play the same part. The cell
+# ranks them with your `most_similar` once it passes its check, and with the course's until then:
+
+# %%
+from helpers.lab.exercises.embeddings import course_most_similar
+
+rank_rows = yours_or("embeddings.most_similar", most_similar, course_most_similar)
+
+
 def nearest(word: str, k: int = 3) -> str:
     """The k words whose vectors point most nearly the same way as `word`'s, with their cosines."""
-    cosines = cosine_similarity(word_vectors[WORD_ID[word]], word_vectors)  # (V,)
-    best = cosines.topk(k + 1).indices[1:]  # the first is the word itself
+    row = word_vectors[WORD_ID[word]]  # (d,)
+    cosines = cosine_similarity(row, word_vectors)  # (V,)
+    best = rank_rows(row, word_vectors, k + 1)[1:]  # the first is the word itself
     return ", ".join(f"{VOCAB[i]} {cosines[i]:.2f}" for i in best.tolist())
 
 
@@ -476,47 +508,6 @@ heatmap(cosine_similarity(shown_vectors[:, None, :], shown_vectors[None, :, :]),
         row_labels=SHOWN, col_labels=SHOWN, vmin=-1, vmax=1, cmap="RdBu",
         title="Cosine similarity of learned word vectors", xlabel="word", ylabel="word")
 plt.show()
-
-# %% [markdown]
-# ### Exercise 3: nearest neighbours
-# Write `most_similar(query, table, k)`: the indices of the `k` rows of `table` (V, d) whose
-# cosine with `query` (d,) is largest, most similar first. Careful: ranking by the plain dot
-# product lets long vectors win even when they point elsewhere, and the checker knows it.
-
-# %%
-def most_similar(query: torch.Tensor, table: torch.Tensor, k: int) -> torch.Tensor:
-    """query (d,), table (V, d) -> (k,) row indices, most similar by cosine first."""
-    raise NotImplementedError
-
-
-check("embeddings.most_similar", most_similar)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Cosine similarity is the dot product of the two vectors after each is scaled to length 1.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `table @ query` gives every dot product at once (shape (V,)); divide by `table.norm(dim=1)`
-# and `query.norm()`, then take `.topk(k).indices`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def most_similar(query: torch.Tensor, table: torch.Tensor, k: int) -> torch.Tensor:
-#     """query (d,), table (V, d) -> (k,) row indices, most similar by cosine first."""
-#     cosines = (table @ query) / (table.norm(dim=1) * query.norm())  # (V,)
-#     return cosines.topk(k).indices
-# ### END SOLUTION
-#
-#
-# _ = check("embeddings.most_similar", most_similar)
-# ```
-# </details>
 
 # %% [markdown]
 # ## 6. Why order is lost: attention sees a bag of vectors
@@ -656,32 +647,59 @@ except IndexError as error:
 # PE_{(pos,\,2i+1)} = \cos\!\left(pos / 10000^{2i/d_{model}}\right)$
 #
 # Column pair `i` (columns `2i` and `2i+1`) turns at its own speed: pair 0 once every 2 pi
-# positions, later pairs ever more slowly. First in plain code, one entry at a time, exactly as
-# the formula reads:
+# positions, later pairs ever more slowly.
+#
+# ### Exercise 4: write the formula
+# Write `sinusoidal_table(n_positions, d_model, base)`, the whole (n_positions, d_model) table,
+# without loops over positions: build the angles for all positions and pairs at once, then fill
+# the even columns with sines and the odd columns with cosines. Assume `d_model` is even. The
+# rest of this section computes its tables with your function.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Every entry is a sine or cosine of (position x frequency), the frequency depending only on the
+# pair index.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Make the positions a column (shape n_positions by 1) and the pair indices 0 to d_model / 2 - 1
+# a row. Dividing the column by base raised to twice the pair index over d_model broadcasts to a
+# table of every angle at once. Start from a table of zeros and fill every even column with the
+# sines of the angles and every odd column with their cosines (a slice with step 2 picks them).
+# </details>
 
 # %%
-def sinusoids_by_hand(n_positions: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
-    """The sinusoidal table entry by entry: (n_positions, d_model)."""
+def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+    """(n_positions, d_model): sin in column 2i, cos in column 2i+1, of pos / base^(2i/d_model)."""
+    ### BEGIN SOLUTION
+    positions = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)  # (n_positions, 1)
+    pair = torch.arange(d_model // 2, dtype=torch.float64)  # (d_model / 2,)
+    angles = positions / base ** (2 * pair / d_model)  # (n_positions, d_model / 2)
     table = torch.zeros(n_positions, d_model, dtype=torch.float64)
-    for pos in range(n_positions):
-        for column in range(d_model):
-            i = column // 2  # columns 2i and 2i+1 share the angle of pair i
-            angle = pos / base ** (2 * i / d_model)
-            table[pos, column] = math.sin(angle) if column % 2 == 0 else math.cos(angle)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles)
     return table
+    ### END SOLUTION
 
+
+# %%
+check("embeddings.sinusoidal_table", sinusoidal_table)
 
 # %% [markdown]
-# The USF notes print this table for `d_model = 4`. Computed next to it:
+# The next cell builds the tables with your `sinusoidal_table` once it passes its check, and with
+# the course's `sinusoidal_positions` until then, saying which. The USF notes print this table for
+# `d_model = 4`. Computed next to it:
 
 # %%
+positional_table = yours_or("embeddings.sinusoidal_table", sinusoidal_table, sinusoidal_positions)
 USF_TABLE = torch.tensor([  # the USF notes, "Positional Encoding", d_model = 4
     [0.0000, 1.0000, 0.0000, 1.0000],
     [0.8415, 0.5403, 0.0100, 0.9999],
     [0.9093, -0.4161, 0.0200, 0.9998],
     [0.1411, -0.9900, 0.0300, 0.9996],
 ])
-usf_mismatches = compare_with_slide(sinusoids_by_hand(4, 4), USF_TABLE,
+usf_mismatches = compare_with_slide(positional_table(4, 4), USF_TABLE,
                                          ["pos 0", "pos 1", "pos 2", "pos 3"],
                                          ["dim0", "dim1", "dim2", "dim3"], decimals=4)
 print(f"cos(1/100) = {math.cos(1 / 100):.10f}")
@@ -703,7 +721,7 @@ MATRIX_MAGIC_TABLE = torch.tensor([  # the Matrix Magic notes, "Option 2: Positi
     [0.91, -0.42, 0.20, 0.98],
     [0.14, -0.99, 0.30, 0.96],
 ])
-matrix_magic_mismatches = compare_with_slide(sinusoids_by_hand(4, 4, base=100.0), MATRIX_MAGIC_TABLE,
+matrix_magic_mismatches = compare_with_slide(positional_table(4, 4, base=100.0), MATRIX_MAGIC_TABLE,
                                          ["I", "am", "a", "Robot"], ["P_k0", "P_k1", "P_k2", "P_k3"],
                                          decimals=2)
 print(f"cos(1/10) = {math.cos(0.1):.4f}")
@@ -713,64 +731,19 @@ for base in (100.0, 10000.0):
     print(f"base {base:>7g}: the two pairs turn by {[round(f, 6) for f in sinusoid_frequencies(4, base).tolist()]} per position")
 
 # %% [markdown]
-# From here on we use `helpers.model.embeddings.sinusoidal_positions(n_positions, d_model, base)`,
-# which computes the whole table at once (and `sinusoid_frequencies`, used above, gives each
-# pair's speed). It agrees with the loops:
+# From here on we use `helpers.model.embeddings.sinusoidal_positions(n_positions, d_model, base)`
+# (and `sinusoid_frequencies`, used above, gives each pair's speed). It agrees with the tables
+# above, and it also takes an odd `d_model`: its last column is then a sine without a cosine.
 
 # %%
-for n_positions, d_model, base in [(4, 4, 10000.0), (4, 4, 100.0), (50, 32, 10000.0), (7, 5, 10000.0)]:
+for n_positions, d_model, base in [(4, 4, 10000.0), (4, 4, 100.0), (50, 32, 10000.0)]:
     assert torch.allclose(sinusoidal_positions(n_positions, d_model, base).double(),
-                          sinusoids_by_hand(n_positions, d_model, base), atol=1e-6)
-print("sinusoidal_positions matches the formula, also for an odd d_model (5): the last column",
-      "is then an unpaired sine")
-
-# %% [markdown]
-# ### Exercise 4: write the formula
-# Write `sinusoidal_table(n_positions, d_model, base)` without loops over positions: build the
-# angles for all positions and pairs at once, then fill the even columns with sines and the odd
-# columns with cosines. Assume `d_model` is even.
-
-# %%
-def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
-    """(n_positions, d_model): sin in column 2i, cos in column 2i+1, of pos / base^(2i/d_model)."""
-    raise NotImplementedError
-
-
-check("embeddings.sinusoidal_table", sinusoidal_table)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Every entry is a sine or cosine of (position x frequency), the frequency depending only on the
-# pair index.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `positions = torch.arange(n_positions).unsqueeze(1)` has shape (n_positions, 1) and
-# `pair = torch.arange(d_model // 2)` has shape (d_model / 2,); dividing one by
-# `base ** (2 * pair / d_model)` broadcasts to every angle at once.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
-#     """(n_positions, d_model): sin in column 2i, cos in column 2i+1, of pos / base^(2i/d_model)."""
-#     positions = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)  # (n_positions, 1)
-#     pair = torch.arange(d_model // 2, dtype=torch.float64)  # (d_model / 2,)
-#     angles = positions / base ** (2 * pair / d_model)  # (n_positions, d_model / 2)
-#     table = torch.zeros(n_positions, d_model, dtype=torch.float64)
-#     table[:, 0::2] = torch.sin(angles)
-#     table[:, 1::2] = torch.cos(angles)
-#     return table
-# ### END SOLUTION
-#
-#
-# _ = check("embeddings.sinusoidal_table", sinusoidal_table)
-# ```
-# </details>
+                          positional_table(n_positions, d_model, base).double(), atol=1e-6)
+odd_table = sinusoidal_positions(7, 5).double()  # pairs 0 and 1 in columns 0-3, then column 4
+unpaired = torch.sin(torch.arange(7, dtype=torch.float64) / 10000.0 ** (4 / 5))  # pair 2's sine
+assert torch.allclose(odd_table[:, 4], unpaired, atol=1e-6)
+print("sinusoidal_positions matches the tables above; for d_model = 5 its last column is",
+      "sin(pos / 10000^(4/5)), a sine without its cosine")
 
 # %% [markdown]
 # ### What the table looks like
@@ -930,14 +903,76 @@ print("sizes of those errors:", sorted({round(e, 4) for e in errors[errors > 0.0
 # numbers and printed the sum rounded, while it printed the two inputs rounded too (0.00 + 0.05
 # shown as 0.06). The sums of the printed inputs are the computed column.
 #
-# `helpers.model.embeddings.TokenAndPositionEmbedding(vocab_size, context_length, d_model)` packages
-# the two learned tables. Loaded with the slide's numbers it gives the computed sum, for a whole
-# batch of shape (batch, seq_len):
+# ### Exercise 5: the input layer
+# Package the two learned tables as the first layer of a Transformer. Write the class
+# `TokenAndPosition(vocab_size, context_length, d_model)`: in `__init__`, a token table
+# `self.token` (a row per token) and a position table `self.position` (a row per position), both
+# `nn.Embedding`; in `forward(token_ids)`, for ids of shape (batch, seq_len) or (seq_len,), the
+# token vectors plus the vectors of positions 0, 1, ... seq_len - 1, shape (..., seq_len,
+# d_model). Unlike a bare `nn.Embedding`, it should say what is wrong when the input does not
+# fit: raise a `ValueError` naming `token_ids`, what it holds and what was expected, for ids of
+# another shape, a sequence longer than `context_length`, or an id outside the vocabulary. The
+# cells below load the slide's tables into your layer and feed it two inputs that do not fit.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# A token's place in the sequence is its position, whatever its id: look the ids up in the token
+# table and the positions up in the position table, and add the two.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# In the constructor, make the two embedding tables, vocab_size by d_model and context_length by
+# d_model. In forward: check the number of dimensions (one or two), then that the length, the
+# last dimension, is at most the position table's number of rows, then that the smallest id is
+# at least 0 and the largest below the token table's number of rows, raising a ValueError with a
+# message for each. Make the positions 0 to length - 1 with arange, look them up, and return the
+# token vectors plus the position vectors: a (seq_len, d_model) table adds to every sequence of
+# the batch by broadcasting.
+# </details>
+
+# %%
+class TokenAndPosition(nn.Module):
+    """token_ids (batch, seq_len) or (seq_len,) -> token vector + position vector, (..., seq_len, d_model)."""
+
+    def __init__(self, vocab_size: int, context_length: int, d_model: int) -> None:
+        super().__init__()
+        ### BEGIN SOLUTION
+        self.token = nn.Embedding(vocab_size, d_model)  # row i: the vector of token i
+        self.position = nn.Embedding(context_length, d_model)  # row p: the vector of position p
+        ### END SOLUTION
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        ### BEGIN SOLUTION
+        if token_ids.dim() not in (1, 2):
+            raise ValueError(f"token_ids has shape {tuple(token_ids.shape)}, "
+                             "expected (batch, seq_len) or (seq_len,)")
+        seq_len, context_length = token_ids.shape[-1], self.position.num_embeddings
+        if seq_len > context_length:
+            raise ValueError(f"token_ids has {seq_len} positions, expected at most context_length = "
+                             f"{context_length}: the position table has no row for the later ones")
+        vocab_size = self.token.num_embeddings
+        if token_ids.numel() and (token_ids.min() < 0 or token_ids.max() >= vocab_size):
+            raise ValueError(f"token_ids holds ids from {token_ids.min()} to {token_ids.max()}, "
+                             f"expected ids from 0 to vocab_size - 1 = {vocab_size - 1}")
+        positions = torch.arange(seq_len, device=token_ids.device)  # (seq_len,)
+        return self.token(token_ids) + self.position(positions)  # (..., seq_len, d) + (seq_len, d)
+        ### END SOLUTION
+
+
+# %%
+check("embeddings.token_and_position", TokenAndPosition)
+
+# %% [markdown]
+# The next cell builds the layer from your class once it passes its check, and from the course's
+# `TokenAndPositionEmbedding` (in `helpers.model.embeddings`) until then, saying which. Loaded with
+# the slide's numbers it gives the computed sum, for a whole batch of shape (batch, seq_len):
 
 # %%
 from helpers.model.embeddings import TokenAndPositionEmbedding
 
-embed = TokenAndPositionEmbedding(vocab_size=12, context_length=BLOCK_SIZE, d_model=8).double()
+InputLayer = yours_or("embeddings.token_and_position", TokenAndPosition, TokenAndPositionEmbedding)
+embed = InputLayer(vocab_size=12, context_length=BLOCK_SIZE, d_model=8).double()
 with torch.no_grad():
     embed.token.weight.copy_(SLIDE_TOKEN_TABLE)
     embed.position.weight.copy_(SLIDE_POSITION_TABLE)
@@ -946,7 +981,8 @@ assert torch.allclose(x[0], sum_by_hand)
 print("input of shape", tuple(batch.unsqueeze(0).shape), "-> embeddings of shape", tuple(x.shape))
 
 # %% [markdown]
-# Unlike a bare `nn.Embedding` it explains what is wrong when the input does not fit:
+# Unlike a bare `nn.Embedding` it explains what is wrong when the input does not fit: the soup
+# sentence is 16 tokens long, and 12 is not an id of the 12-token vocabulary.
 
 # %%
 for bad_input in (ids, torch.tensor([[0, 12]])):

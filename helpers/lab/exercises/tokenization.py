@@ -1,8 +1,9 @@
-"""Checked exercises of notebook 01, tokenization: count pairs, the training loop, apply merges,
+"""Checked exercises of notebook 01, tokenization: count pairs, the training loop, encode a text,
 decode bytes.
 
 Each checker runs the student's function on a few small cases, the tricky ones included, and
-compares it with the course's own implementation in `helpers.text.bpe`.
+compares it with the course's own implementation in `helpers.text.bpe`. A failure says what is
+wrong; its `fix` says, in words, how to put it right.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ PAIR_CASES = [
 ]
 
 
-@exercise(hint="Walk over neighbours with zip(ids, ids[1:]) (or itertools.pairwise) and add 1 "
-               "to a dict entry per pair: counts[pair] = counts.get(pair, 0) + 1.",
+@exercise(hint="Visit every neighbouring pair once, from the first two ids to the last two, and "
+               "add one to that pair's entry of a dict, starting it at zero the first time.",
           task="Write count_pairs(ids) returning a dict {(left, right): count} of neighbouring ids. "
                "The check tries five lists: a repeated pair, overlapping pairs, one id, none.")
 def count_pairs(student: Callable[[list[int]], Any]) -> str:
@@ -43,77 +44,149 @@ def count_pairs(student: Callable[[list[int]], Any]) -> str:
         expected = dict(reference.count_pairs(ids))
         if not isinstance(got, dict):
             raise ExerciseFailed(f"for ids={ids} you returned a {type(got).__name__}, expected a dict "
-                                 "{(left, right): count}.")
+                                 "{(left, right): count}.",
+                                 fix="build a dict whose keys are the pairs (as tuples) and whose "
+                                     "values are their counts, and return it.")
         for pair, count in got.items():
             expect_count(count, f"the count of {pair!r} for ids={ids}")
         got = {pair: count for pair, count in got.items() if count}  # a Counter's zeros are fine
         if ids == [5, 5, 5] and got == {(5, 5): 1}:
-            raise ExerciseFailed("for ids=[5, 5, 5] you counted (5, 5) once: overlapping pairs both "
-                                 "count (positions 0-1 and 1-2).")
+            raise ExerciseFailed("for ids=[5, 5, 5] you counted (5, 5) once, but overlapping pairs "
+                                 "both count (positions 0-1 and 1-2).",
+                                 fix="move one position at a time, not past the pair you just "
+                                     "counted.")
         if len(ids) > 1 and got == dict(reference.count_pairs(ids[:-1])):
             raise ExerciseFailed(f"for ids={ids} the last pair {tuple(ids[-2:])} is missing: the "
-                                 f"{len(ids)} ids have {len(ids) - 1} neighbouring pairs.")
+                                 f"{len(ids)} ids have {len(ids) - 1} neighbouring pairs.",
+                                 fix="let the last pair be the last two ids: each id but the last "
+                                     "starts one pair.")
         if got != expected:
-            raise ExerciseFailed(f"for ids={ids} you returned {got}, expected {expected}.")
+            raise ExerciseFailed(f"for ids={ids} you returned {got}, expected {expected}.",
+                                 fix="each pair is an id and the id right after it; count every "
+                                     "such pair once for each place it starts.")
     return "The trainer runs this count once, then only updates it after each merge."
 
 
-MERGE_RULES = [(104, 105), (256, 33)]  # "h" + "i" -> 256, then "hi" + "!" -> 257
-WORD_CASES = ["hi!", "hihi", "oh hi", "h", "", "ih"]
+# --- a core exercise: encode a whole text with the learned merges --------------------------------
+
+# Merge i makes id 256 + i: "ou", "sou", " sou", " soup", "so", "e ", "ë", "Zo", "Zoë". "ou" comes
+# before "so", so "soup" must merge "ou" first; "e ", an "e" with the space after it, only ever
+# occurs across a chunk boundary, which a correct encoder never merges; "ë" is two bytes.
+ENCODE_MERGES = [(111, 117), (115, 256), (32, 257), (258, 112), (115, 111), (101, 32), (195, 171),
+                 (90, 111), (263, 262)]
+ENCODE_CASES = ["I like to eat soup.", "Zoë ate soup!", "soup  soup\n\nsoup", "", "so sou soup"]
 
 
-@exercise(hint="Apply the merges in the order they were learned: for rank, pair in "
-               "enumerate(merges), replace the pair by the id 256 + rank using merge(ids, pair, new_id).",
-          task="Write encode_word(word, merges) returning the word's ids after the learned merges. "
-               "The check tries six words, the empty one included, with two merge rules.")
-def encode_word(student: Callable[[str, list[tuple[int, int]]], Any]) -> str:
-    tokenizer = reference.BPETokenizer(MERGE_RULES)
-    for word in WORD_CASES:
-        got = student(word, list(MERGE_RULES))
-        expected = tokenizer.apply_merges(list(word.encode("utf-8")))
-        if word == "hi!" and got == [256, 33]:
-            raise ExerciseFailed("encode_word('hi!') stopped after the first merge: merge 1 turns "
-                                 "(256, 33) into 257, so apply every merge, in order.")
-        if word == "hi!" and got in ([255, 33], [0, 33], [1, 33]):
-            raise ExerciseFailed(f"encode_word('hi!') gave {got}: the merge of rank r makes the new "
-                                 "id 256 + r (ids 0 ... 255 are the bytes).")
-        if not isinstance(got, list) or not all(map(_is_int, got)) or got != expected:
-            raise ExerciseFailed(f"encode_word({word!r}, {MERGE_RULES}) returned {got!r}, expected "
-                                 f"{expected} (the bytes are {list(word.encode('utf-8'))}).")
-    return "Merges learned early are applied first, exactly as in training."
+def encode_variant(text: str, merges: list[tuple[int, int]], split: bool = True, utf8: bool = True,
+                   first_id: int = 256, order: str = "learned") -> list[int]:
+    """Encode `text` by replaying `merges` in each chunk, right by default, or with a usual slip."""
+    chunks = pre_split(text) if split else [text]
+    ranked = list(enumerate(merges))
+    if order == "reversed":
+        ranked.reverse()
+    ids: list[int] = []
+    for chunk in chunks:
+        chunk_ids = list(chunk.encode("utf-8")) if utf8 else [ord(char) for char in chunk]
+        for rank, pair in ranked:
+            if order == "first only" and rank > 0:
+                break
+            chunk_ids = reference.merge(chunk_ids, pair, first_id + rank)
+        ids += chunk_ids
+    return ids
+
+
+ENCODE_SLIPS = {
+    "you merged across chunk boundaries (a word with the space after it)":
+        ({"split": False}, "pre-split the text into chunks first and replay the merges inside each "
+                           "chunk on its own, then join the chunks' ids."),
+    "you started from the characters' code points, not from the UTF-8 bytes":
+        ({"utf8": False}, "encode each chunk as UTF-8 and start from its bytes: a character such "
+                          "as ë is two bytes, two ids."),
+    "you gave the merges the wrong new ids: the merge of rank r makes the new id 256 + r":
+        ({"first_id": 255}, "ids 0 to 255 are the bytes, so the first merge makes 256, the next 257, "
+                            "and so on."),
+    "you gave the merges the wrong new ids (counted from 0): the merge of rank r makes 256 + r":
+        ({"first_id": 0}, "ids 0 to 255 are the bytes, so the first merge makes 256, the next 257, "
+                          "and so on."),
+    "you applied the merges latest first, not in the order they were learned":
+        ({"order": "reversed"}, "replay the merges from the first learned to the last, as training "
+                                "made them: a merge can only apply after the merges that made its "
+                                "parts."),
+    "you applied only the first merge, not every merge":
+        ({"order": "first only"}, "keep merging until no pair of the chunk was ever learned; every "
+                                  "merge whose parts are there applies."),
+}
+
+
+@exercise(hint="Cut the text into chunks as training did and spell each chunk in bytes; inside a "
+               "chunk, keep merging its pair that was learned earliest until none of its pairs was "
+               "learned; join the chunks' ids in order.",
+          task="Write encode_text(text, merges) returning the ids of the text after the learned "
+               "merges (merge i makes id 256 + i). The check tries five texts, the empty one and "
+               "one with a two-byte letter included, against the course's BPETokenizer.",
+          points=3)
+def encode_text(student: Callable[[str, list[tuple[int, int]]], Any]) -> str:
+    tokenizer = reference.BPETokenizer(ENCODE_MERGES)
+    for text in ENCODE_CASES:
+        got = student(text, list(ENCODE_MERGES))
+        expected = tokenizer.encode(text)
+        if isinstance(got, tuple):
+            got = list(got)
+        if not isinstance(got, list) or not all(map(_is_int, got)):
+            raise ExerciseFailed(f"encode_text({text!r}, merges) returned {got!r}, expected a list of "
+                                 "int ids.",
+                                 fix="collect the ids of every chunk, in order, in one list of ints "
+                                     "and return it.")
+        if got == expected:
+            continue
+        for slip, (knobs, fix) in ENCODE_SLIPS.items():
+            if got == encode_variant(text, ENCODE_MERGES, **knobs):
+                raise ExerciseFailed(f"on {text!r} {slip}: you returned {got}, expected {expected}.",
+                                     fix=fix)
+        raise ExerciseFailed(f"encode_text({text!r}, merges) returned {got}, expected {expected} (the "
+                             f"chunks are {pre_split(text)}).",
+                             fix="for each chunk: its UTF-8 bytes, then, as long as one of its "
+                                 "pairs was learned, merge the earliest-learned one into 256 + its "
+                                 "rank; join the chunks' ids.")
+    return "Encoding replays training: the same chunks, the same merges, in the same order."
 
 
 DECODE_VOCAB = {0: b"I ", 1: b"like ", 2: "caf\u00e9".encode()[:4], 3: "\u00e9".encode()[1:],
                 4: "\u2615".encode(), 5: b"!"}
 DECODE_CASES = [[0, 1, 4], [2, 3, 5], [0, 2, 3], [2], []]
+JOIN_FIRST = ("join the bytes of all the tokens first, then turn them into text once, replacing "
+              "bytes that do not form a whole character by the mark '�'.")
 
 
-@exercise(hint="Join the bytes of every token first (b''.join(...)), then decode once with "
-               ".decode('utf-8', errors='replace'): a character may be split across two tokens.",
-          task="Write decode_ids(ids, vocab) returning the text of the ids, vocab mapping id -> "
-               "bytes. The check includes a character whose bytes are split across two tokens.")
+@exercise(hint="Tokens hold bytes, and a character may begin in one token and end in the next: "
+               "put all the bytes together first, then read them as UTF-8 once, replacing what "
+               "is not a whole character.",
+          task="Write decode_ids(token_ids, token_bytes) returning the text of the ids, token_bytes "
+               "mapping id -> bytes. The check includes a character whose bytes are split across "
+               "two tokens.")
 def decode_ids(student: Callable[[list[int], dict[int, bytes]], Any]) -> str:
     for ids in DECODE_CASES:
         try:
             got = student(list(ids), dict(DECODE_VOCAB))
         except UnicodeDecodeError:
-            raise ExerciseFailed(f"for ids={ids} decoding failed with UnicodeDecodeError: a character cut "
-                                 "between tokens (or left unfinished) is not valid UTF-8 on its own. "
-                                 "Join all the bytes first, and decode with errors='replace'.") from None
-        split = "".join(DECODE_VOCAB[i].decode("utf-8", errors="replace") for i in ids)
-        if got == split and split != b"".join(DECODE_VOCAB[i] for i in ids).decode("utf-8", errors="replace"):
-            raise ExerciseFailed(f"for ids={ids} you decoded token by token and got {got!r}: the "
-                                 "bytes of one character are split across two tokens, so join "
-                                 "the bytes first and decode once.")
+            raise ExerciseFailed(f"for ids={ids} decoding failed with UnicodeDecodeError: you decoded "
+                                 "strictly (without errors='replace'), and a character cut between "
+                                 "tokens, or left unfinished, is not valid UTF-8 on its own.",
+                                 fix="after joining all the bytes, decode them asking Python to "
+                                     "replace whatever is not a whole character by the mark '�'.") from None
         expected = b"".join(DECODE_VOCAB[i] for i in ids).decode("utf-8", errors="replace")
+        split = "".join(DECODE_VOCAB[i].decode("utf-8", errors="replace") for i in ids)
+        if got == split and split != expected:
+            raise ExerciseFailed(f"for ids={ids} you decoded token by token and got {got!r}: the "
+                                 "bytes of one character are split across two tokens.", fix=JOIN_FIRST)
         if got != expected:
             pieces = [DECODE_VOCAB[i] for i in ids]
             raise ExerciseFailed(f"for ids={ids} (tokens {pieces}) you returned {got!r}, "
-                                 f"expected {expected!r}.")
+                                 f"expected {expected!r}.", fix=JOIN_FIRST)
     return "Bytes first, text last: that is why byte-level BPE can encode any text."
 
 
-# --- the core exercise: the BPE training loop --------------------------------------------------
+# --- a core exercise: the BPE training loop ------------------------------------------------------
 
 def _variant(text: str, n_merges: int, split: bool = True, tie: str = "bytes",
              recount: bool = True) -> list[tuple[int, int]]:
@@ -144,15 +217,18 @@ def _variant(text: str, n_merges: int, split: bool = True, tie: str = "bytes",
     return merges
 
 
+TIE_FIX = ("keep beside the merges what every id spells in bytes (the 256 single bytes, then each "
+           "merge's two parts joined) and hand it to most_frequent_pair, which breaks a tie by "
+           "those byte strings.")
 SLIPS = {
-    "merges across chunk boundaries: pre-split the text first and count pairs inside each chunk "
-    "only (pre_split(text))": {"split": False},
-    "merges the wrong pair on a tie (you took the first pair counted): among equally frequent "
-    "pairs take the one whose byte strings are greatest, most_frequent_pair(counts, vocab)": {"tie": "first"},
-    "merges the wrong pair on a tie (you compared the ids): a tie goes to the greatest byte strings, "
-    "so keep vocab (id -> bytes) and call most_frequent_pair(counts, vocab)": {"tie": "ids"},
-    "counts the pairs only once: count again after every merge, since a merge removes pairs and "
-    "makes new ones": {"recount": False},
+    "merges across chunk boundaries":
+        ({"split": False}, "pre-split the text with pre_split first and count pairs inside each "
+                           "chunk only."),
+    "merges the wrong pair on a tie (you took the first pair counted)": ({"tie": "first"}, TIE_FIX),
+    "merges the wrong pair on a tie (you compared the ids)": ({"tie": "ids"}, TIE_FIX),
+    "counts the pairs only once, before the first merge":
+        ({"recount": False}, "count again at every step, on the chunks as the last merge left them: "
+                             "a merge removes pairs and makes new ones."),
 }
 TRAIN_CASES = [("low lower lowest newer wider new", 10), (TOY_SOUP, 12), ("aaab ab", 10), ("soup", 0)]
 
@@ -162,23 +238,28 @@ TRAIN_CASES = [("low lower lowest newer wider new", 10), (TOY_SOUP, 12), ("aaab 
                "chunk has a pair left.",
           task="Write train_textbook(text, n_merges) returning the list of merged pairs in order. "
                "The check trains on four texts (one runs out of pairs, one asks for 0 merges) and "
-               "compares every merge with the course's trainer.")
+               "compares every merge with the course's trainer.",
+          points=3)
 def train_bpe(student: Callable[[str, int], Any]) -> str:
     for text, n_merges in TRAIN_CASES:
         got = student(text, n_merges)
         if not isinstance(got, list):
             raise ExerciseFailed(f"train_textbook({text!r}, {n_merges}) returned a {type(got).__name__}, "
-                                 "expected a list of (left, right) pairs.")
+                                 "expected a list of (left, right) pairs.",
+                                 fix="append each merged pair to a list as you learn it and return "
+                                     "that list.")
         got = [tuple(pair) if isinstance(pair, list | tuple) else pair for pair in got]
         expected = [m.pair for m in reference.textbook_merges(text, n_merges)]
         if got == expected:
             continue
-        for slip, knobs in SLIPS.items():
+        for slip, (knobs, fix) in SLIPS.items():
             if got == _variant(text, n_merges, **knobs):
-                raise ExerciseFailed(f"on {text!r} your loop {slip}.")
+                raise ExerciseFailed(f"on {text!r} your loop {slip}.", fix=fix)
         if got == expected[:len(got)] and len(got) < len(expected):
             raise ExerciseFailed(f"on {text!r} you returned {len(got)} merges, expected {len(expected)}: "
-                                 f"the first {len(got)} are right, keep going until n_merges.")
+                                 f"the first {len(got)} are right.",
+                                 fix="keep going until n_merges merges are learned; stop early only "
+                                     "when no chunk has a pair left.")
         first = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), None)
         where = f"merge {first} is {got[first]}, expected {expected[first]}" if first is not None else \
             f"you returned {len(got)} merges, expected {len(expected)}"
