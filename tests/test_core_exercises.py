@@ -259,6 +259,44 @@ def test_the_layer_checker_names_a_matmul_that_drops_the_batch_dims():
     assert not passed and "works on (N, d_in) inputs" in said and "torch.mm" in said
 
 
+def backward_answer(slip: str = ""):
+    """A student's attention backward pass; `slip` chooses the usual mistake."""
+    def my_attention_backward(q, k, v, grad_output, scale):
+        scores = torch.einsum("...qd,...kd->...qk", q, k) * scale
+        weights = scores.softmax(-1)
+        grad_v = (weights if slip == "no_transpose_v" else weights.mT) @ grad_output
+        g = grad_output @ v.mT
+        if slip == "diagonal":
+            grad_scores = weights * g
+        else:  # J g with J = diag(a) - a a^T, built explicitly
+            jacobian = torch.diag_embed(weights) - weights[..., :, None] * weights[..., None, :]
+            grad_scores = (jacobian @ g[..., None])[..., 0]
+        if slip != "unscaled":
+            grad_scores = grad_scores * scale
+        if slip == "swapped":
+            return grad_scores @ q, grad_scores.mT @ k, grad_v
+        return grad_scores @ k, (grad_scores if slip == "no_transpose_k" else grad_scores.mT) @ q, grad_v
+    return my_attention_backward
+
+
+def backward_by_autograd(q, k, v, grad_output, scale):
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    (scaled_dot_product_attention(q, k, v, scale=scale)[0] * grad_output).sum().backward()
+    return q.grad, k.grad, v.grad
+
+
+BACKWARD_CASES = [
+    (backward_answer(), None),
+    (backward_answer("diagonal"), "diag(a) only"),
+    (backward_answer("unscaled"), "forgot the scale"),
+    (backward_answer("swapped"), "through the other one"),
+    (backward_answer("no_transpose_v"), "weights untransposed"),
+    (backward_answer("no_transpose_k"), "gradient untransposed"),
+    (lambda q, k, v, g, scale: backward_answer()(q, k, v, g, scale)[:2], "not three gradients"),
+    (backward_by_autograd, "torch.autograd.backward, which this exercise asks you to write yourself"),
+]
+
+
 # --- 04: attention with a causal and a padding mask ----------------------------------------------
 
 def masked_answer(slip: str = ""):
@@ -386,6 +424,7 @@ BLOCK_CASES = [
 CORE_CASES = [(name, answer, message) for name, cases in (
     ("tokenization.train_bpe", BPE_CASES), ("embeddings.training_step", STEP_CASES),
     ("attention.scaled_attention", ATTENTION_CASES), ("attention.attention_layer", LAYER_CASES),
+    ("attention.attention_backward", BACKWARD_CASES),
     ("masking.masked_attention", MASKED_CASES),
     ("multihead_attention.mha_forward", MHA_CASES), ("layers.pre_ln_block", BLOCK_CASES))
     for answer, message in cases]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.lab.exercises import check
+import helpers.lab.exercises as exercises
 from helpers.model.attention import (
     bidirectional_mask,
     causal_mask,
@@ -170,9 +170,9 @@ def test_a_pattern_used_in_attention_puts_no_weight_outside_it():
 # --- exercise checkers reject the classic mistakes -------------------------------------------
 
 def verdict(capsys, name: str, answer) -> str:
-    """What `check` prints for `answer`."""
-    check(name, answer)
-    return capsys.readouterr().out
+    """The full verdict on `answer`: what is wrong and how to fix it (what `check` prints from the
+    second wrong try on)."""
+    return exercises.evaluate(name, answer)[1]
 
 
 def reference_causal_softmax(scores):
