@@ -19,7 +19,6 @@ import helpers.lab.exercises as exercises
 from helpers.model.attention import (
     AttentionLayer,
     causal_mask,
-    padding_mask,
     scaled_dot_product_attention,
 )
 from helpers.model.multihead import merge_heads, split_heads
@@ -300,7 +299,9 @@ BACKWARD_CASES = [
 # --- 04: attention with a causal and a padding mask ----------------------------------------------
 
 def masked_answer(slip: str = ""):
-    def my_masked_attention(q, k, v, lengths):
+    """A student's masked attention; `slip` chooses the usual mistake. Right, it uses a finite fill
+    and then zeroes the rows with nothing to see."""
+    def my_masked_attention(q, k, v, real):
         n = q.shape[-2]
         scores = q @ k.transpose(-2, -1)
         if slip != "unscaled":
@@ -310,28 +311,38 @@ def masked_answer(slip: str = ""):
             causal = torch.ones(n, n).triu().bool()
         if slip == "no_causal":
             causal = torch.ones(n, n).bool()
-        keys = torch.arange(n)[None, :]
-        real = keys <= lengths[:, None] if slip == "le" else keys < lengths[:, None]  # (B, N)
         if slip == "no_padding":
             real = torch.ones_like(real)
         allowed = causal & (real[:, None, :, None] if slip == "rows" else real[:, None, None, :])
         if slip == "after":
             weights = scores.softmax(-1).masked_fill(~allowed, 0.0)
+        elif slip == "nan":
+            weights = scores.masked_fill(~allowed, -math.inf).softmax(-1)
         else:
             weights = scores.masked_fill(~allowed, 0.0 if slip == "zero" else -1e9).softmax(-1)
+            if slip != "uniform":
+                weights = weights * allowed.any(dim=-1, keepdim=True)
         return weights @ v, weights
     return my_masked_attention
 
 
-def masked_with_torch(q, k, v, lengths):
+def masked_with_torch(q, k, v, real):
     n = q.shape[-2]
-    mask = causal_mask(n) & padding_mask(lengths, n)
+    mask = causal_mask(n) & real[:, None, None, :]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), scaled_dot_product_attention(q, k, v, mask=mask)[1]
 
 
+def masked_nan_to_zero(q, k, v, real):
+    n = q.shape[-2]
+    scores = (q @ k.mT / q.shape[-1] ** 0.5).masked_fill(~(causal_mask(n) & real[:, None, None, :]), -math.inf)
+    weights = scores.softmax(-1).nan_to_num(0.0)
+    return weights @ v, weights
+
+
 MASKED_CASES = [
-    (masked_answer(), None),  # a large finite fill instead of -inf is fine when no row is all masked
+    (masked_answer(), None),  # a large finite fill is fine once the rows with nothing to see are zeroed
     (masked_with_torch, None),
+    (masked_nan_to_zero, None),
     (masked_answer("after"), "mask after the softmax"),
     (masked_answer("zero"), "exp(0) = 1"),
     (masked_answer("unscaled"), "forgot the 1/sqrt(d) scale"),
@@ -339,9 +350,9 @@ MASKED_CASES = [
     (masked_answer("upside_down"), "upside down"),
     (masked_answer("no_padding"), "lets real tokens see the pads"),
     (masked_answer("rows"), "pad queries (rows) instead of the pad keys"),
-    (masked_answer("le"), "one pad too many"),
+    (masked_answer("nan"), "gets NaN weights"),
+    (masked_answer("uniform"), "spreads its weight evenly"),
 ]
-
 
 
 # --- 05: the multi-head attention forward --------------------------------------------------------

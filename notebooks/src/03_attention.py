@@ -471,8 +471,8 @@ print(f"1 - first weight = {1 - saturated[0]:.4g}, and the other two weights sum
 def my_jacobian(a: torch.Tensor) -> torch.Tensor:
     """The softmax Jacobian diag(a) - a a^T at probabilities a (n,). Returns (n, n)."""
     ### BEGIN SOLUTION
-    jacobian = -torch.outer(a, a)  # every entry (i, j): -a_i a_j
-    jacobian += torch.diag(a)      # the diagonal (i = j) also gets +a_i
+    jacobian = torch.diag_embed(a)                 # a_i on the diagonal, 0 elsewhere
+    jacobian -= a.unsqueeze(-1) * a.unsqueeze(-2)  # every entry (i, j): -a_i a_j
     return jacobian
     ### END SOLUTION
 
