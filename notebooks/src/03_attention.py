@@ -6,6 +6,8 @@
 #   every tensor in self-attention and in cross-attention;
 # - write a numerically stable softmax and scaled dot-product attention from scratch, then an
 #   attention *layer* with learned $W_Q$, $W_K$, $W_V$ that serves as self- and as cross-attention;
+# - backpropagate through attention by hand, the softmax's Jacobian included, and check it against
+#   autograd;
 # - show, with numbers and plots, *why* the scores are divided by $\sqrt{d_k}$: large scores
 #   saturate the softmax and the gradient that reaches $Q$ and $K$ dies;
 # - reproduce the worked examples of the lecture notes ("I like to eat", "The cat sat here") and

@@ -608,7 +608,7 @@ from helpers.model.attention import global_mask, local_mask, strided_mask
 def course_sparse_mask(n: int, window: int | None = None, stride: int | None = None,
                        global_tokens: tuple[int, ...] | list[int] = (), causal: bool = False) -> torch.Tensor:
     """The same union, from the course's pattern helpers."""
-    mask = torch.zeros(n, n, dtype=torch.bool)
+    mask = ~bidirectional_mask(n)  # nothing yet
     if window is not None:
         mask |= local_mask(n, window, causal=False)
     if stride is not None:

@@ -108,7 +108,8 @@ def padding_mask(student: Callable[..., Tensor]) -> str:
                                      fix="compare with < rather than <=.")
             if side == "left" and torch.equal(got, right):
                 raise ExerciseFailed(f"{what} puts the pads last: with side='left' they come first.",
-                                     fix="with the pads first, position j is real when j >= n - length.")
+                                     fix="with the pads first the real tokens are the last ones: a position is real when it is "
+                                         "at least n minus the length.")
             if side == "left" and torch.equal(got, position > 5 - lengths[:, None]):
                 raise ExerciseFailed(f"{what} has one real token too few: the last L positions, from "
                                      "n - L on, are real.", fix="compare with >= rather than >.")
