@@ -371,8 +371,8 @@ for b, length in enumerate(lengths.tolist()):
 # ### Exercise 2: a padding mask, on either side
 # Write `my_padding_mask(lengths, n, side="right")` returning a boolean tensor `(B, n)`, True on
 # the real tokens of each sentence: with `side="right"` the pads come last (position `j` is real
-# when `j < lengths[b]`, the batch above); with `side="left"` they come first, as in the batches of
-# section 7, so the real tokens are the last `lengths[b]` positions.
+# when `j < lengths[b]`, the batch above); with `side="left"` they come first, as in the batches for
+# generation of section 7, so the real tokens are the last `lengths[b]` positions.
 #
 # <details><summary>Hint 1: the idea</summary>Position j of sentence b is real when it is smaller
 # than that sentence's length (pads last), or when at most that many positions remain from it to
