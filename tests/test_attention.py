@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import helpers.lab.exercises as exercises
 from helpers.lab.exercises import check
 from helpers.model.attention import (
     AttentionLayer,
@@ -236,9 +237,9 @@ def test_one_dimensional_q_is_refused():
 # --- exercise checkers reject the classic mistakes -------------------------------------------
 
 def verdict(capsys, name: str, answer) -> str:
-    """What `check` prints for `answer`."""
-    check(name, answer)
-    return capsys.readouterr().out
+    """The full verdict on `answer`: what is wrong and how to fix it (what `check` prints from the
+    second wrong try on)."""
+    return exercises.evaluate(name, answer)[1]
 
 
 def naive_softmax(x):
@@ -252,8 +253,30 @@ def test_softmax_checker_accepts_the_reference_and_rejects_overflow(capsys):
 
 
 def test_softmax_checker_rejects_normalising_the_wrong_dim(capsys):
-    out = verdict(capsys, "attention.stable_softmax", lambda x: torch.softmax(x, dim=0))
-    assert out.startswith("❌") and "dim=-1" in out
+    def over_columns(x):
+        e = (x - x.amax(dim=0, keepdim=True)).exp()
+        return e / e.sum(dim=0, keepdim=True)
+
+    out = verdict(capsys, "attention.stable_softmax", over_columns)
+    assert out.startswith("❌") and "do not sum to 1" in out
+
+
+@pytest.mark.parametrize("library", [lambda x: torch.softmax(x, dim=-1), lambda x: F.softmax(x, dim=-1),
+                                     lambda x: x.softmax(-1)])
+def test_softmax_checker_refuses_the_library_softmax_by_name(library):
+    passed, said = exercises.evaluate("attention.stable_softmax", library)
+    assert not passed and "softmax, which this exercise asks you to write yourself" in said
+    assert torch.softmax(torch.zeros(2), dim=-1)[0] == 0.5 and torch.zeros(2).softmax(-1)[0] == 0.5  # restored
+
+
+def test_the_first_wrong_try_says_what_is_wrong_and_the_second_how_to_fix_it(capsys, monkeypatch):
+    monkeypatch.setattr(exercises, "_WRONG_TRIES", {})
+    check("attention.stable_softmax", naive_softmax)
+    first = capsys.readouterr().out
+    check("attention.stable_softmax", naive_softmax)
+    second = capsys.readouterr().out
+    assert "overflows" in first and "Subtract the row maximum" not in first
+    assert "How to fix it: Subtract the row maximum" in second
 
 
 def test_jacobian_checker_rejects_the_diagonal_alone(capsys):

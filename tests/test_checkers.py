@@ -206,45 +206,68 @@ def attention_wrong_dim(q, k, v):
 # --- notebook 4 -----------------------------------------------------------------------------
 
 def causal_triu(scores):
-    n = scores.shape[-1]
-    return (scores + torch.full((n, n), -math.inf, dtype=scores.dtype).triu(1)).softmax(-1)
+    n_q, n_k = scores.shape[-2:]
+    return (scores + torch.full((n_q, n_k), -math.inf, dtype=scores.dtype).triu(n_k - n_q + 1)).softmax(-1)
 
 
 def causal_zero_fill(scores):
-    n = scores.shape[-1]
-    return scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), 0.0).softmax(-1)
+    n_q, n_k = scores.shape[-2:]
+    return scores.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(n_k - n_q + 1), 0.0).softmax(-1)
 
 
 def causal_upside_down(scores):
-    n = scores.shape[-1]
-    return scores.masked_fill(torch.ones(n, n, dtype=torch.bool).tril(-1), -math.inf).softmax(-1)
+    n_q, n_k = scores.shape[-2:]
+    return scores.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q - 1), -math.inf).softmax(-1)
 
 
-def padding_lt(lengths, n):
-    return torch.arange(n).expand(len(lengths), n) < lengths.unsqueeze(1)
+def causal_top_left(scores):
+    n_q, n_k = scores.shape[-2:]
+    return scores.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(1), -math.inf).softmax(-1)
 
 
-def padding_le(lengths, n):
+def padding_lt(lengths, n, side="right"):
+    mask = torch.arange(n).expand(len(lengths), n) < lengths.unsqueeze(1)
+    return mask.flip(-1) if side == "left" else mask
+
+
+def padding_le(lengths, n, side="right"):
     return torch.arange(n)[None, :] <= lengths[:, None]
 
 
-def padding_inverted(lengths, n):
+def padding_inverted(lengths, n, side="right"):
     return torch.arange(n)[None, :] >= lengths[:, None]
 
 
-def local_tril_triu(n, window):
-    ones = torch.ones(n, n, dtype=torch.bool)
-    return ones.tril() & ones.triu(-window)
+def padding_always_right(lengths, n, side="right"):
+    return torch.arange(n)[None, :] < lengths[:, None]
 
 
-def local_two_sided(n, window):
-    offset = torch.arange(n)[:, None] - torch.arange(n)[None, :]
-    return offset.abs() <= window
+def padding_left_gt(lengths, n, side="right"):
+    position = torch.arange(n)[None, :]
+    return position > n - lengths[:, None] if side == "left" else position < lengths[:, None]
 
 
-def local_short(n, window):
-    offset = torch.arange(n)[:, None] - torch.arange(n)[None, :]
-    return (offset >= 0) & (offset < window)
+def sparse_answer(slip: str = ""):
+    """A student's sparse_mask from triangles and loops; `slip` chooses the usual mistake."""
+    def my_sparse_mask(n, window=None, stride=None, global_tokens=(), causal=False):
+        ones = torch.ones(n, n, dtype=torch.bool)
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        if window is not None:
+            reach = window - 1 if slip == "short" else window
+            mask = mask | (ones.tril(reach) & ones.triu(-reach))
+        if stride is not None:
+            for i in range(n):
+                for j in range(n):
+                    if (j if slip == "from_zero" else i - j) % stride == 0:
+                        mask[i, j] = True
+        for g in global_tokens:
+            if slip != "columns_only":
+                mask[g, :] = True
+            mask[:, g] = True
+        if causal and slip != "two_sided":
+            mask = mask & ones.tril()
+        return mask
+    return my_sparse_mask
 
 
 # --- notebook 5 -----------------------------------------------------------------------------
@@ -510,12 +533,17 @@ CASES = [
     ("masking.causal_softmax", causal_triu, None),
     ("masking.causal_softmax", causal_zero_fill, "exp(0) = 1"),
     ("masking.causal_softmax", causal_upside_down, "upside down"),
+    ("masking.causal_softmax", causal_top_left, "top left corner"),
     ("masking.padding_mask", padding_lt, None),
     ("masking.padding_mask", padding_le, "one real token too many"),
     ("masking.padding_mask", padding_inverted, "inverted"),
-    ("masking.local_mask", local_tril_triu, None),
-    ("masking.local_mask", local_two_sided, "later keys"),
-    ("masking.local_mask", local_short, "offsets 0 ..."),
+    ("masking.padding_mask", padding_always_right, "puts the pads last"),
+    ("masking.padding_mask", padding_left_gt, "one real token too few"),
+    ("masking.sparse_mask", sparse_answer(), None),
+    ("masking.sparse_mask", sparse_answer("two_sided"), "see later keys although causal=True"),
+    ("masking.sparse_mask", sparse_answer("short"), "only window - 1 keys"),
+    ("masking.sparse_mask", sparse_answer("from_zero"), "counted from position 0"),
+    ("masking.sparse_mask", sparse_answer("columns_only"), "only its own pattern"),
     ("multihead_attention.split_heads", split_permute, None),
     ("multihead_attention.split_heads", split_one_view, "View as (B, N, H, D_H) first"),
     ("multihead_attention.split_heads", split_no_transpose, "head axis must come before"),

@@ -20,7 +20,6 @@ from helpers.model import multihead
 from helpers.model.attention import (
     AttentionLayer,
     causal_mask,
-    padding_mask,
     scaled_dot_product_attention,
 )
 from helpers.model.embeddings import TokenAndPositionEmbedding
@@ -312,10 +311,50 @@ def test_the_layer_checker_names_a_matmul_that_drops_the_batch_dims():
     assert not passed and "works on (N, d_in) inputs" in said and "torch.mm" in said
 
 
+def backward_answer(slip: str = ""):
+    """A student's attention backward pass; `slip` chooses the usual mistake."""
+    def my_attention_backward(q, k, v, grad_output, scale):
+        scores = torch.einsum("...qd,...kd->...qk", q, k) * scale
+        weights = scores.softmax(-1)
+        grad_v = (weights if slip == "no_transpose_v" else weights.mT) @ grad_output
+        g = grad_output @ v.mT
+        if slip == "diagonal":
+            grad_scores = weights * g
+        else:  # J g with J = diag(a) - a a^T, built explicitly
+            jacobian = torch.diag_embed(weights) - weights[..., :, None] * weights[..., None, :]
+            grad_scores = (jacobian @ g[..., None])[..., 0]
+        if slip != "unscaled":
+            grad_scores = grad_scores * scale
+        if slip == "swapped":
+            return grad_scores @ q, grad_scores.mT @ k, grad_v
+        return grad_scores @ k, (grad_scores if slip == "no_transpose_k" else grad_scores.mT) @ q, grad_v
+    return my_attention_backward
+
+
+def backward_by_autograd(q, k, v, grad_output, scale):
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    (scaled_dot_product_attention(q, k, v, scale=scale)[0] * grad_output).sum().backward()
+    return q.grad, k.grad, v.grad
+
+
+BACKWARD_CASES = [
+    (backward_answer(), None),
+    (backward_answer("diagonal"), "diag(a) only"),
+    (backward_answer("unscaled"), "forgot the scale"),
+    (backward_answer("swapped"), "through the other one"),
+    (backward_answer("no_transpose_v"), "weights untransposed"),
+    (backward_answer("no_transpose_k"), "gradient untransposed"),
+    (lambda q, k, v, g, scale: backward_answer()(q, k, v, g, scale)[:2], "not three gradients"),
+    (backward_by_autograd, "torch.autograd.backward, which this exercise asks you to write yourself"),
+]
+
+
 # --- 04: attention with a causal and a padding mask ----------------------------------------------
 
 def masked_answer(slip: str = ""):
-    def my_masked_attention(q, k, v, lengths):
+    """A student's masked attention; `slip` chooses the usual mistake. Right, it uses a finite fill
+    and then zeroes the rows with nothing to see."""
+    def my_masked_attention(q, k, v, real):
         n = q.shape[-2]
         scores = q @ k.transpose(-2, -1)
         if slip != "unscaled":
@@ -325,28 +364,38 @@ def masked_answer(slip: str = ""):
             causal = torch.ones(n, n).triu().bool()
         if slip == "no_causal":
             causal = torch.ones(n, n).bool()
-        keys = torch.arange(n)[None, :]
-        real = keys <= lengths[:, None] if slip == "le" else keys < lengths[:, None]  # (B, N)
         if slip == "no_padding":
             real = torch.ones_like(real)
         allowed = causal & (real[:, None, :, None] if slip == "rows" else real[:, None, None, :])
         if slip == "after":
             weights = scores.softmax(-1).masked_fill(~allowed, 0.0)
+        elif slip == "nan":
+            weights = scores.masked_fill(~allowed, -math.inf).softmax(-1)
         else:
             weights = scores.masked_fill(~allowed, 0.0 if slip == "zero" else -1e9).softmax(-1)
+            if slip != "uniform":
+                weights = weights * allowed.any(dim=-1, keepdim=True)
         return weights @ v, weights
     return my_masked_attention
 
 
-def masked_with_torch(q, k, v, lengths):
+def masked_with_torch(q, k, v, real):
     n = q.shape[-2]
-    mask = causal_mask(n) & padding_mask(lengths, n)
+    mask = causal_mask(n) & real[:, None, None, :]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), scaled_dot_product_attention(q, k, v, mask=mask)[1]
 
 
+def masked_nan_to_zero(q, k, v, real):
+    n = q.shape[-2]
+    scores = (q @ k.mT / q.shape[-1] ** 0.5).masked_fill(~(causal_mask(n) & real[:, None, None, :]), -math.inf)
+    weights = scores.softmax(-1).nan_to_num(0.0)
+    return weights @ v, weights
+
+
 MASKED_CASES = [
-    (masked_answer(), None),  # a large finite fill instead of -inf is fine when no row is all masked
+    (masked_answer(), None),  # a large finite fill is fine once the rows with nothing to see are zeroed
     (masked_with_torch, None),
+    (masked_nan_to_zero, None),
     (masked_answer("after"), "mask after the softmax"),
     (masked_answer("zero"), "exp(0) = 1"),
     (masked_answer("unscaled"), "forgot the 1/sqrt(d) scale"),
@@ -354,9 +403,9 @@ MASKED_CASES = [
     (masked_answer("upside_down"), "upside down"),
     (masked_answer("no_padding"), "lets real tokens see the pads"),
     (masked_answer("rows"), "pad queries (rows) instead of the pad keys"),
-    (masked_answer("le"), "one pad too many"),
+    (masked_answer("nan"), "gets NaN weights"),
+    (masked_answer("uniform"), "spreads its weight evenly"),
 ]
-
 
 
 # --- 05: the multi-head attention forward --------------------------------------------------------
@@ -578,6 +627,7 @@ CORE_CASES = [(name, answer, message) for name, cases in (
     ("tokenization.train_bpe", BPE_CASES), ("embeddings.train_word_vectors", STEP_CASES),
     ("embeddings.token_and_position", INPUT_CASES),
     ("attention.scaled_attention", ATTENTION_CASES), ("attention.attention_layer", LAYER_CASES),
+    ("attention.attention_backward", BACKWARD_CASES),
     ("masking.masked_attention", MASKED_CASES),
     ("multihead_attention.mha_forward", MHA_CASES), ("multihead_attention.fuse_heads", FUSE_CASES),
     ("layers.block_forward", BLOCK_CASES), ("layers.gpt2_init", INIT_CASES))

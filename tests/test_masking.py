@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.lab.exercises import check
+import helpers.lab.exercises as exercises
 from helpers.model.attention import (
     bidirectional_mask,
     causal_mask,
@@ -170,18 +170,19 @@ def test_a_pattern_used_in_attention_puts_no_weight_outside_it():
 # --- exercise checkers reject the classic mistakes -------------------------------------------
 
 def verdict(capsys, name: str, answer) -> str:
-    """What `check` prints for `answer`."""
-    check(name, answer)
-    return capsys.readouterr().out
+    """The full verdict on `answer`: what is wrong and how to fix it (what `check` prints from the
+    second wrong try on)."""
+    return exercises.evaluate(name, answer)[1]
 
 
 def reference_causal_softmax(scores):
-    return torch.softmax(scores.masked_fill(~causal_mask(scores.shape[-1]), float("-inf")), dim=-1)
+    n_q, n_k = scores.shape[-2:]
+    return torch.softmax(scores.masked_fill(~causal_mask(n_q, n_k), float("-inf")), dim=-1)
 
 
 def test_causal_softmax_checker(capsys):
     assert verdict(capsys, "masking.causal_softmax", reference_causal_softmax).startswith("✅")
-    zero_fill = lambda s: torch.softmax(s.masked_fill(~causal_mask(5), 0.0), dim=-1)  # noqa: E731
+    zero_fill = lambda s: torch.softmax(s.masked_fill(~causal_mask(*s.shape[-2:]), 0.0), dim=-1)  # noqa: E731
     out = verdict(capsys, "masking.causal_softmax", zero_fill)
     assert out.startswith("❌") and "exp(0) = 1" in out
     upside_down = lambda s: torch.softmax(s.masked_fill(causal_mask(5).T.logical_not(), float("-inf")), dim=-1)  # noqa: E731
@@ -189,11 +190,30 @@ def test_causal_softmax_checker(capsys):
     assert out.startswith("❌") and "upside down" in out
 
 
-def test_padding_and_local_mask_checkers(capsys):
-    right = lambda lengths, n: padding_mask(lengths, n)[:, 0, 0]  # noqa: E731
+def test_causal_softmax_checker_wants_the_last_queries_to_see_the_cache(capsys):
+    def top_left(scores):
+        n_q, n_k = scores.shape[-2:]
+        return torch.softmax(scores.masked_fill(~torch.ones(n_q, n_k, dtype=torch.bool).tril(), float("-inf")), -1)
+
+    out = verdict(capsys, "masking.causal_softmax", top_left)
+    assert out.startswith("❌") and "(2, 5)" in out and "top left corner" in out and "i + n_k - n_q" in out
+
+
+def test_padding_and_sparse_mask_checkers(capsys):
+    right = lambda lengths, n, side="right": padding_mask(lengths, n)[:, 0, 0].flip(-1 if side == "left" else ())  # noqa: E731
     assert verdict(capsys, "masking.padding_mask", right).startswith("✅")
-    out = verdict(capsys, "masking.padding_mask", lambda lengths, n: right(lengths, n).int())
+    out = verdict(capsys, "masking.padding_mask", lambda lengths, n, side="right": right(lengths, n, side).int())
     assert out.startswith("❌") and "dtype torch.int32" in out
-    assert verdict(capsys, "masking.local_mask", lambda n, w: local_mask(n, w)).startswith("✅")
-    out = verdict(capsys, "masking.local_mask", lambda n, w: local_mask(n, w, causal=False))
+
+    def from_helpers(n, window=None, stride=None, global_tokens=(), causal=False):
+        parts = [local_mask(n, window, causal=causal)] if window is not None else []
+        parts += [strided_mask(n, stride, causal=causal)] if stride is not None else []
+        if len(global_tokens):
+            parts.append(global_mask(n, global_tokens) & (causal_mask(n) if causal else True))
+        return torch.stack(parts).any(dim=0) if parts else torch.zeros(n, n, dtype=torch.bool)
+
+    assert verdict(capsys, "masking.sparse_mask", from_helpers).startswith("✅")
+    two_sided = lambda n, window=None, stride=None, global_tokens=(), causal=False: from_helpers(  # noqa: E731
+        n, window, stride, global_tokens)
+    out = verdict(capsys, "masking.sparse_mask", two_sided)
     assert out.startswith("❌") and "later keys" in out

@@ -6,6 +6,8 @@
 #   every tensor in self-attention and in cross-attention;
 # - write a numerically stable softmax and scaled dot-product attention from scratch, then an
 #   attention *layer* with learned $W_Q$, $W_K$, $W_V$ that serves as self- and as cross-attention;
+# - backpropagate through attention by hand, the softmax's Jacobian included, and check it against
+#   autograd;
 # - show, with numbers and plots, *why* the scores are divided by $\sqrt{d_k}$: large scores
 #   saturate the softmax and the gradient that reaches $Q$ and $K$ dies;
 # - reproduce the worked examples of the lecture notes ("I like to eat", "The cat sat here") and
@@ -26,10 +28,11 @@ import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
-from helpers.lab.exercises import check
+from helpers.lab.exercises import check, yours_or
 from helpers.lab.notes_tables import load_notes_tables
 from helpers.lab.plots import heatmap
 from helpers.lab.widgets import Explorer
+from helpers.model.attention import softmax as helper_softmax
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
@@ -67,8 +70,7 @@ assert torch.allclose(torch.tensor(by_hand), as_matrix_product)
 # %%
 def naive_softmax(scores: torch.Tensor) -> torch.Tensor:
     """exp(s) / sum(exp(s)) over the last dim, exactly as the formula reads. Shape: as `scores`."""
-    exps = torch.exp(scores)
-    return exps / exps.sum(dim=-1, keepdim=True)
+    return torch.exp(scores) / torch.exp(scores).sum(dim=-1, keepdim=True)
 
 
 big = torch.tensor([1000.0, 0.0, -1000.0])
@@ -79,55 +81,45 @@ print("exp(1000) in float32 is", torch.exp(torch.tensor(1000.0)).item())
 # `exp(1000)` is `inf`, and `inf / inf` is `nan`. The fix uses one fact: adding the same number
 # to every score does not change the softmax (it multiplies top and bottom by the same $e^c$).
 # So subtract the row's maximum first; every exponent is then at most 0 and nothing overflows.
+#
+# ### Exercise 1: a stable softmax
+# Write `my_softmax(x)`: the softmax over the last dimension of a tensor of any shape `(..., n)`,
+# returning the same shape, which must survive logits of ±1000. Build it from `torch.exp`: the
+# check refuses `torch.softmax`, `F.softmax` and `Tensor.softmax`. The rest of the notebook
+# computes its softmaxes with yours.
+#
+# <details><summary>Hint 1: the idea</summary>Softmax does not change when the same constant is
+# added to every logit of a row. Choose the constant that makes every exponent zero or
+# negative.</details>
+#
+# <details><summary>Hint 2: the steps</summary>Find the largest logit of each row, keeping the
+# last dimension (of size 1) so that it broadcasts; subtract it from every logit of its row;
+# exponentiate; divide each row by its own sum over the last dimension, again keeping that
+# dimension.</details>
 
 # %%
-def softmax(scores: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim, shifted by the row maximum so that exp never overflows."""
-    shifted = scores - scores.amax(dim=-1, keepdim=True)
-    exps = torch.exp(shifted)
-    return exps / exps.sum(dim=-1, keepdim=True)
+def my_softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim of x (..., n), without overflow. Returns (..., n)."""
+    ### BEGIN SOLUTION
+    shift = x.max(dim=-1, keepdim=True).values  # a constant per row, which softmax ignores
+    e = (x - shift).exp()                       # every exponent <= 0: no overflow
+    return e / e.sum(dim=-1, keepdim=True)
+    ### END SOLUTION
 
+# %%
+check("attention.stable_softmax", my_softmax)
 
+# %% [markdown]
+# From here on `softmax` is yours once it passes its check (until then the course's
+# `helpers.model.attention.softmax` stands in, saying so). It survives the logits that broke the
+# naive formula, and agrees with it, and with PyTorch, where both work:
+
+# %%
+softmax = yours_or("attention.stable_softmax", my_softmax, helper_softmax)
 print("softmax([1000, 0, -1000]) =", softmax(big))
 small = torch.tensor([2.0, 1.0, 0.1])
 assert torch.allclose(softmax(small), naive_softmax(small))
 assert torch.allclose(softmax(big), torch.softmax(big, dim=-1))
-
-# %% [markdown]
-# ### Exercise 1: a stable softmax
-# Write `my_softmax(x)`: the softmax over the last dimension of a tensor of any shape, which must
-# survive logits of ±1000.
-
-# %%
-def my_softmax(x: torch.Tensor) -> torch.Tensor:
-    raise NotImplementedError
-
-
-check("attention.stable_softmax", my_softmax)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Softmax does not change if you add the same constant to every logit of a row; pick the constant
-# that keeps exp from overflowing.
-# </details>
-#
-# <details><summary>Hint 2</summary>Subtract <code>x.amax(dim=-1, keepdim=True)</code> before
-# <code>torch.exp</code>; divide by the sum over <code>dim=-1</code> with <code>keepdim=True</code>.</details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def my_softmax(x: torch.Tensor) -> torch.Tensor:
-#     exps = torch.exp(x - x.amax(dim=-1, keepdim=True))
-#     return exps / exps.sum(dim=-1, keepdim=True)
-# ### END SOLUTION
-#
-#
-# check("attention.stable_softmax", my_softmax)
-# ```
-# </details>
 
 # %% [markdown]
 # ## 3. Queries, keys and values: a soft dictionary lookup
@@ -165,16 +157,49 @@ print(f"answer: {answer[0]:.2f} legs, {answer[1]:.2f} wheels")
 # one matrix product $QK^\top$. Dividing by $\sqrt{d_k}$ is the "scaled" in the name (section 5
 # shows why it is there), the softmax runs along each row, and the output is $AV$.
 
-# %%
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q k^T / sqrt(d_k)) v.
+# %% [markdown]
+# ### Exercise 2: scaled dot-product attention
+# Write `my_attention(q, k, v)` returning `(output, weights)`: for `q` of shape `(..., N_q, d_k)`,
+# `k` of shape `(..., N_k, d_k)` and `v` of shape `(..., N_k, d_v)`, the output has shape
+# `(..., N_q, d_v)` and the weights `(..., N_q, N_k)`. It must work for self-attention, for
+# cross-attention ($N_q \ne N_k$, $d_v \ne d_k$) and with extra leading dimensions (batch,
+# heads). Use your `softmax`. The rest of this section runs on it.
+#
+# <details><summary>Hint 1: the idea</summary>Score every query against every key with one matrix
+# product, turn each query's row of scores into a distribution over the keys, and average the
+# values with it.</details>
+#
+# <details><summary>Hint 2: the steps</summary>Multiply the queries by the keys transposed in
+# their last two dimensions only (a plain transpose would also swap the batch dimensions); divide
+# by the square root of the key size; take the softmax along the last dimension, across the keys;
+# multiply the weights by the values; return the output and the weights.</details>
 
-    q: (N_q, d_k), k: (N_k, d_k), v: (N_k, d_v). Returns output (N_q, d_v) and weights (N_q, N_k).
+# %%
+def my_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T / sqrt(d_k)) v. q (..., N_q, d_k), k (..., N_k, d_k), v (..., N_k, d_v).
+
+    Returns the output (..., N_q, d_v) and the weights (..., N_q, N_k).
     """
+    ### BEGIN SOLUTION
     d_k = q.shape[-1]
-    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (N_q, N_k): one score per (query, key)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (..., N_q, N_k): one score per (query, key)
     weights = softmax(scores)                          # each row sums to 1
     return weights @ v, weights
+    ### END SOLUTION
+
+# %%
+check("attention.scaled_attention", my_attention)
+
+# %% [markdown]
+# The course package holds the same function as
+# `helpers.model.attention.scaled_dot_product_attention(q, k, v, mask=None, scale=None)`, which also
+# takes a mask (notebook 4) and checks its inputs. `attention` is yours once it passes, that
+# helper until then:
+
+# %%
+from helpers.model.attention import scaled_dot_product_attention, softmax_jacobian
+
+attention = yours_or("attention.scaled_attention", my_attention, scaled_dot_product_attention)
 
 
 # %% [markdown]
@@ -292,71 +317,23 @@ print(f"\ndistance between the two 'bank's: {(bank_in[river] - bank_in[road]).no
 # is what "contextual embedding" means. In a real model the features are not readable and $W_Q$,
 # $W_K$, $W_V$ are learned, but the mechanism is this weighted average.
 #
-# ### Exercise 2: scaled dot-product attention
-# Write `my_attention(q, k, v)` returning `(output, weights)`. It must work for self-attention,
-# for cross-attention ($N_q \ne N_k$, $d_v \ne d_k$) and for extra leading dimensions
-# (batch, heads), so use `k.transpose(-2, -1)` rather than `k.T`.
-
-# %%
-def my_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    raise NotImplementedError
-
-
-check("attention.scaled_attention", my_attention)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Score every query against every key, turn each query's scores into a distribution over the keys,
-# and average the values with it.
-# </details>
-#
-# <details><summary>Hint 2</summary>Scores are <code>q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])</code>;
-# softmax them along <code>dim=-1</code>; multiply by <code>v</code>.</details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def my_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-#     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-#     weights = torch.softmax(scores, dim=-1)
-#     return weights @ v, weights
-# ### END SOLUTION
-#
-#
-# check("attention.scaled_attention", my_attention)
-# ```
-# </details>
-
-# %% [markdown]
-# ### From here on: `helpers.model.attention`
-#
-# The same two functions live in the course package as `helpers.model.attention.softmax` and
-# `helpers.model.attention.scaled_dot_product_attention(q, k, v, mask=None, scale=None)`, which also
-# takes a mask (notebook 4) and checks its inputs. The cell below proves that our plain version,
-# your `my_attention` (the helper stands in for it, saying so, until it passes its check), the
-# helper and PyTorch's own `F.scaled_dot_product_attention` agree on a batch of heads. The attention
-# layer of exercise 3 may call it.
+# ### The helper, your attention and PyTorch agree
+# The cell below proves that `attention` (yours, or the helper standing in), the helper and
+# PyTorch's own `F.scaled_dot_product_attention` agree on a batch of heads, and so do the two
+# softmaxes. The attention layer of exercise 3 may call `attention`.
 
 # %%
 import torch.nn.functional as F
 
-from helpers.lab.exercises import yours_or
-from helpers.model.attention import scaled_dot_product_attention, softmax_jacobian
-from helpers.model.attention import softmax as helper_softmax
-
-my_attention = yours_or("attention.scaled_attention", my_attention, scaled_dot_product_attention)
 torch.manual_seed(2)
 q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 5)  # (batch, heads, N, d)
 ours, our_weights = attention(q, k, v)
-torch.testing.assert_close(my_attention(q, k, v), (ours, our_weights))
 helper_out, helper_weights = scaled_dot_product_attention(q, k, v)
 torch.testing.assert_close(ours, helper_out)
 torch.testing.assert_close(our_weights, helper_weights)
 torch.testing.assert_close(helper_out, F.scaled_dot_product_attention(q, k, v))
 torch.testing.assert_close(softmax(q), helper_softmax(q))
-print("plain code, helpers.model.attention and torch agree; output", tuple(helper_out.shape),
+print("attention, helpers.model.attention and torch agree; output", tuple(helper_out.shape),
       "weights", tuple(helper_weights.shape))
 
 # %% [markdown]
@@ -369,7 +346,7 @@ except ValueError as error:
     print("ValueError:", error)
 
 # %% [markdown]
-# ### Exercise 3 (the core of this notebook): an attention layer with learned projections
+# ### Exercise 3 (core): an attention layer with learned projections
 # So far $W_Q$, $W_K$, $W_V$ were tensors drawn by hand. In a model they are the learned parameters
 # of a layer. Write `MyAttentionLayer(d_in, d_k, d_v)`, a `torch.nn.Module` that
 # - holds three projections without bias, named `w_q`, `w_k` ($d_{in} \to d_k$) and `w_v`
@@ -380,59 +357,46 @@ except ValueError as error:
 # Self-attention is then `layer(x, x)` and cross-attention `layer(decoder_tokens, encoder_tokens)`.
 # The check builds your layer with $d_{in}$, $d_k$, $d_v$ all different, puts its own numbers in the
 # three projections and compares with the formula, on single sequences and on batches. Sections 7
-# and 8 run on your layer once it passes. You may call `my_attention` (the helper's, until yours
-# passes).
+# and 8 run on your layer once it passes. You may call `attention` (yours, or the helper standing
+# in).
+#
+# <details><summary>Hint 1: the idea</summary>Three learned linear maps turn tokens into queries,
+# keys and values; from there it is exercise 2. The only new question is which input feeds which
+# map: the queries ask, so they come from the first input; the keys and the values are what gets
+# looked up, so they come from the second.</details>
+#
+# <details><summary>Hint 2: the steps</summary>In the constructor: set up the module first (the
+# parent class's constructor), then create three linear maps without bias, two from d_in to d_k
+# for the queries and the keys and one from d_in to d_v for the values, under the names the check
+# looks for. In forward: pass the first input through the query map and the second through the
+# key map and the value map; then score, scale, softmax and average exactly as in exercise 2;
+# return the output and the weights.</details>
 
 # %%
 class MyAttentionLayer(nn.Module):
+    """Attention with learned projections: layer(x_query (..., N_q, d_in), x_data (..., N_x, d_in))
+    returns the output (..., N_q, d_v) and the weights (..., N_q, N_x)."""
+
     def __init__(self, d_in: int, d_k: int, d_v: int) -> None:
+        ### BEGIN SOLUTION
         super().__init__()
-        raise NotImplementedError
+        self.w_q = nn.Linear(d_in, d_k, bias=False)  # queries: what each token looks for
+        self.w_k = nn.Linear(d_in, d_k, bias=False)  # keys: what each token offers
+        self.w_v = nn.Linear(d_in, d_v, bias=False)  # values: what each token hands over
+        ### END SOLUTION
 
     def forward(self, x_query: torch.Tensor, x_data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
+        ### BEGIN SOLUTION
+        q = self.w_q(x_query)                                      # (..., N_q, d_k): the queries ask
+        k = self.w_k(x_data)                                       # (..., N_x, d_k): the data is looked up
+        v = self.w_v(x_data)                                       # (..., N_x, d_v)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., N_q, N_x)
+        weights = softmax(scores)                                  # each row sums to 1
+        return weights @ v, weights
+        ### END SOLUTION
 
-
+# %%
 check("attention.attention_layer", MyAttentionLayer)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Three learned linear maps turn tokens into queries, keys and values; from there it is exercise 2.
-# The only new question is which input feeds which map: the queries ask, so they come from
-# `x_query`; the keys and the values are what gets looked up, so they come from `x_data`.
-# </details>
-#
-# <details><summary>Hint 2</summary>In <code>__init__</code>: <code>nn.Linear(d_in, d_k, bias=False)</code>
-# for <code>self.w_q</code> and <code>self.w_k</code>, <code>nn.Linear(d_in, d_v, bias=False)</code> for
-# <code>self.w_v</code>. In <code>forward</code>: <code>q = self.w_q(x_query)</code>, <code>k</code> and
-# <code>v</code> the same way from <code>x_data</code>, then the scores
-# <code>q @ k.transpose(-2, -1) / math.sqrt(d_k)</code>, their softmax over <code>dim=-1</code>, and
-# <code>weights @ v</code> (or <code>my_attention(q, k, v)</code>).</details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# class MyAttentionLayer(nn.Module):
-#     def __init__(self, d_in: int, d_k: int, d_v: int) -> None:
-#         super().__init__()
-#         self.w_q = nn.Linear(d_in, d_k, bias=False)  # queries: what each token looks for
-#         self.w_k = nn.Linear(d_in, d_k, bias=False)  # keys: what each token offers
-#         self.w_v = nn.Linear(d_in, d_v, bias=False)  # values: what each token hands over
-#
-#     def forward(self, x_query: torch.Tensor, x_data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-#         q = self.w_q(x_query)                                      # (..., N_q, d_k)
-#         k, v = self.w_k(x_data), self.w_v(x_data)                  # (..., N_x, d_k), (..., N_x, d_v)
-#         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., N_q, N_x)
-#         weights = torch.softmax(scores, dim=-1)                    # each row sums to 1
-#         return weights @ v, weights
-# ### END SOLUTION
-#
-#
-# check("attention.attention_layer", MyAttentionLayer)
-# ```
-# </details>
 
 # %% [markdown]
 # ### From here on: `helpers.model.attention.AttentionLayer`
@@ -493,48 +457,37 @@ print(f"1 - first weight = {1 - saturated[0]:.4g}, and the other two weights sum
 # so if $J$ is tiny, so is every gradient flowing back into the scores.
 #
 # #### Exercise 4: the Jacobian by hand
-# Write `my_jacobian(a)` that returns $\mathrm{diag}(a) - aa^\top$ for a probability vector `a` of
-# shape `(n,)`.
+# Write `my_jacobian(a)` that returns $\mathrm{diag}(a) - aa^\top$, shape `(n, n)`, for a
+# probability vector `a` of shape `(n,)`. The check refuses autograd's own `jacobian`; the cells
+# after it compare yours with autograd and measure how the Jacobian collapses.
+#
+# <details><summary>Hint 1: the idea</summary>Differentiate a_i = e^{z_i} / sum_k e^{z_k} with
+# respect to z_j: every entry gets the term -a_i a_j, and the diagonal (i = j) gets an extra
+# a_i.</details>
+#
+# <details><summary>Hint 2: the steps</summary>Build the square matrix that holds the
+# probabilities on its diagonal and zeros elsewhere; build the outer product of the vector with
+# itself, whose entry (i, j) is a_i times a_j; subtract the second from the first.</details>
 
 # %%
 def my_jacobian(a: torch.Tensor) -> torch.Tensor:
-    raise NotImplementedError
+    """The softmax Jacobian diag(a) - a a^T at probabilities a (n,). Returns (n, n)."""
+    ### BEGIN SOLUTION
+    jacobian = torch.diag_embed(a)                 # a_i on the diagonal, 0 elsewhere
+    jacobian -= a.unsqueeze(-1) * a.unsqueeze(-2)  # every entry (i, j): -a_i a_j
+    return jacobian
+    ### END SOLUTION
 
-
+# %%
 check("attention.softmax_jacobian", my_jacobian)
 
 # %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Differentiate a_i = e^{z_i} / sum_k e^{z_k} with respect to z_j: the diagonal (i = j) gets an
-# extra term.
-# </details>
-#
-# <details><summary>Hint 2</summary><code>torch.diag(a)</code> and <code>torch.outer(a, a)</code>.</details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def my_jacobian(a: torch.Tensor) -> torch.Tensor:
-#     return torch.diag(a) - torch.outer(a, a)
-# ### END SOLUTION
-#
-#
-# check("attention.softmax_jacobian", my_jacobian)
-# ```
-# </details>
-
-# %% [markdown]
 # Now compare the formula with what autograd computes by differentiating the softmax itself, for
-# both score vectors. (`helpers.model.attention.softmax_jacobian` is the same one-line formula.)
+# both score vectors, using your `my_jacobian` (the course's
+# `helpers.model.attention.softmax_jacobian` stands in until yours passes).
 
 # %%
-def jacobian_by_hand(a: torch.Tensor) -> torch.Tensor:
-    """diag(a) - a a^T for probabilities a of shape (n,). Returns (n, n)."""
-    return torch.diag(a) - torch.outer(a, a)
-
-
+jacobian_by_hand = yours_or("attention.softmax_jacobian", my_jacobian, softmax_jacobian)
 torch.set_printoptions(precision=4, sci_mode=True)
 for scores, a in (([20.0, 0.0, -20.0], saturated), ([2.5, 0.0, -2.5], relaxed)):
     s = torch.tensor(scores, dtype=torch.float64)
@@ -625,11 +578,89 @@ print(f"sqrt(64) = {math.sqrt(64):.0f};  measured std of q.k at d_k = 64: {math.
 
 # %% [markdown]
 # ### 5d. The gradient that actually reaches $Q$ and $K$
-# Now the whole chain: many independent attention problems, each with one query and 16 keys
-# (random, unit variance), a fixed random gradient arriving at the output, and backpropagation
-# down to $Q$ and $K$. For each $d_k$ we record the *median* gradient norm over the problems
-# (a typical query, not the luckiest one) and the fraction of problems whose softmax is
-# saturated (largest weight above 0.99), with and without the $1/\sqrt{d_k}$.
+# Now the whole chain, from the output back to $Q$ and $K$. Autograd would do it for us, but the
+# chain is short enough to write by hand, and doing so shows exactly where the softmax's
+# Jacobian sits: between the gradient of the weights and the gradient of the scores.
+#
+# #### Exercise 5 (core): the backward pass of attention
+# For the forward pass $S = c\,QK^\top$ (the scale $c$ is $1/\sqrt{d_k}$, or 1 unscaled),
+# $A = \mathrm{softmax}(S)$ row by row, $O = AV$, and a loss $L$ whose gradient at the output
+# $\partial L/\partial O$ is given, write `my_attention_backward(q, k, v, grad_output, scale)`
+# returning `(grad_q, grad_k, grad_v)`, the gradients of $L$ with the shapes of `q`
+# `(..., N_q, d_k)`, `k` `(..., N_k, d_k)` and `v` `(..., N_k, d_v)`; `grad_output` has the
+# output's shape `(..., N_q, d_v)`. The chain rule gives four steps, each a matrix product or
+# 5b's Jacobian:
+# $\partial L/\partial V = A^\top\,\partial L/\partial O$, $\partial L/\partial A = \partial L/\partial O\,V^\top$,
+# each row of $\partial L/\partial S$ is $J^\top$ times that row of $\partial L/\partial A$
+# with $J = \mathrm{diag}(a) - aa^\top$ (symmetric, so $J^\top = J$), and from $S = c\,QK^\top$
+# the gradients of $Q$ and $K$. Do not build $J$: work out what $J g$ is for one row $g$. The check
+# compares with autograd and refuses autograd itself (`torch.autograd.grad`, `.backward()`); the
+# experiment below then runs on your function.
+#
+# <details><summary>Hint 1: the idea</summary>Walk the forward pass backwards. A product passes
+# the gradient on to each factor through the other factor (transposed); the softmax passes it
+# through its Jacobian, and a row g times diag(a) minus a a-transposed is a times g minus a times
+# the a-weighted sum of g.</details>
+#
+# <details><summary>Hint 2: the steps</summary>Recompute the scores and their softmax. The
+# values' gradient is the weights, transposed in their last two dimensions, times the output's
+# gradient. The weights' gradient is the output's gradient times the values transposed likewise.
+# For the scores' gradient multiply the weights' gradient by the weights entry by entry, then
+# subtract the weights times that product's row sum (keep the last dimension). Multiply by the
+# scale. The queries' gradient is the scores' gradient times the keys; the keys' gradient is the
+# scores' gradient, transposed in its last two dimensions, times the queries.</details>
+
+# %%
+def my_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_output: torch.Tensor,
+                          scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of L through output = softmax(scale q k^T) v, given grad_output = dL/d output.
+
+    q (..., N_q, d_k), k (..., N_k, d_k), v (..., N_k, d_v), grad_output (..., N_q, d_v).
+    Returns grad_q, grad_k, grad_v with the shapes of q, k, v.
+    """
+    ### BEGIN SOLUTION
+    weights = softmax(q @ k.transpose(-2, -1) * scale)          # (..., N_q, N_k), as in the forward pass
+    grad_v = weights.transpose(-2, -1) @ grad_output            # (..., N_k, d_v)
+    grad_weights = grad_output @ v.transpose(-2, -1)            # (..., N_q, N_k)
+    # one row g through J = diag(a) - a a^T: J g = a * g - a * sum_j(a_j g_j)
+    weighted = weights * grad_weights
+    row_sums = weighted.sum(dim=-1, keepdim=True)
+    grad_scores = weighted - weights * row_sums                 # (..., N_q, N_k)
+    grad_scores = grad_scores * scale                           # S = scale * q k^T
+    grad_q = grad_scores @ k                                    # (..., N_q, d_k)
+    grad_k = grad_scores.transpose(-2, -1) @ q                  # (..., N_k, d_k)
+    return grad_q, grad_k, grad_v
+    ### END SOLUTION
+
+# %%
+check("attention.attention_backward", my_attention_backward)
+
+# %% [markdown]
+# The experiment runs on `attention_backward`: yours once it passes its check, until then a
+# stand-in that asks autograd. First a proof that the two agree on a batch of cross-attention
+# heads. Then many independent attention problems, each with one query and 16 keys (random, unit
+# variance) and a fixed random gradient arriving at the output, pushed back to $Q$ and $K$. For
+# each $d_k$ we record the *median* gradient norm over the problems (a typical query, not the
+# luckiest one) and the fraction of problems whose softmax is saturated (largest weight above
+# 0.99), with and without the $1/\sqrt{d_k}$.
+
+# %%
+def autograd_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_output: torch.Tensor,
+                                scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The same gradients from autograd, the stand-in for an unanswered exercise 5."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    output, _ = scaled_dot_product_attention(*leaves, scale=scale)
+    return torch.autograd.grad(output, leaves, grad_output)
+
+
+attention_backward = yours_or("attention.attention_backward", my_attention_backward, autograd_attention_backward)
+g = torch.Generator().manual_seed(9)
+q, k, v = (torch.randn(2, 3, n, d, generator=g, dtype=torch.float64) for n, d in ((4, 8), (6, 8), (6, 5)))
+grad_output = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64)
+for mine, autograd in zip(attention_backward(q, k, v, grad_output, 8**-0.5),
+                          autograd_attention_backward(q, k, v, grad_output, 8**-0.5), strict=True):
+    torch.testing.assert_close(mine, autograd, rtol=1e-12, atol=1e-12)
+print("grad_q, grad_k, grad_v of attention_backward == autograd's, to 1e-12")
 
 # %%
 PROBLEMS, N_KEYS, D_V_DEMO = 400, 16, 16
@@ -646,17 +677,16 @@ def gradient_reaching_qk(d_k: int, seed: int = 0) -> dict[bool, dict[str, float]
     q = torch.randn(PROBLEMS, 1, d_k, generator=g).double()
     k = torch.randn(PROBLEMS, N_KEYS, d_k, generator=g).double()
     v = torch.randn(PROBLEMS, N_KEYS, D_V_DEMO, generator=g).double()
-    upstream = torch.randn(PROBLEMS, 1, D_V_DEMO, generator=g).double()
+    upstream = torch.randn(PROBLEMS, 1, D_V_DEMO, generator=g).double()  # dL/d output
     results = {}
     for scaled in (False, True):
-        q_leaf, k_leaf = q.clone().requires_grad_(), k.clone().requires_grad_()
-        output, weights = scaled_dot_product_attention(q_leaf, k_leaf, v, scale=None if scaled else 1.0)
-        (output * upstream).sum().backward()
-        results[scaled] = {"grad_q": q_leaf.grad.flatten(1).norm(dim=1).median().item(),
-                           "grad_k": k_leaf.grad.flatten(1).norm(dim=1).median().item(),
+        scale = 1 / math.sqrt(d_k) if scaled else 1.0
+        grad_q, grad_k, _ = attention_backward(q, k, v, upstream, scale)
+        weights = helper_softmax(q @ k.transpose(-2, -1) * scale)
+        results[scaled] = {"grad_q": grad_q.flatten(1).norm(dim=1).median().item(),
+                           "grad_k": grad_k.flatten(1).norm(dim=1).median().item(),
                            "saturated": (weights.amax(dim=-1) > 0.99).float().mean().item()}
     return results
-
 
 per_d_k = [gradient_reaching_qk(d_k) for d_k in D_KS]
 grads = {scaled: [result[scaled] for result in per_d_k] for scaled in (False, True)}

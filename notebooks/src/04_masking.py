@@ -25,9 +25,9 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from helpers.model.attention import scaled_dot_product_attention, softmax
+from helpers.model.attention import causal_mask, scaled_dot_product_attention, softmax
 from helpers.text.corpus import TOY_CAT, TOY_SOUP
-from helpers.lab.exercises import check
+from helpers.lab.exercises import check, yours_or
 from helpers.lab.plots import heatmap
 from helpers.lab.widgets import Explorer
 
@@ -95,8 +95,7 @@ print("\nscores after masked_fill(~allowed, -inf):\n", masked_scores)
 # %%
 def future_weight(scores: torch.Tensor, fill: float) -> torch.Tensor:
     """Total weight each query puts on future keys when they are filled with `fill`. Shape (N,)."""
-    n = scores.shape[-1]
-    future = ~torch.tril(torch.ones(n, n, dtype=torch.bool))
+    future = ~causal_mask(scores.shape[-1])  # the upper triangle: the course's helper (section 4)
     weights = softmax(scores.masked_fill(future, fill))
     return (weights * future).sum(dim=-1)
 
@@ -204,8 +203,6 @@ print("all 16 entries, rounded to two decimals, equal the notes':", torch.equal(
 # PyTorch's `is_causal=True`.
 
 # %%
-from helpers.model.attention import causal_mask
-
 assert torch.equal(causal_mask(4), allowed)
 torch.manual_seed(2)
 q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8)  # (batch, heads, N, d)
@@ -221,41 +218,40 @@ print("with a KV cache (2 new queries after 3 cached keys), causal_mask(2, 5) =\
 # KV cache needs (notebook 7): the new queries are the *last* positions, so the last one sees
 # every key.
 #
-# ### Exercise 1: a causal softmax
-# Write `my_causal_softmax(scores)` for a square score matrix `(n, n)`: mask the future with
-# `masked_fill` and return the softmax weights.
+# ### Exercise 1: a causal softmax, also with a cache
+# Write `my_causal_softmax(scores)` for scores of shape `(..., n_q, n_k)` with `n_k >= n_q`,
+# where the queries are the *last* `n_q` of the `n_k` positions: return the softmax weights over
+# the last dimension with exactly 0 on every key after the query's own position. With
+# `n_q = n_k` it is the lower triangle of section 2; `causal_mask(2, 5)` above shows the other
+# case. A masked softmax is the softmax of the keys a query may see, with 0 on the others: write
+# it either way, with `masked_fill` as in section 2, or query by query.
+#
+# <details><summary>Hint 1: the idea</summary>Query i sits at position i + n_k - n_q and may see
+# every key up to that position. Its weights are the softmax of those scores alone, and exactly 0
+# on the later keys, which is also what filling the later scores with minus infinity
+# gives.</details>
+#
+# <details><summary>Hint 2: the steps</summary>Read n_q and n_k from the last two dimensions of the
+# scores. Start from weights that are all zero, shaped like the scores. For each query i, count
+# the keys it may see, n_k - n_q + i + 1, and write the softmax of that first stretch of its
+# scores into the same stretch of its weights; the later keys keep their zeros. (Or build the
+# table of allowed pairs from the query and key positions, fill the other scores with minus
+# infinity and take one softmax.)</details>
 
 # %%
 def my_causal_softmax(scores: torch.Tensor) -> torch.Tensor:
-    raise NotImplementedError
+    """Causal softmax weights of scores (..., n_q, n_k), the queries being the last n_q positions."""
+    ### BEGIN SOLUTION
+    n_q, n_k = scores.shape[-2:]
+    weights = torch.zeros_like(scores)
+    for i in range(n_q):
+        seen = n_k - n_q + i + 1                                 # query i sees keys 0 ... its own position
+        weights[..., i, :seen] = softmax(scores[..., i, :seen])  # and every later key keeps weight 0
+    return weights
+    ### END SOLUTION
 
-
+# %%
 check("masking.causal_softmax", my_causal_softmax)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Query i may see keys 0 ... i: a lower triangle. A masked score must give weight exactly 0 after
-# the softmax.
-# </details>
-#
-# <details><summary>Hint 2</summary>The allowed positions are <code>torch.tril(torch.ones(n, n, dtype=torch.bool))</code>;
-# fill the others (<code>~allowed</code>) with <code>float("-inf")</code>.</details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def my_causal_softmax(scores: torch.Tensor) -> torch.Tensor:
-#     n = scores.shape[-1]
-#     allowed = torch.tril(torch.ones(n, n, dtype=torch.bool))
-#     return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-# ### END SOLUTION
-#
-#
-# check("masking.causal_softmax", my_causal_softmax)
-# ```
-# </details>
 
 # %% [markdown]
 # ## 5. Proof: changing future tokens leaves past outputs unchanged
@@ -352,10 +348,14 @@ for b, length in enumerate(lengths.tolist()):
     garbage[b, length:] = 1e3 * torch.randn(longest - length, 6, dtype=torch.float64)
 
 
+def heads_of(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """q, k, v (B, 2, N, 4) of tokens x (B, N, 6): two heads sharing W_Q, W_K, W_V."""
+    return tuple((x @ w).unsqueeze(1).expand(-1, heads, -1, -1) for w in (W_Q, W_K, W_V))
+
+
 def batched_heads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of x (B, N, 6) with two heads sharing W_Q, W_K, W_V; returns (B, 2, N, 4), (B, 2, N, N)."""
-    q, k, v = ((x @ w).unsqueeze(1).expand(-1, heads, -1, -1) for w in (W_Q, W_K, W_V))
-    return scaled_dot_product_attention(q, k, v, mask=both)
+    """Attention of x (B, N, 6) under the padding & causal mask; returns (B, 2, N, 4), (B, 2, N, N)."""
+    return scaled_dot_product_attention(*heads_of(x), mask=both)
 
 
 clean_out, clean_weights = batched_heads(tokens)
@@ -368,114 +368,33 @@ for b, length in enumerate(lengths.tolist()):
     assert real_moved == 0
 
 # %% [markdown]
-# ### Exercise 2: a padding mask
-# Write `my_padding_mask(lengths, n)` returning a boolean tensor `(B, n)`, True where position
-# `j < lengths[b]`.
+# ### Exercise 2: a padding mask, on either side
+# Write `my_padding_mask(lengths, n, side="right")` returning a boolean tensor `(B, n)`, True on
+# the real tokens of each sentence: with `side="right"` the pads come last (position `j` is real
+# when `j < lengths[b]`, the batch above); with `side="left"` they come first, as in the batches for
+# generation of section 7, so the real tokens are the last `lengths[b]` positions.
+#
+# <details><summary>Hint 1: the idea</summary>Position j of sentence b is real when it is smaller
+# than that sentence's length (pads last), or when at most that many positions remain from it to
+# the end (pads first).</details>
+#
+# <details><summary>Hint 2: the steps</summary>Make the positions 0 to n - 1 as a row of shape
+# (1, n) and the lengths as a column of shape (B, 1), so that comparing the two makes broadcasting
+# build the whole (B, n) table. Pads last: compare with "smaller than" the lengths. Pads first:
+# compare with "at least" n minus the lengths.</details>
 
 # %%
-def my_padding_mask(lengths: torch.Tensor, n: int) -> torch.Tensor:
-    raise NotImplementedError
+def my_padding_mask(lengths: torch.Tensor, n: int, side: str = "right") -> torch.Tensor:
+    """True on the real tokens: lengths (B,) -> bool (B, n), the pads last (right) or first (left)."""
+    ### BEGIN SOLUTION
+    position = torch.arange(n)
+    if side == "left":
+        return position >= n - lengths[:, None]  # (B, n): the pads come first
+    return position < lengths[:, None]           # (B, n): the pads come last
+    ### END SOLUTION
 
-
+# %%
 check("masking.padding_mask", my_padding_mask)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Position j of sentence b is real when j is smaller than that sentence's length.
-# </details>
-#
-# <details><summary>Hint 2</summary>Compare <code>torch.arange(n)</code> (shape <code>(n,)</code>)
-# with <code>lengths[:, None]</code> (shape <code>(B, 1)</code>): broadcasting gives
-# <code>(B, n)</code>.</details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def my_padding_mask(lengths: torch.Tensor, n: int) -> torch.Tensor:
-#     return torch.arange(n) < lengths[:, None]
-# ### END SOLUTION
-#
-#
-# check("masking.padding_mask", my_padding_mask)
-# ```
-# </details>
-
-# %% [markdown]
-# ### Exercise 3: attention with both masks
-# Now the whole layer's core, the one `batched_heads` got from the helper above: write
-# `my_masked_attention(q, k, v, lengths)` for `q`, `k`, `v` of shape `(B, H, N, d)` and `lengths`
-# `(B,)`, returning `(output, weights)`, where no query puts weight on a later key or on a pad key.
-# The cell after it reruns the garbage test on your function.
-
-# %%
-def my_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal and padding attention: q, k (B, H, N, d), v (B, H, N, d_v), lengths (B,).
-    Returns output (B, H, N, d_v) and weights (B, H, N, N)."""
-    raise NotImplementedError
-
-
-check("masking.masked_attention", my_masked_attention)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Build one boolean mask that is True where a query may look: not in the future *and* not a pad.
-# Hide the rest before the softmax, so that each row's weights still sum to 1.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# Scaled scores `q @ k.transpose(-2, -1) / d ** 0.5`; the causal part is
-# `torch.tril(torch.ones(N, N, dtype=torch.bool))`; the padding part is
-# `torch.arange(N) < lengths[:, None]`, reshaped to `(B, 1, 1, N)` so that it hides key columns;
-# combine them with `&`, `masked_fill(~allowed, float("-inf"))`, softmax over `dim=-1`, then `@ v`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def my_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-#                         lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-#     """Causal and padding attention: q, k (B, H, N, d), v (B, H, N, d_v), lengths (B,).
-#     Returns output (B, H, N, d_v) and weights (B, H, N, N)."""
-#     n, d = q.shape[-2], q.shape[-1]
-#     scores = q @ k.transpose(-2, -1) / d**0.5                   # (B, H, N, N)
-#     causal = torch.tril(torch.ones(n, n, dtype=torch.bool))     # (N, N): key j <= query i
-#     real = torch.arange(n) < lengths[:, None]                   # (B, N): key j is no pad
-#     allowed = causal & real[:, None, None, :]                   # (B, 1, N, N)
-#     weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-#     return weights @ v, weights
-# ### END SOLUTION
-#
-#
-# check("masking.masked_attention", my_masked_attention)
-# ```
-# </details>
-
-# %%
-from helpers.lab.exercises import yours_or
-
-
-def course_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The course's version: the helper with causal_mask & padding_mask."""
-    n = q.shape[-2]
-    return scaled_dot_product_attention(q, k, v, mask=causal_mask(n) & padding_mask(lengths, n))
-
-
-masked_attention = yours_or("masking.masked_attention", my_masked_attention, course_masked_attention)
-q, k, v = ((tokens @ w).unsqueeze(1).expand(-1, heads, -1, -1) for w in (W_Q, W_K, W_V))
-clean = masked_attention(q, k, v, lengths)[0]
-q, k, v = ((garbage @ w).unsqueeze(1).expand(-1, heads, -1, -1) for w in (W_Q, W_K, W_V))
-dirty = masked_attention(q, k, v, lengths)[0]
-moved = max((dirty[b, :, :n] - clean[b, :, :n]).abs().max().item() for b, n in enumerate(lengths.tolist()))
-torch.testing.assert_close(clean, clean_out)
-print("largest move of a real token's output after filling the pads with garbage:", moved)
-assert moved == 0
 
 # %% [markdown]
 # ## 7. A fully masked row, and how to avoid NaN
@@ -522,6 +441,73 @@ torch.testing.assert_close(helper_out, torch_out)
 torch.testing.assert_close(helper_weights[2:], plain[2:])  # rows with something to see are unchanged
 
 # %% [markdown]
+# ### Exercise 3 (core): attention with both masks, safe for a query with nothing to see
+# Now the whole layer's core, the one `batched_heads` got from the helper in section 6: write
+# `my_masked_attention(q, k, v, real)` for `q`, `k` of shape `(B, H, N, d)`, `v` of shape
+# `(B, H, N, d_v)` and `real` of shape `(B, N)`, True on the real tokens (your `my_padding_mask`
+# makes it, for either side). Return
+# `(output, weights)` of shapes `(B, H, N, d_v)` and `(B, H, N, N)`: no query puts weight on a
+# later key or on a pad key, and a query that may see no key at all gets zero weights and a zero
+# output, as in way 1 above. The cell after the check reruns section 6's garbage test and this
+# section's left-padded sentence on your function.
+#
+# <details><summary>Hint 1: the idea</summary>One boolean mask says where a query may look: not in
+# the future and not at a pad. Hide everything else before the softmax, and make the softmax safe
+# for a row in which everything is hidden.</details>
+#
+# <details><summary>Hint 2: the steps</summary>Scale the scores by the square root of the head
+# size. Combine the lower triangle of size N by N, with a logical and, with the real-token mask
+# reshaped to (B, 1, 1, N) so that it runs along the keys. Fill the scores outside the mask with
+# minus infinity. Take each row's maximum and replace it by 0 where the row has no allowed key;
+# subtract it and exponentiate; divide by the row sums, with a zero sum replaced by 1. Multiply
+# the weights by the values.</details>
+
+# %%
+def my_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal and padding attention: q, k (B, H, N, d), v (B, H, N, d_v), real (B, N) True on real tokens.
+
+    Returns output (B, H, N, d_v) and weights (B, H, N, N); a query that may see no key gets zeros.
+    """
+    ### BEGIN SOLUTION
+    n, d = q.shape[-2], q.shape[-1]
+    scores = q @ k.transpose(-2, -1) / d**0.5                   # (B, H, N, N)
+    causal = torch.tril(torch.ones(n, n, dtype=torch.bool))     # (N, N): key j <= query i
+    allowed = causal & real[:, None, None, :]                   # (B, 1, N, N): and key j is no pad
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_max = torch.where(allowed.any(dim=-1, keepdim=True), row_max, 0.0)  # -inf - -inf would be NaN
+    exps = torch.exp(scores - row_max)
+    total = exps.sum(dim=-1, keepdim=True)
+    weights = exps / torch.where(total > 0, total, 1.0)         # an empty row: 0 / 1, not 0 / 0
+    return weights @ v, weights
+    ### END SOLUTION
+
+# %%
+check("masking.masked_attention", my_masked_attention)
+
+# %%
+def course_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The course's version: the helper with causal_mask & the real-token mask."""
+    return scaled_dot_product_attention(q, k, v, mask=causal_mask(q.shape[-2]) & real[:, None, None, :])
+
+
+masked_attention = yours_or("masking.masked_attention", my_masked_attention, course_masked_attention)
+real_right = pad[:, 0, 0]  # (B, N): section 6's right-padded batch
+clean = masked_attention(*heads_of(tokens), real_right)[0]
+dirty = masked_attention(*heads_of(garbage), real_right)[0]
+moved = max((dirty[b, :, :n] - clean[b, :, :n]).abs().max().item() for b, n in enumerate(lengths.tolist()))
+torch.testing.assert_close(clean, clean_out)
+print("right padding: largest move of a real token's output after filling the pads with garbage:", moved)
+assert moved == 0
+left_out, left_weights = masked_attention(q[None, None], k[None, None], v[None, None], is_real[None])
+torch.testing.assert_close(left_out[0, 0], helper_out)
+nothing_to_see = bool((left_weights[0, 0, 0] == 0).all() and (left_out[0, 0, 0] == 0).all())
+print("left padding: the first pad, which may see no key, gets zero weights and a zero output:", nothing_to_see)
+assert nothing_to_see
+
+# %% [markdown]
 # ## 8. Encoder vs decoder: bidirectional vs causal
 #
 # An **encoder** (BERT and the left half of the original Transformer) reads a whole sentence that
@@ -561,24 +547,89 @@ for name, mask in (("encoder", bidirectional_mask(4)), ("decoder", causal_mask(4
 # - **strided**: each token sees every $s$-th token;
 # - **global**: a few chosen tokens see everything and are seen by everything.
 #
-# They are masks like any other. Top row: bidirectional (encoder) versions; bottom row: the same
-# patterns `&` the causal mask (decoder).
+# They are masks like any other: each is a rule about which (query, key) pairs to keep.
+#
+# ### Exercise 4 (core): the sparse patterns as one mask
+# Write `my_sparse_mask(n, window=None, stride=None, global_tokens=(), causal=False)` returning
+# a boolean `(n, n)` mask, True where query $i$ may see key $j$: the union of the parts asked for,
+# - with `window` $w$: the keys with $|i - j| \le w$ (local);
+# - with `stride` $s$: the keys with $i - j$ a multiple of $s$, counted from the query (strided);
+# - with `global_tokens`: every key for a global query, and every global key for any query;
+#
+# and, with `causal=True`, of all of these only the keys with $j \le i$. Nothing asked for gives
+# an all-False mask. The figures, the pair counts and the two-hop check below are all drawn
+# with your function.
+#
+# <details><summary>Hint 1: the idea</summary>Local and strided are rules about the offset between
+# a query and a key, how far back the key lies; global is a rule about the positions themselves.
+# Build each part that was asked for as a boolean table, take their union, and cut the future
+# last, so that the cut applies to every part.</details>
+#
+# <details><summary>Hint 2: the steps</summary>Make the table of offsets, query position minus key
+# position, from the positions as a column and as a row. Start from an all-False n by n mask. With
+# a window, add the entries whose offset is at most the window in absolute value. With a stride,
+# add the entries whose offset leaves remainder zero when divided by the stride. Mark the global
+# tokens in a boolean vector of length n and add their rows and their columns. With causal, keep
+# only the entries whose offset is zero or positive.</details>
+
+# %%
+def my_sparse_mask(n: int, window: int | None = None, stride: int | None = None,
+                   global_tokens: tuple[int, ...] | list[int] = (), causal: bool = False) -> torch.Tensor:
+    """Bool (n, n): the union of a local window, a stride and global tokens, cut to the past if causal."""
+    ### BEGIN SOLUTION
+    position = torch.arange(n)
+    offset = position[:, None] - position[None, :]  # (n, n): how far key j lies behind query i
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    if window is not None:
+        mask |= offset.abs() <= window               # local: the neighbours on either side
+    if stride is not None:
+        mask |= offset % stride == 0                 # strided: every stride-th key, from the query
+    is_global = torch.zeros(n, dtype=torch.bool)
+    is_global[list(global_tokens)] = True
+    mask |= is_global[:, None] | is_global[None, :]  # global: their rows and their columns
+    if causal:
+        mask &= offset >= 0                          # last, so that it cuts every part
+    return mask
+    ### END SOLUTION
+
+# %%
+check("masking.sparse_mask", my_sparse_mask)
+
+# %% [markdown]
+# From here on the patterns come from `sparse_mask`: yours once it passes its check, until then
+# one the course composes from its helpers `local_mask`, `strided_mask` and `global_mask`. Top
+# row: the bidirectional (encoder) versions; bottom row: the same patterns `&` the causal mask
+# (decoder).
 
 # %%
 from helpers.model.attention import global_mask, local_mask, strided_mask
 
+
+def course_sparse_mask(n: int, window: int | None = None, stride: int | None = None,
+                       global_tokens: tuple[int, ...] | list[int] = (), causal: bool = False) -> torch.Tensor:
+    """The same union, from the course's pattern helpers."""
+    mask = ~bidirectional_mask(n)  # nothing yet
+    if window is not None:
+        mask |= local_mask(n, window, causal=False)
+    if stride is not None:
+        mask |= strided_mask(n, stride, causal=False)
+    if len(global_tokens):
+        mask |= global_mask(n, list(global_tokens))
+    return mask & causal_mask(n) if causal else mask
+
+
+sparse_mask = yours_or("masking.sparse_mask", my_sparse_mask, course_sparse_mask)
+
+# %%
 PATTERN_SENTENCE = "once upon a time a small cat sat on the warm mat and fell fast asleep".split()
 N_PAT, WINDOW, STRIDE, GLOBAL_TOKENS = len(PATTERN_SENTENCE), 2, 4, [0]
+PARTS = {"full": {"window": N_PAT}, "local": {"window": WINDOW}, "strided": {"stride": STRIDE},
+         "global": {"global_tokens": GLOBAL_TOKENS}, "local + global": {"window": WINDOW, "global_tokens": GLOBAL_TOKENS}}
 
 
 def pattern(name: str, causal: bool) -> torch.Tensor:
     """The (N_PAT, N_PAT) boolean mask of a named pattern, optionally restricted to the past."""
-    masks = {"full": bidirectional_mask(N_PAT),
-             "local": local_mask(N_PAT, WINDOW, causal=False),
-             "strided": strided_mask(N_PAT, STRIDE, causal=False),
-             "global": global_mask(N_PAT, GLOBAL_TOKENS),
-             "local + global": local_mask(N_PAT, WINDOW, causal=False) | global_mask(N_PAT, GLOBAL_TOKENS)}
-    return masks[name] & causal_mask(N_PAT) if causal else masks[name]
+    return sparse_mask(N_PAT, **PARTS[name], causal=causal)
 
 
 NAMES = ["full", "local", "strided", "global"]
@@ -605,9 +656,9 @@ def pattern_pairs(n_big: int) -> dict[str, int]:
     """Number of (query, key) pairs each pattern keeps for n_big tokens (bidirectional)."""
     sqrt_stride = round(n_big**0.5)
     return {"full": n_big * n_big,
-            "local w=256": int(local_mask(n_big, 256, causal=False).sum()),
-            "strided s=64": int(strided_mask(n_big, 64, causal=False).sum()),
-            "strided s=sqrt(N)": int(strided_mask(n_big, sqrt_stride, causal=False).sum())}
+            "local w=256": int(sparse_mask(n_big, window=256).sum()),
+            "strided s=64": int(sparse_mask(n_big, stride=64).sum()),
+            "strided s=sqrt(N)": int(sparse_mask(n_big, stride=sqrt_stride).sum())}
 
 
 SIZES = (1024, 2048, 4096)
@@ -640,48 +691,12 @@ heatmap(sparse_weights, PATTERN_SENTENCE, PATTERN_SENTENCE, annotate=False, vmin
         title="Attention weights under 'local + global & causal'", xlabel="key", ylabel="query")
 plt.show()
 
-one_hop_local = local_mask(N_PAT, STRIDE - 1).double()
-one_hop_strided = strided_mask(N_PAT, STRIDE).double()
-two_hops = ((one_hop_local @ one_hop_strided) > 0) | ((one_hop_strided @ one_hop_local) > 0)
+one_hop_local = sparse_mask(N_PAT, window=STRIDE - 1, causal=True)
+one_hop_strided = sparse_mask(N_PAT, stride=STRIDE, causal=True)
+two_hops = ((one_hop_local.double() @ one_hop_strided.double()) > 0) | ((one_hop_strided.double() @ one_hop_local.double()) > 0)
 print("local + strided reach every earlier key in two hops:", torch.equal(two_hops, causal_mask(N_PAT)))
-print(f"while one hop of either reaches only {int(local_mask(N_PAT, STRIDE - 1).sum())} or "
-      f"{int(strided_mask(N_PAT, STRIDE).sum())} of the {int(causal_mask(N_PAT).sum())} causal pairs")
-
-# %% [markdown]
-# ### Exercise 3: a sliding-window mask
-# Write `my_local_mask(n, window)`: a causal sliding window, True where query $i$ may see key
-# $j$, that is $0 \le i - j \le$ `window`.
-
-# %%
-def my_local_mask(n: int, window: int) -> torch.Tensor:
-    raise NotImplementedError
-
-
-check("masking.local_mask", my_local_mask)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Key j is visible from query i when it is not in the future and not more than window - 1 steps
-# back.
-# </details>
-#
-# <details><summary>Hint 2</summary><code>offset = torch.arange(n)[:, None] - torch.arange(n)[None, :]</code>
-# is <code>i - j</code>; combine two comparisons with <code>&amp;</code>.</details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def my_local_mask(n: int, window: int) -> torch.Tensor:
-#     offset = torch.arange(n)[:, None] - torch.arange(n)[None, :]
-#     return (offset >= 0) & (offset <= window)
-# ### END SOLUTION
-#
-#
-# check("masking.local_mask", my_local_mask)
-# ```
-# </details>
+print(f"while one hop of either reaches only {int(one_hop_local.sum())} or "
+      f"{int(one_hop_strided.sum())} of the {int(causal_mask(N_PAT).sum())} causal pairs")
 
 # %% [markdown]
 # ### Explore the patterns
