@@ -349,7 +349,8 @@ for name, wrong in (("without position ids", no_positions), ("without the mask",
 def my_lookup(block_table: list[int], position: int, block_size: int) -> tuple[int, int]:
     """Where token `position` of a sequence lives: (block id, slot within the block)."""
     ### BEGIN SOLUTION
-    return block_table[position // block_size], position % block_size
+    logical_block, slot = divmod(position, block_size)   # the sequence's own numbering
+    return block_table[logical_block], slot
     ### END SOLUTION
 
 
