@@ -158,10 +158,10 @@ def answer_only_loss(student: Callable) -> str:
             if torch.allclose(got.detach().double().reshape(()), _sft_variant(logits, ids, mask, **slip), atol=1e-9):
                 raise ExerciseFailed(f"{what}.", fix=fix)
         expect_close(got.detach().double().reshape(()), expected, "the loss", atol=1e-9)
-    got.sum().backward()
-    if mine.grad is None:
+    if not got.requires_grad:
         raise ExerciseFailed("your loss carries no gradient to the logits.",
                              fix="keep every step a torch operation on the logits (no item, no detach).")
+    got.sum().backward()
     prompt = ~mask[:, 1:].bool()
     if mine.grad[:, :-1][prompt].abs().max() > 0:
         raise ExerciseFailed("the positions that predict a prompt token get a gradient.",
@@ -385,10 +385,11 @@ def grpo_loss(student: Callable) -> str:
     logps, old, ref, advantages, mask = _grpo_case(2)
     mine = logps.clone().requires_grad_(True)
     theirs = logps.clone().requires_grad_(True)
-    student(mine, old, ref, advantages, mask, 0.2, 0.04).sum().backward()
-    helper_grpo_loss(theirs, old, ref, advantages, mask, 0.2, 0.04).backward()
-    if mine.grad is None:
+    loss = student(mine, old, ref, advantages, mask, 0.2, 0.04)
+    if not loss.requires_grad:
         raise ExerciseFailed("your loss carries no gradient to logps.",
                              fix="keep every step a torch operation on logps (no item, no detach).")
+    loss.sum().backward()
+    helper_grpo_loss(theirs, old, ref, advantages, mask, 0.2, 0.04).backward()
     expect_close(mine.grad, theirs.grad, "the gradient of your loss on logps", atol=1e-9)
     return "Clipped ratio, k3 penalty, per-answer mean: GRPO's loss, with no value model in sight."
