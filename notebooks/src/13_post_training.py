@@ -202,10 +202,10 @@ print("rank of the update:", torch.linalg.matrix_rank(delta).item(), "| its shap
 # layers; the frozen layer's output plus their scaled product is the whole forward, and merging
 # moves that product into the frozen weight once, for good.</details>
 #
-# <details><summary>Hint 2: the steps</summary>In the constructor: call the parent constructor,
-# keep the base layer, switch off the gradient of its parameters, create the two bias-free layers
-# with the shapes above, fill the second one's weight with zeros, store alpha divided by r and a
-# flag saying the layer is not merged. In the forward: the base output, plus (unless merged) the
+# <details><summary>Hint 2: the steps</summary>In the constructor: keep the base layer, switch
+# off the gradient of its parameters, create the two bias-free layers with the shapes above, fill
+# the second one's weight with zeros, store alpha divided by r and a flag saying the layer is not
+# merged. In the forward: the base output, plus (unless merged) the
 # input sent through A then B, times the scaling. In merge, without gradients: add the scaling
 # times the product of B's weight and A's weight to the base weight and set the flag.</details>
 

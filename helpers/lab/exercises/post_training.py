@@ -61,6 +61,8 @@ def lora_layer(student: type) -> str:
         raise ExerciseFailed("lora_A starts at zero too: with A and B both zero, neither ever gets a gradient.",
                              fix="keep A's random initialisation (peft uses the default one of nn.Linear).")
     scaling = getattr(layer, "scaling", None)
+    if isinstance(scaling, torch.Tensor) and scaling.numel() == 1:
+        scaling = scaling.item()
     if not isinstance(scaling, (int, float)) or abs(scaling - 4.0) > 1e-12:
         raise ExerciseFailed(f"scaling is {scaling!r} for alpha = 8 and r = 2, expected alpha / r = 4.0.",
                              fix="store alpha divided by the rank as the attribute scaling.")
