@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.lab.exercises import check
+from helpers.lab.exercises import check, yours_or
 from helpers.model.generation import generate
 from helpers.post import classify, dpo, grpo, lora, recipe, sft, tasks
 from helpers.timing import format_duration
@@ -120,6 +120,7 @@ train_y, test_y = torch.tensor(train_labels), torch.tensor(test_labels)
 print(train_texts[:2], train_labels[:2], "|", len(train_texts), "train,", len(test_texts), "test")
 
 
+# %%
 def finetune_classifier(which: str, seed: int, steps: int = 12, lr: float = 2e-3) -> dict:
     torch.manual_seed(seed)
     model = classify.Classifier(copy.deepcopy(pretrained), n_classes=2)
@@ -137,6 +138,7 @@ def finetune_classifier(which: str, seed: int, steps: int = 12, lr: float = 2e-3
     return {"accuracy": accuracy, "seconds": seconds, "trainable": trainable}
 
 
+# %%
 runs = {which: [finetune_classifier(which, seed) for seed in (0, 1, 2)] for which in classify.WHICH}
 for which, results in runs.items():
     print(f"{which:>4}: {results[0]['trainable']:>7,} trainable parameters")
@@ -183,58 +185,98 @@ print("rank of the update:", torch.linalg.matrix_rank(delta).item(), "| its shap
 
 
 # %% [markdown]
-# **Exercise: the LoRA forward.** Write it for an `nn.Linear` `base`, A (r, in), B (out, r).
+# ### Exercise: a LoRA layer
+#
+# Write the layer as a module, `MyLoRALinear(base, r, alpha)`, around an `nn.Linear` `base`:
+# - freeze every parameter of `base`;
+# - `lora_A`, from `in` features down to `r`, and `lora_B`, from `r` up to `out`, each an
+#   `nn.Linear` without bias (peft's names); `lora_A` keeps its random start, `lora_B` starts at
+#   zero; `scaling` is alpha / r;
+# - `forward(x)` returns the formula above, x (..., in) -> (..., out);
+# - `merge()` folds the update into the base weight, W <- W + scaling * B A, after which
+#   `forward` is the base layer alone.
+#
+# The cell after the check wraps a layer of the pretrained model with your class.
+#
+# <details><summary>Hint 1: the idea</summary>The only trainable parameters are the two small
+# layers; the frozen layer's output plus their scaled product is the whole forward, and merging
+# moves that product into the frozen weight once, for good.</details>
+#
+# <details><summary>Hint 2: the steps</summary>In the constructor: keep the base layer, switch
+# off the gradient of its parameters, create the two bias-free layers with the shapes above, fill
+# the second one's weight with zeros, store alpha divided by r and a flag saying the layer is not
+# merged. In the forward: the base output, plus (unless merged) the
+# input sent through A then B, times the scaling. In merge, without gradients: add the scaling
+# times the product of B's weight and A's weight to the base weight and set the flag.</details>
 
 # %%
-def lora_forward(x: torch.Tensor, base: nn.Linear, A: torch.Tensor, B: torch.Tensor,
-                 alpha: float) -> torch.Tensor:
-    """x (..., in) -> (..., out): base(x) + (alpha / r) * B A x."""
-    raise NotImplementedError
+class MyLoRALinear(nn.Module):
+    """A frozen nn.Linear `base` plus a rank-r update: y = base(x) + (alpha / r) * B A x."""
 
+    def __init__(self, base: nn.Linear, r: int, alpha: float) -> None:
+        super().__init__()
+        ### BEGIN SOLUTION
+        self.base = base
+        for p in base.parameters():
+            p.requires_grad_(False)                                   # W stays as pretrained
+        self.lora_A = nn.Linear(base.in_features, r, bias=False)      # weight (r, in), random
+        self.lora_B = nn.Linear(r, base.out_features, bias=False)     # weight (out, r)
+        nn.init.zeros_(self.lora_B.weight)                            # B A = 0 at the start
+        self.scaling = alpha / r
+        self.merged = False
+        ### END SOLUTION
 
-check("post_training.lora_forward", lora_forward)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) -> (..., out)."""
+        ### BEGIN SOLUTION
+        out = self.base(x)
+        if not self.merged:
+            out = out + self.lora_B(self.lora_A(x)) * self.scaling
+        return out
+        ### END SOLUTION
 
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# The rank r is the number of rows of A. Apply A first (to r numbers), then B.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `base(x) + (x @ A.T) @ B.T * (alpha / r)`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def lora_forward(x: torch.Tensor, base: nn.Linear, A: torch.Tensor, B: torch.Tensor,
-#                  alpha: float) -> torch.Tensor:
-#     """x (..., in) -> (..., out): base(x) + (alpha / r) * B A x."""
-#     r = A.shape[0]
-#     return base(x) + (x @ A.T) @ B.T * (alpha / r)
-# ### END SOLUTION
-#
-#
-# _ = check("post_training.lora_forward", lora_forward)
-# ```
-# </details>
+    @torch.no_grad()
+    def merge(self) -> None:
+        """W <- W + scaling * B A; afterwards forward is the base layer alone."""
+        ### BEGIN SOLUTION
+        self.base.weight += self.scaling * (self.lora_B.weight @ self.lora_A.weight)
+        self.merged = True
+        ### END SOLUTION
 
-# %% [markdown]
-# The same layer lives in `helpers.post.lora.LoRALinear`, with peft's names: `lora_A`,
-# `lora_B` (each an `nn.Linear` without bias), `scaling = alpha / r` and `merge()`. `add_lora`
-# wraps every layer named like the targets (peft's rule), here the query and value projections.
 
 # %%
-helper_layer = lora.LoRALinear(copy.deepcopy(layer), r=r, alpha=alpha)
+check("post_training.lora_layer", MyLoRALinear)
+
+# %% [markdown]
+# Your layer (or `helpers.post.lora.LoRALinear` until yours passes) around the query projection,
+# loaded with the A and trained-looking B of the plain code above: the same output as the
+# formula, then merged into a plain weight with the same output again. The helper has peft's
+# names too, and gives the same numbers.
+
+# %%
+LoRA = yours_or("post_training.lora_layer", MyLoRALinear, lora.LoRALinear)
+wrapped = LoRA(copy.deepcopy(layer), r, alpha)
 with torch.no_grad():
+    assert torch.equal(wrapped(x), layer(x))  # B = 0: the base layer
+    wrapped.lora_A.weight.copy_(A)
+    wrapped.lora_B.weight.copy_(B_trained)
+    formula = layer(x) + (alpha / r) * (x @ A.T) @ B_trained.T
+    gap = (wrapped(x) - formula).abs().max().item()
+    helper_layer = lora.LoRALinear(copy.deepcopy(layer), r=r, alpha=alpha)
     helper_layer.lora_A.weight.copy_(A)
     helper_layer.lora_B.weight.copy_(B_trained)
-gap = (helper_layer(x) - (layer(x) + (alpha / r) * (x @ A.T) @ B_trained.T)).abs().max().item()
-assert gap < 1e-5
-print(f"helper vs plain code: max difference < 1e-5 (scaling = {helper_layer.scaling})")
+    helper_gap = (wrapped(x) - helper_layer(x)).abs().max().item()
+    wrapped.merge()
+    merged_gap = (wrapped(x) - formula).abs().max().item()
+assert gap < 1e-5 and helper_gap < 1e-5 and merged_gap < 1e-5
+print(f"{type(wrapped).__name__}: vs the formula, vs the helper, and merged vs the formula: "
+      f"max differences < 1e-5 (scaling = {wrapped.scaling})")
 
+# %% [markdown]
+# `add_lora` wraps every layer named like the targets (peft's rule), here the query and value
+# projections, with the helper's layer (which the model's fused attention path can also read).
+
+# %%
 adapted = copy.deepcopy(pretrained)
 targets = lora.add_lora(adapted, ["q_proj", "v_proj"], r=4, alpha=8.0)
 probe = torch.tensor([tokenizer.encode(train_facts[0].question())])
@@ -301,61 +343,59 @@ print("tokens:", len(ids), "| answer tokens (mask = 1):", repr(tokenizer.decode(
 
 
 # %% [markdown]
+# ### Exercise: the answer-only loss
+#
 # The loss counts only the answer (and the end token): the model should learn to **answer**, not
-# to predict the user's question. **Exercise:** the mask for a prompt and an answer.
+# to predict the user's question. Write `answer_only_loss(logits, ids, mask)`: `logits` (B, N, V)
+# from the model on `ids` (B, N), `mask` (B, N) 1 on the answer tokens as above. Position t
+# predicts token t + 1, so a position counts when its **target** is an answer token; the loss is
+# the mean cross-entropy over the positions that count, in the whole batch. Write the
+# cross-entropy yourself from the log-softmax (the check refuses `F.cross_entropy`). The next
+# cell computes the loss of a batch with it and shows where its gradient goes.
+#
+# <details><summary>Hint 1: the idea</summary>Shift by one: the logits of every position but the
+# last are scored against the tokens from the second on, and the mask of those target tokens
+# says which scores count.</details>
+#
+# <details><summary>Hint 2: the steps</summary>Take the log-softmax of the logits over the
+# vocabulary, dropping the last position. Gather, at every position, the log-probability of the
+# next token. Take the mask from the second position on as floats. The loss is minus the sum of
+# the gathered log-probabilities times that mask, divided by the mask's sum.</details>
 
 # %%
-def answer_mask(prompt_ids: list[int], answer_ids: list[int]) -> torch.Tensor:
-    """A (len(prompt_ids) + len(answer_ids),) tensor: 0 on the prompt, 1 on the answer."""
-    raise NotImplementedError
+def answer_only_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """logits (B, N, V), ids (B, N), mask (B, N) -> the mean loss over answer targets (0-dim)."""
+    ### BEGIN SOLUTION
+    log_probs = logits[:, :-1].log_softmax(dim=-1)                    # position t predicts t + 1
+    picked = log_probs.gather(-1, ids[:, 1:, None]).squeeze(-1)     # (B, N - 1)
+    counts = mask[:, 1:].to(picked.dtype)                           # is the target an answer token?
+    return -(picked * counts).sum() / counts.sum()
+    ### END SOLUTION
 
 
-check("post_training.answer_mask", answer_mask)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# One entry per token; the prompt comes first.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `torch.tensor([0] * len(prompt_ids) + [1] * len(answer_ids))`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def answer_mask(prompt_ids: list[int], answer_ids: list[int]) -> torch.Tensor:
-#     """A (len(prompt_ids) + len(answer_ids),) tensor: 0 on the prompt, 1 on the answer."""
-#     return torch.tensor([0] * len(prompt_ids) + [1] * len(answer_ids))
-# ### END SOLUTION
-#
-#
-# _ = check("post_training.answer_mask", answer_mask)
-# ```
-# </details>
+# %%
+check("post_training.answer_only_loss", answer_only_loss)
 
 # %% [markdown]
-# With the mask, the loss is the mean cross-entropy over the positions whose **target** is an
-# answer token (position t predicts token t + 1). Proof that the prompt gets no gradient: the
-# gradient of the loss on the logits is exactly zero at every position that predicts a prompt
-# token.
+# Your loss (the helpers' `sft.answer_only_loss` until yours passes) on a batch of the training
+# questions, against `F.cross_entropy` on the positions that predict an answer token. Proof that
+# the prompt gets no gradient: the gradient of the loss on the logits is exactly zero at every
+# position that predicts a prompt token.
 
 # %%
 batch_ids, batch_mask = batches[0]
 logits = pretrained(batch_ids).detach().requires_grad_(True)
 targets_answer = batch_mask[:, 1:].bool()  # (B, N - 1): does position t predict an answer token?
 by_hand = F.cross_entropy(logits[:, :-1][targets_answer], batch_ids[:, 1:][targets_answer])
-loss = sft.answer_only_loss(logits, batch_ids, batch_mask)
+sft_loss_fn = yours_or("post_training.answer_only_loss", answer_only_loss, sft.answer_only_loss)
+loss = sft_loss_fn(logits, batch_ids, batch_mask)
 loss.backward()
 assert abs(loss.item() - by_hand.item()) < 1e-5
 zero = logits.grad[:, :-1][~targets_answer].abs().max().item()
 nonzero = logits.grad[:, :-1][targets_answer].abs().amin(dim=-1).min().item()
 assert zero == 0.0 and nonzero > 0
 print(f"largest gradient at a prompt position: {zero} | every answer position has a gradient")
-print("helper loss equals the plain-code loss (difference < 1e-5)")
+print("the loss equals F.cross_entropy on the answer positions (difference < 1e-5)")
 
 # %% [markdown]
 # Now SFT on the training questions: 60 AdamW steps of 16 questions, all weights.
@@ -420,59 +460,45 @@ print(f"at the start the policy is the reference: every loss is log 2 = {by_hand
 
 
 # %% [markdown]
-# **Exercise: the DPO loss**, per pair, from the four log-probabilities, with the implicit rewards
-# beside it (what TRL logs). The cell after the solution takes one DPO step with your loss.
+# ### Exercise: the DPO loss
+#
+# Write `dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)`: the loss of
+# each pair from its four log-probabilities (each (B,)), with the implicit rewards beside it (what
+# TRL logs): return the losses (B,), the chosen answers' rewards (B,) and the rejected answers'
+# (B,). The cell after the check takes one DPO step with your loss.
+#
+# <details><summary>Hint 1: the idea</summary>Measure each answer against the reference: how much
+# more likely the policy makes it, a log-ratio, since these are log-probabilities. An answer's
+# reward is beta times its log-ratio; the loss is a logistic loss asking the chosen answer's
+# reward to beat the rejected one's. The rewards are only reported, so no gradient flows through
+# them.</details>
+#
+# <details><summary>Hint 2: the steps</summary>Subtract the reference's log-probability from the
+# policy's, once for the chosen answers and once for the rejected ones. Multiply the difference of
+# those two log-ratios by beta, and take minus its log-sigmoid (the stable log of the sigmoid):
+# one loss per pair. The rewards are beta times each log-ratio, detached from the graph.</details>
 
 # %%
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
              ref_rejected: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each argument (B,): an answer's log-probability, summed over its tokens.
     Returns the losses (B,), the chosen answers' rewards (B,) and the rejected answers' (B,)."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    # How much more likely the policy makes each answer than the reference does.
+    chosen_logratios = policy_chosen - ref_chosen
+    rejected_logratios = policy_rejected - ref_rejected
+    # Logistic (Bradley-Terry) loss on the difference; logsigmoid is the stable log(sigmoid).
+    margin = beta * (chosen_logratios - rejected_logratios)
+    losses = -F.logsigmoid(margin)
+    # The implicit rewards, for reporting only: no gradient flows through them.
+    chosen_rewards = beta * chosen_logratios.detach()
+    rejected_rewards = beta * rejected_logratios.detach()
+    return losses, chosen_rewards, rejected_rewards
+    ### END SOLUTION
 
 
+# %%
 check("post_training.dpo_loss", dpo_loss)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Measure each answer against the reference: how much more likely the policy makes it (a
-# log-ratio, since these are log-probabilities). The reward of an answer is beta times its
-# log-ratio; the loss is a logistic loss that asks the chosen answer's reward to beat the
-# rejected one's, and the rewards are only reported (no gradient).
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `chosen = policy_chosen - ref_chosen`, `rejected = policy_rejected - ref_rejected`;
-# `losses = -F.logsigmoid(beta * (chosen - rejected))`; rewards `beta * chosen.detach()` and
-# `beta * rejected.detach()`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
-#              ref_rejected: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-#     """Each argument (B,): an answer's log-probability, summed over its tokens.
-#     Returns the losses (B,), the chosen answers' rewards (B,) and the rejected answers' (B,)."""
-#     ### BEGIN SOLUTION
-#     # How much more likely the policy makes each answer than the reference does.
-#     chosen_logratios = policy_chosen - ref_chosen
-#     rejected_logratios = policy_rejected - ref_rejected
-#     # Logistic (Bradley-Terry) loss on the difference; logsigmoid is the stable log(sigmoid).
-#     margin = beta * (chosen_logratios - rejected_logratios)
-#     losses = -F.logsigmoid(margin)
-#     # The implicit rewards, for reporting only: no gradient flows through them.
-#     chosen_rewards = beta * chosen_logratios.detach()
-#     rejected_rewards = beta * rejected_logratios.detach()
-#     return losses, chosen_rewards, rejected_rewards
-#     ### END SOLUTION
-#
-#
-# _ = check("post_training.dpo_loss", dpo_loss)
-# ```
-# </details>
 
 # %% [markdown]
 # One DPO step with your loss (the helpers' until yours passes the check): at the start the policy
@@ -484,7 +510,6 @@ check("post_training.dpo_loss", dpo_loss)
 # %%
 import math
 
-from helpers.lab.exercises import yours_or
 from helpers.lab.exercises.post_training import helper_dpo_loss
 
 loss_fn = yours_or("post_training.dpo_loss", dpo_loss, helper_dpo_loss)
@@ -632,41 +657,29 @@ for row, reward in zip(group_ids.tolist(), rewards.tolist(), strict=True):
 
 
 # %% [markdown]
-# **Exercise: group-normalised advantages** for rewards of shape (P prompts, G answers).
+# ### Exercise: group-normalised advantages
+#
+# Write `group_advantages(rewards, eps)` for rewards of shape (P prompts, G answers): each answer's
+# advantage, by the formula above, as a tensor of the same shape.
+#
+# <details><summary>Hint 1: the idea</summary>Each row is one prompt's group: it has its own mean
+# and its own standard deviation, and only its own answers are compared with them.</details>
+#
+# <details><summary>Hint 2: the steps</summary>Take the mean and the standard deviation of every
+# row along the answers' axis, keeping that axis so that they line up with the rows; subtract the
+# mean from the rewards and divide by the standard deviation plus eps.</details>
 
 # %%
 def group_advantages(rewards: torch.Tensor, eps: float) -> torch.Tensor:
     """rewards (P, G) -> advantages (P, G), normalised within each row."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    mean = rewards.mean(dim=1, keepdim=True)
+    return (rewards - mean) / (rewards.std(dim=1, keepdim=True) + eps)
+    ### END SOLUTION
 
 
+# %%
 check("post_training.group_advantages", group_advantages)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Each row is one prompt's group: its own mean and its own standard deviation.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `(rewards - rewards.mean(dim=1, keepdim=True)) / (rewards.std(dim=1, keepdim=True) + eps)`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def group_advantages(rewards: torch.Tensor, eps: float) -> torch.Tensor:
-#     """rewards (P, G) -> advantages (P, G), normalised within each row."""
-#     mean = rewards.mean(dim=1, keepdim=True)
-#     return (rewards - mean) / (rewards.std(dim=1, keepdim=True) + eps)
-# ### END SOLUTION
-#
-#
-# _ = check("post_training.group_advantages", group_advantages)
-# ```
-# </details>
 
 # %% [markdown]
 # The loss per answer token t, with the ratio to the policy that sampled the answers (pi_old),
@@ -676,20 +689,74 @@ check("post_training.group_advantages", group_advantages)
 #
 #     loss_t = -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) + beta * k3_t
 #
+# GRPO averages each answer's loss over its own tokens, then over the answers of the batch.
+#
+# ### Exercise: the GRPO loss
+#
+# Write `my_grpo_loss(logps, old_logps, ref_logps, advantages, mask, epsilon, beta)`: `logps`,
+# `old_logps` and `ref_logps` (B, T) are the sampled tokens' log-probabilities under the policy
+# being trained, the policy that sampled them and the reference; `advantages` (B,) is one number
+# per answer; `mask` (B, T) is 1 on each answer's tokens. Return the loss, a 0-dim tensor that
+# carries the gradient to `logps`. The cell after the check computes its gradient on a sampled
+# group and compares it with the gradient derived by hand.
+#
+# <details><summary>Hint 1: the idea</summary>Per token, PPO's pessimistic clipped objective
+# (the smaller of the ratio and the clipped ratio, each times the answer's advantage), negated,
+# plus beta times k3; then a masked mean per answer and a plain mean over the answers.</details>
+#
+# <details><summary>Hint 2: the steps</summary>The ratio is the exponential of the policy's
+# log-probability minus the old one; clamp a copy of it to the range from 1 minus epsilon to 1
+# plus epsilon. Give the advantages a trailing axis so each multiplies its answer's row. Take the
+# elementwise minimum of the two products and negate it. For k3, take the reference's
+# log-probability minus the policy's, exponentiate, subtract the difference and 1. Add beta times
+# k3. Multiply by the mask, sum each row, divide by the row's mask sum, and average the
+# rows.</details>
+
+# %%
+def my_grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor, ref_logps: torch.Tensor,
+                 advantages: torch.Tensor, mask: torch.Tensor, epsilon: float,
+                 beta: float) -> torch.Tensor:
+    """logps, old_logps, ref_logps, mask (B, T); advantages (B,) -> the loss (a 0-dim tensor)."""
+    ### BEGIN SOLUTION
+    # The probability ratio to the policy that sampled the answers, and its clipped twin.
+    ratio = torch.exp(logps - old_logps)
+    clipped = ratio.clamp(1 - epsilon, 1 + epsilon)
+    a = advantages[:, None]                                  # (B, 1): one advantage per answer
+    # Pessimistic: the smaller of the two objectives, negated to make a loss.
+    surrogate = -torch.min(ratio * a, clipped * a)
+    # k3 estimate of KL(pi || pi_ref) per token: never negative, zero where pi = pi_ref.
+    log_ratio = ref_logps - logps
+    k3 = log_ratio.exp() - log_ratio - 1
+    per_token = surrogate + beta * k3
+    # Mean over each answer's own tokens, then over the answers.
+    mask = mask.to(per_token.dtype)
+    per_answer = (per_token * mask).sum(dim=1) / mask.sum(dim=1)
+    return per_answer.mean()
+    ### END SOLUTION
+
+
+# %%
+check("post_training.grpo_loss", my_grpo_loss)
+
+# %% [markdown]
 # One step, checked by hand: on-policy the ratio is 1 and nothing is clipped, so the gradient
 # on a sampled token's log-probability is w_t (-A + beta (1 - exp(ref - logp))), with w_t = 1 /
 # (tokens of the answer x G) for the per-sequence mean; through the softmax, the gradient on the
-# logits is that times (one-hot - softmax).
+# logits is that times (one-hot - softmax). The loss is yours once it passes the check (the
+# helpers' `grpo.grpo_loss` until then).
 
 # %%
-advantages = grpo.group_advantages(rewards[None])[0]
+from helpers.lab.exercises.post_training import helper_grpo_loss
+
+grpo_loss_fn = yours_or("post_training.grpo_loss", my_grpo_loss, helper_grpo_loss)
+advantages_fn = yours_or("post_training.group_advantages", group_advantages, grpo.group_advantages)
+advantages = advantages_fn(rewards[None], 1e-4)[0]
 logits = dpo_model(group_ids).detach().double().requires_grad_(True)
 logps = sft.token_logps(logits, group_ids)
 with torch.no_grad():
     ref_logps = sft.token_logps(reference(group_ids).double(), group_ids)
 answer_mask_t = group_mask[:, 1:].double()
-loss, _ = grpo.grpo_loss(logps, logps.detach(), ref_logps, advantages.double(), answer_mask_t,
-                         epsilon=0.2, beta=0.04, normalise="sequence")
+loss = grpo_loss_fn(logps, logps.detach(), ref_logps, advantages.double(), answer_mask_t, 0.2, 0.04)
 loss.backward()
 weight = answer_mask_t / answer_mask_t.sum(1, keepdim=True) / len(advantages)
 g = weight * (-advantages.double()[:, None] + 0.04 * (1 - (ref_logps - logps.detach()).exp()))

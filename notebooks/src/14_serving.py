@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from helpers.lab.exercises import check
+from helpers.lab.exercises import check, yours_or
 from helpers.timing import format_duration
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
@@ -64,23 +64,51 @@ def by_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     return torch.softmax(logits.masked_fill(logits < kth, -math.inf), dim=-1)
 
 
-def by_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
-    probs = torch.softmax(logits, dim=-1)
-    order = probs.argsort(descending=True)
-    mass_before = probs[order].cumsum(0) - probs[order]  # mass ranked above each token
-    keep = torch.zeros_like(probs, dtype=torch.bool)
-    keep[order] = mass_before < p
-    return torch.softmax(logits.masked_fill(~keep, -math.inf), dim=-1)
-
-
+# %%
 def by_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     probs = torch.softmax(logits, dim=-1)
     return torch.softmax(logits.masked_fill(probs < min_p * probs.max(), -math.inf), dim=-1)
 
 
+# %% [markdown]
+# ### Exercise: top-p
+#
+# The fourth rule is yours. Write `my_top_p(logits, p)` for one row of logits (V,): return the
+# logits with every token outside the nucleus set to `-inf`, the others unchanged. The nucleus is
+# the smallest set of most likely tokens whose probability reaches `p`; the next cell turns your
+# rule into a distribution and prints all the rules side by side.
+#
+# <details><summary>Hint 1: the idea</summary>Rank the tokens from most to least likely. A token
+# belongs to the nucleus when the tokens ranked above it hold less than p of the probability: that
+# way the token that crosses p is kept, and the most likely token always is.</details>
+#
+# <details><summary>Hint 2: the steps</summary>Take the softmax; find the order that sorts it from
+# most to least likely; in that order, the cumulative sum minus each token's own probability is
+# the mass ranked above it. Mark the tokens whose mass above is below p, carry the marks back to
+# the tokens' own positions, and fill the unmarked logits with minus infinity.</details>
+
+# %%
+def my_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """logits (V,) -> (V,): -inf outside the smallest most-likely set whose mass reaches p."""
+    ### BEGIN SOLUTION
+    ranked, order = logits.softmax(-1).sort(descending=True)
+    mass_above = ranked.cumsum(0) - ranked            # what the more likely tokens hold
+    in_nucleus = torch.empty_like(mass_above, dtype=torch.bool)
+    in_nucleus[order] = mass_above < p                # back in the tokens' own order
+    return logits.where(in_nucleus, float("-inf"))
+    ### END SOLUTION
+
+
+# %%
+check("serving.top_p", my_top_p)
+
+# %%
+from helpers.lab.exercises.serving import helper_top_p
+
+top_p_rule = yours_or("serving.top_p", my_top_p, helper_top_p)
 rules = {"softmax": torch.softmax(logits, -1), "T = 0.5": by_temperature(logits, 0.5),
          "T = 2": by_temperature(logits, 2.0), "top-k 2": by_top_k(logits, 2),
-         "top-p 0.8": by_top_p(logits, 0.8), "min-p 0.1": by_min_p(logits, 0.1)}
+         "top-p 0.8": torch.softmax(top_p_rule(logits, 0.8), -1), "min-p 0.1": by_min_p(logits, 0.1)}
 print(f"{'':>10}" + "".join(f"{w:>7}" for w in words))
 for name, probs in rules.items():
     print(f"{name:>10}" + "".join(f"{x:7.3f}" for x in probs.tolist()))
@@ -131,52 +159,6 @@ else:
     assert torch.equal(mine > 0, theirs > 0) and (mine - theirs).abs().max() < 1e-6
     print(f"tokens kept per row: {(mine > 0).sum(-1).tolist()} (the same in both); "
           "largest probability difference < 1e-6")
-
-# %% [markdown]
-# ### Exercise: top-p
-#
-# Write `my_top_p(logits, p)` for one row of logits (V,): return the logits with every token
-# outside the nucleus set to `-inf`, the others unchanged.
-
-# %%
-def my_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """logits (V,) -> (V,): -inf outside the smallest most-likely set whose mass reaches p."""
-    raise NotImplementedError
-
-
-check("serving.top_p", my_top_p)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Sort the tokens from most to least likely. A token stays if the tokens ranked above it hold less
-# than `p` of the probability.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `probs = softmax(logits)`, `order = probs.argsort(descending=True)`, `before = cumsum - probs`
-# in that order; keep where `before < p`, put the answer back in token order, `masked_fill` the rest.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# def my_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
-#     """logits (V,) -> (V,): -inf outside the smallest most-likely set whose mass reaches p."""
-#     ### BEGIN SOLUTION
-#     probs = torch.softmax(logits, dim=-1)
-#     order = probs.argsort(descending=True)
-#     before = probs[order].cumsum(0) - probs[order]
-#     keep = torch.zeros_like(probs, dtype=torch.bool)
-#     keep[order] = before < p
-#     return logits.masked_fill(~keep, float("-inf"))
-#     ### END SOLUTION
-#
-#
-# check("serving.top_p", my_top_p)
-# ```
-# </details>
 
 # %% [markdown]
 # ### Randomness the caller owns
@@ -350,39 +332,30 @@ for name, wrong in (("without position ids", no_positions), ("without the mask",
 #   all of them back when it finishes.
 #
 # ### Exercise: the block-table lookup
+#
+# Write `my_lookup(block_table, position, block_size)`: where token `position` of a sequence
+# lives, as (the block of the pool, the slot within that block). A later cell reads a key from
+# the pool with it.
+#
+# <details><summary>Hint 1: the idea</summary>The block table maps a sequence's *logical* block
+# (its first, second, third block ...) to a *physical* block of the pool; the slot is the same in
+# both.</details>
+#
+# <details><summary>Hint 2: the steps</summary>Divide the position by the block size, rounding
+# down: that is the logical block, and its entry in the table is the block of the pool. The
+# remainder of the same division is the slot.</details>
 
 # %%
 def my_lookup(block_table: list[int], position: int, block_size: int) -> tuple[int, int]:
     """Where token `position` of a sequence lives: (block id, slot within the block)."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    logical_block, slot = divmod(position, block_size)   # the sequence's own numbering
+    return block_table[logical_block], slot
+    ### END SOLUTION
 
 
+# %%
 check("serving.block_lookup", my_lookup)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# The block table maps a sequence's *logical* block (0, 1, 2, ...) to a *physical* block of the pool.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# The logical block is `position // block_size`, the slot `position % block_size`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# def my_lookup(block_table: list[int], position: int, block_size: int) -> tuple[int, int]:
-#     """Where token `position` of a sequence lives: (block id, slot within the block)."""
-#     ### BEGIN SOLUTION
-#     return block_table[position // block_size], position % block_size
-#     ### END SOLUTION
-#
-#
-# check("serving.block_lookup", my_lookup)
-# ```
-# </details>
 
 # %% [markdown]
 # `helpers.serve.paged.PagedKVCache` holds the pool, `(L, n_blocks, H_KV, block_size, D_H)` for
@@ -411,16 +384,14 @@ print("block tables:", paged.tables)
 print(f"paged vs contiguous logits: largest difference < 1e-5; blocks in use {paged.blocks_in_use()} of {paged.n_blocks}")
 
 # %% [markdown]
-# The student's lookup finds a token's key in the pool: token 9 of prompt 1, layer 0, equals the
-# contiguous cache's key for it.
+# Your lookup (the helper's until yours passes) finds a token's key in the pool: token 9 of
+# prompt 1, layer 0, equals the contiguous cache's key for it.
 
 # %%
-try:
-    block, slot = my_lookup(paged.tables[1], 9, paged.block_size)
-except NotImplementedError:
-    print("(my_lookup is not written yet: using the helper's lookup)")
-    from helpers.serve.paged import lookup
-    block, slot = lookup(paged.tables[1], 9, paged.block_size)
+from helpers.serve.paged import lookup
+
+find = yours_or("serving.block_lookup", my_lookup, lookup)
+block, slot = find(paged.tables[1], 9, paged.block_size)
 assert (paged.keys[0, block, :, slot] - contiguous[1].keys[0, 0, :, 9]).abs().max() < 1e-5
 print(f"token 9 of prompt 1 lives in block {block}, slot {slot}: the same key as the contiguous cache (< 1e-5)")
 
@@ -596,60 +567,45 @@ assert shared_blocks < apart_blocks and copies == len(suffixes)
 # `(k, V)` the draft's, and `drafted` the `k` drafted tokens. Return the tokens the round emits
 # (a list of ints, 1 to `k + 1` of them), drawing every random number from `generator`. Once it
 # passes, the speculative decoding below runs with your function.
+#
+# <details><summary>Hint 1: the idea</summary>Go through the drafted tokens in order and keep each
+# with the acceptance probability above, by comparing a uniform draw with it. The first rejected
+# token is replaced by a draw from the part of the target's distribution that the draft
+# under-proposed, and the round ends there. If no token was rejected, the target's distribution
+# after the last one gives a bonus token.</details>
+#
+# <details><summary>Hint 2: the steps</summary>Keep a list of kept tokens. For each position and
+# its drafted token: draw a uniform number from the generator; if it is below the smaller of 1
+# and the target's probability of the token over the draft's, append the token and go on.
+# Otherwise subtract the draft's row from the target's row, clamp the negatives to zero, divide
+# by the sum, draw one token from that with the generator, and return the kept tokens followed by
+# it. After the loop, draw one token from the target's last row and return the kept tokens
+# followed by it. Convert every drawn token to a Python int.</details>
 
 # %%
 def my_accept_or_reject(p: torch.Tensor, q: torch.Tensor, drafted: list[int],
                         generator: torch.Generator | None = None) -> list[int]:
     """p (k + 1, V), q (k, V), drafted: k token ids -> the round's tokens (1 to k + 1 ints)."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    emitted = []
+    for position, proposal in enumerate(drafted):
+        uniform = torch.rand((), generator=generator, dtype=torch.float64).item()
+        acceptance = min(1.0, (p[position, proposal] / q[position, proposal]).item())
+        if uniform < acceptance:
+            emitted.append(proposal)                      # accepted: on to the next one
+            continue
+        # Rejected: redraw from what the draft under-proposed, norm(max(0, p - q)); round over.
+        residual = torch.clamp(p[position] - q[position], min=0.0)
+        redrawn = torch.multinomial(residual / residual.sum(), 1, generator=generator).item()
+        return emitted + [redrawn]
+    # All k kept: the target's distribution after them gives one more token for free.
+    bonus = torch.multinomial(p[-1], 1, generator=generator).item()
+    return emitted + [bonus]
+    ### END SOLUTION
 
 
+# %%
 check("serving.accept_or_reject", my_accept_or_reject)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Go through the drafted tokens in order. Keep a token with probability `min(1, p/q)` at its
-# position: compare a uniform draw with that number. The first rejected token is replaced by a
-# draw from the part of `p` the draft under-proposed, and the round ends there. If no token was
-# rejected, the target's distribution after the last one gives a bonus token.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# For `i, x` in `enumerate(drafted)`: `u = torch.rand((), generator=generator)`; if
-# `u >= min(1, p[i, x] / q[i, x])`: `r = (p[i] - q[i]).clamp(min=0)`, return
-# `drafted[:i] + [int(torch.multinomial(r / r.sum(), 1, generator=generator))]`. After the loop:
-# `drafted + [int(torch.multinomial(p[k], 1, generator=generator))]`.
-# </details>
-
-# %% [markdown]
-# <details><summary>Solution</summary>
-#
-# ```python
-# def my_accept_or_reject(p: torch.Tensor, q: torch.Tensor, drafted: list[int],
-#                         generator: torch.Generator | None = None) -> list[int]:
-#     """p (k + 1, V), q (k, V), drafted: k token ids -> the round's tokens (1 to k + 1 ints)."""
-#     ### BEGIN SOLUTION
-#     kept = []
-#     for i, token in enumerate(drafted):
-#         u = float(torch.rand((), generator=generator, dtype=torch.float64))
-#         if u < min(1.0, float(p[i, token] / q[i, token])):
-#             kept.append(token)                              # accepted: on to the next one
-#             continue
-#         # Rejected: redraw from what the draft under-proposed, norm(max(0, p - q)); round over.
-#         left = (p[i] - q[i]).clamp(min=0)
-#         replacement = int(torch.multinomial(left / left.sum(), 1, generator=generator))
-#         return kept + [replacement]
-#     # All k kept: the target's distribution after them gives one more token for free.
-#     bonus = int(torch.multinomial(p[len(drafted)], 1, generator=generator))
-#     return kept + [bonus]
-#     ### END SOLUTION
-#
-#
-# check("serving.accept_or_reject", my_accept_or_reject)
-# ```
-# </details>
 
 # %% [markdown]
 # ### Proof by enumeration
@@ -754,6 +710,8 @@ with torch.no_grad():
     both = torch.cat([context.expand(vocab, -1), torch.arange(vocab).view(-1, 1)], dim=1)
     p2 = torch.softmax(target(both)[:, -1].double(), -1)                            # (V, V): row x1
 exact_second = p1 @ p2                                                              # (V,)
+
+# %%
 gen = torch.Generator().manual_seed(0)
 spec_pairs = [speculative_generate(target, draft, prompt_ids, 2, k=2, generator=gen, verify=verify)[0]
               for _ in range(SAMPLES)]
@@ -817,60 +775,114 @@ print(f"draft/target parameters: {n_draft / n_target:.2f}")
 #   4-bit values are **packed** into one byte.
 #
 # ### Exercise: int8 per channel
+#
+# Write `my_quantize_int8(w)` for a weight matrix w (out, in): the integers q (out, in) as
+# `torch.int8` and one scale per row, (out,), by the int8 rule above. The next cell quantizes one
+# of the target's matrices with it.
+#
+# <details><summary>Hint 1: the idea</summary>Each row (output channel) gets its own step size, so
+# that the row's largest absolute weight lands on 127 and every other weight on the nearest
+# integer step.</details>
+#
+# <details><summary>Hint 2: the steps</summary>Take each row's largest absolute value and divide
+# it by 127: the scales. Divide every weight by its row's scale (give the scales a trailing axis
+# to line up with the rows), round to the nearest integer, keep it within plus and minus 127, and
+# convert to 8-bit integers.</details>
 
 # %%
 def my_quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w (out, in) float -> q (out, in) torch.int8 and scale (out,): w ~ q * scale[:, None]."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    channel_peak = w.abs().amax(dim=1, keepdim=True)        # (out, 1): each row's largest |w|
+    channel_step = channel_peak / 127
+    integer_levels = torch.round(w / channel_step).clamp(-127, 127)
+    return integer_levels.to(torch.int8), channel_step.flatten()
+    ### END SOLUTION
 
 
+# %%
 check("serving.quantize_int8_rows", my_quantize_int8)
 
 # %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# One scale per row (output channel) so that the row's largest |w| becomes 127.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `scale = w.abs().amax(dim=1) / 127`; `q = torch.round(w / scale[:, None]).to(torch.int8)`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# def my_quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-#     """w (out, in) float -> q (out, in) torch.int8 and scale (out,): w ~ q * scale[:, None]."""
-#     ### BEGIN SOLUTION
-#     scale = w.abs().amax(dim=1) / 127
-#     q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-#     return q, scale
-#     ### END SOLUTION
-#
-#
-# check("serving.quantize_int8_rows", my_quantize_int8)
-# ```
-# </details>
-
-# %% [markdown]
-# int4 by hand on one of the target's weight matrices: a group's scale and zero point, the
-# packing, and the rounding error, at most half a step:
+# Your int8 (the helper's until yours passes) on the first MLP matrix of the target: the same
+# integers as `helpers.serve.quantize.quantize_int8`, and every weight within half a step of its
+# dequantized value.
 
 # %%
+from helpers.serve.quantize import quantize_int8
+
+quantize8 = yours_or("serving.quantize_int8_rows", my_quantize_int8, quantize_int8)
 w = target.blocks[0].mlp.up.weight.detach()  # (256, 64): the first MLP matrix
-group = w[0, :32]
-low, high = min(group.min().item(), 0.0), max(group.max().item(), 0.0)
-scale = (high - low) / 15
-zero = round(-low / scale)
-q = (torch.round(group / scale) + zero).clamp(0, 15).to(torch.uint8)
-packed = q[0::2] | (q[1::2] << 4)  # value 2j in the low nibble, 2j + 1 in the high one
-back = (q.float() - zero) * scale
+q8_w, s8_w = quantize8(w)
+assert torch.equal(q8_w, quantize_int8(w)[0])
+error8 = (q8_w.float() * s8_w[:, None] - w).abs()
+assert (error8 <= s8_w[:, None] / 2 + 1e-7).all()
+print(f"{tuple(w.shape)} weights: the helper's integers; largest error {error8.max():.4f}, "
+      f"within half of its row's step everywhere")
+
+# %% [markdown]
+# ### Exercise: int4 per group
+#
+# Write `my_quantize_int4(w, group_size)` for w (out, in): cut every row into groups of
+# `group_size` weights; each group maps its range, stretched to include 0 so that 0 stays exact,
+# onto 0 ... 15 with a scale (range / 15) and a zero point (where 0 lands, rounded); each weight
+# becomes the nearest step counted from the bottom, within 0 ... 15. A group whose range is 0 gets
+# a scale of 1. Return the values packed two per byte, `torch.uint8` (out, in / 2), value 2j in
+# the low 4 bits of byte j and value 2j + 1 in the high 4 bits, with the scales and zero points,
+# each (out, in / group_size). The next cell takes one group of the target's matrix apart with it.
+#
+# <details><summary>Hint 1: the idea</summary>Per group: a step size and an offset (the zero
+# point) turn the group's floats into 16 integer levels with 0 exactly on one of them; then two
+# 4-bit numbers fit in one byte.</details>
+#
+# <details><summary>Hint 2: the steps</summary>Reshape w to (rows, groups, group size). Per group
+# take the minimum, capped above at 0, and the maximum, floored at 0; the scale is their
+# difference over 15, replaced by 1 where it is 0; the zero point is minus the minimum over the
+# scale, rounded. Divide the weights by their group's scale, round, add the zero point, clamp to
+# 0 ... 15, convert to unsigned 8-bit and reshape back to (rows, in). Pack: the even columns, OR
+# the odd columns shifted left by 4 bits.</details>
+
+# %%
+def my_quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w (out, in) float -> packed (out, in / 2) uint8, scale and zero (out, in / group_size)."""
+    ### BEGIN SOLUTION
+    out, n_in = w.shape
+    groups = w.reshape(out, n_in // group_size, group_size)
+    low = groups.amin(dim=-1).clamp(max=0)                  # 0 must be in every group's range
+    high = groups.amax(dim=-1).clamp(min=0)
+    scale = (high - low) / 15                               # 16 levels, 15 steps
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a group of zeros
+    zero = torch.round(-low / scale)                        # the level that stands for 0
+    q = (torch.round(groups / scale[..., None]) + zero[..., None]).clamp(0, 15)
+    q = q.to(torch.uint8).reshape(out, n_in)
+    packed = q[:, 0::2] | (q[:, 1::2] << 4)                 # value 2j low, 2j + 1 high
+    return packed, scale, zero
+    ### END SOLUTION
+
+
+# %%
+check("serving.quantize_int4_groups", my_quantize_int4)
+
+# %% [markdown]
+# Your int4 (the helper's until yours passes) on the same matrix, groups of 32: the first group's
+# scale, zero point and packed bytes, and its rounding error, at most half a step.
+
+# %%
+from helpers.serve.quantize import dequantize_int4, quantize_int4, unpack_int4
+
+quantize4 = yours_or("serving.quantize_int4_groups", my_quantize_int4, quantize_int4)
+packed_w, scale_w, zero_w = quantize4(w, 32)
+assert all(torch.equal(mine.float(), helper.float()) for mine, helper in zip((packed_w, scale_w, zero_w),
+                                                                             quantize_int4(w, 32), strict=True))
+group, scale, zero = w[0, :32], scale_w[0, 0].item(), int(zero_w[0, 0])
+q = unpack_int4(packed_w[0, :16])
+back = dequantize_int4(packed_w, scale_w, zero_w)[0, :32]
 assert (back - group).abs().max() <= scale / 2 + 1e-6
+low, high = min(group.min().item(), 0.0), max(group.max().item(), 0.0)
 print(f"group of 32 weights in [{low:.3f}, {high:.3f}]: scale {scale:.4f}, zero point {zero}")
-print(f"first values {q[:4].tolist()} -> packed bytes {packed[:2].tolist()} = "
+print(f"first values {q[:4].tolist()} -> packed bytes {packed_w[0, :2].tolist()} = "
       f"{q[0].item()} + 16 x {q[1].item()}, {q[2].item()} + 16 x {q[3].item()}")
-print(f"32 weights: {group.numel() * 4} bytes in float32, {packed.numel()} bytes packed "
+print(f"32 weights: {group.numel() * 4} bytes in float32, 16 bytes packed "
       f"+ a scale and a zero point; largest error {(back - group).abs().max():.4f} <= scale / 2")
 
 # %% [markdown]
@@ -880,12 +892,9 @@ print(f"32 weights: {group.numel() * 4} bytes in float32, {packed.numel()} bytes
 # the target, on validation windows:
 
 # %%
-from helpers.serve.quantize import dequantize_int4, quantize_int4, quantize_model, weight_bytes
+from helpers.serve.quantize import quantize_model, weight_bytes
 from helpers.training.trainer import random_batch
 
-packed_w, scale_w, zero_w = quantize_int4(w, group_size=32)
-# the helper == by hand, to float32 rounding (the hand version's scale is a Python float)
-assert torch.allclose(dequantize_int4(packed_w, scale_w, zero_w)[0, :32], back, rtol=0, atol=1e-6)
 x_val, y_val = random_batch(val_ids, 32, 64, generator=torch.Generator().manual_seed(1))
 
 
@@ -930,17 +939,6 @@ for bits in (8, 4):
 # an eighth of the float32 bytes, but the extras matter: with a float32 scale and zero point per
 # group of 32 weights, int4 adds 8 bytes per 16 bytes of integers. Real formats store them in 16
 # bits (or share them over larger groups). The token embedding stays in float32.
-#
-# The student's int8 gives the same integers as the helper on the target's matrix:
-
-# %%
-try:
-    mine_q, mine_scale = my_quantize_int8(w)
-    from helpers.serve.quantize import quantize_int8
-    assert torch.equal(mine_q, quantize_int8(w)[0])
-    print("my_quantize_int8 == helpers.serve.quantize.quantize_int8 on the target's matrix")
-except NotImplementedError:
-    print("(my_quantize_int8 is not written yet)")
 
 # %% [markdown]
 # ### PyTorch's own int8 kernel
@@ -951,7 +949,7 @@ except NotImplementedError:
 # against float32.
 
 # %%
-from helpers.serve.quantize import dequantize_int8, quantize_int8
+from helpers.serve.quantize import dequantize_int8
 
 big = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(0))
 q8, s8 = quantize_int8(big)

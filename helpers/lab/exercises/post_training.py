@@ -1,5 +1,5 @@
-"""Exercises of notebook 13 (post_training): the LoRA forward, the answer-only loss mask, the
-DPO loss, the group-normalised advantages."""
+"""Exercises of notebook 13 (post_training): the LoRA layer, the answer-only loss, the DPO
+loss, the group-normalised advantages and the GRPO loss."""
 
 from __future__ import annotations
 
@@ -7,45 +7,168 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
 
 
-@exercise(hint="The frozen layer's output plus a low-rank correction: x goes down to r numbers "
-               "through A, back up through B, and is scaled by alpha / r.",
-          task="Write lora_forward(x, base, A, B, alpha) -> the adapted layer's output. The check "
-               "compares it with the LoRA formula for B = 0 and a random B, for two alphas.")
-def lora_forward(student: Callable) -> str:
+def _weight(module: object, name: str) -> torch.Tensor:
+    """The weight of the student's `lora_A` / `lora_B` (an nn.Linear, or a bare Parameter)."""
+    if isinstance(module, nn.Linear):
+        return module.weight
+    if isinstance(module, torch.Tensor):
+        return module
+    raise ExerciseFailed(f"{name} is a {type(module).__name__}, expected a bias-free nn.Linear "
+                         "(peft's layout).", fix=f"create {name} in the constructor as an nn.Linear "
+                         "without bias and keep it as an attribute of the layer.")
+
+
+@exercise(hint="Freeze the wrapped layer, add two small bias-free layers (down to r numbers, then "
+               "back up), start the second one at zero, and scale their product by alpha over r; "
+               "merging adds that scaled product to the frozen weight once and stops adding it "
+               "in the forward.",
+          task="Write the class MyLoRALinear(base, r, alpha) with lora_A, lora_B, scaling, forward "
+               "and merge. The check builds one around a small nn.Linear, checks what trains, the "
+               "output at the start, after setting A and B, and after merging.",
+          points=3)
+def lora_layer(student: type) -> str:
     generator = torch.Generator().manual_seed(0)
-    base = torch.nn.Linear(6, 4)
+    base = nn.Linear(6, 4)
     x = torch.randn(3, 6, generator=generator)
-    A = torch.randn(2, 6, generator=generator)
-    for B in (torch.zeros(4, 2), torch.randn(4, 2, generator=generator)):
-        for alpha in (2.0, 8.0):
-            got = student(x, base, A, B, alpha)
-            expected = base(x) + (x @ A.T) @ B.T * (alpha / 2)
-            expect_close(got, expected.detach(), f"the output with alpha={alpha}", atol=1e-5)
-    return "With B = 0 that is exactly the base layer: the adapter starts as a no-op."
+    with torch.no_grad():
+        plain = base(x)
+    layer = student(base, 2, 8.0)
+    if not isinstance(layer, nn.Module):
+        raise ExerciseFailed(f"MyLoRALinear(...) made a {type(layer).__name__}, expected an nn.Module.",
+                             fix="subclass nn.Module and call its constructor first in yours.")
+    A, B = _weight(getattr(layer, "lora_A", None), "lora_A"), _weight(getattr(layer, "lora_B", None), "lora_B")
+    if tuple(A.shape) != (2, 6) or tuple(B.shape) != (4, 2):
+        raise ExerciseFailed(f"for a 6 -> 4 layer and r = 2, lora_A's weight is (r, in) = (2, 6) and "
+                             f"lora_B's (out, r) = (4, 2); yours are {tuple(A.shape)} and {tuple(B.shape)}.",
+                             fix="A takes the in features down to r numbers, B takes r numbers up to the "
+                                 "out features; a bias-free linear layer stores its weight as (out, in).")
+    trains = {name for name, p in layer.named_parameters() if p.requires_grad}
+    if any(p.requires_grad for p in base.parameters()):
+        raise ExerciseFailed("the base layer's weight still trains: LoRA freezes it.",
+                             fix="switch off the gradient of every parameter of the base layer.")
+    if not A.requires_grad or not B.requires_grad:
+        raise ExerciseFailed(f"lora_A and lora_B should both train; the trainable parameters are {sorted(trains)}.",
+                             fix="leave the gradient of A and B switched on; freeze only the base layer.")
+    if B.abs().max() != 0:
+        raise ExerciseFailed("lora_B does not start at zero, so the adapted layer does not start as the base layer.",
+                             fix="set B's weight to zeros after creating it; A stays random.")
+    if A.abs().max() == 0:
+        raise ExerciseFailed("lora_A starts at zero too: with A and B both zero, neither ever gets a gradient.",
+                             fix="keep A's random initialisation (peft uses the default one of nn.Linear).")
+    scaling = getattr(layer, "scaling", None)
+    if isinstance(scaling, torch.Tensor) and scaling.numel() == 1:
+        scaling = scaling.item()
+    if not isinstance(scaling, (int, float)) or abs(scaling - 4.0) > 1e-12:
+        raise ExerciseFailed(f"scaling is {scaling!r} for alpha = 8 and r = 2, expected alpha / r = 4.0.",
+                             fix="store alpha divided by the rank as the attribute scaling.")
+    with torch.no_grad():
+        start = layer(x)
+    expect_close(start, plain, "the output at the start (B = 0: the base layer's)", atol=1e-6)
+    with torch.no_grad():
+        A.copy_(torch.randn(2, 6, generator=generator))
+        B.copy_(torch.randn(4, 2, generator=generator))
+        expected = plain + (x @ A.T) @ B.T * 4.0
+        got = layer(x)
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape:
+            if torch.allclose(got, plain + (x @ A.T) @ B.T, atol=1e-5):
+                raise ExerciseFailed("with A and B set, your output misses the scaling alpha / r.",
+                                     fix="multiply the low-rank path's output by the scaling.")
+            if torch.allclose(got, plain + (x @ A.T) @ B.T * 8.0, atol=1e-5):
+                raise ExerciseFailed("with A and B set, your output is scaled by alpha, not alpha / r.",
+                                     fix="divide alpha by the rank r once, in the constructor.")
+        expect_close(got, expected, "the output with A and B set", atol=1e-5)
+        weight_before = base.weight.clone()
+        layer.merge()
+        merged_weight = base.weight.clone()
+        after = layer(x)
+    if torch.equal(merged_weight, weight_before):
+        raise ExerciseFailed("merge() leaves the base weight as it was: it should fold the update into it.",
+                         fix="add the scaling times B's weight times A's weight (out, in) to the base weight.")
+    expect_close(merged_weight, weight_before + 4.0 * B @ A, "the base weight after merge()", atol=1e-5)
+    if isinstance(after, torch.Tensor) and after.shape == expected.shape and \
+            torch.allclose(after, expected + (x @ A.T) @ B.T * 4.0, atol=1e-5):
+        raise ExerciseFailed("after merge() your forward adds the update a second time.",
+                             fix="remember in merge() that the layer is merged, and then let forward "
+                                 "return the base layer's output alone.")
+    expect_close(after, expected, "the output after merge()", atol=1e-5)
+    return "A frozen layer, a zero-started low-rank update and a merge that costs nothing at inference."
 
 
-@exercise(hint="One entry per token of prompt + answer; only the answer's tokens count in the loss.",
-          task="Write answer_mask(prompt, answer) -> a tensor with one entry per token of prompt + "
-               "answer. The check compares it with the answer-only mask on two examples.")
-def answer_mask(student: Callable) -> str:
-    for prompt, answer in (([7, 1, 2, 3, 8], [4, 5, 9]), ([7, 2, 8], [6, 9])):
-        got = student(prompt, answer)
-        expected = torch.tensor([0] * len(prompt) + [1] * len(answer))
-        if not isinstance(got, torch.Tensor):
-            raise ExerciseFailed(f"return a tensor, got {type(got).__name__}.")
-        if got.shape != expected.shape:
-            raise ExerciseFailed(f"the mask should have one entry per token of prompt + answer, "
-                                 f"{tuple(expected.shape)}, got {tuple(got.shape)}.")
-        if torch.equal(got.long(), 1 - expected):
-            raise ExerciseFailed("0 and 1 are swapped: the loss counts the answer, not the prompt.")
-        if not torch.equal(got.long(), expected):
-            raise ExerciseFailed(f"for a prompt of {len(prompt)} tokens and an answer of "
-                                 f"{len(answer)}, the mask is wrong at some positions.")
-    return "The prompt's tokens now cost nothing: the model learns to answer, not to ask."
+def _sft_variant(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, shift: bool = True,
+                 mask_of: str = "target", reduce: str = "mean") -> torch.Tensor:
+    """The answer-only loss, right by default, with one of the usual slips on request."""
+    if shift:
+        logps = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
+        weights = {"target": mask[:, 1:], "input": mask[:, :-1], "none": torch.ones_like(mask[:, 1:])}[mask_of]
+    else:
+        logps = logits.log_softmax(-1).gather(-1, ids[..., None])[..., 0]
+        weights = mask
+    weights = weights.to(logps.dtype)
+    if reduce == "sum":
+        return -(logps * weights).sum()
+    if reduce == "per_sequence":
+        return (-(logps * weights).sum(1) / weights.sum(1)).mean()
+    return -(logps * weights).sum() / weights.sum()
+
+
+# (what is wrong, how to fix it, the slip as arguments of _sft_variant)
+SFT_SLIPS = [
+    ("the targets are not shifted: position t predicts token t + 1, not token t",
+     "score the logits of every position but the last against the tokens from the second on.",
+     {"shift": False}),
+    ("the mask is read at the input position, not at the target's",
+     "a position counts when the token it predicts (one to the right) is an answer token: take the "
+     "mask from the second position on.", {"mask_of": "input"}),
+    ("the mask is ignored: the prompt's tokens count in your loss",
+     "weight each position's loss by the mask of its target token and divide by the mask's sum.",
+     {"mask_of": "none"}),
+    ("your loss is the sum over the answer tokens, not the mean",
+     "divide the masked sum by the number of answer tokens in the batch.", {"reduce": "sum"}),
+    ("you averaged each example first, then the examples: every answer token of the batch "
+     "should weigh the same", "divide the masked sum over the whole batch by the mask's sum over "
+     "the whole batch.", {"reduce": "per_sequence"}),
+]
+
+
+@exercise(hint="Position t predicts token t + 1; keep the positions whose target is an answer "
+               "token, take minus the log-probability the model gave that target, and average "
+               "over those positions of the whole batch.",
+          task="Write answer_only_loss(logits, ids, mask) -> the loss, one number. The check "
+               "compares it with the helpers' answer-only loss on a batch of prompts and answers "
+               "of different lengths, and checks that the prompt gets no gradient.",
+          forbidden=("torch.nn.functional.cross_entropy",))
+def answer_only_loss(student: Callable) -> str:
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 7, 11, generator=generator, dtype=torch.float64)
+    ids = torch.randint(0, 11, (3, 7), generator=generator)
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 1, 1]])
+    from helpers.post.sft import answer_only_loss as helper
+
+    expected = helper(logits, ids, mask)
+    mine = logits.clone().requires_grad_(True)
+    got = student(mine, ids.clone(), mask.clone())
+    if not isinstance(got, torch.Tensor) or got.numel() != 1:
+        raise ExerciseFailed(f"your loss is {getattr(got, 'shape', got)!r}, expected one number (a tensor).",
+                             fix="average the kept positions' losses into one number with torch operations.")
+    if not torch.allclose(got.detach().double().reshape(()), expected, atol=1e-9):
+        for what, fix, slip in SFT_SLIPS:
+            if torch.allclose(got.detach().double().reshape(()), _sft_variant(logits, ids, mask, **slip), atol=1e-9):
+                raise ExerciseFailed(f"{what}.", fix=fix)
+        expect_close(got.detach().double().reshape(()), expected, "the loss", atol=1e-9)
+    if not got.requires_grad:
+        raise ExerciseFailed("your loss carries no gradient to the logits.",
+                             fix="keep every step a torch operation on the logits (no item, no detach).")
+    got.sum().backward()
+    prompt = ~mask[:, 1:].bool()
+    if mine.grad[:, :-1][prompt].abs().max() > 0:
+        raise ExerciseFailed("the positions that predict a prompt token get a gradient.",
+                             fix="multiply each position's loss by its target's mask before summing.")
+    return "The prompt costs nothing: the model learns to answer, not to ask."
 
 
 def helper_dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
@@ -57,22 +180,29 @@ def helper_dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
     return helper(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)
 
 
-# The usual slips, as functions of (chosen log-ratio, rejected log-ratio, beta, the four
-# log-probabilities), each named when the answer's losses match it.
-DPO_SLIPS = {
-    "beta is applied outside the log-sigmoid (-beta * logsigmoid(margin)): it belongs inside, "
-    "scaling the log-ratios before the sigmoid": lambda c, r, b, lp: -b * F.logsigmoid(c - r),
-    "the sign is flipped: the loss is MINUS log sigmoid, so that it shrinks as the chosen answer "
-    "gains": lambda c, r, b, lp: F.logsigmoid(b * (c - r)),
-    "chosen and rejected are swapped (or policy and reference): the chosen answer's log-ratio "
-    "comes first": lambda c, r, b, lp: -F.logsigmoid(b * (r - c)),
-    "the reference is left out: each log-probability is measured against the reference's, "
-    "log pi - log pi_ref": lambda c, r, b, lp: -F.logsigmoid(b * (lp[0] - lp[1])),
-    "the log is missing: the loss is -log sigmoid(z), not -sigmoid(z) or 1 - sigmoid(z)":
-        lambda c, r, b, lp: 1 - torch.sigmoid(b * (c - r)),
-    "the loss is sigmoid(-z) without its log: take -log sigmoid(z)":
-        lambda c, r, b, lp: -torch.sigmoid(b * (c - r)),
-}
+# The usual slips, as (what is wrong, how to fix it, the losses it gives as a function of the
+# chosen log-ratio, the rejected log-ratio, beta and the four log-probabilities).
+DPO_SLIPS = [
+    ("beta is applied outside the log-sigmoid (beta times the loss of the plain margin)",
+     "beta belongs inside, scaling the difference of the log-ratios before the sigmoid.",
+     lambda c, r, b, lp: -b * F.logsigmoid(c - r)),
+    ("the sign is flipped: your loss grows as the chosen answer gains",
+     "the loss is minus the log-sigmoid of the scaled margin, so that it shrinks as the chosen answer gains.",
+     lambda c, r, b, lp: F.logsigmoid(b * (c - r))),
+    ("chosen and rejected are swapped (or policy and reference)",
+     "the chosen answer's log-ratio comes first, and each log-ratio is the policy's log-probability "
+     "minus the reference's.",
+     lambda c, r, b, lp: -F.logsigmoid(b * (r - c))),
+    ("the reference is left out",
+     "measure each answer's log-probability against the reference's: the policy's minus the reference's.",
+     lambda c, r, b, lp: -F.logsigmoid(b * (lp[0] - lp[1]))),
+    ("the log is missing: your loss is one minus the sigmoid",
+     "take minus the log of the sigmoid of the scaled margin (the log-sigmoid does it stably).",
+     lambda c, r, b, lp: 1 - torch.sigmoid(b * (c - r))),
+    ("the loss is the sigmoid without its log",
+     "take minus the log of the sigmoid of the scaled margin (the log-sigmoid does it stably).",
+     lambda c, r, b, lp: -torch.sigmoid(b * (c - r))),
+]
 
 
 def _name_dpo_slip(losses: torch.Tensor, lp: tuple, beta: float) -> None:
@@ -80,9 +210,9 @@ def _name_dpo_slip(losses: torch.Tensor, lp: tuple, beta: float) -> None:
     chosen, rejected = lp[0] - lp[2], lp[1] - lp[3]
     if torch.allclose(losses.double(), -F.logsigmoid(beta * (chosen - rejected)), atol=1e-6):
         return
-    for slip, wrong in DPO_SLIPS.items():
+    for what, fix, wrong in DPO_SLIPS:
         if torch.allclose(losses.double(), wrong(chosen, rejected, beta, lp), atol=1e-6):
-            raise ExerciseFailed(f"{slip} (beta = {beta}).")
+            raise ExerciseFailed(f"{what} (beta = {beta}).", fix=fix)
 
 
 @exercise(hint="Compare each answer's log-probability under the policy with the reference's; the "
@@ -95,19 +225,20 @@ def dpo_loss(student: Callable) -> str:
     generator = torch.Generator().manual_seed(0)
     pc, pr, rc, rr = (-torch.rand(6, generator=generator, dtype=torch.float64) * 8 for _ in range(4))
     cases = [((pc, pr, rc, rr), 0.1), ((pc, pr, rc, rr), 2.0), ((pc, pr, pc, pr), 0.5)]
+    three = "return three tensors, (losses, chosen_rewards, rejected_rewards), each with one entry per pair."
     for lp, beta in cases:
         got = student(*(t.clone() for t in lp), beta)
         losses, chosen_rewards, rejected_rewards = helper_dpo_loss(*lp, beta)
         if isinstance(got, torch.Tensor):
             if got.shape == losses.shape:
                 _name_dpo_slip(got, lp, beta)
-            raise ExerciseFailed("return three tensors, (losses, chosen_rewards, rejected_rewards), "
-                                 f"not one tensor of shape {tuple(got.shape)}.")
+            raise ExerciseFailed(f"you return one tensor of shape {tuple(got.shape)}, not three.", fix=three)
         if not isinstance(got, tuple | list) or len(got) != 3:
-            raise ExerciseFailed(f"return (losses, chosen_rewards, rejected_rewards), got {type(got).__name__}.")
+            raise ExerciseFailed(f"you return a {type(got).__name__}, not (losses, chosen_rewards, "
+                                 "rejected_rewards).", fix=three)
         if isinstance(got[0], torch.Tensor) and got[0].dim() == 0:
-            raise ExerciseFailed("your losses are one number: return one loss per pair, shape (B,) "
-                                 "(the training loop takes the mean).")
+            raise ExerciseFailed("your losses are one number.",
+                                 fix="return one loss per pair, shape (B,): leave the mean to the training loop.")
         if isinstance(got[0], torch.Tensor) and got[0].shape == losses.shape:
             _name_dpo_slip(got[0], lp, beta)
         expect_close(got[0], losses, f"the losses with beta = {beta}", atol=1e-6)
@@ -115,14 +246,17 @@ def dpo_loss(student: Callable) -> str:
                                         ("rejected", got[2], rejected_rewards, lp[1] - lp[3])):
             if isinstance(mine, torch.Tensor) and mine.shape == want.shape and beta != 1 and \
                     torch.allclose(mine.double(), ratio, atol=1e-6) and ratio.abs().max() > 0:
-                raise ExerciseFailed(f"the {what} rewards are the log-ratios without beta: the "
-                                     "implicit reward is beta * (log pi - log pi_ref).")
+                raise ExerciseFailed(f"the {what} rewards are the log-ratios without beta.",
+                                     fix="the implicit reward is beta times the log-ratio of the "
+                                         "policy to the reference.")
             expect_close(mine, want, f"the {what} rewards with beta = {beta}", atol=1e-6)
     grads = [t.clone().requires_grad_(True) for t in (pc, pr)]
     student(grads[0], grads[1], rc, rr, 0.5)[0].sum().backward()
     if grads[0].grad is None or not ((grads[0].grad < 0).all() and (grads[1].grad > 0).all()):
         raise ExerciseFailed("the losses do not carry a gradient that raises log pi(chosen) and "
-                             "lowers log pi(rejected): compute them from the inputs with torch operations.")
+                             "lowers log pi(rejected).",
+                             fix="compute them from the inputs with torch operations, without "
+                                 "leaving autograd (no item, no detach on the losses).")
     return "That is the DPO loss, with TRL's rewards: a logistic loss on the difference of two log-ratios."
 
 
@@ -141,7 +275,123 @@ def group_advantages(student: Callable) -> str:
         if torch.allclose(got, biased, atol=1e-4):
             return "Correct (with the population std; TRL uses the unbiased one, both work)."
         if torch.allclose(got, (rewards - rewards.mean()) / (rewards.std() + 1e-4), atol=1e-4):
-            raise ExerciseFailed("you normalised over the whole batch: each prompt's group has "
-                                 "its own mean and std (dim=1).")
+            raise ExerciseFailed("you normalised over the whole batch, not within each prompt's group.",
+                                 fix="take the mean and the standard deviation of each row on its "
+                                     "own (along the answers' axis, keeping it).")
+        if torch.allclose(got, rewards - mean, atol=1e-4):
+            raise ExerciseFailed("your advantages are centred but not divided by the group's spread.",
+                                 fix="divide each row by its own standard deviation plus eps.")
     expect_close(got, unbiased, "the advantages", atol=1e-4)
     return "Each answer is now scored against its own group: no value model needed."
+
+
+def helper_grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor, ref_logps: torch.Tensor,
+                     advantages: torch.Tensor, mask: torch.Tensor, epsilon: float,
+                     beta: float) -> torch.Tensor:
+    """helpers.post.grpo.grpo_loss per sequence, the loss alone (a 0-dim tensor)."""
+    from helpers.post.grpo import grpo_loss as helper
+
+    return helper(logps, old_logps, ref_logps, advantages, mask, epsilon=epsilon, beta=beta,
+                  normalise="sequence")[0]
+
+
+def _grpo_variant(lp: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, a: torch.Tensor,
+                  m: torch.Tensor, eps: float, beta: float, objective: str = "min", kl: str = "k3",
+                  reduce: str = "sequence", sign: float = -1.0) -> torch.Tensor:
+    """The GRPO loss, right by default, with one of the usual slips on request."""
+    ratio = (lp - old).exp()
+    clipped = ratio.clamp(1 - eps, 1 + eps)
+    plain, cut = ratio * a[:, None], clipped * a[:, None]
+    surrogate = {"min": lambda: torch.min(plain, cut), "max": lambda: torch.max(plain, cut),
+                 "unclipped": lambda: plain, "clipped_only": lambda: cut}[objective]()
+    diff = ref - lp
+    penalty = {"k3": lambda: diff.exp() - diff - 1, "k1": lambda: -diff,
+               "reversed": lambda: (-diff).exp() + diff - 1, "none": lambda: 0 * diff}[kl]()
+    per_token = sign * surrogate + beta * penalty
+    if reduce == "token":
+        return (per_token * m).sum() / m.sum()
+    if reduce == "unmasked":
+        return per_token.mean()
+    return ((per_token * m).sum(1) / m.sum(1)).mean()
+
+
+# (what is wrong, how to fix it, the slip as arguments of _grpo_variant)
+GRPO_SLIPS = [
+    ("the ratio is not clipped: off-policy tokens move without a trust region",
+     "clip the ratio to between 1 minus epsilon and 1 plus epsilon and take the smaller of the two "
+     "objectives, the clipped one and the plain one.", {"objective": "unclipped"}),
+    ("you take only the clipped objective, without the minimum with the unclipped one",
+     "take the smaller of the plain ratio times the advantage and the clipped ratio times the "
+     "advantage.", {"objective": "clipped_only"}),
+    ("you take the larger of the two objectives (max, not min)",
+     "the objective is pessimistic: the smaller of the plain and the clipped ones, then negated.",
+     {"objective": "max"}),
+    ("the sign of the objective is flipped: your loss falls when a bad answer gains",
+     "the loss is minus the clipped objective, plus beta times the KL term.", {"sign": 1.0}),
+    ("the KL term is the plain log-ratio, not k3",
+     "use k3: the exponential of the reference's minus the policy's log-probability, minus that "
+     "difference, minus 1.", {"kl": "k1"}),
+    ("k3 is taken the wrong way round (the policy's minus the reference's log-probability inside "
+     "the exponential)", "the difference inside k3 is the reference's log-probability minus the "
+     "policy's.", {"kl": "reversed"}),
+    ("the KL penalty is missing", "add beta times k3 to every token's loss.", {"kl": "none"}),
+    ("you averaged over every token of the batch at once (DAPO's token mean), not per answer",
+     "first average each answer's own tokens (its row of the mask says which), then average the "
+     "answers.", {"reduce": "token"}),
+    ("the mask is ignored: padding tokens after an answer count in its mean",
+     "multiply every token's loss by the mask and divide each answer's sum by its number of "
+     "tokens.", {"reduce": "unmasked"}),
+]
+
+
+def _grpo_case(seed: int) -> tuple[torch.Tensor, ...]:
+    """Log-probabilities (4, 6) with ratios well outside 1 +- 0.2, advantages of both signs, a
+    ragged mask."""
+    g = torch.Generator().manual_seed(seed)
+    logps = -torch.rand(4, 6, generator=g, dtype=torch.float64) * 3
+    old = logps + (torch.rand(4, 6, generator=g, dtype=torch.float64) - 0.5)
+    ref = logps + (torch.rand(4, 6, generator=g, dtype=torch.float64) - 0.5) * 2
+    advantages = torch.tensor([1.2, -0.7, 0.4, -1.5], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0]],
+                        dtype=torch.float64)
+    return logps, old, ref, advantages, mask
+
+
+@exercise(hint="Per token: the probability ratio to the sampling policy times the advantage, "
+               "clipped PPO-style and taken pessimistically, negated, plus beta times the k3 "
+               "estimate of the KL to the reference; then the mean over each answer's own tokens "
+               "and the mean over the answers.",
+          task="Write my_grpo_loss(logps, old_logps, ref_logps, advantages, mask, epsilon, beta) "
+               "-> the loss, one number. The check compares it with GRPO's loss (averaged per "
+               "answer) on log-probabilities whose ratios leave the clip range, for two epsilons "
+               "and two betas, and checks its gradient.",
+          points=3)
+def grpo_loss(student: Callable) -> str:
+    for seed, epsilon, beta in ((0, 0.2, 0.04), (1, 0.1, 0.5)):
+        inputs = _grpo_case(seed)
+        got = student(*(t.clone() for t in inputs), epsilon, beta)
+        expected = helper_grpo_loss(*inputs, epsilon, beta)
+        if not isinstance(got, torch.Tensor):
+            raise ExerciseFailed(f"your loss is a {type(got).__name__}, expected a tensor.",
+                                 fix="compute it with torch operations so that it carries a gradient.")
+        if got.numel() != 1:
+            raise ExerciseFailed(f"your loss has shape {tuple(got.shape)}, expected one number.",
+                                 fix="average each answer's tokens, then average the answers.")
+        got = got.reshape(())
+        if not torch.allclose(got.double(), expected, atol=1e-9, rtol=1e-6):
+            for what, fix, slip in GRPO_SLIPS:
+                wrong = _grpo_variant(*inputs, epsilon, beta, **slip)
+                if torch.allclose(got.double(), wrong, atol=1e-9, rtol=1e-6):
+                    raise ExerciseFailed(f"{what} (epsilon = {epsilon}, beta = {beta}).", fix=fix)
+            expect_close(got.double(), expected, f"the loss with epsilon = {epsilon}, beta = {beta}", atol=1e-9)
+    logps, old, ref, advantages, mask = _grpo_case(2)
+    mine = logps.clone().requires_grad_(True)
+    theirs = logps.clone().requires_grad_(True)
+    loss = student(mine, old, ref, advantages, mask, 0.2, 0.04)
+    if not loss.requires_grad:
+        raise ExerciseFailed("your loss carries no gradient to logps.",
+                             fix="keep every step a torch operation on logps (no item, no detach).")
+    loss.sum().backward()
+    helper_grpo_loss(theirs, old, ref, advantages, mask, 0.2, 0.04).backward()
+    expect_close(mine.grad, theirs.grad, "the gradient of your loss on logps", atol=1e-9)
+    return "Clipped ratio, k3 penalty, per-answer mean: GRPO's loss, with no value model in sight."
