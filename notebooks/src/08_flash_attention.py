@@ -286,7 +286,8 @@ print(f"online log-sum-exp: {(huge_max + huge_sum.log()).item():.6f} | torch.log
 # $\ell_i$), moved to the new maximum, the new tile's contribution is added, and the sum divided by
 # $\ell^{new}_i$. Lines 10 and 11 are the merge of Exercise 1. The paper's listing leaves out the
 # $1/\sqrt{d}$ scaling of the scores.
-#
+
+# %% [markdown]
 # ### Exercise 2: Algorithm 1 in PyTorch
 # Write `algorithm_1(Q, K, V, block_r, block_c)` for one head, returning $O$ ($N \times d$).
 # Slicing a tile out of a tensor stands for "load from HBM to SRAM"; keep `O`, `ell` and `m` as
