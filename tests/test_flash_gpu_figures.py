@@ -2,8 +2,10 @@
 the files, and a malformed file is refused with an error naming the field."""
 
 import copy
+import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -145,3 +147,22 @@ def test_malformed_accuracy_is_refused_naming_the_field(raw_accuracy, change, me
     change(data)
     with pytest.raises(ValueError, match=message):
         gf.check_accuracy(data)
+
+
+def test_the_committed_benchmark_meets_the_bench_budgets_and_matches_the_bench(raw_benchmark, capsys):
+    """The file is what benchmarks/bench_flash.py --gpu writes (its sizes, its FLOP count), and
+    its own budget check passes on it."""
+    spec = importlib.util.spec_from_file_location("bench_flash_for_figures", DATA.parent / "benchmarks" / "bench_flash.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+    assert bench.GPU_RESULTS == BENCHMARK
+    assert (raw_benchmark["batch"], raw_benchmark["heads"]) == (bench.GPU_BATCH, bench.GPU_HEADS)
+    assert {r["n"] for r in raw_benchmark["results"]} == set(bench.GPU_SEQ_LENS)
+    assert {r["head_dim"] for r in raw_benchmark["results"]} == set(bench.GPU_HEAD_DIMS)
+    for row in raw_benchmark["results"]:  # nominal_flops counts all B * H heads
+        if row["ms"] is not None:
+            flops = bench.nominal_flops(row["n"], row["head_dim"], row["pass"], row["causal"])
+            assert row["tflops"] == pytest.approx(flops / (row["ms"] * 1e-3) / 1e12, rel=1e-9)
+    assert bench.gpu_budgets(raw_benchmark)
+    assert "MISSED" not in capsys.readouterr().out
