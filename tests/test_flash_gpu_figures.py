@@ -166,3 +166,19 @@ def test_the_committed_benchmark_meets_the_bench_budgets_and_matches_the_bench(r
             assert row["tflops"] == pytest.approx(flops / (row["ms"] * 1e-3) / 1e12, rel=1e-9)
     assert bench.gpu_budgets(raw_benchmark)
     assert "MISSED" not in capsys.readouterr().out
+
+
+def test_notebook_8_prints_the_numbers_of_the_file(raw_benchmark, raw_accuracy):
+    """The stored outputs of notebook 8 are the committed files' numbers, recomputed here."""
+    cells = json.loads((DATA.parent / "notebooks" / "08_flash_attention.ipynb").read_text(encoding="utf-8"))["cells"]
+    printed = "".join("".join(o.get("text", "")) for c in cells if c["cell_type"] == "code"
+                      for o in c.get("outputs", []))
+    assert f"measured on an {raw_benchmark['device']} on {raw_benchmark['date']}" in printed
+    for pass_name in gf.PASSES:
+        ratios = gf.speed_ratios(raw_benchmark, "sdpa flash", pass_name, 4096).values()
+        assert f"{pass_name}, N >= 4096: ours / SDPA flash {min(ratios):.2f}-{max(ratios):.2f}x" in printed
+    top = max(gf.tflops(raw_benchmark, gf.OURS, p, c, d, 16384) for p in gf.PASSES
+              for c in (False, True) for d in (64, 128))
+    assert f"best: ours {top:.0f} TFLOP/s = {top / gf.H200_SXM_FP16_DENSE_TFLOPS:.0%} of peak" in printed
+    final = raw_accuracy["train"]
+    assert f"final loss SDPA {final['sdpa'][-1]:.4f}, ours {final['ours'][-1]:.4f}" in printed
