@@ -5,6 +5,8 @@ import copy
 import importlib.util
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -182,3 +184,35 @@ def test_notebook_8_prints_the_numbers_of_the_file(raw_benchmark, raw_accuracy):
     assert f"best: ours {top:.0f} TFLOP/s = {top / gf.H200_SXM_FP16_DENSE_TFLOPS:.0%} of peak" in printed
     final = raw_accuracy["train"]
     assert f"final loss SDPA {final['sdpa'][-1]:.4f}, ours {final['ours'][-1]:.4f}" in printed
+
+
+HOPPER_PTX = """
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from helpers.flash import triton_kernels as kernels
+
+ints = ["stride_qb", "stride_qh", "stride_qn", "stride_kb", "stride_kh", "stride_kn", "stride_vb",
+        "stride_vh", "stride_vn", "stride_ob", "stride_oh", "stride_on", "n_heads", "n_q", "n_k"]
+constants = {"HEAD_DIM": 128, "BLOCK_D": 128, "CAUSAL": False, "DOT_PRECISION": "tf32",
+             "ACC_DTYPE": tl.float32, "BLOCK_Q": 128, "BLOCK_K": 64, "COUNT_TILES": False}
+signature = ({name: "*fp16" for name in ("Q", "K", "V", "Out")} | {"Lse": "*fp32", "Visits": "*i32"}
+             | dict.fromkeys(ints, "i32") | {"qk_scale": "fp32"} | dict.fromkeys(constants, "constexpr"))
+compiled = triton.compile(ASTSource(kernels.flash_forward_kernel, signature, constants),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 2})
+ptx = compiled.asm["ptx"]
+print("wgmma", "wgmma.mma_async" in ptx, "tma", "cp.async.bulk.tensor" in ptx)
+"""
+
+
+def test_on_hopper_our_forward_gets_wgmma_from_the_compiler_but_no_tma_copies():
+    """What notebook 8 says of the gap to cuDNN: compiled for sm_90 (H100, H200), Triton turns
+    our tl.dot into Hopper's wgmma instructions by itself, while the tiles still travel by
+    ordinary loads, not the tensor memory accelerator's bulk copies."""
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    result = subprocess.run([sys.executable, "-c", HOPPER_PTX], capture_output=True, text=True,
+                            timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "wgmma True tma False" in result.stdout, result.stdout

@@ -1112,17 +1112,20 @@ print(f"N <= 1024: a call of ours takes {min(short_ms):.2f}-{max(short_ms):.2f} 
 # **Why cuDNN is faster: Hopper-only features.** The H100 and H200 (the Hopper generation) added
 # three things that FlashAttention-3 was written around and that cuDNN's attention uses. *TMA*,
 # the Tensor Memory Accelerator, copies a whole tile between HBM and shared memory
-# asynchronously from one instruction, so the threads do not spend instructions on addresses.
-# *wgmma* (warpgroup matrix multiply-accumulate) lets four warps together run one large matrix
-# product on the tensor cores, reading its operands straight from shared memory, and returns
-# before it finishes. *Warp specialisation* gives those two jobs to different warps: producer
-# warps only issue TMA copies, consumer warps only issue wgmma and the softmax, so loading the
-# next tile, multiplying and the exponentials overlap. Our kernels are plain Triton: the compiler
-# decides the copies, the instructions and the pipeline from `num_warps` and `num_stages`, and
-# the same source runs on an A100, on other vendors' GPUs and in the interpreter. Triton exposes
-# some of these features only through recent, Hopper-specific extensions that change between
-# versions, so a portable teaching kernel leaves them out for now, and pays for it in the gap
-# printed above.
+# asynchronously from one instruction, so the threads spend no instructions or registers on
+# addresses. *wgmma* (warpgroup matrix multiply-accumulate) lets four warps together run one
+# large matrix product on the tensor cores, reading its operands straight from shared memory,
+# and returns before it finishes. *Warp specialisation* gives those jobs to different warps:
+# producer warps only issue TMA copies, consumer warps only issue wgmma and the softmax, and two
+# groups of consumers take turns, so that loading the next tile, the matrix products and the
+# exponentials all overlap. Our kernels are plain Triton: the compiler chooses the instructions
+# and the pipeline from `num_warps` and `num_stages`, and the same source runs on an A100, on
+# other vendors' GPUs and in the interpreter. For Hopper it does emit wgmma for our `tl.dot`
+# (a test compiles the forward kernel for sm_90 and finds it), but our tiles travel by ordinary
+# loads, not TMA copies, and every warp does every job in turn. Triton offers TMA through tensor
+# descriptors and warp specialisation as a loop option, but both are recent, change between
+# versions and GPU generations, and would tie the kernel to one of them: a portable teaching
+# kernel leaves them out for now, and the gap printed above is what that costs.
 
 # %%
 def draw_gpu_memory(results: dict, methods: tuple[str, ...]) -> dict[str, float]:
