@@ -594,6 +594,23 @@ def backward_d_of_one_tile(*args):
     return _flash_backward("D of one tile")(*args)
 
 
+def _algorithm_1(mistake):
+    from helpers.lab.exercises.flash_attention import algorithm_1_variant
+    return lambda *args: algorithm_1_variant(*args, mistake=mistake)
+
+
+def algorithm_1_listing(*args):
+    return _algorithm_1("")(*args)
+
+
+def algorithm_1_not_unnormalised(*args):
+    return _algorithm_1("not un-normalised")(*args)
+
+
+def algorithm_1_last_tile_only(*args):
+    return _algorithm_1("one tile")(*args)
+
+
 def _block(mistake):
     from helpers.lab.exercises.modern_decoder import modern_block_variant
     return lambda block, x, table: modern_block_variant(block, x, table, mistake)
@@ -631,6 +648,9 @@ CASES += [
     ("flash_attention.backward", backward_tiled, None),
     ("flash_attention.backward", backward_d_from_grad_out, "you summed dO alone"),
     ("flash_attention.backward", backward_d_of_one_tile, "over one key tile only"),
+    ("flash_attention.algorithm_1", algorithm_1_listing, None),
+    ("flash_attention.algorithm_1", algorithm_1_not_unnormalised, "must be un-normalised first"),
+    ("flash_attention.algorithm_1", algorithm_1_last_tile_only, "only the last key tile counts"),
     ("modern_decoder.modern_block", block_by_hand, None),
     ("modern_decoder.modern_block", block_post_norm, "post-norm"),
     ("modern_decoder.modern_block", block_interleaved, "pairs feature i with feature i + D_H/2"),
