@@ -566,7 +566,7 @@ CASES = [
     ("flash_attention.merge_softmax_states", merge_plain_sum, "rescale both"),
     ("flash_attention.merge_softmax_states", merge_nan, "NaN"),
     ("flash_attention.tile_step", step_where, None),
-    ("flash_attention.tile_step", step_no_rescale, "must be scaled by exp(old max - new max)"),
+    ("flash_attention.tile_step", step_no_rescale, "were not moved to the new max"),
     ("flash_attention.tile_step", step_nan, "NaN"),
     ("modern_decoder.rotate_pair", pair_complex, None),
     ("modern_decoder.rotate_pair", pair_clockwise, "clockwise"),
@@ -653,6 +653,23 @@ def backward_d_of_one_tile(*args):
     return _flash_backward("D of one tile")(*args)
 
 
+def _algorithm_1(mistake):
+    from helpers.lab.exercises.flash_attention import algorithm_1_variant
+    return lambda *args: algorithm_1_variant(*args, mistake=mistake)
+
+
+def algorithm_1_listing(*args):
+    return _algorithm_1("")(*args)
+
+
+def algorithm_1_not_unnormalised(*args):
+    return _algorithm_1("not un-normalised")(*args)
+
+
+def algorithm_1_last_tile_only(*args):
+    return _algorithm_1("one tile")(*args)
+
+
 def _block(mistake):
     from helpers.lab.exercises.modern_decoder import modern_block_variant
     return lambda block, x, table: modern_block_variant(block, x, table, mistake)
@@ -690,6 +707,9 @@ CASES += [
     ("flash_attention.backward", backward_tiled, None),
     ("flash_attention.backward", backward_d_from_grad_out, "you summed dO alone"),
     ("flash_attention.backward", backward_d_of_one_tile, "over one key tile only"),
+    ("flash_attention.algorithm_1", algorithm_1_listing, None),
+    ("flash_attention.algorithm_1", algorithm_1_not_unnormalised, "must be un-normalised first"),
+    ("flash_attention.algorithm_1", algorithm_1_last_tile_only, "only the last key tile counts"),
     ("modern_decoder.modern_block", block_by_hand, None),
     ("modern_decoder.modern_block", block_post_norm, "post-norm"),
     ("modern_decoder.modern_block", block_interleaved, "pairs feature i with feature i + D_H/2"),

@@ -15,7 +15,12 @@ import torch.nn.functional as F
 
 from helpers.families.mlm import IGNORE, mask_tokens
 from helpers.lab.exercises import evaluate
-from helpers.lab.exercises.flash_attention import BACKWARD_MISTAKES, backward_variant
+from helpers.lab.exercises.flash_attention import (
+    ALGORITHM_1_MISTAKES,
+    BACKWARD_MISTAKES,
+    algorithm_1_variant,
+    backward_variant,
+)
 from helpers.lab.exercises.modern_decoder import BLOCK_MISTAKES, modern_block_variant
 from helpers.model import modern
 from helpers.model.multihead import split_heads
@@ -33,12 +38,59 @@ def backward_untiled(q, k, v, out, lse, grad_out, block):
 def test_the_backward_checker_accepts_the_untiled_equations_and_names_each_mistake():
     assert evaluate("flash_attention.backward", backward_untiled)[0]
     assert evaluate("flash_attention.backward", backward_variant)[0]
-    for mistake, message in BACKWARD_MISTAKES.items():
+    for mistake, (message, fix) in BACKWARD_MISTAKES.items():
         passed, said = evaluate("flash_attention.backward",
                                 lambda *args, m=mistake: backward_variant(*args, mistake=m))
-        assert not passed and message in said, mistake
+        assert not passed and message in said and fix in said, mistake
+        first_try = evaluate("flash_attention.backward",
+                             lambda *args, m=mistake: backward_variant(*args, mistake=m), attempt=1)[1]
+        assert message in first_try and fix not in first_try, mistake
     passed, said = evaluate("flash_attention.backward", lambda q, k, v, *rest: (q, k))
     assert not passed and "dq, dk, dv" in said
+
+
+# --- notebook 8: Algorithm 1 ----------------------------------------------------------------------
+
+
+def algorithm_1_untiled_online(Q, K, V, block_r, block_c):
+    """Another correct answer: the key tiles in the outer loop, every query at once, and the
+    output kept un-normalised until the end (the merge is the same identity)."""
+    n, d = Q.shape
+    scores_scale = 1 / math.sqrt(d)
+    m = torch.full((n, 1), -math.inf, dtype=Q.dtype)
+    ell, acc = torch.zeros(n, 1, dtype=Q.dtype), torch.zeros_like(Q)
+    for j in range(0, n, block_c):
+        s = scores_scale * Q @ K[j:j + block_c].T
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p = torch.exp(s - m_new)
+        ell = torch.exp(m - m_new) * ell + p.sum(-1, keepdim=True)
+        acc = torch.exp(m - m_new) * acc + p @ V[j:j + block_c]
+        m = m_new
+    return acc / ell
+
+
+def algorithm_1_with_softmax(Q, K, V, block_r, block_c):
+    return torch.softmax(Q @ K.T / math.sqrt(Q.shape[-1]), dim=-1) @ V
+
+
+def algorithm_1_without_max(Q, K, V, block_r, block_c):
+    e = torch.exp(Q @ K.T / math.sqrt(Q.shape[-1]))
+    return e @ V / e.sum(-1, keepdim=True)
+
+
+def test_the_algorithm_1_checker_accepts_other_orders_and_names_each_mistake():
+    assert evaluate("flash_attention.algorithm_1", algorithm_1_variant)[0]
+    assert evaluate("flash_attention.algorithm_1", algorithm_1_untiled_online)[0]
+    for mistake, (message, fix) in ALGORITHM_1_MISTAKES.items():
+        passed, said = evaluate("flash_attention.algorithm_1",
+                                lambda *args, m=mistake: algorithm_1_variant(*args, mistake=m))
+        assert not passed and message in said and fix in said, mistake
+    passed, said = evaluate("flash_attention.algorithm_1", algorithm_1_with_softmax)
+    assert not passed and "calls torch.softmax" in said
+    passed, said = evaluate("flash_attention.algorithm_1", algorithm_1_without_max)
+    assert not passed and "an exponential overflowed" in said
+    passed, said = evaluate("flash_attention.algorithm_1", lambda *args: (algorithm_1_variant(*args),))
+    assert not passed and "not the output O alone" in said
 
 
 # --- notebook 9: the modern block ----------------------------------------------------------------

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from helpers.lab.exercises import evaluate
+from helpers.lab.exercises.encoders import CROSS_ATTENTION_MISTAKES, cross_attention_variant
 from helpers.model.multihead import MultiHeadAttention
 
 # --- cross_attention_shapes ---------------------------------------------------------------------
@@ -112,3 +114,48 @@ def test_beam_step_checker_names_the_other_slips():
     assert not passed and "add each prefix's score" in message
     passed, message = evaluate("encoders.beam_step", beam_swapped)
     assert not passed and "swapped" in message
+
+
+# --- cross-attention by hand (core) ----------------------------------------------------------------
+
+def cross_attention_with_einsum(layer, x, memory, key_mask=None):
+    """Another correct answer: einsum, and the mask applied to the weights after the softmax,
+    renormalised."""
+    b, n, d = x.shape
+    h = layer.n_heads
+    q = layer.q_proj(x).unflatten(-1, (h, d // h))
+    k = layer.k_proj(memory).unflatten(-1, (h, d // h))
+    v = layer.v_proj(memory).unflatten(-1, (h, d // h))
+    weights = torch.einsum("bnhe,bmhe->bhnm", q, k).div((d // h) ** 0.5).exp()
+    if key_mask is not None:
+        weights = weights * key_mask
+    weights = weights / weights.sum(-1, keepdim=True)
+    return layer.out_proj(torch.einsum("bhnm,bmhe->bnhe", weights, v).flatten(-2))
+
+
+def test_the_cross_attention_checker_accepts_other_formulations():
+    assert evaluate("encoders.cross_attention", cross_attention_variant)[0]
+    assert evaluate("encoders.cross_attention", cross_attention_with_einsum)[0]
+
+
+@pytest.mark.parametrize("mistake", list(CROSS_ATTENTION_MISTAKES))
+def test_the_cross_attention_checker_names_each_mistake(mistake):
+    message, fix = CROSS_ATTENTION_MISTAKES[mistake]
+    passed, said = evaluate("encoders.cross_attention",
+                            lambda *args: cross_attention_variant(*args, mistake=mistake))
+    assert not passed and message in said and fix in said
+    first_try = evaluate("encoders.cross_attention",
+                         lambda *args: cross_attention_variant(*args, mistake=mistake), attempt=1)[1]
+    assert message in first_try and fix not in first_try
+
+
+def test_the_cross_attention_checker_refuses_the_layer_and_swapped_sequences():
+    passed, said = evaluate("encoders.cross_attention",
+                            lambda layer, x, memory, mask=None: layer(x, context=memory, mask=mask))
+    assert not passed and "MultiHeadAttention.forward" in said
+    passed, said = evaluate("encoders.cross_attention",
+                            lambda layer, x, memory, mask=None: cross_attention_variant(layer, memory, x))
+    assert not passed and "the queries came from the source" in said
+    state = torch.random.get_rng_state()
+    evaluate("encoders.cross_attention", cross_attention_variant)
+    assert torch.equal(torch.random.get_rng_state(), state), "the check leaves the global RNG alone"

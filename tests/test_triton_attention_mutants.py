@@ -122,7 +122,7 @@ def test_default_tiles_on_a_gpu(compiled):
     assert ta.default_blocks(16) == ta.default_blocks(64) == (128, 64, 4, 3)
     assert ta.default_blocks(65) == ta.default_blocks(128) == (128, 64, 8, 2)
     assert ta.default_backward_blocks(16) == ta.default_backward_blocks(64) == (64, 64, 4, 2)
-    assert ta.default_backward_blocks(65) == ta.default_backward_blocks(128) == (64, 64, 8, 1)
+    assert ta.default_backward_blocks(65) == ta.default_backward_blocks(128) == (64, 64, 4, 2)
 
 
 def test_kernel_options_per_dtype():
@@ -426,7 +426,7 @@ def test_backward_launch_defaults_copies_and_dtypes(recorders, compiled):
     ta._backward(*qkv(40, 50, 65), torch.zeros(1, 1, 40, 65), lse, torch.zeros(1, 1, 40, 65),
                  False, 0.5, None, 16)
     _, _, kw = recorders["flash_backward_dq_kernel"].launches[1]
-    assert (kw["BLOCK_Q"], kw["BLOCK_K"], kw["num_warps"], kw["num_stages"]) == (64, 16, 8, 1)
+    assert (kw["BLOCK_Q"], kw["BLOCK_K"], kw["num_warps"], kw["num_stages"]) == (64, 16, 4, 2)
     ta._backward(*qkv(40, 50, 64), torch.zeros(1, 1, 40, 64), lse, torch.zeros(1, 1, 40, 64),
                  False, 0.5, 32, None)
     grid, _, kw = recorders["flash_backward_dq_kernel"].launches[2]

@@ -334,30 +334,116 @@ plt.show()
 # `N_Q = N` target tokens, `N_X = M` source tokens, and with a batch `B` and `H` heads every shape
 # gains two axes in front.
 
+# %% [markdown]
+# ### Exercise: the cross-attention shapes
+#
+# Return the shapes of `q`, `k`, `v`, the attention `weights` and the `output` of cross-attention
+# for a batch of `b` sentences, `n` target tokens, `m` source tokens, width `d` and `h` heads.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Cross-attention is attention whose queries and keys/values come from two different sequences:
+# the shapes follow from which sequence feeds which.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# The queries come from the target (`n` tokens), the keys and values from the source (`m`
+# tokens); each head works in the width divided by the number of heads. The weights pair every
+# query with every key, one table per head, and the output has one full-width vector per target
+# token, the heads merged again.
+# </details>
+
+# %%
+def cross_attention_shapes(b: int, n: int, m: int, d: int, h: int) -> dict:
+    """{'q': ..., 'k': ..., 'v': ..., 'weights': ..., 'output': ...}, each a shape tuple."""
+    ### BEGIN SOLUTION
+    d_h = d // h
+    return {"q": (b, h, n, d_h), "k": (b, h, m, d_h), "v": (b, h, m, d_h),
+            "weights": (b, h, n, m), "output": (b, n, d)}
+    ### END SOLUTION
+
+
+# %%
+check("encoders.cross_attention_shapes", cross_attention_shapes)
+
+# %% [markdown]
+# ### Exercise: cross-attention by hand
+#
+# Now the computation itself, with the four projections of a `MultiHeadAttention` layer
+# (`layer.q_proj`, `layer.k_proj`, `layer.v_proj`, `layer.out_proj`, each a `nn.Linear` of width
+# `D`, and `layer.n_heads` heads). From the decoder's states `x` `(B, N, D)` and the encoder's
+# output `memory` `(B, M, D)`, compute the queries, keys and values, split them into heads,
+# attend, merge the heads and project, returning `(B, N, D)`. `key_mask` is `None` or a boolean
+# `(B, 1, 1, M)`, True on real source tokens: a padded source token must get no weight. Write
+# the softmax of the scores yourself (the check refuses the library's attention functions). The
+# check compares with the layer itself; the cell after it runs your function on a batch and
+# compares it with `MultiHeadAttention(x, context=memory)`.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# It is the USF notes' single-head formula run for every head at once: only the origin of the
+# queries (the target) differs from the origin of the keys and values (the source).
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Project `x` to queries and `memory` to keys and values. View each with a head axis and a
+# per-head width, then move the head axis in front of the token axis. Multiply the queries with
+# the transposed keys and divide by the square root of the per-head width. Where the key mask is
+# False, set the scores to minus infinity. Take the softmax over the keys, multiply with the
+# values, move the head axis back behind the tokens, reshape to the full width and apply the
+# output projection.
+# </details>
+
 # %%
 from helpers.model.multihead import MultiHeadAttention
 
+
+def my_cross_attention(layer: MultiHeadAttention, x: torch.Tensor, memory: torch.Tensor,
+                       key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """x (B, N, D) target, memory (B, M, D) source, key_mask (B, 1, 1, M) or None -> (B, N, D)."""
+    ### BEGIN SOLUTION
+    b, n, d = x.shape
+    m, h = memory.shape[1], layer.n_heads
+    d_h = d // h
+    q = layer.q_proj(x).view(b, n, h, d_h).transpose(1, 2)                 # (B, H, N, D_H)
+    k = layer.k_proj(memory).view(b, m, h, d_h).transpose(1, 2)            # (B, H, M, D_H)
+    v = layer.v_proj(memory).view(b, m, h, d_h).transpose(1, 2)            # (B, H, M, D_H)
+    E = q @ k.transpose(-2, -1) / d_h ** 0.5                               # (B, H, N, M)
+    if key_mask is not None:
+        E = E.masked_fill(~key_mask, float("-inf"))                        # padded keys: weight 0
+    A = E.softmax(dim=-1)                                                  # over the M source tokens
+    Y = (A @ v).transpose(1, 2).reshape(b, n, d)                           # (B, N, D)
+    return layer.out_proj(Y)
+    ### END SOLUTION
+
+
+# %%
+check("encoders.cross_attention", my_cross_attention)
+
+
+# %%
+def course_cross_attention(layer, x, memory, key_mask=None):
+    """MultiHeadAttention with a context: the course's cross-attention, with my_cross_attention's arguments."""
+    return layer(x, context=memory, mask=key_mask)
+
+
+cross_attend = yours_or("encoders.cross_attention", my_cross_attention, course_cross_attention)
 torch.manual_seed(0)
 B, N, M, D, H = 2, 5, 7, 16, 4
 decoder_states = torch.randn(B, N, D)  # the target side, after the decoder's self-attention
 memory = torch.randn(B, M, D)          # the encoder's output: one vector per source token
 cross = MultiHeadAttention(D, H)
-
-q = cross.q_proj(decoder_states).view(B, N, H, D // H).transpose(1, 2)  # (B, H, N, D_H)
-k = cross.k_proj(memory).view(B, M, H, D // H).transpose(1, 2)          # (B, H, M, D_H)
-v = cross.v_proj(memory).view(B, M, H, D // H).transpose(1, 2)          # (B, H, M, D_H)
-E = q @ k.transpose(-2, -1) / (D // H) ** 0.5                           # (B, H, N, M)
-A = E.softmax(dim=-1)                                                    # each row: over the M source tokens
-Y = (A @ v).transpose(1, 2).reshape(B, N, D)                             # (B, N, D)
-by_hand = cross.out_proj(Y)
-
-for name, tensor in (("Q", q), ("K", k), ("V", v), ("E and A", A), ("output", by_hand)):
-    print(f"{name:8s} {tuple(tensor.shape)}")
-assert q.shape == (B, H, N, D // H) and k.shape == v.shape == (B, H, M, D // H)
-assert A.shape == (B, H, N, M) and by_hand.shape == (B, N, D)
-gap = (cross(decoder_states, context=memory) - by_hand).abs().max().item()
-print("largest difference from MultiHeadAttention(x, context=memory) < 1e-6:", gap < 1e-6)
-assert gap < 1e-6
+padding = torch.ones(B, 1, 1, M, dtype=torch.bool)
+padding[1, ..., 5:] = False            # the second source sentence ends in two padding tokens
+with torch.no_grad():
+    for mask, what in ((None, "no mask"), (padding, "a padded source")):
+        by_hand = cross_attend(cross, decoder_states, memory, mask)
+        gap = (cross(decoder_states, context=memory, mask=mask) - by_hand).abs().max().item()
+        print(f"{what:15s}: output {tuple(by_hand.shape)}; largest difference from "
+              f"MultiHeadAttention(x, context=memory) < 1e-6: {gap < 1e-6}")
+        assert by_hand.shape == (B, N, D) and gap < 1e-6
 
 # %% [markdown]
 # `helpers.model.multihead.MultiHeadAttention` already does this when it gets a `context`: from here on we
@@ -372,49 +458,6 @@ assert gap < 1e-6
 # `EncoderDecoder` embeds the source, runs the encoder once, embeds the target, runs the decoder
 # layers on it with the encoder's output as `memory`, and maps the last vectors to the Grammish
 # vocabulary.
-
-# %% [markdown]
-# ### Exercise: the cross-attention shapes
-#
-# Return the shapes of `q`, `k`, `v`, the attention `weights` and the `output` of cross-attention
-# for a batch of `b` sentences, `n` target tokens, `m` source tokens, width `d` and `h` heads.
-
-# %%
-def cross_attention_shapes(b: int, n: int, m: int, d: int, h: int) -> dict:
-    """{'q': ..., 'k': ..., 'v': ..., 'weights': ..., 'output': ...}, each a shape tuple."""
-    raise NotImplementedError
-
-
-check("encoders.cross_attention_shapes", cross_attention_shapes)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Cross-attention is attention whose queries and keys/values come from two different sequences:
-# the shapes follow from which sequence feeds which.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# The queries come from the target (`n` tokens), the keys and values from the source (`m`).
-# Each head works in `d // h` features.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def cross_attention_shapes(b: int, n: int, m: int, d: int, h: int) -> dict:
-#     """{'q': ..., 'k': ..., 'v': ..., 'weights': ..., 'output': ...}, each a shape tuple."""
-#     d_h = d // h
-#     return {"q": (b, h, n, d_h), "k": (b, h, m, d_h), "v": (b, h, m, d_h),
-#             "weights": (b, h, n, m), "output": (b, n, d)}
-# ### END SOLUTION
-#
-#
-# _ = check("encoders.cross_attention_shapes", cross_attention_shapes)
-# ```
-# </details>
 
 # %% [markdown]
 # ### The model, and two proofs about its masks
@@ -459,40 +502,31 @@ assert padding_gap < 1e-5 and torch.allclose(future[:, :4], plain[:, :4], atol=1
 #
 # Write the mask the encoder and every cross-attention use: from source ids `(B, M)` and the
 # padding id, a boolean tensor of shape `(B, 1, 1, M)`, True on real tokens.
-
-# %%
-def source_key_mask(source: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """(B, M) ids -> (B, 1, 1, M) bool, True where the token is not padding."""
-    raise NotImplementedError
-
-
-check("encoders.source_key_mask", source_key_mask)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
+#
+# <details><summary>Hint 1: the idea</summary>
 #
 # A padded source position must be hidden from every query of every head: the mask is per source
 # key, broadcast over heads and queries.
 # </details>
 #
-# <details><summary>Hint 2</summary>
+# <details><summary>Hint 2: the steps</summary>
 #
-# Compare with `pad_id`, then index with `[:, None, None, :]`.
+# Compare the ids with the padding id, so that real tokens give True. Then insert two axes of
+# size 1 between the batch axis and the key axis, one for the heads and one for the queries.
 # </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def source_key_mask(source: torch.Tensor, pad_id: int) -> torch.Tensor:
-#     """(B, M) ids -> (B, 1, 1, M) bool, True where the token is not padding."""
-#     return (source != pad_id)[:, None, None, :]
-# ### END SOLUTION
-#
-#
-# _ = check("encoders.source_key_mask", source_key_mask)
-# ```
-# </details>
+
+# %%
+def source_key_mask(source: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """(B, M) ids -> (B, 1, 1, M) bool, True where the token is not padding."""
+    ### BEGIN SOLUTION
+    batch, length = source.shape
+    real_tokens = source.ne(pad_id)
+    return real_tokens.reshape(batch, 1, 1, length)  # one mask for every head and every query
+    ### END SOLUTION
+
+
+# %%
+check("encoders.source_key_mask", source_key_mask)
 
 # %% [markdown]
 # ### Training
@@ -576,43 +610,33 @@ assert t_exact.float().mean() > 0.8 and t_tokens.mean() > 0.95
 # Given the scores of `k` prefixes `(k,)` and the next word's log-probabilities after each
 # `(k, V)`, return the `width` best children: their scores, the prefix (row) each extends, and the
 # word (token) it adds.
-
-# %%
-def beam_step(scores: torch.Tensor, log_probs: torch.Tensor, width: int) -> tuple:
-    """-> (new_scores (width,), rows (width,), tokens (width,)), best first."""
-    raise NotImplementedError
-
-
-check("encoders.beam_step", beam_step)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
+#
+# <details><summary>Hint 1: the idea</summary>
 #
 # Every kept sequence can be extended by every token: score all `k x V` extensions by their total
 # log-probability and keep the best `width`, whichever rows they come from.
 # </details>
 #
-# <details><summary>Hint 2</summary>
+# <details><summary>Hint 2: the steps</summary>
 #
-# Add the prefix scores to every row of `log_probs`, flatten, take `topk(width)`; an index `i` of
-# the flattened `(k, V)` table is row `i // V`, token `i % V`.
+# Add each prefix's score to its row of log-probabilities, giving a table of children. Flatten
+# the table into one row and keep its `width` largest entries with their positions. A position in
+# the flattened table gives the row by whole division by the vocabulary size, and the token as the
+# remainder.
 # </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def beam_step(scores: torch.Tensor, log_probs: torch.Tensor, width: int) -> tuple:
-#     """-> (new_scores (width,), rows (width,), tokens (width,)), best first."""
-#     total = scores[:, None] + log_probs  # (k, V)
-#     best, flat = total.flatten().topk(width)
-#     return best, flat // total.shape[1], flat % total.shape[1]
-# ### END SOLUTION
-#
-#
-# _ = check("encoders.beam_step", beam_step)
-# ```
-# </details>
+
+# %%
+def beam_step(scores: torch.Tensor, log_probs: torch.Tensor, width: int) -> tuple:
+    """-> (new_scores (width,), rows (width,), tokens (width,)), best first."""
+    ### BEGIN SOLUTION
+    total = scores[:, None] + log_probs  # (k, V)
+    best, flat = total.flatten().topk(width)
+    return best, flat // total.shape[1], flat % total.shape[1]
+    ### END SOLUTION
+
+
+# %%
+check("encoders.beam_step", beam_step)
 
 # %% [markdown]
 # `helpers.families.seq2seq.beam_search` runs such steps until every prefix has finished or no unfinished
@@ -768,8 +792,24 @@ print("redraws so far:", explorer.redraws)
 # pad_id)` returns `(inputs, labels)`: `labels` holds the original id where a token was picked and
 # `IGNORE` (-100, which `F.cross_entropy` skips) elsewhere; ids below `first_word_id` are special
 # tokens, never drawn as random words; padding is never picked; every random draw uses
-# `generator`. The cell after the hints corrupts a batch with your function if it passes the
+# `generator`. The cell after its check corrupts a batch with your function if it passes the
 # check, else with the course's `mask_tokens`.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Two independent draws per position: the first decides whether a real token is picked (labels
+# follow from it), the second splits the picked tokens into three groups by where it falls in
+# $[0, 1)$. Boolean masks do it for the whole batch at once.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Draw one uniform number per position with the generator; a real (not padding) token whose
+# number is below `rate` is picked. The labels are the ids where picked and `IGNORE` elsewhere.
+# Draw a second uniform number per position: a picked token whose number is below 0.8 becomes the
+# mask id, one between 0.8 and 0.9 becomes a random word drawn (with the generator) from
+# `first_word_id` up to the vocabulary size, and the rest stay as they are.
+# </details>
 
 # %%
 from helpers.families.mlm import IGNORE
@@ -778,52 +818,22 @@ from helpers.families.mlm import IGNORE
 def my_mask_tokens(ids: torch.Tensor, mask_id: int, vocab_size: int, first_word_id: int,
                    generator: torch.Generator, rate: float = 0.15, pad_id: int = 0):
     """ids (B, M) -> (inputs (B, M), labels (B, M))."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    real = ids != pad_id                                   # padding is never picked
+    picked = (torch.rand(ids.shape, generator=generator) < rate) & real
+    labels = ids.masked_fill(~picked, IGNORE)
+    roll = torch.rand(ids.shape, generator=generator)
+    to_mask = picked & (roll < 0.8)
+    to_random = picked & (roll >= 0.8) & (roll < 0.9)      # roll >= 0.9: the word stays
+    random_words = torch.randint(first_word_id, vocab_size, ids.shape, generator=generator)
+    inputs = ids.masked_fill(to_mask, mask_id)
+    inputs = torch.where(to_random, random_words, inputs)
+    return inputs, labels
+    ### END SOLUTION
 
 
+# %%
 check("encoders.mask_tokens", my_mask_tokens)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Two independent draws per position: the first decides whether a real token is picked (labels
-# follow from it), the second splits the picked tokens into three groups by where it falls in
-# `[0, 1)`. Masks (boolean tensors) and `torch.where` do it for the whole batch at once.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `picked = (torch.rand(ids.shape, generator=generator) < rate) & (ids != pad_id)`;
-# `labels = ids.masked_fill(~picked, IGNORE)`; `roll = torch.rand(ids.shape, generator=generator)`;
-# `<mask>` where `picked & (roll < 0.8)`, a word of `torch.randint(first_word_id, vocab_size,
-# ids.shape, generator=generator)` where `picked & (0.8 <= roll < 0.9)`, the rest unchanged.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# from helpers.families.mlm import IGNORE
-#
-#
-# ### BEGIN SOLUTION
-# def my_mask_tokens(ids: torch.Tensor, mask_id: int, vocab_size: int, first_word_id: int,
-#                    generator: torch.Generator, rate: float = 0.15, pad_id: int = 0):
-#     """ids (B, M) -> (inputs (B, M), labels (B, M))."""
-#     picked = (torch.rand(ids.shape, generator=generator) < rate) & (ids != pad_id)
-#     labels = ids.masked_fill(~picked, IGNORE)
-#     roll = torch.rand(ids.shape, generator=generator)
-#     to_mask = picked & (roll < 0.8)
-#     to_random = picked & (roll >= 0.8) & (roll < 0.9)  # roll >= 0.9: the word stays
-#     random_words = torch.randint(first_word_id, vocab_size, ids.shape, generator=generator)
-#     inputs = ids.masked_fill(to_mask, mask_id)
-#     inputs = torch.where(to_random, random_words, inputs)
-#     return inputs, labels
-# ### END SOLUTION
-#
-#
-# check("encoders.mask_tokens", my_mask_tokens)
-# ```
-# </details>
 
 # %%
 from helpers.text.corpus import PETS, PLACES

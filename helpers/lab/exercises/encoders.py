@@ -1,18 +1,20 @@
-"""Exercises of notebook 10 (encoders): the cross-attention shapes, a source padding mask, one
-beam-search step, BERT's 80/10/10 corruption of a batch."""
+"""Exercises of notebook 10 (encoders): the cross-attention shapes, cross-attention by hand (core),
+a source padding mask, one beam-search step, BERT's 80/10/10 corruption of a batch (core)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 
 from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
+from helpers.model.multihead import MultiHeadAttention
 
 
 @exercise(hint="Queries come from the target tokens, keys and values from the source tokens; "
-               "each head works in D // H features; the weights pair every query with every key; "
-               "the output has one vector of width D per target token.",
+               "each head works in the width divided by the number of heads; the weights pair "
+               "every query with every key; the output has one full-width vector per target token.",
           task="Write cross_attention_shapes(b, n, m, d, h) returning the shapes of q, k, v, the "
                "weights and the output. The check tries two sets of sizes, with n != m.")
 def cross_attention_shapes(student: Callable[[int, int, int, int, int], dict]) -> str:
@@ -21,13 +23,97 @@ def cross_attention_shapes(student: Callable[[int, int, int, int, int], dict]) -
         expected = {"q": (b, h, n, d // h), "k": (b, h, m, d // h), "v": (b, h, m, d // h),
                     "weights": (b, h, n, m), "output": (b, n, d)}
         if not isinstance(got, dict) or set(got) != set(expected):
-            raise ExerciseFailed(f"return a dict with the keys {sorted(expected)}, got {got!r}.")
+            raise ExerciseFailed(f"you returned {got!r}, not a dict with the keys {sorted(expected)}.",
+                                 fix="return a dict with exactly those five keys, each a shape tuple.")
         for name, shape in expected.items():
             if tuple(got[name]) != shape:
                 extra = " Keys and values come from the source (M tokens)." if name in "kv" else ""
                 raise ExerciseFailed(f"with B={b}, N={n}, M={m}, D={d}, H={h}, {name} should be "
-                                     f"{shape}, got {tuple(got[name])}.{extra}")
+                                     f"{shape}, got {tuple(got[name])}.",
+                                     fix=f"ask which sequence feeds {name}, and how many features one "
+                                     f"head has.{extra}")
     return "Those are the USF notes' shapes, with a batch and a head axis in front."
+
+
+CrossAttention = Callable[[MultiHeadAttention, torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+
+
+def cross_attention_variant(layer: MultiHeadAttention, x: torch.Tensor, memory: torch.Tensor,
+                            key_mask: torch.Tensor | None = None, mistake: str = "") -> torch.Tensor:
+    """Cross-attention by hand with `layer`'s projections, right or with one named `mistake` (the
+    checker compares a wrong answer with each): x (B, N, D) target, memory (B, M, D) source,
+    key_mask (B, 1, 1, M) True on real source tokens -> (B, N, D)."""
+    b, n, d = x.shape
+    m, h = memory.shape[1], layer.n_heads
+    d_h = d // h
+    q = layer.q_proj(x).view(b, n, h, d_h).transpose(1, 2)                 # (B, H, N, D_H)
+    k = layer.k_proj(memory).view(b, m, h, d_h).transpose(1, 2)            # (B, H, M, D_H)
+    v = layer.v_proj(memory).view(b, m, h, d_h).transpose(1, 2)
+    scale = {"no scale": 1.0, "scale by D": math.sqrt(d)}.get(mistake, math.sqrt(d_h))
+    scores = q @ k.transpose(-2, -1) / scale                               # (B, H, N, M)
+    if key_mask is not None and mistake != "mask ignored":
+        scores = scores.masked_fill(~key_mask, -math.inf)
+    weights = scores.softmax(dim=-2 if mistake == "softmax over queries" else -1)
+    heads = weights @ v                                                    # (B, H, N, D_H)
+    merged = heads.reshape(b, n, d) if mistake == "no transpose" else heads.transpose(1, 2).reshape(b, n, d)
+    return merged if mistake == "no out_proj" else layer.out_proj(merged)
+
+
+CROSS_ATTENTION_MISTAKES = {  # mistake: (what is wrong, how to fix it)
+    "no scale": ("the scores are not scaled: softmax(Q K^T) instead of softmax(Q K^T / sqrt(D_H)).",
+                 "divide the scores by the square root of one head's width."),
+    "scale by D": ("the scores are divided by the square root of the model's width D.",
+                   "divide by the square root of one head's width, D_H = D / H, the width of the "
+                   "vectors whose dot products they are."),
+    "softmax over queries": ("the softmax runs over the queries: each target token's weights must "
+                             "sum to 1 over the source tokens.",
+                             "take the softmax along the last axis, the keys."),
+    "mask ignored": ("the padded source tokens still receive attention: the key mask is ignored.",
+                     "set the scores of masked keys to minus infinity before the softmax."),
+    "no out_proj": ("the heads are merged but not projected: the layer ends with its output "
+                    "projection.", "pass the merged heads through the layer's out_proj."),
+    "no transpose": ("the heads were merged by a reshape alone, which mixes tokens with heads.",
+                     "move the head axis back behind the token axis before reshaping to (B, N, D)."),
+}
+
+
+@exercise(hint="The queries are projected from the target, the keys and values from the source; "
+               "each is split into heads. Scores are scaled dot products between every query and "
+               "every key; masked keys get minus infinity; a softmax over the keys gives the "
+               "weights; the weighted values are merged back into one vector per target token and "
+               "projected once more.",
+          task="Write my_cross_attention(layer, x, memory, key_mask) with the layer's q_proj, k_proj, "
+               "v_proj and out_proj. The check compares with MultiHeadAttention(x, context=memory, "
+               "mask=key_mask), with and without padded source tokens.",
+          points=3,
+          forbidden=("torch.nn.functional.scaled_dot_product_attention",
+                     "helpers.model.multihead.MultiHeadAttention.forward",
+                     "helpers.model.attention.scaled_dot_product_attention"))
+def cross_attention(student: CrossAttention) -> str:
+    """student(layer, x, memory, key_mask) -> (B, N, D) must equal the layer with context=memory."""
+    with torch.random.fork_rng(devices=[]):  # the student's random stream stays untouched
+        torch.manual_seed(10)
+        layer = MultiHeadAttention(16, 4)
+    gen = torch.Generator().manual_seed(100)
+    x, memory = torch.randn(2, 5, 16, generator=gen), torch.randn(2, 7, 16, generator=gen)
+    key_mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    key_mask[1, ..., 4:] = False  # the second source sentence has 3 padding tokens
+    with torch.no_grad():
+        for mask, what in ((None, "without a mask"), (key_mask, "with padded source tokens")):
+            expected = layer(x, context=memory, mask=mask)
+            got = student(layer, x.clone(), memory.clone(), mask)
+            if isinstance(got, torch.Tensor) and got.shape == (2, 7, 16):
+                raise ExerciseFailed("your output has one vector per source token: the queries came "
+                                     "from the source.", fix="project the queries from x, the target, "
+                                     "and the keys and values from memory.")
+            if isinstance(got, torch.Tensor) and got.shape == expected.shape and not torch.allclose(
+                    got, expected, atol=1e-5):
+                for mistake, (message, fix) in CROSS_ATTENTION_MISTAKES.items():
+                    wrong = cross_attention_variant(layer, x, memory, mask, mistake)
+                    if torch.allclose(got, wrong, atol=1e-5):
+                        raise ExerciseFailed(f"{what}: {message}", fix=fix)
+            expect_close(got, expected, f"the output {what}", atol=1e-5)
+    return "Every target token now reads every source token directly, one head at a time."
 
 
 @exercise(hint="True marks a real token (not padding); two axes of size 1 between the batch and "
@@ -39,16 +125,20 @@ def source_key_mask(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str
     got = student(source, 0)
     expected = (source != 0)[:, None, None, :]
     if not isinstance(got, torch.Tensor):
-        raise ExerciseFailed(f"return a tensor, got {type(got).__name__}.")
+        raise ExerciseFailed(f"you returned a {type(got).__name__}, not a tensor.",
+                             fix="compare the ids with the padding id, which gives a tensor.")
     if got.dtype != torch.bool:
-        raise ExerciseFailed(f"the mask should be torch.bool (True = may attend), got {got.dtype}.")
+        raise ExerciseFailed(f"the mask should be torch.bool (True = may attend), got {got.dtype}.",
+                             fix="a comparison gives booleans already: do not convert it to numbers.")
     if got.shape != expected.shape:
         raise ExerciseFailed(f"the mask should have shape (B, 1, 1, M) = {tuple(expected.shape)}, "
-                             f"got {tuple(got.shape)}.")
+                             f"got {tuple(got.shape)}.", fix="add two axes of size 1 between the batch "
+                             "axis and the key axis, one for the heads and one for the queries.")
     if torch.equal(got, ~expected):
-        raise ExerciseFailed("True and False are swapped: True marks the real tokens, which may be attended.")
+        raise ExerciseFailed("True and False are swapped.", fix="True marks the real tokens, which may "
+                             "be attended: compare for 'not equal to the padding id'.")
     if not torch.equal(got, expected):
-        raise ExerciseFailed("some positions are wrong: only the padding id should be False.")
+        raise ExerciseFailed("some positions are wrong.", fix="only the padding id should be False.")
     return "Every head and every query of the decoder now skips the padding."
 
 
@@ -66,14 +156,13 @@ def _per_row_mistake(new_scores: object, total: torch.Tensor, width: int) -> str
         if got.shape == candidate.shape and torch.allclose(got, candidate):
             return ("you chose the best children of each prefix separately (a per-row top-k, or each "
                     "row's best word): a beam keeps the `width` best children of the whole (k, V) "
-                    "table, so a strong prefix may give several children and a weak one none. "
-                    "Flatten the table before topk.")
+                    "table, so a strong prefix may give several children and a weak one none.")
     return None
 
 
 @exercise(hint="Every child's score is its prefix's score plus the new word's log-probability; "
-               "the beam keeps the `width` best children over all prefixes together, and each "
-               "child's flat index says which row and which token it came from.",
+               "the beam keeps the width best children over all prefixes together, and each "
+               "child's position in the flattened table says which row and which token it came from.",
           task="Write beam_step(scores, log_probs, width) returning the kept children's scores, "
                "their rows and their tokens. The check compares with a search over every child, "
                "including a beam where one prefix keeps several children.")
@@ -85,25 +174,33 @@ def beam_step(student: Callable[[torch.Tensor, torch.Tensor, int], tuple]) -> st
     for width in (1, 3, 4):
         got = student(scores, log_probs, width)
         if not isinstance(got, tuple) or len(got) != 3:
-            raise ExerciseFailed(f"return (new_scores, rows, tokens), got {got!r}.")
+            raise ExerciseFailed(f"you returned {got!r}, not (new_scores, rows, tokens).",
+                                 fix="return the three tensors together, separated by commas.")
         best, flat = total.flatten().topk(width)
         new_scores, rows, tokens = got
         alone = log_probs.flatten().topk(width).values
         if isinstance(new_scores, torch.Tensor) and new_scores.shape == alone.shape and \
                 torch.allclose(new_scores, alone):
-            raise ExerciseFailed("add each prefix's score to its row of log_probs before choosing: "
-                                 "a child's score is its prefix's score plus the new word's log-probability.")
+            raise ExerciseFailed("your scores are the words' log-probabilities alone, without their "
+                                 "prefixes' scores.", fix="add each prefix's score to its row of "
+                                 "log_probs before choosing: a child's score is its prefix's score "
+                                 "plus the new word's log-probability.")
         mistake = _per_row_mistake(new_scores, total, width)
         if mistake:
-            raise ExerciseFailed(f"with width {width}, {mistake}")
+            raise ExerciseFailed(f"with width {width}, {mistake}", fix="Flatten the table of "
+                                 "children into one row before choosing the best, then recover each "
+                                 "child's row and token from its position.")
         expect_close(new_scores, best, f"the new scores with width {width}")
         rows, tokens = torch.as_tensor(rows), torch.as_tensor(tokens)
         if torch.equal(rows, flat // 6) and torch.equal(tokens, flat % 6):
             continue
         if torch.equal(rows, flat % 6) and torch.equal(tokens, flat // 6):
-            raise ExerciseFailed("rows and tokens are swapped: the row is index // V, the token index % V.")
+            raise ExerciseFailed("rows and tokens are swapped.", fix="in the flattened table the row is "
+                                 "the position divided by V (rounded down), the token the remainder.")
         raise ExerciseFailed(f"with width {width} the rows should be {(flat // 6).tolist()} and the "
-                             f"tokens {(flat % 6).tolist()}, got {rows.tolist()} and {tokens.tolist()}.")
+                             f"tokens {(flat % 6).tolist()}, got {rows.tolist()} and {tokens.tolist()}.",
+                             fix="in the flattened table the row is the position divided by V "
+                             "(rounded down), the token the remainder.")
     return "That is one step of helpers.families.seq2seq.beam_search."
 
 
@@ -120,10 +217,12 @@ def _share(part: torch.Tensor, whole: torch.Tensor) -> float:
     return (part.sum() / whole.sum().clamp(min=1)).item()
 
 
-@exercise(hint="Pick each real token with probability rate; labels are the ids where picked, IGNORE "
-               "elsewhere. One more uniform draw per position splits the picked ones: below 0.8 "
-               "<mask>, from 0.8 to 0.9 a random word from first_word_id..vocab_size - 1, the rest "
-               "unchanged. Draw everything with generator=generator.",
+@exercise(hint="Pick each real token with probability rate; the labels are the ids where picked "
+               "and IGNORE elsewhere. One more uniform draw per position splits the picked ones: "
+               "the lowest 80 percent become the mask token, the next 10 percent a random word "
+               "that is not a special token, the rest stay. Draw every random number with the "
+               "generator you are given.",
+          points=3,
           task="Write my_mask_tokens(ids, mask_id, vocab_size, first_word_id, generator, rate, pad_id) "
                "returning (inputs, labels) as BERT corrupts a batch. The check counts the shares on "
                "a batch of 18 000 tokens, the labels, the padding, and that the generator decides.")
@@ -132,26 +231,31 @@ def mask_tokens(student: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> st
     ids, mask_id, vocab_size, first_word, pad_id = _mask_batch()
     got = student(ids.clone(), mask_id, vocab_size, first_word, torch.Generator().manual_seed(1), 0.15, pad_id)
     if not isinstance(got, tuple) or len(got) != 2 or not all(isinstance(t, torch.Tensor) for t in got):
-        raise ExerciseFailed("return two tensors, (inputs, labels).")
+        raise ExerciseFailed("you did not return two tensors.", fix="return (inputs, labels), both "
+                             "shaped like ids.")
     inputs, labels = got
     for name, tensor in (("inputs", inputs), ("labels", labels)):
         if tensor.shape != ids.shape or tensor.dtype != ids.dtype:
             raise ExerciseFailed(f"{name} has shape {tuple(tensor.shape)} and dtype {tensor.dtype}, "
-                                 f"expected ids' {tuple(ids.shape)} and {ids.dtype}.")
+                                 f"expected ids' {tuple(ids.shape)} and {ids.dtype}.",
+                                 fix=f"build {name} from ids (a copy with some entries replaced).")
     real, picked = ids != pad_id, labels != IGNORE
     if picked.all() or torch.equal(labels, ids):
-        raise ExerciseFailed("labels are the ids everywhere: they should be IGNORE (-100) where a token "
-                             "was not picked, so that the loss counts the picked tokens only.")
+        raise ExerciseFailed("labels are the ids everywhere.", fix="they should be IGNORE (-100) where "
+                             "a token was not picked, so that the loss counts the picked tokens only.")
     if not torch.equal(labels[picked], ids[picked]):
-        raise ExerciseFailed("where a token is picked its label should be the original id (the word "
-                             "to predict), not the corrupted input.")
+        raise ExerciseFailed("where a token is picked its label is not the original id.", fix="take "
+                             "the labels from ids (the word to predict), not from the corrupted input.")
     if (picked & ~real).any():
-        raise ExerciseFailed("padding positions were picked: only real tokens (ids != pad_id) may be.")
+        raise ExerciseFailed("padding positions were picked.", fix="only real tokens, those not equal "
+                             "to the padding id, may be picked.")
     if not torch.equal(inputs[~picked], ids[~picked]):
-        raise ExerciseFailed("tokens that were not picked were changed: only the picked ones are corrupted.")
+        raise ExerciseFailed("tokens that were not picked were changed.", fix="only the picked ones "
+                             "are corrupted; every other input stays its id.")
     share = _share(picked, real)
     if abs(share - 0.15) > 0.012:
-        raise ExerciseFailed(f"{share:.1%} of the real tokens were picked, expected about 15 % (rate).")
+        raise ExerciseFailed(f"{share:.1%} of the real tokens were picked, expected about 15 % (rate).",
+                             fix="pick a real token where a uniform draw falls below rate.")
     masked = picked & (inputs == mask_id)
     kept = picked & (inputs == ids)
     randomised = picked & ~masked & ~kept
@@ -159,13 +263,16 @@ def mask_tokens(student: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> st
     said = ", ".join(f"{name} {value:.0%}" for name, value in shares.items())
     if abs(shares["<mask>"] - 0.8) > 0.03 or abs(shares["random"] - 0.1) > 0.025 or abs(shares["kept"] - 0.1) > 0.025:
         raise ExerciseFailed(f"the mask token 80 % / random 10 % / keep 10 % proportions are off: of the "
-                             f"picked tokens you made {said}.")
+                             f"picked tokens you made {said}.", fix="split the picked tokens by a "
+                             "second uniform draw: below 0.8 the mask token, from 0.8 to 0.9 a random "
+                             "word, the rest unchanged.")
     if (inputs[randomised] < first_word).any() or (inputs[randomised] >= vocab_size).any():
-        raise ExerciseFailed("some random replacements are special tokens or outside the vocabulary: "
-                             "draw them from first_word_id to vocab_size - 1.")
+        raise ExerciseFailed("some random replacements are special tokens or outside the vocabulary.",
+                             fix="draw them from first_word_id up to, not including, vocab_size.")
     again = student(ids.clone(), mask_id, vocab_size, first_word, torch.Generator().manual_seed(1), 0.15, pad_id)
     other = student(ids.clone(), mask_id, vocab_size, first_word, torch.Generator().manual_seed(2), 0.15, pad_id)
     if not (torch.equal(again[0], inputs) and torch.equal(again[1], labels)) or torch.equal(other[0], inputs):
-        raise ExerciseFailed("the same generator seed should give the same corruption and another seed "
-                             "another: draw every random number with generator=generator.")
+        raise ExerciseFailed("the same generator seed does not give the same corruption, or another "
+                             "seed gives the same.", fix="draw every random number with the "
+                             "generator you are given (generator=generator).")
     return f"Of the picked tokens: {said}. The model cannot tell which inputs to trust."

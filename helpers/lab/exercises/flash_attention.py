@@ -1,5 +1,5 @@
-"""Exercises of notebook 8 (tiled FlashAttention): merge two softmax states; write one tile step;
-write the backward pass tile by tile (its D and dS)."""
+"""Exercises of notebook 8 (tiled FlashAttention): merge two softmax states; Algorithm 1 of the
+FlashAttention paper (core); write one tile step; write the backward pass tile by tile (core)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,16 @@ INF = math.inf
 
 def _pair(result: object, what: str, names: str) -> tuple:
     if not isinstance(result, tuple) or len(result) != len(names.split(", ")):
-        raise ExerciseFailed(f"return a tuple ({names}) for {what}; you returned a "
-                             f"{type(result).__name__}.")
+        raise ExerciseFailed(f"for {what} you returned a {type(result).__name__}, not a tuple "
+                             f"({names}).", fix=f"end the function by returning the {len(names.split(', '))} "
+                             "values together, separated by commas.")
     return result
 
 
-@exercise(hint="the merged max is torch.maximum(max_a, max_b); move each sum to it by multiplying "
-               "with exp(old max - merged max), then add. A max of -inf means 'no key yet': "
-               "helpers.flash.tiled.exp_shifted(x, shift) computes exp(x - shift) safely for that case.",
+@exercise(hint="The merged max is the larger of the two maxima. Each sum was measured from its own "
+               "max: move it to the merged max by multiplying with e to the power (its max minus "
+               "the merged max), then add the two. The course's exp_shifted does that "
+               "exponential without NaN when the merged max is minus infinity.",
           task="Write merge(max_a, sum_a, max_b, sum_b) returning the (max, sum) of both halves "
                "together. The check includes huge scores and fully masked halves.")
 def merge_softmax_states(student: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> str:
@@ -48,15 +50,121 @@ def merge_softmax_states(student: Callable[[Tensor, Tensor, Tensor, Tensor], tup
         got = _pair(student(*state_a, *state_b), what, "max, sum")
         expected = reference.softmax_state(torch.cat([a, b], dim=-1))
         if isinstance(got[1], Tensor) and got[1].isnan().any():
-            raise ExerciseFailed(f"for {what} your sum contains NaN. exp(-inf - (-inf)) is NaN: "
-                                 "when the merged max is -inf, shift by 0 instead.")
+            raise ExerciseFailed(f"for {what} your sum contains NaN, from e to the power (-inf "
+                                 "minus -inf).", fix="where the merged max is minus infinity, shift "
+                                 "by 0 instead (the course's exp_shifted does that).")
         if what.startswith("two halves") and isinstance(got[1], Tensor) and torch.allclose(
                 got[1], state_a.row_sum + state_b.row_sum):
             raise ExerciseFailed("you added the two sums as they are, but each was measured from "
-                                 "its own max: rescale both to the merged max first.")
+                                 "its own max.", fix="rescale both sums to the merged max first: "
+                                 "multiply each by e to the power (its max minus the merged max).")
         expect_close(got[0], expected.row_max, f"the merged max for {what}")
         expect_close(got[1], expected.row_sum, f"the merged sum for {what}", atol=1e-9)
     return "Any number of blocks can now be folded in, in any order, with the same result."
+
+
+def _step_close(mine: object, theirs: Tensor, name: str) -> None:
+    """The state after a second tile whose scores are all higher than the first's."""
+    try:
+        expect_close(mine, theirs, f"{name} after a second tile whose scores are all higher", atol=1e-9)
+    except ExerciseFailed as failure:
+        raise ExerciseFailed(f"{failure} The old sum and accumulator were not moved to the new max.",
+                             fix="the old sum and accumulator must be scaled by e to the power (old "
+                             "max minus new max) before this tile's terms are added.") from None
+
+
+Algorithm1 = Callable[[Tensor, Tensor, Tensor, int, int], Tensor]
+
+
+def algorithm_1_variant(q: Tensor, k: Tensor, v: Tensor, block_r: int, block_c: int,
+                        mistake: str = "") -> Tensor:
+    """Algorithm 1 of FlashAttention for one head (q, k, v: (N, d) -> O (N, d)), right or with one
+    named `mistake` (the checker compares a wrong answer with each)."""
+    n, d = q.shape
+    q = q if mistake == "no scale" else q / math.sqrt(d)
+    out, ell = torch.zeros_like(q), torch.zeros(n, dtype=q.dtype)
+    m = torch.full((n,), -INF, dtype=q.dtype)
+    for j in range(0, n, block_c):
+        k_j, v_j = k[j:j + block_c], v[j:j + block_c]
+        for i in range(0, n, block_r):
+            r = slice(i, i + block_r)
+            s_ij = q[r] @ k_j.T
+            m_tile = s_ij.amax(dim=1)
+            p_tile = torch.exp(s_ij - m_tile[:, None])
+            ell_tile = p_tile.sum(dim=1)
+            if mistake == "one tile":  # every key tile replaces the output
+                out[r], ell[r], m[r] = (p_tile @ v_j) / ell_tile[:, None], ell_tile, m_tile
+                continue
+            m_new = torch.maximum(m[r], m_tile)
+            old, new = torch.exp(m[r] - m_new), torch.exp(m_tile - m_new)
+            if mistake == "no rescale":
+                old, new = torch.ones_like(old), torch.ones_like(new)
+            ell_new = old * ell[r] + new * ell_tile
+            kept = old if mistake == "not un-normalised" else ell[r] * old
+            out[r] = (kept[:, None] * out[r] + new[:, None] * (p_tile @ v_j)) / ell_new[:, None]
+            ell[r], m[r] = ell_new, m_new
+    return out
+
+
+ALGORITHM_1_MISTAKES = {  # mistake: (what is wrong, how to fix it)
+    "no scale": ("your output is attention without the 1/sqrt(d) scaling of the scores.",
+                 "divide Q (or every tile of scores) by the square root of d first; the paper's "
+                 "listing leaves it out."),
+    "not un-normalised": ("line 12 rescales the old output without multiplying it by its old sum "
+                          "l_i: O_i is stored normalised, so it must be un-normalised first.",
+                          "multiply the old O_i by l_i (and by e to the power (m_i minus the new "
+                          "max)) before adding the new tile's contribution and dividing by the "
+                          "new l."),
+    "no rescale": ("the old and new statistics are added without moving them to the new max.",
+                   "multiply the old sum and output by e to the power (old max minus new max), and "
+                   "the tile's by e to the power (tile max minus new max)."),
+    "one tile": ("each key tile replaces the output instead of merging into it: only the last key "
+                 "tile counts.",
+                 "keep the running max, sum and output of every query row across key tiles, and "
+                 "merge each new tile into them (lines 11 to 13)."),
+}
+
+
+@exercise(hint="Follow the listing: key tiles in the outer loop, query tiles inside. For each pair, "
+               "the tile's scores, their row max, exponentials and row sum; then the new running "
+               "max and sum of the rows; then the output tile: the old one un-normalised and moved "
+               "to the new max, plus this tile's exponentials times the value tile moved to the new "
+               "max, all divided by the new sum.",
+          task="Write algorithm_1(Q, K, V, block_r, block_c) for one head, Q, K, V of shape (N, d), "
+               "returning O (N, d), following the listing's lines 5 to 13 without a softmax call. "
+               "The check compares with naive attention for several tile sizes, ragged ones and "
+               "huge scores included.",
+          points=3,
+          forbidden=("torch.softmax", "torch.nn.functional.softmax", "torch.Tensor.softmax",
+                     "torch.nn.functional.scaled_dot_product_attention"))
+def algorithm_1(student: Algorithm1) -> str:
+    """student(Q, K, V, block_r, block_c) -> O (N, d) must equal naive attention."""
+    gen = torch.Generator().manual_seed(81)
+    q, k, v = (torch.randn(10, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    expected, _ = scaled_dot_product_attention(q, k, v)
+    got = student(q.clone(), k.clone(), v.clone(), 4, 3)
+    if isinstance(got, tuple):
+        raise ExerciseFailed(f"you returned a tuple of {len(got)}, not the output O alone.",
+                             fix="return only the output tensor O of shape (N, d).")
+    if isinstance(got, Tensor) and got.shape == expected.shape and not torch.allclose(
+            got, expected, atol=1e-12, rtol=0):
+        for mistake, (message, fix) in ALGORITHM_1_MISTAKES.items():
+            if torch.allclose(got, algorithm_1_variant(q, k, v, 4, 3, mistake), atol=1e-12, rtol=0):
+                raise ExerciseFailed(message, fix=fix)
+    expect_close(got, expected, "O with tiles of 4 queries and 3 keys (N = 10: ragged tiles)", atol=1e-12)
+    for block_r, block_c in ((10, 10), (1, 7), (3, 16)):
+        expect_close(student(q.clone(), k.clone(), v.clone(), block_r, block_c), expected,
+                     f"O with B_r = {block_r}, B_c = {block_c}", atol=1e-12)
+    huge = [60 * t for t in (q, k)]
+    got = student(huge[0].clone(), huge[1].clone(), v.clone(), 4, 3)
+    if isinstance(got, Tensor) and not got.isfinite().all():
+        raise ExerciseFailed("with scores in the thousands your output holds inf or NaN: an "
+                             "exponential overflowed.", fix="measure every exponential from a "
+                             "maximum (the tile's, or the running one), so that no exponent is "
+                             "above 0.")
+    expect_close(got, scaled_dot_product_attention(*huge, v)[0], "O for scores in the thousands",
+                 atol=1e-12)
+    return "Every output row was built from tiles, without the N x N matrix ever existing."
 
 
 StepFunction = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
@@ -82,10 +190,11 @@ def _run_with_step(student: StepFunction, q: Tensor, k: Tensor, v: Tensor, mask:
     return torch.cat(outputs)
 
 
-@exercise(hint="new_max = max(row_max, scores.amax(-1)); correction = exp(row_max - new_max); "
-               "probs = exp(scores - new_max[:, None]); then row_sum and acc are both multiplied "
-               "by the correction before this tile's probs.sum(-1) and probs @ v_tile are added. "
-               "helpers.flash.tiled.exp_shifted avoids NaN where new_max is -inf.",
+@exercise(hint="The new max of a row is the larger of its old max and the largest score of this "
+               "tile. The old sum and accumulator were measured from the old max: multiply both by "
+               "e to the power (old max minus new max), then add this tile's exponentials, "
+               "measured from the new max, summed per row and multiplied with the value tile. Use "
+               "the course's exp_shifted for every exponential, so a fully masked row gives no NaN.",
           task="Write the tile step (row_max, row_sum, acc, scores, v_tile) -> new (row_max, "
                "row_sum, acc). The check runs a whole causal head with it, a ragged tile and a fully "
                "masked row included.")
@@ -105,16 +214,16 @@ def tile_step(student: StepFunction) -> str:
                 "row_max, row_sum, acc")
     second = reference.tile_step(expected, higher.clone(), v[4:8])
     for name, mine, theirs in zip(("row_max", "row_sum", "acc"), got, second, strict=True):
-        expect_close(mine, theirs, f"{name} after a second tile whose scores are all higher "
-                                   "(the old sum and acc must be scaled by exp(old max - new max))",
-                     atol=1e-9)
+        _step_close(mine, theirs, name)
     mask = torch.ones(10, 10, dtype=torch.bool).tril()  # causal: tiles above the diagonal are -inf
     mask[5] = False  # and query 5 may see nothing at all
     expected_out, _ = scaled_dot_product_attention(q, k, v, mask=mask)
     got_out = _run_with_step(student, q, k, v, mask, block=4)
     if got_out.isnan().any():
         raise ExerciseFailed("the output contains NaN: a tile where a row is fully masked has max "
-                             "-inf, and exp(-inf - (-inf)) is NaN. Shift by 0 where the max is -inf.")
+                             "-inf, and e to the power (-inf minus -inf) is NaN.",
+                             fix="shift by 0 where the max is minus infinity: use the course's "
+                             "exp_shifted for every exponential.")
     expect_close(got_out, expected_out, "the attention output built from your steps", atol=1e-9)
     return "That one function is the whole inner loop of FlashAttention-2, and of the Triton kernel."
 
@@ -147,21 +256,28 @@ def backward_variant(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, 
     return dq, dk, dv
 
 
-BACKWARD_MISTAKES = {
-    "D = rowsum(dO)": "D is rowsum(dO * O), one number per query: you summed dO alone.",
-    "no D": "dS = P * (dP - D): the D term is missing (dS = P * dP forgets that the softmax's "
-            "weights sum to 1).",
-    "D of one tile": "D summed P * dP over one key tile only: it is a sum over all keys, which is "
-                     "why it is computed once from O and dO, as rowsum(dO * O).",
-    "tile softmax": "P was rebuilt with a softmax over one key tile: each tile's P is "
-                    "exp(S - L) with the saved log-sum-exp L of the whole row.",
-    "no scale": "dQ and dK are missing the 1/sqrt(d) of the scores S = Q K^T / sqrt(d).",
+BACKWARD_MISTAKES = {  # mistake: (what is wrong, how to fix it)
+    "D = rowsum(dO)": ("D is not rowsum(dO * O): you summed dO alone.",
+                       "D is one number per query: the row sum of dO times O, element by element."),
+    "no D": ("the D term of dS is missing: dS = P * dP forgets that the softmax's weights sum to 1.",
+             "subtract each query's D from dP before multiplying by P."),
+    "D of one tile": ("D summed P * dP over one key tile only.",
+                      "D is a sum over all keys, which is why it is computed once, before the "
+                      "loops, from O and dO."),
+    "tile softmax": ("P was rebuilt with a softmax over one key tile.",
+                     "each tile of P is e to the power (S minus L), with the saved log-sum-exp L "
+                     "of the whole row."),
+    "no scale": ("dQ and dK are missing the 1/sqrt(d) of the scores S = Q K^T / sqrt(d).",
+                 "multiply the contributions to dQ and dK by the same scale as the scores."),
 }
 
 
-@exercise(hint="Before the loops D = (grad_out * out).sum(-1). For each tile pair: S = Q_i K_j^T / "
-               "sqrt(d); P = exp(S - lse_i[:, None]); dV_j += P^T dO_i; dP = dO_i V_j^T; "
-               "dS = P * (dP - D_i[:, None]); dQ_i += dS K_j / sqrt(d); dK_j += dS^T Q_i / sqrt(d).",
+@exercise(hint="Before the loops, compute D: per query, the sum over features of dO times O. For "
+               "each pair of a query tile and a key tile: rebuild the tile of P from the scaled "
+               "scores and the saved log-sum-exp; add P transposed times dO to dV; form dP from dO "
+               "and the value tile; dS is P times (dP minus D); add the scaled dS times the key "
+               "tile to dQ, and the scaled dS transposed times the query tile to dK.",
+          points=3,
           task="Write my_flash_backward(q, k, v, out, lse, grad_out, block) for one head without a "
                "mask, returning (dq, dk, dv), tile by tile from the saved output and log-sum-exp. "
                "The check compares with autograd through naive attention, with ragged tiles.")
@@ -175,14 +291,15 @@ def backward(student: BackwardFunction) -> str:
     got = _pair(student(q.clone(), k.clone(), v.clone(), out.clone(), lse.clone(), grad_out.clone(), 4),
                 "flash_backward", "dq, dk, dv")
     if not all(isinstance(g, Tensor) and g.shape == e.shape for g, e in zip(got, expected, strict=True)):
-        raise ExerciseFailed(f"return dq, dk, dv shaped like q, k, v: {[tuple(e.shape) for e in expected]}; "
-                             f"you returned {[getattr(g, 'shape', type(g).__name__) for g in got]}.")
+        raise ExerciseFailed(f"you returned {[getattr(g, 'shape', type(g).__name__) for g in got]}, "
+                             f"not dq, dk, dv shaped like q, k, v: {[tuple(e.shape) for e in expected]}.",
+                             fix="give each gradient the shape of the tensor it belongs to.")
     if all(torch.allclose(g, e, atol=1e-9) for g, e in zip(got, expected, strict=True)):
         return "dS = P (dP - D): the whole backward of attention, without ever storing P."
-    for mistake, message in BACKWARD_MISTAKES.items():
+    for mistake, (message, fix) in BACKWARD_MISTAKES.items():
         wrong = backward_variant(q, k, v, out, lse, grad_out, 4, mistake)
         if all(torch.allclose(g, w, atol=1e-9) for g, w in zip(got, wrong, strict=True)):
-            raise ExerciseFailed(message)
+            raise ExerciseFailed(message, fix=fix)
     for name, g, e in zip(("dq", "dk", "dv"), got, expected, strict=True):
         expect_close(g, e, name, atol=1e-9)
     raise ExerciseFailed("dq, dk and dv differ from autograd's.")
