@@ -447,6 +447,15 @@ def split_mismatched(up_weight, up_bias, down_weight, rank, world_size):
     return up_weight[rank * k:(rank + 1) * k], up_bias[rank * k:(rank + 1) * k], down_weight[:, rank::world_size]
 
 
+def split_helper(up_weight, up_bias, down_weight, rank, world_size):  # the notebook's fallback
+    from helpers.lab.exercises.distributed import helper_split_mlp
+    return helper_split_mlp(up_weight, up_bias, down_weight, rank, world_size)
+
+
+def split_all_units(up_weight, up_bias, down_weight, rank, world_size):  # every rank keeps everything
+    return up_weight, up_bias, down_weight
+
+
 CASES = [
     ("tokenization.count_pairs", pairs_counter, None),
     ("tokenization.count_pairs", pairs_missing_last, "the last pair"),
@@ -529,6 +538,8 @@ CASES = [
     ("distributed.split_mlp", split_interleaved, None),
     ("distributed.split_mlp", split_down_rows, "you split its rows"),
     ("distributed.split_mlp", split_mismatched, "must use the same units"),
+    ("distributed.split_mlp", split_helper, None),
+    ("distributed.split_mlp", split_all_units, "expected (6, 6) and (6,)"),
 ]
 CASES += CORE_CASES  # the core exercises of notebooks 1-6, written out in test_core_exercises.py
 
@@ -552,6 +563,21 @@ def f1b_no_warmup(stages, micro_batches):
     return [[op for i in range(micro_batches) for op in (("F", i), ("B", i))] for _ in range(stages)]
 
 
+def f1b_long_warmup(stages, micro_batches):  # one forward too many before the first backward
+    orders = []
+    for rank in range(stages):
+        warmup = min(stages - rank, micro_batches)
+        steady = [op for i in range(micro_batches - warmup) for op in (("F", warmup + i), ("B", i))]
+        orders.append([("F", i) for i in range(warmup)] + steady
+                      + [("B", i) for i in range(micro_batches - warmup, micro_batches)])
+    return orders
+
+
+def f1b_one_list(stages, micro_batches):  # the order of rank 0 only, not one list per rank
+    from helpers.scale.pipeline import one_f_one_b_order
+    return one_f_one_b_order(stages, micro_batches)[0]
+
+
 def merge_logaddexp(out, lse, o_b, lse_b):
     new = torch.logaddexp(lse, lse_b)
     return out * torch.exp(lse - new)[..., None] + o_b * torch.exp(lse_b - new)[..., None], new
@@ -569,6 +595,8 @@ CASES += [
     ("distributed.one_f_one_b", f1b_loops, None),
     ("distributed.one_f_one_b", f1b_gpipe, "GPipe"),
     ("distributed.one_f_one_b", f1b_no_warmup, "without a warm-up"),
+    ("distributed.one_f_one_b", f1b_long_warmup, "its warm-up is off"),
+    ("distributed.one_f_one_b", f1b_one_list, "one list of operations for each rank"),
     ("distributed.ring_merge", merge_logaddexp, None),
     ("distributed.ring_merge", merge_unweighted, "weighted"),
     ("distributed.ring_merge", merge_max_lse, "lse has the right shape"),
@@ -706,3 +734,14 @@ def test_not_attempted_says_the_task_not_the_recipe(name):
     assert not passed and "not attempted yet" in said
     assert "Hint" not in said and exercises.get(name).hint not in said
     assert "Write " in said and "The check" in said
+
+
+def test_helper_split_mlp_refuses_bad_input_by_name():
+    from helpers.lab.exercises.distributed import helper_split_mlp
+    up, bias, down = torch.zeros(6, 4), torch.zeros(6), torch.zeros(4, 6)
+    with pytest.raises(ValueError, match="rank is 2"):
+        helper_split_mlp(up, bias, down, 2, 2)
+    with pytest.raises(ValueError, match="multiple of world_size=4"):
+        helper_split_mlp(up, bias, down, 0, 4)
+    with pytest.raises(ValueError, match="up_bias is"):
+        helper_split_mlp(up, bias[None], down, 0, 2)
