@@ -264,7 +264,7 @@ def test_not_attempted_messages_of_12_to_14_say_what_to_write_not_the_recipe():
     recipes = ["torch.", "topk", "logsigmoid", "clamp", "min(1", "max(0", "// ", "% ", "einsum", "127"]
     late = {n: e for n, e in all_exercises().items()
             if n.split(".")[0] in ("frontier_decoder", "post_training", "serving")}
-    assert len(late) == 12
+    assert len(late) >= 12  # notebook 12 has five since the sliding-window decode
     for name, ex in late.items():
         assert ex.task.startswith("Write ") and "check" in ex.task, name
         assert not [r for r in recipes if r in ex.task], (name, ex.task)
