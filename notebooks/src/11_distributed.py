@@ -145,9 +145,9 @@ print(f"each rank sent {values_sent} values; 2 (p - 1) / p x n = 2 x 2 / 3 x 6 =
 # world_size, tensors)`. It runs on every rank; rank `r` starts from `tensors[r]` and may only
 # exchange tensors with its neighbours, `dist.isend(tensor, dst)` and `dist.recv(tensor, src)`
 # (no collective). Every rank returns the sum of all ranks' tensors, with the input's shape. The
-# check runs it on three worker processes, with 7 values each, so the chunks are not all the same
-# size; the cell after it sums with your function if it passes, else with the course's
-# `ring_all_reduce`.
+# check runs it on three worker processes, with tensors whose length three does not divide, so
+# the chunks are not all the same size; the cell after it sums with your function if it passes,
+# else with the course's `ring_all_reduce`.
 #
 # <details><summary>Hint 1: the idea</summary>
 #
@@ -517,8 +517,8 @@ print("FSDP2 on 2 processes vs 1 process: max |diff| < 1e-6")
 #
 # Write `split_mlp(up_weight, up_bias, down_weight, rank, world_size)`: rank `rank`'s
 # `(up_weight, up_bias, down_weight)` when `world_size` ranks share the hidden units equally. The
-# check adds the ranks' partial outputs for 2 and 3 ranks and compares with the whole MLP; the
-# cell after it splits a block's MLP in two with your function, once it passes.
+# check adds the ranks' partial outputs for two and three ranks and compares with the whole
+# MLP; the cell after it splits a block's MLP in two with your function, once it passes.
 #
 # <details><summary>Hint 1: the idea</summary>
 #
@@ -863,8 +863,8 @@ for schedule in ("gpipe", "1f1b"):
 # forwards `("F", i)` and backwards `("B", i)` in a 1F1B step (the order printed above, for any
 # sizes). A rank `r` can start micro-batch `i`'s backward only once every later stage has run
 # that micro-batch's forward, and 1F1B starts each backward as early as that allows. The check
-# compares your orders for 1 to 4 stages; the timeline figure after it draws your order once it
-# passes.
+# compares your orders with the course's for pipelines of one to four stages; the timeline
+# figure after it draws your order once it passes.
 #
 # <details><summary>Hint 1: the idea</summary>
 #

@@ -83,8 +83,8 @@ assert torch.allclose(mixtral, kept / kept.sum(-1, keepdim=True))  # transformer
 # router's scores, `experts` a list of `E` functions `(n, D) -> (n, D)`. Route with Mixtral's
 # convention (section 1.1), run each expert only on the tokens that chose it, and return `(T, D)`,
 # each token's weighted sum of its `k` experts' outputs. The check compares with the helpers' MoE
-# for `k` = 1, 2 and 3 and with experts no token chose; the cells below run the MoE with your
-# function once it passes.
+# for one, two and three experts per token and with experts no token chose; the cells below run
+# the MoE with your function once it passes.
 #
 # <details><summary>Hint 1: the idea</summary>
 #

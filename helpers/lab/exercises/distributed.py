@@ -276,7 +276,7 @@ def one_f_one_b(student: Callable[[int, int], list]) -> str:
                                  fix="every rank runs each forward and each backward once, a "
                                      "micro-batch's forward before its backward.") from None
         wrong = next(r for r in range(stages) if got[r] != expected[r])
-        warm, want = _warm_up(got[wrong]), min(stages - 1 - wrong, m)
+        warm, want = _warm_up(got[wrong]), _warm_up(expected[wrong])
         idle, best = timeline_bubble(events), timeline_bubble(timeline(expected))
         if idle > best + 1e-9:
             raise ExerciseFailed(f"one_f_one_b({stages}, {m}): the ranks idle {idle:.0%} of the step, "
@@ -289,8 +289,9 @@ def one_f_one_b(student: Callable[[int, int], list]) -> str:
                                  f"its first backward, 1F1B {want}: its warm-up is off, so it holds "
                                  f"{_in_flight(got[wrong])} micro-batches at once instead of at most "
                                  f"{_in_flight(expected[wrong])}.",
-                                 fix="the warm-up of a rank is the number of stages after it, and "
-                                     "never more than the number of micro-batches.")
+                                 fix="the warm-up of a rank is one forward for each stage after "
+                                     "it (never more than the micro-batches); its first backward "
+                                     "comes right after the next forward.")
         raise ExerciseFailed(f"one_f_one_b({stages}, {m}) rank {wrong} runs {got[wrong]}, expected "
                              f"{expected[wrong]} (it holds {_in_flight(got[wrong])} micro-batches at "
                              f"once; 1F1B holds at most {_in_flight(expected[wrong])}).",
