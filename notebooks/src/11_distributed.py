@@ -226,7 +226,8 @@ assert all(torch.equal(result, sum(tensors)) for result in results)
 def ring_bytes(n_bytes: float, world_size: int) -> float:
     """Bytes each rank sends in a ring all-reduce of an n_bytes tensor over world_size ranks."""
     ### BEGIN SOLUTION
-    return 2 * (world_size - 1) / world_size * n_bytes
+    steps = 2 * (world_size - 1)  # reduce-scatter, then all-gather
+    return steps * n_bytes / world_size  # one chunk of the tensor per step
     ### END SOLUTION
 
 
@@ -979,8 +980,9 @@ def ring_merge(out: torch.Tensor, lse: torch.Tensor, o_b: torch.Tensor,
                lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) and (o_b, lse_b) over disjoint keys -> (out, lse) over all of them."""
     ### BEGIN SOLUTION
-    new = torch.logaddexp(lse, lse_b)
-    return out * torch.exp(lse - new).unsqueeze(-1) + o_b * torch.exp(lse_b - new).unsqueeze(-1), new
+    merged = torch.logaddexp(lse, lse_b)  # the log of the two denominators' sum
+    share_a, share_b = (torch.exp(part - merged)[..., None] for part in (lse, lse_b))
+    return share_a * out + share_b * o_b, merged
     ### END SOLUTION
 
 
