@@ -499,6 +499,15 @@ def split_mismatched(up_weight, up_bias, down_weight, rank, world_size):
     return up_weight[rank * k:(rank + 1) * k], up_bias[rank * k:(rank + 1) * k], down_weight[:, rank::world_size]
 
 
+def split_helper(up_weight, up_bias, down_weight, rank, world_size):  # the notebook's fallback
+    from helpers.lab.exercises.distributed import helper_split_mlp
+    return helper_split_mlp(up_weight, up_bias, down_weight, rank, world_size)
+
+
+def split_all_units(up_weight, up_bias, down_weight, rank, world_size):  # every rank keeps everything
+    return up_weight, up_bias, down_weight
+
+
 CASES = [
     ("tokenization.count_pairs", pairs_counter, None),
     ("tokenization.count_pairs", pairs_missing_last, "the last pair"),
@@ -588,6 +597,8 @@ CASES = [
     ("distributed.split_mlp", split_interleaved, None),
     ("distributed.split_mlp", split_down_rows, "you split its rows"),
     ("distributed.split_mlp", split_mismatched, "must use the same units"),
+    ("distributed.split_mlp", split_helper, None),
+    ("distributed.split_mlp", split_all_units, "expected (6, 6) and (6,)"),
 ]
 CASES += CORE_CASES  # the core exercises of notebooks 1-6, written out in test_core_exercises.py
 
@@ -611,6 +622,21 @@ def f1b_no_warmup(stages, micro_batches):
     return [[op for i in range(micro_batches) for op in (("F", i), ("B", i))] for _ in range(stages)]
 
 
+def f1b_long_warmup(stages, micro_batches):  # one forward too many before the first backward
+    orders = []
+    for rank in range(stages):
+        warmup = min(stages - rank, micro_batches)
+        steady = [op for i in range(micro_batches - warmup) for op in (("F", warmup + i), ("B", i))]
+        orders.append([("F", i) for i in range(warmup)] + steady
+                      + [("B", i) for i in range(micro_batches - warmup, micro_batches)])
+    return orders
+
+
+def f1b_one_list(stages, micro_batches):  # the order of rank 0 only, not one list per rank
+    from helpers.scale.pipeline import one_f_one_b_order
+    return one_f_one_b_order(stages, micro_batches)[0]
+
+
 def merge_logaddexp(out, lse, o_b, lse_b):
     new = torch.logaddexp(lse, lse_b)
     return out * torch.exp(lse - new)[..., None] + o_b * torch.exp(lse_b - new)[..., None], new
@@ -628,6 +654,8 @@ CASES += [
     ("distributed.one_f_one_b", f1b_loops, None),
     ("distributed.one_f_one_b", f1b_gpipe, "GPipe"),
     ("distributed.one_f_one_b", f1b_no_warmup, "without a warm-up"),
+    ("distributed.one_f_one_b", f1b_long_warmup, "its warm-up is off"),
+    ("distributed.one_f_one_b", f1b_one_list, "one list of operations for each rank"),
     ("distributed.ring_merge", merge_logaddexp, None),
     ("distributed.ring_merge", merge_unweighted, "weighted"),
     ("distributed.ring_merge", merge_max_lse, "lse has the right shape"),
@@ -787,32 +815,12 @@ def test_not_attempted_says_the_task_not_the_recipe(name):
     assert "Write " in said and "The check" in said
 
 
-# --- notebook 9's ALiBi attention: the usual slips are named --------------------------------
-
-def alibi_attention_by_where(q, k, v):
-    """Another correct way: torch.where for the mask and the bias from the course's buffer."""
-    import math
-
-    from helpers.model.modern import alibi_bias
-    n = q.shape[-2]
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + alibi_bias(q.shape[-3], n).to(q.dtype)
-    later = torch.ones(n, n, dtype=torch.bool).triu(1)
-    return torch.where(later, float("-inf"), scores).softmax(-1) @ v
-
-
-@pytest.mark.parametrize("mistake, named", [
-    ("", None),
-    ("bias before scaling", "before dividing by sqrt(D_H)"),
-    ("not causal", "sees the keys after it"),
-    ("sign", "wrong sign"),
-    ("no bias", "no distance penalty"),
-])
-def test_alibi_attention_checker_names_the_slip(mistake, named):
-    from helpers.lab.exercises import evaluate
-    from helpers.lab.exercises.modern_decoder import alibi_attention_variant
-
-    passed, said = evaluate("modern_decoder.alibi_attention",
-                            lambda q, k, v: alibi_attention_variant(q, k, v, mistake))
-    assert passed == (named is None), said
-    assert named is None or named in said
-    assert evaluate("modern_decoder.alibi_attention", alibi_attention_by_where)[0]
+def test_helper_split_mlp_refuses_bad_input_by_name():
+    from helpers.lab.exercises.distributed import helper_split_mlp
+    up, bias, down = torch.zeros(6, 4), torch.zeros(6), torch.zeros(4, 6)
+    with pytest.raises(ValueError, match="rank is 2"):
+        helper_split_mlp(up, bias, down, 2, 2)
+    with pytest.raises(ValueError, match="multiple of world_size=4"):
+        helper_split_mlp(up, bias, down, 0, 4)
+    with pytest.raises(ValueError, match="up_bias is"):
+        helper_split_mlp(up, bias[None], down, 0, 2)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import helpers.lab.exercises as exercises
-from helpers.lab.exercises.frontier_decoder import helper_moe_forward
+from helpers.lab.exercises.frontier_decoder import helper_moe_forward, helper_sliding_decode
 from helpers.serve.speculative import verify_round
 
 # --- notebook 12: the MoE forward ---------------------------------------------------------
@@ -85,6 +85,63 @@ def test_helper_moe_forward_equals_the_helpers_experts_loop():
         want = layer.loop(x, *route(logits, 2, "topk_softmax"))
         got = helper_moe_forward(x, logits, 2, [lambda rows, e=e: layer.one(e, rows) for e in range(4)])
     torch.testing.assert_close(got, want)
+
+
+
+# --- notebook 12: decoding through a sliding-window ring buffer ------------------------------
+
+def _sliding(mistake: str = ""):
+    """A sliding_decode answer through a ring of `window` slots, with one usual slip on request."""
+    def answer(q, k, v, window):
+        batch, heads, steps, head_dim = q.shape
+        slots = {"no window": steps, "one too many": window + 1}.get(mistake, window)
+        keys, values, outs = q.new_zeros(batch, heads, slots, head_dim), q.new_zeros(batch, heads, slots, head_dim), []
+        scale = 1.0 if mistake == "unscaled" else head_dim ** 0.5
+
+        def attend(t: int, filled: int) -> torch.Tensor:
+            if not filled:                                     # nothing to see: a zero row
+                return torch.zeros_like(q[:, :, t:t + 1])
+            scores = q[:, :, t:t + 1] @ keys[:, :, :filled].transpose(-2, -1) / scale
+            return torch.softmax(scores, -1) @ values[:, :, :filled]
+
+        for t in range(steps):
+            if mistake == "reads first":                       # attends before writing token t
+                outs.append(attend(t, min(t, slots)))
+            keys[:, :, t % slots], values[:, :, t % slots] = k[:, :, t], v[:, :, t]
+            if mistake != "reads first":
+                outs.append(attend(t, min(t + 1, slots)))
+        return torch.cat(outs, dim=2)
+    return answer
+
+
+def _sliding_by_mask(q, k, v, window):                         # correct: a banded mask, no loop
+    from helpers.model.sliding import banded_mask
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    return torch.softmax(scores.masked_fill(~banded_mask(q.shape[-2], window), float("-inf")), -1) @ v
+
+
+@pytest.mark.parametrize("answer, message", [
+    (_sliding(), None),
+    (_sliding_by_mask, None),
+    (helper_sliding_decode, None),
+    (_sliding("no window"), "the window is missing"),
+    (_sliding("one too many"), "window + 1 tokens, one too many"),
+    (_sliding("reads first"), "but not its own"),
+    (_sliding("unscaled"), "the scores are not scaled"),
+    (lambda q, k, v, window: _sliding()(q, k, v, window)[:, :, -1], "join them along the token axis"),
+])
+def test_sliding_decode_checker(answer, message):
+    passed, said = exercises.evaluate("frontier_decoder.sliding_decode", answer)
+    assert passed == (message is None), said
+    assert message is None or message in said
+
+
+def test_sliding_decode_helper_refuses_bad_input_by_name():
+    q = torch.zeros(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="q, k, v are"):
+        helper_sliding_decode(q, q[:, :, :2], q, 2)
+    with pytest.raises(ValueError, match="window"):
+        helper_sliding_decode(q, q, q, 0)
 
 
 # --- notebook 13: the DPO loss -------------------------------------------------------------
@@ -208,7 +265,7 @@ def test_not_attempted_messages_of_12_to_14_say_what_to_write_not_the_recipe():
     recipes = ["torch.", "topk", "logsigmoid", "clamp", "min(1", "max(0", "// ", "% ", "einsum", "127"]
     late = {n: e for n, e in all_exercises().items()
             if n.split(".")[0] in ("frontier_decoder", "post_training", "serving")}
-    assert len(late) >= 12  # 12 after the reveal era; notebooks 13 and 14 gained core exercises
+    assert len(late) >= 12  # 12 after the reveal era; notebooks 12, 13 and 14 gained core exercises
     for name, ex in late.items():
         assert ex.task.startswith("Write ") and "check" in ex.task, name
         assert not [r for r in recipes if r in ex.task], (name, ex.task)

@@ -144,9 +144,28 @@ print(f"each rank sent {values_sent} values; 2 (p - 1) / p x n = 2 x 2 / 3 x 6 =
 # Now on the workers, with messages instead of a list: write `my_ring_all_reduce(rank,
 # world_size, tensors)`. It runs on every rank; rank `r` starts from `tensors[r]` and may only
 # exchange tensors with its neighbours, `dist.isend(tensor, dst)` and `dist.recv(tensor, src)`
-# (no collective). Every rank returns the sum of all ranks' tensors. The check runs it on three
-# worker processes; the cell after it sums with your function if it passes, else with the
-# course's `ring_all_reduce`.
+# (no collective). Every rank returns the sum of all ranks' tensors, with the input's shape. The
+# check runs it on three worker processes, with tensors whose length three does not divide, so
+# the chunks are not all the same size; the cell after it sums with your function if it passes,
+# else with the course's `ring_all_reduce`.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# The simulation above, seen from one rank: a step is "send a chunk to the next rank, receive one
+# from the previous rank". Send without waiting, then receive, then wait for the send: if every
+# rank first waited for its own send to be received, nobody would ever receive.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Flatten a copy of your tensor and cut it into one chunk per rank (the chunks may differ in
+# size by one). Reduce-scatter, one step fewer than there are ranks: at step `s` send the chunk
+# that sits `s` places behind your rank (counting round the ring), receive into an empty tensor
+# shaped like the chunk one place further back, and add what arrives to that chunk. All-gather,
+# as many steps again: send the chunk one place ahead of the one you received last, receive the
+# chunk `s` places behind your rank and keep it in place of yours. Join the chunks and give them
+# the input's shape.
+# </details>
 
 # %%
 import torch.distributed as dist  # noqa: F401 - my_ring_all_reduce sends with it
@@ -154,59 +173,28 @@ import torch.distributed as dist  # noqa: F401 - my_ring_all_reduce sends with i
 
 def my_ring_all_reduce(rank: int, world_size: int, tensors: list[torch.Tensor]) -> torch.Tensor:
     """tensors: p tensors of the same shape, this rank reads tensors[rank] -> their sum."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    p = world_size
+    chunks = list(tensors[rank].flatten().clone().tensor_split(p))
+
+    def exchange(send: int, receive: int) -> torch.Tensor:
+        """Send chunk `send` to the next rank, return what the previous rank sent for `receive`."""
+        incoming = torch.empty_like(chunks[receive])
+        request = dist.isend(chunks[send].contiguous(), (rank + 1) % p)  # do not wait yet
+        dist.recv(incoming, (rank - 1) % p)
+        request.wait()
+        return incoming
+
+    for s in range(p - 1):  # reduce-scatter: add what arrives
+        chunks[(rank - s - 1) % p] += exchange((rank - s) % p, (rank - s - 1) % p)
+    for s in range(p - 1):  # all-gather: keep what arrives
+        chunks[(rank - s) % p] = exchange((rank + 1 - s) % p, (rank - s) % p)
+    return torch.cat(chunks).reshape(tensors[rank].shape)
+    ### END SOLUTION
 
 
+# %%
 check("distributed.ring_all_reduce", my_ring_all_reduce)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Copy `ring_all_reduce_by_hand`'s two loops, seen from one rank: a step is "send a chunk to
-# `rank + 1`, receive one from `rank - 1`". Send without waiting (`isend`), then receive, then
-# wait for the send: if every rank first waited for its send to be received, nobody would receive.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `chunks = list(tensors[rank].flatten().clone().tensor_split(world_size))`. Reduce-scatter, for
-# `s` in `range(p - 1)`: send chunk `(rank - s) % p`, receive into a fresh `torch.empty_like` of
-# chunk `(rank - s - 1) % p` and **add** it there. All-gather, `p - 1` more steps: send chunk
-# `(rank + 1 - s) % p`, receive chunk `(rank - s) % p` and **keep** it. Return `torch.cat(chunks)`
-# reshaped like the input.
-# </details>
-
-# %% [markdown]
-# <details><summary>Solution</summary>
-#
-# ```python
-# import torch.distributed as dist
-#
-#
-# ### BEGIN SOLUTION
-# def my_ring_all_reduce(rank: int, world_size: int, tensors: list[torch.Tensor]) -> torch.Tensor:
-#     """tensors: p tensors of the same shape, this rank reads tensors[rank] -> their sum."""
-#     p = world_size
-#     chunks = list(tensors[rank].flatten().clone().tensor_split(p))
-#
-#     def exchange(send: int, receive: int) -> torch.Tensor:
-#         incoming = torch.empty_like(chunks[receive])
-#         request = dist.isend(chunks[send].contiguous(), (rank + 1) % p)
-#         dist.recv(incoming, (rank - 1) % p)
-#         request.wait()
-#         return incoming
-#
-#     for s in range(p - 1):  # reduce-scatter: add what arrives
-#         chunks[(rank - s - 1) % p] += exchange((rank - s) % p, (rank - s - 1) % p)
-#     for s in range(p - 1):  # all-gather: keep what arrives
-#         chunks[(rank - s) % p] = exchange((rank + 1 - s) % p, (rank - s) % p)
-#     return torch.cat(chunks).reshape(tensors[rank].shape)
-# ### END SOLUTION
-#
-#
-# check("distributed.ring_all_reduce", my_ring_all_reduce)
-# ```
-# </details>
 
 # %%
 ring = yours_or("distributed.ring_all_reduce", my_ring_all_reduce, ring_all_reduce)
@@ -219,40 +207,32 @@ assert all(torch.equal(result, sum(tensors)) for result in results)
 # %% [markdown]
 # ### Exercise: the bytes of a ring all-reduce
 #
-# Write `ring_bytes(n_bytes, world_size)`: the bytes each rank sends in a ring all-reduce.
+# Write `ring_bytes(n_bytes, world_size)`: the bytes each rank sends in a ring all-reduce of a
+# tensor of `n_bytes` over `world_size` ranks (one rank sends nothing).
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Count the messages a rank sends: how many steps each phase of the ring takes, and how big one
+# chunk is.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# There are two phases, each one step fewer than there are ranks; at every step a rank sends
+# one chunk, a p-th of the tensor. Multiply the number of steps by the chunk's bytes.
+# </details>
 
 # %%
 def ring_bytes(n_bytes: float, world_size: int) -> float:
     """Bytes each rank sends in a ring all-reduce of an n_bytes tensor over world_size ranks."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    steps = 2 * (world_size - 1)  # reduce-scatter, then all-gather
+    return steps * n_bytes / world_size  # one chunk of the tensor per step
+    ### END SOLUTION
 
 
+# %%
 check("distributed.ring_bytes", ring_bytes)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Count the messages: how many steps each phase of the ring takes, and how big one chunk is.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# Two phases of `p - 1` steps each; every step sends one chunk of `n_bytes / p`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def ring_bytes(n_bytes: float, world_size: int) -> float:
-#     """Bytes each rank sends in a ring all-reduce of an n_bytes tensor over world_size ranks."""
-#     return 2 * (world_size - 1) / world_size * n_bytes
-# ### END SOLUTION
-#
-#
-# check("distributed.ring_bytes", ring_bytes)
-# ```
-# </details>
 
 # %% [markdown]
 # ### Measured: how long one all-reduce takes here
@@ -322,8 +302,47 @@ print("average of the two halves' gradients vs the whole batch's: max |diff| < 1
 # %% [markdown]
 # On real processes the average is one all-reduce (sum) per gradient, divided by the world size.
 # Before the first step, a broadcast gives every rank rank 0's weights (the workers below start
-# from *different* random weights on purpose, so the broadcast has work to do). This is the
-# whole of it, in `helpers.scale.data_parallel`:
+# from *different* random weights on purpose, so the broadcast has work to do).
+#
+# ### Exercise: the gradient all-reduce
+#
+# Write `my_average_gradients(model, all_reduce, world_size)`: afterwards every gradient of the
+# model is the mean over the ranks. `all_reduce` sums a tensor in place across the ranks (on real
+# processes that is `torch.distributed.all_reduce`; the check passes one that adds the other
+# rank's gradient, with two ranks running your function at once). The check's model is a GPT
+# with tied weights, so one matrix serves as the embedding and as the output layer.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# The whole batch's gradient is the mean of the ranks' gradients: a sum over the ranks, then a
+# division. Each gradient tensor must be reduced exactly once on every rank, in the same order.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Go through the model's parameters (that list holds the tied matrix once), skip any without a
+# gradient, sum each gradient over the ranks in place with the function you are given, then
+# divide it by the number of ranks.
+# </details>
+
+# %%
+def my_average_gradients(model: torch.nn.Module, all_reduce, world_size: int) -> None:
+    """Replace every p.grad by its mean over the ranks; all_reduce(t) sums t in place."""
+    ### BEGIN SOLUTION
+    for param in model.parameters():
+        if param.grad is None:
+            continue  # a parameter the loss did not reach
+        all_reduce(param.grad)  # the sum over the ranks, in place
+        param.grad /= world_size
+    ### END SOLUTION
+
+
+# %%
+check("distributed.average_gradients", my_average_gradients)
+
+# %% [markdown]
+# The course's version, in `helpers.scale.data_parallel`, calls `torch.distributed.all_reduce`
+# itself; compare it with yours:
 
 # %%
 print(inspect.getsource(average_gradients))
@@ -348,52 +367,6 @@ for model_name in ("mlp", "gpt"):
     assert max_difference(reference, make_model(run).state_dict()) > 1e-3  # training moved them
     print(f"{model_name}: after {run.steps} steps the 2 ranks are identical, and equal to 1 process with "
           "the whole batch: max |diff| < 1e-6")
-
-# %% [markdown]
-# ### Exercise: the gradient all-reduce
-#
-# Write `average_gradients` yourself. It receives the model, an `all_reduce` function that sums a
-# tensor in place across the ranks (on real processes that is `torch.distributed.all_reduce`; the
-# checker passes one that adds the other rank's gradient), and the world size. The checker's
-# model is a GPT with tied weights.
-
-# %%
-def my_average_gradients(model: torch.nn.Module, all_reduce, world_size: int) -> None:
-    """Replace every p.grad by its mean over the ranks."""
-    raise NotImplementedError
-
-
-check("distributed.average_gradients", my_average_gradients)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# The whole batch's gradient is the mean of the ranks' gradients: a sum over the ranks, then a
-# division. Each gradient tensor must be reduced exactly once on every rank, in the same order.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# Sum with `all_reduce(p.grad)`, then divide by `world_size`. Careful with the tied matrix: it
-# must be reduced once, and `model.parameters()` lists it once.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def my_average_gradients(model: torch.nn.Module, all_reduce, world_size: int) -> None:
-#     """Replace every p.grad by its mean over the ranks."""
-#     for p in model.parameters():
-#         if p.grad is not None:
-#             all_reduce(p.grad)
-#             p.grad /= world_size
-# ### END SOLUTION
-#
-#
-# check("distributed.average_gradients", my_average_gradients)
-# ```
-# </details>
 
 # %% [markdown]
 # ### Overlap: start the all-reduce while backward is still running
@@ -541,68 +514,64 @@ print("FSDP2 on 2 processes vs 1 process: max |diff| < 1e-6")
 #   hidden units by them: a `(..., D)` *partial sum* of the output.
 # - **one all-reduce** adds the partial sums; the bias of `down` is added once, after it.
 #
-# First in one process, with the block's MLP split in two:
-
-# %%
-block, x, probe = demo_block()                     # Block(d_model=32, n_heads=4), x: (2, 8, 32)
-mlp = block.mlp
-up_w, up_b, down_w = mlp.up.weight.detach(), mlp.up.bias.detach(), mlp.down.weight.detach()
-k = up_w.shape[0] // 2                                 # hidden units per rank
-partials = []
-for r in range(2):
-    rows = slice(r * k, (r + 1) * k)                   # rank r's hidden units
-    hidden = F.gelu(x @ up_w[rows].T + up_b[rows])     # (2, 8, k): column-parallel up, then GELU
-    partials.append(hidden @ down_w[:, rows].T)        # (2, 8, 32): row-parallel down, a partial sum
-with torch.no_grad():
-    split_gap = (partials[0] + partials[1] + mlp.down.bias - mlp(x)).abs().max().item()
-assert split_gap < 1e-6
-print(f"W_up {tuple(up_w.shape)} -> 2 x {tuple(up_w[:k].shape)}; W_down {tuple(down_w.shape)} -> "
-      f"2 x {tuple(down_w[:, :k].shape)}")
-print("sum of the 2 partial outputs + bias vs the MLP: max |diff| < 1e-6")
-
-# %% [markdown]
 # ### Exercise: split an MLP's weights for one rank
 #
-# Return rank `rank`'s `(up_weight, up_bias, down_weight)` for `world_size` ranks.
+# Write `split_mlp(up_weight, up_bias, down_weight, rank, world_size)`: rank `rank`'s
+# `(up_weight, up_bias, down_weight)` when `world_size` ranks share the hidden units equally. The
+# check adds the ranks' partial outputs for two and three ranks and compares with the whole
+# MLP; the cell after it splits a block's MLP in two with your function, once it passes.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Each rank keeps whole hidden units: a unit is a row of the up projection (with its bias entry)
+# and the matching column of the down projection.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Divide the number of hidden units (the rows of the up projection) by the number of ranks: that
+# is each rank's share. Rank `rank` takes the block of that many units that starts at its rank
+# number times the share: those rows of the up weight and entries of the bias, and the same
+# range of *columns* of the down weight.
+# </details>
 
 # %%
 def split_mlp(up_weight: torch.Tensor, up_bias: torch.Tensor, down_weight: torch.Tensor,
               rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """up_weight (hidden, D), up_bias (hidden,), down_weight (D, hidden) -> this rank's slices."""
-    raise NotImplementedError
+    """up_weight (hidden, D), up_bias (hidden,), down_weight (D, hidden) -> this rank's slices,
+    (hidden / p, D), (hidden / p,) and (D, hidden / p)."""
+    ### BEGIN SOLUTION
+    k = up_weight.shape[0] // world_size
+    rows = slice(rank * k, (rank + 1) * k)
+    return up_weight[rows], up_bias[rows], down_weight[:, rows]
+    ### END SOLUTION
 
 
+# %%
 check("distributed.split_mlp", split_mlp)
 
 # %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Each rank keeps whole hidden units: a unit is a row of the up projection (and its bias entry)
-# and the matching column of the down projection.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `k = hidden // world_size`; rows `rank * k : (rank + 1) * k` of `up_weight` and `up_bias`,
-# the same range of *columns* of `down_weight`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def split_mlp(up_weight: torch.Tensor, up_bias: torch.Tensor, down_weight: torch.Tensor,
-#               rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-#     """up_weight (hidden, D), up_bias (hidden,), down_weight (D, hidden) -> this rank's slices."""
-#     k = up_weight.shape[0] // world_size
-#     rows = slice(rank * k, (rank + 1) * k)
-#     return up_weight[rows], up_bias[rows], down_weight[:, rows]
-# ### END SOLUTION
-#
-#
-# check("distributed.split_mlp", split_mlp)
-# ```
-# </details>
+# In one process, a block's MLP split in two, each half computed as its rank would (the course's
+# `helper_split_mlp` stands in until yours passes):
+
+# %%
+from helpers.lab.exercises.distributed import helper_split_mlp
+
+split = yours_or("distributed.split_mlp", split_mlp, helper_split_mlp)
+block, x, probe = demo_block()                     # Block(d_model=32, n_heads=4), x: (2, 8, 32)
+mlp = block.mlp
+up_w, up_b, down_w = mlp.up.weight.detach(), mlp.up.bias.detach(), mlp.down.weight.detach()
+partials = []
+for r in range(2):
+    w_up, b_up, w_down = split(up_w, up_b, down_w, r, 2)
+    hidden = F.gelu(x @ w_up.T + b_up)             # (2, 8, 64): column-parallel up, then GELU
+    partials.append(hidden @ w_down.T)             # (2, 8, 32): row-parallel down, a partial sum
+with torch.no_grad():
+    split_gap = (partials[0] + partials[1] + mlp.down.bias - mlp(x)).abs().max().item()
+assert split_gap < 1e-6
+print(f"W_up {tuple(up_w.shape)} -> 2 x {tuple(w_up.shape)}; W_down {tuple(down_w.shape)} -> "
+      f"2 x {tuple(w_down.shape)}")
+print("sum of the 2 partial outputs + bias vs the MLP: max |diff| < 1e-6")
 
 # %% [markdown]
 # ### The heads, and the whole block, on two processes
@@ -794,6 +763,21 @@ for rank, r in enumerate(results_fsdp):
 # every rank returns `(P / p,)`, its own piece of the mean over ranks, with one collective. The
 # check runs it on three worker processes; the cell after it uses your function if it passes,
 # else the course's `gradient_piece`.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# An all-reduce followed by keeping one piece would be right, but every rank would receive all
+# `P` values only to drop most of them. Which collective of section 1 delivers to each rank just
+# the sum of its own piece?
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Cut this rank's gradient into as many equal pieces as there are ranks (a list of tensors),
+# make an empty tensor the size of one piece, and hand both to the reduce-scatter: the empty
+# tensor receives piece number `rank` summed over the ranks. Divide by the number of ranks,
+# before the collective (each piece) or after it (the result): the mean is the same.
+# </details>
 
 # %%
 import torch.distributed as dist  # noqa: F401 - my_grad_piece communicates with it
@@ -801,45 +785,16 @@ import torch.distributed as dist  # noqa: F401 - my_grad_piece communicates with
 
 def my_grad_piece(rank: int, world_size: int, grads: list[torch.Tensor]) -> torch.Tensor:
     """grads: p flat gradients (P,), this rank reads grads[rank] -> (P / p,) its piece of the mean."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    shares = [piece / world_size for piece in grads[rank].chunk(world_size)]  # divide first
+    mean_piece = torch.zeros_like(shares[0])
+    dist.reduce_scatter(output=mean_piece, input_list=shares, op=dist.ReduceOp.SUM)
+    return mean_piece
+    ### END SOLUTION
 
 
+# %%
 check("distributed.fsdp_grad_piece", my_grad_piece)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# An all-reduce followed by keeping one piece would be right, but every rank would receive all
-# `P` values only to drop most of them. Which collective of section 1 delivers to each rank just
-# the sum of its own piece?
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `pieces = list(grads[rank].chunk(world_size))`, `mine = torch.empty_like(pieces[0])`,
-# `dist.reduce_scatter(mine, pieces)`: rank `r` receives piece `r` summed over the ranks. Then
-# divide by `world_size`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# import torch.distributed as dist
-#
-#
-# ### BEGIN SOLUTION
-# def my_grad_piece(rank: int, world_size: int, grads: list[torch.Tensor]) -> torch.Tensor:
-#     """grads: p flat gradients (P,), this rank reads grads[rank] -> (P / p,) its piece of the mean."""
-#     pieces = list(grads[rank].chunk(world_size))
-#     mine = torch.empty_like(pieces[0])
-#     dist.reduce_scatter(mine, pieces)
-#     return mine / world_size
-# ### END SOLUTION
-#
-#
-# check("distributed.fsdp_grad_piece", my_grad_piece)
-# ```
-# </details>
 
 # %%
 from helpers.scale.fsdp import gradient_piece
@@ -905,57 +860,58 @@ for schedule in ("gpipe", "1f1b"):
 # %% [markdown]
 # ### Exercise: the 1F1B order
 #
-# Write the order in which each rank runs its forwards `("F", i)` and backwards `("B", i)` in a
-# 1F1B step of `stages` ranks and `micro_batches` micro-batches (the order printed above, for
-# any sizes).
+# Write `one_f_one_b(stages, micro_batches)`: for each rank, the order in which it runs its
+# forwards `("F", i)` and backwards `("B", i)` in a 1F1B step (the order printed above, for any
+# sizes). A rank `r` can start micro-batch `i`'s backward only once every later stage has run
+# that micro-batch's forward, and 1F1B starts each backward as early as that allows. The check
+# compares your orders with the course's for pipelines of one to four stages; the timeline
+# figure after it draws your order once it passes.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Three phases per rank: a warm-up of forwards that fills the pipe below it, a steady state of
+# one forward then one backward, and a cool-down of the backwards that are left.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# For each rank, the warm-up is one forward for each stage after it, but never more than there
+# are micro-batches. Start its list with those forwards, in order. Then, for as many rounds as
+# micro-batches remain, add the next forward not yet run and then the oldest backward not yet
+# run. Finish with the backwards still missing, oldest first, and put the rank's list into the
+# list of all ranks.
+# </details>
 
 # %%
 def one_f_one_b(stages: int, micro_batches: int) -> list[list[tuple[str, int]]]:
     """For each rank r < stages, its ops in order: ("F", i) and ("B", i) for i < micro_batches."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    orders = []
+    for rank in range(stages):
+        warmup = min(stages - 1 - rank, micro_batches)  # forwards before the first backward
+        ops = []
+        for i in range(warmup):
+            ops.append(("F", i))
+        for i in range(micro_batches - warmup):  # steady state: one forward, one backward
+            ops.append(("F", warmup + i))
+            ops.append(("B", i))
+        for i in range(micro_batches - warmup, micro_batches):  # cool-down
+            ops.append(("B", i))
+        orders.append(ops)
+    return orders
+    ### END SOLUTION
 
 
+# %%
 check("distributed.one_f_one_b", one_f_one_b)
 
 # %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# A rank can start a backward only once the last stage has run that micro-batch's forward. Rank
-# `r` fills the pipe with `p - 1 - r` forwards first; from then on it runs one forward and one
-# backward in turn.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `warmup = min(stages - 1 - r, micro_batches)` forwards; then for `i` in
-# `range(micro_batches - warmup)`: `("F", warmup + i)`, `("B", i)`; then the backwards left.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def one_f_one_b(stages: int, micro_batches: int) -> list[list[tuple[str, int]]]:
-#     """For each rank r < stages, its ops in order: ("F", i) and ("B", i) for i < micro_batches."""
-#     orders = []
-#     for rank in range(stages):
-#         warmup = min(stages - 1 - rank, micro_batches)
-#         ops = [("F", i) for i in range(warmup)]
-#         for i in range(micro_batches - warmup):
-#             ops += [("F", warmup + i), ("B", i)]
-#         ops += [("B", i) for i in range(micro_batches - warmup, micro_batches)]
-#         orders.append(ops)
-#     return orders
-# ### END SOLUTION
-#
-#
-# _ = check("distributed.one_f_one_b", one_f_one_b)
-# ```
-# </details>
+# The two schedules on a timeline, 1F1B in your order once it passes:
 
 # %%
+your_order = yours_or("distributed.one_f_one_b", one_f_one_b, one_f_one_b_order)
 figure, axes = plt.subplots(2, 1, figsize=(10, 4.5), layout="constrained", sharex=True)
-for axis, (name, order) in zip(axes, (("GPipe", gpipe_order), ("1F1B", one_f_one_b_order)), strict=True):
+for axis, (name, order) in zip(axes, (("GPipe", gpipe_order), ("1F1B", your_order)), strict=True):
     events = timeline(order(4, 6))
     for rank, slot, kind, i in events:
         axis.barh(rank, 1, left=slot, color="tab:blue" if kind == "F" else "tab:orange", edgecolor="white")
@@ -1002,45 +958,36 @@ for m in ms:
 #
 # At each step a rank holds its running output `out` `(B, H, c, D_H)` with each row's
 # log-sum-exp `lse` `(B, H, c)`, and the attention `o_b`, `lse_b` of its queries to the block
-# that just arrived. Write the merge: the attention over the keys of both.
+# that just arrived. Write `ring_merge(out, lse, o_b, lse_b)`: the attention over the keys of
+# both, and its log-sum-exp. The check compares with attention over all the keys at once.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# The exponential of a log-sum-exp is that part's softmax denominator. The merged denominator is
+# their sum, and each part's output counts in proportion to its own denominator.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# The merged log-sum-exp is the log of the sum of the two exponentials: PyTorch has one stable
+# function for it. Each part's weight is the exponential of its log-sum-exp minus the merged
+# one; give the weights a trailing axis of size one so that they multiply the outputs row by
+# row, and add the two weighted outputs.
+# </details>
 
 # %%
 def ring_merge(out: torch.Tensor, lse: torch.Tensor, o_b: torch.Tensor,
                lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) and (o_b, lse_b) over disjoint keys -> (out, lse) over all of them."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    merged = torch.logaddexp(lse, lse_b)  # the log of the two denominators' sum
+    share_a, share_b = (torch.exp(part - merged)[..., None] for part in (lse, lse_b))
+    return share_a * out + share_b * o_b, merged
+    ### END SOLUTION
 
 
+# %%
 check("distributed.ring_merge", ring_merge)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# `exp(lse)` is each part's softmax denominator. The merged denominator is their sum, and each
-# part's output counts in proportion to its own denominator.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `new = torch.logaddexp(lse, lse_b)`; weights `torch.exp(lse - new)` and `torch.exp(lse_b - new)`,
-# each with `.unsqueeze(-1)` to multiply the `(..., c, D_H)` outputs.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def ring_merge(out: torch.Tensor, lse: torch.Tensor, o_b: torch.Tensor,
-#                lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-#     """(out, lse) and (o_b, lse_b) over disjoint keys -> (out, lse) over all of them."""
-#     new = torch.logaddexp(lse, lse_b)
-#     return out * torch.exp(lse - new).unsqueeze(-1) + o_b * torch.exp(lse_b - new).unsqueeze(-1), new
-# ### END SOLUTION
-#
-#
-# _ = check("distributed.ring_merge", ring_merge)
-# ```
-# </details>
 
 # %%
 from helpers.scale.ring_attention import full_attention_reference, run_ring_attention, split_sequence

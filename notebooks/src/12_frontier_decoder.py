@@ -80,19 +80,13 @@ assert torch.allclose(mixtral, kept / kept.sum(-1, keepdim=True))  # transformer
 # ### Exercise: the MoE forward
 #
 # Write `moe_forward(x, logits, k, experts)`: `x` `(T, D)` the tokens, `logits` `(T, E)` the
-# router's scores, `experts` a list of `E` functions `(n, D) -> (n, D)`. Return `(T, D)`. The cells
-# below run the MoE with your function once it passes the check.
-
-# %%
-def moe_forward(x: torch.Tensor, logits: torch.Tensor, k: int, experts: list) -> torch.Tensor:
-    """x (T, D), logits (T, E), experts: E functions (n, D) -> (n, D). Returns (T, D)."""
-    raise NotImplementedError
-
-
-check("frontier_decoder.moe_forward", moe_forward)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
+# router's scores, `experts` a list of `E` functions `(n, D) -> (n, D)`. Route with Mixtral's
+# convention (section 1.1), run each expert only on the tokens that chose it, and return `(T, D)`,
+# each token's weighted sum of its `k` experts' outputs. The check compares with the helpers' MoE
+# for one, two and three experts per token and with experts no token chose; the cells below run
+# the MoE with your function once it passes.
+#
+# <details><summary>Hint 1: the idea</summary>
 #
 # Two steps. Route: each token keeps its `k` largest logits, and a softmax over those `k` gives
 # weights that sum to 1 (the other experts get nothing). Dispatch and combine: for each expert,
@@ -100,37 +94,38 @@ check("frontier_decoder.moe_forward", moe_forward)
 # only, and add its output, times each token's weight for it, into those tokens' rows.
 # </details>
 #
-# <details><summary>Hint 2</summary>
+# <details><summary>Hint 2: the steps</summary>
 #
-# `values, chosen = logits.topk(k, dim=-1)`, `weights = values.softmax(-1)`, both `(T, k)`. Start
-# from `out = torch.zeros_like(x)`; for each `e`, `token, slot = torch.where(chosen == e)` gives
-# the tokens and their slot; `out.index_add_(0, token, experts[e](x[token]) * weights[token, slot, None])`.
+# Take the top `k` of the logits along the expert axis: their values and their indices, both
+# with one row per token and `k` columns. A softmax of the values along that same axis gives the weights. Start from an output
+# of zeros shaped like `x`. For each expert, find where its number stands in the indices: the
+# row tells the token, the column which of its choices (and so which weight). Skip an expert no
+# token chose; otherwise run it on those tokens' rows, multiply each result row by its weight, and
+# add the rows into the output at those tokens (an indexed add, since a token may get rows from
+# several experts).
 # </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# def moe_forward(x: torch.Tensor, logits: torch.Tensor, k: int, experts: list) -> torch.Tensor:
-#     """x (T, D), logits (T, E), experts: E functions (n, D) -> (n, D). Returns (T, D)."""
-#     ### BEGIN SOLUTION
-#     # Route (Mixtral): the k best experts of each token, a softmax over their k logits only.
-#     values, chosen = logits.topk(k, dim=-1)                  # (T, k) each
-#     weights = torch.softmax(values, dim=-1)                  # (T, k), each row sums to 1
-#     # Dispatch and combine: each expert sees only the tokens that chose it.
-#     out = torch.zeros_like(x)
-#     for e, expert in enumerate(experts):
-#         token, slot = torch.where(chosen == e)               # who chose e, as which choice
-#         if len(token) == 0:
-#             continue                                         # no token chose e: it does no work
-#         y = expert(x[token])                                 # (n_e, D)
-#         out.index_add_(0, token, y * weights[token, slot, None])
-#     return out
-#     ### END SOLUTION
-#
-#
-# _ = check("frontier_decoder.moe_forward", moe_forward)
-# ```
-# </details>
+
+# %%
+def moe_forward(x: torch.Tensor, logits: torch.Tensor, k: int, experts: list) -> torch.Tensor:
+    """x (T, D), logits (T, E), experts: E functions (n, D) -> (n, D). Returns (T, D)."""
+    ### BEGIN SOLUTION
+    # Route (Mixtral): the k best experts of each token, a softmax over their k logits only.
+    values, chosen = logits.topk(k, dim=-1)                  # (T, k) each
+    weights = torch.softmax(values, dim=-1)                  # (T, k), each row sums to 1
+    # Dispatch and combine: each expert sees only the tokens that chose it.
+    out = torch.zeros_like(x)
+    for e, expert in enumerate(experts):
+        token, slot = torch.where(chosen == e)               # who chose e, as which choice
+        if len(token) == 0:
+            continue                                         # no token chose e: it does no work
+        y = expert(x[token])                                 # (n_e, D)
+        out.index_add_(0, token, y * weights[token, slot, None])
+    return out
+    ### END SOLUTION
+
+
+# %%
+check("frontier_decoder.moe_forward", moe_forward)
 
 # %% [markdown]
 # Now four SwiGLU experts and a router's logits for 24 tokens. The layer's output comes from your
@@ -330,43 +325,39 @@ else:
 # ### Exercise: the Switch loss
 #
 # Write `switch_loss(logits, experts, n_experts)`: `logits` `(T, E)`, `experts` `(T, k)` the
-# chosen experts; return the scalar `E · Σ_i f_i P_i` with `f_i` = assignments to `i` / `T`.
-
-# %%
-def switch_loss(logits: torch.Tensor, experts: torch.Tensor, n_experts: int) -> torch.Tensor:
-    """The Switch Transformer's auxiliary loss, a scalar tensor with a gradient to `logits`."""
-    raise NotImplementedError
-
-
-check("frontier_decoder.switch_loss", switch_loss)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
+# chosen experts; return the scalar `E · Σ_i f_i P_i` with `f_i` = assignments to `i` / `T`. It
+# must carry a gradient to the logits (through `P`).
+#
+# <details><summary>Hint 1: the idea</summary>
 #
 # Two vectors of length `E`: how often each expert was chosen (counts, divided by `T`), and
 # how much probability the router gave it on average. Their dot product, times `E`.
 # </details>
 #
-# <details><summary>Hint 2</summary>
+# <details><summary>Hint 2: the steps</summary>
 #
-# `f = torch.bincount(experts.flatten(), minlength=n_experts) / T`, `P = logits.softmax(-1).mean(0)`.
+# Take the router's softmax over the experts once. Then, for each expert: count how many times
+# it appears among the chosen experts and divide by the number of tokens (that is its `f`), and
+# average its column of probabilities over the tokens (its `P`). Add up the products of the two
+# over the experts and multiply by the number of experts.
 # </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def switch_loss(logits: torch.Tensor, experts: torch.Tensor, n_experts: int) -> torch.Tensor:
-#     """The Switch Transformer's auxiliary loss, a scalar tensor with a gradient to `logits`."""
-#     f = torch.bincount(experts.flatten(), minlength=n_experts).float() / logits.shape[0]
-#     p = torch.softmax(logits, dim=-1).mean(dim=0)
-#     return n_experts * (f * p).sum()
-# ### END SOLUTION
-#
-#
-# _ = check("frontier_decoder.switch_loss", switch_loss)
-# ```
-# </details>
+
+# %%
+def switch_loss(logits: torch.Tensor, experts: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """The Switch Transformer's auxiliary loss, a scalar tensor with a gradient to `logits`."""
+    ### BEGIN SOLUTION
+    probs = logits.softmax(-1)                    # (T, E), the router's probabilities
+    total = 0.0
+    for i in range(n_experts):
+        f_i = (experts == i).sum() / len(logits)  # share of the assignments expert i got
+        P_i = probs[:, i].mean()                  # its mean router probability, with a gradient
+        total = total + f_i * P_i
+    return n_experts * total
+    ### END SOLUTION
+
+
+# %%
+check("frontier_decoder.switch_loss", switch_loss)
 
 # %% [markdown]
 # `MoELayer(balance="aux_loss")` adds this loss the way DeepSeek-V2's code does: an autograd
@@ -545,42 +536,33 @@ assert torch.allclose(naive_scores, absorbed_scores, atol=1e-5)
 # %% [markdown]
 # ### Exercise: absorb the key up-projection
 #
-# For all heads at once: `q_nope` `(B, H, N, d_nope)` and `w_uk` `(H, d_nope, r)`; return the
-# queries in the latent space, `(B, H, N, r)`.
-
-# %%
-def absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
-    """q_nope (B, H, N, d_nope), w_uk (H, d_nope, r) -> W_UK_h^T q for every head, (B, H, N, r)."""
-    raise NotImplementedError
-
-
-check("frontier_decoder.absorb_query", absorb_query)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
+# For all heads at once: `q_nope` `(B, H, N, d_nope)` and `w_uk` `(H, d_nope, r)`; write
+# `absorb_query(q_nope, w_uk)` returning the queries in the latent space, `(B, H, N, r)`. The
+# check also scores them against cached latents and compares with the scores against the keys
+# built in full.
+#
+# <details><summary>Hint 1: the idea</summary>
 #
 # Head `h`'s query is multiplied by head `h`'s matrix: the head index is shared, `d_nope` is summed.
 # </details>
 #
-# <details><summary>Hint 2</summary>
+# <details><summary>Hint 2: the steps</summary>
 #
-# `torch.einsum("bhnd,hdr->bhnr", q_nope, w_uk)`, or `q_nope @ w_uk` (broadcasting `(H, d, r)`
-# against `(B, H, N, d)`).
+# Either name the axes in an Einstein sum (batch, head, position, feature times head, feature,
+# latent gives batch, head, position, latent), or use a matrix product and let broadcasting pair
+# the head axis of the weights with the head axis of the queries.
 # </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
-#     """q_nope (B, H, N, d_nope), w_uk (H, d_nope, r) -> W_UK_h^T q for every head, (B, H, N, r)."""
-#     return torch.einsum("bhnd,hdr->bhnr", q_nope, w_uk)
-# ### END SOLUTION
-#
-#
-# _ = check("frontier_decoder.absorb_query", absorb_query)
-# ```
-# </details>
+
+# %%
+def absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
+    """q_nope (B, H, N, d_nope), w_uk (H, d_nope, r) -> W_UK_h^T q for every head, (B, H, N, r)."""
+    ### BEGIN SOLUTION
+    return torch.einsum("bhnd,hdr->bhnr", q_nope, w_uk)
+    ### END SOLUTION
+
+
+# %%
+check("frontier_decoder.absorb_query", absorb_query)
 
 # %% [markdown]
 # `helpers.model.mla.LatentAttention` holds the whole layer with DeepSeek's names: `forward` is
@@ -690,60 +672,106 @@ print("slots of tokens 0..9 in a ring of 4:", [ring_slot(t, 4) for t in range(10
 # ### Exercise: the ring buffer's read order
 #
 # After `length` tokens have been written into a ring of `window` slots, which slots hold the
-# visible tokens, oldest first? (`RingKVCache.append` reads them in this order.)
+# visible tokens, oldest first? Write `ring_order(length, window)` returning that list of slots
+# (`RingKVCache.append` reads them in this order).
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# The visible tokens are the last ones, never more than the window; each lives at its position
+# modulo the window.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Take the smaller of the length and the window: that many tokens are visible. Go through their
+# positions, from the oldest visible one up to the newest (the one at length minus one), and list
+# each position's slot.
+# </details>
 
 # %%
 def ring_order(length: int, window: int) -> list[int]:
     """The slots of the last min(length, window) tokens, oldest first."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    n = min(length, window)
+    return [t % window for t in range(length - n, length)]
+    ### END SOLUTION
 
 
+# %%
 check("frontier_decoder.ring_order", ring_order)
 
 # %% [markdown]
-# <details><summary>Hint 1</summary>
+# ### Exercise: decode through a sliding-window cache
 #
-# The visible tokens are the last `min(length, window)` ones; each lives at its position mod the window.
+# Now the whole decoding loop of one sliding-window layer: write `sliding_decode(q, k, v,
+# window)`, with `q`, `k`, `v` `(B, H, T, D_H)` the queries, keys and values of `T` tokens
+# arriving one by one. Keep the keys and values in two ring buffers of `window` slots each,
+# `(B, H, window, D_H)`; at step `t` write token `t` into its slot, then let query `t` attend
+# (scaled dot product and softmax, notebook 3) to the slots written so far. Return the `T`
+# outputs, `(B, H, T, D_H)`. The check compares with banded attention (each query sees the last
+# `window` tokens, itself included) for windows shorter than, equal to and longer than the
+# sequence; the cell after it decodes with your function once it passes.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# The ring holds exactly the tokens the query may see, so attention over its filled slots is
+# the banded attention. The slots are not in time order once the ring has wrapped, and that is
+# fine: attention sums over its keys, whatever their order.
 # </details>
 #
-# <details><summary>Hint 2</summary>
+# <details><summary>Hint 2: the steps</summary>
 #
-# `n = min(length, window)`; `[t % window for t in range(length - n, length)]`.
+# Read the four sizes off the queries. Make two buffers of zeros with `window` slots on the token
+# axis. For each step: find the slot (the step modulo the window), copy the step's key and value
+# into it, count the filled slots (the step plus one, at most the window), score the step's query
+# against those keys divided by the square root of the head size, take the softmax over the keys
+# and multiply by the matching values. Keep each step's output and join them along the token
+# axis.
 # </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def ring_order(length: int, window: int) -> list[int]:
-#     """The slots of the last min(length, window) tokens, oldest first."""
-#     n = min(length, window)
-#     return [t % window for t in range(length - n, length)]
-# ### END SOLUTION
-#
-#
-# _ = check("frontier_decoder.ring_order", ring_order)
-# ```
-# </details>
-
-# %% [markdown]
-# Decoding token by token through a `RingKVCache` gives the same outputs as full attention with
-# the banded mask, while the cache stays at `W` slots:
 
 # %%
+def sliding_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
+    """q, k, v (B, H, T, D_H) -> (B, H, T, D_H): query t attends to the last `window` tokens."""
+    ### BEGIN SOLUTION
+    batch, heads, steps, head_dim = q.shape
+    keys = q.new_zeros(batch, heads, window, head_dim)         # the ring: window slots
+    values = torch.zeros_like(keys)
+    outs = []
+    for t in range(steps):
+        slot = t % window                                       # overwrites token t - window
+        keys[:, :, slot] = k[:, :, t]
+        values[:, :, slot] = v[:, :, t]
+        filled = min(t + 1, window)                             # slots written so far
+        scores = q[:, :, t:t + 1] @ keys[:, :, :filled].transpose(-2, -1) / head_dim ** 0.5
+        outs.append(torch.softmax(scores, dim=-1) @ values[:, :, :filled])
+    return torch.cat(outs, dim=2)
+    ### END SOLUTION
+
+
+# %%
+check("frontier_decoder.sliding_decode", sliding_decode)
+
+# %% [markdown]
+# Decoding token by token through a ring buffer (your `sliding_decode` once it passes, else the
+# helpers' `RingKVCache`) gives the same outputs as full attention with the banded mask, while
+# the cache stays at `W` slots:
+
+# %%
+from helpers.lab.exercises.frontier_decoder import helper_sliding_decode
+
+decode = yours_or("frontier_decoder.sliding_decode", sliding_decode, helper_sliding_decode)
 torch.manual_seed(0)
 WINDOW, STEPS = 4, 12
 q, k, v = (torch.randn(1, 2, STEPS, 8) for _ in range(3))
 scores = (q @ k.transpose(-2, -1) / 8 ** 0.5).masked_fill(~banded_mask(STEPS, WINDOW), float("-inf"))
 banded = torch.softmax(scores, -1) @ v
+decoded = decode(q, k, v, WINDOW)
+print(f"ring buffer vs banded mask: max difference < 1e-6: {(decoded - banded).abs().max() < 1e-6}")
+assert torch.allclose(decoded, banded, atol=1e-6)
 ring = RingKVCache(1, 2, WINDOW, 8)
-outs = []
 for t in range(STEPS):
-    keys, values = ring.append(k[:, :, t:t + 1], v[:, :, t:t + 1])
-    outs.append(torch.softmax(q[:, :, t:t + 1] @ keys.transpose(-2, -1) / 8 ** 0.5, -1) @ values)
-print(f"ring buffer vs banded mask: max difference < 1e-6: {(torch.cat(outs, 2) - banded).abs().max() < 1e-6}")
-print(f"cache after {STEPS} tokens: {ring.keys.shape[2]} slots, {ring.nbytes} bytes")
-assert torch.allclose(torch.cat(outs, 2), banded, atol=1e-6)
+    ring.append(k[:, :, t:t + 1], v[:, :, t:t + 1])
+print(f"RingKVCache after {STEPS} tokens: {ring.keys.shape[2]} slots, {ring.nbytes} bytes")
 
 # %% [markdown]
 # ### 3.1 Gemma 3: five local layers for one global
