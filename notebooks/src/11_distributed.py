@@ -15,6 +15,8 @@
 #   communication with `backward()` using gradient buckets, and check it against PyTorch's DDP;
 # - shard AdamW's state across ranks (ZeRO-1), measure the memory it saves per rank, and use
 #   `ZeroRedundancyOptimizer` and FSDP's `fully_shard`;
+# - wrap any model, not only the course's, in FSDP (with a bfloat16 compute dtype) and any
+#   optimizer in ZeRO-1, each equal to PyTorch's own, and save and resume any training run exactly;
 # - split an MLP (column-parallel, then row-parallel) and the attention heads across ranks;
 # - answer the USF notes' question "What are the aspects of Transformer parallelization?" with a
 #   table of what each kind of parallelism splits and sends, computed for GPT-2 small and GPT-3.
@@ -502,6 +504,28 @@ assert max_difference(results[0]["weights"], train_single(run)) < 1e-6
 print("FSDP2 on 2 processes vs 1 process: max |diff| < 1e-6")
 
 # %% [markdown]
+# ### What `ShardedAdamW` grows into: any optimizer, sharded
+#
+# Nothing in ZeRO-1 depends on AdamW's equations: a rank only has to *own* some parameters, step
+# them, and broadcast them. `helpers.scale.zero.ShardedOptimizer(params, optimizer_class,
+# **settings)` builds the optimizer you name over the owned parameters only, so only the owner
+# ever holds their state, as DeepSpeed's stage 1 and `ZeroRedundancyOptimizer` do. Each
+# parameter's update reads only its own gradient and state, so the result should be the unsharded
+# optimizer's *exactly*, not merely close. The check runs it around `torch.optim.AdamW` on a model
+# the course did not write, PyTorch's own `nn.TransformerEncoder` (two pre-norm layers), and
+# compares with an unsharded AdamW given the same averaged gradients, with `torch.equal`:
+
+# %%
+from helpers.scale import any_model
+
+results = workers.run(any_model.train_sharded_optimizer_any, "encoder", 3)
+for rank, result in enumerate(results):
+    assert result["equal_after"] == [True, True, True]
+    print(f"rank {rank}: AdamW state {result['state_bytes']:,} bytes of {result['full_state_bytes']:,}; "
+          f"weights equal to unsharded AdamW after each of 3 steps: {result['equal_after']}")
+assert sum(r["state_bytes"] for r in results) == results[0]["full_state_bytes"]
+
+# %% [markdown]
 # ## 4. Tensor parallelism: split every matrix
 #
 # Data parallelism needs the whole model on each device. When one layer is too big, split the
@@ -825,6 +849,93 @@ for name, config in (("GPT-2 small", GPTConfig.gpt2_small()),
     print(f"{name} ({psi / 1e9:.3g} B parameters), per rank on {n_ranks} ranks: data parallel "
           f"{readable_bytes(by_hand[0])}, ZeRO-1 {readable_bytes(by_hand[1])}, ZeRO-2 "
           f"{readable_bytes(by_hand[2])}, ZeRO-3 / FSDP {readable_bytes(by_hand[3])}")
+
+# %% [markdown]
+# ### The same as a wrapper for any model
+#
+# `helpers.scale.fsdp_module.FSDP(module, compute_dtype=None, units=None)` is the by-hand FSDP
+# above as a wrapper you can put around any `nn.Module`, used the way PyTorch's `fully_shard` is:
+# every parameter is cut into per-rank float32 pieces, which become the wrapper's only
+# parameters, so any `torch.optim` optimizer steps them. Each submodule the `units` policy picks
+# is gathered on its own, just before it runs, and again in the backward (its forward is
+# recomputed, so its full weights do not stay alive in between); a weight shared by two units,
+# such as a tied embedding, is gathered with the root. With `compute_dtype=torch.bfloat16` the
+# gathered weights and each unit's inputs are cast to bfloat16, while the pieces and the reduction
+# of the gradients stay float32: mixed precision. Against `fully_shard` with the same units and
+# `MixedPrecisionPolicy(param_dtype=..., reduce_dtype=torch.float32)`, on `nn.TransformerEncoder`
+# and on an MLP language model whose output matrix is its embedding, three AdamW steps:
+
+# %%
+for name, dtype in (("encoder", "float32"), ("encoder", "bfloat16"), ("tied_mlp", "bfloat16")):
+    ours = workers.run(any_model.train_fsdp_any, name, dtype)
+    theirs = workers.run(any_model.train_fully_shard_any, name, dtype)
+    gap = max(float((ours[0]["weights"][k] - w).abs().max()) for k, w in theirs[0]["weights"].items())
+    assert ours[0]["losses"] == theirs[0]["losses"] and gap == 0.0
+    print(f"{name:>8}, compute {dtype:>8}: {len(ours[0]['losses'])} losses and every weight equal "
+          "to fully_shard's, bit for bit")
+
+# %% [markdown]
+# Equal to the last bit: both gather the same float32 pieces, cast them the same way, and reduce
+# the same gradients in the same order. Against one process with whole batches, the sums are
+# taken in another order, so only round-off separates them (plain SGD here: Adam divides by the
+# gradient's size, which can turn a round-off difference in a near-zero gradient into a whole step):
+
+# %%
+ours = workers.run(any_model.train_fsdp_any, "encoder", "float32", 3, 0.05, "sgd")[0]
+alone = any_model.train_one_process_any("encoder", 3, 0.05, "sgd")
+scale = max(float(w.abs().max()) for w in alone["weights"].values())
+gap = max(float((ours["weights"][k] - w).abs().max()) for k, w in alone["weights"].items())
+assert gap <= 1e-5 * scale
+print("FSDP on 2 processes vs 1 process, 3 SGD steps: largest weight difference < 1e-5 x the "
+      "largest weight")
+
+# %% [markdown]
+# ### Saving and resuming any run
+#
+# A long run stops: a job's time is up, a machine fails. `helpers.training.resume.save_run(path,
+# model, optimizer, step, **extra)` writes what a fresh process cannot rebuild: the weights, the
+# optimizer's state (AdamW's `m` and `v`, and its step count), how many steps were taken, and
+# torch's random state (dropout and the data order draw from it). `load_run(path, model,
+# optimizer)` puts it back into a model and optimizer built again the same way. As with the
+# course's checkpoints, the file is read with `torch.load(weights_only=True)`, which never runs
+# code from it, a checksum catches a changed byte, and a model of other sizes is refused by name.
+# The proof of a resume is that it changes nothing: eight steps in one go against three, a save, a
+# fresh model, and five more.
+
+# %%
+import tempfile
+from pathlib import Path
+
+from helpers.training.resume import load_run, save_run
+
+
+def encoder_steps(model, optimizer, steps: range) -> list[float]:
+    losses = []
+    for step in steps:
+        optimizer.zero_grad()
+        loss = any_model.loss_of(model, *any_model.batch("encoder", step))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def fresh_encoder():
+    model = any_model.make("encoder")
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+uninterrupted = encoder_steps(*fresh_encoder(), range(8))
+model, optimizer = fresh_encoder()
+first = encoder_steps(model, optimizer, range(3))
+with tempfile.TemporaryDirectory() as folder:
+    save_run(Path(folder) / "run.pt", model, optimizer, step=3)
+    model, optimizer = fresh_encoder()
+    resumed = load_run(Path(folder) / "run.pt", model, optimizer)
+rest = encoder_steps(model, optimizer, range(resumed.step, 8))
+assert first + rest == uninterrupted
+print(f"resumed at step {resumed.step}: all {len(uninterrupted)} losses equal the uninterrupted "
+      "run's, bit for bit")
 
 # %% [markdown]
 # ### Pipeline parallelism: GPipe and 1F1B
