@@ -535,9 +535,9 @@ print(f"untrained model: {quality_before:.2f} well formed, {words_before:.2f} kn
 #
 # Training repeats one step: compute the loss on a batch, compute its gradient with
 # `loss.backward()`, clip the gradient, and let the optimiser move every weight at the
-# learning rate of the schedule. `helpers.training.trainer.Trainer` does all of it, fast. First we write
-# each piece in plain code and check it against PyTorch's own, then train a tiny model with a
-# loop of a dozen lines.
+# learning rate of the schedule. `helpers.training.trainer.Trainer` does all of it, fast. First
+# each piece is written in plain code (the loss and the optimiser by you, in three exercises) and
+# checked against PyTorch's own, then a loop of a dozen lines trains a tiny model with them.
 #
 # **The loss.** A window of `N + 1` tokens gives `N` predictions: the inputs are its first `N`
 # tokens, `ids[:, :-1]`, and the targets the last `N`, `ids[:, 1:]`. The model turns the
@@ -555,9 +555,9 @@ print(f"untrained model: {quality_before:.2f} well formed, {words_before:.2f} kn
 #
 # <details><summary>Hint 1: the idea</summary>
 #
-# Each position predicts the token after it: the model reads all but the last token of each window, and
-# each prediction is scored against the token that follows it, averaged over every position of
-# every row.
+# Each position predicts the token after it: the model reads all but the last token of each
+# window, and each prediction is scored against the token that follows it, averaged over every
+# position of every row.
 # </details>
 #
 # <details><summary>Hint 2: the steps</summary>
@@ -1062,23 +1062,24 @@ check("gpt.sample_tokens", my_generate)
 
 # %% [markdown]
 # Your sampler (the course's `generate` until yours passes) continues the prompt of the bars
-# above. Greedy, it must write exactly what `generate` writes; the prompt and the 40 new
+# above. Greedy, it must write exactly what `generate` writes; the prompt and the 30 new
 # characters are longer than the context of 64, so this also checks the cropping.
 
 # %%
 sampler = yours_or("gpt.sample_tokens", my_generate, generate)
 start = torch.tensor([tokenizer.encode(prompt_text)])
-greedy_yours = sampler(model, start, 40, temperature=0.0)
-same_as_generate = torch.equal(greedy_yours, generate(model, start, 40, temperature=0.0))
+greedy_yours = sampler(model, start, 30, temperature=0.0)
+same_as_generate = torch.equal(greedy_yours, generate(model, start, 30, temperature=0.0))
 assert same_as_generate
-print(f"{start.shape[1]} + 40 tokens, context {config.context_length}: greedy agrees with generate:",
+print(f"{start.shape[1]} + 30 tokens, context {config.context_length}: greedy agrees with generate:",
       same_as_generate)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # What a trained model writes depends on the CPU's bfloat16 rounding.
-for temperature, k in ((0.0, None), (0.6, None), (1.0, 5)):
-    out = sampler(model, start, 40, temperature=temperature, top_k=k,
+print(f"greedy:            ...{tokenizer.decode(greedy_yours[0, start.shape[1]:].tolist())!r}")
+for temperature, k in ((0.6, None), (1.0, 5)):
+    out = sampler(model, start, 30, temperature=temperature, top_k=k,
                   generator=torch.Generator().manual_seed(0))
     print(f"T = {temperature}, top-k = {k}: ...{tokenizer.decode(out[0, start.shape[1]:].tolist())!r}")
 

@@ -15,7 +15,7 @@
 # - derive RoPE, write it in its complex-number and its real "rotate half" forms, and show that
 #   the score `q_m · k_n` depends only on the offset `m - n`;
 # - build ALiBi's `(n_heads, N, N)` bias buffer with its per-head slopes (the textbook section's
-#   exercise 5);
+#   exercise 5), and write the attention that adds it;
 # - write RMSNorm by hand, match `torch.nn.RMSNorm`, and say what it drops from LayerNorm;
 # - size SwiGLU's hidden layer at `8/3 · D` so that it costs what GPT-2's `4 · D` MLP costs (the
 #   textbook section's exercise 6, computed), and count what GQA saves in the KV cache;
