@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import helpers.lab.exercises as exercises
 from helpers.model.gpt import GPT, GPTConfig
-from helpers.training.by_hand import adamw_update, next_token_loss
+from helpers.training.by_hand import HandAdamW, adamw_update, next_token_loss
 from helpers.training.trainer import (
     TrainConfig,
     Trainer,
@@ -78,7 +78,8 @@ def test_adamw_update_leaves_its_inputs_alone():
 
 
 @pytest.mark.parametrize("name, helper", [("gpt.next_token_loss", next_token_loss),
-                                          ("gpt.adamw_update", adamw_update)])
+                                          ("gpt.adamw_update", adamw_update),
+                                          ("gpt.hand_adamw", HandAdamW)])
 def test_the_helpers_pass_the_exercises_they_stand_in_for(name, helper):
     assert exercises.evaluate(name, helper, time_limit=60)[0]
 
@@ -146,3 +147,45 @@ GOOD = {"p": torch.ones(2, 3), "g": torch.ones(2, 3), "m": torch.zeros(2, 3), "v
 def test_adamw_update_refuses_nonsense_naming_the_argument(change, error, words):
     with pytest.raises(error, match=words):
         adamw_update(**{**GOOD, **change})
+
+
+def test_hand_adamw_steps_a_model_like_torchs_adamw_with_two_groups():
+    model, twin = small_gpt(), small_gpt()
+    mine = HandAdamW(adamw_update, *matrices_and_vectors(model), weight_decay=0.1)
+    matrices, vectors = matrices_and_vectors(twin)
+    theirs = torch.optim.AdamW([{"params": matrices, "weight_decay": 0.1}, {"params": vectors, "weight_decay": 0.0}],
+                               lr=1e-2, betas=(0.9, 0.99), eps=1e-8, foreach=False)
+    ids = torch.randint(0, SMALL.vocab_size, (3, 9), generator=torch.Generator().manual_seed(1))
+    for _ in range(3):
+        model.zero_grad(set_to_none=True)
+        next_token_loss(model, ids).backward()
+        for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+            q.grad = p.grad.clone()
+        mine.step(1e-2)
+        theirs.step()
+    assert mine.t == 3
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6)
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda p: HandAdamW("adamw", [p], []), "update is a str"),
+    (lambda p: HandAdamW(adamw_update, p, []), "matrices is Parameter"),
+    (lambda p: HandAdamW(adamw_update, [p], [], betas=(0.9, 1.5)), "betas"),
+    (lambda p: HandAdamW(adamw_update, [p], [], eps=0.0), "eps"),
+    (lambda p: HandAdamW(adamw_update, [p], [], weight_decay=-1.0), "weight_decay"),
+])
+def test_hand_adamw_refuses_bad_input_naming_it(build, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        build(torch.nn.Parameter(torch.ones(2, 2)))
+
+
+def test_hand_adamw_step_wants_gradients_and_a_rate():
+    p = torch.nn.Parameter(torch.ones(2, 2))
+    optimizer = HandAdamW(adamw_update, [p], [])
+    with pytest.raises(ValueError, match="no .grad"):
+        optimizer.step(1e-2)
+    p.grad = torch.ones(2, 2)
+    with pytest.raises(ValueError, match="lr"):
+        optimizer.step(-1.0)
+    assert optimizer.t == 0

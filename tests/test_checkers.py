@@ -783,6 +783,35 @@ CASES += [
 ]
 
 
+# --- notebook 9's ALiBi attention: another correct way and the usual slips ----------------------
+
+def alibi_attention_by_where(q, k, v):
+    """Another correct way: torch.where for the mask and the bias from the course's buffer."""
+    from helpers.model.modern import alibi_bias
+    n = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + alibi_bias(q.shape[-3], n).to(q.dtype)
+    later = torch.ones(n, n, dtype=torch.bool).triu(1)
+    return torch.where(later, float("-inf"), scores).softmax(-1) @ v
+
+
+def _alibi_slip(mistake):
+    from helpers.lab.exercises.modern_decoder import alibi_attention_variant
+
+    def answer(q, k, v):
+        return alibi_attention_variant(q, k, v, mistake)
+    answer.__name__ = "alibi_" + mistake.replace(" ", "_")
+    return answer
+
+
+CASES += [
+    ("modern_decoder.alibi_attention", alibi_attention_by_where, None),
+    ("modern_decoder.alibi_attention", _alibi_slip("bias before scaling"), "before dividing by sqrt(D_H)"),
+    ("modern_decoder.alibi_attention", _alibi_slip("not causal"), "sees the keys after it"),
+    ("modern_decoder.alibi_attention", _alibi_slip("sign"), "wrong sign"),
+    ("modern_decoder.alibi_attention", _alibi_slip("no bias"), "no distance penalty"),
+]
+
+
 @pytest.mark.parametrize("name, answer, message", CASES, ids=[f"{n}-{a.__name__}" for n, a, _ in CASES])
 def test_checker_judges(name, answer, message):
     passed, said = exercises.evaluate(name, answer, time_limit=None)

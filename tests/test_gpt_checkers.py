@@ -46,32 +46,6 @@ def test_parameter_count_mistakes_are_named(answer, named):
     assert named in verdict("gpt.exact_parameters", answer)
 
 
-# --- greedy_step ---------------------------------------------------------------------------
-
-def greedy(gpt, ids):
-    return gpt(ids[:, -gpt.config.context_length:])[:, -1].argmax(-1, keepdim=True)
-
-
-def greedy_by_slicing(gpt, ids):
-    """Another correct way: keep the last position as a slice, so the axis stays."""
-    window = ids[:, max(0, ids.shape[1] - gpt.config.context_length):]
-    return torch.argmax(gpt(window)[:, -1:], dim=-1)
-
-
-@pytest.mark.parametrize("answer", [greedy, greedy_by_slicing])
-def test_greedy_steps_pass(answer):
-    assert verdict("gpt.greedy_step", answer).startswith("passed")
-
-
-@pytest.mark.parametrize("answer, named", [
-    (lambda gpt, ids: gpt(ids[:, -8:])[:, -1].argmax(-1), "keep the token axis"),
-    (lambda gpt, ids: gpt(ids[:, -8:])[:, 0].argmax(-1, keepdim=True), "first position"),
-    (lambda gpt, ids: gpt(ids)[:, -1].argmax(-1, keepdim=True), "context"),
-])
-def test_greedy_step_mistakes_are_named(answer, named):
-    assert named in verdict("gpt.greedy_step", answer)
-
-
 # --- next_token_loss -----------------------------------------------------------------------
 
 def loss_by_gather(gpt, ids):
@@ -84,9 +58,25 @@ def loss_by_cross_entropy(gpt, ids):
     return F.cross_entropy(gpt(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
 
 
-@pytest.mark.parametrize("answer", [loss_by_gather, loss_by_cross_entropy])
+def loss_by_logsumexp(gpt, ids):
+    """Another correct way: log-probabilities as logits minus their logsumexp."""
+    logits = gpt(ids[:, :-1])
+    return -(logits - logits.logsumexp(-1, keepdim=True)).gather(-1, ids[:, 1:, None]).mean()
+
+
+@pytest.mark.parametrize("answer", [loss_by_gather, loss_by_logsumexp])
 def test_next_token_losses_pass(answer):
     assert verdict("gpt.next_token_loss", answer).startswith("passed")
+
+
+def test_next_token_loss_refuses_pytorchs_cross_entropy_by_name():
+    from helpers.lab.exercises import evaluate
+
+    passed, said = evaluate("gpt.next_token_loss", loss_by_cross_entropy)
+    assert not passed and "F.cross_entropy" in said and "write yourself" in said
+    nll = evaluate("gpt.next_token_loss", lambda gpt, ids: F.nll_loss(
+        gpt(ids[:, :-1]).log_softmax(-1).flatten(0, 1), ids[:, 1:].flatten()))
+    assert not nll[0] and "F.nll_loss" in nll[1]
 
 
 @pytest.mark.parametrize("answer, named", [
@@ -183,3 +173,142 @@ def unscaled(x_new, w_q, w_k, w_v, keys, values):
 ])
 def test_cache_step_mistakes_are_named(answer, named):
     assert named in verdict("gpt.cache_step", answer)
+
+
+# --- hand_adamw ----------------------------------------------------------------------------
+
+class HandAdamW:
+    """The notebook's optimiser: m, v and a decay per weight, in-place steps under no_grad."""
+
+    def __init__(self, update, matrices, vectors, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1,
+                 decay_vectors=False, keep_state=True, count_steps=True, in_place=True, no_grad=True):
+        self.update, self.betas, self.eps, self.t = update, betas, eps, 0
+        self.keep_state, self.count_steps, self.in_place, self.no_grad = keep_state, count_steps, in_place, no_grad
+        vector_decay = weight_decay if decay_vectors else 0.0
+        self.slots = [[p, torch.zeros_like(p), torch.zeros_like(p), decay]
+                      for params, decay in ((matrices, weight_decay), (vectors, vector_decay)) for p in params]
+
+    def step(self, lr):
+        with torch.no_grad() if self.no_grad else torch.enable_grad():
+            self.t = self.t + 1 if self.count_steps else 1
+            for slot in self.slots:
+                p, m, v, decay = slot
+                new_p, m, v = self.update(p, p.grad, m, v, self.t, lr, self.betas, self.eps, decay)
+                if self.keep_state:
+                    slot[1], slot[2] = m, v
+                if self.in_place:
+                    p.copy_(new_p)
+                else:
+                    slot[0] = new_p
+
+
+class HandAdamWByGroups:
+    """Another correct way: parameter groups as dicts, state in a dict keyed by position."""
+
+    def __init__(self, update, matrices, vectors, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1):
+        self.update, self.betas, self.eps, self.steps = update, betas, eps, 0
+        self.groups = [{"params": list(matrices), "decay": weight_decay}, {"params": list(vectors), "decay": 0.0}]
+        self.state = {}
+
+    @torch.no_grad()
+    def step(self, lr):
+        self.steps += 1
+        for g, group in enumerate(self.groups):
+            for i, p in enumerate(group["params"]):
+                m, v = self.state.get((g, i), (torch.zeros_like(p), torch.zeros_like(p)))
+                new_p, m, v = self.update(p, p.grad, m, v, self.steps, lr, self.betas, self.eps, group["decay"])
+                self.state[(g, i)] = (m, v)
+                p.copy_(new_p)
+
+
+def variant(**slip):
+    """HandAdamW with one slip, as a class the checker can build."""
+    return type("HandAdamWSlip", (HandAdamW,), {"__init__": lambda self, *a, **k: HandAdamW.__init__(self, *a, **k, **slip)})
+
+
+@pytest.mark.parametrize("answer", [HandAdamW, HandAdamWByGroups])
+def test_hand_adamw_classes_pass(answer):
+    assert verdict("gpt.hand_adamw", answer).startswith("passed")
+
+
+@pytest.mark.parametrize("answer, named", [
+    (variant(decay_vectors=True), "vectors) were decayed too"),
+    (variant(keep_state=False), "m and v were not kept"),
+    (variant(count_steps=False), "step number t did not grow"),
+    (variant(in_place=False), "weights had not moved"),
+    (variant(no_grad=False), "while PyTorch records gradients"),
+])
+def test_hand_adamw_mistakes_are_named(answer, named):
+    assert named in verdict("gpt.hand_adamw", answer)
+
+
+def test_hand_adamw_wants_the_class_and_the_course_helper_passes():
+    from helpers.lab.exercises import evaluate
+    from helpers.training.by_hand import HandAdamW as CourseHandAdamW
+
+    assert "not a class" in verdict("gpt.hand_adamw", lambda *args: None)
+    assert evaluate("gpt.hand_adamw", CourseHandAdamW)[0]
+
+
+# --- sample_tokens ---------------------------------------------------------------------------
+
+def sampler(slip: str = ""):
+    """A generate loop, right by default, with one named slip."""
+    def my_generate(gpt, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        ids = prompt
+        for _ in range(max_new_tokens):
+            window = ids if slip == "no crop" else ids[:, -gpt.config.context_length:]
+            logits = gpt(window)[:, -1]
+            if temperature == 0 or top_k == 1:
+                chosen = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits * temperature if slip == "multiply" else logits / temperature
+                if top_k is not None and slip != "no top-k":
+                    logits = logits.masked_fill(logits < logits.topk(top_k, -1).values[:, -1:], float("-inf"))
+                chosen = torch.multinomial(logits.softmax(-1), 1,
+                                           generator=None if slip == "no generator" else generator)
+            ids = torch.cat([ids, chosen], dim=1)
+        return ids[:, prompt.shape[1]:] if slip == "new only" else ids
+    return my_generate
+
+
+def sampler_by_gumbel(gpt, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    """Another correct way: the Gumbel-max trick draws from the same distribution."""
+    ids = prompt
+    for _ in range(max_new_tokens):
+        logits = gpt(ids[:, -gpt.config.context_length:])[:, -1]
+        if temperature == 0 or top_k == 1:
+            chosen = logits.argmax(-1, keepdim=True)
+        else:
+            logits = logits / temperature
+            if top_k is not None:
+                logits = logits.masked_fill(logits < logits.topk(top_k, -1).values[:, -1:], float("-inf"))
+            uniform = torch.rand(logits.shape, generator=generator).clamp_min(1e-12)
+            chosen = (logits - (-uniform.log()).log()).argmax(-1, keepdim=True)
+        ids = torch.cat([ids, chosen], dim=1)
+    return ids
+
+
+@pytest.mark.parametrize("answer", [sampler(), sampler_by_gumbel])
+def test_samplers_pass(answer):
+    assert verdict("gpt.sample_tokens", answer).startswith("passed")
+
+
+@pytest.mark.parametrize("slip, named", [
+    ("no crop", "outgrew the model's context"),
+    ("multiply", "multiplied by the temperature"),
+    ("no top-k", "outside the 3 most likely"),
+    ("no generator", "seeded alike drew different tokens"),
+    ("new only", "the new tokens only"),
+])
+def test_sampling_mistakes_are_named(slip, named):
+    assert named in verdict("gpt.sample_tokens", sampler(slip))
+
+
+def test_a_sampler_that_ignores_the_temperature_is_named():
+    right = sampler()
+
+    def no_temperature(gpt, prompt, n, temperature=1.0, top_k=None, generator=None):
+        return right(gpt, prompt, n, 1.0 if temperature else 0.0, top_k, generator)
+
+    assert "temperature was not applied" in verdict("gpt.sample_tokens", no_temperature)

@@ -2,7 +2,7 @@
 
 Built on `helpers.model`; the model never imports it.
 
-    by_hand  the training step's core pieces in plain code: next_token_loss, adamw_update
+    by_hand  the training step's core pieces in plain code: next_token_loss, adamw_update, HandAdamW
     trainer  batches, the learning-rate schedule, the Trainer and its History
     guards   the Trainer's checks: its inputs, the learning rate, non-finite weights
     speed    bfloat16 working copy, one buffer for every weight, fused AdamW, compile

@@ -3,8 +3,10 @@
     next_token_loss(model, ids)   the mean next-token cross-entropy of windows ids (B, N + 1)
     adamw_update(p, g, m, v, t, lr, betas, eps, weight_decay)
                                   one AdamW step on one weight tensor: the new (p, m, v)
+    HandAdamW(update, matrices, vectors)
+                                  AdamW on every weight of a model, one `update` per tensor
 
-Notebook 7 asks the student to write both, then trains a small GPT with them; until an answer
+Notebook 7 asks the student to write all three, then trains a small GPT with them; until an answer
 passes its check, the notebook runs on these (`helpers.lab.exercises.yours_or`). The Trainer
 does the same work with `F.cross_entropy` and `torch.optim.AdamW`; tests/test_by_hand.py holds
 these to PyTorch's.
@@ -78,3 +80,43 @@ def adamw_update(p: Tensor, g: Tensor, m: Tensor, v: Tensor, t: int, lr: float,
     m_hat, v_hat = m / (1 - beta1 ** t), v / (1 - beta2 ** t)  # bias correction: both start at 0
     p = p * (1 - lr * weight_decay)                           # decoupled weight decay
     return p - lr * m_hat / (v_hat.sqrt() + eps), m, v
+
+
+class HandAdamW:
+    """AdamW on every weight of a model: `update(p, g, m, v, t, lr, betas, eps, weight_decay)`
+    (`adamw_update` or the student's) on each tensor, with its own running averages m and v.
+
+    matrices: the weights that are decayed by `weight_decay`; vectors: biases and gains, not
+    decayed (`helpers.training.trainer.matrices_and_vectors` splits a model's parameters so).
+    `step(lr)` advances the step count t (from 1) and writes each new weight in place, so the
+    model keeps its tensors; it reads each weight's `.grad`.
+    """
+
+    def __init__(self, update: Any, matrices: list[Tensor], vectors: list[Tensor],
+                 betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-8,
+                 weight_decay: float = 0.1) -> None:
+        if not callable(update):
+            raise TypeError(f"update is a {type(update).__name__}, expected a function like adamw_update")
+        for name, params in (("matrices", matrices), ("vectors", vectors)):
+            if not isinstance(params, list | tuple) or not all(isinstance(p, Tensor) for p in params):
+                raise TypeError(f"{name} is {type(params).__name__}, expected a list of weight tensors")
+        _check_betas(betas)
+        checks.positive_float("eps", eps)
+        checks.number_in("weight_decay", weight_decay, 0.0, math.inf, high_open=True,
+                         expected="a finite number >= 0 (0 = no decay)")
+        self.update, self.betas, self.eps, self.t = update, tuple(betas), eps, 0
+        self.slots = [[p, torch.zeros_like(p), torch.zeros_like(p), decay]  # weight, m, v, its decay
+                      for params, decay in ((matrices, weight_decay), (vectors, 0.0)) for p in params]
+
+    @torch.no_grad()
+    def step(self, lr: float) -> None:
+        """One AdamW step of every weight at learning rate lr, from each weight's .grad."""
+        checks.number_in("lr", lr, 0.0, math.inf, high_open=True, expected="a finite number >= 0")
+        missing = [i for i, slot in enumerate(self.slots) if slot[0].grad is None]
+        if missing:
+            raise ValueError(f"weights {missing} have no .grad: call loss.backward() before step()")
+        self.t += 1
+        for slot in self.slots:
+            p, m, v, decay = slot
+            new_p, slot[1], slot[2] = self.update(p, p.grad, m, v, self.t, lr, self.betas, self.eps, decay)
+            p.copy_(new_p)  # in place: the model keeps its tensor

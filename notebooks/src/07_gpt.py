@@ -35,7 +35,7 @@ from torch import nn
 from helpers.model.attention import causal_mask
 from helpers.text.corpus_rich import known_word_fraction, load_rich_corpus, rich_well_formed_fraction, word_forms
 from helpers.model.embeddings import TokenAndPositionEmbedding
-from helpers.lab.exercises import check
+from helpers.lab.exercises import check, yours_or
 from helpers.lab.notes_tables import load_notes_tables
 from helpers.model.layers import Block, FeedForward, LayerNorm
 from helpers.model.multihead import MultiHeadAttention, merge_heads, split_heads
@@ -204,14 +204,65 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # vocabulary matrix of `V x d` at each end, the count is about **`12Nd² + 2Vd`**. The exact
 # count adds the biases (`4d` in attention, `5d` in the FFN), two LayerNorms per block (`4d`),
 # the position table (`context x d`) and the final LayerNorm (`2d`), and counts a tied matrix
-# once. For our character model:
+# once.
+#
+# ### Exercise: count a GPT's parameters exactly
+#
+# Write that exact count for a GPT-2-style model with biases and tied weights, from its four
+# sizes. The check tries GPT-2 small, GPT-2 medium, our character model and the Matrix Magic
+# toy; when a count is off, it says which piece the gap looks like. The cell after it counts our
+# character model with your function and compares with the model itself.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Count each weight tensor once: the rule of thumb counts only the big matrices of the blocks and
+# one vocabulary matrix; the small vectors (biases, LayerNorm gains and biases) and the position
+# table are what it leaves out, and the tied output matrix is no extra tensor at all.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Write one block first: the four attention matrices of `d x d` with a bias of `d` each, the
+# MLP's two matrices (`d` to `4d` and back) with biases of `4d` and `d`, and two LayerNorms with a
+# gain and a bias of `d` each. Multiply by the number of blocks, then add the token table
+# (vocabulary by `d`, once), the position table (context by `d`) and the final LayerNorm.
+# </details>
+
+# %%
+def gpt_parameters(n_layers: int, d_model: int, vocab_size: int, context_length: int) -> int:
+    """Exact parameter count of a GPT-2-style model (biases, tied output matrix)."""
+    ### BEGIN SOLUTION
+    d = d_model
+    attention = 4 * d * d + 4 * d                       # W_Q, W_K, W_V, W_O and their biases
+    mlp = d * 4 * d + 4 * d + 4 * d * d + d             # d -> 4d and 4d -> d, with biases
+    layer_norms = 2 * (d + d)                           # two per block: a gain and a bias each
+    tables = vocab_size * d + context_length * d        # the token table counts once: it is tied
+    return n_layers * (attention + mlp + layer_norms) + tables + 2 * d   # + the final LayerNorm
+    ### END SOLUTION
+
+# %%
+check("gpt.exact_parameters", gpt_parameters)
+
+# %% [markdown]
+# For our character model, by the rule of thumb, by your count (the course's `exact_parameters`
+# until yours passes) and by counting the model's tensors:
 
 # %%
 from helpers.model.gpt import (build_without_weights, count_parameters, exact_parameters,
-                         formula_parameters, parameter_breakdown)
+                               formula_parameters, parameter_breakdown)
 
+
+def course_parameters(n_layers: int, d_model: int, vocab_size: int, context_length: int) -> int:
+    """helpers.model.gpt.exact_parameters, called with gpt_parameters' four sizes."""
+    return exact_parameters(GPTConfig(vocab_size=vocab_size, context_length=context_length,
+                                      n_layers=n_layers, n_heads=1, d_model=d_model))
+
+
+parameters_of = yours_or("gpt.exact_parameters", gpt_parameters, course_parameters)
+exact_count = parameters_of(config.n_layers, config.d_model, config.vocab_size, config.context_length)
+assert exact_count == count_parameters(model) == exact_parameters(config)
 print(f"formula 12Nd² + 2Vd : {formula_parameters(config.n_layers, config.d_model, config.vocab_size):>9,}")
-print(f"exact, from config  : {exact_parameters(config):>9,}")
+print(f"exact, by that count: {exact_count:>9,}")
 print(f"counted in the model: {count_parameters(model):>9,}")
 print(f"sum over every tensor, tied matrix twice: {sum(p.numel() for p in model.state_dict().values()):,}")
 
@@ -373,50 +424,6 @@ for name, split in splits.items():
 # in GPT-2 small the 50,257-token table
 # is almost a third of the model.
 #
-# ### Exercise: count a GPT's parameters exactly
-#
-# Write the exact count for a GPT-2-style model with biases and tied weights. The checker tries
-# GPT-2 small, GPT-2 medium, our character model and the toy; when a count is off it says which
-# piece the gap looks like.
-
-# %%
-def gpt_parameters(n_layers: int, d_model: int, vocab_size: int, context_length: int) -> int:
-    """Exact parameter count of a GPT-2-style model (biases, tied output matrix)."""
-    raise NotImplementedError
-
-
-check("gpt.exact_parameters", gpt_parameters)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Count each weight tensor once: the rule of thumb counts only the big matrices of the blocks and
-# the embedding; the small vectors (biases, LayerNorm gains) and the position table are what it
-# leaves out.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# Start from `12 * n_layers * d_model**2 + vocab_size * d_model`, then add what the rule of thumb
-# leaves out, one line of the table above at a time.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def gpt_parameters(n_layers: int, d_model: int, vocab_size: int, context_length: int) -> int:
-#     """Exact parameter count of a GPT-2-style model (biases, tied output matrix)."""
-#     d = d_model
-#     per_block = (4 * d * d + 4 * d) + (8 * d * d + 5 * d) + 4 * d
-#     return n_layers * per_block + vocab_size * d + context_length * d + 2 * d
-# ### END SOLUTION
-#
-#
-# check("gpt.exact_parameters", gpt_parameters)
-# ```
-# </details>
-#
 # ## 4. Training on the course corpus
 #
 # The course's rich corpus (`helpers.text.corpus_rich`, met in notebook 1) is tales, conversations
@@ -528,9 +535,9 @@ print(f"untrained model: {quality_before:.2f} well formed, {words_before:.2f} kn
 #
 # Training repeats one step: compute the loss on a batch, compute its gradient with
 # `loss.backward()`, clip the gradient, and let the optimiser move every weight at the
-# learning rate of the schedule. `helpers.training.trainer.Trainer` does all of it, fast. First we write
-# each piece in plain code and check it against PyTorch's own, then train a tiny model with a
-# loop of a dozen lines.
+# learning rate of the schedule. `helpers.training.trainer.Trainer` does all of it, fast. First
+# each piece is written in plain code (the loss and the optimiser by you, in three exercises) and
+# checked against PyTorch's own, then a loop of a dozen lines trains a tiny model with them.
 #
 # **The loss.** A window of `N + 1` tokens gives `N` predictions: the inputs are its first `N`
 # tokens, `ids[:, :-1]`, and the targets the last `N`, `ids[:, 1:]`. The model turns the
@@ -538,76 +545,69 @@ print(f"untrained model: {quality_before:.2f} well formed, {words_before:.2f} kn
 # log-probabilities, `log p_i = z_i - log sum_j exp(z_j)` (the largest `z` is taken out first so
 # that `exp` cannot overflow). The loss is the cross-entropy: minus the mean, over all `B x N`
 # positions, of the log-probability the model gave the right next token.
-
-# %%
-def log_softmax(logits: torch.Tensor) -> torch.Tensor:
-    """(..., V) -> log-probabilities (..., V): z - log(sum(exp(z))) along the last axis."""
-    shifted = logits - logits.amax(dim=-1, keepdim=True)  # the same result, no overflow
-    return shifted - shifted.exp().sum(dim=-1, keepdim=True).log()
-
-
-def next_token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """logits (B, N, V), targets (B, N) -> the mean of -log p(target) over all B x N positions."""
-    log_probs = log_softmax(logits)                                   # (B, N, V)
-    return -log_probs.gather(-1, targets.unsqueeze(-1)).mean()       # picks (B, N, 1), then a scalar
-
-
-windows = torch.stack([train_ids[start:start + config.context_length + 1] for start in (0, 5000)])
-window_inputs, window_targets = windows[:, :-1], windows[:, 1:]      # (2, 64) each, one apart
-with torch.no_grad():
-    untrained_logits = model(window_inputs)                          # (2, 64, V)
-by_hand = next_token_cross_entropy(untrained_logits, window_targets)
-by_torch = F.cross_entropy(untrained_logits.flatten(0, 1), window_targets.flatten())
-assert torch.allclose(by_hand, by_torch, atol=1e-6)
-print(f"windows {tuple(windows.shape)} -> inputs {tuple(window_inputs.shape)}, targets {tuple(window_targets.shape)}")
-print(f"untrained loss: about {by_hand.item():.1f}, close to uniform guessing (ln {config.vocab_size} = "
-      f"{math.log(config.vocab_size):.2f})")
-print("by hand vs F.cross_entropy: difference < 1e-6")
-
-# %% [markdown]
-# `random_batch` above returns exactly these pairs: `x` is a window's first `N` tokens and `y`
-# its last `N`. `F.cross_entropy` takes the logits flattened to `(B x N, V)` and the targets to
-# `(B x N,)`, and computes the same mean.
 #
 # ### Exercise: the next-token loss of a model
 #
-# Given a model and token ids `(B, N + 1)`, return the next-token cross-entropy, with the shift
-# by one and the log-softmax written yourself (no `F.cross_entropy`).
+# Write that loss for a model and windows of token ids `(B, N + 1)`: the shift by one, the
+# log-softmax and the mean, yourself (the check refuses `F.cross_entropy` and `F.nll_loss`). The
+# cell after the check compares your loss with PyTorch's on two windows of the corpus; the
+# training loop below runs on it.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Each position predicts the token after it: the model reads all but the last token of each
+# window, and each prediction is scored against the token that follows it, averaged over every
+# position of every row.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Split each window into inputs (all tokens but the last) and targets (all but the first). Run
+# the model on the inputs. Subtract each row's largest logit, then subtract the log of the sum of
+# the exponentials of what is left: those are the log-probabilities. Pick, at every position, the
+# log-probability of its target (gather along the vocabulary axis), and return minus their mean.
+# </details>
 
 # %%
 def next_token_loss(gpt: GPT, ids: torch.Tensor) -> torch.Tensor:
     """ids (B, N + 1) -> the mean cross-entropy of predicting ids[:, 1:] from ids[:, :-1], a scalar."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    seen, answers = ids[:, :-1], ids[:, 1:]                     # position i predicts token i + 1
+    z = gpt(seen)                                               # logits (B, N, V)
+    z_top = z.amax(dim=-1, keepdim=True)                        # taken out so exp cannot overflow
+    log_p = z - z_top - (z - z_top).exp().sum(dim=-1, keepdim=True).log()   # log-softmax
+    log_p_answer = log_p.gather(-1, answers.unsqueeze(-1))      # (B, N, 1)
+    return -log_p_answer.mean()
+    ### END SOLUTION
 
-
+# %%
 check("gpt.next_token_loss", next_token_loss)
 
 # %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Position `t` predicts token `t + 1`: the model reads all but the last token, and each prediction
-# is scored against the token that follows it, averaged over every position of every row.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# Run the model on `ids[:, :-1]`; the log-probabilities are `logits - logits.logsumexp(-1,
-# keepdim=True)`; `gather(-1, ids[:, 1:, None])` picks each target's.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def next_token_loss(gpt: GPT, ids: torch.Tensor) -> torch.Tensor:
-#     """ids (B, N + 1) -> the mean cross-entropy of predicting ids[:, 1:] from ids[:, :-1], a scalar."""
-#     logits = gpt(ids[:, :-1])                                    # (B, N, V)
-#     log_probs = logits - logits.logsumexp(dim=-1, keepdim=True)  # (B, N, V)
-#     return -log_probs.gather(-1, ids[:, 1:, None]).mean()
-# ### END SOLUTION
-# check("gpt.next_token_loss", next_token_loss)
-# ```
-# </details>
+# Two windows of `N + 1 = 65` characters from the training stories, through the untrained model,
+# with your loss (the course's `helpers.training.by_hand.next_token_loss` until yours passes) and
+# with `F.cross_entropy`, which takes the logits flattened to `(B x N, V)` and the targets to
+# `(B x N,)`:
+
+# %%
+from helpers.training import by_hand
+
+loss_of = yours_or("gpt.next_token_loss", next_token_loss, by_hand.next_token_loss)
+windows = torch.stack([train_ids[start:start + config.context_length + 1] for start in (0, 5000)])
+window_inputs, window_targets = windows[:, :-1], windows[:, 1:]      # (2, 64) each, one apart
+with torch.no_grad():
+    by_you = loss_of(model, windows)
+    untrained_logits = model(window_inputs)                          # (2, 64, V)
+by_torch = F.cross_entropy(untrained_logits.flatten(0, 1), window_targets.flatten())
+assert torch.allclose(by_you, by_torch, atol=1e-6)
+print(f"windows {tuple(windows.shape)} -> inputs {tuple(window_inputs.shape)}, targets {tuple(window_targets.shape)}")
+print(f"untrained loss: about {by_you.item():.1f}, close to uniform guessing (ln {config.vocab_size} = "
+      f"{math.log(config.vocab_size):.2f})")
+print("that loss vs F.cross_entropy: difference < 1e-6")
+
+# %% [markdown]
+# `random_batch` above returns exactly these pairs: `x` is a window's first `N` tokens and `y`
+# its last `N`.
 #
 # **The gradient and AdamW.** `loss.backward()` fills `p.grad` for every weight `p`. AdamW then
 # keeps two running averages per weight, of the gradient `g` and of its square, and moves the
@@ -621,67 +621,75 @@ check("gpt.next_token_loss", next_token_loss)
 # ### Exercise: one AdamW update
 #
 # Write these lines for one weight tensor: given the weight `p`, its gradient `g`, the averages
-# `m` and `v`, the step number `t` (from 1) and the settings, return the new `(p, m, v)`.
+# `m` and `v`, the step number `t` (from 1) and the settings, return the new `(p, m, v)`. The check
+# runs four steps against `torch.optim.AdamW`; the optimiser of the next exercise runs your update
+# on every weight of a model.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Two running averages (of the gradient and of its square), each corrected for starting at zero;
+# the weight decay shrinks `p` on its own, outside the adaptive step.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Follow the four lines of equations above in order: the two averages, their bias correction,
+# the decay of `p`, then the step. Return the new weight together with the two uncorrected
+# averages, which the next step needs.
+# </details>
 
 # %%
 def adamw_update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int,
                  lr: float, betas: tuple[float, float], eps: float,
                  weight_decay: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One AdamW step on a weight p with gradient g; all tensors have p's shape."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    beta1, beta2 = betas
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    m_hat, v_hat = m / (1 - beta1 ** t), v / (1 - beta2 ** t)
+    p = p * (1 - lr * weight_decay)
+    return p - lr * m_hat / (v_hat.sqrt() + eps), m, v
+    ### END SOLUTION
 
-
+# %%
 check("gpt.adamw_update", adamw_update)
 
 # %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Two running averages (of the gradient and of its square), each corrected for starting at zero;
-# the weight decay shrinks `p` on its own, outside the adaptive step.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# Follow the four lines of equations above in order: the two averages, their bias correction,
-# the decay of `p`, then the step.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def adamw_update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int,
-#                  lr: float, betas: tuple[float, float], eps: float,
-#                  weight_decay: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-#     """One AdamW step on a weight p with gradient g; all tensors have p's shape."""
-#     beta1, beta2 = betas
-#     m = beta1 * m + (1 - beta1) * g
-#     v = beta2 * v + (1 - beta2) * g * g
-#     m_hat, v_hat = m / (1 - beta1 ** t), v / (1 - beta2 ** t)
-#     p = p * (1 - lr * weight_decay)
-#     return p - lr * m_hat / (v_hat.sqrt() + eps), m, v
-# ### END SOLUTION
-#
-#
-# check("gpt.adamw_update", adamw_update)
-# ```
-# </details>
-#
 # **Every weight of a model.** Each weight gets its own step size: one whose gradient is
-# consistently large or small moves by about `lr` either way. `HandAdamW` keeps `m` and `v` for
-# every weight and runs your `adamw_update` on each (until yours passes its check, the course's
-# `helpers.training.by_hand.adamw_update`), with weight decay on the matrices only
-# (`matrices_and_vectors` finds them). Checked against `torch.optim.AdamW` with the same two
-# groups, both given the same gradient:
+# consistently large or small moves by about `lr` either way. An optimiser keeps `m` and `v` for
+# every weight of the model and runs the update on each, with weight decay on the matrices only
+# (`matrices_and_vectors` finds them: biases and LayerNorm gains are vectors).
+#
+# ### Exercise: AdamW on every weight
+#
+# Write the class `HandAdamW`: built from an `update` function (the one you just wrote, or the
+# course's), the list of matrices, the list of vectors and the settings, its `step(lr)` moves
+# every weight by one AdamW step, using each weight's `.grad`. The check runs three steps on two
+# matrices and two vectors against `torch.optim.AdamW` with the same two groups; then the cells
+# below check it on a whole GPT and train with it.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# The optimiser owns the state: a running average of the gradient and one of its square for every
+# weight, and the number of steps taken. The model owns the weights, so a step must change them
+# where they are.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# In the constructor, keep the settings, start the step count at zero and, for every matrix and
+# then every vector, store the weight, two tensors of zeros of its shape, and its decay (the
+# weight decay for a matrix, zero for a vector). In `step`, count one more step; then for every
+# stored weight call the update with the weight, its gradient, its two averages, the step count,
+# the rate, the betas, eps and its decay; store the averages it returns and copy the new value
+# into the weight in place.
+# </details>
 
 # %%
 from collections.abc import Callable
 
-from helpers.lab.exercises import yours_or
-from helpers.training import by_hand
 from helpers.training.trainer import matrices_and_vectors
-
-update = yours_or("gpt.adamw_update", adamw_update, by_hand.adamw_update)
 
 
 class HandAdamW:
@@ -691,24 +699,50 @@ class HandAdamW:
     def __init__(self, update: Callable, matrices: list[torch.Tensor], vectors: list[torch.Tensor],
                  betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-8,
                  weight_decay: float = 0.1) -> None:
-        self.update, self.betas, self.eps, self.t = update, betas, eps, 0
-        self.slots = [[p, torch.zeros_like(p), torch.zeros_like(p), decay]  # weight, m, v, its decay
-                      for params, decay in ((matrices, weight_decay), (vectors, 0.0)) for p in params]
+        ### BEGIN SOLUTION
+        self.update, self.betas, self.eps = update, betas, eps
+        self.t = 0                                   # steps taken; the first step is t = 1
+        self.slots = []                              # [weight, m, v, its decay] per tensor
+        for p in matrices:
+            self.slots.append([p, torch.zeros_like(p), torch.zeros_like(p), weight_decay])
+        for p in vectors:
+            self.slots.append([p, torch.zeros_like(p), torch.zeros_like(p), 0.0])
+        ### END SOLUTION
 
     @torch.no_grad()
     def step(self, lr: float) -> None:
+        """One AdamW step of every weight at learning rate lr, from each weight's .grad."""
+        ### BEGIN SOLUTION
         self.t += 1
         for slot in self.slots:
             p, m, v, decay = slot
             new_p, slot[1], slot[2] = self.update(p, p.grad, m, v, self.t, lr, self.betas, self.eps, decay)
-            p.copy_(new_p)  # in place: the model keeps its tensor
+            p.copy_(new_p)                           # in place: the model keeps its tensor
+        ### END SOLUTION
+
+# %%
+check("gpt.hand_adamw", HandAdamW)
+
+# %% [markdown]
+# Your optimiser with your update (each replaced by the course's, in `helpers.training.by_hand`,
+# until it passes its check), against `torch.optim.AdamW` with the same two groups on a tiny GPT,
+# both given the same gradient:
+
+# %%
+update = yours_or("gpt.adamw_update", adamw_update, by_hand.adamw_update)
+Optimizer = yours_or("gpt.hand_adamw", HandAdamW, by_hand.HandAdamW)
+
+
+def windows_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A batch (x, y) of random_batch as windows (B, N + 1): x and y's last token."""
+    return torch.cat([x, y[:, -1:]], dim=1)
 
 # %%
 tiny_config = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=32, n_layers=2, n_heads=2, d_model=32)
 torch.manual_seed(0)
 ours, theirs = GPT(tiny_config), GPT(tiny_config)
 theirs.load_state_dict(ours.state_dict())
-hand_optimizer = HandAdamW(update, *matrices_and_vectors(ours), weight_decay=0.1)
+hand_optimizer = Optimizer(update, *matrices_and_vectors(ours), weight_decay=0.1)
 their_matrices, their_vectors = matrices_and_vectors(theirs)
 torch_optimizer = torch.optim.AdamW([{"params": their_matrices, "weight_decay": 0.1},
                                      {"params": their_vectors, "weight_decay": 0.0}],
@@ -717,7 +751,7 @@ batches = torch.Generator().manual_seed(1)
 for _ in range(5):
     x_batch, y_batch = random_batch(train_ids, 8, tiny_config.context_length, batches)
     ours.zero_grad(set_to_none=True)
-    next_token_cross_entropy(ours(x_batch), y_batch).backward()      # fills p.grad
+    loss_of(ours, windows_of(x_batch, y_batch)).backward()           # fills p.grad
     for mine, other in zip(ours.parameters(), theirs.parameters(), strict=True):
         other.grad = mine.grad.clone()                               # the same gradient for both
     hand_optimizer.step(lr=1e-2)
@@ -752,7 +786,7 @@ def clip_by_global_norm(params: list[torch.Tensor], max_norm: float) -> torch.Te
 
 
 ours.zero_grad(set_to_none=True)
-next_token_cross_entropy(ours(x_batch), y_batch).backward()
+loss_of(ours, windows_of(x_batch, y_batch)).backward()
 params = list(ours.parameters())
 raw = [p.grad.clone() for p in params]
 hand_norm = clip_by_global_norm(params, max_norm=0.1)
@@ -794,8 +828,8 @@ print(f"{len(grid)} points, largest difference from helpers.training.trainer.lea
 
 # %% [markdown]
 # **The loop.** Now the pieces train a tiny GPT (2 blocks, width 32, a context of 32, float32)
-# for `PLAIN_STEPS` steps of 16 random windows, on your `next_token_loss` and your `adamw_update`
-# (the course's until yours pass their checks). The rate at each step is the schedule's at the
+# for `PLAIN_STEPS` steps of 16 random windows, on your `next_token_loss`, `adamw_update` and
+# `HandAdamW` (the course's until yours pass their checks). The rate at each step is the schedule's at the
 # end of that step, `(step + 1) / PLAIN_STEPS`, as in `helpers.training.trainer`. For the first
 # `TWIN_STEPS` steps a twin with the same first weights and the same windows takes the course
 # Trainer's step on its plain path (`fast=False`: `F.cross_entropy`, `clip_grad_norm_` and
@@ -809,17 +843,16 @@ from helpers.training.trainer import TrainConfig, Trainer
 PLAIN_STEPS = 120  # the knob of this plain loop: a few seconds of CPU
 TWIN_STEPS = 40    # the first steps, taken by the Trainer's twin too
 
-loss_of = yours_or("gpt.next_token_loss", next_token_loss, by_hand.next_token_loss)
 torch.manual_seed(0)
 tiny, twin = GPT(tiny_config), GPT(tiny_config)
 twin.load_state_dict(tiny.state_dict())
-optimizer = HandAdamW(update, *matrices_and_vectors(tiny), weight_decay=0.1)
+optimizer = Optimizer(update, *matrices_and_vectors(tiny), weight_decay=0.1)
 twin_trainer = Trainer(twin, train_ids, val_ids, TrainConfig(batch_size=16, learning_rate=1e-2, fast=False))
 batches = torch.Generator().manual_seed(twin_trainer.config.seed)  # so both draw the same windows
 plain_losses, twin_losses = [], []
 for step in range(PLAIN_STEPS):
     x, y = random_batch(train_ids, 16, tiny_config.context_length, batches)
-    ids = torch.cat([x, y[:, -1:]], dim=1)                          # the windows (16, 33)
+    ids = windows_of(x, y)                                          # the windows (16, 33)
     lr = warmup_cosine((step + 1) / PLAIN_STEPS, peak=1e-2)         # the schedule
     loss = loss_of(tiny, ids)                                       # your loss
     tiny.zero_grad(set_to_none=True)
@@ -957,12 +990,13 @@ with torch.no_grad():
 top = next_logits.topk(12).indices
 labels = [repr(tokenizer.decode([i]))[1:-1] or "␣" for i in top.tolist()]
 fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
-for ax, (temperature, k) in zip(axes, [(0.5, None), (1.0, None), (1.0, 3)], strict=True):
-    scaled = next_logits / temperature
-    if k is not None:
-        scaled = scaled.masked_fill(scaled < scaled.topk(k).values[-1], float("-inf"))
+for ax, (t, k) in zip(axes, [(0.5, None), (1.0, None), (1.0, 3)], strict=True):
+    scaled = next_logits / t  # the temperature
+    if k is not None:  # only the k best keep their logit
+        best_k = scaled.argsort(descending=True)[:k]
+        scaled = torch.full_like(scaled, float("-inf")).index_copy(0, best_k, scaled[best_k])
     ax.bar(labels, scaled.softmax(-1)[top].numpy())
-    ax.set_title(f"T = {temperature}" + (f", top-k = {k}" if k else ""))
+    ax.set_title(f"T = {t}" + (f", top-k = {k}" if k else ""))
     ax.set_xlabel("next character")
 axes[0].set_ylabel("probability")
 fig.suptitle(f"After {prompt_text!r}", y=1.03)
@@ -971,6 +1005,83 @@ plt.show()
 assert torch.equal(sample_next(next_logits[None], temperature=0.0), next_logits.argmax().view(1, 1))
 assert torch.equal(sample_next(next_logits[None], temperature=1.3, top_k=1), next_logits.argmax().view(1, 1))
 print("temperature 0 and top-k 1 both pick the most likely character, the first bar above")
+
+# %% [markdown]
+# ### Exercise: sampling with temperature and top-k
+#
+# Write the loop `generate` runs, with both adjustments: `my_generate(gpt, prompt,
+# max_new_tokens, temperature, top_k, generator)` extends the prompt `(B, S)` by `max_new_tokens`
+# tokens, one at a time, and returns `(B, S + max_new_tokens)`. Remember that the model reads at
+# most `context_length` tokens, and that only the last position predicts the next one.
+# Temperature 0 or top-k 1 is greedy; otherwise draw each token with `torch.multinomial` and the `generator` you are given, so
+# that a seeded run repeats. The check compares greedy runs with `generate`, and the frequencies
+# of thousands of draws with the probabilities they should have; the cell after it writes with
+# your sampler.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Each step runs the model on what it can read and keeps the prediction of the last position;
+# greedy takes its most likely token, sampling draws one instead: the temperature reshapes that
+# distribution, top-k cuts its tail, and the drawn token is appended before the
+# next step reads the sequence again.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Repeat once per new token: crop the sequence to the context, run the model and keep the last
+# position's logits. For temperature 0 or top-k 1 take the most likely token. Otherwise divide the
+# logits by the temperature; with a top-k, find each row's k-th largest logit and set every logit
+# below it to minus infinity; turn the logits into probabilities with a softmax and draw one token
+# per row with the generator. Append the token along the token axis, and return the whole sequence.
+# </details>
+
+# %%
+def my_generate(gpt: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """prompt (B, S) -> (B, S + max_new_tokens): the prompt and the tokens sampled after it."""
+    ### BEGIN SOLUTION
+    sequence = prompt
+    for _ in range(max_new_tokens):
+        readable = sequence[:, -gpt.config.context_length:]          # at most a context's worth
+        with torch.no_grad():
+            last = gpt(readable)[:, -1]                               # (B, V), the last position
+        if temperature == 0 or top_k == 1:
+            next_id = last.argmax(dim=-1, keepdim=True)                   # greedy
+        else:
+            last = last / temperature
+            if top_k is not None:
+                threshold = last.topk(top_k, dim=-1).values[:, -1:]       # (B, 1): the k-th best
+                last = last.masked_fill(last < threshold, -math.inf)
+            next_id = torch.multinomial(last.softmax(dim=-1), num_samples=1, generator=generator)
+        sequence = torch.cat([sequence, next_id], dim=1)
+    return sequence
+    ### END SOLUTION
+
+# %%
+check("gpt.sample_tokens", my_generate)
+
+# %% [markdown]
+# Your sampler (the course's `generate` until yours passes) continues the prompt of the bars
+# above. Greedy, it must write exactly what `generate` writes; the prompt and the 30 new
+# characters are longer than the context of 64, so this also checks the cropping.
+
+# %%
+sampler = yours_or("gpt.sample_tokens", my_generate, generate)
+start = torch.tensor([tokenizer.encode(prompt_text)])
+greedy_yours = sampler(model, start, 30, temperature=0.0)
+same_as_generate = torch.equal(greedy_yours, generate(model, start, 30, temperature=0.0))
+assert same_as_generate
+print(f"{start.shape[1]} + 30 tokens, context {config.context_length}: greedy agrees with generate:",
+      same_as_generate)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# What a trained model writes depends on the CPU's bfloat16 rounding.
+print(f"greedy:            ...{tokenizer.decode(greedy_yours[0, start.shape[1]:].tolist())!r}")
+for temperature, k in ((0.6, None), (1.0, 5)):
+    out = sampler(model, start, 30, temperature=temperature, top_k=k,
+                  generator=torch.Generator().manual_seed(0))
+    print(f"T = {temperature}, top-k = {k}: ...{tokenizer.decode(out[0, start.shape[1]:].tolist())!r}")
 
 # %% [markdown]
 # ### After training: the same measurement
@@ -1003,45 +1114,6 @@ print("training raised the well-formed share from", quality_before, "to more tha
 # is one the grammar could have written there, from thousands of word forms. Lines that miss
 # often still read as English, with a misspelt word or two sentences run together; more
 # `TRAIN_STEPS` raise the share.
-#
-# ### Exercise: one step of greedy decoding
-#
-# Write the step `generate` repeats: given a model and ids `(B, S)`, return the most likely next
-# token of each row, shape `(B, 1)`. Remember that the model reads at most `context_length`
-# tokens.
-
-# %%
-def greedy_next(gpt: GPT, ids: torch.Tensor) -> torch.Tensor:
-    """ids (B, S) -> the most likely next token of each row, (B, 1)."""
-    raise NotImplementedError
-
-
-check("gpt.greedy_step", greedy_next)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Greedy decoding takes the most likely token, and only the last position's prediction is about
-# the token that comes next.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `gpt(ids)` has shape `(B, S, V)`; the prediction for the next token is at the last position.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def greedy_next(gpt: GPT, ids: torch.Tensor) -> torch.Tensor:
-#     """ids (B, S) -> the most likely next token of each row, (B, 1)."""
-#     window = ids[:, -gpt.config.context_length:]
-#     return gpt(window)[:, -1].argmax(dim=-1, keepdim=True)
-# ### END SOLUTION
-# check("gpt.greedy_step", greedy_next)
-# ```
-# </details>
 #
 # ## 6. The KV cache
 #
@@ -1085,46 +1157,40 @@ print("one cached step vs the last row of full attention: largest difference < 1
 # The same step for a single head with plain matrices: given the new token's vector `x_new`
 # `(B, 1, d)`, the projections `w_q`, `w_k`, `w_v` `(d, d_h)` and the stored `keys` and `values`
 # `(B, t, d_h)`, return the new token's attention output `(B, 1, d_h)` and the keys and values
-# with its own appended, `(B, t + 1, d_h)` each.
+# with its own appended, `(B, t + 1, d_h)` each. The check compares with attention recomputed
+# over the whole sequence.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Only the new token is computed: its key and value join the cached ones; its query attends to
+# all of them, itself included, so no mask is needed.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Project the new token with each of the three matrices. Append its key to the stored keys and its
+# value to the stored values, along the token axis (the middle one). Score its query against every
+# key, divide by the square root of `d_h`, take the softmax over the keys, and weight the values
+# with it. Return the output and the two grown tensors.
+# </details>
 
 # %%
 def cache_step(x_new: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,
                keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One new token attends to the stored keys and values and its own; returns (out, keys, values)."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    query = x_new @ w_q                                          # (B, 1, d_h)
+    keys = torch.cat([keys, x_new @ w_k], dim=1)                 # (B, t + 1, d_h)
+    values = torch.cat([values, x_new @ w_v], dim=1)
+    d_h = keys.shape[-1]
+    attention = torch.softmax(query @ keys.mT / d_h ** 0.5, dim=-1)  # (B, 1, t + 1)
+    return attention @ values, keys, values
+    ### END SOLUTION
 
-
+# %%
 check("gpt.cache_step", cache_step)
 
 # %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Only the new token is computed: its key and value join the cached ones; its query attends to all.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `x_new @ w_k` is the new key, `(B, 1, d_h)`; `torch.cat([keys, new_key], dim=1)` appends it.
-# The scores are `q @ keys.transpose(-2, -1) / sqrt(d_h)`, `(B, 1, t + 1)`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def cache_step(x_new: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,
-#                keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-#     """One new token attends to the stored keys and values and its own; returns (out, keys, values)."""
-#     q = x_new @ w_q                                              # (B, 1, d_h)
-#     keys = torch.cat([keys, x_new @ w_k], dim=1)                 # (B, t + 1, d_h)
-#     values = torch.cat([values, x_new @ w_v], dim=1)
-#     weights = (q @ keys.transpose(-2, -1) / keys.shape[-1] ** 0.5).softmax(dim=-1)  # (B, 1, t + 1)
-#     return weights @ values, keys, values
-# ### END SOLUTION
-# check("gpt.cache_step", cache_step)
-# ```
-# </details>
-#
 # ### The cache in helpers
 #
 # `GPT.forward_cached` does this with each block's weights through notebook 5's hook `kv_store`:

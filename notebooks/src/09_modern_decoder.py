@@ -15,7 +15,7 @@
 # - derive RoPE, write it in its complex-number and its real "rotate half" forms, and show that
 #   the score `q_m · k_n` depends only on the offset `m - n`;
 # - build ALiBi's `(n_heads, N, N)` bias buffer with its per-head slopes (the textbook section's
-#   exercise 5);
+#   exercise 5), and write the attention that adds it;
 # - write RMSNorm by hand, match `torch.nn.RMSNorm`, and say what it drops from LayerNorm;
 # - size SwiGLU's hidden layer at `8/3 · D` so that it costs what GPT-2's `4 · D` MLP costs (the
 #   textbook section's exercise 6, computed), and count what GQA saves in the KV cache;
@@ -30,6 +30,7 @@
 # %% [setup]
 
 # %%
+import cmath
 import math
 
 import ipywidgets as widgets
@@ -69,7 +70,7 @@ def rope_by_hand(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0
     a, b = x[..., :half], x[..., half:]  # pair i is (a_i, b_i)
     return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
 
-
+# %%
 x = torch.tensor([[1.0, 0.0, 0.0, 1.0]])  # one token, D_H = 4: pairs (1, 0) and (0, 1)
 for m in (0, 1, 2):
     print(f"position {m}:", rope_by_hand(x, torch.tensor([m]))[0].numpy().round(4))
@@ -171,42 +172,33 @@ print("the table:", tuple(rope_table.cos.shape), "cos and sin,", tuple(rope_tabl
 #
 # ### Exercise: rotate one pair
 #
-# Write the rotation of a single pair `(a, b)` at `position` with frequency `theta`.
+# Write the rotation of a single pair `(a, b)` at `position` with frequency `theta`, with plain
+# numbers (the `math` module): the check tries four pairs, position 0 included.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# A pair of features is a point in the plane, or a complex number whose real part is the first
+# feature and imaginary part the second; rotating it by an angle is multiplying by the unit
+# complex number at that angle.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# The angle is the position times theta. Multiply the complex number of the pair by the cosine
+# of the angle plus the imaginary unit times its sine, and read off the real part (the new first feature) and the imaginary part (the
+# new second feature).
+# </details>
 
 # %%
 def rotate_pair(a: float, b: float, position: int, theta: float) -> tuple[float, float]:
     """The pair (a, b) turned by the angle position * theta, counter-clockwise."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    turned = complex(a, b) * cmath.exp(1j * position * theta)   # a + ib times e^(i m theta)
+    return turned.real, turned.imag
+    ### END SOLUTION
 
-
+# %%
 check("modern_decoder.rotate_pair", rotate_pair)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# A pair of features is a point in the plane, or the complex number `a + ib`; rotating by `φ` is
-# multiplying by the unit complex number at angle `φ`.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# Multiply `a + ib` by `cos φ + i sin φ` and read off the real and imaginary parts.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def rotate_pair(a: float, b: float, position: int, theta: float) -> tuple[float, float]:
-#     """The pair (a, b) turned by the angle position * theta, counter-clockwise."""
-#     angle = position * theta
-#     return a * math.cos(angle) - b * math.sin(angle), a * math.sin(angle) + b * math.cos(angle)
-# ### END SOLUTION
-#
-#
-# _ = check("modern_decoder.rotate_pair", rotate_pair)
-# ```
-# </details>
 
 # %% [markdown]
 # ### See it move
@@ -285,24 +277,58 @@ print("redraws so far:", explorer.redraws)
 # that power.
 #
 # The textbook section's exercise 5 asks for the bias as a buffer of shape `(n_heads, max_seq,
-# max_seq)` added to the scores; here it is, by hand first.
+# max_seq)` added to the scores.
+#
+# ### Exercise: the ALiBi buffer
+#
+# Given the slopes `(H,)` and `n_tokens`, return that bias `(H, N, N)`: entry `[h, i, j]` is
+# `-m_h · (i - j)` for a key `j` at or before the query `i`, and 0 above the diagonal (those keys
+# are masked anyway). The cell after the check prints the buffer of 4 heads with your function
+# and compares it with the course's `alibi_bias`.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# The bias of query `i` and key `j` depends only on how far back the key is (the query's position
+# minus the key's), times the head's slope, negative: farther is penalised more.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Build the N by N table of distances from a column of query positions and a row of key
+# positions (broadcasting). Give the slopes two trailing axes of size one, so that multiplying
+# them by the table gives one N by N table per head; flip the sign; and set the entries of keys
+# after the query (negative distances) to zero.
+# </details>
 
 # %%
-def alibi_bias_by_hand(n_heads: int, n_tokens: int) -> torch.Tensor:
-    """(H, N, N): -slope_h * (i - j) for key j <= query i, 0 above the diagonal (masked anyway)."""
-    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / n_heads) for h in range(n_heads)])
-    i, j = torch.arange(n_tokens)[:, None], torch.arange(n_tokens)[None, :]
-    return slopes[:, None, None] * (j - i).clamp(max=0)  # j - i = -(i - j); 0 (not -0) above
+def my_alibi_bias(slopes: torch.Tensor, n_tokens: int) -> torch.Tensor:
+    """slopes: (H,) -> (H, N, N) with -slope_h * (i - j) for j <= i and 0 above the diagonal."""
+    ### BEGIN SOLUTION
+    query_position = torch.arange(n_tokens).unsqueeze(1)          # (N, 1)
+    key_position = torch.arange(n_tokens).unsqueeze(0)            # (1, N)
+    distance = query_position - key_position                      # i - j, negative for later keys
+    slope_per_head = slopes.unsqueeze(-1).unsqueeze(-1)           # (H, 1, 1)
+    bias = -slope_per_head * distance                             # (H, N, N)
+    return bias.masked_fill(distance < 0, 0.0)                    # later keys: 0 (masked anyway)
+    ### END SOLUTION
 
-
-bias = alibi_bias_by_hand(4, 5)
-print("slopes for 4 heads:", [2.0 ** (-2 * (h + 1)) for h in range(4)])
-print("head 0 (slope 0.25):\n", bias[0])
+# %%
+check("modern_decoder.alibi_bias", my_alibi_bias)
 
 # %%
 from helpers.model.modern import alibi_attention, alibi_bias, alibi_slopes
 
-assert torch.equal(alibi_bias(4, 5), bias)
+
+def course_alibi_bias(slopes: torch.Tensor, n_tokens: int) -> torch.Tensor:
+    """The course's alibi_bias, called as my_alibi_bias is (its slopes are alibi_slopes(H))."""
+    return alibi_bias(len(slopes), n_tokens)
+
+
+bias_of = yours_or("modern_decoder.alibi_bias", my_alibi_bias, course_alibi_bias)
+bias = bias_of(alibi_slopes(4), 5) + 0.0  # + 0.0 turns -0.0 above the diagonal into 0
+assert torch.equal(bias, alibi_bias(4, 5))
+print("slopes for 4 heads:", [2.0 ** (-2 * (h + 1)) for h in range(4)])
+print("head 0 (slope 0.25):\n", bias[0])
 print("8 heads: ", [round(s, 5) for s in alibi_slopes(8).tolist()])
 print("12 heads:", [round(s, 5) for s in alibi_slopes(12).tolist()])
 figure, axes = plt.subplots(1, 2, figsize=(11, 4.5), layout="constrained")
@@ -316,57 +342,70 @@ plt.show()
 # ..., -8), the last 4 are slopes 1, 3, 5 and 7 of the 16-head sequence, with exponents -0.5, -1.5,
 # -2.5 and -3.5 (the cell below prints them). Each falls halfway between two neighbours among 0,
 # -1, ..., -4: the four extra heads are gentle ones, placed among the gentle half of the eight, and
-# none is as steep as `2^(-4)`. With queries all equal, the bias alone decides the weights: every
-# head prefers the nearest keys, the steep ones much more than the gentle ones.
+# none is as steep as `2^(-4)`.
 
 # %%
 exponents = torch.log2(alibi_slopes(12)).tolist()
 print("12 heads, exponents of 2:", [round(e, 2) for e in exponents])
 assert exponents[8:] == [-0.5, -1.5, -2.5, -3.5]
-flat_q, flat_k = torch.zeros(1, 4, 6, 8), torch.randn(1, 4, 6, 8)
-weights = alibi_attention(flat_q, flat_k, torch.eye(6).expand(1, 4, 6, 6))  # values = identity
-print("last query's weights on keys 0..5, per head:\n", weights[0, :, 5].numpy().round(3))
 
 # %% [markdown]
-# ### Exercise: the ALiBi buffer
+# ### Exercise: attention with ALiBi
 #
-# Given the slopes `(H,)` and `n_tokens`, return the bias `(H, N, N)`.
+# Now the whole layer: `my_alibi_attention(q, k, v)` for `q`, `k`, `v` `(B, H, N, D_H)`, causal
+# attention whose only notion of order is the bias, with the slopes of `alibi_slopes(H)` (imported
+# above). Build the bias inside the function from those slopes (your buffer of the last exercise
+# is the idea, in a few lines), add it to the scaled scores, mask the keys after each query, and
+# return the weighted values `(B, H, N, D_H)`. The check compares with the course's
+# `alibi_attention` for 4, 8 and 12 heads and names the usual slips; the cell after it runs your
+# function.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# It is notebook 4's causal attention with one more term: the scores are scaled first, then each
+# head's distance penalty is added, then the mask and the softmax; the values are untouched.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Read the number of heads and of tokens from the shape of the queries and get the slopes for
+# that many heads. Build the table of distances between query and key positions, and from it the
+# penalty (the slope times the distance, negative, zero for keys after the query) and the mask
+# (true for those later keys). Multiply the queries by the transposed keys and divide by the
+# square root of the head size; add the penalty; fill the masked scores with minus infinity; take
+# the softmax over the keys and multiply by the values.
+# </details>
 
 # %%
-def my_alibi_bias(slopes: torch.Tensor, n_tokens: int) -> torch.Tensor:
-    """slopes: (H,) -> (H, N, N) with -slope_h * (i - j) for j <= i and 0 above the diagonal."""
-    raise NotImplementedError
+def my_alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention with ALiBi: q, k, v (B, H, N, D_H) -> (B, H, N, D_H)."""
+    ### BEGIN SOLUTION
+    n_heads, n_tokens, head_size = q.shape[-3], q.shape[-2], q.shape[-1]
+    slopes = alibi_slopes(n_heads).to(q.dtype)                    # (H,)
+    position = torch.arange(n_tokens)
+    distance = position[:, None] - position[None, :]              # (N, N): i - j
+    penalty = -slopes[:, None, None] * distance.clamp(min=0)      # (H, N, N)
+    later = distance < 0                                          # keys after the query
+    scores = q @ k.transpose(-2, -1) / math.sqrt(head_size)       # (B, H, N, N)
+    scores = scores + penalty                                     # after the scaling
+    scores = scores.masked_fill(later, float("-inf"))
+    return scores.softmax(dim=-1) @ v
+    ### END SOLUTION
 
-
-check("modern_decoder.alibi_bias", my_alibi_bias)
+# %%
+check("modern_decoder.alibi_attention", my_alibi_attention)
 
 # %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# The bias of query `i` and key `j` depends only on how far back the key is, `i - j`, times the
-# head's slope (negative: farther is penalised more).
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `torch.arange(n)[:, None] - torch.arange(n)[None, :]` is the `(N, N)` table of `i - j`.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def my_alibi_bias(slopes: torch.Tensor, n_tokens: int) -> torch.Tensor:
-#     """slopes: (H,) -> (H, N, N) with -slope_h * (i - j) for j <= i and 0 above the diagonal."""
-#     positions = torch.arange(n_tokens)
-#     behind = (positions[None, :] - positions[:, None]).clamp(max=0)  # j - i, 0 above the diagonal
-#     return slopes[:, None, None] * behind
-# ### END SOLUTION
-#
-#
-# _ = check("modern_decoder.alibi_bias", my_alibi_bias)
-# ```
-# </details>
+# With queries all equal, every score is the same before the bias, so the bias alone decides the
+# weights: every head prefers the nearest keys, the steep ones much more than the gentle ones. The
+# values are the identity, so each output row *is* its query's weights. Run through your
+# attention (the course's `alibi_attention` until yours passes):
+
+# %%
+attend = yours_or("modern_decoder.alibi_attention", my_alibi_attention, alibi_attention)
+flat_q, flat_k = torch.zeros(1, 4, 6, 8), torch.randn(1, 4, 6, 8)
+weights = attend(flat_q, flat_k, torch.eye(6).expand(1, 4, 6, 6))  # values = identity
+print("last query's weights on keys 0..5, per head:\n", weights[0, :, 5].numpy().round(3))
 
 # %% [markdown]
 # ## 3. RMSNorm: LayerNorm without the mean
@@ -375,31 +414,60 @@ check("modern_decoder.alibi_bias", my_alibi_bias)
 # adds `β`. RMSNorm (Zhang and Sennrich, 2019) keeps only the division, by the root mean square,
 # and the gain: `y = x / sqrt(mean(x²) + eps) · γ`. No mean, no bias: half the parameters and
 # one reduction fewer, and in practice the same quality.
+#
+# ### Exercise: RMSNorm
+#
+# Write it: `my_rms_norm(x, weight, eps)` for tokens `x` `(..., D)` and a gain `(D,)`. The check
+# compares with the course's RMSNorm on ordinary tokens, tiny ones (where `eps` decides) and a
+# token of zeros; the cell after it matches your function against `torch.nn.RMSNorm` and the
+# course's `RMSNorm` module, and compares it with LayerNorm.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# LayerNorm without the mean: divide each token's vector by its root mean square, then scale by
+# the learned gain.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Square the features, average them over the last axis keeping that axis, add `eps` and take the
+# square root: one number per token. Divide the token by it and multiply by the gain.
+# </details>
 
 # %%
-def rms_norm_by_hand(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """x: (..., D) -> (..., D), each token divided by its own root mean square, times weight."""
-    return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps) * weight
+def my_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: (..., D); weight: (D,) -> (..., D), each token divided by its own root mean square."""
+    ### BEGIN SOLUTION
+    squares = x.square()                                   # (..., D)
+    mean_square = squares.mean(-1, keepdim=True)           # (..., 1): one per token
+    inverse_rms = torch.rsqrt(mean_square + eps)           # eps inside the root
+    normalised = x * inverse_rms                           # every token now has an RMS of 1
+    return normalised * weight
+    ### END SOLUTION
 
+# %%
+check("modern_decoder.rms_norm", my_rms_norm)
 
+# %%
+from helpers.model.modern import RMSNorm, rms_norm
+
+rms = yours_or("modern_decoder.rms_norm", my_rms_norm, rms_norm)
 torch.manual_seed(4)
 tokens = torch.randn(2, 5, 8) * 3 + 2  # a mean of 2 on purpose
 gain = torch.randn(8)
-mine = rms_norm_by_hand(tokens, gain)
+mine = rms(tokens, gain, 1e-6)
 if hasattr(torch.nn, "RMSNorm"):  # torch >= 2.4
     reference = torch.nn.RMSNorm(8, eps=1e-6)
     with torch.no_grad():
         reference.weight.copy_(gain)
     assert torch.allclose(mine, reference(tokens), atol=1e-5)
-    print("by hand == torch.nn.RMSNorm (to 1e-5)")
-
-from helpers.model.modern import RMSNorm
+    print("that RMSNorm == torch.nn.RMSNorm (to 1e-5)")
 
 norm = RMSNorm(8)
 with torch.no_grad():
     norm.weight.copy_(gain)
 assert torch.allclose(norm(tokens), mine, atol=1e-6)
-plain_rms = rms_norm_by_hand(tokens, torch.ones(8))
+plain_rms = rms(tokens, torch.ones(8), 1e-6)
 plain_ln = F.layer_norm(tokens, (8,))
 assert abs(float(plain_ln[0, 0].mean())) < 1e-5
 print(f"mean of a token after LayerNorm: |mean| < 1e-5; after RMSNorm: {float(plain_rms[0, 0].mean()):.2f}")
@@ -408,42 +476,6 @@ print("parameters for D = 768: LayerNorm", 2 * 768, "| RMSNorm", sum(p.numel() f
 
 # %% [markdown]
 # RMSNorm fixes the size of each token and leaves its mean where it was; LayerNorm centres it too.
-#
-# ### Exercise: RMSNorm
-
-# %%
-def my_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: (..., D); weight: (D,) -> (..., D)."""
-    raise NotImplementedError
-
-
-check("modern_decoder.rms_norm", my_rms_norm)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# LayerNorm without the mean: divide each token's vector by its root mean square, then scale by
-# the learned gain.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `x.pow(2).mean(-1, keepdim=True)` is the mean square of each token; `eps` goes inside the root.
-# </details>
-#
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def my_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-#     """x: (..., D); weight: (D,) -> (..., D)."""
-#     return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-# ### END SOLUTION
-#
-#
-# _ = check("modern_decoder.rms_norm", my_rms_norm)
-# ```
-# </details>
 
 # %% [markdown]
 # ## 4. SwiGLU at 8/3 width
@@ -548,69 +580,57 @@ print(f"this model's cache: {cache.nbytes():,} bytes with GQA, {mha_cache.nbytes
 # at positions `0 ... N - 1`, using only the block's weights (`block.norm1`, `block.attn`'s
 # `q_proj`, `k_proj`, `v_proj`, `out_proj`, `block.norm2`, `block.mlp`'s `gate`, `up`, `down`)
 # and the RoPE table's `cos` and `sin` (each `(P, D_H/2)`), with GQA's `n_heads` query heads and
-# `n_kv_heads` key/value heads. The check compares with `block(x, table)`; the cell after the
-# hints runs this section's model through your block if it passes, else through the course's.
+# `n_kv_heads` key/value heads. The check compares with `block(x, table)`; the cell after it
+# runs this section's model through your block if it passes, else through the course's.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Two residual branches, each reading a normalised copy of `x`: attention, then the MLP. Inside
+# attention, RoPE turns the queries and keys (not the values) after they are split into heads;
+# each key/value head serves several query heads. Every piece has been written in this notebook
+# or in notebooks 5-7.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Normalise `x` with the first RMSNorm's gain and eps. Project it to queries, keys and values
+# and split each into heads, the queries into `n_heads` and the keys and values into
+# `n_kv_heads`. Rotate the queries and keys: the first half of each head's features pairs with
+# the second half, turned by the table's cosines and sines of the first N positions. Repeat each
+# key and value head for the query heads it serves (one after another along the head axis). Take
+# the causal softmax of the scaled scores, weight the values, merge the heads and add the output
+# projection to `x`. Then add the SwiGLU of the second RMSNorm of the result: the down projection
+# of the SiLU of the gate times the up projection.
+# </details>
 
 # %%
 def my_modern_block(block, x: torch.Tensor, table) -> torch.Tensor:
     """x (B, N, D) -> x + attn(RMSNorm(x)) with RoPE and GQA, then + SwiGLU(RMSNorm(.)), (B, N, D)."""
-    raise NotImplementedError
+    ### BEGIN SOLUTION
+    def rms(t, norm):
+        return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight
 
+    def rope(t):  # (B, H, N, D_H): feature i turns with feature i + D_H/2
+        cos, sin = table.cos[:t.shape[-2]], table.sin[:t.shape[-2]]
+        a, b = t.chunk(2, dim=-1)
+        return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
 
+    attn, (batch, n, d) = block.attn, x.shape
+    h = rms(x, block.norm1)
+    q = attn.q_proj(h).view(batch, n, attn.n_heads, -1).transpose(1, 2)
+    k = attn.k_proj(h).view(batch, n, attn.n_kv_heads, -1).transpose(1, 2)
+    v = attn.v_proj(h).view(batch, n, attn.n_kv_heads, -1).transpose(1, 2)
+    groups = attn.n_heads // attn.n_kv_heads
+    q, k, v = rope(q), rope(k).repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    x = x + attn.out_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, n, d))
+    h = rms(x, block.norm2)
+    return x + block.mlp.down(F.silu(block.mlp.gate(h)) * block.mlp.up(h))
+    ### END SOLUTION
+
+# %%
 check("modern_decoder.modern_block", my_modern_block)
-
-# %% [markdown]
-# <details><summary>Hint 1</summary>
-#
-# Two residual branches, each reading a normalised copy of `x`: attention, then the MLP. Inside
-# attention, RoPE turns the queries and keys (not the values) after they are split into heads;
-# each key/value head serves `n_heads // n_kv_heads` query heads. Every piece has been written
-# in this notebook or in notebooks 5-7.
-# </details>
-#
-# <details><summary>Hint 2</summary>
-#
-# `rms(t, norm) = t / sqrt(mean(t², -1) + norm.eps) * norm.weight`. Heads:
-# `.view(B, N, heads, -1).transpose(1, 2)`, and `k.repeat_interleave(groups, dim=1)` for k and v.
-# RoPE pairs feature `i` with `i + D_H/2`: halves `a, b` become `a cos - b sin` and
-# `a sin + b cos` with `cos, sin = table.cos[:N], table.sin[:N]`. Causal softmax of
-# `q k^T / sqrt(D_H)`, times v, heads merged, `x = x + out_proj(...)`; then
-# `x + down(silu(gate(h)) * up(h))` with `h = rms(x, block.norm2)`.
-# </details>
-
-# %% [markdown]
-# <details><summary>Solution</summary>
-#
-# ```python
-# ### BEGIN SOLUTION
-# def my_modern_block(block, x: torch.Tensor, table) -> torch.Tensor:
-#     """x (B, N, D) -> x + attn(RMSNorm(x)) with RoPE and GQA, then + SwiGLU(RMSNorm(.)), (B, N, D)."""
-#     def rms(t, norm):
-#         return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight
-#
-#     def rope(t):  # (B, H, N, D_H): feature i turns with feature i + D_H/2
-#         cos, sin = table.cos[:t.shape[-2]], table.sin[:t.shape[-2]]
-#         a, b = t.chunk(2, dim=-1)
-#         return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
-#
-#     attn, (batch, n, d) = block.attn, x.shape
-#     h = rms(x, block.norm1)
-#     q = attn.q_proj(h).view(batch, n, attn.n_heads, -1).transpose(1, 2)
-#     k = attn.k_proj(h).view(batch, n, attn.n_kv_heads, -1).transpose(1, 2)
-#     v = attn.v_proj(h).view(batch, n, attn.n_kv_heads, -1).transpose(1, 2)
-#     groups = attn.n_heads // attn.n_kv_heads
-#     q, k, v = rope(q), rope(k).repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-#     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-#     scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
-#     x = x + attn.out_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, n, d))
-#     h = rms(x, block.norm2)
-#     return x + block.mlp.down(F.silu(block.mlp.gate(h)) * block.mlp.up(h))
-# ### END SOLUTION
-#
-#
-# check("modern_decoder.modern_block", my_modern_block)
-# ```
-# </details>
 
 # %%
 def course_modern_block(block, x: torch.Tensor, table) -> torch.Tensor:

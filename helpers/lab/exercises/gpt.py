@@ -1,4 +1,6 @@
-"""Exercises of notebook 7 (the full GPT): count its parameters exactly, write one greedy step."""
+"""Exercises of notebook 7 (the full GPT): count its parameters exactly, the next-token loss,
+AdamW on one weight and on a whole model, sampling with temperature and top-k, and a cached
+attention step."""
 
 from __future__ import annotations
 
@@ -20,21 +22,39 @@ CONFIGS = [  # (n_layers, d_model, vocab_size, context_length)
 def _diagnose(got: int, n_layers: int, d: int, vocab: int, context: int, expected: int) -> str:
     """A guess at what a wrong count left out or added, from the size of the gap."""
     gaps = {
-        vocab * d: "the output matrix is tied to the token embedding: count it once",
+        vocab * d: "the output matrix is tied to the token embedding, yet you counted it twice",
         -context * d: "the position table (context_length x d_model) is missing",
         -2 * d: "the final LayerNorm (a gain and a bias of d_model each) is missing",
-        -n_layers * 9 * d: "the biases are missing: 4 x d_model in attention, 5 x d_model in the MLP",
+        -n_layers * 9 * d: "the biases are missing (4 x d_model in attention, 5 x d_model in the MLP, per block)",
         -n_layers * 4 * d: "the two LayerNorms of each block (4 x d_model) are missing",
-        -(n_layers * 13 * d + context * d + 2 * d): "only 12 N d^2 + V d: add biases, norms and positions",
+        -(n_layers * 13 * d + context * d + 2 * d): "that is only 12 N d^2 + V d, the big matrices",
     }
     return gaps.get(got - expected, f"the gap is {got - expected:+,} parameters")
+
+
+def _parameter_fix(got: int, n_layers: int, d: int, vocab: int, context: int, expected: int) -> str:
+    """How to close the gap `_diagnose` named, in words."""
+    fixes = {
+        vocab * d: "count the shared token table once: the output layer adds no parameters of its own.",
+        -context * d: "add one learned vector of d_model numbers per position of the context.",
+        -2 * d: "add the final LayerNorm after the last block: a gain and a bias of d_model numbers.",
+        -n_layers * 9 * d: "every linear layer of a block has a bias as long as its output: add them, once per block.",
+        -n_layers * 4 * d: "each block has two LayerNorms, each a gain and a bias of d_model numbers.",
+        -(n_layers * 13 * d + context * d + 2 * d): "add the small pieces the rule of thumb leaves out: the "
+                                                    "biases and LayerNorms of every block, the position "
+                                                    "table and the final LayerNorm.",
+    }
+    return fixes.get(got - expected, "go through the model piece by piece (embedding tables, each block's "
+                                     "attention, MLP and LayerNorms, the final LayerNorm) and count every "
+                                     "tensor once.")
 
 
 @exercise(task="Write gpt_parameters(n_layers, d_model, vocab_size, context_length) returning the exact "
                "count of a GPT-2-style model. The check tries GPT-2 small and medium, the course's models "
                "and a toy, and names the piece a wrong count seems to miss.",
-          hint="Per block: 4 d^2 + 4d (W_Q, W_K, W_V, W_O and biases), 8 d^2 + 5d (d -> 4d -> d "
-               "and biases), 4d (two LayerNorms). Then V d (tied, once), context x d, and 2d.")
+          hint="Count every tensor once: per block the four attention matrices with their biases, "
+               "the two MLP matrices with their biases and two LayerNorms; then the token table "
+               "(shared with the output layer), the position table and the final LayerNorm.")
 def exact_parameters(student: Callable[[int, int, int, int], int]) -> str:
     for n_layers, d, vocab, context in CONFIGS:
         config = gpt.GPTConfig(vocab_size=vocab, context_length=context, n_layers=n_layers,
@@ -45,49 +65,14 @@ def exact_parameters(student: Callable[[int, int, int, int], int]) -> str:
         if got != expected:
             raise ExerciseFailed(
                 f"for n_layers={n_layers}, d_model={d}, vocab_size={vocab}, context_length={context} "
-                f"you counted {got:,}, expected {expected:,}: {_diagnose(got, n_layers, d, vocab, context, expected)}.")
+                f"you counted {got:,}, expected {expected:,}: {_diagnose(got, n_layers, d, vocab, context, expected)}.",
+                fix=_parameter_fix(got, n_layers, d, vocab, context, expected))
     return "GPT-2 small: 124,439,808, to the last parameter."
 
 
 def _small_model(seed: int) -> gpt.GPT:
     torch.manual_seed(seed)
     return gpt.GPT(gpt.GPTConfig(vocab_size=11, context_length=8, n_layers=1, n_heads=2, d_model=8)).eval()
-
-
-@exercise(task="Write greedy_next(gpt, ids) for ids (B, N): the next token of each row, shape (B, 1). "
-               "The check compares with the model's most likely token, on prompts longer than its context too.",
-          hint="Crop to the last model.config.context_length tokens, run the model, keep the "
-               "logits of the last position ([:, -1]), argmax over the vocabulary with keepdim=True.")
-def greedy_step(student: Callable[[gpt.GPT, torch.Tensor], torch.Tensor]) -> str:
-    generator = torch.Generator().manual_seed(0)
-    for seed, (batch, length) in enumerate([(1, 3), (4, 8), (2, 13)]):
-        model = _small_model(seed)
-        ids = torch.randint(0, 11, (batch, length), generator=generator)
-        expected = model(ids[:, -8:])[:, -1].argmax(-1, keepdim=True)
-        try:
-            with torch.no_grad():
-                got = student(model, ids)
-        except ValueError as error:
-            if "context_length" in str(error):
-                raise ExerciseFailed(f"ids of shape {tuple(ids.shape)} are longer than the model's "
-                                     "context of 8: keep only the last context_length tokens") from None
-            raise
-        if not isinstance(got, torch.Tensor):
-            raise ExerciseFailed(f"return a tensor of ids, got {type(got).__name__}")
-        if got.shape == (batch,):
-            raise ExerciseFailed(f"the result has shape {tuple(got.shape)}: keep the token axis, "
-                                 f"(B, 1) = {tuple(expected.shape)}, with keepdim=True")
-        if got.shape != expected.shape:
-            raise ExerciseFailed(f"for ids of shape {tuple(ids.shape)} the result has shape "
-                                 f"{tuple(got.shape)}, expected {tuple(expected.shape)}")
-        if not torch.equal(got.long(), expected):
-            first = model(ids[:, -8:])[:, 0].argmax(-1, keepdim=True)
-            if torch.equal(got.long(), first):
-                raise ExerciseFailed("you picked the prediction of the first position: the next "
-                                     "token comes from the last one, [:, -1]")
-            raise ExerciseFailed(f"for ids {ids.tolist()} you chose {got.flatten().tolist()}, "
-                                 f"expected {expected.flatten().tolist()}")
-    return "That is one step of greedy decoding; generate() repeats it, appending each token."
 
 
 def _expected_next_token_loss(model: gpt.GPT, ids: torch.Tensor) -> torch.Tensor:
@@ -98,19 +83,22 @@ def _expected_next_token_loss(model: gpt.GPT, ids: torch.Tensor) -> torch.Tensor
 def _as_number(value: object, what: str) -> float:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise ExerciseFailed(f"{what} has shape {tuple(value.shape)}: return one number, the "
-                                 "mean over every position of every row")
+            raise ExerciseFailed(f"{what} has shape {tuple(value.shape)}, not one number",
+                                 fix="average over every position of every row, so that one number remains.")
         return value.item()
     if isinstance(value, (int, float)):
         return float(value)
-    raise ExerciseFailed(f"{what} is a {type(value).__name__}, expected a tensor with one number")
+    raise ExerciseFailed(f"{what} is a {type(value).__name__}, expected a tensor with one number",
+                         fix="return the loss as a tensor (keep it a tensor, so that backward can run on it).")
 
 
 @exercise(task="Write next_token_loss(gpt, ids) for windows ids (B, N + 1): the mean next-token "
-               "cross-entropy, a scalar tensor. The check compares with F.cross_entropy on three models.",
-          hint="inputs = ids[:, :-1], targets = ids[:, 1:]; log_probs = logits minus the "
-               "logsumexp over the vocabulary; pick each target's log-probability with "
-               "gather(-1, targets[..., None]) and return minus their mean.")
+               "cross-entropy, a scalar tensor, without F.cross_entropy. The check compares with "
+               "F.cross_entropy on three models.",
+          hint="The model reads every token but the last; the targets are every token but the first. "
+               "Turn the logits into log-probabilities (subtract the row maximum, then the log of the "
+               "sum of exponentials), pick each target's, and return minus their mean.",
+          forbidden=("torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss"))
 def next_token_loss(student: Callable[[gpt.GPT, torch.Tensor], torch.Tensor]) -> str:
     generator = torch.Generator().manual_seed(1)
     for seed, (batch, length) in enumerate([(3, 9), (1, 4), (2, 6)]):
@@ -123,7 +111,9 @@ def next_token_loss(student: Callable[[gpt.GPT, torch.Tensor], torch.Tensor]) ->
             except ValueError as error:
                 if "context_length" in str(error):
                     raise ExerciseFailed(f"ids of shape {tuple(ids.shape)} hold {length - 1} inputs and "
-                                         f"{length - 1} targets: run the model on ids[:, :-1] only") from None
+                                         f"{length - 1} targets, but your model read all {length} tokens",
+                                         fix="run the model on ids[:, :-1] only: the last token is "
+                                             "a target, never an input.") from None
                 raise
             got = _as_number(answer, f"the loss for ids of shape {tuple(ids.shape)}")
             logits = model(ids[:, :-1])
@@ -131,19 +121,22 @@ def next_token_loss(student: Callable[[gpt.GPT, torch.Tensor], torch.Tensor]) ->
             picked = log_probs.gather(-1, ids[:, 1:, None])
             inputs = ids[:, :-1]  # predicting each input itself, a shift forgotten
             unshifted = -logits.log_softmax(-1).gather(-1, inputs[..., None]).mean().item()
-            mistakes = {
-                "you scored each position on its own token: the target of position i is the token "
-                "at i + 1, so compare model(ids[:, :-1]) with ids[:, 1:]": unshifted,
-                "the loss is the mean, not the sum, over the positions": -picked.sum().item(),
-                "the sign: the loss is minus the mean log-probability of the targets (a positive "
-                "number)": picked.mean().item(),
-                "take the log of the softmax: you averaged probabilities, not log-probabilities":
+            mistakes = {  # (what is wrong, how to fix it): the value that slip gives
+                ("you scored each position on its own token",
+                 "the target of position i is the token at i + 1: compare the predictions for "
+                 "ids[:, :-1] with ids[:, 1:]."): unshifted,
+                ("the loss is the mean, not the sum, over the positions",
+                 "average the picked log-probabilities over every position of every row."): -picked.sum().item(),
+                ("the sign: a loss is minus the mean log-probability of the targets (a positive number)",
+                 "put a minus sign in front of the mean."): picked.mean().item(),
+                ("you averaged probabilities, not log-probabilities",
+                 "take the log of the softmax (log-softmax) before picking the targets."):
                     -log_probs.exp().gather(-1, ids[:, 1:, None]).mean().item(),
             }
         if abs(got - expected) > 1e-4 * max(1.0, abs(expected)):
-            for message, value in mistakes.items():
+            for (message, fix), value in mistakes.items():
                 if abs(got - value) <= 1e-4 * max(1.0, abs(value)):
-                    raise ExerciseFailed(message)
+                    raise ExerciseFailed(message, fix=fix)
             raise ExerciseFailed(f"for ids of shape {tuple(ids.shape)} you got {got:.4f}, "
                                  f"expected {expected:.4f} (F.cross_entropy on the shifted pairs)")
     return "That is the loss every GPT trains on: each position predicts the next token."
@@ -171,30 +164,39 @@ def _student_adamw(student: Callable, p: torch.Tensor, g: torch.Tensor, steps: i
         result = student(p.clone(), g.clone(), m.clone(), v.clone(), t, lr, betas, eps, weight_decay)
         if not (isinstance(result, tuple) and len(result) == 3
                 and all(isinstance(r, torch.Tensor) for r in result)):
-            raise ExerciseFailed(f"return the tuple (param, m, v) of three tensors, got {type(result).__name__}")
+            raise ExerciseFailed(f"the result is a {type(result).__name__}, not a tuple of three tensors",
+                                 fix="return the tuple (param, m, v) of three tensors: the caller "
+                                     "keeps m and v for the next step.")
         p, m, v = result
         if p.shape != g.shape or m.shape != g.shape or v.shape != g.shape:
-            raise ExerciseFailed(f"param, m and v must keep the parameter's shape {tuple(g.shape)}, "
-                                 f"got {tuple(p.shape)}, {tuple(m.shape)}, {tuple(v.shape)}")
+            raise ExerciseFailed(f"param, m and v have shapes {tuple(p.shape)}, {tuple(m.shape)}, "
+                                 f"{tuple(v.shape)}, expected the parameter's shape {tuple(g.shape)}",
+                                 fix="every operation of AdamW is element by element: nothing is "
+                                     "summed or reshaped.")
         out.append(p.clone())
     return out
 
 
 def _adamw_mistake(got: torch.Tensor, p: torch.Tensor, g: torch.Tensor, lr: float,
-                   betas: tuple[float, float], eps: float, decay: float) -> str | None:
-    """Name the usual slip that explains a wrong first step, if one does."""
+                   betas: tuple[float, float], eps: float, decay: float) -> tuple[str, str] | None:
+    """Name the usual slip that explains a wrong first step, if one does: (what, how to fix it)."""
     b1, b2 = betas
     m, v = (1 - b1) * g, (1 - b2) * g * g
     candidates = {
-        "no bias correction: divide m by 1 - beta1^t and v by 1 - beta2^t (t counts from 1)":
+        ("no bias correction: m and v start at zero, so early steps are too small",
+         "divide m by one minus beta1 to the power t, and v by one minus beta2 to the power t "
+         "(t counts from 1)."):
             p * (1 - lr * decay) - lr * m / (v.sqrt() + eps),
-        "weight decay is decoupled in AdamW: shrink the parameter by (1 - lr * weight_decay), "
-        "do not add weight_decay * param to the gradient (that is Adam with L2)":
+        ("weight decay is decoupled in AdamW, but you added it to the gradient (that is Adam with L2)",
+         "leave the gradient alone and shrink the parameter itself by the factor one minus "
+         "lr times weight_decay."):
             p - lr * ((1 - b1) * (g + decay * p) / (1 - b1)) / (
                 ((1 - b2) * (g + decay * p) ** 2 / (1 - b2)).sqrt() + eps),
-        "the weight decay is missing: multiply the parameter by (1 - lr * weight_decay)":
+        ("the weight decay is missing",
+         "shrink the parameter by the factor one minus lr times weight_decay."):
             p - lr * (m / (1 - b1)) / ((v / (1 - b2)).sqrt() + eps),
-        "divide by the square root of v-hat, plus eps: sqrt(v_hat) + eps":
+        ("the step divides by v-hat itself, not by its square root",
+         "divide by the square root of v-hat, plus eps."):
             p * (1 - lr * decay) - lr * (m / (1 - b1)) / ((v / (1 - b2)) + eps),
     }
     for message, value in candidates.items():
@@ -205,9 +207,9 @@ def _adamw_mistake(got: torch.Tensor, p: torch.Tensor, g: torch.Tensor, lr: floa
 
 @exercise(task="Write adamw_update(p, g, m, v, t, lr, betas, eps, weight_decay) returning the new "
                "(p, m, v). The check runs several steps against torch.optim.AdamW.",
-          hint="p = p * (1 - lr * weight_decay); m = beta1 * m + (1 - beta1) * g; "
-               "v = beta2 * v + (1 - beta2) * g * g; m_hat = m / (1 - beta1 ** t); "
-               "v_hat = v / (1 - beta2 ** t); p = p - lr * m_hat / (sqrt(v_hat) + eps).")
+          hint="Update the two running averages (of the gradient and of its square), correct each "
+               "for starting at zero, shrink the parameter by the decay factor, then step against "
+               "the corrected average divided by the square root of the corrected square, plus eps.")
 def adamw_update(student: Callable) -> str:
     generator = torch.Generator().manual_seed(2)
     settings = [(1e-2, (0.9, 0.999), 1e-8, 0.1), (3e-3, (0.8, 0.99), 1e-6, 0.0),
@@ -221,11 +223,13 @@ def adamw_update(student: Callable) -> str:
             if not torch.allclose(a.to(b.dtype), b, rtol=1e-7, atol=1e-9):
                 mistake = _adamw_mistake(got[0].to(p.dtype), p, g, lr, betas, eps, decay)
                 if mistake:
-                    raise ExerciseFailed(mistake)
+                    raise ExerciseFailed(mistake[0], fix=mistake[1])
                 raise ExerciseFailed(
                     f"with lr={lr}, betas={betas}, eps={eps}, weight_decay={decay}, step {step} moved "
                     f"the parameter by up to {(a.to(b.dtype) - b).abs().max().item():.2e} more or less "
-                    "than torch.optim.AdamW (is t the step number, counting from 1?)")
+                    "than torch.optim.AdamW",
+                    fix="check that t is the step number, counting from 1, and that m and v you return "
+                        "are the updated averages (not the bias-corrected ones).")
     return "Four steps, three settings: the same parameters as torch.optim.AdamW."
 
 
@@ -241,9 +245,9 @@ def _attention_last_row(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
 
 @exercise(task="Write cache_step(x_new, w_q, w_k, w_v, keys, values) returning (output, keys, values) "
                "after one new token. The check compares with attention over the whole sequence.",
-          hint="q, k, v = x_new @ w_q, x_new @ w_k, x_new @ w_v (each (B, 1, d_h)); keys = "
-               "cat([keys, k], dim=1), the same for values; weights = softmax(q @ keys^T / "
-               "sqrt(d_h)) over the last axis; return (weights @ values, keys, values).")
+          hint="Project only the new token to its query, key and value; append its key and value "
+               "to the stored ones along the token axis; let its query attend to all of them (scaled "
+               "scores, softmax over the keys, weighted sum of the values), no mask needed.")
 def cache_step(student: Callable) -> str:
     generator = torch.Generator().manual_seed(3)
     for batch, past, d, d_h in [(1, 1, 4, 2), (2, 5, 8, 4), (3, 9, 6, 3)]:
@@ -254,29 +258,273 @@ def cache_step(student: Callable) -> str:
         result = student(x[:, past:], w_q, w_k, w_v, keys.clone(), values.clone())
         if not (isinstance(result, tuple) and len(result) == 3
                 and all(isinstance(r, torch.Tensor) for r in result)):
-            raise ExerciseFailed(f"return the tuple (out, keys, values) of three tensors, got "
-                                 f"{type(result).__name__}")
+            raise ExerciseFailed(f"the result is a {type(result).__name__}, not a tuple of three tensors",
+                                 fix="return the tuple (out, keys, values): the caller keeps the grown "
+                                     "cache for the next token.")
         out, new_keys, new_values = result
         want = (batch, past + 1, d_h)
         if tuple(new_keys.shape) != want or tuple(new_values.shape) != want:
             raise ExerciseFailed(f"with {past} stored token(s) the returned keys and values have shapes "
                                  f"{tuple(new_keys.shape)} and {tuple(new_values.shape)}, expected "
-                                 f"{want}: append the new token's k and v along the token axis, dim=1")
+                                 f"{want}: append the new token's k and v along the token axis, dim=1",
+                                 fix="concatenate along the axis that counts tokens, the middle one "
+                                     "of (B, t, d_h).")
         if not torch.allclose(new_keys, x @ w_k, atol=1e-5) or not torch.allclose(new_values, x @ w_v, atol=1e-5):
             raise ExerciseFailed("the returned keys and values are not the stored ones followed by the "
-                                 "new token's (x_new @ w_k and x_new @ w_v), in that order")
+                                 "new token's (x_new @ w_k and x_new @ w_v), in that order",
+                                 fix="put the stored keys first and the new token's key last; the same "
+                                     "for the values.")
         if tuple(out.shape) != tuple(expected.shape):
-            raise ExerciseFailed(f"out has shape {tuple(out.shape)}, expected {tuple(expected.shape)}: "
-                                 "one row (the new token) per batch entry")
+            raise ExerciseFailed(f"out has shape {tuple(out.shape)}, expected {tuple(expected.shape)}",
+                                 fix="only the new token's query attends: one row per batch entry.")
         if not torch.allclose(out, expected, atol=1e-5):
             q = x[:, past:] @ w_q
             past_only = ((q @ keys.transpose(-2, -1)) / d_h ** 0.5).softmax(-1) @ values
             unscaled = (q @ (x @ w_k).transpose(-2, -1)).softmax(-1) @ (x @ w_v)
             if torch.allclose(out, past_only, atol=1e-5):
-                raise ExerciseFailed("the new token attended to the stored tokens only: append its own "
-                                     "key and value first, it may see itself")
+                raise ExerciseFailed("the new token attended to the stored tokens only",
+                                     fix="append its own key and value first: it may see itself.")
             if torch.allclose(out, unscaled, atol=1e-5):
-                raise ExerciseFailed("divide the scores by sqrt(d_h) before the softmax")
+                raise ExerciseFailed("the scores are not scaled: divide them by sqrt(d_h) before the softmax",
+                                     fix="divide the scores by the square root of the head size.")
             raise ExerciseFailed(f"with {past} stored token(s), out differs from the last row of full "
                                  f"causal attention by up to {(out - expected).abs().max().item():.2e}")
     return "One token in, one row out: the same as recomputing everything and keeping the last row."
+
+
+# --- AdamW on every weight of a model ---------------------------------------------------------
+
+def _weights(generator: torch.Generator) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Two matrices and two vectors (a bias, a gain) that require grad, as a model's would."""
+    shapes = [(3, 4), (2, 3)], [(3,), (2,)]
+    return tuple([torch.nn.Parameter(torch.randn(*shape, generator=generator, dtype=torch.float64))
+                  for shape in group] for group in shapes)
+
+
+def _hand_adamw_run(matrices: list[torch.Tensor], vectors: list[torch.Tensor],
+                    grads: list[list[torch.Tensor]], rates: list[float], decays: tuple[float, float],
+                    t_of: Callable[[int], int] = lambda step: step, keep_state: bool = True,
+                    ) -> list[list[torch.Tensor]]:
+    """Every weight after each step of AdamW done by hand, with the slips the checker names:
+    decays (on the matrices, on the vectors), the step number t_of(step), m and v kept or not."""
+    from helpers.training.by_hand import adamw_update
+
+    params = [p.detach().clone() for p in (*matrices, *vectors)]
+    state = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
+    after = []
+    for step, (grad, lr) in enumerate(zip(grads, rates, strict=True), start=1):
+        for i, p in enumerate(params):
+            m, v = state[i] if keep_state else (torch.zeros_like(p), torch.zeros_like(p))
+            decay = decays[0] if i < len(matrices) else decays[1]
+            params[i], m, v = adamw_update(p, grad[i], m, v, t_of(step), lr, HAND_BETAS, 1e-8, decay)
+            state[i] = (m, v)
+        after.append([p.clone() for p in params])
+    return after
+
+
+HAND_BETAS, HAND_DECAY, HAND_RATES = (0.9, 0.95), 0.2, [1e-2, 5e-3, 2e-2]
+
+
+@exercise(task="Write the class HandAdamW(update, matrices, vectors, betas, eps, weight_decay) with "
+               "a method step(lr): AdamW on every weight, running `update` on each tensor with its "
+               "own m and v, decaying the matrices only. The check runs three steps against "
+               "torch.optim.AdamW with two parameter groups.",
+          hint="In the constructor keep, for every weight, its running averages (zeros of its shape) "
+               "and its decay: weight_decay for the matrices, zero for the vectors; start the step "
+               "count at zero. In step, without recording gradients, count one more step, then for "
+               "each weight call update with its gradient, store the new averages and copy the new "
+               "value into the weight in place.",
+          points=3)
+def hand_adamw(student: type) -> str:
+    from helpers.training.by_hand import adamw_update
+
+    if not isinstance(student, type):
+        raise ExerciseFailed(f"the answer is a {type(student).__name__}, not a class",
+                             fix="pass the class HandAdamW itself to check, not an instance or a function.")
+    generator = torch.Generator().manual_seed(4)
+    matrices, vectors = _weights(generator)
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in (*matrices, *vectors)]
+    start = [p.detach().clone() for p in matrices], [p.detach().clone() for p in vectors]
+    reference = torch.optim.AdamW([{"params": theirs[:2], "weight_decay": HAND_DECAY},
+                                   {"params": theirs[2:], "weight_decay": 0.0}],
+                                  lr=1.0, betas=HAND_BETAS, eps=1e-8, foreach=False)
+    grads = [[torch.randn(p.shape, generator=generator, dtype=torch.float64) for p in theirs]
+             for _ in HAND_RATES]
+    try:
+        optimizer = student(adamw_update, matrices, vectors, betas=HAND_BETAS, eps=1e-8,
+                            weight_decay=HAND_DECAY)
+    except TypeError as error:
+        raise ExerciseFailed(f"HandAdamW(update, matrices, vectors, betas=..., eps=..., weight_decay=...) "
+                             f"failed: {error}",
+                             fix="keep the constructor's arguments as the answer cell names them.") from None
+    ours = [*matrices, *vectors]
+    for step, (grad, lr) in enumerate(zip(grads, HAND_RATES, strict=True), start=1):
+        before = [p.detach().clone() for p in ours]
+        for mine, other, g in zip(ours, theirs, grad, strict=True):
+            mine.grad, other.grad = g.clone(), g.clone()
+        try:
+            optimizer.step(lr)
+        except RuntimeError as error:
+            if "leaf Variable" in str(error) or "requires grad" in str(error):
+                raise ExerciseFailed("step changed a weight in place while PyTorch records gradients, "
+                                     "and PyTorch refused",
+                                     fix="run step without recording gradients (decorate it with "
+                                         "torch.no_grad, or wrap its body in that block).") from None
+            raise
+        for group in reference.param_groups:
+            group["lr"] = lr
+        reference.step()
+        if all(torch.equal(a.detach(), b) for a, b in zip(ours, before, strict=True)):
+            raise ExerciseFailed(f"after step {step} the model's weights had not moved",
+                                 fix="write each new value into the weight tensor itself, in place "
+                                     "(copy it into the weight); giving a name a new tensor leaves "
+                                     "the model's weights as they were.")
+        if all(torch.allclose(a.detach(), b.detach(), rtol=1e-9, atol=1e-12) for a, b in zip(ours, theirs, strict=True)):
+            continue
+        got = [p.detach() for p in ours]
+        slips = {
+            ("the biases and gains (the vectors) were decayed too",
+             "decay the matrices only: give every vector a weight decay of zero."):
+                dict(decays=(HAND_DECAY, HAND_DECAY)),
+            ("the matrices were not decayed",
+             "give every matrix the weight_decay you were given, every vector zero."):
+                dict(decays=(0.0, 0.0)),
+            ("the step number t did not grow from step to step",
+             "count the steps in the optimiser: one more at the start of every step, from 1."):
+                dict(decays=(HAND_DECAY, 0.0), t_of=lambda _: 1),
+            ("m and v were not kept from one step to the next",
+             "store the averages update returns, per weight, and hand them back at the next step."):
+                dict(decays=(HAND_DECAY, 0.0), keep_state=False),
+        }
+        for (what, fix), slip in slips.items():
+            wrong = _hand_adamw_run(*start, grads[:step], HAND_RATES[:step], **slip)[-1]
+            if all(torch.allclose(a, b, rtol=1e-9, atol=1e-12) for a, b in zip(got, wrong, strict=True)):
+                raise ExerciseFailed(what, fix=fix)
+        worst = max((a.detach() - b.detach()).abs().max().item() for a, b in zip(ours, theirs, strict=True))
+        raise ExerciseFailed(f"after step {step} a weight differs from torch.optim.AdamW's by {worst:.2e}",
+                             fix="for every weight call update with the weight, its gradient, its own "
+                                 "m and v, the step number, lr, the betas, eps and its decay; keep "
+                                 "the m and v it returns and copy the new weight in place.")
+    return "Three steps, two groups: the same weights as torch.optim.AdamW."
+
+
+# --- sampling: temperature and top-k ------------------------------------------------------------
+
+def _sampling_probabilities(logits: torch.Tensor, temperature: float, top_k: int | None) -> torch.Tensor:
+    """The distribution a sampler should draw from: logits (V,) -> probabilities (V,), float64."""
+    scaled = logits.double() / temperature
+    if top_k is not None:
+        scaled = scaled.masked_fill(scaled < scaled.topk(top_k).values[-1], float("-inf"))
+    return scaled.softmax(-1)
+
+
+class _FixedLogits(torch.nn.Module):
+    """A stand-in language model whose logits are `table[position]` at every row: ids (B, N) ->
+    (B, N, V), so that the distribution a sampler draws from is known and sharp."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.table = table
+        self.config = gpt.GPTConfig(vocab_size=table.shape[1], context_length=table.shape[0], n_layers=1,
+                                    n_heads=1, d_model=4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.shape[1] > self.config.context_length:
+            raise ValueError(f"ids has {ids.shape[1]} tokens, more than context_length "
+                             f"{self.config.context_length}")
+        return self.table[:ids.shape[1]].expand(ids.shape[0], -1, -1)
+
+
+def _call_sampler(student: Callable, model: gpt.GPT, prompt: torch.Tensor, n_new: int, **settings) -> torch.Tensor:
+    """The student's ids, checked to be the prompt followed by n_new tokens."""
+    try:
+        with torch.no_grad():
+            got = student(model, prompt.clone(), n_new, **settings)
+    except ValueError as error:
+        if "context_length" in str(error):
+            raise ExerciseFailed(f"after {prompt.shape[1]} prompt tokens and more new ones the sequence "
+                                 "outgrew the model's context of 8, and the model refused it",
+                                 fix="before each step keep only the last context_length tokens of "
+                                     "the sequence for the model to read.") from None
+        raise
+    want = (prompt.shape[0], prompt.shape[1] + n_new)
+    if not isinstance(got, torch.Tensor):
+        raise ExerciseFailed(f"the result is a {type(got).__name__}, expected a tensor of ids {want}",
+                             fix="return the whole sequence: the prompt followed by the new tokens.")
+    if tuple(got.shape) == (prompt.shape[0], n_new):
+        raise ExerciseFailed(f"the result has shape {tuple(got.shape)}: the new tokens only",
+                             fix="return the prompt followed by the new tokens, as generate does.")
+    if tuple(got.shape) != want:
+        raise ExerciseFailed(f"with a prompt {tuple(prompt.shape)} and {n_new} new tokens the result has "
+                             f"shape {tuple(got.shape)}, expected {want}",
+                             fix="append one token per row at each step, along the token axis.")
+    if not torch.equal(got[:, :prompt.shape[1]], prompt):
+        raise ExerciseFailed("the result does not start with the prompt",
+                             fix="keep the prompt and append each new token after it.")
+    return got
+
+
+@exercise(task="Write my_generate(gpt, prompt, max_new_tokens, temperature=1.0, top_k=None, "
+               "generator=None) returning the prompt (B, S) followed by max_new_tokens sampled tokens. "
+               "The check compares greedy runs with generate and the frequencies of thousands of draws "
+               "with the probabilities they should have.",
+          hint="Repeat once per new token: keep only the last context-length tokens, run the model, "
+               "take the last position's logits. Temperature zero (or a top-k of one) picks the most "
+               "likely token. Otherwise divide the logits by the temperature, set every logit below "
+               "the k-th largest to minus infinity, turn them into probabilities and draw one token "
+               "with the generator you were given; append it.",
+          points=3)
+def sample_tokens(student: Callable) -> str:
+    from helpers.model.generation import generate
+
+    model = _small_model(5)
+    prompt = torch.randint(0, 11, (2, 3), generator=torch.Generator().manual_seed(5))
+    for settings in (dict(temperature=0.0), dict(temperature=1.0, top_k=1)):
+        got = _call_sampler(student, model, prompt, 10, **settings)
+        expected = generate(model, prompt, 10, use_cache=False, **settings)
+        if not torch.equal(got, expected):
+            raise ExerciseFailed(f"with {settings} (greedy) your tokens {got[:, 3:].tolist()} differ from "
+                                 f"generate's {expected[:, 3:].tolist()}",
+                                 fix="at temperature zero, or with top-k one, take the most likely token "
+                                     "of the last position at every step, without drawing.")
+    draws = [_call_sampler(student, model, prompt, 10, temperature=1.0,
+                           generator=torch.Generator().manual_seed(11)) for _ in range(2)]
+    if not torch.equal(*draws):
+        raise ExerciseFailed("two runs with generators seeded alike drew different tokens",
+                             fix="pass the generator you were given to the draw (torch.multinomial "
+                                 "takes it as generator=...).")
+    rows = 4000
+    one_prompt = prompt[:1].expand(rows, -1)
+    logits = torch.tensor([[0.0, 2.0, 1.0, -1.0, 0.5, 0.0, 1.5, -0.5, 0.0, 1.0, 0.0],
+                           [1.0, 0.0, 0.5, 2.0, 0.0, -1.0, 0.0, 1.0, 0.5, 0.0, 0.0],
+                           [2.5, 0.0, 1.0, 0.3, -1.0, 1.8, 0.0, 0.6, 0.0, 2.0, -0.5]])
+    fixed = _FixedLogits(logits)  # the last row (position 2) is the one a sampler should use
+    for temperature, top_k in ((0.7, None), (1.5, 3)):
+        got = _call_sampler(student, fixed, one_prompt, 1, temperature=temperature, top_k=top_k,
+                            generator=torch.Generator().manual_seed(12))[:, -1]
+        counts = torch.bincount(got, minlength=logits.shape[-1]).double() / rows
+        right = _sampling_probabilities(logits[-1], temperature, top_k)
+        if top_k is not None and (counts[right == 0] > 0).any():
+            raise ExerciseFailed(f"with top_k={top_k} you drew tokens outside the {top_k} most likely",
+                                 fix="set every logit below the k-th largest of its row to minus "
+                                     "infinity before the softmax.")
+        if (counts - right).abs().max() < 0.04:
+            continue
+        slips = {
+            ("the temperature was not applied", "divide the logits by the temperature before the softmax."):
+                _sampling_probabilities(logits[-1], 1.0, top_k),
+            ("the logits were multiplied by the temperature", "divide the logits by it instead."):
+                _sampling_probabilities(logits[-1], 1 / temperature, top_k),
+            ("you drew from the first position's prediction",
+             "the next token comes from the last position's logits."):
+                _sampling_probabilities(logits[0], temperature, top_k),
+        }
+        for (what, fix), probabilities in slips.items():
+            if (counts - probabilities).abs().max() < 0.04:
+                raise ExerciseFailed(f"{what} (temperature {temperature}, top_k {top_k})", fix=fix)
+        worst = int((counts - right).abs().argmax())
+        raise ExerciseFailed(f"at temperature {temperature}, top_k {top_k}, token {worst} came up in "
+                             f"{counts[worst]:.1%} of {rows:,} draws, but its probability is {right[worst]:.1%}",
+                             fix="draw from the softmax of the last position's logits, divided by the "
+                                 "temperature, after removing all but the top k.")
+    return "Greedy runs match generate, and thousands of draws follow the right probabilities."

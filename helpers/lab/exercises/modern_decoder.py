@@ -1,5 +1,6 @@
-"""Exercises of notebook 9 (from GPT-2 to the modern decoder): a RoPE pair, ALiBi's bias, RMSNorm,
-and the whole modern block (RMSNorm, RoPE attention with GQA, SwiGLU) written from its weights."""
+"""Exercises of notebook 9 (from GPT-2 to the modern decoder): a RoPE pair, ALiBi's bias and its
+attention, RMSNorm, and the whole modern block (RMSNorm, RoPE attention with GQA, SwiGLU) written
+from its weights."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
 from helpers.model import modern
 
 
-@exercise(hint="A pair (a, b) turned by the angle m * theta is (a cos - b sin, a sin + b cos), "
-               "with angle = position * theta.",
+@exercise(hint="The angle is the position times theta; multiply the pair, read as a complex number, "
+               "by the unit complex number at that angle and read off the real and imaginary parts.",
           task="Write rotate_pair(a, b, position, theta) returning the pair turned "
                "counter-clockwise by position * theta. The check tries four pairs, position 0 included.")
 def rotate_pair(student: Callable[[float, float, int, float], tuple[float, float]]) -> str:
@@ -21,25 +22,32 @@ def rotate_pair(student: Callable[[float, float, int, float], tuple[float, float
     for a, b, position, theta in cases:
         got = student(a, b, position, theta)
         if not isinstance(got, tuple | list) or len(got) != 2:
-            raise ExerciseFailed(f"rotate_pair should return two numbers (a', b'), got {got!r}.")
+            raise ExerciseFailed(f"rotate_pair should return two numbers (a', b'), got {got!r}.",
+                                 fix="return the turned pair as a tuple of its two features.")
         angle = position * theta
         expected = (a * math.cos(angle) - b * math.sin(angle), a * math.sin(angle) + b * math.cos(angle))
         if all(math.isclose(float(g), e, abs_tol=1e-6) for g, e in zip(got, expected, strict=True)):
             continue
         backwards = (a * math.cos(angle) + b * math.sin(angle), -a * math.sin(angle) + b * math.cos(angle))
         if all(math.isclose(float(g), e, abs_tol=1e-6) for g, e in zip(got, backwards, strict=True)):
-            raise ExerciseFailed("you turn the pair clockwise: the sign of the sin terms is swapped.")
+            raise ExerciseFailed("you turn the pair clockwise: the sign of the sin terms is swapped.",
+                                 fix="counter-clockwise, the first feature loses b times the sine and "
+                                     "the second gains a times the sine.")
         once = (a * math.cos(theta) - b * math.sin(theta), a * math.sin(theta) + b * math.cos(theta))
         if position != 1 and all(math.isclose(float(g), e, abs_tol=1e-6) for g, e in zip(got, once, strict=True)):
             raise ExerciseFailed(f"rotate_pair(..., position={position}, theta={theta}) turned by theta "
-                                 "alone: the angle is position * theta.")
+                                 "alone, but the angle is position * theta.",
+                                 fix="multiply theta by the position before taking the cosine and sine.")
         raise ExerciseFailed(f"rotate_pair({a}, {b}, position={position}, theta={theta}) gave {got}, "
-                             f"expected ({expected[0]:.4f}, {expected[1]:.4f}).")
+                             f"expected ({expected[0]:.4f}, {expected[1]:.4f}).",
+                             fix="the new first feature is a times the cosine minus b times the sine; the "
+                                 "new second one a times the sine plus b times the cosine.")
     return "That is RoPE for one pair; the model does it for D_H / 2 pairs at once."
 
 
-@exercise(hint="distance = (i - j) for query i and key j, i.e. positions[:, None] - positions[None, :], "
-               "clamped at 0 above the diagonal; then bias = -slopes[:, None, None] * distance.",
+@exercise(hint="Build the table of distances, the query's position minus the key's, by broadcasting a "
+               "column of positions against a row; multiply by each head's slope with the sign flipped "
+               "(the slopes need two trailing axes of size one) and put zero where the key comes later.",
           task="Write alibi_bias(slopes, n_tokens) returning the (n_heads, N, N) buffer: "
                "-slope_h * (i - j) for query i and key j <= i, 0 above the diagonal. The check "
                "compares with the course's buffer for 4 and 8 heads.")
@@ -51,20 +59,26 @@ def alibi_bias(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
         if isinstance(got, torch.Tensor) and got.shape == expected.shape \
                 and not torch.allclose(got, expected, atol=1e-6):
             if torch.allclose(got, -expected, atol=1e-6):
-                raise ExerciseFailed("the sign is flipped: ALiBi subtracts, so far keys get lower scores.")
+                raise ExerciseFailed("the sign is flipped: ALiBi subtracts, so far keys get lower scores.",
+                                     fix="multiply the slopes by minus the distance.")
             if n_tokens > 1 and torch.allclose(got, expected.transpose(-2, -1), atol=1e-6):
                 raise ExerciseFailed("query and key are swapped: row i is the query and column j the "
                                      "key, so the penalty belongs below the diagonal (keys j <= i, "
-                                     "distance i - j) and 0 above it.")
+                                     "distance i - j) and 0 above it.",
+                                     fix="take the query positions as the column (first axis) and the "
+                                         "key positions as the row, and subtract the key's from the query's.")
             if torch.allclose(got.tril(), expected, atol=1e-6):
-                raise ExerciseFailed("below the diagonal it is right; above it (future keys, "
-                                     "masked anyway) the buffer should hold 0.")
+                raise ExerciseFailed("below the diagonal it is right, but above it (future keys, "
+                                     "masked anyway) the buffer does not hold 0.",
+                                     fix="set the entries where the key comes after the query to zero "
+                                         "(clamp the distance at zero, or fill them).")
         expect_close(got, expected, f"alibi_bias(slopes, {n_tokens}) for {n_heads} heads")
     return "That is the textbook's (n_heads, N, N) buffer, with ALiBi's geometric slopes."
 
 
-@exercise(hint="rms = sqrt(mean of x**2 over the last axis + eps), keepdim=True; return x / rms * weight. "
-               "No mean is subtracted and there is no bias.",
+@exercise(hint="Average the squared features of each token over the last axis (keeping it), add eps, "
+               "take the square root, divide the token by it and multiply by the gain. No mean is "
+               "subtracted and there is no bias.",
           task="Write rms_norm(x, weight, eps) for x (..., D). The check compares with the "
                "course's RMSNorm on ordinary tokens, tiny ones and a token of zeros.")
 def rms_norm(student: Callable[..., torch.Tensor]) -> str:
@@ -76,21 +90,25 @@ def rms_norm(student: Callable[..., torch.Tensor]) -> str:
     if isinstance(got, torch.Tensor) and got.shape == expected.shape:
         centred = x - x.mean(-1, keepdim=True)
         if torch.allclose(got, modern.rms_norm(centred, weight, 1e-6), atol=1e-5):
-            raise ExerciseFailed("you subtract the mean first: that is LayerNorm. RMSNorm divides x "
-                                 "itself by its root mean square.")
+            raise ExerciseFailed("you subtract the mean first: that is LayerNorm.",
+                                 fix="RMSNorm divides x itself by its root mean square: drop the "
+                                     "centring.")
     expect_close(got, expected, "rms_norm(x, weight, eps)", atol=1e-5)
     tiny = x[0] * 1e-4  # mean square ~1e-7, so eps = 1e-6 decides the result
     got = student(tiny, weight, 1e-6)
     if isinstance(got, torch.Tensor) and got.shape == tiny.shape:
         rms_outside = tiny.pow(2).mean(-1, keepdim=True).sqrt() + 1e-6
         if torch.allclose(got, tiny / rms_outside * weight, rtol=1e-4, atol=0):
-            raise ExerciseFailed("eps is added outside the square root: sqrt(mean(x**2)) + eps. "
-                                 "RMSNorm (and torch.nn.RMSNorm) uses sqrt(mean(x**2) + eps).")
+            raise ExerciseFailed("eps is added outside the square root: sqrt(mean(x**2)) + eps.",
+                                 fix="RMSNorm (and torch.nn.RMSNorm) adds eps to the mean square, "
+                                     "inside the square root.")
     expect_close(got, modern.rms_norm(tiny, weight, 1e-6), "rms_norm of tiny tokens (x of size 1e-4)",
                  atol=1e-4)
     zeros = student(torch.zeros(2, 8), torch.ones(8), 1e-6)
     if not torch.isfinite(zeros).all():
-        raise ExerciseFailed("a token of zeros gives NaN: eps belongs inside the square root.")
+        raise ExerciseFailed("a token of zeros gives NaN.",
+                             fix="add eps to the mean square inside the square root, so that a token "
+                                 "of zeros divides by sqrt(eps), not by 0.")
     return "It matches torch.nn.RMSNorm."
 
 
@@ -146,6 +164,18 @@ BLOCK_MISTAKES = {
 }
 
 
+BLOCK_FIXES = {
+    "post-norm": "normalise the input of each branch (attention and MLP) and add the branch's output "
+                 "to the un-normalised x.",
+    "LayerNorm": "divide each token by the square root of its mean square plus eps, without centring it.",
+    "no RoPE": "turn the queries and the keys (after splitting the heads, before the scores) by the "
+               "table's cosines and sines.",
+    "interleaved": "split each head's features into a first and a second half and rotate those pairs.",
+    "not causal": "fill the scores of keys after their query with minus infinity before the softmax.",
+    "gate and up swapped": "apply SiLU to the gate projection and multiply by the up projection.",
+}
+
+
 def _random_block() -> tuple[modern.ModernBlock, torch.Tensor, modern.RopeTable]:
     torch.manual_seed(9)
     config = modern.ModernConfig(vocab_size=16, context_length=16, n_layers=1, n_heads=4, n_kv_heads=2,
@@ -158,11 +188,12 @@ def _random_block() -> tuple[modern.ModernBlock, torch.Tensor, modern.RopeTable]
     return block, x, modern.RopeTable.build(config.head_dim, 16, dtype=torch.float64)
 
 
-@exercise(hint="h = RMSNorm(x) with norm1's gain and eps; q, k, v from attn.q_proj/k_proj/v_proj, "
-               "split into heads (n_heads for q, n_kv_heads for k and v, repeat_interleave the latter); "
-               "rotate q and k: halves (a, b) -> (a cos - b sin, a sin + b cos) with table.cos[:N], "
-               "table.sin[:N]; causal softmax(q k^T / sqrt(D_H)) v; merge heads; x + out_proj(...); "
-               "then x + mlp.down(silu(mlp.gate(h2)) * mlp.up(h2)) with h2 = RMSNorm(x) by norm2.",
+@exercise(hint="Normalise x with the first RMSNorm; project to queries, keys and values and split them "
+               "into heads (the keys and values into n_kv_heads, then each repeated for the query "
+               "heads it serves); rotate queries and keys, pairing the first half of each head with "
+               "the second; causal softmax of the scaled scores times the values; merge the heads, add "
+               "the output projection to x; then add the SwiGLU of the second RMSNorm of the result.",
+          points=3,
           task="Write my_modern_block(block, x, table): the ModernBlock's forward from its weights "
                "(block.norm1, block.attn, block.norm2, block.mlp) and the RoPE table, for x (B, N, D). "
                "The check compares with block(x, table) on random weights and names a known slip.")
@@ -174,6 +205,63 @@ def modern_block(student: Callable[[modern.ModernBlock, torch.Tensor, modern.Rop
         if isinstance(got, torch.Tensor) and got.shape == expected.shape and not torch.allclose(got, expected, atol=1e-9):
             for mistake, message in BLOCK_MISTAKES.items():
                 if torch.allclose(got, modern_block_variant(block, x, table, mistake), atol=1e-9):
-                    raise ExerciseFailed(message)
+                    raise ExerciseFailed(message, fix=BLOCK_FIXES[mistake])
     expect_close(got, expected, "the block's output", atol=1e-9)
     return "RMSNorm, RoPE, GQA and SwiGLU: the block of Llama, Mistral and Qwen, from its weights."
+
+
+ALIBI_MISTAKES = {  # name: (what is wrong, how to fix it)
+    "bias before scaling": ("the bias is scaled too: you added it before dividing by sqrt(D_H)",
+                            "divide q times k transposed by sqrt(D_H) first, then add the bias."),
+    "not causal": ("a query sees the keys after it",
+                   "fill the scores of later keys with minus infinity before the softmax."),
+    "sign": ("the bias has the wrong sign: far keys get higher scores",
+             "subtract the slope times the distance: farther keys must score lower."),
+    "no scaling": ("the scores are not divided by sqrt(D_H)",
+                   "divide q times k transposed by the square root of the head size."),
+    "no bias": ("there is no distance penalty: the weights ignore positions",
+                "add each head's slope times minus the distance to the scaled scores."),
+}
+
+
+def alibi_attention_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mistake: str = "") -> torch.Tensor:
+    """ALiBi attention, right or with one named `mistake`: q, k, v (B, H, N, D_H) -> (B, H, N, D_H)."""
+    n_heads, n = q.shape[-3], q.shape[-2]
+    bias = modern.alibi_bias(n_heads, n).to(q.dtype)
+    if mistake == "sign":
+        bias = -bias
+    if mistake == "no bias":
+        bias = torch.zeros_like(bias)
+    scores = q @ k.transpose(-2, -1)
+    if mistake == "bias before scaling":
+        scores = (scores + bias) / math.sqrt(q.shape[-1])
+    else:
+        scores = scores / (1.0 if mistake == "no scaling" else math.sqrt(q.shape[-1])) + bias
+    if mistake != "not causal":
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+    return scores.softmax(-1) @ v
+
+
+@exercise(task="Write my_alibi_attention(q, k, v) for q, k, v (B, H, N, D_H): causal attention with "
+               "ALiBi's bias (slopes from alibi_slopes(H)) added after the 1/sqrt(D_H) scaling. The "
+               "check compares with the course's alibi_attention for 4, 8 and 12 heads.",
+          hint="Get the slopes for the number of heads; build the distance table of query minus key "
+               "positions, the penalty (minus the slope times the distance, zero for later keys) and "
+               "the mask of later keys; scale the scores by the square root of the head size, add the "
+               "penalty, fill the masked scores with minus infinity, softmax over the keys, times v.",
+          points=3)
+def alibi_attention(student: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> str:
+    generator = torch.Generator().manual_seed(9)
+    for batch, n_heads, n, d_h in ((2, 4, 7, 8), (1, 8, 5, 4), (1, 12, 6, 16)):
+        q, k, v = (torch.randn(batch, n_heads, n, d_h, generator=generator, dtype=torch.float64) * 2
+                   for _ in range(3))
+        expected = modern.alibi_attention(q, k, v)
+        got = student(q.clone(), k.clone(), v.clone())
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape \
+                and not torch.allclose(got.double(), expected, atol=1e-5):
+            for mistake, (what, fix) in ALIBI_MISTAKES.items():
+                if torch.allclose(got.double(), alibi_attention_variant(q, k, v, mistake), atol=1e-5):
+                    raise ExerciseFailed(f"{what} ({n_heads} heads)", fix=fix)
+        expect_close(got.double() if isinstance(got, torch.Tensor) else got, expected,
+                     f"the output for {n_heads} heads of {n} tokens", atol=1e-5)
+    return "That is ALiBi: no positions in q or k, only a distance penalty per head."
