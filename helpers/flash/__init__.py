@@ -7,4 +7,5 @@ Beside the model: it computes what `helpers.model.attention` defines, with less 
     triton_attention  the same algorithm as Triton kernels (GPU, or the interpreter)
     triton_kernels    the kernels themselves, forward and backward
     profiling         peak memory of a call, from the PyTorch profiler
+    gpu_figures       the kernels' figures measured on an NVIDIA H200, read from data/
 """

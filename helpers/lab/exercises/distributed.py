@@ -7,7 +7,6 @@ Each checker raises `ExerciseFailed(what is wrong, fix=how to fix it in words)`.
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable
 
 import torch
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
+from helpers.lab.exercises._ranks import ThreadRing, is_stub, run_on_three, run_two_ranks
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.scale.workers import ring_all_reduce_bytes
 
@@ -55,57 +55,6 @@ def _two_replicas() -> tuple[GPT, GPT, GPT]:
     return models[0], models[1], models[2]
 
 
-class _Ring:
-    """Two ranks in two threads and an in-place sum between them, as `dist.all_reduce` does: each
-    rank blocks in all_reduce until the other rank has called it too."""
-
-    def __init__(self, models: tuple[nn.Module, nn.Module]) -> None:
-        self.grads = [{id(p.grad): name for name, p in m.named_parameters()} for m in models]
-        self.barrier = threading.Barrier(2, timeout=5.0)
-        self.slots: list[Tensor | None] = [None, None]
-        self.calls: list[list[str]] = [[], []]
-
-    def all_reduce(self, rank: int) -> Callable[[Tensor], None]:
-        def all_reduce(tensor: Tensor) -> None:
-            if not isinstance(tensor, Tensor) or id(tensor) not in self.grads[rank]:
-                raise ExerciseFailed("all_reduce was called on something that is not a parameter's "
-                                     "gradient.", fix="all-reduce each parameter's .grad tensor, not "
-                                                      "the parameter itself or a copy of it.")
-            self.calls[rank].append(self.grads[rank][id(tensor)])
-            self.slots[rank] = tensor.detach().clone()
-            try:
-                self.barrier.wait()  # both ranks have put in their tensor
-                total = self.slots[0] + self.slots[1]
-                self.barrier.wait()  # both have read: the slots may be reused
-            except threading.BrokenBarrierError:
-                raise ExerciseFailed("the two ranks called all_reduce a different number of times.",
-                                     fix="every rank must reduce the same tensors in the same "
-                                         "order.") from None
-            tensor.copy_(total)
-        return all_reduce
-
-
-def _run_ranks(student: Callable, models: tuple[nn.Module, nn.Module], ring: _Ring) -> None:
-    """student(model_r, all_reduce_r, 2) on both ranks at once; re-raises the first error."""
-    errors: list[BaseException] = []
-
-    def rank_main(rank: int) -> None:
-        try:
-            student(models[rank], ring.all_reduce(rank), 2)
-        except BaseException as error:  # noqa: BLE001 - handed to the checking thread
-            errors.append(error)
-            ring.barrier.abort()
-
-    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in (0, 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(20.0)
-    real = [e for e in errors if not isinstance(e, ExerciseFailed)] or errors
-    if real:
-        raise real[0]
-
-
 @exercise(hint="Go through the model's parameters (a tied matrix is listed once): sum each "
                "gradient over the ranks with the all_reduce you are given, then divide it by the "
                "number of ranks.",
@@ -114,8 +63,8 @@ def _run_ranks(student: Callable, models: tuple[nn.Module, nn.Module], ring: _Ri
                "tiny GPT with a tied embedding and compares with the whole batch's gradient.")
 def average_gradients(student: Callable[[nn.Module, Callable[[Tensor], None], int], None]) -> str:
     rank0, rank1, whole = _two_replicas()
-    ring = _Ring((rank0, rank1))
-    _run_ranks(student, (rank0, rank1), ring)
+    ring = ThreadRing((rank0, rank1))
+    run_two_ranks(student, (rank0, rank1), ring)
     for rank in (0, 1):
         calls = ring.calls[rank]
         twice = sorted({name for name in calls if calls.count(name) > 1})
@@ -334,50 +283,6 @@ def ring_merge(student: Callable[..., tuple[Tensor, Tensor]]) -> str:
     return "Right: one step of the ring, and notebook 8's online softmax across processes."
 
 
-def _is_stub(fn: Callable) -> bool:
-    """True when fn's body (after its docstring) is only `raise NotImplementedError`: the untouched
-    stub, recognised without starting any process."""
-    import ast
-    import inspect
-    import textwrap
-    try:
-        body = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0].body
-    except (OSError, TypeError, SyntaxError, IndexError, AttributeError):
-        return False
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]
-    return len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0])
-
-
-_POOL: list = []  # three workers kept for the checks of one session (started on first use)
-
-
-def _three_workers():
-    import atexit
-
-    from helpers.scale.workers import Workers, sleep_on_rank
-    if not _POOL:
-        _POOL.append(Workers(3, timeout=30.0))
-        atexit.register(_POOL[0].close)
-    if not _POOL[0].processes:  # start them with time to spare: a busy machine starts slowly
-        _POOL[0].run(sleep_on_rank, 0.0, timeout=180.0)
-    return _POOL[0]
-
-
-def _run_on_three(student: Callable, tensors: list[Tensor], on_timeout: str) -> list:
-    """The student's function run on three workers; a stub, a crash or a hang as the exercise's verdict."""
-    from helpers.scale.workers import WorkerFailed
-    try:
-        return _three_workers().run(student, tensors)
-    except TimeoutError:
-        raise ExerciseFailed("the ranks did not finish within 30 s.", fix=on_timeout) from None
-    except WorkerFailed as failure:
-        last = failure.worker_traceback.strip().splitlines()[-1]
-        if last.startswith("NotImplementedError"):
-            raise NotImplementedError from None
-        raise ExerciseFailed(f"rank {failure.rank} raised {last}") from None
-
-
 @exercise(hint="Cut your tensor into one chunk per rank. In the reduce-scatter phase, at each step "
                "send one chunk to the next rank without waiting, receive the chunk one place further "
                "back from the previous rank and add it to yours; in the all-gather phase the same "
@@ -388,7 +293,7 @@ def _run_on_three(student: Callable, tensors: list[Tensor], on_timeout: str) -> 
           time_limit=240.0, points=3)
 def ring_all_reduce(student: Callable[[int, int, list[Tensor]], Tensor]) -> str:
     from helpers.scale.cell_functions import _names_read
-    if _is_stub(student):
+    if is_stub(student):
         raise NotImplementedError
     if "all_reduce" in _names_read(getattr(student, "__code__", compile("", "", "exec"))):
         raise ExerciseFailed("your function calls an all_reduce, the collective this exercise builds.",
@@ -396,7 +301,7 @@ def ring_all_reduce(student: Callable[[int, int, list[Tensor]], Tensor]) -> str:
                                  "neighbours only.")
     tensors = [torch.arange(7.0) * (rank + 1) + rank for rank in range(3)]
     total = sum(tensors)
-    results = _run_on_three(student, tensors, "some rank waits for a message that never comes: every "
+    results = run_on_three(student, tensors, "some rank waits for a message that never comes: every "
                             "send needs its receive on the neighbour, in the same order, and a send "
                             "that does not wait (isend) lets every rank go on to its receive.")
     for rank, got in enumerate(results):
@@ -433,11 +338,11 @@ def ring_all_reduce(student: Callable[[int, int, list[Tensor]], Tensor]) -> str:
                "collective. The check runs it on 3 worker processes with 9 values each.",
           time_limit=240.0)
 def fsdp_grad_piece(student: Callable[[int, int, list[Tensor]], Tensor]) -> str:
-    if _is_stub(student):
+    if is_stub(student):
         raise NotImplementedError
     grads = [torch.arange(9.0) * (rank + 1) + 10 * rank for rank in range(3)]
     mean = sum(grads) / 3
-    results = _run_on_three(student, grads, "every rank must call the same collective, with "
+    results = run_on_three(student, grads, "every rank must call the same collective, with "
                             "pieces of the same size.")
     for rank, got in enumerate(results):
         want = mean.chunk(3)[rank]
