@@ -31,7 +31,7 @@ from helpers.scale.data_parallel import average_gradients, shard_rows
 from helpers.scale.fsdp_module import FSDP
 from helpers.scale.zero import ShardedOptimizer
 
-VOCAB, WIDTH, TOKENS, BATCH = 32, 32, 8, 8
+VOCAB, WIDTH, TOKENS, BATCH = 32, 32, 8, 12  # 12 rows split evenly over 1, 2, 3 or 4 ranks
 MODELS = ("tied_mlp", "llama", "encoder")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
