@@ -613,7 +613,7 @@ def my_modern_block(block, x: torch.Tensor, table) -> torch.Tensor:
     def rope(t):  # (B, H, N, D_H): feature i turns with feature i + D_H/2
         cos, sin = table.cos[:t.shape[-2]], table.sin[:t.shape[-2]]
         a, b = t.chunk(2, dim=-1)
-        return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+        return torch.cat((a * cos - b * sin, b * cos + a * sin), -1)
 
     attn, (batch, n, d) = block.attn, x.shape
     h = rms(x, block.norm1)
@@ -623,7 +623,7 @@ def my_modern_block(block, x: torch.Tensor, table) -> torch.Tensor:
     groups = attn.n_heads // attn.n_kv_heads
     q, k, v = rope(q), rope(k).repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    scores = scores.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1), -math.inf)
     x = x + attn.out_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, n, d))
     h = rms(x, block.norm2)
     return x + block.mlp.down(F.silu(block.mlp.gate(h)) * block.mlp.up(h))
