@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,15 @@ def test_summary_equals_the_rows_of_the_file(raw_benchmark):
     memory = gf.memory_by_n(raw_benchmark, "naive", "forward+backward", False, 64)
     assert memory == {n: rows["naive", "forward+backward", False, 64, n]["peak_mb"] for n in memory}
     assert list(memory) == sorted(memory) and 16384 not in memory  # out of memory there
+
+
+@pytest.mark.parametrize("method, pass_name, causal, head_dim", [
+    ("nave", "forward+backward", False, 64), ("naive", "backward", False, 64),
+    ("naive", "forward", False, 96)])
+def test_memory_of_a_setting_the_file_lacks_is_refused_by_name(raw_benchmark, method, pass_name,
+                                                               causal, head_dim):
+    with pytest.raises(KeyError, match=re.escape(f"no rows (method={method!r}, pass={pass_name!r}")):
+        gf.memory_by_n(raw_benchmark, method, pass_name, causal, head_dim)
 
 
 def test_the_figures_say_what_the_notebook_says(raw_benchmark):

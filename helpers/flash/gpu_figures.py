@@ -186,7 +186,14 @@ def speed_ratios(results: dict[str, Any], other: str, pass_name: str, min_n: int
 
 def memory_by_n(results: dict[str, Any], method: str, pass_name: str, causal: bool,
                 head_dim: int) -> dict[int, float]:
-    """Peak memory (MiB) against N of one method, leaving out the lengths it could not run."""
-    return {row["n"]: row["peak_mb"] for row in sorted(results["results"], key=lambda r: r["n"])
+    """Peak memory (MiB) against N of one method, leaving out the lengths it could not run.
+
+    Raises KeyError naming the setting when the file has no row of it at all (a misspelt
+    method would otherwise draw an empty curve)."""
+    rows = [row for row in sorted(results["results"], key=lambda r: r["n"])
             if (row["method"], row["pass"], row["causal"], row["head_dim"]) ==
-            (method, pass_name, causal, head_dim) and row["peak_mb"] is not None}
+            (method, pass_name, causal, head_dim)]
+    if not rows:
+        raise KeyError(f"no rows (method={method!r}, pass={pass_name!r}, causal={causal}, "
+                       f"head_dim={head_dim}) in the GPU results")
+    return {row["n"]: row["peak_mb"] for row in rows if row["peak_mb"] is not None}
