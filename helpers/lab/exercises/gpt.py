@@ -30,34 +30,30 @@ CONFIGS = [  # (n_layers, d_model, vocab_size, context_length)
 ]
 
 
-def _diagnose(got: int, n_layers: int, d: int, vocab: int, context: int, expected: int) -> str:
-    """A guess at what a wrong count left out or added, from the size of the gap."""
-    gaps = {
-        vocab * d: "the output matrix is tied to the token embedding, yet you counted it twice",
-        -context * d: "the position table (context_length x d_model) is missing",
-        -2 * d: "the final LayerNorm (a gain and a bias of d_model each) is missing",
-        -n_layers * 9 * d: "the biases are missing (4 x d_model in attention, 5 x d_model in the MLP, per block)",
-        -n_layers * 4 * d: "the two LayerNorms of each block (4 x d_model) are missing",
-        -(n_layers * 13 * d + context * d + 2 * d): "that is only 12 N d^2 + V d, the big matrices",
+def _parameter_slip(got: int, n_layers: int, d: int, vocab: int, context: int,
+                    expected: int) -> tuple[str, str]:
+    """(what a wrong count left out or added, how to close the gap in words), from the gap's size."""
+    slips = {
+        vocab * d: ("the output matrix is tied to the token embedding, yet you counted it twice",
+                    "count the shared token table once: the output layer adds no parameters of its own."),
+        -context * d: ("the position table (context_length x d_model) is missing",
+                       "add one learned vector of d_model numbers per position of the context."),
+        -2 * d: ("the final LayerNorm (a gain and a bias of d_model each) is missing",
+                 "add the final LayerNorm after the last block: a gain and a bias of d_model numbers."),
+        -n_layers * 9 * d: ("the biases are missing (4 x d_model in attention, 5 x d_model in the MLP, per block)",
+                            "every linear layer of a block has a bias as long as its output: add them, "
+                            "once per block."),
+        -n_layers * 4 * d: ("the two LayerNorms of each block (4 x d_model) are missing",
+                            "each block has two LayerNorms, each a gain and a bias of d_model numbers."),
+        -(n_layers * 13 * d + context * d + 2 * d): (
+            "that is only 12 N d^2 + V d, the big matrices",
+            "add the small pieces the rule of thumb leaves out: the biases and LayerNorms of every "
+            "block, the position table and the final LayerNorm."),
     }
-    return gaps.get(got - expected, f"the gap is {got - expected:+,} parameters")
-
-
-def _parameter_fix(got: int, n_layers: int, d: int, vocab: int, context: int, expected: int) -> str:
-    """How to close the gap `_diagnose` named, in words."""
-    fixes = {
-        vocab * d: "count the shared token table once: the output layer adds no parameters of its own.",
-        -context * d: "add one learned vector of d_model numbers per position of the context.",
-        -2 * d: "add the final LayerNorm after the last block: a gain and a bias of d_model numbers.",
-        -n_layers * 9 * d: "every linear layer of a block has a bias as long as its output: add them, once per block.",
-        -n_layers * 4 * d: "each block has two LayerNorms, each a gain and a bias of d_model numbers.",
-        -(n_layers * 13 * d + context * d + 2 * d): "add the small pieces the rule of thumb leaves out: the "
-                                                    "biases and LayerNorms of every block, the position "
-                                                    "table and the final LayerNorm.",
-    }
-    return fixes.get(got - expected, "go through the model piece by piece (embedding tables, each block's "
-                                     "attention, MLP and LayerNorms, the final LayerNorm) and count every "
-                                     "tensor once.")
+    return slips.get(got - expected, (
+        f"the gap is {got - expected:+,} parameters",
+        "go through the model piece by piece (embedding tables, each block's attention, MLP and "
+        "LayerNorms, the final LayerNorm) and count every tensor once."))
 
 
 @exercise(task="Write gpt_parameters(n_layers, d_model, vocab_size, context_length) returning the exact "
@@ -74,10 +70,10 @@ def exact_parameters(student: Callable[[int, int, int, int], int]) -> str:
         got = expect_count(student(n_layers, d, vocab, context),
                            f"the count for n_layers={n_layers}, d_model={d}")
         if got != expected:
+            what, fix = _parameter_slip(got, n_layers, d, vocab, context, expected)
             raise ExerciseFailed(
                 f"for n_layers={n_layers}, d_model={d}, vocab_size={vocab}, context_length={context} "
-                f"you counted {got:,}, expected {expected:,}: {_diagnose(got, n_layers, d, vocab, context, expected)}.",
-                fix=_parameter_fix(got, n_layers, d, vocab, context, expected))
+                f"you counted {got:,}, expected {expected:,}: {what}.", fix=fix)
     return "GPT-2 small: 124,439,808, to the last parameter."
 
 
