@@ -732,6 +732,7 @@ def rank_collapse_stacks(seed: int) -> tuple[dict, torch.Tensor]:
     return stacks, torch.randn(1, 16, 64)
 
 
+# %%
 def distances_through(stacks: dict, tokens: torch.Tensor) -> tuple[dict, dict]:
     """Per stack: the distance from rank one after 0, 1, ..., DEPTH layers, and the rank at the top."""
     distances, final_rank = {}, {}
