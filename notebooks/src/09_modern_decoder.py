@@ -982,15 +982,19 @@ for block in rope_net.blocks:
     block[1].rope = tables["RoPE as trained"]
 assert rescaled["RoPE as trained"] == length_losses["rope"]
 interpolated, ntk = rescaled["position interpolation (/4)"], rescaled["NTK-aware base"]
-assert all(i > r for i, r in zip(interpolated, length_losses["rope"], strict=True))  # worse without finetuning
+assert interpolated[0] > rope_row[0] + 0.5 and interpolated[1] > rope_row[1] + 0.5  # worse without finetuning
+assert interpolated[2] > rope_row[2] - 0.2  # and at 4x no real gain over plain RoPE
 assert ntk[2] < length_losses["rope"][2] - 0.2 and ntk[0] < length_losses["rope"][0] + 0.2
 
 # %% [markdown]
 # The fast pairs turned many full circles within 64 positions, so every angle they meet at 256
 # was met in training; the slower pairs (five of eight here) never completed a turn, and a longer
 # window takes them to angles they never had. Rescaling aims at exactly those. Without the
-# finetuning the methods assume, position interpolation is worse at every length: it squeezes
-# neighbours to a quarter of a position apart, a spacing the model never saw. NTK-aware scaling
+# finetuning the methods assume, position interpolation is far worse at the training length and at
+# twice it: it squeezes neighbours to a quarter of a position apart, a spacing the model never saw.
+# At four times the length it is no real gain over plain RoPE either: worse after the default 100
+# steps, about equal after 300 (turn `TRAIN_STEPS` to see it), because plain RoPE's own loss there
+# climbs with longer training. NTK-aware scaling
 # keeps the short-range loss close to the original and removes most of the damage at 256. ALiBi
 # needed neither.
 #
