@@ -17,6 +17,15 @@ def test_advantages_are_normalised_within_each_group():
     torch.testing.assert_close(adv[2], (rewards[2] - 0.25) / (std + 1e-4))
 
 
+def test_advantages_without_scaling_are_the_centred_rewards():
+    """Dr. GRPO drops the division by the group's std (scale=False)."""
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [3.0, 1.0, 2.0, 2.0]])
+    torch.testing.assert_close(group_advantages(rewards, scale=False),
+                               torch.tensor([[0.75, -0.25, -0.25, -0.25], [1.0, -1.0, 0.0, 0.0]]))
+    with pytest.raises(TypeError, match="scale"):
+        group_advantages(rewards, scale="False")
+
+
 def test_k3_is_non_negative_and_unbiased_for_kl():
     generator = torch.Generator().manual_seed(0)
     p = torch.softmax(torch.randn(5, generator=generator), 0)

@@ -182,37 +182,41 @@ def test_rollout_rewards_a_right_answer_with_one(tok, monkeypatch):
 
 
 def _hand_grpo(policy, reference, tok, facts, steps, prompts_per_step, group_size, lr, iterations,
-               epsilon, beta, normalise, temperature, max_new_tokens, seed):
-    """train_grpo written out from its docstring with the module's own pieces."""
+               epsilon, beta, normalise, temperature, max_new_tokens, seed, scale_rewards=True):
+    """train_grpo written out from its docstring with the module's own pieces: one loss over the
+    whole batch of P * G answers, padded to nothing (every completion is max_new_tokens long)."""
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr,
                                   weight_decay=0.0)
     history = {"reward": [], "kl": [], "clipped": []}
+
+    def logps_of(model, groups):
+        rows = []
+        for ids, _, _ in groups:
+            prompt_len = ids.shape[1] - max_new_tokens
+            rows.append(sft.token_logps(model(ids), ids)[:, prompt_len - 1:])
+        return torch.cat(rows)
+
     for _ in range(steps):
         chosen = torch.randint(len(facts), (prompts_per_step,), generator=generator).tolist()
         policy.eval()
         groups = [grpo.rollout(policy, tok, facts[i], group_size, max_new_tokens, temperature, generator)
                   for i in chosen]
         rewards = torch.stack([g[2] for g in groups])
-        advantages = group_advantages(rewards)
+        advantages = group_advantages(rewards, scale=scale_rewards).reshape(-1)
+        mask = torch.cat([m[:, m.shape[1] - max_new_tokens:] for _, m, _ in groups])
         with torch.no_grad():
-            olds = [sft.token_logps(policy(ids), ids) for ids, _, _ in groups]
-            refs = [sft.token_logps(reference(ids), ids) for ids, _, _ in groups]
+            olds, refs = logps_of(policy, groups), logps_of(reference, groups)
         policy.train()
         for _ in range(iterations):
-            losses, kls, clips = [], [], []
-            for (ids, mask, _), old, ref, adv in zip(groups, olds, refs, advantages, strict=True):
-                loss, s = grpo_loss(sft.token_logps(policy(ids), ids), old, ref, adv, mask[:, 1:],
-                                    epsilon, beta, normalise)
-                losses.append(loss)
-                kls.append(s["kl"])
-                clips.append(s["clipped"])
+            loss, s = grpo_loss(logps_of(policy, groups), olds, refs, advantages, mask, epsilon, beta,
+                                normalise)
             optimizer.zero_grad()
-            torch.stack(losses).mean().backward()
+            loss.backward()
             optimizer.step()
         history["reward"].append(rewards.mean().item())
-        history["kl"].append(sum(kls) / len(kls))
-        history["clipped"].append(sum(clips) / len(clips))
+        history["kl"].append(s["kl"])
+        history["clipped"].append(s["clipped"])
     return history
 
 
@@ -232,6 +236,50 @@ def test_train_grpo_equals_the_hand_loop(tok):
         assert (p - q).abs().max() < 1e-6
     assert got["kl"][-1] > 0 and got["clipped"][-1] > 0  # the ratio moved in the second iteration
     assert not policy.training and not reference.training
+
+
+@pytest.mark.parametrize("normalise, scale_rewards", [("constant", False), ("sequence", True)])
+def test_train_grpo_equals_the_hand_loop_for_dr_grpo_and_grpo(tok, normalise, scale_rewards):
+    facts = tasks.all_facts(2)
+    reference, policy = _gpt(tok, 0), _gpt(tok, 1)
+    hand = copy.deepcopy(policy)
+    args = dict(steps=2, prompts_per_step=3, group_size=3, lr=5e-2, iterations=2, epsilon=0.1,
+                beta=0.3, normalise=normalise, temperature=1.5, max_new_tokens=4, seed=2,
+                scale_rewards=scale_rewards)
+    got = grpo.train_grpo(policy, reference, tok, facts, **args)
+    want = _hand_grpo(hand, reference, tok, facts, **args)
+    for key in ("reward", "kl", "clipped"):
+        assert got[key] == pytest.approx(want[key], abs=1e-6), key
+    for p, q in zip(policy.parameters(), hand.parameters(), strict=True):
+        assert (p - q).abs().max() < 1e-6
+
+
+def test_token_normalisation_spans_the_whole_batch_not_each_group(tok, monkeypatch):
+    """DAPO's token mean is over all answers of the step: with one group of long answers and one
+    of short ones, the long group's tokens weigh more than in a mean of the two groups' means."""
+    seen = {}
+
+    def spy(logps, old, ref, advantages, mask, epsilon, beta, normalise):
+        seen.update(shape=tuple(logps.shape), advantages=advantages.shape, normalise=normalise)
+        return grpo_loss(logps, old, ref, advantages, mask, epsilon, beta, normalise)
+    monkeypatch.setattr(grpo, "grpo_loss", spy)
+    grpo.train_grpo(_gpt(tok, 1), _gpt(tok, 0), tok, tasks.all_facts(2), steps=1, prompts_per_step=3,
+                    group_size=4, iterations=1, normalise="token", max_new_tokens=5)
+    assert seen == dict(shape=(12, 5), advantages=(12,), normalise="token")  # one call, P * G rows
+
+
+def test_train_grpo_scale_rewards_reaches_the_advantages(tok, monkeypatch):
+    seen = []
+    real = grpo.group_advantages
+
+    def spy(rewards, eps=1e-4, scale=True):
+        seen.append(scale)
+        return real(rewards, eps, scale)
+    monkeypatch.setattr(grpo, "group_advantages", spy)
+    for scale in (False, True):
+        grpo.train_grpo(_gpt(tok, 1), _gpt(tok, 0), tok, tasks.all_facts(2), steps=1,
+                        prompts_per_step=1, group_size=2, max_new_tokens=2, scale_rewards=scale)
+    assert seen == [False, True]
 
 
 def test_train_grpo_defaults(tok, monkeypatch):
