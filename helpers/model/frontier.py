@@ -164,9 +164,10 @@ class FrontierBlock(nn.Module):
         self.norm2 = RMSNorm(config.d_model, config.norm_eps)
         if config.n_experts:
             self.mlp = MoELayer(config.d_model, config.n_experts, config.top_k, config.expert_hidden,
-                                config.router_mode, config.normalize_topk, config.mlp_hidden,
-                                config.capacity_factor, config.balance, config.aux_coef,
-                                config.bias_rate)
+                                mode=config.router_mode, normalize=config.normalize_topk,
+                                shared_hidden=config.mlp_hidden,
+                                capacity_factor=config.capacity_factor, balance=config.balance,
+                                aux_coef=config.aux_coef, bias_rate=config.bias_rate)
         else:
             self.mlp = SwiGLUFeedForward(config.d_model, config.mlp_hidden)
 
