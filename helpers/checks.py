@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -86,14 +87,18 @@ def instance(name: str, value: Any, kind: type | tuple[type, ...], expected: str
     return value
 
 
-def tensor_shape(name: str, value: Any, shape: tuple[int | None, ...], expected: str,
+AT_LEAST_ONE = range(1, sys.maxsize)   # a size in tensor_shape: not empty
+
+
+def tensor_shape(name: str, value: Any, shape: tuple[int | range | None, ...], expected: str,
                  verb: str = "has shape") -> Any:
     """`value` unchanged, if it is a torch tensor of len(shape) dimensions whose sizes match
-    `shape` (an int: exactly that size, None: any size); else a ValueError
+    `shape` (an int: exactly that size, a range: a size in it, None: any size); else a ValueError
     "{name} {verb} {got}, expected {expected}", got being its shape, or its type's name when it
     is not a tensor: tensor_shape("logits", logits, (None, 8), "(T, 8)")."""
     fits = _is_tensor(value) and value.dim() == len(shape) and all(
-        want is None or size == want for size, want in zip(value.shape, shape, strict=True))
+        want is None or (size in want if isinstance(want, range) else size == want)
+        for size, want in zip(value.shape, shape, strict=True))
     if not fits:
         got = tuple(value.shape) if _is_tensor(value) else type(value).__name__
         raise ValueError(f"{name} {verb} {got}, expected {expected}")

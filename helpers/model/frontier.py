@@ -231,9 +231,7 @@ class FrontierGPT(nn.Module):
 
     def forward(self, token_ids: Tensor) -> Tensor:
         """token_ids: (B, N) -> logits (B, N, V). N may exceed context_length (see rope_rows)."""
-        if not isinstance(token_ids, Tensor) or token_ids.dim() != 2 or token_ids.shape[1] == 0:
-            got = tuple(token_ids.shape) if isinstance(token_ids, Tensor) else type(token_ids).__name__
-            raise ValueError(f"token_ids has shape {got}, expected (B, N) with N >= 1")
+        checks.tensor_shape("token_ids", token_ids, (None, checks.AT_LEAST_ONE), "(B, N) with N >= 1")
         check_token_ids(token_ids, self.config.vocab_size)
         table = self.rope_rows(token_ids.shape[1])
         x = self.embed(token_ids)
