@@ -46,7 +46,10 @@ def parse_cells(text: str) -> list[tuple[str, str]]:
 
     jupytext reads the format; the course adds three rules: the cell `# %% [setup]` (read by
     jupytext as an empty code cell titled "[setup]") becomes SETUP_CELL, every source loses its
-    leading and trailing blank lines, and a cell left empty is dropped.
+    leading and trailing blank lines, and a cell left empty is dropped. Where jupytext reads
+    differently from a plain split on `# %%` (none of the sources does it today): a commented
+    magic in a code cell (`# %time`, `# !ls`) becomes the magic, options after `# %%` (`tags=[...]`)
+    and a `# ---` header become metadata, which the build does not keep.
     """
     from helpers.lab.environment import SETUP_CELL
 

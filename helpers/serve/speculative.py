@@ -138,9 +138,9 @@ def round_distribution(target: Conditional, draft: Conditional, context: tuple[i
                        k: int) -> dict[tuple[int, ...], float]:
     """P(one round's output tokens | context), every draft path enumerated.
 
-    Drafted token i is x with probability q(x); it is kept with acceptance_probability, else
-    replaced by y drawn from the residual, which ends the round; when all k are kept, a bonus
-    token comes from the target. Outputs have 1 to k + 1 tokens.
+    Drafted token i is x with probability q(x) and is kept with acceptance_probability; if it is
+    rejected (whichever x it was), y drawn from the residual replaces it and ends the round;
+    when all k are kept, a bonus token comes from the target. Outputs have 1 to k + 1 tokens.
     """
     checks.instance("context", context, tuple, "a tuple of token ids")
     checks.positive_int("k", k)
@@ -151,17 +151,16 @@ def round_distribution(target: Conditional, draft: Conditional, context: tuple[i
         for drafted, weight in kept.items():
             p = target(context + drafted).double()
             q = draft(context + drafted).double()
-            fix = residual(p, q).tolist()
+            rejected = 0.0              # P(the token drafted here is rejected)
             for x, qx in enumerate(q.tolist()):
-                if qx <= 0:
-                    continue
-                keep = acceptance_probability(p, q, x)
-                if keep > 0:
-                    _add(still_kept, drafted + (x,), weight * qx * keep)
-                if keep < 1:
-                    for y, ry in enumerate(fix):
-                        if ry > 0:
-                            _add(out, drafted + (y,), weight * qx * (1 - keep) * ry)
+                if qx > 0:
+                    keep = acceptance_probability(p, q, x)
+                    if keep > 0:
+                        _add(still_kept, drafted + (x,), weight * qx * keep)
+                    rejected += qx * (1 - keep)
+            for y, ry in enumerate(residual(p, q).tolist()):
+                if rejected > 0 and ry > 0:
+                    _add(out, drafted + (y,), weight * rejected * ry)
         kept = still_kept
     for drafted, weight in kept.items():  # all k kept: a bonus token from the target
         for x, px in enumerate(target(context + drafted).double().tolist()):
