@@ -8,6 +8,7 @@
     boolean(name, value)                      True or False, never a string such as "False"
     one_of(name, value, choices)              one of a few allowed values
     instance(name, value, kind, expected)     an instance of `kind` (str, random.Random, ...)
+    tensor_shape(name, value, shape, ...)     a torch tensor of a given number of dimensions and sizes
 
 Every check takes the argument's name first and its value second, returns the value (converted
 to a plain Python number where that helps), and raises with a message that names the argument,
@@ -16,13 +17,15 @@ what it got and what was expected:
     TypeError   the value has the wrong type (a float or a string where an int is expected)
     ValueError  the type is right but the value is not allowed (0 where a positive int is expected)
 
-Model code: it imports nothing but the standard library.
+Model code: it imports nothing but the standard library (a torch tensor is recognised by its
+class's name and module, as a numpy bool is).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -41,6 +44,11 @@ def _is_real(value: Any) -> bool:
     """An int, a float or a numpy number, but not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) \
         and not _is_numpy_bool(value)
+
+
+def _is_tensor(value: Any) -> bool:
+    """A torch.Tensor or a subclass of it (nn.Parameter), recognised without importing torch."""
+    return any(cls.__name__ == "Tensor" and cls.__module__ == "torch" for cls in type(value).__mro__)
 
 
 def _got(value: Any) -> str:
@@ -76,6 +84,24 @@ def instance(name: str, value: Any, kind: type | tuple[type, ...], expected: str
     """`value` unchanged, if it is an instance of `kind`; else a TypeError naming `name`."""
     if not isinstance(value, kind):
         raise TypeError(f"{name} is {_got(value)}, expected {expected}")
+    return value
+
+
+AT_LEAST_ONE = range(1, sys.maxsize)   # a size in tensor_shape: not empty
+
+
+def tensor_shape(name: str, value: Any, shape: tuple[int | range | None, ...], expected: str,
+                 verb: str = "has shape") -> Any:
+    """`value` unchanged, if it is a torch tensor of len(shape) dimensions whose sizes match
+    `shape` (an int: exactly that size, a range: a size in it, None: any size); else a ValueError
+    "{name} {verb} {got}, expected {expected}", got being its shape, or its type's name when it
+    is not a tensor: tensor_shape("logits", logits, (None, 8), "(T, 8)")."""
+    fits = _is_tensor(value) and value.dim() == len(shape) and all(
+        want is None or (size in want if isinstance(want, range) else size == want)
+        for size, want in zip(value.shape, shape, strict=True))
+    if not fits:
+        got = tuple(value.shape) if _is_tensor(value) else type(value).__name__
+        raise ValueError(f"{name} {verb} {got}, expected {expected}")
     return value
 
 

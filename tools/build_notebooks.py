@@ -6,7 +6,8 @@
 
 Each notebook is written as `notebooks/src/NN_name.py` in the "percent" format (`# %%` starts a
 code cell, `# %% [markdown]` a markdown cell whose lines start with `# `), which diffs and reviews
-like any Python file. A cell that is exactly `# %% [setup]` becomes the course's set-up cell
+like any Python file; jupytext reads it (so JupyterLab's jupytext can also pair a source with a
+notebook). A cell that is exactly `# %% [setup]` becomes the course's set-up cell
 (`helpers.lab.environment.SETUP_CELL`). This script turns each source into `notebooks/NN_name.ipynb`
 and executes it in a fresh kernel, as "Restart and Run All" would, storing the real outputs that
 nbval later compares. Run it inside the course's environment (`.venv/bin/python`).
@@ -29,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+import jupytext
 import nbformat
 from nbclient import NotebookClient
 
@@ -36,31 +38,27 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 SOURCES = NOTEBOOKS / "src"
 SETUP_MARKER = "# %% [setup]"
+SETUP_TITLE = SETUP_MARKER.removeprefix("# %%").strip()   # what jupytext makes of the marker
 
 
 def parse_cells(text: str) -> list[tuple[str, str]]:
-    """Split a percent-format source into (cell_type, source) pairs."""
+    """Split a percent-format source into (cell_type, source) pairs.
+
+    jupytext reads the format; the course adds three rules: the cell `# %% [setup]` (read by
+    jupytext as an empty code cell titled "[setup]") becomes SETUP_CELL, every source loses its
+    leading and trailing blank lines, and a cell left empty is dropped. Where jupytext reads
+    differently from a plain split on `# %%` (none of the sources does it today): a commented
+    magic in a code cell (`# %time`, `# !ls`) becomes the magic, options after `# %%` (`tags=[...]`)
+    and a `# ---` header become metadata, which the build does not keep.
+    """
     from helpers.lab.environment import SETUP_CELL
 
-    cells: list[tuple[str, list[str]]] = []
-    for line in text.splitlines():
-        if line.startswith("# %%"):
-            if line.strip() == SETUP_MARKER:
-                cells.append(("setup", []))
-            else:
-                cells.append(("markdown" if "[markdown]" in line else "code", []))
-        elif cells:
-            cells[-1][1].append(line)
     parsed = []
-    for kind, lines in cells:
-        if kind == "setup":
+    for cell in jupytext.reads(text, fmt="py:percent").cells:
+        if cell.cell_type == "code" and cell.metadata.get("title") == SETUP_TITLE:
             parsed.append(("code", SETUP_CELL))
-            continue
-        if kind == "markdown":
-            lines = [line[2:] if line.startswith("# ") else line.lstrip("#") for line in lines]
-        source = "\n".join(lines).strip("\n")
-        if source:
-            parsed.append((kind, source))
+        elif cell.source.strip("\n"):
+            parsed.append((cell.cell_type, cell.source.strip("\n")))
     return parsed
 
 

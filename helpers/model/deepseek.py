@@ -97,9 +97,8 @@ class DeepSeekGPT(nn.Module):
 
     def forward(self, token_ids: Tensor, absorbed: bool = False) -> Tensor:
         check_token_ids(token_ids, self.config.vocab_size)
-        if token_ids.dim() != 2 or not 1 <= token_ids.shape[1] <= self.config.context_length:
-            raise ValueError(f"token_ids has shape {tuple(token_ids.shape)}, expected (B, N) with "
-                             f"1 <= N <= {self.config.context_length}")
+        checks.tensor_shape("token_ids", token_ids, (None, range(1, self.config.context_length + 1)),
+                            f"(B, N) with 1 <= N <= {self.config.context_length}")
         x = self.embed(token_ids)
         for block in self.blocks:
             x = block(x, self.rope, absorbed)

@@ -164,9 +164,10 @@ class FrontierBlock(nn.Module):
         self.norm2 = RMSNorm(config.d_model, config.norm_eps)
         if config.n_experts:
             self.mlp = MoELayer(config.d_model, config.n_experts, config.top_k, config.expert_hidden,
-                                config.router_mode, config.normalize_topk, config.mlp_hidden,
-                                config.capacity_factor, config.balance, config.aux_coef,
-                                config.bias_rate)
+                                mode=config.router_mode, normalize=config.normalize_topk,
+                                shared_hidden=config.mlp_hidden,
+                                capacity_factor=config.capacity_factor, balance=config.balance,
+                                aux_coef=config.aux_coef, bias_rate=config.bias_rate)
         else:
             self.mlp = SwiGLUFeedForward(config.d_model, config.mlp_hidden)
 
@@ -190,31 +191,49 @@ class FrontierGPT(nn.Module):
         for p in self.parameters():
             if p.dim() >= 2:
                 nn.init.normal_(p, std=0.02)
-        self.rope = rope_table(config, config.context_length)
+        table = rope_table(config, config.context_length)
+        # Buffers, so .to() and .double() move them with the weights; not persistent, so the
+        # state dict (and every checkpoint) holds the weights only.
+        self.register_buffer("rope_cos", table.cos, persistent=False)     # (context_length, D_H/2)
+        self.register_buffer("rope_sin", table.sin, persistent=False)
 
-    def _apply(self, fn, recurse: bool = True):  # keep the RoPE table on the model's device/dtype
-        super()._apply(fn, recurse)
-        like = fn(self.rope.cos)          # the device and dtype fn moves to (after to_empty: no values)
-        table = rope_table(self.config, self.config.context_length)   # so the values are rebuilt
-        self.rope = RopeTable(table.cos.to(like), table.sin.to(like))
+    @property
+    def rope(self) -> RopeTable:
+        """The stored table, context_length rows."""
+        return RopeTable(self.rope_cos, self.rope_sin)
+
+    @rope.setter
+    def rope(self, table: RopeTable) -> None:
+        self.rope_cos, self.rope_sin = table.cos, table.sin
+
+    def rope_rows(self, n: int) -> RopeTable:
+        """The table's first n rows: the stored table's, or past it (the length experiments
+        evaluate there) a longer one built for the purpose and not kept."""
+        if n > self.rope_cos.shape[0]:
+            return self._built_rope(n)
+        return RopeTable(self.rope_cos[:n], self.rope_sin[:n])
+
+    def to_empty(self, *, device: torch.device | str | None, recurse: bool = True) -> FrontierGPT:
+        """nn.Module.to_empty, then the RoPE table's values again: it is not in the state dict,
+        so a model built on the meta device and then loaded would otherwise keep empty memory."""
+        super().to_empty(device=device, recurse=recurse)
+        self.rope = self._built_rope(self.config.context_length)
         return self
+
+    def _built_rope(self, n: int) -> RopeTable:
+        """The one rule that computes table values: n rows from the config, in the stored
+        table's dtype and on its device."""
+        table = rope_table(self.config, n)
+        return RopeTable(table.cos.to(self.rope_cos), table.sin.to(self.rope_sin))
 
     def moe_layers(self) -> list[MoELayer]:
         return [block.mlp for block in self.blocks if isinstance(block.mlp, MoELayer)]
 
     def forward(self, token_ids: Tensor) -> Tensor:
-        """token_ids: (B, N) -> logits (B, N, V). N may exceed context_length only up to the
-        RoPE table, which is rebuilt on demand (the length experiments evaluate past it)."""
-        if not isinstance(token_ids, Tensor) or token_ids.dim() != 2 or token_ids.shape[1] == 0:
-            got = tuple(token_ids.shape) if isinstance(token_ids, Tensor) else type(token_ids).__name__
-            raise ValueError(f"token_ids has shape {got}, expected (B, N) with N >= 1")
+        """token_ids: (B, N) -> logits (B, N, V). N may exceed context_length (see rope_rows)."""
+        checks.tensor_shape("token_ids", token_ids, (None, checks.AT_LEAST_ONE), "(B, N) with N >= 1")
         check_token_ids(token_ids, self.config.vocab_size)
-        n = token_ids.shape[1]
-        table = self.rope
-        if n > table.n_positions:
-            table = rope_table(self.config, n)
-            table = RopeTable(table.cos.to(self.rope.cos), table.sin.to(self.rope.sin))
-        table = RopeTable(table.cos[:n], table.sin[:n])
+        table = self.rope_rows(token_ids.shape[1])
         x = self.embed(token_ids)
         for block in self.blocks:
             x = block(x, table)

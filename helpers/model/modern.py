@@ -342,9 +342,7 @@ class ModernGPT(nn.Module):
         return self.lm_head(self.norm(x))
 
     def _check_ids(self, token_ids: Tensor, start: int) -> None:
-        if not isinstance(token_ids, Tensor) or token_ids.dim() != 2 or token_ids.shape[1] == 0:
-            got = tuple(token_ids.shape) if isinstance(token_ids, Tensor) else type(token_ids).__name__
-            raise ValueError(f"token_ids has shape {got}, expected (B, N) with N >= 1")
+        checks.tensor_shape("token_ids", token_ids, (None, checks.AT_LEAST_ONE), "(B, N) with N >= 1")
         check_token_ids(token_ids, self.config.vocab_size)
         if start + token_ids.shape[1] > self.config.context_length:
             raise ValueError(f"token_ids reach position {start + token_ids.shape[1] - 1}, expected "

@@ -2,14 +2,16 @@
 
 Defined in notebook 12, "The decoder of 2025-2026", section 1, in the order it derives them:
 
-    route                    top-k of the router's scores, three conventions:
-                             "softmax_topk"  softmax over all E, keep the k largest (Qwen3-MoE,
-                                             DeepSeek-V2; the weights sum to less than 1)
-                             "topk_softmax"  softmax over the k largest logits only (Mixtral:
-                                             transformers computes it as softmax, top-k,
-                                             renormalise, which is the same numbers)
-                             "sigmoid"       sigmoid scores, top-k, renormalised (DeepSeek-V3);
-                                             a per-expert bias moves the choice, not the weights
+    route                    checks its arguments, then top-k of the router's scores by one of
+                             three conventions, each a function of its own:
+      "softmax_topk"  _softmax_then_top_k  softmax over all E, keep the k largest (Qwen3-MoE,
+                                           DeepSeek-V2; the weights sum to less than 1)
+      "topk_softmax"  _top_k_then_softmax  softmax over the k largest logits only (Mixtral:
+                                           transformers computes it as softmax, top-k,
+                                           renormalise, which is the same numbers)
+      "sigmoid"       _sigmoid_top_k       sigmoid scores, top-k, renormalised (DeepSeek-V3),
+                                           among the token's best expert groups (group_limit);
+                                           a per-expert bias moves the choice, not the weights
     Experts                  E SwiGLU experts stored as three (E, ...) tensors
     Experts.loop             plain code: for each expert, its tokens, index_add back
     Experts.sorted           tokens sorted by expert into an (E, C, D) buffer, one batched product;
@@ -62,9 +64,7 @@ def check_groups(n_group: int, topk_group: int, n_experts: int, top_k: int) -> N
 def group_limit(choice: Tensor, n_group: int, topk_group: int) -> Tensor:
     """DeepSeek-V3's restriction: choice (T, E) with every expert outside the token's
     `topk_group` best groups (a group's score: the sum of its two best) set to -inf."""
-    if not isinstance(choice, Tensor) or choice.dim() != 2:
-        got = tuple(choice.shape) if isinstance(choice, Tensor) else type(choice).__name__
-        raise ValueError(f"choice has shape {got}, expected (T, E)")
+    checks.tensor_shape("choice", choice, (None, None), "(T, E)")
     check_groups(n_group, topk_group, choice.shape[1], 1)
     t, e = choice.shape
     grouped = choice.view(t, n_group, e // n_group)                         # (T, G, E/G)
@@ -74,9 +74,18 @@ def group_limit(choice: Tensor, n_group: int, topk_group: int) -> Tensor:
     return grouped.masked_fill(~keep[..., None], float("-inf")).view(t, e)
 
 
+def check_group_mode(mode: str, n_group: int, topk_group: int, n_experts: int, top_k: int,
+                     why: str = "") -> None:
+    """Expert groups (n_group, topk_group not both 1) are checked, and allowed with "sigmoid" only."""
+    if n_group != 1 or topk_group != 1:
+        check_groups(n_group, topk_group, n_experts, top_k)
+        if mode != "sigmoid":
+            raise ValueError(f"n_group is {n_group} with mode {mode!r}, expected mode 'sigmoid'{why}")
+
+
 def route(logits: Tensor, top_k: int, mode: str = "softmax_topk", bias: Tensor | None = None,
           normalize: bool = False, n_group: int = 1, topk_group: int = 1) -> tuple[Tensor, Tensor]:
-    """logits (T, E) -> weights (T, k), experts (T, k) (long).
+    """logits (T, E) -> weights (T, k), experts (T, k) (long), by the router convention `mode`.
 
     bias (E,), optional: added to the scores only to choose the experts (DeepSeek-V3's
     loss-free balancing); the weights are the scores without it. normalize=True rescales the
@@ -87,33 +96,62 @@ def route(logits: Tensor, top_k: int, mode: str = "softmax_topk", bias: Tensor |
     NaN or inf logits are not checked here (the router runs at every forward pass, like every
     other layer): they propagate into the weights and choices; the trainer refuses the NaN loss.
     """
-    if not isinstance(logits, Tensor) or logits.dim() != 2:
-        got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-        raise ValueError(f"logits has shape {got}, expected (T, E): one score per token and expert")
-    check_top_k(top_k, logits.shape[1])
+    checks.tensor_shape("logits", logits, (None, None), "(T, E): one score per token and expert")
+    n_experts = logits.shape[1]
+    check_top_k(top_k, n_experts)
     checks.one_of("mode", mode, ROUTER_MODES)
     checks.boolean("normalize", normalize)
-    if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (logits.shape[1],)):
-        got = tuple(bias.shape) if isinstance(bias, Tensor) else type(bias).__name__
-        raise ValueError(f"bias is {got}, expected a tensor ({logits.shape[1]},): one per expert")
-    if n_group != 1 or topk_group != 1:
-        check_groups(n_group, topk_group, logits.shape[1], top_k)
-        if mode != "sigmoid":
-            raise ValueError(f"n_group is {n_group} with mode {mode!r}, expected mode 'sigmoid': "
-                             "only DeepSeek's router limits the groups")
+    if bias is not None:
+        checks.tensor_shape("bias", bias, (n_experts,), f"a tensor ({n_experts},): one per expert",
+                            verb="is")
+    check_group_mode(mode, n_group, topk_group, n_experts, top_k,
+                     why=": only DeepSeek's router limits the groups")
+    if mode == "softmax_topk":
+        return _softmax_then_top_k(logits, top_k, bias, normalize)
     if mode == "topk_softmax":
-        top, experts = torch.topk(logits + (0 if bias is None else bias), top_k, dim=-1)
-        chosen = logits.gather(1, experts) if bias is not None else top
-        return torch.softmax(chosen.float(), dim=-1).to(logits.dtype), experts
-    scores = torch.softmax(logits.float(), dim=-1) if mode == "softmax_topk" else logits.float().sigmoid()
-    choice = scores + (0 if bias is None else bias)
+        return _top_k_then_softmax(logits, top_k, bias)
+    return _sigmoid_top_k(logits, top_k, bias, normalize, n_group, topk_group)
+
+
+def _softmax_then_top_k(logits: Tensor, top_k: int, bias: Tensor | None,
+                        normalize: bool) -> tuple[Tensor, Tensor]:
+    """Qwen3-MoE, DeepSeek-V2: softmax over all E experts, keep the k largest (route's checks)."""
+    scores = torch.softmax(logits.float(), dim=-1)                          # (T, E)
+    return _keep_top_k(scores, _plus(scores, bias), top_k, normalize, logits.dtype)
+
+
+def _top_k_then_softmax(logits: Tensor, top_k: int, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Mixtral: the k largest logits, then a softmax over those k only, so they sum to 1.
+    (transformers computes softmax, top-k, renormalise: the same numbers.)"""
+    experts = torch.topk(_plus(logits, bias), top_k, dim=-1).indices        # (T, k)
+    chosen = logits.gather(1, experts)                                      # without the bias
+    return torch.softmax(chosen.float(), dim=-1).to(logits.dtype), experts
+
+
+def _sigmoid_top_k(logits: Tensor, top_k: int, bias: Tensor | None, normalize: bool,
+                   n_group: int = 1, topk_group: int = 1) -> tuple[Tensor, Tensor]:
+    """DeepSeek-V3: a sigmoid score per expert, the k largest among the token's topk_group best
+    groups (n_group > 1), usually renormalised (route's checks)."""
+    scores = logits.float().sigmoid()                                       # (T, E)
+    choice = _plus(scores, bias)
     if n_group > 1:
         choice = group_limit(choice, n_group, topk_group)
-    experts = torch.topk(choice, top_k, dim=-1).indices
+    return _keep_top_k(scores, choice, top_k, normalize, logits.dtype)
+
+
+def _plus(scores: Tensor, bias: Tensor | None) -> Tensor:
+    """The scores the experts are chosen by: with the balancing bias, if there is one."""
+    return scores if bias is None else scores + bias
+
+
+def _keep_top_k(scores: Tensor, choice: Tensor, top_k: int, normalize: bool,
+                dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The k experts of largest `choice` (T, E) and their `scores`, summing to 1 if normalize."""
+    experts = torch.topk(choice, top_k, dim=-1).indices                     # (T, k)
     weights = scores.gather(1, experts)
     if normalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(logits.dtype), experts
+    return weights.to(dtype), experts
 
 
 def expert_capacity(n_tokens: int, top_k: int, n_experts: int, capacity_factor: float) -> int:
@@ -150,9 +188,7 @@ def switch_aux_loss(logits: Tensor, experts: Tensor, n_experts: int) -> Tensor:
     expert i. 1 x k when the load is uniform; larger when the router concentrates. Equal to
     transformers' `load_balancing_loss_func` for one layer.
     """
-    if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[1] != n_experts:
-        got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-        raise ValueError(f"logits has shape {got}, expected (T, {n_experts})")
+    checks.tensor_shape("logits", logits, (None, n_experts), f"(T, {n_experts})")
     check_expert_indices(experts, n_experts)
     if experts.dim() != 2 or experts.shape[0] != logits.shape[0]:
         raise ValueError(f"experts has shape {tuple(experts.shape)}, expected ({logits.shape[0]}, k)")
@@ -257,17 +293,14 @@ class MoELayer(nn.Module):
     After every forward, `last_logits` (T, E) and `last_load` (E,) say what the router did.
     """
 
-    def __init__(self, d_model: int, n_experts: int, top_k: int, hidden: int,
+    def __init__(self, d_model: int, n_experts: int, top_k: int, hidden: int, *,
                  mode: str = "softmax_topk", normalize: bool = False, shared_hidden: int = 0,
                  capacity_factor: float | None = None, balance: str = "none",
                  aux_coef: float = 0.01, bias_rate: float = 1e-3, routed_scale: float = 1.0,
                  n_group: int = 1, topk_group: int = 1) -> None:
         super().__init__()
         check_top_k(top_k, n_experts)
-        if n_group != 1 or topk_group != 1:
-            check_groups(n_group, topk_group, n_experts, top_k)
-            if mode != "sigmoid":
-                raise ValueError(f"n_group is {n_group} with mode {mode!r}, expected mode 'sigmoid'")
+        check_group_mode(mode, n_group, topk_group, n_experts, top_k)
         self.n_group, self.topk_group = n_group, topk_group
         checks.one_of("mode", mode, ROUTER_MODES)
         checks.boolean("normalize", normalize)
@@ -295,8 +328,8 @@ class MoELayer(nn.Module):
         flat = x.reshape(-1, self.d_model)                                  # (T, D)
         logits = self.router(flat)                                          # (T, E)
         use_bias = self.bias if self.balance == "bias" else None
-        weights, experts = route(logits, self.top_k, self.mode, use_bias, self.normalize,
-                                 self.n_group, self.topk_group)
+        weights, experts = route(logits, self.top_k, self.mode, bias=use_bias, normalize=self.normalize,
+                                 n_group=self.n_group, topk_group=self.topk_group)
         weights = weights * self.routed_scale        # DeepSeek-V3's routed_scaling_factor (2.5)
         capacity = None if self.capacity_factor is None else expert_capacity(
             flat.shape[0], self.top_k, self.n_experts, self.capacity_factor)

@@ -8,8 +8,10 @@ Defined in notebook 14, "Serving the model", section 6 (Leviathan et al. 2023; C
     verify_round             one round's k drafted tokens: the kept ones, then a residual draw
                              or the bonus token
     speculative_generate     the loop over two GPTs with KV caches; counts the passes
-    exact_distribution       the output distribution of speculative decoding, every path
-                             enumerated (for tiny vocabularies), to prove it equals the target's
+    round_distribution       one round's outputs and their probabilities, every draft path
+                             enumerated (for tiny vocabularies)
+    exact_distribution       the output distribution of speculative decoding, round after round,
+                             to prove it equals the target's
 
 Accepting x with probability min(1, p/q) and otherwise drawing from the residual gives x with
 probability q(x) min(1, p(x)/q(x)) + (1 - sum_y min(q(y), p(y))) r(x) = min(q, p)(x) +
@@ -112,53 +114,63 @@ def exact_distribution(target: Conditional, draft: Conditional, prefix: tuple[in
                        k: int, n_tokens: int) -> dict[tuple[int, ...], float]:
     """P(the first n_tokens speculative decoding outputs after `prefix`), every path enumerated.
 
-    target, draft: prefix -> probabilities (V,). One round drafts k tokens (V^k draft paths),
-    keeps each with `acceptance_probability`, replaces the first rejected one by a draw from
-    `residual`, or adds a bonus token from the target when all k are kept; rounds repeat until
-    n_tokens are out. Exponential in k and n_tokens: for tiny vocabularies only.
+    target, draft: prefix -> probabilities (V,). Rounds repeat until n_tokens are out, each one
+    enumerated by `round_distribution`; the same loop as `autoregressive_distribution`, with a
+    round in place of a token. Exponential in k and n_tokens: for tiny vocabularies only.
     """
     checks.positive_int("k", k)
     checks.positive_int("n_tokens", n_tokens)
+    prefix = tuple(prefix)
+    paths, finished = {(): 1.0}, {}        # output so far -> its probability
+    while paths:
+        longer = {}
+        for made, weight in paths.items():
+            if len(made) >= n_tokens:
+                _add(finished, made[:n_tokens], weight)
+                continue
+            for tokens, chance in round_distribution(target, draft, prefix + made, k).items():
+                _add(longer, made + tokens, weight * chance)
+        paths = longer
+    return finished
+
+
+def round_distribution(target: Conditional, draft: Conditional, context: tuple[int, ...],
+                       k: int) -> dict[tuple[int, ...], float]:
+    """P(one round's output tokens | context), every draft path enumerated.
+
+    Drafted token i is x with probability q(x) and is kept with acceptance_probability; if it is
+    rejected (whichever x it was), y drawn from the residual replaces it and ends the round;
+    when all k are kept, a bonus token comes from the target. Outputs have 1 to k + 1 tokens.
+    """
+    checks.instance("context", context, tuple, "a tuple of token ids")
+    checks.positive_int("k", k)
     out: dict[tuple[int, ...], float] = {}
-    _rounds(target, draft, tuple(prefix), (), 1.0, k, n_tokens, out)
+    kept = {(): 1.0}                    # drafted tokens kept so far -> probability
+    for _ in range(k):
+        still_kept = {}
+        for drafted, weight in kept.items():
+            p = target(context + drafted).double()
+            q = draft(context + drafted).double()
+            rejected = 0.0              # P(the token drafted here is rejected)
+            for x, qx in enumerate(q.tolist()):
+                if qx > 0:
+                    keep = acceptance_probability(p, q, x)
+                    if keep > 0:
+                        _add(still_kept, drafted + (x,), weight * qx * keep)
+                    rejected += qx * (1 - keep)
+            for y, ry in enumerate(residual(p, q).tolist()):
+                if rejected > 0 and ry > 0:
+                    _add(out, drafted + (y,), weight * rejected * ry)
+        kept = still_kept
+    for drafted, weight in kept.items():  # all k kept: a bonus token from the target
+        for x, px in enumerate(target(context + drafted).double().tolist()):
+            if px > 0:
+                _add(out, drafted + (x,), weight * px)
     return out
 
 
-def _rounds(target: Conditional, draft: Conditional, prefix: tuple[int, ...],
-            made: tuple[int, ...], weight: float, k: int, n_tokens: int,
-            out: dict[tuple[int, ...], float]) -> None:
-    if len(made) >= n_tokens:
-        key = made[:n_tokens]
-        out[key] = out.get(key, 0.0) + weight
-        return
-    _draft_paths(target, draft, prefix, made, weight, k, 0, k, n_tokens, out)
-
-
-def _draft_paths(target: Conditional, draft: Conditional, prefix: tuple[int, ...],
-                 made: tuple[int, ...], weight: float, k: int, i: int, k_round: int,
-                 n_tokens: int, out: dict[tuple[int, ...], float]) -> None:
-    """Drafted token i of the round: enumerate it, keep it or reject it."""
-    context = prefix + made
-    p = target(context).double()
-    if i == k_round:  # all kept: a bonus token from the target
-        for x, px in enumerate(p.tolist()):
-            if px > 0:
-                _rounds(target, draft, prefix, made + (x,), weight * px, k, n_tokens, out)
-        return
-    q = draft(context).double()
-    fix = residual(p, q).tolist()
-    for x, qx in enumerate(q.tolist()):
-        if qx <= 0:
-            continue
-        keep = acceptance_probability(p, q, x)
-        if keep > 0:
-            _draft_paths(target, draft, prefix, made + (x,), weight * qx * keep, k, i + 1,
-                         k_round, n_tokens, out)
-        if keep < 1:
-            for y, ry in enumerate(fix):
-                if ry > 0:
-                    _rounds(target, draft, prefix, made + (y,), weight * qx * (1 - keep) * ry,
-                            k, n_tokens, out)
+def _add(paths: dict[tuple[int, ...], float], path: tuple[int, ...], weight: float) -> None:
+    paths[path] = paths.get(path, 0.0) + weight
 
 
 def autoregressive_distribution(target: Conditional, prefix: tuple[int, ...],
