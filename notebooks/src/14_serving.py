@@ -312,13 +312,14 @@ print("batched == alone for all three prompts")
 # Both extras are needed. Without the position ids (positions counted from the left edge, pads
 # included) or without the mask (pads attended to), the short prompts' logits change.
 #
-# The right mask below is the causal mask and the padding mask, `| torch.eye(n)`: every position
-# may also see itself. Without that, a pad's row would be empty (a pad before the prompt sees no
-# real token), and a plain softmax over a row of nothing but `-inf` is 0/0 = NaN (printed below).
-# The next layer would carry the NaN into the real tokens even though they give the pad weight 0,
-# since 0 x NaN = NaN. The course's attention (and PyTorch's fused one) return zeros for an empty
-# row, but the mask should not depend on that: with the diagonal no row is empty, and the pads'
-# outputs are meaningless but finite numbers that no real token reads.
+# The right mask below is the causal mask and the padding mask combined with `&`, then
+# `| torch.eye(n)`: every position may also see itself. Without that, a pad's row would be empty
+# (a pad before the prompt sees no real token), and a plain softmax over a row of nothing but
+# `-inf` is 0/0 = NaN (printed below). The next layer would carry the NaN into the real tokens
+# even though they give the pad weight 0, since 0 x NaN = NaN. The course's attention (and
+# PyTorch's fused one, in recent versions) returns zeros for an empty row, but the mask should
+# not depend on that: with the diagonal no row is empty, and the pads' outputs are meaningless
+# but finite numbers that no real token reads.
 
 # %%
 n = ids.shape[1]
@@ -709,7 +710,7 @@ print("for example P(0, 2, 1) =", f"{plain[(0, 2, 1)]:.6f}")
 # all: the output follows the draft), or after a rejection redraw from the target's `p` itself
 # instead of the residual `max(0, p - q)` (then a token the draft over-proposes comes out too
 # often, once through acceptance and again through the redraw, and the others too rarely).
-# `wrong` swaps one of the module's functions for the length of a `with` block:
+# `swap_in` replaces one of the module's functions for the length of a `with` block:
 
 # %%
 import contextlib
@@ -718,7 +719,7 @@ import helpers.serve.speculative as speculative
 
 
 @contextlib.contextmanager
-def wrong(**rules):
+def swap_in(**rules):
     """Replace functions of helpers.serve.speculative (by name) inside a with block."""
     saved = {name: getattr(speculative, name) for name in rules}
     for name, rule in rules.items():
@@ -733,7 +734,7 @@ def wrong(**rules):
 WRONG = {"always accept": {"acceptance_probability": lambda p, q, x: 1.0},
          "redraw from p": {"residual": lambda p, q: p.clone()}}
 for name, rules in WRONG.items():
-    with wrong(**rules):
+    with swap_in(**rules):
         bad = exact_distribution(toy_target, toy_draft, (0,), k=2, n_tokens=3)
     print(f"{name}: largest difference from the target's distribution {max(abs(bad[x] - plain[x]) for x in plain):.3f}")
 
@@ -782,9 +783,10 @@ print("speculative greedy == target greedy for k = 1 and 4")
 #
 # The enumeration checks the helper's `acceptance_probability` and `residual`; your
 # `my_accept_or_reject` is another function, and a function that draws random numbers is checked
-# by running it. The check must have power: "the sampled frequencies look about right" (a total
-# variation distance within the noise of a few hundred draws) passes both wrong rules above. A
-# test that fails them is **Pearson's chi-square**: on a vocabulary of 4 tokens, draw `SAMPLES`
+# by running it, with a check that has power. The redraw-from-p rule moves no output's
+# probability by more than 0.047 (printed above), about what a few hundred draws scatter, so "the
+# sampled frequencies look about right" cannot catch it. A test that fails both wrong rules is
+# **Pearson's chi-square**: on a vocabulary of 4 tokens, draw `SAMPLES`
 # two-token outputs of speculative decoding (k = 2) through the rule under test, count each of
 # the 16 possible outputs, and compare with the exact probabilities:
 # `X2 = sum over outputs of (observed - expected)^2 / expected`. For a right rule X2 follows a
@@ -815,7 +817,7 @@ right_p = chi_square_of(verify)
 assert right_p > 0.01
 print(f"the rule in use ({'yours' if verify is my_accept_or_reject else 'the helper'}): p > 0.01, passes")
 for name, rules in WRONG.items():
-    with wrong(**rules):
+    with swap_in(**rules):
         wrong_p = chi_square_of(speculative.verify_round)
     assert wrong_p < 1e-6
     print(f"{name}: p < 1e-6, fails")
