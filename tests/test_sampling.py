@@ -43,6 +43,17 @@ def test_distribution_equals_transformers_processors(seed, rule):
     assert torch.allclose(ours, theirs, atol=1e-6)
 
 
+def test_top_p_with_ties_at_the_edge_keeps_the_same_probabilities_as_transformers():
+    """Three tokens tie for second place and the nucleus takes one of them: both keep two tokens
+    with the same probabilities; ours keeps the lowest id of the tied ones."""
+    logits = torch.tensor([[2.0, 1.0, 1.0, 1.0, 0.0]])
+    ours = sampling.distribution(logits, top_p=0.6)
+    theirs = _reference_probs(logits, 1.0, None, 0.6, None)
+    assert (ours > 0).sum() == (theirs > 0).sum() == 2
+    assert torch.allclose(ours.sort(descending=True).values, theirs.sort(descending=True).values, atol=1e-12)
+    assert (ours[0] > 0).tolist() == [True, True, False, False, False]
+
+
 def test_top_p_keeps_the_smallest_set_reaching_p():
     logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
     kept = sampling.distribution(logits, top_p=0.75) > 0

@@ -2,6 +2,7 @@
 loop on two GPTs (helpers.serve.speculative; notebook 14, section 6)."""
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -12,9 +13,12 @@ from helpers.serve.speculative import (
     accept_or_reject,
     acceptance_probability,
     autoregressive_distribution,
+    chi_square,
     exact_distribution,
     residual,
+    sample_outputs,
     speculative_generate,
+    verify_round,
 )
 
 
@@ -108,3 +112,96 @@ def test_bad_speculative_arguments(call, match):
     target, draft = _models()
     with pytest.raises(ValueError, match=match):
         call(target, draft)
+
+
+def test_full_rounds_count_the_rounds_that_kept_all_k():
+    target, draft = _models()
+    _, same = speculative_generate(target, target, [4, 5], 12, k=3, generator=torch.Generator().manual_seed(0))
+    assert same.full_rounds == same.rounds == 3 and same.full_round_share == 1.0
+    _, stats = speculative_generate(target, draft, [1, 2, 3], 20, k=3, temperature=0)
+    assert stats.full_rounds == stats.rounds - stats.rejected  # a round rejects at most once
+    assert 0 < stats.rejected < stats.rounds  # both kinds of round happen here
+    assert stats.full_round_share == stats.full_rounds / stats.rounds
+
+
+# --- the sampled test: Pearson's chi-square over the outputs of a small vocabulary ----------
+
+def _small():
+    """The pair notebook 14 tests samples on: 4 tokens, softer distributions (logits x 1)."""
+    import functools
+
+    def conditional(salt: int):
+        @functools.cache
+        def probs(prefix: tuple[int, ...]) -> torch.Tensor:
+            gen = torch.Generator().manual_seed(hash((salt, prefix)) % 2**31)
+            return torch.softmax(torch.randn(4, generator=gen, dtype=torch.float64), dim=0)
+        return probs
+    return conditional(0), conditional(1)
+
+
+def test_chi_square_statistic_and_p_value():
+    counts = {(0,): 30, (1,): 50, (2,): 20}
+    probs = {(0,): 0.25, (1,): 0.5, (2,): 0.25}
+    statistic, p_value = chi_square(counts, probs)
+    assert statistic == pytest.approx(25 / 25 + 0 + 25 / 25)
+    assert p_value == pytest.approx(math.exp(-statistic / 2))  # 2 degrees of freedom: e^(-x/2)
+    assert chi_square({(0,): 25, (1,): 50, (2,): 25}, probs) == (0.0, 1.0)
+    assert chi_square({(0,): 1, (3,): 1}, probs) == (math.inf, 0.0)  # an impossible output
+
+
+def test_the_sampled_test_passes_the_right_rule_and_fails_two_wrong_ones(monkeypatch):
+    import helpers.serve.speculative as spec_module
+    target, draft = _small()
+    exact = autoregressive_distribution(target, (0,), n_tokens=2)
+    assert min(exact.values()) * 1000 >= 5  # every expected count at least 5
+
+    def p_value() -> float:
+        counts = sample_outputs(target, draft, (0,), k=2, n_tokens=2, n_samples=1000,
+                                verify=spec_module.verify_round, generator=torch.Generator().manual_seed(0))
+        assert sum(counts.values()) == 1000
+        return chi_square(counts, exact)[1]
+
+    assert p_value() > 0.01
+    with monkeypatch.context() as patch:
+        patch.setattr(spec_module, "acceptance_probability", lambda p, q, x: 1.0)  # always accept
+        assert p_value() < 1e-6
+    with monkeypatch.context() as patch:
+        patch.setattr(spec_module, "residual", lambda p, q: p.clone())  # redraw from p, not p - q
+        assert p_value() < 1e-6
+
+
+def test_sample_outputs_feeds_verify_the_round_it_drafted():
+    """verify sees p (k + 1, V) from the target and q (k, V) from the draft at the drafted prefixes."""
+    target, draft = _small()
+    seen = []
+
+    def spy(p, q, drafted, generator=None):
+        seen.append((p.shape, q.shape, list(drafted)))
+        before = (0,) if len(seen) % 2 else (0, *seen[-2][2], 0)  # 2 rounds a sample, 3 tokens each
+        assert torch.equal(q[0], draft(before)) and torch.equal(p[0], target(before))
+        assert torch.equal(q[1], draft((*before, drafted[0]))) and torch.equal(p[2], target((*before, *drafted)))
+        return list(drafted) + [0]  # keep all, bonus token 0
+
+    counts = sample_outputs(target, draft, (0,), k=2, n_tokens=5, n_samples=3, verify=spy,
+                            generator=torch.Generator().manual_seed(0))
+    assert seen[0][:2] == (torch.Size([3, 4]), torch.Size([2, 4])) and len(seen) == 2 * 3
+    assert sum(counts.values()) == 3 and all(len(key) == 5 and key[2] == 0 for key in counts)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: chi_square({}, {(0,): 0.5, (1,): 0.5}), "counts hold 0 samples"),
+    (lambda: chi_square({(0,): 2}, {(0,): 0.5, (1,): 0.4}), "summing to 0.9"),
+    (lambda: chi_square({(0,): 2}, {(0,): 1.0}), "1 outcomes"),
+    (lambda: sample_outputs(*_small(), (0,), 2, 2, 0, verify_round, torch.Generator()), "n_samples is 0"),
+    (lambda: sample_outputs(*_small(), (0,), 2, 2, 5, "rule", torch.Generator()), "verify is str"),
+    (lambda: sample_outputs(*_small(), (0,), 2, 2, 5, lambda p, q, d, g: [9, 9, 9, 9], torch.Generator()),
+     "verify returned"),
+])
+def test_bad_sampled_test_arguments(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_sample_outputs_refuses_a_missing_generator():
+    with pytest.raises(TypeError, match="generator"):
+        sample_outputs(*_small(), (0,), 2, 2, 5, verify_round, None)

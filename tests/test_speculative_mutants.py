@@ -282,7 +282,8 @@ def test_each_round_sees_both_models_full_forward_distributions(rule):
     assert stats == SpeculativeStats(
         proposed=k * len(spy.rounds), accepted=sum(len(out) - 1 for *_, out in spy.rounds),
         rejected=sum(len(out) - 1 < k for *_, out in spy.rounds),
-        target_passes=len(spy.rounds), draft_passes=k * len(spy.rounds))
+        target_passes=len(spy.rounds), draft_passes=k * len(spy.rounds),
+        full_rounds=sum(len(out) - 1 == k for *_, out in spy.rounds))
     assert stats.rejected > 0 and stats.accepted > 0  # both paths ran
 
 

@@ -13,8 +13,12 @@ out are -inf; softmax of the result is the distribution the next token is drawn 
     check_rule          the checks of those arguments alone, for loops that sample only after a
                         forward pass (batching, speculative decoding) to refuse them before it
 
-Each equals the `transformers` logits processor of the same name on the same logits
-(tests/test_sampling.py). The rules work in float64, so probabilities are exact to ~1e-15.
+Temperature, top-k and min-p keep the same tokens with the same probabilities as the
+`transformers` logits processor of the same name. Top-p keeps the same number of tokens with the
+same probabilities, and the same tokens unless several tokens tie (equal logits) at the edge of
+the nucleus: then ours keeps the lowest ids among them and transformers may keep others, since it
+orders ties differently (tests/test_sampling.py). The rules work in float64, so probabilities are
+exact to ~1e-15.
 
 Shapes (the legend of `helpers`): B batch, V vocabulary.
 """
@@ -70,8 +74,10 @@ def top_k_filter(logits: Tensor, top_k: int) -> Tensor:
 def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
     """Keep the smallest set of most likely tokens whose probabilities sum to at least top_p.
 
-    A token is kept when the tokens strictly more likely than it hold less than top_p of the
-    mass; the most likely token is always kept. top_p = 1 keeps everything.
+    Tokens are ranked by probability, ties by id (lowest first); a token is kept when the tokens
+    ranked above it hold less than top_p of the mass; the most likely token is always kept.
+    top_p = 1 keeps everything. Where tokens tie at the edge of the nucleus, transformers'
+    TopPLogitsWarper keeps as many of them with the same probabilities, not always the same ones.
     """
     logits = check_logits(logits).double()
     top_p = checks.number_in("top_p", top_p, 0.0, 1.0, low_open=True,

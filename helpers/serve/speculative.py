@@ -12,6 +12,10 @@ Defined in notebook 14, "Serving the model", section 6 (Leviathan et al. 2023; C
                              enumerated (for tiny vocabularies)
     exact_distribution       the output distribution of speculative decoding, round after round,
                              to prove it equals the target's
+    sample_outputs           draw outputs of speculative decoding on made-up conditionals, through
+                             any round check `verify` (a student's, or a wrong one)
+    chi_square               Pearson's statistic of those counts against a distribution, and its
+                             p-value: the sampled test that fails a wrong `verify`
 
 Accepting x with probability min(1, p/q) and otherwise drawing from the residual gives x with
 probability q(x) min(1, p(x)/q(x)) + (1 - sum_y min(q(y), p(y))) r(x) = min(q, p)(x) +
@@ -21,6 +25,7 @@ checks it by enumeration. Shapes: V vocabulary, k drafted tokens.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -184,6 +189,65 @@ def autoregressive_distribution(target: Conditional, prefix: tuple[int, ...],
     return paths
 
 
+def sample_outputs(target: Conditional, draft: Conditional, prefix: tuple[int, ...], k: int,
+                   n_tokens: int, n_samples: int, verify: Callable[..., list[int]],
+                   generator: torch.Generator) -> dict[tuple[int, ...], int]:
+    """Counts of the first n_tokens outputs over n_samples runs of speculative decoding.
+
+    Each round the draft proposes k tokens from `draft` (one draw each from `generator`), then
+    verify(p (k + 1, V), q (k, V), drafted, generator) returns the round's tokens, as in
+    `speculative_generate`. For small vocabularies, to test `verify` against `exact_distribution`.
+    """
+    checks.positive_int("k", k)
+    checks.positive_int("n_tokens", n_tokens)
+    checks.positive_int("n_samples", n_samples)
+    if not callable(verify):
+        raise ValueError(f"verify is {type(verify).__name__}, expected a function (p, q, drafted, "
+                         "generator) -> tokens, like verify_round")
+    checks.instance("generator", generator, torch.Generator, "a torch.Generator")
+    counts: dict[tuple[int, ...], int] = {}
+    for _ in range(n_samples):
+        made: list[int] = []
+        while len(made) < n_tokens:
+            drafted, q, p = [], [], []
+            for _ in range(k):
+                context = tuple(prefix) + tuple(made + drafted)
+                q.append(draft(context).double())
+                p.append(target(context).double())
+                drafted.append(int(torch.multinomial(q[-1], 1, generator=generator)))
+            p.append(target(tuple(prefix) + tuple(made + drafted)).double())
+            out = [int(t) for t in verify(torch.stack(p), torch.stack(q), drafted, generator)]
+            _kept(out, drafted, k)  # refuse an output that is not kept tokens + one more
+            made += out
+        key = tuple(made[:n_tokens])
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def chi_square(counts: dict[tuple[int, ...], int], probs: dict[tuple[int, ...], float]
+               ) -> tuple[float, float]:
+    """Pearson's chi-square of observed `counts` against the distribution `probs` (every outcome
+    with probability > 0 listed): (statistic, p-value), with len(probs) - 1 degrees of freedom.
+
+    The p-value is the chance that counts drawn from `probs` stand at least this far from it;
+    a small one says the counts were not drawn from `probs`. An outcome outside `probs` makes
+    the statistic infinite (p-value 0). Reliable when every expected count is >= 5.
+    """
+    n = sum(counts.values())
+    if n <= 0 or any(c < 0 for c in counts.values()):
+        raise ValueError(f"counts hold {n} samples, expected non-negative counts summing to >= 1")
+    if len(probs) < 2 or abs(sum(probs.values()) - 1) > 1e-9 or min(probs.values()) <= 0:
+        raise ValueError(f"probs has {len(probs)} outcomes summing to {sum(probs.values()):.9f}, "
+                         "expected >= 2 outcomes, each > 0, summing to 1")
+    if any(c > 0 and key not in probs for key, c in counts.items()):
+        return math.inf, 0.0
+    statistic = sum((counts.get(key, 0) - n * px) ** 2 / (n * px) for key, px in probs.items())
+    dof = len(probs) - 1
+    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                            torch.tensor(statistic / 2, dtype=torch.float64)))
+    return statistic, p_value
+
+
 # --- the loop on two GPTs -------------------------------------------------------------------
 
 @dataclass
@@ -192,8 +256,21 @@ class SpeculativeStats:
     accepted: int = 0        # drafted tokens the target kept
     rejected: int = 0        # drafted tokens the target replaced (at most one a round; the
                              # drafted tokens after it are never checked)
-    target_passes: int = 0   # forward passes of the target (one per round, plus the prompt)
+    target_passes: int = 0   # forward passes of the target: one per round (the first round's
+                             # pass also reads the prompt)
     draft_passes: int = 0
+    full_rounds: int = 0     # rounds in which all k drafted tokens were kept (a bonus token too)
+
+    @property
+    def rounds(self) -> int:
+        """Rounds run: one target pass each."""
+        return self.target_passes
+
+    @property
+    def full_round_share(self) -> float:
+        """The share of rounds in which all k drafted tokens were kept. It falls as k grows even
+        when the per-token acceptance rate does not: k tokens must all pass."""
+        return self.full_rounds / max(self.rounds, 1)
 
     @property
     def acceptance_rate(self) -> float:
@@ -255,6 +332,7 @@ def speculative_generate(target: nn.Module, draft: nn.Module, prompt: Sequence[i
         kept = _kept(out, proposed, k)
         stats.proposed, stats.accepted = stats.proposed + k, stats.accepted + kept
         stats.rejected += kept < k
+        stats.full_rounds += kept == k
         seq += out
         t_cache.length = min(t_cache.length, len(seq) - 1)  # roll back past the rejection
         d_cache.length = min(d_cache.length, len(seq) - 1)

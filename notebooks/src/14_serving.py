@@ -140,7 +140,9 @@ print(f"top two hold {probs[:2].sum():.3f}, top three {probs[:3].sum():.3f}; "
 #
 # Hugging Face's `generate` applies its logits processors in the order temperature, top-k,
 # top-p, min-p. On random logits of a 50-token vocabulary, ours keep the same tokens with the
-# same probabilities (`tests/test_sampling.py` checks more seeds and combinations). The cell is
+# same probabilities (`tests/test_sampling.py` checks more seeds and combinations). Random logits
+# never tie; when several tokens tie at the edge of top-p's nucleus, both keep as many of them
+# with the same probabilities, but not always the same ones (ours the lowest ids). The cell is
 # guarded: without `transformers` it says so and moves on.
 
 # %%
@@ -180,9 +182,10 @@ print("greedy:", [words[i] for i in sampling.sample(batch_logits, temperature=0)
 # ## 2. Two models to serve
 #
 # The rest of the notebook serves a **target** model (2 blocks, d = 64) and, for speculative
-# decoding, a **draft** four times smaller (1 block, d = 32), both character-level GPTs trained
-# here on the course corpus with notebook 7's `Trainer`, in float32. A few seconds each; raise
-# `TRAIN_STEPS` for better models (the lessons do not depend on it).
+# decoding, a much smaller **draft** (1 block, d = 32: 6.5 times fewer parameters, printed
+# below), both character-level GPTs trained here on the course corpus with notebook 7's
+# `Trainer`, in float32. A few seconds each; raise `TRAIN_STEPS` for better models (the cells
+# below run at either value).
 
 # %%
 from helpers.model.gpt import GPT, GPTConfig
@@ -216,6 +219,7 @@ assert target_loss < 2.4 and draft_loss < 2.6 and target_loss < draft_loss
 print(f"vocabulary: {vocab} characters; both trained, {format_duration(time.perf_counter() - start)}")
 print(f"target: {n_target:,} parameters, validation loss {target_loss:.1f}")
 print(f"draft:  {n_draft:,} parameters, validation loss {draft_loss:.1f}")
+print(f"the draft has {n_target / n_draft:.1f} times fewer parameters than the target")
 
 # %% [markdown]
 # The target's next-character distribution after a prompt, with the rules of section 1 drawn on
@@ -306,7 +310,16 @@ print("batched == alone for all three prompts")
 
 # %% [markdown]
 # Both extras are needed. Without the position ids (positions counted from the left edge, pads
-# included) or without the mask (pads attended to), the short prompts' logits change:
+# included) or without the mask (pads attended to), the short prompts' logits change.
+#
+# The right mask below is the causal mask and the padding mask combined with `&`, then
+# `| torch.eye(n)`: every position may also see itself. Without that, a pad's row would be empty
+# (a pad before the prompt sees no real token), and a plain softmax over a row of nothing but
+# `-inf` is 0/0 = NaN (printed below). The next layer would carry the NaN into the real tokens
+# even though they give the pad weight 0, since 0 x NaN = NaN. The course's attention (and
+# PyTorch's fused one, in recent versions) returns zeros for an empty row, but the mask should
+# not depend on that: with the diagonal no row is empty, and the pads' outputs are meaningless
+# but finite numbers that no real token reads.
 
 # %%
 n = ids.shape[1]
@@ -317,7 +330,8 @@ no_mask = forward_rows(target, ids, position_ids(real), causal.expand(len(prompt
 for name, wrong in (("without position ids", no_positions), ("without the mask", no_mask)):
     gap = (wrong[:, -1] - right[:, -1]).abs().amax(-1)
     print(f"{name:>21}: largest logit change per prompt {[round(x, 1) for x in gap.tolist()]}")
-    assert gap[0] > 0.01 and gap[1] < 1e-5  # the longest prompt has no pads: unchanged
+    assert gap[0] > 0.01 and gap[1] < 1e-5 * right.abs().max()  # the longest has no pads: round-off
+print("softmax of a row that sees nothing:", torch.softmax(torch.full((3,), -math.inf), dim=0).tolist())
 
 # %% [markdown]
 # ## 4. A paged KV cache
@@ -379,9 +393,11 @@ step_ids = torch.tensor([[row[0]] for row in together])
 got = paged.forward(target, [0, 1, 2], step_ids)  # one decode step for all three
 for i, cache in enumerate(contiguous):
     worst = max(worst, (got[i] - target.forward_cached(step_ids[i:i + 1], cache)[0]).abs().max().item())
-assert worst < 1e-5
+peak = got.abs().max().item()  # round-off grows with the logits' size: bound it relative to them
+assert worst < 1e-5 * peak
 print("block tables:", paged.tables)
-print(f"paged vs contiguous logits: largest difference < 1e-5; blocks in use {paged.blocks_in_use()} of {paged.n_blocks}")
+print(f"paged vs contiguous logits: largest difference < 1e-5 x the largest |logit| (round-off); "
+      f"blocks in use {paged.blocks_in_use()} of {paged.n_blocks}")
 
 # %% [markdown]
 # Your lookup (the helper's until yours passes) finds a token's key in the pool: token 9 of
@@ -392,8 +408,10 @@ from helpers.serve.paged import lookup
 
 find = yours_or("serving.block_lookup", my_lookup, lookup)
 block, slot = find(paged.tables[1], 9, paged.block_size)
-assert (paged.keys[0, block, :, slot] - contiguous[1].keys[0, 0, :, 9]).abs().max() < 1e-5
-print(f"token 9 of prompt 1 lives in block {block}, slot {slot}: the same key as the contiguous cache (< 1e-5)")
+key = contiguous[1].keys[0, 0, :, 9]
+assert (paged.keys[0, block, :, slot] - key).abs().max() < 1e-5 * key.abs().max()
+print(f"token 9 of prompt 1 lives in block {block}, slot {slot}: the same key as the contiguous cache "
+      "(to < 1e-5 of its largest entry)")
 
 # %% [markdown]
 # ### The memory that preallocation wastes
@@ -446,12 +464,8 @@ from helpers.serve.scheduler import Request, serve_continuous, serve_static
 stories = val_text.split("\n\n")
 requests = [Request(i, tuple(tokenizer.encode(stories[i][:p])), n, arrival=2 * i)
             for i, (p, n) in enumerate(workload)]
-start = time.perf_counter()
 continuous, scheduler = serve_continuous(target, requests, max_batch=4, block_size=4, n_blocks=64)
-continuous_seconds = time.perf_counter() - start
-start = time.perf_counter()
 static = serve_static(target, requests, batch_size=4)
-static_seconds = time.perf_counter() - start
 for served in (continuous, static):
     for one in served:
         alone = generate(target, torch.tensor([list(one.request.prompt)]), one.request.max_new_tokens,
@@ -460,8 +474,9 @@ for served in (continuous, static):
 print("every request's tokens, continuous and static, equal serving it alone")
 
 # %% [markdown]
-# Counting the steps (deterministic: they depend only on the arrivals and lengths), then the
-# wall-clock time on this machine:
+# Counting the steps and the forward passes (deterministic: they depend only on the arrivals and
+# lengths). Tokens per *step* is the throughput this section is about; tokens per *second* comes
+# after the timeline.
 
 # %%
 tokens = sum(r.max_new_tokens for r in requests)
@@ -473,8 +488,11 @@ for name in rows:
     print(f"{name:>10}: {tokens} tokens in {finish[name]} steps = {tokens / finish[name]:.2f} tokens/step; "
           f"mean latency {latency[name]:.1f} steps, mean wait for the first token {first[name]:.1f} steps")
 assert finish["continuous"] < finish["static"] and latency["continuous"] < latency["static"]
-print(f"wall clock: static {format_duration(static_seconds)}, continuous {format_duration(continuous_seconds)} "
-      "(benchmarks/bench_serve.py measures tokens/s)")
+batches = [requests[i:i + 4] for i in range(0, len(requests), 4)]  # static: one pass per step of a batch
+passes = {"static": sum(max(r.max_new_tokens for r in batch) for batch in batches),
+          "continuous": scheduler.forward_passes}
+print(f"forward passes: static {passes['static']}, continuous {passes['continuous']} "
+      f"(of which {len(requests)} prefill one admitted prompt each)")
 
 # %% [markdown]
 # The timeline shows why: each row is a request, its bar spans arrival (light) to the last token;
@@ -491,6 +509,52 @@ for ax, (name, served) in zip(axes, rows.items(), strict=True):
 axes[0].invert_yaxis()
 plt.tight_layout()
 plt.show()
+
+# %% [markdown]
+# ### Per second, on this CPU
+#
+# Fewer steps is not the same as more tokens per second. `benchmarks/bench_serve.py` serves three
+# workloads of 24 requests (workload seeds 0, 1, 2) both ways with one thread, static and
+# continuous timed in turns, nine times each, and stores every time in `data/bench_serve.json`.
+# Arrivals are counted in steps, so the seconds are compute only; a latency in seconds is the
+# latency in steps times that scheme's seconds per step. The best of the nine runs (the least
+# disturbed by other programs on this shared machine):
+
+# %%
+import json
+
+from helpers.text.corpus import data_dir
+
+bench = json.loads((data_dir() / "bench_serve.json").read_text(encoding="utf-8"))
+assert bench["repeats"] == 9 and bench["threads"] == 1
+for seed, run in bench["batching"].items():
+    best = {name: min(run[name]["seconds"]) for name in ("static", "continuous")}
+    print(f"workload {seed}:")
+    for name, seconds in best.items():
+        r = run[name]
+        print(f"  {name:>10}: {r['steps']} steps, {r['forward_passes']} passes, {run['tokens'] / seconds:4.0f} tokens/s, "
+              f"{seconds / r['forward_passes'] * 1e3:.2f} ms per pass, mean latency {r['mean_latency_steps']:.1f} steps "
+              f"= {r['mean_latency_steps'] * seconds / r['steps'] * 1e3:.0f} ms")
+    ratio = {key: run["continuous"][key] / run["static"][key] for key in ("steps", "forward_passes", "mean_latency_steps")}
+    seconds = best["continuous"] / best["static"]
+    print(f"  continuous / static: steps {ratio['steps']:.2f}, passes {ratio['forward_passes']:.2f}, time per pass "
+          f"{seconds / ratio['forward_passes']:.2f}, seconds {seconds:.2f} (tokens/s x {1 / seconds:.2f}); "
+          f"mean latency {ratio['mean_latency_steps']:.2f} in steps, "
+          f"{ratio['mean_latency_steps'] * seconds / ratio['steps']:.2f} in seconds")
+
+# %% [markdown]
+# Continuous batching needs fewer steps (0.69-0.82 of static's), and its mean latency is
+# 0.46-0.63 of static's in steps and 0.68-0.80 in seconds. Its tokens per second do not rise:
+# 0.98-1.03 times static's, equal within the noise. A second buys forward passes, not steps.
+# Continuous batching prefills each admitted prompt in a pass of its own, so it saves fewer passes
+# than steps (0.86-0.98), and each of its passes costs more (1.04-1.18 times as long): at this
+# size a pass is mostly fixed overhead (Python, many small kernels) around a little arithmetic,
+# and the paged cache adds its own, gathering every sequence's blocks in every layer at every
+# pass. The two cancel. This notebook's twelve requests take 86 passes static and 87 continuous
+# (printed above), so timing them once could only show that noise, and no time of them is
+# printed here. On a GPU serving a large model, a decode pass costs about the same for one row or
+# many (it is bound by reading the weights), so keeping the batch full turns the saved steps
+# into throughput too; the latency gain is there at any size.
 
 # %% [markdown]
 # ## 6. Prefix sharing with copy on write
@@ -618,13 +682,17 @@ check("serving.accept_or_reject", my_accept_or_reject)
 # one token at a time, for every `k`.
 
 # %%
+import functools
+
 from helpers.serve.speculative import autoregressive_distribution, exact_distribution
 
 
-def toy(salt: int):
+def toy(salt: int, vocab: int = 3, spread: float = 2.0):
+    """A made-up conditional: prefix -> probabilities (vocab,), softmax of random logits x spread."""
+    @functools.cache
     def probs(prefix: tuple[int, ...]) -> torch.Tensor:
         gen = torch.Generator().manual_seed(hash((salt, prefix)) % 2**31)
-        return torch.softmax(torch.randn(3, generator=gen, dtype=torch.float64) * 2, dim=0)
+        return torch.softmax(torch.randn(vocab, generator=gen, dtype=torch.float64) * spread, dim=0)
     return probs
 
 
@@ -638,28 +706,43 @@ for k in (1, 2, 3):
 print("for example P(0, 2, 1) =", f"{plain[(0, 2, 1)]:.6f}")
 
 # %% [markdown]
-# A wrong rule fails this proof. Accept every drafted token (no rejection at all) and the output
-# follows the draft instead:
+# A wrong rule fails this proof. Two tempting ones: accept every drafted token (no rejection at
+# all: the output follows the draft), or after a rejection redraw from the target's `p` itself
+# instead of the residual `max(0, p - q)` (then a token the draft over-proposes comes out too
+# often, once through acceptance and again through the redraw, and the others too rarely).
+# `swap_in` replaces one of the module's functions for the length of a `with` block:
 
 # %%
+import contextlib
+
 import helpers.serve.speculative as speculative
 
-honest = speculative.acceptance_probability
-speculative.acceptance_probability = lambda p, q, x: 1.0
-try:
-    wrong = exact_distribution(toy_target, toy_draft, (0,), k=2, n_tokens=3)
-finally:
-    speculative.acceptance_probability = honest
-print(f"always accept: largest difference {max(abs(wrong[p] - plain[p]) for p in plain):.3f}")
+
+@contextlib.contextmanager
+def swap_in(**rules):
+    """Replace functions of helpers.serve.speculative (by name) inside a with block."""
+    saved = {name: getattr(speculative, name) for name in rules}
+    for name, rule in rules.items():
+        setattr(speculative, name, rule)
+    try:
+        yield
+    finally:
+        for name, rule in saved.items():
+            setattr(speculative, name, rule)
+
+
+WRONG = {"always accept": {"acceptance_probability": lambda p, q, x: 1.0},
+         "redraw from p": {"residual": lambda p, q: p.clone()}}
+for name, rules in WRONG.items():
+    with swap_in(**rules):
+        bad = exact_distribution(toy_target, toy_draft, (0,), k=2, n_tokens=3)
+    print(f"{name}: largest difference from the target's distribution {max(abs(bad[x] - plain[x]) for x in plain):.3f}")
 
 # %% [markdown]
 # The same enumeration works on the course models for the first output token (52 drafted tokens,
 # each accepted or replaced): its distribution is the target's softmax.
 
 # %%
-import functools
-
-
 def conditional(model: GPT):
     @functools.cache
     def probs(prefix: tuple[int, ...]) -> torch.Tensor:
@@ -676,7 +759,7 @@ assert gap < 1e-12
 print(f"course models, first token: largest difference from the target < 1e-12 over {vocab} tokens")
 
 # %% [markdown]
-# ### On the course models: greedy tokens, sampled statistics
+# ### On the course models: greedy tokens
 #
 # `speculative_generate` runs the loop with two KV caches. Each holds every token but the last;
 # after a rejection the cache is rolled back by setting its length (the stale slots are simply
@@ -696,72 +779,127 @@ print(repr(prompt_text + tokenizer.decode(fast)))
 print("speculative greedy == target greedy for k = 1 and 4")
 
 # %% [markdown]
-# Sampling at temperature 1: 300 two-token continuations by speculative decoding (k = 2) and 300
-# by the target alone, against the exact distribution of the **second** token (which depends on
-# the rule at both positions): `P(x2) = sum over x1 of p(x1) p(x2 | x1)`, from one batched forward
-# pass over all 52 first tokens. Both samples stand as far from it as 300 draws of the exact
-# distribution do (total variation distance, the same sampling noise):
+# ### A sampled test that can fail
+#
+# The enumeration checks the helper's `acceptance_probability` and `residual`; your
+# `my_accept_or_reject` is another function, and a function that draws random numbers is checked
+# by running it, with a check that has power. The redraw-from-p rule moves no output's
+# probability by more than 0.047 (printed above), about what a few hundred draws scatter, so "the
+# sampled frequencies look about right" cannot catch it. A test that fails both wrong rules is
+# **Pearson's chi-square**: on a vocabulary of 4 tokens, draw `SAMPLES`
+# two-token outputs of speculative decoding (k = 2) through the rule under test, count each of
+# the 16 possible outputs, and compare with the exact probabilities:
+# `X2 = sum over outputs of (observed - expected)^2 / expected`. For a right rule X2 follows a
+# chi-square distribution with 15 degrees of freedom (every expected count is at least 5, printed
+# below), so its **p-value**, the chance that a right rule lands this far off, is known. We fail
+# a rule at p < 0.01: a right rule fails one run in a hundred whatever its draws. The draws are
+# seeded, so the printed bounds repeat.
 
 # %%
-SAMPLES = 300  # the knob: more samples shrink all three distances
-context = torch.tensor([prompt_ids])
-with torch.no_grad():
-    p1 = torch.softmax(target(context)[0, -1].double(), -1)                         # (V,)
-    both = torch.cat([context.expand(vocab, -1), torch.arange(vocab).view(-1, 1)], dim=1)
-    p2 = torch.softmax(target(both)[:, -1].double(), -1)                            # (V, V): row x1
-exact_second = p1 @ p2                                                              # (V,)
+from collections.abc import Callable
+
+from helpers.serve.speculative import chi_square, sample_outputs
+
+SAMPLES = 1000  # the knob: 2000 gives the wrong rules still smaller p-values (about 2x longer)
+small_target, small_draft = toy(0, vocab=4, spread=1.0), toy(1, vocab=4, spread=1.0)
+exact_small = autoregressive_distribution(small_target, (0,), n_tokens=2)
+print(f"{len(exact_small)} outputs, smallest expected count {SAMPLES * min(exact_small.values()):.1f}")
+
+
+def chi_square_of(rule: Callable, seed: int = 0) -> float:
+    """p-value of SAMPLES outputs drawn through `rule` (p, q, drafted, generator) -> tokens."""
+    counts = sample_outputs(small_target, small_draft, (0,), k=2, n_tokens=2, n_samples=SAMPLES,
+                            verify=rule, generator=torch.Generator().manual_seed(seed))
+    return chi_square(counts, exact_small)[1]
 
 # %%
-gen = torch.Generator().manual_seed(0)
-spec_pairs = [speculative_generate(target, draft, prompt_ids, 2, k=2, generator=gen, verify=verify)[0]
-              for _ in range(SAMPLES)]
-plain_pairs = generate_batch(target, [prompt_ids] * SAMPLES, 2, temperature=1.0, generator=gen)
-exact_draws = torch.multinomial(exact_second, SAMPLES, replacement=True, generator=gen).tolist()
-
-
-def distance(tokens: list[int]) -> float:
-    """Total variation between the tokens' frequencies and the exact second-token distribution."""
-    return 0.5 * (torch.bincount(torch.tensor(tokens), minlength=vocab) / len(tokens) - exact_second).abs().sum().item()
-
-
-tv = {"speculative": distance([b for _, b in spec_pairs]), "target alone": distance([b for _, b in plain_pairs]),
-      "exact draws": distance(exact_draws)}
-assert max(tv.values()) < 0.25 and tv["speculative"] < 2 * tv["exact draws"] + 0.05
-print(f"total variation from the exact second-token distribution, {SAMPLES} samples each: "
-      "speculative, target alone and exact draws all < 0.25; speculative < 2 x exact draws' + 0.05")
+right_p = chi_square_of(verify)
+assert right_p > 0.01
+print(f"the rule in use ({'yours' if verify is my_accept_or_reject else 'the helper'}): p > 0.01, passes")
+for name, rules in WRONG.items():
+    with swap_in(**rules):
+        wrong_p = chi_square_of(speculative.verify_round)
+    assert wrong_p < 1e-6
+    print(f"{name}: p < 1e-6, fails")
 
 # %% [markdown]
 # ### Acceptance rate and speed-up against k
 #
 # The cost we can count: **target forward passes per token**. Plain decoding needs one per token;
-# speculative decoding needs one per round, and a round yields between 1 and k + 1 tokens. The
-# acceptance rate `a` is the share of the drafted tokens the target checked that it kept (after a
-# rejection the rest of the round is never checked). If each were kept independently with
-# probability `a`, a round would yield `(1 - a^(k+1)) / (1 - a)` tokens on average (Leviathan et
-# al.). Measured greedily on three prompts, 40 tokens each:
+# speculative decoding needs one per round, and a round yields between 1 and k + 1 tokens. Two
+# rates answer different questions. The **per-token acceptance** `a` is the share of the drafted
+# tokens the target checked that it kept (after a rejection the rest of the round is never
+# checked); the **all-k share** is the share of rounds in which all k drafted tokens were kept.
+# If each token were kept independently with probability `a`, a round would keep all k with
+# probability `a^k` and yield `(1 - a^(k+1)) / (1 - a)` tokens on average (Leviathan et al.).
+# Measured greedily on three prompts, 40 tokens each:
 
 # %%
 sweep_prompts = [tokenizer.encode(s) for s in ("Once upon a time, ", "The little dog ", "She said ")]
 sweep, NEW = {}, 40
 for k in range(1, 7):
-    passes = accepted = checked = 0
-    for p in sweep_prompts:
-        _, stats = speculative_generate(target, draft, p, NEW, k=k, temperature=0)
-        passes, accepted = passes + stats.target_passes, accepted + stats.accepted
-        checked += stats.accepted + stats.rejected
+    runs = [speculative_generate(target, draft, p, NEW, k=k, temperature=0)[1] for p in sweep_prompts]
+    accepted, checked = sum(r.accepted for r in runs), sum(r.accepted + r.rejected for r in runs)
+    passes, full = sum(r.target_passes for r in runs), sum(r.full_rounds for r in runs)
     rate = accepted / checked
-    sweep[k] = (rate, 3 * NEW / passes, (1 - rate ** (k + 1)) / (1 - rate))
-    print(f"k = {k}: acceptance {rate:.2f}, tokens per target pass {sweep[k][1]:.2f} "
-          f"(formula with that rate: {sweep[k][2]:.2f}), draft passes per token {k * passes / (3 * NEW):.2f}")
-assert all(s[1] > 1 for s in sweep.values())
-print(f"draft/target parameters: {n_draft / n_target:.2f}")
+    sweep[k] = {"rate": rate, "all k": full / passes, "per pass": 3 * NEW / passes}
+    print(f"k = {k}: per-token acceptance {rate:.2f}, all k kept in {full / passes:.0%} of rounds "
+          f"(a^k: {rate ** k:.0%}); tokens per target pass {3 * NEW / passes:.2f} "
+          f"(formula: {(1 - rate ** (k + 1)) / (1 - rate):.2f}), draft passes per token {k * passes / (3 * NEW):.2f}")
+assert all(s["per pass"] > 1 for s in sweep.values()) and sweep[6]["all k"] < sweep[1]["all k"]
 
 # %% [markdown]
-# Tokens per target pass grow with `k` while the acceptance rate falls (a long run of guesses is
-# rarely all right), and each extra drafted token costs a draft pass. On a GPU, where a large
-# target's pass is bound by reading its weights, fewer target passes is most of the speed-up. On
-# this CPU, with models this small, each pass costs about the same fixed overhead whatever the
-# model, so the draft's passes eat the gain: `benchmarks/bench_serve.py` times it.
+# Tokens per target pass grow with `k`. The per-token acceptance does **not** fall with `k`: here
+# it rises, from 0.67 at k = 1 to 0.73 at k = 6. What falls is the all-k share, from 67 % to 14 %:
+# the more guesses a round makes, the less often every one of them is right, and each extra
+# drafted token costs a draft pass. (The per-token rate can rise because a token late in a round
+# is checked only when every guess before it was right, so the late tokens that get checked sit
+# where the draft already agrees with the target, such as the rest of a common word.)
+#
+# One pair of models is one seed. `benchmarks/bench_serve.py` repeats the sweep on three pairs
+# (training seeds 0, 1, 2, 200 steps each, as here) and adds a third model: the same draft
+# trained 1,000 steps. It stores the counts in `data/bench_serve.json`:
+
+# %%
+spec_runs = bench["speculative"]
+for seed, run in spec_runs["seeds"].items():
+    print(f"seed {seed}: validation loss target {run['target_loss']:.2f}, draft {run['draft_loss']:.2f}, "
+          f"draft after {spec_runs['long_steps']:,} steps {run['long_draft_loss']:.2f}")
+    for name, label in (("draft", "draft"), ("long_draft", "longer draft")):
+        row = run[name]
+        print(f"  {label:>12}: per-token acceptance " + " ".join(f"{row[k]['per_token']:.2f}" for k in row)
+              + "; all k kept " + " ".join(f"{row[k]['all_k_kept']:4.0%}" for k in row) + "  (k = 1 ... 6)")
+runs = list(spec_runs["seeds"].values())
+assert all(r["draft"]["6"]["per_token"] > r["draft"]["1"]["per_token"] for r in runs)
+assert all(r["draft"]["6"]["all_k_kept"] < r["draft"]["1"]["all_k_kept"] for r in runs)
+assert all(r["long_draft_loss"] < r["target_loss"] < r["draft_loss"] for r in runs)
+short, longer = ([v["per_token"] for r in runs for v in r[name].values()] for name in ("draft", "long_draft"))
+assert all(r["long_draft"][k]["per_token"] < r["draft"][k]["per_token"] for r in runs for k in r["draft"])
+print(f"per-token acceptance over all seeds and k: draft {min(short):.2f}-{max(short):.2f}, "
+      f"draft trained longer {min(longer):.2f}-{max(longer):.2f}")
+
+# %% [markdown]
+# On all three seeds the per-token rate at k = 6 is above that at k = 1, and the all-k share
+# falls. The draft trained longer predicts the text better than the target itself (a lower
+# validation loss on every seed), yet the target accepts its guesses **less** often, at every k
+# on every seed (0.43-0.56 against 0.55-0.78). Acceptance does not measure how good the draft is
+# but how well it imitates the target: greedily, a drafted token is kept only when it is the
+# target's own choice, and a draft that has learned more than the target disagrees with it more.
+# That is why a real draft is trained to match its target's distribution (distilled from it), not
+# just to be a good model of the text.
+#
+# The stored wall-clock times (seed 0's pair, one thread, every setting timed in turns, best of
+# nine runs) give the speed-up over the target alone:
+
+# %%
+best = {name: min(times) for name, times in spec_runs["seconds"].items()}
+print("speed-up over the target alone: " + ", ".join(
+    f"{name} {best['target alone'] / seconds:.2f}x" for name, seconds in best.items() if name != "target alone"))
+
+# %% [markdown]
+# Below 1 at every k: slower. On a GPU, where a large target's pass is bound by reading its
+# weights, fewer target passes is most of the speed-up. On this CPU, with models this small, each
+# pass costs about the same fixed overhead whatever the model, so the draft's passes eat the gain.
 #
 # ## 8. Quantization: fewer bytes per weight
 #
@@ -923,14 +1061,17 @@ base_loss, base_logits = loss_and_logits(target)
 assert base_loss < 2.4
 print(f"float32: validation loss < 2.4; the blocks' Linear weights {linear_bytes(target)[0]:,} bytes, "
       f"the whole model {weight_bytes(target):,}")
-quantized, bounds = {}, {8: (0.01, 0.1), 4: (0.05, 1.0)}  # (loss change, logit change) bounds
+# (loss change, logit change as a share of the largest |logit|): the logits grow with training
+quantized, bounds = {}, {8: (0.01, 0.05), 4: (0.05, 0.5)}
+peak = base_logits.abs().max().item()
 for bits in (8, 4):
     quantized[bits] = quantize_model(target, bits)
     loss, out = loss_and_logits(quantized[bits])
     change = (out - base_logits).abs().max().item()
-    assert abs(loss - base_loss) < bounds[bits][0] and change < bounds[bits][1]
+    assert abs(loss - base_loss) < bounds[bits][0] and change < bounds[bits][1] * peak
     payload, extra = linear_bytes(quantized[bits])
-    print(f"int{bits}: validation loss change < {bounds[bits][0]}, largest logit change < {bounds[bits][1]}; "
+    print(f"int{bits}: validation loss change < {bounds[bits][0]}, largest logit change "
+          f"< {bounds[bits][1]:.0%} of the largest |logit|; "
           f"Linear weights {payload:,} bytes + {extra:,} of scales{' and zero points' if bits == 4 else ''}, "
           f"the whole model {weight_bytes(quantized[bits]):,}")
 
