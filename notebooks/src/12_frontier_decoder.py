@@ -286,8 +286,9 @@ print("redraws so far:", load_explorer.redraws)
 # ### 1.5 Equal to `transformers`' Qwen3-MoE
 #
 # `helpers.model.frontier.FrontierGPT` (section 1.3 counted its parameters) is notebook 9's
-# decoder with a `MoELayer` for its MLP and QK-norm (section 4). A tiny Qwen3-MoE built from a config (random weights, nothing downloaded)
-# loads into it with `from_qwen3_moe` and gives the same logits. Its `norm_topk_prob=True` is
+# decoder with a `MoELayer` for its MLP and QK-norm (section 4). A tiny Qwen3-MoE built from a
+# config (random weights, nothing downloaded) loads into it with `from_qwen3_moe` and gives the
+# same logits. Its `norm_topk_prob=True` is
 # the released models' setting (section 1.1); tests/test_moe.py checks `False` as well.
 
 # %%
@@ -452,9 +453,6 @@ for balance, runs in bench["balance"].items():
           + "\n  val loss:                             "
           + ", ".join(f"{v:.2f}" for v in runs["val_loss"]))
 
-# %% [markdown]
-# The busiest and the least-used expert at every step (a mean over 10 steps) for every seed:
-
 # %%
 early, late = window_shares["none"].unbind(1)
 falls = int((late.amax(1) < early.amax(1)).sum())
@@ -465,6 +463,9 @@ for balance, shares_ in window_shares.items():
     print(f"{balance:8s} least-used share over the last 50 steps: {least.min():.3f} to {least.max():.3f} "
           f"(fair {FAIR})")
 
+
+# %% [markdown]
+# The busiest and the least-used expert at every step (a mean over 10 steps) for every seed:
 
 # %%
 def moving_average(values: torch.Tensor, width: int = 10) -> torch.Tensor:
