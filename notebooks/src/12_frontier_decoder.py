@@ -12,7 +12,7 @@
 # - build a top-k router and a set of SwiGLU experts, as a loop and as one batched product, say
 #   which models put the softmax before the top-k and which after, and what a capacity drops;
 # - balance the experts with the Switch Transformer's auxiliary loss or DeepSeek-V3's bias, and
-#   measure the collapse without either;
+#   measure what happens without either (experts starve);
 # - explain why DeepSeek caches a latent instead of keys and values, absorb the up-projections,
 #   and size the KV cache of MHA, GQA, MQA and MLA from a config;
 # - write a sliding-window cache as a ring buffer, size Gemma 3's local/global stack at 128k
@@ -33,7 +33,6 @@ import torch
 import torch.nn.functional as F
 
 from helpers.lab.exercises import check
-from helpers.timing import format_duration
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
@@ -49,11 +48,12 @@ HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 # ### 1.1 The router: softmax before or after the top-k
 #
 # Two conventions, for the same logits:
-# - **softmax over all `E`, then keep the top `k`** (Qwen3-MoE and DeepSeek-V2 with
-#   `norm_topk_prob=False`): the kept weights sum to less than 1;
+# - **softmax over all `E`, then keep the top `k`** (Qwen1.5-MoE, Qwen2-MoE and DeepSeek-V2,
+#   whose released configs set `norm_topk_prob=False`): the kept weights sum to less than 1;
 # - **top `k` logits, then a softmax over those `k`** (Mixtral): the weights sum to 1.
 #   `transformers`' `MixtralTopKRouter` computes it as softmax, top-k, divide by the sum, which is
-#   the same numbers; Qwen3-MoE with `norm_topk_prob=True` does exactly that too.
+#   the same numbers; Qwen3-MoE does exactly that too: its released configs (30B-A3B, 235B-A22B)
+#   set `norm_topk_prob=True`, although `transformers`' `Qwen3MoeConfig` defaults to `False`.
 #
 # DeepSeek-V3 uses a third: a **sigmoid** per expert, top-k, renormalised.
 
@@ -63,7 +63,7 @@ logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])        # one token, four experts
 probs = torch.softmax(logits, dim=-1)
 kept, chosen = probs.topk(2, dim=-1)
 print("experts chosen:", chosen.tolist()[0])
-print("softmax then top-2 (Qwen3-MoE):", [round(w, 4) for w in kept[0].tolist()],
+print("softmax then top-2 (Qwen2-MoE):", [round(w, 4) for w in kept[0].tolist()],
       "sum", round(kept.sum().item(), 4))
 mixtral = torch.softmax(logits.topk(2, dim=-1).values, dim=-1)
 print("top-2 then softmax (Mixtral):  ", [round(w, 4) for w in mixtral[0].tolist()],
@@ -199,7 +199,10 @@ print("helpers.model.moe agrees with the two forms above")
 #
 # DeepSeek (and Qwen2-MoE) add one **shared expert** that every token passes through, beside the
 # routed ones: common knowledge lives there once instead of being copied into every expert.
-# `MoELayer(shared_hidden=...)` adds it; it counts fully towards the active parameters.
+# `MoELayer(shared_hidden=...)` adds it; it counts fully towards the active parameters. To count
+# them in a whole model we use `helpers.model.frontier.FrontierGPT`, notebook 9's decoder with a
+# `MoELayer` for its MLP (section 1.5 describes it and proves it equal to `transformers`' Qwen3-MoE);
+# its `mlp_hidden` is the shared expert's width when it has experts.
 
 # %%
 from helpers.model.frontier import FrontierConfig, FrontierGPT, total_and_active_parameters
@@ -215,7 +218,9 @@ for shared in (0, 64):
 # On a GPU each expert's buffer has a fixed size, the **capacity** `C = ceil(factor · T · k / E)`
 # (factor 1 is a fair share). Assignments past it are **dropped**: that token skips that expert and
 # keeps only its residual path. GShard and Switch drop; recent models (Mixtral, DeepSeek-V3,
-# Qwen3) are **dropless**, with grouped kernels that take any load. A skewed router drops a lot:
+# Qwen3) are **dropless**: they run the experts as one **grouped GEMM** (General Matrix Multiply),
+# a single kernel that does one matrix product per expert, each on however many rows that expert
+# received, so no buffer has a fixed size. A skewed router drops a lot:
 
 # %%
 torch.manual_seed(1)
@@ -280,9 +285,11 @@ print("redraws so far:", load_explorer.redraws)
 # %% [markdown]
 # ### 1.5 Equal to `transformers`' Qwen3-MoE
 #
-# `helpers.model.frontier.FrontierGPT` is notebook 9's decoder with a `MoELayer` for its MLP and
-# QK-norm (section 4). A tiny Qwen3-MoE built from a config (random weights, nothing downloaded)
-# loads into it with `from_qwen3_moe` and gives the same logits.
+# `helpers.model.frontier.FrontierGPT` (section 1.3 counted its parameters) is notebook 9's
+# decoder with a `MoELayer` for its MLP and QK-norm (section 4). A tiny Qwen3-MoE built from a
+# config (random weights, nothing downloaded) loads into it with `from_qwen3_moe` and gives the
+# same logits. Its `norm_topk_prob=True` is
+# the released models' setting (section 1.1); tests/test_moe.py checks `False` as well.
 
 # %%
 if HAS_TRANSFORMERS:
@@ -294,7 +301,8 @@ if HAS_TRANSFORMERS:
     qwen_config = Qwen3MoeConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
                                  moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
                                  num_key_value_heads=2, head_dim=8, num_experts=6,
-                                 num_experts_per_tok=2, max_position_embeddings=32)
+                                 num_experts_per_tok=2, max_position_embeddings=32,
+                                 norm_topk_prob=True)  # as the released Qwen3-MoE configs
     qwen = Qwen3MoeForCausalLM(qwen_config).eval()
     with torch.no_grad():
         for p in qwen.parameters():  # their init leaves the router at 0: give every weight a value
@@ -311,15 +319,18 @@ else:
 # ### 1.6 Balancing the experts
 #
 # Nothing in the language-model loss asks the router to spread the tokens. Early in training a
-# few experts get slightly better, so they are chosen more, so they learn more: the router
-# **collapses** onto them and the other experts waste their parameters. Two cures:
+# few experts get slightly better, so they are chosen more, so they learn more: the textbook fear
+# is that the router **collapses** onto them, and the experts it stops choosing waste their
+# parameters (below we measure which of the two actually happens here). Two cures:
 #
 # - the **Switch Transformer's auxiliary loss** `E · Σ_i f_i · P_i`, where `f_i` is the share of
 #   assignments expert `i` received (not differentiable) and `P_i` the mean router probability of
 #   `i` (differentiable): it is `k` for a uniform router and grows as the router concentrates;
 # - **DeepSeek-V3's loss-free bias**: a per-expert number `b_i` added to the scores *only to choose*
 #   the experts, nudged after each step, `b_i += γ · sign(mean load - load_i)`. No gradient, and
-#   the weights of the chosen experts stay the router's own.
+#   the weights of the chosen experts stay the router's own. (DeepSeek-V3 keeps a tiny
+#   auxiliary loss beside it, computed within each sequence, with a coefficient of 1e-4, against
+#   one sequence sending all its tokens to a few experts; `balance="bias"` here is the bias alone.)
 
 # %% [markdown]
 # ### Exercise: the Switch loss
@@ -375,10 +386,12 @@ from helpers.text.corpus import load_corpus
 from helpers.training.trainer import TrainConfig, Trainer, encode_text, learning_rate, split_stories
 
 BALANCE_STEPS = 40  # the knob: 200 is what the benchmark below runs
+BATCH_ROWS, CONTEXT, TOP_K = 12, 64, 2
+ASSIGNMENTS = BATCH_ROWS * CONTEXT * TOP_K  # per training step: every token of the batch, 2 experts each
 train_text, val_text = split_stories(load_corpus()[:300_000])
 tokenizer = CharTokenizer(sorted(set(train_text + val_text)))
 train_ids, val_ids = encode_text(tokenizer, train_text), encode_text(tokenizer, val_text)
-SIZES = dict(vocab_size=len(tokenizer.chars), context_length=64, n_layers=2, n_heads=4,
+SIZES = dict(vocab_size=len(tokenizer.chars), context_length=CONTEXT, n_layers=2, n_heads=4,
              n_kv_heads=2, d_model=64)
 
 
@@ -388,7 +401,7 @@ def train_steps(config: FrontierConfig, steps: int, lr: float = 3e-3, seed: int 
     torch.manual_seed(seed)
     model = FrontierGPT(config)
     trainer = Trainer(model, train_ids, val_ids, TrainConfig(
-        batch_size=12, learning_rate=lr, precision="fp32", fast=False, eval_batches=8, seed=seed))
+        batch_size=BATCH_ROWS, learning_rate=lr, precision="fp32", fast=False, eval_batches=8, seed=seed))
     for step in range(steps):
         trainer.train_step(learning_rate((step + 1) / steps, lr))
         if after_step is not None:
@@ -399,9 +412,9 @@ def train_steps(config: FrontierConfig, steps: int, lr: float = 3e-3, seed: int 
 shares = {}
 for balance in ("none", "aux_loss", "bias"):
     record = []
-    train_steps(FrontierConfig(**SIZES, n_experts=8, top_k=2, expert_hidden=64, balance=balance,
+    train_steps(FrontierConfig(**SIZES, n_experts=8, top_k=TOP_K, expert_hidden=64, balance=balance,
                                aux_coef=0.01, bias_rate=0.01), BALANCE_STEPS,
-                after_step=lambda m, r=record: r.append(m.moe_layers()[0].last_load / (12 * 64 * 2)))
+                after_step=lambda m, r=record: r.append(m.moe_layers()[0].last_load / ASSIGNMENTS))
     shares[balance] = torch.stack(record)                       # (steps, E)
 print("steps recorded per run:", {balance: len(share) for balance, share in shares.items()})
 
@@ -417,70 +430,140 @@ plt.show()
 
 # %% [markdown]
 # Routing decisions are discrete, so a run's exact shares can differ between CPUs; the measured
-# numbers come from `python benchmarks/bench_moe.py --part balance --steps 200`, which ran the
-# same three models for 200 steps with seeds 0, 1 and 2 and wrote `data/bench_moe.json`. The busiest expert's share
-# (fair: 0.125, the most possible with top-2: 0.5), averaged over blocks of 20 steps, for seed 0,
-# then over the last 50 steps for every seed:
+# numbers come from `python benchmarks/bench_moe.py --part balance --steps 200 --seeds 5`, which
+# ran the same three models for 200 steps with five seeds and wrote `data/bench_moe.json`. For
+# each run: each expert's mean share over the first 20 steps and over the last 50, and from those
+# the busiest and the least-used expert (fair: 0.125; the most possible with top-2: 0.5):
 
 # %%
 from helpers.text.corpus import data_dir
 
 bench = json.loads((data_dir() / "bench_moe.json").read_text())
+FAIR = 1 / 8
+window_shares = {}  # balance -> (seeds, 2, E): each expert's mean share over steps 1-20 and the last 50
+print(f"{bench['balance_steps']} steps, seeds {bench['seeds']}, fair share {FAIR}")
 for balance, runs in bench["balance"].items():
-    busiest = torch.tensor(runs["shares"][0]).max(dim=1).values          # (steps,)
-    blocks = busiest.reshape(-1, 20).mean(dim=1)
-    print(f"{balance:9s} seed 0, steps 1-20, 21-40, ...: {', '.join(f'{b:.2f}' for b in blocks)}")
-for balance, runs in bench["balance"].items():
-    busiest = [torch.tensor(run)[-50:].mean(0).max().item() for run in runs["shares"]]
-    print(f"{balance:9s} busiest expert's share, seeds {bench['seeds']}: "
-          f"{', '.join(f'{b:.2f}' for b in busiest)}   val loss "
-          f"{', '.join(f'{v:.3f}' for v in runs['val_loss'])}")
-
-# %% [markdown]
-# ### 1.7 Dense against MoE, three seeds
-#
-# Same benchmark file: three models trained with the same recipe, the same batches and the same
-# number of steps (printed), seeds 0, 1, 2. The MoE (8 experts of width 64, top-2, bias balancing) against a dense
-# SwiGLU of width 128 (**equal active** parameters: what one token pays) and one of width 512
-# (**equal total**: what the model stores). Times per 1,000 training tokens were measured on the
-# machine that ran the benchmark and are shown sanitised (rerun it for yours).
+    per_step = torch.tensor(runs["shares"])                               # (seeds, steps, E)
+    window_shares[balance] = torch.stack([per_step[:, :20].mean(1), per_step[:, -50:].mean(1)], 1)
+    early, late = window_shares[balance].unbind(1)                        # (seeds, E) each
+    print(f"{balance}:\n  busiest expert, steps 1-20 -> last 50: "
+          + ", ".join(f"{a:.2f} -> {b:.2f}" for a, b in zip(early.amax(1), late.amax(1), strict=True))
+          + "\n  least-used expert over the last 50:   "
+          + ", ".join(f"{s:.3f}" for s in late.amin(1))
+          + "\n  val loss:                             "
+          + ", ".join(f"{v:.2f}" for v in runs["val_loss"]))
 
 # %%
-print(f"{bench['model_steps']} steps each")
-print(f"{'model':22s} {'total':>8s} {'active':>8s}   val loss (seeds {bench['seeds']})     mean")
+early, late = window_shares["none"].unbind(1)
+falls = int((late.amax(1) < early.amax(1)).sum())
+print(f"no balancing: the busiest share falls from steps 1-20 to the last 50 on {falls} of "
+      f"{len(bench['seeds'])} seeds")
+for balance, shares_ in window_shares.items():
+    least = shares_[:, 1].amin(1)
+    print(f"{balance:8s} least-used share over the last 50 steps: {least.min():.3f} to {least.max():.3f} "
+          f"(fair {FAIR})")
+
+
+# %% [markdown]
+# The busiest and the least-used expert at every step (a mean over 10 steps) for every seed:
+
+# %%
+def moving_average(values: torch.Tensor, width: int = 10) -> torch.Tensor:
+    """(..., steps) -> (..., steps - width + 1): the mean of each run of `width` steps."""
+    return values.unfold(-1, width, 1).mean(-1)
+
+
+fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
+for ax, (balance, runs) in zip(axes, bench["balance"].items(), strict=True):
+    per_step = torch.tensor(runs["shares"])                               # (seeds, steps, E)
+    for seed, run in enumerate(per_step):
+        steps = range(10, len(run) + 1)
+        ax.plot(steps, moving_average(run.amax(1)), color="tab:red", alpha=0.6,
+                label="busiest expert" if seed == 0 else None)
+        ax.plot(steps, moving_average(run.amin(1)), color="tab:blue", alpha=0.6,
+                label="least-used expert" if seed == 0 else None)
+    ax.axhline(FAIR, color="black", linestyle="--", label="fair share 1/8")
+    ax.set(title=f"balance = {balance!r}, {len(per_step)} seeds", xlabel="training step", ylim=(0, 0.55))
+axes[0].set_ylabel("share of layer 0's assignments\n(mean of 10 steps)")
+axes[0].legend()
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# What the runs show is not the textbook collapse. Without balancing, the busiest expert's share
+# *falls* as training goes on (from steps 1-20 to the last 50, on every seed printed above): the
+# router does not end with one expert doing the work. What happens instead is **starvation**: the
+# least-used expert gets a small fraction of a fair share (printed for `'none'`, against 0.125),
+# so it barely trains and its parameters are mostly wasted. The Switch loss lifts the least-used
+# expert to between half and most of a fair share; the bias brings every expert's 50-step mean
+# to within a hair of it (its per-step lines in the figure still swing around 1/8, because the
+# rule corrects one step's imbalance over the next steps). In the figure all three start alike,
+# one expert taking much of the load in the first few dozen steps: balancing shortens that phase
+# rather than preventing it.
+
+# %% [markdown]
+# ### 1.7 Dense against MoE, at equal steps and at equal time
+#
+# Same benchmark file (`--part models --steps 600 --seeds 5`): models trained with the same recipe
+# and the same batches, seeds 0-4. The MoE (8 experts of width 64, top-2, bias balancing) against a
+# dense SwiGLU of width 128 (**equal active** parameters: what one token pays) and one of width 512
+# (**equal total**: what the model stores), all for the same number of steps; and the equal-active
+# dense model once more, given the MoE's *wall-clock time* instead of its steps:
+
+# %%
+import statistics
+
+print(f"{'model':32s} {'total':>8s} {'active':>8s} {'steps':>6s}   val loss, seeds {bench['seeds']}   mean")
 for name, runs in bench["models"].items():
     losses = runs["val_loss"]
-    print(f"{name:22s} {runs['total_params'][0]:8,d} {runs['active_params'][0]:8,d}   "
-          f"{', '.join(f'{v:.3f}' for v in losses)}   {sum(losses) / len(losses):.3f}")
-for name, runs in bench["models"].items():
-    per_1k = 1000 / (sum(runs["tokens_per_s"]) / len(runs["tokens_per_s"]))
-    print(f"{name:22s} 1,000 training tokens {format_duration(per_1k)}")
-mean = {name: sum(r["val_loss"]) / 3 for name, r in bench["models"].items()}
-speed = {name: sum(r["tokens_per_s"]) / 3 for name, r in bench["models"].items()}
-print("MoE slower per token than dense at equal active:",
-      speed["MoE 8 experts, top-2"] < speed["dense, equal active"])
-moe_runs, active_runs = (bench["models"][n]["val_loss"] for n in ("MoE 8 experts, top-2", "dense, equal active"))
-wins = sum(m < d for m, d in zip(moe_runs, active_runs, strict=True))
-print(f"MoE below dense at equal active on {wins} of 3 seeds; mean below it: "
-      f"{mean['MoE 8 experts, top-2'] < mean['dense, equal active']}; below dense at equal total: "
-      f"{mean['MoE 8 experts, top-2'] < mean['dense, equal total']}")
+    print(f"{name:32s} {runs['total_params'][0]:8,d} {runs['active_params'][0]:8,d} {runs['steps'][0]:6d}   "
+          f"{', '.join(f'{v:.3f}' for v in losses)}   {statistics.mean(losses):.3f}")
 for balance, runs in bench["balance"].items():
-    print(f"MoE balanced by {balance!r:10s} val loss mean {sum(runs['val_loss']) / 3:.3f} "
+    print(f"MoE balanced by {balance!r:10s} val loss mean {statistics.mean(runs['val_loss']):.3f} "
           f"after {bench['balance_steps']} steps")
 
 # %% [markdown]
-# What a CPU shows at this size: at equal steps the MoE beats the dense model with the same
-# active parameters (on every seed, printed above) and loses to the dense model with the same
-# total parameters: it sits between the two, as expected of a model that stores more than it
-# computes. It needs those steps: after 200 steps it had not yet caught up with the
-# equal-active dense model (the first version of this benchmark). Balancing did not buy loss
-# in the 200-step runs (the last lines): it buys experts that all learn, which pays when the
-# model is large and trained long. Per token the MoE is *slower* than the equal-active dense
-# model: the router, the sort, the scatter and eight small products cost
-# more than one product of the same work. nanochat's author found MoE loses on wall clock at
-# small scale too. MoE wins when the MLP's products dominate, run as grouped GEMMs, and the
-# experts are spread over many devices (next section), with enough tokens per expert to keep
-# each busy; none of that holds for a 2-layer model of width 64 on two CPU cores.
+# How many steps is "the MoE's time"? The benchmark timed a training step of each model on one
+# thread, in turns (a burst of steps of each model, then the next model's, round after round, so
+# that the load of whatever else runs on the machine falls on all of them alike), and kept each
+# model's median. The seconds depend on the machine and its load; their ratios travel better:
+
+# %%
+moe = "MoE 8 experts, top-2"
+step_time = {name: statistics.median(times) for name, times in bench["speed"]["seconds_per_step"].items()}
+print(f"{len(bench['speed']['seconds_per_step'][moe])} rounds, {bench['speed']['threads']} thread")
+for name, seconds in step_time.items():
+    print(f"{name:22s} one training step: {seconds / step_time['dense, equal active']:.2f}x "
+          f"the equal-active dense model's")
+print(f"so in the MoE's {bench['model_steps']} steps' time the equal-active dense model takes "
+      f"{bench['models']['dense, equal active, equal time']['steps'][0]} steps")
+
+# %%
+loss = {name: runs["val_loss"] for name, runs in bench["models"].items()}
+
+
+def seeds_below(a: str, b: str) -> str:
+    """How many seeds give model a a lower validation loss than model b."""
+    return f"{sum(x < y for x, y in zip(loss[a], loss[b], strict=True))} of {len(loss[a])} seeds"
+
+
+print("equal steps: MoE below dense, equal active on", seeds_below(moe, "dense, equal active"))
+print("equal steps: MoE below dense, equal total on ", seeds_below(moe, "dense, equal total"))
+print("equal time:  dense, equal active below MoE on ", seeds_below("dense, equal active, equal time", moe))
+
+# %% [markdown]
+# At equal steps the MoE beats the dense model with the same active parameters on every seed, and
+# mostly loses to the dense model with the same total parameters (its mean is between the two): it
+# stores more than it computes, and the extra experts help per step. But a MoE step costs more
+# time than the equal-active dense step on this CPU (the ratio above): the router, the sort, the
+# scatter and eight small products cost more than one product of the same work. Given the MoE's
+# wall clock, the equal-active dense model takes the extra steps and ends *below* the MoE on every
+# seed: at equal time the MoE's advantage does not merely shrink, it reverses. Balancing did not
+# buy loss in the 200-step runs either (the balance lines): it buys experts that all learn, which
+# pays when the model is large and trained long. MoE wins on time when the MLP's products dominate
+# the step and run as grouped GEMMs (section 1.4) on accelerators, with the experts spread over many
+# devices (next section) and enough tokens per expert to keep each busy; none of that holds for a
+# 2-layer model of width 64 on one CPU thread.
 
 # %% [markdown]
 # ### 1.8 Expert parallelism: the all-to-all
@@ -513,7 +596,9 @@ assert sum(r["rows_computed"] for r in results) == 2 * 16 * 2   # every assignme
 # width of 7168), and every head's key and value are rebuilt from it, `k_h = W_UK_h c`,
 # `v_h = W_UV_h c`. The cache holds `c` only, plus a small **decoupled RoPE key** (64 numbers,
 # shared by all heads), because a rotation depends on the position and cannot be folded into a
-# fixed matrix.
+# fixed matrix. So each head's query and key have two parts: a rotated part of `rope_dim`
+# numbers, and a part with no rotation that DeepSeek's code calls **nope** ("no position
+# embedding", `qk_nope_head_dim`, 128 in V3), the part rebuilt from the latent.
 #
 # ### 2.1 Naive, then absorbed
 #
@@ -567,7 +652,11 @@ check("frontier_decoder.absorb_query", absorb_query)
 # %% [markdown]
 # `helpers.model.mla.LatentAttention` holds the whole layer with DeepSeek's names: `forward` is
 # the naive form, `forward_absorbed` the absorbed one, which also grows the latent cache token by
-# token. Both agree, and the token-by-token cache agrees with a full pass:
+# token. Its sizes: `kv_rank` the latent's rank `r`, `rope_dim` and `nope_dim` the two parts of a
+# head's query and key, `v_dim` a head's value, and `q_rank` the rank of a second latent that
+# DeepSeek passes the *query* through (`q_lora_rank`, 1536 in V3): it saves parameters and
+# activation memory in training and is never cached (`q_rank=0` projects the query directly).
+# Both forms agree, and the token-by-token cache agrees with a full pass:
 
 # %%
 from helpers.model.mla import DEEPSEEK_V3, LatentAttention, cache_values_per_token
@@ -616,7 +705,9 @@ print(f"MLA caches {ratio:.1f}x less than MHA, and {cache_values_per_token('gqa'
 # ### 2.3 Equal to `transformers`' DeepSeek-V3
 #
 # `helpers.model.deepseek.DeepSeekGPT` puts `LatentAttention` and a sigmoid-routed `MoELayer`
-# with a shared expert (and `routed_scaling_factor` 2.5) together; its first layer is dense, as
+# with a shared expert together. Its routed experts' weighted sum is multiplied by a constant,
+# `routed_scaling_factor` (2.5 in V3): the renormalised sigmoid weights sum to 1, and the factor
+# sets how loud the routed experts are beside the shared one; its first layer is dense, as
 # DeepSeek-V3's first three are. Its router also limits each token to a few **groups** of
 # experts (V3: 8 groups, one per node of GPUs, of which a token reaches 4), so that a hidden state
 # travels to at most 4 nodes; a group's score is the sum of its two best experts'. A tiny
@@ -842,8 +933,10 @@ except ValueError as error:
 #
 # Nothing bounds a score `q · k / sqrt(D_H)`: as the weights grow during training, the logits
 # grow, the softmax saturates (notebook 3) and training can diverge. Gemma 2 capped the logits
-# with `c · tanh(s / c)`; Qwen3, Gemma 3 and OLMo 2 instead apply an RMSNorm to every query and key
-# head before RoPE (**QK-norm**), which bounds `|q · k| / sqrt(D_H)` by the norms' learned gains.
+# with `c · tanh(s / c)`; Qwen3 and Gemma 3 instead apply an RMSNorm to every query and key head
+# before RoPE (**QK-norm**), which bounds `|q · k| / sqrt(D_H)` by the norms' learned gains. (OLMo 2
+# normalises the whole query projection and the whole key projection, all heads together, before
+# splitting them into heads; the helper here is the per-head form.)
 # Two dense models, same seed and a high learning rate, with and without it; we record each
 # step's largest attention logit:
 
@@ -872,16 +965,30 @@ plt.show()
 #
 # Notebook 9 found RoPE breaks past its training length: the slow pairs reach angles they never
 # saw. **Llama 3.1** divides the frequencies of the slow pairs by a factor (fast pairs unchanged, a
-# blend between); **YaRN** does the same with a ramp and also scales the logits by
-# `0.1 ln(factor) + 1`. Both are normally followed by a short finetune at the longer length;
-# here we only swap the table of a model trained at 64 tokens (factor 8, so 512 = 8 × 64) and
-# measure the loss of the last 64 positions at each length. `helpers.model.sliding` holds both
-# (`llama3_inv_freq`, `yarn_inv_freq`, equal to `transformers`' in tests/test_sliding.py).
+# blend between); **YaRN** does the same with a ramp and also multiplies every query and every
+# key by an *attention factor* `0.1 ln(factor) + 1`, so the logits `q · k` grow by its square.
+# Both are normally followed by a short finetune at the longer length; here we only swap the
+# table of a model trained at 64 tokens (factor 8, so 512 = 8 × 64) and measure the loss of the
+# last 64 positions at each length. `helpers.model.sliding` holds both (`llama3_inv_freq`,
+# `yarn_inv_freq`, equal to `transformers`' in tests/test_sliding.py); `rope_table` folds YaRN's
+# factor into the cos and sin it rotates q and k with, so each carries it once:
 
 # %%
 import dataclasses
+import math
 
-ROPE_STEPS = 100  # the knob
+from helpers.model.frontier import rope_table
+
+yarn_config = FrontierConfig(**SIZES, mlp_hidden=128, rope_scaling="yarn", rope_factor=8.0,
+                             original_context=64)
+yarn_table = rope_table(yarn_config, 4)
+per_vector = 0.1 * math.log(8.0) + 1
+logit_scale = (yarn_table.cos ** 2 + yarn_table.sin ** 2)[0, 0].item()  # q and k each rotated by the table
+print(f"YaRN at factor 8: q and k each x {per_vector:.3f}, so the logits x {logit_scale:.3f}")
+assert abs(logit_scale - per_vector ** 2) < 1e-5
+
+# %%
+ROPE_STEPS = 400  # the knob: much fewer steps blur the comparison at 512 tokens
 base_config = FrontierConfig(**SIZES, mlp_hidden=128, qk_norm=True)
 rope_model, _ = train_steps(base_config, ROPE_STEPS)
 rope_model.eval()
@@ -905,13 +1012,14 @@ for scaling in (None, "llama3", "yarn"):
 moved = {s: rope_losses[(s, 512)] - rope_losses[(s, 64)] for s in (None, "llama3", "yarn")}
 print("loss rise from 64 to 512 tokens, plain RoPE larger than with Llama 3 scaling:",
       moved[None] > moved["llama3"])
+print("lowest loss at 512 tokens:", min((None, "llama3", "yarn"), key=lambda s: rope_losses[(s, 512)]))
 
 # %% [markdown]
 # Without scaling, the loss climbs as the window grows past the 64 tokens the model was trained
 # at. Swapping the table without any finetuning flattens that climb (the slow pairs stay inside
-# the angles they saw; YaRN ends lowest at 512 in the table), but it also changes the angles the
-# model learned at 64, so the short-context loss rises: this is why Llama 3.1 and YaRN finetune
-# briefly after the swap, which this small run does not.
+# the angles they saw; YaRN ends lowest at 512 in this one-seed run), but it also changes the
+# angles the model learned at 64, so the short-context loss rises: this is why Llama 3.1 and YaRN
+# finetune briefly after the swap, which this small run does not.
 
 # %% [markdown]
 # ### 4.3 Equal to `transformers`' Gemma 3
@@ -954,26 +1062,30 @@ else:
 # %% [markdown]
 # ## Check your understanding
 #
-# **1. Mixtral and Qwen3-MoE route the same logits to the same experts. Do they give them the same
-# weights?**
+# **1. Mixtral and Qwen2-MoE route the same logits to the same experts. Do they give them the same
+# weights? And Qwen3-MoE?**
 #
 # <details><summary>Answer</summary>
 #
-# No. Mixtral takes a softmax over the `k` chosen logits, so its weights sum to 1; Qwen3-MoE
-# (with `norm_topk_prob=False`) keeps the softmax over all `E` experts, so they sum to less
-# (section 1.1 printed 1.0 against 0.8337 for the same token). The chosen experts are the same
-# because the softmax keeps the order of the logits.
+# Not Qwen2-MoE. Mixtral takes a softmax over the `k` chosen logits, so its weights sum to 1;
+# Qwen2-MoE (`norm_topk_prob=False`, like Qwen1.5-MoE and DeepSeek-V2) keeps the softmax over all
+# `E` experts, so they sum to less (section 1.1 printed 1.0 against 0.8337 for the same token).
+# The chosen experts are the same because the softmax keeps the order of the logits. Qwen3-MoE's
+# released models set `norm_topk_prob=True`: they divide the kept weights by their sum, which
+# gives Mixtral's weights exactly.
 # </details>
 #
-# **2. Why does a router collapse without balancing, and how do the two cures differ?**
+# **2. What goes wrong without balancing, and how do the two cures differ?**
 #
 # <details><summary>Answer</summary>
 #
-# The experts chosen early get the gradient, improve, and are chosen more: a rich-get-richer loop
-# (section 1.6 measured the busiest expert's share without balancing). The Switch loss adds a
-# gradient that pushes probability away from busy experts, which also disturbs the language
-# model's own gradient; DeepSeek-V3's bias only shifts which experts are chosen, with no gradient,
-# and leaves the weights of the chosen ones untouched.
+# The experts chosen early get the gradient, improve, and are chosen more: a rich-get-richer loop.
+# In section 1.6's runs it does not end in one expert doing everything (the busiest share falls
+# after the first steps); it ends in starvation, some experts receiving a small fraction of a fair
+# share and so barely training. The Switch loss adds a gradient that pushes probability away from
+# busy experts, which also disturbs the language model's own gradient; DeepSeek-V3's bias only
+# shifts which experts are chosen, with no gradient, and leaves the weights of the chosen ones
+# untouched (V3 adds only a tiny per-sequence auxiliary loss beside it).
 # </details>
 
 # %% [markdown]
@@ -982,12 +1094,14 @@ else:
 #
 # <details><summary>Answer</summary>
 #
-# At equal steps it beats the equal-active dense model on all three seeds and loses to the
-# equal-total one (section 1.7). But it is slower per token than the equal-active dense model,
-# because routing, sorting and many small products cost more than one large product on a CPU:
-# at equal *time* on this CPU its advantage shrinks or vanishes. MoE pays at scale.
+# At equal steps it beats the equal-active dense model on every seed and mostly loses to the
+# equal-total one (section 1.7). At equal *time* the equal-active dense model beats it: a MoE step
+# is slower than the equal-active dense step on a CPU (routing, sorting and many small products
+# cost more than one large product), and the dense model given the MoE's wall clock takes enough
+# extra steps to end below it on every seed. MoE pays at scale, on accelerators with grouped GEMMs and many devices.
 # </details>
-#
+
+# %% [markdown]
 # **4. Why does DeepSeek cache a latent instead of keys and values, and why is there a separate RoPE key?**
 #
 # <details><summary>Answer</summary>
