@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.post.grpo import group_advantages, grpo_loss, k3_kl
+from helpers.post.grpo import completion_logps, group_advantages, grpo_loss, k3_kl
 
 
 def test_advantages_are_normalised_within_each_group():
@@ -111,3 +111,18 @@ def test_bad_input_is_refused():
         name = ("logps", "old_logps", "ref_logps", "advantages")[position]
         with pytest.raises(ValueError, match=f"^{name} holds NaN or inf"):
             grpo_loss(*spoiled, torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("groups, max_new_tokens, error, match", [
+    ([], 3, ValueError, "^groups is \\[\\], expected a non-empty list"),
+    ([(torch.zeros(2, 3, dtype=torch.long), None, None)], 3, ValueError,
+     "^groups\\[0\\]'s ids is \\(2, 3\\), expected a \\(G, N\\) tensor with N > max_new_tokens = 3"),
+    ([(torch.zeros(5, dtype=torch.long), None, None)], 3, ValueError, "^groups\\[0\\]'s ids is \\(5,\\)"),
+    ([(torch.zeros(2, 5, dtype=torch.long), None, None)], 0, ValueError, "^max_new_tokens is 0"),
+])
+def test_completion_logps_refuses_bad_groups_before_any_forward_pass(groups, max_new_tokens, error, match):
+    def model(ids):
+        raise AssertionError("the model ran before the arguments were checked")
+
+    with pytest.raises(error, match=match):
+        completion_logps(model, groups, max_new_tokens)

@@ -16,6 +16,7 @@ from helpers.serve.speculative import (
     chi_square,
     exact_distribution,
     residual,
+    round_distribution,
     sample_outputs,
     speculative_generate,
     verify_round,
@@ -107,11 +108,20 @@ def test_sampled_first_token_follows_the_target():
     (lambda t, d: accept_or_reject(torch.ones(3) / 3, torch.ones(3) / 3, 0, 1.0), "u is 1.0"),
     (lambda t, d: residual(torch.ones(3), torch.ones(3) / 3), "sums to 3"),
     (lambda t, d: exact_distribution(lambda x: x, lambda x: x, (), k=0, n_tokens=1), "k is 0"),
+    (lambda t, d: round_distribution(lambda x: x, lambda x: x, (), k=0), "k is 0"),
 ])
 def test_bad_speculative_arguments(call, match):
     target, draft = _models()
     with pytest.raises(ValueError, match=match):
         call(target, draft)
+
+
+def test_round_distribution_refuses_a_list_context_and_a_non_function_before_any_call():
+    uniform = lambda context: torch.ones(3) / 3  # noqa: E731 - a conditional over 3 tokens
+    with pytest.raises(TypeError, match="^context is .*list.*, expected a tuple of token ids"):
+        round_distribution(uniform, uniform, [0], k=1)
+    with pytest.raises(TypeError, match="^draft is Tensor, expected a function of a context"):
+        round_distribution(uniform, torch.ones(3) / 3, (), k=1)
 
 
 def test_full_rounds_count_the_rounds_that_kept_all_k():

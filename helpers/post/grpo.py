@@ -196,4 +196,12 @@ def completion_logps(model: nn.Module, groups: list[tuple[Tensor, Tensor, Tensor
                      max_new_tokens: int) -> Tensor:
     """The log-probs of the last `max_new_tokens` tokens of every group's ids, stacked:
     (P * G, max_new_tokens). Each group is one forward pass (its prompt has its own length)."""
+    checks.positive_int("max_new_tokens", max_new_tokens)
+    if not isinstance(groups, list) or not groups:
+        raise ValueError(f"groups is {groups!r:.60}, expected a non-empty list of (ids, ...) tuples")
+    for index, (ids, *_) in enumerate(groups):
+        if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.shape[1] <= max_new_tokens:
+            shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
+            raise ValueError(f"groups[{index}]'s ids is {shape}, expected a (G, N) tensor with "
+                             f"N > max_new_tokens = {max_new_tokens} (a prompt before the answer)")
     return torch.cat([token_logps(model(ids), ids)[:, -max_new_tokens:] for ids, _, _ in groups])

@@ -147,6 +147,10 @@ def round_distribution(target: Conditional, draft: Conditional, context: tuple[i
     rejected (whichever x it was), y drawn from the residual replaces it and ends the round;
     when all k are kept, a bonus token comes from the target. Outputs have 1 to k + 1 tokens.
     """
+    for name, conditional in (("target", target), ("draft", draft)):
+        if not callable(conditional):
+            raise TypeError(f"{name} is {type(conditional).__name__}, expected a function of a "
+                            "context (tuple of ids) returning a probability vector (V,)")
     checks.instance("context", context, tuple, "a tuple of token ids")
     checks.positive_int("k", k)
     out: dict[tuple[int, ...], float] = {}
