@@ -14,8 +14,9 @@ Muon post, 2024; at scale: Moonshot AI's "Muon is scalable for LLM training", 20
     MuonWithAdamW                           the pair as one optimiser (step, zero_grad, state_dict)
 
 Each step of Muon is the one `torch.optim.Muon` takes, bit for bit (tests/test_muon.py): the same
-operations in the same order, Newton-Schulz in bfloat16 as there (`dtype=torch.float32` gives
-the float32 iteration, for reading its numbers).
+operations in the same order, Newton-Schulz in bfloat16 as there. `ns_dtype=torch.float32` runs
+the iteration in float32 instead: on a CPU without native bfloat16 (most laptops) every bf16
+matrix product is emulated, and the iteration measured over 20x slower than in float32.
 """
 
 from __future__ import annotations
@@ -55,10 +56,7 @@ def newton_schulz(m: Tensor, steps: int = NS_STEPS, coefficients: Sequence[float
     if not bool(torch.isfinite(m).all()):
         raise ValueError("m holds NaN or inf, expected finite values")
     a, b, c = _check_ns_settings(steps, coefficients, eps)
-    checks.instance("dtype", dtype, torch.dtype, "a floating-point torch.dtype")
-    if not dtype.is_floating_point:
-        raise TypeError(f"dtype is {dtype}, expected a floating-point torch.dtype")
-    return _newton_schulz(m, steps, (a, b, c), eps, dtype)
+    return _newton_schulz(m, steps, (a, b, c), eps, _check_dtype(dtype))
 
 
 def _newton_schulz(m: Tensor, steps: int, coefficients: tuple[float, float, float], eps: float,
@@ -95,7 +93,7 @@ def muon_lr_scale(shape: Sequence[int], rule: str = "original") -> float:
 def muon_update(p: Tensor, g: Tensor, buf: Tensor, lr: float, momentum: float = 0.95,
                 nesterov: bool = True, weight_decay: float = 0.1, rule: str = "original",
                 steps: int = NS_STEPS, coefficients: Sequence[float] = NS_COEFFICIENTS,
-                eps: float = NS_EPS) -> tuple[Tensor, Tensor]:
+                eps: float = NS_EPS, ns_dtype: torch.dtype = torch.bfloat16) -> tuple[Tensor, Tensor]:
     """One Muon step on a weight matrix p (A, B) with gradient g; returns the new (p, buf).
 
     buf (A, B): the momentum, zeros before the first step; inputs are left unchanged.
@@ -103,7 +101,7 @@ def muon_update(p: Tensor, g: Tensor, buf: Tensor, lr: float, momentum: float = 
         d   <- (1 - momentum) g + momentum buf          Nesterov: look one step ahead
                (or d <- buf without Nesterov)
         p   <- p (1 - lr weight_decay)                  decoupled weight decay, at the plain lr
-        p   <- p - lr muon_lr_scale(p's shape) newton_schulz(d)
+        p   <- p - lr muon_lr_scale(p's shape) newton_schulz(d)    (in ns_dtype)
     The averages are written as lerps (one rounding each), as torch.optim.Muon writes them.
     """
     for name, tensor in (("p", p), ("g", g), ("buf", buf)):
@@ -112,15 +110,16 @@ def muon_update(p: Tensor, g: Tensor, buf: Tensor, lr: float, momentum: float = 
             raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected p's shape {tuple(p.shape)}")
     hyper = _check_hyperparameters(lr, momentum, nesterov, weight_decay, rule)
     ns = _check_ns_settings(steps, coefficients, eps)
-    return _muon_update(p, g, buf, *hyper, steps, ns, eps)
+    return _muon_update(p, g, buf, *hyper, steps, ns, eps, _check_dtype(ns_dtype, "ns_dtype"))
 
 
 def _muon_update(p: Tensor, g: Tensor, buf: Tensor, lr: float, momentum: float, nesterov: bool,
                  weight_decay: float, rule: str, steps: int,
-                 coefficients: tuple[float, float, float], eps: float) -> tuple[Tensor, Tensor]:
+                 coefficients: tuple[float, float, float], eps: float,
+                 ns_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     buf = buf.lerp(g, 1 - momentum)                    # momentum buf + (1 - momentum) g
     direction = g.lerp(buf, momentum) if nesterov else buf
-    orthogonal = _newton_schulz(direction, steps, coefficients, eps, torch.bfloat16)
+    orthogonal = _newton_schulz(direction, steps, coefficients, eps, ns_dtype)
     p = p.mul(1 - lr * weight_decay)
     return p.add(orthogonal, alpha=-lr * muon_lr_scale(p.shape, rule)), buf
 
@@ -131,21 +130,24 @@ class Muon(torch.optim.Optimizer):
     """Muon on 2-D weight matrices: `muon_update` on each, in place, from its `.grad`.
 
     lr >= 0; momentum in [0, 1); nesterov; weight_decay >= 0 (decoupled, at the plain lr);
-    rule: the learning-rate scale of `muon_lr_scale`; steps, coefficients, eps: `newton_schulz`'s.
-    The defaults are torch.optim.Muon's. A weight without a `.grad` is skipped, as there.
+    rule: the learning-rate scale of `muon_lr_scale`; steps, coefficients, eps: `newton_schulz`'s;
+    ns_dtype: the dtype Newton-Schulz runs in. The defaults are torch.optim.Muon's. A weight without a `.grad` is skipped, as there.
     """
 
     def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], lr: float = 1e-3,
                  weight_decay: float = 0.1, momentum: float = 0.95, nesterov: bool = True,
                  rule: str = "original", steps: int = NS_STEPS,
-                 coefficients: Sequence[float] = NS_COEFFICIENTS, eps: float = NS_EPS) -> None:
+                 coefficients: Sequence[float] = NS_COEFFICIENTS, eps: float = NS_EPS,
+                 ns_dtype: torch.dtype = torch.bfloat16) -> None:
         lr, momentum, nesterov, weight_decay, rule = _check_hyperparameters(
             lr, momentum, nesterov, weight_decay, rule)
         coefficients = _check_ns_settings(steps, coefficients, eps)
+        _check_dtype(ns_dtype, "ns_dtype")
         if isinstance(params, Tensor):
             raise TypeError("params is a single tensor, expected a list of weight matrices")
         defaults = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": nesterov,
-                    "rule": rule, "steps": steps, "coefficients": coefficients, "eps": eps}
+                    "rule": rule, "steps": steps, "coefficients": coefficients, "eps": eps,
+                    "ns_dtype": ns_dtype}
         super().__init__(params, defaults)
         for i, group in enumerate(self.param_groups):
             for j, p in enumerate(group["params"]):
@@ -162,7 +164,8 @@ class Muon(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             settings = (group["lr"], group["momentum"], group["nesterov"], group["weight_decay"],
-                        group["rule"], group["steps"], tuple(group["coefficients"]), group["eps"])
+                        group["rule"], group["steps"], tuple(group["coefficients"]), group["eps"],
+                        group["ns_dtype"])
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -218,13 +221,14 @@ class MuonWithAdamW:
     learning rate (Muon's steps are larger, see `muon_lr_scale`); weight_decay applies to the
     hidden matrices and the other matrices, not to the vectors. `param_groups` lists every group
     of both (each with its "lr", so a schedule can set them); `lr_ratio` on Muon's groups is
-    muon_lr / adamw_lr, for a schedule that sets one rate and scales Muon's by it.
+    muon_lr / adamw_lr, for a schedule that sets one rate and scales Muon's by it. ns_dtype: Muon's.
     """
 
     def __init__(self, hidden: Sequence[Tensor], matrices: Sequence[Tensor], vectors: Sequence[Tensor],
                  muon_lr: float = 0.02, adamw_lr: float = 2e-3, weight_decay: float = 0.1,
                  momentum: float = 0.95, nesterov: bool = True, rule: str = "original",
-                 betas: tuple[float, float] = (0.9, 0.99), fused: bool = False) -> None:
+                 betas: tuple[float, float] = (0.9, 0.99), fused: bool = False,
+                 ns_dtype: torch.dtype = torch.bfloat16) -> None:
         checks.positive_float("muon_lr", muon_lr)
         checks.positive_float("adamw_lr", adamw_lr)
         checks.boolean("fused", fused)
@@ -234,7 +238,7 @@ class MuonWithAdamW:
         if not hidden:
             raise ValueError("hidden is empty, expected the hidden matrices for Muon (split_for_muon)")
         self.muon = Muon(list(hidden), lr=muon_lr, weight_decay=weight_decay, momentum=momentum,
-                         nesterov=nesterov, rule=rule)
+                         nesterov=nesterov, rule=rule, ns_dtype=ns_dtype)
         self.muon.param_groups[0]["lr_ratio"] = muon_lr / adamw_lr
         self.adamw = (make_optimizer(matrices, vectors, lr=adamw_lr, weight_decay=weight_decay,
                                      betas=betas, fused=fused) if len(matrices) or len(vectors) else None)
@@ -276,6 +280,13 @@ def _check_matrix(name: str, value: Any, hint: str = "") -> None:
         raise TypeError(f"{name} has dtype {value.dtype}, expected a 2-D floating-point tensor")
     if value.dim() != 2:
         raise ValueError(f"{name} has shape {tuple(value.shape)}, expected a 2-D matrix{hint}")
+
+
+def _check_dtype(dtype: Any, name: str = "dtype") -> torch.dtype:
+    checks.instance(name, dtype, torch.dtype, "a floating-point torch.dtype")
+    if not dtype.is_floating_point:
+        raise TypeError(f"{name} is {dtype}, expected a floating-point torch.dtype")
+    return dtype
 
 
 def _check_hyperparameters(lr: Any, momentum: Any, nesterov: Any, weight_decay: Any,

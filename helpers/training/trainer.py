@@ -12,11 +12,11 @@ first written by hand ("The training step by hand"), then handed to the Trainer:
 
 The Trainer trains any model mapping token ids (B, N) to logits (B, N, V) that has
 `config.vocab_size` and `config.context_length` (`helpers.model.gpt.GPT`, `helpers.model.modern.ModernGPT`).
-Its step is the textbook one: loss, backward, clip the gradient norm, AdamW. With
-`TrainConfig(fast=True)`, the default, the same step runs with less work: `helpers.training.speed`
-(bf16 working copy, one buffer for every weight, fused AdamW, a GPT's fused kernels).
-Checkpoints: `helpers.model.checkpoints`; loss curves: `helpers.lab.plots.LiveLossPlot`. Shapes (the
-legend of `helpers`): B batch, N tokens (the window), V vocabulary.
+Its step is the textbook one: loss, backward, clip the gradient norm, AdamW (or Muon for the
+hidden matrices: `helpers.training.muon`). `TrainConfig(fast=True)`, the default, runs the same
+step with less work (`helpers.training.speed`: bf16 working copy, one buffer for every weight,
+fused AdamW, a GPT's fused kernels). Checkpoints: `helpers.model.checkpoints`; loss curves:
+`helpers.lab.plots.LiveLossPlot`. Shapes: B batch, N tokens (the window), V vocabulary.
 """
 
 from __future__ import annotations
@@ -151,7 +151,8 @@ class TrainConfig:
     first step that takes tens of seconds, and it needs a C++ compiler.
     optimizer: "adamw" (every weight), or "muon": Muon for the hidden matrices, AdamW for the
     embeddings, the head, biases and gains (`helpers.training.muon.split_for_muon`); Muon's
-    peak rate is muon_learning_rate, on the same schedule (learning_rate stays AdamW's).
+    peak rate is muon_learning_rate, on the same schedule (learning_rate stays AdamW's); its
+    Newton-Schulz runs in the compute dtype (float32 unless bf16 is native or asked for).
     """
 
     batch_size: int = 12
@@ -263,14 +264,13 @@ class Trainer:
         self.history = History(tokens_per_step=config.batch_size * self.context_length)
 
     def _make_optimizer(self) -> torch.optim.Optimizer | MuonWithAdamW:
-        """AdamW on every weight (fast path: two slices of one buffer), or Muon with AdamW."""
         config = self.config
         if config.optimizer == "muon":
             if self.flat:
                 self.flat.attach_weight_gradients()
             return MuonWithAdamW(*split_for_muon(self.model), muon_lr=config.muon_learning_rate,
                                  adamw_lr=config.learning_rate, weight_decay=config.weight_decay,
-                                 fused=config.fast)
+                                 fused=config.fast, ns_dtype=self.dtype)
         split = self.flat.matrices_and_vectors() if self.flat else matrices_and_vectors(self.model)
         return make_optimizer(*split, lr=config.learning_rate, weight_decay=config.weight_decay,
                               fused=config.fast)
@@ -290,7 +290,7 @@ class Trainer:
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
 
     def train_step(self, lr: float) -> float:
-        """One AdamW step at learning rate `lr` on a fresh random batch; returns its loss.
+        """One optimiser step at rate `lr` (Muon's scaled) on a fresh random batch; returns its loss.
 
         A loss or gradient norm that is NaN or infinite stops training with a FloatingPointError
         before the optimiser step (which would spread the NaN into every weight). (PyTorch's
