@@ -290,7 +290,7 @@ class Trainer:
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
 
     def train_step(self, lr: float) -> float:
-        """One optimiser step at rate `lr` (Muon's scaled) on a fresh random batch; returns its loss.
+        """One optimiser step at rate `lr` (Muon's scaled) on a fresh batch; returns its loss.
 
         A loss or gradient norm that is NaN or infinite stops training with a FloatingPointError
         before the optimiser step (which would spread the NaN into every weight). (PyTorch's
