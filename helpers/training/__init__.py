@@ -6,5 +6,6 @@ Built on `helpers.model`; the model never imports it.
     trainer  batches, the learning-rate schedule, the Trainer and its History
     guards   the Trainer's checks: its inputs, the learning rate, non-finite weights
     speed    bfloat16 working copy, one buffer for every weight, fused AdamW, compile
+    muon     Muon by hand (Newton-Schulz, momentum, the shape's learning-rate scale), paired with AdamW
     resume   save a run of any model and optimizer, and resume it exactly (notebook 11)
 """

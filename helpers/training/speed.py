@@ -137,6 +137,14 @@ class FlatWeights:
         matrices.grad, vectors.grad = self.gradients[:cut], self.gradients[cut:]
         return [matrices] if cut else [], [vectors] if vectors.numel() else []
 
+    def attach_weight_gradients(self) -> None:
+        """Give each float32 weight its slice of the float32 gradients as .grad, for an optimiser
+        that steps weight by weight (Muon needs each matrix whole). In float32 these are the
+        slices `zero_gradients` attaches already."""
+        sizes = [p.numel() for p in self.params]
+        for param, view in zip(self.params, self.gradients.split(sizes), strict=True):
+            param.grad = view.view_as(param)
+
     def zero_gradients(self) -> None:
         """Zero the working gradients, and (re)attach them as each parameter's .grad, in case
         something set those to None (as `model.zero_grad()` does)."""

@@ -12,11 +12,11 @@ first written by hand ("The training step by hand"), then handed to the Trainer:
 
 The Trainer trains any model mapping token ids (B, N) to logits (B, N, V) that has
 `config.vocab_size` and `config.context_length` (`helpers.model.gpt.GPT`, `helpers.model.modern.ModernGPT`).
-Its step is the textbook one: loss, backward, clip the gradient norm, AdamW. With
-`TrainConfig(fast=True)`, the default, the same step runs with less work: `helpers.training.speed`
-(bf16 working copy, one buffer for every weight, fused AdamW, a GPT's fused kernels).
-Checkpoints: `helpers.model.checkpoints`; loss curves: `helpers.lab.plots.LiveLossPlot`. Shapes (the
-legend of `helpers`): B batch, N tokens (the window), V vocabulary.
+Its step is the textbook one: loss, backward, clip the gradient norm, AdamW (or Muon for the
+hidden matrices: `helpers.training.muon`). `TrainConfig(fast=True)`, the default, runs the same
+step with less work (`helpers.training.speed`: bf16 working copy, one buffer for every weight,
+fused AdamW, a GPT's fused kernels). Checkpoints: `helpers.model.checkpoints`; loss curves:
+`helpers.lab.plots.LiveLossPlot`. Shapes: B batch, N tokens (the window), V vocabulary.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from tqdm import tqdm
 from helpers import checks
 from helpers.model.gpt import GPT
 from helpers.training.guards import check_learning_rate, check_trainer_inputs, non_finite_parameters
+from helpers.training.muon import MuonWithAdamW, split_for_muon
 from helpers.training.speed import FlatWeights, compile_loss, make_optimizer, pick_dtype
 
 # --- data ----------------------------------------------------------------------------------
@@ -148,6 +149,10 @@ class TrainConfig:
     batches each evaluation averages over. fast=False runs the plain float32 path.
     compile=True (fast path only) compiles the loss with torch.compile: faster steps after a
     first step that takes tens of seconds, and it needs a C++ compiler.
+    optimizer: "adamw" (every weight), or "muon": Muon for the hidden matrices, AdamW for the
+    embeddings, the head, biases and gains (`helpers.training.muon.split_for_muon`); Muon's
+    peak rate is muon_learning_rate, on the same schedule (learning_rate stays AdamW's); its
+    Newton-Schulz runs in the compute dtype (float32 unless bf16 is native or asked for).
     """
 
     batch_size: int = 12
@@ -163,6 +168,8 @@ class TrainConfig:
     fast: bool = True
     compile: bool = False
     seed: int = 0
+    optimizer: str = "adamw"
+    muon_learning_rate: float = 0.02
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "eval_every", "eval_batches"):
@@ -184,6 +191,8 @@ class TrainConfig:
         checks.boolean("fast", self.fast)
         checks.boolean("compile", self.compile)
         checks.non_negative_int("seed", self.seed)
+        checks.one_of("optimizer", self.optimizer, ("adamw", "muon"))
+        checks.positive_float("muon_learning_rate", self.muon_learning_rate)
         if self.compile and not self.fast:
             raise ValueError("compile=True needs fast=True: the plain path is the uncompiled reference")
 
@@ -245,9 +254,7 @@ class Trainer:
         # `working` runs forward and backward: the model, or (fast, bf16) its FlatWeights copy.
         self.flat = FlatWeights(model, self.dtype) if config.fast else None
         self.working = self.flat.working if self.flat else model
-        split = self.flat.matrices_and_vectors() if self.flat else matrices_and_vectors(model)
-        self.optimizer = make_optimizer(*split, lr=config.learning_rate,
-                                        weight_decay=config.weight_decay, fused=config.fast)
+        self.optimizer = self._make_optimizer()
         self._loss = compile_loss(self._working_loss) if config.compile else self._working_loss
         self.generator = torch.Generator().manual_seed(config.seed)
         self.eval_sets = {}  # the same batches at every evaluation
@@ -255,6 +262,18 @@ class Trainer:
             fixed = torch.Generator().manual_seed(config.seed + 1)
             self.eval_sets[name] = [self._batch(ids, fixed) for _ in range(config.eval_batches)]
         self.history = History(tokens_per_step=config.batch_size * self.context_length)
+
+    def _make_optimizer(self) -> torch.optim.Optimizer | MuonWithAdamW:
+        config = self.config
+        if config.optimizer == "muon":
+            if self.flat:
+                self.flat.attach_weight_gradients()
+            return MuonWithAdamW(*split_for_muon(self.model), muon_lr=config.muon_learning_rate,
+                                 adamw_lr=config.learning_rate, weight_decay=config.weight_decay,
+                                 fused=config.fast, ns_dtype=self.dtype)
+        split = self.flat.matrices_and_vectors() if self.flat else matrices_and_vectors(self.model)
+        return make_optimizer(*split, lr=config.learning_rate, weight_decay=config.weight_decay,
+                              fused=config.fast)
 
     def _batch(self, ids: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """A random batch of windows and their targets (`random_batch`), on the model's device."""
@@ -271,7 +290,7 @@ class Trainer:
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
 
     def train_step(self, lr: float) -> float:
-        """One AdamW step at learning rate `lr` on a fresh random batch; returns its loss.
+        """One optimiser step at rate `lr` (Muon's scaled) on a fresh batch; returns its loss.
 
         A loss or gradient norm that is NaN or infinite stops training with a FloatingPointError
         before the optimiser step (which would spread the NaN into every weight). (PyTorch's
@@ -280,8 +299,8 @@ class Trainer:
         """
         check_learning_rate(lr)
         x, y = self._batch(self.train_ids, self.generator)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        for group in self.optimizer.param_groups:  # Muon's groups: muon_lr / learning_rate x lr
+            group["lr"] = lr * group["lr_ratio"] if "lr_ratio" in group else lr
         loss = self.loss_on(x, y)
         if self.flat:
             self.flat.zero_gradients()

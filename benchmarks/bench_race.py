@@ -1,0 +1,244 @@
+"""The race of issue 42: nanoGPT's recipe against the course's recipes, to the same validation loss.
+
+    python benchmarks/bench_race.py --out data/race_fp32_1thread.json            # 60 s each, seeds 0 1 2
+    python benchmarks/bench_race.py --threads 2 --out data/race_fp32_2threads.json
+    python benchmarks/bench_race.py --precision bf16 --out data/race_bf16.json   # a CPU with native bf16
+    python benchmarks/bench_race.py --seconds 3 --seeds 0 --out /tmp/race.json   # a smoke test
+
+Every contestant trains the same GPT (n_layers=4, n_heads=4, d_model=128, window 64, batch 12:
+nanoGPT's README CPU example) on the course corpus, one character per token, the split and the
+validation batches of benchmarks/bench_train.py, from the same initial weights and the same
+windows in the same order (a seed sets both). Only the recipe differs:
+
+    nanogpt      nanoGPT's model and train.py step on a CPU (bench_train.NanoGPTLoop, float32)
+                 with its shakespeare_char schedule over the README's 2,000-step horizon: AdamW,
+                 peak 1e-3 after 100 warm-up steps, cosine to 1e-4 at step 2,000, then 1e-4
+    course       helpers.training.trainer.Trainer with TrainConfig's defaults (AdamW, peak 2e-3,
+                 5 % warm-up, cosine to 10 % over the time budget), in --precision
+    course-muon  the same with TrainConfig(optimizer="muon"): Muon for the hidden matrices
+                 (peak --muon-lr), AdamW for embeddings, head, biases and gains
+
+The contestants take turns (slices of --slice seconds, the order rotated each round), so that
+anything else running on the machine slows them alike, and each counts only its own training
+time: a step's wall-clock seconds, evaluations left out. Every --seconds / --points of that
+time each one is evaluated on the fixed validation batches (float32, the same yardstick for all).
+
+The target is the validation loss nanoGPT's recipe reaches at the end of its budget; for each
+course recipe the script reports when its curve first reaches it (linear between evaluations)
+and the speed-up, budget / that time, per seed and their median. The JSON (--out) holds the
+settings, the machine, every curve and the summary. Measure on a quiet machine: --threads 1
+and 2 in float32 (the laptop path), and bf16 on a CPU that has it natively; wall-clock numbers
+from a machine shared with other work are contention, not the recipes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_train, also when imported by a test
+
+from bench_train import (  # noqa: E402
+    BATCH,
+    BLOCK,
+    N_EMBD,
+    N_HEAD,
+    N_LAYER,
+    NanoGPTLoop,
+    NanoGPTModel,
+    nanogpt_loss,
+)
+
+from helpers.model.gpt import GPT, GPTConfig  # noqa: E402
+from helpers.text.chars import CharTokenizer  # noqa: E402
+from helpers.text.corpus import load_corpus  # noqa: E402
+from helpers.training.speed import cpu_has_native_bf16  # noqa: E402
+from helpers.training.trainer import (  # noqa: E402
+    TrainConfig,
+    Trainer,
+    encode_text,
+    evaluate_loss,
+    learning_rate,
+    random_batch,
+    split_train_val,
+)
+
+RECIPES = ("nanogpt", "course", "course-muon")
+NANO_PEAK, NANO_MIN, NANO_WARMUP, NANO_HORIZON = 1e-3, 1e-4, 100, 2000
+
+
+def nanogpt_lr(step: int) -> float:
+    """nanoGPT's get_lr at iteration `step` (from 0): linear warm-up, cosine, then the floor."""
+    if step < NANO_WARMUP:
+        return NANO_PEAK * (step + 1) / (NANO_WARMUP + 1)
+    if step > NANO_HORIZON:
+        return NANO_MIN
+    decay = (step - NANO_WARMUP) / (NANO_HORIZON - NANO_WARMUP)
+    return NANO_MIN + 0.5 * (1.0 + math.cos(math.pi * decay)) * (NANO_PEAK - NANO_MIN)
+
+
+@dataclass
+class Contestant:
+    """One recipe in the race: its step, its schedule, its yardstick, and the curve it drew."""
+
+    name: str
+    step: Callable[[float], float]                  # lr -> the batch's loss
+    schedule: Callable[[int, float], float]         # (steps done, progress in [0, 1]) -> lr
+    val_loss: Callable[[], float]
+    seconds: float = 0.0
+    steps: int = 0
+    last: float = 0.0                               # the last step's duration
+    curve: dict[str, list[float]] = field(default_factory=lambda: {"seconds": [], "steps": [], "val_loss": []})
+
+    def record(self) -> None:
+        self.curve["seconds"].append(self.seconds)
+        self.curve["steps"].append(self.steps)
+        self.curve["val_loss"].append(self.val_loss())
+
+    def run_until(self, end: float, budget: float) -> None:
+        """Train until this contestant's training time reaches `end`."""
+        while self.seconds < end:
+            lr = self.schedule(self.steps, (self.seconds + self.last) / budget)
+            started = time.perf_counter()
+            self.step(lr)
+            self.last = time.perf_counter() - started
+            self.seconds += self.last
+            self.steps += 1
+
+
+def make_contestants(names: Sequence[str], vocab_size: int, train_ids: torch.Tensor, val_ids: torch.Tensor,
+                     val_batches: list, seed: int, precision: str, muon_lr: float) -> list[Contestant]:
+    """The recipes `names`, each on its own copy of one GPT initialised with `seed`."""
+    torch.manual_seed(seed)
+    config = GPTConfig(vocab_size=vocab_size, context_length=BLOCK, n_layers=N_LAYER, n_heads=N_HEAD,
+                       d_model=N_EMBD)
+    start = GPT(config)
+    contestants = []
+    for name in names:
+        if name == "nanogpt":
+            nano = NanoGPTModel(start)
+            contestants.append(Contestant(name, NanoGPTLoop(nano, train_ids, seed).train_step,
+                                          lambda steps, _: nanogpt_lr(steps),
+                                          lambda nano=nano: nanogpt_loss(nano, val_batches)))
+            continue
+        model = GPT(config)
+        model.load_state_dict(start.state_dict())
+        train_config = TrainConfig(batch_size=BATCH, context_length=BLOCK, precision=precision, seed=seed,
+                                   optimizer="muon" if name == "course-muon" else "adamw",
+                                   muon_learning_rate=muon_lr)
+        trainer = Trainer(model, train_ids, val_ids, train_config)
+        contestants.append(Contestant(
+            name, trainer.train_step,
+            lambda _, progress, c=train_config: learning_rate(progress, c.learning_rate, c.warmup, c.min_lr_ratio),
+            lambda model=model: evaluate_loss(model, val_batches)))
+    return contestants
+
+
+def race(contestants: list[Contestant], budget: float, points: int, slice_seconds: float) -> None:
+    """Take turns until every contestant has trained `budget` seconds, evaluating each at 0 and
+    every budget / points seconds of its own training time."""
+    marks = [budget * i / points for i in range(1, points + 1)]
+    for contestant in contestants:
+        contestant.record()
+    round_ = 0
+    while any(c.seconds < budget for c in contestants):
+        order = contestants[round_ % len(contestants):] + contestants[:round_ % len(contestants)]
+        for contestant in order:
+            end = min(budget, contestant.seconds + slice_seconds)
+            while contestant.seconds < end:
+                mark = next(m for m in marks if m > contestant.curve["seconds"][-1])
+                contestant.run_until(min(end, mark), budget)
+                if contestant.seconds >= mark:
+                    contestant.record()
+        round_ += 1
+
+
+def time_to_reach(curve: dict[str, list[float]], target: float) -> float | None:
+    """The training time at which `curve` first reaches `target` (linear between evaluations),
+    or None if it never does."""
+    seconds, losses = curve["seconds"], curve["val_loss"]
+    for i, loss in enumerate(losses):
+        if loss <= target:
+            if i == 0:
+                return seconds[0]
+            fraction = (losses[i - 1] - target) / (losses[i - 1] - loss)
+            return seconds[i - 1] + fraction * (seconds[i] - seconds[i - 1])
+    return None
+
+
+def summarise(runs: list[dict], budget: float) -> dict:
+    """Per seed: nanoGPT's final loss (the target), each course recipe's final loss, the time it
+    reached the target and budget / that time; then the median speed-up of each recipe."""
+    per_seed, speedups = [], {}
+    for run in runs:
+        curves = run["curves"]
+        target = curves["nanogpt"]["val_loss"][-1]
+        row = {"seed": run["seed"], "target": target}
+        for name, curve in curves.items():
+            if name == "nanogpt":
+                continue
+            reached = time_to_reach(curve, target)
+            row[name] = {"final_val_loss": curve["val_loss"][-1], "reaches_target_at_s": reached,
+                         "speedup": budget / reached if reached else None}
+            speedups.setdefault(name, []).append(budget / reached if reached else 0.0)
+        per_seed.append(row)
+    return {"per_seed": per_seed,
+            "median_speedup": {name: statistics.median(values) for name, values in speedups.items()}}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="training time per contestant")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads for PyTorch (default 1)")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="fp32",
+                        help="the course trainer's TrainConfig(precision=...) (nanoGPT's is float32 on a CPU)")
+    parser.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES))
+    parser.add_argument("--muon-lr", type=float, default=TrainConfig.muon_learning_rate)
+    parser.add_argument("--points", type=int, default=20, help="evaluations per curve, after the one at 0 s")
+    parser.add_argument("--slice", type=float, default=2.0, help="seconds per turn")
+    parser.add_argument("--out", type=Path, required=True, help="the JSON to write (data/race_*.json)")
+    args = parser.parse_args(argv)
+    if "nanogpt" not in args.recipes:
+        parser.error("--recipes must include nanogpt: its final loss is the target")
+    torch.set_num_threads(args.threads)
+
+    text = load_corpus()
+    tokenizer = CharTokenizer.train(text)
+    train_ids, val_ids = split_train_val(encode_text(tokenizer, text))
+    generator = torch.Generator().manual_seed(1)  # bench_train's validation batches
+    val_batches = [tuple(t.contiguous() for t in random_batch(val_ids, 32, BLOCK, generator))
+                   for _ in range(16)]  # contiguous: nanoGPT's forward views its targets
+    runs = []
+    for seed in args.seeds:
+        contestants = make_contestants(args.recipes, tokenizer.vocab_size, train_ids, val_ids, val_batches,
+                                       seed, args.precision, args.muon_lr)
+        race(contestants, args.seconds, args.points, args.slice)
+        runs.append({"seed": seed, "curves": {c.name: c.curve for c in contestants}})
+        print(f"seed {seed}: " + ", ".join(f"{c.name} {c.curve['val_loss'][-1]:.3f} ({c.steps} steps)"
+                                           for c in contestants))
+    summary = summarise(runs, args.seconds)
+    for name, speedup in summary["median_speedup"].items():
+        print(f"{name}: reaches nanoGPT's {args.seconds:g} s loss {speedup:.2f}x as fast (median of "
+              f"{len(runs)} seeds; 0 = never)")
+    settings = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()}
+    machine = {"torch": torch.__version__, "processor": platform.processor() or platform.machine(),
+               "native_bf16": cpu_has_native_bf16(), "threads": torch.get_num_threads()}
+    args.out.write_text(json.dumps({"settings": settings, "machine": machine, "runs": runs,
+                                    "summary": summary}, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
