@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from helpers.model.checkpoints import CheckpointError
+from helpers.training.muon import MuonWithAdamW, split_for_muon
 from helpers.training.resume import load_run, save_run
 
 
@@ -43,6 +44,33 @@ def test_a_resumed_run_continues_with_the_same_losses(tmp_path, optimizer):
     state = load_run(tmp_path / "run.pt", model, opt)
     assert state.step == 3 and state.extra == {"epoch": 0, "note": "half way"}
     assert first + [step(model, opt) for _ in range(state.step, 8)] == uninterrupted
+
+
+def muon_pair(model: nn.Module, lr: float = 1e-2) -> MuonWithAdamW:
+    """Muon for the hidden matrices of `model`, AdamW for the rest (no embeddings here)."""
+    return MuonWithAdamW(*split_for_muon(model, head_names=()), muon_lr=0.02, adamw_lr=lr,
+                         ns_dtype=torch.float32)
+
+
+def test_a_resumed_muon_run_continues_with_the_same_losses(tmp_path):
+    model, _ = build()
+    opt = muon_pair(model)
+    uninterrupted = [step(model, opt) for _ in range(6)]
+    model, _ = build()
+    opt = muon_pair(model)
+    first = [step(model, opt) for _ in range(3)]
+    save_run(tmp_path / "run.pt", model, opt, 3)
+    model, _ = build()
+    opt = muon_pair(model)
+    assert load_run(tmp_path / "run.pt", model, opt).step == 3
+    assert first + [step(model, opt) for _ in range(3, 6)] == uninterrupted
+
+
+def test_an_optimizer_without_a_state_dict_is_refused_by_name(tmp_path):
+    model, _ = build()
+    with pytest.raises(TypeError, match="^optimizer is a list, expected a torch.optim.Optimizer or an object "
+                                        r"with state_dict\(\) and load_state_dict\(\)"):
+        save_run(tmp_path / "run.pt", model, [], 0)
 
 
 def test_without_the_optimizer_state_the_run_diverges(tmp_path):

@@ -62,9 +62,22 @@ def _tensors(state: Any, prefix: str = "") -> dict[str, Tensor]:
 def _check_pair(model: Any, optimizer: Any) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model is a {type(model).__name__}, expected a torch.nn.Module")
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+    if optimizer is None or isinstance(optimizer, torch.optim.Optimizer):
+        return
+    # A pair such as helpers.training.muon.MuonWithAdamW is saved and loaded by its own methods.
+    if not all(callable(getattr(optimizer, name, None)) for name in ("state_dict", "load_state_dict")):
         raise TypeError(f"optimizer is a {type(optimizer).__name__}, expected a torch.optim.Optimizer "
-                        "(or None)")
+                        "or an object with state_dict() and load_state_dict() (or None)")
+
+
+def _group_sizes(state: Any) -> list[int]:
+    """The number of parameters in each group of an optimizer's state dict, or of the optimizers
+    nested in one (MuonWithAdamW's {"muon": ..., "adamw": ...}), in order."""
+    if isinstance(state, dict) and "param_groups" in state:
+        return [len(group["params"]) for group in state["param_groups"]]
+    if isinstance(state, dict):
+        return [size for key in sorted(state) for size in _group_sizes(state[key])]
+    return []
 
 
 def save_run(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -138,8 +151,8 @@ def load_run(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimize
         if state["optimizer"] is None or state["optimizer_class"] != type(optimizer).__name__:
             raise CheckpointError(f"{path} holds the state of a {state['optimizer_class']} optimizer, "
                                   f"but a {type(optimizer).__name__} was given")
-        saved_groups = [len(g["params"]) for g in state["optimizer"]["param_groups"]]
-        our_groups = [len(g["params"]) for g in optimizer.param_groups]
+        saved_groups = _group_sizes(state["optimizer"])
+        our_groups = _group_sizes(optimizer.state_dict())
         if saved_groups != our_groups:
             raise CheckpointError(f"{path} holds an optimizer over parameter groups of sizes "
                                   f"{saved_groups}, but the optimizer's are {our_groups}")
