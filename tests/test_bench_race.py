@@ -67,3 +67,37 @@ def test_race_gives_each_contestant_its_budget_and_evaluates_at_each_mark():
         assert contestant.curve["val_loss"] == pytest.approx([10.0 - s for s in seconds])
     assert fast.steps > slow.steps
     assert math.isclose(fast.curve["steps"][-1], fast.steps)
+
+
+def test_a_contestant_with_its_own_budget_trains_that_long_and_spreads_its_schedule_over_it():
+    progress_seen = []
+    short, full = sleeper("short", 0.002), sleeper("full", 0.002)
+    short.schedule = lambda steps, progress: progress_seen.append(progress) or 1.0
+    short.budget = 0.1
+    bench.race([short, full], budget=0.2, points=4, slice_seconds=0.05)
+    assert 0.1 <= short.seconds < 0.1 + 0.3 and 0.2 <= full.seconds
+    assert all(mark <= s for mark, s in zip([0.025, 0.05, 0.075, 0.1], short.curve["seconds"][1:], strict=True))
+    assert len(short.curve["seconds"]) == 5 and 0.9 < max(progress_seen) <= 1.5  # its own budget, not 0.2
+
+
+RACES = sorted((ROOT / "data").glob("race_*.json"))
+
+
+@pytest.mark.parametrize("path", RACES, ids=lambda p: p.stem)
+def test_a_stored_race_summary_is_what_its_curves_say(path):
+    import json
+
+    race = json.loads(path.read_text(encoding="utf-8"))
+    settings = race["settings"]
+    assert settings["seeds"] == [run["seed"] for run in race["runs"]] and len(settings["seeds"]) >= 3
+    assert race["summary"] == bench.summarise(race["runs"], settings["seconds"])  # JSON keeps floats exactly
+    budgets = {"nanogpt": settings["seconds"]}
+    for run in race["runs"]:
+        for name, curve in run["curves"].items():
+            budget = budgets.get(name, settings.get("course_seconds") or settings["seconds"])
+            assert len(curve["seconds"]) == settings["points"] + 1
+            assert budget <= curve["seconds"][-1] < budget * 1.1  # each trained its own budget
+
+
+def test_the_races_on_record_include_float32_on_one_thread():
+    assert {p.stem for p in RACES} >= {"race_fp32_1thread", "race_fp32_1thread_30s"}
