@@ -908,9 +908,10 @@ print("speed-up over the target alone: " + ", ".join(
 # keeps activations in float and stores weights as small integers:
 # - **int8 per channel** (symmetric): each output row gets a scale `max|w| / 127`,
 #   `q = round(w / scale)` in [-127, 127], `w ~ q x scale`;
-# - **int4 per group** (asymmetric, as in GPTQ/AWQ formats): each group of 32 weights of a row maps
-#   its [min, max] to 0 ... 15 with a scale and a **zero point**, `w ~ (q - zero) x scale`, and two
-#   4-bit values are **packed** into one byte.
+# - **int4 per group** (asymmetric): each group of 32 weights of a row maps its [min, max] to
+#   0 ... 15 with a scale and a **zero point**, `w ~ (q - zero) x scale`, and two 4-bit values are
+#   **packed** into one byte. AWQ's checkpoints store such zero points; GPTQ is commonly run
+#   symmetric, without them; both usually take groups of 128 weights (32 here, in a model of width 64).
 #
 # ### Exercise: int8 per channel
 #
