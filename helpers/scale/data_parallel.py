@@ -310,13 +310,14 @@ def main() -> None:
               f"max |diff| {'<' if gap < 1e-6 else '>='} 1e-6")
     dist.barrier()  # leave together: a rank that tears down while another still talks may abort
     dist.destroy_process_group()
-    # All work is done and checked. Skip the C++ destructors at interpreter exit: about one run in
-    # thirty, torch 2.13's gloo aborts there ("terminate called without an active exception"),
-    # and torchrun would report a run that succeeded as failed.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":
     main()
+    # All work is done and checked. Skip the C++ destructors at interpreter exit: about one run in
+    # thirty, torch 2.13's gloo aborts there ("terminate called without an active exception"),
+    # and torchrun would report a run that succeeded as failed. (Here, not in main(): a test
+    # runs main() in threads of its own process.)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
