@@ -231,6 +231,18 @@ def test_bad_expert_groups_raise_a_clear_error(kwargs, message):
         MoELayer(16, 8, 2, 8, **args)
 
 
+def test_check_group_mode_allows_no_groups_in_any_mode_and_groups_only_with_sigmoid():
+    from helpers.model.moe import check_group_mode
+
+    for mode in ("softmax_topk", "topk_softmax", "sigmoid"):
+        check_group_mode(mode, 1, 1, 8, 2)  # one group of all experts: nothing to limit
+    check_group_mode("sigmoid", 4, 2, 8, 2)
+    with pytest.raises(ValueError, match="^n_group is 4 with mode 'topk_softmax', expected mode 'sigmoid': why$"):
+        check_group_mode("topk_softmax", 4, 2, 8, 2, why=": why")
+    with pytest.raises(ValueError, match="^n_group is 3, expected a divisor of n_experts = 8"):
+        check_group_mode("sigmoid", 3, 1, 8, 2)
+
+
 def test_group_limit_and_the_parameter_count_check_their_arguments():
     from helpers.model.moe import group_limit
     with pytest.raises(ValueError, match="choice has shape"):
