@@ -11,7 +11,7 @@ import random
 import re
 
 import pytest
-from mutant_tools import FixedDraw
+from shared_tools import FixedDraw
 
 from helpers.text import corpus
 from helpers.text.corpus import (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from mutant_tools import FixedDraw
+from shared_tools import FixedDraw
 
 from helpers.text import corpus
 from helpers.text import corpus_rich as cr

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch._dynamo  # noqa: F401  (torch.optim imports it on first use: seconds, once, at collection)
 import torch.nn.functional as F
-from mutant_tools import full, post_tokenizer, tiny_gpt
+from shared_tools import full, post_tokenizer, tiny_gpt
 
 from helpers.post import dpo, sft, tasks
 

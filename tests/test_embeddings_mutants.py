@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from mutant_tools import full
+from shared_tools import full
 
 from helpers.model.embeddings import (
     TokenAndPositionEmbedding,

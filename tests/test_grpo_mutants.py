@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 import torch._dynamo  # noqa: F401  (torch.optim imports it on first use: seconds, once, at collection)
-from mutant_tools import full, post_tokenizer, tiny_gpt
+from shared_tools import full, post_tokenizer, tiny_gpt
 
 from helpers.post import grpo, sft, tasks
 from helpers.post.grpo import group_advantages, grpo_loss, k3_kl

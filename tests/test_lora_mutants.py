@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mutant_tools import full
+from shared_tools import full
 from torch import nn
 
 from helpers.post.lora import LoRALinear, add_lora, merge_lora, trainable_count

@@ -13,7 +13,7 @@ import re
 
 import pytest
 import torch
-from mutant_tools import full
+from shared_tools import full
 
 from helpers.model.mla import DEEPSEEK_V3, LatentAttention, cache_values_per_token
 from helpers.model.modern import RopeTable

@@ -14,7 +14,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from mutant_tools import full
+from shared_tools import full
 
 from helpers.model.kv_cache import KVCache
 from helpers.model.modern import (

@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from mutant_tools import full
+from shared_tools import full
 
 from helpers.model.moe import (
     AddAuxLoss,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mutant_tools import full
+from shared_tools import full
 
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.model.kv_cache import KVCache

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from mutant_tools import full
+from shared_tools import full
 
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.serve.quantize import (

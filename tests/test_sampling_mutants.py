@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from mutant_tools import full
+from shared_tools import full
 
 from helpers.serve import sampling
 

@@ -13,7 +13,7 @@ import re
 
 import pytest
 import torch
-from mutant_tools import full
+from shared_tools import full
 
 from helpers.model.sliding import (
     RingKVCache,

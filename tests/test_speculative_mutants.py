@@ -13,7 +13,7 @@ import re
 
 import pytest
 import torch
-from mutant_tools import full
+from shared_tools import full
 
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.serve import sampling

@@ -9,7 +9,7 @@ import types
 
 import pytest
 import torch
-from mutant_tools import as_ipython_cell
+from shared_tools import as_ipython_cell
 
 from helpers.scale.cell_functions import CellFunction, ship
 from helpers.scale.workers import Workers, launch, ring_all_reduce

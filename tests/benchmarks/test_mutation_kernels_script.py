@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("tomllib", reason="the report reads its judgements with Python 3.11's tomllib")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 SPEC = importlib.util.spec_from_file_location("mutation_kernels",
                                               ROOT / "benchmarks" / "mutation_kernels.py")

@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("tomllib", reason="the report reads its judgements with Python 3.11's tomllib")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = importlib.util.spec_from_file_location("mutation", ROOT / "benchmarks" / "mutation.py")
 mutation = importlib.util.module_from_spec(SPEC)
 sys.modules[SPEC.name] = mutation

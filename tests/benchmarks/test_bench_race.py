@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = importlib.util.spec_from_file_location("bench_race", ROOT / "benchmarks" / "bench_race.py")
 bench = importlib.util.module_from_spec(SPEC)
 sys.modules[SPEC.name] = bench  # dataclasses look their module up there

@@ -19,7 +19,7 @@ import pytest
 from nbclient import NotebookClient
 from notebook_tools import exercises_in, notebook_paths, read
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("course_for_student", ROOT / "course.py")
 course = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(course)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 SPEC = importlib.util.spec_from_file_location(
-    "bench_flash", Path(__file__).resolve().parent.parent / "benchmarks" / "bench_flash.py")
+    "bench_flash", Path(__file__).resolve().parents[2] / "benchmarks" / "bench_flash.py")
 bench = importlib.util.module_from_spec(SPEC)
 sys.modules[SPEC.name] = bench
 SPEC.loader.exec_module(bench)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-HELPERS = Path(__file__).resolve().parent.parent / "helpers"
+HELPERS = Path(__file__).resolve().parents[2] / "helpers"
 
 # A module may import from its own stage or from a stage of a lower rank, never a higher one
 # or a sibling of the same rank.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from helpers.post import grpo
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_bench():

@@ -15,7 +15,7 @@ import pytest
 
 from helpers.flash import gpu_figures as gf
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 BENCHMARK = DATA / "flash_gpu_benchmark.json"
 ACCURACY = DATA / "flash_gpu_accuracy.json"
 

@@ -30,7 +30,7 @@ from notebook_tools import notebook_paths
 
 pytestmark = pytest.mark.colab
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONSTRAINTS = ROOT / "constraints.txt"
 # Not part of the wheel, and large or irrelevant: left out of the copy the wheel is built from.
 NOT_SOURCE = shutil.ignore_patterns(

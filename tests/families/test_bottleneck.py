@@ -15,7 +15,7 @@ from helpers.families.rnn import AttentionGRUSeq2Seq, GRUSeq2Seq, gru_greedy_dec
 from helpers.families.translation import EOS_ID, TranslationData
 from helpers.text.corpus import data_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SENTENCES = ["The dog barked.", "Mia found a red box.", "Tom saw the old tree.", "The cat sat."]
 
 

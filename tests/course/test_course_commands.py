@@ -13,7 +13,7 @@ import pytest
 
 from helpers.lab.environment import COURSE_REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OLD_SLUG = COURSE_REPO.removeprefix("https://github.com/")
 
 

@@ -1,4 +1,4 @@
-"""Small pieces shared by the mutation-test files (tests/test_*_mutants.py)."""
+"""Small pieces shared by the test modules (exact error messages, a tiny GPT and tokenizer, a notebook cell run as __main__)."""
 
 from __future__ import annotations
 

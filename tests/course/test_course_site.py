@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 MARKERS = re.compile(r"NBVAL_|### (BEGIN|END) (SOLUTION|HIDDEN TESTS)")
 

@@ -139,7 +139,7 @@ def test_gpt_on_a_file_too_short(tmp_path):
 
 def knob_cell(notebook: str) -> str:
     """The source of the notebook's cell that holds `MY_TEXT_FILE = None`."""
-    source = (Path(__file__).parent.parent / "notebooks" / "src" / notebook).read_text(encoding="utf-8")
+    source = (Path(__file__).resolve().parents[2] / "notebooks" / "src" / notebook).read_text(encoding="utf-8")
     cells = [cell for cell in source.split("\n# %%") if "\nMY_TEXT_FILE = None" in cell]
     assert len(cells) == 1, f"{notebook} has {len(cells)} cells with MY_TEXT_FILE = None, expected 1"
     return cells[0].split("\n", 1)[1]

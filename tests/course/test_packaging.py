@@ -16,7 +16,7 @@ from helpers.lab.environment import COURSE_REPO
 # tomllib is in the standard library from Python 3.11 (the CI Python) on.
 tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # conda-forge spells a few packages differently from PyPI
 CONDA_NAMES = {"pytorch": "torch", "python-build": "build"}

@@ -17,7 +17,7 @@ import traceback
 import types
 
 import pytest
-from mutant_tools import as_ipython_cell
+from shared_tools import as_ipython_cell
 
 from helpers.scale import cell_functions as cf
 
