@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import random
 import re
 
 import numpy as np
@@ -37,3 +39,38 @@ def test_anything_else_is_refused_naming_the_argument_and_what_it_got(value, sha
 def test_the_verb_can_be_is():
     with pytest.raises(ValueError, match=r"^bias is \(4,\), expected a tensor \(3,\)$"):
         checks.tensor_shape("bias", torch.zeros(4), (3,), "a tensor (3,)", verb="is")
+
+
+@pytest.mark.parametrize("check, value, error, match", [
+    (checks.positive_int, 0, ValueError, "n is 0, expected a positive int"),
+    (checks.positive_int, 2.0, TypeError, r"n is 2.0 \(a float\), expected a positive int"),
+    (checks.positive_int, True, TypeError, "n is True"),
+    (checks.positive_int, None, TypeError, "n is None"),
+    (checks.positive_float, 0.0, ValueError, "n is 0.0, expected a finite number > 0"),
+    (checks.positive_float, math.nan, ValueError, "n is nan"),
+    (checks.positive_float, "1", TypeError, "n is '1'"),
+    (checks.boolean, "False", TypeError, "n is 'False' .*write False, not the string"),
+    (checks.boolean, 1, TypeError, "n is 1 .*expected True or False"),
+    (checks.integer, 1.0, TypeError, r"^n is 1.0 \(a float\), expected an int$"),
+    (checks.integer, True, TypeError, r"^n is True \(a bool\), expected an int$"),
+    (checks.integer, "7", TypeError, r"^n is '7' \(a str\), expected an int$"),
+])
+def test_shared_checks_name_the_argument(check, value, error, match):
+    with pytest.raises(error, match=match):
+        check("n", value)
+
+
+def test_shared_checks_accept_numpy_numbers_and_return_plain_ones():
+    assert checks.positive_int("n", np.int64(3)) == 3 and type(checks.positive_int("n", np.int64(3))) is int
+    assert checks.positive_float("x", np.float32(0.5)) == 0.5
+    assert checks.boolean("b", np.bool_(True)) is True
+    assert checks.integer("seed", -3) == -3 and type(checks.integer("seed", np.int64(5))) is int
+    with pytest.raises(TypeError, match=r"^n is 2.5 \(a float\), expected a whole number$"):
+        checks.integer("n", 2.5, "a whole number")
+    text = "abc"
+    assert checks.instance("text", text, str, "a str") is text
+    with pytest.raises(TypeError, match=r"^rng is 3 \(a int\), expected a random.Random$"):
+        checks.instance("rng", 3, random.Random, "a random.Random")
+    assert checks.number_in("p", 0.0, 0.0, 1.0, high_open=True) == 0.0
+    with pytest.raises(ValueError, match=r"p is 1.0, expected a number in \[0, 1\)"):
+        checks.number_in("p", 1.0, 0.0, 1.0, high_open=True)

@@ -17,6 +17,7 @@ import torch
 
 from helpers.families.mlm import IGNORE, Classifier, MaskedLM, mask_tokens, swap_neighbours
 from helpers.families.seq2seq import Encoder
+from helpers.families.translation import score_translations
 from helpers.text.corpus import is_well_formed
 
 VOCAB, FIRST, MASK = 20, 5, 4
@@ -269,3 +270,30 @@ def test_the_swap_keeps_everything_around_the_two_words(monkeypatch):
     assert swap_neighbours("a b", random.Random(0)) == "b a"  # one-letter words are words
     for seed in range(4):  # two equal neighbours are never swapped; the next pair is
         assert swap_neighbours("Ada Ada ran", random.Random(seed)) == "Ada ran Ada"
+
+
+def test_a_mask_id_outside_the_vocabulary_or_among_the_words():
+    ids = torch.tensor([[5, 6, 7, 0]])
+    generator = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="mask_id is 50, expected a special token's id below first_word_id = 5"):
+        mask_tokens(ids, mask_id=50, vocab_size=20, first_word_id=5, generator=generator)
+    with pytest.raises(ValueError, match="mask_id is 7"):
+        mask_tokens(ids, mask_id=7, vocab_size=20, first_word_id=5, generator=generator)
+    with pytest.raises(ValueError, match="mask_id and pad_id are both 0"):
+        mask_tokens(ids, mask_id=0, vocab_size=20, first_word_id=5, generator=generator)
+    with pytest.raises(ValueError, match="first_word_id"):
+        mask_tokens(ids, mask_id=4, vocab_size=20, first_word_id=20, generator=generator)
+    with pytest.raises(ValueError, match="ids contains the id 25"):
+        mask_tokens(torch.tensor([[25]]), mask_id=4, vocab_size=20, first_word_id=5, generator=generator)
+
+
+def test_rows_of_padding_only_never_give_nan():
+    encoder = Encoder(20, 8, n_layers=1, n_heads=2, d_model=8)
+    ids = torch.tensor([[5, 6, 0], [0, 0, 0]])
+    for model in (MaskedLM(encoder, 20), Classifier(encoder, 2)):
+        with pytest.raises(ValueError, match=r"source rows \[1\] are empty sentences"):
+            model(ids)
+    with pytest.raises(ValueError, match=r"target rows \[1\] hold padding only"):
+        score_translations(torch.tensor([[5, 2], [5, 2]]), torch.tensor([[5, 2], [0, 0]]))
+    with pytest.raises(ValueError, match="predicted has 1 rows and target 2"):
+        score_translations(torch.tensor([[5, 2]]), torch.tensor([[5, 2], [5, 2]]))

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from helpers.families.rnn import AttentionGRUSeq2Seq, GRUSeq2Seq, gru_greedy_decode, source_lengths
+from helpers.families.seq2seq import Seq2SeqConfig
 
 
 def _message(excinfo) -> str:
@@ -342,3 +343,29 @@ def test_the_first_token_is_made_on_the_sources_device():
     with pytest.raises(FirstTokenSeen):
         gru_greedy_decode(Probe([[2]]), torch.zeros(1, 3, dtype=torch.long, device="meta"), max_length=2)
     assert seen == [("meta", torch.long)]
+
+
+@pytest.mark.parametrize("ids", [dict(pad_id=0, bos_id=0, eos_id=0), dict(pad_id=1, bos_id=1, eos_id=2),
+                                 dict(pad_id=0, bos_id=2, eos_id=2)])
+def test_special_ids_that_coincide(ids):
+    with pytest.raises(ValueError, match="special ids coincide"):
+        Seq2SeqConfig(13, 11, **ids)
+    with pytest.raises(ValueError, match="special ids coincide"):
+        GRUSeq2Seq(13, 11, hidden=4, **ids)
+    with pytest.raises(ValueError, match="special ids coincide"):
+        AttentionGRUSeq2Seq(13, 11, hidden=4, **ids)
+
+
+@pytest.mark.parametrize("cls", [GRUSeq2Seq, AttentionGRUSeq2Seq])
+def test_a_left_padded_source_for_the_gru(cls):
+    model = cls(10, 9, hidden=8)
+    with pytest.raises(ValueError, match=r"source rows \[1\] have padding before a real token"):
+        model(torch.tensor([[3, 4, 5], [0, 4, 5]]), torch.tensor([[1, 3], [1, 3]]))
+    with pytest.raises(ValueError, match="right-padded"):
+        gru_greedy_decode(model, torch.tensor([[3, 0, 5]]), max_length=3)
+
+
+@pytest.mark.parametrize("cls", [GRUSeq2Seq, AttentionGRUSeq2Seq])
+def test_a_padding_only_row_for_the_gru(cls):
+    with pytest.raises(ValueError, match=r"source rows \[0\] hold padding only"):
+        cls(10, 9, hidden=8)(torch.tensor([[0, 0], [3, 4]]), torch.tensor([[1, 3], [1, 3]]))

@@ -3,7 +3,9 @@ the MY_TEXT_FILE knobs of notebooks 1 and 7."""
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -173,3 +175,38 @@ def test_notebook_7_knob_cell(tmp_path, capsys):
     exec(on, {"GPTConfig": GPTConfig, "format_duration": format_duration})
     out = capsys.readouterr().out
     assert re.search(r"^6 steps, took .*validation loss \d+\.\d\d at step \d+, \d+\.\d\d at the end", out, re.M), out
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_read_text_file_refuses_a_named_pipe_without_blocking(tmp_path):
+    pipe = tmp_path / "pipe.txt"
+    os.mkfifo(pipe)
+    outcome = {}
+
+    def read() -> None:
+        try:
+            read_text_file(pipe)
+        except ValueError as error:
+            outcome["error"] = str(error)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(timeout=5.0)
+    assert not thread.is_alive(), "read_text_file blocked on a named pipe"
+    assert "is a named pipe, expected a regular UTF-8 text file" in outcome["error"]
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero here")
+def test_read_text_file_refuses_a_device():
+    with pytest.raises(ValueError, match="'/dev/zero' is a device, expected a regular"):
+        read_text_file("/dev/zero")
+
+
+def test_read_text_file_refuses_a_file_over_the_size_cap(tmp_path):
+    big = tmp_path / "big.txt"
+    big.write_text("a" * 101)
+    with pytest.raises(ValueError, match="has 101 bytes, expected at most max_bytes = 100"):
+        read_text_file(big, max_bytes=100)
+    assert read_text_file(big, max_bytes=101) == "a" * 101
+    with pytest.raises(ValueError, match="max_bytes"):
+        read_text_file(big, max_bytes=0)

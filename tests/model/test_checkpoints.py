@@ -8,8 +8,12 @@ one-line bug that test_train.py, test_bad_input.py and test_bad_input_newer.py l
 from __future__ import annotations
 
 import hashlib
+import os
+import time
+import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -408,3 +412,142 @@ def test_a_device_this_machine_has_is_accepted(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert message(ValueError, lambda: _check_device("cuda:0")) == \
         "device is 'cuda:0', but this machine has no cuda: expected 'cpu'"
+
+
+def small_model(**changes) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**{**SMALL.to_dict(), **changes})).eval()
+
+
+def ids(batch: int = 1, length: int = 4) -> torch.Tensor:
+    return torch.randint(0, SMALL.vocab_size, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("extra, match", [
+    ({"folder": Path("runs")}, r"extra value 'folder' is PosixPath|extra value 'folder' is WindowsPath"),
+    ({"loss": np.float64(1.5)}, r"extra value 'loss' is np.float64\(1.5\).*use float\(...\)"),
+    ({"losses": [1.0, np.float32(2.0)]}, r"extra value 'losses'\[1\]"),
+])
+def test_save_checkpoint_refuses_extras_that_could_not_be_loaded_back(tmp_path, extra, match):
+    with pytest.raises(TypeError, match=match):
+        save_checkpoint(tmp_path / "model.pt", small_model(), **extra)
+    assert not (tmp_path / "model.pt").exists()
+
+
+def test_a_checkpoint_round_trips_with_plain_extras(tmp_path):
+    model = small_model(activation="gelu_tanh")
+    save_checkpoint(tmp_path / "model.pt", model, steps=3, note="run 1", losses=[2.5, 2.0], meta={"a": 1})
+    restored, saved = load_checkpoint(tmp_path / "model.pt")
+    assert restored.config == model.config and saved["extra"]["losses"] == [2.5, 2.0]
+    assert torch.equal(restored(ids()), model(ids()))
+
+
+def _write_bad_file(kind: str, folder: Path) -> Path:
+    path = folder / f"{kind}.pt"
+    if kind == "random":
+        path.write_bytes(b"\x00" + os.urandom(1999))  # never "{" or "[" first: that is the JSON case
+    elif kind == "truncated":
+        save_checkpoint(path, small_model())
+        path.write_bytes(path.read_bytes()[:3000])
+    elif kind == "tokenizer JSON":
+        path.write_text('{"merges": [[104, 105]], "pattern": "x"}')
+    elif kind == "pickled model":
+        torch.save(small_model(), path)
+    elif kind == "state dict":
+        torch.save(small_model().state_dict(), path)
+    elif kind == "huge config":
+        save_checkpoint(path, small_model())
+        state = torch.load(path, weights_only=True)
+        state["config"]["vocab_size"] = 10**12  # 8 TB of embedding if it were allocated
+        torch.save(state, path)
+    elif kind == "string flag in config":
+        save_checkpoint(path, small_model())
+        state = torch.load(path, weights_only=True)
+        state["config"]["tie_weights"] = "False"
+        torch.save(state, path)
+    return path
+
+
+@pytest.mark.parametrize("kind, match", [
+    ("random", "is not a PyTorch checkpoint"),
+    ("truncated", "damaged or truncated"),
+    ("tokenizer JSON", "is a JSON file"),
+    ("pickled model", "a whole pickled object"),
+    ("state dict", "a bare state dict"),
+    ("huge config", r"do not match its config \(embed.token.weight has shape \(11, 8\)"),
+    ("string flag in config", "invalid config: tie_weights is 'False'"),
+])
+def test_load_checkpoint_explains_files_it_cannot_load(tmp_path, kind, match):
+    path = _write_bad_file(kind, tmp_path)
+    with pytest.raises(CheckpointError, match=match) as raised:
+        load_checkpoint(path)
+    assert str(path) in str(raised.value)
+    assert "weights_only=False" not in str(raised.value)
+
+
+MODERN = ModernConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, n_kv_heads=1, d_model=8)
+
+
+def saved_checkpoint(tmp_path: Path, model: torch.nn.Module | None = None) -> Path:
+    torch.manual_seed(0)
+    return save_checkpoint(tmp_path / "model.pt", model or GPT(SMALL))
+
+
+def rewrite(path: Path, change) -> None:
+    state = torch.load(path, weights_only=True)
+    change(state)
+    torch.save(state, path)
+
+
+def test_checkpoint_asking_for_100000_layers_is_refused_before_building_anything(tmp_path):
+    path = saved_checkpoint(tmp_path)
+    rewrite(path, lambda state: state["config"].update(n_layers=100_000))
+    start = time.perf_counter()
+    with pytest.raises(CheckpointError, match="n_layers = 100,000, but its weights hold 2 blocks"):
+        load_checkpoint(path)
+    assert time.perf_counter() - start < 5.0
+
+
+def test_checkpoint_with_a_huge_context_is_refused(tmp_path):
+    path = saved_checkpoint(tmp_path, ModernGPT(MODERN))
+    rewrite(path, lambda state: state["config"].update(context_length=10**9))
+    with pytest.raises(CheckpointError, match="context_length = 1,000,000,000, expected at most"):
+        load_checkpoint(path)
+
+
+def test_a_flipped_byte_in_the_weights_is_caught_by_the_checksum(tmp_path):
+    path = saved_checkpoint(tmp_path)
+    model, _ = load_checkpoint(path)  # intact: loads
+    with zipfile.ZipFile(path) as archive:
+        data_name = next(n for n in archive.namelist() if "/data/" in n and archive.getinfo(n).file_size > 64)
+        offset = archive.getinfo(data_name).header_offset
+    raw = bytearray(path.read_bytes())
+    # the stored (uncompressed) tensor bytes start after the local header: flip one in the middle
+    name_length, extra_length = (int.from_bytes(raw[offset + i:offset + i + 2], "little") for i in (26, 28))
+    raw[offset + 30 + name_length + extra_length + 20] ^= 0x10
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="is corrupted: its weights' sha256 is"):
+        load_checkpoint(path)
+
+
+def test_checkpoint_with_integer_weights_is_refused(tmp_path):
+    path = saved_checkpoint(tmp_path)
+    rewrite(path, lambda s: s.update(checksum=None) or s["model"].update(
+        {"ln_f.weight": s["model"]["ln_f.weight"].long()}))
+    with pytest.raises(CheckpointError, match=r"weights of dtype torch.int64 \(\['ln_f.weight'\]\), expected floating"):
+        load_checkpoint(path)
+
+
+def test_checkpoint_paths_and_devices_are_named(tmp_path):
+    model = GPT(SMALL)
+    for target in (tmp_path / "missing" / "model.pt", tmp_path):
+        with pytest.raises(ValueError, match="is a folder or lies in a folder that does not exist"):
+            save_checkpoint(target, model)
+    path = save_checkpoint(tmp_path / "model.pt", model)
+    with pytest.raises(ValueError, match="device is 'gpu', expected 'cpu', 'cuda'"):
+        load_checkpoint(path, device="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="this machine has no cuda"):
+            load_checkpoint(path, device="cuda")
+    with pytest.raises(TypeError, match="path is 5 .int., expected a str or Path"):
+        load_checkpoint(5)

@@ -295,6 +295,7 @@ def test_a_bfloat16_model_past_its_context_stays_in_bfloat16():
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out, model.lm_head(model.norm(x)), atol=0, rtol=0)
 
+
 @pytest.mark.parametrize("ids, message", [
     (torch.zeros(2, 0, dtype=torch.long), "token_ids has shape (2, 0), expected (B, N) with N >= 1"),
     (torch.zeros(3, dtype=torch.long), "token_ids has shape (3,), expected (B, N) with N >= 1"),

@@ -315,3 +315,57 @@ def test_generate_refuses_bad_sampling_arguments_before_any_forward_pass(kwargs,
 def test_sample_next_refuses_a_generator_that_is_not_one():
     with pytest.raises(TypeError, match=r"^generator is a int, expected a torch.Generator$"):
         sample_next(torch.zeros(1, 3), generator=0)
+
+
+SMALL = GPTConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, d_model=8)
+
+
+def small_model(**changes) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**{**SMALL.to_dict(), **changes})).eval()
+
+
+def ids(batch: int = 1, length: int = 4) -> torch.Tensor:
+    return torch.randint(0, SMALL.vocab_size, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_sampling_refuses_nan_logits_instead_of_picking_them(temperature):
+    logits = torch.tensor([[0.5, float("nan"), 0.1], [0.2, 0.3, 0.1]])
+    with pytest.raises(ValueError, match="logits row 0 contains NaN"):
+        sample_next(logits, temperature=temperature)
+
+
+def test_generate_stops_on_a_model_with_a_nan_weight():
+    model = small_model()
+    with torch.no_grad():
+        model.blocks[0].mlp.up.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="logits row 0 contains NaN"):
+        generate(model, ids(), 3, temperature=0.0)
+
+
+def test_top_k_keeps_exactly_k_tokens_and_breaks_ties_by_the_lower_id():
+    logits = torch.tensor([[5.0, 1.0, 5.0, 5.0, 0.0]]).expand(2000, 5)
+    drawn = sample_next(logits, temperature=1.0, top_k=2, generator=torch.Generator().manual_seed(0))
+    assert set(drawn.flatten().tolist()) == {0, 2}  # of the three tied best (0, 2, 3), the two lowest ids
+
+
+def test_a_tiny_temperature_is_greedy_not_nan():
+    logits = torch.tensor([[0.1, 2.0, 1.9], [3.0, -1.0, 0.0]])
+    drawn = sample_next(logits, temperature=1e-40, generator=torch.Generator().manual_seed(0))
+    assert drawn.flatten().tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("logits, error, match", [
+    (torch.full((2, 4), float("-inf")), ValueError, "logits row 0 has best value -inf"),
+    (torch.zeros(1, 0), ValueError, r"logits has shape \(1, 0\), expected \(B, V\) with a vocabulary of V >= 1"),
+    ([[0.1, 0.2]], TypeError, "logits is a list"),
+])
+def test_sampling_names_logits_it_cannot_sample_from(logits, error, match):
+    with pytest.raises(error, match=match):
+        sample_next(logits)
+
+
+def test_generate_names_a_list_prompt():
+    with pytest.raises(TypeError, match=r"prompt is a list, expected a \(B, N\) tensor"):
+        generate(small_model(), [[1, 2, 3]], 2)

@@ -173,3 +173,78 @@ def test_check_cache_refuses_what_is_not_a_cache_then_checks_the_fit():
     with pytest.raises(ValueError, match=r"^cache has batch size 2 "):
         check_cache(KVCache(2, 2, 2, 5, 4), model, 3)
     check_cache(KVCache.for_model(model, 3), model, 3)
+
+
+SMALL = GPTConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, d_model=8)
+
+
+def small_model(**changes) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**{**SMALL.to_dict(), **changes})).eval()
+
+
+def ids(batch: int = 1, length: int = 4) -> torch.Tensor:
+    return torch.randint(0, SMALL.vocab_size, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+def test_forward_cached_refuses_training_mode_with_dropout():
+    model = small_model(dropout=0.1).train()
+    with pytest.raises(RuntimeError, match=r"training mode with dropout = 0.1.*call model.eval\(\)"):
+        model.forward_cached(ids(), KVCache.for_model(model, 1))
+    model.eval()
+    assert model.forward_cached(ids(), KVCache.for_model(model, 1)).shape == (1, 4, SMALL.vocab_size)
+
+
+@pytest.mark.parametrize("cache, error, match", [
+    (KVCache(2, 3, 2, 8, 4), ValueError, "cache has batch size 3 .*expected 1"),
+    (KVCache(1, 1, 2, 8, 4), ValueError, "cache has layers 1 .*expected 2"),
+    (KVCache(2, 1, 2, 8, 4, dtype=torch.float64), TypeError, "cache holds torch.float64"),
+])
+def test_a_cache_that_does_not_fit_the_model_is_named(cache, error, match):
+    with pytest.raises(error, match=match):
+        small_model().forward_cached(ids(), cache)
+
+
+MODERN = ModernConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, n_kv_heads=1, d_model=8)
+
+
+def test_the_modern_models_cache_is_checked():
+    torch.manual_seed(0)
+    model = ModernGPT(MODERN).eval()
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    with pytest.raises(TypeError, match="cache is a dict, expected a KVCache"):
+        model.forward_cached(ids, {})
+    with pytest.raises(ValueError, match="cache has batch size 1 .*expected 2"):
+        model.forward_cached(ids, KVCache.for_model(model, 1))
+    with pytest.raises(ValueError, match="cache has key/value heads 2 .*expected 1"):
+        model.forward_cached(ids, KVCache(2, 2, 2, 8, 4))
+
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16]
+
+
+def changed_at(ids: torch.Tensor, position: int, vocab_size: int) -> torch.Tensor:
+    """ids (B, N) with the token at `position` replaced by another one in every row."""
+    other = ids.clone()
+    other[:, position] = (other[:, position] + 1) % vocab_size
+    return other
+
+
+def gpt(dtype: torch.dtype, **sizes) -> GPT:
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=31, context_length=16, n_layers=2, n_heads=2, d_model=32, **sizes)
+    return GPT(config).to(dtype).eval()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("fast", [False, True], ids=["plain", "fused"])
+def test_the_cached_forward_is_causal_exactly_too(dtype, fast):
+    model = gpt(dtype)
+    ids = torch.randint(0, 31, (2, 12), generator=torch.Generator().manual_seed(2))
+    outputs = []
+    for sequence in (ids, changed_at(ids, 8, 31)):
+        cache = KVCache.for_model(model, batch_size=2)
+        outputs.append(torch.cat([model.forward_cached(sequence[:, t:t + 1], cache, fast=fast)
+                                  for t in range(12)], dim=1))
+    assert torch.equal(outputs[0][:, :8], outputs[1][:, :8])
+    assert not torch.equal(outputs[0][:, 8:], outputs[1][:, 8:])

@@ -8,6 +8,7 @@ one-line bug that test_modern.py and test_bad_input_newer.py let through.
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +19,7 @@ from helpers.model.llama import config_from_llama, from_llama_state_dict, llama_
 from helpers.model.modern import ModernConfig, ModernGPT
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency")
+
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402  (loaded once, at collection)
 
 # Every size differs from ModernConfig's default, so a field dropped on the way is seen.
@@ -136,3 +138,22 @@ def test_a_missing_weight_is_named_with_what_was_expected(tie):
     assert info.value.args[0] == ("state_dict has no 'model.layers.1.mlp.up_proj.weight', expected "
                                   "it for blocks.1.mlp.up.weight (a LlamaForCausalLM with "
                                   f"n_layers = 3{untied})")
+
+
+MODERN = ModernConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, n_kv_heads=1, d_model=8)
+
+
+@pytest.mark.parametrize("spoil, error, message", [
+    (lambda w: w.round().long(), TypeError, r"has dtype torch.int64, expected a floating-point tensor"),
+    (lambda w: w.tolist(), TypeError, r"has a list, expected a floating-point tensor"),
+    (lambda w: w.clone().fill_(float("nan")), ValueError, r"holds NaN or inf, expected finite weights"),
+])
+def test_llama_weights_that_are_not_finite_floats_are_refused_by_name(spoil, error, message):
+    torch.manual_seed(0)
+    model = ModernGPT(MODERN)
+    names = llama_key_map(MODERN)
+    state = {names[ours]: p.detach() for ours, p in model.named_parameters()}
+    first = names[next(iter(dict(model.named_parameters())))]
+    state[first] = spoil(state[first])
+    with pytest.raises(error, match=re.escape(f"state_dict[{first!r}]") + " " + message):
+        from_llama_state_dict(state, MODERN)

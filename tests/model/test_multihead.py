@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from helpers.lab.exercises import ExerciseFailed, get
+from helpers.model import multihead as mh
 from helpers.model.attention import causal_mask
 from helpers.model.multihead import (
     AttentionHead,
@@ -221,3 +222,180 @@ def test_exercise_checkers_accept_the_solutions_and_explain_the_usual_mistakes()
         get("multihead_attention.kv_cache_bytes_per_token").checker(lambda n, h, d, b: n * h * d * b)
     with pytest.raises(ExerciseFailed, match="not bytes"):
         get("multihead_attention.kv_cache_bytes_per_token").checker(lambda n, h, d, b: 2 * n * h * d)
+
+
+# helpers.model.multihead: SeparateHeadsAttention.last_weights and fuse_heads, the two bodies
+# that the first mutation runs skipped (a @property and a @torch.no_grad() function).
+#
+# Written for the mutation run (benchmarks/mutation.py, issue 30): sizes all differ (B=2, H=3,
+# N=4, M=5) so that a stack along the wrong axis shows; biases are set away from 0 so that a bias
+# left uncopied shows.
+
+def separate_heads(bias: bool) -> SeparateHeadsAttention:
+    torch.manual_seed(0)
+    separate = SeparateHeadsAttention(12, 3, bias=bias)
+    with torch.no_grad():
+        for p in separate.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+    return separate
+
+
+def test_last_weights_stacks_each_heads_weights_along_axis_1():
+    separate = separate_heads(True)
+    assert separate.last_weights is None  # before any forward
+    x, context = torch.randn(2, 4, 12), torch.randn(2, 5, 12)
+    separate(x, context)
+    weights = separate.last_weights
+    assert weights.shape == (2, 3, 4, 5)
+    for h, head in enumerate(separate.heads):
+        assert torch.equal(weights[:, h], head.last_weights)
+
+
+def test_last_weights_is_none_while_any_head_has_none():
+    separate = separate_heads(True)
+    separate(torch.randn(2, 4, 12))
+    separate.heads[1].last_weights = None
+    assert separate.last_weights is None
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fuse_heads_copies_every_weight_and_bias_in_head_order(bias):
+    separate = separate_heads(bias)
+    fused = fuse_heads(separate)
+    assert isinstance(fused, MultiHeadAttention)
+    assert (fused.d_model, fused.n_heads, fused.n_kv_heads, fused.head_dim) == (12, 3, 3, 4)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        for h, head in enumerate(separate.heads):
+            rows = slice(4 * h, 4 * h + 4)
+            assert torch.equal(getattr(fused, name).weight[rows], getattr(head, name).weight)
+            if bias:
+                assert torch.equal(getattr(fused, name).bias[rows], getattr(head, name).bias)
+            else:
+                assert getattr(fused, name).bias is None
+    assert torch.equal(fused.out_proj.weight, separate.out_proj.weight)
+    assert (fused.out_proj.bias is None) == (not bias)
+    if bias:
+        assert torch.equal(fused.out_proj.bias, separate.out_proj.bias)
+    x = torch.randn(2, 4, 12)
+    torch.testing.assert_close(fused(x, causal=True), separate(x, causal=True), atol=1e-5, rtol=1e-5)
+    # copies, not the same tensors; still trainable parameters
+    assert fused.q_proj.weight.requires_grad and fused.out_proj.weight.requires_grad
+    with torch.no_grad():
+        separate.heads[0].q_proj.weight.add_(1.0)
+        separate.out_proj.weight.add_(1.0)
+    assert not torch.equal(fused.q_proj.weight[:4], separate.heads[0].q_proj.weight)
+    assert not torch.equal(fused.out_proj.weight, separate.out_proj.weight)
+
+
+def test_a_zero_length_sequence_is_named_as_the_argument():
+    with pytest.raises(ValueError, match=r"x has shape \(1, 0, 8\): a sequence of 0 tokens"):
+        MultiHeadAttention(8, 2)(torch.randn(1, 0, 8), causal=True)
+
+
+def test_the_heads_causal_mask_is_made_on_the_inputs_device():
+    torch.manual_seed(0)
+    x, head, fused = torch.randn(2, 4, 8), mh.AttentionHead(8, 4), mh.MultiHeadAttention(8, 2)
+    expected = head(x, causal=True), fused(x, causal=True)
+    with torch.device("meta"):
+        got = head(x, causal=True), fused(x, causal=True)
+    for a, b in zip(got, expected, strict=True):
+        assert a.device == x.device and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mask_dims", [2, 3])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_k", [4, 6])
+def test_separate_heads_mask_as_the_fused_attention_does(mask_dims, causal, n_k):
+    """SeparateHeadsAttention (and so each AttentionHead) against fuse_heads' MultiHeadAttention,
+    with a padding mask that decides the answer, alone, with causality, and in cross-attention."""
+    torch.manual_seed(0)
+    separate = mh.SeparateHeadsAttention(8, 2).double()
+    fused = mh.fuse_heads(separate).double()
+    x = torch.randn(2, 4, 8, dtype=torch.float64)
+    context = None if n_k == 4 else torch.randn(2, n_k, 8, dtype=torch.float64)
+    mask = torch.ones(2, 4, n_k, dtype=torch.bool)
+    mask[0, :, 0] = False  # the first key of the first sequence is padding
+    mask = mask[0] if mask_dims == 2 else mask
+    got = separate(x, context, mask=mask, causal=causal)
+    torch.testing.assert_close(got, fused(x, context, mask=mask, causal=causal))
+    assert not torch.allclose(got, separate(x, context, causal=causal))  # the mask matters
+    if causal:
+        assert not torch.allclose(got, separate(x, context, mask=mask))  # and so does causality
+    assert separate.last_weights.shape == (2, 2, 4, n_k)
+    # exactly: the padded key and (when causal) the last key change nothing they must not
+    source = x if context is None else context
+    for position, rows in ((0, slice(None)), (-1, slice(0, 3) if causal else slice(0, 0))):
+        changed = source.clone()
+        changed[0, position] += 1.0
+        args = (changed, None) if context is None else (x, changed)
+        if context is None and position == 0:  # x is also the queries: leave query 0 out
+            rows = slice(1, None)
+        after = separate(*args, mask=mask, causal=causal)
+        if position == 0 or causal:
+            assert torch.equal(after[0, rows], got[0, rows])
+
+
+def test_heads_have_biases_and_see_every_key_unless_told():
+    torch.manual_seed(0)
+    head, separate = mh.AttentionHead(8, 4), mh.SeparateHeadsAttention(8, 2)
+    fused = mh.MultiHeadAttention(8, 2)
+    assert all(p.bias is not None for p in (head.q_proj, head.k_proj, head.v_proj))
+    assert separate.out_proj.bias is not None and separate.heads[0].k_proj.bias is not None
+    assert (head.d_model, head.head_dim) == (8, 4)
+    mh.check_features("x", torch.ones(8), 8, torch.float32)  # one token's features, no batch
+    plain = mh.AttentionHead(8, 4, bias=False)
+    assert all(p.bias is None for p in (plain.q_proj, plain.k_proj, plain.v_proj))
+    assert head.last_weights is None and fused.last_weights is None
+    assert separate.last_weights is None
+    x = torch.randn(1, 4, 8)
+    assert torch.equal(head(x), head(x, causal=False))
+    assert not torch.allclose(head(x), head(x, causal=True))
+    q, k, v = (torch.randn(1, 2, 4, 4) for _ in range(3))
+    assert torch.equal(fused.attend(q, k, v), fused.attend(q, k, v, causal=False))
+    assert not torch.allclose(fused.attend(q, k, v), fused.attend(q, k, v, causal=True))
+
+
+def test_a_kv_cache_entry_is_two_bytes_unless_told():
+    assert mh.kv_cache_bytes_per_token(2, 3, 4) == 2 * 2 * 3 * 4 * 2
+    assert mh.kv_cache_bytes_per_token(2, 3, 4, bytes_per_value=4) == 2 * 2 * 3 * 4 * 4
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: mh.split_heads([1.0], 2), ValueError, r"^x has shape list, expected \(B, N, H \* D_H\)$"),
+    (lambda: mh.split_heads(torch.ones(2, 3), 2), ValueError, r"^x has shape \(2, 3\), expected"),
+    (lambda: mh.split_heads(torch.ones(1, 2, 4), 0), ValueError, "^n_heads is 0, expected a positive int$"),
+    (lambda: mh.merge_heads([1.0]), ValueError, r"^x has shape list, expected \(B, H, N, D_H\)$"),
+    (lambda: mh.merge_heads(torch.ones(2, 3)), ValueError, r"^x has shape \(2, 3\), expected"),
+    (lambda: mh.check_head_counts(10, 4, 4), ValueError, "gets d_model / n_heads = 2.5 features, "
+     "which must be a whole number$"),
+    (lambda: mh.check_head_counts(12, 3, 2), ValueError, "serve the same number of query heads, got 1.5$"),
+    (lambda: mh.check_head_counts(12, 3, 0), ValueError, "^n_kv_heads is 0, expected a positive int$"),
+    (lambda: mh.kv_cache_bytes_per_token(1, 0, 1), ValueError, "^n_kv_heads is 0"),
+    (lambda: mh.kv_cache_bytes_per_token(1, 1, 0), ValueError, "^head_dim is 0"),
+    (lambda: mh.kv_cache_bytes_per_token(1, 1, 1, 0), ValueError, "^bytes_per_value is 0"),
+    (lambda: mh.MultiHeadAttention(8, 2, dropout=1.0), ValueError,
+     r"^dropout is 1.0, expected a number in \[0, 1\)$"),
+    (lambda: mh.MultiHeadAttention(8, 2, dropout=1.5), ValueError, "^dropout is 1.5"),
+    (lambda: mh.AttentionHead(0, 4), ValueError, "^d_model is 0, expected a positive int$"),
+    (lambda: mh.AttentionHead(8, 0), ValueError, "^head_dim is 0, expected a positive int$"),
+    (lambda: mh.AttentionHead(8, 4, bias="yes"), TypeError, "^bias is 'yes'"),
+    (lambda: mh.AttentionHead(8, 4)([1.0]), TypeError,
+     r"^x is a list, expected a torch.Tensor \(B, N, 8\)$"),
+    (lambda: mh.AttentionHead(8, 4)(torch.ones(1, 0, 8)), ValueError,
+     r"^x has shape \(1, 0, 8\): a sequence of 0 tokens, expected at least one token \(N >= 1\)$"),
+    (lambda: mh.AttentionHead(8, 4)(torch.ones(1, 2, 8), torch.ones(1, 2, 4)), ValueError,
+     r"^context has shape \(1, 2, 4\)"),
+    (lambda: mh.AttentionHead(8, 4)(torch.ones(1, 2, 8), mask=torch.ones(1, 1, 2, 2, dtype=torch.bool)),
+     ValueError, r"expected \(N, M\) or \(B, N, M\): a single head has no head axis$"),
+    (lambda: mh.AttentionHead(8, 4)(torch.ones(1, 2, 8), [1.0]), TypeError,
+     r"^context is a list, expected a torch.Tensor \(B, N, 8\)$"),
+    (lambda: mh.check_features("x", torch.tensor(1.0), 4, torch.float32), ValueError,
+     r"^x has shape \(\), expected \(\.\.\., 4\)"),
+    (lambda: mh.check_features("x", [1.0], 4, torch.float32), TypeError,
+     r"^x is a list, expected a torch.Tensor \(\.\.\., 4\)$"),
+    (lambda: mh.attention_mask([True], False, 2, 2, "cpu"), TypeError,
+     r"^mask is list, expected a torch.bool tensor \(True = may attend\)$"),
+])
+def test_the_attention_modules_name_what_is_wrong(call, error, message):
+    with pytest.raises(error, match=message):
+        call()

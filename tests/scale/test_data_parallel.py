@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from threaded_ranks import locked, run_ranks
 from torch import nn
 
+from helpers import checks
 from helpers.model.gpt import GPT
 from helpers.scale import data_parallel as dp
 from helpers.scale.data_parallel import (
@@ -25,6 +26,7 @@ from helpers.scale.data_parallel import (
     broadcast_parameters,
     check_divides,
     check_same_shapes,
+    data_parallel,
     device_of,
     loss_of,
     make_batch,
@@ -34,6 +36,8 @@ from helpers.scale.data_parallel import (
     shard_rows,
     train_single,
 )
+from helpers.scale.tensor_parallel import column_shard, row_shard
+from helpers.scale.workers import Workers
 
 
 @pytest.fixture(autouse=True)
@@ -482,3 +486,46 @@ def test_the_broadcast_refuses_models_that_differ_across_ranks():
 
     with pytest.raises(ValueError, match="^the model's parameters and buffers differ across ranks: rank 1 "):
         run_ranks(2, task)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: shard_rows(torch.zeros(4, 2), 2, 2), lambda: shard_rows(torch.zeros(4, 2), -1, 2),
+    lambda: column_shard(torch.nn.Linear(4, 4), 3, 2), lambda: row_shard(torch.nn.Linear(4, 4), 2, 2),
+    lambda: checks.rank_in_world(5, 4)])
+def test_a_rank_outside_the_world_is_refused(call):
+    with pytest.raises(ValueError, match=r"rank is -?\d, expected 0 <= rank < world_size"):
+        call()
+
+
+@pytest.mark.parametrize("model", ["mlp", "gpt"])
+@pytest.mark.parametrize("method", ["by hand", "bucketed", "torch DDP"])
+def test_data_parallel_ends_with_the_weights_of_one_process(scale_workers, model, method):
+    run = Run(model=model, steps=3)
+    results = data_parallel(scale_workers, method, run)
+    weights = [r[0] if isinstance(r, tuple) else r for r in results]
+    reference = train_single(run)
+    assert max_difference(weights[0], weights[1]) == 0.0  # the ranks agree exactly
+    assert max_difference(weights[0], reference) < 1e-6
+    assert max_difference(reference, train_single(Run(model=model, steps=2))) > 1e-3  # the steps matter
+
+
+def test_buckets_start_before_backward_ends(scale_workers):
+    _, buckets, log = data_parallel(scale_workers, "bucketed", Run(model="gpt", steps=1))[0]
+    assert len(buckets) > 2
+    n_gradients = sum(len(bucket) for bucket in buckets)
+    assert [bucket for bucket, _ in log] == list(range(len(buckets)))
+    assert log[0][1] < n_gradients  # the first all-reduce started while gradients were still coming
+
+
+def test_a_world_size_that_does_not_divide_the_batch_is_refused():
+    pool = Workers(3)
+    with pytest.raises(ValueError, match="batch_size=8 cannot be split over world_size=3"):
+        data_parallel(pool, "by hand", Run(batch_size=8))
+    assert pool.processes == []  # refused before any process started
+    with pytest.raises(ValueError, match="divisible by 3"):
+        shard_rows(torch.zeros(8, 2), 0, 3)
+
+
+def test_buckets_refuse_a_non_positive_size():
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        GradientBuckets(torch.nn.Linear(2, 2), 0)

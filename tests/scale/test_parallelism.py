@@ -234,3 +234,44 @@ def test_the_fit_reads_sizes_past_2_to_the_24_exactly():
     sizes = [1000.0, 123_456_789.0, 16_777_217.0]
     latency, bandwidth = fit_latency_bandwidth(sizes, [2e-5 + n / 1e9 for n in sizes])
     assert latency == pytest.approx(2e-5, rel=1e-9) and bandwidth == pytest.approx(1e9, rel=1e-10)
+
+
+def test_communication_table_for_gpt2_small():
+    config = GPTConfig.gpt2_small()
+    rows = {row.name: row for row in communication_per_step(config, batch_size=8, world_size=8)}
+    assert rows["data (DDP)"].bytes_per_rank == 2 * 7 / 8 * exact_parameters(config) * 2
+    assert rows["tensor (Megatron)"].bytes_per_rank == 4 * 12 * 2 * 7 / 8 * 8 * 1024 * 768 * 2
+    assert communication_per_step(config, 8, 1)[0].bytes_per_rank == 0
+    memory = memory_per_rank(1000, 4)
+    assert memory["data parallel"] == 16_000 and memory["ZeRO-3 / FSDP (+ weights)"] == 4000
+
+
+def test_zero_memory_in_mixed_precision_follows_the_paper():
+    from helpers.scale.parallelism import memory_per_rank
+    fp32, mixed = memory_per_rank(1000, 8), memory_per_rank(1000, 8, precision="mixed")
+    assert fp32["data parallel"] == mixed["data parallel"] == 16_000
+    assert mixed["ZeRO-1 (optimizer state)"] == 2000 + 2000 + 12_000 / 8  # 2 + 2 + 12/p bytes a parameter
+    assert round(16 / 5.5, 1) == round(mixed["data parallel"] / mixed["ZeRO-1 (optimizer state)"], 1) == 2.9
+    with pytest.raises(ValueError, match="precision"):
+        memory_per_rank(1000, 8, precision="bf16")
+    with pytest.raises(ValueError, match="n_params"):
+        memory_per_rank(0, 8)
+
+
+def test_bubble_fraction_counts_fill_and_drain_slots():
+    from helpers.scale.parallelism import bubble_fraction
+    assert bubble_fraction(1, 4) == 0.0 and bubble_fraction(4, 1) == 3 / 4
+    assert bubble_fraction(4, 12) == 3 / 15
+    with pytest.raises(ValueError, match="micro_batches"):
+        bubble_fraction(4, 0)
+
+
+def test_latency_bandwidth_fit_recovers_a_known_link():
+    from helpers.scale.parallelism import fit_latency_bandwidth
+    sizes = [1e3, 1e4, 1e5, 1e6, 1e7]
+    latency, bandwidth = fit_latency_bandwidth(sizes, [20e-6 + n / 2e9 for n in sizes])
+    assert abs(latency - 20e-6) < 1e-9 and abs(bandwidth / 2e9 - 1) < 1e-6
+    with pytest.raises(ValueError, match="seconds"):
+        fit_latency_bandwidth(sizes, [1.0, 2.0, 3.0, 4.0, -1.0])
+    with pytest.raises(ValueError, match="at least 2"):
+        fit_latency_bandwidth([1.0], [1.0])

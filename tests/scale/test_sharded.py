@@ -8,11 +8,25 @@ count, so each test here fails in-process on a planted one-line bug of step.
 
 from __future__ import annotations
 
+import inspect
+import re
+
 import pytest
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
+from helpers.model.gpt import GPT, GPTConfig
 from helpers.scale import sharded
+from helpers.scale.data_parallel import Run, make_model, max_difference, train_single
+from helpers.scale.sharded import (
+    ShardedAdamW,
+    assign_owners,
+    train_fsdp,
+    train_zero_by_hand,
+    train_zero_torch,
+)
 from helpers.training.by_hand import adamw_update
 
 
@@ -94,3 +108,179 @@ def test_step_names_at_most_three_of_its_own_parameters_without_a_gradient(broad
     params[1].grad, params[2].grad = torch.zeros(4), torch.zeros(3)
     optimizer.step(0.1)  # parameter 0, another rank's, has no gradient: not this rank's business
     assert optimizer.t == 1 and len(broadcasts) == 5
+
+
+def _escape(text: str) -> str:
+    return re.escape(text)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"betas": (0.9, 1.0)}, "betas[1] is 1.0, expected a number in [0, 1)"),
+    ({"betas": (1.0, 0.99)}, "betas[0] is 1.0"),
+    ({"betas": (0.9,)}, "betas is (0.9,), expected two numbers"),
+    ({"eps": 0.0}, "eps is 0.0"),
+    ({"rank": 2}, "rank is 2, expected 0 <= rank < world_size = 2"),
+    ({"rank": -1}, "rank is -1"),
+])
+def test_sharded_adamw_refuses_nonsense(kwargs, words):
+    params = [torch.nn.Parameter(torch.ones(3))]
+    with pytest.raises(ValueError, match=_escape(words)):
+        ShardedAdamW(params, **{"rank": 0, "world_size": 2, **kwargs})
+    optimizer = ShardedAdamW(params, rank=0, world_size=1)
+    with pytest.raises(ValueError, match="have no .grad"):
+        optimizer.step(0.1)
+    params[0].grad = torch.ones(3)
+    with pytest.raises(ValueError, match="lr is nan"):
+        optimizer.step(float("nan"))
+
+
+def gpt(dtype: torch.dtype, **sizes) -> GPT:
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=31, context_length=16, n_layers=2, n_heads=2, d_model=32, **sizes)
+    return GPT(config).to(dtype).eval()
+
+
+def test_the_sharded_optimizer_on_one_rank_is_torchs_adamw():
+    """ZeRO-1's AdamW, owning every parameter, takes the same steps as torch.optim.AdamW with
+    decay on the matrices only (sharded-vs-one-rank tests prove the sharding, this the optimizer)."""
+    from helpers.scale.sharded import ShardedAdamW
+
+    ours, theirs = gpt(torch.float64), gpt(torch.float64)
+    theirs.load_state_dict(ours.state_dict())
+    hand = ShardedAdamW(ours.parameters(), rank=0, world_size=1, betas=(0.8, 0.95), eps=1e-7,
+                        weight_decay=0.2)
+    matrices = [p for p in theirs.parameters() if p.dim() >= 2]
+    vectors = [p for p in theirs.parameters() if p.dim() < 2]
+    reference = torch.optim.AdamW([{"params": matrices, "weight_decay": 0.2},
+                                   {"params": vectors, "weight_decay": 0.0}],
+                                  lr=3e-3, betas=(0.8, 0.95), eps=1e-7, foreach=False)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        ids = torch.randint(0, 31, (2, 16), generator=generator)
+        for model in (ours, theirs):
+            model.zero_grad(set_to_none=True)
+            model(ids).logsumexp(-1).mean().backward()
+        hand.step(lr=3e-3)
+        reference.step()
+    for (name, a), b in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=name)
+
+
+def reference(q, k, v, **kw):
+    return F.scaled_dot_product_attention(q, k, v, **kw)
+
+
+@pytest.fixture
+def one_rank():
+    """A one-process gloo group in this process: the workers' code runs here, where a mutation
+    tool (and a debugger) can see it; with one rank, sharded must equal unsharded exactly."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("task", [sharded.train_zero_by_hand, sharded.train_zero_torch])
+def test_zero_on_one_rank_is_adamw_bit_for_bit(one_rank, task):
+    run = Run(model="gpt", steps=2, lr=0.01)
+    result = task(0, 1, run)
+    assert result["max_gap"] == 0.0
+    n_bytes = sum(p.numel() * p.element_size() for p in make_model(run).parameters())
+    assert result["state_bytes"] == result["full_state_bytes"] == 2 * n_bytes  # m and v
+    if task is sharded.train_zero_by_hand:
+        assert result["owned"] == result["parameters"] == len(list(make_model(run).parameters()))
+
+
+@pytest.mark.parametrize("model", ["gpt", "mlp"])
+def test_fsdp_on_one_rank_holds_every_weight_and_trains_as_one_process(one_rank, model):
+    run = Run(model=model, steps=2)
+    result = sharded.train_fsdp(0, 1, run)
+    assert result["local_bytes"] == result["full_bytes"] and result["kind"] == "DTensor"
+    assert max_difference(result["weights"], train_single(run)) == 0.0
+
+
+def test_torchs_zero_runs_with_the_settings_of_ours(one_rank, monkeypatch):
+    """Both optimizers of train_zero_torch are AdamW with ShardedAdamW's defaults: the notebook
+    compares the two implementations, so their settings must be the same ones."""
+    settings = []
+
+    class RecordingAdamW(torch.optim.AdamW):
+        def __init__(self, params, **kwargs):
+            settings.append(kwargs)
+            super().__init__(params, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", RecordingAdamW)
+    sharded.train_zero_torch(0, 1, Run(steps=1, lr=0.05))
+    defaults = inspect.signature(sharded.ShardedAdamW).parameters
+    expected = dict(lr=0.05, betas=defaults["betas"].default, eps=defaults["eps"].default,
+                    weight_decay=defaults["weight_decay"].default, foreach=False)
+    assert settings == [expected, expected]
+    assert expected == dict(lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, foreach=False)
+
+
+def test_the_sharded_optimizers_defaults_are_torchs_adamw_with_decay_on_matrices():
+    torch.manual_seed(0)
+    ours, theirs = nn.Linear(4, 3).double(), nn.Linear(4, 3).double()
+    theirs.load_state_dict(ours.state_dict())
+    hand = sharded.ShardedAdamW(ours.parameters(), rank=0, world_size=1)
+    reference = torch.optim.AdamW([{"params": [theirs.weight], "weight_decay": 0.1},
+                                   {"params": [theirs.bias], "weight_decay": 0.0}],
+                                  lr=0.1, betas=(0.9, 0.99), eps=1e-8, foreach=False)
+    for step in range(3):
+        for model in (ours, theirs):
+            model.zero_grad(set_to_none=True)
+            model(torch.full((2, 4), step + 1.0, dtype=torch.float64)).pow(2).sum().backward()
+        hand.step(lr=0.1)
+        reference.step()
+    for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("params, kwargs, message", [
+    ([], {}, r"^params is empty or holds something other than tensors, expected the model's "
+     r"parameters \(model.parameters\(\)\)$"),
+    (["a"], {}, "^params is empty or holds something other than tensors"),
+    (None, {"weight_decay": -1.0}, r"^weight_decay is -1.0, expected a number in \[0, inf\)$"),
+    (None, {"weight_decay": float("inf")}, r"^weight_decay is inf, expected a number in \[0, inf\)$"),
+])
+def test_the_sharded_optimizer_names_what_is_wrong(params, kwargs, message):
+    params = [nn.Parameter(torch.ones(2))] if params is None else params
+    with pytest.raises(ValueError, match=message):
+        sharded.ShardedAdamW(params, rank=0, world_size=1, **kwargs)
+
+
+@pytest.mark.parametrize("world_size, checked", [(1, False), (2, True), (3, True)])
+def test_the_sharded_optimizer_compares_shapes_across_ranks_when_there_are_several(
+        monkeypatch, world_size, checked):
+    """The cross-rank comparison itself needs two processes (tests/test_distributed.py); here,
+    that the optimizer asks for it, with its parameters, exactly when there are other ranks."""
+    calls = []
+    monkeypatch.setattr(sharded, "check_same_shapes", lambda *args: calls.append(args))
+    params = [nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(2, 2))]
+    sharded.ShardedAdamW(params, rank=0, world_size=world_size)
+    assert calls == ([(params, "params")] if checked else [])
+
+
+def test_owners_need_a_positive_world_size():
+    with pytest.raises(ValueError, match="^world_size is 0, expected a positive int$"):
+        sharded.assign_owners([3, 2], 0)
+
+
+def test_zero_by_hand_and_torch_match_unsharded_adamw_with_half_the_state(scale_workers):
+    for task in (train_zero_by_hand, train_zero_torch):
+        results = scale_workers.run(task, Run(model="gpt", steps=3, lr=0.01))
+        assert all(r["max_gap"] < 1e-6 for r in results)
+        assert sum(r["state_bytes"] for r in results) == results[0]["full_state_bytes"]
+        assert all(r["state_bytes"] < 0.6 * r["full_state_bytes"] for r in results)
+
+
+def test_fsdp_shards_the_weights_and_trains_like_one_process(scale_workers):
+    run = Run(model="gpt", steps=2)
+    results = scale_workers.run(train_fsdp, run)
+    assert all(r["local_bytes"] * 2 == r["full_bytes"] for r in results)
+    assert max_difference(results[0]["weights"], train_single(run)) < 1e-6
+
+
+def test_owners_balance_the_values():
+    owners = assign_owners([100, 10, 60, 50], 2)
+    load = [sum(s for s, o in zip([100, 10, 60, 50], owners, strict=True) if o == r) for r in range(2)]
+    assert sorted(load) == [110, 110]  # 100 + 10 and 60 + 50

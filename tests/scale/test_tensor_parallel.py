@@ -24,8 +24,11 @@ from helpers.scale.tensor_parallel import (
     TensorParallelMLP,
     column_shard,
     copy_to_ranks,
+    demo_block,
+    dtensor_mlp,
     row_shard,
     sum_over_ranks,
+    tensor_parallel_block,
 )
 
 
@@ -277,3 +280,36 @@ def test_torchs_tensor_parallel_mlp_is_the_mlp_and_ours(seed):
         torch.testing.assert_close(result["out"], expected, rtol=0, atol=1e-5)
         torch.testing.assert_close(result["out"], by_hand, rtol=0, atol=1e-5)
         assert (result["up_local"], result["down_local"], result["kind"]) == ((64, 32), (32, 64), "DTensor")
+
+
+def test_tensor_parallel_block_equals_the_block_forward_and_backward(scale_workers):
+    results = scale_workers.run(tensor_parallel_block)
+    block, x, probe = demo_block()
+    x.requires_grad_(True)
+    out = block(x)
+    (out * probe).sum().backward()
+    k = block.mlp.up.out_features // 2
+    for rank, result in enumerate(results):
+        assert (result["out"] - out).abs().max() < 1e-5
+        assert (result["x_grad"] - x.grad).abs().max() < 1e-5
+        assert torch.allclose(result["up_grad"], block.mlp.up.weight.grad[rank * k:(rank + 1) * k], atol=1e-5)
+    assert (results[0]["out"] - out).abs().max() < 1e-5
+    assert not torch.allclose(results[0]["x_grad"], x.grad * 0.5, atol=1e-5)  # the backward all-reduce ran
+
+
+def test_dtensor_mlp_equals_the_mlp(scale_workers):
+    results = scale_workers.run(dtensor_mlp)
+    block, x, _ = demo_block()
+    with torch.no_grad():
+        expected = block.mlp(x)
+    for result in results:
+        assert (result["out"] - expected).abs().max() < 1e-5
+        assert result["up_local"] == (64, 32)
+
+
+def test_shards_refuse_sizes_the_world_does_not_divide():
+    mlp = FeedForward(6, 12)
+    assert column_shard(mlp.up, 1, 3).weight.shape == (4, 6)
+    assert row_shard(mlp.down, 1, 3).weight.shape == (6, 4)
+    with pytest.raises(ValueError, match="out_features=12 cannot be split over world_size=5"):
+        column_shard(mlp.up, 0, 5)

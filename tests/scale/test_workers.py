@@ -23,6 +23,19 @@ from thread_ranks import ThreadRanks, World
 
 from helpers.scale import workers as w
 from helpers.scale.cell_functions import CellFunction
+from helpers.scale.data_parallel import Run
+from helpers.scale.sharded import ShardedAdamW
+from helpers.scale.workers import (
+    WorkerFailed,
+    Workers,
+    collectives_demo,
+    fail_on_rank,
+    init_from_environment,
+    launch,
+    ring_all_reduce_by_hand,
+    ring_all_reduce_bytes,
+    sleep_on_rank,
+)
 
 
 class ThreadProcess:
@@ -459,3 +472,108 @@ def test_the_ring_by_hand_and_its_bytes():
         w.ring_all_reduce_bytes(-1, 2)
     with pytest.raises(ValueError, match="^len\\(per_rank\\) is 0"):
         w.ring_all_reduce_by_hand([])
+
+
+@pytest.mark.parametrize("backend, words", [("glo", "backend is 'glo', expected one of 'gloo'"),
+                                            ("nccl", "needs a GPU")])
+def test_a_misspelt_or_unusable_backend_is_named(backend, words):
+    if backend == "nccl" and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match=words):
+        init_from_environment(backend)
+
+
+def test_an_argument_that_cannot_be_pickled_is_refused_at_once():
+    start = time.monotonic()
+    with pytest.raises(TypeError, match="argument 0 .*cannot be sent to the workers"):
+        launch(sleep_then_return, 2, threading.Lock(), timeout=60.0)
+    assert time.monotonic() - start < 5.0  # no worker was even started
+
+
+def sleep_then_return(rank: int, world_size: int, value: object) -> object:
+    return value
+
+
+def exit_on_rank(rank: int, world_size: int, exiting_rank: int = 1) -> float:
+    """Rank `exiting_rank` leaves without a word; the others wait for it in an all-reduce."""
+    if rank == exiting_rank:
+        os._exit(3)
+    total = torch.ones(1)
+    torch.distributed.all_reduce(total)
+    return float(total)
+
+
+def differing_shapes(rank: int, world_size: int) -> None:
+    model = torch.nn.Linear(4, 4 + rank)
+    ShardedAdamW(model.parameters(), rank, world_size)
+
+
+def test_workers_name_the_rank_that_exited_and_the_ranks_whose_shapes_differ():
+    with Workers(2, timeout=60.0) as workers:
+        with pytest.raises(Exception, match="(?s)worker of rank 1 failed.*exited with code 3") as failure:
+            workers.run(exit_on_rank, 1)
+        assert failure.value.rank == 1
+        with pytest.raises(Exception, match=r"(?s)params differ across ranks: rank 1 .*\(5, 4\)"):
+            workers.run(differing_shapes)
+
+
+def test_unpicklable_check_accepts_tensors():
+    pickle.dumps(torch.ones(2))  # the check uses plain pickle, which tensors support
+
+
+def test_a_typo_in_world_size_starts_no_thousand_processes():
+    with pytest.raises(ValueError, match="world_size is 1000, expected at most 64"):
+        Workers(1000)
+
+
+def test_collectives_give_the_textbook_results_on_every_rank(scale_workers):
+    results = scale_workers.run(collectives_demo)
+    for rank, result in enumerate(results):
+        assert result["broadcast from rank 0"] == [10.0, 20.0]
+        assert result["all_reduce (sum)"] == [3.0, 6.0]
+        assert result["all_gather"] == [[1.0, 2.0], [2.0, 4.0]]
+        # piece `rank` of the sum over ranks of 10 * r + piece
+        assert result["reduce_scatter: result"] == [10.0 + 2 * rank] * 2
+
+
+def test_a_slow_task_times_out_and_is_stopped():
+    pool = Workers(2, timeout=60.0)
+    with pytest.raises(TimeoutError, match="timeout=1 s"):
+        pool.run(sleep_on_rank, 30.0, timeout=1.0)
+    assert pool.processes == []
+
+
+def test_lambdas_are_refused_before_spawning():
+    with pytest.raises(ValueError, match="lambda"):
+        launch(lambda rank, world_size: rank, 2)
+
+
+def test_ring_all_reduce_by_hand_sums_and_sends_the_formula():
+    for p in (2, 3, 4):
+        tensors = [torch.randn(12) for _ in range(p)]
+        results, sent = ring_all_reduce_by_hand(tensors)
+        for result in results:
+            assert torch.allclose(result, sum(tensors), atol=1e-6)
+        assert sent * 4 == ring_all_reduce_bytes(12 * 4, p)
+    assert ring_all_reduce_bytes(1000, 2) == 1000
+    assert ring_all_reduce_bytes(1000, 1) == 0
+
+
+def test_a_failing_worker_is_reported_with_its_traceback_and_nothing_hangs(scale_workers):
+    # After every other test that uses the session's workers (tests/conftest.py): it stops them (a later run would restart).
+    scale_workers.run(collectives_demo)  # started and healthy
+    start = time.monotonic()
+    with pytest.raises(WorkerFailed, match="rank 1 fails on purpose") as failure:
+        scale_workers.run(fail_on_rank, 1, timeout=30.0)
+    assert failure.value.rank == 1 and "Traceback" in failure.value.worker_traceback
+    assert time.monotonic() - start < 30.0
+    assert scale_workers.processes == []  # all stopped, including rank 0 stuck in its all-reduce
+
+
+def test_bad_arguments_name_themselves():
+    with pytest.raises(ValueError, match="model"):
+        Run(model="cnn")
+    with pytest.raises(ValueError, match="world_size"):
+        Workers(0)
+    with pytest.raises(TypeError, match="timeout"):
+        Workers(2, timeout="soon")

@@ -7,6 +7,7 @@ tests let through.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -41,3 +42,133 @@ def test_clipping_divides_by_the_norm_plus_1e_6_as_clip_grad_norm_does():
     factor = 1e-4 / (5e-4 + 1e-6)
     assert abs(flat.gradients[0].item() - 3e-4 * factor) < 1e-10  # float32 rounding
     assert abs(flat.gradients[0].item() - 3e-4 * 1e-4 / (5e-4 - 1e-6)) > 1e-9
+
+
+def test_one_buffer_holds_the_weights_in_the_dtype_asked_for():
+    params = [nn.Parameter(torch.randn(2, 3)), nn.Parameter(torch.randn(3))]
+    buffer = speed.flatten_into_one_buffer(params, torch.bfloat16)
+    assert buffer.dtype == torch.bfloat16 and buffer.shape == (9,)
+    assert all(p.dtype == torch.bfloat16 and p.data_ptr() >= buffer.data_ptr() for p in params)
+
+
+def test_the_master_weights_are_float32_whatever_the_models_dtype():
+    model = nn.Linear(3, 2).to(torch.bfloat16)
+    flat = speed.FlatWeights(model, torch.bfloat16)
+    assert flat.weights.dtype == flat.gradients.dtype == torch.float32
+    assert flat.working_weights.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("avx512, amx", [(True, False), (False, True), (False, False)])
+def test_native_bf16_is_either_probe(monkeypatch, avx512, amx):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    assert speed.cpu_has_native_bf16() is (avx512 or amx)
+
+
+@pytest.mark.parametrize("missing", ["_is_avx512_bf16_supported", "_is_amx_tile_supported"])
+def test_a_torch_without_a_probe_has_no_native_bf16_by_it(monkeypatch, missing):
+    """torch >= 2.2 is allowed; a release without one of the probes counts it as absent."""
+    other = {"_is_avx512_bf16_supported", "_is_amx_tile_supported"} - {missing}
+    monkeypatch.setattr(torch.cpu, other.pop(), lambda: False, raising=False)
+    monkeypatch.delattr(torch.cpu, missing, raising=False)
+    assert speed.cpu_has_native_bf16() is False
+
+
+def test_a_torch_without_torch_cpu_has_no_native_bf16(monkeypatch):
+    monkeypatch.delattr(torch, "cpu")
+    assert speed.cpu_has_native_bf16() is False
+
+
+@pytest.mark.parametrize("model, matrices, vectors", [
+    (nn.LayerNorm(4), 0, 2),          # vectors only: no decayed group at all
+    (nn.Linear(3, 2, bias=False), 1, 0),  # matrices only: no undecayed group
+    (nn.Linear(3, 2), 1, 1),
+])
+def test_the_weight_decay_split_has_no_empty_group(model, matrices, vectors):
+    decayed, undecayed = speed.FlatWeights(model, torch.float32).matrices_and_vectors()
+    assert (len(decayed), len(undecayed)) == (min(matrices, 1), min(vectors, 1))
+    sizes = [p.numel() for p in model.parameters()]
+    assert sum(t.numel() for t in decayed + undecayed) == sum(sizes)
+
+
+def optimizer_settings(optimizer: torch.optim.Optimizer) -> list[tuple]:
+    return [(g["lr"], g["betas"], g["weight_decay"], g["fused"], g["foreach"])
+            for g in optimizer.param_groups]
+
+
+def test_make_optimizer_takes_its_settings_and_the_fused_kernel_by_default():
+    model = nn.Linear(3, 2)
+    try:  # PyTorch has a fused CPU AdamW since 2.4; before, the foreach fallback is expected
+        torch.optim.AdamW([nn.Parameter(torch.ones(1))], fused=True)
+        fused, foreach = True, None
+    except (RuntimeError, TypeError):
+        fused, foreach = None, True
+    default = speed.make_optimizer([model.weight], [model.bias], lr=0.25, weight_decay=0.3)
+    assert optimizer_settings(default) == [(0.25, (0.9, 0.99), 0.3, fused, foreach),
+                                           (0.25, (0.9, 0.99), 0.0, fused, foreach)]
+    plain = speed.make_optimizer([model.weight], [], lr=0.5, weight_decay=0.2,
+                                 betas=(0.8, 0.9), fused=False)
+    assert optimizer_settings(plain) == [(0.5, (0.8, 0.9), 0.2, None, False)]
+
+
+def test_without_a_fused_kernel_make_optimizer_takes_the_foreach_one(monkeypatch):
+    real = torch.optim.AdamW
+
+    def no_fused_kernel(*args, fused=None, **kwargs):
+        if fused:
+            raise RuntimeError("no fused AdamW for this device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", no_fused_kernel)
+    model = nn.Linear(3, 2)
+    optimizer = speed.make_optimizer([model.weight], [model.bias], lr=0.25, weight_decay=0.3,
+                                     betas=(0.8, 0.9))
+    assert optimizer_settings(optimizer) == [(0.25, (0.8, 0.9), 0.3, None, True),
+                                             (0.25, (0.8, 0.9), 0.0, None, True)]
+
+
+def test_auto_precision_is_the_default_and_reads_the_device(monkeypatch):
+    """Only a CUDA device asks CUDA about bf16; a CPU asks its own probes."""
+    monkeypatch.delenv("COURSE_PRECISION", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: False)
+    assert speed.pick_dtype(torch.device("cpu")) == torch.float32
+    assert speed.pick_dtype(torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: True)
+    assert speed.pick_dtype(torch.device("cpu")) == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert speed.pick_dtype(torch.device("cuda")) == torch.float32
+
+
+def test_zeroing_reattaches_a_gradient_that_was_replaced():
+    model = nn.Linear(3, 2)
+    flat = speed.FlatWeights(model, torch.float32)
+    model.weight.grad = torch.ones_like(model.weight)  # not a view of the buffer any more
+    flat.zero_gradients()
+    assert model.weight.grad.data_ptr() == flat.gradients.data_ptr()  # matrices come first
+    assert not model.weight.grad.any()
+
+
+def test_compile_loss_compiles_the_loss_it_is_given(monkeypatch):
+    monkeypatch.setattr(torch, "compile", lambda fn: ("compiled", fn))
+    loss = lambda x, y: (x - y).sum()  # noqa: E731
+    assert speed.compile_loss(loss) == ("compiled", loss)
+
+
+def test_the_fast_path_names_what_it_cannot_train():
+    model = nn.Linear(3, 2)
+    model.bias.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"^FlatWeights trains every parameter, and this model has "
+                       r"frozen ones \(requires_grad=False\): use TrainConfig\(fast=False\)$"):
+        speed.FlatWeights(model, torch.float32)
+    flat = speed.FlatWeights(nn.Linear(3, 2), torch.float32)
+    flat.params[0].data = flat.params[0].data.clone()
+    with pytest.raises(RuntimeError, match=r"\(by \.to\(\), \.float\(\) or similar\): make a new "
+                       r"Trainer$"):
+        flat.zero_gradients()
+
+
+def test_a_bad_course_precision_says_unset_is_fine(monkeypatch):
+    monkeypatch.setenv("COURSE_PRECISION", "fp16")
+    with pytest.raises(ValueError, match=r"expected one of fp32, bf16, auto \(or unset\)$"):
+        speed.precision_from_environment()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import cmath
 import itertools
 import math
+import time
 from collections import Counter
 
 import pytest
@@ -16,6 +17,7 @@ from test_core_exercises import CORE_CASES
 
 import helpers.lab.exercises as exercises
 from helpers.flash import tiled
+from helpers.model.gpt import GPTConfig
 
 # --- notebook 1 -----------------------------------------------------------------------------
 
@@ -853,3 +855,78 @@ def test_helper_split_mlp_refuses_bad_input_by_name():
         helper_split_mlp(up, bias, down, 0, 4)
     with pytest.raises(ValueError, match="up_bias is"):
         helper_split_mlp(up, bias[None], down, 0, 2)
+
+
+SMALL = GPTConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, d_model=8)
+
+
+def ids(batch: int = 1, length: int = 4) -> torch.Tensor:
+    return torch.randint(0, SMALL.vocab_size, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+def test_check_refuses_a_float_count(capsys):
+    def as_float(n_layers: int, d_model: int, vocab_size: int, context_length: int) -> float:
+        d = d_model
+        return float(n_layers * (12 * d * d + 13 * d) + vocab_size * d + context_length * d + 2 * d)
+
+    assert not exercises.passes("gpt.exact_parameters", as_float)
+    exercises.check("gpt.exact_parameters", as_float)
+    assert "should be an int, but it is a float" in capsys.readouterr().out
+    assert exercises.passes("gpt.exact_parameters", lambda *args: int(as_float(*args)))
+    assert not exercises.passes("multihead_attention.kv_cache_bytes_per_token",
+                                lambda n, h, d, b: 2.0 * n * h * d * b)
+    assert not exercises.passes("tokenization.count_pairs",
+                                lambda ids: {pair: 1.0 for pair in zip(ids, ids[1:], strict=False)})
+
+
+def test_check_gives_up_on_a_function_that_never_returns(capsys):
+    def endless(*args: int) -> int:
+        while True:
+            pass
+
+    started = time.perf_counter()
+    assert exercises.check("gpt.exact_parameters", endless, time_limit=0.5) is None
+    assert time.perf_counter() - started < 10
+    out = capsys.readouterr().out
+    assert "did not return within 0.5 s" in out and "Traceback" not in out
+
+
+def test_check_gives_up_outside_the_main_thread_too():
+    import threading
+
+    stop = threading.Event()
+
+    def endless_until_stopped(*args: int) -> int:
+        while not stop.is_set():
+            time.sleep(0.01)
+        return 0
+
+    verdict: list[tuple[bool, str]] = []
+    worker = threading.Thread(target=lambda: verdict.append(
+        exercises.evaluate("gpt.exact_parameters", endless_until_stopped, time_limit=0.3)))
+    worker.start()
+    worker.join(10)
+    stop.set()  # let the abandoned checker thread end
+    assert verdict and not verdict[0][0] and "did not return within 0.3 s" in verdict[0][1]
+
+
+def test_exercise_checkers_refuse_the_usual_mistakes():
+    from helpers.lab.exercises import evaluate
+
+    def summed_only(model, all_reduce, world_size):
+        for p in model.parameters():
+            all_reduce(p.grad)
+
+    def tied_twice(model, all_reduce, world_size):
+        for _, p in model.named_parameters(remove_duplicate=False):
+            all_reduce(p.grad)
+            p.grad /= world_size
+
+    passed, message = evaluate("distributed.average_gradients", summed_only)
+    assert not passed and "divide by world_size" in message
+    passed, message = evaluate("distributed.average_gradients", tied_twice)
+    assert not passed and "twice" in message
+    passed, message = evaluate("distributed.ring_bytes", lambda n, p: (p - 1) / p * n)
+    assert not passed and "all-gather" in message
+    passed, message = evaluate("distributed.split_mlp", lambda up_w, up_b, down_w, r, p: (up_w, up_b, down_w))
+    assert not passed and "shape" in message

@@ -1,5 +1,4 @@
-"""Bad input to helpers.post's classifier, task and training loops is refused with a message
-that names the argument."""
+"""post/test_classify.py: see below"""
 
 from __future__ import annotations
 
