@@ -58,228 +58,97 @@ RESULTS = ROOT / "benchmarks" / "mutation_results.json"
 EQUIVALENT = ROOT / "benchmarks" / "mutation_equivalent.toml"
 WORKDIR = Path(tempfile.gettempdir()) / "transformer-course-mutation"
 
-# The non-notebook test files that exercise each module (fast ones only: no notebook runs, no
-# interpreted Triton kernels, no multi-process workers). mutmut narrows them further to the tests
-# that call the mutated function.
+# The test files that exercise each module: its own (tests/<subpackage>/test_<module>.py) first,
+# then the files of the modules that call it. Fast tests only: tests marked `processes` (worker
+# processes, which mutmut cannot see) and SLOW_TESTS are deselected; notebook runs, interpreted
+# Triton kernels (tests/flash/test_triton_kernels.py) and benchmark reruns (tests/benchmarks/)
+# are in files of their own. mutmut narrows them further to the tests that call the mutated
+# function. tests/course/test_layout.py checks that every path here exists.
 MODULE_TESTS: dict[str, list[str]] = {
-    "helpers/flash/tiled.py": [
-        "tests/test_flash.py", "tests/test_properties.py", "tests/test_bad_input_newer.py",
-        "tests/test_properties_exact.py",
-    ],
+    "helpers/flash/tiled.py": ["tests/flash/test_tiled.py"],
     "helpers/model/attention.py": [
-        "tests/test_attention.py", "tests/test_masking.py", "tests/test_multihead.py",
-        "tests/test_flash.py",  # its checks are attention's (check_qkv, check_mask)
-        "tests/test_properties.py", "tests/test_bad_input.py", "tests/test_bad_input_newer.py",
-        "tests/test_properties_exact.py",
+        "tests/model/test_attention.py", "tests/model/test_multihead.py",
+        "tests/flash/test_tiled.py",
     ],
     "helpers/training/trainer.py": [
-        "tests/test_train.py", "tests/test_properties.py", "tests/test_bad_input.py",
-        "tests/test_bad_input_newer.py", "tests/test_properties_exact.py",
-        "tests/test_by_hand.py",  # the plain loop step for step against Trainer.train_step
-        "tests/test_trainer_mutants.py",
+        "tests/training/test_trainer.py", "tests/training/test_by_hand.py",
     ],
     "helpers/training/by_hand.py": [
-        "tests/test_by_hand.py", "tests/test_gpt_checkers.py",  # the checker that it passes
-        "tests/test_by_hand_mutants.py",
+        "tests/training/test_by_hand.py", "tests/lab/exercises/test_gpt_checkers.py",
     ],
     "helpers/training/guards.py": [
-        "tests/test_train.py", "tests/test_bad_input.py", "tests/test_bad_input_newer.py",
-        "tests/test_properties.py", "tests/test_properties_exact.py", "tests/test_guards_mutants.py",
+        "tests/training/test_guards.py", "tests/training/test_trainer.py",
     ],
-    "helpers/training/speed.py": [
-        "tests/test_train.py", "tests/test_properties.py", "tests/test_bad_input.py",
-        "tests/test_bad_input_newer.py", "tests/test_properties_exact.py",
-        "tests/test_speed_mutants.py",
-    ],
-    "helpers/scale/sharded.py": [
-        "tests/test_distributed.py", "tests/test_properties.py", "tests/test_bad_input_newer.py",
-        "tests/test_properties_exact.py", "tests/test_sharded_mutants.py",
-    ],
-    # Mapped for the next runs (each file below runs in under 5 s here), not run yet:
-    "helpers/model/multihead.py": [
-        "tests/test_multihead.py", "tests/test_properties.py", "tests/test_bad_input.py",
-        "tests/test_properties_exact.py", "tests/test_multihead_mutants.py",
-    ],
+    "helpers/training/speed.py": ["tests/training/test_speed.py", "tests/training/test_trainer.py"],
+    "helpers/scale/sharded.py": ["tests/scale/test_sharded.py"],
+    "helpers/model/multihead.py": ["tests/model/test_multihead.py"],
     "helpers/model/layers.py": [
-        "tests/test_norms_ffn.py", "tests/test_gpt.py", "tests/test_modern.py",
-        "tests/test_bad_input.py", "tests/test_layers_mutants.py",
+        "tests/model/test_layers.py", "tests/model/test_gpt.py", "tests/model/test_modern.py",
     ],
-    "helpers/model/gpt.py": [
-        "tests/test_gpt.py", "tests/test_properties.py", "tests/test_bad_input.py",
-        "tests/test_bad_input_newer.py", "tests/test_properties_exact.py", "tests/test_gpt_mutants.py",
-    ],
-    "helpers/model/embeddings.py": [
-        "tests/test_embeddings.py", "tests/test_bad_input.py", "tests/test_embeddings_mutants.py",
-    ],
-    "helpers/model/modern.py": [
-        "tests/test_modern.py", "tests/test_properties.py", "tests/test_bad_input_newer.py",
-        "tests/test_modern_mutants.py",
-    ],
-    # --- model-a (first runs 2026-11-27) ---
-    "helpers/model/llama.py": [
-        "tests/test_modern.py", "tests/test_bad_input_newer.py", "tests/test_llama_mutants.py",
-    ],
-    # Not test_bad_input_newer.py for gpt2.py and checkpoints.py: its two-process worker test ran
-    # past its 60 s timeout on the shared machine and stopped a run in mutmut's clean-test phase;
-    # its refusals of these two modules are repeated in the _mutants files.
-    "helpers/model/gpt2.py": [
-        "tests/test_gpt2.py", "tests/test_gpt2_mutants.py",
-    ],
-    "helpers/model/gemma.py": [
-        "tests/test_gemma.py", "tests/test_gemma_mutants.py",
-    ],
-    "helpers/model/checkpoints.py": [  # not test_train.py: its two round trips train first (10 s
-        # each on a busy machine); test_checkpoints_mutants.py round-trips both models in well under 1 s
-        "tests/test_bad_input.py", "tests/test_checkpoints_mutants.py",
-    ],
-    # --- end model-a ---
-    # --- model-b (first runs 2026-11-27) ---
-    "helpers/model/deepseek.py": [
-        "tests/test_mla.py", "tests/test_deepseek_mutants.py",
-    ],
-    "helpers/model/mla.py": [
-        "tests/test_mla.py", "tests/test_mla_mutants.py",
-    ],
+    "helpers/model/gpt.py": ["tests/model/test_gpt.py"],
+    "helpers/model/embeddings.py": ["tests/model/test_embeddings.py"],
+    "helpers/model/modern.py": ["tests/model/test_modern.py"],
+    "helpers/model/llama.py": ["tests/model/test_llama.py", "tests/model/test_modern.py"],
+    "helpers/model/gpt2.py": ["tests/model/test_gpt2.py"],
+    "helpers/model/gemma.py": ["tests/model/test_gemma.py"],
+    "helpers/model/checkpoints.py": ["tests/model/test_checkpoints.py"],
+    "helpers/model/deepseek.py": ["tests/model/test_deepseek.py", "tests/model/test_mla.py"],
+    "helpers/model/mla.py": ["tests/model/test_mla.py"],
     "helpers/model/moe.py": [
-        "tests/test_moe.py", "tests/test_late_exercises.py", "tests/test_moe_mutants.py",
+        "tests/model/test_moe.py", "tests/lab/exercises/test_late_exercises.py",
     ],
     "helpers/model/frontier.py": [
-        "tests/test_moe.py", "tests/test_sliding.py", "tests/test_frontier_mutants.py",
+        "tests/model/test_frontier.py", "tests/model/test_moe.py", "tests/model/test_sliding.py",
     ],
-    "helpers/model/sliding.py": [
-        "tests/test_sliding.py", "tests/test_sliding_mutants.py",
-    ],
-    # --- end model-b ---
-    # --- model-c (first runs 2026-11-27) ---
+    "helpers/model/sliding.py": ["tests/model/test_sliding.py"],
     "helpers/model/kv_cache.py": [
-        "tests/test_gpt.py", "tests/test_modern.py", "tests/test_bad_input.py",
-        "tests/test_bad_input_newer.py", "tests/test_properties.py", "tests/test_gpt_mutants.py",
-        "tests/test_kv_cache_mutants.py",
+        "tests/model/test_kv_cache.py", "tests/model/test_gpt.py", "tests/model/test_modern.py",
     ],
     "helpers/model/generation.py": [
-        "tests/test_gpt.py", "tests/test_sampling.py", "tests/test_bad_input.py",
-        "tests/test_generation_mutants.py",
+        "tests/model/test_generation.py", "tests/model/test_gpt.py", "tests/serve/test_sampling.py",
     ],
-    "helpers/model/fused.py": [
-        "tests/test_gpt.py", "tests/test_gpt_mutants.py", "tests/test_fused_mutants.py",
-    ],
-    # --- end model-c ---
-    # --- flash (first runs 2026-11-27) ---
-    "helpers/flash/costs.py": [
-        "tests/test_flash.py", "tests/test_bad_input_newer.py", "tests/test_costs_mutants.py",
-    ],
-    "helpers/flash/profiling.py": [
-        "tests/test_flash.py", "tests/test_bad_input_newer.py", "tests/test_profiling_mutants.py",
-    ],
-    "helpers/flash/triton_attention.py": [
-        # the wrapper's checks and launch arguments with the kernels recorded, and tiny
-        # interpreted runs (seconds); tests/test_flash_triton.py's interpreted sizes take minutes
-        "tests/test_triton_attention_mutants.py",
-    ],
-    # --- end flash ---
-    # --- scale-a (first runs 2026-11-27) ---
-    # Not tests/test_distributed.py: its workers run in spawned processes (nothing counted) and
-    # the parent's checks put them behind every mutant of make_model, loss_of, demo_block, ...
-    "helpers/scale/data_parallel.py": [
-        "tests/test_data_parallel_mutants.py", "tests/test_properties_exact.py",
-        "tests/test_bad_input_newer.py",
-    ],
-    "helpers/scale/tensor_parallel.py": [
-        "tests/test_tensor_parallel_mutants.py", "tests/test_properties_exact.py",
-        "tests/test_bad_input_newer.py",
-    ],
-    # Not tests/test_moe.py: its two-process run counts for nothing, and its bench_moe test needs
-    # benchmarks/, which the scratch copy leaves out (the clean run fails there).
-    "helpers/scale/expert_parallel.py": [
-        "tests/test_expert_parallel_mutants.py", "tests/test_properties_exact.py",
-    ],
-    # Not tests/test_distributed.py nor tests/test_pipeline.py: their in-process checks of the
-    # formulas are repeated in test_parallelism_mutants.py, and their spawned-worker tests are slow
-    # and, for the measured bubble, timing-dependent (one failed the clean run on a loaded machine).
-    "helpers/scale/parallelism.py": [
-        "tests/test_parallelism_mutants.py", "tests/test_properties_exact.py",
-    ],
-    "helpers/scale/recompute.py": [
-        "tests/test_recompute.py", "tests/test_properties_exact.py",
-        "tests/test_recompute_mutants.py",
-    ],
-    # --- end scale-a ---
-    # --- serve-post (first runs 2026-11-27) ---
+    "helpers/model/fused.py": ["tests/model/test_fused.py", "tests/model/test_gpt.py"],
+    "helpers/flash/costs.py": ["tests/flash/test_costs.py", "tests/flash/test_tiled.py"],
+    "helpers/flash/profiling.py": ["tests/flash/test_profiling.py", "tests/flash/test_tiled.py"],
+    "helpers/flash/triton_attention.py": ["tests/flash/test_triton_attention.py"],
+    "helpers/scale/data_parallel.py": ["tests/scale/test_data_parallel.py"],
+    "helpers/scale/tensor_parallel.py": ["tests/scale/test_tensor_parallel.py"],
+    "helpers/scale/expert_parallel.py": ["tests/scale/test_expert_parallel.py"],
+    "helpers/scale/parallelism.py": ["tests/scale/test_parallelism.py"],
+    "helpers/scale/recompute.py": ["tests/scale/test_recompute.py"],
     "helpers/serve/batching.py": [
-        "tests/test_scheduler.py", "tests/test_sampling.py", "tests/test_batching_mutants.py",
+        "tests/serve/test_batching.py", "tests/serve/test_scheduler.py", "tests/serve/test_sampling.py",
     ],
-    "helpers/serve/paged.py": [
-        "tests/test_paged.py", "tests/test_paged_mutants.py",
-    ],
-    "helpers/serve/quantize.py": [
-        "tests/test_quantize.py", "tests/test_quantize_mutants.py",
-    ],
-    "helpers/serve/sampling.py": [
-        "tests/test_sampling.py", "tests/test_sampling_mutants.py",
-    ],
-    "helpers/serve/scheduler.py": [
-        "tests/test_scheduler.py", "tests/test_scheduler_mutants.py",
-    ],
-    "helpers/serve/speculative.py": [
-        "tests/test_speculative.py", "tests/test_speculative_mutants.py",
-    ],
-    "helpers/post/lora.py": [
-        "tests/test_lora.py", "tests/test_post_bad_input.py", "tests/test_lora_mutants.py",
-    ],
-    "helpers/post/dpo.py": [
-        "tests/test_dpo.py", "tests/test_post_bad_input.py", "tests/test_dpo_mutants.py",
-    ],
-    "helpers/post/sft.py": [
-        "tests/test_sft.py", "tests/test_post_bad_input.py", "tests/test_sft_mutants.py",
-    ],
-    "helpers/post/grpo.py": [
-        "tests/test_grpo.py", "tests/test_post_bad_input.py", "tests/test_grpo_mutants.py",
-    ],
-    # --- end serve-post ---
-    # --- scale-b (first runs 2026-11-27) ---
-    # Only the *_mutants.py files: test_fsdp.py, test_pipeline.py, test_ring_attention.py and
-    # test_workers_cell_functions.py spawn worker processes (seconds per mutant, and mutmut cannot
-    # see the code they run); the *_mutants.py files run the same workers in this process, their
-    # ranks as threads whose torch.distributed calls are simulated in Python (tests/thread_ranks.py).
-    "helpers/scale/fsdp.py": ["tests/test_fsdp_mutants.py"],
-    # The general wrappers' workers run in spawned processes too: only their in-process tests count.
-    "helpers/scale/fsdp_module.py": ["tests/test_fsdp_module.py"],
-    "helpers/scale/zero.py": ["tests/test_zero.py"],
-    "helpers/scale/any_model.py": ["tests/test_fsdp_module.py", "tests/test_zero.py"],
-    "helpers/training/resume.py": ["tests/test_resume.py"],
-    "helpers/scale/pipeline.py": ["tests/test_pipeline_mutants.py"],
-    "helpers/scale/ring_attention.py": ["tests/test_ring_attention_mutants.py"],
-    "helpers/scale/workers.py": ["tests/test_workers_mutants.py"],
-    "helpers/scale/cell_functions.py": ["tests/test_cell_functions_mutants.py"],
-    # --- end scale-b ---
-    # --- text-a (first runs 2026-11-27) ---
-    # test_own_text.py is left out: its knob-cell tests read notebooks/src (not copied to the
-    # scratch folder) and its GPT run takes 11 s; test_bpe.py covers what it calls of bpe.py.
-    "helpers/text/bpe.py": ["tests/test_bpe.py", "tests/test_bpe_mutants.py"],
-    # test_bpe.py is left out: its stream tests read an endless iterator (a stream_blocks mutant that
-    # never yields runs to the timeout) and train corpus tokenizers; test_chars_mutants.py checks
-    # stream_blocks against a plain search instead.
-    "helpers/text/chars.py": ["tests/test_tokenizers.py", "tests/test_chars_mutants.py"],
-    "helpers/text/subword.py": ["tests/test_subword.py", "tests/test_subword_mutants.py"],
-    "helpers/text/gpt2_tokenizer.py": ["tests/test_gpt2_tokenizer.py", "tests/test_bad_input_newer.py",
-                                       "tests/test_gpt2_tokenizer_mutants.py"],
-    # --- end text-a ---
-    # --- text-b (first runs 2026-11-27) ---
-    "helpers/text/corpus.py": ["tests/test_corpus.py", "tests/test_corpus_mutants.py"],
-    "helpers/text/corpus_rich.py": ["tests/test_corpus_rich.py", "tests/test_corpus_rich_mutants.py"],
-    "helpers/text/lexicon.py": ["tests/test_corpus_rich.py", "tests/test_lexicon_mutants.py"],
-    # --- end text-b ---
-    # --- families (first runs 2026-11-27) ---
-    # test_bottleneck.py's benchmark rerun imports benchmarks/, which the scratch copy lacks
-    "helpers/families/bottleneck.py": ["tests/test_bottleneck_mutants.py"],
-    "helpers/families/mlm.py": ["tests/test_families_bad_input.py", "tests/test_translation.py",
-                                "tests/test_mlm_mutants.py"],
-    "helpers/families/rnn.py": ["tests/test_families_bad_input.py", "tests/test_rnn_mutants.py"],
-    "helpers/families/seq2seq.py": ["tests/test_seq2seq.py", "tests/test_families_bad_input.py",
-                                    "tests/test_seq2seq_mutants.py"],
-    "helpers/families/translation.py": ["tests/test_translation.py", "tests/test_families_bad_input.py",
-                                        "tests/test_translation_mutants.py"],
-    # --- end families ---
+    "helpers/serve/paged.py": ["tests/serve/test_paged.py"],
+    "helpers/serve/quantize.py": ["tests/serve/test_quantize.py"],
+    "helpers/serve/sampling.py": ["tests/serve/test_sampling.py"],
+    "helpers/serve/scheduler.py": ["tests/serve/test_scheduler.py"],
+    "helpers/serve/speculative.py": ["tests/serve/test_speculative.py"],
+    "helpers/post/lora.py": ["tests/post/test_lora.py"],
+    "helpers/post/dpo.py": ["tests/post/test_dpo.py"],
+    "helpers/post/sft.py": ["tests/post/test_sft.py"],
+    "helpers/post/grpo.py": ["tests/post/test_grpo.py"],
+    "helpers/scale/fsdp.py": ["tests/scale/test_fsdp.py"],
+    "helpers/scale/fsdp_module.py": ["tests/scale/test_fsdp_module.py"],
+    "helpers/scale/zero.py": ["tests/scale/test_zero.py"],
+    "helpers/scale/any_model.py": ["tests/scale/test_fsdp_module.py", "tests/scale/test_zero.py"],
+    "helpers/training/resume.py": ["tests/training/test_resume.py"],
+    "helpers/scale/pipeline.py": ["tests/scale/test_pipeline.py"],
+    "helpers/scale/ring_attention.py": ["tests/scale/test_ring_attention.py"],
+    "helpers/scale/workers.py": ["tests/scale/test_workers.py"],
+    "helpers/scale/cell_functions.py": ["tests/scale/test_cell_functions.py"],
+    "helpers/text/bpe.py": ["tests/text/test_bpe.py"],
+    "helpers/text/chars.py": ["tests/text/test_chars.py"],
+    "helpers/text/subword.py": ["tests/text/test_subword.py"],
+    "helpers/text/gpt2_tokenizer.py": ["tests/text/test_gpt2_tokenizer.py"],
+    "helpers/text/corpus.py": ["tests/text/test_corpus.py"],
+    "helpers/text/corpus_rich.py": ["tests/text/test_corpus_rich.py"],
+    "helpers/text/lexicon.py": ["tests/text/test_lexicon.py", "tests/text/test_corpus_rich.py"],
+    "helpers/families/bottleneck.py": ["tests/families/test_bottleneck.py"],
+    "helpers/families/mlm.py": ["tests/families/test_mlm.py", "tests/families/test_translation.py"],
+    "helpers/families/rnn.py": ["tests/families/test_rnn.py"],
+    "helpers/families/seq2seq.py": ["tests/families/test_seq2seq.py"],
+    "helpers/families/translation.py": ["tests/families/test_translation.py"],
 }
 
 # What a reader of a module's score should know, printed under its heading in MUTATION.md.
@@ -292,7 +161,7 @@ MODULE_NOTES: dict[str, str] = {
         "their own FSDP units changes when weights are gathered (memory), not any result."),
     "helpers/scale/data_parallel.py": (
         "mutmut counts only what runs in the pytest process, and a one-rank gloo group cannot tell "
-        "rank 0's rows from rank 1's nor a sum over ranks from a copy: test_data_parallel_mutants.py "
+        "rank 0's rows from rank 1's nor a sum over ranks from a copy: tests/scale/test_data_parallel.py "
         "runs two and three ranks as threads of torch's in-process 'threaded' process group "
         "(tests/threaded_ranks.py), the workers' own code, against one process and torch's DDP. "
         "tests/test_distributed.py (spawned workers) is left out of the map: it counts for nothing "
@@ -308,23 +177,23 @@ MODULE_NOTES: dict[str, str] = {
     "helpers/scale/expert_parallel.py": (
         "One to four ranks as threads of torch's in-process process group (tests/threaded_ranks.py): "
         "the split layer against the whole one, and each rank's received rows against a count made "
-        "in the test from the router. tests/test_moe.py is left out of the map: its two-process "
+        "in the test from the router. tests/model/test_moe.py is left out of the map: its two-process "
         "run counts for nothing here and its benchmark test needs benchmarks/, not in the scratch copy."),
     'helpers/scale/fsdp.py': (
-        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in test_fsdp.py run the workers in spawned processes: test_fsdp_mutants.py runs the same worker functions here, their ranks as threads (tests/thread_ranks.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. On 2 and 3 ranks (3 pads every unit) FSDP by hand ends with one process's AdamW weights; on a one-rank gloo group it trains as PyTorch's FSDP2 fully_shard."),
+        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in tests/scale/test_fsdp.py run the workers in spawned processes: tests/scale/test_fsdp.py runs the same worker functions here, their ranks as threads (tests/thread_ranks.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. On 2 and 3 ranks (3 pads every unit) FSDP by hand ends with one process's AdamW weights; on a one-rank gloo group it trains as PyTorch's FSDP2 fully_shard."),
     'helpers/scale/pipeline.py': (
-        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in test_pipeline.py run the workers in spawned processes: test_pipeline_mutants.py runs the same worker functions here, their ranks as threads (tests/thread_ranks.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. Each rank's sends and receives are checked against its schedule; busy and wall time are read on a fake clock. Timeouts: planted bugs that make timeline() loop forever."),
+        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in tests/scale/test_pipeline.py run the workers in spawned processes: tests/scale/test_pipeline.py runs the same worker functions here, their ranks as threads (tests/thread_ranks.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. Each rank's sends and receives are checked against its schedule; busy and wall time are read on a fake clock. Timeouts: planted bugs that make timeline() loop forever."),
     'helpers/scale/ring_attention.py': (
-        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in test_ring_attention.py run the workers in spawned processes: test_ring_attention_mutants.py runs the same worker functions here, their ranks as threads (tests/thread_ranks.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. On 2 and 3 ranks forward and backward equal scaled_dot_product_attention, and each rank's messages go round the ring as they should."),
+        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in tests/scale/test_ring_attention.py run the workers in spawned processes: tests/scale/test_ring_attention.py runs the same worker functions here, their ranks as threads (tests/thread_ranks.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. On 2 and 3 ranks forward and backward equal scaled_dot_product_attention, and each rank's messages go round the ring as they should."),
     'helpers/scale/workers.py': (
-        "The spawned processes of test_workers_cell_functions.py and test_distributed.py are invisible to mutmut: test_workers_mutants.py runs Workers on a fake multiprocessing context whose Process is a thread, its _serve loop included, with os faked (a quiet worker's dup2 is recorded, not done to pytest) and torch.distributed simulated (tests/thread_ranks.py); _collect, _first_failure and _stop on fake processes."),
+        "The spawned processes of tests/scale/test_cell_functions.py and test_distributed.py are invisible to mutmut: tests/scale/test_workers.py runs Workers on a fake multiprocessing context whose Process is a thread, its _serve loop included, with os faked (a quiet worker's dup2 is recorded, not done to pytest) and torch.distributed simulated (tests/thread_ranks.py); _collect, _first_failure and _stop on fake processes."),
     'helpers/scale/cell_functions.py': (
-        'test_workers_cell_functions.py sends cell functions to real processes; test_cell_functions_mutants.py checks in this process what ship() sends and that build() rebuilds it.'),
+        'tests/scale/test_cell_functions.py sends cell functions to real processes; tests/scale/test_cell_functions.py checks in this process what ship() sends and that build() rebuilds it.'),
 }
 
 MODULE_NOTES["helpers/flash/triton_kernels.py"] = (
     "The @triton.jit kernels, which mutmut skips, mutated by benchmarks/mutation_kernels.py with "
-    "mutmut's own operators and tested against tests/test_flash_triton.py, compiled on an H200 in "
+    "mutmut's own operators and tested against tests/flash/test_triton_kernels.py, compiled on an H200 in "
     "two runs of one 15-minute GPU lease, in a random order (seed 0): the untested rest is not a "
     "choice. The second run's own unmutated check did not finish inside its 150 s limit (a cold "
     "compile cache shared by 15 processes); three mutants in that run passed the same 67 tests that "
@@ -334,7 +203,7 @@ MODULE_NOTES["helpers/flash/triton_kernels.py"] = (
 
 # Tests left out of every run (--deselect): each costs tens of seconds per mutant it covers.
 SLOW_TESTS = [
-    "tests/test_train.py::test_compiled_trainer_computes_the_same_loss_and_trains",  # torch.compile
+    "tests/training/test_trainer.py::test_compiled_trainer_computes_the_same_loss_and_trains",  # torch.compile
 ]
 
 # mutmut's exit-code verdicts, folded into the report's columns.
@@ -572,7 +441,7 @@ def mutmut_config(module: str, tests: list[str], timeout_multiplier: float,
         'also_copy = ["data"]',
         f"pytest_add_cli_args_test_selection = {toml_list(tests)}",
         "pytest_add_cli_args = " + toml_list(
-            ["-x", "-q", "-p", "no:cacheprovider", "--hypothesis-seed=0"]
+            ["-x", "-q", "-p", "no:cacheprovider", "--hypothesis-seed=0", "-m", "not processes"]
             + [arg for test in SLOW_TESTS for arg in ("--deselect", test)]),
         f"timeout_multiplier = {timeout_multiplier}",
         f"timeout_constant = {timeout_constant}",

@@ -2,7 +2,7 @@
 
 mutmut 3 leaves decorated functions alone, and every kernel is `@triton.jit`. This script makes
 the mutants mutmut would make (its own operators, through `mutmut.mutation.file_mutation`) inside
-the kernels' bodies and runs the kernel tests against each one: tests/test_flash_triton.py, less
+the kernels' bodies and runs the kernel tests against each one: tests/flash/test_triton_kernels.py, less
 the two tests that launch no kernel. On a CUDA GPU the kernels are compiled; without one they run
 under Triton's interpreter, about 10 s per surviving mutant on a laptop core.
 
@@ -45,10 +45,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULE = "helpers/flash/triton_kernels.py"
-TESTS = "tests/test_flash_triton.py"
+TESTS = "tests/flash/test_triton_kernels.py"
 DESELECT = [  # they launch no kernel: one compiles for other GPUs, one imports without Triton
-    "tests/test_flash_triton.py::test_kernels_compile_for_a100_and_h100_without_a_gpu",
-    "tests/test_flash_triton.py::test_module_imports_without_triton_and_fails_only_when_called",
+    "tests/flash/test_triton_kernels.py::test_kernels_compile_for_a100_and_h100_without_a_gpu",
+    "tests/flash/test_triton_kernels.py::test_module_imports_without_triton_and_fails_only_when_called",
 ]
 DECORATOR = "    @triton.jit\n"
 MARK = "    # @triton.jit (mutation_kernels.py)\n"

@@ -38,3 +38,4 @@ def scale_workers():
     pool = Workers(2, timeout=60.0)
     yield pool
     pool.close()
+

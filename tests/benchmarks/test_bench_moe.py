@@ -1,5 +1,5 @@
 """benchmarks/bench_moe.py in a short run (a subprocess, minutes on a loaded machine): moved out
-of tests/test_moe.py so that file stays fast enough for the mutation runs (benchmarks/mutation.py),
+of tests/model/test_moe.py so that file stays fast enough for the mutation runs (benchmarks/mutation.py),
 where a subprocess could not be mapped to a function anyway. Also: the committed
 data/bench_moe.json has the shape notebook 12 reads, and its equal-time run follows its timing."""
 

@@ -39,7 +39,7 @@ def fake_result() -> mutation.ModuleResult:
         mutation.Mutant("helpers.flash.tiled.xǁTiledAttentionǁforward__mutmut_1", "timeout", DIFF),
         mutation.Mutant("helpers.flash.tiled.x_finish__mutmut_1", "no tests", DIFF),
     ]
-    return mutation.ModuleResult(MODULE, mutants, seconds=90.0, tests=["tests/test_flash.py"],
+    return mutation.ModuleResult(MODULE, mutants, seconds=90.0, tests=["tests/flash/test_tiled.py"],
                                  date="2026-01-01")
 
 
@@ -135,10 +135,10 @@ def test_an_incomplete_judgement_is_refused(tmp_path):
 def test_generated_config_mutates_one_module_with_its_tests():
     import tomllib
 
-    config = tomllib.loads(mutation.mutmut_config(MODULE, ["tests/test_flash.py"], 5.0, 2.0))
+    config = tomllib.loads(mutation.mutmut_config(MODULE, ["tests/flash/test_tiled.py"], 5.0, 2.0))
     table = config["tool"]["mutmut"]
     assert table["only_mutate"] == [MODULE] and table["source_paths"] == ["helpers"]
-    assert table["pytest_add_cli_args_test_selection"] == ["tests/test_flash.py"]
+    assert table["pytest_add_cli_args_test_selection"] == ["tests/flash/test_tiled.py"]
     assert (table["timeout_multiplier"], table["timeout_constant"]) == (5.0, 2.0)
     assert table["pytest_add_cli_args"][-2:] == ["--deselect", mutation.SLOW_TESTS[-1]]
 

@@ -45,7 +45,7 @@ def test_every_file_that_names_the_address_is_one_publish_rewrites():
               if (ROOT / name).is_file() and OLD_SLUG in (ROOT / name).read_text(errors="ignore")]
     assert naming, "the address is written somewhere"
     # This test file and course.py's docs only speak about the address; they do not use it.
-    assert set(naming) - covered - {"tests/test_course_commands.py"} == set()
+    assert set(naming) - covered - {"tests/course/test_course_commands.py"} == set()
 
 
 def test_publish_rewrites_links_installs_and_setup_cells_without_touching_outputs(tmp_path):

@@ -9,6 +9,7 @@ enough to read in one sitting, and no module left at an old flat path.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,74 @@ def test_typing_and_lazy_imports_count(tmp_path):
     assert imported_modules(source, {"helpers.model.gpt", "helpers.training.speed",
                                      "helpers.training", "helpers.model"}) == {
         "helpers.model.gpt", "helpers.training.speed", "helpers.training"}
+
+
+# --- the tests' own layout (issue 40): tests/ mirrors helpers/ -----------------------------------
+
+TESTS = HELPERS.parent / "tests"
+# Modules that tests import but that have no test file of their own, and why.
+NO_FILE_OF_THEIR_OWN = {
+    "post/tasks": "the post-training tests' data (facts, prompts); tested through sft, dpo and grpo",
+    "scale/any_model": "the wrappers' shared model zoo; tested through fsdp_module's and zero's files",
+}
+
+
+def _modules() -> list[str]:
+    """"<subpackage>/<module>" for every module one level below helpers/ (not __init__)."""
+    return sorted(f"{p.parent.name}/{p.stem}" for p in HELPERS.glob("*/*.py") if p.stem != "__init__")
+
+
+def _imported_by_tests(module: str) -> bool:
+    sub, name = module.split("/")
+    for path in TESTS.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == f"helpers.{sub}.{name}":
+                return True
+            if isinstance(node, ast.ImportFrom) and node.module == f"helpers.{sub}" and any(
+                    alias.name == name for alias in node.names):
+                return True
+            if isinstance(node, ast.Import) and any(a.name == f"helpers.{sub}.{name}" for a in node.names):
+                return True
+    return False
+
+
+def test_every_tested_module_has_its_own_test_file_at_the_mirrored_path():
+    missing = [m for m in _modules() if m not in NO_FILE_OF_THEIR_OWN
+               and not (TESTS / m.split("/")[0] / f"test_{m.split('/')[1]}.py").exists()
+               and _imported_by_tests(m)]
+    assert missing == [], f"tested modules without tests/<subpackage>/test_<module>.py: {missing}"
+    stale = [m for m in NO_FILE_OF_THEIR_OWN if (TESTS / m.split("/")[0] / f"test_{m.split('/')[1]}.py").exists()]
+    assert stale == [], f"these have a test file now: drop them from NO_FILE_OF_THEIR_OWN: {stale}"
+
+
+def test_no_test_file_is_named_after_how_its_tests_were_found():
+    found = sorted(str(p.relative_to(TESTS)) for p in TESTS.rglob("*.py")
+                   if p.stem.endswith("_mutants") or p.stem.startswith(("test_properties", "test_bad_input")))
+    assert found == [], f"fold these into the test file of the module they test: {found}"
+
+
+def test_test_file_basenames_are_unique():
+    """pytest's default import mode (prepend) imports each test file by its basename, and the
+    sub-folders of tests/ have no __init__.py: two files of one name would collide."""
+    names = [p.name for p in TESTS.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+    assert not list(TESTS.rglob("__init__.py"))
+
+
+def test_every_path_in_the_mutation_map_exists():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mutation", HELPERS.parent / "benchmarks" / "mutation.py")
+    mutation = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("mutation", mutation)  # its dataclasses look their module up by name
+    spec.loader.exec_module(sys.modules["mutation"])
+    mutation = sys.modules["mutation"]
+    missing = [path for module, paths in mutation.MODULE_TESTS.items() for path in [module, *paths]
+               if not (HELPERS.parent / path).is_file()]
+    assert missing == []
+    for module, paths in mutation.MODULE_TESTS.items():  # a module's run is its own file first
+        own = f"tests/{Path(module).parent.name}/test_{Path(module).stem}.py"
+        if (HELPERS.parent / own).is_file():
+            assert paths[0] == own, module
+    slow = [test.split("::")[0] for test in mutation.SLOW_TESTS]
+    assert all((HELPERS.parent / path).is_file() for path in slow)

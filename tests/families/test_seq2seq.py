@@ -159,7 +159,7 @@ def test_a_beam_width_of_zero_or_above_the_vocabulary(width, match):
 # helpers.families.seq2seq against torch.nn's Transformer layers, decoding on scripted models.
 #
 # Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-# one-line bug that test_seq2seq.py and test_families_bad_input.py let through. The encoder and
+# one-line bug that tests/families/test_seq2seq.py and test_families_bad_input.py let through. The encoder and
 # decoder layers are checked against nn.TransformerEncoderLayer / nn.TransformerDecoderLayer
 # (norm_first=True, GELU, 4D hidden) carrying the same weights; greedy decoding, beam search and
 # exhaustive search run on a scripted model whose next-token log-probabilities are a fixed table of

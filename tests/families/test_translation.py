@@ -153,7 +153,7 @@ def test_training_lowers_the_loss_and_needs_real_steps():
 # splits, the batches, training against a loop written out here, and scoring by hand.
 #
 # Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-# one-line bug that test_translation.py and test_families_bad_input.py let through. Training is
+# one-line bug that tests/families/test_translation.py and test_families_bad_input.py let through. Training is
 # checked step for step against the same recipe written here with torch's AdamW, cross_entropy and
 # clip_grad_norm_ (the reference), on a GRU of width 4 for three steps.
 

@@ -299,7 +299,7 @@ def test_causal_attention_with_more_queries_than_keys_is_refused_alike(path):
     call = {"fa1": lambda: tiled.tiled_attention_fa1(q, k, k, causal=True),
             "fa2": lambda: tiled.tiled_attention_fa2(q, k, k, causal=True),
             "flash": lambda: tiled.flash_attention(q, k, k, causal=True),
-            "plain": lambda: causal_mask(5, 3)}[path]  # the Triton path: tests/test_flash_triton.py
+            "plain": lambda: causal_mask(5, 3)}[path]  # the Triton path: tests/flash/test_triton_kernels.py
     with pytest.raises(ValueError, match=r"n_k is 3, expected n_k >= n_q = 5"):
         call()
 

@@ -1,6 +1,6 @@
 """helpers.model.deepseek: the gaps its mutation run found (benchmarks/MUTATION.md).
 
-Without transformers (tests/test_mla.py compares with it): the config's defaults and checks,
+Without transformers (tests/model/test_mla.py compares with it): the config's defaults and checks,
 a block and the model against their parts composed by hand, the sizes read from a
 DeepseekV3Config-shaped object, the loader against a state dict written here under
 DeepSeek's names (every weight lands where it should, the RoPE rows de-interleaved exactly,

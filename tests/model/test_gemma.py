@@ -153,7 +153,7 @@ def test_the_pieces_check_their_arguments():
 # whole context), in float64 and bfloat16, and the attention mask moved to the input's device.
 #
 # Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-# one-line bug that test_gemma.py lets through.
+# one-line bug that tests/model/test_gemma.py lets through.
 
 SMALL = GemmaConfig(vocab_size=13, context_length=6, d_model=48, n_heads=2, n_kv_heads=1, head_dim=8,
                     mlp_hidden=16, kinds=("local", "global"), window=2)
@@ -308,7 +308,7 @@ def test_every_gemma3_field_reaches_the_config():
     flags = dict(attn_logit_softcapping=None, final_logit_softcapping=None, attention_bias=None,
                  use_bidirectional_attention=0, hidden_activation="gelu_pytorch_tanh",
                  tie_word_embeddings=1)  # falsy and truthy values count as the flags they stand for
-    assert config_from_gemma3(hf_config(**flags)) == EXPECTED  # test_gemma.py reads real configs
+    assert config_from_gemma3(hf_config(**flags)) == EXPECTED  # tests/model/test_gemma.py reads real configs
 
 
 def test_the_rope_factor_counts_only_for_linear_scaling():

@@ -304,7 +304,7 @@ def test_generate_checks_its_arguments():
 # and every refusal's message.
 #
 # Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-# one-line bug that test_gpt.py and the property tests let through.
+# one-line bug that tests/model/test_gpt.py and the property tests let through.
 
 SMALL_2 = dict(vocab_size=11, context_length=9, n_layers=2, n_heads=2, d_model=8)
 

@@ -262,8 +262,8 @@ def test_saved_attention_buffers_are_ignored():
 # URL, timeout, the temporary file) with a fetch that needs no network.
 #
 # Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-# one-line bug that test_gpt2.py and test_bad_input_newer.py let through. No transformers here: the
-# GPT-2 checkpoints are built by hand in Hugging Face's layout (test_gpt2.py compares the logits).
+# one-line bug that tests/model/test_gpt2.py and test_bad_input_newer.py let through. No transformers here: the
+# GPT-2 checkpoints are built by hand in Hugging Face's layout (tests/model/test_gpt2.py compares the logits).
 
 def gpt2_state(vocab: int = 11, context: int = 8, d: int = 8, layers: int = 2) -> dict[str, torch.Tensor]:
     """A GPT-2 state dict in Hugging Face's names and Conv1D (in, out) layouts, random weights."""

@@ -3,7 +3,7 @@
 The folder holds the student notebooks, the `helpers` package and the data they import, the
 files that install them, and a README with one command; no instructor's notebook, no notebook
 source, no solution anywhere in it. (Each student notebook running top to bottom, every exercise
-"not attempted", is tests/test_exercises.py's.)
+"not attempted", is tests/notebooks/test_exercises.py's.)
 """
 
 from __future__ import annotations

@@ -305,6 +305,7 @@ def worker_cell(monkeypatch):
     yield from as_ipython_cell(monkeypatch, WORKER_CELL, "<ipython-input-1-cell>")
 
 
+@pytest.mark.processes
 def test_a_cell_function_runs_on_two_real_processes(worker_cell):
     shipped = ship(worker_cell.student_sum)
     assert isinstance(shipped, CellFunction)
@@ -323,6 +324,7 @@ def test_a_module_function_still_travels_by_name(worker_cell):
     ("reads_a_lock", TypeError, "reads the global 'lock'"),
     ("reads_a_cell_class", TypeError, "'box', a class (or an object of a class) defined in a notebook cell"),
 ])
+@pytest.mark.processes
 def test_what_cannot_travel_is_named_before_any_process_starts(worker_cell, name, error, words):
     pool = Workers(2)
     with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
@@ -330,6 +332,7 @@ def test_what_cannot_travel_is_named_before_any_process_starts(worker_cell, name
     assert pool.processes == []
 
 
+@pytest.mark.processes
 def test_lambdas_and_closures_are_refused(worker_cell):
     with pytest.raises(ValueError, match="lambda"):
         launch(lambda rank, world_size: rank, 2)
@@ -347,6 +350,7 @@ def test_a_function_without_source_is_refused(monkeypatch):
         ship(module.f)
 
 
+@pytest.mark.processes
 def test_the_ring_all_reduce_sums_on_three_processes():
     tensors = [torch.arange(7.0) * (rank + 1) + rank for rank in range(3)]
     results = launch(ring_all_reduce, 3, tensors, timeout=60.0)

@@ -499,6 +499,7 @@ def test_a_rank_outside_the_world_is_refused(call):
 
 @pytest.mark.parametrize("model", ["mlp", "gpt"])
 @pytest.mark.parametrize("method", ["by hand", "bucketed", "torch DDP"])
+@pytest.mark.processes
 def test_data_parallel_ends_with_the_weights_of_one_process(scale_workers, model, method):
     run = Run(model=model, steps=3)
     results = data_parallel(scale_workers, method, run)
@@ -509,6 +510,7 @@ def test_data_parallel_ends_with_the_weights_of_one_process(scale_workers, model
     assert max_difference(reference, train_single(Run(model=model, steps=2))) > 1e-3  # the steps matter
 
 
+@pytest.mark.processes
 def test_buckets_start_before_backward_ends(scale_workers):
     _, buckets, log = data_parallel(scale_workers, "bucketed", Run(model="gpt", steps=1))[0]
     assert len(buckets) > 2
@@ -517,6 +519,7 @@ def test_buckets_start_before_backward_ends(scale_workers):
     assert log[0][1] < n_gradients  # the first all-reduce started while gradients were still coming
 
 
+@pytest.mark.processes
 def test_a_world_size_that_does_not_divide_the_batch_is_refused():
     pool = Workers(3)
     with pytest.raises(ValueError, match="batch_size=8 cannot be split over world_size=3"):

@@ -2,7 +2,7 @@
 (threaded_ranks), the split MoE layer against the whole one, the rows each rank receives against
 a count made here from the router, the dispatch plan against its definition.
 
-Written for the mutation run (benchmarks/mutation.py, issue 30): tests/test_moe.py runs the step
+Written for the mutation run (benchmarks/mutation.py, issue 30): tests/model/test_moe.py runs the step
 in spawned processes, which a mutation tool cannot see.
 """
 

@@ -33,6 +33,7 @@ def workers(scale_workers):
     return scale_workers  # one pool for the session (tests/conftest.py)
 
 
+@pytest.mark.processes
 def test_fsdp_by_hand_ends_with_the_weights_of_one_process(workers):
     run = Run(model="gpt", steps=3, lr=0.01)
     results = workers.run(train_fsdp_by_hand, run)

@@ -31,6 +31,7 @@ def _largest_gap(a: dict, b: dict) -> float:
 
 @pytest.mark.parametrize("name, dtype", [("tied_mlp", "float32"), ("tied_mlp", "bfloat16"),
                                          ("llama", "float32"), ("encoder", "bfloat16")])
+@pytest.mark.processes
 def test_ours_equals_fully_shard_bit_for_bit(workers, name, dtype):
     ours = workers.run(any_model.train_fsdp_any, name, dtype)
     theirs = workers.run(any_model.train_fully_shard_any, name, dtype)
@@ -39,6 +40,7 @@ def test_ours_equals_fully_shard_bit_for_bit(workers, name, dtype):
     assert _largest_gap(ours[0]["weights"], ours[1]["weights"]) == 0.0  # every rank gathers the same
 
 
+@pytest.mark.processes
 def test_three_ranks_pad_every_piece_and_still_equal_fully_shard():
     """With 3 ranks no parameter splits evenly (sizes 32, 128, 1024, 4096 ...): the zero padding
     of the last piece must never reach a weight or a gradient. (Not bit for bit here: fully_shard
@@ -54,6 +56,7 @@ def test_three_ranks_pad_every_piece_and_still_equal_fully_shard():
 
 
 @pytest.mark.parametrize("name", any_model.MODELS)
+@pytest.mark.processes
 def test_ours_equals_one_process_to_round_off(workers, name):
     ours = workers.run(any_model.train_fsdp_any, name, "float32", 3, 0.05, "sgd")[0]
     alone = any_model.train_one_process_any(name, 3, 0.05, "sgd")
@@ -63,6 +66,7 @@ def test_ours_equals_one_process_to_round_off(workers, name):
     assert _largest_gap(ours["weights"], alone["weights"]) <= 1e-5 * scale
 
 
+@pytest.mark.processes
 def test_each_rank_keeps_half_of_the_weights(workers):
     ours = workers.run(any_model.train_fsdp_any, "encoder", "float32", 1)
     full = sum(p.numel() * 4 for p in any_model.make("encoder").parameters())

@@ -33,6 +33,7 @@ def workers(scale_workers):
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.processes
 def test_pipeline_gradients_equal_one_process(workers, schedule):
     reference = reference_gradients(batch_size=8)
     results = run_pipeline(workers, schedule, micro_batches=4, batch_size=8)
@@ -48,6 +49,7 @@ def test_pipeline_gradients_equal_one_process(workers, schedule):
     assert results[0]["loss"] == 0.0 and results[1]["loss"] > 1.0  # the last stage computes the loss
 
 
+@pytest.mark.processes
 def test_mismatched_micro_batches_are_refused_before_any_process_starts():
     pool = Workers(2)
     with pytest.raises(ValueError, match="batch_size=10 cannot be cut into micro_batches=4"):
@@ -112,6 +114,7 @@ def test_timeline_refuses_bad_orders():
         reference_gradients(0)
 
 
+@pytest.mark.processes
 def test_measured_bubble_shrinks_with_more_micro_batches(workers):
     # timings on shared CPUs are noisy: only the coarse trend, m = 1 against m = 8
     measured = measure_bubble(workers, "1f1b", [1, 8], repeats=2)
@@ -121,6 +124,7 @@ def test_measured_bubble_shrinks_with_more_micro_batches(workers):
     assert measured[8]["measured"] < measured[1]["measured"]
 
 
+@pytest.mark.processes
 def test_a_worker_failing_mid_schedule_stops_every_rank_and_names_itself(workers):
     # last in the module: it stops the module's workers
     with pytest.raises(WorkerFailed, match="micro-batch 2") as failure:

@@ -32,6 +32,7 @@ def workers(scale_workers):
 
 
 @pytest.mark.parametrize(("zigzag", "causal"), [(True, True), (False, True), (False, False)])
+@pytest.mark.processes
 def test_ring_attention_equals_full_attention_forward_and_backward(workers, zigzag, causal):
     results = run_ring_attention(workers, SHAPE, zigzag=zigzag, causal=causal)
     reference = full_attention_reference(SHAPE, causal=causal)
@@ -43,6 +44,7 @@ def test_ring_attention_equals_full_attention_forward_and_backward(workers, zigz
     assert (results[0]["k"] - split_sequence(reference["k"], 1, 2, zigzag)).abs().max() > 1e-3
 
 
+@pytest.mark.processes
 def test_zigzag_balances_the_causal_work(workers):
     zigzag = [r["work"] for r in run_ring_attention(workers, SHAPE, zigzag=True)]
     contiguous = [r["work"] for r in run_ring_attention(workers, SHAPE, zigzag=False)]
@@ -63,6 +65,7 @@ def test_merge_is_notebook_8s_online_softmax():
     assert (log_sum_exp(state) - lse).abs().max() < 1e-12
 
 
+@pytest.mark.processes
 def test_sequences_the_world_does_not_divide_are_refused_before_any_process_starts():
     pool = Workers(2)
     with pytest.raises(ValueError, match="seq_len=6 cannot be split over world_size=2 ranks in zig-zag"):

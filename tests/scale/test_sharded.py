@@ -265,6 +265,7 @@ def test_owners_need_a_positive_world_size():
         sharded.assign_owners([3, 2], 0)
 
 
+@pytest.mark.processes
 def test_zero_by_hand_and_torch_match_unsharded_adamw_with_half_the_state(scale_workers):
     for task in (train_zero_by_hand, train_zero_torch):
         results = scale_workers.run(task, Run(model="gpt", steps=3, lr=0.01))
@@ -273,6 +274,7 @@ def test_zero_by_hand_and_torch_match_unsharded_adamw_with_half_the_state(scale_
         assert all(r["state_bytes"] < 0.6 * r["full_state_bytes"] for r in results)
 
 
+@pytest.mark.processes
 def test_fsdp_shards_the_weights_and_trains_like_one_process(scale_workers):
     run = Run(model="gpt", steps=2)
     results = scale_workers.run(train_fsdp, run)

@@ -282,6 +282,7 @@ def test_torchs_tensor_parallel_mlp_is_the_mlp_and_ours(seed):
         assert (result["up_local"], result["down_local"], result["kind"]) == ((64, 32), (32, 64), "DTensor")
 
 
+@pytest.mark.processes
 def test_tensor_parallel_block_equals_the_block_forward_and_backward(scale_workers):
     results = scale_workers.run(tensor_parallel_block)
     block, x, probe = demo_block()
@@ -297,6 +298,7 @@ def test_tensor_parallel_block_equals_the_block_forward_and_backward(scale_worke
     assert not torch.allclose(results[0]["x_grad"], x.grad * 0.5, atol=1e-5)  # the backward all-reduce ran
 
 
+@pytest.mark.processes
 def test_dtensor_mlp_equals_the_mlp(scale_workers):
     results = scale_workers.run(dtensor_mlp)
     block, x, _ = demo_block()

@@ -483,6 +483,7 @@ def test_a_misspelt_or_unusable_backend_is_named(backend, words):
         init_from_environment(backend)
 
 
+@pytest.mark.processes
 def test_an_argument_that_cannot_be_pickled_is_refused_at_once():
     start = time.monotonic()
     with pytest.raises(TypeError, match="argument 0 .*cannot be sent to the workers"):
@@ -508,6 +509,7 @@ def differing_shapes(rank: int, world_size: int) -> None:
     ShardedAdamW(model.parameters(), rank, world_size)
 
 
+@pytest.mark.processes
 def test_workers_name_the_rank_that_exited_and_the_ranks_whose_shapes_differ():
     with Workers(2, timeout=60.0) as workers:
         with pytest.raises(Exception, match="(?s)worker of rank 1 failed.*exited with code 3") as failure:
@@ -521,11 +523,13 @@ def test_unpicklable_check_accepts_tensors():
     pickle.dumps(torch.ones(2))  # the check uses plain pickle, which tensors support
 
 
+@pytest.mark.processes
 def test_a_typo_in_world_size_starts_no_thousand_processes():
     with pytest.raises(ValueError, match="world_size is 1000, expected at most 64"):
         Workers(1000)
 
 
+@pytest.mark.processes
 def test_collectives_give_the_textbook_results_on_every_rank(scale_workers):
     results = scale_workers.run(collectives_demo)
     for rank, result in enumerate(results):
@@ -536,6 +540,7 @@ def test_collectives_give_the_textbook_results_on_every_rank(scale_workers):
         assert result["reduce_scatter: result"] == [10.0 + 2 * rank] * 2
 
 
+@pytest.mark.processes
 def test_a_slow_task_times_out_and_is_stopped():
     pool = Workers(2, timeout=60.0)
     with pytest.raises(TimeoutError, match="timeout=1 s"):
@@ -543,6 +548,7 @@ def test_a_slow_task_times_out_and_is_stopped():
     assert pool.processes == []
 
 
+@pytest.mark.processes
 def test_lambdas_are_refused_before_spawning():
     with pytest.raises(ValueError, match="lambda"):
         launch(lambda rank, world_size: rank, 2)
@@ -559,6 +565,7 @@ def test_ring_all_reduce_by_hand_sums_and_sends_the_formula():
     assert ring_all_reduce_bytes(1000, 1) == 0
 
 
+@pytest.mark.processes
 def test_a_failing_worker_is_reported_with_its_traceback_and_nothing_hangs(scale_workers):
     # After every other test that uses the session's workers (tests/conftest.py): it stops them (a later run would restart).
     scale_workers.run(collectives_demo)  # started and healthy
@@ -570,6 +577,7 @@ def test_a_failing_worker_is_reported_with_its_traceback_and_nothing_hangs(scale
     assert scale_workers.processes == []  # all stopped, including rank 0 stuck in its all-reduce
 
 
+@pytest.mark.processes
 def test_bad_arguments_name_themselves():
     with pytest.raises(ValueError, match="model"):
         Run(model="cnn")

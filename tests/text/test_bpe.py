@@ -486,10 +486,10 @@ def test_bad_input_gets_a_clear_error_naming_the_argument(case):
         finishes(call)
 
 
-# helpers.text.bpe: what test_bpe.py lets through, written for the mutation run (benchmarks/mutation.py,
+# helpers.text.bpe: what tests/text/test_bpe.py lets through, written for the mutation run (benchmarks/mutation.py,
 # issue 30).
 #
-# Every tokenizer here is built inside its test from a few dozen characters: test_bpe.py's cached
+# Every tokenizer here is built inside its test from a few dozen characters: tests/text/test_bpe.py's cached
 # corpus tokenizers are trained once per process, before mutmut plants a bug, so a mutant of the
 # trainer never reaches them. Grouped by the issue's classes: the tie rule without a vocabulary,
 # arguments passed on (special tokens, pattern, sizes), error messages read in full, the saved file,

@@ -1,6 +1,6 @@
 """helpers.text.chars: the character tokenizer, GPT-2's pre-split (against Hugging Face's), special
-tokens, and clear errors for bad input. BPE is tested in test_bpe.py, WordPiece and Unigram in
-test_subword.py; nothing here is timed (the speed budgets live in benchmarks/bench_tokenizer.py)."""
+tokens, and clear errors for bad input. BPE is tested in tests/text/test_bpe.py, WordPiece and Unigram in
+tests/text/test_subword.py; nothing here is timed (the speed budgets live in benchmarks/bench_tokenizer.py)."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def test_bad_input_gets_a_clear_error_naming_the_argument(case):
         finishes(call)
 
 
-# helpers.text.chars: what test_tokenizers.py and test_bpe.py let through, written for the mutation run
+# helpers.text.chars: what tests/text/test_chars.py and tests/text/test_bpe.py let through, written for the mutation run
 # (benchmarks/mutation.py, issue 30).
 #
 # Grouped by the issue's classes: error messages read in full (each names the argument, what it got

@@ -1,7 +1,7 @@
 """helpers.training.speed: FlatWeights.clip_gradients at norms where a planted bug shows.
 
 Written for the mutation run (benchmarks/mutation.py, issue 30), after @torch.no_grad() functions
-were mutated too: each test fails on a planted one-line bug that test_train.py and the property
+were mutated too: each test fails on a planted one-line bug that tests/training/test_trainer.py and the property
 tests let through.
 """
 

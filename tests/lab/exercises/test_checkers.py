@@ -1,6 +1,6 @@
 """The checkers of notebooks 1-6, 8, 9 and 11 judge right: a second correct formulation passes,
 and each typical mistake fails with a message that names it (issue 22, "Checkers that judge
-wrongly"). The notebooks' own solutions are run by tests/test_exercises.py."""
+wrongly"). The notebooks' own solutions are run by tests/notebooks/test_exercises.py."""
 
 from __future__ import annotations
 
@@ -602,7 +602,7 @@ CASES = [
     ("distributed.split_mlp", split_helper, None),
     ("distributed.split_mlp", split_all_units, "expected (6, 6) and (6,)"),
 ]
-CASES += CORE_CASES  # the core exercises of notebooks 1-6, written out in test_core_exercises.py
+CASES += CORE_CASES  # the core exercises of notebooks 1-6, written out in tests/lab/exercises/test_core_exercises.py
 
 
 # Notebook 11, part two: the 1F1B order and one ring-attention merge.

@@ -3,7 +3,7 @@ formulation and name each usual mistake; `yours_or` picks the student's function
 
 Each wrong answer here is written the way a student would write it, independently of the
 checker's own list of slips, so a test fails if the checker stops recognising the mistake. The
-cases (CORE_CASES) are judged by tests/test_checkers.py's test_checker_judges, beside the others.
+cases (CORE_CASES) are judged by tests/lab/exercises/test_checkers.py's test_checker_judges, beside the others.
 """
 
 from __future__ import annotations
@@ -622,7 +622,7 @@ INIT_CASES = [
 ]
 
 
-# For tests/test_checkers.py, which wants a right and two wrong cases of every checker it owns.
+# For tests/lab/exercises/test_checkers.py, which wants a right and two wrong cases of every checker it owns.
 CORE_CASES = [(name, answer, message) for name, cases in (
     ("tokenization.train_bpe", BPE_CASES), ("embeddings.train_word_vectors", STEP_CASES),
     ("embeddings.token_and_position", INPUT_CASES),

@@ -187,7 +187,7 @@ def test_dpo_loss_checker(answer, message):
 
 @pytest.mark.parametrize("beta", [0.1, 1.0])
 def test_dpo_solution_equals_trl_on_the_same_log_probabilities(beta):
-    """The published solution against TRL's own loss code, as tests/test_dpo.py does for the helper."""
+    """The published solution against TRL's own loss code, as tests/post/test_dpo.py does for the helper."""
     pytest.importorskip("trl")
     from test_dpo import logps, trl_dpo_loss
 
