@@ -163,30 +163,30 @@ MODULE_NOTES: dict[str, str] = {
         "mutmut counts only what runs in the pytest process, and a one-rank gloo group cannot tell "
         "rank 0's rows from rank 1's nor a sum over ranks from a copy: tests/scale/test_data_parallel.py "
         "runs two and three ranks as threads of torch's in-process 'threaded' process group "
-        "(tests/threaded_ranks.py), the workers' own code, against one process and torch's DDP. "
+        "(tests/ranks_in_threads.py), the workers' own code, against one process and torch's DDP. "
         "tests/test_distributed.py (spawned workers) is left out of the map: it counts for nothing "
         "here and its parent-side checks would run behind every mutant of make_model or loss_of. "
         "The one 'other' verdict, loss_of's F.mse_loss(None, targets), crashed mutmut's forked "
         "worker (exit -11); run directly with that mutant, the first test that calls loss_of fails "
         "(AttributeError), whatever the order."),
     "helpers/scale/tensor_parallel.py": (
-        "Two to four ranks as threads of torch's in-process process group (tests/threaded_ranks.py), "
+        "Two to four ranks as threads of torch's in-process process group (tests/ranks_in_threads.py), "
         "each split module against the whole one forward and backward, and the hand-split MLP "
         "against torch.distributed.tensor.parallel's on the same threads; tests/test_distributed.py "
         "(spawned workers, counted for nothing) is left out of the map."),
     "helpers/scale/expert_parallel.py": (
-        "One to four ranks as threads of torch's in-process process group (tests/threaded_ranks.py): "
+        "One to four ranks as threads of torch's in-process process group (tests/ranks_in_threads.py): "
         "the split layer against the whole one, and each rank's received rows against a count made "
         "in the test from the router. tests/model/test_moe.py is left out of the map: its two-process "
         "run counts for nothing here and its benchmark test needs benchmarks/, not in the scratch copy."),
     'helpers/scale/fsdp.py': (
-        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in tests/scale/test_fsdp.py run the workers in spawned processes: tests/scale/test_fsdp.py runs the same worker functions here, their ranks as threads (tests/thread_ranks.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. On 2 and 3 ranks (3 pads every unit) FSDP by hand ends with one process's AdamW weights; on a one-rank gloo group it trains as PyTorch's FSDP2 fully_shard."),
+        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in tests/scale/test_fsdp.py run the workers in spawned processes: tests/scale/test_fsdp.py runs the same worker functions here, their ranks as threads (tests/ranks_in_threads.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. On 2 and 3 ranks (3 pads every unit) FSDP by hand ends with one process's AdamW weights; on a one-rank gloo group it trains as PyTorch's FSDP2 fully_shard."),
     'helpers/scale/pipeline.py': (
-        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in tests/scale/test_pipeline.py run the workers in spawned processes: tests/scale/test_pipeline.py runs the same worker functions here, their ranks as threads (tests/thread_ranks.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. Each rank's sends and receives are checked against its schedule; busy and wall time are read on a fake clock. Timeouts: planted bugs that make timeline() loop forever."),
+        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in tests/scale/test_pipeline.py run the workers in spawned processes: tests/scale/test_pipeline.py runs the same worker functions here, their ranks as threads (tests/ranks_in_threads.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. Each rank's sends and receives are checked against its schedule; busy and wall time are read on a fake clock. Timeouts: planted bugs that make timeline() loop forever."),
     'helpers/scale/ring_attention.py': (
-        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in tests/scale/test_ring_attention.py run the workers in spawned processes: tests/scale/test_ring_attention.py runs the same worker functions here, their ranks as threads (tests/thread_ranks.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. On 2 and 3 ranks forward and backward equal scaled_dot_product_attention, and each rank's messages go round the ring as they should."),
+        "mutmut counts a test only when the mutated function runs in the pytest process, and the two-rank tests in tests/scale/test_ring_attention.py run the workers in spawned processes: tests/scale/test_ring_attention.py runs the same worker functions here, their ranks as threads (tests/ranks_in_threads.py) whose torch.distributed calls are simulated in Python (collectives in rank order, sends through queues, mismatches raise), one rank computing at a time so that the ranks draw from torch's global generator in a fixed order. On 2 and 3 ranks forward and backward equal scaled_dot_product_attention, and each rank's messages go round the ring as they should."),
     'helpers/scale/workers.py': (
-        "The spawned processes of tests/scale/test_cell_functions.py and test_distributed.py are invisible to mutmut: tests/scale/test_workers.py runs Workers on a fake multiprocessing context whose Process is a thread, its _serve loop included, with os faked (a quiet worker's dup2 is recorded, not done to pytest) and torch.distributed simulated (tests/thread_ranks.py); _collect, _first_failure and _stop on fake processes."),
+        "The spawned processes of tests/scale/test_cell_functions.py and test_distributed.py are invisible to mutmut: tests/scale/test_workers.py runs Workers on a fake multiprocessing context whose Process is a thread, its _serve loop included, with os faked (a quiet worker's dup2 is recorded, not done to pytest) and torch.distributed simulated (tests/ranks_in_threads.py); _collect, _first_failure and _stop on fake processes."),
     'helpers/scale/cell_functions.py': (
         'tests/scale/test_cell_functions.py sends cell functions to real processes; tests/scale/test_cell_functions.py checks in this process what ship() sends and that build() rebuilds it.'),
 }

@@ -1,4 +1,4 @@
-"""helpers.scale.data_parallel in the pytest process: two ranks as two threads (threaded_ranks),
+"""helpers.scale.data_parallel in the pytest process: two ranks as two threads (tests/ranks_in_threads.py),
 the hand-written all-reduce, buckets and broadcast against one process and against torch's DDP;
 the run's settings at non-default values; every refusal's message.
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from threaded_ranks import locked, run_ranks
+from ranks_in_threads import locked, run_ranks
 from torch import nn
 
 from helpers import checks

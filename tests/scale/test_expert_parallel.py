@@ -1,5 +1,5 @@
 """helpers.scale.expert_parallel in the pytest process: one to four ranks as threads
-(threaded_ranks), the split MoE layer against the whole one, the rows each rank receives against
+(tests/ranks_in_threads.py), the split MoE layer against the whole one, the rows each rank receives against
 a count made here from the router, the dispatch plan against its definition.
 
 Written for the mutation run (benchmarks/mutation.py, issue 30): tests/model/test_moe.py runs the step
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from threaded_ranks import SeedTurns, run_ranks
+from ranks_in_threads import SeedTurns, run_ranks
 
 from helpers.model.moe import MoELayer, route
 from helpers.scale import expert_parallel as ep

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 import torch.distributed as dist
-from thread_ranks import ThreadRanks
+from ranks_in_threads import ThreadRanks
 from torch import nn
 
 from helpers.model.gpt import GPTConfig, exact_parameters
@@ -107,7 +107,7 @@ def test_gradient_piece_checks_its_arguments_before_any_collective():
         gradient_piece(0, 2, torch.zeros(2, 4))
 
 
-# FSDP by hand (helpers.scale.fsdp) with its ranks as threads of this process (tests/thread_ranks.py),
+# FSDP by hand (helpers.scale.fsdp) with its ranks as threads of this process (tests/ranks_in_threads.py),
 # where mutmut sees the workers' code run: equal to one process in float64 on 2 and 3 ranks (3 pads
 # every unit), the bytes held and the peak exactly as the ZeRO accounting says, every check read in
 # full. Written against the mutants that survived benchmarks/mutation.py.

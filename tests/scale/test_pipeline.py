@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from thread_ranks import ThreadRanks, ThreadWorkers
+from ranks_in_threads import ThreadRanks, ThreadWorkers
 
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.scale import pipeline as pp
@@ -142,7 +142,7 @@ def test_the_1f1b_exercise_checker_refuses_gpipe_and_accepts_the_order():
 
 
 # Pipeline parallelism by hand (helpers.scale.pipeline) with its ranks as threads of this process
-# (tests/thread_ranks.py), where mutmut sees the workers' code run: GPipe and 1F1B on 2 and 4 stages
+# (tests/ranks_in_threads.py), where mutmut sees the workers' code run: GPipe and 1F1B on 2 and 4 stages
 # give one process's gradients (float64), each rank sends and receives exactly what its schedule
 # says, the orders and the timeline slot by slot, every check read in full. Written against the
 # mutants that survived benchmarks/mutation.py.

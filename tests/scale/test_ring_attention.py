@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from thread_ranks import ThreadRanks, ThreadWorkers
+from ranks_in_threads import ThreadRanks, ThreadWorkers
 
 from helpers.flash.tiled import log_sum_exp, merge_softmax_states, softmax_state
 from helpers.scale import ring_attention as ra
@@ -117,7 +117,7 @@ def test_ring_attention_and_the_reference_check_their_arguments_before_any_commu
 
 
 # Ring attention (helpers.scale.ring_attention) with its ranks as threads of this process
-# (tests/thread_ranks.py), where mutmut sees the workers' code run: on 2 and 3 ranks, zig-zag or
+# (tests/ranks_in_threads.py), where mutmut sees the workers' code run: on 2 and 3 ranks, zig-zag or
 # contiguous, causal or not, forward and backward equal PyTorch's scaled_dot_product_attention
 # (float64); the work each rank does and the messages it sends, exactly; the pieces (block
 # attention, the merge) against PyTorch's; every check read in full. Written against the mutants

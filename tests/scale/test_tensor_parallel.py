@@ -1,5 +1,5 @@
 """helpers.scale.tensor_parallel in the pytest process: two to four ranks as threads
-(threaded_ranks), each split module against the whole one forward and backward, Megatron's f and g
+(tests/ranks_in_threads.py), each split module against the whole one forward and backward, Megatron's f and g
 against their definitions, the hand-split MLP against torch.distributed.tensor.parallel's; every
 refusal's message.
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed.tensor.parallel  # noqa: F401 - imported once here, not inside a timed test
-from threaded_ranks import locked, run_ranks
+from ranks_in_threads import locked, run_ranks
 from torch import nn
 
 from helpers.model.layers import Block, FeedForward

@@ -1,6 +1,6 @@
 """helpers.scale.workers with its processes played by threads of this process, where mutmut sees
 the code run: `Workers` started on a fake `multiprocessing` context whose Process is a thread, the
-workers' `_serve` loop with torch.distributed simulated (tests/thread_ranks.py), `os` faked so that a
+workers' `_serve` loop with torch.distributed simulated (tests/ranks_in_threads.py), `os` faked so that a
 quiet worker's redirections are recorded, not done to pytest. What is checked: the results in rank
 order, a failing rank raising WorkerFailed with its traceback, a slow one TimeoutError, a rank that
 dies silently named, nothing left running; the collectives and the ring all-reduce exactly; every
@@ -19,7 +19,7 @@ import types
 
 import pytest
 import torch
-from thread_ranks import ThreadRanks, World
+from ranks_in_threads import ThreadRanks, World
 
 from helpers.scale import workers as w
 from helpers.scale.cell_functions import CellFunction

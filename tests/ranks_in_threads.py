@@ -1,29 +1,148 @@
-"""p ranks as p threads of the pytest process, with torch.distributed's calls simulated in Python.
+"""Several ranks of torch.distributed as threads of the pytest process: one helper, two ways.
 
-mutmut credits a test only when the mutated function runs in the pytest process, so the tests of
-notebook 11's workers (fsdp, pipeline, ring attention, workers) run them here: `ThreadRanks(p).run(
-fn, *args)` calls fn(rank, p, *args) on p threads, and `ThreadRanks.patch(monkeypatch, module)`
-swaps the module's `torch.distributed` for the calls below. They do what gloo does, in Python:
-collectives meet at a barrier and add in rank order, a send puts a copy of its tensor in the
-receiver's queue; shapes or dtypes that differ between ranks, or a collective that differs from
-the other ranks', raise RuntimeError as gloo does. Python, not gloo, so that a planted bug that
-sends to the wrong rank fails as an exception, never as a crash of the process.
+Why threads: mutmut (benchmarks/mutation.py) credits a test only when the mutated function runs in
+the pytest process, and helpers.scale.workers runs each rank in a spawned process. A one-rank
+gloo group runs in-process but cannot tell rank 0's share from rank 1's, nor a sum over ranks
+from a copy. Here every rank runs the workers' own code, each in a thread of this process.
 
-One rank runs at a time: a thread holds `turn` except while it waits for the others, so that the
-ranks draw from torch's one global generator in a fixed order (each worker process has its own).
-A rank that raises aborts the others' waits; a wait longer than TIMEOUT raises; nothing hangs.
+1. `run_ranks(world_size, task, *args)`: real collectives. Each thread joins torch's in-process
+   "threaded" process group (what PyTorch's own distributed tests use), whose collectives add the
+   threads' tensors as gloo adds processes' ones; DDP, ZeRO and DTensor run on it unchanged. For
+   the data-, tensor- and expert-parallel workers, which call torch.distributed themselves.
+2. `ThreadRanks(p).run(fn, *args)` with `ThreadRanks.patch(monkeypatch, module)`: the module's
+   `torch.distributed` swapped for calls simulated in Python (collectives meet at a barrier and add
+   in rank order, a send puts a copy in the receiver's queue; shapes, dtypes or collectives that
+   differ between ranks raise RuntimeError as gloo does). One rank computes at a time (a thread
+   holds `turn` except while it waits for the others), so the ranks draw from torch's global
+   generator in a fixed order, and `calls` records who called what. For FSDP by hand, the
+   pipeline, ring attention and the workers' own loop, whose tests read those calls; a planted
+   bug that sends to the wrong rank fails as an exception, never as a crash of the process.
+
+Why not gloo itself, torch's public API: two threads that each call
+`init_process_group("gloo", store=HashStore(), ...)` hang, because a process has one default
+group, and the workers' code calls torch.distributed's module functions on that default group.
+`ProcessGroupGloo(store, rank, size)` objects do run in threads (`pg.allreduce([t]).wait()`), but
+nothing hands them to `dist.all_reduce(t)`. Per-thread default groups exist only through torch's
+private thread-isolation mode, which `run_ranks` uses (torch.testing._internal.distributed).
+
+Limits: the ranks share one process, so one global random generator (wrap a function that seeds
+and draws in `locked`, or use `SeedTurns`), one CPU thread pool (no speed-up), and no crash of one
+rank without the others: timing and memory per rank mean nothing here, and a hang becomes a
+timeout (TimeoutError, or RuntimeError from a wait) rather than a stuck test. ThreadRanks knows
+only the calls listed below (broadcast, all_reduce with a sum, all_gather, reduce_scatter, isend,
+recv, barrier), each on the default group.
 """
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.testing._internal.distributed import multi_threaded_pg
 
 from helpers.scale.workers import Workers
+
+# --- 1. run_ranks: torch's threaded process group -----------------------------------------------
+
+_SEEDING = threading.Lock()
+_TURNS: weakref.WeakSet = weakref.WeakSet()  # every SeedTurns alive: a rank that leaves gives its turn back
+
+
+def locked(function: Callable) -> Callable:
+    """`function`, run by one thread at a time (it seeds and draws from the global generator)."""
+
+    @functools.wraps(function)
+    def one_at_a_time(*args: Any, **kwargs: Any) -> Any:
+        with _SEEDING:
+            return function(*args, **kwargs)
+
+    return one_at_a_time
+
+
+def run_ranks(world_size: int, task: Callable, *args: Any, timeout: float = 10.0) -> list:
+    """task(rank, world_size, *args) on `world_size` threads, each the rank of one threaded
+    process group; the results by rank. The first rank's exception is raised here, and a rank
+    still waiting after `timeout` seconds in all (a rank that skipped a collective leaves the
+    others waiting) raises TimeoutError."""
+    torch._C._distributed_c10d._set_thread_isolation_mode(True)
+    multi_threaded_pg._install_threaded_pg()
+    store = dist.HashStore()
+    results: list = [None] * world_size
+    errors: list[tuple[int, BaseException]] = []
+
+    def rank_main(rank: int) -> None:
+        dist.init_process_group("threaded", rank=rank, world_size=world_size, store=store)
+        try:
+            results[rank] = task(rank, world_size, *args)
+        except BaseException as error:  # noqa: BLE001 - re-raised in the test's thread below
+            errors.append((rank, error))
+            multi_threaded_pg.ProcessLocalGroup.exception_handle(error)  # wake the waiting ranks
+        finally:
+            for turns in list(_TURNS):
+                turns.release()
+            if dist.is_initialized():  # a task such as a script's main() may have left already
+                dist.destroy_process_group()
+
+    try:
+        threads = [threading.Thread(target=rank_main, args=(rank,), daemon=True)
+                   for rank in range(world_size)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        multi_threaded_pg.ProcessLocalGroup.reset()
+    finally:
+        multi_threaded_pg._uninstall_threaded_pg()
+        torch._C._distributed_c10d._set_thread_isolation_mode(False)
+    if errors:
+        raise sorted(errors, key=lambda pair: pair[0])[0][1]
+    if any(thread.is_alive() for thread in threads):
+        raise TimeoutError(f"a rank did not finish within {timeout} s")
+    return results
+
+
+class SeedTurns:
+    """For a task that seeds the global generator, draws a model, then talks to the other ranks:
+    torch.manual_seed (patched) waits for the generator and keeps it for this rank until the rank
+    calls `release_before(function)` (patched over the first call after the draws)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        _TURNS.add(self)
+
+    def manual_seed(self, real: Callable) -> Callable:
+        def seeded(seed: int) -> Any:
+            if self._owner != threading.get_ident():
+                self._lock.acquire()
+                self._owner = threading.get_ident()
+            return real(seed)
+
+        return seeded
+
+    def release(self) -> None:
+        if self._owner == threading.get_ident():
+            self._owner = None
+            self._lock.release()
+
+    def release_before(self, function: Callable) -> Callable:
+        @functools.wraps(function)
+        def released(*args: Any, **kwargs: Any) -> Any:
+            self.release()
+            return function(*args, **kwargs)
+
+        return released
+
+
+# --- 2. ThreadRanks: torch.distributed's calls simulated in Python ----------------------------
 
 TIMEOUT = 5.0  # seconds a rank waits for the others before it raises
 
