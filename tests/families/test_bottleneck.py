@@ -86,11 +86,9 @@ def test_greedy_decoding_agrees_with_teacher_forcing_on_its_own_output():
 # helpers.families.bottleneck: the joined examples, the three models, evaluation and the beam
 # comparison by hand, and a two-model run of run_bottleneck checked against its pieces.
 #
-# Written for the mutation run (benchmarks/mutation.py, issue 30): tests/families/test_bottleneck.py's benchmark
-# rerun imports benchmarks/, which the scratch copy lacks, so this file stands in for it there;
-# each test fails on a planted one-line bug. Tiny sizes throughout (width 8, a few steps).
+# Each piece by hand (the benchmark's rerun is in tests/benchmarks/test_bench_bottleneck.py). Tiny sizes throughout (width 8, a few steps).
 
-SENTENCES_2 = ["The dog barked.", "Mia found a red box.", "Tom saw the old tree.", "The cat sat.",
+FEW_SENTENCES = ["The dog barked.", "Mia found a red box.", "Tom saw the old tree.", "The cat sat.",
              "Luca loved to sing songs with Amara."]
 
 SHORT = [0, 3]  # four tokens each: decoding stays short
@@ -102,7 +100,7 @@ def _message(excinfo) -> str:
 
 @pytest.fixture(scope="module")
 def data():
-    return TranslationData(SENTENCES_2)
+    return TranslationData(FEW_SENTENCES)
 
 
 def test_joined_pairs_draws_like_the_seeded_rule(data):

@@ -1,7 +1,6 @@
 """helpers.families.mlm: BERT's corruption draw by draw, the heads by hand, the swap's rules.
 
-Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-one-line bug that tests/families/test_translation.py and test_families_bad_input.py let through. mask_tokens is
+ mask_tokens is
 checked against BERT's rule applied here to the same three draws from the same generator (the
 notebook's random draws are part of its output); the seeds of the boundary tests were searched
 for so that a uniform draw lands exactly on a threshold (0.25, 0.8, 0.9: float32 uniforms are

@@ -1,7 +1,6 @@
 """helpers.families.rnn against torch.nn's GRU cell step by step, with every check's message read in full.
 
-Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-one-line bug that tests/families/test_bottleneck.py and test_families_bad_input.py let through. The encoder and
+ The encoder and
 decoder are unrolled here by hand with nn.GRUCell carrying the module's own GRU weights, one
 sentence at a time and without padding; the greedy decoder runs a scripted model whose choices
 are known in advance.

@@ -158,8 +158,7 @@ def test_a_beam_width_of_zero_or_above_the_vocabulary(width, match):
 
 # helpers.families.seq2seq against torch.nn's Transformer layers, decoding on scripted models.
 #
-# Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-# one-line bug that tests/families/test_seq2seq.py and test_families_bad_input.py let through. The encoder and
+# The encoder and
 # decoder layers are checked against nn.TransformerEncoderLayer / nn.TransformerDecoderLayer
 # (norm_first=True, GELU, 4D hidden) carrying the same weights; greedy decoding, beam search and
 # exhaustive search run on a scripted model whose next-token log-probabilities are a fixed table of
@@ -338,14 +337,14 @@ def test_check_source_mask_messages():
     check_source_mask(torch.tensor([[False, True], [True, False]]), source)  # one real token a row is enough
 
 
-def small_model_2(**changes) -> EncoderDecoder:
+def tiny_model(**changes) -> EncoderDecoder:
     torch.manual_seed(0)
     settings = dict(source_vocab_size=13, target_vocab_size=11, context_length=8, n_layers=1, n_heads=2, d_model=8)
     return EncoderDecoder(Seq2SeqConfig(**{**settings, **changes})).eval()
 
 
 def test_encode_and_decode_messages():
-    model = small_model_2()
+    model = tiny_model()
     memory = torch.zeros(2, 3, 8)
     mask = torch.ones(2, 3, dtype=torch.bool)
     for source, got in [(torch.tensor([3, 4]), "(2,)"), (torch.zeros(2, 0, dtype=torch.long), "(2, 0)"),
@@ -373,7 +372,7 @@ def test_encode_and_decode_messages():
 
 
 def test_decoding_messages():
-    model = small_model_2()
+    model = tiny_model()
     source = torch.tensor([3, 4, 5])
     with pytest.raises(ValueError) as excinfo:
         greedy_decode(model, source[None], 9)
@@ -405,10 +404,10 @@ def test_decoding_messages():
         exhaustive_search(model, source, max_length=6)
     assert _message(excinfo) == ("max_length 6 with 11 target words means 9^6 outputs: expected at most "
                                  "100,000 (exhaustive search is for tiny test vocabularies)")
-    tiny = small_model_2(target_vocab_size=12)
+    tiny = tiny_model(target_vocab_size=12)
     with pytest.raises(ValueError, match="10\\^6 outputs"):
         exhaustive_search(tiny, source, max_length=6)
-    ok = small_model_2(target_vocab_size=12, context_length=5)
+    ok = tiny_model(target_vocab_size=12, context_length=5)
     assert exhaustive_search(ok, source, max_length=1)[0].shape == (1,)
 
 
@@ -436,7 +435,7 @@ def test_exhaustive_search_up_to_the_context_length_and_on_int32_ids():
     ids, score = exhaustive_search(model, torch.tensor([3]), max_length=3)  # never a 4th token
     expected_ids, expected_score = _best_by_brute_force(model, 3)
     assert ids.tolist() == expected_ids and ids.dtype == torch.long
-    real = small_model_2(target_vocab_size=5)
+    real = tiny_model(target_vocab_size=5)
     source = torch.tensor([3, 4, 5])
     ids32, score32 = exhaustive_search(real, source.int(), max_length=2)
     ids64, score64 = exhaustive_search(real, source, max_length=2)

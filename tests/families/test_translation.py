@@ -152,12 +152,11 @@ def test_training_lowers_the_loss_and_needs_real_steps():
 # helpers.families.translation: Grammish's six steps on crafted clauses, the vocabularies, the
 # splits, the batches, training against a loop written out here, and scoring by hand.
 #
-# Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-# one-line bug that tests/families/test_translation.py and test_families_bad_input.py let through. Training is
+# Training is
 # checked step for step against the same recipe written here with torch's AdamW, cross_entropy and
 # clip_grad_norm_ (the reference), on a GRU of width 4 for three steps.
 
-SENTENCES_2 = ["Near the river, Maya saw a golden lamp.", "Luca loved to sing songs with Amara.",
+SHORT_SENTENCES = ["Near the river, Maya saw a golden lamp.", "Luca loved to sing songs with Amara.",
              "The dog barked happily.", '"Oh no!" said Ada.', "Tom found two red books."]
 
 
@@ -279,8 +278,8 @@ def test_word_vocab():
 
 
 def test_translation_data_and_its_pairs():
-    data = TranslationData(SENTENCES_2)
-    assert data.sentences == SENTENCES_2 and data.english[0] == english_words(SENTENCES_2[0])
+    data = TranslationData(SHORT_SENTENCES)
+    assert data.sentences == SHORT_SENTENCES and data.english[0] == english_words(SHORT_SENTENCES[0])
     # the lexicon holds the singular words, no articles, no marks
     assert "book" in data.lexicon and "books" not in data.lexicon and "the" not in data.lexicon
     assert "." not in data.lexicon and "tom" in data.lexicon
@@ -341,7 +340,7 @@ def test_pad_batch():
 
 
 def test_make_batch_by_hand():
-    data = TranslationData(SENTENCES_2)
+    data = TranslationData(SHORT_SENTENCES)
     source, decoder_in, target = make_batch(data, [4, 2])
     pairs = [data.pair(4), data.pair(2)]
     assert torch.equal(source, pad_batch([pairs[0][0], pairs[1][0]]))
@@ -396,7 +395,7 @@ def _train_by_hand(model, data, train, steps, batch_size, lr, seed, label_smooth
 
 @pytest.mark.parametrize("settings", [dict(lr=3e-2, seed=1, label_smoothing=0.2), dict()])
 def test_train_translator_is_the_recipe_step_for_step(settings):
-    data = TranslationData(SENTENCES_2)
+    data = TranslationData(SHORT_SENTENCES)
     torch.manual_seed(0)
     model = GRUSeq2Seq(data.source_vocab.vocab_size, data.target_vocab.vocab_size, hidden=4)
     reference = copy.deepcopy(model)
@@ -411,7 +410,7 @@ def test_train_translator_is_the_recipe_step_for_step(settings):
 
 
 def test_train_translator_default_batch_is_sixty_four():
-    data = TranslationData(SENTENCES_2)
+    data = TranslationData(SHORT_SENTENCES)
     model = GRUSeq2Seq(data.source_vocab.vocab_size, data.target_vocab.vocab_size, hidden=4)
     with pytest.raises(ValueError) as excinfo:
         train_translator(model, data, range(5), steps=1)
@@ -425,7 +424,7 @@ def test_train_translator_default_batch_is_sixty_four():
 
 
 def test_train_translator_trains_in_training_mode():
-    data = TranslationData(SENTENCES_2)
+    data = TranslationData(SHORT_SENTENCES)
     model = GRUSeq2Seq(data.source_vocab.vocab_size, data.target_vocab.vocab_size, hidden=4).eval()
     modes = []
     original = model.forward
@@ -435,7 +434,7 @@ def test_train_translator_trains_in_training_mode():
 
 
 def test_train_translator_messages():
-    data = TranslationData(SENTENCES_2)
+    data = TranslationData(SHORT_SENTENCES)
     model = GRUSeq2Seq(data.source_vocab.vocab_size, data.target_vocab.vocab_size, hidden=4)
     for name, changes in (("steps", dict(steps=0)), ("batch_size", dict(batch_size=0)), ("lr", dict(lr=0.0)),
                           ("label_smoothing", dict(label_smoothing=-0.1))):
@@ -493,7 +492,7 @@ def test_from_corpus_takes_each_distinct_sentence_once_sorted(monkeypatch):
 
 
 def test_train_translator_clips_the_gradient_norm_at_one():
-    data = TranslationData(SENTENCES_2)
+    data = TranslationData(SHORT_SENTENCES)
     torch.manual_seed(0)
     model = GRUSeq2Seq(data.source_vocab.vocab_size, data.target_vocab.vocab_size, hidden=4)
     with torch.no_grad():
@@ -521,7 +520,7 @@ def test_train_translator_clips_the_gradient_norm_at_one():
 def test_a_parameter_without_a_gradient_is_left_alone():
     """zero_grad(set_to_none=True): a parameter unused in a step has no gradient, and AdamW skips it
     (no weight decay, no momentum step); a zeroed gradient would move it."""
-    data = TranslationData(SENTENCES_2)
+    data = TranslationData(SHORT_SENTENCES)
     torch.manual_seed(0)
 
     class SometimesBiased(GRUSeq2Seq):
@@ -543,7 +542,7 @@ def test_a_parameter_without_a_gradient_is_left_alone():
     assert torch.equal(model.extra.detach(), after_first[0])  # step 2 did not
 
 
-SENTENCES_23 = ["The dog barked.", "Mia found a red box.", "Tom saw the old tree.", "The cat sat."]
+FOUR_SENTENCES = ["The dog barked.", "Mia found a red box.", "Tom saw the old tree.", "The cat sat."]
 
 
 @pytest.mark.parametrize("fractions, match", [((0.5, 0.5), "leave 0 for training"),
@@ -559,7 +558,7 @@ def test_split_fractions_that_leave_a_split_empty(fractions, match):
 
 
 def test_the_translator_stops_on_a_nan_loss():
-    data = TranslationData(SENTENCES_23)
+    data = TranslationData(FOUR_SENTENCES)
     model = GRUSeq2Seq(data.source_vocab.vocab_size, data.target_vocab.vocab_size, hidden=8)
     with torch.no_grad():
         model.head.bias.fill_(float("nan"))
@@ -573,7 +572,7 @@ def test_the_translator_stops_on_a_nan_loss():
                                             (dict(batch_size=9), "larger than the 4 training"),
                                             (dict(label_smoothing=1.0), "label_smoothing")])
 def test_the_translator_refuses_nonsense_settings(changes, match):
-    data = TranslationData(SENTENCES_23)
+    data = TranslationData(FOUR_SENTENCES)
     model = GRUSeq2Seq(data.source_vocab.vocab_size, data.target_vocab.vocab_size, hidden=8)
     with pytest.raises(ValueError, match=match):
         train_translator(model, data, range(4), **{"steps": 2, "batch_size": 2, **changes})
@@ -585,7 +584,7 @@ def test_batch_indices_outside_the_data_and_a_sentence_that_is_not_text():
     from helpers.families.mlm import swap_neighbours
     from helpers.families.translation import make_batch
 
-    data = TranslationData(SENTENCES_23)
+    data = TranslationData(FOUR_SENTENCES)
     with pytest.raises(ValueError, match=r"indices holds \[4\]: expected a non-empty list of example numbers in \[0, 3\]"):
         make_batch(data, [0, 4])
     with pytest.raises(ValueError, match="indices holds nothing"):

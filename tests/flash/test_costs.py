@@ -2,8 +2,7 @@
 branch (a tile count that does and does not divide N, causal or not, B_r capped at d or not),
 and every argument's refusal.
 
-Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-one-line bug that tests/flash/test_tiled.py lets through.
+
 """
 
 from __future__ import annotations

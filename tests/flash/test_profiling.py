@@ -1,8 +1,7 @@
 """helpers.flash.profiling: file descriptor 2 silenced and restored, the peak measured from the
 allocator's running total, and a bad argument refused before the profiler starts.
 
-Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-one-line bug that tests/flash/test_tiled.py lets through.
+
 """
 
 from __future__ import annotations

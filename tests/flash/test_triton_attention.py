@@ -2,8 +2,7 @@
 arguments each kernel launch gets, with the kernels replaced by recorders (no kernel runs); then a
 few tiny interpreted runs (16 to 40 rows) that hold the wrapper's results to PyTorch's attention.
 
-Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-one-line bug in the wrapper. The kernels themselves (triton_kernels.py) are measured on a GPU.
+ The kernels themselves (triton_kernels.py) are measured on a GPU.
 """
 
 from __future__ import annotations

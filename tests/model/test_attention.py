@@ -361,7 +361,7 @@ def test_attention_layer_refuses_tokens_it_cannot_attend(x_query, x_data, error,
 # helpers.model.attention's masks: causal attention never reads the future, padding is invisible,
 # fully masked rows stay finite, and the sparse patterns are what they claim to be.
 
-def self_attention_2(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def masked_self_attention(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Self-attention of x (..., n, 6) through fixed random projections."""
     w_q, w_k, w_v = randn(6, 4, seed=100), randn(6, 4, seed=101), randn(6, 3, seed=102)
     return scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v, mask=mask)[0]
@@ -377,7 +377,7 @@ def test_changing_future_tokens_leaves_past_outputs_unchanged(changed_from):
     x = randn(6, 6, seed=1)
     edited = x.clone()
     edited[changed_from:] = randn(6 - changed_from, 6, seed=2)
-    before, after = self_attention_2(x, causal_mask(6)), self_attention_2(edited, causal_mask(6))
+    before, after = masked_self_attention(x, causal_mask(6)), masked_self_attention(edited, causal_mask(6))
     torch.testing.assert_close(after[:changed_from], before[:changed_from], **TIGHT)
     assert not torch.allclose(after[changed_from:], before[changed_from:]), "the edit should show"
 
@@ -386,7 +386,7 @@ def test_without_the_mask_the_future_leaks_into_the_past():
     x = randn(6, 6, seed=1)
     edited = x.clone()
     edited[5] = randn(6, seed=3)
-    assert not torch.allclose(self_attention_2(edited, None)[0], self_attention_2(x, None)[0])
+    assert not torch.allclose(masked_self_attention(edited, None)[0], masked_self_attention(x, None)[0])
 
 
 def test_filling_with_zero_instead_of_minus_inf_leaks_the_future():
@@ -406,7 +406,7 @@ def test_causal_mask_refuses_more_queries_than_keys_and_non_positive_sizes():
 
 def test_bidirectional_mask_equals_no_mask():
     x = randn(5, 6, seed=4)
-    torch.testing.assert_close(self_attention_2(x, bidirectional_mask(5)), self_attention_2(x, None), **TIGHT)
+    torch.testing.assert_close(masked_self_attention(x, bidirectional_mask(5)), masked_self_attention(x, None), **TIGHT)
 
 
 def test_padding_mask_shape_and_values():
@@ -421,7 +421,7 @@ def test_padding_content_never_reaches_real_tokens():
     noisy = x.clone()
     noisy[1, 3:] = 1e3 * randn(2, 6, seed=6)  # garbage in the padding slots
     mask = causal_mask(5) & padding_mask(lengths, 5)[:, 0]  # (2, 5, 5): no head dim here
-    before, after = self_attention_2(x, mask), self_attention_2(noisy, mask)
+    before, after = masked_self_attention(x, mask), masked_self_attention(noisy, mask)
     torch.testing.assert_close(after[1, :3], before[1, :3], **TIGHT)
     torch.testing.assert_close(after[0], before[0], **TIGHT)
 
@@ -565,7 +565,7 @@ def test_numpy_scales_are_accepted_when_positive():
 DTYPES = [torch.float32, torch.float64, torch.bfloat16]
 
 
-def padding_mask_2(lengths: list[int], n: int) -> torch.Tensor:
+def padding_mask_by_hand(lengths: list[int], n: int) -> torch.Tensor:
     """(B, 1, N) bool: key j of row b is real when j < lengths[b]."""
     return (torch.arange(n)[None, :] < torch.tensor(lengths)[:, None])[:, None, :]
 
@@ -573,7 +573,7 @@ def padding_mask_2(lengths: list[int], n: int) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_padded_keys_change_nothing_in_plain_and_multihead_attention(dtype):
     n, lengths = 10, [10, 6, 3]
-    mask = padding_mask_2(lengths, n)
+    mask = padding_mask_by_hand(lengths, n)
     q, k, v = (torch.randn(3, n, 8, generator=torch.Generator().manual_seed(s)).to(dtype) for s in range(3))
     k2, v2 = k.clone(), v.clone()
     for row, length in enumerate(lengths):

@@ -1,8 +1,7 @@
 """helpers.model.checkpoints: hostile and damaged files refused with a CheckpointError that names
 what is wrong, read in full; what save_checkpoint refuses, named down to the nested key.
 
-Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-one-line bug that tests/training/test_trainer.py, test_bad_input.py and test_bad_input_newer.py let through.
+
 """
 
 from __future__ import annotations

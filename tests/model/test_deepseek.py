@@ -1,4 +1,4 @@
-"""helpers.model.deepseek: the gaps its mutation run found (benchmarks/MUTATION.md).
+"""helpers.model.deepseek, exactly:
 
 Without transformers (tests/model/test_mla.py compares with it): the config's defaults and checks,
 a block and the model against their parts composed by hand, the sizes read from a

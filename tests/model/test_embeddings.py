@@ -280,7 +280,7 @@ def test_similarity_checker_catches_ranking_by_dot_product():
     assert "you ranked by dot product" in by_dot[1] and "put the most similar first" in reversed_order[1]
 
 
-# helpers.model.embeddings: the gaps its mutation run found (benchmarks/MUTATION.md).
+# helpers.model.embeddings, exactly:
 #
 # Grouped by issue 30's classes: configuration asserted (the defaults and the bounds of `base`),
 # exact properties whatever the default device or dtype, edge inputs (unbatched ids, bool and

@@ -1,4 +1,4 @@
-"""helpers.model.frontier: the gaps its mutation run found (benchmarks/MUTATION.md).
+"""helpers.model.frontier, exactly:
 
 The attention against a float64 reference written here (GQA, QK-norm, RoPE by its angles, the
 banded mask), a token outside the window changing nothing bit for bit, the RoPE table with

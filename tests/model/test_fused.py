@@ -2,8 +2,7 @@
 (LayerNorm, causal attention, Block.forward), at non-default settings (eps, biases off, GQA,
 cached keys, bfloat16), and which kernel each case is documented to use.
 
-Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-one-line bug that tests/model/test_gpt.py lets through.
+
 """
 
 from __future__ import annotations

@@ -152,8 +152,7 @@ def test_the_pieces_check_their_arguments():
 # helpers.model.gemma: the refusals read in full, the model at its edge lengths (one token, the
 # whole context), in float64 and bfloat16, and the attention mask moved to the input's device.
 #
-# Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-# one-line bug that tests/model/test_gemma.py lets through.
+#
 
 SMALL = GemmaConfig(vocab_size=13, context_length=6, d_model=48, n_heads=2, n_kv_heads=1, head_dim=8,
                     mlp_hidden=16, kinds=("local", "global"), window=2)

@@ -2,8 +2,7 @@
 its edges (T = 0, tiny T, top_k = 1, ties, top_k >= V), and generate's loop run for many steps,
 past the context length, against a plain loop that recomputes the whole window every step.
 
-Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-one-line bug that tests/model/test_gpt.py lets through. The model has an untied, scaled output matrix so that
+ The model has an untied, scaled output matrix so that
 its next-token distributions are far from uniform (a wrong temperature or window shows).
 """
 

@@ -303,10 +303,9 @@ def test_generate_checks_its_arguments():
 # helpers.model.gpt: configuration asserted at non-default values, counts against built models,
 # and every refusal's message.
 #
-# Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-# one-line bug that tests/model/test_gpt.py and the property tests let through.
+#
 
-SMALL_2 = dict(vocab_size=11, context_length=9, n_layers=2, n_heads=2, d_model=8)
+TINY = dict(vocab_size=11, context_length=9, n_layers=2, n_heads=2, d_model=8)
 
 
 def test_config_defaults_and_dict():
@@ -326,7 +325,7 @@ def test_gpt2_small_config():
 
 def test_every_config_field_reaches_the_model():
     torch.manual_seed(0)
-    config = GPTConfig(**SMALL_2, dropout=0.25, bias=False, tie_weights=False, activation="relu")
+    config = GPTConfig(**TINY, dropout=0.25, bias=False, tie_weights=False, activation="relu")
     model = GPT(config)
     assert model.config is config and len(model.blocks) == 2
     assert model.embed.token.weight.shape == (11, 8) and model.embed.position.weight.shape == (9, 8)
@@ -338,7 +337,7 @@ def test_every_config_field_reaches_the_model():
     assert model.ln_f.d_model == 8 and model.lm_head.bias is None
     assert model.lm_head.weight.shape == (11, 8)
     assert model.lm_head.weight is not model.embed.token.weight
-    tied = GPT(GPTConfig(**SMALL_2))
+    tied = GPT(GPTConfig(**TINY))
     assert tied.lm_head.weight is tied.embed.token.weight
     assert tied.blocks[0].attn.q_proj.bias is not None and tied.drop.p == 0.0
     assert tied.blocks[0].mlp.activation.approximate == "none"
@@ -355,7 +354,7 @@ def test_gpt_is_initialised_like_gpt2_for_its_depth():
 
 def test_dropout_after_the_embedding_acts_in_training_only():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**SMALL_2, dropout=0.5))
+    model = GPT(GPTConfig(**TINY, dropout=0.5))
     ids = torch.randint(0, 11, (2, 9))
     model.eval()
     assert torch.equal(model(ids), model(ids))
@@ -366,7 +365,7 @@ def test_dropout_after_the_embedding_acts_in_training_only():
 @pytest.mark.parametrize("fast", [False, True])
 def test_forward_cached_one_token_at_a_time_equals_the_full_pass(fast):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**SMALL_2)).eval()
+    model = GPT(GPTConfig(**TINY)).eval()
     ids = torch.randint(0, 11, (2, 9))
     full = model(ids)
     cache = KVCache.for_model(model, 2)
@@ -379,7 +378,7 @@ def test_forward_cached_one_token_at_a_time_equals_the_full_pass(fast):
 
 
 def test_forward_cached_refuses_training_with_dropout_and_a_full_cache():
-    model = GPT(GPTConfig(**SMALL_2, dropout=0.1))
+    model = GPT(GPTConfig(**TINY, dropout=0.1))
     cache = KVCache.for_model(model, 1)
     with pytest.raises(RuntimeError, match=r"^forward_cached is for generation, but the model is in "
                                            r"training mode with dropout = 0.1, so dropout"):
@@ -393,12 +392,12 @@ def test_forward_cached_refuses_training_with_dropout_and_a_full_cache():
     model.forward_cached(torch.zeros(1, 2, dtype=torch.long), cache)  # exactly 9: accepted
     assert cache.length == 9
     # training mode without dropout is allowed: nothing random happens
-    plain = GPT(GPTConfig(**SMALL_2)).train()
+    plain = GPT(GPTConfig(**TINY)).train()
     plain.forward_cached(torch.zeros(1, 2, dtype=torch.long), KVCache.for_model(plain, 1))
 
 
 def test_forward_cached_checks_its_arguments():
-    model = GPT(GPTConfig(**SMALL_2)).eval()
+    model = GPT(GPTConfig(**TINY)).eval()
     cache = KVCache.for_model(model, 1)
     with pytest.raises(TypeError, match=r"^cache is a dict, expected a KVCache"):
         model.forward_cached(torch.zeros(1, 2, dtype=torch.long), {})
@@ -412,7 +411,7 @@ def test_forward_cached_checks_its_arguments():
 
 
 def test_forward_names_bad_ids():
-    model = GPT(GPTConfig(**SMALL_2))
+    model = GPT(GPTConfig(**TINY))
     with pytest.raises(TypeError, match=r"^fast is "):
         model(torch.zeros(1, 2, dtype=torch.long), fast=1)
     with pytest.raises(ValueError, match=r"^token_ids has shape \(2,\), expected \(B, N\): add a batch "
@@ -424,7 +423,7 @@ def test_forward_names_bad_ids():
 
 
 def test_a_meta_model_takes_ids_on_any_device():
-    model = GPT(GPTConfig(**SMALL_2)).to("meta")
+    model = GPT(GPTConfig(**TINY)).to("meta")
     assert model(torch.zeros(1, 3, dtype=torch.long)).shape == (1, 3, 11)
 
 
@@ -459,7 +458,7 @@ def test_formula_parameters_exact_values_and_checks():
 
 
 def test_build_without_weights_is_on_meta_with_the_exact_count():
-    config = GPTConfig(**SMALL_2, tie_weights=False)
+    config = GPTConfig(**TINY, tie_weights=False)
     model = build_without_weights(config)
     assert all(p.device.type == "meta" for p in model.parameters())
     assert count_parameters(model) == exact_parameters(config)
@@ -512,7 +511,7 @@ def test_fast_false_runs_the_course_modules_and_fast_true_does_not(cached):
     torch.manual_seed(0)
     ids = torch.randint(0, 11, (1, 4))
     for fast in (False, True):
-        model = GPT(GPTConfig(**SMALL_2)).eval()
+        model = GPT(GPTConfig(**TINY)).eval()
         calls = _spy_forwards(model)
         if cached:
             model.forward_cached(ids, KVCache.for_model(model, 1), fast=fast)
@@ -525,7 +524,7 @@ def test_fast_false_runs_the_course_modules_and_fast_true_does_not(cached):
 
 
 def test_refusals_name_the_remedy_in_full():
-    model = GPT(GPTConfig(**SMALL_2, dropout=0.1))
+    model = GPT(GPTConfig(**TINY, dropout=0.1))
     with pytest.raises(RuntimeError, match=r"dropout would change its outputs: call model.eval\(\) first "
                                            r"\(generate\(\) does\)$"):
         model.forward_cached(torch.zeros(1, 2, dtype=torch.long), KVCache.for_model(model, 1))
@@ -537,7 +536,7 @@ def test_refusals_name_the_remedy_in_full():
 def test_ids_on_another_device_than_the_model_are_named():
     # No second device on a CPU-only machine: the model reports its weights on cuda:0 (all that
     # _check_ids reads), and the ids stay on the CPU. The refusal comes before any computation.
-    model = GPT(GPTConfig(**SMALL_2))
+    model = GPT(GPTConfig(**TINY))
     fake_weight = type("FakeWeight", (), {"device": torch.device("cuda", 0)})()
     object.__setattr__(model, "lm_head", type("FakeHead", (), {"weight": fake_weight})())
     with pytest.raises(ValueError, match=r"^token_ids is on cpu and the model on cuda:0: move the ids "
@@ -547,29 +546,29 @@ def test_ids_on_another_device_than_the_model_are_named():
 
 def test_head_dim_is_an_int():
     """head_dim sizes tensors (the KV cache, the attention's split): a float would not do."""
-    for config in (GPTConfig(), GPTConfig(n_heads=3, d_model=12), GPTConfig(**SMALL_2)):
+    for config in (GPTConfig(), GPTConfig(n_heads=3, d_model=12), GPTConfig(**TINY)):
         assert type(config.head_dim) is int and config.head_dim * config.n_heads == config.d_model
 
 
 def test_forward_cached_takes_the_fast_path_by_default():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**SMALL_2)).eval()
+    model = GPT(GPTConfig(**TINY)).eval()
     calls = _spy_forwards(model)
     cache = KVCache.for_model(model, 1)
     model.forward_cached(torch.tensor([[1, 2, 3]]), cache)
     assert calls == {"ln_f": 0, "blocks": []} and cache.length == 3
 
 
-SMALL_23 = GPTConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, d_model=8)
+SMALLER = GPTConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, d_model=8)
 
 
-def small_model_2(**changes) -> GPT:
+def smaller_model(**changes) -> GPT:
     torch.manual_seed(0)
-    return GPT(GPTConfig(**{**SMALL_23.to_dict(), **changes})).eval()
+    return GPT(GPTConfig(**{**SMALLER.to_dict(), **changes})).eval()
 
 
 def ids(batch: int = 1, length: int = 4) -> torch.Tensor:
-    return torch.randint(0, SMALL_23.vocab_size, (batch, length), generator=torch.Generator().manual_seed(1))
+    return torch.randint(0, SMALLER.vocab_size, (batch, length), generator=torch.Generator().manual_seed(1))
 
 
 @pytest.mark.parametrize("make, name", [
@@ -580,8 +579,8 @@ def ids(batch: int = 1, length: int = 4) -> torch.Tensor:
     (lambda: TrainConfig(fast="False"), "fast"),
     (lambda: TrainConfig(compile="yes"), "compile"),
     (lambda: MultiHeadAttention(8, 2)(torch.randn(1, 3, 8), causal="no"), "causal"),
-    (lambda: small_model_2()(ids(), fast="False"), "fast"),
-    (lambda: generate(small_model_2(), ids(), 2, use_cache="False"), "use_cache"),
+    (lambda: smaller_model()(ids(), fast="False"), "fast"),
+    (lambda: generate(smaller_model(), ids(), 2, use_cache="False"), "use_cache"),
 ])
 def test_strings_are_refused_where_a_bool_is_expected(make, name):
     with pytest.raises(TypeError, match=rf"{name} is '.*' \(a str\), expected True or False"):
@@ -595,7 +594,7 @@ def test_strings_are_refused_where_a_bool_is_expected(make, name):
 ])
 def test_bad_token_ids_are_named(token_ids, error, match):
     with pytest.raises(error, match=match):
-        small_model_2()(token_ids)
+        smaller_model()(token_ids)
 
 
 def test_vocab_size_none_is_named():

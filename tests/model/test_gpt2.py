@@ -261,8 +261,7 @@ def test_saved_attention_buffers_are_ignored():
 # non-default values, every refusal's message read in full, and the download path (cache folder,
 # URL, timeout, the temporary file) with a fetch that needs no network.
 #
-# Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-# one-line bug that tests/model/test_gpt2.py and test_bad_input_newer.py let through. No transformers here: the
+# No transformers here: the
 # GPT-2 checkpoints are built by hand in Hugging Face's layout (tests/model/test_gpt2.py compares the logits).
 
 def gpt2_state(vocab: int = 11, context: int = 8, d: int = 8, layers: int = 2) -> dict[str, torch.Tensor]:

@@ -1,8 +1,7 @@
 """helpers.model.kv_cache: the cache's shape, dtype and device at non-default values, where
 `store` writes, and every refusal's message read in full.
 
-Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-one-line bug that tests/model/test_gpt.py and the property tests let through. Sizes are all different
+ Sizes are all different
 (L=2, B=3, H_KV=1, max_length=5, D_H=4) so that a swapped axis shows.
 """
 

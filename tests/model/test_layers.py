@@ -199,8 +199,7 @@ def test_exercise_checkers_accept_the_solutions_and_explain_the_usual_mistakes()
 
 # helpers.model.layers against PyTorch's own pieces, with every configuration asserted.
 #
-# Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-# one-line bug that tests/model/test_layers.py and tests/model/test_gpt.py let through. Grouped by the issue's classes:
+# Grouped by the issue's classes:
 # hand-written pieces against the PyTorch reference (nn.LayerNorm, F.gelu, F.silu), configuration
 # asserted at non-default values, exact properties, edge sizes.
 

@@ -2,8 +2,7 @@
 RoPE base can come from, the refusals (RoPE scaling, activation, wrong config) read in full, and a
 tied Llama's checkpoint loaded.
 
-Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-one-line bug that tests/model/test_modern.py and test_bad_input_newer.py let through.
+
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ def test_a_cache_past_the_rope_table_is_refused():
             layer.forward_absorbed(x[:, :1], table, cache)
 
 
-# helpers.model.mla: the gaps its mutation run found (benchmarks/MUTATION.md).
+# helpers.model.mla, exactly:
 #
 # Both forms of latent attention against a float64 reference written here from the equations
 # (per head, per query, RoPE by its angles, not by the course's code), the latent cache grown in
@@ -141,7 +141,7 @@ def test_a_cache_past_the_rope_table_is_refused():
 D, H, R, D_R, D_NOPE, D_V = 20, 3, 6, 4, 5, 7   # every size different, so a swapped one shows
 
 
-def _layer_2(q_rank=0, seed=0, eps=1e-6, dtype=torch.float64):
+def _latent_layer(q_rank=0, seed=0, eps=1e-6, dtype=torch.float64):
     torch.manual_seed(seed)
     layer = LatentAttention(D, H, R, D_R, D_NOPE, D_V, q_rank=q_rank, eps=eps).to(dtype)
     with torch.no_grad():
@@ -196,7 +196,7 @@ def reference(layer, x, eps=1e-6):
 
 @pytest.mark.parametrize("q_rank", [0, 9])
 def test_naive_and_absorbed_forms_equal_the_float64_reference(q_rank):
-    layer, table = _layer_2(q_rank)
+    layer, table = _latent_layer(q_rank)
     x = torch.randn(2, 4, D, dtype=torch.float64)
     expected = reference(layer, x)
     torch.testing.assert_close(layer(x, table), expected, atol=1e-10, rtol=1e-10)
@@ -208,7 +208,7 @@ def test_naive_and_absorbed_forms_equal_the_float64_reference(q_rank):
 @pytest.mark.parametrize("q_rank", [0, 9])
 def test_eps_reaches_both_rms_norms(q_rank):
     """A large eps changes the latent's norm (and q_a's); the reference with the same eps agrees."""
-    layer, table = _layer_2(q_rank, eps=0.5)
+    layer, table = _latent_layer(q_rank, eps=0.5)
     assert layer.kv_a_norm.eps == 0.5
     if q_rank:
         assert layer.q_a_norm.eps == 0.5
@@ -239,7 +239,7 @@ def test_the_weights_have_deepseeks_shapes_and_names():
 
 
 def test_up_projections_are_the_two_halves_of_kv_b_per_head():
-    layer, _ = _layer_2()
+    layer, _ = _latent_layer()
     w_uk, w_uv = layer.up_projections()
     assert w_uk.shape == (H, D_NOPE, R) and w_uv.shape == (H, D_V, R)
     rows = layer.kv_b.weight.view(H, D_NOPE + D_V, R)
@@ -247,7 +247,7 @@ def test_up_projections_are_the_two_halves_of_kv_b_per_head():
 
 
 def test_queries_and_latent_rotate_at_the_positions_given():
-    layer, table = _layer_2()
+    layer, table = _latent_layer()
     x = torch.randn(1, 3, D, dtype=torch.float64)
     positions = torch.tensor([4, 7, 11])
     q_nope, q_rope = layer.queries(x, table, positions)
@@ -269,7 +269,7 @@ def test_queries_and_latent_rotate_at_the_positions_given():
 @pytest.mark.parametrize("chunks", [(1, 4, 2), (3, 1, 3), (6, 1)])
 def test_the_cache_grown_in_uneven_chunks_equals_one_pass(chunks):
     """Queries after a cache sit at its end: their mask is tril(M - N), their RoPE starts at M0."""
-    layer, table = _layer_2(q_rank=9)
+    layer, table = _latent_layer(q_rank=9)
     x = torch.randn(2, sum(chunks), D, dtype=torch.float64)
     full_out, (c_full, k_full) = layer.forward_absorbed(x, table)
     cache, outs, start = None, [], 0
@@ -284,7 +284,7 @@ def test_the_cache_grown_in_uneven_chunks_equals_one_pass(chunks):
 
 
 def test_a_cache_may_reach_the_rope_table_exactly():
-    layer, table = _layer_2()
+    layer, table = _latent_layer()
     x = torch.randn(1, table.n_positions, D, dtype=torch.float64)
     _, cache = layer.forward_absorbed(x[:, :-1], table)
     out, cache = layer.forward_absorbed(x[:, -1:], table, cache)       # start + n == n_positions
@@ -296,7 +296,7 @@ def test_a_cache_may_reach_the_rope_table_exactly():
 
 
 def test_cache_errors_are_read_in_full():
-    layer, table = _layer_2(dtype=torch.float32)
+    layer, table = _latent_layer(dtype=torch.float32)
     x = torch.randn(2, 3, D)
     _, (c, k) = layer.forward_absorbed(x, table)
     with pytest.raises(TypeError, match=full(
@@ -326,7 +326,7 @@ def test_cache_errors_are_read_in_full():
 
 
 def test_the_causal_mask_is_built_on_the_scores_device():
-    layer, _ = _layer_2()
+    layer, _ = _latent_layer()
     scores = torch.zeros(2, H, 3, 5, device="meta")                   # shapes only, no values
     assert layer._attend(scores).device.type == "meta"
     weights = layer._attend(torch.zeros(1, 1, 3, 5, dtype=torch.float64))
@@ -335,7 +335,7 @@ def test_the_causal_mask_is_built_on_the_scores_device():
 
 
 def test_forward_absorbed_checks_x_first():
-    layer, table = _layer_2(dtype=torch.float32)
+    layer, table = _latent_layer(dtype=torch.float32)
     with pytest.raises(ValueError, match=full(
             f"x has shape (1, 2, {D + 1}), expected (..., {D}): the last dimension holds each "
             f"token's d_model = {D} features")):
@@ -399,7 +399,7 @@ def test_cache_values_per_token_checks_kind_and_groups():
 
 @pytest.mark.parametrize("method", ["forward", "forward_absorbed", "queries", "latent"])
 def test_every_entry_point_checks_x_and_the_table_before_any_product(method):
-    layer, table = _layer_2(dtype=torch.float32)
+    layer, table = _latent_layer(dtype=torch.float32)
     call = getattr(layer, method)
     with pytest.raises(ValueError, match=full(
             f"x has shape (1, 2, {D + 1}), expected (..., {D}): the last dimension holds each "

@@ -303,14 +303,14 @@ def test_modern_model_moves_its_rope_table_with_it():
     assert "rope" not in "".join(model.state_dict())  # the table is rebuilt, never saved
 
 
-# helpers.model.modern: the gaps its mutation run found (benchmarks/MUTATION.md).
+# helpers.model.modern, exactly:
 #
 # Grouped by issue 30's classes: ALiBi attention against PyTorch's attention with the same bias
 # (hand-written against the reference), dtypes and devices kept on every path, configuration
 # defaults asserted (SwiGLU's rounding, a block's start), edge shapes and every error message
 # read in full.
 
-SMALL_2 = dict(vocab_size=40, context_length=32, n_layers=1, n_heads=4, n_kv_heads=2, d_model=32)
+TINY_GQA = dict(vocab_size=40, context_length=32, n_layers=1, n_heads=4, n_kv_heads=2, d_model=32)
 
 
 def alibi_reference(q, k, v):
@@ -374,7 +374,7 @@ def test_llama_hidden_size_rounds_up_to_32_by_default():
 
 def test_a_block_starts_at_position_0_by_default():
     torch.manual_seed(2)
-    config = ModernConfig(**SMALL_2)
+    config = ModernConfig(**TINY_GQA)
     block, table = ModernBlock(config), RopeTable.build(config.head_dim, 32)
     x = torch.randn(1, 6, 32)
     assert torch.equal(block(x, table), block(x, table, start=0))
@@ -383,7 +383,7 @@ def test_a_block_starts_at_position_0_by_default():
 
 def test_to_empty_without_recursion_leaves_the_submodules_weights_alone():
     torch.manual_seed(3)
-    model = ModernGPT(ModernConfig(**SMALL_2))
+    model = ModernGPT(ModernConfig(**TINY_GQA))
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     model.to_empty(device="cpu", recurse=False)  # the model itself holds no parameter
     for name, p in model.named_parameters():
@@ -410,13 +410,13 @@ def test_the_argument_is_named_first(make, message):
     (torch.zeros(1, 2, 3, dtype=torch.long), "(1, 2, 3)"),
 ])
 def test_the_model_refuses_ids_that_are_not_b_by_n(ids, got):
-    model = ModernGPT(ModernConfig(**SMALL_2))
+    model = ModernGPT(ModernConfig(**TINY_GQA))
     with pytest.raises(ValueError, match=full(f"token_ids has shape {got}, expected (B, N) with N >= 1")):
         model(ids)
 
 
 def test_too_many_ids_name_the_last_position_allowed():
-    model = ModernGPT(ModernConfig(**SMALL_2))
+    model = ModernGPT(ModernConfig(**TINY_GQA))
     message = "token_ids reach position 32, expected at most context_length - 1 = 31"
     with pytest.raises(ValueError, match=full(message)):
         model(torch.zeros(1, 33, dtype=torch.long))
@@ -507,13 +507,13 @@ def test_sizes_and_numbers_are_named_in_full(make, message):
 
 
 def test_a_rope_base_between_1_and_2_is_accepted():
-    model = ModernGPT(ModernConfig(**SMALL_2, rope_base=1.5))
+    model = ModernGPT(ModernConfig(**TINY_GQA, rope_base=1.5))
     assert torch.equal(model.rope.cos, RopeTable.build(8, 32, 1.5).cos)
 
 
 def test_matrices_start_at_std_0_02_and_norm_gains_at_one():
     torch.manual_seed(6)
-    model = ModernGPT(ModernConfig(**dict(SMALL_2, d_model=64, vocab_size=400)))
+    model = ModernGPT(ModernConfig(**dict(TINY_GQA, d_model=64, vocab_size=400)))
     for name, p in model.named_parameters():
         if p.dim() == 2:
             assert 0.015 < p.std().item() < 0.025, name
@@ -557,16 +557,16 @@ def test_rope_table_sizes_and_complex_form():
 
 
 def test_config_head_dim_is_an_int_and_hidden_is_llamas_unless_given():
-    config = ModernConfig(**SMALL_2)
+    config = ModernConfig(**TINY_GQA)
     assert config.head_dim == 8 and isinstance(config.head_dim, int)
     assert config.hidden == llama_hidden_size(32) == 96
-    assert ModernConfig(**SMALL_2, mlp_hidden=40).hidden == 40
-    assert ModernConfig(**{**SMALL_2, "d_model": 24, "n_heads": 2, "n_kv_heads": 1}).head_dim == 12
+    assert ModernConfig(**TINY_GQA, mlp_hidden=40).hidden == 40
+    assert ModernConfig(**{**TINY_GQA, "d_model": 24, "n_heads": 2, "n_kv_heads": 1}).head_dim == 12
 
 
 def test_forward_cached_moves_the_cache_on_by_the_tokens_fed():
     torch.manual_seed(0)
-    model = ModernGPT(ModernConfig(**{**SMALL_2, "context_length": 6})).eval()
+    model = ModernGPT(ModernConfig(**{**TINY_GQA, "context_length": 6})).eval()
     ids = torch.randint(0, 40, (2, 6))
     cache = KVCache.for_model(model, 2)
     first = model.forward_cached(ids[:, :3], cache)
@@ -582,7 +582,7 @@ def test_forward_cached_moves_the_cache_on_by_the_tokens_fed():
 
 def test_forward_cached_refuses_a_cache_of_another_batch_or_no_room():
     torch.manual_seed(0)
-    model = ModernGPT(ModernConfig(**{**SMALL_2, "context_length": 6})).eval()
+    model = ModernGPT(ModernConfig(**{**TINY_GQA, "context_length": 6})).eval()
     cache = KVCache.for_model(model, 2)
     with pytest.raises(ValueError, match=r"^cache has batch size 2 .*expected 3 for this model"):
         model.forward_cached(torch.zeros(3, 2, dtype=torch.long), cache)

@@ -262,7 +262,7 @@ def test_group_limit_and_the_parameter_count_check_their_arguments():
         total_and_active_parameters({})
 
 
-# helpers.model.moe: the gaps its mutation run found (benchmarks/MUTATION.md).
+# helpers.model.moe, exactly:
 #
 # The dispatch (loop and sorted) against a per-token loop written here in float64, duplicates
 # and empty experts, capacity at its edges (C = the largest load, C = 1, every drop counted),

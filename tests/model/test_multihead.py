@@ -225,9 +225,7 @@ def test_exercise_checkers_accept_the_solutions_and_explain_the_usual_mistakes()
 
 
 # helpers.model.multihead: SeparateHeadsAttention.last_weights and fuse_heads, the two bodies
-# that the first mutation runs skipped (a @property and a @torch.no_grad() function).
-#
-# Written for the mutation run (benchmarks/mutation.py, issue 30): sizes all differ (B=2, H=3,
+# (a @property and a @torch.no_grad() function), read exactly: sizes all differ (B=2, H=3,
 # N=4, M=5) so that a stack along the wrong axis shows; biases are set away from 0 so that a bias
 # left uncopied shows.
 

@@ -131,7 +131,7 @@ def test_qk_norm_attention_names_bad_shapes_and_masks():
         qk_norm_attention(q, k, v, gain, gain, mask, eps=0.0)
 
 
-# helpers.model.sliding: the gaps its mutation run found (benchmarks/MUTATION.md).
+# helpers.model.sliding, exactly:
 #
 # Exact properties of the window (a key outside it changes nothing, bit for bit; the ring buffer
 # returns exactly the last W keys, oldest first), the masks at their edges, QK-norm attention

@@ -1,4 +1,5 @@
-"""post/test_classify.py: see below"""
+"""helpers.post.classify: the classifier head reads the last real token of each row, and the
+post-training helpers (classify, tasks, sft, dpo, grpo) refuse bad input by name."""
 
 from __future__ import annotations
 

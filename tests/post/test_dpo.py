@@ -95,7 +95,7 @@ def test_bad_input_is_refused():
         check_pair("seven", "")
 
 
-# helpers.post.dpo: the gaps its mutation run found (benchmarks/MUTATION.md).
+# helpers.post.dpo, exactly:
 #
 # answer_kl against PyTorch's own KL divergence (F.kl_div with log targets) and its mask weighting,
 # train_dpo against a hand loop with torch.optim.AdamW step for step (frozen parameters untouched,

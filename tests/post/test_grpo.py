@@ -133,7 +133,7 @@ def test_completion_logps_refuses_bad_groups_before_any_forward_pass(groups, max
         completion_logps(model, groups, max_new_tokens)
 
 
-# helpers.post.grpo: the gaps its mutation run found (benchmarks/MUTATION.md).
+# helpers.post.grpo, exactly:
 #
 # The loss's pieces by hand (k3 at known values, each normalisation, both clipping edges, the
 # logged KL and clipped fraction), its defaults (epsilon 0.2, beta 0.04, per sequence), rollouts

@@ -114,7 +114,7 @@ def test_fast_path_and_generation_see_the_adapter():
     torch.testing.assert_close(model(x, fast=True), model(x), atol=1e-5, rtol=0)
 
 
-# helpers.post.lora: the gaps its mutation run found (benchmarks/MUTATION.md).
+# helpers.post.lora, exactly:
 #
 # peft's naming rule for target modules (a whole name or a dotted suffix, never a bare suffix),
 # layers at the top level of a model, A's initialisation bound (peft's kaiming_uniform with

@@ -93,7 +93,7 @@ def test_well_formed_labels_come_from_the_grammar():
     assert not tasks.is_well_formed("three plus two is") and not tasks.is_well_formed("plus three two is five")
 
 
-# helpers.post.sft: the gaps its mutation run found (benchmarks/MUTATION.md).
+# helpers.post.sft, exactly:
 #
 # The log-probabilities against log_softmax by hand (and their dtype), sampled and greedy answers
 # against helpers.model.generation.generate called directly with the same generator, greedy

@@ -1,8 +1,7 @@
 """helpers.scale.cell_functions in this process (no worker started): what `ship` sends for a notebook
 cell's function (its source, the cell functions it calls, the modules and values it reads), that
 `CellFunction.build` rebuilds a function that behaves as the original and whose traceback shows
-its lines, and every refusal read in full. Written against the mutants that survived
-benchmarks/mutation.py."""
+its lines, and every refusal read in full."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 the hand-written all-reduce, buckets and broadcast against one process and against torch's DDP;
 the run's settings at non-default values; every refusal's message.
 
-Written for the mutation run (benchmarks/mutation.py, issue 30): tests/test_distributed.py runs the
-same workers in spawned processes, which a mutation tool cannot see.
+The tests marked `processes` run the same workers in two spawned processes (gloo).
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 (tests/ranks_in_threads.py), the split MoE layer against the whole one, the rows each rank receives against
 a count made here from the router, the dispatch plan against its definition.
 
-Written for the mutation run (benchmarks/mutation.py, issue 30): tests/model/test_moe.py runs the step
-in spawned processes, which a mutation tool cannot see.
+tests/model/test_moe.py runs the step in two spawned processes.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ def test_gradient_piece_checks_its_arguments_before_any_collective():
 # FSDP by hand (helpers.scale.fsdp) with its ranks as threads of this process (tests/ranks_in_threads.py),
 # where mutmut sees the workers' code run: equal to one process in float64 on 2 and 3 ranks (3 pads
 # every unit), the bytes held and the peak exactly as the ZeRO accounting says, every check read in
-# full. Written against the mutants that survived benchmarks/mutation.py.
+# full.
 
 def ranks(monkeypatch, world_size: int) -> ThreadRanks:
     return ThreadRanks(world_size).patch(monkeypatch, fsdp)

@@ -1,7 +1,6 @@
 """helpers.scale.parallelism: every cost formula at non-default sizes, the table's words, the
 timing sweep's calls (one rank, in the pytest process), the fit, and every refusal's message.
 
-Written for the mutation run (benchmarks/mutation.py, issue 30).
 """
 
 from __future__ import annotations

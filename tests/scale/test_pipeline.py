@@ -144,8 +144,7 @@ def test_the_1f1b_exercise_checker_refuses_gpipe_and_accepts_the_order():
 # Pipeline parallelism by hand (helpers.scale.pipeline) with its ranks as threads of this process
 # (tests/ranks_in_threads.py), where mutmut sees the workers' code run: GPipe and 1F1B on 2 and 4 stages
 # give one process's gradients (float64), each rank sends and receives exactly what its schedule
-# says, the orders and the timeline slot by slot, every check read in full. Written against the
-# mutants that survived benchmarks/mutation.py.
+# says, the orders and the timeline slot by slot, every check read in full.
 
 SMALL = GPTConfig(vocab_size=16, context_length=4, n_layers=4, n_heads=1, d_model=8)
 

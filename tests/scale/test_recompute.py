@@ -95,16 +95,15 @@ def test_ids_outside_the_vocabulary_or_of_a_float_dtype_are_refused_by_name():
 # loss and gradients against plain autograd, the peak against one block's saved tensors, the
 # comparison's calls and timing, every refusal's message.
 #
-# Written for the mutation run (benchmarks/mutation.py, issue 30).
 
-CONFIG_2 = GPTConfig(vocab_size=32, context_length=16, n_layers=2, n_heads=2, d_model=16)
+TWO_LAYERS = GPTConfig(vocab_size=32, context_length=16, n_layers=2, n_heads=2, d_model=16)
 
 
 @pytest.fixture(scope="module")
 def setup():
     torch.manual_seed(0)
-    ids = torch.randint(0, CONFIG_2.vocab_size, (4, CONFIG_2.context_length + 1))
-    return GPT(CONFIG_2).double(), ids[:, :-1], ids[:, 1:]
+    ids = torch.randint(0, TWO_LAYERS.vocab_size, (4, TWO_LAYERS.context_length + 1))
+    return GPT(TWO_LAYERS).double(), ids[:, :-1], ids[:, 1:]
 
 
 def _grads_by_autograd(model, ids, targets):

@@ -120,10 +120,9 @@ def test_ring_attention_and_the_reference_check_their_arguments_before_any_commu
 # (tests/ranks_in_threads.py), where mutmut sees the workers' code run: on 2 and 3 ranks, zig-zag or
 # contiguous, causal or not, forward and backward equal PyTorch's scaled_dot_product_attention
 # (float64); the work each rank does and the messages it sends, exactly; the pieces (block
-# attention, the merge) against PyTorch's; every check read in full. Written against the mutants
-# that survived benchmarks/mutation.py.
+# attention, the merge) against PyTorch's; every check read in full.
 
-SHAPE_2 = (1, 2, 12, 4)  # B, H, N, D_H: 12 tokens split over 2 or 3 ranks, zig-zag or not
+RING_SHAPE = (1, 2, 12, 4)  # B, H, N, D_H: 12 tokens split over 2 or 3 ranks, zig-zag or not
 
 
 def expected_work(rank: int, p: int, zigzag: bool, causal: bool, c: int) -> int:
@@ -136,9 +135,9 @@ def expected_work(rank: int, p: int, zigzag: bool, causal: bool, c: int) -> int:
                                                      (2, True, False)])
 def test_ring_attention_on_thread_ranks_is_full_attention(monkeypatch, p, zigzag, causal):
     ranks = ThreadRanks(p).patch(monkeypatch, ra)
-    results = ra.run_ring_attention(ThreadWorkers(ranks), SHAPE_2, zigzag=zigzag, causal=causal, seed=2)
-    reference = ra.full_attention_reference(SHAPE_2, causal=causal, seed=2)
-    c = SHAPE_2[2] // (2 * p if zigzag else p)
+    results = ra.run_ring_attention(ThreadWorkers(ranks), RING_SHAPE, zigzag=zigzag, causal=causal, seed=2)
+    reference = ra.full_attention_reference(RING_SHAPE, causal=causal, seed=2)
+    c = RING_SHAPE[2] // (2 * p if zigzag else p)
     for rank, result in enumerate(results):
         for name in ("out", "q", "k", "v"):
             expected = ra.split_sequence(reference[name], rank, p, zigzag)
@@ -148,20 +147,20 @@ def test_ring_attention_on_thread_ranks_is_full_attention(monkeypatch, p, zigzag
         # p - 1 steps forward (to rank + 1), then the gradients p - 1 steps back (to rank - 1)
         assert [call for r, call in ranks.calls if r == rank] == (
             [f"send to {right}", f"recv from {left}"] * (p - 1) + [f"send to {left}", f"recv from {right}"] * (p - 1))
-    assert not torch.equal(reference["out"], ra.full_attention_reference(SHAPE_2, causal=not causal, seed=2)["out"])
+    assert not torch.equal(reference["out"], ra.full_attention_reference(RING_SHAPE, causal=not causal, seed=2)["out"])
 
 
 def test_the_default_is_causal_zigzag_with_seed_0(monkeypatch):
     ranks = ThreadRanks(2).patch(monkeypatch, ra)
-    results = ra.run_ring_attention(ThreadWorkers(ranks), SHAPE_2)
-    reference = ra.full_attention_reference(SHAPE_2)
-    explicit = ra.full_attention_reference(SHAPE_2, causal=True, seed=0)
+    results = ra.run_ring_attention(ThreadWorkers(ranks), RING_SHAPE)
+    reference = ra.full_attention_reference(RING_SHAPE)
+    explicit = ra.full_attention_reference(RING_SHAPE, causal=True, seed=0)
     assert all(torch.equal(reference[n], explicit[n]) for n in reference)
     for rank, result in enumerate(results):
         torch.testing.assert_close(result["out"], ra.split_sequence(reference["out"], rank, 2, True),
                                    rtol=0, atol=1e-12)
         assert result["work"] == expected_work(rank, 2, True, True, 3)
-    q, k, v = (ra.split_sequence(t, 0, 1, False) for t in ra._inputs(SHAPE_2, 0)[:3])
+    q, k, v = (ra.split_sequence(t, 0, 1, False) for t in ra._inputs(RING_SHAPE, 0)[:3])
     one = ThreadRanks(1).patch(monkeypatch, ra).run(lambda rank, p: ra.ring_attention(q, k, v, zigzag=False))
     torch.testing.assert_close(one[0][0], F.scaled_dot_product_attention(q, k, v, is_causal=True),
                                rtol=0, atol=1e-12)
@@ -261,24 +260,24 @@ def test_the_ring_checks_read_in_full():
         with pytest.raises(ValueError, match=f"^shape's {name} is 0"):
             ra.full_attention_reference(tuple(shape))
     with pytest.raises(TypeError, match="^causal is "):
-        ra.full_attention_reference(SHAPE_2, causal="no")
+        ra.full_attention_reference(RING_SHAPE, causal="no")
     with pytest.raises(TypeError, match="^causal is "):
-        ra.run_ring_attention(Workers(2), SHAPE_2, causal="no")
+        ra.run_ring_attention(Workers(2), RING_SHAPE, causal="no")
     with pytest.raises(TypeError, match="^workers is a str, expected a Workers$"):
-        ra.run_ring_attention("pool", SHAPE_2)
+        ra.run_ring_attention("pool", RING_SHAPE)
     with pytest.raises(TypeError, match="^workers is a NoneType, expected a Workers$"):
-        ra.run_ring_attention(None, SHAPE_2)
+        ra.run_ring_attention(None, RING_SHAPE)
     pool = Workers(2)
     with pytest.raises(TypeError, match="^zigzag is "):
-        ra.run_ring_attention(pool, SHAPE_2, zigzag=None)
+        ra.run_ring_attention(pool, RING_SHAPE, zigzag=None)
     with pytest.raises(ValueError, match="^shape's D_H is 0"):
         ra.run_ring_attention(pool, (1, 2, 12, 0))
     assert pool.processes == []
 
 
 def test_the_worker_defaults_to_causal_attention_from_seed_0(monkeypatch):
-    results = ThreadRanks(2).patch(monkeypatch, ra).run(ra.ring_attention_worker, SHAPE_2, True)
-    reference = ra.full_attention_reference(SHAPE_2, causal=True, seed=0)
+    results = ThreadRanks(2).patch(monkeypatch, ra).run(ra.ring_attention_worker, RING_SHAPE, True)
+    reference = ra.full_attention_reference(RING_SHAPE, causal=True, seed=0)
     for rank, result in enumerate(results):
         for name in ("out", "q", "k", "v"):
             torch.testing.assert_close(result[name], ra.split_sequence(reference[name], rank, 2, True),

@@ -1,9 +1,8 @@
 """helpers.scale.sharded: ShardedAdamW.step in one process, as rank 0 or 1 of two, with the
 broadcast recorded; its refusals read in full.
 
-Written for the mutation run (benchmarks/mutation.py, issue 30), after @torch.no_grad()
-functions were mutated too: the two-rank tests run in worker processes, which mutmut does not
-count, so each test here fails in-process on a planted one-line bug of step.
+The two-rank tests (marked `processes`) run in worker processes; the one-rank tests run the
+workers' code in this process, where a mutation run (benchmarks/mutation.py) sees it.
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@
 against their definitions, the hand-split MLP against torch.distributed.tensor.parallel's; every
 refusal's message.
 
-Written for the mutation run (benchmarks/mutation.py, issue 30): tests/test_distributed.py runs the
-same workers in spawned processes, which a mutation tool cannot see.
+The tests marked `processes` run the same workers in two spawned processes (gloo).
 """
 
 from __future__ import annotations

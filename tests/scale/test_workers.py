@@ -4,7 +4,7 @@ workers' `_serve` loop with torch.distributed simulated (tests/ranks_in_threads.
 quiet worker's redirections are recorded, not done to pytest. What is checked: the results in rank
 order, a failing rank raising WorkerFailed with its traceback, a slow one TimeoutError, a rank that
 dies silently named, nothing left running; the collectives and the ring all-reduce exactly; every
-check read in full. Written against the mutants that survived benchmarks/mutation.py."""
+check read in full."""
 
 from __future__ import annotations
 
@@ -304,7 +304,7 @@ def test_stop_gives_later_processes_only_what_is_left_of_the_2_seconds(monkeypat
     assert first.events == [("join", 0)] and second.events == [("join", 0)]  # 0.25 s, then none
 
 
-def test_the_worker_checks_read_in_full(threaded):  # threads: a planted bug that starts workers leaks none
+def test_the_worker_checks_read_in_full(threaded):  # threads: a bug that starts workers leaks none
     failed = w.WorkerFailed(3, "trace")
     assert str(failed) == "worker of rank 3 failed; its traceback:\ntrace" and isinstance(failed, RuntimeError)
     assert (failed.rank, failed.worker_traceback) == (3, "trace")

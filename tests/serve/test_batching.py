@@ -1,4 +1,4 @@
-"""helpers.serve.batching: the gaps its mutation run found (benchmarks/MUTATION.md).
+"""helpers.serve.batching, exactly:
 
 Sampled batched generation against a reference that runs each row alone without padding or
 cache and samples the stacked logits with the same generator (so temperature, top-k, top-p,

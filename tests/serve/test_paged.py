@@ -102,14 +102,14 @@ def test_a_request_longer_than_the_cache_is_refused():
         cache.add_sequence(0)
 
 
-# helpers.serve.paged: the gaps its mutation run found (benchmarks/MUTATION.md).
+# helpers.serve.paged, exactly:
 #
 # The pool's bookkeeping read exactly (which block a sequence takes, reference counts through fork,
 # copy on write and free, the free pool's order), the edges of every size check (a pool filled to
 # its last block, a position in the last slot, a request exactly max_length long), the cache built
 # for a model in another dtype, and every error message read in full.
 
-def _model_2(seed: int = 0, **kw) -> GPT:
+def _tiny_model(seed: int = 0, **kw) -> GPT:
     torch.manual_seed(seed)
     config = dict(vocab_size=24, context_length=24, n_layers=2, n_heads=2, d_model=16) | kw
     return GPT(GPTConfig(**config)).eval()
@@ -153,7 +153,7 @@ def test_each_size_is_checked_by_name(name, position):
 
 
 def test_for_model_reads_the_model_and_its_dtype():
-    model = _model_2(n_layers=3, n_heads=2, d_model=32).double()
+    model = _tiny_model(n_layers=3, n_heads=2, d_model=32).double()
     cache = PagedKVCache.for_model(model, block_size=5, n_blocks=7)
     assert cache.keys.shape == (3, 7, 2, 5, 16) and cache.keys.dtype == torch.float64
     assert cache.values.dtype == torch.float64
@@ -315,7 +315,7 @@ def test_gather_pads_short_tables_to_the_longest():
 
 
 def test_forward_of_a_batch_with_different_lengths_equals_each_alone():
-    model = _model_2()
+    model = _tiny_model()
     cache = PagedKVCache.for_model(model, block_size=3, n_blocks=16)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 24, (1, n), generator=gen) for n in (4, 7)]
@@ -334,7 +334,7 @@ def test_forward_of_a_batch_with_different_lengths_equals_each_alone():
 
 @pytest.mark.parametrize("ids", [torch.zeros(2, dtype=torch.long), torch.zeros(2, 1, dtype=torch.long)])
 def test_forward_wants_one_row_per_sequence(ids):
-    model = _model_2()
+    model = _tiny_model()
     cache = PagedKVCache.for_model(model, block_size=4, n_blocks=4)
     cache.add_sequence(0)
     with pytest.raises(ValueError, match=full(f"token_ids has shape {tuple(ids.shape)}, expected "
@@ -362,7 +362,7 @@ def test_lookup_divides_in_integers():
 
 
 def test_for_model_of_a_one_layer_model():
-    cache = PagedKVCache.for_model(_model_2(n_layers=1), block_size=2, n_blocks=3)
+    cache = PagedKVCache.for_model(_tiny_model(n_layers=1), block_size=2, n_blocks=3)
     assert cache.keys.shape == (1, 3, 2, 2, 8)
 
 

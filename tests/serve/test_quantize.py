@@ -90,7 +90,7 @@ def test_bad_quantization_input(call, match):
         call()
 
 
-# helpers.serve.quantize: the gaps its mutation run found (benchmarks/MUTATION.md).
+# helpers.serve.quantize, exactly:
 #
 # Exact values worked by hand (scales that are powers of two, so every q is exact; halves that
 # round to even), the edge groups (all positive, all negative, all zero), the nibble order of the

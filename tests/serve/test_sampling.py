@@ -124,7 +124,7 @@ def test_batched_generation_refuses_bad_prompts():
         generate_batch(model, [[99]], 3)
 
 
-# helpers.serve.sampling: the gaps its mutation run found (benchmarks/MUTATION.md).
+# helpers.serve.sampling, exactly:
 #
 # Each rule at its exact boundary against the transformers logits processor of the same name
 # (probabilities that are powers of two, so the cut falls exactly on a token), the defaults of

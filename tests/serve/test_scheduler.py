@@ -86,7 +86,7 @@ def test_a_request_id_used_twice_is_refused_before_anything_is_queued():
     assert [r.id for r in scheduler.waiting] == [3]
 
 
-# helpers.serve.scheduler: the gaps its mutation run found (benchmarks/MUTATION.md).
+# helpers.serve.scheduler, exactly:
 #
 # More requests than slots, with the whole timeline worked by hand (which step admits, prefills,
 # decodes and retires each request; the forward passes and the batch size at every step), a pool

@@ -224,7 +224,7 @@ def test_sample_outputs_refuses_a_missing_generator():
         sample_outputs(*_small(), (0,), 2, 2, 5, verify_round, None)
 
 
-# helpers.serve.speculative: the gaps its mutation run found (benchmarks/MUTATION.md).
+# helpers.serve.speculative, exactly:
 #
 # Fixtures where the behaviour decides the answer: a draft that disagrees with the target (so
 # rejection and the residual run), distributions with zeros (so the enumeration must skip the
@@ -434,7 +434,7 @@ def test_enumeration_errors_in_full(call, message):
         call()
 
 
-def _models_2(context: int = 24):
+def _small_target_and_draft(context: int = 24):
     torch.manual_seed(0)
     target = GPT(GPTConfig(vocab_size=16, context_length=context, n_layers=1, n_heads=2,
                            d_model=16)).eval()
@@ -460,7 +460,7 @@ class Spy:
 def test_each_round_sees_both_models_full_forward_distributions(rule):
     """p and q of every round equal the rule applied to a forward pass without a cache over the
     sequence so far: the caches are fed and rolled back right, rejections included."""
-    target, draft = _models_2()
+    target, draft = _small_target_and_draft()
     prompt, spy = [1, 2, 3], Spy()
     k = 3
     tokens, stats = speculative_generate(target, draft, prompt, 9, k=k, verify=spy,
@@ -483,7 +483,7 @@ def test_each_round_sees_both_models_full_forward_distributions(rule):
 
 
 def test_greedy_with_a_disagreeing_draft_is_the_targets_greedy_and_counts_rounds():
-    target, draft = _models_2()
+    target, draft = _small_target_and_draft()
     spy = Spy()
     tokens, stats = speculative_generate(target, draft, [4], 8, k=2, temperature=0, verify=spy)
     seq = [4]
@@ -501,7 +501,7 @@ def test_acceptance_rate():
 
 
 def test_the_generator_owns_the_randomness():
-    target, draft = _models_2()
+    target, draft = _small_target_and_draft()
     outs = []
     for global_seed in range(2):
         torch.manual_seed(global_seed)
@@ -511,7 +511,7 @@ def test_the_generator_owns_the_randomness():
 
 
 def test_the_last_round_is_cut_to_max_new_tokens():
-    target, _ = _models_2()
+    target, _ = _small_target_and_draft()
     tokens, stats = speculative_generate(target, target, [4, 5], 5, k=3,
                                          generator=torch.Generator().manual_seed(0))
     assert len(tokens) == 5 and stats.target_passes == 2 and stats.draft_passes == 6
@@ -519,7 +519,7 @@ def test_the_last_round_is_cut_to_max_new_tokens():
 
 
 def test_a_request_exactly_filling_the_context_runs():
-    target, draft = _models_2(context=12)
+    target, draft = _small_target_and_draft(context=12)
     tokens, _ = speculative_generate(target, draft, [1, 2, 3], 6, k=3, temperature=0)  # 3 + 6 + 3
     assert len(tokens) == 6
     with pytest.raises(ValueError, match=full("prompt + max_new_tokens + k = 13 tokens, longer "
@@ -528,8 +528,8 @@ def test_a_request_exactly_filling_the_context_runs():
 
 
 def test_the_shorter_context_of_the_two_decides():
-    target, _ = _models_2(context=24)
-    _, draft = _models_2(context=10)
+    target, _ = _small_target_and_draft(context=24)
+    _, draft = _small_target_and_draft(context=10)
     with pytest.raises(ValueError, match=full("prompt + max_new_tokens + k = 11 tokens, longer "
                                               "than the cache (context 10)")):
         speculative_generate(target, draft, [1, 2, 3], 6, k=2)
@@ -539,7 +539,7 @@ def test_the_shorter_context_of_the_two_decides():
 
 
 def test_models_are_put_in_eval_mode():
-    target, draft = _models_2()
+    target, draft = _small_target_and_draft()
     target.train(), draft.train()
     speculative_generate(target, draft, [1], 2, k=1, temperature=0)
     assert not target.training and not draft.training
@@ -555,7 +555,7 @@ def test_models_are_put_in_eval_mode():
      "verify returned [99, 99, 99, 99] for drafted"),
 ])
 def test_loop_errors_in_full(kwargs, error, message):
-    target, draft = _models_2()
+    target, draft = _small_target_and_draft()
     args = dict(prompt=[1], max_new_tokens=3, k=2, temperature=0) | kwargs
     pattern = full(message) if not message.endswith("drafted") else "^" + re.escape(message)
     with pytest.raises(error, match=pattern):
@@ -563,7 +563,7 @@ def test_loop_errors_in_full(kwargs, error, message):
 
 
 def test_a_different_vocabulary_is_refused_in_full():
-    target, _ = _models_2()
+    target, _ = _small_target_and_draft()
     other = GPT(GPTConfig(vocab_size=17, context_length=24, n_layers=1, n_heads=1, d_model=8))
     with pytest.raises(ValueError, match=full("draft has vocab_size 17 and target 16: the draft "
                                               "must use the target's tokenizer")):
@@ -639,7 +639,7 @@ def test_nothing_is_fed_twice(temperature):
     exactly the last emitted token and the k new drafted ones. The draft's first pass of a round
     feeds 1 token after a rejection, 2 after a full acceptance (the last drafted one and the
     bonus), and 1 a pass after that."""
-    target, draft = _models_2()
+    target, draft = _small_target_and_draft()
     fed_t, fed_d, spy = Fed(target), Fed(draft), Spy()
     k, prompt = 3, [1, 2, 3]
     speculative_generate(target, draft, prompt, 12, k=k, temperature=temperature, verify=spy,
@@ -652,7 +652,7 @@ def test_nothing_is_fed_twice(temperature):
 
 
 def test_default_temperature_is_one():
-    target, draft = _models_2()
+    target, draft = _small_target_and_draft()
     spy = Spy()
     speculative_generate(target, draft, [1, 2], 3, k=2, verify=spy,
                          generator=torch.Generator().manual_seed(0))
@@ -672,7 +672,7 @@ def test_default_temperature_is_one():
     (dict(generator=3), TypeError, "generator is a int, expected a torch.Generator"),
 ])
 def test_bad_prompts_and_rules_are_refused_before_any_pass(kwargs, error, message):
-    target, draft = _models_2()
+    target, draft = _small_target_and_draft()
     for model in (target, draft):
         model.forward_cached = lambda *a, **k: pytest.fail("a model ran before the checks")
     args = dict(prompt=[1], max_new_tokens=3, k=2) | kwargs
@@ -681,6 +681,6 @@ def test_bad_prompts_and_rules_are_refused_before_any_pass(kwargs, error, messag
 
 
 def test_a_tensor_prompt_is_accepted():
-    target, draft = _models_2()
+    target, draft = _small_target_and_draft()
     a = speculative_generate(target, draft, torch.tensor([1, 2]), 4, k=2, temperature=0)[0]
     assert a == speculative_generate(target, draft, [1, 2], 4, k=2, temperature=0)[0]

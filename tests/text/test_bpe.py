@@ -486,8 +486,7 @@ def test_bad_input_gets_a_clear_error_naming_the_argument(case):
         finishes(call)
 
 
-# helpers.text.bpe: what tests/text/test_bpe.py lets through, written for the mutation run (benchmarks/mutation.py,
-# issue 30).
+# helpers.text.bpe, exactly:
 #
 # Every tokenizer here is built inside its test from a few dozen characters: tests/text/test_bpe.py's cached
 # corpus tokenizers are trained once per process, before mutmut plants a bug, so a mutant of the

@@ -128,8 +128,7 @@ def test_bad_input_gets_a_clear_error_naming_the_argument(case):
         finishes(call)
 
 
-# helpers.text.chars: what tests/text/test_chars.py and tests/text/test_bpe.py let through, written for the mutation run
-# (benchmarks/mutation.py, issue 30).
+# helpers.text.chars, exactly:
 #
 # Grouped by the issue's classes: error messages read in full (each names the argument, what it got
 # and what was expected), patterns that leave text between their matches, the exact blocks of

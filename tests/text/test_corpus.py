@@ -110,8 +110,7 @@ def test_corpus_has_no_article_errors():
 # helpers.text.corpus: the article rule, the story generator, the corpus size rule, the grammar
 # checker and the data folder, each asserted exactly.
 #
-# Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-# one-line bug that tests/text/test_corpus.py lets through. Tiny inputs only: a few stories, a few sentences.
+# Tiny inputs only: a few stories, a few sentences.
 
 @pytest.mark.parametrize(("phrase", "vowel"), [
     ("apple", True), ("egg", True), ("ice", True), ("owl", True), ("uncle", True),

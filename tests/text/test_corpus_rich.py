@@ -155,8 +155,7 @@ def test_known_word_fraction_counts_words_the_grammar_knows():
 # helpers.text.corpus_rich: the rich grammar's generator, checker and word measures, asserted
 # exactly on tiny inputs.
 #
-# Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-# one-line bug that tests/text/test_corpus_rich.py lets through.
+#
 
 def test_forms_apply_every_rule_to_every_word_in_order_without_repeats():
     assert cr._forms(["cat", "box"], lx.plural, cr._same) == ("cats", "boxes", "cat", "box")

@@ -140,7 +140,6 @@ def test_decode_refuses_unknown_ids(ours):
 # helpers.text.gpt2_tokenizer on a vocabulary built by hand (no Hugging Face files): GPT-2's byte
 # table at its edges, ids relabelled in an order of their own, decode's checks of ids (NumPy and
 # torch integers taken, bools refused, as BPETokenizer.decode), the file readers' messages in full.
-# Written for the mutation run (benchmarks/mutation.py, issue 30).
 
 MERGES = [("a", "b"), ("ab", "c"), ("Ġ", "t")]
 

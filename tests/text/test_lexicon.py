@@ -1,7 +1,6 @@
 """helpers.text.lexicon: every spelling rule on hand-picked words, each branch and edge.
 
-Written for the mutation run (benchmarks/mutation.py, issue 30): each test fails on a planted
-one-line bug that tests/text/test_corpus_rich.py lets through. The expected forms are written out by hand
+ The expected forms are written out by hand
 (how the words are spelt in British English), not computed by the rules under test.
 """
 

@@ -181,8 +181,7 @@ def test_bad_input_gets_a_clear_error_naming_the_argument(case):
         finishes(call)
 
 
-# helpers.text.subword: what tests/text/test_subword.py lets through, written for the mutation run
-# (benchmarks/mutation.py, issue 30).
+# helpers.text.subword, exactly:
 #
 # Every model here is trained inside its test on a few words, small enough to follow by hand (each
 # expected value says how it is derived): tests/text/test_subword.py's corpus models are cached per process,

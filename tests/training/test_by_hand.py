@@ -193,7 +193,7 @@ def test_hand_adamw_step_wants_gradients_and_a_rate():
     assert optimizer.t == 0
 
 
-# helpers.training.by_hand: what the mutation run (benchmarks/mutation.py) showed no test asserting.
+# helpers.training.by_hand, exactly:
 #
 # Every refusal's whole message (the argument named, what it got, what was expected), the edges
 # of each accepted range (the shortest window, beta = 0, lr = 0, a list of betas), and the step

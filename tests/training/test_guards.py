@@ -1,6 +1,6 @@
 """helpers.training.guards: the Trainer's checks, each refusal whole and each edge it accepts.
 
-Written against the mutants that benchmarks/mutation.py found alive: every message matched in
+Every message matched in
 full (the argument named, what it got, what was expected), windows of exactly context_length + 1
 tokens, a window as long as the model's, and the names of at most three broken weights.
 """

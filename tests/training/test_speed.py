@@ -1,8 +1,6 @@
-"""helpers.training.speed: FlatWeights.clip_gradients at norms where a planted bug shows.
-
-Written for the mutation run (benchmarks/mutation.py, issue 30), after @torch.no_grad() functions
-were mutated too: each test fails on a planted one-line bug that tests/training/test_trainer.py and the property
-tests let through.
+"""helpers.training.speed: FlatWeights (one buffer, float32 master weights, gradient clipping as
+clip_grad_norm_ does it, at norms where the 1e-6 shows), the bf16 probes, make_optimizer's
+settings and kernels, the precision setting, and its refusals read in full.
 """
 
 from __future__ import annotations

@@ -402,7 +402,7 @@ def test_course_corpus_split_keeps_stories_whole_yet_shares_sentences():
     assert first_story in text.split("\n\n")
 
 
-# helpers.training.trainer: what the mutation run (benchmarks/mutation.py) showed no test asserting.
+# helpers.training.trainer, exactly:
 #
 # Grouped by the classes of issue 30: configuration asserted (the progress bar's settings, what
 # fit records and shows), edge sizes (two stories, the smallest split), fixtures where the
@@ -927,7 +927,7 @@ def test_the_trainer_computes_in_the_precision_asked_for(precision, expected):
     assert next(model.parameters()).dtype == torch.float32  # the weights AdamW updates stay float32
 
 
-def tiny_trainer_2(**config) -> train.Trainer:
+def tiny_trainer_evaluating_every_2_steps(**config) -> train.Trainer:
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=7, context_length=8, n_layers=1, n_heads=1, d_model=8))
     ids = torch.tensor([0, 1, 2, 3, 4, 5, 6, 5, 4, 3, 2, 1]).repeat(20)
@@ -936,7 +936,7 @@ def tiny_trainer_2(**config) -> train.Trainer:
 
 
 def test_the_history_holds_the_evaluated_losses():
-    trainer = tiny_trainer_2()
+    trainer = tiny_trainer_evaluating_every_2_steps()
     history = trainer.fit(steps=2, progress_bar=False)
     losses = trainer.evaluate()  # the same fixed batches, the same weights
     assert history.eval_steps == [2]
@@ -969,7 +969,7 @@ def test_the_progress_bar_counts_steps_or_seconds_as_asked():
 
 
 def test_fit_shows_a_bar_with_both_losses_by_default(capsys):
-    tiny_trainer_2().fit(steps=2)
+    tiny_trainer_evaluating_every_2_steps().fit(steps=2)
     err = capsys.readouterr().err
     assert "2/2" in err and "step" in err and "train=" in err and "val=" in err
 
@@ -998,7 +998,7 @@ def test_the_schedule_names_a_bad_argument(kwargs, error, message):
 
 def test_fit_and_the_splits_name_a_bad_argument():
     with pytest.raises(TypeError, match="^progress_bar is 'yes'"):
-        tiny_trainer_2().fit(steps=1, progress_bar="yes")
+        tiny_trainer_evaluating_every_2_steps().fit(steps=1, progress_bar="yes")
     with pytest.raises(ValueError, match="^ids is a list, expected a 1-D tensor of token ids$"):
         train.split_train_val([1, 2, 3])
     with pytest.raises(ValueError, match=r"^ids is of shape \(2, 2\), expected a 1-D tensor"):
