@@ -164,16 +164,17 @@ MODULE_NOTES: dict[str, str] = {
         "rank 0's rows from rank 1's nor a sum over ranks from a copy: tests/scale/test_data_parallel.py "
         "runs two and three ranks as threads of torch's in-process 'threaded' process group "
         "(tests/ranks_in_threads.py), the workers' own code, against one process and torch's DDP. "
-        "tests/test_distributed.py (spawned workers) is left out of the map: it counts for nothing "
-        "here and its parent-side checks would run behind every mutant of make_model or loss_of. "
+        "Its spawned-worker tests (marked `processes`) are left out of the run: they count for "
+        "nothing here and their parent-side checks would run behind every mutant of make_model or "
+        "loss_of. "
         "The one 'other' verdict, loss_of's F.mse_loss(None, targets), crashed mutmut's forked "
         "worker (exit -11); run directly with that mutant, the first test that calls loss_of fails "
         "(AttributeError), whatever the order."),
     "helpers/scale/tensor_parallel.py": (
         "Two to four ranks as threads of torch's in-process process group (tests/ranks_in_threads.py), "
         "each split module against the whole one forward and backward, and the hand-split MLP "
-        "against torch.distributed.tensor.parallel's on the same threads; tests/test_distributed.py "
-        "(spawned workers, counted for nothing) is left out of the map."),
+        "against torch.distributed.tensor.parallel's on the same threads; the spawned-worker tests "
+        "(marked `processes`, counted for nothing) are left out of the run."),
     "helpers/scale/expert_parallel.py": (
         "One to four ranks as threads of torch's in-process process group (tests/ranks_in_threads.py): "
         "the split layer against the whole one, and each rank's received rows against a count made "

@@ -250,7 +250,7 @@ def test_the_sharded_optimizer_names_what_is_wrong(params, kwargs, message):
 @pytest.mark.parametrize("world_size, checked", [(1, False), (2, True), (3, True)])
 def test_the_sharded_optimizer_compares_shapes_across_ranks_when_there_are_several(
         monkeypatch, world_size, checked):
-    """The cross-rank comparison itself needs two processes (tests/test_distributed.py); here,
+    """The cross-rank comparison itself needs two processes (the tests marked `processes`); here,
     that the optimizer asks for it, with its parameters, exactly when there are other ranks."""
     calls = []
     monkeypatch.setattr(sharded, "check_same_shapes", lambda *args: calls.append(args))
