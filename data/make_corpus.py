@@ -1,8 +1,8 @@
 """Regenerate the course corpora: python data/make_corpus.py
 
 Both corpora come from seeded grammars (helpers/text/corpus.py, the small one; helpers/text/corpus_rich.py,
-the rich one), so this script always writes the same bytes; tests/test_corpus.py and
-tests/test_corpus_rich.py check that the committed files match.
+the rich one), so this script always writes the same bytes; tests/text/test_corpus.py and
+tests/text/test_corpus_rich.py check that the committed files match.
 """
 
 from pathlib import Path

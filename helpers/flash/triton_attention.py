@@ -165,7 +165,7 @@ def default_backward_blocks(head_dim: int) -> tuple[int, int, int, int]:
         (128, 64, 8, 2)                                  85 / 84
 
     data/flash_gpu_benchmark.json, which notebook 8 draws, was measured with this choice. It also
-    compiles within the shared memory of an A100 and an H100 (tests/test_flash_triton.py checks
+    compiles within the shared memory of an A100 and an H100 (tests/flash/test_triton_kernels.py checks
     it ahead of time).
     """
     if interpreting():

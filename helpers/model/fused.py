@@ -1,7 +1,7 @@
 """The GPT's fused forward: the same Block, computed with PyTorch's fused kernels.
 
 Nothing here is a new idea; each function computes what `Block.forward` and `LayerNorm` in
-`helpers.model.layers` define, and tests/test_gpt.py checks each against that definition.
+`helpers.model.layers` define, and tests/model/test_gpt.py checks each against that definition.
 Notebook 7 (section 4) shows the plain block and then `GPT.forward(fast=True)`, which uses:
 
     fused_layer_norm, fused_causal_attention   PyTorch's fused kernels for LayerNorm, attention
@@ -108,7 +108,7 @@ def fast_block(block: Block, x: Tensor, kv_store: KVStore | None = None) -> Tens
     """`block(x, causal=True, kv_store=kv_store)` for a Pre-LN block, with fused kernels and one
     Q/K/V product. x: (B, N, D) -> (B, N, D).
 
-    Uses the block's own parameters; attention weights are not kept. tests/test_gpt.py checks
+    Uses the block's own parameters; attention weights are not kept. tests/model/test_gpt.py checks
     it against `Block.forward`, the definition it must follow.
     """
     if not block.pre_norm:

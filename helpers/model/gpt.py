@@ -19,7 +19,7 @@ their keys and values to a `helpers.model.kv_cache.KVCache` and attends to every
 
 Both take `fast=True` (the default for generation, and what the Trainer uses): the same
 layers with the same weights, computed by PyTorch's fused kernels (`helpers.model.fused.fast_logits`).
-That is the one switch between the two paths; tests/test_gpt.py checks they agree.
+That is the one switch between the two paths; tests/model/test_gpt.py checks they agree.
 
 Model code: it imports torch and the course's model modules, never plots, widgets or exercises.
 Shapes (the legend of `helpers`): B batch, N tokens, V vocabulary, D = d_model, H heads,

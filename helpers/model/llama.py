@@ -8,7 +8,7 @@
                             config) is refused, naming it
 
 Both models pair RoPE features the "rotate half" way, so q_proj and k_proj load as they are.
-tests/test_modern.py checks the logits against transformers' own Llama.
+tests/model/test_modern.py checks the logits against transformers' own Llama.
 """
 
 from __future__ import annotations

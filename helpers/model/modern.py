@@ -22,7 +22,7 @@ every part (no position table, another norm, another MLP, rotated keys), so one 
 `helpers.model.multihead.MultiHeadAttention` (its projections, `n_kv_heads` for GQA and its `attend`),
 `helpers.model.layers.SwiGLUFeedForward`, and `helpers.model.kv_cache.KVCache` (`KVCache.for_model` works on
 ModernGPT too). The cache stores keys already rotated at their own positions, so a new token
-never re-rotates the past: tests/test_modern.py proves the cached logits equal a full pass.
+never re-rotates the past: tests/model/test_modern.py proves the cached logits equal a full pass.
 
 Pairing convention: both RoPE forms pair feature i with feature i + D_H/2 (the "rotate half"
 layout of Hugging Face's Llama), so they are equal feature for feature. Meta's original code

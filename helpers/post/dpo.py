@@ -12,7 +12,7 @@ The loss (Rafailov et al., 2023), with log-probabilities of whole answers:
     rejected_rewards = beta * (policy_rejected_logps - ref_rejected_logps)
     loss             = -log sigmoid(chosen_rewards - rejected_rewards)
 
-The names are TRL's; tests/test_dpo.py runs TRL's own DPO loss on the same log-probabilities.
+The names are TRL's; tests/post/test_dpo.py runs TRL's own DPO loss on the same log-probabilities.
 """
 
 from __future__ import annotations

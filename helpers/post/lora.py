@@ -6,7 +6,7 @@
     trainable_count     parameters that receive gradients
 
 The names follow peft's LoRA layer (`lora_A`, `lora_B`, `scaling`, `merge`), so that a student
-who moves to peft recognises every piece; tests/test_lora.py loads the same A and B into peft
+who moves to peft recognises every piece; tests/post/test_lora.py loads the same A and B into peft
 and gets the same outputs. lora_B starts at zero: at step 0 the adapted model IS the base model.
 Shapes: x (..., in_features); lora_A.weight (r, in_features); lora_B.weight (out_features, r).
 """

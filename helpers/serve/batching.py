@@ -11,7 +11,7 @@ Defined in notebook 14, "Serving the model", section 2:
 
 Pads go on the left, so every row's next token lands in the same column; the mask hides the
 pads from the real tokens and the position ids restart at 0 where each prompt starts. Then a
-row's logits equal those of its prompt alone (tests/test_sampling.py checks greedy tokens).
+row's logits equal those of its prompt alone (tests/serve/test_sampling.py checks greedy tokens).
 
 Shapes (the legend of `helpers`): B batch, N tokens, M keys (cached ones first), V vocabulary,
 D = d_model, L = n_layers.

@@ -14,7 +14,7 @@ vLLM's words (the PagedAttention paper):
                     blocks call, `forward` feeds a batch of sequences through a GPT
     contiguous_waste / paged_waste   token slots reserved but unused, for a mix of lengths
 
-The cache owns its state (tables, lengths, free pool); tests/test_paged.py proves its logits
+The cache owns its state (tables, lengths, free pool); tests/serve/test_paged.py proves its logits
 equal the contiguous cache's. Shapes: B batch, n new tokens, M keys, L = n_layers,
 H_KV key/value heads, D_H = head_dim.
 """

@@ -17,7 +17,7 @@ Temperature, top-k and min-p keep the same tokens with the same probabilities as
 `transformers` logits processor of the same name. Top-p keeps the same number of tokens with the
 same probabilities, and the same tokens unless several tokens tie (equal logits) at the edge of
 the nucleus: then ours keeps the lowest ids among them and transformers may keep others, since it
-orders ties differently (tests/test_sampling.py). The rules work in float64, so probabilities are
+orders ties differently (tests/serve/test_sampling.py). The rules work in float64, so probabilities are
 exact to ~1e-15.
 
 Shapes (the legend of `helpers`): B batch, V vocabulary.

@@ -12,7 +12,7 @@ Defined in notebook 14, "Serving the model", section 4, in vLLM's words:
     Served              per request: its tokens, arrival, first-token and finish steps
 
 A step is one round in which every running request gets one token. Greedy tokens equal serving
-each request alone (tests/test_scheduler.py); the number of steps and forward passes is counted
+each request alone (tests/serve/test_scheduler.py); the number of steps and forward passes is counted
 exactly, so throughput and latency in steps are deterministic (benchmarks/bench_serve.py times
 them in seconds).
 """

@@ -19,7 +19,7 @@ Defined in notebook 14, "Serving the model", section 6 (Leviathan et al. 2023; C
 
 Accepting x with probability min(1, p/q) and otherwise drawing from the residual gives x with
 probability q(x) min(1, p(x)/q(x)) + (1 - sum_y min(q(y), p(y))) r(x) = min(q, p)(x) +
-max(0, p - q)(x) = p(x): the target's distribution, whatever the draft. tests/test_speculative.py
+max(0, p - q)(x) = p(x): the target's distribution, whatever the draft. tests/serve/test_speculative.py
 checks it by enumeration. Shapes: V vocabulary, k drafted tokens.
 """
 

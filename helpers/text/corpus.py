@@ -69,7 +69,7 @@ THANKS = ["Thank you, my friend!", "We make a good team!", "That was fun!", "Let
 # the letter rule: a silent "h" starts with a vowel sound ("an honest baker", "an hour"), and a
 # "u", "eu" or "o" read as "you" or "w" starts with a consonant sound ("a useful key", "a unique
 # map", "a European city", "a one-eyed cat"). The lists cover the grammar's words and their like;
-# tests/test_corpus.py checks every noun phrase the grammar can write.
+# tests/text/test_corpus.py checks every noun phrase the grammar can write.
 SILENT_H = ("honest", "honour", "honor", "hour", "heir")
 YOU_SOUND = ("unique", "unicorn", "uniform", "union", "unit", "univers", "use", "usual", "utensil",
              "euro")

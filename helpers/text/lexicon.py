@@ -3,7 +3,7 @@ turns them into word forms: plurals, past tenses, -ing forms, comparatives, un- 
 
 Each stem is written once; every other form is computed by the spelling rules below, with a short
 table of irregular forms for the words English keeps from older times (child -> children,
-go -> went, good -> better). `tests/test_corpus_rich.py` checks the rules on hand-picked words.
+go -> went, good -> better). `tests/text/test_corpus_rich.py` checks the rules on hand-picked words.
 """
 
 from __future__ import annotations

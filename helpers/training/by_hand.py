@@ -8,7 +8,7 @@
 
 Notebook 7 asks the student to write all three, then trains a small GPT with them; until an answer
 passes its check, the notebook runs on these (`helpers.lab.exercises.yours_or`). The Trainer
-does the same work with `F.cross_entropy` and `torch.optim.AdamW`; tests/test_by_hand.py holds
+does the same work with `F.cross_entropy` and `torch.optim.AdamW`; tests/training/test_by_hand.py holds
 these to PyTorch's.
 
 Shapes (the legend of `helpers`): B batch, N tokens, V vocabulary.

@@ -13,7 +13,7 @@ Muon post, 2024; at scale: Moonshot AI's "Muon is scalable for LLM training", 20
     split_for_muon(model)                   hidden matrices for Muon; embeddings, head, vectors apart
     MuonWithAdamW                           the pair as one optimiser (step, zero_grad, state_dict)
 
-Each step of Muon is the one `torch.optim.Muon` takes, bit for bit (tests/test_muon.py): the same
+Each step of Muon is the one `torch.optim.Muon` takes, bit for bit (tests/training/test_muon.py): the same
 operations in the same order, Newton-Schulz in bfloat16 as there. `ns_dtype=torch.float32` runs
 the iteration in float32 instead: on a CPU without native bfloat16 (most laptops) every bf16
 matrix product is emulated, and the iteration measured over 20x slower than in float32.

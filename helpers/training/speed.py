@@ -1,7 +1,7 @@
 """The training step's speed machinery: bfloat16 where the CPU has it, one buffer for every weight.
 
 Nothing here is a new idea; each piece computes what the plain training step of notebook 7
-(section 4, "The training step by hand") computes, and tests/test_train.py checks each against
+(section 4, "The training step by hand") computes, and tests/training/test_trainer.py checks each against
 it. `helpers.training.trainer.Trainer` uses:
 
     cpu_has_native_bf16, pick_dtype            bfloat16 where the hardware has it, else float32;

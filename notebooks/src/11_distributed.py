@@ -1119,7 +1119,7 @@ for zigzag in (False, True):
 # Two ways to cut the activations a step keeps for its backward, on the tiny GPT: accumulate the
 # gradient over `k` pieces of the batch, or save only each block's input and rerun the block in
 # the backward (`torch.utils.checkpoint`). The bytes are counted with autograd's saved-tensor
-# hooks (`helpers.scale.recompute`); the gradients are the same (checked in tests/test_recompute.py).
+# hooks (`helpers.scale.recompute`); the gradients are the same (checked in tests/scale/test_recompute.py).
 
 # %%
 from helpers.scale.recompute import compare_memory_and_time

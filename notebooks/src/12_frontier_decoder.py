@@ -289,7 +289,7 @@ print("redraws so far:", load_explorer.redraws)
 # decoder with a `MoELayer` for its MLP and QK-norm (section 4). A tiny Qwen3-MoE built from a
 # config (random weights, nothing downloaded) loads into it with `from_qwen3_moe` and gives the
 # same logits. Its `norm_topk_prob=True` is
-# the released models' setting (section 1.1); tests/test_moe.py checks `False` as well.
+# the released models' setting (section 1.1); tests/model/test_moe.py checks `False` as well.
 
 # %%
 if HAS_TRANSFORMERS:
@@ -313,7 +313,7 @@ if HAS_TRANSFORMERS:
     print(f"Qwen3-MoE logits vs ours: max difference < 1e-5: {gap < 1e-5}")
     assert gap < 1e-5
 else:
-    print("transformers is not installed: tests/test_moe.py runs this comparison where it is")
+    print("transformers is not installed: tests/model/test_moe.py runs this comparison where it is")
 
 # %% [markdown]
 # ### 1.6 Balancing the experts
@@ -737,7 +737,7 @@ if HAS_TRANSFORMERS:
     print(f"DeepSeek-V3 logits vs ours, naive < 1e-5: {gaps[0] < 1e-5}, absorbed < 1e-5: {gaps[1] < 1e-5}")
     assert max(gaps) < 1e-5
 else:
-    print("transformers is not installed: tests/test_mla.py runs this comparison where it is")
+    print("transformers is not installed: tests/model/test_mla.py runs this comparison where it is")
 
 # %% [markdown]
 # ## 3. Sliding windows and a ring-buffer cache
@@ -970,7 +970,7 @@ plt.show()
 # Both are normally followed by a short finetune at the longer length; here we only swap the
 # table of a model trained at 64 tokens (factor 8, so 512 = 8 × 64) and measure the loss of the
 # last 64 positions at each length. `helpers.model.sliding` holds both (`llama3_inv_freq`,
-# `yarn_inv_freq`, equal to `transformers`' in tests/test_sliding.py); `rope_table` folds YaRN's
+# `yarn_inv_freq`, equal to `transformers`' in tests/model/test_sliding.py); `rope_table` folds YaRN's
 # factor into the cos and sin it rotates q and k with, so each carries it once:
 
 # %%
@@ -1057,7 +1057,7 @@ if HAS_TRANSFORMERS:
     print(f"Gemma 3 logits vs ours: max difference < 1e-5: {gap < 1e-5}")
     assert gap < 1e-5
 else:
-    print("transformers is not installed: tests/test_gemma.py runs this comparison where it is")
+    print("transformers is not installed: tests/model/test_gemma.py runs this comparison where it is")
 
 # %% [markdown]
 # ## Check your understanding

@@ -158,7 +158,7 @@ for which, results in runs.items():
 # One pretrained model and a few dozen test statements make this table fragile. The benchmark
 # `python benchmarks/bench_post_seeds.py` repeats it for several pretraining seeds (the same
 # facts and text, another initialisation and batch order), three finetuning seeds each, and
-# writes `data/post_seeds.json` (tests/test_post_seeds_bench.py reruns a short version):
+# writes `data/post_seeds.json` (tests/benchmarks/test_bench_post_seeds.py reruns a short version):
 
 # %%
 import json
@@ -341,7 +341,7 @@ print("the adapters changed the logits (by more than 1e-3); merged vs adapter: m
 
 # %% [markdown]
 # The library practitioners use is `peft`. Loaded with the same A and B, its LoRA layers give the
-# same outputs (tests/test_lora.py proves it on every run of the tests; this cell runs where
+# same outputs (tests/post/test_lora.py proves it on every run of the tests; this cell runs where
 # `peft` is installed, and is skipped elsewhere).
 
 # %%
@@ -571,7 +571,7 @@ print(f"after one AdamW step: mean loss below log 2, mean reward margin > 0: {ma
 
 
 # %% [markdown]
-# `helpers.post.dpo.dpo_loss` is this formula with TRL's names; tests/test_dpo.py runs TRL's
+# `helpers.post.dpo.dpo_loss` is this formula with TRL's names; tests/post/test_dpo.py runs TRL's
 # own `DPOTrainer` loss code on the same log-probabilities and gets the same number. Now we
 # train, for several beta, 20 full-batch steps each, and measure on the training pairs the
 # **preference accuracy** (chosen reward above rejected), the **reward margin**, and the
@@ -857,7 +857,7 @@ plt.show()
 # Twelve seeds of the three take longer than this notebook's minute: `python
 # benchmarks/bench_grpo.py` runs them from the SFT model of section 4 (same recipe, reference =
 # that model), 40 steps each, and writes `data/grpo_rewards.json`, which we read here
-# (tests/test_grpo_bench.py reruns a short version). The three runs of one seed sample the same
+# (tests/benchmarks/test_bench_grpo.py reruns a short version). The three runs of one seed sample the same
 # first step.
 
 # %%

@@ -140,7 +140,7 @@ print(f"top two hold {probs[:2].sum():.3f}, top three {probs[:3].sum():.3f}; "
 #
 # Hugging Face's `generate` applies its logits processors in the order temperature, top-k,
 # top-p, min-p. On random logits of a 50-token vocabulary, ours keep the same tokens with the
-# same probabilities (`tests/test_sampling.py` checks more seeds and combinations). Random logits
+# same probabilities (`tests/serve/test_sampling.py` checks more seeds and combinations). Random logits
 # never tie; when several tokens tie at the edge of top-p's nucleus, both keep as many of them
 # with the same probabilities, but not always the same ones (ours the lowest ids). The cell is
 # guarded: without `transformers` it says so and moves on.
