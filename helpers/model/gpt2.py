@@ -14,7 +14,7 @@ the names (`h.3.attn.c_attn.weight` vs `blocks.3.attn.q_proj.weight`); the proje
 "Conv1D" layers whose weight is stored (in, out), the transpose of an nn.Linear's (out, in);
 and Q, K, V are one matrix `c_attn` of 3 D columns, cut here into three. The output matrix is
 tied to the token embedding, as in the course GPT. Nothing else changes: same LayerNorm, same
-tanh-GELU, same causal attention, so the logits are GPT-2's (tests/test_gpt2.py: 1e-5).
+tanh-GELU, same causal attention, so the logits are GPT-2's (tests/model/test_gpt2.py: 1e-5).
 
 Model code with file input/output: it imports torch, json, urllib and the course's model modules.
 Shapes: V vocabulary, C context length, D = d_model, L = n_layers.

@@ -9,7 +9,7 @@ applied earliest-learned first. Only the labels differ. GPT-2 writes every byte 
 character (byte 32, the space, is "Ġ"), stores merges as pairs of such strings ("Ġ t"), and
 numbers its tokens in its own order (its id 0 is "!", byte 33; `<|endoftext|>` is 50256).
 So the course tokenizer is built from the merges, and GPT-2's ids are a relabelling of its ids:
-one table each way. tests/test_gpt2_tokenizer.py checks every id against Hugging Face's encoder.
+one table each way. tests/text/test_gpt2_tokenizer.py checks every id against Hugging Face's encoder.
 
 Model code with file input: it imports json and the course's BPE.
 """
