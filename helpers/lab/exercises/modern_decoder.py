@@ -338,7 +338,7 @@ def newton_schulz(student: Callable[..., torch.Tensor]) -> str:
         m = u @ torch.diag(s) @ v.T
         expected = u @ torch.diag(_ns_scalar(s / s.norm(), steps)) @ v.T
         for dtype in (torch.float64, torch.float32):
-            got = student(m.to(dtype)) if steps == 5 else student(m.to(dtype), steps=steps)
+            got = student(m.to(dtype)) if steps == 5 else student(m.to(dtype), steps)
             what = f"my_newton_schulz(m of shape ({rows}, {cols}), {dtype}" + (f", steps={steps})" if steps != 5 else ")")
             if not isinstance(got, torch.Tensor) or got.shape != m.shape:
                 expect_close(got, expected, what)  # names the type or the shape
