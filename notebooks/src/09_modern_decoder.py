@@ -1059,7 +1059,7 @@ assert sigma[0] > 5 * sigma[len(sigma) // 2]
 #
 # Scale `X` by its Frobenius norm first (it is at least the largest singular value, so every `s`
 # is then at most 1) and apply `f` a few times: if `f` pushes every `s` in `(0, 1]` towards 1,
-# the result approaches `U Vᵀ`. Muon's authors chose `(a, b, c) = (3.4445, -4.7750, 2.0315)` to
+# the result approaches `U Vᵀ`. Muon's authors chose `(a, b, c) = (3.4445, -4.775, 2.0315)` to
 # make `f` as steep as possible at 0 (tiny singular values grow about 3.4x per step), at the
 # price of not converging exactly: after 5 steps the values wobble around 1. The cell draws `f`
 # applied 1 to 5 times, against the textbook cubic `1.5 s - 0.5 s³`, which converges to exactly 1
@@ -1081,14 +1081,15 @@ figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), layout="constraine
 for times in range(1, 6):
     left.plot(s_grid, iterate(s_grid, NS_COEFFICIENTS, times), label=f"f applied {times}x")
     right.plot(s_grid, iterate(s_grid, (1.5, -0.5), times), label=f"applied {times}x")
-for axis, name in ((left, "Muon's quintic (3.4445, -4.7750, 2.0315)"), (right, "the cubic 1.5 s - 0.5 s³")):
+for axis, name in ((left, "Muon's quintic (3.4445, -4.775, 2.0315)"), (right, "the cubic 1.5 s - 0.5 s³")):
     axis.axhline(1, color="gray", linestyle="--")
     axis.set(title=name, xlabel="singular value s before (after scaling)", ylabel="after")
     axis.legend(loc="lower right")
 plt.show()
 kept = s_grid >= 0.01
 quintic, cubic = iterate(s_grid, NS_COEFFICIENTS, 5)[kept], iterate(s_grid, (1.5, -0.5), 5)[kept]
-print(f"slope at 0: quintic {NS_COEFFICIENTS[0]}, cubic 1.5; f(1) = a + b + c = {sum(NS_COEFFICIENTS):.4f}")
+print("quintic: f(s) = {} s {:+} s³ {:+} s⁵; cubic: 1.5 s - 0.5 s³".format(*NS_COEFFICIENTS))
+print(f"slope at 0: quintic {NS_COEFFICIENTS[0]}, cubic 1.5; quintic f(1) = a + b + c = {sum(NS_COEFFICIENTS):.4f}")
 print(f"after 5 steps, every s in [0.01, 1] is in [{float(quintic.min()):.2f}, {float(quintic.max()):.2f}] "
       f"with the quintic, in [{float(cubic.min()):.3f}, {float(cubic.max()):.2f}] with the cubic")
 assert 0.6 < float(quintic.min()) and float(quintic.max()) < 1.25 and float(cubic.min()) < 0.1
@@ -1244,7 +1245,10 @@ print("the course's Muon (bfloat16 Newton-Schulz) vs torch.optim.Muon: identical
 races = {name: json.loads((data_dir() / f"race_fp32_1thread{name}.json").read_text(encoding="utf-8"))
          for name in ("", "_30s")}
 long_race, short_race = races[""], races["_30s"]
-print("measured on:", short_race["machine"], "| float32, one thread, seeds", short_race["settings"]["seeds"])
+settings = short_race["settings"]
+print("measured on:", short_race["machine"], f"| {settings['precision']}, {settings['threads']} thread, seeds {settings['seeds']}")
+print(f"nanoGPT's recipe trains {settings['seconds']:g} s; the course's {settings['course_seconds']:g} s "
+      f"(in the other race {long_race['settings']['seconds']:g} s); Muon's peak rate {settings['muon_lr']}")
 print("reproduce: python benchmarks/bench_race.py --course-seconds 30 --out data/race_fp32_1thread_30s.json\n")
 for race_name, race in (("every recipe 60 s", long_race), ("the course's recipes 30 s", short_race)):
     print(race_name)
