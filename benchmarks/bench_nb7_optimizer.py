@@ -4,9 +4,9 @@
     python benchmarks/bench_nb7_optimizer.py --precision auto --out /tmp/nb7_bf16.json
     python benchmarks/bench_nb7_optimizer.py --steps 30 --seeds 0 --out /tmp/nb7.json  # a smoke test
 
-Notebook 7 trains its GPT (n_layers=2, n_heads=4, d_model=128, window 64) on the rich corpus,
+Notebook 7 trained its GPT (n_layers=2, n_heads=4, d_model=128, window 64) on the rich corpus,
 one character per token, for TRAIN_STEPS = 600 steps of TrainConfig(batch_size=16,
-learning_rate=5e-3), one thread. It counts steps, and a Muon step costs more than an AdamW step
+learning_rate=5e-3), AdamW, one thread; after this comparison it trains with Muon for 400. It counts steps, and a Muon step costs more than an AdamW step
 (Newton-Schulz: five rounds of matrix products per hidden matrix), so equal steps would favour
 Muon. The script therefore first measures the two steps' durations in turns (blocks of steps,
 A, B, A, B ..., one thread, medians) and gives Muon the steps that fit in AdamW's time:
