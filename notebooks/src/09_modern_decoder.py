@@ -1263,7 +1263,9 @@ for race_name, race in (("every recipe 60 s", long_race), ("the course's recipes
     print("  median speed-up:", {name: round(v, 2) for name, v in race["summary"]["median_speedup"].items()})
 two_threads = json.loads((data_dir() / "race_fp32_2threads_30s.json").read_text(encoding="utf-8"))
 reached_two = [row["course-muon"]["speedup"] for row in two_threads["summary"]["per_seed"]]
-print(f"\ntwo threads, the course's with Muon given 30 s: speed-up per seed "
+print("\ntwo threads, nanoGPT's 60 s loss (the target) per seed:",
+      [round(row["target"], 3) for row in two_threads["summary"]["per_seed"]])
+print(f"two threads, the course's with Muon given 30 s: speed-up per seed "
       f"{[round(v, 2) if v else 'never' for v in reached_two]}, median {two_threads['summary']['median_speedup']['course-muon']:.2f}")
 muon_speedups = [row["course-muon"]["speedup"] for row in short_race["summary"]["per_seed"]]
 assert all(v and v >= 2 for v in muon_speedups)
