@@ -997,7 +997,390 @@ assert ntk[2] < length_losses["rope"][2] - 0.2 and ntk[0] < length_losses["rope"
 # climbs with longer training. NTK-aware scaling
 # keeps the short-range loss close to the original and removes most of the damage at 256. ALiBi
 # needed neither.
+
+# %% [markdown]
+# ## 8. Muon: an optimiser that treats a weight matrix as a matrix
 #
+# Every model of this notebook trained with AdamW, which scales each weight's step by that
+# weight's own running gradient size. A hidden weight matrix `W` (D_out, D_in) is not a bag of
+# numbers, though: it maps one hidden vector to another, and its gradient is a matrix whose
+# singular value decomposition `G = U S Vᵀ` says which input directions it would move and how far.
+# In practice a few singular values dwarf the rest, so a plain step mostly turns `W` along a
+# handful of directions and barely moves the others.
+#
+# **Muon** (Keller Jordan's Muon post, 2024; used at scale in Moonshot AI's Kimi K2 and others)
+# keeps a momentum `M` of the gradient, as SGD does, and then steps along the *nearest
+# semi-orthogonal matrix* to `M`, `U Vᵀ`: the same singular vectors with every singular value
+# set to 1. No direction of the update dominates; the rare ones move as far as the common one.
+#
+# It only makes sense for the **hidden matrices**, the `nn.Linear` weights inside the blocks
+# (Q, K, V, the output projection, the MLP). The rest stays with AdamW:
+#
+# - the **token embedding** is a table that is looked up, not multiplied: only the rows of the
+#   tokens in a batch get a gradient, and orthogonalising would spread that step over every row;
+# - the **output head** turns a vector into one logit per token, one row per token: a table
+#   again (and tied to the embedding in notebook 7's GPT);
+# - **gains and biases** are vectors: they have no singular values to equalise.
+#
+# `helpers.training.muon.split_for_muon` sorts a model's weights that way. Here is a real
+# gradient, of the first block's SwiGLU `up` matrix in section 7's trained RoPE model, on one batch:
+
+# %%
+from helpers.training.muon import split_for_muon
+
+rope_model = position_models["rope"]
+hidden, other_matrices, gains = split_for_muon(rope_model, head_names=("head",))
+print("for Muon:", len(hidden), "hidden matrices,", f"{sum(p.numel() for p in hidden):,} weights; "
+      f"for AdamW: {len(other_matrices)} tables (embedding, head), {len(gains)} gain vectors")
+x_batch, y_batch = windows(train_ids, 64, 16, seed=777)
+rope_model.train().zero_grad()
+F.cross_entropy(rope_model(x_batch).flatten(0, 1), y_batch.flatten()).backward()
+gradient = rope_model.blocks[0][3].up.weight.grad.clone()  # (hidden width, D)
+rope_model.zero_grad()
+sigma = torch.linalg.svdvals(gradient.double())
+print(f"gradient of shape {tuple(gradient.shape)}: {len(sigma)} singular values; "
+      f"the largest is {float(sigma[0] / sigma[len(sigma) // 2]):.0f}x the median, "
+      f"{float(sigma[0] / sigma[-1]):.0f}x the smallest")
+print(f"share of the gradient's squared norm in its top 3 directions: "
+      f"{float(sigma[:3].square().sum() / sigma.square().sum()):.0%}")
+assert sigma[0] > 5 * sigma[len(sigma) // 2]
+
+# %% [markdown]
+# A step along this gradient spends a large share of its squared length (printed above) on three
+# directions out of 64. Muon's step would have every singular value near 1.
+#
+# ### Newton-Schulz: orthogonalising with matrix products
+#
+# An SVD of every matrix at every step is too slow on a GPU. Muon uses a polynomial instead. For
+# `X = U S Vᵀ`, `X Xᵀ X = U S³ Vᵀ` (the inner `Vᵀ V` and `Uᵀ U` are identities), and in the same way
+# any odd polynomial of `X` built from `X Xᵀ` acts on **each singular value alone**:
+#
+#     f(X) = a X + b (X Xᵀ) X + c (X Xᵀ)² X  =  U f(S) Vᵀ,   f(s) = a s + b s³ + c s⁵.
+#
+# Scale `X` by its Frobenius norm first (it is at least the largest singular value, so every `s`
+# is then at most 1) and apply `f` a few times: if `f` pushes every `s` in `(0, 1]` towards 1,
+# the result approaches `U Vᵀ`. Muon's authors chose `(a, b, c) = (3.4445, -4.775, 2.0315)` to
+# make `f` as steep as possible at 0 (tiny singular values grow about 3.4x per step), at the
+# price of not converging exactly: after 5 steps the values wobble around 1. The cell draws `f`
+# applied 1 to 5 times, against the textbook cubic `1.5 s - 0.5 s³`, which converges to exactly 1
+# but slowly.
+
+# %%
+from helpers.training.muon import NS_COEFFICIENTS
+
+
+def iterate(s: torch.Tensor, coefficients: tuple[float, ...], times: int) -> torch.Tensor:
+    """The odd polynomial with these coefficients (of s, s^3, s^5, ...) applied `times` times to s."""
+    for _ in range(times):
+        s = sum(coef * s ** (2 * i + 1) for i, coef in enumerate(coefficients))
+    return s
+
+
+s_grid = torch.linspace(0, 1, 1001, dtype=torch.float64)
+figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained", sharey=True)
+for times in range(1, 6):
+    left.plot(s_grid, iterate(s_grid, NS_COEFFICIENTS, times), label=f"f applied {times}x")
+    right.plot(s_grid, iterate(s_grid, (1.5, -0.5), times), label=f"applied {times}x")
+for axis, name in ((left, "Muon's quintic (3.4445, -4.775, 2.0315)"), (right, "the cubic 1.5 s - 0.5 s³")):
+    axis.axhline(1, color="gray", linestyle="--")
+    axis.set(title=name, xlabel="singular value s before (after scaling)", ylabel="after")
+    axis.legend(loc="lower right")
+plt.show()
+kept = s_grid >= 0.01
+quintic, cubic = iterate(s_grid, NS_COEFFICIENTS, 5)[kept], iterate(s_grid, (1.5, -0.5), 5)[kept]
+print("quintic: f(s) = {} s {:+} s³ {:+} s⁵; cubic: 1.5 s - 0.5 s³".format(*NS_COEFFICIENTS))
+print(f"slope at 0: quintic {NS_COEFFICIENTS[0]}, cubic 1.5; quintic f(1) = a + b + c = {sum(NS_COEFFICIENTS):.4f}")
+print(f"after 5 steps, every s in [0.01, 1] is in [{float(quintic.min()):.2f}, {float(quintic.max()):.2f}] "
+      f"with the quintic, in [{float(cubic.min()):.3f}, {float(cubic.max()):.2f}] with the cubic")
+assert 0.6 < float(quintic.min()) and float(quintic.max()) < 1.25 and float(cubic.min()) < 0.1
+
+# %% [markdown]
+# The quintic lifts every singular value from a hundredth of the norm upward into a band around 1
+# (printed above) in 5 steps; the cubic leaves the small ones below a tenth. The band is wide,
+# and that is fine: what matters is that no direction dominates, not that each moves exactly 1.
+#
+# ### Exercise: Newton-Schulz
+#
+# Write `my_newton_schulz(m, steps=5)`: for a matrix `m` `(A, B)`, the quintic iteration with
+# the coefficients `NS_COEFFICIENTS` (imported above), run `steps` times after scaling `m` by its
+# Frobenius norm, computed in `m`'s own dtype; it returns a matrix of `m`'s shape. Guard the
+# division: a weight with a zero gradient must get a zero update, not NaN (add `1e-7` to the
+# norm). For a tall matrix (`A > B`) you may transpose first and back at the end, so that the
+# Gram matrix `X Xᵀ` is the small `(B, B)` one: the result is the same, the work smaller. The check
+# tries wide, tall and square matrices whose singular values it knows, in float64, float32 and
+# bfloat16, and names the usual slips. The cells after it orthogonalise the gradient above, take
+# Muon steps and train with your function.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Every product in the polynomial is built from the Gram matrix of the current matrix with itself,
+# so each step is three matrix products and a sum; the scaling happens once, before the loop.
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# Read the three coefficients. If the matrix has more rows than columns, work on its transpose.
+# Divide by its norm plus a tiny number. Then, as many times as asked: form the Gram matrix G
+# (the matrix times its own transpose), and replace the matrix by a times itself plus (b times G
+# plus c times G times G) times itself. Transpose back if you transposed.
+# </details>
+
+# %%
+def my_newton_schulz(m: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """m (A, B) -> (A, B): U f(S) V^T with f the quintic applied `steps` times, after scaling m."""
+    ### BEGIN SOLUTION
+    a, b, c = NS_COEFFICIENTS
+    tall = m.shape[0] > m.shape[1]
+    x = m.T if tall else m                     # (small, large): the Gram matrix is the small one
+    x = x / (x.norm() + 1e-7)                  # every singular value now at most 1
+    for _ in range(steps):
+        gram = x @ x.T                         # X X^T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if tall else x
+    ### END SOLUTION
+
+# %%
+check("modern_decoder.newton_schulz", my_newton_schulz)
+
+# %% [markdown]
+# Now the real gradient from above, before and after, through your function (the course's
+# `helpers.training.muon.newton_schulz` until yours passes). The singular values are shown after
+# the scaling by the Frobenius norm, where the iteration starts.
+
+# %%
+from helpers.training.muon import newton_schulz
+
+
+def course_newton_schulz(m: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """The course's newton_schulz, run in m's dtype (torch.optim.Muon runs it in bfloat16)."""
+    return newton_schulz(m, steps, dtype=m.dtype)
+
+
+orthogonalise = yours_or("modern_decoder.newton_schulz", my_newton_schulz, course_newton_schulz)
+before = sigma / sigma.square().sum().sqrt()
+after = torch.linalg.svdvals(orthogonalise(gradient).double())
+figure, axis = plt.subplots(figsize=(8, 4.5), layout="constrained")
+axis.semilogy(before.numpy(), "o-", label="the gradient, scaled by its norm")
+axis.semilogy(after.numpy(), "o-", label="after 5 Newton-Schulz steps")
+axis.set(title="Singular values of a real gradient (blocks[0] MLP up)", xlabel="index, largest first",
+         ylabel="singular value")
+axis.legend()
+plt.show()
+print(f"before: from {float(before[0]):.2f} down to {float(before[-1]):.4f}; after: "
+      f"{float(after.min()):.2f} to {float(after.max()):.2f}")
+assert float(after.max()) < 1.25 and float(after.min()) > 0.3
+
+# %% [markdown]
+# Before, the singular values span orders of magnitude; after, they all sit in a narrow band
+# around 1 (the printed ranges). The singular vectors, the directions themselves, are the
+# gradient's own.
+#
+# ### The whole Muon step, and `torch.optim.Muon`
+#
+# Around the orthogonalisation, a Muon step on a matrix `p` (A, B) with gradient `g` is:
+#
+#     buf <- 0.95 buf + 0.05 g                        the momentum (a running average of g)
+#     d   <- 0.05 g + 0.95 buf                        Nesterov: look one step ahead
+#     p   <- p (1 - lr · weight_decay)                decoupled weight decay, as AdamW's
+#     p   <- p - lr · sqrt(max(1, A / B)) · NS(d)     a tall matrix takes larger steps
+#
+# The cell writes it with your Newton-Schulz and proves it against the course's
+# `helpers.training.muon.Muon` and PyTorch's own `torch.optim.Muon`, five steps on the same
+# weights and gradients. `torch.optim.Muon` runs Newton-Schulz in bfloat16; the course's `Muon`
+# does the same by default (and takes bit for bit the same steps), or in float32
+# (`ns_dtype=torch.float32`), which is what our step here uses.
+
+# %%
+from helpers.training.muon import Muon
+
+
+def muon_step(p: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor, lr: float,
+              momentum: float = 0.95, weight_decay: float = 0.1) -> None:
+    """One Muon step on a weight matrix p (A, B), in place; buf (A, B) is its momentum."""
+    buf.lerp_(grad, 1 - momentum)                     # buf <- momentum buf + (1 - momentum) grad
+    direction = grad.lerp(buf, momentum)              # Nesterov
+    p.mul_(1 - lr * weight_decay)
+    p.add_(orthogonalise(direction), alpha=-lr * max(1.0, p.shape[0] / p.shape[1]) ** 0.5)
+
+
+torch.manual_seed(8)
+shapes = [(48, 16), (16, 40), (24, 24)]
+start = [torch.randn(shape) for shape in shapes]
+ours, buffers = [w.clone() for w in start], [torch.zeros(shape) for shape in shapes]
+copies = {name: [w.clone().requires_grad_() for w in start] for name in ("fp32", "bf16", "torch")}
+optimisers = {"fp32": Muon(copies["fp32"], lr=0.02, ns_dtype=torch.float32),
+              "bf16": Muon(copies["bf16"], lr=0.02), "torch": torch.optim.Muon(copies["torch"], lr=0.02)}
+for _ in range(5):
+    grads = [torch.randn(shape) for shape in shapes]
+    for w, g, buf in zip(ours, grads, buffers, strict=True):
+        muon_step(w, g, buf, lr=0.02)
+    for name, optimiser in optimisers.items():
+        for w, g in zip(copies[name], grads, strict=True):
+            w.grad = g.clone()
+        optimiser.step()
+hand_gap = max(float((a - b.detach()).abs().max()) for a, b in zip(ours, copies["fp32"], strict=True))
+torch_gap = max(float((a - b).detach().abs().max()) for a, b in zip(copies["bf16"], copies["torch"], strict=True))
+moved = max(float((a - b).abs().max()) for a, b in zip(ours, start, strict=True))
+assert hand_gap < 1e-6 and torch_gap == 0.0 and moved > 0.05
+print(f"5 steps, weights moved by up to {moved:.2f}: this muon_step vs the course's Muon (float32 "
+      "Newton-Schulz): largest difference < 1e-6")
+print("the course's Muon (bfloat16 Newton-Schulz) vs torch.optim.Muon: identical, bit for bit")
+
+# %% [markdown]
+# ### The race: nanoGPT's recipe against the course's, with Muon
+#
+# Does it pay in seconds? Every Muon step runs Newton-Schulz, five rounds of three matrix products
+# per hidden matrix, on top of the forward and backward pass. `benchmarks/bench_race.py` (issue
+# 42) raced, on the same GPT (4 layers, 4 heads, width 128, window 64, batch 12: nanoGPT's README
+# CPU example), the same characters of the course corpus and the same initial weights and
+# batches, three recipes: **nanoGPT's** own (AdamW, peak `1e-3` after 100 warm-up steps, cosine
+# over 2,000 steps), the **course's** `TrainConfig` defaults (AdamW), and the course's with
+# `TrainConfig(optimizer="muon")` (Muon at peak `0.02` for the hidden matrices, AdamW for the
+# rest). They took turns on one thread in float32, each counting only its own training time, and
+# were evaluated on the same validation batches. The target is the validation loss nanoGPT's
+# recipe reaches in 60 s. In one race every recipe trained 60 s; in the other, the course's
+# recipes had 30 s, their schedules ending there. The cell reads both JSON files.
+
+# %%
+races = {name: json.loads((data_dir() / f"race_fp32_1thread{name}.json").read_text(encoding="utf-8"))
+         for name in ("", "_30s")}
+long_race, short_race = races[""], races["_30s"]
+settings = short_race["settings"]
+print("measured on:", short_race["machine"], f"| {settings['precision']}, {settings['threads']} thread, seeds {settings['seeds']}")
+print(f"nanoGPT's recipe trains {settings['seconds']:g} s; the course's {settings['course_seconds']:g} s "
+      f"(in the other race {long_race['settings']['seconds']:g} s); Muon's peak rate {settings['muon_lr']}")
+print("reproduce: python benchmarks/bench_race.py --course-seconds 30 --out data/race_fp32_1thread_30s.json\n")
+for race_name, race in (("every recipe 60 s", long_race), ("the course's recipes 30 s", short_race)):
+    print(race_name)
+    for row, run in zip(race["summary"]["per_seed"], race["runs"], strict=True):
+        steps = {name: curve["steps"][-1] for name, curve in run["curves"].items()}
+        cells = [f"seed {row['seed']}: nanoGPT {row['target']:.3f} at 60 s ({steps['nanogpt']} steps)"]
+        for name in ("course", "course-muon"):
+            reached = row[name]["reaches_target_at_s"]
+            cells.append(f"{name} {row[name]['final_val_loss']:.3f} ({steps[name]} steps), "
+                         + (f"reaches it at {reached:.0f} s" if reached else "never reaches it"))
+        print("  " + " | ".join(cells))
+    print("  median speed-up:", {name: round(v, 2) for name, v in race["summary"]["median_speedup"].items()})
+two_threads = json.loads((data_dir() / "race_fp32_2threads_30s.json").read_text(encoding="utf-8"))
+reached_two = [row["course-muon"]["speedup"] for row in two_threads["summary"]["per_seed"]]
+print("\ntwo threads, nanoGPT's 60 s loss (the target) per seed:",
+      [round(row["target"], 3) for row in two_threads["summary"]["per_seed"]])
+print(f"two threads, the course's with Muon given 30 s: speed-up per seed "
+      f"{[round(v, 2) if v else 'never' for v in reached_two]}, median {two_threads['summary']['median_speedup']['course-muon']:.2f}")
+muon_speedups = [row["course-muon"]["speedup"] for row in short_race["summary"]["per_seed"]]
+assert all(v and v >= 2 for v in muon_speedups)
+
+# %%
+colours = {"nanogpt": "tab:gray", "course": "tab:blue", "course-muon": "tab:red"}
+labels = {"nanogpt": "nanoGPT's recipe", "course": "the course's (AdamW)", "course-muon": "the course's with Muon"}
+figure, axes = plt.subplots(1, 2, figsize=(13, 4.8), layout="constrained", sharey=True)
+for axis, (title, race) in zip(axes, (("every recipe trains 60 s", long_race),
+                                      ("the course's recipes train 30 s", short_race)), strict=True):
+    for run, row in zip(race["runs"], race["summary"]["per_seed"], strict=True):
+        for name, curve in run["curves"].items():
+            axis.plot(curve["seconds"], curve["val_loss"], color=colours[name], alpha=0.7,
+                      label=labels[name] if run is race["runs"][0] else None)
+        axis.axhline(row["target"], color="black", linestyle=":", linewidth=1,
+                     label="target: nanoGPT at 60 s" if run is race["runs"][0] else None)
+    axis.set(title=f"{title} (float32, one thread, {len(race['runs'])} seeds)", xlabel="training seconds",
+             ylabel="validation loss", yscale="log", ylim=(0.25, 4.5))
+    axis.legend()
+plt.show()
+
+# %% [markdown]
+# Read the printed table and the curves together. At 60 s each, both of the course's recipes end
+# below nanoGPT's loss, the one with Muon lowest, although it took fewer steps in the same time
+# (the step counts are printed: each Muon step costs more). Given only 30 s, with its schedule
+# ending there, the course's recipe with Muon reaches nanoGPT's 60 s loss on every seed, about
+# with the median speed-up printed above (at least 2x on each seed, the assert checks), while the course's AdamW recipe, squeezed into
+# 30 s, stays far above it. On two threads nanoGPT's recipe does more steps per second and ends
+# lower, so its target is harder: Muon misses it on one seed there (printed above).
+#
+# The seconds are those of the machine printed above; a laptop will be faster or slower, but
+# both recipes run the same kind of matrix products, so the **ratio** is what carries over.
+
+# %% [markdown]
+# ### Your turn: AdamW against Muon, live
+#
+# First, what a Muon step costs. Per hidden matrix of shape `(A, B)` with `r = min(A, B)` and
+# `n = max(A, B)`, each Newton-Schulz round is `X Xᵀ` (`r² n` multiply-adds), its square (`r³`)
+# and the product with `X` (`r² n`); the forward and backward passes cost that matrix `3 A B`
+# multiply-adds per token. The cell counts both for section 6's small modern decoder (2 layers,
+# width 64, GQA), which the run below trains, and for the race's GPT.
+
+# %%
+def muon_extra_share(shapes: list[tuple[int, int]], tokens: int) -> float:
+    """Newton-Schulz's multiply-adds (5 rounds) over the hidden matrices' forward and backward ones."""
+    newton = sum(5 * (2 * min(s) ** 2 * max(s) + min(s) ** 3) for s in shapes)
+    return newton / sum(3 * s[0] * s[1] * tokens for s in shapes)
+
+
+def small_decoder() -> ModernGPT:
+    """Section 6's small modern decoder, for the characters of section 7."""
+    return ModernGPT(ModernConfig(vocab_size=len(tokenizer.chars), context_length=64, n_layers=2,
+                                  n_heads=4, n_kv_heads=2, d_model=64))
+
+
+small_share = muon_extra_share([tuple(p.shape) for p in split_for_muon(small_decoder())[0]], 16 * 64)
+race_shapes = [(3 * 128, 128), (128, 128), (4 * 128, 128), (128, 4 * 128)] * 4  # 4 layers, width 128
+print(f"the small decoder, 16 x 64 tokens a step: Newton-Schulz adds {small_share:.0%} to the hidden "
+      "matrices' multiply-adds")
+print(f"the race's GPT, 12 x 64 tokens a step: {muon_extra_share(race_shapes, 12 * 64):.0%}")
+race_steps = [run["curves"]["course-muon"]["steps"][-1] / run["curves"]["course"]["steps"][-1]
+              for run in long_race["runs"]]
+print(f"in the race, Muon's steps per second over AdamW's (60 s each, per seed): {[round(r, 2) for r in race_steps]}")
+
+# %% [markdown]
+# Now the run. The small decoder trains on the batches of section 7 from the same first weights,
+# three seeds, three ways: AdamW on every weight for `LIVE_STEPS` steps; your Muon step
+# (`muon_step`, with your Newton-Schulz) on the hidden matrices and AdamW on the rest, for the same
+# steps; and AdamW again with as many more steps as Newton-Schulz's extra multiply-adds would
+# buy (the share above, generous to AdamW, since the embedding, the head and attention cost
+# the same in both). AdamW runs at section 7's rate throughout. `LIVE_STEPS` is the knob.
+
+# %%
+LIVE_STEPS = 40  # the knob: 150 for a longer run (about 4x the time)
+
+
+def live_run(use_muon: bool, seed: int, steps: int) -> float:
+    """Train the small decoder for `steps` steps from seed `seed`; return its validation loss."""
+    torch.manual_seed(seed)
+    net = small_decoder()
+    matrices, tables, vectors = split_for_muon(net)
+    adamw = torch.optim.AdamW(tables + vectors if use_muon else net.parameters(), lr=3e-3)
+    buffers = [torch.zeros_like(p) for p in matrices]
+    for step in range(steps):
+        x, y = windows(train_ids, 64, 16, seed=1000 * seed + step)
+        net.zero_grad()
+        F.cross_entropy(net.train()(x).flatten(0, 1), y.flatten()).backward()
+        adamw.step()
+        if use_muon:
+            with torch.no_grad():
+                for p, buf in zip(matrices, buffers, strict=True):
+                    muon_step(p, p.grad, buf, lr=0.02)
+    return val_loss(net, 64)
+
+
+more_steps = round(LIVE_STEPS * (1 + small_share))
+arms = {f"AdamW, {LIVE_STEPS} steps": (False, LIVE_STEPS), f"Muon, {LIVE_STEPS} steps": (True, LIVE_STEPS),
+        f"AdamW, {more_steps} steps": (False, more_steps)}
+live = {name: [live_run(use_muon, seed, steps) for seed in (0, 1, 2)] for name, (use_muon, steps) in arms.items()}
+for name, losses in live.items():
+    print(f"{name:18s} validation loss per seed:", [round(v, 2) for v in losses])
+adamw_same, muon_losses, adamw_more = live.values()
+print("AdamW minus Muon at equal steps, per seed:", [round(a - m, 2) for a, m in zip(adamw_same, muon_losses, strict=True)])
+print(f"AdamW with {more_steps} steps minus Muon, per seed:", [round(a - m, 2) for a, m in zip(adamw_more, muon_losses, strict=True)])
+assert all(m < a for a, m in zip(adamw_same, muon_losses, strict=True))
+
+# %% [markdown]
+# At equal steps Muon ends lower on every seed (the first line of differences). That is the
+# per-step gain, not a verdict: given the extra steps Newton-Schulz's multiply-adds would buy,
+# AdamW closes most of the gap in a run this short (the second line: Muon ahead by a few
+# hundredths). Short runs are where Muon's lead is smallest; the race above, hundreds of steps
+# at equal seconds, is the comparison that counts. Lengthen `LIVE_STEPS` to 150 and see whether
+# Muon's lead at equal multiply-adds grows with the run.
+
+# %% [markdown]
 # ## Check your understanding
 #
 # **1. Why does RoPE rotate `q` and `k` instead of adding a vector to the input?**
@@ -1048,6 +1431,31 @@ assert ntk[2] < length_losses["rope"][2] - 0.2 and ntk[0] < length_losses["rope"
 #
 # A factor `H / H_kv`: 8 for 64 query heads sharing 8 KV heads (section 5), 2 for the small model
 # of section 6. The queries are not cached, so the saving costs no memory elsewhere.
+# </details>
+
+# %% [markdown]
+# **6. Why does Muon leave the embedding table, the output head, the gains and the biases to AdamW?**
+#
+# <details><summary>Answer</summary>
+#
+# Muon equalises a matrix's singular values, which only means something for a matrix that maps one
+# hidden vector to another. The embedding and the head are tables with one row per token: a batch
+# gives a gradient to the rows of its own tokens, and orthogonalising would spread that step over
+# every row. Gains and biases are vectors, with no singular values at all. `split_for_muon` sorts
+# them (section 8 printed the counts for the RoPE model).
+# </details>
+
+# %% [markdown]
+# **7. A Muon step costs more than an AdamW step. How can Muon still reach a loss sooner?**
+#
+# <details><summary>Answer</summary>
+#
+# Newton-Schulz adds five rounds of three matrix products per hidden matrix (the share of
+# multiply-adds is counted in section 8), so Muon takes fewer steps per second. But each step
+# moves every direction of the gradient, not just the few dominant ones (section 8's gradient
+# held a large share of its squared norm in three directions out of 64), so it needs far fewer steps: in
+# the race it reached nanoGPT's 60 s loss in under half the time on every seed of the one-thread
+# race.
 # </details>
 
 # %%

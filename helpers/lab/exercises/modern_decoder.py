@@ -1,6 +1,6 @@
 """Exercises of notebook 9 (from GPT-2 to the modern decoder): a RoPE pair, ALiBi's bias and its
-attention, RMSNorm, and the whole modern block (RMSNorm, RoPE attention with GQA, SwiGLU) written
-from its weights."""
+attention, RMSNorm, the whole modern block (RMSNorm, RoPE attention with GQA, SwiGLU) written
+from its weights, and Muon's Newton-Schulz orthogonalisation."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
 from helpers.model import modern
+from helpers.training.muon import NS_COEFFICIENTS
 
 
 @exercise(hint="The angle is the position times theta; multiply the pair, read as a complex number, "
@@ -265,3 +266,107 @@ def alibi_attention(student: Callable[[torch.Tensor, torch.Tensor, torch.Tensor]
         expect_close(got.double() if isinstance(got, torch.Tensor) else got, expected,
                      f"the output for {n_heads} heads of {n} tokens", atol=1e-5)
     return "That is ALiBi: no positions in q or k, only a distance penalty per head."
+
+
+# --- Muon: Newton-Schulz ----------------------------------------------------------------------
+
+def _ns_scalar(s: torch.Tensor, steps: int, coefficients: tuple[float, float, float] = NS_COEFFICIENTS) -> torch.Tensor:
+    """The quintic f(s) = a s + b s^3 + c s^5 applied `steps` times to each singular value s."""
+    a, b, c = coefficients
+    for _ in range(steps):
+        s = a * s + b * s**3 + c * s**5
+    return s
+
+
+def _known_svd(rows: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random U (rows, r), V (cols, r) with orthonormal columns and spread singular values s (r,)."""
+    g, r = torch.Generator().manual_seed(seed), min(rows, cols)
+    u = torch.linalg.qr(torch.randn(rows, r, generator=g, dtype=torch.float64))[0]
+    v = torch.linalg.qr(torch.randn(cols, r, generator=g, dtype=torch.float64))[0]
+    return u, torch.logspace(0.7, -2.5, r, dtype=torch.float64), v
+
+
+def _ns_diagnosis(got_s: torch.Tensor, s: torch.Tensor, steps: int) -> ExerciseFailed | None:
+    """Name the mistake whose singular values match the student's, if one does."""
+    def same(t: torch.Tensor) -> bool:
+        return bool(torch.allclose(got_s, t.sort(descending=True).values, atol=1e-3, rtol=1e-3))
+
+    normalised = s / s.norm()
+    if same(torch.ones_like(s)):
+        return ExerciseFailed("every singular value is exactly 1: that is the exact U V^T (an SVD?), not "
+                              "the quintic's 5 steps, which leave them between about 0.7 and 1.2.",
+                              fix="iterate the polynomial with the coefficients given, steps times.")
+    for other in range(0, 11):
+        if other != steps and same(_ns_scalar(normalised, other)):
+            return ExerciseFailed(f"asked for steps={steps}, your function ran {other}.",
+                                  fix="run the loop exactly `steps` times (the argument, not a fixed number).")
+    if same(_ns_scalar(s / s.max(), steps)):
+        return ExerciseFailed("you scaled by the largest singular value; Muon (and torch.optim.Muon) divides "
+                              "by the Frobenius norm, which costs no SVD.",
+                              fix="divide by the square root of the sum of the squared entries (the matrix's norm).")
+    a, b, c = NS_COEFFICIENTS
+    for wrong in ((a, c, b), (b, a, c), (c, b, a), (a, -b, c)):
+        if same(_ns_scalar(normalised, steps, wrong)):
+            return ExerciseFailed(f"the singular values follow the polynomial with coefficients {wrong}, not "
+                                  f"{NS_COEFFICIENTS}: a multiplies X, b the Gram matrix times X, c its square times X.",
+                                  fix="a X + (b G + c G G) X, with G = X X^T and (a, b, c) in the given order.")
+    if float(got_s.max()) > 3:
+        return ExerciseFailed(f"singular values up to {float(got_s.max()):.3g} came out, where the quintic "
+                              "keeps them below 1.2: the iteration ran on a matrix that was not scaled first.",
+                              fix="divide the matrix by its Frobenius norm (plus a tiny eps) before the first "
+                                  "step, so that every singular value starts at most 1.")
+    if same(_ns_scalar(normalised, steps)):
+        return ExerciseFailed("the singular values are right but the singular vectors are not: the result is not "
+                              "U f(S) V^T. Multiply the Gram matrix from the left of X (X X^T X, not X^T X X), "
+                              "and if you transposed a tall matrix, transpose the result back.",
+                              fix="with G = X X^T, the update is a X + (b G + c G G) X.")
+    return None
+
+
+@exercise(hint="Scale the matrix by its Frobenius norm so every singular value is at most 1; then, steps "
+               "times, form the Gram matrix G of X with its own transpose and replace X by a X plus b G X "
+               "plus c G G X. A tall matrix may be transposed first (and back at the end): the smaller Gram "
+               "matrix is cheaper, the result the same.",
+          task="Write my_newton_schulz(m, steps=5): m (A, B) -> the quintic Newton-Schulz iteration's "
+               "approximation of U V^T, in m's dtype. The check tries wide, tall and square matrices with "
+               "known singular values, in float64, float32 and bfloat16, and a matrix of zeros.",
+          points=3,
+          forbidden=("torch.linalg.svd", "torch.svd", "helpers.training.muon.newton_schulz"))
+def newton_schulz(student: Callable[..., torch.Tensor]) -> str:
+    for rows, cols, steps in ((9, 4, 1), (6, 10, 5), (12, 5, 5), (8, 8, 2)):  # one step first: no blow-up
+        u, s, v = _known_svd(rows, cols, seed=rows)
+        m = u @ torch.diag(s) @ v.T
+        expected = u @ torch.diag(_ns_scalar(s / s.norm(), steps)) @ v.T
+        for dtype in (torch.float64, torch.float32):
+            got = student(m.to(dtype)) if steps == 5 else student(m.to(dtype), steps)
+            what = f"my_newton_schulz(m of shape ({rows}, {cols}), {dtype}" + (f", steps={steps})" if steps != 5 else ")")
+            if not isinstance(got, torch.Tensor) or got.shape != m.shape:
+                expect_close(got, expected, what)  # names the type or the shape
+            got = got.double()
+            if not bool(torch.isfinite(got).all()):
+                raise ExerciseFailed(f"{what} holds NaN or inf: the iteration ran on a matrix that was not "
+                                     "scaled first, so its singular values exploded.",
+                                     fix="divide the matrix by its Frobenius norm (plus a tiny eps) before the loop.")
+            if torch.allclose(got, -expected, atol=1e-4 * float(expected.abs().max()), rtol=0):
+                raise ExerciseFailed(f"{what} is minus the right matrix: a sign is flipped.",
+                                     fix=f"use the coefficients as given, {NS_COEFFICIENTS}, in a X + (b G + c G G) X.")
+            if float((got - expected).abs().max()) > 1e-4 * float(expected.abs().max()):
+                raise _ns_diagnosis(torch.linalg.svdvals(got), s, steps) or ExerciseFailed(
+                    f"{what} is wrong (largest error {float((got - expected).abs().max()):.3g}).")
+    u, s, v = _known_svd(16, 48, seed=1)
+    low = student((u @ torch.diag(s) @ v.T).to(torch.bfloat16))
+    if not (isinstance(low, torch.Tensor) and low.shape == (16, 48) and low.is_floating_point()
+            and bool(torch.isfinite(low).all())):
+        raise ExerciseFailed("with a bfloat16 matrix of shape (16, 48) your function did not return a finite "
+                             "(16, 48) tensor.", fix="use only matrix products and sums, which work in any dtype.")
+    top = torch.linalg.svdvals(low.double())
+    if not (float(top.max()) < 1.4 and float(top[:8].min()) > 0.5):
+        raise ExerciseFailed(f"in bfloat16 the singular values came out between {float(top.min()):.2f} and "
+                             f"{float(top.max()):.2f}; the quintic puts the large ones between about 0.7 and 1.2.")
+    zeros = student(torch.zeros(3, 5))
+    if not (isinstance(zeros, torch.Tensor) and bool(torch.isfinite(zeros).all()) and not bool(zeros.any())):
+        raise ExerciseFailed("a matrix of zeros (a weight with no gradient) gave NaN or non-zero values: "
+                             "dividing by its norm, 0, is 0 / 0.",
+                             fix="divide by the norm plus a tiny eps (1e-7), or by the norm clamped at eps.")
+    return ("Five rounds of three matrix products: every singular value of the update now lies near 1 "
+            "(transposing a tall matrix only made the Gram matrix smaller).")
