@@ -1644,7 +1644,7 @@ else:
 #   ids are relabelled, because GPT-2 writes each byte as a printable character and numbers
 #   its tokens in its own order.
 #
-# The tests (`tests/test_gpt2.py`, `tests/test_gpt2_tokenizer.py`) prove both on files written
+# The tests (`tests/model/test_gpt2.py`, `tests/text/test_gpt2_tokenizer.py`) prove both on files written
 # by Hugging Face's own libraries: the same logits as its GPT-2 to 1e-5 (plain, fast and
 # cached paths), the same token ids on arbitrary Unicode. The cell below shows GPT-2's byte
 # table: the bytes that print as themselves keep their character, the others are moved to

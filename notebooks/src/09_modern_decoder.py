@@ -712,7 +712,7 @@ if transformers is not None:
 #
 # Thirty training runs take about ten minutes on a laptop CPU, too long for this notebook, so the
 # script ran them once and committed its table (`data/modern_ablation.json`); the cell reads it
-# and names the command that reproduces it. `tests/test_modern_ablation.py` reruns a short version.
+# and names the command that reproduces it. `tests/benchmarks/test_bench_modern_ablation.py` reruns a short version.
 
 # %%
 import json

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_core_exercises import CORE_CASES
+from test_muon_exercise import NS_CASES
 
 import helpers.lab.exercises as exercises
 from helpers.flash import tiled
@@ -602,6 +603,7 @@ CASES = [
     ("distributed.split_mlp", split_helper, None),
     ("distributed.split_mlp", split_all_units, "expected (6, 6) and (6,)"),
 ]
+CASES += NS_CASES  # notebook 9's Newton-Schulz, written out in tests/lab/exercises/test_muon_exercise.py
 CASES += CORE_CASES  # the core exercises of notebooks 1-6, written out in tests/lab/exercises/test_core_exercises.py
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = importlib.util.spec_from_file_location("bench_nb7_optimizer", ROOT / "benchmarks" / "bench_nb7_optimizer.py")
 bench = importlib.util.module_from_spec(SPEC)
 sys.modules[SPEC.name] = bench

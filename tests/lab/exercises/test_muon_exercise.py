@@ -1,5 +1,5 @@
 """Notebook 9's Newton-Schulz exercise (modern_decoder.newton_schulz): every correct formulation
-passes, and each usual slip is named. NS_CASES has the shape of tests/test_checkers.py's CASES
+passes, and each usual slip is named. NS_CASES has the shape of tests/lab/exercises/test_checkers.py's CASES
 (name, answer, the words the message must hold, or None for a right answer)."""
 
 from __future__ import annotations
