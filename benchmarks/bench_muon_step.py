@@ -5,7 +5,8 @@
 
 Three Trainers on notebook 7's GPT in the race's setting (n_layers=4, n_heads=4, d_model=128,
 window 64, batch 12), one thread, taking turns (A, B, C, A, B, C, ..., the order rotated each
-round), `--steps` training steps per turn, the median seconds per step over the rounds:
+round), `--steps` training steps per turn; each step's cost is the median over the rounds of
+its ratio to AdamW's step in the same round:
 
     adamw         TrainConfig's defaults: the fused AdamW step
     muon-loop     TrainConfig(optimizer="muon") with the step Muon took before: `muon_update`
@@ -13,9 +14,10 @@ round), `--steps` training steps per turn, the median seconds per step over the 
     muon          the same with Muon.step as it is: every matrix of one shape at once
                   (`newton_schulz_batched`), the MLP's 128 x 512 matrices on their Gram matrix
 
-in float32 (Newton-Schulz in float32, the laptop path) and bfloat16 (Newton-Schulz in bfloat16,
-emulated and slow on a CPU without native bf16). Measured on a shared 2-core machine: the
-ratios to AdamW's step are the result, the seconds are contention.
+in float32 (Newton-Schulz in float32, the laptop path) and bfloat16 (Newton-Schulz in bfloat16:
+fast on a CPU with native bf16, as the one of the stored JSON, whose "machine" says which; emulated
+and slow without). Measured on a shared 2-core machine: the ratios to AdamW's step are the
+result, the seconds are contention.
 """
 
 from __future__ import annotations
@@ -84,9 +86,12 @@ def measure(precision: str, rounds: int, steps: int) -> dict:
             for _ in range(steps):
                 trainers[kind].train_step(1e-3)
             seconds[kind].append((time.perf_counter() - started) / steps)
-    medians = {kind: statistics.median(values) for kind, values in seconds.items()}
-    return {"median_seconds": medians, "ratio_to_adamw": {k: v / medians["adamw"] for k, v in medians.items()},
-            "rounds": {k: [round(s, 5) for s in v] for k, v in seconds.items()}}
+    # The ratio within each round (turns seconds apart), then the median over rounds: a burst of
+    # load on the shared machine slows one round's turns alike and leaves its ratios.
+    ratios = {kind: statistics.median(s / a for s, a in zip(values, seconds["adamw"], strict=True))
+              for kind, values in seconds.items()}
+    return {"median_seconds": {kind: statistics.median(values) for kind, values in seconds.items()},
+            "ratio_to_adamw": ratios, "rounds": {k: [round(s, 5) for s in v] for k, v in seconds.items()}}
 
 
 def main(argv: list[str]) -> int:
