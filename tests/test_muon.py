@@ -309,7 +309,7 @@ def test_trainer_with_muon_lowers_the_loss_of_a_small_gpt(fast, precision):
     history = trainer.fit(steps=40, progress_bar=False)
     assert history.train_losses[-1] < before - 0.25, (before, history.train_losses)  # 2.40 -> 2.06
     hidden = trainer.optimizer.muon.param_groups[0]
-    assert hidden["lr"] == pytest.approx(history.lrs[-1] * 0.02 / 2e-3)  # Muon's rate on the same schedule
+    assert hidden["lr"] == pytest.approx(history.lrs[-1] * TrainConfig.muon_learning_rate / 2e-3)  # the same schedule
 
 
 def test_muon_trainer_steps_are_muon_steps_with_float32_newton_schulz():
@@ -318,7 +318,8 @@ def test_muon_trainer_steps_are_muon_steps_with_float32_newton_schulz():
     twin = small_gpt()
     hidden, matrices, vectors = split_for_muon(twin)
     lr = 1e-3
-    reference = Muon(hidden, lr=lr * (0.02 / 2e-3), weight_decay=0.1, ns_dtype=torch.float32)  # lr: the Trainer's
+    reference = Muon(hidden, lr=lr * (TrainConfig.muon_learning_rate / 2e-3), weight_decay=0.1,
+                     ns_dtype=torch.float32)  # lr: the Trainer's
     adamw = torch.optim.AdamW([{"params": matrices, "weight_decay": 0.1}, {"params": vectors, "weight_decay": 0.0}],
                               lr=lr, betas=(0.9, 0.99), foreach=False)
     generator = torch.Generator().manual_seed(0)
