@@ -25,6 +25,7 @@ from helpers.training.muon import (
     muon_lr_scale,
     muon_update,
     newton_schulz,
+    newton_schulz_batched,
     split_for_muon,
 )
 from helpers.training.trainer import TrainConfig, Trainer, learning_rate, random_batch
@@ -83,6 +84,66 @@ def test_muon_with_float32_newton_schulz_differs_from_torch_by_bf16_rounding_onl
     bound = steps * lr * muon_lr_scale(shape) * 0.05
     gap = (ours - theirs).abs().max().item()
     assert 0 < gap < bound, (gap, bound)
+
+
+def test_muon_steps_a_whole_gpt_as_torch_optim_muon_does_bit_for_bit():
+    # Many matrices of a few shapes (square, wide, tall, each several times): the batched step.
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, context_length=8, n_layers=3, n_heads=2, d_model=16))
+    ours, _, _ = split_for_muon(model)
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    assert len({tuple(p.shape) for p in ours}) == 3 and len(ours) == 18
+    mine, reference = Muon(ours, lr=0.03), torch.optim.Muon(theirs, lr=0.03)
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        for a, b in zip(ours, theirs, strict=True):
+            a.grad = torch.randn(a.shape, generator=generator)
+            b.grad = a.grad.clone()
+        mine.step()
+        reference.step()
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+# The course's shapes and a few more. In bf16 (torch.optim.Muon's dtype) the batched products
+# round as the per-matrix ones do, bit for bit. In float32 so do matrices less than twice as
+# wide as tall (a side of 8 or more: below that a small product may take another kernel); wider
+# ones iterate on the Gram matrix, equal to float32 rounding only (the tests after this one).
+BATCH_SHAPES = [(128, 128), (512, 128), (128, 512), (16, 16), (32, 8), (8, 32), (100, 37), (40, 64)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", BATCH_SHAPES, ids=str)
+def test_newton_schulz_batched_is_newton_schulz_of_each_matrix_bit_for_bit(shape, dtype):
+    if dtype == torch.float32 and max(shape) >= 2 * min(shape):
+        pytest.skip("float32 and twice as wide as tall: the Gram form, equal to rounding (below)")
+    ms = torch.randn(4, *shape, generator=torch.Generator().manual_seed(8))
+    ms[1] *= 100.0  # each matrix is scaled by its own norm
+    batched = newton_schulz_batched(ms, dtype=dtype)
+    assert batched.dtype == dtype and batched.shape == ms.shape
+    assert torch.equal(batched, torch.stack([newton_schulz(m, dtype=dtype) for m in ms]))
+
+
+@pytest.mark.parametrize("shape", [(512, 128), (128, 512), (32, 8), (100, 37), (8, 3), (3, 8)], ids=str)
+def test_newton_schulz_batched_in_float32_agrees_to_rounding_and_is_as_close_to_float64(shape):
+    ms = torch.randn(4, *shape, generator=torch.Generator().manual_seed(9))
+    batched = newton_schulz_batched(ms, dtype=torch.float32).double()
+    plain = torch.stack([newton_schulz(m, dtype=torch.float32) for m in ms]).double()
+    exact = torch.stack([newton_schulz(m, dtype=torch.float64) for m in ms.double()])
+    assert (batched - plain).abs().max() < 1e-5  # entries below 1: a few float32 roundings
+    # The Gram form rounds differently, not worse: its distance to float64 is the plain one's
+    # (measured 4.1e-7 against 5.8e-7 at (128, 512)), up to a factor of 2.
+    assert (batched - exact).abs().max() <= 2 * (plain - exact).abs().max() + 1e-7
+
+
+def test_the_gram_form_is_the_polynomial_of_newton_schulz():
+    # Two iterations by hand, (a I + b G + c G^2) X twice, in float64: the Gram form must match.
+    x = torch.randn(3, 6, 20, generator=torch.Generator().manual_seed(10), dtype=torch.float64)
+    a, b, c = 3.4445, -4.7750, 2.0315
+    y = x / x.norm(dim=(1, 2), keepdim=True)
+    for _ in range(2):
+        g = y @ y.mT
+        y = (a * torch.eye(6, dtype=torch.float64) + b * g + c * g @ g) @ y
+    assert torch.allclose(newton_schulz_batched(x, steps=2, dtype=torch.float64), y, atol=1e-12)
 
 
 def test_muon_update_is_one_step_of_muon_and_leaves_its_inputs_alone():
@@ -209,6 +270,12 @@ def matrix() -> torch.nn.Parameter:
     (lambda: newton_schulz([[1.0, 2.0]]), TypeError, "m is a list"),
     (lambda: newton_schulz(torch.tensor([[1.0, float("inf")]])), ValueError, "m holds NaN or inf"),
     (lambda: newton_schulz(torch.ones(2, 2), dtype=torch.int32), TypeError, "dtype is torch.int32"),
+    (lambda: newton_schulz_batched(torch.ones(3, 4)), ValueError, r"ms has shape \(3, 4\), expected a stack"),
+    (lambda: newton_schulz_batched(torch.ones(0, 3, 4)), ValueError, r"ms has shape \(0, 3, 4\)"),
+    (lambda: newton_schulz_batched(torch.ones(2, 3, 4, dtype=torch.long)), TypeError, "ms has dtype torch.int64"),
+    (lambda: newton_schulz_batched([[[1.0]]]), TypeError, "ms is a list"),
+    (lambda: newton_schulz_batched(torch.full((2, 3, 4), float("nan"))), ValueError, "ms holds NaN"),
+    (lambda: newton_schulz_batched(torch.ones(2, 3, 4), steps=0), ValueError, "steps is 0"),
     (lambda: Muon([matrix()], ns_dtype="bf16"), TypeError, "ns_dtype is 'bf16'"),
     (lambda: muon_update(torch.ones(2, 3), torch.ones(3, 2), torch.zeros(2, 3), lr=0.1),
      ValueError, r"g has shape \(3, 2\), expected p's shape \(2, 3\)"),
@@ -242,7 +309,7 @@ def test_trainer_with_muon_lowers_the_loss_of_a_small_gpt(fast, precision):
     history = trainer.fit(steps=40, progress_bar=False)
     assert history.train_losses[-1] < before - 0.25, (before, history.train_losses)  # 2.40 -> 2.06
     hidden = trainer.optimizer.muon.param_groups[0]
-    assert hidden["lr"] == pytest.approx(history.lrs[-1] * 0.02 / 2e-3)  # Muon's rate on the same schedule
+    assert hidden["lr"] == pytest.approx(history.lrs[-1] * TrainConfig.muon_learning_rate / 2e-3)  # the same schedule
 
 
 def test_muon_trainer_steps_are_muon_steps_with_float32_newton_schulz():
@@ -251,7 +318,8 @@ def test_muon_trainer_steps_are_muon_steps_with_float32_newton_schulz():
     twin = small_gpt()
     hidden, matrices, vectors = split_for_muon(twin)
     lr = 1e-3
-    reference = Muon(hidden, lr=lr * (0.02 / 2e-3), weight_decay=0.1, ns_dtype=torch.float32)  # lr: the Trainer's
+    reference = Muon(hidden, lr=lr * (TrainConfig.muon_learning_rate / 2e-3), weight_decay=0.1,
+                     ns_dtype=torch.float32)  # lr: the Trainer's
     adamw = torch.optim.AdamW([{"params": matrices, "weight_decay": 0.1}, {"params": vectors, "weight_decay": 0.0}],
                               lr=lr, betas=(0.9, 0.99), foreach=False)
     generator = torch.Generator().manual_seed(0)
