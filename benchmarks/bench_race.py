@@ -82,7 +82,7 @@ from helpers.training.trainer import (  # noqa: E402
 )
 
 RECIPES = ("nanogpt", "course", "course-muon", "course-best")
-# data/recipe_ablation.json's "course_best" (tests/test_bench_recipe.py checks that this is its row):
+# data/recipe_ablation.json's "course_best" (tests/benchmarks/test_bench_recipe.py checks that this is its row):
 # TrainConfig fields, and GPTConfig fields other than the race's sizes. Muon at 0.04 beat 0.02 on
 # 3 of 3 seeds, no warm-up beat 5 % on 2 of 3; no model change beat it at equal time.
 COURSE_BEST = {"name": "muon 0.04 warm-up 0%",

@@ -14,18 +14,16 @@ Muon post, 2024; at scale: Moonshot AI's "Muon is scalable for LLM training", 20
     split_for_muon(model)                   hidden matrices for Muon; embeddings, head, vectors apart
     MuonWithAdamW                           the pair as one optimiser (step, zero_grad, state_dict)
 
-Each step of Muon is the one `torch.optim.Muon` takes, bit for bit (tests/training/test_muon.py): the same
-operations in the same order, Newton-Schulz in bfloat16 as there. `ns_dtype=torch.float32` runs
+Each step of Muon is the one `torch.optim.Muon` takes, bit for bit (tests/training/test_muon.py):
+the same operations in the same order, Newton-Schulz in bfloat16 as there. `ns_dtype=torch.float32` runs
 the iteration in float32 instead: on a CPU without native bfloat16 (most laptops) every bf16
 matrix product is emulated, and the iteration measured over 20x slower than in float32.
 
-The fast path beside the idea: Muon.step hands every matrix of one shape to
-`newton_schulz_batched` at once (batched products, not a Python loop over the matrices; the
-same result bit for bit), and in float32 a matrix at least twice as wide as tall runs the same
-polynomial on its small Gram matrix (equal to float32 rounding, < 1e-5). On notebook 7's GPT a
-profile of Muon's step was almost all Newton-Schulz's matrix products (24 matrices, 2.5 GFLOP a
-step against about 4 for the forward and backward pass), not Python; the Gram form removes
-a quarter of them. benchmarks/bench_muon_step.py measures both steps against AdamW's.
+The fast path beside the idea: Muon.step hands all matrices of one shape to
+`newton_schulz_batched` at once (the same result bit for bit), and in float32 a matrix at least
+twice as wide as tall iterates on its small Gram matrix (< 1e-5 apart). On the race's GPT, Muon's
+step was almost all Newton-Schulz products (2.5 GFLOP a step against about 4 for forward and
+backward), not Python; benchmarks/bench_muon_step.py measures both steps against AdamW's.
 """
 
 from __future__ import annotations
@@ -90,7 +88,7 @@ def newton_schulz_batched(ms: Tensor, steps: int = NS_STEPS, coefficients: Seque
     The same operations as `newton_schulz` on each matrix, as batched products (torch.bmm and
     torch.baddbmm): one call per product for all K instead of K calls. Each matrix keeps its own
     norm, and a tall stack is transposed as a view, as there, so every product sees the same
-    layout: the result equals the per-matrix one bit for bit (tests/test_muon.py; float32
+    layout: the result equals the per-matrix one bit for bit (tests/training/test_muon.py; float32
     matrices with a side under 8 may round differently, by < 1e-5).
 
     One exception, in float32 or float64 only: a matrix at least twice as wide as tall, (m, n)
@@ -135,8 +133,7 @@ def _gram_newton_schulz(x: Tensor, steps: int, coefficients: tuple[float, float,
     k of them X_k = Q_k X_0 with Q_k = P_k ... P_1, and G_{k+1} = P_k G_k P_k = P_k^2 G_k (P_k
     commutes with G_k). Everything but the first Gram matrix and the last product Q X_0 is an
     (m, m) product: 4 m^3 multiply-adds per iteration where the plain one spends 2 m^2 n + m^3.
-    For notebook 7's MLP matrices (128 x 512) that is 0.58x the products. Float32 and wider only:
-    in bfloat16 the errors that Q accumulates are not corrected by later iterations.
+    (0.58x on the race GPT's 128 x 512.) Float32 and wider only: bf16's errors in Q stay uncorrected.
     """
     a, b, c = coefficients
     gram = torch.bmm(x, x.mT)                                   # (K, m, m)

@@ -150,11 +150,9 @@ class TrainConfig:
     compile=True (fast path only) compiles the loss with torch.compile: faster steps after a
     first step that takes tens of seconds, and it needs a C++ compiler.
     optimizer: "adamw" (every weight), or "muon": Muon for the hidden matrices, AdamW for the
-    embeddings, the head, biases and gains (`helpers.training.muon.split_for_muon`); Muon's
-    peak rate is muon_learning_rate, on the same schedule (learning_rate stays AdamW's); its
-    Newton-Schulz runs in the compute dtype (float32 unless bf16 is native or asked for).
-    muon_learning_rate 0.04 beat 0.02 and 0.08 on 3 of 3 seeds at notebook 7's size in 30 s
-    (benchmarks/bench_recipe.py); warmup=0.0 helped Muon there too, on 2 of 3.
+    rest (`helpers.training.muon.split_for_muon`), Muon at peak muon_learning_rate on the same
+    schedule, its Newton-Schulz in the compute dtype. 0.04 beat 0.02 and 0.08 on 3 of 3 seeds in
+    the race's 30 s (benchmarks/bench_recipe.py) and 0.02 at notebook 7's setting (bench_nb7_optimizer).
     """
 
     batch_size: int = 12

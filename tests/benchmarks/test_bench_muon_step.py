@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-STORED = Path(__file__).resolve().parent.parent / "data" / "muon_step_cost.json"
+STORED = Path(__file__).resolve().parents[2] / "data" / "muon_step_cost.json"
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = importlib.util.spec_from_file_location("bench_recipe", ROOT / "benchmarks" / "bench_recipe.py")
 bench = importlib.util.module_from_spec(SPEC)
 sys.modules[SPEC.name] = bench  # dataclasses look their module up there
