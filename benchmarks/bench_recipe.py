@@ -122,7 +122,7 @@ class Variant:
 
 ADAMW_RATES = [Variant("adamw (course defaults)"),
                Variant("adamw lr 6e-3", learning_rate=6e-3)]
-MUON_RATES = [Variant("muon 0.02 (TrainConfig)", optimizer="muon"),
+MUON_RATES = [Variant("muon 0.02 (the first default)", optimizer="muon"),
               Variant("muon 0.04", optimizer="muon", muon_learning_rate=0.04),
               Variant("muon 0.08", optimizer="muon", muon_learning_rate=0.08)]
 ADAMW_WARMUPS = (0.10,)              # around AdamW's best rate (5 % is TrainConfig's)

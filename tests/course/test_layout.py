@@ -281,3 +281,26 @@ def test_a_stale_test_path_is_reported(tmp_path):
     (tmp_path / "tests" / "course").mkdir(parents=True)
     (tmp_path / "tests" / "course" / "test_here.py").write_text("")
     assert stale_test_paths(tmp_path) == ["helpers/m.py: tests/model/test_gone.py"]
+
+
+def absolute_paths(value: object) -> list[str]:
+    """Every string inside a loaded JSON value that is an absolute path (a writer's own machine)."""
+    if isinstance(value, dict):
+        return [found for item in value.values() for found in absolute_paths(item)]
+    if isinstance(value, list):
+        return [found for item in value for found in absolute_paths(item)]
+    return [value] if isinstance(value, str) and re.match(r"^(/|[A-Za-z]:\\)\w", value) else []
+
+
+def test_stored_figures_name_no_path_of_the_machine_that_wrote_them():
+    import json
+
+    found = {path.name: absolute_paths(json.loads(path.read_text(encoding="utf-8")))
+             for path in sorted((HELPERS.parent / "data").glob("*.json"))}
+    assert {name: paths for name, paths in found.items() if paths} == {}
+
+
+def test_an_absolute_path_in_a_json_value_is_found():
+    assert absolute_paths({"out": "/work/wt/data/x.json", "runs": [{"seed": 0, "file": "data/y.json"}]}) \
+        == ["/work/wt/data/x.json"]
+    assert absolute_paths(["C:\\Users\\me\\x.json", "1/2", "/"]) == ["C:\\Users\\me\\x.json"]
