@@ -100,4 +100,5 @@ def test_a_stored_race_summary_is_what_its_curves_say(path):
 
 
 def test_the_races_on_record_include_float32_on_one_thread():
-    assert {p.stem for p in RACES} >= {"race_fp32_1thread", "race_fp32_1thread_30s"}
+    assert {p.stem for p in RACES} >= {"race_fp32_1thread", "race_fp32_1thread_30s", "race_fp32_2threads_30s",
+                                       "race_bf16_1thread_20s"}
