@@ -99,6 +99,6 @@ def test_a_stored_race_summary_is_what_its_curves_say(path):
             assert budget <= curve["seconds"][-1] < budget * 1.1  # each trained its own budget
 
 
-def test_the_races_on_record_include_float32_on_one_thread():
+def test_the_races_on_record_cover_one_and_two_threads_and_bf16():
     assert {p.stem for p in RACES} >= {"race_fp32_1thread", "race_fp32_1thread_30s", "race_fp32_2threads_30s",
                                        "race_bf16_1thread_20s"}
