@@ -11,7 +11,7 @@ idea in plain code first, then switches to the helper and checks the two agree.
                 and the 2025-2026 decoder: moe, mla, sliding, frontier, deepseek nb 12
     flash/      tiled attention, Triton kernels, cost model, memory profiling    nb 8
     training/   the loop by hand (by_hand), the Trainer (trainer, guards) and its
-                speed machinery (speed)                                          nb 7
+                speed machinery (speed), the Muon optimiser (muon)               nb 7, 9
     families/   translation task, seq2seq, GRU (with attention), masked LM       nb 10
     scale/      workers and collectives, data parallel, ZeRO-1, tensor and
                 expert parallel                                                  nb 11, 12

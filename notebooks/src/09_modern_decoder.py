@@ -1326,14 +1326,14 @@ plt.show()
 # %%
 ablation = json.loads((data_dir() / "recipe_ablation.json").read_text(encoding="utf-8"))
 rows = {variant["name"]: ablation["summary"][variant["name"]]["per_seed"] for variant in ablation["variants"]}
-print(f"{'variant':<47} {'step cost':>9} {'steps':>5}  {'loss, median':>12}  reaches the target at step (share of 30 s)")
+print(f"{'variant':<50} {'step cost':>9} {'steps':>5}  {'loss, median':>12}  reaches the target at step (share of 30 s)")
 for variant in ablation["variants"]:
     per_seed = rows[variant["name"]]
     cost = ablation["step_costs"][variant["cost_key"]]["ratio_to_nanogpt"]
     reached = ", ".join("never" if row["share_of_budget"] is None else
                         f"{row['reaches_target_at_step']:.0f} ({row['share_of_budget']:.2f})" for row in per_seed)
     median = ablation["summary"][variant["name"]]["median_final_val_loss"]
-    print(f"{variant['name']:<47} {cost:>8.2f}x {per_seed[0]['steps']:>5}  {median:>12.3f}  {reached}")
+    print(f"{variant['name']:<50} {cost:>8.2f}x {per_seed[0]['steps']:>5}  {median:>12.3f}  {reached}")
 best = rows[ablation["course_best"]]
 assert all(row["share_of_budget"] is None for name, per_seed in rows.items() if name.startswith("adamw")
            for row in per_seed)
