@@ -57,3 +57,22 @@ class FixedDraw(random.Random):
 
     def getrandbits(self, k: int) -> int:  # choice() and randrange() go through it, not random()
         return super().getrandbits(k)
+
+
+# The exact-causality tests of the GPT, its cache, the modern decoder, the sharded model and the
+# trainer: three dtypes, one changed token, one small GPT drawn from seed 0.
+DTYPES = [torch.float32, torch.float64, torch.bfloat16]
+
+
+def changed_at(ids: torch.Tensor, position: int, vocab_size: int) -> torch.Tensor:
+    """ids (B, N) with the token at `position` replaced by another one in every row."""
+    other = ids.clone()
+    other[:, position] = (other[:, position] + 1) % vocab_size
+    return other
+
+
+def small_gpt(dtype: torch.dtype, **sizes) -> GPT:
+    """A 2-layer GPT (vocabulary 31, context 16, width 32, 2 heads) from seed 0, in `dtype`, eval mode."""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=31, context_length=16, n_layers=2, n_heads=2, d_model=32, **sizes)
+    return GPT(config).to(dtype).eval()

@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shared_tools import DTYPES, changed_at, small_gpt
 from torch import nn
 
 from helpers.model.fused import fast_block
@@ -609,27 +610,11 @@ def test_gpt2_conversion_refuses_integer_weights():
         convert_gpt2_state(state, config)
 
 
-DTYPES = [torch.float32, torch.float64, torch.bfloat16]
-
-
-def changed_at(ids: torch.Tensor, position: int, vocab_size: int) -> torch.Tensor:
-    """ids (B, N) with the token at `position` replaced by another one in every row."""
-    other = ids.clone()
-    other[:, position] = (other[:, position] + 1) % vocab_size
-    return other
-
-
-def gpt(dtype: torch.dtype, **sizes) -> GPT:
-    torch.manual_seed(0)
-    config = GPTConfig(vocab_size=31, context_length=16, n_layers=2, n_heads=2, d_model=32, **sizes)
-    return GPT(config).to(dtype).eval()
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("fast", [False, True], ids=["plain", "fused"])
 @pytest.mark.parametrize("position", [1, 7, 15])
 def test_a_future_token_leaves_every_earlier_logit_of_the_gpt_bit_identical(dtype, fast, position):
-    model = gpt(dtype)
+    model = small_gpt(dtype)
     ids = torch.randint(0, 31, (3, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         before = model(ids, fast=fast)

@@ -11,6 +11,7 @@ import re
 
 import pytest
 import torch
+from shared_tools import DTYPES, changed_at, small_gpt
 
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.model.kv_cache import KVCache, check_cache
@@ -219,26 +220,10 @@ def test_the_modern_models_cache_is_checked():
         model.forward_cached(ids, KVCache(2, 2, 2, 8, 4))
 
 
-DTYPES = [torch.float32, torch.float64, torch.bfloat16]
-
-
-def changed_at(ids: torch.Tensor, position: int, vocab_size: int) -> torch.Tensor:
-    """ids (B, N) with the token at `position` replaced by another one in every row."""
-    other = ids.clone()
-    other[:, position] = (other[:, position] + 1) % vocab_size
-    return other
-
-
-def gpt(dtype: torch.dtype, **sizes) -> GPT:
-    torch.manual_seed(0)
-    config = GPTConfig(vocab_size=31, context_length=16, n_layers=2, n_heads=2, d_model=32, **sizes)
-    return GPT(config).to(dtype).eval()
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("fast", [False, True], ids=["plain", "fused"])
 def test_the_cached_forward_is_causal_exactly_too(dtype, fast):
-    model = gpt(dtype)
+    model = small_gpt(dtype)
     ids = torch.randint(0, 31, (2, 12), generator=torch.Generator().manual_seed(2))
     outputs = []
     for sequence in (ids, changed_at(ids, 8, 31)):

@@ -9,11 +9,10 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from shared_tools import full
+from shared_tools import DTYPES, changed_at, full, small_gpt
 
 from helpers.model import llama as llama_loader
 from helpers.model import modern
-from helpers.model.gpt import GPT, GPTConfig
 from helpers.model.kv_cache import KVCache
 from helpers.model.layers import SwiGLUFeedForward
 from helpers.model.llama import from_llama_state_dict, llama_key_map
@@ -645,22 +644,6 @@ def test_alibi_names_a_q_of_too_few_dimensions_and_a_non_tensor_before_any_work(
         alibi_attention(torch.randn(1, 2, 4, 8), [[0.0]], torch.randn(1, 2, 4, 8))
 
 
-DTYPES = [torch.float32, torch.float64, torch.bfloat16]
-
-
-def changed_at(ids: torch.Tensor, position: int, vocab_size: int) -> torch.Tensor:
-    """ids (B, N) with the token at `position` replaced by another one in every row."""
-    other = ids.clone()
-    other[:, position] = (other[:, position] + 1) % vocab_size
-    return other
-
-
-def gpt(dtype: torch.dtype, **sizes) -> GPT:
-    torch.manual_seed(0)
-    config = GPTConfig(vocab_size=31, context_length=16, n_layers=2, n_heads=2, d_model=32, **sizes)
-    return GPT(config).to(dtype).eval()
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
 def test_a_future_token_leaves_the_modern_decoder_bit_identical(dtype, n_kv_heads):
@@ -675,7 +658,7 @@ def test_a_future_token_leaves_the_modern_decoder_bit_identical(dtype, n_kv_head
 
 
 def test_config_values_other_than_the_defaults_reach_the_model():
-    model = gpt(torch.float32, bias=False, tie_weights=False, activation="relu")
+    model = small_gpt(torch.float32, bias=False, tie_weights=False, activation="relu")
     assert all(p.dim() >= 2 for name, p in model.named_parameters()
                if ".attn." in name or ".mlp." in name)  # no bias anywhere in attention or MLP
     assert model.lm_head.weight is not model.embed.token.weight

@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from shared_tools import small_gpt
 from torch import nn
 
-from helpers.model.gpt import GPT, GPTConfig
 from helpers.scale import sharded
 from helpers.scale.data_parallel import Run, make_model, max_difference, train_single
 from helpers.scale.sharded import (
@@ -133,18 +133,12 @@ def test_sharded_adamw_refuses_nonsense(kwargs, words):
         optimizer.step(float("nan"))
 
 
-def gpt(dtype: torch.dtype, **sizes) -> GPT:
-    torch.manual_seed(0)
-    config = GPTConfig(vocab_size=31, context_length=16, n_layers=2, n_heads=2, d_model=32, **sizes)
-    return GPT(config).to(dtype).eval()
-
-
 def test_the_sharded_optimizer_on_one_rank_is_torchs_adamw():
     """ZeRO-1's AdamW, owning every parameter, takes the same steps as torch.optim.AdamW with
     decay on the matrices only (sharded-vs-one-rank tests prove the sharding, this the optimizer)."""
     from helpers.scale.sharded import ShardedAdamW
 
-    ours, theirs = gpt(torch.float64), gpt(torch.float64)
+    ours, theirs = small_gpt(torch.float64), small_gpt(torch.float64)
     theirs.load_state_dict(ours.state_dict())
     hand = ShardedAdamW(ours.parameters(), rank=0, world_size=1, betas=(0.8, 0.95), eps=1e-7,
                         weight_decay=0.2)

@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 import torch
+from shared_tools import small_gpt
 
 from helpers.model.checkpoints import load_checkpoint, save_checkpoint
 from helpers.model.gpt import GPT, GPTConfig
@@ -895,15 +896,9 @@ def test_random_batch_refuses_float_ids():
         random_batch(torch.arange(20.0), 2, 4)
 
 
-def gpt(dtype: torch.dtype, **sizes) -> GPT:
-    torch.manual_seed(0)
-    config = GPTConfig(vocab_size=31, context_length=16, n_layers=2, n_heads=2, d_model=32, **sizes)
-    return GPT(config).to(dtype).eval()
-
-
 @pytest.mark.parametrize("fast", [False, True])
 def test_weight_decay_reaches_the_matrices_only_at_the_configured_value(fast):
-    model = gpt(torch.float32)
+    model = small_gpt(torch.float32)
     ids = torch.randint(0, 31, (500,), generator=torch.Generator().manual_seed(0))
     trainer = Trainer(model, ids, ids, TrainConfig(weight_decay=0.37, learning_rate=3e-3,
                                                    fast=fast, precision="fp32", batch_size=2))
@@ -919,7 +914,7 @@ def test_weight_decay_reaches_the_matrices_only_at_the_configured_value(fast):
 
 @pytest.mark.parametrize("precision,expected", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
 def test_the_trainer_computes_in_the_precision_asked_for(precision, expected):
-    model = gpt(torch.float32)
+    model = small_gpt(torch.float32)
     ids = torch.randint(0, 31, (500,), generator=torch.Generator().manual_seed(0))
     trainer = Trainer(model, ids, ids, TrainConfig(precision=precision, batch_size=2))
     assert trainer.dtype == expected
