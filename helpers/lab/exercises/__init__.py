@@ -68,6 +68,30 @@ class Exercise:
 
 _REGISTRY: dict[str, Exercise] = {}
 
+# The grader's hidden round runs every checker again with its random inputs drawn from other
+# seeds (`seeded`, `reseed` add this offset), so that an answer which hard-codes what the visible
+# check printed fails there. 0 in the visible check.
+SEED_OFFSET = 0
+
+
+def seeded(seed: int) -> Any:
+    """A torch.Generator seeded with `seed` (plus SEED_OFFSET in the grader's hidden round)."""
+    import torch
+
+    return torch.Generator().manual_seed(seed + SEED_OFFSET)
+
+
+def reseed(seed: int) -> None:
+    """torch.manual_seed(seed), plus SEED_OFFSET in the grader's hidden round."""
+    import torch
+
+    torch.manual_seed(seed + SEED_OFFSET)
+
+
+def hidden_round() -> bool:
+    """True while the grader's hidden tests run: a checker may then add cases of its own."""
+    return SEED_OFFSET != 0
+
 
 def exercise(hint: str, task: str = "", time_limit: float | None = None, points: int = 1,
              forbidden: tuple[str, ...] = ()) -> Callable[[Callable[[Any], str | None]], Callable[[Any], str | None]]:

@@ -9,12 +9,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, reseed, seeded
 from helpers.model import attention as reference
 
 
 def _random(*shape: int, seed: int) -> Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return torch.randn(*shape, generator=seeded(seed), dtype=torch.float64)
 
 
 @exercise(hint="find the largest logit of each row and subtract it from every logit of that row, "
@@ -177,7 +177,7 @@ def _build_layer(student: Callable[[int, int, int], nn.Module]) -> tuple[nn.Modu
                              "builds its own with d_in, d_k, d_v all different.",
                              fix="pass the class MyAttentionLayer itself.")
     with torch.random.fork_rng():  # leave the notebook's random numbers as they were
-        torch.manual_seed(0)
+        reseed(0)
         try:
             layer = student(D_IN, D_K, D_V)
         except AttributeError as error:
@@ -204,7 +204,7 @@ def _build_layer(student: Callable[[int, int, int], nn.Module]) -> tuple[nn.Modu
                              f"d_in x (2 d_k + d_v) = {expected}.",
                              fix="hold the three projection matrices and nothing else.")
     layer.double()
-    generator = torch.Generator().manual_seed(11)
+    generator = seeded(11)
     matrices = []
     for name, (d, label) in sizes.items():
         parameter, transposed = _projection(layer, name, d, label)

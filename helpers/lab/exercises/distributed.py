@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, reseed, seeded
 from helpers.lab.exercises._ranks import ThreadRing, is_stub, run_on_three, run_two_ranks
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.scale.workers import ring_all_reduce_bytes
@@ -44,11 +44,11 @@ def ring_bytes(student: Callable[[float, int], float]) -> str:
 def _two_replicas() -> tuple[GPT, GPT, GPT]:
     """A tiny tied GPT, its twin, and a copy with the whole batch's gradient for reference."""
     config = GPTConfig(vocab_size=16, context_length=8, n_layers=1, n_heads=2, d_model=16)
-    torch.manual_seed(0)
+    reseed(0)
     models = [GPT(config) for _ in range(3)]
     for other in models[1:]:
         other.load_state_dict(models[0].state_dict())
-    ids = torch.randint(0, config.vocab_size, (4, config.context_length + 1), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, config.vocab_size, (4, config.context_length + 1), generator=seeded(1))
     for model, rows in zip(models, (ids[:2], ids[2:], ids), strict=True):
         logits = model(rows[:, :-1])
         F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten()).backward()
@@ -127,7 +127,7 @@ def _hidden_units(got: Tensor, full: Tensor, what: str) -> list[int]:
                "rank's (up_weight, up_bias, down_weight). The check adds the ranks' partial "
                "outputs for 2 and 3 ranks and compares with the whole MLP.")
 def split_mlp(student: Callable[[Tensor, Tensor, Tensor, int, int], tuple[Tensor, Tensor, Tensor]]) -> str:
-    torch.manual_seed(0)
+    reseed(0)
     mlp = nn.Sequential(nn.Linear(6, 12), nn.GELU(), nn.Linear(12, 6))
     up, bias, down = mlp[0].weight.detach(), mlp[0].bias.detach(), mlp[2].weight.detach()
     x = torch.randn(3, 6)
@@ -257,7 +257,7 @@ def one_f_one_b(student: Callable[[int, int], list]) -> str:
 def ring_merge(student: Callable[..., tuple[Tensor, Tensor]]) -> str:
     from helpers.scale.ring_attention import block_attention
 
-    generator = torch.Generator().manual_seed(0)
+    generator = seeded(0)
     q, k, v = (torch.randn(1, 2, 4, 8, generator=generator, dtype=torch.float64) for _ in range(3))
     k[:, :, 2:] += 3.0  # the second block dominates: a merge that ignores the weights fails
     parts = [block_attention(q, k[:, :, s], v[:, :, s], diagonal=False) for s in (slice(0, 2), slice(2, 4))]

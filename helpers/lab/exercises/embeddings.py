@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, reseed, seeded
 from helpers.model import embeddings as reference
 
 # Every way of reading rows of a tensor by their index: the first exercise must do without them.
@@ -40,7 +40,7 @@ class _RowsUnreadable(Tensor):
 
 
 def _random(*shape: int, seed: int) -> Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    return torch.randn(*shape, generator=seeded(seed))
 
 
 @exercise(hint="Turn the ids into one-hot rows as long as the weight has rows, in the weight's "
@@ -252,7 +252,7 @@ TRAIN_SLIPS = {
 def _word_model(seed: int, vocab_size: int, d_model: int) -> tuple[Any, Any, Tensor]:
     """A small embedding, its neighbour predictor and a (V, V) table of neighbour counts."""
     with torch.random.fork_rng():  # leave the notebook's random numbers as they were
-        torch.manual_seed(seed)
+        reseed(seed)
         embedding = torch.nn.Embedding(vocab_size, d_model, dtype=torch.float64)
         predict = torch.nn.Linear(d_model, vocab_size, dtype=torch.float64)
         counts = torch.randint(0, 5, (vocab_size, vocab_size)).double()

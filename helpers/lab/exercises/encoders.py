@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, reseed, seeded
 from helpers.model.multihead import MultiHeadAttention
 
 
@@ -92,9 +92,9 @@ CROSS_ATTENTION_MISTAKES = {  # mistake: (what is wrong, how to fix it)
 def cross_attention(student: CrossAttention) -> str:
     """student(layer, x, memory, key_mask) -> (B, N, D) must equal the layer with context=memory."""
     with torch.random.fork_rng(devices=[]):  # the student's random stream stays untouched
-        torch.manual_seed(10)
+        reseed(10)
         layer = MultiHeadAttention(16, 4)
-    gen = torch.Generator().manual_seed(100)
+    gen = seeded(100)
     x, memory = torch.randn(2, 5, 16, generator=gen), torch.randn(2, 7, 16, generator=gen)
     key_mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
     key_mask[1, ..., 4:] = False  # the second source sentence has 3 padding tokens
@@ -167,7 +167,7 @@ def _per_row_mistake(new_scores: object, total: torch.Tensor, width: int) -> str
                "their rows and their tokens. The check compares with a search over every child, "
                "including a beam where one prefix keeps several children.")
 def beam_step(student: Callable[[torch.Tensor, torch.Tensor, int], tuple]) -> str:
-    generator = torch.Generator().manual_seed(0)
+    generator = seeded(0)
     scores = torch.tensor([-0.5, -1.0, -2.5])
     log_probs = torch.randn(3, 6, generator=generator).log_softmax(dim=-1)
     total = scores[:, None] + log_probs
@@ -206,7 +206,7 @@ def beam_step(student: Callable[[torch.Tensor, torch.Tensor, int], tuple]) -> st
 
 def _mask_batch() -> tuple[torch.Tensor, int, int, int, int]:
     """A large batch (real words 4..49, padding 0 at the rows' ends), <mask> = 1, 4 specials."""
-    gen = torch.Generator().manual_seed(10)
+    gen = seeded(10)
     ids = torch.randint(4, 50, (300, 60), generator=gen)
     lengths = torch.randint(20, 61, (300,), generator=gen)
     ids[torch.arange(60)[None, :] >= lengths[:, None]] = 0
@@ -229,7 +229,7 @@ def _share(part: torch.Tensor, whole: torch.Tensor) -> float:
 def mask_tokens(student: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> str:
     from helpers.families.mlm import IGNORE
     ids, mask_id, vocab_size, first_word, pad_id = _mask_batch()
-    got = student(ids.clone(), mask_id, vocab_size, first_word, torch.Generator().manual_seed(1), 0.15, pad_id)
+    got = student(ids.clone(), mask_id, vocab_size, first_word, seeded(1), 0.15, pad_id)
     if not isinstance(got, tuple) or len(got) != 2 or not all(isinstance(t, torch.Tensor) for t in got):
         raise ExerciseFailed("you did not return two tensors.", fix="return (inputs, labels), both "
                              "shaped like ids.")
@@ -269,8 +269,8 @@ def mask_tokens(student: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> st
     if (inputs[randomised] < first_word).any() or (inputs[randomised] >= vocab_size).any():
         raise ExerciseFailed("some random replacements are special tokens or outside the vocabulary.",
                              fix="draw them from first_word_id up to, not including, vocab_size.")
-    again = student(ids.clone(), mask_id, vocab_size, first_word, torch.Generator().manual_seed(1), 0.15, pad_id)
-    other = student(ids.clone(), mask_id, vocab_size, first_word, torch.Generator().manual_seed(2), 0.15, pad_id)
+    again = student(ids.clone(), mask_id, vocab_size, first_word, seeded(1), 0.15, pad_id)
+    other = student(ids.clone(), mask_id, vocab_size, first_word, seeded(2), 0.15, pad_id)
     if not (torch.equal(again[0], inputs) and torch.equal(again[1], labels)) or torch.equal(other[0], inputs):
         raise ExerciseFailed("the same generator seed does not give the same corruption, or another "
                              "seed gives the same.", fix="draw every random number with the "

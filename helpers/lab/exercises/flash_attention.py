@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from helpers.flash import tiled as reference
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, seeded
 from helpers.model.attention import scaled_dot_product_attention
 
 INF = math.inf
@@ -32,7 +32,7 @@ def _pair(result: object, what: str, names: str) -> tuple:
                "together. The check includes huge scores and fully masked halves.")
 def merge_softmax_states(student: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> str:
     """student(max_a, sum_a, max_b, sum_b) -> (max, sum) must equal one pass over both halves."""
-    gen = torch.Generator().manual_seed(8)
+    gen = seeded(8)
     halves = {
         "two halves of ordinary scores": (torch.randn(4, 5, generator=gen, dtype=torch.float64),
                                           torch.randn(4, 3, generator=gen, dtype=torch.float64)),
@@ -139,7 +139,7 @@ ALGORITHM_1_MISTAKES = {  # mistake: (what is wrong, how to fix it)
                      "torch.nn.functional.scaled_dot_product_attention"))
 def algorithm_1(student: Algorithm1) -> str:
     """student(Q, K, V, block_r, block_c) -> O (N, d) must equal naive attention."""
-    gen = torch.Generator().manual_seed(81)
+    gen = seeded(81)
     q, k, v = (torch.randn(10, 4, generator=gen, dtype=torch.float64) for _ in range(3))
     expected, _ = scaled_dot_product_attention(q, k, v)
     got = student(q.clone(), k.clone(), v.clone(), 4, 3)
@@ -201,7 +201,7 @@ def _run_with_step(student: StepFunction, q: Tensor, k: Tensor, v: Tensor, mask:
 def tile_step(student: StepFunction) -> str:
     """student(row_max, row_sum, acc, scores, v_tile) -> new (row_max, row_sum, acc), used for
     every tile of a 10-query, 10-key head (tiles of 4: the last one is ragged, one row is masked)."""
-    gen = torch.Generator().manual_seed(80)
+    gen = seeded(80)
     q, k, v = (torch.randn(10, 6, generator=gen, dtype=torch.float64) for _ in range(3))
     first = reference.start_tile_state(q[:4], 6)
     scores = (q[:4] @ k[:4].T) / math.sqrt(6)
@@ -282,7 +282,7 @@ BACKWARD_MISTAKES = {  # mistake: (what is wrong, how to fix it)
                "mask, returning (dq, dk, dv), tile by tile from the saved output and log-sum-exp. "
                "The check compares with autograd through naive attention, with ragged tiles.")
 def backward(student: BackwardFunction) -> str:
-    gen = torch.Generator().manual_seed(88)
+    gen = seeded(88)
     q, k, v = (torch.randn(n, 6, generator=gen, dtype=torch.float64) for n in (10, 13, 13))
     grad_out = torch.randn(10, 6, generator=gen, dtype=torch.float64)
     out, lse = reference.tiled_attention_fa2(q, k, v, block_q=4, block_k=4)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, seeded
 from helpers.model import moe, sliding
 
 
@@ -73,7 +73,7 @@ def _experts(n: int, d: int, generator: torch.Generator) -> tuple[list[Callable]
                "weighted sum of each token's k experts. The check compares it with the helpers' "
                "MoE on random tokens, for k = 1, 2 and 3 and with experts no token chose.")
 def moe_forward(student: Callable) -> str:
-    generator = torch.Generator().manual_seed(0)
+    generator = seeded(0)
     ran_all = False
     for tokens, n_experts, k, skew in ((6, 4, 2, 0.0), (9, 6, 3, 0.0), (5, 5, 1, 0.0), (8, 6, 2, 4.0)):
         x = torch.randn(tokens, 3, generator=generator, dtype=torch.float64)
@@ -107,7 +107,7 @@ def moe_forward(student: Callable) -> str:
                "compares it with the helpers' Switch loss for k = 1 and 2 and checks that it "
                "has a gradient to the logits.")
 def switch_loss(student: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> str:
-    generator = torch.Generator().manual_seed(1)
+    generator = seeded(1)
     for tokens, n_experts, k in ((12, 4, 1), (20, 6, 2)):
         logits = torch.randn(tokens, n_experts, generator=generator) * 2
         _, experts = moe.route(logits, k)
@@ -138,7 +138,7 @@ def switch_loss(student: Callable[[torch.Tensor, torch.Tensor, int], torch.Tenso
                "helpers' absorbed query and its scores against the latents with the scores "
                "against the keys built in full.")
 def absorb_query(student: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> str:
-    generator = torch.Generator().manual_seed(2)
+    generator = seeded(2)
     q_nope = torch.randn(2, 3, 5, 4, generator=generator)         # (B, H, N, d_nope)
     w_uk = torch.randn(3, 4, 6, generator=generator)               # (H, d_nope, r)
     got = student(q_nope, w_uk)
@@ -212,7 +212,7 @@ def _banded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, scal
                "attention for windows shorter than, equal to and longer than the sequence.",
           points=3)
 def sliding_decode(student: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]) -> str:
-    generator = torch.Generator().manual_seed(3)
+    generator = seeded(3)
     for batch, steps, window in ((1, 12, 4), (2, 3, 5), (1, 6, 6), (1, 7, 1)):
         q, k, v = (torch.randn(batch, 2, steps, 8, generator=generator, dtype=torch.float64) for _ in range(3))
         got = student(q.clone(), k.clone(), v.clone(), window)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_count
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_count, reseed, seeded
 from helpers.lab.exercises._gpt_runs import (
     HAND_BETAS,
     FixedLogits,
@@ -78,7 +78,7 @@ def exact_parameters(student: Callable[[int, int, int, int], int]) -> str:
 
 
 def _small_model(seed: int) -> gpt.GPT:
-    torch.manual_seed(seed)
+    reseed(seed)
     return gpt.GPT(gpt.GPTConfig(vocab_size=11, context_length=8, n_layers=1, n_heads=2, d_model=8)).eval()
 
 
@@ -107,7 +107,7 @@ def _as_number(value: object, what: str) -> float:
                "sum of exponentials), pick each target's, and return minus their mean.",
           forbidden=("torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss"))
 def next_token_loss(student: Callable[[gpt.GPT, torch.Tensor], torch.Tensor]) -> str:
-    generator = torch.Generator().manual_seed(1)
+    generator = seeded(1)
     for seed, (batch, length) in enumerate([(3, 9), (1, 4), (2, 6)]):
         model = _small_model(seed)
         ids = torch.randint(0, 11, (batch, length), generator=generator)
@@ -155,7 +155,7 @@ def next_token_loss(student: Callable[[gpt.GPT, torch.Tensor], torch.Tensor]) ->
                "for starting at zero, shrink the parameter by the decay factor, then step against "
                "the corrected average divided by the square root of the corrected square, plus eps.")
 def adamw_update(student: Callable) -> str:
-    generator = torch.Generator().manual_seed(2)
+    generator = seeded(2)
     settings = [(1e-2, (0.9, 0.999), 1e-8, 0.1), (3e-3, (0.8, 0.99), 1e-6, 0.0),
                 (5e-2, (0.9, 0.95), 1e-8, 0.5)]
     for lr, betas, eps, decay in settings:
@@ -193,7 +193,7 @@ def _attention_last_row(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
                "to the stored ones along the token axis; let its query attend to all of them (scaled "
                "scores, softmax over the keys, weighted sum of the values), no mask needed.")
 def cache_step(student: Callable) -> str:
-    generator = torch.Generator().manual_seed(3)
+    generator = seeded(3)
     for batch, past, d, d_h in [(1, 1, 4, 2), (2, 5, 8, 4), (3, 9, 6, 3)]:
         x = torch.randn(batch, past + 1, d, generator=generator)
         w_q, w_k, w_v = (torch.randn(d, d_h, generator=generator) for _ in range(3))
@@ -258,7 +258,7 @@ def hand_adamw(student: type) -> str:
     if not isinstance(student, type):
         raise ExerciseFailed(f"the answer is a {type(student).__name__}, not a class",
                              fix="pass the class HandAdamW itself to check, not an instance or a function.")
-    generator = torch.Generator().manual_seed(4)
+    generator = seeded(4)
     matrices, vectors = weights(generator)
     theirs = [torch.nn.Parameter(p.detach().clone()) for p in (*matrices, *vectors)]
     start = [p.detach().clone() for p in matrices], [p.detach().clone() for p in vectors]
@@ -342,7 +342,7 @@ def sample_tokens(student: Callable) -> str:
     from helpers.model.generation import generate
 
     model = _small_model(5)
-    prompt = torch.randint(0, 11, (2, 3), generator=torch.Generator().manual_seed(5))
+    prompt = torch.randint(0, 11, (2, 3), generator=seeded(5))
     for settings in (dict(temperature=0.0), dict(temperature=1.0, top_k=1)):
         got = call_sampler(student, model, prompt, 10, **settings)
         expected = generate(model, prompt, 10, use_cache=False, **settings)
@@ -352,7 +352,7 @@ def sample_tokens(student: Callable) -> str:
                                  fix="at temperature zero, or with top-k one, take the most likely token "
                                      "of the last position at every step, without drawing.")
     draws = [call_sampler(student, model, prompt, 10, temperature=1.0,
-                           generator=torch.Generator().manual_seed(11)) for _ in range(2)]
+                           generator=seeded(11)) for _ in range(2)]
     if not torch.equal(*draws):
         raise ExerciseFailed("two runs with generators seeded alike drew different tokens",
                              fix="pass the generator you were given to the draw (torch.multinomial "
@@ -365,7 +365,7 @@ def sample_tokens(student: Callable) -> str:
     fixed = FixedLogits(logits)  # the last row (position 2) is the one a sampler should use
     for temperature, top_k in ((0.7, None), (1.5, 3)):
         got = call_sampler(student, fixed, one_prompt, 1, temperature=temperature, top_k=top_k,
-                            generator=torch.Generator().manual_seed(12))[:, -1]
+                            generator=seeded(12))[:, -1]
         counts = torch.bincount(got, minlength=logits.shape[-1]).double() / rows
         right = sampling_probabilities(logits[-1], temperature, top_k)
         if top_k is not None and (counts[right == 0] > 0).any():

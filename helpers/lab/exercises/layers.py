@@ -10,12 +10,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, reseed, seeded
 from helpers.model import layers
 
 
 def _inputs(seed: int, *shape: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    return torch.randn(*shape, generator=seeded(seed))
 
 
 @exercise(hint="Standardise each token over its own D features: subtract their mean, divide by the "
@@ -195,7 +195,7 @@ def block_forward(student: Callable[..., torch.Tensor]) -> str:
              (2, 5, 8, 2, True, False), (1, 4, 12, 3, False, False))
     for seed, (batch, n, d, h, causal, pre_norm) in enumerate(cases):
         with torch.random.fork_rng():  # leave the notebook's random numbers as they were
-            torch.manual_seed(seed)
+            reseed(seed)
             block = layers.Block(d, h, pre_norm=pre_norm).double()
             with torch.no_grad():  # LayerNorms that differ, so that ln1 and ln2 cannot be swapped
                 for ln in (block.ln1, block.ln2):
@@ -252,7 +252,7 @@ def _std_problem(name: str, got: float, want: float, n_layers: int, std: float) 
 def gpt2_init(student: Callable[..., Any]) -> str:
     for n_layers, std in ((2, 0.02), (12, 0.05)):
         with torch.random.fork_rng():  # the student's draws leave the notebook's random numbers alone
-            torch.manual_seed(n_layers)
+            reseed(n_layers)
             blocks = torch.nn.ModuleList(layers.Block(48, 4) for _ in range(n_layers))
             before = [p.clone() for p in blocks.parameters()]
             student(blocks, n_layers, std)

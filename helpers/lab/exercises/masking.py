@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, seeded
 from helpers.model import attention as reference
 
 
@@ -49,7 +49,7 @@ def _causal_variants(n_q: int, n_k: int) -> dict[str, Tensor]:
                "with none on a later key. The check tries (5, 5), (2, 5) and a batch of (3, 6).")
 def causal_softmax(student: Callable[[Tensor], Tensor]) -> str:
     """The student's causal_softmax(scores (..., n_q, n_k)) -> weights, with no weight on a later key."""
-    generator = torch.Generator().manual_seed(4)
+    generator = seeded(4)
     for shape in ((5, 5), (2, 5), (2, 3, 6)):
         scores = torch.randn(*shape, generator=generator, dtype=torch.float64)
         n_q, n_k = shape[-2:]
@@ -186,7 +186,7 @@ def _explain_empty_rows(weights: Tensor, empty: Tensor, what: str) -> None:
                "query that may see no key. The check tries right padding, left padding and one token.",
           points=3)
 def masked_attention(student: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> str:
-    generator = torch.Generator().manual_seed(6)
+    generator = seeded(6)
     for shape, d_v, real_rows, padded in MASKED_CASES:
         q, k = (torch.randn(*shape, generator=generator, dtype=torch.float64) for _ in range(2))
         v = torch.randn(*shape[:-1], d_v, generator=generator, dtype=torch.float64)

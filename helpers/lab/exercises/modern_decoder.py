@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, reseed, seeded
 from helpers.model import modern
 from helpers.training.muon import NS_COEFFICIENTS
 
@@ -83,7 +83,7 @@ def alibi_bias(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
           task="Write rms_norm(x, weight, eps) for x (..., D). The check compares with the "
                "course's RMSNorm on ordinary tokens, tiny ones and a token of zeros.")
 def rms_norm(student: Callable[..., torch.Tensor]) -> str:
-    generator = torch.Generator().manual_seed(0)
+    generator = seeded(0)
     x = torch.randn(3, 4, 8, generator=generator) * 3 + 1
     weight = torch.randn(8, generator=generator)
     got = student(x, weight, 1e-6)
@@ -178,7 +178,7 @@ BLOCK_FIXES = {
 
 
 def _random_block() -> tuple[modern.ModernBlock, torch.Tensor, modern.RopeTable]:
-    torch.manual_seed(9)
+    reseed(9)
     config = modern.ModernConfig(vocab_size=16, context_length=16, n_layers=1, n_heads=4, n_kv_heads=2,
                                  d_model=32, mlp_hidden=48)
     block = modern.ModernBlock(config).double()
@@ -252,7 +252,7 @@ def alibi_attention_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
                "penalty, fill the masked scores with minus infinity, softmax over the keys, times v.",
           points=3)
 def alibi_attention(student: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> str:
-    generator = torch.Generator().manual_seed(9)
+    generator = seeded(9)
     for batch, n_heads, n, d_h in ((2, 4, 7, 8), (1, 8, 5, 4), (1, 12, 6, 16)):
         q, k, v = (torch.randn(batch, n_heads, n, d_h, generator=generator, dtype=torch.float64) * 2
                    for _ in range(3))
@@ -280,7 +280,7 @@ def _ns_scalar(s: torch.Tensor, steps: int, coefficients: tuple[float, float, fl
 
 def _known_svd(rows: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Random U (rows, r), V (cols, r) with orthonormal columns and spread singular values s (r,)."""
-    g, r = torch.Generator().manual_seed(seed), min(rows, cols)
+    g, r = seeded(seed), min(rows, cols)
     u = torch.linalg.qr(torch.randn(rows, r, generator=g, dtype=torch.float64))[0]
     v = torch.linalg.qr(torch.randn(cols, r, generator=g, dtype=torch.float64))[0]
     return u, torch.logspace(0.7, -2.5, r, dtype=torch.float64), v

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, expect_count
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, expect_count, reseed
 from helpers.model import multihead
 
 
@@ -159,7 +159,7 @@ def mha_forward(student: Callable[..., torch.Tensor]) -> str:
     for seed, (batch, n, d, h, causal) in enumerate(((2, 5, 8, 2, False), (2, 5, 8, 2, True),
                                                       (1, 6, 12, 4, True), (3, 1, 6, 1, True))):
         with torch.random.fork_rng():  # leave the notebook's random numbers as they were
-            torch.manual_seed(seed)
+            reseed(seed)
             mha = multihead.MultiHeadAttention(d, h).double()
             x = torch.randn(batch, n, d, dtype=torch.float64)
         what = f"x {tuple(x.shape)}, {h} heads, causal={causal}"
@@ -179,7 +179,7 @@ def mha_forward(student: Callable[..., torch.Tensor]) -> str:
 def _separate(seed: int, d_model: int, n_heads: int, bias: bool) -> multihead.SeparateHeadsAttention:
     """A SeparateHeadsAttention with random weights (and biases far from 0, so a lost one shows).
     It seeds the global generator: call it inside torch.random.fork_rng."""
-    torch.manual_seed(seed)
+    reseed(seed)
     separate = multihead.SeparateHeadsAttention(d_model, n_heads, bias=bias)
     with torch.no_grad():
         for param in separate.parameters():
@@ -261,7 +261,7 @@ def _check_fuse(student: Callable[[multihead.SeparateHeadsAttention], multihead.
             raise ExerciseFailed(f"for {what} you return a MultiHeadAttention with d_model="
                                  f"{got.d_model}, {got.n_heads} heads and {got.n_kv_heads} key/value "
                                  f"heads, expected {d}, {h} and {h}.")
-        torch.manual_seed(100 + seed)
+        reseed(100 + seed)
         x = torch.randn(2, 5, d)
         with torch.no_grad():
             same = all(torch.allclose(got(x, causal=c), separate(x, causal=c), atol=1e-5, rtol=1e-5)

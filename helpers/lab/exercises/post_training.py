@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, seeded
 
 
 def _weight(module: object, name: str) -> torch.Tensor:
@@ -32,7 +32,7 @@ def _weight(module: object, name: str) -> torch.Tensor:
                "output at the start, after setting A and B, and after merging.",
           points=3)
 def lora_layer(student: type) -> str:
-    generator = torch.Generator().manual_seed(0)
+    generator = seeded(0)
     base = nn.Linear(6, 4)
     x = torch.randn(3, 6, generator=generator)
     with torch.no_grad():
@@ -143,7 +143,7 @@ SFT_SLIPS = [
                "of different lengths, and checks that the prompt gets no gradient.",
           forbidden=("torch.nn.functional.cross_entropy",))
 def answer_only_loss(student: Callable) -> str:
-    generator = torch.Generator().manual_seed(0)
+    generator = seeded(0)
     logits = torch.randn(3, 7, 11, generator=generator, dtype=torch.float64)
     ids = torch.randint(0, 11, (3, 7), generator=generator)
     mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 1, 1]])
@@ -222,7 +222,7 @@ def _name_dpo_slip(losses: torch.Tensor, lp: tuple, beta: float) -> None:
                "with the helpers' DPO loss (equal to TRL's) for two betas, on random log-probabilities "
                "and on a policy equal to its reference, and checks the losses' gradient.")
 def dpo_loss(student: Callable) -> str:
-    generator = torch.Generator().manual_seed(0)
+    generator = seeded(0)
     pc, pr, rc, rr = (-torch.rand(6, generator=generator, dtype=torch.float64) * 8 for _ in range(4))
     cases = [((pc, pr, rc, rr), 0.1), ((pc, pr, rc, rr), 2.0), ((pc, pr, pc, pr), 0.5)]
     three = "return three tensors, (losses, chosen_rewards, rejected_rewards), each with one entry per pair."
@@ -347,7 +347,7 @@ GRPO_SLIPS = [
 def _grpo_case(seed: int) -> tuple[torch.Tensor, ...]:
     """Log-probabilities (4, 6) with ratios well outside 1 +- 0.2, advantages of both signs, a
     ragged mask."""
-    g = torch.Generator().manual_seed(seed)
+    g = seeded(seed)
     logps = -torch.rand(4, 6, generator=g, dtype=torch.float64) * 3
     old = logps + (torch.rand(4, 6, generator=g, dtype=torch.float64) - 0.5)
     ref = logps + (torch.rand(4, 6, generator=g, dtype=torch.float64) - 0.5) * 2

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, reseed, seeded
 from helpers.serve.paged import lookup
 from helpers.serve.quantize import quantize_int4, quantize_int8, unpack_int4
 from helpers.serve.sampling import top_p_filter
@@ -169,9 +169,9 @@ def _distance(counts: dict, exact: dict, n: int) -> float:
                "of ints). The check runs it on cases where every token must be kept or rejected, "
                "then samples it 4,000 times (fixed seed) against the exact output distribution.")
 def accept_or_reject(student: Callable[[Tensor, Tensor, list[int], torch.Generator], list[int]]) -> str:
-    generator = torch.Generator().manual_seed(0)
+    generator = seeded(0)
     with torch.random.fork_rng():
-        torch.manual_seed(0)
+        reseed(0)
         # First the distribution: every slip of ROUND_SLIPS lies at least 0.24 (total variation)
         # from the right rule here, 4,000 right rounds stay within 0.05 of it.
         p = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.5, 0.4], [0.7, 0.2, 0.1]], dtype=torch.float64)
@@ -224,7 +224,7 @@ def accept_or_reject(student: Callable[[Tensor, Tensor, list[int], torch.Generat
                "The check compares both with the helpers' int8 quantizer on a matrix with one "
                "row far larger than the others.")
 def quantize_int8_rows(student: Callable[[Tensor], tuple[Tensor, Tensor]]) -> str:
-    w = torch.randn(6, 16, generator=torch.Generator().manual_seed(0))
+    w = torch.randn(6, 16, generator=seeded(0))
     w[2] *= 50  # one row far larger: a single scale for the matrix would crush the others
     got = student(w.clone())
     if not isinstance(got, (tuple, list)) or len(got) != 2:
@@ -253,7 +253,7 @@ def quantize_int8_rows(student: Callable[[Tensor], tuple[Tensor, Tensor]]) -> st
 def _int4_weight() -> Tensor:
     """(3, 16) weights in groups of 8 with the cases a group quantizer must handle: mixed signs,
     all positive (0 must stay representable), all zero (scale 0), all negative."""
-    g = torch.Generator().manual_seed(0)
+    g = seeded(0)
     w = torch.randn(3, 16, generator=g)
     w[0, 8:] = w[0, 8:].abs() + 0.5
     w[1, :8] = 0.0
