@@ -25,6 +25,7 @@ notebooks into the student edition.
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import sys
 import time
@@ -96,6 +97,22 @@ def _check_cell_problem(source: str) -> str | None:
     return None
 
 
+HIDDEN_CALL = "from helpers.lab.exercises.grader import hidden_check"
+
+
+def with_hidden_tests(source: str) -> str:
+    """The test cell `source` with the grader's hidden tests appended (helpers/lab/exercises/grader.py):
+    the same check again, from a fresh import, on other seeds, with the calls watched."""
+    if HIDDEN_BEGIN in source:
+        return source
+    call = ast.parse(source).body[0].value  # the check(...) call, which _check_cell_problem vouched for
+    if len(call.args) < 2:
+        raise ValueError(f"check(...) needs the exercise's name and the answer, got: {source}")
+    name, answer = ast.literal_eval(call.args[0]), ast.unparse(call.args[1])
+    return (f"{source.rstrip()}\n{HIDDEN_BEGIN}\n{HIDDEN_CALL}\n"
+            f'hidden_check("{name}", {answer}, globals())\n{HIDDEN_END}')
+
+
 def add_nbgrader_metadata(nb: nbformat.NotebookNode, name: str) -> None:
     """Mark every exercise's answer cell and test cell as nbgrader expects (see the docstring)."""
     from helpers.lab.exercises import get
@@ -128,6 +145,7 @@ def add_nbgrader_metadata(nb: nbformat.NotebookNode, name: str) -> None:
             raise ValueError(f"{name}: exercise {exercise!r} has two answer cells")
         seen.add(exercise)
         grade_id = exercise.replace(".", "-")
+        test.source = with_hidden_tests(test.source)
         cell.metadata["nbgrader"] = _nbgrader(f"{grade_id}-answer", solution=True, grade=False)
         test.metadata["nbgrader"] = _nbgrader(f"{grade_id}-check", solution=False, grade=True,
                                               points=get(exercise).points)

@@ -22,7 +22,6 @@ check and what was wrong.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import numbers
 import os
@@ -33,6 +32,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from helpers.lab.exercises import watch
 
 # Tests set this to True so that a failing solution raises instead of printing.
 STRICT = False
@@ -51,10 +52,6 @@ class ExerciseFailed(Exception):
         self.fix = fix
 
 
-class _Forbidden(Exception):
-    """Raised when the student's code calls a library function its exercise asks them to write."""
-
-
 @dataclass(frozen=True)
 class Exercise:
     name: str
@@ -67,6 +64,13 @@ class Exercise:
 
 
 _REGISTRY: dict[str, Exercise] = {}
+
+# Every library way to a softmax, for the exercises that ask the student to write it: a log-softmax
+# exponentiated is a softmax too.
+SOFTMAX_CALLS = ("torch.softmax", "torch.nn.functional.softmax", "torch.Tensor.softmax",
+                 "torch.special.softmax", "torch.log_softmax", "torch.nn.functional.log_softmax",
+                 "torch.Tensor.log_softmax", "torch.special.log_softmax", "torch._softmax",
+                 "torch._log_softmax")
 
 # The grader's hidden round runs every checker again with its random inputs drawn from other
 # seeds (`seeded`, `reseed` add this offset), so that an answer which hard-codes what the visible
@@ -117,6 +121,7 @@ def exercise(hint: str, task: str = "", time_limit: float | None = None, points:
     def register(checker: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
         module = checker.__module__.rsplit(".", 1)[-1]
         name = f"{module}.{checker.__name__}"
+        watch.mark_checker(checker)
         _REGISTRY[name] = Exercise(name=name, checker=checker, hint=hint, task=task,
                                    time_limit=time_limit, points=points, forbidden=tuple(forbidden))
         return checker
@@ -204,54 +209,58 @@ def _run_with_time_limit(checker: Callable[[Any], str | None], answer: Any,
     return outcome["value"]
 
 
-def _resolve(dotted: str) -> tuple[Any, str]:
-    """(the object holding the last name of `dotted`, that name): ("torch.nn.functional", "softmax")
-    gives the module torch.nn.functional and "softmax"; a class in the path is walked into."""
-    parts = dotted.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        try:
-            owner: Any = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
-            continue
-        for part in parts[cut:-1]:
-            owner = getattr(owner, part)
-        return owner, parts[-1]
-    raise ValueError(f"cannot find the module of forbidden name {dotted!r}")
+@watch.mark_boundary
+def _call_answer(answer: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """Calls the student's function: what it calls directly counts as the student's (watch.py)."""
+    return answer(*args, **kwargs)
 
 
-@contextlib.contextmanager
-def _forbidding(names: tuple[str, ...]):
-    """While inside, each dotted name in `names` raises _Forbidden when called."""
-    saved = []
-    try:
-        for dotted in names:
-            owner, attr = _resolve(dotted)
-            original = getattr(owner, attr)
-
-            def refuse(*args: Any, _dotted: str = dotted, **kwargs: Any) -> Any:
-                raise _Forbidden(_dotted)
-
-            saved.append((owner, attr, original))
-            setattr(owner, attr, refuse)
-        yield
-    finally:
-        for owner, attr, original in reversed(saved):
-            setattr(owner, attr, original)
-
-
-def _guarded(answer: Any, names: tuple[str, ...]) -> Any:
-    """The student's function wrapped so that each call runs with `names` forbidden (a class is
-    returned as it is: its check runs forbidden as a whole)."""
-    if not names or isinstance(answer, type) or not callable(answer):
+def _handed(answer: Any) -> Any:
+    """The student's function as the checker receives it: wrapped, so that `my_answer =
+    course_function` shows up as the student calling the course (a class is handed as it is)."""
+    if isinstance(answer, type) or not callable(answer):
         return answer
 
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        with _forbidding(names):
-            return answer(*args, **kwargs)
+    def handed(*args: Any, **kwargs: Any) -> Any:
+        return _call_answer(answer, args, kwargs)
 
-    guarded.__name__ = getattr(answer, "__name__", "answer")
-    guarded.__wrapped__ = answer
-    return guarded
+    # The answer's own names, so that a checker that sends it to worker processes (notebook 11)
+    # sends the answer itself, by the name it is imported by there.
+    for attribute in ("__name__", "__qualname__", "__module__", "__doc__"):
+        if hasattr(answer, attribute):
+            setattr(handed, attribute, getattr(answer, attribute))
+    handed.__wrapped__ = answer
+    return handed
+
+
+_FORBIDDEN: dict[str, watch.Forbidden] = {}
+
+
+def _refusal(name: str, answer: Any) -> tuple[str, str] | None:
+    """(the refused name, its kind) when the answer *is* the course's code: a course function
+    under another name, or a class built on the course's class."""
+    allowed = allowed_course_calls(name)
+    if isinstance(answer, type):
+        found = watch.inherited_course_code(answer, allowed)
+    else:
+        found = watch.course_callable(answer, allowed)
+    return (found, "course") if found else None
+
+
+def _refused_message(name: str, refused: str, kind: str) -> tuple[str, str]:
+    """(what is wrong, how to fix it) for an answer that calls what it may not."""
+    short = refused.replace("torch.nn.functional.", "F.")
+    if kind == "library":
+        return (f"your code calls {short}, which this exercise asks you to write yourself.",
+                f"write the computation of {short.rsplit('.', 1)[-1]} with basic tensor operations "
+                "instead of calling it.")
+    blocks = allowed_course_calls(name)
+    may = (" From the course's library it may use only: " + ", ".join(sorted(blocks)) + ".") if blocks \
+        else " It may use torch, but nothing from the course's library."
+    return (f"your code calls {short}, the course's own code: the grade counts only what you "
+            "write, and the course's version (by any name, a subclass or a copy of its function) "
+            "earns nothing.",
+            f"write this part yourself instead of calling {short.rsplit('.', 1)[-1]}.{may}")
 
 
 # How many times each exercise has failed `check` in this kernel: the second wrong try on gets
@@ -269,39 +278,53 @@ def _verdict(name: str, what: str, fix: str, attempt: int | None) -> str:
 
 
 def evaluate(name: str, answer: Any, time_limit: float | None = None,
-             attempt: int | None = None) -> tuple[bool, str]:
+             attempt: int | None = None, watched: bool = True) -> tuple[bool, str]:
     """Run exercise `name` against `answer`; return (passed, the message for the student).
 
     time_limit: seconds before giving up on an answer that does not return; None takes the
     module's TIME_LIMIT (set `helpers.lab.exercises.TIME_LIMIT = None` to wait forever).
     attempt: the how-many-th wrong try this would be (1: say only what is wrong; 2 or more:
     also how to fix it); None gives the full message.
+
+    While the checker runs, `watch.Watch` sees every call the answer makes: a call of the
+    course's own code (other than the exercise's building blocks) or of a forbidden library
+    function fails the exercise by name, whatever the answer printed or returned.
+    watched=False refuses only the forbidden library calls: for tests that build a student's slip
+    from a checker's own variant function, to test how the checker names it.
     """
     ex = get(name)
     seconds = TIME_LIMIT if time_limit is None else time_limit
     if seconds is not None and ex.time_limit is not None:
         seconds = max(seconds, ex.time_limit)
-    whole_check = ex.forbidden if isinstance(answer, type) else ()
+    refused = _refusal(name, answer) if watched else None
+    if refused:
+        return False, _verdict(name, *_refused_message(name, *refused), attempt)
+    if name not in _FORBIDDEN:
+        _FORBIDDEN[name] = watch.Forbidden(ex.forbidden)
+    watching = watch.Watch(_FORBIDDEN[name], allowed_course_calls(name), record=RECORD_CALLS,
+                           course=watched)
+    failed: tuple[str, str] | None = None
     try:
-        with _forbidding(whole_check):
-            praise = _run_with_time_limit(ex.checker, _guarded(answer, ex.forbidden), seconds)
+        with watching:
+            praise = _run_with_time_limit(ex.checker, _handed(answer), seconds)
     except _TimeUp:
-        return False, _verdict(name, f"⏱ your function did not return within {seconds:g} s, so the "
-                               "check stopped it.", "look for a loop that never ends (a `while` "
-                               "whose condition never changes).", attempt)
+        failed = (f"⏱ your function did not return within {seconds:g} s, so the check stopped it.",
+                  "look for a loop that never ends (a `while` whose condition never changes).")
     except NotImplementedError:
-        said = f"\n   {ex.task}" if ex.task else ""
-        return False, (f"⏳ {name}: not attempted yet. Replace `raise NotImplementedError()` with "
-                       f"your code.{said}")
-    except _Forbidden as refused:
-        short = str(refused).replace("torch.nn.functional.", "F.")
-        return False, _verdict(name, f"your code calls {short}, which this exercise asks you to "
-                               "write yourself.", ex.hint, attempt)
+        if watching.refused is None:
+            said = f"\n   {ex.task}" if ex.task else ""
+            return False, (f"⏳ {name}: not attempted yet. Replace `raise NotImplementedError()` with "
+                           f"your code.{said}")
     except ExerciseFailed as failure:
-        return False, _verdict(name, str(failure), failure.fix or ex.hint, attempt)
+        failed = (str(failure), failure.fix or ex.hint)
     except Exception as error:  # the student's code crashed: say where, without a traceback
-        return False, _verdict(name, f"your code raised {type(error).__name__}: {error}"
-                               f"{_where_it_broke(error)}", ex.hint, attempt)
+        failed = (f"your code raised {type(error).__name__}: {error}{_where_it_broke(error)}", ex.hint)
+    if RECORD_CALLS is not None:
+        _record(name, watching.seen)
+    if watching.refused is not None:  # a refused call outranks whatever the answer computed
+        return False, _verdict(name, *_refused_message(name, watching.refused, watching.why), attempt)
+    if failed is not None:
+        return False, _verdict(name, *failed, attempt)
     return True, f"✅ {name}: correct!" + (f" {praise}" if praise else "")
 
 
@@ -315,22 +338,51 @@ def grading() -> bool:
     return os.environ.get("NBGRADER_EXECUTION") in ("autograde", "validate")
 
 
+class GradeFailed(AssertionError):
+    """A check that failed where it must fail its cell (the grader, or STRICT tests). In a
+    notebook it shows as its message alone: no traceback, no path of the grading machine."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of the traceback
+        return [str(self)]
+
+
 def check(name: str, answer: Any, time_limit: float | None = None) -> None:
     """Run exercise `name` against the student's `answer` and print the verdict.
 
     Returns nothing, so that a bare `check(...)` as the last line of a cell shows only the
     verdict. The first wrong try says what is wrong; later ones also how to fix it. With STRICT
-    set, or under nbgrader's autograder, a failing answer raises AssertionError instead, with the
-    same message. An answer that has not returned after `time_limit` seconds (default
-    TIME_LIMIT) fails with a message saying so.
+    set, or under nbgrader's autograder, a failing answer fails the cell instead (GradeFailed,
+    an AssertionError), with the whole message, how to fix it included. An answer that has not
+    returned after `time_limit` seconds (default TIME_LIMIT) fails with a message saying so.
     """
+    graded = STRICT or grading()
     tries = _WRONG_TRIES.get(name, 0)
-    passed, message = evaluate(name, answer, time_limit, attempt=tries + 1)
+    passed, message = evaluate(name, answer, time_limit, attempt=None if graded else tries + 1)
     if not passed and not message.startswith("⏳"):
         _WRONG_TRIES[name] = tries + 1
-    if (STRICT or grading()) and not passed:
-        raise AssertionError(message)
+    if graded and not passed:
+        raise GradeFailed(message)
     print(message)
+
+
+# The course functions each exercise's answer may call are its building blocks: what its own
+# reference solution calls (building_blocks.py). With RECORD_CALLS set to a file, every check
+# writes there the course functions the answer called, which is how that table is made.
+RECORD_CALLS: str | None = os.environ.get("COURSE_RECORD_CALLS") or None
+
+
+def allowed_course_calls(name: str) -> frozenset[str]:
+    """The dotted names of the course functions exercise `name`'s answer may call."""
+    from helpers.lab.exercises.building_blocks import BUILDING_BLOCKS, INTERFACE
+
+    return frozenset(BUILDING_BLOCKS.get(name, ())) | frozenset(INTERFACE.get(name, ()))
+
+
+def _record(name: str, seen: set[str]) -> None:
+    import json
+
+    with open(RECORD_CALLS, "a", encoding="utf-8") as out:  # type: ignore[arg-type]
+        out.write(json.dumps({"exercise": name, "calls": sorted(seen)}) + "\n")
 
 
 def expect_count(got: Any, what: str) -> int:
@@ -354,6 +406,12 @@ def expect_close(got: Any, expected: Any, what: str, atol: float = 1e-6) -> None
         raise ExerciseFailed(f"{what} should be a torch.Tensor, but it is a {type(got).__name__}.")
     if got.shape != expected.shape:
         raise ExerciseFailed(f"{what} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}.")
+    if got.dtype != expected.dtype and got.is_floating_point() and expected.is_floating_point():
+        raise ExerciseFailed(f"{what} comes back as {got.dtype}, but the input was {expected.dtype}: "
+                             "somewhere a tensor was made in the default dtype (or converted) and "
+                             "the precision was lost.",
+                             fix="keep the input's dtype: make new tensors with dtype=x.dtype (or "
+                                 "torch.zeros_like, torch.full_like), and do not call .float().")
     if not torch.allclose(got.double(), expected.double(), atol=atol, rtol=0):
         worst = (got.double() - expected.double()).abs().max().item()
         raise ExerciseFailed(f"{what} has the right shape but wrong values (largest error {worst:.3g}).")

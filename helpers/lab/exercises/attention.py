@@ -9,7 +9,14 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, reseed, seeded
+from helpers.lab.exercises import (
+    SOFTMAX_CALLS,
+    ExerciseFailed,
+    exercise,
+    expect_close,
+    reseed,
+    seeded,
+)
 from helpers.model import attention as reference
 
 
@@ -22,7 +29,7 @@ def _random(*shape: int, seed: int) -> Tensor:
                "its own sum over the last dimension.",
           task="Write a softmax over the last dimension, with torch.exp (not torch.softmax). The check "
                "tries one row, a (3, 5) batch and logits of size 1000.",
-          forbidden=("torch.softmax", "torch.nn.functional.softmax", "torch.Tensor.softmax"))
+          forbidden=SOFTMAX_CALLS)
 def stable_softmax(student: Callable[[Tensor], Tensor]) -> str:
     """The student's softmax(x) over the last dim must match ours, also for huge logits."""
     row = torch.tensor([2.0, 1.0, 0.1], dtype=torch.float64)
@@ -43,6 +50,16 @@ def stable_softmax(student: Callable[[Tensor], Tensor]) -> str:
                              fix="Subtract the row maximum first; softmax does not change when every "
                                  "logit moves by the same amount.")
     expect_close(got, reference.softmax(huge), "softmax([1000, 0, -1000])")
+    scales = torch.tensor([[1000.0, 999.0, 998.0], [0.1, 0.2, 0.3]], dtype=torch.float64)
+    got = student(scales)
+    if isinstance(got, Tensor) and got.shape == scales.shape and not torch.isfinite(got[1]).all() \
+            and torch.isfinite(got[0]).all():
+        raise ExerciseFailed("rows of very different scale, [[1000, 999, 998], [0.1, 0.2, 0.3]], give "
+                             "NaN in the second row: you subtracted the largest logit of the whole "
+                             "tensor, so every exp of the small row underflows to 0.",
+                             fix="subtract each row's own maximum (over the last dimension, keeping it "
+                                 "for broadcasting), not the maximum of the whole tensor.")
+    expect_close(got, reference.softmax(scales), "softmax of rows of very different scale")
     return "It survives logits of 1000, where exp alone overflows."
 
 

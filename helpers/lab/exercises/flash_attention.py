@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from helpers.flash import tiled as reference
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, seeded
+from helpers.lab.exercises import SOFTMAX_CALLS, ExerciseFailed, exercise, expect_close, seeded
 from helpers.model.attention import scaled_dot_product_attention
 
 INF = math.inf
@@ -135,8 +135,7 @@ ALGORITHM_1_MISTAKES = {  # mistake: (what is wrong, how to fix it)
                "The check compares with naive attention for several tile sizes, ragged ones and "
                "huge scores included.",
           points=3,
-          forbidden=("torch.softmax", "torch.nn.functional.softmax", "torch.Tensor.softmax",
-                     "torch.nn.functional.scaled_dot_product_attention"))
+          forbidden=(*SOFTMAX_CALLS, "torch.nn.functional.scaled_dot_product_attention"))
 def algorithm_1(student: Algorithm1) -> str:
     """student(Q, K, V, block_r, block_c) -> O (N, d) must equal naive attention."""
     gen = seeded(81)

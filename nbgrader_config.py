@@ -1,0 +1,25 @@
+"""nbgrader's settings for grading this course (read by every `nbgrader` command run here).
+
+    nbgrader generate_assignment week1      # from grading/source/week1/*.ipynb (instructor's notebooks)
+    nbgrader autograde week1                # grading/submitted/STUDENT/week1/*.ipynb
+    nbgrader generate_feedback week1
+
+The course folder is grading/ beside this file (git ignores it: it holds students' work). The
+kernels that grade import the course's `helpers` package from this repository, whether or not it
+is installed, and draw the hidden tests' inputs from COURSE_HIDDEN_SEED: set it to a number of your
+own (export COURSE_HIDDEN_SEED=...) so that no student can know the hidden inputs in advance.
+"""
+
+import os
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+
+c = get_config()  # noqa: F821 - nbgrader defines it when it reads this file
+c.CourseDirectory.root = str(HERE / "grading")
+c.CourseDirectory.course_id = "transformer-course"
+# nbgrader's default of 30 s per cell is 0.4 s above notebook 7's training cell on a 2-core laptop:
+# 180 s leaves room for a slow grading machine. A cell past it is interrupted and graded as failed.
+c.Execute.timeout = 180
+c.Execute.interrupt_on_timeout = True

@@ -1,0 +1,163 @@
+"""The watch sees what an answer calls, whatever name it was captured under
+(helpers/lab/exercises/watch.py): the course's own code and forbidden library calls are refused
+by name, building blocks and the checker's own work are not."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import helpers.lab.exercises as exercises
+from helpers.lab.exercises import ExerciseFailed, exercise, watch
+from helpers.model import attention as course_attention
+from helpers.model.attention import softmax as course_softmax
+
+
+@exercise(hint="take the log-softmax yourself", forbidden=("torch.nn.functional.cross_entropy",))
+def own_loss(fn):
+    logits, target = torch.tensor([[2.0, 0.5], [0.1, 0.3]]), torch.tensor([0, 1])
+    expected = -(logits.log_softmax(-1)[torch.arange(2), target]).mean()
+    if not torch.allclose(fn(logits, target), expected):
+        raise ExerciseFailed("wrong loss")
+
+
+@exercise(hint="exp over the row sum")
+def rows(fn):
+    x = torch.randn(3, 4, generator=exercises.seeded(0), dtype=torch.float64)
+    expected = course_softmax(x)  # the checker may use the course's code: that is not the student's call
+    if not torch.allclose(fn(x), expected):
+        raise ExerciseFailed("wrong rows")
+
+
+def mine(x):
+    exps = torch.exp(x - x.amax(dim=-1, keepdim=True))
+    return exps / exps.sum(dim=-1, keepdim=True)
+
+
+def evaluate(name, answer):
+    return exercises.evaluate(f"test_watch.{name}", answer, time_limit=None)
+
+
+def test_an_own_answer_passes_although_the_checker_calls_the_course():
+    passed, said = evaluate("rows", mine)
+    assert passed, said
+
+
+@pytest.mark.parametrize("answer", [
+    course_softmax,                                   # the course's function handed in as it is
+    lambda x: course_softmax(x),                      # called by name
+    lambda x: course_attention.softmax(x),            # called through its module
+    functools.partial(course_softmax),                # a partial of it
+    lambda x: functools.reduce(lambda a, f: f(a), [course_softmax], x),  # called from C
+], ids=["as-is", "by-name", "module", "partial", "from-c"])
+def test_an_answer_that_calls_the_course_is_refused_by_name(answer):
+    passed, said = evaluate("rows", answer)
+    assert not passed
+    assert "helpers.model.attention.softmax" in said and "the course's own code" in said
+
+
+def test_a_name_captured_before_the_check_does_not_hide_a_forbidden_call():
+    captured = F.cross_entropy  # as a student's earlier cell would: `_ce = F.cross_entropy`
+    passed, said = evaluate("own_loss", lambda logits, target: captured(logits, target))
+    assert not passed and "F.cross_entropy" in said and "write yourself" in said
+    by_module = evaluate("own_loss", lambda logits, target: torch.nn.CrossEntropyLoss()(logits, target))
+    assert not by_module[0] and "F.cross_entropy" in by_module[1]
+    passed, said = evaluate("own_loss", lambda logits, target:
+                            -(logits.log_softmax(-1)[torch.arange(2), target]).mean())
+    assert passed, said
+
+
+@pytest.mark.parametrize("answer", [
+    lambda x: torch.special.softmax(x, -1),
+    lambda x: torch.log_softmax(x, -1).exp(),
+    lambda x: x.log_softmax(-1).exp(),
+    lambda x: F.softmax(x, dim=-1),
+    lambda x: torch.nn.Softmax(dim=-1)(x),
+], ids=["special", "log-exp", "method", "F", "module"])
+def test_every_library_softmax_is_refused_where_the_student_writes_it(answer):
+    passed, said = exercises.evaluate("attention.stable_softmax", answer, time_limit=None)
+    assert not passed and "softmax" in said and "write yourself" in said, said
+
+
+def test_a_subclass_of_the_courses_class_is_refused():
+    from helpers.training.by_hand import HandAdamW
+
+    class MyAdamW(HandAdamW):
+        pass
+
+    passed, said = exercises.evaluate("gpt.hand_adamw", MyAdamW, time_limit=None)
+    assert not passed and "helpers.training.by_hand.HandAdamW" in said, said
+
+    class Borrowed:
+        __init__ = HandAdamW.__init__
+        step = HandAdamW.step
+
+    passed, said = exercises.evaluate("gpt.hand_adamw", Borrowed, time_limit=None)
+    assert not passed and "helpers.training.by_hand.HandAdamW." in said, said
+
+
+def test_a_checkers_own_code_is_refused_as_an_answer():
+    from helpers.lab.exercises import masking
+
+    def via_checker(scores):
+        n_q, n_k = scores.shape[-2:]
+        return course_softmax(scores.masked_fill(~masking._causal_variants(n_q, n_k)["right"], float("-inf")))
+
+    passed, said = exercises.evaluate("masking.causal_softmax", via_checker, time_limit=None)
+    assert not passed and "helpers.lab.exercises.masking._causal_variants" in said, said
+
+
+def test_a_forbidden_call_in_a_thread_the_answer_starts_is_seen():
+    def threaded(x):
+        out = {}
+        worker = threading.Thread(target=lambda: out.setdefault("y", course_softmax(x)))
+        worker.start()
+        worker.join()
+        return out["y"]
+
+    passed, said = evaluate("rows", threaded)
+    assert not passed and "helpers.model.attention.softmax" in said
+
+
+def test_the_watch_puts_back_a_profiler_that_was_running():
+    calls = []
+
+    def profiler(frame, event, arg):
+        calls.append(event)
+
+    sys.setprofile(profiler)
+    try:
+        evaluate("rows", mine)
+        assert sys.getprofile() is profiler
+    finally:
+        sys.setprofile(None)
+
+
+def test_reading_a_property_of_a_course_object_is_not_a_call_of_the_course():
+    from helpers.model.gpt import GPTConfig
+
+    config = GPTConfig(vocab_size=11, context_length=8, d_model=16, n_heads=2, n_layers=1)
+    with_property = [name for name, value in vars(GPTConfig).items() if isinstance(value, property)]
+    seen = watch.Watch(watch.Forbidden(()), record=True)
+    with seen:
+        for name in with_property:
+            getattr(config, name)
+    assert seen.seen == set()
+
+
+def test_files_are_told_apart():
+    assert watch.kind_of_file(watch.__file__) == watch.COURSE
+    assert watch.kind_of_file(torch.__file__) == watch.LIBRARY
+    assert watch.kind_of_file(__file__) == watch.STUDENT
+    assert watch.kind_of_file("/tmp/ipykernel_1/123.py") == watch.STUDENT
+    assert watch.kind_of_file("<string>") == watch.LIBRARY
+
+
+def test_a_forbidden_name_that_does_not_exist_is_refused_when_declared():
+    with pytest.raises(ValueError, match="torch.no_such_softmax"):
+        watch.Forbidden(("torch.no_such_softmax",))
