@@ -17,7 +17,7 @@ INTERFACE: dict[str, tuple[str, ...]] = {
     # "from its ln1, attn, ln2 and mlp": the parts of the Block the checker passes in
     "layers.block_forward": (
         "helpers.model.layers.LayerNorm.forward",
-        "helpers.model.layers.MLP.forward",
+        "helpers.model.layers.FeedForward.forward",
     ),
 }
 
