@@ -15,6 +15,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+# The hidden tests refuse a `helpers` imported from anywhere else (a submission that brings its own).
+os.environ["COURSE_HELPERS"] = str(HERE / "helpers")
 
 c = get_config()  # noqa: F821 - nbgrader defines it when it reads this file
 c.CourseDirectory.root = str(HERE / "grading")

@@ -103,6 +103,7 @@ def _fresh_evaluate(name: str, answer: Any, seed: int) -> tuple[bool, str]:
         del sys.modules[key]
     try:
         fresh = importlib.import_module(PACKAGE)
+        fresh.watch.STAND_INS.update(saved[PACKAGE + ".watch"].STAND_INS)  # earlier exercises' stand-ins
         fresh.SEED_OFFSET = seed
         fresh.STRICT = False
         return fresh.evaluate(name, answer, attempt=None)
@@ -128,6 +129,11 @@ def hidden_check(name: str, answer: Any, namespace: dict[str, Any] | None = None
                           "cannot be trusted and the exercise scores 0.\n   How to fix it: delete your "
                           "own `check` and run the set-up cells again, so that `check` is the "
                           "course's (`from helpers.lab.exercises import check`).")
+    expected_home = os.environ.get("COURSE_HELPERS", "").strip()
+    if expected_home and Path(expected_home).resolve() != watch.HELPERS:
+        raise GradeFailed(f"❌ {name}: the grader imported the course's library from {watch.HELPERS.parent}, "
+                          "not from the course: a submission may not bring a `helpers` of its own, "
+                          "and the exercise scores 0.\n   How to fix it: hand in the notebook alone.")
     replaced = replaced_function()
     if replaced is not None:
         raise GradeFailed(f"❌ {name}: your notebook replaces {replaced} with code of its own, so the "

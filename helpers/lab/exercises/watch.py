@@ -79,6 +79,22 @@ def mark_boundary(function: Callable[..., Any]) -> Callable[..., Any]:
     return function
 
 
+# The course's stand-ins: what `yours_or` hands the cells after an exercise whose answer does not
+# pass yet (code -> that exercise). A later exercise may call a stand-in, as the notebook's own
+# cells do, so that one wrong answer costs one exercise; the exercise it stands in for may not.
+STAND_INS: dict[types.CodeType, str] = {}
+
+
+def stand_in(helper: Any, exercise: str) -> None:
+    """Note `helper` (a function, or a class and its methods) as the stand-in for `exercise`."""
+    functions = [v for v in vars(helper).values()] if isinstance(helper, type) else [helper]
+    for function in functions:
+        function = getattr(function, "__func__", function)
+        code = getattr(function, "__code__", None)
+        if isinstance(code, types.CodeType):
+            STAND_INS.setdefault(code, exercise)
+
+
 def mark_checker(function: Callable[..., Any]) -> None:
     """Count `function`'s calls as the course's, even if it is written outside the package (a test's
     own exercise)."""
@@ -91,7 +107,7 @@ def _whose(frame: types.FrameType | None) -> str:
         code = frame.f_code
         if code in _BOUNDARY:
             return STUDENT
-        if code in _CHECKERS:
+        if code in _CHECKERS or code in STAND_INS:
             return COURSE
         kind = kind_of_file(code.co_filename)
         if kind != LIBRARY:
@@ -172,6 +188,8 @@ def resolve(dotted: str) -> Any:
         except ImportError:
             continue
         for part in parts[cut:]:
+            if not hasattr(found, part):
+                raise ValueError(f"cannot find {dotted!r}: {'.'.join(parts[:cut])} has no {part!r}")
             found = getattr(found, part)
         return found
     raise ValueError(f"cannot find {dotted!r}: forbidden names are dotted paths like "
@@ -228,9 +246,10 @@ class Watch:
     """
 
     def __init__(self, forbidden: Forbidden, allowed: Iterable[str] = (), record: object = None,
-                 course: bool = True) -> None:
+                 course: bool = True, exercise: str = "") -> None:
         self.forbidden = forbidden
         self.course = course  # False: refuse only the forbidden library calls (tests of slips)
+        self.exercise = exercise
         self.allowed = frozenset(allowed)
         self.record = record is not None  # note the course calls in `seen` instead of refusing them
         self.seen: set[str] = set()
@@ -243,6 +262,8 @@ class Watch:
         """The course function's name when the student may not call it."""
         if code in _BOUNDARY or str(Path(code.co_filename).resolve()) in _MACHINERY:
             return None
+        if STAND_INS.get(code, self.exercise) != self.exercise:
+            return None  # the course's stand-in for an earlier exercise
         name = course_name(code)
         if name in self.allowed or is_property(code):
             return None

@@ -70,11 +70,21 @@ def test_a_redefined_or_wrapped_check_scores_zero():
         grader.hidden_check("masking.causal_softmax", causal_softmax, {"check": wrapped})
 
 
-def test_a_patched_evaluate_does_not_pass_the_hidden_tests(monkeypatch):
-    monkeypatch.setattr(exercises, "evaluate", lambda *args, **kwargs: (True, "✅ correct!"))
+def test_a_patched_registry_does_not_pass_the_hidden_tests(monkeypatch):
+    import dataclasses
+
+    lenient = dataclasses.replace(exercises.get("masking.causal_softmax"), checker=lambda answer: "fine")
+    monkeypatch.setitem(exercises._REGISTRY, "masking.causal_softmax", lenient)
+    assert exercises.passes("masking.causal_softmax", lambda scores: scores)  # the notebook's copy is fooled
     with pytest.raises(GradeFailed, match="hidden tests"):
         grader.hidden_check("masking.causal_softmax", lambda scores: scores, {})
     assert sys.modules["helpers.lab.exercises"] is exercises  # the notebook's copy is put back
+
+
+def test_a_patched_evaluate_scores_zero(monkeypatch):
+    monkeypatch.setattr(exercises, "evaluate", lambda *args, **kwargs: (True, "✅ correct!"))
+    with pytest.raises(GradeFailed, match="replaces helpers.lab.exercises.evaluate"):
+        grader.hidden_check("masking.causal_softmax", lambda scores: scores, {})
 
 
 def test_a_library_function_replaced_by_the_notebooks_code_scores_zero(monkeypatch):
@@ -116,3 +126,33 @@ def test_a_hidden_seed_that_is_not_a_nonzero_whole_number_is_refused(monkeypatch
 def test_an_unknown_exercise_is_the_notebooks_bug():
     with pytest.raises(KeyError, match="no_such"):
         grader.hidden_check("masking.no_such", causal_softmax, {})
+
+
+def test_a_library_brought_by_the_submission_scores_zero(monkeypatch, tmp_path):
+    monkeypatch.setenv("COURSE_HELPERS", str(tmp_path / "helpers"))
+    with pytest.raises(GradeFailed, match="may not bring a `helpers` of its own"):
+        grader.hidden_check("masking.causal_softmax", causal_softmax, {})
+
+
+def test_a_later_exercise_may_call_the_stand_in_of_an_earlier_one_but_not_its_own():
+    from helpers.lab.exercises import watch
+    from helpers.model.attention import causal_mask
+
+    def via_mask(scores):
+        n_q, n_k = scores.shape[-2:]
+        allowed = causal_mask(n_q, n_k)
+        exps = torch.exp(scores.masked_fill(~allowed, float("-inf")) - scores.amax(dim=-1, keepdim=True))
+        return exps / exps.sum(dim=-1, keepdim=True)
+
+    assert not exercises.passes("masking.causal_softmax", via_mask)
+    saved = dict(watch.STAND_INS)
+    try:
+        watch.stand_in(causal_mask, "masking.padding_mask")  # as yours_or does after a failed answer
+        assert exercises.passes("masking.causal_softmax", via_mask)
+        grader.hidden_check("masking.causal_softmax", via_mask, {})
+        watch.STAND_INS.clear()
+        watch.stand_in(causal_mask, "masking.causal_softmax")  # its own exercise's stand-in: refused
+        assert not exercises.passes("masking.causal_softmax", via_mask)
+    finally:
+        watch.STAND_INS.clear()
+        watch.STAND_INS.update(saved)
