@@ -386,9 +386,10 @@ print("tokens:", len(ids), "| answer tokens (mask = 1):", repr(tokenizer.decode(
 # to predict the user's question. Write `answer_only_loss(logits, ids, mask)`: `logits` (B, N, V)
 # from the model on `ids` (B, N), `mask` (B, N) 1 on the answer tokens as above. Position t
 # predicts token t + 1, so a position counts when its **target** is an answer token; the loss is
-# the mean cross-entropy over the positions that count, in the whole batch. Write the
-# cross-entropy yourself from the log-softmax (the check refuses `F.cross_entropy`). The next
-# cell computes the loss of a batch with it and shows where its gradient goes.
+# the mean cross-entropy over the positions that count, in the whole batch. Take the
+# log-softmax with PyTorch's `log_softmax` and build the cross-entropy from it yourself (the check
+# refuses `F.cross_entropy`). The next cell computes the loss of a batch with it and shows where
+# its gradient goes.
 #
 # <details><summary>Hint 1: the idea</summary>Shift by one: the logits of every position but the
 # last are scored against the tokens from the second on, and the mask of those target tokens
