@@ -972,9 +972,10 @@ print(f"{tuple(w.shape)} weights: the helper's integers; largest error {error8.m
 # ### Exercise: int4 per group
 #
 # Write `my_quantize_int4(w, group_size)` for w (out, in): cut every row into groups of
-# `group_size` weights; each group maps its range, stretched to include 0 so that 0 stays exact,
-# onto 0 ... 15 with a scale (range / 15) and a zero point (where 0 lands, rounded); each weight
-# becomes the nearest step counted from the bottom, within 0 ... 15. A group whose range is 0 gets
+# `group_size` consecutive weights; each group maps its range, stretched to include 0 so that 0
+# stays exact, onto 0 ... 15 with a scale (range / 15) and a zero point (where 0 lands, rounded);
+# each weight becomes its own number of steps (the weight over the scale, rounded) plus the zero
+# point, within 0 ... 15. A group whose range is 0 gets
 # a scale of 1. Return the values packed two per byte, `torch.uint8` (out, in / 2), value 2j in
 # the low 4 bits of byte j and value 2j + 1 in the high 4 bits, with the scales and zero points,
 # each (out, in / group_size). The next cell takes one group of the target's matrix apart with it.
