@@ -1244,8 +1244,8 @@ print("the course's Muon (bfloat16 Newton-Schulz) vs torch.optim.Muon: identical
 # shape. Moonshot AI's **second rule** (`muon_lr_scale(shape, "match_rms_adamw")` in
 # `helpers/training/muon.py`, `adjust_lr_fn="match_rms_adamw"` in `torch.optim.Muon`) multiplies
 # by `0.2 sqrt(max(A, B))` instead, which cancels the `1 / sqrt(max(A, B))`: every matrix's step
-# then has an RMS of about 0.2 per unit of rate, about AdamW's settled one, so Muon can run at
-# AdamW's rate and weight decay. The course keeps the first rule (the one `TrainConfig`'s rate
+# then has the same RMS per unit of rate, a little under 0.2 (the singular values sit a little
+# under 1), close to AdamW's settled one, so Muon can run at AdamW's rate and weight decay. The course keeps the first rule (the one `TrainConfig`'s rate
 # was tuned with). The cell measures both, on random gradients of one layer's hidden matrices of
 # the race's GPT, and AdamW's update on gradients of noise:
 
