@@ -419,8 +419,9 @@ print(f"= {256} bytes + {len(bpe.merges)} merges + {len(bpe.special_tokens)} spe
 print(f"training on the whole corpus {format_duration(train_seconds)}")
 
 # %% [markdown]
-# The first merges, with how often each pair occurred when it was merged. The very first ones
-# glue a space to the start of a word; soon whole frequent words appear:
+# The first merges, with how often each pair occurred when it was merged. Merges that glue a
+# space to the start of a word (`␣t`, `␣a`, `␣w`) alternate with frequent letter pairs inside
+# words (`he`, `ed`); soon whole frequent words appear (`␣the`, `␣to`):
 
 # %%
 merges = learn_merges(corpus, len(bpe.merges))
@@ -784,8 +785,8 @@ print(f"this corpus runs out of pairs after {len(all_merges)} merges (vocabulary
       f"{bytes_per_token[0]:.2f} -> {bytes_per_token[-1]:.2f} bytes per token")
 
 # %% [markdown]
-# The corpus is made from a small grammar, so after a few hundred merges every distinct chunk is
-# a single token and more merges have nothing left to do.
+# The corpus is made from a small grammar, so after the 752 merges printed above every distinct
+# chunk is a single token and more merges have nothing left to do.
 #
 # ### A richer corpus: merges that find morphemes
 #

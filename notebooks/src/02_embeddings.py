@@ -792,13 +792,16 @@ wavelengths = sinusoid_wavelengths(512)  # (256,) one per pair
 print(f"fastest pair, i = 0:   2 pi x 10000^(0/512)   = {wavelengths[0]:,.4f} positions")
 print(f"slowest pair, i = 255: 2 pi x 10000^(510/512) = {wavelengths[255]:,.1f} positions")
 print(f"10000^(510/512) = 10^{4 * 510 / 512:.3f} = {10000 ** (510 / 512):,.1f}   (the textbook section's answer uses 9655)")
-print(f"2 pi x 9655     = {2 * math.pi * 9655:,.0f}   (the textbook section rounds this to 60,600)")
+print(f"2 pi x 9655     = {2 * math.pi * 9655:,.0f}   (the textbook section's answer is 60,600)")
+print(f"rounded to hundreds: the true {wavelengths[255]:,.1f} -> {round(wavelengths[255].item(), -2):,.0f}, "
+      f"2 pi x 9655 -> {round(2 * math.pi * 9655, -2):,.0f}")
 
 # %% [markdown]
 # The textbook section's 9,655 is an arithmetic slip: 10000^(510/512) is 10^3.984, about 9,646.6,
-# so the slowest wavelength is about 60,611 positions, not 60,600 (which itself is 2 pi x 9655 =
-# 60,664 rounded). The conclusion stands: the fastest pair repeats every 6.28 positions, the
-# slowest only after about sixty thousand.
+# so the slowest wavelength is about 60,611 positions. Its 60,600 is the true 60,611 rounded, not
+# its own 2 pi x 9655 = 60,664 (which rounds to 60,700), so the slip in 9,655 never reached the
+# answer. The conclusion stands: the fastest pair repeats every 6.28 positions, the slowest only
+# after about sixty thousand.
 #
 # Part (c) asks whether a model trained on 512 positions can read 4000. Count the pairs whose
 # wave completes a full turn within the first 512 positions: only those have shown the model

@@ -290,8 +290,9 @@ assert (moved["causal, 0 fill"][:edit_from] > 0).all() and (moved["no mask"][:ed
 
 # %% [markdown]
 # With $-\infty$ the outputs before the edit are **bit-for-bit** identical (the asserted zeros);
-# with the 0-fill or with no mask, every earlier position moves. `tests/model/test_attention.py` checks
-# the same property of the helpers for several edit positions.
+# with the 0-fill or with no mask, every earlier position moves. The course's own tests (in the
+# course repository, not in the student folder) check the same property of the helpers for
+# several edit positions.
 #
 # ## 6. Padding masks
 #

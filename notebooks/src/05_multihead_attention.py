@@ -100,7 +100,7 @@ for name, t in [("one head's output", head_outputs[0]), ("concatenated", concate
     print(f"{name:>18}: {tuple(t.shape)}")
 
 # %% [markdown]
-# The same thing lives in `helpers.model.layers` as `SeparateHeadsAttention`: an `nn.ModuleList` of
+# The same thing lives in `helpers.model.multihead` as `SeparateHeadsAttention`: an `nn.ModuleList` of
 # `AttentionHead` modules (each with `q_proj`, `k_proj`, `v_proj`) and an `out_proj` for `W_O`.
 # `nn.Linear` stores its weight as `[out x in]`, the transpose of the `[in x out]` matrices above,
 # so copying our matrices in takes a `.T`. The cell checks that the module and the plain code agree.

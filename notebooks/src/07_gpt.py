@@ -202,9 +202,8 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # The textbook section's table counts the weight matrices of one block: attention has `W_Q, W_K, W_V, W_O`,
 # each `d x d` (`4d²`); the FFN has `d x 4d` and `4d x d` (`8d²`). With `N` blocks and a
 # vocabulary matrix of `V x d` at each end, the count is about **`12Nd² + 2Vd`**. The exact
-# count adds the biases (`4d` in attention, `5d` in the FFN), two LayerNorms per block (`4d`),
-# the position table (`context x d`) and the final LayerNorm (`2d`), and counts a tied matrix
-# once.
+# count adds what the rule of thumb leaves out (the biases, the LayerNorms, the position table)
+# and counts a tied matrix once: working out how much each adds is the exercise.
 #
 # ### Exercise: count a GPT's parameters exactly
 #
@@ -274,8 +273,8 @@ print(f"sum over every tensor, tied matrix twice: {sum(p.numel() for p in model.
 #
 # GPT-2 small has `N = 12`, `d = 768`, `V = 50257` and a context of 1024. Built on PyTorch's
 # **meta device**, every tensor has a shape but no storage, so counting its parameters costs
-# no memory. Then where its parameters sit, per component, with the textbook
-# section's rule of thumb beside the exact count:
+# no memory. Then where its parameters sit, per component, counted from the meta model's own
+# tensors, with the textbook section's rule of thumb beside them:
 
 # %%
 gpt2 = GPTConfig.gpt2_small()
@@ -287,16 +286,24 @@ print(f"parameters: {count_parameters(gpt2_meta):,} (exact formula: {exact_param
 print("building it", format_duration(time.perf_counter() - started))
 assert count_parameters(gpt2_meta) == exact_parameters(gpt2) == 124_439_808
 
-d, N, V, C = gpt2.d_model, gpt2.n_layers, gpt2.vocab_size, gpt2.context_length
+
+
+def tensors_in(*modules: nn.Module) -> int:
+    """How many numbers the modules' parameters hold (shapes only: the meta model has no storage)."""
+    return sum(p.numel() for module in modules for p in module.parameters())
+
+
+d, N, V = gpt2.d_model, gpt2.n_layers, gpt2.vocab_size
+first = gpt2_meta.blocks[0]
 rows = [
-    ("attention (Q, K, V, O)", 4 * d * d, 4 * d * d + 4 * d, "per block"),
-    ("FFN (d -> 4d -> d)", 8 * d * d, 8 * d * d + 5 * d, "per block"),
-    ("2 LayerNorms", 4 * d, 4 * d, "per block"),
-    ("token table (tied output)", V * d, V * d, "once"),
-    ("position table", 0, C * d, "once"),
-    ("final LayerNorm", 0, 2 * d, "once"),
+    ("attention (Q, K, V, O)", 4 * d * d, tensors_in(first.attn), "per block"),
+    ("FFN (d -> 4d -> d)", 8 * d * d, tensors_in(first.mlp), "per block"),
+    ("2 LayerNorms", 0, tensors_in(first.ln1, first.ln2), "per block"),
+    ("token table (tied output)", V * d, tensors_in(gpt2_meta.embed.token), "once"),
+    ("position table", 0, tensors_in(gpt2_meta.embed.position), "once"),
+    ("final LayerNorm", 0, tensors_in(gpt2_meta.ln_f), "once"),
 ]
-print(f"{'component':<26}{'rule of thumb':>15}{'exact':>13}")
+print(f"{'component':<26}{'rule of thumb':>15}{'counted':>13}")
 for name, thumb, exact, how_often in rows:
     print(f"{name:<26}{thumb:>15,}{exact:>13,}  {how_often}")
 total = sum(exact * (N if how_often == "per block" else 1) for _, _, exact, how_often in rows)
@@ -929,7 +936,7 @@ for precision in ("", "_bf16"):
 #
 # ### Train
 #
-# `TRAIN_STEPS`, at the top of the next cell, is the knob: the default trains in about 40 seconds on a 2-core laptop in float32; more
+# `TRAIN_STEPS`, at the top of the next cell, is the knob: the default trains in about 20 seconds on a 2-core laptop in float32 (the time is printed below); more
 # steps give better stories. The progress bar and the loss plot update as it
 # runs (the plot redraws at every evaluation).
 
@@ -1156,42 +1163,19 @@ print("training raised the well-formed share from", quality_before, "to more tha
 # through the model: its query attends to all stored keys and values, and its own key and value
 # are appended.
 #
-# ### One step by hand
-#
-# In plain code, for the first block's attention of the trained model: the cache holds the keys
-# and values of a prompt's first tokens; the last token arrives alone. We project it to `q`, `k`
-# and `v`, append its `k` and `v` to the stored ones, and let its `q` attend to all of them. It
-# needs no mask: the newest token may see every stored token, and itself. The result must equal
-# the last row of attention recomputed over the whole prompt:
-
-# %%
-attn = model.blocks[0].attn
-n_heads = attn.n_heads
-with torch.no_grad():
-    h = model.blocks[0].ln1(model.embed(torch.tensor([tokenizer.encode("Once upon a time")])))  # (1, T, d)
-    full = attn(h, causal=True)                                      # (1, T, d), all tokens at once
-    stored_k = split_heads(attn.k_proj(h[:, :-1]), n_heads)          # the cache: (1, H, T - 1, D_H)
-    stored_v = split_heads(attn.v_proj(h[:, :-1]), n_heads)
-    new = h[:, -1:]                                                  # the new token, (1, 1, d)
-    q = split_heads(attn.q_proj(new), n_heads)                       # (1, H, 1, D_H)
-    k = torch.cat([stored_k, split_heads(attn.k_proj(new), n_heads)], dim=2)  # (1, H, T, D_H)
-    v = torch.cat([stored_v, split_heads(attn.v_proj(new), n_heads)], dim=2)
-    weights = (q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim)).softmax(dim=-1)  # (1, H, 1, T)
-    one_step = attn.out_proj(merge_heads(weights @ v))               # (1, 1, d)
-cache_gap = (one_step - full[:, -1:]).abs().max().item()
-assert cache_gap < 1e-5
-print(f"stored keys {tuple(stored_k.shape)} + the new token's -> {tuple(k.shape)}; "
-      f"query {tuple(q.shape)}, weights {tuple(weights.shape)}")
-print("one cached step vs the last row of full attention: largest difference < 1e-5")
-
-# %% [markdown]
 # ### Exercise: one cached attention step
 #
-# The same step for a single head with plain matrices: given the new token's vector `x_new`
-# `(B, 1, d)`, the projections `w_q`, `w_k`, `w_v` `(d, d_h)` and the stored `keys` and `values`
-# `(B, t, d_h)`, return the new token's attention output `(B, 1, d_h)` and the keys and values
-# with its own appended, `(B, t + 1, d_h)` each. The check compares with attention recomputed
-# over the whole sequence.
+# One step of the cache, for one head with plain matrices: the cache holds the keys and values of
+# the tokens so far; a new token arrives alone. Project it to `q`, `k` and `v`, append its `k` and
+# `v` to the stored ones, and let its `q` attend to all of them. It needs no mask: the newest
+# token may see every stored token, and itself. The result must equal the last row of attention
+# recomputed over the whole sequence.
+#
+# Given the new token's vector `x_new` `(B, 1, d)`, the projections `w_q`, `w_k`, `w_v`
+# `(d, d_h)` and the stored `keys` and `values` `(B, t, d_h)`, return the new token's attention
+# output `(B, 1, d_h)` and the keys and values with its own appended, `(B, t + 1, d_h)` each. The
+# check compares with attention recomputed over the whole sequence; the cell after it runs your
+# step on every head of the trained model's first block.
 #
 # <details><summary>Hint 1: the idea</summary>
 #
@@ -1222,6 +1206,54 @@ def cache_step(x_new: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: t
 
 # %%
 check("gpt.cache_step", cache_step)
+
+# %% [markdown]
+# ### Your step on every head of the trained model
+#
+# The first block's attention of the trained model has `H` heads, each with its own slice of
+# the projections (and a bias, carried here by a column of ones appended to every token's
+# vector). The cache holds the keys and values of a prompt's first tokens; the last token
+# arrives alone and goes through your `cache_step` once per head; `W_O` mixes the heads. The
+# result must equal the last row of attention recomputed over the whole prompt:
+
+# %%
+from helpers.model.attention import scaled_dot_product_attention
+
+
+def course_cache_step(x_new: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,
+                      keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The same step with the course's attention (no mask: one query may see every key)."""
+    keys, values = torch.cat([keys, x_new @ w_k], dim=1), torch.cat([values, x_new @ w_v], dim=1)
+    return scaled_dot_product_attention(x_new @ w_q, keys, values)[0], keys, values
+
+
+step = yours_or("gpt.cache_step", cache_step, course_cache_step)
+attn = model.blocks[0].attn
+n_heads, head_dim = attn.n_heads, attn.head_dim
+
+
+def head_matrix(projection: nn.Linear, head: int) -> torch.Tensor:
+    """One head's slice of a projection as a (d + 1, D_H) matrix, its bias as the last row."""
+    rows = slice(head * head_dim, (head + 1) * head_dim)
+    return torch.cat([projection.weight[rows].T, projection.bias[rows][None]])
+
+
+with torch.no_grad():
+    h = model.blocks[0].ln1(model.embed(torch.tensor([tokenizer.encode("Once upon a time")])))  # (1, T, d)
+    full = attn(h, causal=True)                                      # (1, T, d), all tokens at once
+    h1 = torch.cat([h, torch.ones_like(h[..., :1])], dim=-1)        # (1, T, d + 1): the bias column
+    heads = []
+    for head in range(n_heads):
+        w_q, w_k, w_v = (head_matrix(p, head) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        stored_k, stored_v = h1[:, :-1] @ w_k, h1[:, :-1] @ w_v     # the cache: (1, T - 1, D_H)
+        out, k, v = step(h1[:, -1:], w_q, w_k, w_v, stored_k, stored_v)
+        heads.append(out)                                            # (1, 1, D_H)
+    one_step = attn.out_proj(torch.cat(heads, dim=-1))               # (1, 1, d)
+cache_gap = (one_step - full[:, -1:]).abs().max().item()
+assert cache_gap < 1e-5
+print(f"{n_heads} heads: stored keys {tuple(stored_k.shape)} + the new token's -> {tuple(k.shape)} each; "
+      f"output {tuple(one_step.shape)}")
+print("one cached step vs the last row of full attention: largest difference < 1e-5")
 
 # %% [markdown]
 # ### The cache in helpers

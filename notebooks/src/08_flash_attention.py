@@ -1102,20 +1102,24 @@ print(f"N <= 1024: a call of ours takes {min(short_ms):.2f}-{max(short_ms):.2f} 
 # where it is 0.98 times as fast. Against cuDNN's attention, NVIDIA's own, ours is 12 to 35 % slower at
 # $N$ = 16384 (27 to 38 % in forward+backward from $N$ = 4096). The best of our kernels reaches
 # 45 % of the H200 SXM's dense peak, cuDNN 60 %. Up to $N$ = 1024 a call of ours lasts under a
-# millisecond (0.06 to 0.82 ms), the curves there measure mostly the fixed cost of launching
-# kernels, and SDPA wins. The forward+backward figures at the larger head dimension depend on the
+# millisecond (0.06 to 0.82 ms), and SDPA wins: there the curves measure mostly a fixed cost per
+# call paid on the host, in Python and in Triton's launcher (which checks the arguments and picks
+# the compiled kernel before the GPU is given any work), not the GPU's work itself. The forward+backward figures at the larger head dimension depend on the
 # backward's tiles, warps and pipeline stages: a sweep on the H200 (its figures are in the
 # docstring of `triton_attention.default_backward_blocks`) chose the setting that function now
 # returns for every head dimension, with which these figures were measured; the course's first,
 # untuned choice was far slower there.
 #
-# **Why cuDNN is faster: Hopper-only features.** The H100 and H200 (the Hopper generation) added
-# three things that FlashAttention-3 was written around and that cuDNN's attention uses. *TMA*,
+# **Why cuDNN is faster: likely Hopper's features.** Nothing here isolates the cause (that would
+# take the same kernel with and without each feature), but the likely one is what
+# FlashAttention-3 was written around and cuDNN's attention uses: two pieces of hardware the
+# H100 and H200 (the Hopper generation) added, and a way of scheduling warps that they reward. *TMA*,
 # the Tensor Memory Accelerator, copies a whole tile between HBM and shared memory
 # asynchronously from one instruction, so the threads spend no instructions or registers on
 # addresses. *wgmma* (warpgroup matrix multiply-accumulate) lets four warps together run one
 # large matrix product on the tensor cores, reading its operands straight from shared memory,
-# and returns before it finishes. *Warp specialisation* gives those jobs to different warps:
+# and returns before it finishes. *Warp specialisation*, a scheduling technique rather than
+# hardware (it predates Hopper, which makes it pay), gives those jobs to different warps:
 # producer warps only issue TMA copies, consumer warps only issue wgmma and the softmax, and two
 # groups of consumers take turns, so that loading the next tile, the matrix products and the
 # exponentials all overlap. Our kernels are plain Triton: the compiler chooses the instructions
@@ -1125,7 +1129,7 @@ print(f"N <= 1024: a call of ours takes {min(short_ms):.2f}-{max(short_ms):.2f} 
 # loads, not TMA copies, and every warp does every job in turn. Triton offers TMA through tensor
 # descriptors and warp specialisation as a loop option, but both are recent, change between
 # versions and GPU generations, and would tie the kernel to one of them: a portable teaching
-# kernel leaves them out for now, and the gap printed above is what that costs.
+# kernel leaves them out for now, and the gap printed above is, most likely, what that costs.
 
 # %%
 def draw_gpu_memory(results: dict, methods: tuple[str, ...]) -> dict[str, float]:

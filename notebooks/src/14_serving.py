@@ -784,8 +784,9 @@ print("speculative greedy == target greedy for k = 1 and 4")
 # The enumeration checks the helper's `acceptance_probability` and `residual`; your
 # `my_accept_or_reject` is another function, and a function that draws random numbers is checked
 # by running it, with a check that has power. The redraw-from-p rule moves no output's
-# probability by more than 0.047 (printed above), about what a few hundred draws scatter, so "the
-# sampled frequencies look about right" cannot catch it. A test that fails both wrong rules is
+# probability by more than 0.047 on the 3-token toy above, and by 0.064 on the 4-token toy
+# tested here (printed below), about what a few hundred draws scatter, so "the sampled
+# frequencies look about right" cannot catch it. A test that fails both wrong rules is
 # **Pearson's chi-square**: on a vocabulary of 4 tokens, draw `SAMPLES`
 # two-token outputs of speculative decoding (k = 2) through the rule under test, count each of
 # the 16 possible outputs, and compare with the exact probabilities:
@@ -804,6 +805,10 @@ SAMPLES = 1000  # the knob: 2000 gives the wrong rules still smaller p-values (a
 small_target, small_draft = toy(0, vocab=4, spread=1.0), toy(1, vocab=4, spread=1.0)
 exact_small = autoregressive_distribution(small_target, (0,), n_tokens=2)
 print(f"{len(exact_small)} outputs, smallest expected count {SAMPLES * min(exact_small.values()):.1f}")
+with swap_in(**WRONG["redraw from p"]):
+    redrawn = exact_distribution(small_target, small_draft, (0,), k=2, n_tokens=2)
+print(f"redraw from p on this toy: largest difference from the target's distribution "
+      f"{max(abs(redrawn[x] - exact_small[x]) for x in exact_small):.3f}")
 
 
 def chi_square_of(rule: Callable, seed: int = 0) -> float:
@@ -910,8 +915,12 @@ print("speed-up over the target alone: " + ", ".join(
 #   `q = round(w / scale)` in [-127, 127], `w ~ q x scale`;
 # - **int4 per group** (asymmetric): each group of 32 weights of a row maps its [min, max] to
 #   0 ... 15 with a scale and a **zero point**, `w ~ (q - zero) x scale`, and two 4-bit values are
-#   **packed** into one byte. AWQ's checkpoints store such zero points; GPTQ is commonly run
-#   symmetric, without them; both usually take groups of 128 weights (32 here, in a model of width 64).
+#   **packed** into one byte. AWQ's and GPTQ's checkpoints store such zero points too, and both
+#   usually take groups of 128 weights (32 here, in a model of width 64). What differs is how the
+#   integers are chosen: this notebook's int4 is plain **round-to-nearest**, each weight on its
+#   nearest step; AWQ first rescales the channels that matter most to the activations, and GPTQ
+#   rounds one column at a time and corrects the columns not yet rounded for the error, using
+#   calibration data; both aim to keep the model's outputs closer than round-to-nearest does.
 #
 # ### Exercise: int8 per channel
 #
@@ -963,9 +972,10 @@ print(f"{tuple(w.shape)} weights: the helper's integers; largest error {error8.m
 # ### Exercise: int4 per group
 #
 # Write `my_quantize_int4(w, group_size)` for w (out, in): cut every row into groups of
-# `group_size` weights; each group maps its range, stretched to include 0 so that 0 stays exact,
-# onto 0 ... 15 with a scale (range / 15) and a zero point (where 0 lands, rounded); each weight
-# becomes the nearest step counted from the bottom, within 0 ... 15. A group whose range is 0 gets
+# `group_size` consecutive weights; each group maps its range, stretched to include 0 so that 0
+# stays exact, onto 0 ... 15 with a scale (range / 15) and a zero point (where 0 lands, rounded);
+# each weight becomes its own number of steps (the weight over the scale, rounded) plus the zero
+# point, within 0 ... 15. A group whose range is 0 gets
 # a scale of 1. Return the values packed two per byte, `torch.uint8` (out, in / 2), value 2j in
 # the low 4 bits of byte j and value 2j + 1 in the high 4 bits, with the scales and zero points,
 # each (out, in / group_size). The next cell takes one group of the target's matrix apart with it.

@@ -55,8 +55,10 @@ def adamw_mistake(got: torch.Tensor, p: torch.Tensor, g: torch.Tensor, lr: float
     """Name the usual slip that explains a wrong first step, if one does: (what, how to fix it)."""
     b1, b2 = betas
     m, v = (1 - b1) * g, (1 - b2) * g * g
+    first = (1 - b1) / (1 - b2) ** 0.5  # the uncorrected first step over the corrected one
     candidates = {
-        ("no bias correction: m and v start at zero, so early steps are too small",
+        (f"no bias correction: m and v start at zero and shrink by different factors, so with betas "
+         f"{betas} the first step is {first:.2f} times AdamW's (too {'large' if first > 1 else 'small'})",
          "divide m by one minus beta1 to the power t, and v by one minus beta2 to the power t "
          "(t counts from 1)."):
             p * (1 - lr * decay) - lr * m / (v.sqrt() + eps),

@@ -76,6 +76,11 @@ def softmax_jacobian(student: Callable[[Tensor], Tensor]) -> str:
         expected = reference.softmax_jacobian(a)
         if isinstance(got, Tensor) and got.shape == expected.shape and torch.allclose(got, torch.diag(a)):
             raise ExerciseFailed("you returned only diag(a).", fix="subtract the outer product a a^T too.")
+        if isinstance(got, Tensor) and got.shape == expected.shape and torch.allclose(got, torch.diag(a) - a @ a):
+            raise ExerciseFailed("you subtracted one number, the dot product of a with itself, from every "
+                                 "entry, not the outer product a a^T (for a vector, transposing changes nothing).",
+                                 fix="subtract the (n, n) matrix of every a_i times every a_j: a as a column "
+                                     "(n, 1) times a as a row (1, n).")
         if isinstance(got, Tensor) and got.shape == expected.shape and torch.allclose(got, -expected):
             raise ExerciseFailed("every sign is flipped.",
                                  fix="the Jacobian is diag(a) - a a^T, positive on the diagonal (raising "
@@ -249,6 +254,9 @@ def _explain_wrong_layer(weights: object, x_query: Tensor, x_data: Tensor, matri
     slips = {
         "your keys are projected with w_q.": ("the keys are x_data through w_k.",
                                               reference.softmax(q @ (x_data @ w_q).transpose(-2, -1) / math.sqrt(D_K))),
+        "your keys come from x_query.": ("the keys and the values come from x_data, the sequence being "
+                                         "searched; only the queries come from x_query.",
+                                         reference.softmax(q @ (x_query @ w_k).transpose(-2, -1) / math.sqrt(D_K))),
         "your queries come from x_data and your keys from x_query.":
             ("layer(x_query, x_data) takes the queries from its first argument, the keys and values from its second.",
              reference.softmax((x_data @ w_q) @ (x_query @ w_k).transpose(-2, -1) / math.sqrt(D_K))),

@@ -49,6 +49,11 @@ def merge_softmax_states(student: Callable[[Tensor, Tensor, Tensor, Tensor], tup
         state_a, state_b = reference.softmax_state(a), reference.softmax_state(b)
         got = _pair(student(*state_a, *state_b), what, "max, sum")
         expected = reference.softmax_state(torch.cat([a, b], dim=-1))
+        if isinstance(got[1], Tensor) and "1000" in what and not got[1].isfinite().all():
+            raise ExerciseFailed(f"for {what} your sum contains NaN or inf: an exponential of a score "
+                                 "or a max of about 1000 overflowed (e to the power 1000 is inf).",
+                                 fix="never take e to the power of a max itself: multiply each sum by e "
+                                     "to the power (its max minus the merged max), which is at most 1.")
         if isinstance(got[1], Tensor) and got[1].isnan().any():
             raise ExerciseFailed(f"for {what} your sum contains NaN, from e to the power (-inf "
                                  "minus -inf).", fix="where the merged max is minus infinity, shift "
@@ -99,7 +104,9 @@ def algorithm_1_variant(q: Tensor, k: Tensor, v: Tensor, block_r: int, block_c: 
             old, new = torch.exp(m[r] - m_new), torch.exp(m_tile - m_new)
             if mistake == "no rescale":
                 old, new = torch.ones_like(old), torch.ones_like(new)
-            ell_new = old * ell[r] + new * ell_tile
+            if mistake == "old state kept":  # only the tile is moved to the new max
+                old = torch.ones_like(old)
+            ell_new = (ell[r] if mistake == "old sum kept" else old * ell[r]) + new * ell_tile
             kept = old if mistake == "not un-normalised" else ell[r] * old
             out[r] = (kept[:, None] * out[r] + new[:, None] * (p_tile @ v_j)) / ell_new[:, None]
             ell[r], m[r] = ell_new, m_new
@@ -118,6 +125,14 @@ ALGORITHM_1_MISTAKES = {  # mistake: (what is wrong, how to fix it)
     "no rescale": ("the old and new statistics are added without moving them to the new max.",
                    "multiply the old sum and output by e to the power (old max minus new max), and "
                    "the tile's by e to the power (tile max minus new max)."),
+    "old sum kept": ("the running sum l_i is not moved to the new max: it was measured from the old "
+                     "max, so adding the tile's sum to it as it is mixes two scales.",
+                     "multiply the old l_i by e to the power (old max minus new max) before adding "
+                     "the tile's sum, as you do for the output."),
+    "old state kept": ("the running sum and output are not moved to the new max: only the tile's "
+                       "terms are, so the old ones keep the old max's scale.",
+                       "multiply the old l_i and the old O_i by e to the power (old max minus new "
+                       "max) before adding the tile's terms."),
     "one tile": ("each key tile replaces the output instead of merging into it: only the last key "
                  "tile counts.",
                  "keep the running max, sum and output of every query row across key tiles, and "

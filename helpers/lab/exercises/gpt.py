@@ -382,6 +382,10 @@ def sample_tokens(student: Callable) -> str:
             ("you drew from the first position's prediction",
              "the next token comes from the last position's logits."):
                 sampling_probabilities(logits[0], temperature, top_k),
+            ("the context was cropped one token short: the model saw one token fewer than its context "
+             "length allows, so the draw followed the second-to-last position's prediction",
+             "keep the last context-length tokens (all of them while the sequence fits), not one fewer."):
+                sampling_probabilities(logits[-2], temperature, top_k),
         }
         for (what, fix), probabilities in slips.items():
             if (counts - probabilities).abs().max() < 0.04:

@@ -39,7 +39,8 @@ def _causal_variants(n_q: int, n_k: int) -> dict[str, Tensor]:
     query = torch.arange(n_q)[:, None]
     key = torch.arange(n_k)[None, :]
     offset = n_k - n_q  # the queries are the last n_q positions
-    return {"right": key <= query + offset, "upside down": key >= query + offset, "top left": key <= query}
+    return {"right": key <= query + offset, "upside down": key >= query + offset, "top left": key <= query,
+            "no diagonal": key < query + offset}
 
 
 @exercise(hint="the queries are the last n_q of the n_k positions, so query i sits at position i + "
@@ -75,6 +76,13 @@ def causal_softmax(student: Callable[[Tensor], Tensor]) -> str:
                                      fix="with a cache the queries are the last n_q positions, so query i sits at "
                                          "position i + n_k - n_q: shift the triangle so that the last query sees "
                                          "every key.")
+            no_diagonal = scores.masked_fill(~variants["no diagonal"], float("-inf"))
+            if any(torch.allclose(got64, wrong, equal_nan=True)  # the first row NaN, or 0 where it is handled
+                   for wrong in (no_diagonal.softmax(-1), reference.softmax(no_diagonal))):
+                raise ExerciseFailed(f"for {what} no query may see its own key: your mask leaves out the "
+                                     "diagonal, so a query with no earlier key gets NaN.",
+                                     fix="let each query see every key up to and including its own position: "
+                                         "the diagonal belongs to the allowed part.")
             if got64[..., future].abs().max() > 0:
                 raise ExerciseFailed(f"for {what} some query puts weight on a later key.",
                                      fix="every entry after the query's own position must be exactly 0.")

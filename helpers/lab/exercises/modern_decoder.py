@@ -66,8 +66,9 @@ def alibi_bias(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
                 raise ExerciseFailed("query and key are swapped: row i is the query and column j the "
                                      "key, so the penalty belongs below the diagonal (keys j <= i, "
                                      "distance i - j) and 0 above it.",
-                                     fix="take the query positions as the column (first axis) and the "
-                                         "key positions as the row, and subtract the key's from the query's.")
+                                     fix="let the query's position vary down the rows (the first axis, a "
+                                         "column of positions) and the key's along the columns (a row of "
+                                         "positions), and subtract the key's position from the query's.")
             if torch.allclose(got.tril(), expected, atol=1e-6):
                 raise ExerciseFailed("below the diagonal it is right, but above it (future keys, "
                                      "masked anyway) the buffer does not hold 0.",
@@ -139,8 +140,10 @@ def modern_block_variant(block: modern.ModernBlock, x: torch.Tensor, table: mode
     h = x if mistake == "post-norm" else norm(x, block.norm1)
     groups = attn.n_heads // attn.n_kv_heads
     q = rope(heads(attn.q_proj(h), attn.n_heads))
-    k = rope(heads(attn.k_proj(h), attn.n_kv_heads)).repeat_interleave(groups, dim=1)
-    v = heads(attn.v_proj(h), attn.n_kv_heads).repeat_interleave(groups, dim=1)
+    k, v = rope(heads(attn.k_proj(h), attn.n_kv_heads)), heads(attn.v_proj(h), attn.n_kv_heads)
+    if mistake == "GQA tiled":  # key/value heads 0, 1, 0, 1 instead of 0, 0, 1, 1
+        k, v = k.repeat(1, groups, 1, 1), v.repeat(1, groups, 1, 1)
+    k, v = (t.repeat_interleave(groups, dim=1) if mistake != "GQA tiled" else t for t in (k, v))
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if mistake != "not causal":
         scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
@@ -162,6 +165,9 @@ BLOCK_MISTAKES = {
                    "rotate_half) pairs feature i with feature i + D_H/2.",
     "not causal": "a query sees the keys after it: the decoder's attention is causal.",
     "gate and up swapped": "SiLU is applied to up(h) instead of gate(h): SwiGLU is down(silu(gate(h)) * up(h)).",
+    "GQA tiled": "the key/value heads are repeated in the wrong order: yours cycle (0, 1, 0, 1), but "
+                 "consecutive query heads share one key/value head (0, 0, 1, 1 for 4 query heads and 2 "
+                 "key/value heads).",
 }
 
 
@@ -174,6 +180,9 @@ BLOCK_FIXES = {
     "interleaved": "split each head's features into a first and a second half and rotate those pairs.",
     "not causal": "fill the scores of keys after their query with minus infinity before the softmax.",
     "gate and up swapped": "apply SiLU to the gate projection and multiply by the up projection.",
+    "GQA tiled": "repeat each key/value head in place, n_heads / n_kv_heads times, so that query heads "
+                 "0 to n_heads / n_kv_heads - 1 read key/value head 0, and so on; do not repeat the "
+                 "whole stack of heads.",
 }
 
 
@@ -190,13 +199,14 @@ def _random_block() -> tuple[modern.ModernBlock, torch.Tensor, modern.RopeTable]
 
 
 @exercise(hint="Normalise x with the first RMSNorm; project to queries, keys and values and split them "
-               "into heads (the keys and values into n_kv_heads, then each repeated for the query "
-               "heads it serves); rotate queries and keys, pairing the first half of each head with "
+               "into heads (the keys and values into n_kv_heads, then each repeated in place for the "
+               "consecutive query heads it serves: 0, 0, 1, 1 for 4 and 2 heads); rotate queries and keys, pairing the first half of each head with "
                "the second; causal softmax of the scaled scores times the values; merge the heads, add "
                "the output projection to x; then add the SwiGLU of the second RMSNorm of the result.",
           points=3,
           task="Write my_modern_block(block, x, table): the ModernBlock's forward from its weights "
-               "(block.norm1, block.attn, block.norm2, block.mlp) and the RoPE table, for x (B, N, D). "
+               "(block.norm1, block.attn, block.norm2, block.mlp; the sizes are block.attn.n_heads, "
+               "block.attn.n_kv_heads and block.attn.head_dim) and the RoPE table, for x (B, N, D). "
                "The check compares with block(x, table) on random weights and names a known slip.")
 def modern_block(student: Callable[[modern.ModernBlock, torch.Tensor, modern.RopeTable], torch.Tensor]) -> str:
     block, x, table = _random_block()
@@ -342,6 +352,9 @@ def newton_schulz(student: Callable[..., torch.Tensor]) -> str:
             what = f"my_newton_schulz(m of shape ({rows}, {cols}), {dtype}" + (f", steps={steps})" if steps != 5 else ")")
             if not isinstance(got, torch.Tensor) or got.shape != m.shape:
                 expect_close(got, expected, what)  # names the type or the shape
+            if got.dtype != dtype:
+                raise ExerciseFailed(f"{what} returned {got.dtype}, not m's dtype.",
+                                     fix="compute in m's dtype, or convert the result back to it before returning.")
             got = got.double()
             if not bool(torch.isfinite(got).all()):
                 raise ExerciseFailed(f"{what} holds NaN or inf: the iteration ran on a matrix that was not "

@@ -32,6 +32,14 @@ def split_heads(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
                                  "the token axis, (B, H, N, D_H).",
                                  fix="after cutting the features into heads, swap the token axis and "
                                      "the head axis (axes 1 and 2).")
+        interleaved = x.view(shape[0], shape[1], shape[2] // n_heads, n_heads).permute(0, 3, 1, 2)
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape and n_heads > 1 \
+                and torch.equal(got, interleaved):
+            raise ExerciseFailed(f"for x of shape {shape} and {n_heads} heads your heads are interleaved: head "
+                                 f"h got features h, h + {n_heads}, h + {2 * n_heads}, ..., but each head owns "
+                                 "a block of D_H features side by side (head 0: features 0 to D_H - 1).",
+                                 fix="cut the feature axis into H blocks of D_H (the head axis first, the "
+                                     "features within a head second), not into D_H blocks of H.")
         if isinstance(got, torch.Tensor) and got.shape == expected.shape and not torch.equal(got, expected):
             raise ExerciseFailed(
                 f"for x of shape {shape} and {n_heads} heads the shape {tuple(got.shape)} is right, "

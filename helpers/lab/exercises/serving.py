@@ -262,10 +262,15 @@ def _int4_weight() -> Tensor:
 
 
 def _int4_values(w: Tensor, group_size: int, include_zero: bool = True, levels: int = 15,
-                 rounding: bool = True) -> tuple[Tensor, Tensor, Tensor]:
-    """q (out, in) in 0 ... 15 before packing, scale and zero; the helper's rule by default."""
+                 rounding: bool = True, strided: bool = False, from_bottom: bool = False,
+                 ) -> tuple[Tensor, Tensor, Tensor]:
+    """q (out, in) in 0 ... 15 before packing, scale and zero; the helper's rule by default.
+    The slips: strided groups (every n_groups-th weight; its q is not returned in the row's order)
+    and each weight's steps counted from the group's minimum, rounded as a whole."""
     out, n_in = w.shape
     groups = w.reshape(out, n_in // group_size, group_size)
+    if strided:
+        groups = w.reshape(out, group_size, n_in // group_size).transpose(1, 2)
     low, high = groups.amin(dim=-1), groups.amax(dim=-1)
     if include_zero:
         low, high = low.clamp(max=0), high.clamp(min=0)
@@ -275,13 +280,15 @@ def _int4_values(w: Tensor, group_size: int, include_zero: bool = True, levels: 
     scaled = groups / scale[..., None]
     scaled = torch.round(scaled) if rounding else scaled.trunc()
     q = (scaled + zero[..., None]).clamp(0, 15).to(torch.uint8)
+    if from_bottom:
+        q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
     return q.reshape(out, n_in), scale, zero
 
 
-@exercise(hint="Cut every row into groups; each group's range, stretched to include zero, is "
-               "split into 15 steps, the zero point is where zero lands, each weight becomes the "
-               "nearest step counted from the bottom, and two 4-bit values share a byte, the even "
-               "one in the low half.",
+@exercise(hint="Cut every row into groups of consecutive weights; each group's range, stretched to "
+               "include zero, is split into 15 steps, the zero point is where zero lands (rounded), "
+               "each weight becomes its own rounded number of steps plus the zero point, and two "
+               "4-bit values share a byte, the even one in the low half.",
           task="Write my_quantize_int4(w, group_size) -> (packed, scale, zero): packed uint8 (out, "
                "in / 2), scale and zero (out, in / group_size). The check compares them with the "
                "helpers' int4 quantizer on groups of mixed signs, all positive, all negative and "
@@ -312,7 +319,11 @@ def quantize_int4_groups(student: Callable[[Tensor, int], tuple[Tensor, Tensor, 
                              "is not exactly representable", "stretch the group's minimum down to 0 "
                              "and its maximum up to 0 when they do not reach it."),
                             (dict(levels=16), "the scale divides the range into 16 steps",
-                             "4 bits give 16 values, 0 to 15: 15 steps between the lowest and the highest.")):
+                             "4 bits give 16 values, 0 to 15: 15 steps between the lowest and the highest."),
+                            (dict(strided=True), "your groups are strided: a group took every second "
+                             "weight of its row, but a group is 8 consecutive weights (0 to 7, then 8 to 15)",
+                             "cut each row into runs of neighbouring weights: the group axis first, the "
+                             "weights within a group second.")):
         _, wrong_scale, _ = _int4_values(w, 8, **slip)
         if torch.allclose(scale.double(), wrong_scale.double(), rtol=1e-6, atol=0) and \
                 not torch.allclose(scale.double(), want_scale.double(), rtol=1e-6, atol=0):
@@ -341,6 +352,12 @@ def quantize_int4_groups(student: Callable[[Tensor, int], tuple[Tensor, Tensor, 
         raise ExerciseFailed("the values are truncated towards zero, not rounded.",
                              fix="round each weight over the scale to the nearest integer before "
                                  "adding the zero point.")
+    from_bottom, _, _ = _int4_values(w, 8, from_bottom=True)
+    if torch.equal(mine, from_bottom):
+        raise ExerciseFailed("you rounded each weight's distance from the group's minimum as a whole: "
+                             "the zero point is already rounded, so 0 no longer lands exactly on it.",
+                             fix="round the weight over the scale on its own, then add the (rounded) "
+                                 "zero point.")
     wrong = (mine != right).sum().item()
     raise ExerciseFailed(f"{wrong} of the 48 values differ from the helper's after unpacking.",
                          fix="each value is the weight over its group's scale, rounded, plus the zero "

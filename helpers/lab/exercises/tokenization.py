@@ -8,6 +8,7 @@ wrong; its `fix` says, in words, how to put it right.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -87,10 +88,16 @@ def encode_variant(text: str, merges: list[tuple[int, int]], split: bool = True,
     ids: list[int] = []
     for chunk in chunks:
         chunk_ids = list(chunk.encode("utf-8")) if utf8 else [ord(char) for char in chunk]
-        for rank, pair in ranked:
+        for rank, pair in ranked if order != "leftmost" else ():
             if order == "first only" and rank > 0:
                 break
             chunk_ids = reference.merge(chunk_ids, pair, first_id + rank)
+        rank_of = {pair: rank for rank, pair in ranked}
+        while order == "leftmost":  # the leftmost learned pair, whatever its rank
+            pair = next((p for p in itertools.pairwise(chunk_ids) if p in rank_of), None)
+            if pair is None:
+                break
+            chunk_ids = reference.merge(chunk_ids, pair, first_id + rank_of[pair])
         ids += chunk_ids
     return ids
 
@@ -108,6 +115,10 @@ ENCODE_SLIPS = {
     "you gave the merges the wrong new ids (counted from 0): the merge of rank r makes 256 + r":
         ({"first_id": 0}, "ids 0 to 255 are the bytes, so the first merge makes 256, the next 257, "
                           "and so on."),
+    "you merged the leftmost learned pair of the chunk first, not the earliest learned":
+        ({"order": "leftmost"}, "at each step merge the chunk's pair whose merge was learned first "
+                                "(the lowest rank), wherever it sits: a pair further left may have "
+                                "been learned later."),
     "you applied the merges latest first, not in the order they were learned":
         ({"order": "reversed"}, "replay the merges from the first learned to the last, as training "
                                 "made them: a merge can only apply after the merges that made its "
@@ -139,7 +150,10 @@ def encode_text(student: Callable[[str, list[tuple[int, int]]], Any]) -> str:
                                      "and return it.")
         if got == expected:
             continue
-        for slip, (knobs, fix) in ENCODE_SLIPS.items():
+        every_text = [student(other, list(ENCODE_MERGES)) for other in ENCODE_CASES]
+        slips = sorted(ENCODE_SLIPS.items(), key=lambda slip: every_text != [  # a slip that fits every text first
+            encode_variant(other, ENCODE_MERGES, **slip[1][0]) for other in ENCODE_CASES])
+        for slip, (knobs, fix) in slips:
             if got == encode_variant(text, ENCODE_MERGES, **knobs):
                 raise ExerciseFailed(f"on {text!r} {slip}: you returned {got}, expected {expected}.",
                                      fix=fix)
