@@ -53,7 +53,7 @@ def parse_cells(text: str) -> list[tuple[str, str]]:
     magic in a code cell (`# %time`, `# !ls`) becomes the magic, options after `# %%` (`tags=[...]`)
     and a `# ---` header become metadata, which the build does not keep.
     """
-    from helpers.lab.environment import SETUP_CELL
+    from helpers.lab.setup_cell import SETUP_CELL
 
     parsed = []
     for cell in jupytext.reads(text, fmt="py:percent").cells:

@@ -1,10 +1,9 @@
 """Notebook set-up: one call that seeds every generator, picks a device and styles the figures.
 
-Every notebook's first code cell is the same text, `SETUP_CELL` (written in
-`helpers/lab/setup_cell.py`, with `COURSE_REPO`, the one place the course's address is written):
-it finds the course's `helpers/` beside the notebook or installs it, then calls `start`.
-`tools/build_notebooks.py` writes it into every notebook and a test checks that none drifts
-from it.
+Every notebook's first code cell is the same text, `helpers.lab.setup_cell.SETUP_CELL` (beside
+`COURSE_REPO`, the one place the course's address is written): it finds the course's `helpers/`
+beside the notebook or installs it, then calls `start`. `tools/build_notebooks.py` writes it
+into every notebook and a test checks that none drifts from it.
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-
-from helpers.lab.setup_cell import COURSE_REPO, SETUP_CELL
 
 try:
     import numpy as np
@@ -23,8 +20,6 @@ except ImportError as missing:  # a Jupyter (Anaconda, a JupyterHub) whose Pytho
     command = f'%pip install -e "{course}"' if (course / "pyproject.toml").is_file() else "%pip install torch numpy"
     raise SystemExit(f"this Python has no {missing.name}, which the course needs: run  {command}  in "
                      "a notebook, then restart the kernel") from missing
-
-__all__ = ["COURSE_REPO", "SETUP_CELL", "pick_device", "seed_everything", "start"]
 
 
 def seed_everything(seed: int) -> None:

@@ -12,7 +12,7 @@ from notebook_tools import NOTEBOOKS, ROOT, SOURCES, notebook_paths, read
 sys.path.insert(0, str(ROOT / "tools"))
 from build_notebooks import to_notebook  # noqa: E402
 
-from helpers.lab.environment import SETUP_CELL  # noqa: E402
+from helpers.lab.setup_cell import SETUP_CELL  # noqa: E402
 
 NOTEBOOK_IDS = [p.stem for p in notebook_paths()]
 

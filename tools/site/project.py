@@ -267,8 +267,14 @@ def instructors_page(root: Path, names: list[str], notebooks: dict[str, dict]) -
         "own: the student notebooks in `DIR/notebooks`, the `helpers` package and the data they "
         "import, the files that install them, `course.py` and a README with one command. In an "
         "answer cell the code between nbgrader's solution markers becomes `# YOUR CODE HERE` and `raise NotImplementedError()`, hidden tests go and every "
-        "output is cleared; the hints stay. No full notebook, no notebook source and no solution "
-        "is in the folder: zip it or push it to a repository of its own.", "",
+        "output is cleared; the hints stay. No full notebook and no notebook source is in the "
+        "folder, but `helpers/` is the course's own library, which holds the course's version of "
+        "many exercises' ideas: the folder's README says so, and that the grader does not accept "
+        "an answer that calls it. Zip the folder or push it to a repository of its own. Run the "
+        "command again on the same folder to refresh it: only files it wrote and nobody changed "
+        "since are replaced (`.course-edition.json` lists them); the students' files, `.venv` "
+        "and `.git` stay, and a changed file is kept and listed (`--force` replaces it, keeping "
+        "the student's version beside it).", "",
         "The students open it with `python3 course.py lab` inside the folder (you can try it "
         "from the course with `python3 course.py lab DIR`). Each exercise's check says \"not "
         "attempted\" until it is solved, and the cells after it use the course's own version "
