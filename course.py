@@ -6,7 +6,8 @@
 
 and three for instructors and whoever forks the course:
 
-    python3 course.py student [DIR]    # the student edition: a folder to hand out, no solutions in it
+    python3 course.py student [--force] [DIR]  # the student edition to hand out; run again, it refreshes
+                                               # it and keeps every file of the students'
     python3 course.py publish https://github.com/OWNER/REPO   # point Colab links and installs at it
     python3 course.py site [--student] [DIR]   # the website (default: _site/), needs `pip install .[site]`
 

@@ -330,7 +330,7 @@ def test_a_notebook_in_the_nbgrader_form_builds_into_both_editions(tmp_path):
     from notebook_tools import exercise_notebook
 
     root = tmp_path / "course"
-    for name in ("README.md", "notebooks/TIMES.md", "helpers/lab/environment.py",
+    for name in ("README.md", "notebooks/TIMES.md", "helpers/lab/setup_cell.py",
                  "tools/site/project.py", "tools/site/render.py"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text((ROOT / name).read_text(encoding="utf-8"), encoding="utf-8")

@@ -1,9 +1,12 @@
 """`python3 course.py student [DIR]`: a folder to hand out, with nbgrader's markers honoured.
 
 The folder holds the student notebooks, the `helpers` package and the data they import, the
-files that install them, and a README with one command; no instructor's notebook, no notebook
-source, no solution anywhere in it. (Each student notebook running top to bottom, every exercise
-"not attempted", is tests/notebooks/test_exercises.py's.)
+files that install them, and a README with one command that says what each of them is; no
+instructor's notebook, no notebook source, no notebook's solution in it. Written again on the same
+folder, it loses nothing of the students' (their answers, their own files, `.venv`, `.git`) and
+says what it kept. An nbgrader marker outside an answer or test cell stops it, naming the cell.
+(Each student notebook running top to bottom, every exercise "not attempted", is
+tests/notebooks/test_exercises.py's.)
 """
 
 from __future__ import annotations
