@@ -5,6 +5,7 @@ No mystmd needed here (tests/browser/test_site.py builds the real site and crawl
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import json
 import re
@@ -390,6 +391,8 @@ def test_maths_in_the_search_index_is_plain_text(latex, shown):
     in_a_hint = {"type": "root", "children": [{"type": "details", "children": [
         {"type": "span", "class": "math-inline", "children": [{"type": "text", "value": latex}]}]}]}
     assert render.sections(in_a_hint)[0]["text"] == shown  # mystmd's maths inside raw HTML
+    assert render.Page(set(), "index").node(in_a_hint) == (
+        f'<details><span class="math-plain">{html.escape(shown)}</span></details>')  # on the page too
 
 
 def rank(records: list[dict], query: str) -> list[dict]:

@@ -280,6 +280,8 @@ class Page:
         if kind in ("inlineMath", "math"):
             rendered = node.get("html") or html.escape(node["value"])
             return f'<div class="math">{rendered}</div>' if kind == "math" else rendered
+        if is_maths(node):  # maths inside raw HTML (a hint's <details>): mystmd leaves it LaTeX
+            return f'<span class="math-plain">{html.escape(plain(node))}</span>'
         if kind == "heading":
             depth, ident = node.get("depth", 2), node.get("identifier", "")
             return f'<h{depth} id="{html.escape(ident)}">{inner()}</h{depth}>'
