@@ -6,7 +6,8 @@
 
 and three for instructors and whoever forks the course:
 
-    python3 course.py student [DIR]    # the student edition: a folder to hand out, no solutions in it
+    python3 course.py student [--force] [DIR]  # the student edition to hand out; run again, it refreshes
+                                               # it and keeps every file of the students'
     python3 course.py publish https://github.com/OWNER/REPO   # point Colab links and installs at it
     python3 course.py site [--student] [DIR]   # the website (default: _site/), needs `pip install .[site]`
 
@@ -152,20 +153,45 @@ def test(extra_args: list[str]) -> int:
     return lint or suite or (0 if other_cpu == 5 else other_cpu)
 
 
-# Where the course says its own address: the set-up cell's install, the package metadata, the
-# README's Colab links and every notebook's first cell (written from the set-up cell, so the
-# notebooks are rewritten in place, their outputs untouched).
-ADDRESS_FILES = ["helpers/lab/environment.py", "pyproject.toml", "README.md", "notebooks/*.ipynb"]
+# Where the course says its own address: the set-up cell's install (helpers/lab/setup_cell.py),
+# the package metadata, the README's Colab links and every notebook's first cell (written from
+# the set-up cell, so the notebooks are rewritten in place, their outputs untouched).
+SETUP_CELL_FILE = "helpers/lab/setup_cell.py"
+ADDRESS_FILES = [SETUP_CELL_FILE, "pyproject.toml", "README.md", "notebooks/*.ipynb"]
 GITHUB_ADDRESS = re.compile(r"https://github\.com/([\w.-]+/[\w.-]+?)(?:\.git)?/?")
 
 
 def current_address(root: Path = ROOT) -> str:
-    """The `owner/repo` the course installs from, as `helpers/lab/environment.py` writes it."""
-    text = (root / "helpers" / "lab" / "environment.py").read_text(encoding="utf-8")
+    """The `owner/repo` the course installs from, as `helpers/lab/setup_cell.py` writes it."""
+    text = (root / SETUP_CELL_FILE).read_text(encoding="utf-8")
     match = re.search(r'^COURSE_REPO = "https://github\.com/([^"]+)"$', text, re.M)
     if match is None:
-        raise SystemExit("helpers/lab/environment.py has no COURSE_REPO line to rewrite")
+        raise SystemExit(f"{SETUP_CELL_FILE} has no COURSE_REPO line to rewrite")
     return match.group(1)
+
+
+def setup_cell_of(root: Path = ROOT):
+    """`setup_cell(repo)` of the course at `root`: the first cell's text for a course at `repo`
+    (helpers/lab/setup_cell.py, standard library only, read without importing `helpers`)."""
+    spec = importlib.util.spec_from_file_location("course_setup_cell", root / SETUP_CELL_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.setup_cell
+
+
+def with_setup_cell(text: str, old: str, new: str) -> str:
+    """A notebook's JSON text with its set-up cell `old` made `new` (at the placeholder address
+    the cell has no install, so its text changes, not only its address); all else as it was."""
+    notebook = json.loads(text)
+    changed = False
+    for cell in notebook["cells"]:
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        if cell["cell_type"] == "code" and source == old:
+            cell["source"] = new.splitlines(keepends=True)
+            changed = True
+    if not changed:
+        return text
+    return json.dumps(notebook, sort_keys=True, indent=1, ensure_ascii=False) + "\n"  # as nbformat writes
 
 
 def publish(extra_args: list[str], root: Path = ROOT) -> int:
@@ -176,12 +202,15 @@ def publish(extra_args: list[str], root: Path = ROOT) -> int:
               f"(got {' '.join(extra_args) or 'nothing'})")
         return 2
     old, new = current_address(root), match.group(1)
+    setup_cell = setup_cell_of(root)
+    cells = setup_cell(f"https://github.com/{old}"), setup_cell(f"https://github.com/{new}")
     changed = []
     for pattern in ADDRESS_FILES:
         for path in sorted(root.glob(pattern)):
             text = path.read_text(encoding="utf-8")
+            rewritten = with_setup_cell(text, *cells) if path.suffix == ".ipynb" else text
             rewritten = re.sub(rf"(github\.com/|colab\.research\.google\.com/github/){re.escape(old)}(?![\w.-])",
-                               lambda m: m.group(1) + new, text)
+                               lambda m: m.group(1) + new, rewritten)
             if rewritten != text:
                 path.write_text(rewritten, encoding="utf-8")
                 changed.append(path.relative_to(root).as_posix())
@@ -212,6 +241,28 @@ Run each notebook top to bottom. Every exercise is a code cell that says `# YOUR
 replace `raise NotImplementedError()` with your code and run the `check(...)` cell after it. A
 wrong answer is told what is wrong; a second wrong try also says how to fix it. Until your
 answer passes, the cells after it use the course's own version, and say so.
+
+## What the folder holds
+
+- `notebooks/`: the fourteen notebooks, your copy to work in.
+- `helpers/`: the course's own library. The notebooks import it, and each notebook builds on
+  what the earlier ones wrote, so it holds the course's version of many ideas you write in the
+  exercises (attention, masks, the GPT, its training loop...). Read it when you like; the
+  grader does not accept it as an answer: an answer that calls the course's own version of the
+  idea, under any name, or subclasses it, scores nothing for that exercise.
+- `data/`: the texts and the stored measurements the notebooks read.
+- `course.py`, `pyproject.toml`, `constraints.txt`: the `lab` command above and what it installs
+  (`constraints.txt` pins the versions the course was tested with).
+- `.course-edition.json`: the list of files your instructor's `course.py student` wrote here, so
+  that a refreshed edition never overwrites a file you changed.
+
+## In another Jupyter (Anaconda, a JupyterHub)
+
+Open a notebook from `notebooks/`: its first cell finds `helpers/` in the folder above and uses
+it. If that Python lacks what the course needs (PyTorch, ...), the cell says so; the one command
+that installs it, run once in a notebook of this folder, is `%pip install -e ..` (then restart
+the kernel). Name your own files anything but `helpers`: where a `helpers.py` or a `helpers/`
+of yours hides the course's library, the first cell stops and names it.
 """
 
 
@@ -240,8 +291,41 @@ def blank_solutions(source: str) -> str:
     return text.rstrip("\n") if not source.endswith("\n") else text
 
 
+# nbgrader's markers anywhere in a line, as nbgrader itself finds them.
+MARKER = re.compile(r"### (?:BEGIN|END) (?:SOLUTION|HIDDEN TESTS)")
+
+
+def misplaced_marker(cell: dict, index: int, graded: bool = True) -> str | None:
+    """Why `cell` (the notebook's `index`-th) holds an nbgrader marker it must not, or None.
+
+    Solution markers belong in an answer cell and hidden-test markers in a graded test cell, both
+    code cells with nbgrader's metadata; anywhere else (a markdown cell, a plain code cell) nbgrader
+    would not blank them and they would reach the student. graded: False for a notebook without
+    any of nbgrader's metadata, whose code cells the markers alone make answer and test cells."""
+    source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+    found = MARKER.search(source)
+    if found is None:
+        return None
+    grader = cell.get("metadata", {}).get("nbgrader", {})
+    wanted = "solution" if "SOLUTION" in found.group(0) else "grade"
+    if cell["cell_type"] == "code" and (grader.get(wanted) or not graded):
+        return None
+    where = f"cell {index}" + (f" (id {cell['id']})" if cell.get("id") else "")
+    first = source.strip().splitlines()[0][:60]
+    kind = "an answer" if wanted == "solution" else "a graded test"
+    return (f"{where}, a {cell['cell_type']} cell starting {first!r}, holds {found.group(0)!r}, "
+            f"which belongs in {kind} code cell only: move it there or remove it")
+
+
 def student_notebook(notebook: dict) -> dict:
-    """The student's copy of a notebook (its JSON): solutions blanked, hidden tests gone, no outputs."""
+    """The student's copy of a notebook (its JSON): solutions blanked, hidden tests gone, no outputs.
+
+    Refuses (ValueError naming the cell) an nbgrader marker outside an answer or test code cell."""
+    graded = any("nbgrader" in cell.get("metadata", {}) for cell in notebook["cells"])
+    for index, cell in enumerate(notebook["cells"]):
+        problem = misplaced_marker(cell, index, graded)
+        if problem:
+            raise ValueError(problem)
     for cell in notebook["cells"]:
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         if cell["cell_type"] == "code":
@@ -251,15 +335,95 @@ def student_notebook(notebook: dict) -> dict:
     return notebook
 
 
+MANIFEST = ".course-edition.json"  # what `student` wrote into an edition, with each file's hash
+KEPT_SUFFIX = ".before-refresh"  # `student --force` keeps a student's changed file under this name
+
+
 def is_student_edition(root: Path = ROOT) -> bool:
-    """True in a folder written by `student`: it has notebooks but not their sources."""
-    return not (root / "notebooks" / "src").is_dir()
+    """True in a folder written by `student`: it has its manifest, or notebooks but not their sources."""
+    return (root / MANIFEST).is_file() or not (root / "notebooks" / "src").is_dir()
+
+
+def edition_files(root: Path = ROOT) -> dict[str, bytes]:
+    """Every file of the student edition, by its path in the edition ("notebooks/01_x.ipynb"),
+    with its content; nothing is written."""
+    skipped = ("__pycache__", ".egg-info", ".ipynb_checkpoints")
+    files: dict[str, bytes] = {}
+    for name in STUDENT_FILES:
+        source = root / name
+        paths = sorted(source.rglob("*")) if source.is_dir() else [source]
+        for path in paths:
+            parts = path.relative_to(root).parts
+            if path.is_file() and path.suffix != ".pyc" and not any(p.endswith(skipped) for p in parts):
+                files["/".join(parts)] = path.read_bytes()
+    files["README.md"] = STUDENT_README.encode("utf-8")
+    for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        try:
+            notebook = student_notebook(json.loads(path.read_text(encoding="utf-8")))
+        except ValueError as error:
+            raise ValueError(f"notebooks/{path.name}: {error}") from None
+        files[f"notebooks/{path.name}"] = (json.dumps(notebook, indent=1, ensure_ascii=False)
+                                           + "\n").encode("utf-8")
+    return files
+
+
+def digest(content: bytes) -> str:
+    return hashlib.sha256(content).hexdigest()
+
+
+def kept_name(target: Path, relative: str) -> str:
+    """Where `--force` keeps a student's version of `relative` in the edition `target`:
+    `notebooks/04_x.before-refresh.ipynb`, or `...before-refresh-2.ipynb` if that is taken."""
+    path, count = Path(relative), 1
+    while True:
+        suffix = KEPT_SUFFIX if count == 1 else f"{KEPT_SUFFIX}-{count}"
+        name = path.with_name(f"{path.stem}{suffix}{path.suffix}").as_posix()
+        if not (target / name).exists():
+            return name
+        count += 1
+
+
+def refresh_plan(target: Path, files: dict[str, bytes], recorded: dict[str, str]
+                 ) -> tuple[list[str], list[str], list[str], list[str]]:
+    """What a refresh of the edition in `target` does, file by file, before anything is written.
+
+    recorded: the manifest's {path: hash of what `student` wrote there last time} ({} for a folder
+    it never wrote). Returns (to write: absent, or still as `student` wrote them; to delete: files
+    `student` wrote that the edition no longer has, unchanged since; changed: files in the way
+    that are not as `student` wrote them, the student's work, which stay; unchanged: already equal).
+    """
+    write, delete, changed, unchanged = [], [], [], []
+    for relative, content in files.items():
+        path = target / relative
+        if not path.exists():
+            write.append(relative)
+        elif path.is_file() and digest(path.read_bytes()) == digest(content):
+            unchanged.append(relative)
+        elif path.is_file() and recorded.get(relative) == digest(path.read_bytes()):
+            write.append(relative)
+        else:
+            changed.append(relative)
+    for relative, written in recorded.items():
+        path = target / relative
+        outside = Path(relative).is_absolute() or ".." in Path(relative).parts  # a hand-edited list
+        if relative not in files and not outside and path.is_file():
+            (delete if digest(path.read_bytes()) == written else changed).append(relative)
+    return write, delete, changed, unchanged
 
 
 def student(extra_args: list[str], root: Path = ROOT) -> int:
-    """Write the student edition into DIR (default: student/): a folder that runs on its own."""
+    """Write the student edition into DIR (default: student/), or refresh an earlier one there.
+
+    Nothing of the students' is lost: the edition's manifest (`.course-edition.json`) records
+    every file this command wrote and its hash, and a refresh replaces or deletes only files
+    still exactly as written; every other file (their answers, their own notebooks, `.venv`, a
+    `.git`) stays. A file of the edition that the student changed is kept and listed; `--force`
+    replaces it, keeping their version beside it (`NAME.before-refresh.EXT`). A folder without
+    the manifest is written into only when empty, or with `--force` (under the same rule)."""
+    force = "--force" in extra_args
+    extra_args = [arg for arg in extra_args if arg != "--force"]
     if len(extra_args) > 1 or any(arg.startswith("-") for arg in extra_args):
-        print(f"usage: python3 course.py student [DIR] (got {' '.join(extra_args)})")
+        print(f"usage: python3 course.py student [--force] [DIR] (got {' '.join(extra_args)})")
         return 2
     target = Path(extra_args[0] if extra_args else root / STUDENT_DIR).resolve()
     home = root.resolve()
@@ -269,30 +433,58 @@ def student(extra_args: list[str], root: Path = ROOT) -> int:
         print(f"the student edition goes in a folder of its own, not {target}: name another "
               f"folder (default {STUDENT_DIR}/)")
         return 2
-    earlier = (target / "notebooks").is_dir() and is_student_edition(target) \
-        and not (target / ".git").exists()
-    if target.exists() and any(target.iterdir()) and not earlier:
-        print(f"{target} holds other files: name an empty folder or an earlier student edition's")
+    if target.exists() and not target.is_dir():
+        print(f"{target} is a file: name a folder for the student edition")
         return 2
-    if target.exists():
-        shutil.rmtree(target)
-    (target / "notebooks").mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for name in STUDENT_FILES:
-        source = root / name
-        if source.is_dir():
-            shutil.copytree(source, target / name, ignore=ignore)
-        else:
-            shutil.copy2(source, target / name)
-    (target / "README.md").write_text(STUDENT_README, encoding="utf-8")
-    written = []
-    for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
-        notebook = student_notebook(json.loads(path.read_text(encoding="utf-8")))
-        (target / "notebooks" / path.name).write_text(
-            json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-        written.append(path.name)
-    print(f"student edition of {len(written)} notebooks in {target}; hand out the folder, and the "
-          f"students run: python3 course.py lab")
+    manifest = target / MANIFEST
+    try:
+        recorded = json.loads(manifest.read_text(encoding="utf-8"))["files"] if manifest.is_file() else {}
+    except (ValueError, KeyError, TypeError) as error:
+        print(f"{manifest} is not the list `course.py student` writes ({error}): restore it from "
+              "where the folder came from, or name another folder")
+        return 2
+    if not manifest.is_file() and target.is_dir() and any(target.iterdir()) and not force:
+        print(f"{target} holds files that `course.py student` did not write (an edition it writes "
+              f"has a {MANIFEST} that lists them): name an empty folder, or add --force to write "
+              f"the edition into this one (nothing in it is deleted; a file in the way is kept "
+              f"as NAME{KEPT_SUFFIX}.EXT)")
+        return 2
+    try:
+        files = edition_files(root)
+    except ValueError as error:
+        print(f"no student edition written: {error}")
+        return 1
+    write, delete, changed, unchanged = refresh_plan(target, files, recorded)
+    in_the_way = [relative for relative in changed if relative in files]
+    moved = {}
+    for relative in in_the_way if force else []:
+        path = target / relative
+        if path.is_file():
+            moved[relative] = kept_name(target, relative)
+            path.replace(target / moved[relative])
+            write.append(relative)
+    for relative in write:
+        (target / relative).parent.mkdir(parents=True, exist_ok=True)
+        (target / relative).write_bytes(files[relative])
+    for relative in delete:
+        (target / relative).unlink()
+    kept = [relative for relative in changed if relative not in moved]
+    written = {relative: digest(files[relative]) for relative in [*write, *unchanged]}
+    # A kept file stays recorded with what was written there, so it still counts as changed.
+    written |= {relative: recorded[relative] for relative in kept if relative in recorded}
+    manifest.write_text(json.dumps({"written_by": "python3 course.py student", "files": written},
+                                   indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    notebooks = sum(name.startswith("notebooks/") for name in files)
+    print(f"student edition of {notebooks} notebooks in {target}: {len(write)} files written, "
+          f"{len(unchanged)} already up to date, {len(delete)} old ones removed")
+    if moved:
+        print("replaced, with the student's version kept beside each: "
+              + ", ".join(f"{relative} (now {kept})" for relative, kept in moved.items()))
+    if kept:
+        print(f"kept as they are, since they are not as `course.py student` wrote them: "
+              f"{', '.join(kept)}; to replace them with the new edition's (keeping each one as "
+              f"NAME{KEPT_SUFFIX}.EXT), run: python3 course.py student --force {target}")
+    print("hand out the folder; the students run: python3 course.py lab")
     return 0
 
 
@@ -361,8 +553,12 @@ def site(extra_args: list[str], root: Path = ROOT) -> int:
     spec.loader.exec_module(project)
     if (target / "_build").is_dir():  # an earlier build, maybe of the other edition: no page of it stays
         shutil.rmtree(target / "_build")
-    names = project.write_project(root, target, current_address(root), render_python(),
-                                  student_notebook if student_site else None)
+    try:
+        names = project.write_project(root, target, current_address(root), render_python(),
+                                      student_notebook if student_site else None)
+    except ValueError as error:  # e.g. a solution marker in a markdown cell
+        print(f"no site built: {error}")
+        return 1
     try:
         run([myst, "build", "--html"], cwd=target)
     except subprocess.CalledProcessError as error:

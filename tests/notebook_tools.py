@@ -52,3 +52,59 @@ def exercises_in(cells: list) -> list[NotebookExercise]:
         if name:
             found.append(NotebookExercise(name.group(1), index, test_index, "".join(regions)))
     return found
+
+
+# A small notebook in the exercise form (CONTRIBUTING.md "## Exercises"), for the site's tests
+# (tests/course/test_course_site.py, tests/browser/test_site.py): an answer cell, its test cell
+# with a hidden test, a cell that runs on the student's answer (`yours_or`, with the line the
+# instructor's run printed there), and an older-form "Solution" reveal in markdown.
+SOLVED = '''def f(x):
+    """Square x."""
+    ### BEGIN SOLUTION
+    y = x * x  # the instructor's square
+    return y
+    ### END SOLUTION
+'''
+TESTED = '''check("x.f", f)
+### BEGIN HIDDEN TESTS
+assert f(3) == 9  # a hidden case
+### END HIDDEN TESTS
+'''
+REVEAL = '''<details><summary>Solution</summary>
+
+```python
+### BEGIN SOLUTION
+def g():
+    return "the older form's solution"
+### END SOLUTION
+```
+</details>
+
+After the reveal.'''
+
+
+YOURS_PASSED_LINE = "using your f from here on (it passes x.f)\n"
+
+
+def stream(text: str) -> dict:
+    return {"output_type": "stream", "name": "stdout", "text": text}
+
+
+def exercise_notebook(metadata: bool) -> dict:
+    def cell(kind: str, source: str, outputs: list | None = None, grader: dict | None = None) -> dict:
+        made = {"cell_type": kind, "metadata": {"nbgrader": grader} if metadata and grader else {},
+                "source": source}
+        if kind == "code":
+            made |= {"outputs": outputs or [], "execution_count": 1}
+        return made
+
+    return {"metadata": {}, "cells": [
+        cell("markdown", "# 9. A notebook"),
+        cell("code", "# NBVAL_IGNORE_OUTPUT\nprint('timing')", [stream("timing 3 s\n")]),
+        cell("markdown", "### Exercise 1\n<details><summary>Hint 1: the idea</summary>Square it."
+                         "</details>"),
+        cell("code", SOLVED, [stream("the answer cell ran\n")], {"solution": True, "grade": False}),
+        cell("code", TESTED, [stream("Exercise x.f: passed\n")], {"solution": False, "grade": True,
+                                                                    "points": 2}),
+        cell("code", "answer = yours_or('x.f', f, None)", [stream(YOURS_PASSED_LINE)]),
+        cell("markdown", REVEAL)]}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import re
 import sys
 import time
@@ -52,7 +53,7 @@ def parse_cells(text: str) -> list[tuple[str, str]]:
     magic in a code cell (`# %time`, `# !ls`) becomes the magic, options after `# %%` (`tags=[...]`)
     and a `# ---` header become metadata, which the build does not keep.
     """
-    from helpers.lab.environment import SETUP_CELL
+    from helpers.lab.setup_cell import SETUP_CELL
 
     parsed = []
     for cell in jupytext.reads(text, fmt="py:percent").cells:
@@ -154,6 +155,19 @@ def add_nbgrader_metadata(nb: nbformat.NotebookNode, name: str) -> None:
         if found and "nbgrader" not in cell.metadata:
             raise ValueError(f"{name}: check({found.group(1)!r}) has no answer cell with "
                              f"{BEGIN!r} right before it")
+    course = course_module()
+    for index, cell in enumerate(nb.cells):  # e.g. a solution written in a markdown cell
+        problem = course.misplaced_marker(cell, index)
+        if problem:
+            raise ValueError(f"{name}: {problem}")
+
+
+def course_module():
+    """The repository's course.py (standard library only), whose rules the student edition follows."""
+    spec = importlib.util.spec_from_file_location("course_for_build", ROOT / "course.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def to_notebook(source_path: Path) -> nbformat.NotebookNode:

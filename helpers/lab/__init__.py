@@ -1,6 +1,7 @@
 """The lab bench: what only the notebooks use, never the model, training or scale code.
 
-    environment  the set-up cell: seeds, device, figure style                        every nb
+    setup_cell   the set-up cell's text: finds the course's helpers/, or installs it  every nb
+    environment  what the set-up cell calls: seeds, device, figure style               every nb
     plots        projector-friendly figures, labelled heat maps, loss curves         every nb
     widgets      Explorer: controls that redraw a figure, with a static fallback     nb 1-9
     exercises    checked exercises with hints, one module per notebook               every nb

@@ -1,27 +1,25 @@
 """Notebook set-up: one call that seeds every generator, picks a device and styles the figures.
 
-Every notebook's first code cell is the same text, `SETUP_CELL`: in a fresh Colab runtime it
-installs this package from `COURSE_REPO` (the one place the address is written), locally it only
-imports. `tools/build_notebooks.py` writes it into every notebook and a test checks that none
-drifts from it.
+Every notebook's first code cell is the same text, `helpers.lab.setup_cell.SETUP_CELL` (beside
+`COURSE_REPO`, the one place the course's address is written): it finds the course's `helpers/`
+beside the notebook or installs it, then calls `start`. `tools/build_notebooks.py` writes it
+into every notebook and a test checks that none drifts from it.
 """
 
 from __future__ import annotations
 
 import os
 import random
+from pathlib import Path
 
-import numpy as np
-import torch
-
-COURSE_REPO = "https://github.com/transformer-course/transformer-course"
-
-SETUP_CELL = f'''\
-import importlib.util, os, sys  # set-up: in a fresh Colab runtime this installs the course package first
-if importlib.util.find_spec("helpers") is None and os.system(f'"{{sys.executable}}" -m pip install -q git+{COURSE_REPO}'):
-    raise SystemExit("Could not install the course from {COURSE_REPO}: upload the course folder and run !pip install ./FOLDER, or see the README's 'In Colab'.")
-from helpers.lab.environment import start
-device = start(seed=0)'''
+try:
+    import numpy as np
+    import torch
+except ImportError as missing:  # a Jupyter (Anaconda, a JupyterHub) whose Python lacks the course's needs
+    course = Path(__file__).resolve().parents[2]
+    command = f'%pip install -e "{course}"' if (course / "pyproject.toml").is_file() else "%pip install torch numpy"
+    raise SystemExit(f"this Python has no {missing.name}, which the course needs: run  {command}  in "
+                     "a notebook, then restart the kernel") from missing
 
 
 def seed_everything(seed: int) -> None:
@@ -44,8 +42,9 @@ def pick_device() -> torch.device:
 def start(seed: int = 0, quiet: bool = False) -> torch.device:
     """Seed everything, pick the device, style the figures; print one line saying what was picked.
 
-    The printed line is `device: <type>` and `seed: <seed>`; only the device type is machine
-    dependent, and the tests' nbval sanitiser maps it to one word.
+    The printed line is `device: <type> | seed: <seed>`, and no version: nothing a notebook prints
+    may depend on the installed torch or Python. Only the device type is machine dependent, and
+    the tests' nbval sanitiser maps it to one word.
     """
     seed_everything(seed)
     device = pick_device()
@@ -55,5 +54,5 @@ def start(seed: int = 0, quiet: bool = False) -> torch.device:
 
     plots.use_course_style()
     if not quiet:
-        print(f"device: {device.type} | seed: {seed} | torch {torch.__version__.split('+')[0]}")
+        print(f"device: {device.type} | seed: {seed}")
     return device

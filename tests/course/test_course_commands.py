@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.lab.environment import COURSE_REPO
+from helpers.lab.setup_cell import COURSE_REPO, SETUP_CELL, setup_cell
 
 ROOT = Path(__file__).resolve().parents[2]
 OLD_SLUG = COURSE_REPO.removeprefix("https://github.com/")
@@ -48,8 +48,18 @@ def test_every_file_that_names_the_address_is_one_publish_rewrites():
     assert set(naming) - covered - {"tests/course/test_course_commands.py"} == set()
 
 
+def with_current_setup_cell(root: Path) -> None:
+    """Give the copied notebooks today's set-up cell, as the next build writes it."""
+    for path in (root / "notebooks").glob("*.ipynb"):
+        notebook = json.loads(path.read_text())
+        assert notebook["cells"][1]["cell_type"] == "code", f"{path.name}: the set-up cell is the second cell"
+        notebook["cells"][1]["source"] = SETUP_CELL.splitlines(keepends=True)
+        path.write_text(json.dumps(notebook, sort_keys=True, indent=1, ensure_ascii=False) + "\n")
+
+
 def test_publish_rewrites_links_installs_and_setup_cells_without_touching_outputs(tmp_path):
     copy_address_files(tmp_path)
+    with_current_setup_cell(tmp_path)
     before = {p.name: json.loads(p.read_text()) for p in (tmp_path / "notebooks").glob("*.ipynb")}
     assert course.publish(["https://github.com/alice/my-course.git"], root=tmp_path) == 0
 
@@ -61,13 +71,17 @@ def test_publish_rewrites_links_installs_and_setup_cells_without_touching_output
     assert readme.count("colab.research.google.com/github/alice/my-course/blob/main/notebooks/") == len(before)
     assert 'Source = "https://github.com/alice/my-course"' in (tmp_path / "pyproject.toml").read_text()
 
+    # At the placeholder the cell installs nothing; published, it installs from the new address.
+    published = setup_cell("https://github.com/alice/my-course")
+    assert "pip install -q git+https://github.com/alice/my-course'" in published
     for path in (tmp_path / "notebooks").glob("*.ipynb"):
         after, old = json.loads(path.read_text()), before[path.name]
-        setup = "".join(old["cells"][1]["source"])
-        assert COURSE_REPO in setup, f"{path.name}: the set-up cell is the second cell"
-        wanted = setup.replace(COURSE_REPO, "https://github.com/alice/my-course")
-        assert "".join(after["cells"][1]["source"]) == wanted, path.name
+        assert "".join(after["cells"][1]["source"]) == published, path.name
         assert [c.get("outputs") for c in after["cells"]] == [c.get("outputs") for c in old["cells"]]
+        assert [c["source"] for c in after["cells"][2:]] == [c["source"] for c in old["cells"][2:]]
+    assert course.publish(["https://github.com/bob/course"], root=tmp_path) == 0  # and again
+    notebook = json.loads(next((tmp_path / "notebooks").glob("*.ipynb")).read_text())
+    assert "".join(notebook["cells"][1]["source"]) == setup_cell("https://github.com/bob/course")
 
 
 def test_publish_refuses_what_is_not_a_github_repository_address(tmp_path, capsys):

@@ -5,12 +5,16 @@ No mystmd needed here (tests/browser/test_site.py builds the real site and crawl
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+from notebook_tools import exercise_notebook, stream
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -217,57 +221,6 @@ def test_the_theme_turns_a_myst_tree_into_html_with_page_links_and_figures():
     assert page.files == {"/abc.png"}
 
 
-# A notebook in the new exercise form (CONTRIBUTING.md "## Exercises"), with an older-form
-# "Solution" reveal in markdown too: the site must handle both.
-SOLVED = '''def f(x):
-    """Square x."""
-    ### BEGIN SOLUTION
-    y = x * x  # the instructor's square
-    return y
-    ### END SOLUTION
-'''
-TESTED = '''check("x.f", f)
-### BEGIN HIDDEN TESTS
-assert f(3) == 9  # a hidden case
-### END HIDDEN TESTS
-'''
-REVEAL = '''<details><summary>Solution</summary>
-
-```python
-### BEGIN SOLUTION
-def g():
-    return "the older form's solution"
-### END SOLUTION
-```
-</details>
-
-After the reveal.'''
-
-
-def stream(text: str) -> dict:
-    return {"output_type": "stream", "name": "stdout", "text": text}
-
-
-def exercise_notebook(metadata: bool) -> dict:
-    def cell(kind: str, source: str, outputs: list | None = None, grader: dict | None = None) -> dict:
-        made = {"cell_type": kind, "metadata": {"nbgrader": grader} if metadata and grader else {},
-                "source": source}
-        if kind == "code":
-            made |= {"outputs": outputs or [], "execution_count": 1}
-        return made
-
-    return {"metadata": {}, "cells": [
-        cell("markdown", "# 9. A notebook"),
-        cell("code", "# NBVAL_IGNORE_OUTPUT\nprint('timing')", [stream("timing 3 s\n")]),
-        cell("markdown", "### Exercise 1\n<details><summary>Hint 1: the idea</summary>Square it."
-                         "</details>"),
-        cell("code", SOLVED, [stream("the answer cell ran\n")], {"solution": True, "grade": False}),
-        cell("code", TESTED, [stream("Exercise x.f: passed\n")], {"solution": False, "grade": True,
-                                                                    "points": 2}),
-        cell("code", "answer = yours_or('x.f', f, None)", [stream("using your f\n")]),
-        cell("markdown", REVEAL)]}
-
-
 def texts(notebook: dict) -> list[str]:
     return ["".join(cell["source"]) for cell in notebook["cells"]]
 
@@ -304,7 +257,9 @@ def test_the_students_site_has_no_solution_no_hidden_test_and_no_exercise_output
     assert "Hint 1: the idea" in texts(shown)[2]
     assert not MARKERS.search(everything)
     assert [cell.get("outputs") for cell in shown["cells"]] == [
-        None, [stream("timing 3 s\n")], None, [], [], [stream("using your f\n")], None]
+        None, [stream("timing 3 s\n")], None, [], [],
+        [stream("this cell uses your f once it passes x.f; until then, the course's own version\n")],
+        None]
 
 
 def test_the_colab_links_say_they_need_the_public_address_until_the_course_has_one():
@@ -385,3 +340,86 @@ def test_the_theme_highlights_code_and_writes_contents_pager_and_search(tmp_path
                                 {"attention": "attention"})
     assert index[0] == {"url": "attention.html#one", "page": "3. Attention", "heading": "One",
                         "text": "alpha"}
+
+
+def test_the_student_site_has_no_page_for_instructors(tmp_path):
+    (tmp_path / "instructors.md").write_text("an earlier instructor's build")
+    project.write_project(ROOT, tmp_path, "alice/course", "/usr/bin/python3", course.student_notebook)
+    toc = re.findall(r"- file: (\S+)", (tmp_path / "myst.yml").read_text())
+    assert toc == ["index.md", *[f"notebooks/{path.name}" for path in NOTEBOOKS], "sources.md"]
+    assert not (tmp_path / "instructors.md").exists()
+    assert "instructors" not in (tmp_path / "index.md").read_text()
+
+
+def test_no_stored_output_on_the_student_site_says_an_empty_stub_passes(tmp_path):
+    """The instructor's run printed "using your X from here on (it passes NAME)" under every
+    `yours_or` cell; above an empty stub the student's page says what the cell will do instead."""
+    claimed = sum(len(project.YOURS_PASSED.findall(json.dumps(json.loads(path.read_text())["cells"])))
+                  for path in NOTEBOOKS)
+    assert claimed >= len(NOTEBOOKS), "the committed notebooks print which answer a cell uses"
+    project.write_project(ROOT, tmp_path, "alice/course", "/usr/bin/python3", course.student_notebook)
+    said = []
+    for path in NOTEBOOKS:
+        for cell in json.loads((tmp_path / "notebooks" / path.name).read_text())["cells"]:
+            for output in cell.get("outputs", []):
+                text = json.dumps(output)
+                assert "using your" not in text and "(it passes" not in text, (path.name, text)
+                said += re.findall(r"this cell uses your \w+ once it passes [\w.]+", text)
+    assert len(said) == claimed
+
+
+def test_a_solution_marker_in_markdown_stops_the_student_site_naming_the_cell():
+    notebook = exercise_notebook(metadata=True)
+    notebook["cells"][2]["source"] += "\n\n### BEGIN HIDDEN TESTS\nassert f(2) == 4\n### END HIDDEN TESTS"
+    with pytest.raises(ValueError, match="cell 2, a markdown cell starting '### Exercise 1.*"
+                                         "'### BEGIN HIDDEN TESTS'"):
+        project.site_notebook(notebook, project.colab_url("alice/course", "09_x.ipynb"),
+                              course.student_notebook)
+
+
+@pytest.mark.parametrize("latex, shown", [
+    (r"\sqrt{d_k}", "√d_k"), (r"\frac{QK^\top}{\sqrt{d_k}}", "QKᵀ/(√d_k)"),
+    (r"\mathrm{softmax}(x)_i", "softmax(x)_i"), (r"-\infty", "-∞"), (r"\tfrac{1}{2}", "1/2"),
+    (r"\left(a\right) \cdot b", "(a) · b"), (r"\alpha\,\beta", "α β"), (r"K^{\top}", "Kᵀ"),
+])
+def test_maths_in_the_search_index_is_plain_text(latex, shown):
+    assert render.plain_maths(latex) == shown
+    tree = {"type": "root", "children": [heading(2, "s", "Scores"), {"type": "paragraph", "children": [
+        {"type": "text", "value": "divide by "}, {"type": "inlineMath", "value": latex}]}]}
+    (section,) = render.sections(tree)
+    assert section["text"] == f"divide by {shown}" and "\\" not in section["text"]
+    in_a_hint = {"type": "root", "children": [{"type": "details", "children": [
+        {"type": "span", "class": "math-inline", "children": [{"type": "text", "value": latex}]}]}]}
+    assert render.sections(in_a_hint)[0]["text"] == shown  # mystmd's maths inside raw HTML
+    assert render.Page(set(), "index").node(in_a_hint) == (
+        f'<details><span class="math-plain">{html.escape(shown)}</span></details>')  # on the page too
+
+
+def rank(records: list[dict], query: str) -> list[dict]:
+    """The site's search (render.SEARCH_RANKING, JavaScript) run in Node on `records`."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js runs the site's search script")
+    script = (render.SEARCH_RANKING + f"\nconsole.log(JSON.stringify(courseSearch({json.dumps(records)}, "
+              f"{json.dumps(query)})));")
+    ran = subprocess.run([node, "-e", script], capture_output=True, text=True, check=True, timeout=60)
+    return json.loads(ran.stdout)
+
+
+def test_the_search_ranks_the_page_where_the_word_stands_before_the_home_table():
+    records = [
+        {"url": "index.html", "page": "Home", "heading": "", "listing": True,
+         "text": "3 Attention: compute attention by hand, the softmax saturation demo"},
+        {"url": "tokens.html#bpe", "page": "1. Tokens", "heading": "BPE", "text": "merges and merges"},
+        {"url": "attention.html#weights", "page": "3. Attention", "heading": "Weights",
+         "text": "the softmax turns scores into weights"},
+        {"url": "attention.html#overflow", "page": "3. Attention", "heading": "Softmax overflow",
+         "text": "a softmax of large logits overflows; subtract the row's max before the softmax"},
+    ]
+    hits = rank(records, "softmax")
+    assert [hit["url"] for hit in hits] == ["attention.html#overflow", "attention.html#weights",
+                                            "index.html"]
+    assert hits[0]["title"] == "3. Attention › Softmax overflow"
+    assert hits[0]["snippet"].startswith("a softmax of large logits")
+    assert [hit["url"] for hit in rank(records, "Softmax ROW")] == ["attention.html#overflow"]
+    assert rank(records, "xqzjw") == [] and rank(records, "  ") == []

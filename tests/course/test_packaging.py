@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.lab.environment import COURSE_REPO
+from helpers.lab.setup_cell import COURSE_REPO
 
 # tomllib is in the standard library from Python 3.11 (the CI Python) on.
 tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+")

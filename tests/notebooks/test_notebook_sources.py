@@ -12,7 +12,7 @@ from notebook_tools import NOTEBOOKS, ROOT, SOURCES, notebook_paths, read
 sys.path.insert(0, str(ROOT / "tools"))
 from build_notebooks import to_notebook  # noqa: E402
 
-from helpers.lab.environment import SETUP_CELL  # noqa: E402
+from helpers.lab.setup_cell import SETUP_CELL  # noqa: E402
 
 NOTEBOOK_IDS = [p.stem for p in notebook_paths()]
 
@@ -110,6 +110,12 @@ def test_the_build_marks_answer_and_test_cells_for_nbgrader(tmp_path):
     (lambda s: s + "\n# %%\ncheck(\"attention.scaled_attention\", double)\n", "has no answer cell"),
     (lambda s: s.replace("# # A title", "# # A title\n# <details><summary>Solution</summary>x</details>"),
      "'Solution' reveal"),
+    (lambda s: s.replace("# # A title", "# # A title\n#\n# ### BEGIN SOLUTION\n# x = 1\n# ### END SOLUTION"),
+     r"cell 0 \(id 99-000\), a markdown cell starting '# A title.*holds '### BEGIN SOLUTION'"),
+    (lambda s: s.replace("# # A title", "# # A title\n#\n# ### BEGIN HIDDEN TESTS"),
+     "a markdown cell .* holds '### BEGIN HIDDEN TESTS', which belongs in a graded test code cell"),
+    (lambda s: s + "\n# %%\nx = 1\n### BEGIN HIDDEN TESTS\nassert x\n### END HIDDEN TESTS\n",
+     "a code cell starting 'x = 1'.* belongs in a graded test code cell only"),
 ])
 def test_the_build_refuses_a_malformed_exercise(tmp_path, change, message):
     with pytest.raises(ValueError, match=message):

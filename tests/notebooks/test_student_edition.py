@@ -1,9 +1,12 @@
 """`python3 course.py student [DIR]`: a folder to hand out, with nbgrader's markers honoured.
 
 The folder holds the student notebooks, the `helpers` package and the data they import, the
-files that install them, and a README with one command; no instructor's notebook, no notebook
-source, no solution anywhere in it. (Each student notebook running top to bottom, every exercise
-"not attempted", is tests/notebooks/test_exercises.py's.)
+files that install them, and a README with one command that says what each of them is; no
+instructor's notebook, no notebook source, no notebook's solution in it. Written again on the same
+folder, it loses nothing of the students' (their answers, their own files, `.venv`, `.git`) and
+says what it kept. An nbgrader marker outside an answer or test cell stops it, naming the cell.
+(Each student notebook running top to bottom, every exercise "not attempted", is
+tests/notebooks/test_exercises.py's.)
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import importlib.util
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import nbformat
@@ -161,8 +165,169 @@ def test_the_edition_never_overwrites_the_course(where, capsys):
     assert "folder of its own" in capsys.readouterr().out
 
 
-def test_the_edition_never_empties_a_folder_of_other_files(tmp_path, capsys):
+def test_the_edition_never_writes_into_a_folder_of_other_files_unasked(tmp_path, capsys):
     (tmp_path / "thesis.tex").write_text("mine")
+    (tmp_path / "notebooks").mkdir()  # a folder of the user's own that merely has notebooks/
+    (tmp_path / "notebooks" / "mine.ipynb").write_text("{}")
     assert course.main(["student", str(tmp_path)]) == 2
-    assert (tmp_path / "thesis.tex").read_text() == "mine"
-    assert "holds other files" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["mine.ipynb", "notebooks", "thesis.tex"]
+    said = capsys.readouterr().out
+    assert "did not write" in said and "--force" in said
+
+
+# A course of one notebook, small enough to write an edition of, change and write again.
+def notebook_json(answer: str, markdown: str = "# 1. Tiny") -> str:
+    cells = [{"cell_type": "markdown", "id": "a", "metadata": {}, "source": markdown},
+             {"cell_type": "code", "id": "b", "metadata": {"nbgrader": {"solution": True, "grade": False}},
+              "execution_count": 1, "outputs": [],
+              "source": f"def f(x):\n    ### BEGIN SOLUTION\n    return {answer}\n    ### END SOLUTION\n"}]
+    return json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+
+
+@pytest.fixture
+def tiny_course(tmp_path) -> Path:
+    root = tmp_path / "course"
+    for name, text in {"helpers/__init__.py": "", "helpers/old.py": "OLD = 1\n",
+                       "helpers/mine_later.py": "X = 1\n", "data/corpus.txt": "text\n",
+                       "pyproject.toml": "", "constraints.txt": "", "course.py": "",
+                       "notebooks/01_tiny.ipynb": notebook_json("x * x"),
+                       "notebooks/src/01_tiny.py": ""}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def edition_of(root: Path, target: Path, *flags: str) -> int:
+    return course.student([*flags, str(target)], root=root)
+
+
+def test_a_refresh_keeps_every_file_of_the_students_and_updates_the_rest(tiny_course, tmp_path, capsys):
+    target = tmp_path / "handout"
+    assert edition_of(tiny_course, target) == 0
+    written = json.loads((target / course.MANIFEST).read_text())["files"]
+    assert "notebooks/01_tiny.ipynb" in written and "README.md" in written
+    # The students work: answers in the notebook, files of their own, a .venv, a git repository.
+    theirs = {"notebooks/01_tiny.ipynb": "my answers", "notebooks/scratch.ipynb": "mine",
+              ".venv/bin/python": "venv", ".git/HEAD": "ref: refs/heads/main",
+              "helpers/mine_later.py": "X = 2  # my change\n"}
+    for name, text in theirs.items():
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        (target / name).write_text(text)
+    # The course changes: a new notebook, a module gone, two more gone (one the students changed).
+    (tiny_course / "notebooks" / "02_more.ipynb").write_text(notebook_json("x + 1"))
+    (tiny_course / "helpers" / "old.py").unlink()
+    (tiny_course / "helpers" / "mine_later.py").unlink()
+    (tiny_course / "data" / "corpus.txt").write_text("new text\n")
+    capsys.readouterr()
+    assert edition_of(tiny_course, target) == 0
+    said = capsys.readouterr().out
+    for name, text in theirs.items():
+        assert (target / name).read_text() == text, f"{name} was lost"
+    assert (target / "notebooks" / "02_more.ipynb").is_file()
+    assert (target / "data" / "corpus.txt").read_text() == "new text\n"  # unchanged since written
+    assert not (target / "helpers" / "old.py").exists()  # written, never changed, gone from the course
+    assert "notebooks/01_tiny.ipynb" in said and "helpers/mine_later.py" in said
+    assert f"python3 course.py student --force {target}" in said
+    # Run again: still kept, still reported, since the list remembers what was written there.
+    assert edition_of(tiny_course, target) == 0
+    assert (target / "notebooks" / "01_tiny.ipynb").read_text() == "my answers"
+    assert "notebooks/01_tiny.ipynb" in capsys.readouterr().out
+
+
+def test_force_replaces_a_changed_file_keeping_the_students_version_beside_it(tiny_course, tmp_path, capsys):
+    target = tmp_path / "handout"
+    edition_of(tiny_course, target)
+    notebook = target / "notebooks" / "01_tiny.ipynb"
+    for attempt in ("first answers", "second answers"):
+        notebook.write_text(attempt)
+        assert edition_of(tiny_course, target, "--force") == 0
+        assert "raise NotImplementedError()" in notebook.read_text()
+    kept = sorted(p.name for p in notebook.parent.glob("01_tiny.before-refresh*"))
+    assert kept == ["01_tiny.before-refresh-2.ipynb", "01_tiny.before-refresh.ipynb"]
+    assert (notebook.parent / "01_tiny.before-refresh.ipynb").read_text() == "first answers"
+    assert (notebook.parent / "01_tiny.before-refresh-2.ipynb").read_text() == "second answers"
+    assert "01_tiny.before-refresh-2.ipynb" in capsys.readouterr().out
+
+
+def test_force_writes_into_an_older_edition_without_its_list_and_loses_nothing(tiny_course, tmp_path):
+    target = tmp_path / "handout"
+    edition_of(tiny_course, target)
+    (target / course.MANIFEST).unlink()  # as an edition written before the list existed
+    (target / "notebooks" / "01_tiny.ipynb").write_text("my answers")
+    (target / "notes.md").write_text("mine")
+    assert edition_of(tiny_course, target) == 2
+    assert edition_of(tiny_course, target, "--force") == 0
+    assert (target / "notes.md").read_text() == "mine"
+    assert (target / "notebooks" / "01_tiny.before-refresh.ipynb").read_text() == "my answers"
+    assert (target / course.MANIFEST).is_file()
+
+
+def test_an_edition_kept_in_git_can_be_refreshed(tiny_course, tmp_path):
+    target = tmp_path / "handout"
+    edition_of(tiny_course, target)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(target)]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "edition 1"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    (tiny_course / "notebooks" / "01_tiny.ipynb").write_text(notebook_json("x * x", "# 1. Tiny, fixed"))
+    assert edition_of(tiny_course, target) == 0
+    status = subprocess.run([*git, "status", "--short"], capture_output=True, text=True, check=True).stdout
+    changed = sorted(line.split()[-1] for line in status.splitlines())
+    assert changed == [course.MANIFEST, "notebooks/01_tiny.ipynb"]  # the changed notebook, its hash
+    assert "Tiny, fixed" in (target / "notebooks" / "01_tiny.ipynb").read_text()
+
+
+def test_a_hand_edited_list_is_refused_and_cannot_reach_outside_the_folder(tiny_course, tmp_path, capsys):
+    target = tmp_path / "handout"
+    edition_of(tiny_course, target)
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep")
+    listed = json.loads((target / course.MANIFEST).read_text())
+    listed["files"]["../precious.txt"] = course.digest(b"keep")
+    (target / course.MANIFEST).write_text(json.dumps(listed))
+    assert edition_of(tiny_course, target) == 0
+    assert outside.read_text() == "keep"
+    (target / course.MANIFEST).write_text("not json")
+    assert edition_of(tiny_course, target) == 2
+    assert "is not the list" in capsys.readouterr().out
+
+
+def test_a_solution_marker_in_markdown_stops_the_edition_naming_the_cell(tiny_course, tmp_path, capsys):
+    leaking = notebook_json("x * x", "# 1. Tiny\n\n```python\n### BEGIN SOLUTION\nsecret = 1\n"
+                                     "### END SOLUTION\n```")
+    (tiny_course / "notebooks" / "01_tiny.ipynb").write_text(leaking)
+    assert edition_of(tiny_course, tmp_path / "handout") == 1
+    said = capsys.readouterr().out
+    assert "notebooks/01_tiny.ipynb: cell 0 (id a), a markdown cell" in said
+    assert "'### BEGIN SOLUTION'" in said
+    assert not (tmp_path / "handout").exists()
+
+
+@pytest.mark.parametrize("cell, where", [
+    ({"cell_type": "markdown", "metadata": {}, "source": "Text\n### END SOLUTION"}, "a markdown cell"),
+    ({"cell_type": "code", "metadata": {}, "source": "x = 1\n### BEGIN HIDDEN TESTS\n### END HIDDEN TESTS"},
+     "a code cell"),
+    ({"cell_type": "code", "metadata": {"nbgrader": {"solution": True}},
+      "source": "### BEGIN HIDDEN TESTS\n### END HIDDEN TESTS"}, "a code cell"),
+])
+def test_student_notebook_refuses_a_marker_outside_its_cell(cell, where):
+    graded = {"cell_type": "code", "metadata": {"nbgrader": {"grade": True}}, "source": "check('x.f', f)"}
+    with pytest.raises(ValueError, match=f"cell 1, {where} starting .* which belongs in"):
+        course.student_notebook({"cells": [graded, cell], "metadata": {}})
+
+
+def test_a_notebook_without_nbgraders_metadata_is_blanked_by_its_markers_alone():
+    notebook = {"cells": [{"cell_type": "code", "metadata": {}, "source": SOLVED, "outputs": []},
+                          {"cell_type": "code", "metadata": {}, "source": TESTED, "outputs": []}],
+                "metadata": {}}
+    cells = course.student_notebook(notebook)["cells"]
+    assert "raise NotImplementedError()" in cells[0]["source"] and "assert" not in cells[1]["source"]
+
+
+def test_the_readme_says_what_each_thing_in_the_folder_is(edition):
+    readme = (edition / "README.md").read_text(encoding="utf-8")
+    for entry in edition.iterdir():
+        if entry.name != "README.md":
+            assert f"`{entry.name}{'/' if entry.is_dir() else ''}`" in readme, entry.name
+    assert "No solution is anywhere" not in readme  # helpers/ holds the course's own versions
+    assert "does not accept it as an answer" in readme
+    assert "%pip install -e .." in readme and "## In another Jupyter" in readme

@@ -1,14 +1,17 @@
 """The course website's MyST project, written from the repository by `python3 course.py site`.
 
 `write_project(root, target)` writes into `target`: `myst.yml` (the table of contents: the landing
-page, every notebook, the sources, the instructors' page), the three Markdown pages, and a copy of
+page, every notebook, the sources, and in the instructor's edition the instructors' page), those
+Markdown pages, and a copy of
 every committed notebook with its stored outputs, a Colab link under its title, and each widget's
 output replaced by a note (the static figure the notebook draws before every widget is the
 widget's fallback, see CONTRIBUTING.md). Nothing is executed. Standard library only.
 
 Two editions. The instructor's shows each exercise's solution as plain code; the student's
 (`course.py site --student`) blanks it as `course.student_notebook` does, drops hidden tests and
-the outputs of answer and test cells, and keeps every other stored output. Neither shows the
+the outputs of answer and test cells, keeps every other stored output (where a cell runs on the
+student's answer once it passes, its line says so instead of "using your X"), and has no page
+for instructors. Neither shows the
 test markers (`# NBVAL_*`, nbgrader's `### BEGIN/END SOLUTION` and `### BEGIN/END HIDDEN TESTS`)
 as page text. Robust to the older form too, where a solution sat in a markdown "Solution" reveal.
 
@@ -39,6 +42,10 @@ WIDGET_NOTE = ('<p class="widget-note">An interactive widget goes here: run the 
 MARKER_LINE = re.compile(r"^[ \t]*(?:#[ \t]*NBVAL_\w+|### (?:BEGIN|END) (?:SOLUTION|HIDDEN TESTS))\b.*(?:\n|$)",
                          re.M)
 CHECK_CALL = re.compile(r"^check\(", re.M)
+# A cell that runs on the student's answer once it passes, else on the course's version, and what
+# the instructor's run (every answer written) printed there.
+YOURS_OR = re.compile(r"\byours_or\(")
+YOURS_PASSED = re.compile(r"using your (\w+) from here on \(it passes ([\w.]+)\)")
 # The older form's solution: a markdown reveal, `<details><summary>Solution</summary>...</details>`.
 SOLUTION_REVEAL = re.compile(r"<details>\s*<summary>\s*Solution\s*</summary>.*?</details>[ \t]*\n?",
                              re.S | re.I)
@@ -151,16 +158,34 @@ def without_markers(source: str) -> str:
     return MARKER_LINE.sub("", source)
 
 
+def as_student_sees_it(output: dict) -> dict:
+    """A stored output of a cell that calls `yours_or(...)`, as it reads above an empty stub: the
+    instructor's run says "using your X from here on (it passes NAME)", which a student's page
+    must not claim; it says instead that the cell uses their X once it passes."""
+    if output.get("output_type") != "stream":
+        return output
+    text = "".join(output["text"]) if isinstance(output["text"], list) else output["text"]
+    return {**output, "text": YOURS_PASSED.sub(
+        r"this cell uses your \1 once it passes \2; until then, the course's own version", text)}
+
+
 def student_edition(notebook: dict, student_notebook: Callable[[dict], dict]) -> dict:
     """`student_notebook(notebook)` (solutions blanked, hidden tests gone, outputs cleared), with
-    the stored outputs of every cell but the answer and test cells put back; no Solution reveal."""
+    the stored outputs of every cell but the answer and test cells put back, those of the cells
+    that choose between the student's answer and the course's version as a student's run would
+    say it (see `as_student_sees_it`); no Solution reveal (the older form, removed before
+    `student_notebook`, which refuses a solution marker in markdown)."""
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "markdown":
+            cell["source"] = SOLUTION_REVEAL.sub("", source_text(cell))
     original = copy.deepcopy(notebook["cells"])
     blanked = student_notebook(notebook)
     for before, after in zip(original, blanked["cells"], strict=True):  # one for one
-        if after["cell_type"] == "markdown":
-            after["source"] = SOLUTION_REVEAL.sub("", source_text(after))
-        elif after["cell_type"] == "code" and not is_exercise_cell(before):
-            after["outputs"] = before.get("outputs", [])
+        if after["cell_type"] == "code" and not is_exercise_cell(before):
+            outputs = before.get("outputs", [])
+            if YOURS_OR.search(source_text(before)):
+                outputs = [as_student_sees_it(output) for output in outputs]
+            after["outputs"] = outputs
             after["execution_count"] = before.get("execution_count")
     return blanked
 
@@ -242,8 +267,14 @@ def instructors_page(root: Path, names: list[str], notebooks: dict[str, dict]) -
         "own: the student notebooks in `DIR/notebooks`, the `helpers` package and the data they "
         "import, the files that install them, `course.py` and a README with one command. In an "
         "answer cell the code between nbgrader's solution markers becomes `# YOUR CODE HERE` and `raise NotImplementedError()`, hidden tests go and every "
-        "output is cleared; the hints stay. No full notebook, no notebook source and no solution "
-        "is in the folder: zip it or push it to a repository of its own.", "",
+        "output is cleared; the hints stay. No full notebook and no notebook source is in the "
+        "folder, but `helpers/` is the course's own library, which holds the course's version of "
+        "many exercises' ideas: the folder's README says so, and that the grader does not accept "
+        "an answer that calls it. Zip the folder or push it to a repository of its own. Run the "
+        "command again on the same folder to refresh it: only files it wrote and nobody changed "
+        "since are replaced (`.course-edition.json` lists them); the students' files, `.venv` "
+        "and `.git` stay, and a changed file is kept and listed (`--force` replaces it, keeping "
+        "the student's version beside it).", "",
         "The students open it with `python3 course.py lab` inside the folder (you can try it "
         "from the course with `python3 course.py lab DIR`). Each exercise's check says \"not "
         "attempted\" until it is solved, and the cells after it use the course's own version "
@@ -286,8 +317,11 @@ def write_project(root: Path, target: Path, repo_slug: str, python: str,
     notebooks = {}
     for path in paths:
         notebooks[path.name] = json.loads(path.read_text(encoding="utf-8"))
-        shown = site_notebook(json.loads(path.read_text(encoding="utf-8")),
-                              colab_url(repo_slug, path.name), student_notebook)
+        try:
+            shown = site_notebook(json.loads(path.read_text(encoding="utf-8")),
+                                  colab_url(repo_slug, path.name), student_notebook)
+        except ValueError as error:
+            raise ValueError(f"notebooks/{path.name}: {error}") from None
         (target / "notebooks" / path.name).write_text(json.dumps(shown, indent=1), "utf-8")
     title = readme.splitlines()[0].lstrip("# ").strip()
     opening = readme.split("\n## ", 1)[0].split("\n", 1)[1].strip()
@@ -298,19 +332,24 @@ def write_project(root: Path, target: Path, repo_slug: str, python: str,
         caveat = ("This is the student edition: the exercises are yours to write. Open the "
                   "notebooks from the folder your instructor handed out (`python3 course.py lab` "
                   "inside it).")
+    pages = ["sources.md"] if student_notebook is not None else ["sources.md", "instructors.md"]
+    see_also = ("See also [the sources](sources.md)." if student_notebook is not None else
+                "See also [the sources](sources.md) and [the page for instructors](instructors.md).")
     (target / "index.md").write_text("\n\n".join([
-        f"# {title}", opening, "## The notebooks", table,
-        *([caveat] if caveat else []), "See also [the sources](sources.md) and [the page for instructors](instructors.md)."]),
+        f"# {title}", opening, "## The notebooks", table, *([caveat] if caveat else []), see_also]),
         "utf-8")
     sources = readme_section(readme, "Sources")
     (target / "sources.md").write_text(f"# Sources\n\n{sources}\n\n{citations(root, sources)}\n",
                                        "utf-8")
-    (target / "instructors.md").write_text(instructors_page(root, list(notebooks), notebooks),
-                                           "utf-8")
-    toc = "\n".join(f"    - file: notebooks/{name}" for name in notebooks)
+    if "instructors.md" in pages:  # the student site has no page for instructors
+        (target / "instructors.md").write_text(instructors_page(root, list(notebooks), notebooks),
+                                               "utf-8")
+    else:
+        (target / "instructors.md").unlink(missing_ok=True)  # an earlier instructor's build's
+    toc = "\n".join(f"    - file: {name}" for name in
+                    ["index.md", *(f"notebooks/{name}" for name in notebooks), *pages])
     (target / "myst.yml").write_text(
-        f"version: 1\nproject:\n  title: {json.dumps(title)}\n  toc:\n    - file: index.md\n"
-        f"{toc}\n    - file: sources.md\n    - file: instructors.md\n"
+        f"version: 1\nproject:\n  title: {json.dumps(title)}\n  toc:\n{toc}\n"
         "site:\n  template: ./theme\n", "utf-8")
     edition = "student" if student_notebook is not None else "instructor"
     (target / "edition.json").write_text(json.dumps({"edition": edition}), "utf-8")

@@ -17,7 +17,8 @@ arrives as KaTeX's HTML with MathML inside; with no KaTeX style sheet to hand, t
 MathML, which browsers draw.
 
 The search works offline, from disk too: `search.js` holds an index written here (each section's
-heading and text) as a script, not JSON, since a page opened as a file may not fetch() another.
+heading and text, its maths as plain text) as a script, not JSON, since a page opened as a file
+may not fetch() another; SEARCH_RANKING lists the sections where the words stand first.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 import sys
 import urllib.request
 from pathlib import Path
@@ -65,24 +67,49 @@ a.colab { display: inline-block; background: #f9ab00; color: #000; padding: .2re
           border-radius: 4px; text-decoration: none; font-weight: 600; }
 p.widget-note { font-style: italic; color: #57606a; }
 """
+# The search, a pure function (tests/course/test_course_site.py runs it in Node): every section
+# whose page title, heading or text holds every word typed, best first. A word in the heading
+# counts most, then in the page's title, then each time it stands in the text (up to 5); the
+# landing page, which names every notebook in its table, counts half, so that the page where
+# the word stands comes first. The snippet is the text around the first word found in it.
+SEARCH_RANKING = """
+function courseSearch(records, query) {
+  const words = query.toLowerCase().split(/\\s+/).filter(Boolean);
+  if (!words.length) return [];
+  const count = (text, word) => text.split(word).length - 1;
+  const hits = [];
+  records.forEach((r, order) => {
+    const heading = r.heading.toLowerCase(), page = r.page.toLowerCase(), text = r.text.toLowerCase();
+    if (!words.every(w => heading.includes(w) || page.includes(w) || text.includes(w))) return;
+    let score = 0;
+    for (const w of words) {
+      score += (heading.includes(w) ? 6 : 0) + (page.includes(w) ? 2 : 0) + Math.min(count(text, w), 5);
+    }
+    if (r.listing) score /= 2;
+    const first = words.map(w => text.indexOf(w)).filter(i => i >= 0);
+    const at = first.length ? Math.max(Math.min(...first) - 40, 0) : 0;
+    hits.push({url: r.url, title: r.page + (r.heading ? ' \\u203a ' + r.heading : ''), score, order,
+               snippet: (at ? '\\u2026' : '') + r.text.slice(at, at + 120)});
+  });
+  return hits.sort((a, b) => b.score - a.score || a.order - b.order);
+}
+"""
 # The search box: loads search.js on first use (a script tag works from disk), then lists the
-# sections whose heading or text holds every word typed.
-SEARCH_SCRIPT = """
+# hits of courseSearch.
+SEARCH_SCRIPT = SEARCH_RANKING + """
 (function () {
   const box = document.getElementById('search'), list = document.getElementById('search-results');
   let loading = false;
   function show() {
-    const words = box.value.toLowerCase().split(/\\s+/).filter(Boolean);
     list.replaceChildren();
-    if (!words.length || !window.COURSE_SEARCH) return;
-    const hits = window.COURSE_SEARCH.filter(r => words.every(w => r.low.includes(w)));
+    if (!box.value.trim() || !window.COURSE_SEARCH) return;
+    const hits = courseSearch(window.COURSE_SEARCH, box.value);
     for (const hit of hits.slice(0, 30)) {
       const item = document.createElement('li'), link = document.createElement('a');
       link.href = hit.url;
-      link.textContent = hit.page + (hit.heading ? ' \u203a ' + hit.heading : '');
-      const at = Math.max(hit.text.toLowerCase().indexOf(words[0]) - 40, 0);
+      link.textContent = hit.title;
       const note = document.createElement('small');
-      note.textContent = (at ? '\u2026' : '') + hit.text.slice(at, at + 120);
+      note.textContent = hit.snippet;
       item.append(link, note);
       list.append(item);
     }
@@ -93,10 +120,7 @@ SEARCH_SCRIPT = """
     loading = true;
     const script = document.createElement('script');
     script.src = 'search.js';
-    script.onload = () => {
-      for (const r of window.COURSE_SEARCH) r.low = (r.page + ' ' + r.heading + ' ' + r.text).toLowerCase();
-      show();
-    };
+    script.onload = show;
     document.head.append(script);
   }
   box.addEventListener('focus', load);
@@ -118,9 +142,91 @@ def highlighted(code: str, lang: str) -> str:
     return html.escape(code)
 
 
+# LaTeX as a reader would type it: the search index holds plain text, never `\sqrt{d_k}`.
+MATH_SYMBOLS = {
+    "top": "\u1d40", "infty": "\u221e", "ell": "\u2113", "times": "\u00d7", "cdot": "\u00b7",
+    "partial": "\u2202", "sum": "\u03a3", "prod": "\u03a0", "circ": "\u2218", "leftarrow": "\u2190",
+    "rightarrow": "\u2192", "to": "\u2192", "le": "\u2264", "leq": "\u2264", "ge": "\u2265",
+    "geq": "\u2265", "ne": "\u2260", "neq": "\u2260", "approx": "\u2248", "in": "\u2208",
+    "cup": "\u222a", "cap": "\u2229", "lceil": "\u2308", "rceil": "\u2309", "lfloor": "\u230a",
+    "rfloor": "\u230b", "odot": "\u2299", "otimes": "\u2297", "sqrt": "\u221a", "pm": "\u00b1",
+    "log": "log", "exp": "exp", "max": "max", "min": "min", "cos": "cos", "sin": "sin",
+    "alpha": "\u03b1", "beta": "\u03b2", "gamma": "\u03b3", "delta": "\u03b4", "epsilon": "\u03b5",
+    "varepsilon": "\u03b5", "eta": "\u03b7", "theta": "\u03b8", "lambda": "\u03bb", "mu": "\u03bc",
+    "pi": "\u03c0", "sigma": "\u03c3", "tau": "\u03c4", "phi": "\u03c6", "omega": "\u03c9",
+    "Theta": "\u0398", "Sigma": "\u03a3", "Delta": "\u0394", "Omega": "\u03a9",
+}
+MATH_GROUP_COMMANDS = {"text", "mathrm", "mathbf", "mathit", "operatorname", "mathrel", "mathbb",
+                       "tilde", "hat", "bar", "vec", "boldsymbol"}
+MATH_SPACES = {"quad", "qquad", ",", ";", ":", "!", " ", "\\"}
+
+
+def _group(latex: str, at: int) -> tuple[str, int]:
+    """The braced group (or single character) starting at `at` (after spaces), and where it ends."""
+    while at < len(latex) and latex[at] == " ":
+        at += 1
+    if at >= len(latex):
+        return "", at
+    if latex[at] != "{":
+        return latex[at], at + 1
+    depth, start = 0, at
+    for at in range(start, len(latex)):
+        depth += {"{": 1, "}": -1}.get(latex[at], 0)
+        if depth == 0:
+            return latex[start + 1:at], at + 1
+    return latex[start + 1:], len(latex)
+
+
+def _bracketed(text: str) -> str:
+    return text if re.fullmatch(r"[\w.]+", text) else f"({text})"
+
+
+def plain_maths(latex: str) -> str:
+    """`latex` as plain text: `\\frac{a}{b}` -> a/b, `\\sqrt{d_k}` -> \u221ad_k, `K^\\top` -> K\u1d40, no braces."""
+    out, at = [], 0
+    while at < len(latex):
+        char = latex[at]
+        if char == "\\":
+            name = re.match(r"[A-Za-z]+|.", latex[at + 1:] or " ").group(0)
+            at += 1 + len(name)
+            if name in ("frac", "tfrac", "dfrac"):
+                top, at = _group(latex, at)
+                bottom, at = _group(latex, at)
+                out.append(f"{_bracketed(plain_maths(top))}/{_bracketed(plain_maths(bottom))}")
+            elif name == "sqrt":
+                inside, at = _group(latex, at)
+                out.append("\u221a" + _bracketed(plain_maths(inside)))
+            elif name in MATH_GROUP_COMMANDS:
+                inside, at = _group(latex, at)
+                out.append(plain_maths(inside))
+            elif name in MATH_SPACES:
+                out.append(" ")
+            elif name not in ("left", "right"):
+                out.append(MATH_SYMBOLS.get(name, name))
+        elif char in "{}":
+            at += 1
+        elif char == "^" and re.match(r"\^\s*\{?\s*\\top\b\s*\}?", latex[at:]):
+            at += re.match(r"\^\s*\{?\s*\\top\b\s*\}?", latex[at:]).end()
+            out.append("\u1d40")
+        else:
+            out.append(char)
+            at += 1
+    return " ".join("".join(out).split())
+
+
+def is_maths(node: dict) -> bool:
+    """A formula: mystmd's maths node, or (inside raw HTML such as a hint's <details>) a span of
+    class math-inline / math-display holding the LaTeX as text."""
+    return node["type"] in ("inlineMath", "math") or (
+        node["type"] == "span" and "math" in str(node.get("class", "")))
+
+
 def plain(node: dict) -> str:
     """The text a node shows, without markup (headings in the contents, the search index)."""
-    if "value" in node and node["type"] in ("text", "inlineCode", "code", "inlineMath", "math"):
+    if is_maths(node):
+        return plain_maths(node.get("value") or "".join(child.get("value", "") for child in
+                                                        node.get("children", [])))
+    if "value" in node and node["type"] in ("text", "inlineCode", "code"):
         return node["value"]
     return "".join(plain(child) for child in node.get("children", []))
 
@@ -133,8 +239,8 @@ def sections(tree: dict) -> list[dict]:
         kind = node["type"]
         if kind == "heading":
             found.append({"heading": plain(node), "anchor": node.get("identifier", ""), "text": []})
-        elif kind in ("text", "inlineCode", "code", "inlineMath"):
-            found[-1]["text"].append(node["value"])
+        elif kind in ("text", "inlineCode", "code") or is_maths(node):
+            found[-1]["text"].append(plain(node))
         elif kind != "output":  # outputs are numbers and figures: not what a reader looks for
             for child in node.get("children", []):
                 walk(child)
@@ -174,6 +280,8 @@ class Page:
         if kind in ("inlineMath", "math"):
             rendered = node.get("html") or html.escape(node["value"])
             return f'<div class="math">{rendered}</div>' if kind == "math" else rendered
+        if is_maths(node):  # maths inside raw HTML (a hint's <details>): mystmd leaves it LaTeX
+            return f'<span class="math-plain">{html.escape(plain(node))}</span>'
         if kind == "heading":
             depth, ident = node.get("depth", 2), node.get("identifier", "")
             return f'<h{depth} id="{html.escape(ident)}">{inner()}</h{depth}>'
@@ -305,14 +413,16 @@ def write_page(out: Path, name: str, title: str, body: str, nav: list[tuple[str,
 
 
 def search_index(documents: dict[str, dict], names: dict[str, str]) -> list[dict]:
-    """One record per section of every page: where it is (url), its page, heading and text."""
+    """One record per section of every page: where it is (url), its page, heading and text (plain,
+    maths included); the landing page's records are marked `listing` (see SEARCH_RANKING)."""
     records = []
     for slug, document in documents.items():
         page = document["frontmatter"].get("title", slug)
         for section in sections(document["mdast"]):
             anchor = f"#{section['anchor']}" if section["anchor"] else ""
-            records.append({"url": f"{names[slug]}.html{anchor}", "page": page,
-                            "heading": section["heading"], "text": section["text"]})
+            record = {"url": f"{names[slug]}.html{anchor}", "page": page,
+                      "heading": section["heading"], "text": section["text"]}
+            records.append(record | ({"listing": True} if names[slug] == "index" else {}))
     return records
 
 
