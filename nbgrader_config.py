@@ -11,6 +11,7 @@ own (export COURSE_HIDDEN_SEED=...) so that no student can know the hidden input
 """
 
 import os
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -25,3 +26,11 @@ c.CourseDirectory.course_id = "transformer-course"
 # 180 s leaves room for a slow grading machine. A cell past it is interrupted and graded as failed.
 c.Execute.timeout = 180
 c.Execute.interrupt_on_timeout = True
+# A submission whose kernel dies is graded (the checks that ran before the death), not dropped.
+sys.path.insert(0, str(HERE / "tools"))
+from nbgrader.converters.autograde import Autograde  # noqa: E402 - after the path above
+from nbgrader.preprocessors import Execute  # noqa: E402
+from nbgrader_execute import SurvivingExecute  # noqa: E402
+
+c.Autograde.autograde_preprocessors = [SurvivingExecute if step is Execute else step
+                                       for step in Autograde.class_traits()["autograde_preprocessors"].default()]

@@ -27,7 +27,7 @@ RANKS = {
     "families": 4, "scale": 4, "post": 4, "serve": 4,
     "lab": 5,
 }
-MAX_LINES = 400
+MAX_LINES = 600  # a module holds one idea; past this it is looked at, not squeezed to fit
 
 
 def module_name(path: Path) -> str:
