@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, reseed, seeded
+from helpers.lab.exercises.watch import TensorLog
 from helpers.model import embeddings as reference
 
 # Every way of reading rows of a tensor by their index: the first exercise must do without them.
@@ -181,6 +182,16 @@ def sinusoidal_table(student: Callable[..., Tensor]) -> str:
         _diagnose_sinusoids(got, n_positions, d_model, base)
         expect_close(got.float(), expected, f"the table for n_positions={n_positions}, "
                      f"d_model={d_model}, base={base:g}", atol=1e-5)
+    with TensorLog() as few:
+        student(8, 16, 10000.0)
+    with TensorLog() as many:
+        student(64, 16, 10000.0)
+    if many.operations > 2 * few.operations + 8:
+        raise ExerciseFailed(f"your table runs {few.operations} tensor operations for 8 positions and "
+                             f"{many.operations} for 64: it loops over the positions, where the exercise "
+                             "asks for one broadcast over all of them.",
+                             fix="make a column of all positions and a row of all pair indices and let "
+                                 "one division broadcast them into every angle at once.")
     return (f"Its slowest pair for d_model=16 has a wavelength of "
             f"2 pi 10000^(14/16) = {2 * math.pi * 10000 ** (14 / 16):,.0f} positions.")
 

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from helpers.flash import tiled as reference
 from helpers.lab.exercises import SOFTMAX_CALLS, ExerciseFailed, exercise, expect_close, seeded
+from helpers.lab.exercises.watch import TensorLog
 from helpers.model.attention import scaled_dot_product_attention
 
 INF = math.inf
@@ -178,7 +179,28 @@ def algorithm_1(student: Algorithm1) -> str:
                              "above 0.")
     expect_close(got, scaled_dot_product_attention(*huge, v)[0], "O for scores in the thousands",
                  atol=1e-12)
+    _never_whole(lambda q, k, v: lambda: student(q, k, v, 8, 8), "algorithm_1(Q, K, V, 8, 8)", "scores")
     return "Every output row was built from tiles, without the N x N matrix ever existing."
+
+
+RULE_N = 64  # positions for the rule "never the whole N x N matrix": tiles of 8 are 1/64 of it
+
+
+def _never_whole(prepare: Callable[[Tensor, Tensor, Tensor], Callable[[], object]], call: str,
+                 what: str) -> None:
+    """Fail unless the student's call that `prepare(q, k, v)` sets up, at N = RULE_N, makes no tensor
+    of N * N numbers or more (what the checker prepares is not counted)."""
+    q, k, v = (torch.randn(RULE_N, 4, generator=seeded(85 + i), dtype=torch.float64) for i in range(3))
+    call_student = prepare(q, k, v)
+    with TensorLog() as log:
+        call_student()
+    if log.largest >= RULE_N * RULE_N:
+        shape = " x ".join(map(str, log.largest_shape))
+        raise ExerciseFailed(f"{call} with N = {RULE_N} made a tensor of {shape} = {log.largest:,} "
+                             f"numbers, as many as the whole N x N matrix of {what} ({RULE_N * RULE_N:,}): "
+                             "the right values, but the very thing tiling exists to avoid.",
+                             fix=f"compute the {what} one tile at a time, a block of queries against a "
+                                 "block of keys, and keep only per-row statistics between tiles.")
 
 
 StepFunction = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
@@ -309,6 +331,11 @@ def backward(student: BackwardFunction) -> str:
                              f"not dq, dk, dv shaped like q, k, v: {[tuple(e.shape) for e in expected]}.",
                              fix="give each gradient the shape of the tensor it belongs to.")
     if all(torch.allclose(g, e, atol=1e-9) for g, e in zip(got, expected, strict=True)):
+        def prepared(q: Tensor, k: Tensor, v: Tensor) -> Callable[[], object]:
+            out, lse = reference.tiled_attention_fa2(q, k, v, block_q=8, block_k=8)
+            return lambda: student(q, k, v, out, lse, torch.ones_like(out), 8)
+
+        _never_whole(prepared, "my_flash_backward(..., block=8)", "probabilities P")
         return "dS = P (dP - D): the whole backward of attention, without ever storing P."
     for mistake, (message, fix) in BACKWARD_MISTAKES.items():
         wrong = backward_variant(q, k, v, out, lse, grad_out, 4, mistake)

@@ -340,3 +340,51 @@ def course_callable(answer: Any, allowed: Iterable[str] = ()) -> str | None:
         name = course_name(code)
         return None if name in frozenset(allowed) else name
     return None
+
+
+# --- the rules an exercise states: tensors made and operations run ---------------------------------
+
+class TensorLog:
+    """While inside, note every tensor operation run and the largest tensor any of them made.
+
+    For the rules an exercise's text states and its check enforces: "without the N x N matrix
+    ever existing" (the largest tensor stays under N * N numbers), "no loop over positions" (the
+    count of operations does not grow with the number of positions). Wrap only the student's
+    call: the checker's own reference computations would count too.
+    """
+
+    def __init__(self) -> None:
+        self.operations = 0
+        self.largest = 0
+        self.largest_shape: tuple[int, ...] = ()
+        self._mode: Any = None
+
+    def _saw(self, output: Any) -> None:
+        import torch
+
+        stack = [output]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, (tuple, list)):
+                stack.extend(item)
+            elif isinstance(item, torch.Tensor) and item.numel() > self.largest:
+                self.largest, self.largest_shape = item.numel(), tuple(item.shape)
+
+    def __enter__(self) -> TensorLog:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        log = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+                output = func(*args, **(kwargs or {}))
+                log.operations += 1
+                log._saw(output)
+                return output
+
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._mode.__exit__(*exc)
