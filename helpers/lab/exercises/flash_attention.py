@@ -150,7 +150,7 @@ ALGORITHM_1_MISTAKES = {  # mistake: (what is wrong, how to fix it)
                "returning O (N, d), following the listing's lines 5 to 13 without a softmax call. "
                "The check compares with naive attention for several tile sizes, ragged ones and "
                "huge scores included.",
-          points=3,
+          points=5,
           forbidden=(*SOFTMAX_CALLS, "torch.nn.functional.scaled_dot_product_attention"))
 def algorithm_1(student: Algorithm1) -> str:
     """student(Q, K, V, block_r, block_c) -> O (N, d) must equal naive attention."""

@@ -105,7 +105,8 @@ def _as_number(value: object, what: str) -> float:
           hint="The model reads every token but the last; the targets are every token but the first. "
                "Turn the logits into log-probabilities (subtract the row maximum, then the log of the "
                "sum of exponentials), pick each target's, and return minus their mean.",
-          forbidden=("torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss"))
+          forbidden=("torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss"),
+          points=4)
 def next_token_loss(student: Callable[[gpt.GPT, torch.Tensor], torch.Tensor]) -> str:
     generator = seeded(1)
     for seed, (batch, length) in enumerate([(3, 9), (1, 4), (2, 6)]):

@@ -47,7 +47,8 @@ def _causal_variants(n_q: int, n_k: int) -> dict[str, Tensor]:
                "n_k - n_q and may see every key at or before that position; fill every other score "
                "with minus infinity, then take the softmax over the keys.",
           task="Write causal_softmax(scores) for scores (..., n_q, n_k) with n_k >= n_q: softmax weights "
-               "with none on a later key. The check tries (5, 5), (2, 5) and a batch of (3, 6).")
+               "with none on a later key. The check tries (5, 5), (2, 5) and a batch of (3, 6).",
+          points=2)
 def causal_softmax(student: Callable[[Tensor], Tensor]) -> str:
     """The student's causal_softmax(scores (..., n_q, n_k)) -> weights, with no weight on a later key."""
     generator = seeded(4)
@@ -192,7 +193,7 @@ def _explain_empty_rows(weights: Tensor, empty: Tensor, what: str) -> None:
           task="Write masked_attention(q, k, v, real) for q, k, v (B, H, N, d) and real (B, N) returning "
                "(output, weights), with no weight on a later key or on a pad key, and zero weights for a "
                "query that may see no key. The check tries right padding, left padding and one token.",
-          points=3)
+          points=4)
 def masked_attention(student: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> str:
     generator = seeded(6)
     for shape, d_v, real_rows, padded in MASKED_CASES:

@@ -149,7 +149,8 @@ def helper_dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
           task="Write dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta) -> "
                "(losses, chosen_rewards, rejected_rewards), each (B,). The check compares them "
                "with the helpers' DPO loss (equal to TRL's) for two betas, on random log-probabilities "
-               "and on a policy equal to its reference, and checks the losses' gradient.")
+               "and on a policy equal to its reference, and checks the losses' gradient.",
+          points=3)
 def dpo_loss(student: Callable) -> str:
     generator = seeded(0)
     pc, pr, rc, rr = (-torch.rand(6, generator=generator, dtype=torch.float64) * 8 for _ in range(4))
