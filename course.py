@@ -137,6 +137,27 @@ def lab(extra_args: list[str]) -> int:
     return subprocess.call([str(BIN / "jupyter"), "lab", str(folder), *extra_args], cwd=ROOT)
 
 
+def finished_pytest(command: list[str], env: dict[str, str]) -> int:
+    """Run pytest and return its status, or 1 if it ended without finishing every test it
+    collected (a test that reached os._exit, a crash): the root conftest.py writes the counts
+    of a run that reached its end into COURSE_TEST_REPORT, so no line means no finished run."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "pytest-report.jsonl"
+        process = subprocess.Popen(command, cwd=ROOT, env={**env, "COURSE_TEST_REPORT": str(report)})
+        status = process.wait()
+        lines = report.read_text(encoding="utf-8").splitlines() if report.exists() else []
+    ours = [json.loads(line) for line in lines if json.loads(line).get("pid") == process.pid]
+    if not ours:
+        print(f"pytest ended (status {status}) before the end of its run: some collected tests never "
+              "ran. The run fails.", flush=True)
+        return status or 1
+    if status == 0 and ours[-1]["finished"] < ours[-1]["collected"]:
+        return 1
+    return status
+
+
 def test(extra_args: list[str]) -> int:
     ensure_environment("lab,test,browser,site")
     # No MPLBACKEND here: the notebook kernels inherit this environment and must keep their
@@ -144,11 +165,10 @@ def test(extra_args: list[str]) -> int:
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     env.pop("MPLBACKEND", None)
     lint = subprocess.call([str(PYTHON), *LINT], cwd=ROOT, env=env)
-    suite = subprocess.call([str(PYTHON), *PYTEST, *extra_args], cwd=ROOT, env=env)
+    suite = finished_pytest([str(PYTHON), *PYTEST, *extra_args], env)
     print("+ strict nbval again with " + " ".join(f"{k}={v}" for k, v in OTHER_CPU.items()),
           flush=True)
-    other_cpu = subprocess.call([str(PYTHON), *PYTEST_OTHER_CPU, *extra_args], cwd=ROOT,
-                                env={**env, **OTHER_CPU})
+    other_cpu = finished_pytest([str(PYTHON), *PYTEST_OTHER_CPU, *extra_args], {**env, **OTHER_CPU})
     # pytest's 5 means "nothing collected": `test -k tokenizers` selects no notebook cell here.
     return lint or suite or (0 if other_cpu == 5 else other_cpu)
 

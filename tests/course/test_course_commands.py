@@ -109,6 +109,7 @@ def test_test_command_runs_nbval_a_second_time_as_another_cpu(monkeypatch):
 
     monkeypatch.setattr(course, "ensure_environment", lambda extras: None)
     monkeypatch.setattr(course.subprocess, "call", fake_call)
+    monkeypatch.setattr(course, "finished_pytest", lambda args, env: fake_call(args, None, env))
     assert course.test(["-k", "masking"]) == 0
     lint, suite, other = calls
     assert "ruff" in lint[0] and "--nbval" in suite[0] and "tests" in suite[0]
@@ -124,4 +125,32 @@ def test_test_command_fails_when_any_part_fails(monkeypatch, codes, result):
     returned = iter(codes)
     monkeypatch.setattr(course, "ensure_environment", lambda extras: None)
     monkeypatch.setattr(course.subprocess, "call", lambda *a, **k: next(returned))
+    monkeypatch.setattr(course, "finished_pytest", lambda *a, **k: next(returned))
     assert course.test([]) == result
+
+
+def _suite(folder: Path, body: str) -> list[str]:
+    """A pytest command over a folder holding the course's root conftest.py and one test file."""
+    import sys
+
+    shutil.copy(ROOT / "conftest.py", folder / "conftest.py")
+    (folder / "test_run.py").write_text(body, encoding="utf-8")
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(folder), str(folder)]
+
+
+def test_a_run_that_exits_partway_with_status_0_fails(tmp_path):
+    import os
+
+    command = _suite(tmp_path, "import os\n\ndef test_a():\n    pass\n\n"
+                               "def test_b():\n    os._exit(0)\n\ndef test_c():\n    pass\n")
+    assert subprocess.run(command, capture_output=True).returncode == 0  # pytest alone calls it green
+    assert course.finished_pytest(command, dict(os.environ)) == 1
+
+
+def test_a_run_that_finishes_every_test_keeps_its_status(tmp_path):
+    import os
+
+    green = _suite(tmp_path, "def test_a():\n    pass\n")
+    assert course.finished_pytest(green, dict(os.environ)) == 0
+    red = _suite(tmp_path, "def test_a():\n    assert False\n")
+    assert course.finished_pytest(red, dict(os.environ)) == 1
