@@ -156,3 +156,37 @@ def test_a_later_exercise_may_call_the_stand_in_of_an_earlier_one_but_not_its_ow
     finally:
         watch.STAND_INS.clear()
         watch.STAND_INS.update(saved)
+
+
+def _course_callables() -> list[tuple[str, object]]:
+    """Every function and class the student folder's `helpers` package defines, by dotted name."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import helpers
+
+    found = {}
+    for info in pkgutil.walk_packages(helpers.__path__, "helpers."):
+        if info.name.endswith(("triton_kernels", "triton_attention")):
+            continue  # imports triton; its functions are kernels, no exercise's answer
+        module = importlib.import_module(info.name)
+        for attribute, value in vars(module).items():
+            if (inspect.isfunction(value) or inspect.isclass(value)) and value.__module__ == info.name:
+                found[f"{info.name}.{attribute}"] = value
+    return sorted(found.items())
+
+
+def test_no_function_in_the_student_folder_passes_an_exercise_unchanged():
+    """Issue 50: whatever the course ships (helpers, fallbacks, checkers' variants) earns nothing as an
+    answer: refused by name, or, for an exercise's own building blocks, wrong for that exercise."""
+    passing = []
+    callables = _course_callables()
+    assert len(callables) > 300
+    for name in sorted(exercises.all_exercises()):
+        if name.startswith("test_"):
+            continue
+        for dotted, value in callables:
+            if exercises.evaluate(name, value, time_limit=10)[0]:
+                passing.append((name, dotted))
+    assert passing == []
