@@ -209,6 +209,9 @@ class Forbidden:
             found = resolve(dotted)
             found = getattr(found, "__func__", found)
             if isinstance(found, types.FunctionType):
+                # a decorated function (@torch.no_grad()) is seen by its own code, not the decorator's
+                # wrapper, whose code every function decorated the same way shares
+                found = inspect.unwrap(found)
                 self.codes[found.__code__] = dotted
             elif isinstance(found, (types.MethodDescriptorType, types.WrapperDescriptorType)):
                 self.methods[found.__name__] = (found.__objclass__, dotted)
