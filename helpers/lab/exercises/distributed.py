@@ -295,7 +295,8 @@ def ring_all_reduce(student: Callable[[int, int, list[Tensor]], Tensor]) -> str:
     from helpers.scale.cell_functions import _names_read
     if is_stub(student):
         raise NotImplementedError
-    if "all_reduce" in _names_read(getattr(student, "__code__", compile("", "", "exec"))):
+    answer = getattr(student, "__wrapped__", student)  # check hands the answer wrapped (watch.py)
+    if "all_reduce" in _names_read(getattr(answer, "__code__", compile("", "", "exec"))):
         raise ExerciseFailed("your function calls an all_reduce, the collective this exercise builds.",
                              fix="build it from point-to-point sends and receives with your "
                                  "neighbours only.")
