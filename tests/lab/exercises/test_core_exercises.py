@@ -35,8 +35,8 @@ def verdict(name: str, answer) -> tuple[bool, str]:
 
 # --- 01: the BPE training loop -------------------------------------------------------------------
 
-def bpe_loop(split: bool = True, tie: str = "bytes", recount: bool = True):
-    """A student's training loop; `tie` and `recount` choose its slips."""
+def bpe_loop(split: bool = True, tie: str = "bytes", recount: bool = True, as_lists: bool = False):
+    """A student's training loop; `tie` and `recount` choose its slips (`as_lists`: each pair a list)."""
     def train_textbook(text: str, n_merges: int) -> list[tuple[int, int]]:
         chunks = [list(c.encode("utf-8")) for c in (pre_split(text) if split else [text])]
         vocab = [bytes([b]) for b in range(256)]
@@ -62,20 +62,21 @@ def bpe_loop(split: bool = True, tie: str = "bytes", recount: bool = True):
             vocab.append(vocab[pair[0]] + vocab[pair[1]])
             chunks = [merge(ids, pair, 256 + len(merges) - 1) for ids in chunks]
             counts[pair] = 0
-        return merges
+        return [list(pair) for pair in merges] if as_lists else merges
     return train_textbook
 
 
 BPE_CASES = [
     (bpe_loop(), None),
-    (lambda text, n: [m.pair for m in textbook_merges(text, n)], None),
-    (lambda text, n: [list(m.pair) for m in textbook_merges(text, n)], None),  # lists for pairs are fine
+    (bpe_loop(as_lists=True), None),  # lists for pairs are fine
+    # the course's own loop is the exercise itself: refused by name (issue 50)
+    (lambda text, n: [m.pair for m in textbook_merges(text, n)], "helpers.text.bpe.textbook_merges"),
     (bpe_loop(split=False), "merges across chunk boundaries"),
     (bpe_loop(tie="first"), "wrong pair on a tie (you took the first pair counted)"),
     (bpe_loop(tie="ids"), "wrong pair on a tie (you compared the ids)"),
     (bpe_loop(recount=False), "counts the pairs only once"),
-    (lambda text, n: [m.pair for m in textbook_merges(text, n)][:-1] if n else [], "keep going until n_merges"),
-    (lambda text, n: tuple(m.pair for m in textbook_merges(text, n)), "expected a list"),
+    (lambda text, n: bpe_loop()(text, n)[:-1] if n else [], "keep going until n_merges"),
+    (lambda text, n: tuple(bpe_loop()(text, n)), "expected a list"),
 ]
 
 
@@ -173,7 +174,7 @@ def input_layer(mistake: str = ""):
 
 INPUT_CASES = [
     (input_layer(), None),
-    (TokenAndPositionEmbedding, None),  # the course's own layer
+    (TokenAndPositionEmbedding, "helpers.model.embeddings.TokenAndPositionEmbedding"),  # the course's own layer
     (input_layer("by id"), "looked the positions up by the token ids"),
     (input_layer("concatenated"), "concatenated"),
     (input_layer("tokens only"), "token vectors alone"),
@@ -254,7 +255,7 @@ def layer_answer(slip: str = ""):
 
 LAYER_CASES = [
     (layer_answer(), None),
-    (AttentionLayer, None),  # the helper the notebook falls back to
+    (AttentionLayer, "helpers.model.attention.AttentionLayer"),  # the helper the notebook falls back to
     (layer_answer("param_in_out"), None),
     (layer_answer("param_out_in"), None),
     (layer_answer("torch"), None),
@@ -333,7 +334,7 @@ def backward_answer(slip: str = ""):
 
 def backward_by_autograd(q, k, v, grad_output, scale):
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    (scaled_dot_product_attention(q, k, v, scale=scale)[0] * grad_output).sum().backward()
+    (((q @ k.mT * scale).softmax(-1) @ v) * grad_output).sum().backward()
     return q.grad, k.grad, v.grad
 
 
@@ -381,21 +382,29 @@ def masked_answer(slip: str = ""):
 
 def masked_with_torch(q, k, v, real):
     n = q.shape[-2]
-    mask = causal_mask(n) & real[:, None, None, :]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), scaled_dot_product_attention(q, k, v, mask=mask)[1]
+    mask = torch.ones(n, n, dtype=torch.bool).tril() & real[:, None, None, :]
+    weights = (q @ k.mT / q.shape[-1] ** 0.5).masked_fill(~mask, -math.inf).softmax(-1).nan_to_num(0.0)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), weights
 
 
 def masked_nan_to_zero(q, k, v, real):
     n = q.shape[-2]
-    scores = (q @ k.mT / q.shape[-1] ** 0.5).masked_fill(~(causal_mask(n) & real[:, None, None, :]), -math.inf)
+    allowed = torch.ones(n, n, dtype=torch.bool).tril() & real[:, None, None, :]
+    scores = (q @ k.mT / q.shape[-1] ** 0.5).masked_fill(~allowed, -math.inf)
     weights = scores.softmax(-1).nan_to_num(0.0)
     return weights @ v, weights
+
+
+def masked_by_the_course(q, k, v, real):
+    """The course's causal mask and attention: what the exercise asks the student to write."""
+    return scaled_dot_product_attention(q, k, v, mask=causal_mask(q.shape[-2]) & real[:, None, None, :])
 
 
 MASKED_CASES = [
     (masked_answer(), None),  # a large finite fill is fine once the rows with nothing to see are zeroed
     (masked_with_torch, None),
     (masked_nan_to_zero, None),
+    (masked_by_the_course, "helpers.model.attention.causal_mask"),
     (masked_answer("after"), "mask after the softmax"),
     (masked_answer("zero"), "exp(0) = 1"),
     (masked_answer("unscaled"), "forgot the 1/sqrt(d) scale"),
@@ -419,8 +428,13 @@ def mha_answer(slip: str = ""):
         else:
             q, k, v = (split_heads(p(x), h) for p in (mha.q_proj, mha.k_proj, mha.v_proj))
         scale = {"model": d ** -0.5, "none": 1.0}.get(slip, (d // h) ** -0.5)
-        mask = causal_mask(n) if causal and slip != "no_causal" else None
-        heads, _ = scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)
+        scores = q @ k.transpose(-2, -1) * scale
+        later = ~causal_mask(n) if slip == "course_mask" else torch.ones(n, n, dtype=torch.bool).triu(1)
+        if causal and slip != "no_causal":
+            scores = scores.masked_fill(later, -math.inf)
+        heads = scores.softmax(-1) @ v
+        if slip == "course_attention":
+            heads = scaled_dot_product_attention(q, k, v, mask=~later if causal else None)[0]
         merged = heads.reshape(b, n, d) if slip == "merge_view" else merge_heads(heads)
         return merged if slip == "no_out" else mha.out_proj(merged)
     return my_mha_forward
@@ -432,7 +446,7 @@ def mha_with_torch(x, mha, causal=False):
         reference.in_proj_weight.copy_(torch.cat([mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight]))
         reference.in_proj_bias.copy_(torch.cat([mha.q_proj.bias, mha.k_proj.bias, mha.v_proj.bias]))
         reference.out_proj.load_state_dict(mha.out_proj.state_dict())
-    mask = ~causal_mask(x.shape[1]) if causal else None
+    mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).triu(1) if causal else None  # True: hidden
     return reference(x, x, x, attn_mask=mask, need_weights=False)[0]
 
 
@@ -446,6 +460,9 @@ MHA_CASES = [
     (mha_answer("no_out"), "forgot the output projection"),
     (mha_answer("no_causal"), "ignores causal=True"),
     (lambda x, mha, causal=False: mha(x, causal=causal), "MultiHeadAttention.forward"),
+    # the scores, the mask and the softmax are the exercise: the course's versions are refused by name
+    (mha_answer("course_mask"), "helpers.model.attention.causal_mask"),
+    (mha_answer("course_attention"), "helpers.model.attention.scaled_dot_product_attention"),
     (lambda x, mha, causal=False: mha.attend(*(split_heads(p(x), mha.n_heads) for p in (mha.q_proj, mha.k_proj, mha.v_proj)),
                                              causal=causal), "MultiHeadAttention.attend"),
 ]
