@@ -20,6 +20,15 @@ import helpers.lab.exercises as exercises
 from helpers.flash import tiled
 from helpers.model.gpt import GPTConfig
 
+
+def from_the_checker(answer):
+    """Mark a slip built from a checker's own variant function: it is judged with watched=False,
+    which refuses only the forbidden library calls, so that the test sees how the checker names the
+    slip (the watch would refuse the variant itself by name, issue 50)."""
+    answer.watched = False
+    return answer
+
+
 # --- notebook 1 -----------------------------------------------------------------------------
 
 def pairs_counter(ids):
@@ -502,7 +511,7 @@ def split_mismatched(up_weight, up_bias, down_weight, rank, world_size):
     return up_weight[rank * k:(rank + 1) * k], up_bias[rank * k:(rank + 1) * k], down_weight[:, rank::world_size]
 
 
-def split_helper(up_weight, up_bias, down_weight, rank, world_size):  # the notebook's fallback
+def split_helper(up_weight, up_bias, down_weight, rank, world_size):  # the notebook's fallback: refused
     from helpers.lab.exercises.distributed import helper_split_mlp
     return helper_split_mlp(up_weight, up_bias, down_weight, rank, world_size)
 
@@ -600,7 +609,7 @@ CASES = [
     ("distributed.split_mlp", split_interleaved, None),
     ("distributed.split_mlp", split_down_rows, "you split its rows"),
     ("distributed.split_mlp", split_mismatched, "must use the same units"),
-    ("distributed.split_mlp", split_helper, None),
+    ("distributed.split_mlp", split_helper, "helpers.lab.exercises.distributed.helper_split_mlp"),
     ("distributed.split_mlp", split_all_units, "expected (6, 6) and (6,)"),
 ]
 CASES += NS_CASES  # notebook 9's Newton-Schulz, written out in tests/lab/exercises/test_muon_exercise.py
@@ -637,8 +646,12 @@ def f1b_long_warmup(stages, micro_batches):  # one forward too many before the f
 
 
 def f1b_one_list(stages, micro_batches):  # the order of rank 0 only, not one list per rank
+    return f1b_loops(stages, micro_batches)[0]
+
+
+def f1b_course(stages, micro_batches):  # the course's own schedule: refused by name
     from helpers.scale.pipeline import one_f_one_b_order
-    return one_f_one_b_order(stages, micro_batches)[0]
+    return one_f_one_b_order(stages, micro_batches)
 
 
 def merge_logaddexp(out, lse, o_b, lse_b):
@@ -660,6 +673,7 @@ CASES += [
     ("distributed.one_f_one_b", f1b_no_warmup, "without a warm-up"),
     ("distributed.one_f_one_b", f1b_long_warmup, "its warm-up is off"),
     ("distributed.one_f_one_b", f1b_one_list, "one list of operations for each rank"),
+    ("distributed.one_f_one_b", f1b_course, "helpers.scale.pipeline.one_f_one_b_order"),
     ("distributed.ring_merge", merge_logaddexp, None),
     ("distributed.ring_merge", merge_unweighted, "weighted"),
     ("distributed.ring_merge", merge_max_lse, "lse has the right shape"),
@@ -673,14 +687,21 @@ def _flash_backward(mistake):
     return lambda *args: backward_variant(*args, mistake=mistake)
 
 
+@from_the_checker
 def backward_tiled(*args):
     return _flash_backward("")(*args)
 
 
+def backward_by_the_checker(*args):  # the same function, watched: the checker's own code is refused
+    return _flash_backward("")(*args)
+
+
+@from_the_checker
 def backward_d_from_grad_out(*args):
     return _flash_backward("D = rowsum(dO)")(*args)
 
 
+@from_the_checker
 def backward_d_of_one_tile(*args):
     return _flash_backward("D of one tile")(*args)
 
@@ -690,14 +711,21 @@ def _algorithm_1(mistake):
     return lambda *args: algorithm_1_variant(*args, mistake=mistake)
 
 
+@from_the_checker
 def algorithm_1_listing(*args):
     return _algorithm_1("")(*args)
 
 
+def algorithm_1_by_the_checker(*args):
+    return _algorithm_1("")(*args)
+
+
+@from_the_checker
 def algorithm_1_not_unnormalised(*args):
     return _algorithm_1("not un-normalised")(*args)
 
 
+@from_the_checker
 def algorithm_1_last_tile_only(*args):
     return _algorithm_1("one tile")(*args)
 
@@ -707,14 +735,21 @@ def _block(mistake):
     return lambda block, x, table: modern_block_variant(block, x, table, mistake)
 
 
+@from_the_checker
 def block_by_hand(block, x, table):
     return _block("")(block, x, table)
 
 
+def block_by_the_checker(block, x, table):
+    return _block("")(block, x, table)
+
+
+@from_the_checker
 def block_post_norm(block, x, table):
     return _block("post-norm")(block, x, table)
 
 
+@from_the_checker
 def block_interleaved(block, x, table):
     return _block("interleaved")(block, x, table)
 
@@ -739,12 +774,16 @@ CASES += [
     ("flash_attention.backward", backward_tiled, None),
     ("flash_attention.backward", backward_d_from_grad_out, "you summed dO alone"),
     ("flash_attention.backward", backward_d_of_one_tile, "over one key tile only"),
+    ("flash_attention.backward", backward_by_the_checker, "helpers.lab.exercises.flash_attention.backward_variant"),
     ("flash_attention.algorithm_1", algorithm_1_listing, None),
     ("flash_attention.algorithm_1", algorithm_1_not_unnormalised, "must be un-normalised first"),
     ("flash_attention.algorithm_1", algorithm_1_last_tile_only, "only the last key tile counts"),
+    ("flash_attention.algorithm_1", algorithm_1_by_the_checker,
+     "helpers.lab.exercises.flash_attention.algorithm_1_variant"),
     ("modern_decoder.modern_block", block_by_hand, None),
     ("modern_decoder.modern_block", block_post_norm, "post-norm"),
     ("modern_decoder.modern_block", block_interleaved, "pairs feature i with feature i + D_H/2"),
+    ("modern_decoder.modern_block", block_by_the_checker, "helpers.lab.exercises.modern_decoder.modern_block_variant"),
     ("distributed.ring_all_reduce", ring_course, None),
     ("distributed.ring_all_reduce", ring_own_tensor, "its own tensor unchanged"),
     ("distributed.ring_all_reduce", ring_collective, "point-to-point"),
@@ -790,12 +829,22 @@ CASES += [
 # --- notebook 9's ALiBi attention: another correct way and the usual slips ----------------------
 
 def alibi_attention_by_where(q, k, v):
-    """Another correct way: torch.where for the mask and the bias from the course's buffer."""
+    """Another correct way: torch.where for the mask, the bias from the slopes by broadcasting."""
+    from helpers.model.modern import alibi_slopes
+    n = q.shape[-2]
+    behind = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).clamp(min=0)  # (N, N): i - j, 0 ahead
+    bias = -alibi_slopes(q.shape[-3]).to(q.dtype)[:, None, None] * behind
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + bias
+    later = torch.ones(n, n, dtype=torch.bool).triu(1)
+    return torch.where(later, float("-inf"), scores).softmax(-1) @ v
+
+
+def alibi_attention_with_the_course_bias(q, k, v):
+    """The course's alibi_bias: the exercise asks for the bias built inside the function, so refused."""
     from helpers.model.modern import alibi_bias
     n = q.shape[-2]
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + alibi_bias(q.shape[-3], n).to(q.dtype)
-    later = torch.ones(n, n, dtype=torch.bool).triu(1)
-    return torch.where(later, float("-inf"), scores).softmax(-1) @ v
+    return scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf")).softmax(-1) @ v
 
 
 def _alibi_slip(mistake):
@@ -804,11 +853,12 @@ def _alibi_slip(mistake):
     def answer(q, k, v):
         return alibi_attention_variant(q, k, v, mistake)
     answer.__name__ = "alibi_" + mistake.replace(" ", "_")
-    return answer
+    return from_the_checker(answer)
 
 
 CASES += [
     ("modern_decoder.alibi_attention", alibi_attention_by_where, None),
+    ("modern_decoder.alibi_attention", alibi_attention_with_the_course_bias, "helpers.model.modern.alibi_bias"),
     ("modern_decoder.alibi_attention", _alibi_slip("bias before scaling"), "before dividing by sqrt(D_H)"),
     ("modern_decoder.alibi_attention", _alibi_slip("not causal"), "sees the keys after it"),
     ("modern_decoder.alibi_attention", _alibi_slip("sign"), "wrong sign"),
@@ -818,7 +868,7 @@ CASES += [
 
 @pytest.mark.parametrize("name, answer, message", CASES, ids=[f"{n}-{a.__name__}" for n, a, _ in CASES])
 def test_checker_judges(name, answer, message):
-    passed, said = exercises.evaluate(name, answer, time_limit=None)
+    passed, said = exercises.evaluate(name, answer, time_limit=None, watched=getattr(answer, "watched", True))
     assert passed == (message is None), said
     if message is not None:
         assert message in said, said
