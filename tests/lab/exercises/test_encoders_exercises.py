@@ -13,13 +13,22 @@ from helpers.model.multihead import MultiHeadAttention
 
 
 def shapes_by_running(b, n, m, d, h):
-    """Another correct answer: run real cross-attention and read the shapes off."""
+    """Another correct answer: run real cross-attention, written with torch, and read the shapes off."""
+    q_proj, k_proj, v_proj, out_proj = (torch.nn.Linear(d, d) for _ in range(4))
+    y, memory = torch.zeros(b, n, d), torch.zeros(b, m, d)
+    q = q_proj(y).view(b, n, h, d // h).transpose(1, 2)
+    k = k_proj(memory).view(b, m, h, d // h).transpose(1, 2)
+    v = v_proj(memory).view(b, m, h, d // h).transpose(1, 2)
+    weights = (q @ k.transpose(-2, -1)).softmax(-1)
+    output = out_proj((weights @ v).transpose(1, 2).reshape(b, n, d))
+    return {"q": list(q.shape), "k": k.shape, "v": v.shape, "weights": weights.shape, "output": output.shape}
+
+
+def shapes_by_the_course_layer(b, n, m, d, h):
+    """The course's layer run to read the shapes off: its code, not the student's, refused by name."""
     attn = MultiHeadAttention(d, h)
     y, memory = torch.zeros(b, n, d), torch.zeros(b, m, d)
-    q = attn.q_proj(y).view(b, n, h, d // h).transpose(1, 2)
-    k = attn.k_proj(memory).view(b, m, h, d // h).transpose(1, 2)
-    weights = (q @ k.transpose(-2, -1)).softmax(-1)
-    return {"q": list(q.shape), "k": k.shape, "v": k.shape, "weights": weights.shape,
+    return {"q": (b, h, n, d // h), "k": (b, h, m, d // h), "v": (b, h, m, d // h), "weights": (b, h, n, m),
             "output": attn(y, context=memory).shape}
 
 
@@ -35,6 +44,8 @@ def shapes_weights_transposed(b, n, m, d, h):
 
 def test_cross_attention_shapes_checker():
     assert evaluate("encoders.cross_attention_shapes", shapes_by_running)[0]
+    passed, message = evaluate("encoders.cross_attention_shapes", shapes_by_the_course_layer)
+    assert not passed and "helpers.model.multihead.MultiHeadAttention" in message
     passed, message = evaluate("encoders.cross_attention_shapes", shapes_keys_from_target)
     assert not passed and "k should be" in message and "Keys and values come from the source" in message
     passed, message = evaluate("encoders.cross_attention_shapes", shapes_weights_transposed)
@@ -134,18 +145,23 @@ def cross_attention_with_einsum(layer, x, memory, key_mask=None):
 
 
 def test_the_cross_attention_checker_accepts_other_formulations():
-    assert evaluate("encoders.cross_attention", cross_attention_variant)[0]
     assert evaluate("encoders.cross_attention", cross_attention_with_einsum)[0]
+    # the checker's own variant is refused by name, and right once the watch looks away (watched=False)
+    passed, said = evaluate("encoders.cross_attention", cross_attention_variant)
+    assert not passed and "helpers.lab.exercises.encoders.cross_attention_variant" in said
+    assert evaluate("encoders.cross_attention", cross_attention_variant, watched=False)[0]
 
 
 @pytest.mark.parametrize("mistake", list(CROSS_ATTENTION_MISTAKES))
 def test_the_cross_attention_checker_names_each_mistake(mistake):
+    """The slips come from the checker's variant: judged with watched=False to see how it names them."""
     message, fix = CROSS_ATTENTION_MISTAKES[mistake]
     passed, said = evaluate("encoders.cross_attention",
-                            lambda *args: cross_attention_variant(*args, mistake=mistake))
+                            lambda *args: cross_attention_variant(*args, mistake=mistake), watched=False)
     assert not passed and message in said and fix in said
     first_try = evaluate("encoders.cross_attention",
-                         lambda *args: cross_attention_variant(*args, mistake=mistake), attempt=1)[1]
+                         lambda *args: cross_attention_variant(*args, mistake=mistake), attempt=1,
+                         watched=False)[1]
     assert message in first_try and fix not in first_try
 
 
@@ -154,8 +170,9 @@ def test_the_cross_attention_checker_refuses_the_layer_and_swapped_sequences():
                             lambda layer, x, memory, mask=None: layer(x, context=memory, mask=mask))
     assert not passed and "MultiHeadAttention.forward" in said
     passed, said = evaluate("encoders.cross_attention",
-                            lambda layer, x, memory, mask=None: cross_attention_variant(layer, memory, x))
+                            lambda layer, x, memory, mask=None: cross_attention_variant(layer, memory, x),
+                            watched=False)
     assert not passed and "the queries came from the source" in said
     state = torch.random.get_rng_state()
-    evaluate("encoders.cross_attention", cross_attention_variant)
+    evaluate("encoders.cross_attention", cross_attention_variant, watched=False)
     assert torch.equal(torch.random.get_rng_state(), state), "the check leaves the global RNG alone"
