@@ -242,12 +242,13 @@ def test_hand_adamw_mistakes_are_named(answer, named):
     assert named in verdict("gpt.hand_adamw", answer)
 
 
-def test_hand_adamw_wants_the_class_and_the_course_helper_passes():
+def test_hand_adamw_wants_the_class_and_refuses_the_course_class_by_name():
     from helpers.lab.exercises import evaluate
     from helpers.training.by_hand import HandAdamW as CourseHandAdamW
 
     assert "not a class" in verdict("gpt.hand_adamw", lambda *args: None)
-    assert evaluate("gpt.hand_adamw", CourseHandAdamW)[0]
+    passed, said = evaluate("gpt.hand_adamw", CourseHandAdamW)
+    assert not passed and "helpers.training.by_hand.HandAdamW" in said
 
 
 # --- sample_tokens ---------------------------------------------------------------------------
