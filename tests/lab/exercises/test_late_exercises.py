@@ -441,7 +441,7 @@ def test_answer_only_loss_refuses_cross_entropy_even_where_it_is_right():
     from helpers.lab.exercises.post_training import _sft_variant
 
     passed, said = exercises.evaluate("post_training.answer_only_loss", _sft_variant)  # the checker's own
-    assert not passed and "helpers.lab.exercises.post_training._sft_variant" in said
+    assert not passed and "helpers.lab.exercises._post_slips._sft_variant" in said
 
     def by_logsumexp(logits, ids, mask):  # right, with torch only: -log p = logsumexp - the target's logit
         logits, targets, keep = logits[:, :-1], ids[:, 1:], mask[:, 1:].bool()
