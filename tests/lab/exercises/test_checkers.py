@@ -165,6 +165,11 @@ def sinusoids_loop(n_positions, d_model, base):
     return table
 
 
+def sinusoids_broadcast(n_positions, d_model, base):
+    angles = torch.arange(n_positions)[:, None] / base ** (torch.arange(0, d_model, 2) / d_model)
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)
+
+
 def sinusoids_swapped(n_positions, d_model, base):
     return sinusoids_loop(n_positions, d_model, base).view(n_positions, -1, 2).flip(-1).reshape(n_positions, d_model)
 
@@ -539,7 +544,8 @@ CASES = [
     ("embeddings.most_similar", similar_argsort, None),
     ("embeddings.most_similar", similar_dot, "ranked by dot product"),
     ("embeddings.most_similar", similar_ascending, "most similar first"),
-    ("embeddings.sinusoidal_table", sinusoids_loop, None),
+    ("embeddings.sinusoidal_table", sinusoids_broadcast, None),
+    ("embeddings.sinusoidal_table", sinusoids_loop, "loops over the positions"),  # the text asks for one broadcast
     ("embeddings.sinusoidal_table", sinusoids_swapped, "swapped"),
     ("embeddings.sinusoidal_table", sinusoids_i_over_d, "not i/d_model"),
     ("attention.stable_softmax", softmax_logsumexp, None),

@@ -29,14 +29,16 @@ from helpers.model.multihead import split_heads
 
 
 def backward_untiled(q, k, v, out, lse, grad_out, block):
-    """Another correct answer: the same equations on the whole matrices at once."""
+    """The same equations on the whole matrices at once: the right values, but the exercise states
+    that the whole N x N matrix P is never made, and the check holds it to that."""
     p = torch.exp(q @ k.T / math.sqrt(q.shape[-1]) - lse[:, None])
     ds = p * (grad_out @ v.T - (grad_out * out).sum(-1, keepdim=True))
     return ds @ k / math.sqrt(q.shape[-1]), ds.T @ q / math.sqrt(q.shape[-1]), p.T @ grad_out
 
 
-def test_the_backward_checker_accepts_the_untiled_equations_and_names_each_mistake():
-    assert evaluate("flash_attention.backward", backward_untiled)[0]
+def test_the_backward_checker_refuses_the_untiled_equations_and_names_each_mistake():
+    passed, said = evaluate("flash_attention.backward", backward_untiled)
+    assert not passed and "as many as the whole N x N matrix" in said
     passed, said = evaluate("flash_attention.backward", backward_variant)  # the checker's own code
     assert not passed and "helpers.lab.exercises.flash_attention.backward_variant" in said
     # the slips come from the checker's variant: watched=False lets the checker name them
