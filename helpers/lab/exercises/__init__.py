@@ -315,6 +315,8 @@ def evaluate(name: str, answer: Any, time_limit: float | None = None,
             said = f"\n   {ex.task}" if ex.task else ""
             return False, (f"⏳ {name}: not attempted yet. Replace `raise NotImplementedError()` with "
                            f"your code.{said}")
+    except watch.Refused as refused:  # reached by name where no profiler follows (worker processes)
+        watching.refused, watching.why = refused.name, "course"
     except ExerciseFailed as failure:
         failed = (str(failure), failure.fix or ex.hint)
     except Exception as error:  # the student's code crashed: say where, without a traceback

@@ -97,7 +97,14 @@ def run_on_three(student: Callable, tensors: list[Tensor], on_timeout: str) -> l
     """The student's function run on three workers; a stub, a crash or a hang as the exercise's verdict."""
     import inspect
 
+    from helpers.lab.exercises import watch
     from helpers.scale.workers import WorkerFailed
+
+    # No profiler follows the answer into the workers, so look at what it reaches by name (the
+    # ring and the FSDP piece have no building blocks from the course).
+    reached = watch.reached_by_name(student)
+    if reached:
+        raise watch.Refused(reached)
     try:  # the student's own function, unwrapped: the workers import it by its source
         return three_workers().run(inspect.unwrap(student), tensors)
     except TimeoutError:

@@ -395,3 +395,74 @@ class TensorLog:
 
     def __exit__(self, *exc: object) -> None:
         self._mode.__exit__(*exc)
+
+
+# --- code that runs where the watch cannot see --------------------------------------------------
+
+class Refused(Exception):
+    """Raised by a checker about to send an answer where no profiler follows it (worker
+    processes) when the answer reaches the course's code by name: `name` is what it reaches."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def _names_in(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names_in(const)
+    return names
+
+
+def _course_object(value: Any, allowed: frozenset[str]) -> str | None:
+    """The dotted name of `value` if it is a course function or class the answer may not use."""
+    if isinstance(value, type) and (getattr(value, "__module__", "") or "").split(".")[0] == "helpers":
+        name = f"{value.__module__}.{value.__qualname__}"
+        return None if name in allowed else name
+    return course_callable(value, allowed)
+
+
+def reached_by_name(answer: Callable[..., Any], allowed: Iterable[str] = ()) -> str | None:
+    """The first course function or class that `answer` reaches by the names its code reads (its
+    globals, the course modules it imports, the other functions of the notebook it calls), unless
+    allowed. For answers run in worker processes, where Watch cannot follow: a static look, which a
+    name built at run time (importlib on a computed string) escapes."""
+    allowed = frozenset(allowed)
+    stack, seen = [inspect.unwrap(answer)], set()
+    while stack:
+        function = stack.pop()
+        code = getattr(function, "__code__", None)
+        if code is None or code in seen:
+            continue
+        seen.add(code)
+        names = _names_in(code)
+        namespace = dict(getattr(function, "__globals__", {}))
+        for free, cell in zip(code.co_freevars, getattr(function, "__closure__", None) or (), strict=False):
+            try:
+                namespace[free] = cell.cell_contents
+            except ValueError:  # a cell not filled yet
+                continue
+        names |= set(code.co_freevars)
+        modules = [namespace[n] for n in names if isinstance(namespace.get(n), types.ModuleType)]
+        for dotted in names:  # `from helpers.x import y` reads the module's dotted name
+            if dotted.split(".")[0] == "helpers":
+                try:
+                    modules.append(importlib.import_module(dotted))
+                except ImportError:
+                    continue
+        for module in modules:
+            if module.__name__.split(".")[0] == "helpers":
+                for name in names:
+                    found = _course_object(getattr(module, name, None), allowed)
+                    if found:
+                        return found
+        for name in names:
+            value = namespace.get(name)
+            found = _course_object(value, allowed)
+            if found:
+                return found
+            if isinstance(value, types.FunctionType) and kind_of_file(value.__code__.co_filename) == STUDENT:
+                stack.append(value)
+    return None

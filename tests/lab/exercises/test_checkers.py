@@ -790,7 +790,7 @@ CASES += [
     ("modern_decoder.modern_block", block_post_norm, "post-norm"),
     ("modern_decoder.modern_block", block_interleaved, "pairs feature i with feature i + D_H/2"),
     ("modern_decoder.modern_block", block_by_the_checker, "helpers.lab.exercises.modern_decoder.modern_block_variant"),
-    ("distributed.ring_all_reduce", ring_course, None),
+    ("distributed.ring_all_reduce", ring_course, "helpers.scale.workers.ring_all_reduce"),
     ("distributed.ring_all_reduce", ring_own_tensor, "its own tensor unchanged"),
     ("distributed.ring_all_reduce", ring_collective, "point-to-point"),
 ]
@@ -809,7 +809,7 @@ def piece_by_all_reduce(rank, world_size, grads):  # correct, if twice the traff
 
 
 def piece_summed(rank, world_size, grads):
-    return piece_course(rank, world_size, grads) * world_size
+    return piece_by_all_reduce(rank, world_size, grads) * world_size
 
 
 def piece_own(rank, world_size, grads):
@@ -824,7 +824,7 @@ def piece_whole(rank, world_size, grads):
 
 
 CASES += [
-    ("distributed.fsdp_grad_piece", piece_course, None),
+    ("distributed.fsdp_grad_piece", piece_course, "helpers.scale.fsdp.gradient_piece"),
     ("distributed.fsdp_grad_piece", piece_by_all_reduce, None),
     ("distributed.fsdp_grad_piece", piece_summed, "divide by world_size"),
     ("distributed.fsdp_grad_piece", piece_own, "its own gradient's piece"),

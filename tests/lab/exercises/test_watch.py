@@ -161,3 +161,24 @@ def test_files_are_told_apart():
 def test_a_forbidden_name_that_does_not_exist_is_refused_when_declared():
     with pytest.raises(ValueError, match="torch.no_such_softmax"):
         watch.Forbidden(("torch.no_such_softmax",))
+
+
+def test_what_an_answer_reaches_by_name_is_seen_where_no_profiler_follows():
+    from helpers.scale import workers
+
+    def imports_it(rank, world_size, tensors):
+        from helpers.scale.workers import ring_all_reduce
+        return ring_all_reduce(rank, world_size, tensors)
+
+    def through_module(rank, world_size, tensors):
+        return workers.ring_all_reduce(rank, world_size, tensors)
+
+    def through_own_helper(rank, world_size, tensors):
+        return imports_it(rank, world_size, tensors)
+
+    def own(rank, world_size, tensors):
+        return sum(tensors)
+
+    for answer in (imports_it, through_module, through_own_helper):
+        assert watch.reached_by_name(answer) == "helpers.scale.workers.ring_all_reduce", answer
+    assert watch.reached_by_name(own) is None
