@@ -30,7 +30,7 @@ from helpers.scale.data_parallel import (
     make_model,
     shard_rows,
 )
-from helpers.training.by_hand import adam_state_dict, adamw_update, load_adam_state
+from helpers.training.by_hand import _adam_state_dict, _load_adam_state, adamw_update
 
 
 def assign_owners(sizes: Sequence[int], world_size: int) -> list[int]:
@@ -102,13 +102,13 @@ class ShardedAdamW:
     def state_dict(self) -> dict[str, object]:
         """This rank's state, laid out as torch.optim's: t, and m and v of the parameters it owns
         (a checkpoint per rank, as ZeRO writes one)."""
-        return adam_state_dict(self.t, {i: (self.m[i], self.v[i]) for i in self.mine},
+        return _adam_state_dict(self.t, {i: (self.m[i], self.v[i]) for i in self.mine},
                                self.param_groups, self.betas, self.eps)
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         """Take t, the moments and the settings from the `state_dict()` this rank saved (the same
         world_size: the moments must be of the parameters this rank owns)."""
-        t, moments, (betas, eps, decays) = load_adam_state(state, self.param_groups, owned=self.mine)
+        t, moments, (betas, eps, decays) = _load_adam_state(state, self.param_groups, owned=self.mine)
         self.t, self.betas, self.eps, self.weight_decay = t, betas, eps, decays[0]
         self.m = {i: m for i, (m, _) in moments.items()}
         self.v = {i: v for i, (_, v) in moments.items()}

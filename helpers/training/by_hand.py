@@ -6,9 +6,6 @@
     HandAdamW(update, matrices, vectors)
                                   AdamW on every weight of a model, one `update` per tensor;
                                   state_dict() / load_state_dict() resume it exactly
-    adam_state_dict, load_adam_state
-                                  a hand-written AdamW's state laid out as torch.optim's, and
-                                  checked on the way back in (HandAdamW's, ShardedAdamW's)
 
 Notebook 7 asks the student to write all three, then trains a small GPT with them; until an answer
 passes its check, the notebook runs on these (`helpers.lab.exercises.yours_or`). The Trainer
@@ -131,12 +128,12 @@ class HandAdamW:
     def state_dict(self) -> dict[str, Any]:
         """What resumes the optimizer exactly, laid out as torch.optim's: the step count t, each
         weight's m and v by its position, and each group's settings (`save_run` saves it)."""
-        return adam_state_dict(self.t, {i: (m, v) for i, (_, m, v, _) in enumerate(self.slots)},
+        return _adam_state_dict(self.t, {i: (m, v) for i, (_, m, v, _) in enumerate(self.slots)},
                                self.param_groups, self.betas, self.eps)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take t, the moments and the settings from a `state_dict()` of the same weights."""
-        t, moments, (betas, eps, decays) = load_adam_state(state, self.param_groups)
+        t, moments, (betas, eps, decays) = _load_adam_state(state, self.param_groups)
         self.t, self.betas, self.eps = t, betas, eps
         for group, decay in zip(self.param_groups, decays, strict=True):
             group["weight_decay"] = decay
@@ -145,7 +142,7 @@ class HandAdamW:
             slot[1], slot[2], slot[3] = *moments[i], decay_of[i]
 
 
-def adam_state_dict(t: int, moments: dict[int, tuple[Tensor, Tensor]], param_groups: list[dict[str, Any]],
+def _adam_state_dict(t: int, moments: dict[int, tuple[Tensor, Tensor]], param_groups: list[dict[str, Any]],
                     betas: tuple[float, float], eps: float) -> dict[str, Any]:
     """A hand-written AdamW's state as torch.optim lays it out: {"t", "state": {i: {"m", "v"}},
     "param_groups": [{"params": [i, ...], "weight_decay", "betas", "eps"}]}; i counts the
@@ -159,9 +156,9 @@ def adam_state_dict(t: int, moments: dict[int, tuple[Tensor, Tensor]], param_gro
     return {"t": t, "state": {i: {"m": m, "v": v} for i, (m, v) in moments.items()}, "param_groups": groups}
 
 
-def load_adam_state(state: Any, param_groups: list[dict[str, Any]], owned: list[int] | None = None
+def _load_adam_state(state: Any, param_groups: list[dict[str, Any]], owned: list[int] | None = None
                     ) -> tuple[int, dict[int, tuple[Tensor, Tensor]], tuple[tuple[float, float], float, list[float]]]:
-    """`adam_state_dict`'s output checked against the weights it is loaded into (the moments of
+    """`_adam_state_dict`'s output checked against the weights it is loaded into (the moments of
     weights `owned`, else of all) -> (t, {i: (m, v)} copied to each weight, (betas, eps, decays))."""
     if not (isinstance(state, dict) and {"t", "state", "param_groups"} <= set(state)):
         found = f"has keys {sorted(map(str, state))}" if isinstance(state, dict) else f"is {state!r:.60}"

@@ -11,7 +11,7 @@ same way; the file carries what they cannot rebuild:
 
 The safety of the course's checkpoints holds: the file is read with
 torch.load(weights_only=True), which never runs code from it; a SHA-256 of every tensor and
-value in it is verified (`run_checksum`, linear in the file's size even where a hostile file
+value in it is verified (linear in the file's size even where a hostile file
 shares one list between many places); and a model or optimizer that does not match the file
 (other names, shapes, classes, or the same weights in another order) is refused, naming the
 first difference, before anything is changed.
@@ -74,7 +74,7 @@ def _walk(state: Any) -> Iterator[tuple[str, Any]]:
             yield path, value
 
 
-def run_checksum(state: dict[str, Any]) -> str:
+def _run_checksum(state: dict[str, Any]) -> str:
     """The SHA-256 (hex) of everything in a run's state but its "checksum": each tensor's path,
     dtype, shape and bytes, each number's or string's path and value, and where lists are shared."""
     digest = hashlib.sha256()
@@ -136,7 +136,7 @@ def save_run(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimize
              "optimizer": optimizer.state_dict() if optimizer is not None else None,
              "optimizer_weights": _optimizer_weights(model, optimizer) if optimizer is not None else None,
              "step": int(step), "rng": torch.get_rng_state(), "extra": dict(extra)}
-    state["checksum"] = run_checksum(state)
+    state["checksum"] = _run_checksum(state)
     torch.save(state, target)
     return target
 
@@ -193,7 +193,7 @@ def _read_run(path: str | Path) -> tuple[Path, dict[str, Any]]:
     wrong = [key for key, kind in expected.items() if not isinstance(state.get(key), kind)]
     if wrong:
         raise CheckpointError(f"{path} has no valid {wrong[0]!r} entry, expected a file written by {WRITER}")
-    if run_checksum(state) != state["checksum"]:
+    if _run_checksum(state) != state["checksum"]:
         raise CheckpointError(f"{path} is corrupted: its tensors and values do not match the "
                               "checksum saved with them (a bad copy?); save the run again")
     return path, state

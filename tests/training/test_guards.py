@@ -17,6 +17,7 @@ from helpers.model.gpt import GPT, GPTConfig
 from helpers.training.guards import (
     MAX_BATCH_SIZE,
     check_learning_rate,
+    check_train_config,
     check_trainer_inputs,
     non_finite_parameters,
 )
@@ -48,6 +49,10 @@ def test_a_batch_too_large_to_allocate_is_refused_when_the_config_is_made():
                                          r"65,536 windows a step \(its logits alone would not fit in memory\)"):
         TrainConfig(batch_size=10**9)
     assert TrainConfig(batch_size=MAX_BATCH_SIZE).batch_size == 2**16
+    config = TrainConfig()
+    config.batch_size = MAX_BATCH_SIZE + 1  # a field changed after the config was made
+    with pytest.raises(ValueError, match=r"^batch_size is 65,537, expected at most MAX_BATCH_SIZE"):
+        check_train_config(config)
 
 
 def test_check_learning_rate_returns_a_float_and_allows_0():
