@@ -36,6 +36,10 @@ from helpers.training.by_hand import _adam_state_dict, _load_adam_state, adamw_u
 def assign_owners(sizes: Sequence[int], world_size: int) -> list[int]:
     """The owner rank of each parameter: largest first, each to the rank holding least so far."""
     checks.positive_int("world_size", world_size)
+    if not isinstance(sizes, Sequence) or isinstance(sizes, str):
+        raise TypeError(f"sizes is {sizes!r:.60}, expected a list of parameter sizes (ints >= 0)")
+    for i, size in enumerate(sizes):
+        checks.non_negative_int(f"sizes[{i}]", size)
     load = [0] * world_size
     owners = [0] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
@@ -58,6 +62,11 @@ class ShardedAdamW:
         if not self.params or not all(isinstance(p, Tensor) for p in self.params):
             raise ValueError("params is empty or holds something other than tensors, expected the "
                              "model's parameters (model.parameters())")
+        first = {}
+        repeated = next((j for j, p in enumerate(self.params) if first.setdefault(id(p), j) != j), None)
+        if repeated is not None:  # it would be stepped twice, with two sets of moments
+            raise ValueError(f"params lists weight {repeated} (shape {tuple(self.params[repeated].shape)}) "
+                             "a second time, expected each weight once (model.parameters() lists a tied one once)")
         if not (isinstance(betas, tuple | list) and len(betas) == 2):
             raise ValueError(f"betas is {betas!r}, expected two numbers (beta1, beta2)")
         for name, beta in zip(("betas[0]", "betas[1]"), betas, strict=True):  # 1.0 never forgets

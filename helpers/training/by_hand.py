@@ -98,9 +98,14 @@ class HandAdamW:
                  weight_decay: float = 0.1) -> None:
         if not callable(update):
             raise TypeError(f"update is a {type(update).__name__}, expected a function like adamw_update")
+        place: dict[int, str] = {}  # each weight's first place: a second one would step it twice
         for name, params in (("matrices", matrices), ("vectors", vectors)):
             if not isinstance(params, list | tuple) or not all(isinstance(p, Tensor) for p in params):
                 raise TypeError(f"{name} is {type(params).__name__}, expected a list of weight tensors")
+            for i, p in enumerate(params):
+                if place.setdefault(id(p), f"{name}[{i}]") != f"{name}[{i}]":
+                    raise ValueError(f"{name}[{i}] (shape {tuple(p.shape)}) is also {place[id(p)]}, "
+                                     "expected each weight once (matrices_and_vectors splits them so)")
         _check_betas(betas)
         checks.positive_float("eps", eps)
         checks.number_in("weight_decay", weight_decay, 0.0, math.inf, high_open=True,

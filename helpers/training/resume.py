@@ -127,6 +127,8 @@ def save_run(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimize
     checks.non_negative_int("step", step)
     for key, value in extra.items():
         _check_plain(f"extra value {key!r}", value)
+    if not isinstance(path, str | Path):
+        raise TypeError(f"path is {path!r:.60} ({type(path).__name__}), expected a str or Path")
     target = Path(path)
     if target.is_dir() or not target.parent.is_dir():
         raise ValueError(f"path {str(target)!r} is a folder or lies in a folder that does not "
@@ -208,7 +210,10 @@ def load_run(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimize
     path, state = _read_run(path)
     _refuse_mismatch(state["model"], model, path)
     if optimizer is not None:
-        if state["optimizer"] is None or state["optimizer_class"] != type(optimizer).__name__:
+        if state["optimizer"] is None:
+            raise CheckpointError(f"{path} holds no optimizer state (it was saved with optimizer=None), "
+                                  f"but a {type(optimizer).__name__} was given: load it with optimizer=None")
+        if state["optimizer_class"] != type(optimizer).__name__:
             raise CheckpointError(f"{path} holds the state of a {state['optimizer_class']} optimizer, "
                                   f"but a {type(optimizer).__name__} was given")
         saved_groups = _group_sizes(state["optimizer"])

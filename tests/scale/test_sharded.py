@@ -291,6 +291,17 @@ def test_the_sharded_optimizer_compares_shapes_across_ranks_when_there_are_sever
 def test_owners_need_a_positive_world_size():
     with pytest.raises(ValueError, match="^world_size is 0, expected a positive int$"):
         sharded.assign_owners([3, 2], 0)
+    with pytest.raises(ValueError, match=r"^sizes\[1\] is -1, expected an int >= 0$"):
+        sharded.assign_owners([3, -1], 2)  # it gave owners [0, 1] for a size that cannot be
+    with pytest.raises(TypeError, match="^sizes is 'ab', expected a list of parameter sizes"):
+        sharded.assign_owners("ab", 2)
+
+
+def test_a_weight_listed_twice_is_refused_before_it_is_stepped_twice():
+    params = params_with_gradients()
+    with pytest.raises(ValueError, match=r"^params lists weight 4 \(shape \(2, 3\)\) a second time, expected "
+                                         "each weight once"):
+        sharded.ShardedAdamW([*params, params[0]], rank=0, world_size=1)
 
 
 @pytest.mark.processes

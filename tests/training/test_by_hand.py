@@ -176,6 +176,8 @@ def test_hand_adamw_steps_a_model_like_torchs_adamw_with_two_groups():
     (lambda p: HandAdamW(adamw_update, [p], [], betas=(0.9, 1.5)), "betas"),
     (lambda p: HandAdamW(adamw_update, [p], [], eps=0.0), "eps"),
     (lambda p: HandAdamW(adamw_update, [p], [], weight_decay=-1.0), "weight_decay"),
+    (lambda p: HandAdamW(adamw_update, [p], [p]), r"^vectors\[0\] \(shape \(2, 2\)\) is also matrices\[0\], "
+                                                   "expected each weight once"),  # stepped twice, silently
 ])
 def test_hand_adamw_refuses_bad_input_naming_it(build, message):
     with pytest.raises((TypeError, ValueError), match=message):

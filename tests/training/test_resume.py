@@ -246,6 +246,9 @@ def test_a_pickled_object_is_never_unpickled(tmp_path):
     (lambda p, m, o: save_run(p.parent / "no" / "run.pt", m, o, 1), ValueError, "lies in a folder that does not exist"),
     (lambda p, m, o: load_run(p.parent / "missing.pt", m, o), FileNotFoundError, "no such file"),
     (lambda p, m, o: load_run(p, m, o, restore_rng="no"), TypeError, "^restore_rng is 'no'"),
+    (lambda p, m, o: save_run(5, m, o, 1), TypeError, r"^path is 5 \(int\), expected a str or Path$"),
+    (lambda p, m, o: load_run(save_run(p, m, None, 1), m, o), CheckpointError,
+     r"holds no optimizer state \(it was saved with optimizer=None\), but a AdamW was given"),
 ])
 def test_bad_arguments_are_refused_by_name(tmp_path, call, error, message):
     model, opt = build()
