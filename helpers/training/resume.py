@@ -108,13 +108,16 @@ def _optimizer_weights(model: nn.Module, optimizer: Any) -> list[str]:
             for group in optimizer.param_groups for p in group["params"]]
 
 
-def _group_sizes(state: Any) -> list[int]:
+def _group_sizes(state: Any, depth: int = 0) -> list[int]:
     """The number of parameters in each group of an optimizer's state dict, or of the optimizers
-    nested in one (MuonWithAdamW's {"muon": ..., "adamw": ...}), in order."""
+    nested one level in one (MuonWithAdamW's {"muon": ..., "adamw": ...}), in order; -1 for a
+    group that is not {"params": [...], ...}. A file's deeper dicts are not walked."""
     if isinstance(state, dict) and "param_groups" in state:
-        return [len(group["params"]) for group in state["param_groups"]]
-    if isinstance(state, dict):
-        return [size for key in sorted(state) for size in _group_sizes(state[key])]
+        groups = state["param_groups"] if isinstance(state["param_groups"], list) else [None]
+        return [len(g["params"]) if isinstance(g, dict) and isinstance(g.get("params"), list) else -1
+                for g in groups]
+    if isinstance(state, dict) and depth == 0:
+        return [size for key in sorted(state, key=str) for size in _group_sizes(state[key], depth + 1)]
     return []
 
 
@@ -146,7 +149,7 @@ def save_run(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimize
 def _refuse_mismatch(saved: dict[str, Tensor], model: nn.Module, path: Path) -> None:
     """Raise naming the first parameter whose name or shape differs between file and model."""
     ours = model.state_dict()
-    missing, unexpected = sorted(set(ours) - set(saved)), sorted(set(saved) - set(ours))
+    missing, unexpected = sorted(set(ours) - set(saved)), sorted(set(saved) - set(ours), key=str)
     if missing or unexpected:
         raise CheckpointError(f"{path} was saved from another model: the model has "
                               f"{missing[:3]} that the file lacks and the file has {unexpected[:3]} "

@@ -20,7 +20,7 @@ from helpers.model.checkpoints import CheckpointError
 from helpers.scale.sharded import ShardedAdamW
 from helpers.training.by_hand import HandAdamW, adamw_update
 from helpers.training.muon import MuonWithAdamW, split_for_muon
-from helpers.training.resume import load_run, save_run
+from helpers.training.resume import _run_checksum, load_run, save_run
 from helpers.training.trainer import matrices_and_vectors
 
 LR = 1e-2
@@ -216,6 +216,23 @@ def test_a_run_file_sharing_one_list_2_to_the_40_times_saves_and_loads_at_once(t
     torch.save(state, path)
     with finishes_within(10), pytest.raises(CheckpointError, match="is corrupted"):
         load_run(path, nn.Linear(2, 1))
+
+
+def test_an_optimizer_state_of_nested_shared_dicts_is_not_walked(tmp_path):
+    # a file whose checksum is right (anyone can compute one) but whose optimizer entry is
+    # 40 levels of {"a": d, "b": d}: comparing its groups once walked all 2^40 paths
+    model, opt = build()
+    path = save_run(tmp_path / "run.pt", model, opt, 0)
+    state = torch.load(path, weights_only=True)
+    nested = {"param_groups": "not a list"}
+    for _ in range(40):
+        nested = {"a": nested, "b": nested}
+    state["optimizer"] = nested
+    state["checksum"] = _run_checksum(state)
+    torch.save(state, path)
+    with finishes_within(10), pytest.raises(CheckpointError, match=r"holds an optimizer over parameter "
+                                                                    r"groups of sizes \[\], but the optimizer's are \[4\]"):
+        load_run(path, *build())
 
 
 def test_a_value_nested_too_deep_to_save_is_refused_by_name(tmp_path):
