@@ -112,7 +112,7 @@ class ShardedAdamW:
         """This rank's state, laid out as torch.optim's: t, and m and v of the parameters it owns
         (a checkpoint per rank, as ZeRO writes one)."""
         return _adam_state_dict(self.t, {i: (self.m[i], self.v[i]) for i in self.mine},
-                               self.param_groups, self.betas, self.eps)
+                                self.param_groups, self.betas, self.eps)
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         """Take t, the moments and the settings from the `state_dict()` this rank saved (the same

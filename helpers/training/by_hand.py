@@ -134,7 +134,7 @@ class HandAdamW:
         """What resumes the optimizer exactly, laid out as torch.optim's: the step count t, each
         weight's m and v by its position, and each group's settings (`save_run` saves it)."""
         return _adam_state_dict(self.t, {i: (m, v) for i, (_, m, v, _) in enumerate(self.slots)},
-                               self.param_groups, self.betas, self.eps)
+                                self.param_groups, self.betas, self.eps)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take t, the moments and the settings from a `state_dict()` of the same weights."""
@@ -148,7 +148,7 @@ class HandAdamW:
 
 
 def _adam_state_dict(t: int, moments: dict[int, tuple[Tensor, Tensor]], param_groups: list[dict[str, Any]],
-                    betas: tuple[float, float], eps: float) -> dict[str, Any]:
+                     betas: tuple[float, float], eps: float) -> dict[str, Any]:
     """A hand-written AdamW's state as torch.optim lays it out: {"t", "state": {i: {"m", "v"}},
     "param_groups": [{"params": [i, ...], "weight_decay", "betas", "eps"}]}; i counts the
     weights over the groups. `moments` holds the weights whose m and v this optimizer keeps."""
@@ -162,7 +162,7 @@ def _adam_state_dict(t: int, moments: dict[int, tuple[Tensor, Tensor]], param_gr
 
 
 def _load_adam_state(state: Any, param_groups: list[dict[str, Any]], owned: list[int] | None = None
-                    ) -> tuple[int, dict[int, tuple[Tensor, Tensor]], tuple[tuple[float, float], float, list[float]]]:
+                     ) -> tuple[int, dict[int, tuple[Tensor, Tensor]], tuple[tuple[float, float], float, list[float]]]:
     """`_adam_state_dict`'s output checked against the weights it is loaded into (the moments of
     weights `owned`, else of all) -> (t, {i: (m, v)} copied to each weight, (betas, eps, decays))."""
     if not (isinstance(state, dict) and {"t", "state", "param_groups"} <= set(state)):
@@ -171,8 +171,8 @@ def _load_adam_state(state: Any, param_groups: list[dict[str, Any]], owned: list
     t = checks.non_negative_int("state['t']", state["t"])
     params = [p for group in param_groups for p in group["params"]]
     groups = state["param_groups"]
-    sizes = [len(g.get("params", ())) if isinstance(g, dict) else -1 for g in groups] \
-        if isinstance(groups, list) else groups
+    sizes = [len(g["params"]) if isinstance(g, dict) and isinstance(g.get("params"), list) else -1
+             for g in groups] if isinstance(groups, list) else groups
     if sizes != [len(group["params"]) for group in param_groups]:
         raise ValueError(f"state['param_groups'] has groups of sizes {sizes!r:.60}, expected "
                          f"{[len(group['params']) for group in param_groups]}: the state of other weights")
