@@ -1,9 +1,12 @@
-"""Small pieces shared by the test modules (exact error messages, a tiny GPT and tokenizer, a notebook cell run as __main__)."""
+"""Small pieces shared by the test modules (exact error messages, a tiny GPT and tokenizer, a notebook cell run as __main__, a time bound for what once hung)."""
 
 from __future__ import annotations
 
 import random
 import re
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -76,3 +79,21 @@ def small_gpt(dtype: torch.dtype, **sizes) -> GPT:
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=31, context_length=16, n_layers=2, n_heads=2, d_model=32, **sizes)
     return GPT(config).to(dtype).eval()
+
+
+@contextmanager
+def finishes_within(seconds: float) -> Iterator[None]:
+    """Raise TimeoutError if the block runs longer than `seconds`, so that code that once hung
+    (a walk over 2^40 paths) fails its test instead of stopping the suite. It interrupts Python
+    code only (a SIGALRM timer, in the main thread): the hangs it guards are Python loops. The
+    bound is generous (a loaded machine); the work it bounds takes milliseconds."""
+    def stop(signum, frame):  # noqa: ANN001 - signal's handler signature
+        raise TimeoutError(f"still running after {seconds} s: expected it to finish at once")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

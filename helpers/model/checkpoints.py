@@ -87,18 +87,33 @@ def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
 PLAIN_TYPES = (bool, int, float, str, type(None), Tensor)  # what weights_only loading accepts
 
 
-def _check_plain(what: str, value: Any) -> None:
+MAX_NESTING = 100  # levels of lists and dicts a plain value may have (pickle recurses per level)
+
+
+def _check_plain(what: str, value: Any, depth: int = 0, seen: set[int] | None = None) -> None:
     """Raise a TypeError unless `value` is a plain scalar, string, tensor, or a list, tuple or
-    dict (with str or int keys) of them."""
+    dict (with str or int keys) of them, at most MAX_NESTING levels deep.
+
+    A container met again (the same list twice, or [x, x] nested 40 deep) is checked once: the
+    walk is linear in the number of distinct objects, as pickle's is.
+    """
+    seen = set() if seen is None else seen
+    if type(value) in (list, tuple, dict):
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        if depth >= MAX_NESTING:
+            raise ValueError(f"{what} is nested more than {MAX_NESTING} levels deep, expected plain "
+                             f"values in at most {MAX_NESTING} levels of lists and dicts")
     if type(value) in (list, tuple):
         for i, item in enumerate(value):
-            _check_plain(f"{what}[{i}]", item)
+            _check_plain(f"{what}[{i}]", item, depth + 1, seen)
     elif type(value) is dict:
         for key, item in value.items():
             if type(key) not in (str, int):
                 raise TypeError(f"{what} has the key {key!r} (a {type(key).__name__}), expected "
                                 "str or int keys")
-            _check_plain(f"{what}[{key!r}]", item)
+            _check_plain(f"{what}[{key!r}]", item, depth + 1, seen)
     elif type(value) not in PLAIN_TYPES and not isinstance(value, Tensor):
         hint = " (use float(...) or int(...))" if hasattr(value, "item") else \
             " (use str(...))" if isinstance(value, Path) else ""

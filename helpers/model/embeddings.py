@@ -67,6 +67,13 @@ def cosine_similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a: (..., d), b: (..., d); leading dimensions broadcast. Returns (...,), values in [-1, 1].
     A zero vector has no direction, so it raises instead of returning a made-up number.
     """
+    for name, vectors in (("a", a), ("b", b)):
+        if not (isinstance(vectors, torch.Tensor) and vectors.is_floating_point() and vectors.dim() >= 1):
+            got = (f"of dtype {vectors.dtype} and shape {tuple(vectors.shape)}" if isinstance(vectors, torch.Tensor)
+                   else f"a {type(vectors).__name__}")
+            raise TypeError(f"{name} is {got}, expected a floating-point tensor of vectors (..., d)"
+                            + (f": convert it with {name}.float()" if isinstance(vectors, torch.Tensor)
+                               and not vectors.is_floating_point() else ""))
     if a.shape[-1:] != b.shape[-1:]:
         raise ValueError(f"a has shape {tuple(a.shape)} and b has shape {tuple(b.shape)}, "
                          f"expected the same last dimension (the vector size)")

@@ -74,6 +74,9 @@ def read_safetensors(path: str | Path) -> dict[str, Tensor]:
         header = json.loads(data[8:8 + header_length].decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path} is not a safetensors file: its header is not JSON ({error})") from None
+    except RecursionError:  # json recurses once per level: a hostile header nests 100,000 deep
+        raise ValueError(f"{path} is not a safetensors file: its JSON header is nested too deeply, "
+                         "expected an object {name: entry} whose entries are one level deep") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path} is not a safetensors file: its header is a JSON "
                          f"{type(header).__name__}, expected an object {{name: entry}}")
@@ -138,8 +141,15 @@ def read_checkpoint(path: str | Path) -> dict[str, Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several types for a file that is not its own
+        # our own words, never torch's advice to retry with weights_only=False (which runs code)
+        if "Unsupported global" in str(error):
+            raise ValueError(f"{path} holds pickled Python objects, which could run code when "
+                             "loaded, so it is not loaded: expected a state dict {name: tensor} "
+                             "such as Hugging Face's pytorch_model.bin, or a .safetensors file") from None
+        why = "its bytes are not a pickle of tensors" if "Weights only load failed" in str(error) \
+            else f"{type(error).__name__}: {error}"
         raise ValueError(f"{path} is neither a safetensors file (by its name) nor a PyTorch "
-                         f"state dict torch.load can read: {type(error).__name__}: {error}"[:400]) from None
+                         f"state dict torch.load can read ({why})"[:400]) from None
     if not isinstance(state, Mapping) or not all(isinstance(t, Tensor) for t in state.values()):
         raise ValueError(f"{path} holds a {type(state).__name__}, expected a state dict "
                          "{name: tensor} such as Hugging Face's pytorch_model.bin")

@@ -63,7 +63,7 @@ class AttentionHead(nn.Module):
         if isinstance(mask, Tensor) and mask.dim() == 4:
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected (N, M) or (B, N, M): "
                              "a single head has no head axis")
-        mask = attention_mask(mask, causal, x.shape[1], source.shape[1], x.device)
+        mask = attention_mask(mask, causal, x.shape[1], source.shape[1], x.device, batch=x.shape[0])
         if mask is not None and mask.dim() == 4:
             mask = mask.squeeze(1)
         q, k, v = self.q_proj(x), self.k_proj(source), self.v_proj(source)  # (B, N|M, D_H)
@@ -192,7 +192,7 @@ class MultiHeadAttention(nn.Module):
         """
         groups = self.n_heads // self.n_kv_heads
         k, v = repeat_kv_heads(k, groups), repeat_kv_heads(v, groups)  # (B, H, M, D_H)
-        mask = attention_mask(mask, causal, q.shape[-2], k.shape[-2], q.device)
+        mask = attention_mask(mask, causal, q.shape[-2], k.shape[-2], q.device, *q.shape[:2])
         heads, weights = scaled_dot_product_attention(q, k, v, mask=mask)  # (B, H, N, D_H)
         self.last_weights = weights.detach()
         return self.dropout(self.out_proj(merge_heads(heads)))
@@ -280,11 +280,13 @@ def _check_context(x: Tensor, context: Tensor) -> None:
 
 
 def attention_mask(mask: Tensor | None, causal: bool, n_q: int, n_k: int,
-                   device: torch.device) -> Tensor | None:
+                   device: torch.device, batch: int | None = None, heads: int | None = None) -> Tensor | None:
     """The boolean mask to pass to attention: `mask` and, if `causal`, the causal mask, combined.
 
-    mask: None, (N, M), (B, N, M) or (B or 1, H or 1, N, M); True = may attend. A 3-D mask is
-    given a head axis, (B, 1, N, M), so that every head uses it. Returns None when nothing is masked.
+    mask: None, (N, M), (B, N, M) or (B or 1, H or 1, N, M); True = may attend; a size of 1
+    broadcasts. A 3-D mask is given a head axis, (B, 1, N, M), so that every head uses it. Its
+    shape is checked as given, against N = n_q, M = n_k and (when known) B = batch, H = heads.
+    Returns None when nothing is masked.
     """
     checks.boolean("causal", causal)
     if mask is not None:
@@ -294,6 +296,12 @@ def attention_mask(mask: Tensor | None, causal: bool, n_q: int, n_k: int,
         if mask.dim() not in (2, 3, 4):
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected (N, M), (B, N, M) "
                              f"or (B, H, N, M) with N = {n_q}, M = {n_k}")
+        sizes = {2: (n_q, n_k), 3: (batch, n_q, n_k), 4: (batch, heads, n_q, n_k)}[mask.dim()]
+        if any(want is not None and got not in (1, want) for got, want in zip(mask.shape, sizes, strict=True)):
+            names = {2: "NM", 3: "BNM", 4: "BHNM"}[mask.dim()]
+            wanted = ", ".join(name if size is None else f"{name}={size}" for name, size in zip(names, sizes, strict=True))
+            raise ValueError(f"mask has shape {tuple(mask.shape)}, expected ({wanted}) to match the "
+                             f"{n_q} queries and {n_k} keys (a size of 1 broadcasts)")
         if mask.dim() == 3:
             mask = mask.unsqueeze(1)
     if not causal:

@@ -5,7 +5,8 @@ are twice the weights, so they are the first thing to split: with ZeRO-1 each ra
 only for the parameters it *owns*, updates only those, and broadcasts them to the others.
 
     assign_owners(sizes, world_size)  which rank owns which parameter (balanced by size)
-    ShardedAdamW                      AdamW (notebook 7's equations) on the owned shard + broadcasts
+    ShardedAdamW                      AdamW (notebook 7's equations) on the owned shard + broadcasts;
+                                      state_dict() / load_state_dict(): this rank's part, resumed exactly
     train_zero_by_hand                worker: ShardedAdamW against an unsharded twin, same gradients
     train_zero_torch                  worker: torch's ZeroRedundancyOptimizer against torch.optim.AdamW
     train_fsdp                        worker: FSDP2's fully_shard (weights, gradients and state split)
@@ -29,12 +30,16 @@ from helpers.scale.data_parallel import (
     make_model,
     shard_rows,
 )
-from helpers.training.by_hand import adamw_update
+from helpers.training.by_hand import _adam_state_dict, _load_adam_state, adamw_update
 
 
 def assign_owners(sizes: Sequence[int], world_size: int) -> list[int]:
     """The owner rank of each parameter: largest first, each to the rank holding least so far."""
     checks.positive_int("world_size", world_size)
+    if not isinstance(sizes, Sequence) or isinstance(sizes, str):
+        raise TypeError(f"sizes is {sizes!r:.60}, expected a list of parameter sizes (ints >= 0)")
+    for i, size in enumerate(sizes):
+        checks.non_negative_int(f"sizes[{i}]", size)
     load = [0] * world_size
     owners = [0] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
@@ -57,6 +62,11 @@ class ShardedAdamW:
         if not self.params or not all(isinstance(p, Tensor) for p in self.params):
             raise ValueError("params is empty or holds something other than tensors, expected the "
                              "model's parameters (model.parameters())")
+        first = {}
+        repeated = next((j for j, p in enumerate(self.params) if first.setdefault(id(p), j) != j), None)
+        if repeated is not None:  # it would be stepped twice, with two sets of moments
+            raise ValueError(f"params lists weight {repeated} (shape {tuple(self.params[repeated].shape)}) "
+                             "a second time, expected each weight once (model.parameters() lists a tied one once)")
         if not (isinstance(betas, tuple | list) and len(betas) == 2):
             raise ValueError(f"betas is {betas!r}, expected two numbers (beta1, beta2)")
         for name, beta in zip(("betas[0]", "betas[1]"), betas, strict=True):  # 1.0 never forgets
@@ -92,6 +102,25 @@ class ShardedAdamW:
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds (m and v of its own parameters)."""
         return sum(t.numel() * t.element_size() for t in [*self.m.values(), *self.v.values()])
+
+    @property
+    def param_groups(self) -> list[dict[str, object]]:
+        """Every parameter in one group (the state's weight i is params[i]), as torch.optim lists them."""
+        return [{"params": self.params, "weight_decay": self.weight_decay}]
+
+    def state_dict(self) -> dict[str, object]:
+        """This rank's state, laid out as torch.optim's: t, and m and v of the parameters it owns
+        (a checkpoint per rank, as ZeRO writes one)."""
+        return _adam_state_dict(self.t, {i: (self.m[i], self.v[i]) for i in self.mine},
+                                self.param_groups, self.betas, self.eps)
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Take t, the moments and the settings from the `state_dict()` this rank saved (the same
+        world_size: the moments must be of the parameters this rank owns)."""
+        t, moments, (betas, eps, decays) = _load_adam_state(state, self.param_groups, owned=self.mine)
+        self.t, self.betas, self.eps, self.weight_decay = t, betas, eps, decays[0]
+        self.m = {i: m for i, (m, _) in moments.items()}
+        self.v = {i: v for i, (_, v) in moments.items()}
 
 
 def _gradient_step(rank: int, world_size: int, run: Run, step: int, model: nn.Module,

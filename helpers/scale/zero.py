@@ -30,7 +30,8 @@ from helpers.scale.sharded import assign_owners
 
 def _groups(params: Any) -> list[dict[str, Any]]:
     """params as torch.optim takes them (tensors, or dicts with "params") -> a list of groups,
-    each parameter once (a tied weight is one tensor)."""
+    each parameter once (a tied weight is one tensor). A weight in two groups is refused, as
+    torch.optim refuses it: which group's settings would it follow?"""
     if isinstance(params, Tensor):
         raise TypeError("params is a single tensor, expected an iterable of them "
                         "(model.parameters()) or of parameter groups")
@@ -48,7 +49,14 @@ def _groups(params: Any) -> list[dict[str, Any]]:
                 got = p.dtype if isinstance(p, Tensor) else type(p).__name__
                 raise ValueError(f"parameter group {number} holds {got}, expected floating-point "
                                  "tensors (the model's parameters)")
-        unique = [p for p in tensors if id(p) not in seen and not seen.add(id(p))]
+        unique = list({id(p): p for p in tensors}.values())
+        repeated = next((j for j, p in enumerate(unique) if id(p) in seen), None)
+        if repeated is not None:
+            first = next(i for i, g in enumerate(out) if any(p is unique[repeated] for p in g["params"]))
+            raise ValueError(f"parameter group {number} lists weight {repeated} (shape "
+                             f"{tuple(unique[repeated].shape)}), which parameter group {first} lists "
+                             "too: expected each weight in one group only")
+        seen.update(id(p) for p in unique)
         out.append({**group, "params": unique})
     if not any(group["params"] for group in out):
         raise ValueError("params is empty, expected the model's parameters (model.parameters())")
@@ -86,6 +94,11 @@ class ShardedOptimizer:
         if self.world_size > 1:
             for p, owner in zip(self.params, self.owner, strict=True):
                 dist.broadcast(p.data, src=owner)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The groups of this rank's optimizer (its own parameters), whose state `state_dict` holds."""
+        return [] if self.local is None else self.local.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:

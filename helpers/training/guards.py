@@ -1,5 +1,6 @@
 """The checks the Trainer runs before it trains and at every step (notebook 7, section 4).
 
+    check_train_config       every field of a TrainConfig, when it is made
     check_trainer_inputs     the model, the token ids and the window, before anything is built
     check_learning_rate      a finite rate >= 0 for train_step (NaN or -1 would train on silently)
     non_finite_parameters    the weights holding NaN or inf, named, for the error messages
@@ -17,6 +18,38 @@ from torch import Tensor, nn
 
 from helpers import checks
 from helpers.model.embeddings import check_token_ids
+
+MAX_BATCH_SIZE = 2**16  # windows a step: the course trains with 12-64; 10**9 died in the allocator
+
+
+def check_train_config(config: Any) -> None:
+    """Raise naming the first field of a TrainConfig that is out of its range (or of its type)."""
+    for name in ("batch_size", "eval_every", "eval_batches"):
+        checks.positive_int(name, getattr(config, name))
+    if config.batch_size > MAX_BATCH_SIZE:
+        raise ValueError(f"batch_size is {config.batch_size:,}, expected at most MAX_BATCH_SIZE = "
+                         f"{MAX_BATCH_SIZE:,} windows a step (its logits alone would not fit in memory): "
+                         "take more steps instead")
+    if config.context_length is not None:
+        try:
+            checks.positive_int("context_length", config.context_length)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{error} (or None for the model's context length)") from None
+    checks.positive_float("learning_rate", config.learning_rate)
+    checks.positive_float("grad_clip", config.grad_clip)
+    checks.number_in("warmup", config.warmup, 0.0, 1.0, high_open=True, expected="a fraction of the run in [0, 1)")
+    checks.number_in("min_lr_ratio", config.min_lr_ratio, 0.0, 1.0,
+                     expected="a fraction of the peak learning rate in [0, 1]")
+    checks.number_in("weight_decay", config.weight_decay, 0.0, math.inf, high_open=True,
+                     expected="a number >= 0 (0 = no decay)")
+    checks.one_of("precision", config.precision, ("auto", "bf16", "fp32"))
+    checks.boolean("fast", config.fast)
+    checks.boolean("compile", config.compile)
+    checks.non_negative_int("seed", config.seed)
+    checks.one_of("optimizer", config.optimizer, ("adamw", "muon"))
+    checks.positive_float("muon_learning_rate", config.muon_learning_rate)
+    if config.compile and not config.fast:
+        raise ValueError("compile=True needs fast=True: the plain path is the uncompiled reference")
 
 
 def check_learning_rate(lr: Any) -> float:

@@ -14,16 +14,13 @@ Muon post, 2024; at scale: Moonshot AI's "Muon is scalable for LLM training", 20
     split_for_muon(model)                   hidden matrices for Muon; embeddings, head, vectors apart
     MuonWithAdamW                           the pair as one optimiser (step, zero_grad, state_dict)
 
-Each step of Muon is the one `torch.optim.Muon` takes, bit for bit (tests/training/test_muon.py):
-the same operations in the same order, Newton-Schulz in bfloat16 as there. `ns_dtype=torch.float32` runs
-the iteration in float32 instead: on a CPU without native bfloat16 (most laptops) every bf16
-matrix product is emulated, and the iteration measured over 20x slower than in float32.
+Each step of Muon is the one `torch.optim.Muon` takes, bit for bit (tests/training/test_muon.py),
+Newton-Schulz in bfloat16 as there. `ns_dtype=torch.float32` iterates in float32 instead: on a CPU
+without native bfloat16 (most laptops) bf16 products are emulated, measured over 20x slower.
 
-The fast path beside the idea: Muon.step hands all matrices of one shape to
-`newton_schulz_batched` at once (the same result bit for bit), and in float32 a matrix at least
-twice as wide as tall iterates on its small Gram matrix (< 1e-5 apart). On the race's GPT, Muon's
-step was almost all Newton-Schulz products (2.5 GFLOP a step against about 4 for forward and
-backward), not Python; benchmarks/bench_muon_step.py measures both steps against AdamW's.
+The fast path: Muon.step hands all matrices of one shape to `newton_schulz_batched` at once (the
+same result bit for bit); in float32 a matrix at least twice as wide as tall iterates on its small
+Gram matrix (< 1e-5 apart). benchmarks/bench_muon_step.py measures the step against AdamW's.
 """
 
 from __future__ import annotations
@@ -56,8 +53,8 @@ def newton_schulz(m: Tensor, steps: int = NS_STEPS, coefficients: Sequence[float
     push them all towards 1. The coefficients (a, b, c) make f as steep at 0 as possible, so
     even tiny singular values grow fast; the price is that they end anywhere in about
     [0.7, 1.2] rather than at 1, which does not hurt training. A tall matrix (A > B) is
-    transposed first, so that X X^T is the smaller (B, B) Gram matrix. Runs in `dtype`
-    (bfloat16, as torch.optim.Muon; the iteration is robust to its rounding); returns `dtype`.
+    transposed first, so X X^T is the smaller (B, B) Gram matrix. Runs in and returns `dtype`
+    (bfloat16, as torch.optim.Muon; the iteration is robust to its rounding).
     """
     _check_matrix("m", m)
     if not bool(torch.isfinite(m).all()):
@@ -69,7 +66,7 @@ def newton_schulz(m: Tensor, steps: int = NS_STEPS, coefficients: Sequence[float
 def _newton_schulz(m: Tensor, steps: int, coefficients: tuple[float, float, float], eps: float,
                    dtype: torch.dtype) -> Tensor:
     a, b, c = coefficients
-    x = m.to(dtype)
+    x = _below_one(m, dims=(0, 1)).to(dtype)
     tall = m.shape[0] > m.shape[1]
     if tall:
         x = x.T                                        # (B, A): the Gram matrix below is (B, B)
@@ -81,25 +78,29 @@ def _newton_schulz(m: Tensor, steps: int, coefficients: tuple[float, float, floa
     return x.T if tall else x
 
 
+def _below_one(m: Tensor, dims: tuple[int, int]) -> Tensor:
+    """m over the power of two just above its largest entry, if that is >= 1: the same result bit
+    for bit (only exponents move), but the norm cannot overflow (1e20 squared is inf in float32,
+    and m / inf is all zeros). Smaller entries are left alone, so the norm's eps clamp holds."""
+    _, exponent = torch.frexp(m.detach().abs().amax(dim=dims, keepdim=True))
+    return m * torch.ldexp(torch.ones_like(m[..., :1, :1]), -exponent.clamp(min=0))
+
+
 def newton_schulz_batched(ms: Tensor, steps: int = NS_STEPS, coefficients: Sequence[float] = NS_COEFFICIENTS,
                           eps: float = NS_EPS, dtype: torch.dtype = torch.bfloat16) -> Tensor:
     """ms (K, A, B), K matrices of one shape -> `newton_schulz` of each, stacked (K, A, B).
 
-    The same operations as `newton_schulz` on each matrix, as batched products (torch.bmm and
-    torch.baddbmm): one call per product for all K instead of K calls. Each matrix keeps its own
-    norm, and a tall stack is transposed as a view, as there, so every product sees the same
-    layout: the result equals the per-matrix one bit for bit (tests/training/test_muon.py; float32
-    matrices with a side under 8 may round differently, by < 1e-5).
-
-    One exception, in float32 or float64 only: a matrix at least twice as wide as tall, (m, n)
-    with n >= 2m, iterates on its small Gram matrix instead (`_gram_newton_schulz`), the same
-    polynomial with fewer multiplications; it agrees with `newton_schulz` to float32 rounding
-    (< 1e-5 per entry, and as close to a float64 run as the plain iteration is).
+    The same operations as `newton_schulz` on each matrix, as batched products (torch.bmm,
+    torch.baddbmm): one call per product for all K. Each matrix keeps its own norm, and a tall
+    stack is transposed as a view, so every product sees the same layout: the result equals the
+    per-matrix one bit for bit (float32 matrices with a side under 8 may differ by < 1e-5).
+    One exception, in float32 or float64 only: a matrix at least twice as wide as tall (n >= 2m)
+    iterates on its small Gram matrix (`_gram_newton_schulz`), the same polynomial with fewer
+    multiplications, equal to `newton_schulz` to float32 rounding (< 1e-5 per entry).
     """
-    if not isinstance(ms, Tensor):
-        raise TypeError(f"ms is a {type(ms).__name__}, expected a (K, A, B) floating-point tensor")
-    if not ms.is_floating_point():
-        raise TypeError(f"ms has dtype {ms.dtype}, expected a (K, A, B) floating-point tensor")
+    if not (isinstance(ms, Tensor) and ms.is_floating_point()):
+        got = f"has dtype {ms.dtype}" if isinstance(ms, Tensor) else f"is a {type(ms).__name__}"
+        raise TypeError(f"ms {got}, expected a (K, A, B) floating-point tensor")
     if ms.dim() != 3 or 0 in ms.shape:
         raise ValueError(f"ms has shape {tuple(ms.shape)}, expected a stack of matrices (K, A, B), none empty")
     if not bool(torch.isfinite(ms).all()):
@@ -111,7 +112,7 @@ def newton_schulz_batched(ms: Tensor, steps: int = NS_STEPS, coefficients: Seque
 def _newton_schulz_batched(ms: Tensor, steps: int, coefficients: tuple[float, float, float], eps: float,
                            dtype: torch.dtype) -> Tensor:
     a, b, c = coefficients
-    x = ms.to(dtype)
+    x = _below_one(ms, dims=(1, 2)).to(dtype)
     tall = ms.shape[1] > ms.shape[2]
     if tall:
         x = x.mT                                       # (K, B, A), a view as in _newton_schulz
@@ -181,15 +182,8 @@ def muon_update(p: Tensor, g: Tensor, buf: Tensor, lr: float, momentum: float = 
         _check_matrix(name, tensor)
         if tensor.shape != p.shape:
             raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected p's shape {tuple(p.shape)}")
-    hyper = _check_hyperparameters(lr, momentum, nesterov, weight_decay, rule)
-    ns = _check_ns_settings(steps, coefficients, eps)
-    return _muon_update(p, g, buf, *hyper, steps, ns, eps, _check_dtype(ns_dtype, "ns_dtype"))
-
-
-def _muon_update(p: Tensor, g: Tensor, buf: Tensor, lr: float, momentum: float, nesterov: bool,
-                 weight_decay: float, rule: str, steps: int,
-                 coefficients: tuple[float, float, float], eps: float,
-                 ns_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    lr, momentum, nesterov, weight_decay, rule = _check_hyperparameters(lr, momentum, nesterov, weight_decay, rule)
+    coefficients, ns_dtype = _check_ns_settings(steps, coefficients, eps), _check_dtype(ns_dtype, "ns_dtype")
     buf = buf.lerp(g, 1 - momentum)                    # momentum buf + (1 - momentum) g
     direction = g.lerp(buf, momentum) if nesterov else buf
     orthogonal = _newton_schulz(direction, steps, coefficients, eps, ns_dtype)
@@ -245,7 +239,7 @@ class Muon(torch.optim.Optimizer):
         return loss
 
     def _step_same_shape(self, params: list[Tensor], group: dict[str, Any]) -> None:
-        """`_muon_update` on every weight in `params` (one shape), in place, Newton-Schulz batched."""
+        """`muon_update` on every weight in `params` (one shape), in place, Newton-Schulz batched."""
         momentum, lr = group["momentum"], group["lr"]
         grads = [p.grad for p in params]
         buffers = []
@@ -255,10 +249,8 @@ class Muon(torch.optim.Optimizer):
                 state["momentum_buffer"] = torch.zeros_like(p.grad)
             buffers.append(state["momentum_buffer"])
         torch._foreach_lerp_(buffers, grads, 1 - momentum)          # buf <- lerp(buf, g, 1 - momentum)
-        if group["nesterov"]:
-            directions = [g.lerp(buf, momentum) for g, buf in zip(grads, buffers, strict=True)]
-        else:
-            directions = buffers
+        directions = ([g.lerp(buf, momentum) for g, buf in zip(grads, buffers, strict=True)]
+                      if group["nesterov"] else buffers)
         orthogonal = _newton_schulz_batched(torch.stack(directions), group["steps"],
                                             tuple(group["coefficients"]), group["eps"], group["ns_dtype"])
         torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
@@ -274,10 +266,9 @@ def split_for_muon(model: nn.Module, head_names: Sequence[str] = ("lm_head",)
     hidden: the weights of every nn.Linear inside the network (attention and MLP projections):
         Muon. Each maps one hidden vector to another, where all directions matter alike.
     matrices: the other matrices, AdamW with weight decay: the embedding tables (nn.Embedding)
-        and the output head (a module named in `head_names`). A table's row is looked up, not
-        multiplied: only the rows of the tokens in the batch get a gradient, and orthogonalising
-        would spread that step over every row. The head turns vectors into V logits, one row
-        per token, and is tied to the token table in the course's GPT.
+        and the output head (the modules named in `head_names`; a name matching none is refused).
+        A table's row is looked up, not multiplied: only the batch's tokens' rows get a gradient,
+        and orthogonalising would spread that step over every row. The head's rows are tokens too.
     vectors: biases and norm gains (dim < 2), AdamW without weight decay: Muon needs a matrix.
     A tied tensor is listed once, as its embedding.
     """
@@ -285,9 +276,13 @@ def split_for_muon(model: nn.Module, head_names: Sequence[str] = ("lm_head",)
     if not (isinstance(head_names, Sequence) and not isinstance(head_names, str)
             and all(isinstance(name, str) for name in head_names)):
         raise TypeError(f"head_names is {head_names!r}, expected a list of module names such as ('lm_head',)")
+    heads = [(name, module) for name, module in model.named_modules() if name.rsplit(".", 1)[-1] in head_names]
+    unmatched = sorted(set(head_names) - {name.rsplit(".", 1)[-1] for name, _ in heads})
+    if unmatched:  # a misspelt head would silently go to Muon
+        raise ValueError(f"head_names has {unmatched[0]!r}, which names no module of the model, expected "
+                         "the output head's name (its last part, such as 'lm_head'), or () for none")
     apart = {id(module.weight) for module in model.modules() if isinstance(module, nn.Embedding)}
-    apart |= {id(module.weight) for name, module in model.named_modules()
-              if name.rsplit(".", 1)[-1] in head_names and hasattr(module, "weight")}
+    apart |= {id(module.weight) for _, module in heads if hasattr(module, "weight")}
     linear = {id(module.weight) for module in model.modules() if isinstance(module, nn.Linear)}
     hidden, matrices, vectors = [], [], []
     for p in model.parameters():
@@ -320,9 +315,14 @@ class MuonWithAdamW:
         checks.positive_float("muon_lr", muon_lr)
         checks.positive_float("adamw_lr", adamw_lr)
         checks.boolean("fused", fused)
+        owner: dict[int, str] = {}  # each weight's first place, to refuse a second one
         for name, params in (("hidden", hidden), ("matrices", matrices), ("vectors", vectors)):
             if not isinstance(params, list | tuple) or not all(isinstance(p, Tensor) for p in params):
                 raise TypeError(f"{name} is {type(params).__name__}, expected a list of weight tensors")
+            for i, p in enumerate(params):
+                if owner.setdefault(id(p), f"{name}[{i}]") != f"{name}[{i}]":
+                    raise ValueError(f"{name}[{i}] (shape {tuple(p.shape)}) is also {owner[id(p)]}, expected "
+                                     "each weight in one list (split_for_muon's): it would be stepped twice")
         if not hidden:
             raise ValueError("hidden is empty, expected the hidden matrices for Muon (split_for_muon)")
         self.muon = Muon(list(hidden), lr=muon_lr, weight_decay=weight_decay, momentum=momentum,
@@ -352,8 +352,7 @@ class MuonWithAdamW:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not (isinstance(state, dict) and set(state) == {"muon", "adamw"}):
-            raise ValueError(f"state has keys {sorted(state) if isinstance(state, dict) else type(state).__name__}, "
-                             "expected a MuonWithAdamW.state_dict() with keys 'adamw' and 'muon'")
+            raise ValueError(f"state is {state!r:.60}, expected a MuonWithAdamW.state_dict() with keys 'adamw' and 'muon'")
         self.muon.load_state_dict(state["muon"])
         if self.adamw:
             self.adamw.load_state_dict(state["adamw"])
@@ -362,18 +361,16 @@ class MuonWithAdamW:
 # --- checks --------------------------------------------------------------------------------
 
 def _check_matrix(name: str, value: Any, hint: str = "") -> None:
-    if not isinstance(value, Tensor):
-        raise TypeError(f"{name} is a {type(value).__name__}, expected a 2-D floating-point tensor")
-    if not value.is_floating_point():
-        raise TypeError(f"{name} has dtype {value.dtype}, expected a 2-D floating-point tensor")
+    if not (isinstance(value, Tensor) and value.is_floating_point()):
+        got = f"has dtype {value.dtype}" if isinstance(value, Tensor) else f"is a {type(value).__name__}"
+        raise TypeError(f"{name} {got}, expected a 2-D floating-point tensor")
     if value.dim() != 2:
         raise ValueError(f"{name} has shape {tuple(value.shape)}, expected a 2-D matrix{hint}")
 
 
 def _check_dtype(dtype: Any, name: str = "dtype") -> torch.dtype:
-    checks.instance(name, dtype, torch.dtype, "a floating-point torch.dtype")
-    if not dtype.is_floating_point:
-        raise TypeError(f"{name} is {dtype}, expected a floating-point torch.dtype")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"{name} is {dtype!r}, expected a floating-point torch.dtype such as torch.float32")
     return dtype
 
 
@@ -396,5 +393,8 @@ def _check_ns_settings(steps: Any, coefficients: Any, eps: Any) -> tuple[float, 
     values = tuple(checks.number_in(f"coefficients[{i}]", c, -math.inf, math.inf, low_open=True,
                                     high_open=True, expected="a finite number")
                    for i, c in enumerate(coefficients))
+    if values[0] <= 0:  # f'(0) = a: with a <= 0 small singular values never grow (all 0: no step)
+        raise ValueError(f"coefficients is {coefficients!r}, expected a > 0 in (a, b, c), such as "
+                         f"NS_COEFFICIENTS = {NS_COEFFICIENTS}: f(x) = a x + b x^3 + c x^5 must grow small x")
     checks.positive_float("eps", eps)
     return values

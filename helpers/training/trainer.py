@@ -34,7 +34,12 @@ from tqdm import tqdm
 
 from helpers import checks
 from helpers.model.gpt import GPT
-from helpers.training.guards import check_learning_rate, check_trainer_inputs, non_finite_parameters
+from helpers.training.guards import (
+    check_learning_rate,
+    check_train_config,
+    check_trainer_inputs,
+    non_finite_parameters,
+)
 from helpers.training.muon import MuonWithAdamW, split_for_muon
 from helpers.training.speed import FlatWeights, compile_loss, make_optimizer, pick_dtype
 
@@ -172,29 +177,7 @@ class TrainConfig:
     muon_learning_rate: float = 0.04
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "eval_every", "eval_batches"):
-            checks.positive_int(name, getattr(self, name))
-        if self.context_length is not None:
-            try:
-                checks.positive_int("context_length", self.context_length)
-            except (TypeError, ValueError) as error:
-                raise type(error)(f"{error} (or None for the model's context length)") from None
-        checks.positive_float("learning_rate", self.learning_rate)
-        checks.positive_float("grad_clip", self.grad_clip)
-        checks.number_in("warmup", self.warmup, 0.0, 1.0, high_open=True,
-                         expected="a fraction of the run in [0, 1)")
-        checks.number_in("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0,
-                         expected="a fraction of the peak learning rate in [0, 1]")
-        checks.number_in("weight_decay", self.weight_decay, 0.0, math.inf, high_open=True,
-                         expected="a number >= 0 (0 = no decay)")
-        checks.one_of("precision", self.precision, ("auto", "bf16", "fp32"))
-        checks.boolean("fast", self.fast)
-        checks.boolean("compile", self.compile)
-        checks.non_negative_int("seed", self.seed)
-        checks.one_of("optimizer", self.optimizer, ("adamw", "muon"))
-        checks.positive_float("muon_learning_rate", self.muon_learning_rate)
-        if self.compile and not self.fast:
-            raise ValueError("compile=True needs fast=True: the plain path is the uncompiled reference")
+        check_train_config(self)
 
 
 @dataclass

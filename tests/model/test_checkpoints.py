@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from shared_tools import finishes_within
 
 from helpers.model.checkpoints import (
     MAX_CONTEXT_LENGTH,
@@ -550,3 +551,19 @@ def test_checkpoint_paths_and_devices_are_named(tmp_path):
             load_checkpoint(path, device="cuda")
     with pytest.raises(TypeError, match="path is 5 .int., expected a str or Path"):
         load_checkpoint(5)
+
+
+def test_extra_values_sharing_one_list_are_checked_once_and_too_deep_ones_refused(tmp_path):
+    shared = [1]
+    for _ in range(40):
+        shared = [shared, shared]  # 2^40 paths through 41 lists: the check once walked them all
+    with finishes_within(10):
+        save_checkpoint(tmp_path / "model.pt", GPT(SMALL), shared=shared, again=shared)
+    _, state = load_checkpoint(tmp_path / "model.pt")
+    assert state["extra"]["shared"] is state["extra"]["again"]
+    deep = [1]
+    for _ in range(100):
+        deep = [deep]
+    with pytest.raises(ValueError, match=r"^extra value 'deep'(\[0\]){100} is nested more than 100 levels "
+                                         r"deep, expected plain values in at most 100 levels"):
+        save_checkpoint(tmp_path / "deep.pt", GPT(SMALL), deep=deep)

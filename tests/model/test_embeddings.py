@@ -92,6 +92,13 @@ def test_cosine_similarity_refuses_zero_vectors_and_mismatched_sizes():
         cosine_similarity(torch.ones(2, 3), torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))
     with pytest.raises(ValueError, match=r"a has shape \(2, 3\) and b has shape \(2, 4\)"):
         cosine_similarity(torch.ones(2, 3), torch.ones(2, 4))
+    with pytest.raises(TypeError, match=r"^b is of dtype torch.int64 and shape \(2,\), expected a floating-point "
+                                        r"tensor of vectors \(\.\.\., d\): convert it with b.float\(\)$"):
+        cosine_similarity(torch.ones(2), torch.tensor([3, 4]))
+    with pytest.raises(TypeError, match=r"^a is a list, expected a floating-point tensor of vectors \(\.\.\., d\)$"):
+        cosine_similarity([1.0, 2.0], torch.ones(2))
+    with pytest.raises(TypeError, match=r"^a is of dtype torch.float32 and shape \(\), expected a floating-point tensor of vectors \(\.\.\., d\)$"):
+        cosine_similarity(torch.tensor(1.0), torch.ones(1))
 
 
 # --- sinusoidal positions ------------------------------------------------------------------------

@@ -195,6 +195,18 @@ def test_bad_inputs_name_the_argument_and_shape():
         mha(torch.randn(1, 2, 8), mask=torch.ones(2, dtype=torch.bool))
     with pytest.raises(ValueError, match="n_heads is 5"):
         split_heads(torch.randn(1, 2, 8), 5)
+    # the mask's shape as it was passed, not as reshaped inside (it said (2, 1, 4, 4) for (2, 4, 4))
+    with pytest.raises(ValueError, match=r"^mask has shape \(2, 4, 4\), expected \(B=2, N=3, M=3\) to match "
+                                         r"the 3 queries and 3 keys \(a size of 1 broadcasts\)$"):
+        mha(torch.randn(2, 3, 8), mask=torch.ones(2, 4, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"^mask has shape \(3, 3, 3\), expected \(B=2, N=3, M=3\)"):
+        mha(torch.randn(2, 3, 8), mask=torch.ones(3, 3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"^mask has shape \(2, 3, 3, 3\), expected \(B=2, H=2, N=3, M=3\)"):
+        mha(torch.randn(2, 3, 8), mask=torch.ones(2, 3, 3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"^mask has shape \(3, 4\), expected \(N=3, M=3\)"):
+        AttentionHead(8, 4)(torch.randn(2, 3, 8), mask=torch.ones(3, 4, dtype=torch.bool))
+    padding = torch.ones(2, 1, 1, 3, dtype=torch.bool)  # (B, 1, 1, M) broadcasts over heads and queries
+    assert mha(torch.randn(2, 3, 8), mask=padding).shape == (2, 3, 8)
     with pytest.raises(ValueError, match=r"expected \(N, M\) or \(B, N, M\)"):
         AttentionHead(8, 4)(torch.randn(1, 2, 8), mask=torch.ones(1, 1, 2, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="n_layers is 0"):

@@ -78,6 +78,41 @@ def test_a_single_rank_broadcasts_nothing(broadcasts):
     assert broadcasts == [] and optimizer.t == 2
 
 
+def test_a_rank_saves_and_loads_the_state_of_its_own_parameters_only(broadcasts):
+    params = params_with_gradients()
+    rank_1 = sharded.ShardedAdamW(params, rank=1, world_size=2, betas=(0.8, 0.9), eps=1e-6)
+    rank_1.step(lr=0.01)
+    state = rank_1.state_dict()
+    assert state["t"] == 1 and sorted(state["state"]) == [1, 2]  # owners [0, 1, 1, 0]
+    fresh = sharded.ShardedAdamW(params, rank=1, world_size=2)
+    fresh.load_state_dict(state)
+    assert (fresh.t, fresh.betas, fresh.eps) == (1, (0.8, 0.9), 1e-6)
+    assert all(torch.equal(fresh.m[i], rank_1.m[i]) and fresh.m[i] is not rank_1.m[i] for i in (1, 2))
+    with pytest.raises(ValueError, match=r"^state\['state'\] holds the moments of weights \[1, 2\], "
+                                         r"expected those of weights \[0, 3\]"):
+        sharded.ShardedAdamW(params, rank=0, world_size=2).load_state_dict(state)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: {"t": 1}, r"^state has keys \['t'\], expected a state_dict\(\) with 't', 'state' and 'param_groups'"),
+    (lambda s: {**s, "t": -1}, r"^state\['t'\] is -1, expected an int >= 0"),
+    (lambda s: {**s, "state": {0: {"m": torch.zeros(3), "v": torch.zeros(2, 3)}, **{i: s["state"][i] for i in (1, 2, 3)}}},
+     r"^state\['state'\]\[0\]\['m'\] is of shape \(3,\), expected a floating-point tensor of weight 0's shape \(2, 3\)"),
+    (lambda s: {**s, "param_groups": [{**s["param_groups"][0], "params": [0, 1]}]},
+     r"^state\['param_groups'\] has groups of sizes \[2\], expected \[4\]"),
+    (lambda s: {**s, "param_groups": [{**s["param_groups"][0], "eps": 0.0}]},
+     r"^state\['param_groups'\]\[0\]\['eps'\] is 0.0"),
+])
+def test_loading_a_state_of_other_weights_or_settings_is_refused_by_name(edit, message):
+    optimizer = sharded.ShardedAdamW(params_with_gradients(), rank=0, world_size=1)
+    optimizer.step(lr=0.01)
+    state = optimizer.state_dict()
+    m = dict(optimizer.m)
+    with pytest.raises(ValueError, match=message):
+        optimizer.load_state_dict(edit(state))
+    assert optimizer.t == 1 and all(optimizer.m[i] is m[i] for i in m)  # nothing changed
+
+
 @pytest.mark.parametrize("lr, message", [
     (-0.1, r"^lr is -0.1, expected a finite number >= 0$"),
     (float("inf"), r"^lr is inf, expected a finite number >= 0$"),
@@ -256,6 +291,17 @@ def test_the_sharded_optimizer_compares_shapes_across_ranks_when_there_are_sever
 def test_owners_need_a_positive_world_size():
     with pytest.raises(ValueError, match="^world_size is 0, expected a positive int$"):
         sharded.assign_owners([3, 2], 0)
+    with pytest.raises(ValueError, match=r"^sizes\[1\] is -1, expected an int >= 0$"):
+        sharded.assign_owners([3, -1], 2)  # it gave owners [0, 1] for a size that cannot be
+    with pytest.raises(TypeError, match="^sizes is 'ab', expected a list of parameter sizes"):
+        sharded.assign_owners("ab", 2)
+
+
+def test_a_weight_listed_twice_is_refused_before_it_is_stepped_twice():
+    params = params_with_gradients()
+    with pytest.raises(ValueError, match=r"^params lists weight 4 \(shape \(2, 3\)\) a second time, expected "
+                                         "each weight once"):
+        sharded.ShardedAdamW([*params, params[0]], rank=0, world_size=1)
 
 
 @pytest.mark.processes

@@ -48,6 +48,18 @@ def test_parameter_groups_keep_their_own_settings():
     assert [g["lr"] for g in sharded.local.param_groups] == [0.5, 0.1]
 
 
+def test_a_weight_in_two_parameter_groups_is_refused_as_torch_refuses_it():
+    # it used to drop the weight from the second group, whose settings were then never used
+    model = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 2))
+    groups = [{"params": model[0].parameters(), "lr": 0.5},
+              {"params": [model[1].weight, model[0].bias], "lr": 0.1}]
+    with pytest.raises(ValueError, match=r"^parameter group 1 lists weight 1 \(shape \(3,\)\), which parameter "
+                                         "group 0 lists too: expected each weight in one group only"):
+        ShardedOptimizer(groups, torch.optim.SGD, lr=0.1)
+    with pytest.raises(ValueError, match="some parameters appear in more than one parameter group"):
+        torch.optim.SGD([{"params": model[0].parameters()}, {"params": [model[0].bias]}], lr=0.1)
+
+
 def test_a_tied_weight_is_stepped_once():
     model = any_model.make("tied_mlp")
     sharded = ShardedOptimizer(list(model.parameters()) + [model.head.weight], torch.optim.AdamW)

@@ -176,10 +176,33 @@ def test_hand_adamw_steps_a_model_like_torchs_adamw_with_two_groups():
     (lambda p: HandAdamW(adamw_update, [p], [], betas=(0.9, 1.5)), "betas"),
     (lambda p: HandAdamW(adamw_update, [p], [], eps=0.0), "eps"),
     (lambda p: HandAdamW(adamw_update, [p], [], weight_decay=-1.0), "weight_decay"),
+    (lambda p: HandAdamW(adamw_update, [p], [p]), r"^vectors\[0\] \(shape \(2, 2\)\) is also matrices\[0\], "
+                                                   "expected each weight once"),  # stepped twice, silently
 ])
 def test_hand_adamw_refuses_bad_input_naming_it(build, message):
     with pytest.raises((TypeError, ValueError), match=message):
         build(torch.nn.Parameter(torch.ones(2, 2)))
+
+
+def test_hand_adamw_state_dict_is_torchs_layout_and_loads_back_its_settings():
+    model = small_gpt()
+    matrices, vectors = matrices_and_vectors(model)
+    mine = HandAdamW(adamw_update, matrices, vectors, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.3)
+    model.zero_grad(set_to_none=True)
+    next_token_loss(model, torch.randint(0, SMALL.vocab_size, (2, 5))).backward()
+    mine.step(1e-2)
+    state = mine.state_dict()
+    assert state["t"] == 1 and sorted(state["state"]) == list(range(len(matrices) + len(vectors)))
+    assert [(g["params"][:1], g["weight_decay"]) for g in state["param_groups"]] == [([0], 0.3), ([len(matrices)], 0.0)]
+    fresh = HandAdamW(adamw_update, matrices, vectors)  # other settings: the state's win, as in torch
+    fresh.load_state_dict(state)
+    assert (fresh.t, fresh.betas, fresh.eps) == (1, (0.8, 0.9), 1e-6)
+    assert [slot[3] for slot in fresh.slots] == [0.3] * len(matrices) + [0.0] * len(vectors)
+    assert all(torch.equal(a[1], b[1]) and a[1] is not b[1] for a, b in zip(fresh.slots, mine.slots, strict=True))
+    with pytest.raises(ValueError, match=r"^state\['param_groups'\] has groups of sizes \[\d+, \d+\], expected \[1, 0\]"):
+        HandAdamW(adamw_update, [matrices[0]], []).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"^state is \[\], expected a state_dict\(\)"):
+        fresh.load_state_dict([])
 
 
 def test_hand_adamw_step_wants_gradients_and_a_rate():

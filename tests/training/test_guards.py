@@ -14,7 +14,14 @@ import pytest
 import torch
 
 from helpers.model.gpt import GPT, GPTConfig
-from helpers.training.guards import check_learning_rate, check_trainer_inputs, non_finite_parameters
+from helpers.training.guards import (
+    MAX_BATCH_SIZE,
+    check_learning_rate,
+    check_train_config,
+    check_trainer_inputs,
+    non_finite_parameters,
+)
+from helpers.training.trainer import TrainConfig
 
 TINY = GPTConfig(vocab_size=5, context_length=4, n_layers=1, n_heads=1, d_model=8)
 FIVE = torch.arange(5)  # one window of the model's length and its next token
@@ -34,6 +41,18 @@ def tiny_gpt() -> GPT:
 def test_check_learning_rate_messages(lr, error, said):
     with pytest.raises(error, match="^" + re.escape(said) + "$"):
         check_learning_rate(lr)
+
+
+def test_a_batch_too_large_to_allocate_is_refused_when_the_config_is_made():
+    # TrainConfig(batch_size=10**9) was accepted, and the Trainer died in the allocator 16 s later
+    with pytest.raises(ValueError, match=r"^batch_size is 1,000,000,000, expected at most MAX_BATCH_SIZE = "
+                                         r"65,536 windows a step \(its logits alone would not fit in memory\)"):
+        TrainConfig(batch_size=10**9)
+    assert TrainConfig(batch_size=MAX_BATCH_SIZE).batch_size == 2**16
+    config = TrainConfig()
+    config.batch_size = MAX_BATCH_SIZE + 1  # a field changed after the config was made
+    with pytest.raises(ValueError, match=r"^batch_size is 65,537, expected at most MAX_BATCH_SIZE"):
+        check_train_config(config)
 
 
 def test_check_learning_rate_returns_a_float_and_allows_0():

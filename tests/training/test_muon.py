@@ -200,6 +200,23 @@ def test_newton_schulz_ignores_the_scale_of_its_input():
                           atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_newton_schulz_of_huge_finite_entries_is_that_of_ordinary_ones(dtype):
+    # Entries around 1e20 square to inf in float32 and bf16: the norm overflowed and the result
+    # was all zeros. A power-of-two scale (2^66 ~ 7e19) must not change a single bit, whatever
+    # the input's dtype; 1e20 is the same matrix up to rounding of the input.
+    m = torch.randn(6, 9, generator=torch.Generator().manual_seed(6))
+    ordinary = newton_schulz(m, dtype=dtype)
+    assert ordinary.abs().max() > 0.5
+    assert torch.equal(newton_schulz(m * 2.0**66, dtype=dtype), ordinary)
+    assert torch.equal(newton_schulz(m.double() * 2.0**1000, dtype=dtype), newton_schulz(m.double(), dtype=dtype))
+    assert torch.equal(newton_schulz_batched(torch.stack([m, m * 2.0**66]), dtype=dtype),
+                       newton_schulz_batched(torch.stack([m, m]), dtype=dtype))
+    reference = newton_schulz(m, dtype=torch.float32)  # bf16 is within 0.05 of it (the test above)
+    gap = (newton_schulz(m * 1e20, dtype=dtype).float() - reference).abs().max()
+    assert gap < (0.05 if dtype == torch.bfloat16 else 1e-5), gap
+
+
 def test_learning_rate_scale_follows_each_rule():
     assert muon_lr_scale((512, 128)) == 2.0 and muon_lr_scale((128, 512)) == 1.0
     assert muon_lr_scale((128, 512), "match_rms_adamw") == pytest.approx(0.2 * math.sqrt(512))
@@ -224,6 +241,26 @@ def test_split_for_muon_sends_an_untied_head_to_adamw():
     hidden, matrices, _ = split_for_muon(model)
     assert any(p is model.lm_head.weight for p in matrices)
     assert not any(p is model.lm_head.weight for p in hidden)
+
+
+def test_split_for_muon_refuses_a_head_name_that_matches_no_module():
+    # a misspelt head would match nothing and the untied head would go to Muon
+    model = ModernGPT(ModernConfig(vocab_size=11, context_length=8, n_layers=1, n_heads=2, d_model=8,
+                                   tie_weights=False))
+    with pytest.raises(ValueError, match="^head_names has 'lm_haed', which names no module of the model, "
+                                         "expected the output head's name"):
+        split_for_muon(model, head_names=("lm_head", "lm_haed"))
+    assert any(p is model.lm_head.weight for p in split_for_muon(model, head_names=("lm_head",))[1])
+
+
+def test_muon_with_adamw_refuses_a_weight_listed_twice():
+    model = small_gpt()
+    hidden, matrices, vectors = split_for_muon(model)
+    with pytest.raises(ValueError, match=r"^matrices\[2\] \(shape \(8, 8\)\) is also hidden\[0\], "
+                                         "expected each weight in one list"):
+        MuonWithAdamW(hidden, [*matrices, hidden[0]], vectors)
+    with pytest.raises(ValueError, match=r"^hidden\[1\] .* is also hidden\[0\]"):
+        MuonWithAdamW([hidden[0], hidden[0]], matrices, vectors)
 
 
 def test_muon_with_adamw_steps_both_parts_and_its_state_round_trips():
@@ -267,6 +304,9 @@ def matrix() -> torch.nn.Parameter:
     (lambda: Muon([matrix()], eps=0.0), ValueError, "eps is 0.0, expected a finite number > 0"),
     (lambda: Muon([matrix()], coefficients=(1.0, 2.0)), ValueError, r"coefficients is \(1.0, 2.0\), expected three"),
     (lambda: Muon([matrix()], coefficients=(1.0, float("nan"), 2.0)), ValueError, r"coefficients\[1\] is nan"),
+    (lambda: Muon([matrix()], coefficients=(0, 0, 0)), ValueError,
+     r"^coefficients is \(0, 0, 0\), expected a > 0 in \(a, b, c\), such as NS_COEFFICIENTS"),
+    (lambda: newton_schulz(torch.ones(2, 2), coefficients=(-1.0, 0.0, 0.0)), ValueError, "expected a > 0"),
     (lambda: newton_schulz(torch.ones(4)), ValueError, r"m has shape \(4,\), expected a 2-D matrix"),
     (lambda: newton_schulz(torch.ones(2, 2, dtype=torch.long)), TypeError, "m has dtype torch.int64"),
     (lambda: newton_schulz([[1.0, 2.0]]), TypeError, "m is a list"),
