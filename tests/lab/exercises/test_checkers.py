@@ -18,6 +18,7 @@ from test_muon_exercise import NS_CASES
 
 import helpers.lab.exercises as exercises
 from helpers.flash import tiled
+from helpers.lab.exercises import grader
 from helpers.model.gpt import GPTConfig
 
 
@@ -765,6 +766,35 @@ def ring_course(rank, world_size, tensors):
     return ring_all_reduce(rank, world_size, tensors)
 
 
+def ring_blocking_in_turn(rank, world_size, tensors):
+    """A ring with blocking sends, even ranks sending first and odd ranks receiving first, the
+    chunks kept as views of one flat tensor (the notebook's answer posts its sends without waiting)."""
+    import torch
+    import torch.distributed as dist
+
+    flat = tensors[rank].flatten().clone()
+    chunks = flat.tensor_split(world_size)
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+
+    def pass_on(send_index, receive_index):
+        incoming = torch.empty_like(chunks[receive_index])
+        if rank % 2 == 0:
+            dist.send(chunks[send_index].contiguous(), right)
+            dist.recv(incoming, left)
+        else:
+            dist.recv(incoming, left)
+            dist.send(chunks[send_index].contiguous(), right)
+        return incoming
+
+    for step in range(world_size - 1):
+        chunks[(rank - step - 1) % world_size].add_(pass_on((rank - step) % world_size,
+                                                            (rank - step - 1) % world_size))
+    for step in range(world_size - 1):
+        chunks[(rank - step) % world_size].copy_(pass_on((rank + 1 - step) % world_size,
+                                                         (rank - step) % world_size))
+    return flat.reshape(tensors[rank].shape)
+
+
 def ring_own_tensor(rank, world_size, tensors):
     return tensors[rank].clone()
 
@@ -791,6 +821,7 @@ CASES += [
     ("modern_decoder.modern_block", block_interleaved, "pairs feature i with feature i + D_H/2"),
     ("modern_decoder.modern_block", block_by_the_checker, "helpers.lab.exercises.modern_decoder.modern_block_variant"),
     ("distributed.ring_all_reduce", ring_course, "helpers.scale.workers.ring_all_reduce"),
+    ("distributed.ring_all_reduce", ring_blocking_in_turn, None),
     ("distributed.ring_all_reduce", ring_own_tensor, "its own tensor unchanged"),
     ("distributed.ring_all_reduce", ring_collective, "point-to-point"),
 ]
@@ -876,6 +907,9 @@ CASES += [
 def test_checker_judges(name, answer, message):
     passed, said = exercises.evaluate(name, answer, time_limit=None, watched=getattr(answer, "watched", True))
     assert passed == (message is None), said
+    if message is None and getattr(answer, "watched", True):  # a right answer, however written,
+        # passes the grader's hidden tests too (one built from a checker's variant is no student's)
+        grader.hidden_check(name, answer, {"check": exercises.check})
     if message is not None:
         assert message in said, said
         assert "❌" in said and "raised" not in said, said  # a named mistake, not a crash report
