@@ -50,6 +50,23 @@ PYTEST = ["-m", "pytest", "tests", "notebooks", *NBVAL, "-q", "-rfEs"]
 OTHER_CPU = {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1",
              "OPENBLAS_CORETYPE": "Prescott", "COURSE_PRECISION": "fp32"}
 PYTEST_OTHER_CPU = ["-m", "pytest", "notebooks", *NBVAL, "-q", "-rfEs"]
+# That second pass also runs with the network switched off (tests/offline: a Python start-up
+# hook and a Node.js one that refuse every connection and name lookup outside this machine and
+# log it): every notebook must run on a laptop without Wi-Fi. Loopback stays open for Jupyter's
+# kernels and notebook 11's and 12's worker processes.
+OFFLINE_GUARD = ROOT / "tests" / "offline"
+NETWORK_LOG = VENV / "network-attempts.log"
+
+
+def offline_env(env: dict[str, str], log: Path, guard: Path = OFFLINE_GUARD) -> dict[str, str]:
+    """`env` for programs that must not reach the network: every Python started with it (a
+    kernel, a worker) and every Node.js program refuses outside connections and notes each try
+    in `log`."""
+    python_path = os.pathsep.join(filter(None, [str(guard), env.get("PYTHONPATH", "")]))
+    node_options = " ".join(filter(None, [f'--require "{guard / "no_network.cjs"}"',
+                                          env.get("NODE_OPTIONS", "")]))
+    return {**env, "PYTHONPATH": python_path, "NODE_OPTIONS": node_options,
+            "COURSE_NETWORK_LOG": str(log)}
 
 
 def run(args: list[str | Path], cwd: Path = ROOT, **kwargs) -> None:
@@ -144,12 +161,17 @@ def test(extra_args: list[str]) -> int:
     env.pop("MPLBACKEND", None)
     lint = subprocess.call([str(PYTHON), *LINT], cwd=ROOT, env=env)
     suite = subprocess.call([str(PYTHON), *PYTEST, *extra_args], cwd=ROOT, env=env)
-    print("+ strict nbval again with " + " ".join(f"{k}={v}" for k, v in OTHER_CPU.items()),
-          flush=True)
+    print("+ strict nbval again, network off, with "
+          + " ".join(f"{k}={v}" for k, v in OTHER_CPU.items()), flush=True)
+    log = NETWORK_LOG
+    log.unlink(missing_ok=True)
     other_cpu = subprocess.call([str(PYTHON), *PYTEST_OTHER_CPU, *extra_args], cwd=ROOT,
-                                env={**env, **OTHER_CPU})
+                                env=offline_env({**env, **OTHER_CPU}, log))
+    attempts = log.read_text(encoding="utf-8") if log.exists() else ""
+    if attempts:
+        print(f"the notebooks tried to reach the network with it switched off:\n{attempts}")
     # pytest's 5 means "nothing collected": `test -k tokenizers` selects no notebook cell here.
-    return lint or suite or (0 if other_cpu == 5 else other_cpu)
+    return lint or suite or (0 if other_cpu == 5 else other_cpu) or (1 if attempts else 0)
 
 
 # Where the course says its own address: the set-up cell's install, the package metadata, the
@@ -300,6 +322,7 @@ def student(extra_args: list[str], root: Path = ROOT) -> int:
 # notebooks and the README by tools/site/project.py, built by `myst build --html` with the
 # course's own small theme (tools/site/render.py), so that nothing is downloaded or executed.
 SITE_DIR = "_site"
+MYST_REGISTRY = "http://127.0.0.1:9/"
 SITE_INSTALL = "pip install .[site]  (or: .venv/bin/python -m pip install -e '.[site]' -c constraints.txt)"
 
 
@@ -363,6 +386,9 @@ def site(extra_args: list[str], root: Path = ROOT) -> int:
         shutil.rmtree(target / "_build")
     names = project.write_project(root, target, current_address(root), render_python(),
                                   student_notebook if student_site else None)
+    # mystmd asks npm's registry for its newest version on every run (for an upgrade notice):
+    # point that question at a closed port on this machine, so that the build never reaches out.
+    os.environ.setdefault("npm_config_registry", MYST_REGISTRY)
     try:
         run([myst, "build", "--html"], cwd=target)
     except subprocess.CalledProcessError as error:
