@@ -113,3 +113,27 @@ def test_course_py_needs_nothing_but_the_standard_library():
     assert imported - set(sys.stdlib_module_names) - {"__future__"} == set()
 
 
+
+
+def test_ci_runs_the_readme_command_on_linux_macos_arm64_and_windows_and_the_python_range():
+    yaml = pytest.importorskip("yaml", reason="reading the workflow needs PyYAML (JupyterLab brings it)")
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text())
+    (job,) = workflow["jobs"].values()
+    runs = {(entry["os"].split("-")[0], entry["python"]) for entry in job["strategy"]["matrix"]["include"]}
+    assert {"ubuntu", "macos", "windows"} == {system for system, _ in runs}
+    assert {course.TESTED_PYTHONS[0], "3.11", course.TESTED_PYTHONS[-1]} <= {py for system, py in runs if system == "ubuntu"}
+    macos = [entry["os"] for entry in job["strategy"]["matrix"]["include"] if entry["os"].startswith("macos")]
+    assert all(int(name.split("-")[1]) >= 14 for name in macos), "macos-14 and later run on Apple silicon"
+    commands = [step.get("run", "") for step in job["steps"]]
+    assert ".ci/run" in commands and "python course.py test" in commands
+
+
+def test_the_weekly_job_installs_unpinned_and_reports_what_broke():
+    yaml = pytest.importorskip("yaml", reason="reading the workflow needs PyYAML (JupyterLab brings it)")
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "newest.yml").read_text())
+    triggers = workflow.get("on", workflow.get(True))
+    assert "schedule" in triggers
+    steps = {step.get("name", ""): step.get("run", "") for step in workflow["jobs"]["newest"]["steps"]}
+    (install,) = [run for name, run in steps.items() if name.startswith("Install the newest")]
+    assert 'pip install -e ".[lab,test,site]"' in install and "constraints" not in install
+    assert "--nbval" in "".join(steps.values()) and "GITHUB_STEP_SUMMARY" in steps["Report"]
