@@ -23,20 +23,35 @@ import hashlib
 import importlib.util
 import json
 import os
+import platform
 import re
 import shutil
 import socket
 import subprocess
 import sys
 import venv
-from pathlib import Path
+from pathlib import Path, PurePath
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 CONSTRAINTS = ROOT / "constraints.txt"
 STAMP = VENV / ".course-installed"
-BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
-PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
+
+
+def venv_command(venv_dir: PurePath, name: str, os_name: str = os.name) -> PurePath:
+    """The path of command `name` (python, jupyter, myst) inside the virtual environment `venv_dir`.
+
+    Windows keeps a venv's programs in `Scripts\\` and names them `.exe`; every other system
+    (Linux, macOS) in `bin/`, without a suffix. `os_name` is `os.name` ("nt" or "posix")."""
+    if os_name not in ("nt", "posix"):
+        raise ValueError(f"os_name is {os_name!r}, expected 'nt' (Windows) or 'posix' (Linux, macOS)")
+    if os_name == "nt":
+        return venv_dir / "Scripts" / f"{name}.exe"
+    return venv_dir / "bin" / name
+
+
+BIN = venv_command(VENV, "python").parent
+PYTHON = venv_command(VENV, "python")
 
 # What `test` runs: lint, then the helpers' unit tests and strict nbval over every notebook in one
 # pytest session (one summary line). No --nbval-lax: every stored output is compared.
@@ -53,28 +68,91 @@ OTHER_CPU = {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1",
 PYTEST_OTHER_CPU = ["-m", "pytest", "notebooks", *NBVAL, "-q", "-rfEs"]
 
 
+def other_cpu_env(machine: str | None = None) -> dict[str, str]:
+    """OTHER_CPU for this processor (`machine`: platform.machine(), e.g. "x86_64", "AMD64",
+    "arm64"). OPENBLAS_CORETYPE names an x86 core: on an ARM machine (Apple silicon) OpenBLAS
+    would only warn about it, so there it is left out."""
+    machine = platform.machine() if machine is None else machine
+    if machine.lower() in ("x86_64", "amd64", "i386", "i686", "x86"):
+        return dict(OTHER_CPU)
+    return {name: value for name, value in OTHER_CPU.items() if name != "OPENBLAS_CORETYPE"}
+# That second pass also runs with the network switched off (tests/offline: a Python start-up
+# hook and a Node.js one that refuse every connection and name lookup outside this machine and
+# log it): every notebook must run on a laptop without Wi-Fi. Loopback stays open for Jupyter's
+# kernels and notebook 11's and 12's worker processes.
+OFFLINE_GUARD = ROOT / "tests" / "offline"
+NETWORK_LOG = VENV / "network-attempts.log"
+
+
+def offline_env(env: dict[str, str], log: Path, guard: PurePath = OFFLINE_GUARD) -> dict[str, str]:
+    """`env` for programs that must not reach the network: every Python started with it (a
+    kernel, a worker) and every Node.js program refuses outside connections and notes each try
+    in `log`."""
+    python_path = os.pathsep.join(filter(None, [str(guard), env.get("PYTHONPATH", "")]))
+    # Forward slashes: Node.js reads a backslash in NODE_OPTIONS as an escape (C:\\Users -> C:Users).
+    node_options = " ".join(filter(None, [f'--require "{(guard / "no_network.cjs").as_posix()}"',
+                                          env.get("NODE_OPTIONS", "")]))
+    return {**env, "PYTHONPATH": python_path, "NODE_OPTIONS": node_options,
+            "COURSE_NETWORK_LOG": str(log)}
+
+
 def run(args: list[str | Path], cwd: Path = ROOT, **kwargs) -> None:
     print("+", " ".join(str(a) for a in args), flush=True)
     subprocess.run([str(a) for a in args], check=True, cwd=cwd, **kwargs)
 
 
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+# The Pythons constraints.txt pins (tests/course/test_install.py holds the two together). A newer
+# Python installs too, with the newest releases instead of the tested ones, and is told so.
+TESTED_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 
 
-def cpu_torch_index() -> list[str]:
-    """Extra pip arguments that fetch PyTorch's CPU build on a Linux machine without a GPU.
+def has_nvidia_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None
 
-    PyPI's Linux wheel of torch brings several GB of CUDA libraries. PyTorch's own CPU index avoids
-    them; it is used only when it answers within a few seconds (offline mirrors and closed
-    networks get plain pip, which then uses whatever torch they provide).
-    """
-    if sys.platform != "linux" or shutil.which("nvidia-smi"):
-        return []
+
+def can_reach(host: str, port: int = 443, timeout: float = 3.0) -> bool:
+    """True if a TCP connection to host:port opens within `timeout` seconds."""
     try:
-        socket.create_connection(("download.pytorch.org", 443), timeout=3).close()
+        socket.create_connection((host, port), timeout=timeout).close()
     except OSError:
+        return False
+    return True
+
+
+def cpu_torch_index(platform: str | None = None, gpu: bool | None = None,
+                    reachable: bool | None = None) -> list[str]:
+    """Extra pip arguments that make pip pick PyTorch's CPU build, the one the course is tested on.
+
+    Which build each platform gets (`platform` is `sys.platform`; `gpu`, an NVIDIA GPU present;
+    `reachable`, download.pytorch.org answers; each is found out when left None):
+    - Linux without an NVIDIA GPU: PyPI's Linux torch is the CUDA build (several GB of CUDA
+      libraries). PyTorch's CPU index is added, so pip sees `2.13.0+cpu` beside PyPI's `2.13.0`:
+      both match the constraint `torch==2.13.0`, and the local label `+cpu` ranks higher, so pip
+      takes the CPU build. Where the index cannot be reached (offline mirrors, closed networks)
+      pip takes whatever torch it is given, and this says so.
+    - Linux with an NVIDIA GPU: PyPI's CUDA build, on purpose (notebook 8 times its kernel there).
+    - macOS and Windows: PyPI's wheels are CPU builds already (macOS's also drive Apple's GPU,
+      MPS, which the course leaves alone unless asked): nothing to add.
+    """
+    platform = sys.platform if platform is None else platform
+    if not isinstance(platform, str) or not platform:
+        raise ValueError(f"platform is {platform!r}, expected a sys.platform name such as 'linux'")
+    if not platform.startswith("linux"):
+        return []
+    if has_nvidia_gpu() if gpu is None else gpu:
+        return []
+    if not (can_reach("download.pytorch.org") if reachable is None else reachable):
+        print(f"note: {CPU_TORCH_INDEX} cannot be reached, so pip installs the torch it finds; on "
+              "Linux, PyPI's is the CUDA build (several GB, same results on the CPU)", flush=True)
         return []
     return ["--extra-index-url", CPU_TORCH_INDEX]
+
+
+def python_is_tested(version: tuple[int, ...] | None = None) -> bool:
+    """True if constraints.txt pins the versions for this Python (`version`: sys.version_info)."""
+    major, minor = (sys.version_info if version is None else version)[:2]
+    return f"{major}.{minor}" in TESTED_PYTHONS
 
 
 def install_fingerprint() -> str:
@@ -102,6 +180,10 @@ def ensure_environment(extras: str) -> None:
         venv.EnvBuilder(with_pip=True).create(VENV)
     if set(extras.split(",")) <= installed_extras():
         return
+    if not python_is_tested():
+        print(f"note: Python {sys.version_info[0]}.{sys.version_info[1]} is not one the course is "
+              f"tested on ({', '.join(TESTED_PYTHONS)}): constraints.txt pins nothing for it, so pip "
+              "installs the newest releases", flush=True)
     pip = [PYTHON, "-m", "pip", "install", "--disable-pip-version-check", "-c", CONSTRAINTS]
     # PyTorch first, on its own: with the pinned CPU build already present, the course package's
     # loose `torch>=2.2` is satisfied and pip never goes looking for a multi-GB CUDA build.
@@ -134,7 +216,7 @@ def lab(extra_args: list[str]) -> int:
     ensure_environment("lab")
     if hasattr(os, "geteuid") and os.geteuid() == 0:  # containers and CI boxes often run as root
         extra_args = ["--allow-root", *extra_args]
-    return subprocess.call([str(BIN / "jupyter"), "lab", str(folder), *extra_args], cwd=ROOT)
+    return subprocess.call([str(venv_command(VENV, "jupyter")), "lab", str(folder), *extra_args], cwd=ROOT)
 
 
 def finished_pytest(command: list[str], env: dict[str, str]) -> int:
@@ -166,11 +248,17 @@ def test(extra_args: list[str]) -> int:
     env.pop("MPLBACKEND", None)
     lint = subprocess.call([str(PYTHON), *LINT], cwd=ROOT, env=env)
     suite = finished_pytest([str(PYTHON), *PYTEST, *extra_args], env)
-    print("+ strict nbval again with " + " ".join(f"{k}={v}" for k, v in OTHER_CPU.items()),
-          flush=True)
-    other_cpu = finished_pytest([str(PYTHON), *PYTEST_OTHER_CPU, *extra_args], {**env, **OTHER_CPU})
+    print("+ strict nbval again, network off, with "
+          + " ".join(f"{k}={v}" for k, v in other_cpu_env().items()), flush=True)
+    log = NETWORK_LOG
+    log.unlink(missing_ok=True)
+    other_cpu = finished_pytest([str(PYTHON), *PYTEST_OTHER_CPU, *extra_args],
+                                offline_env({**env, **other_cpu_env()}, log))
+    attempts = log.read_text(encoding="utf-8") if log.exists() else ""
+    if attempts:
+        print(f"the notebooks tried to reach the network with it switched off:\n{attempts}")
     # pytest's 5 means "nothing collected": `test -k tokenizers` selects no notebook cell here.
-    return lint or suite or (0 if other_cpu == 5 else other_cpu)
+    return lint or suite or (0 if other_cpu == 5 else other_cpu) or (1 if attempts else 0)
 
 
 # Where the course says its own address: the set-up cell's install (helpers/lab/setup_cell.py),
@@ -512,6 +600,7 @@ def student(extra_args: list[str], root: Path = ROOT) -> int:
 # notebooks and the README by tools/site/project.py, built by `myst build --html` with the
 # course's own small theme (tools/site/render.py), so that nothing is downloaded or executed.
 SITE_DIR = "_site"
+MYST_REGISTRY = "http://127.0.0.1:9/"
 SITE_INSTALL = "pip install .[site]  (or: .venv/bin/python -m pip install -e '.[site]' -c constraints.txt)"
 
 
@@ -579,6 +668,9 @@ def site(extra_args: list[str], root: Path = ROOT) -> int:
     except ValueError as error:  # e.g. a solution marker in a markdown cell
         print(f"no site built: {error}")
         return 1
+    # mystmd asks npm's registry for its newest version on every run (for an upgrade notice):
+    # point that question at a closed port on this machine, so that the build never reaches out.
+    os.environ.setdefault("npm_config_registry", MYST_REGISTRY)
     try:
         run([myst, "build", "--html"], cwd=target)
     except subprocess.CalledProcessError as error:

@@ -268,7 +268,9 @@ def nanogpt_target(job: tuple) -> dict:
 def run_jobs(function, jobs: list, workers: int) -> list:
     if workers == 1:
         return [function(job) for job in jobs]
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
+    # spawn, not fork: Windows has no fork, and macOS's is unsafe with threads; every job
+    # carries its data and sets its own thread count, so nothing relies on a forked copy.
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
         return pool.map(function, jobs, chunksize=1)
 
 

@@ -29,11 +29,13 @@ import ast
 import importlib.util
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
 import jupytext
 import nbformat
+import psutil
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,13 +185,76 @@ def to_notebook(source_path: Path) -> nbformat.NotebookNode:
     return nb
 
 
-def execute(nb: nbformat.NotebookNode, timeout: int = 600) -> float:
-    """Run every cell in a fresh kernel (cwd notebooks/); return the wall time in seconds."""
+class PeakMemory:
+    """The peak memory of this process's descendants while the `with` block runs: the notebook's
+    kernel and the worker processes it starts (notebooks 11 and 12), summed.
+
+    A thread samples them every `interval` seconds. On Linux each process counts its
+    proportional set size (PSS: its own pages, plus its share of the pages it shares, such as
+    torch's libraries that every worker maps), so the sum is what the machine really holds;
+    elsewhere the resident set size (which counts shared pages once per process, an
+    overestimate). A process's own high-water mark (Linux's VmHWM) is a floor, so a spike of
+    one process between two samples still counts. Read `peak_bytes` after the block.
+    """
+
+    def __init__(self, interval: float = 0.05) -> None:
+        if not interval > 0:
+            raise ValueError(f"interval is {interval!r}, expected a positive number of seconds")
+        self.interval, self.peak_bytes = interval, 0
+        self._stop = threading.Event()
+
+    def sample(self) -> int:
+        """The summed resident memory of the descendants now (and the biggest one's peak so far)."""
+        total, biggest = 0, 0
+        for child in psutil.Process().children(recursive=True):
+            try:
+                total += proportional_memory(child)
+                biggest = max(biggest, high_water_mark(child.pid))
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue  # a worker that exited between the listing and the reading
+        return max(total, biggest)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak_bytes = max(self.peak_bytes, self.sample())
+
+    def __enter__(self) -> PeakMemory:
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.peak_bytes = max(self.peak_bytes, self.sample())
+        self._stop.set()
+        self._thread.join()
+
+
+def proportional_memory(process: psutil.Process) -> int:
+    """`process`'s PSS in bytes where the system reports it (Linux), else its RSS."""
+    if sys.platform.startswith("linux"):
+        return process.memory_full_info().pss
+    return process.memory_info().rss
+
+
+def high_water_mark(pid: int) -> int:
+    """Process `pid`'s peak resident memory in bytes (Linux's VmHWM), or 0 where /proc has none."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    found = re.search(r"^VmHWM:\s+(\d+) kB$", status, re.M)
+    return int(found.group(1)) * 1024 if found else 0
+
+
+def execute(nb: nbformat.NotebookNode, timeout: int = 600) -> tuple[float, int]:
+    """Run every cell in a fresh kernel (cwd notebooks/); return the wall time in seconds and
+    the peak resident memory in bytes of the kernel and its workers."""
     started = time.perf_counter()
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOKS)}})
-    client.execute()
-    return time.perf_counter() - started
+    with PeakMemory() as memory:
+        client.execute()
+    return time.perf_counter() - started, memory.peak_bytes
 
 
 TIMES = NOTEBOOKS / "TIMES.md"
@@ -206,23 +271,48 @@ def build_precision() -> str:
     return "bf16" if pick_dtype(torch.device("cpu")) == torch.bfloat16 else "fp32"
 
 
-def record_time(name: str, seconds: float, precision: str) -> None:
-    """Keep notebooks/TIMES.md, how long each notebook takes in float32 and in bf16, and the
-    README's "runs in" column (the float32 time: most laptops have no native bf16)."""
-    rows: dict[str, dict[str, str]] = {}
-    if TIMES.exists():
-        for line in TIMES.read_text().splitlines():
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if re.fullmatch(r"\d\d_\w+", cells[0]) and len(cells) == 1 + len(PRECISIONS):
-                rows[cells[0]] = dict(zip(PRECISIONS, cells[1:], strict=True))
-    rows.setdefault(name, dict.fromkeys(PRECISIONS, "-"))[precision] = f"{seconds:.0f} s"
-    lines = ["# Time to Restart and Run All", "",
+MEMORY_BUDGET_BYTES = 2 * 1024**3  # each notebook on an 8 GB laptop, with room for the rest
+COLUMNS = (*PRECISIONS, "memory")   # TIMES.md's columns after the name
+
+
+def format_memory(peak_bytes: int) -> str:
+    """Peak memory as TIMES.md writes it: MiB, rounded up to the next 10 ("690 MB")."""
+    if isinstance(peak_bytes, bool) or not isinstance(peak_bytes, int) or peak_bytes <= 0:
+        raise ValueError(f"peak_bytes is {peak_bytes!r}, expected a positive number of bytes")
+    return f"{-(-peak_bytes // (10 * 1024**2)) * 10} MB"
+
+
+def read_times(text: str) -> dict[str, dict[str, str]]:
+    """TIMES.md's rows, {notebook: {"fp32": "6 s", "bf16": "6 s", "memory": "690 MB"}}; a row
+    written before the memory column existed reads as memory "-"."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if re.fullmatch(r"\d\d_\w+", cells[0]) and len(cells) in (len(COLUMNS), 1 + len(COLUMNS)):
+            rows[cells[0]] = dict(zip(COLUMNS, [*cells[1:], "-"][:len(COLUMNS)], strict=True))
+    return rows
+
+
+def record_time(name: str, seconds: float, precision: str, peak_bytes: int | None = None) -> None:
+    """Keep notebooks/TIMES.md, how long each notebook takes in float32 and in bf16 and its peak
+    memory in float32, and the README's "runs in" column (the float32 time: most laptops have
+    no native bf16). `peak_bytes` is recorded from the float32 run only (a laptop's)."""
+    rows = read_times(TIMES.read_text()) if TIMES.exists() else {}
+    row = rows.setdefault(name, dict.fromkeys(COLUMNS, "-"))
+    row[precision] = f"{seconds:.0f} s"
+    if peak_bytes is not None and precision == "fp32":
+        row["memory"] = format_memory(peak_bytes)
+    lines = ["# Time and memory to Restart and Run All", "",
              "Measured by `tools/build_notebooks.py` on the 2-core CPU machine the outputs were made on,",
              "in float32 (`COURSE_PRECISION=fp32`, as on most laptops) and in bfloat16 (a CPU with",
              "native bf16, where the course trains in bf16 by itself; `-` where the machine that made",
-             "the outputs had no native bf16, since emulated bf16 says nothing about a real one).", "",
-             "| notebook | float32 | bf16 |", "|---|---|---|"]
-    lines += [f"| {n} | {t['fp32']} | {t['bf16']} |" for n, t in sorted(rows.items())]
+             "the outputs had no native bf16, since emulated bf16 says nothing about a real one).",
+             "Peak memory is the resident memory of the notebook's kernel and the worker processes it",
+             "starts, summed, at its highest during the float32 run (rounded up to 10 MB); the budget",
+             f"is {MEMORY_BUDGET_BYTES // 1024**3} GB per notebook, so that the course runs on an 8 GB laptop",
+             "(`benchmarks/bench_memory.py` holds it).", "",
+             "| notebook | float32 | bf16 | peak memory (float32) |", "|---|---|---|---|"]
+    lines += [f"| {n} | {t['fp32']} | {t['bf16']} | {t['memory']} |" for n, t in sorted(rows.items())]
     TIMES.write_text("\n".join(lines) + "\n")
     update_readme_time(name, readme_time(rows[name]))
 
@@ -242,10 +332,11 @@ def update_readme_time(name: str, time: str) -> None:
 def build(source_path: Path, run: bool = True) -> Path:
     nb = to_notebook(source_path)
     if run:
-        seconds = execute(nb)
+        seconds, peak_bytes = execute(nb)
         precision = build_precision()
-        print(f"{source_path.stem}: Restart and Run All took {seconds:.1f} s in {precision}", flush=True)
-        record_time(source_path.stem, seconds, precision)
+        print(f"{source_path.stem}: Restart and Run All took {seconds:.1f} s in {precision}, "
+              f"peak memory {format_memory(peak_bytes)}", flush=True)
+        record_time(source_path.stem, seconds, precision, peak_bytes)
     target = NOTEBOOKS / f"{source_path.stem}.ipynb"
     nbformat.write(nb, target)
     return target

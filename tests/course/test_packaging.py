@@ -63,21 +63,6 @@ def test_users_get_lower_bounds_only():
     assert "torch>=2.2" in PYPROJECT["project"]["dependencies"]
 
 
-def test_constraints_pin_the_cpu_torch_and_every_direct_dependency_on_the_ci_python():
-    pins = {}
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
-        if line and not line.startswith("#"):
-            spec, _, marker = line.partition(";")
-            name, _, version = spec.strip().partition("==")
-            assert version, f"constraints.txt: {line!r} is not an exact pin"
-            assert marker.strip() == 'python_version == "3.11"', f"{line!r}: pins apply to the CI Python only"
-            pins[name.lower().replace("_", "-")] = version
-    assert pins["torch"] == "2.13.0"
-    assert not any(name.startswith("nvidia-") for name in pins), "the CPU build needs no CUDA packages"
-    missing = set(pyproject_requirements()) - set(pins)
-    assert not missing, f"direct dependencies without a pin: {sorted(missing)}"
-
-
 def test_readme_test_command_is_what_ci_runs():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
@@ -127,7 +112,8 @@ def test_wheel_installs_into_a_fresh_environment_and_finds_the_corpus(tmp_path):
 
 
 def test_readme_run_times_are_the_measured_ones():
-    rows = re.findall(r"^\| (\d\d_\w+) \| (\d+ s) \| (\d+ s|-) \|$", (ROOT / "notebooks" / "TIMES.md").read_text(), re.M)
+    rows = re.findall(r"^\| (\d\d_\w+) \| (\d+ s) \| (\d+ s|-) \|(?: (?:\d+ MB|-) \|)?$",
+                      (ROOT / "notebooks" / "TIMES.md").read_text(), re.M)
     measured = {name: fp32 if bf16 == "-" else f"{fp32} (bf16: {bf16})" for name, fp32, bf16 in rows}
     readme = dict(re.findall(r"\(notebooks/(\d\d_\w+)\.ipynb\) \| [^|]+ \| ([^|]+?) \|", (ROOT / "README.md").read_text()))
     notebooks = {p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
