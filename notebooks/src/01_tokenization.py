@@ -492,16 +492,15 @@ print(bpe.labels(longest))
 # A dict from each pair to its rank tells at once whether a pair was learned, and when.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Give every learned pair its rank, the step at
+# which training learned it. (2) Cut the text into chunks as training did and spell each chunk in
+# bytes. (3) Inside a chunk, repeat: of its neighbouring pairs, merge the one learned earliest into
+# its new id; stop when none of its pairs was learned. (4) Join the chunks' ids in order; a chunk
+# met before can reuse what it gave then.</details>
 #
-# Build a dict from each merged pair to its rank, an empty dict from chunk to its ids, and an
-# empty list for the result. For each chunk of the pre-split text that the chunk dict does not
-# hold yet: take its UTF-8 bytes as a list; while it has at least two ids, find its neighbouring
-# pair of lowest rank (the built-in `min` with a key that gives an unknown pair an infinite
-# rank), stop if that pair was never learned, and otherwise merge it into 256 plus its rank.
-# Store the chunk's ids under the chunk. Then, known or new, add the chunk's stored ids to the
-# result. Return the result.
-# </details>
+# <details><summary>Hint 3: closer</summary>A pair learned at rank r becomes id 256 plus r. A pair
+# never learned must lose every comparison when you look for the earliest one: give it an infinite
+# rank. Merges never cross a chunk boundary.</details>
 
 # %%
 def encode_text(text: str, merges: list[tuple[int, int]]) -> list[int]:

@@ -92,10 +92,11 @@ print("exp(1000) in float32 is", torch.exp(torch.tensor(1000.0)).item())
 # added to every logit of a row. Choose the constant that makes every exponent zero or
 # negative.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Find the largest logit of each row, keeping the
-# last dimension (of size 1) so that it broadcasts; subtract it from every logit of its row;
-# exponentiate; divide each row by its own sum over the last dimension, again keeping that
-# dimension.</details>
+# <details><summary>Hint 2: the plan</summary>(1) Shift each row so that its largest logit becomes
+# 0: softmax ignores the shift. (2) Then the plain softmax of the shifted rows.</details>
+#
+# <details><summary>Hint 3: closer</summary>Every per-row number (the shift, the row's total) must
+# keep its reduced axis with size 1, so that it broadcasts against its row.</details>
 
 # %%
 def my_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -602,13 +603,15 @@ print(f"sqrt(64) = {math.sqrt(64):.0f};  measured std of q.k at d_k = 64: {math.
 # through its Jacobian, and a row g times diag(a) minus a a-transposed is a times g minus a times
 # the a-weighted sum of g.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Recompute the scores and their softmax. The
-# values' gradient is the weights, transposed in their last two dimensions, times the output's
-# gradient. The weights' gradient is the output's gradient times the values transposed likewise.
-# For the scores' gradient multiply the weights' gradient by the weights entry by entry, then
-# subtract the weights times that product's row sum (keep the last dimension). Multiply by the
-# scale. The queries' gradient is the scores' gradient times the keys; the keys' gradient is the
-# scores' gradient, transposed in its last two dimensions, times the queries.</details>
+# <details><summary>Hint 2: the plan</summary>(1) Recompute the forward pass's weights. (2) Back
+# through the last product: the gradients of the values and of the weights. (3) Back through the
+# softmax, row by row (Hint 1's shortcut), then through the scale: the gradient of the scores. (4)
+# Back through the first product: the gradients of the queries and of the keys.</details>
+#
+# <details><summary>Hint 3: closer</summary>A product passes the gradient to each factor through the
+# other factor, transposed in the last two dimensions only. Through the softmax, a row's gradient is
+# the weights times (the weights' gradient minus its weighted row sum), that row sum kept as an axis
+# of size 1.</details>
 
 # %%
 def my_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_output: torch.Tensor,

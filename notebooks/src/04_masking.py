@@ -456,12 +456,15 @@ torch.testing.assert_close(helper_weights[2:], plain[2:])  # rows with something
 # the future and not at a pad. Hide everything else before the softmax, and make the softmax safe
 # for a row in which everything is hidden.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Scale the scores by the square root of the head
-# size. Combine the lower triangle of size N by N, with a logical and, with the real-token mask
-# reshaped to (B, 1, 1, N) so that it runs along the keys. Fill the scores outside the mask with
-# minus infinity. Take each row's maximum and replace it by 0 where the row has no allowed key;
-# subtract it and exponentiate; divide by the row sums, with a zero sum replaced by 1. Multiply
-# the weights by the values.</details>
+# <details><summary>Hint 2: the plan</summary>(1) The scaled scores. (2) One boolean table of the
+# allowed (query, key) pairs: not in the future and not a pad, for every sentence, head and query.
+# (3) Hide the rest, then a softmax that stays finite on a row where nothing is allowed (its weights
+# are all zero). (4) The weights times the values.</details>
+#
+# <details><summary>Hint 3: closer</summary>The padding mask runs along the keys: give it axes for
+# the heads and the queries. A fully hidden row has maximum minus infinity, and minus infinity minus
+# minus infinity is NaN: shift such a row by 0 instead, and divide by 1 where a row's sum is
+# 0.</details>
 
 # %%
 def my_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

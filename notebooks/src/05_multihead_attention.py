@@ -347,14 +347,13 @@ print("one [D x 3D] product == three [D x D] products:", tuple(w_qkv.T.shape))
 # (the heads never mix here), then put the heads side by side again and project with `W_O`.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Project x to queries, keys and values and cut each
+# into the module's heads. (2) Scaled dot-product attention inside each head, the future hidden when
+# causal. (3) Merge the heads and apply the output projection.</details>
 #
-# Pass `x` through the query, key and value projections and split each result into the module's
-# number of heads, which gives three tensors of shape (B, H, N, D_H). Multiply the queries by the
-# transposed keys (the last two axes) and divide by the square root of the head size. If `causal`
-# is true, fill the entries above the diagonal with minus infinity. Take the softmax over the last
-# axis, multiply by the values, merge the heads and apply the output projection.
-# </details>
+# <details><summary>Hint 3: closer</summary>Your split and merge functions of this notebook do the
+# cutting and the joining. Scale by the square root of the head size, not of the model's width;
+# causal hides the entries above the diagonal before the softmax.</details>
 
 # %%
 def my_mha_forward(x: torch.Tensor, mha: MultiHeadAttention, causal: bool = False) -> torch.Tensor:

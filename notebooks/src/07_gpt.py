@@ -567,13 +567,14 @@ print(f"untrained model: {quality_before:.2f} well formed, {words_before:.2f} kn
 # position of every row.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Inputs and targets from each window, one shifted
+# against the other. (2) The model's log-probabilities on the inputs, computed so that no
+# exponential overflows. (3) Each position's log-probability of its own target, and minus their
+# mean.</details>
 #
-# Split each window into inputs (all tokens but the last) and targets (all but the first). Run
-# the model on the inputs. Subtract each row's largest logit, then subtract the log of the sum of
-# the exponentials of what is left: those are the log-probabilities. Pick, at every position, the
-# log-probability of its target (gather along the vocabulary axis), and return minus their mean.
-# </details>
+# <details><summary>Hint 3: closer</summary>The inputs are every token but the last, the targets
+# every token but the first. A stable log-softmax takes each row's largest logit out before the log
+# of the sum of exponentials. Pick the target's entry along the vocabulary axis.</details>
 
 # %%
 def next_token_loss(gpt: GPT, ids: torch.Tensor) -> torch.Tensor:
@@ -1066,14 +1067,15 @@ print("temperature 0 and top-k 1 both pick the most likely character, the first 
 # next step reads the sequence again.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Repeat once per new token: run the model on what
+# it can read and keep the last position's logits. (2) Greedy settings take the most likely token.
+# (3) Otherwise sharpen or soften the distribution (temperature), cut its tail (top-k) and draw one
+# token per row with the generator. (4) Append the token and go on.</details>
 #
-# Repeat once per new token: crop the sequence to the context, run the model and keep the last
-# position's logits. For temperature 0 or top-k 1 take the most likely token. Otherwise divide the
-# logits by the temperature; with a top-k, find each row's k-th largest logit and set every logit
-# below it to minus infinity; turn the logits into probabilities with a softmax and draw one token
-# per row with the generator. Append the token along the token axis, and return the whole sequence.
-# </details>
+# <details><summary>Hint 3: closer</summary>What the model can read is the last context's worth of
+# tokens. Greedy means temperature 0 or a top-k of 1. The temperature divides the logits; the top-k
+# cut sends every logit below a row's k-th largest to minus infinity; the draw is from the softmax
+# of what is left.</details>
 
 # %%
 def my_generate(gpt: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,

@@ -389,15 +389,15 @@ print("helpers.flash.tiled.tiled_attention_fa1 agrees with it to 1e-12")
 # maximum, so rescale it to the new one before adding this tile's contribution.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Each row's new maximum, this tile's scores
+# included. (2) Move what was accumulated (the sum and the output accumulator) from the old maximum
+# to the new one. (3) Add this tile's part, measured from the new maximum. Every exponential goes
+# through the course's exp_shifted.</details>
 #
-# The new maximum of each row is the larger of its old maximum and the largest score of the
-# tile. The correction is $e^{\text{old max} - \text{new max}}$; the tile's weights are the
-# exponentials of its scores measured from the new maximum. Multiply the old sum and the old
-# accumulator by the correction, then add the row sums of the weights to the sum and the
-# weights times the value tile to the accumulator. Compute every exponential with the course's
-# `exp_shifted`, so that a fully masked row (maximum $-\infty$) gives no NaN.
-# </details>
+# <details><summary>Hint 3: closer</summary>The correction is e to the power (old maximum minus new
+# maximum). This tile's part: its weights (the exponentials of its scores from the new maximum)
+# summed per row, and the weights times the value tile. exp_shifted keeps a fully masked row
+# (maximum minus infinity) free of NaN.</details>
 
 # %%
 def my_tile_step(row_max: torch.Tensor, row_sum: torch.Tensor, acc: torch.Tensor,

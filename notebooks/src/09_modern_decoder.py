@@ -366,15 +366,14 @@ assert exponents[8:] == [-0.5, -1.5, -2.5, -3.5]
 # head's distance penalty is added, then the mask and the softmax; the values are untouched.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) The table of distances between query and key
+# positions; from it each head's penalty and the mask of later keys. (2) The scaled scores plus the
+# penalty. (3) Hide the later keys, a softmax over the keys, and the values weighted by
+# it.</details>
 #
-# Read the number of heads and of tokens from the shape of the queries and get the slopes for
-# that many heads. Build the table of distances between query and key positions, and from it the
-# penalty (the slope times the distance, negative, zero for keys after the query) and the mask
-# (true for those later keys). Multiply the queries by the transposed keys and divide by the
-# square root of the head size; add the penalty; fill the masked scores with minus infinity; take
-# the softmax over the keys and multiply by the values.
-# </details>
+# <details><summary>Hint 3: closer</summary>The order matters: scale first, then add the penalty.
+# The penalty is minus the head's slope times the distance, zero for later keys; the slopes come
+# from the course's function for as many heads as the queries have.</details>
 
 # %%
 def my_alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -428,11 +427,8 @@ print("last query's weights on keys 0..5, per head:\n", weights[0, :, 5].numpy()
 # the learned gain.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
-#
-# Square the features, average them over the last axis keeping that axis, add `eps` and take the
-# square root: one number per token. Divide the token by it and multiply by the gain.
-# </details>
+# <details><summary>Hint 2: the plan</summary>(1) Each token's root mean square over its features,
+# eps inside the root. (2) The token divided by it, times the gain.</details>
 
 # %%
 def my_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -1117,13 +1113,14 @@ assert 0.6 < float(quintic.min()) and float(quintic.max()) < 1.25 and float(cubi
 # so each step is three matrix products and a sum; the scaling happens once, before the loop.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Work on the wide orientation of the matrix (a tall
+# one is transposed, and back at the end). (2) Scale it once so that no singular value exceeds one.
+# (3) Repeat the polynomial step as many times as asked, each step built from the Gram matrix of the
+# current matrix.</details>
 #
-# Read the three coefficients. If the matrix has more rows than columns, work on its transpose.
-# Divide by its norm plus a tiny number. Then, as many times as asked: form the Gram matrix G
-# (the matrix times its own transpose), and replace the matrix by a times itself plus (b times G
-# plus c times G times G) times itself. Transpose back if you transposed.
-# </details>
+# <details><summary>Hint 3: closer</summary>The Gram matrix G is the matrix times its own transpose,
+# and the step replaces X by a X + b G X + c G G X with the three coefficients. The scaling divides
+# by the Frobenius norm plus a tiny number, so a zero matrix stays finite.</details>
 
 # %%
 def my_newton_schulz(m: torch.Tensor, steps: int = 5) -> torch.Tensor:

@@ -158,16 +158,16 @@ print(f"each rank sent {values_sent} values; 2 (p - 1) / p x n = 2 x 2 / 3 x 6 =
 # rank first waited for its own send to be received, nobody would ever receive.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Your tensor, copied and cut into one chunk per
+# rank. (2) Reduce-scatter, one step fewer than ranks: each step send one chunk to the next rank and
+# add what arrives from the previous rank to your own copy of that chunk; the chunks walk one place
+# round the ring per step. (3) All-gather, as many steps, the same walk, now keeping what arrives.
+# (4) Join the chunks in the input's shape.</details>
 #
-# Flatten a copy of your tensor and cut it into one chunk per rank (the chunks may differ in
-# size by one). Reduce-scatter, one step fewer than there are ranks: at step `s` send the chunk
-# that sits `s` places behind your rank (counting round the ring), receive into an empty tensor
-# shaped like the chunk one place further back, and add what arrives to that chunk. All-gather,
-# as many steps again: send the chunk one place ahead of the one you received last, receive the
-# chunk `s` places behind your rank and keep it in place of yours. Join the chunks and give them
-# the input's shape.
-# </details>
+# <details><summary>Hint 3: closer</summary>After the reduce-scatter each rank holds the full sum of
+# one chunk, and the all-gather starts by sending that one. Count a chunk's place relative to your
+# rank and the step, round the ring. Send without waiting, receive, then wait for the
+# send.</details>
 
 # %%
 import torch.distributed as dist  # noqa: F401 - my_ring_all_reduce sends with it
@@ -1078,13 +1078,13 @@ for m in ms:
 # their sum, and each part's output counts in proportion to its own denominator.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) The merged log-sum-exp, from the two parts',
+# computed stably. (2) Each part's share of the merged denominator. (3) The two outputs, each
+# weighted by its share, added.</details>
 #
-# The merged log-sum-exp is the log of the sum of the two exponentials: PyTorch has one stable
-# function for it. Each part's weight is the exponential of its log-sum-exp minus the merged
-# one; give the weights a trailing axis of size one so that they multiply the outputs row by
-# row, and add the two weighted outputs.
-# </details>
+# <details><summary>Hint 3: closer</summary>PyTorch has one stable function for the log of a sum of
+# two exponentials. A share is e to the power (the part's log-sum-exp minus the merged one), with a
+# trailing axis of size one to weight the output row by row.</details>
 
 # %%
 def ring_merge(out: torch.Tensor, lse: torch.Tensor, o_b: torch.Tensor,

@@ -226,11 +226,10 @@ def _run_with_step(student: StepFunction, q: Tensor, k: Tensor, v: Tensor, mask:
     return torch.cat(outputs)
 
 
-@exercise(hint="The new max of a row is the larger of its old max and the largest score of this "
-               "tile. The old sum and accumulator were measured from the old max: multiply both by "
-               "e to the power (old max minus new max), then add this tile's exponentials, "
-               "measured from the new max, summed per row and multiplied with the value tile. Use "
-               "the course's exp_shifted for every exponential, so a fully masked row gives no NaN.",
+@exercise(hint="A tile may raise a row's max. What was accumulated so far (the sum and the "
+               "accumulator) was measured from the old max: move it to the new max before adding "
+               "this tile's part, itself measured from the new max. Use the course's exp_shifted "
+               "for every exponential, so a fully masked row gives no NaN.",
           task="Write the tile step (row_max, row_sum, acc, scores, v_tile) -> new (row_max, "
                "row_sum, acc). The check runs a whole causal head with it, a ragged tile and a fully "
                "masked row included.")
