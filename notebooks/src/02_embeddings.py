@@ -222,7 +222,7 @@ print("entry (0, 0) = 1*7 + 2*9 + 3*11 =", 1 * 7 + 2 * 9 + 3 * 11)
 # A one-hot row has a single 1, so multiplying it by the table picks out one row of the table.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # Make the one-hot rows of the ids, as many columns as the table has rows, and convert them to
 # the table's dtype (a product needs both sides in one dtype). Then take the matrix product of
@@ -461,13 +461,9 @@ print(f"loss after {TRAIN_STEPS} steps: {final_loss:.4f}")
 # Cosine similarity is the dot product of the two vectors after each is scaled to length 1.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
-#
-# Scale every row of the table, and the query, to length 1 by dividing each by its length. One
-# matrix-vector product then gives the dot product of every scaled row with the scaled query, the
-# cosines, at once. Keep the indices of the k largest, largest first (`topk` returns them in that
-# order).
-# </details>
+# <details><summary>Hint 2: the plan</summary>(1) Every row of the table, and the query, scaled to
+# length 1. (2) Their dot products, all at once: the cosines. (3) The indices of the k largest
+# cosines, largest first.</details>
 
 # %%
 def most_similar(query: torch.Tensor, table: torch.Tensor, k: int) -> torch.Tensor:

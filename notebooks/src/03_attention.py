@@ -170,10 +170,13 @@ print(f"answer: {answer[0]:.2f} legs, {answer[1]:.2f} wheels")
 # product, turn each query's row of scores into a distribution over the keys, and average the
 # values with it.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Multiply the queries by the keys transposed in
-# their last two dimensions only (a plain transpose would also swap the batch dimensions); divide
-# by the square root of the key size; take the softmax along the last dimension, across the keys;
-# multiply the weights by the values; return the output and the weights.</details>
+# <details><summary>Hint 2: the plan</summary>(1) Every query's score against every key, in one
+# product. (2) Scale the scores. (3) Each query's scores into a distribution over the keys. (4) That
+# distribution averages the values; return the output and the weights.</details>
+#
+# <details><summary>Hint 3: closer</summary>Transpose the keys in their last two dimensions only (a
+# plain transpose also swaps batch axes); the scale is one over the square root of the key size; the
+# softmax runs across the keys.</details>
 
 # %%
 def my_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -366,12 +369,13 @@ except ValueError as error:
 # map: the queries ask, so they come from the first input; the keys and the values are what gets
 # looked up, so they come from the second.</details>
 #
-# <details><summary>Hint 2: the steps</summary>In the constructor: set up the module first (the
-# parent class's constructor), then create three linear maps without bias, two from d_in to d_k
-# for the queries and the keys and one from d_in to d_v for the values, under the names the check
-# looks for. In forward: pass the first input through the query map and the second through the
-# key map and the value map; then score, scale, softmax and average exactly as in exercise 2;
-# return the output and the weights.</details>
+# <details><summary>Hint 2: the plan</summary>(1) Constructor: set the module up, then three learned
+# linear maps without bias, under the names the check looks for. (2) Forward: the queries from the
+# first input, the keys and values from the second. (3) From there, exercise 2's attention; return
+# the output and the weights.</details>
+#
+# <details><summary>Hint 3: closer</summary>The query and key maps go from d_in to d_k, the value
+# map from d_in to d_v; the names are w_q, w_k and w_v.</details>
 
 # %%
 class MyAttentionLayer(nn.Module):
@@ -466,7 +470,7 @@ print(f"1 - first weight = {1 - saturated[0]:.4g}, and the other two weights sum
 # respect to z_j: every entry gets the term -a_i a_j, and the diagonal (i = j) gets an extra
 # a_i.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Build the square matrix that holds the
+# <details><summary>Hint 2: the plan</summary>Build the square matrix that holds the
 # probabilities on its diagonal and zeros elsewhere; build the outer product of the vector with
 # itself, whose entry (i, j) is a_i times a_j; subtract the second from the first.</details>
 

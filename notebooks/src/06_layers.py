@@ -325,11 +325,9 @@ print(f"D = {D}: 8·D² = {8 * D**2:,}; the FFN holds {counts['FFN, GELU'] / (co
 # projects back.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
-#
-# Multiply `x` by the gate matrix and by the up matrix. Only the gate projection goes through SiLU
-# (`F.silu`); multiply the two results element by element, then multiply by the down matrix.
-# </details>
+# <details><summary>Hint 2: the plan</summary>(1) Two projections of x to the hidden size, the gate
+# and the up one. (2) Only the gate goes through SiLU, and it multiplies the other element by
+# element. (3) Project the result back with the down matrix.</details>
 
 # %%
 def my_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
@@ -567,15 +565,14 @@ assert 0.8 < variances["Xavier, 2/(fan_in + fan_out)"][-1] < 1.25
 # that add to the stream again, smaller, so that the `2N` additions together add a fixed amount.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) The residual standard deviation: std scaled down
+# for the 2N additions to the stream. (2) Every linear layer drawn with std, its bias at zero. (3)
+# Then, in each block, the two projections that write into the stream drawn again with the residual
+# standard deviation.</details>
 #
-# Compute the residual standard deviation: `std` divided by the square root of twice the number
-# of blocks. Walk over every module of the stack; for each linear layer, fill its weight from a
-# normal distribution of mean 0 and standard deviation `std`, and fill its bias with zeros when it
-# has one (`nn.init` has a function for each). Then, for each block, fill its attention's output
-# projection weight and its FFN's down projection weight again, with the residual standard
-# deviation. Return the stack.
-# </details>
+# <details><summary>Hint 3: closer</summary>std over the square root of twice the number of blocks;
+# the two projections are attention's output projection and the FFN's down projection; nn.init has a
+# function for each draw.</details>
 
 # %%
 @torch.no_grad()

@@ -219,7 +219,7 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # table are what it leaves out, and the tied output matrix is no extra tensor at all.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # Write one block first: the four attention matrices of `d x d` with a bias of `d` each, the
 # MLP's two matrices (`d` to `4d` and back) with biases of `4d` and `d`, and two LayerNorms with a
@@ -639,7 +639,7 @@ print("that loss vs F.cross_entropy: difference < 1e-6")
 # the weight decay shrinks `p` on its own, outside the adaptive step.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # Follow the four lines of equations above in order: the two averages, their bias correction,
 # the decay of `p`, then the step. Return the new weight together with the two uncorrected
@@ -684,15 +684,11 @@ check("gpt.adamw_update", adamw_update)
 # where they are.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
-#
-# In the constructor, keep the settings, start the step count at zero and, for every matrix and
-# then every vector, store the weight, two tensors of zeros of its shape, and its decay (the
-# weight decay for a matrix, zero for a vector). In `step`, count one more step; then for every
-# stored weight call the update with the weight, its gradient, its two averages, the step count,
-# the rate, the betas, eps and its decay; store the averages it returns and copy the new value
-# into the weight in place.
-# </details>
+# <details><summary>Hint 2: the plan</summary>(1) Constructor: the settings, a step count at zero,
+# and for every weight its state: two running averages starting at zero and its own decay (matrices
+# decay, vectors do not). (2) Step: count one more step; for each weight, let the update of exercise
+# 2 give its new value and averages. (3) Keep the averages, and write the new value into the weight
+# in place.</details>
 
 # %%
 from collections.abc import Callable
@@ -1185,13 +1181,12 @@ print("training raised the well-formed share from", quality_before, "to more tha
 # all of them, itself included, so no mask is needed.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Project only the new token to its query, key and
+# value. (2) Grow the cache by the new key and value, along the token axis. (3) The new query
+# attends to all the keys, itself included; return the output and the grown cache.</details>
 #
-# Project the new token with each of the three matrices. Append its key to the stored keys and its
-# value to the stored values, along the token axis (the middle one). Score its query against every
-# key, divide by the square root of `d_h`, take the softmax over the keys, and weight the values
-# with it. Return the output and the two grown tensors.
-# </details>
+# <details><summary>Hint 3: closer</summary>Scaled scores (by the square root of d_h), a softmax
+# over the keys, the values weighted by it; no mask is needed.</details>
 
 # %%
 def cache_step(x_new: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,

@@ -182,7 +182,7 @@ print("the table:", tuple(rope_table.cos.shape), "cos and sin,", tuple(rope_tabl
 # complex number at that angle.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # The angle is the position times theta. Multiply the complex number of the pair by the cosine
 # of the angle plus the imaginary unit times its sine, and read off the real part (the new first feature) and the imaginary part (the
@@ -292,13 +292,12 @@ print("redraws so far:", explorer.redraws)
 # minus the key's), times the head's slope, negative: farther is penalised more.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) The table of distances: each query's position
+# minus each key's. (2) One table per head: minus the distance times the head's slope. (3) No bias
+# for keys after the query.</details>
 #
-# Build the N by N table of distances from a column of query positions and a row of key
-# positions (broadcasting). Give the slopes two trailing axes of size one, so that multiplying
-# them by the table gives one N by N table per head; flip the sign; and set the entries of keys
-# after the query (negative distances) to zero.
-# </details>
+# <details><summary>Hint 3: closer</summary>Positions as a column against positions as a row make
+# the table; the slopes need two trailing axes of size one to reach every entry.</details>
 
 # %%
 def my_alibi_bias(slopes: torch.Tensor, n_tokens: int) -> torch.Tensor:
@@ -587,17 +586,16 @@ print(f"this model's cache: {cache.nbytes():,} bytes with GQA, {mha_cache.nbytes
 # or in notebooks 5-7.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) The attention branch on a normalised copy of x:
+# queries, keys and values cut into heads (fewer heads for the keys and values), RoPE on the queries
+# and keys, each key/value head shared by its group of query heads, causal attention, heads merged,
+# projected, added to x. (2) The SwiGLU branch on a normalised copy of the result, added to
+# it.</details>
 #
-# Normalise `x` with the first RMSNorm's gain and eps. Project it to queries, keys and values
-# and split each into heads, the queries into `n_heads` and the keys and values into
-# `n_kv_heads`. Rotate the queries and keys: the first half of each head's features pairs with
-# the second half, turned by the table's cosines and sines of the first N positions. Repeat each
-# key and value head for the query heads it serves (one after another along the head axis). Take
-# the causal softmax of the scaled scores, weight the values, merge the heads and add the output
-# projection to `x`. Then add the SwiGLU of the second RMSNorm of the result: the down projection
-# of the SiLU of the gate times the up projection.
-# </details>
+# <details><summary>Hint 3: closer</summary>RMSNorm uses each norm's gain and eps. RoPE pairs the
+# first half of each head's features with the second half, at the table's first N positions. A
+# key/value head serves consecutive query heads (0, 0, 1, 1 for 4 and 2 heads). SwiGLU: down of
+# (SiLU of gate times up).</details>
 
 # %%
 def my_modern_block(block, x: torch.Tensor, table) -> torch.Tensor:

@@ -346,7 +346,7 @@ plt.show()
 # the shapes follow from which sequence feeds which.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # The queries come from the target (`n` tokens), the keys and values from the source (`m`
 # tokens); each head works in the width divided by the number of heads. The weights pair every
@@ -508,7 +508,7 @@ assert padding_gap < 1e-5 and torch.allclose(future[:, :4], plain[:, :4], atol=1
 # key, broadcast over heads and queries.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # Compare the ids with the padding id, so that real tokens give True. Then insert two axes of
 # size 1 between the batch axis and the key axis, one for the heads and one for the queries.

@@ -218,7 +218,7 @@ assert all(torch.equal(result, sum(tensors)) for result in results)
 # chunk is.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # There are two phases, each one step fewer than there are ranks; at every step a rank sends
 # one chunk, a p-th of the tensor. Multiply the number of steps by the chunk's bytes.
@@ -320,7 +320,7 @@ print("average of the two halves' gradients vs the whole batch's: max |diff| < 1
 # division. Each gradient tensor must be reduced exactly once on every rank, in the same order.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # Go through the model's parameters (that list holds the tied matrix once), skip any without a
 # gradient, sum each gradient over the ranks in place with the function you are given, then
@@ -551,7 +551,7 @@ assert sum(r["state_bytes"] for r in results) == results[0]["full_state_bytes"]
 # and the matching column of the down projection.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # Divide the number of hidden units (the rows of the up projection) by the number of ranks: that
 # is each rank's share. Rank `rank` takes the block of that many units that starts at its rank
@@ -795,13 +795,9 @@ for rank, r in enumerate(results_fsdp):
 # the sum of its own piece?
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
-#
-# Cut this rank's gradient into as many equal pieces as there are ranks (a list of tensors),
-# make an empty tensor the size of one piece, and hand both to the reduce-scatter: the empty
-# tensor receives piece number `rank` summed over the ranks. Divide by the number of ranks,
-# before the collective (each piece) or after it (the result): the mean is the same.
-# </details>
+# <details><summary>Hint 2: the plan</summary>(1) Your gradient cut into one equal piece per rank.
+# (2) The collective of section 1 that gives each rank the sum of its own piece only, into a tensor
+# of one piece's size. (3) The mean: divide by the number of ranks, before or after.</details>
 
 # %%
 import torch.distributed as dist  # noqa: F401 - my_grad_piece communicates with it
@@ -984,14 +980,12 @@ for schedule in ("gpipe", "1f1b"):
 # one forward then one backward, and a cool-down of the backwards that are left.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) For each rank, how many forwards it runs before
+# its first backward (warm-up). (2) The steady state: one forward, then one backward, while forwards
+# remain. (3) The cool-down: the backwards still missing, oldest first.</details>
 #
-# For each rank, the warm-up is one forward for each stage after it, but never more than there
-# are micro-batches. Start its list with those forwards, in order. Then, for as many rounds as
-# micro-batches remain, add the next forward not yet run and then the oldest backward not yet
-# run. Finish with the backwards still missing, oldest first, and put the rank's list into the
-# list of all ranks.
-# </details>
+# <details><summary>Hint 3: closer</summary>The warm-up is one forward per stage after the rank,
+# never more than the micro-batches.</details>
 
 # %%
 def one_f_one_b(stages: int, micro_batches: int) -> list[list[tuple[str, int]]]:

@@ -628,12 +628,13 @@ assert torch.allclose(naive_scores, absorbed_scores, atol=1e-5)
 # Head `h`'s query is multiplied by head `h`'s matrix: the head index is shared, `d_nope` is summed.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>Each head's query is multiplied by that head's own
+# matrix, summing over the features the two share; the batch, head and position axes stay as they
+# are.</details>
 #
-# Either name the axes in an Einstein sum (batch, head, position, feature times head, feature,
-# latent gives batch, head, position, latent), or use a matrix product and let broadcasting pair
-# the head axis of the weights with the head axis of the queries.
-# </details>
+# <details><summary>Hint 3: closer</summary>Name the axes in an Einstein sum, or use a matrix
+# product and let broadcasting pair the head axis of the weights with the head axis of the
+# queries.</details>
 
 # %%
 def absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
@@ -769,7 +770,7 @@ print("slots of tokens 0..9 in a ring of 4:", [ring_slot(t, 4) for t in range(10
 # modulo the window.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # Take the smaller of the length and the window: that many tokens are visible. Go through their
 # positions, from the oldest visible one up to the newest (the one at length minus one), and list

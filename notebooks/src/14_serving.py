@@ -358,7 +358,7 @@ print("softmax of a row that sees nothing:", torch.softmax(torch.full((3,), -mat
 # (its first, second, third block ...) to a *physical* block of the pool; the slot is the same in
 # both.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Divide the position by the block size, rounding
+# <details><summary>Hint 2: the plan</summary>Divide the position by the block size, rounding
 # down: that is the logical block, and its entry in the table is the block of the pool. The
 # remainder of the same division is the slot.</details>
 
@@ -936,10 +936,9 @@ print("speed-up over the target alone: " + ", ".join(
 # that the row's largest absolute weight lands on 127 and every other weight on the nearest
 # integer step.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Take each row's largest absolute value and divide
-# it by 127: the scales. Divide every weight by its row's scale (give the scales a trailing axis
-# to line up with the rows), round to the nearest integer, keep it within plus and minus 127, and
-# convert to 8-bit integers.</details>
+# <details><summary>Hint 2: the plan</summary>(1) One scale per row, so that the row's largest
+# absolute weight maps to 127. (2) Every weight divided by its row's scale and rounded, kept within
+# plus and minus 127. (3) Return the integers as int8 and the scales.</details>
 
 # %%
 def my_quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
