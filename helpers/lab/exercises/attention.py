@@ -89,9 +89,10 @@ def softmax_jacobian(student: Callable[[Tensor], Tensor]) -> str:
     return "Each row of it sums to 0: adding a constant to every logit changes nothing."
 
 
-@exercise(hint="multiply the queries by the keys transposed in their last two dimensions; divide by "
-               "the square root of the key size d_k; take the softmax along the last dimension, "
-               "across the keys; multiply the weights by the values; return the output and the weights.",
+@exercise(hint="Score every query against every key in one product (transposing the keys in their "
+               "last two dimensions only), scale by one over the square root of d_k, turn each "
+               "query's scores into weights over the keys, and let them average the values; return "
+               "the output and the weights.",
           task="Write attention(q, k, v) returning (output, weights). The check tries "
                "self-attention, cross-attention and a batch of heads.")
 def scaled_attention(student: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> str:

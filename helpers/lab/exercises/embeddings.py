@@ -287,9 +287,8 @@ def _as_floats(losses: Any) -> list[float] | None:
 
 
 @exercise(hint="Make Adam over both modules' parameters once and turn the counts into shares that "
-               "sum to 1. Then at every step: score all words' neighbours, take the log-softmax of "
-               "each row, weight it by the shares, sum and negate; clear the gradients, go backward, "
-               "step, and keep the loss.",
+               "sum to 1. Every step: the cross-entropy of the model's neighbour predictions for "
+               "every word against those shares, then the usual update; keep each step's loss.",
           task="Write train_word_vectors(embedding, predict_neighbour, counts, steps, lr) that trains "
                "both modules with Adam and returns the loss of every step as a list of floats. The "
                "check trains a small model for four steps from the same start as the course's loop "

@@ -307,11 +307,11 @@ BACKWARD_MISTAKES = {  # mistake: (what is wrong, how to fix it)
 }
 
 
-@exercise(hint="Before the loops, compute D: per query, the sum over features of dO times O. For "
-               "each pair of a query tile and a key tile: rebuild the tile of P from the scaled "
-               "scores and the saved log-sum-exp; add P transposed times dO to dV; form dP from dO "
-               "and the value tile; dS is P times (dP minus D); add the scaled dS times the key "
-               "tile to dQ, and the scaled dS transposed times the query tile to dK.",
+@exercise(hint="D (per query, the sum over features of dO times O) does not depend on the tile: "
+               "compute it once, before the loops. Then, for each pair of a query tile and a key "
+               "tile, rebuild that tile of P from its scores and the saved log-sum-exp, and add the "
+               "tile's contributions to dV, dQ and dK, through dS = P (dP - D); dQ and dK carry the "
+               "scores' scale.",
           points=3,
           task="Write my_flash_backward(q, k, v, out, lse, grad_out, block) for one head without a "
                "mask, returning (dq, dk, dv), tile by tile from the saved output and log-sum-exp. "

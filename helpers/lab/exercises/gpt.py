@@ -103,8 +103,8 @@ def _as_number(value: object, what: str) -> float:
                "cross-entropy, a scalar tensor, without F.cross_entropy. The check compares with "
                "F.cross_entropy on three models.",
           hint="The model reads every token but the last; the targets are every token but the first. "
-               "Turn the logits into log-probabilities (subtract the row maximum, then the log of the "
-               "sum of exponentials), pick each target's, and return minus their mean.",
+               "Score each position by the log-probability it gives its target, computed stably from "
+               "the logits, and return minus the mean over every position of every row.",
           forbidden=("torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss"),
           points=4)
 def next_token_loss(student: Callable[[gpt.GPT, torch.Tensor], torch.Tensor]) -> str:
