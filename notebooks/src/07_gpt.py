@@ -219,13 +219,14 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # table are what it leaves out, and the tied output matrix is no extra tensor at all.
 # </details>
 #
-# <details><summary>Hint 2: the plan</summary>
+# <details><summary>Hint 2: the plan</summary>(1) One block's parameters: attention's four
+# projections, the MLP's two, its two LayerNorms, every bias and gain included. (2) All the blocks.
+# (3) What lies outside the blocks: the token table (once: the output layer shares it), the position
+# table and the final LayerNorm.</details>
 #
-# Write one block first: the four attention matrices of `d x d` with a bias of `d` each, the
-# MLP's two matrices (`d` to `4d` and back) with biases of `4d` and `d`, and two LayerNorms with a
-# gain and a bias of `d` each. Multiply by the number of blocks, then add the token table
-# (vocabulary by `d`, once), the position table (context by `d`) and the final LayerNorm.
-# </details>
+# <details><summary>Hint 3: closer</summary>Attention's matrices are d by d, the MLP's d by 4d and
+# 4d by d; a bias has one number per output of its layer; a LayerNorm has a gain and a bias of d
+# numbers each.</details>
 
 # %%
 def gpt_parameters(n_layers: int, d_model: int, vocab_size: int, context_length: int) -> int:

@@ -551,13 +551,9 @@ assert sum(r["state_bytes"] for r in results) == results[0]["full_state_bytes"]
 # and the matching column of the down projection.
 # </details>
 #
-# <details><summary>Hint 2: the plan</summary>
-#
-# Divide the number of hidden units (the rows of the up projection) by the number of ranks: that
-# is each rank's share. Rank `rank` takes the block of that many units that starts at its rank
-# number times the share: those rows of the up weight and entries of the bias, and the same
-# range of *columns* of the down weight.
-# </details>
+# <details><summary>Hint 2: the plan</summary>(1) Each rank's share: an equal block of the hidden
+# units. (2) The block that belongs to this rank. (3) Those units' rows of the up projection and
+# entries of its bias, and the same units' columns of the down projection.</details>
 
 # %%
 def split_mlp(up_weight: torch.Tensor, up_bias: torch.Tensor, down_weight: torch.Tensor,
