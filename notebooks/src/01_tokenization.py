@@ -171,7 +171,7 @@ print("possible byte values:", len(range(256)))
 # A list of n ids has n - 1 neighbouring pairs, and each one adds 1 to its own count.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # Walk along the list one position at a time, pairing each id with the one after it, and stop at
 # the last pair. Keep a running count per pair in a dict, starting a pair at zero the first time
@@ -279,14 +279,14 @@ assert merge_pair([7, 7, 7, 1, 7, 7], (7, 7), 256) == merge([7, 7, 7, 1, 7, 7], 
 # Each step sees the chunks as the previous merge left them, so count afresh every time.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) The starting state: every chunk of the pre-split
+# text spelled in bytes, and the vocabulary of what each id spells. (2) Once per merge: count the
+# pairs of all the chunks together, stop if there are none, and let the tie-breaking function of
+# above pick the pair. (3) Record the pair, give it the next new id in the vocabulary, and merge it
+# in every chunk.</details>
 #
-# Start with each chunk of the pre-split text as its list of UTF-8 bytes, and a vocabulary list
-# holding the 256 single bytes. Then, once per merge: add up the pair counts of all the chunks in
-# one `Counter`; stop if it is empty; let `most_frequent_pair`, given the counts and the
-# vocabulary, pick the pair; remember it; add the bytes of its two parts, joined, to the
-# vocabulary; and rewrite every chunk with `merge_pair`, giving the pair the next new id.
-# </details>
+# <details><summary>Hint 3: closer</summary>The vocabulary starts as the 256 single bytes; a new id
+# spells its two parts' bytes joined. Counts of several chunks add up in a Counter.</details>
 
 # %%
 def train_textbook(text: str, n_merges: int) -> list[tuple[int, int]]:
@@ -492,16 +492,15 @@ print(bpe.labels(longest))
 # A dict from each pair to its rank tells at once whether a pair was learned, and when.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Give every learned pair its rank, the step at
+# which training learned it. (2) Cut the text into chunks as training did and spell each chunk in
+# bytes. (3) Inside a chunk, repeat: of its neighbouring pairs, merge the one learned earliest into
+# its new id; stop when none of its pairs was learned. (4) Join the chunks' ids in order; a chunk
+# met before can reuse what it gave then.</details>
 #
-# Build a dict from each merged pair to its rank, an empty dict from chunk to its ids, and an
-# empty list for the result. For each chunk of the pre-split text that the chunk dict does not
-# hold yet: take its UTF-8 bytes as a list; while it has at least two ids, find its neighbouring
-# pair of lowest rank (the built-in `min` with a key that gives an unknown pair an infinite
-# rank), stop if that pair was never learned, and otherwise merge it into 256 plus its rank.
-# Store the chunk's ids under the chunk. Then, known or new, add the chunk's stored ids to the
-# result. Return the result.
-# </details>
+# <details><summary>Hint 3: closer</summary>A pair learned at rank r becomes id 256 plus r. A pair
+# never learned must lose every comparison when you look for the earliest one: give it an infinite
+# rank. Merges never cross a chunk boundary.</details>
 
 # %%
 def encode_text(text: str, merges: list[tuple[int, int]]) -> list[int]:
@@ -589,7 +588,7 @@ print("👋 ->", wave_ids, "| first two ids decode to", repr(bpe.decode(wave_ids
 # A token is bytes, not text: one character may start in one token and end in the next.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # Decoding token by token breaks a character split across two tokens. Look up every id's bytes
 # and join them into one bytes object first; then decode it once as UTF-8, asking Python to

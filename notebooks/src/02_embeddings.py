@@ -222,7 +222,7 @@ print("entry (0, 0) = 1*7 + 2*9 + 3*11 =", 1 * 7 + 2 * 9 + 3 * 11)
 # A one-hot row has a single 1, so multiplying it by the table picks out one row of the table.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # Make the one-hot rows of the ids, as many columns as the table has rows, and convert them to
 # the table's dtype (a product needs both sides in one dtype). Then take the matrix product of
@@ -366,14 +366,16 @@ print(f"negative numbers in a fresh nn.Embedding(12, 8): {(nn.Embedding(12, 8).w
 # pass, a loss, and the three calls that clear the gradients, compute them and take a step.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Before the loop: the optimizer over both modules'
+# parameters, the counts as shares that sum to 1, and the ids of every word. (2) Each step: the
+# model's predicted distribution of the neighbour of every word, and the cross-entropy of those
+# predictions against the shares. (3) The usual three calls of an update; keep each step's loss as a
+# plain number.</details>
 #
-# Before the loop: make Adam over the parameters of both modules, divide the counts by their sum,
-# and make the ids of all V words (0 to V - 1). In the loop: look all the ids up in the embedding,
-# pass the rows through the predictor, take the log-softmax along the last dimension (each word's
-# row), multiply by the shares, sum everything and negate. Clear the gradients, go backward, let
-# Adam step, and append the loss as a plain float to a list, which you return at the end.
-# </details>
+# <details><summary>Hint 3: closer</summary>The cross-entropy here is minus the sum, over every
+# (word, neighbour) pair, of the pair's share times the log-probability the model gives that
+# neighbour; the log-probabilities are a log-softmax over each word's row of scores. Record the loss
+# before the update.</details>
 
 # %%
 def train_word_vectors(embedding: nn.Embedding, predict_neighbour: nn.Linear, counts: torch.Tensor,
@@ -459,13 +461,9 @@ print(f"loss after {TRAIN_STEPS} steps: {final_loss:.4f}")
 # Cosine similarity is the dot product of the two vectors after each is scaled to length 1.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
-#
-# Scale every row of the table, and the query, to length 1 by dividing each by its length. One
-# matrix-vector product then gives the dot product of every scaled row with the scaled query, the
-# cosines, at once. Keep the indices of the k largest, largest first (`topk` returns them in that
-# order).
-# </details>
+# <details><summary>Hint 2: the plan</summary>(1) Every row of the table, and the query, scaled to
+# length 1. (2) Their dot products, all at once: the cosines. (3) The indices of the k largest
+# cosines, largest first.</details>
 
 # %%
 def most_similar(query: torch.Tensor, table: torch.Tensor, k: int) -> torch.Tensor:
@@ -661,13 +659,13 @@ except IndexError as error:
 # pair index.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Every angle of the table at once: the positions
+# against the pairs' frequencies, arranged so that broadcasting pairs each position with each
+# frequency. (2) A table of the full width. (3) The sines of the angles in the even columns, the
+# cosines in the odd ones.</details>
 #
-# Make the positions a column (shape n_positions by 1) and the pair indices 0 to d_model / 2 - 1
-# a row. Dividing the column by base raised to twice the pair index over d_model broadcasts to a
-# table of every angle at once. Start from a table of zeros and fill every even column with the
-# sines of the angles and every odd column with their cosines (a slice with step 2 picks them).
-# </details>
+# <details><summary>Hint 3: closer</summary>Pair i's frequency is one over base to the power 2i over
+# d_model. The positions form a column and the pair indices a row; no loop over positions.</details>
 
 # %%
 def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
@@ -923,16 +921,14 @@ print("sizes of those errors:", sorted({round(e, 4) for e in errors[errors > 0.0
 # table and the positions up in the position table, and add the two.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) In the constructor, one table for the tokens and
+# one for the positions. (2) In forward, first refuse, with a ValueError that says what it got, any
+# input the tables cannot serve. (3) Look up the tokens and the positions of the sequence, and add
+# the two; the positions broadcast over the batch.</details>
 #
-# In the constructor, make the two embedding tables, vocab_size by d_model and context_length by
-# d_model. In forward: check the number of dimensions (one or two), then that the length, the
-# last dimension, is at most the position table's number of rows, then that the smallest id is
-# at least 0 and the largest below the token table's number of rows, raising a ValueError with a
-# message for each. Make the positions 0 to length - 1 with arange, look them up, and return the
-# token vectors plus the position vectors: a (seq_len, d_model) table adds to every sequence of
-# the batch by broadcasting.
-# </details>
+# <details><summary>Hint 3: closer</summary>Three refusals: not one or two dimensions; longer than
+# the position table; an id below 0 or beyond the token table. The positions are 0, 1, 2 ... up to
+# the length, made on the ids' device.</details>
 
 # %%
 class TokenAndPosition(nn.Module):

@@ -92,10 +92,11 @@ print("exp(1000) in float32 is", torch.exp(torch.tensor(1000.0)).item())
 # added to every logit of a row. Choose the constant that makes every exponent zero or
 # negative.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Find the largest logit of each row, keeping the
-# last dimension (of size 1) so that it broadcasts; subtract it from every logit of its row;
-# exponentiate; divide each row by its own sum over the last dimension, again keeping that
-# dimension.</details>
+# <details><summary>Hint 2: the plan</summary>(1) Shift each row so that its largest logit becomes
+# 0: softmax ignores the shift. (2) Then the plain softmax of the shifted rows.</details>
+#
+# <details><summary>Hint 3: closer</summary>Every per-row number (the shift, the row's total) must
+# keep its reduced axis with size 1, so that it broadcasts against its row.</details>
 
 # %%
 def my_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -169,10 +170,13 @@ print(f"answer: {answer[0]:.2f} legs, {answer[1]:.2f} wheels")
 # product, turn each query's row of scores into a distribution over the keys, and average the
 # values with it.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Multiply the queries by the keys transposed in
-# their last two dimensions only (a plain transpose would also swap the batch dimensions); divide
-# by the square root of the key size; take the softmax along the last dimension, across the keys;
-# multiply the weights by the values; return the output and the weights.</details>
+# <details><summary>Hint 2: the plan</summary>(1) Every query's score against every key, in one
+# product. (2) Scale the scores. (3) Each query's scores into a distribution over the keys. (4) That
+# distribution averages the values; return the output and the weights.</details>
+#
+# <details><summary>Hint 3: closer</summary>Transpose the keys in their last two dimensions only (a
+# plain transpose also swaps batch axes); the scale is one over the square root of the key size; the
+# softmax runs across the keys.</details>
 
 # %%
 def my_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -365,12 +369,13 @@ except ValueError as error:
 # map: the queries ask, so they come from the first input; the keys and the values are what gets
 # looked up, so they come from the second.</details>
 #
-# <details><summary>Hint 2: the steps</summary>In the constructor: set up the module first (the
-# parent class's constructor), then create three linear maps without bias, two from d_in to d_k
-# for the queries and the keys and one from d_in to d_v for the values, under the names the check
-# looks for. In forward: pass the first input through the query map and the second through the
-# key map and the value map; then score, scale, softmax and average exactly as in exercise 2;
-# return the output and the weights.</details>
+# <details><summary>Hint 2: the plan</summary>(1) Constructor: set the module up, then three learned
+# linear maps without bias, under the names the check looks for. (2) Forward: the queries from the
+# first input, the keys and values from the second. (3) From there, exercise 2's attention; return
+# the output and the weights.</details>
+#
+# <details><summary>Hint 3: closer</summary>The query and key maps go from d_in to d_k, the value
+# map from d_in to d_v; the names are w_q, w_k and w_v.</details>
 
 # %%
 class MyAttentionLayer(nn.Module):
@@ -465,7 +470,7 @@ print(f"1 - first weight = {1 - saturated[0]:.4g}, and the other two weights sum
 # respect to z_j: every entry gets the term -a_i a_j, and the diagonal (i = j) gets an extra
 # a_i.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Build the square matrix that holds the
+# <details><summary>Hint 2: the plan</summary>Build the square matrix that holds the
 # probabilities on its diagonal and zeros elsewhere; build the outer product of the vector with
 # itself, whose entry (i, j) is a_i times a_j; subtract the second from the first.</details>
 
@@ -602,13 +607,15 @@ print(f"sqrt(64) = {math.sqrt(64):.0f};  measured std of q.k at d_k = 64: {math.
 # through its Jacobian, and a row g times diag(a) minus a a-transposed is a times g minus a times
 # the a-weighted sum of g.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Recompute the scores and their softmax. The
-# values' gradient is the weights, transposed in their last two dimensions, times the output's
-# gradient. The weights' gradient is the output's gradient times the values transposed likewise.
-# For the scores' gradient multiply the weights' gradient by the weights entry by entry, then
-# subtract the weights times that product's row sum (keep the last dimension). Multiply by the
-# scale. The queries' gradient is the scores' gradient times the keys; the keys' gradient is the
-# scores' gradient, transposed in its last two dimensions, times the queries.</details>
+# <details><summary>Hint 2: the plan</summary>(1) Recompute the forward pass's weights. (2) Back
+# through the last product: the gradients of the values and of the weights. (3) Back through the
+# softmax, row by row (Hint 1's shortcut), then through the scale: the gradient of the scores. (4)
+# Back through the first product: the gradients of the queries and of the keys.</details>
+#
+# <details><summary>Hint 3: closer</summary>A product passes the gradient to each factor through the
+# other factor, transposed in the last two dimensions only. Through the softmax, a row's gradient is
+# the weights times (the weights' gradient minus its weighted row sum), that row sum kept as an axis
+# of size 1.</details>
 
 # %%
 def my_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_output: torch.Tensor,

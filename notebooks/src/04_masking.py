@@ -231,12 +231,13 @@ print("with a KV cache (2 new queries after 3 cached keys), causal_mask(2, 5) =\
 # on the later keys, which is also what filling the later scores with minus infinity
 # gives.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Read n_q and n_k from the last two dimensions of the
-# scores. Start from weights that are all zero, shaped like the scores. For each query i, count
-# the keys it may see, n_k - n_q + i + 1, and write the softmax of that first stretch of its
-# scores into the same stretch of its weights; the later keys keep their zeros. (Or build the
-# table of allowed pairs from the query and key positions, fill the other scores with minus
-# infinity and take one softmax.)</details>
+# <details><summary>Hint 2: the plan</summary>(1) Where each query sits among the keys (the queries
+# are the last n_q of the n_k positions). (2) For each query, the keys it may see: those up to its
+# own position. (3) A softmax over those keys alone, weight 0 on the later ones (or hide the later
+# scores with minus infinity before one softmax).</details>
+#
+# <details><summary>Hint 3: closer</summary>Query i sits at position i + n_k - n_q and sees n_k -
+# n_q + i + 1 keys.</details>
 
 # %%
 def my_causal_softmax(scores: torch.Tensor) -> torch.Tensor:
@@ -379,10 +380,10 @@ for b, length in enumerate(lengths.tolist()):
 # than that sentence's length (pads last), or when at most that many positions remain from it to
 # the end (pads first).</details>
 #
-# <details><summary>Hint 2: the steps</summary>Make the positions 0 to n - 1 as a row of shape
-# (1, n) and the lengths as a column of shape (B, 1), so that comparing the two makes broadcasting
-# build the whole (B, n) table. Pads last: compare with "smaller than" the lengths. Pads first:
-# compare with "at least" n minus the lengths.</details>
+# <details><summary>Hint 2: the plan</summary>(1) The positions of a sentence and the sentences'
+# lengths, laid out so that one comparison makes the whole (B, n) table. (2) Pads last: a position
+# is real while it is inside the length. (3) Pads first: it is real when the positions from it to
+# the end, itself included, are no more than the length.</details>
 
 # %%
 def my_padding_mask(lengths: torch.Tensor, n: int, side: str = "right") -> torch.Tensor:
@@ -456,12 +457,15 @@ torch.testing.assert_close(helper_weights[2:], plain[2:])  # rows with something
 # the future and not at a pad. Hide everything else before the softmax, and make the softmax safe
 # for a row in which everything is hidden.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Scale the scores by the square root of the head
-# size. Combine the lower triangle of size N by N, with a logical and, with the real-token mask
-# reshaped to (B, 1, 1, N) so that it runs along the keys. Fill the scores outside the mask with
-# minus infinity. Take each row's maximum and replace it by 0 where the row has no allowed key;
-# subtract it and exponentiate; divide by the row sums, with a zero sum replaced by 1. Multiply
-# the weights by the values.</details>
+# <details><summary>Hint 2: the plan</summary>(1) The scaled scores. (2) One boolean table of the
+# allowed (query, key) pairs: not in the future and not a pad, for every sentence, head and query.
+# (3) Hide the rest, then a softmax that stays finite on a row where nothing is allowed (its weights
+# are all zero). (4) The weights times the values.</details>
+#
+# <details><summary>Hint 3: closer</summary>The padding mask runs along the keys: give it axes for
+# the heads and the queries. A fully hidden row has maximum minus infinity, and minus infinity minus
+# minus infinity is NaN: shift such a row by 0 instead, and divide by 1 where a row's sum is
+# 0.</details>
 
 # %%
 def my_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -566,12 +570,14 @@ for name, mask in (("encoder", bidirectional_mask(4)), ("decoder", causal_mask(4
 # Build each part that was asked for as a boolean table, take their union, and cut the future
 # last, so that the cut applies to every part.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Make the table of offsets, query position minus key
-# position, from the positions as a column and as a row. Start from an all-False n by n mask. With
-# a window, add the entries whose offset is at most the window in absolute value. With a stride,
-# add the entries whose offset leaves remainder zero when divided by the stride. Mark the global
-# tokens in a boolean vector of length n and add their rows and their columns. With causal, keep
-# only the entries whose offset is zero or positive.</details>
+# <details><summary>Hint 2: the plan</summary>(1) The table of offsets: how far each key lies behind
+# each query. (2) The union of the parts asked for: the local window, the strided keys, the global
+# tokens' rows and columns. (3) With causal, cut the future last, so that the cut applies to every
+# part.</details>
+#
+# <details><summary>Hint 3: closer</summary>Start from an all-False table and add each part with a
+# logical or. Local: the offset's size is within the window. Strided: the offset is a multiple of
+# the stride.</details>
 
 # %%
 def my_sparse_mask(n: int, window: int | None = None, stride: int | None = None,

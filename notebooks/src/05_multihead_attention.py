@@ -153,12 +153,9 @@ print("SeparateHeadsAttention == plain code:", torch.allclose(from_module, multi
 # the result heads come before tokens.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
-#
-# Read the sizes off the input's shape. Give the last axis two axes, heads first and then the
-# features of one head, so that each token keeps its own features. Then swap the token axis and
-# the head axis (axes 1 and 2).
-# </details>
+# <details><summary>Hint 2: the plan</summary>(1) Read the sizes off the input. (2) Give each
+# token's features a head axis and a per-head axis, each token keeping its own features. (3) Bring
+# the heads in front of the tokens.</details>
 
 # %%
 def my_split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -184,12 +181,12 @@ check("multihead_attention.split_heads", my_split_heads)
 # Undo the split step by step, in reverse order.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Bring each token's heads back together: the head
+# axis behind the token axis again. (2) Join the head axis and the per-head axis into one axis of
+# features.</details>
 #
-# Swap the head and token axes back, so that each token's heads sit together; then join the last
-# two axes into one. After a transpose the memory is no longer in row order, so `view` refuses;
-# `reshape` copies when it has to.
-# </details>
+# <details><summary>Hint 3: closer</summary>After the swap the memory is no longer in row order: a
+# view refuses, a reshape copies when it has to.</details>
 
 # %%
 def my_merge_heads(heads: torch.Tensor) -> torch.Tensor:
@@ -263,15 +260,13 @@ print("four matrix multiplies == heads one by one:", torch.allclose(fused_plain[
 # projections, and the output projection is shared as it is.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) A fused module of the same size, with biases when
+# the separate one has them. (2) Each fused projection (queries, keys, values) takes the heads'
+# projections stacked in head order, weights and biases. (3) The output projection is copied as it
+# is. Copy without recording gradients.</details>
 #
-# Find out whether `separate` has biases (its output projection's bias is None or not) and build a
-# `MultiHeadAttention` of the same size with that bias setting. Without recording gradients, for
-# each of the query, key and value projections: collect that projection of every head, in head
-# order; concatenate their weights along the first (output) axis and copy the result into the
-# fused projection's weight; do the same with the biases when there are some. Copy the output
-# projection's weight and bias as they are, and return the new module.
-# </details>
+# <details><summary>Hint 3: closer</summary>Stack the weights along the output axis, head 0's rows
+# first.</details>
 
 # %%
 from helpers.model.multihead import MultiHeadAttention
@@ -347,14 +342,13 @@ print("one [D x 3D] product == three [D x D] products:", tuple(w_qkv.T.shape))
 # (the heads never mix here), then put the heads side by side again and project with `W_O`.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Project x to queries, keys and values and cut each
+# into the module's heads. (2) Scaled dot-product attention inside each head, the future hidden when
+# causal. (3) Merge the heads and apply the output projection.</details>
 #
-# Pass `x` through the query, key and value projections and split each result into the module's
-# number of heads, which gives three tensors of shape (B, H, N, D_H). Multiply the queries by the
-# transposed keys (the last two axes) and divide by the square root of the head size. If `causal`
-# is true, fill the entries above the diagonal with minus infinity. Take the softmax over the last
-# axis, multiply by the values, merge the heads and apply the output projection.
-# </details>
+# <details><summary>Hint 3: closer</summary>Your split and merge functions of this notebook do the
+# cutting and the joining. Scale by the square root of the head size, not of the model's width;
+# causal hides the entries above the diagonal before the softmax.</details>
 
 # %%
 def my_mha_forward(x: torch.Tensor, mha: MultiHeadAttention, causal: bool = False) -> torch.Tensor:
@@ -653,7 +647,7 @@ print("GQA (8 query heads, 2 KV heads) == MHA with K/V shared in groups of 4:",
 # Count the numbers the cache keeps for one new token, then multiply by the bytes of each.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # Every layer stores, for every key/value head, one key vector and one value vector of
 # `head_dim` numbers. Multiply the two vectors by the layers, the key/value heads and the head

@@ -62,13 +62,12 @@ torch.set_num_threads(1)
 # standard deviation, then scale and shift.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Each token's mean and biased variance over its own
+# features. (2) Standardise the token with them, eps inside the square root. (3) Scale by the weight
+# and shift by the bias.</details>
 #
-# Take the mean over the last axis, keeping that axis (with size 1) so that the subtraction
-# broadcasts over the features. The variance is the mean of the squared deviations from that mean,
-# again over the last axis. Divide the deviations by the square root of the variance plus `eps`,
-# multiply by `weight` and add `bias`.
-# </details>
+# <details><summary>Hint 3: closer</summary>Keep the reduced axis (size 1) so that the statistics
+# broadcast over the features; the biased variance divides by D, not D - 1.</details>
 
 # %%
 def my_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
@@ -326,11 +325,9 @@ print(f"D = {D}: 8·D² = {8 * D**2:,}; the FFN holds {counts['FFN, GELU'] / (co
 # projects back.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
-#
-# Multiply `x` by the gate matrix and by the up matrix. Only the gate projection goes through SiLU
-# (`F.silu`); multiply the two results element by element, then multiply by the down matrix.
-# </details>
+# <details><summary>Hint 2: the plan</summary>(1) Two projections of x to the hidden size, the gate
+# and the up one. (2) Only the gate goes through SiLU, and it multiplies the other element by
+# element. (3) Project the result back with the down matrix.</details>
 
 # %%
 def my_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
@@ -568,15 +565,14 @@ assert 0.8 < variances["Xavier, 2/(fan_in + fan_out)"][-1] < 1.25
 # that add to the stream again, smaller, so that the `2N` additions together add a fixed amount.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) The residual standard deviation: std scaled down
+# for the 2N additions to the stream. (2) Every linear layer drawn with std, its bias at zero. (3)
+# Then, in each block, the two projections that write into the stream drawn again with the residual
+# standard deviation.</details>
 #
-# Compute the residual standard deviation: `std` divided by the square root of twice the number
-# of blocks. Walk over every module of the stack; for each linear layer, fill its weight from a
-# normal distribution of mean 0 and standard deviation `std`, and fill its bias with zeros when it
-# has one (`nn.init` has a function for each). Then, for each block, fill its attention's output
-# projection weight and its FFN's down projection weight again, with the residual standard
-# deviation. Return the stack.
-# </details>
+# <details><summary>Hint 3: closer</summary>std over the square root of twice the number of blocks;
+# the two projections are attention's output projection and the FFN's down projection; nn.init has a
+# function for each draw.</details>
 
 # %%
 @torch.no_grad()
@@ -675,13 +671,13 @@ plt.show()
 # is left with the size of the whole.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) The mean token of each set of tokens. (2) What is
+# left of x once every token has lost that mean. (3) The size of what is left relative to the size
+# of x, both measured as Frobenius norms of each set.</details>
 #
-# Read `N` off the second-to-last axis. Build the `N x N` matrix whose entries are all one over
-# `N`, in the dtype of `x`; multiplied with `x` it gives every token the mean token. Subtract that
-# from `x`. Take the Frobenius norm of the remainder and of `x` over the last two axes only
-# (`torch.linalg.matrix_norm` does that), and divide.
-# </details>
+# <details><summary>Hint 3: closer</summary>A matrix whose entries are all one over N, times x,
+# gives every token the mean token. Take the norms over the last two axes only, so that any batch
+# axes stay.</details>
 
 # %%
 def my_distance_from_rank_one(x: torch.Tensor) -> torch.Tensor:
@@ -836,15 +832,13 @@ plt.show()
 # sum is normalised. Either way: attention first, then the FFN, each with its own LayerNorm.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) The FFN once, as a small inner function built from
+# the block's MLP weights: up, exact GELU, down. (2) Pre-LN: two residual branches in turn,
+# attention then FFN, each reading a normalised copy of the stream and adding its result to it. (3)
+# Post-LN: each branch reads the stream itself; add its result, then normalise the sum.</details>
 #
-# Write the FFN once, as a small inner function: the up layer's weight and bias, the exact GELU,
-# then the down layer's. Pre-LN: normalise `x` with `norm` and the weight, bias and eps of `ln1`;
-# run the attention on that copy (passing `causal` on) and add its output to `x`; normalise the new
-# `x` with `ln2`'s parameters, run the FFN on that copy and return `x` plus its output. Post-LN:
-# add the attention of `x` to `x` and normalise the sum with `ln1`'s parameters; then add the FFN of
-# the result to it and normalise with `ln2`'s.
-# </details>
+# <details><summary>Hint 3: closer</summary>ln1's parameters go with the attention branch and ln2's
+# with the FFN, in both orders; pass causal on to the attention.</details>
 
 # %%
 def my_block_forward(x: torch.Tensor, block: Block, causal: bool = True) -> torch.Tensor:

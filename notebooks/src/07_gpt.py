@@ -219,13 +219,14 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # table are what it leaves out, and the tied output matrix is no extra tensor at all.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) One block's parameters: attention's four
+# projections, the MLP's two, its two LayerNorms, every bias and gain included. (2) All the blocks.
+# (3) What lies outside the blocks: the token table (once: the output layer shares it), the position
+# table and the final LayerNorm.</details>
 #
-# Write one block first: the four attention matrices of `d x d` with a bias of `d` each, the
-# MLP's two matrices (`d` to `4d` and back) with biases of `4d` and `d`, and two LayerNorms with a
-# gain and a bias of `d` each. Multiply by the number of blocks, then add the token table
-# (vocabulary by `d`, once), the position table (context by `d`) and the final LayerNorm.
-# </details>
+# <details><summary>Hint 3: closer</summary>Attention's matrices are d by d, the MLP's d by 4d and
+# 4d by d; a bias has one number per output of its layer; a LayerNorm has a gain and a bias of d
+# numbers each.</details>
 
 # %%
 def gpt_parameters(n_layers: int, d_model: int, vocab_size: int, context_length: int) -> int:
@@ -567,13 +568,14 @@ print(f"untrained model: {quality_before:.2f} well formed, {words_before:.2f} kn
 # position of every row.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Inputs and targets from each window, one shifted
+# against the other. (2) The model's log-probabilities on the inputs, computed so that no
+# exponential overflows. (3) Each position's log-probability of its own target, and minus their
+# mean.</details>
 #
-# Split each window into inputs (all tokens but the last) and targets (all but the first). Run
-# the model on the inputs. Subtract each row's largest logit, then subtract the log of the sum of
-# the exponentials of what is left: those are the log-probabilities. Pick, at every position, the
-# log-probability of its target (gather along the vocabulary axis), and return minus their mean.
-# </details>
+# <details><summary>Hint 3: closer</summary>The inputs are every token but the last, the targets
+# every token but the first. A stable log-softmax takes each row's largest logit out before the log
+# of the sum of exponentials. Pick the target's entry along the vocabulary axis.</details>
 
 # %%
 def next_token_loss(gpt: GPT, ids: torch.Tensor) -> torch.Tensor:
@@ -638,7 +640,7 @@ print("that loss vs F.cross_entropy: difference < 1e-6")
 # the weight decay shrinks `p` on its own, outside the adaptive step.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # Follow the four lines of equations above in order: the two averages, their bias correction,
 # the decay of `p`, then the step. Return the new weight together with the two uncorrected
@@ -683,15 +685,11 @@ check("gpt.adamw_update", adamw_update)
 # where they are.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
-#
-# In the constructor, keep the settings, start the step count at zero and, for every matrix and
-# then every vector, store the weight, two tensors of zeros of its shape, and its decay (the
-# weight decay for a matrix, zero for a vector). In `step`, count one more step; then for every
-# stored weight call the update with the weight, its gradient, its two averages, the step count,
-# the rate, the betas, eps and its decay; store the averages it returns and copy the new value
-# into the weight in place.
-# </details>
+# <details><summary>Hint 2: the plan</summary>(1) Constructor: the settings, a step count at zero,
+# and for every weight its state: two running averages starting at zero and its own decay (matrices
+# decay, vectors do not). (2) Step: count one more step; for each weight, let the update of exercise
+# 2 give its new value and averages. (3) Keep the averages, and write the new value into the weight
+# in place.</details>
 
 # %%
 from collections.abc import Callable
@@ -1066,14 +1064,15 @@ print("temperature 0 and top-k 1 both pick the most likely character, the first 
 # next step reads the sequence again.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Repeat once per new token: run the model on what
+# it can read and keep the last position's logits. (2) Greedy settings take the most likely token.
+# (3) Otherwise sharpen or soften the distribution (temperature), cut its tail (top-k) and draw one
+# token per row with the generator. (4) Append the token and go on.</details>
 #
-# Repeat once per new token: crop the sequence to the context, run the model and keep the last
-# position's logits. For temperature 0 or top-k 1 take the most likely token. Otherwise divide the
-# logits by the temperature; with a top-k, find each row's k-th largest logit and set every logit
-# below it to minus infinity; turn the logits into probabilities with a softmax and draw one token
-# per row with the generator. Append the token along the token axis, and return the whole sequence.
-# </details>
+# <details><summary>Hint 3: closer</summary>What the model can read is the last context's worth of
+# tokens. Greedy means temperature 0 or a top-k of 1. The temperature divides the logits; the top-k
+# cut sends every logit below a row's k-th largest to minus infinity; the draw is from the softmax
+# of what is left.</details>
 
 # %%
 def my_generate(gpt: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
@@ -1183,13 +1182,12 @@ print("training raised the well-formed share from", quality_before, "to more tha
 # all of them, itself included, so no mask is needed.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Project only the new token to its query, key and
+# value. (2) Grow the cache by the new key and value, along the token axis. (3) The new query
+# attends to all the keys, itself included; return the output and the grown cache.</details>
 #
-# Project the new token with each of the three matrices. Append its key to the stored keys and its
-# value to the stored values, along the token axis (the middle one). Score its query against every
-# key, divide by the square root of `d_h`, take the softmax over the keys, and weight the values
-# with it. Return the output and the two grown tensors.
-# </details>
+# <details><summary>Hint 3: closer</summary>Scaled scores (by the square root of d_h), a softmax
+# over the keys, the values weighted by it; no mask is needed.</details>
 
 # %%
 def cache_step(x_new: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,

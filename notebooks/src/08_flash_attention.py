@@ -218,7 +218,7 @@ print("helpers.flash.tiled.softmax_state:", tiled.softmax_state(hidden))
 # to the same (larger) maximum first.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # Take the larger of the two maxima. Rescale each sum by $e^{\text{its max} - \text{new max}}$,
 # computed with the course's `exp_shifted` so that a new maximum of $-\infty$ gives no NaN, and
@@ -306,14 +306,16 @@ print(f"online log-sum-exp: {(huge_max + huge_sum.log()).item():.6f} | torch.log
 # moved along.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Scale the queries once, and start every row's
+# state: output and sum at zero, maximum at minus infinity. (2) Key tiles outside, query tiles
+# inside, as in the listing. (3) For each pair of tiles: the tile's own softmax state (line 10),
+# merged into the rows' running state (line 11). (4) The output tile moved to the new state (line
+# 12), and the state stored (line 13).</details>
 #
-# Divide $Q$ by the square root of $d$. Start the output and the sums at zero and the maxima at
-# minus infinity. Loop over the key tiles, and inside over the query tiles. For each pair, form
-# the tile's scores, their row maxima, the exponentials measured from those maxima and their row
-# sums (line 10); the new running maxima and sums (line 11); then line 12 for the output tile,
-# and finally store the new sums and maxima (line 13).
-# </details>
+# <details><summary>Hint 3: closer</summary>Line 12 un-normalises the old output with the old sum,
+# moves both parts to the new maximum, adds the tile's exponentials times the value tile, and
+# divides by the new sum. Never build the whole N by N matrix: one tile of scores at a
+# time.</details>
 
 # %%
 def algorithm_1(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, block_r: int, block_c: int) -> torch.Tensor:
@@ -389,15 +391,15 @@ print("helpers.flash.tiled.tiled_attention_fa1 agrees with it to 1e-12")
 # maximum, so rescale it to the new one before adding this tile's contribution.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Each row's new maximum, this tile's scores
+# included. (2) Move what was accumulated (the sum and the output accumulator) from the old maximum
+# to the new one. (3) Add this tile's part, measured from the new maximum. Every exponential goes
+# through the course's exp_shifted.</details>
 #
-# The new maximum of each row is the larger of its old maximum and the largest score of the
-# tile. The correction is $e^{\text{old max} - \text{new max}}$; the tile's weights are the
-# exponentials of its scores measured from the new maximum. Multiply the old sum and the old
-# accumulator by the correction, then add the row sums of the weights to the sum and the
-# weights times the value tile to the accumulator. Compute every exponential with the course's
-# `exp_shifted`, so that a fully masked row (maximum $-\infty$) gives no NaN.
-# </details>
+# <details><summary>Hint 3: closer</summary>The correction is e to the power (old maximum minus new
+# maximum). This tile's part: its weights (the exponentials of its scores from the new maximum)
+# summed per row, and the weights times the value tile. exp_shifted keeps a fully masked row
+# (maximum minus infinity) free of NaN.</details>
 
 # %%
 def my_tile_step(row_max: torch.Tensor, row_sum: torch.Tensor, acc: torch.Tensor,
@@ -648,16 +650,14 @@ for name, mine, theirs in zip(shapes, tiled_grads, naive_grads, strict=True):
 # compute it once, before the loops.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Before the loops: the three gradients at zero and
+# D, one number per query. (2) Query tiles outside, key tiles inside. (3) For each pair: rebuild the
+# tile of P from the scores and the saved L; add its contribution to dV; form dS; add its
+# contributions to dQ and dK.</details>
 #
-# Start the three gradients at zero, shaped like $Q$, $K$ and $V$, and compute $D$ (per query,
-# the sum over features of $dO$ times $O$). Loop over the query tiles, and inside over the key
-# tiles. For each pair: rebuild the tile of $P$ as the exponential of the scaled scores minus the
-# rows' $L$; add $P^\top dO$ to the key tile's rows of $dV$; form $dS = P \circ (dP - D)$ with
-# $dP = dO\, V^\top$; add the scaled $dS\, K$ to the query tile's rows of $dQ$ and the scaled
-# $dS^\top Q$ to the key tile's rows of $dK$. The scale is the one of the scores, one over the
-# square root of $d$.
-# </details>
+# <details><summary>Hint 3: closer</summary>D is, per query, the sum over features of dO times O.
+# The tile of P is the exponential of the scaled scores minus the rows' L. dS is P times (dP minus
+# D), with dP from dO and the value tile. Both dQ and dK carry the scale of the scores.</details>
 
 # %%
 def my_flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,

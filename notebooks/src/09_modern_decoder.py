@@ -182,7 +182,7 @@ print("the table:", tuple(rope_table.cos.shape), "cos and sin,", tuple(rope_tabl
 # complex number at that angle.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # The angle is the position times theta. Multiply the complex number of the pair by the cosine
 # of the angle plus the imaginary unit times its sine, and read off the real part (the new first feature) and the imaginary part (the
@@ -292,13 +292,12 @@ print("redraws so far:", explorer.redraws)
 # minus the key's), times the head's slope, negative: farther is penalised more.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) The table of distances: each query's position
+# minus each key's. (2) One table per head: minus the distance times the head's slope. (3) No bias
+# for keys after the query.</details>
 #
-# Build the N by N table of distances from a column of query positions and a row of key
-# positions (broadcasting). Give the slopes two trailing axes of size one, so that multiplying
-# them by the table gives one N by N table per head; flip the sign; and set the entries of keys
-# after the query (negative distances) to zero.
-# </details>
+# <details><summary>Hint 3: closer</summary>Positions as a column against positions as a row make
+# the table; the slopes need two trailing axes of size one to reach every entry.</details>
 
 # %%
 def my_alibi_bias(slopes: torch.Tensor, n_tokens: int) -> torch.Tensor:
@@ -366,15 +365,14 @@ assert exponents[8:] == [-0.5, -1.5, -2.5, -3.5]
 # head's distance penalty is added, then the mask and the softmax; the values are untouched.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) The table of distances between query and key
+# positions; from it each head's penalty and the mask of later keys. (2) The scaled scores plus the
+# penalty. (3) Hide the later keys, a softmax over the keys, and the values weighted by
+# it.</details>
 #
-# Read the number of heads and of tokens from the shape of the queries and get the slopes for
-# that many heads. Build the table of distances between query and key positions, and from it the
-# penalty (the slope times the distance, negative, zero for keys after the query) and the mask
-# (true for those later keys). Multiply the queries by the transposed keys and divide by the
-# square root of the head size; add the penalty; fill the masked scores with minus infinity; take
-# the softmax over the keys and multiply by the values.
-# </details>
+# <details><summary>Hint 3: closer</summary>The order matters: scale first, then add the penalty.
+# The penalty is minus the head's slope times the distance, zero for later keys; the slopes come
+# from the course's function for as many heads as the queries have.</details>
 
 # %%
 def my_alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -428,11 +426,8 @@ print("last query's weights on keys 0..5, per head:\n", weights[0, :, 5].numpy()
 # the learned gain.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
-#
-# Square the features, average them over the last axis keeping that axis, add `eps` and take the
-# square root: one number per token. Divide the token by it and multiply by the gain.
-# </details>
+# <details><summary>Hint 2: the plan</summary>(1) Each token's root mean square over its features,
+# eps inside the root. (2) The token divided by it, times the gain.</details>
 
 # %%
 def my_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -591,17 +586,16 @@ print(f"this model's cache: {cache.nbytes():,} bytes with GQA, {mha_cache.nbytes
 # or in notebooks 5-7.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) The attention branch on a normalised copy of x:
+# queries, keys and values cut into heads (fewer heads for the keys and values), RoPE on the queries
+# and keys, each key/value head shared by its group of query heads, causal attention, heads merged,
+# projected, added to x. (2) The SwiGLU branch on a normalised copy of the result, added to
+# it.</details>
 #
-# Normalise `x` with the first RMSNorm's gain and eps. Project it to queries, keys and values
-# and split each into heads, the queries into `n_heads` and the keys and values into
-# `n_kv_heads`. Rotate the queries and keys: the first half of each head's features pairs with
-# the second half, turned by the table's cosines and sines of the first N positions. Repeat each
-# key and value head for the query heads it serves (one after another along the head axis). Take
-# the causal softmax of the scaled scores, weight the values, merge the heads and add the output
-# projection to `x`. Then add the SwiGLU of the second RMSNorm of the result: the down projection
-# of the SiLU of the gate times the up projection.
-# </details>
+# <details><summary>Hint 3: closer</summary>RMSNorm uses each norm's gain and eps. RoPE pairs the
+# first half of each head's features with the second half, at the table's first N positions. A
+# key/value head serves consecutive query heads (0, 0, 1, 1 for 4 and 2 heads). SwiGLU: down of
+# (SiLU of gate times up).</details>
 
 # %%
 def my_modern_block(block, x: torch.Tensor, table) -> torch.Tensor:
@@ -1117,13 +1111,14 @@ assert 0.6 < float(quintic.min()) and float(quintic.max()) < 1.25 and float(cubi
 # so each step is three matrix products and a sum; the scaling happens once, before the loop.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Work on the wide orientation of the matrix (a tall
+# one is transposed, and back at the end). (2) Scale it once so that no singular value exceeds one.
+# (3) Repeat the polynomial step as many times as asked, each step built from the Gram matrix of the
+# current matrix.</details>
 #
-# Read the three coefficients. If the matrix has more rows than columns, work on its transpose.
-# Divide by its norm plus a tiny number. Then, as many times as asked: form the Gram matrix G
-# (the matrix times its own transpose), and replace the matrix by a times itself plus (b times G
-# plus c times G times G) times itself. Transpose back if you transposed.
-# </details>
+# <details><summary>Hint 3: closer</summary>The Gram matrix G is the matrix times its own transpose,
+# and the step replaces X by a X + b G X + c G G X with the three coefficients. The scaling divides
+# by the Frobenius norm plus a tiny number, so a zero matrix stays finite.</details>
 
 # %%
 def my_newton_schulz(m: torch.Tensor, steps: int = 5) -> torch.Tensor:

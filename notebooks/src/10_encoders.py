@@ -346,7 +346,7 @@ plt.show()
 # the shapes follow from which sequence feeds which.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # The queries come from the target (`n` tokens), the keys and values from the source (`m`
 # tokens); each head works in the width divided by the number of heads. The weights pair every
@@ -386,15 +386,14 @@ check("encoders.cross_attention_shapes", cross_attention_shapes)
 # queries (the target) differs from the origin of the keys and values (the source).
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Queries from the target, keys and values from the
+# source, each cut into heads. (2) The scaled scores of every query against every key, the padded
+# keys hidden. (3) A softmax over the keys, the values weighted by it, the heads merged and
+# projected once more.</details>
 #
-# Project `x` to queries and `memory` to keys and values. View each with a head axis and a
-# per-head width, then move the head axis in front of the token axis. Multiply the queries with
-# the transposed keys and divide by the square root of the per-head width. Where the key mask is
-# False, set the scores to minus infinity. Take the softmax over the keys, multiply with the
-# values, move the head axis back behind the tokens, reshape to the full width and apply the
-# output projection.
-# </details>
+# <details><summary>Hint 3: closer</summary>Cutting into heads views the width as heads times a
+# per-head width, then moves the head axis in front of the tokens; merging undoes both. Hide a key
+# with minus infinity where the mask is False.</details>
 
 # %%
 from helpers.model.multihead import MultiHeadAttention
@@ -509,7 +508,7 @@ assert padding_gap < 1e-5 and torch.allclose(future[:, :4], plain[:, :4], atol=1
 # key, broadcast over heads and queries.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # Compare the ids with the padding id, so that real tokens give True. Then insert two axes of
 # size 1 between the batch axis and the key axis, one for the heads and one for the queries.
@@ -617,13 +616,13 @@ assert t_exact.float().mean() > 0.8 and t_tokens.mean() > 0.95
 # log-probability and keep the best `width`, whichever rows they come from.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Every child's score: its prefix's score plus the
+# new token's log-probability. (2) The width best children over all prefixes together. (3) For each
+# kept child, the prefix it grew from and the token it added.</details>
 #
-# Add each prefix's score to its row of log-probabilities, giving a table of children. Flatten
-# the table into one row and keep its `width` largest entries with their positions. A position in
-# the flattened table gives the row by whole division by the vocabulary size, and the token as the
-# remainder.
-# </details>
+# <details><summary>Hint 3: closer</summary>Picking across all prefixes at once is easiest on the k
+# by V table laid out as one row; a position in that row gives the prefix by whole division by V and
+# the token as the remainder.</details>
 
 # %%
 def beam_step(scores: torch.Tensor, log_probs: torch.Tensor, width: int) -> tuple:
@@ -802,14 +801,15 @@ print("redraws so far:", explorer.redraws)
 # $[0, 1)$. Boolean masks do it for the whole batch at once.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Pick positions: each real token with probability
+# rate; the labels follow from the pick. (2) A second draw per position splits the picked ones into
+# three groups, 80, 10 and 10 percent. (3) The inputs: the mask token, a random word, or the token
+# as it was, by group. Every random number comes from the generator.</details>
 #
-# Draw one uniform number per position with the generator; a real (not padding) token whose
-# number is below `rate` is picked. The labels are the ids where picked and `IGNORE` elsewhere.
-# Draw a second uniform number per position: a picked token whose number is below 0.8 becomes the
-# mask id, one between 0.8 and 0.9 becomes a random word drawn (with the generator) from
-# `first_word_id` up to the vocabulary size, and the rest stay as they are.
-# </details>
+# <details><summary>Hint 3: closer</summary>The check replays the generator, so keep the order of
+# the draws: the picking draw, the splitting draw, then the random words (from first_word_id up to
+# the vocabulary size) for every position. Padding is never picked; an unpicked label is
+# IGNORE.</details>
 
 # %%
 from helpers.families.mlm import IGNORE

@@ -158,16 +158,16 @@ print(f"each rank sent {values_sent} values; 2 (p - 1) / p x n = 2 x 2 / 3 x 6 =
 # rank first waited for its own send to be received, nobody would ever receive.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Your tensor, copied and cut into one chunk per
+# rank. (2) Reduce-scatter, one step fewer than ranks: each step send one chunk to the next rank and
+# add what arrives from the previous rank to your own copy of that chunk; the chunks walk one place
+# round the ring per step. (3) All-gather, as many steps, the same walk, now keeping what arrives.
+# (4) Join the chunks in the input's shape.</details>
 #
-# Flatten a copy of your tensor and cut it into one chunk per rank (the chunks may differ in
-# size by one). Reduce-scatter, one step fewer than there are ranks: at step `s` send the chunk
-# that sits `s` places behind your rank (counting round the ring), receive into an empty tensor
-# shaped like the chunk one place further back, and add what arrives to that chunk. All-gather,
-# as many steps again: send the chunk one place ahead of the one you received last, receive the
-# chunk `s` places behind your rank and keep it in place of yours. Join the chunks and give them
-# the input's shape.
-# </details>
+# <details><summary>Hint 3: closer</summary>After the reduce-scatter each rank holds the full sum of
+# one chunk, and the all-gather starts by sending that one. Count a chunk's place relative to your
+# rank and the step, round the ring. Send without waiting, receive, then wait for the
+# send.</details>
 
 # %%
 import torch.distributed as dist  # noqa: F401 - my_ring_all_reduce sends with it
@@ -218,7 +218,7 @@ assert all(torch.equal(result, sum(tensors)) for result in results)
 # chunk is.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # There are two phases, each one step fewer than there are ranks; at every step a rank sends
 # one chunk, a p-th of the tensor. Multiply the number of steps by the chunk's bytes.
@@ -320,7 +320,7 @@ print("average of the two halves' gradients vs the whole batch's: max |diff| < 1
 # division. Each gradient tensor must be reduced exactly once on every rank, in the same order.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # Go through the model's parameters (that list holds the tied matrix once), skip any without a
 # gradient, sum each gradient over the ranks in place with the function you are given, then
@@ -551,13 +551,9 @@ assert sum(r["state_bytes"] for r in results) == results[0]["full_state_bytes"]
 # and the matching column of the down projection.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
-#
-# Divide the number of hidden units (the rows of the up projection) by the number of ranks: that
-# is each rank's share. Rank `rank` takes the block of that many units that starts at its rank
-# number times the share: those rows of the up weight and entries of the bias, and the same
-# range of *columns* of the down weight.
-# </details>
+# <details><summary>Hint 2: the plan</summary>(1) Each rank's share: an equal block of the hidden
+# units. (2) The block that belongs to this rank. (3) Those units' rows of the up projection and
+# entries of its bias, and the same units' columns of the down projection.</details>
 
 # %%
 def split_mlp(up_weight: torch.Tensor, up_bias: torch.Tensor, down_weight: torch.Tensor,
@@ -795,13 +791,9 @@ for rank, r in enumerate(results_fsdp):
 # the sum of its own piece?
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
-#
-# Cut this rank's gradient into as many equal pieces as there are ranks (a list of tensors),
-# make an empty tensor the size of one piece, and hand both to the reduce-scatter: the empty
-# tensor receives piece number `rank` summed over the ranks. Divide by the number of ranks,
-# before the collective (each piece) or after it (the result): the mean is the same.
-# </details>
+# <details><summary>Hint 2: the plan</summary>(1) Your gradient cut into one equal piece per rank.
+# (2) The collective of section 1 that gives each rank the sum of its own piece only, into a tensor
+# of one piece's size. (3) The mean: divide by the number of ranks, before or after.</details>
 
 # %%
 import torch.distributed as dist  # noqa: F401 - my_grad_piece communicates with it
@@ -984,14 +976,12 @@ for schedule in ("gpipe", "1f1b"):
 # one forward then one backward, and a cool-down of the backwards that are left.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) For each rank, how many forwards it runs before
+# its first backward (warm-up). (2) The steady state: one forward, then one backward, while forwards
+# remain. (3) The cool-down: the backwards still missing, oldest first.</details>
 #
-# For each rank, the warm-up is one forward for each stage after it, but never more than there
-# are micro-batches. Start its list with those forwards, in order. Then, for as many rounds as
-# micro-batches remain, add the next forward not yet run and then the oldest backward not yet
-# run. Finish with the backwards still missing, oldest first, and put the rank's list into the
-# list of all ranks.
-# </details>
+# <details><summary>Hint 3: closer</summary>The warm-up is one forward per stage after the rank,
+# never more than the micro-batches.</details>
 
 # %%
 def one_f_one_b(stages: int, micro_batches: int) -> list[list[tuple[str, int]]]:
@@ -1078,13 +1068,13 @@ for m in ms:
 # their sum, and each part's output counts in proportion to its own denominator.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) The merged log-sum-exp, from the two parts',
+# computed stably. (2) Each part's share of the merged denominator. (3) The two outputs, each
+# weighted by its share, added.</details>
 #
-# The merged log-sum-exp is the log of the sum of the two exponentials: PyTorch has one stable
-# function for it. Each part's weight is the exponential of its log-sum-exp minus the merged
-# one; give the weights a trailing axis of size one so that they multiply the outputs row by
-# row, and add the two weighted outputs.
-# </details>
+# <details><summary>Hint 3: closer</summary>PyTorch has one stable function for the log of a sum of
+# two exponentials. A share is e to the power (the part's log-sum-exp minus the merged one), with a
+# trailing axis of size one to weight the output row by row.</details>
 
 # %%
 def ring_merge(out: torch.Tensor, lse: torch.Tensor, o_b: torch.Tensor,

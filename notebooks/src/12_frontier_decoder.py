@@ -94,16 +94,14 @@ assert torch.allclose(mixtral, kept / kept.sum(-1, keepdim=True))  # transformer
 # only, and add its output, times each token's weight for it, into those tokens' rows.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Route: each token's k best experts, and their
+# weights from a softmax over just those k logits. (2) Start the output at zero. (3) For each expert
+# some token chose: run it on those tokens only, and add its output, times each token's weight for
+# it, into their rows.</details>
 #
-# Take the top `k` of the logits along the expert axis: their values and their indices, both
-# with one row per token and `k` columns. A softmax of the values along that same axis gives the weights. Start from an output
-# of zeros shaped like `x`. For each expert, find where its number stands in the indices: the
-# row tells the token, the column which of its choices (and so which weight). Skip an expert no
-# token chose; otherwise run it on those tokens' rows, multiply each result row by its weight, and
-# add the rows into the output at those tokens (an indexed add, since a token may get rows from
-# several experts).
-# </details>
+# <details><summary>Hint 3: closer</summary>Where an expert's number stands in the table of choices
+# gives the token (the row) and which of its k choices it was (the column, so which weight). A token
+# receives rows from several experts, so accumulate with an indexed add.</details>
 
 # %%
 def moe_forward(x: torch.Tensor, logits: torch.Tensor, k: int, experts: list) -> torch.Tensor:
@@ -345,13 +343,9 @@ else:
 # how much probability the router gave it on average. Their dot product, times `E`.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
-#
-# Take the router's softmax over the experts once. Then, for each expert: count how many times
-# it appears among the chosen experts and divide by the number of tokens (that is its `f`), and
-# average its column of probabilities over the tokens (its `P`). Add up the products of the two
-# over the experts and multiply by the number of experts.
-# </details>
+# <details><summary>Hint 2: the plan</summary>(1) The router's probabilities. (2) Per expert, f: the
+# share of the assignments it received, and P: the router probability it got on average. (3) The
+# number of experts times the dot product of f and P.</details>
 
 # %%
 def switch_loss(logits: torch.Tensor, experts: torch.Tensor, n_experts: int) -> torch.Tensor:
@@ -634,12 +628,13 @@ assert torch.allclose(naive_scores, absorbed_scores, atol=1e-5)
 # Head `h`'s query is multiplied by head `h`'s matrix: the head index is shared, `d_nope` is summed.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>Each head's query is multiplied by that head's own
+# matrix, summing over the features the two share; the batch, head and position axes stay as they
+# are.</details>
 #
-# Either name the axes in an Einstein sum (batch, head, position, feature times head, feature,
-# latent gives batch, head, position, latent), or use a matrix product and let broadcasting pair
-# the head axis of the weights with the head axis of the queries.
-# </details>
+# <details><summary>Hint 3: closer</summary>Name the axes in an Einstein sum, or use a matrix
+# product and let broadcasting pair the head axis of the weights with the head axis of the
+# queries.</details>
 
 # %%
 def absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
@@ -775,7 +770,7 @@ print("slots of tokens 0..9 in a ring of 4:", [ring_slot(t, 4) for t in range(10
 # modulo the window.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>
 #
 # Take the smaller of the length and the window: that many tokens are visible. Go through their
 # positions, from the oldest visible one up to the newest (the one at length minus one), and list
@@ -813,15 +808,13 @@ check("frontier_decoder.ring_order", ring_order)
 # fine: attention sums over its keys, whatever their order.
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: the plan</summary>(1) Two ring buffers of window slots, for the keys and
+# the values. (2) For each step: its key and value into its slot, over the one that left the window.
+# (3) Its query attends to the slots written so far, in whatever order they sit. (4) The steps'
+# outputs joined along the token axis.</details>
 #
-# Read the four sizes off the queries. Make two buffers of zeros with `window` slots on the token
-# axis. For each step: find the slot (the step modulo the window), copy the step's key and value
-# into it, count the filled slots (the step plus one, at most the window), score the step's query
-# against those keys divided by the square root of the head size, take the softmax over the keys
-# and multiply by the matching values. Keep each step's output and join them along the token
-# axis.
-# </details>
+# <details><summary>Hint 3: closer</summary>Token t's slot is t modulo the window; t + 1 slots are
+# written, at most the window. The scores are scaled by the square root of the head size.</details>
 
 # %%
 def sliding_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:

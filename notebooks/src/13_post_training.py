@@ -239,12 +239,11 @@ print("rank of the update:", torch.linalg.matrix_rank(delta).item(), "| its shap
 # layers; the frozen layer's output plus their scaled product is the whole forward, and merging
 # moves that product into the frozen weight once, for good.</details>
 #
-# <details><summary>Hint 2: the steps</summary>In the constructor: keep the base layer, switch
-# off the gradient of its parameters, create the two bias-free layers with the shapes above, fill
-# the second one's weight with zeros, store alpha divided by r and a flag saying the layer is not
-# merged. In the forward: the base output, plus (unless merged) the
-# input sent through A then B, times the scaling. In merge, without gradients: add the scaling
-# times the product of B's weight and A's weight to the base weight and set the flag.</details>
+# <details><summary>Hint 2: the plan</summary>(1) Constructor: keep the base layer frozen, add the
+# two small bias-free layers (down to r, back up), start the second at zero, keep the scaling and a
+# not-merged flag. (2) Forward: the base output plus, unless merged, the scaled low-rank path. (3)
+# Merge, without gradients: fold the scaled product of the two weights into the base weight once,
+# and set the flag.</details>
 
 # %%
 class MyLoRALinear(nn.Module):
@@ -395,10 +394,12 @@ print("tokens:", len(ids), "| answer tokens (mask = 1):", repr(tokenizer.decode(
 # last are scored against the tokens from the second on, and the mask of those target tokens
 # says which scores count.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Take the log-softmax of the logits over the
-# vocabulary, dropping the last position. Gather, at every position, the log-probability of the
-# next token. Take the mask from the second position on as floats. The loss is minus the sum of
-# the gathered log-probabilities times that mask, divided by the mask's sum.</details>
+# <details><summary>Hint 2: the plan</summary>(1) Shift by one: each position's logits score the
+# token after it. (2) Each position's log-probability of its target. (3) Minus their average over
+# the positions whose target is an answer token, over the whole batch together.</details>
+#
+# <details><summary>Hint 3: closer</summary>The targets' mask is the mask from the second position
+# on; as floats it weights the log-probabilities, and its sum counts the positions.</details>
 
 # %%
 def answer_only_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -510,10 +511,13 @@ print(f"{len(policy_chosen)} pairs; at the start the policy is the reference, wi
 # reward to beat the rejected one's. The rewards are only reported, so no gradient flows through
 # them.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Subtract the reference's log-probability from the
-# policy's, once for the chosen answers and once for the rejected ones. Multiply the difference of
-# those two log-ratios by beta, and take minus its log-sigmoid (the stable log of the sigmoid):
-# one loss per pair. The rewards are beta times each log-ratio, detached from the graph.</details>
+# <details><summary>Hint 2: the plan</summary>(1) Each answer's log-ratio of policy to reference,
+# for the chosen and for the rejected. (2) One loss per pair: the logistic loss of beta times the
+# chosen's log-ratio beyond the rejected's, computed stably. (3) The rewards, for reporting only:
+# beta times each log-ratio, with no gradient.</details>
+#
+# <details><summary>Hint 3: closer</summary>The stable form of minus the log of a sigmoid is one
+# PyTorch function; detach the rewards.</details>
 
 # %%
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
@@ -702,9 +706,12 @@ for row, reward in zip(group_ids.tolist(), rewards.tolist(), strict=True):
 # <details><summary>Hint 1: the idea</summary>Each row is one prompt's group: it has its own mean
 # and its own standard deviation, and only its own answers are compared with them.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Take the mean and the standard deviation of every
-# row along the answers' axis, keeping that axis so that they line up with the rows; subtract the
-# mean from the rewards and divide by the standard deviation plus eps.</details>
+# <details><summary>Hint 2: the plan</summary>(1) Each row's own statistics over its answers: the
+# mean and the standard deviation. (2) Every reward standardised by its own row's statistics, eps
+# added to the spread.</details>
+#
+# <details><summary>Hint 3: closer</summary>Reduce along the answers and keep that axis, so that the
+# statistics line up with the rows.</details>
 
 # %%
 def group_advantages(rewards: torch.Tensor, eps: float) -> torch.Tensor:
@@ -749,13 +756,15 @@ check("post_training.group_advantages", group_advantages)
 # (the smaller of the ratio and the clipped ratio, each times the answer's advantage), negated,
 # plus beta times k3; then a masked mean per answer and a plain mean over the answers.</details>
 #
-# <details><summary>Hint 2: the steps</summary>The ratio is the exponential of the policy's
-# log-probability minus the old one; clamp a copy of it to the range from 1 minus epsilon to 1
-# plus epsilon. Give the advantages a trailing axis so each multiplies its answer's row. Take the
-# elementwise minimum of the two products and negate it. For k3, take the reference's
-# log-probability minus the policy's, exponentiate, subtract the difference and 1. Add beta times
-# k3. Multiply by the mask, sum each row, divide by the row's mask sum, and average the
-# rows.</details>
+# <details><summary>Hint 2: the plan</summary>(1) Per token, the probability ratio to the policy
+# that sampled the answer, and a clipped copy. (2) The pessimistic objective with the answer's
+# advantage, negated, plus beta times k3. (3) A masked mean over each answer's own tokens, then a
+# plain mean over the answers.</details>
+#
+# <details><summary>Hint 3: closer</summary>The ratio is e to the power of the log-probability
+# difference to the old policy; clip it to 1 plus or minus epsilon. Each answer's advantage must
+# reach every token of its row. Pessimistic: the smaller of the two products. k3 comes from the
+# reference's log-probability minus the policy's, by the formula above.</details>
 
 # %%
 def my_grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor, ref_logps: torch.Tensor,

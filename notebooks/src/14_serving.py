@@ -82,10 +82,13 @@ def by_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
 # belongs to the nucleus when the tokens ranked above it hold less than p of the probability: that
 # way the token that crosses p is kept, and the most likely token always is.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Take the softmax; find the order that sorts it from
-# most to least likely; in that order, the cumulative sum minus each token's own probability is
-# the mass ranked above it. Mark the tokens whose mass above is below p, carry the marks back to
-# the tokens' own positions, and fill the unmarked logits with minus infinity.</details>
+# <details><summary>Hint 2: the plan</summary>(1) The probabilities, ranked from most to least
+# likely. (2) For each ranked token, the mass ranked above it; the token stays when that is below p.
+# (3) The verdicts back in the tokens' own order, and every other logit sent to minus
+# infinity.</details>
+#
+# <details><summary>Hint 3: closer</summary>The mass above a token is the running sum up to it minus
+# its own probability. The order the ranking returns says where each verdict goes back.</details>
 
 # %%
 def my_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
@@ -355,7 +358,7 @@ print("softmax of a row that sees nothing:", torch.softmax(torch.full((3,), -mat
 # (its first, second, third block ...) to a *physical* block of the pool; the slot is the same in
 # both.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Divide the position by the block size, rounding
+# <details><summary>Hint 2: the plan</summary>Divide the position by the block size, rounding
 # down: that is the logical block, and its entry in the table is the block of the pool. The
 # remainder of the same division is the slot.</details>
 
@@ -638,13 +641,14 @@ assert shared_blocks < apart_blocks and copies == len(suffixes)
 # under-proposed, and the round ends there. If no token was rejected, the target's distribution
 # after the last one gives a bonus token.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Keep a list of kept tokens. For each position and
-# its drafted token: draw a uniform number from the generator; if it is below the smaller of 1
-# and the target's probability of the token over the draft's, append the token and go on.
-# Otherwise subtract the draft's row from the target's row, clamp the negatives to zero, divide
-# by the sum, draw one token from that with the generator, and return the kept tokens followed by
-# it. After the loop, draw one token from the target's last row and return the kept tokens
-# followed by it. Convert every drawn token to a Python int.</details>
+# <details><summary>Hint 2: the plan</summary>(1) Walk through the drafted tokens in order,
+# accepting each with the acceptance probability above, by a uniform draw from the generator. (2) At
+# the first rejection: draw the replacement from the residual distribution, and stop. (3) If every
+# token was accepted: one bonus token from the target's last row. Return plain ints.</details>
+#
+# <details><summary>Hint 3: closer</summary>The residual distribution is the target's row minus the
+# draft's, negatives set to zero, normalised. The check replays the generator: one uniform per
+# visited token, then one draw of a token from a distribution.</details>
 
 # %%
 def my_accept_or_reject(p: torch.Tensor, q: torch.Tensor, drafted: list[int],
@@ -932,10 +936,9 @@ print("speed-up over the target alone: " + ", ".join(
 # that the row's largest absolute weight lands on 127 and every other weight on the nearest
 # integer step.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Take each row's largest absolute value and divide
-# it by 127: the scales. Divide every weight by its row's scale (give the scales a trailing axis
-# to line up with the rows), round to the nearest integer, keep it within plus and minus 127, and
-# convert to 8-bit integers.</details>
+# <details><summary>Hint 2: the plan</summary>(1) One scale per row, so that the row's largest
+# absolute weight maps to 127. (2) Every weight divided by its row's scale and rounded, kept within
+# plus and minus 127. (3) Return the integers as int8 and the scales.</details>
 
 # %%
 def my_quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -984,12 +987,14 @@ print(f"{tuple(w.shape)} weights: the helper's integers; largest error {error8.m
 # point) turn the group's floats into 16 integer levels with 0 exactly on one of them; then two
 # 4-bit numbers fit in one byte.</details>
 #
-# <details><summary>Hint 2: the steps</summary>Reshape w to (rows, groups, group size). Per group
-# take the minimum, capped above at 0, and the maximum, floored at 0; the scale is their
-# difference over 15, replaced by 1 where it is 0; the zero point is minus the minimum over the
-# scale, rounded. Divide the weights by their group's scale, round, add the zero point, clamp to
-# 0 ... 15, convert to unsigned 8-bit and reshape back to (rows, in). Pack: the even columns, OR
-# the odd columns shifted left by 4 bits.</details>
+# <details><summary>Hint 2: the plan</summary>(1) Cut every row into groups of consecutive weights.
+# (2) Per group, a scale and a zero point from its range stretched to include 0, in 15 steps. (3)
+# Every weight as its rounded number of steps plus the zero point, kept within the 16 levels. (4)
+# Two 4-bit values per byte, the even column in the low half.</details>
+#
+# <details><summary>Hint 3: closer</summary>A group of zeros has range 0: give it scale 1. The zero
+# point is minus the group's (capped) minimum over the scale, rounded. Shift the odd column's value
+# up by 4 bits and combine it with the even one's by a bitwise or.</details>
 
 # %%
 def my_quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

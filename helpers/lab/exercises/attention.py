@@ -24,9 +24,9 @@ def _random(*shape: int, seed: int) -> Tensor:
     return torch.randn(*shape, generator=seeded(seed), dtype=torch.float64)
 
 
-@exercise(hint="find the largest logit of each row and subtract it from every logit of that row, "
-               "keeping the last dimension so that it broadcasts; exponentiate; divide each row by "
-               "its own sum over the last dimension.",
+@exercise(hint="Shift every row so that its largest logit becomes 0 (softmax ignores a constant "
+               "added to a whole row, and no exponent can overflow), then take the plain softmax of "
+               "the shifted rows. Each row's number must broadcast against its own row.",
           task="Write a softmax over the last dimension, with torch.exp (not torch.softmax). The check "
                "tries one row, a (3, 5) batch and logits of size 1000.",
           forbidden=SOFTMAX_CALLS)
@@ -89,9 +89,10 @@ def softmax_jacobian(student: Callable[[Tensor], Tensor]) -> str:
     return "Each row of it sums to 0: adding a constant to every logit changes nothing."
 
 
-@exercise(hint="multiply the queries by the keys transposed in their last two dimensions; divide by "
-               "the square root of the key size d_k; take the softmax along the last dimension, "
-               "across the keys; multiply the weights by the values; return the output and the weights.",
+@exercise(hint="Score every query against every key in one product (transposing the keys in their "
+               "last two dimensions only), scale by one over the square root of d_k, turn each "
+               "query's scores into weights over the keys, and let them average the values; return "
+               "the output and the weights.",
           task="Write attention(q, k, v) returning (output, weights). The check tries "
                "self-attention, cross-attention and a batch of heads.")
 def scaled_attention(student: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> str:
@@ -361,12 +362,12 @@ def _expect_grad(got: object, expected: Tensor, name: str, what: str,
     expect_close(got, expected, f"{name} for {what}", atol=1e-9)
 
 
-@exercise(hint="Recompute the weights. The values' gradient is the weights, transposed in their last "
-               "two dimensions, times the output's gradient; the weights' gradient is the output's "
-               "gradient times the values, transposed likewise. Through the softmax, row by row: from "
-               "each entry subtract the row's average weighted by the weights, then multiply by the "
-               "weights. Multiply by the scale; the queries' gradient is that times the keys, the "
-               "keys' gradient its transpose times the queries.",
+@exercise(hint="Walk the forward pass backwards: recompute the weights; back through the last "
+               "product to the values and the weights; back through the softmax row by row (its "
+               "Jacobian applied to a row has the shortcut of Hint 1) and the scale to the scores; "
+               "back through the first product to the queries and the keys. A product hands the "
+               "gradient to each factor through the other one, transposed in the last two "
+               "dimensions only.",
           task="Write attention_backward(q, k, v, grad_output, scale) returning (grad_q, grad_k, grad_v) "
                "for output = softmax(scale q k^T) v, without autograd. The check compares with autograd "
                "on self-attention, cross-attention and a batch of heads.",

@@ -166,9 +166,8 @@ def _diagnose_sinusoids(got: Tensor, n_positions: int, d_model: int, base: float
                              fix="put the positions in the rows and the dimensions in the columns.")
 
 
-@exercise(hint="Make a column of positions and a row of pair indices; dividing the positions by "
-               "base to the power 2i over d_model broadcasts to every angle at once. Then fill the "
-               "even columns with the sines of those angles and the odd columns with the cosines.",
+@exercise(hint="Every angle at once: the positions against the pairs' frequencies (the formula "
+               "above the exercise), broadcast into a table, no loop over positions. The even columns hold the sines of those angles, the odd ones the cosines.",
           task="Write sinusoidal_table(n_positions, d_model, base) returning the (n_positions, "
                "d_model) table of notebook 2's formula. The check compares three sizes and bases.")
 def sinusoidal_table(student: Callable[..., Tensor]) -> str:
@@ -288,9 +287,8 @@ def _as_floats(losses: Any) -> list[float] | None:
 
 
 @exercise(hint="Make Adam over both modules' parameters once and turn the counts into shares that "
-               "sum to 1. Then at every step: score all words' neighbours, take the log-softmax of "
-               "each row, weight it by the shares, sum and negate; clear the gradients, go backward, "
-               "step, and keep the loss.",
+               "sum to 1. Every step: the cross-entropy of the model's neighbour predictions for "
+               "every word against those shares, then the usual update; keep each step's loss.",
           task="Write train_word_vectors(embedding, predict_neighbour, counts, steps, lr) that trains "
                "both modules with Adam and returns the loss of every step as a list of floats. The "
                "check trains a small model for four steps from the same start as the course's loop "

@@ -226,11 +226,10 @@ def _run_with_step(student: StepFunction, q: Tensor, k: Tensor, v: Tensor, mask:
     return torch.cat(outputs)
 
 
-@exercise(hint="The new max of a row is the larger of its old max and the largest score of this "
-               "tile. The old sum and accumulator were measured from the old max: multiply both by "
-               "e to the power (old max minus new max), then add this tile's exponentials, "
-               "measured from the new max, summed per row and multiplied with the value tile. Use "
-               "the course's exp_shifted for every exponential, so a fully masked row gives no NaN.",
+@exercise(hint="A tile may raise a row's max. What was accumulated so far (the sum and the "
+               "accumulator) was measured from the old max: move it to the new max before adding "
+               "this tile's part, itself measured from the new max. Use the course's exp_shifted "
+               "for every exponential, so a fully masked row gives no NaN.",
           task="Write the tile step (row_max, row_sum, acc, scores, v_tile) -> new (row_max, "
                "row_sum, acc). The check runs a whole causal head with it, a ragged tile and a fully "
                "masked row included.")
@@ -308,11 +307,11 @@ BACKWARD_MISTAKES = {  # mistake: (what is wrong, how to fix it)
 }
 
 
-@exercise(hint="Before the loops, compute D: per query, the sum over features of dO times O. For "
-               "each pair of a query tile and a key tile: rebuild the tile of P from the scaled "
-               "scores and the saved log-sum-exp; add P transposed times dO to dV; form dP from dO "
-               "and the value tile; dS is P times (dP minus D); add the scaled dS times the key "
-               "tile to dQ, and the scaled dS transposed times the query tile to dK.",
+@exercise(hint="D (per query, the sum over features of dO times O) does not depend on the tile: "
+               "compute it once, before the loops. Then, for each pair of a query tile and a key "
+               "tile, rebuild that tile of P from its scores and the saved log-sum-exp, and add the "
+               "tile's contributions to dV, dQ and dK, through dS = P (dP - D); dQ and dK carry the "
+               "scores' scale.",
           points=3,
           task="Write my_flash_backward(q, k, v, out, lse, grad_out, block) for one head without a "
                "mask, returning (dq, dk, dv), tile by tile from the saved output and log-sum-exp. "

@@ -103,8 +103,8 @@ def _as_number(value: object, what: str) -> float:
                "cross-entropy, a scalar tensor, without F.cross_entropy. The check compares with "
                "F.cross_entropy on three models.",
           hint="The model reads every token but the last; the targets are every token but the first. "
-               "Turn the logits into log-probabilities (subtract the row maximum, then the log of the "
-               "sum of exponentials), pick each target's, and return minus their mean.",
+               "Score each position by the log-probability it gives its target, computed stably from "
+               "the logits, and return minus the mean over every position of every row.",
           forbidden=("torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss"),
           points=4)
 def next_token_loss(student: Callable[[gpt.GPT, torch.Tensor], torch.Tensor]) -> str:
@@ -333,11 +333,11 @@ def hand_adamw(student: type) -> str:
                "generator=None) returning the prompt (B, S) followed by max_new_tokens sampled tokens. "
                "The check compares greedy runs with generate and the frequencies of thousands of draws "
                "with the probabilities they should have.",
-          hint="Repeat once per new token: keep only the last context-length tokens, run the model, "
-               "take the last position's logits. Temperature zero (or a top-k of one) picks the most "
-               "likely token. Otherwise divide the logits by the temperature, set every logit below "
-               "the k-th largest to minus infinity, turn them into probabilities and draw one token "
-               "with the generator you were given; append it.",
+          hint="Repeat once per new token: run the model on what it can read (the last context-length "
+               "tokens) and keep its last position's prediction. Greedy settings (temperature "
+               "zero, or a top-k of one) take the most likely token; otherwise the temperature and "
+               "the top-k cut change the distribution, and one token per row is drawn from it with "
+               "the generator you were given. Append the token and go on.",
           points=3)
 def sample_tokens(student: Callable) -> str:
     from helpers.model.generation import generate

@@ -198,11 +198,10 @@ def _random_block() -> tuple[modern.ModernBlock, torch.Tensor, modern.RopeTable]
     return block, x, modern.RopeTable.build(config.head_dim, 16, dtype=torch.float64)
 
 
-@exercise(hint="Normalise x with the first RMSNorm; project to queries, keys and values and split them "
-               "into heads (the keys and values into n_kv_heads, then each repeated in place for the "
-               "consecutive query heads it serves: 0, 0, 1, 1 for 4 and 2 heads); rotate queries and keys, pairing the first half of each head with "
-               "the second; causal softmax of the scaled scores times the values; merge the heads, add "
-               "the output projection to x; then add the SwiGLU of the second RMSNorm of the result.",
+@exercise(hint="Two residual branches, each on an RMS-normalised copy of the stream: causal "
+               "attention with RoPE on the queries and keys and n_kv_heads key/value heads, each "
+               "serving consecutive query heads (0, 0, 1, 1 for 4 and 2 heads); then the SwiGLU. "
+               "RoPE pairs the first half of each head's features with the second half.",
           points=3,
           task="Write my_modern_block(block, x, table): the ModernBlock's forward from its weights "
                "(block.norm1, block.attn, block.norm2, block.mlp; the sizes are block.attn.n_heads, "
@@ -256,10 +255,9 @@ def alibi_attention_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
 @exercise(task="Write my_alibi_attention(q, k, v) for q, k, v (B, H, N, D_H): causal attention with "
                "ALiBi's bias (slopes from alibi_slopes(H)) added after the 1/sqrt(D_H) scaling. The "
                "check compares with the course's alibi_attention for 4, 8 and 12 heads.",
-          hint="Get the slopes for the number of heads; build the distance table of query minus key "
-               "positions, the penalty (minus the slope times the distance, zero for later keys) and "
-               "the mask of later keys; scale the scores by the square root of the head size, add the "
-               "penalty, fill the masked scores with minus infinity, softmax over the keys, times v.",
+          hint="Notebook 4's causal attention with one more term: the scores are scaled first, "
+               "then each head's distance penalty (minus its slope times how far back the key is, "
+               "nothing for later keys) is added, then the causal mask and the softmax.",
           points=3)
 def alibi_attention(student: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> str:
     generator = seeded(9)
