@@ -31,11 +31,23 @@ def seed_everything(seed: int) -> None:
 
 
 def pick_device() -> torch.device:
-    """The fastest device present: CUDA, then Apple's MPS, then the CPU."""
+    """CUDA where there is a GPU, else the CPU. Apple's MPS only when asked (COURSE_DEVICE=mps):
+    its kernels round differently and miss some operations, so on a Mac the course's outputs are
+    the CPU's unless the student chooses otherwise."""
+    asked = os.environ.get("COURSE_DEVICE", "").strip().lower()
+    if asked not in ("", "cpu", "cuda", "mps"):
+        raise ValueError(f"COURSE_DEVICE must be cpu, cuda or mps, got {asked!r}")
+    if asked == "cpu":
+        return torch.device("cpu")
+    if asked == "mps":
+        if getattr(torch.backends, "mps", None) is None or not torch.backends.mps.is_available():
+            raise ValueError("COURSE_DEVICE=mps, but this machine has no MPS device (Apple silicon with "
+                             "a torch built for it)")
+        return torch.device("mps")
     if torch.cuda.is_available():
         return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        return torch.device("mps")
+    if asked == "cuda":
+        raise ValueError("COURSE_DEVICE=cuda, but torch sees no CUDA device here")
     return torch.device("cpu")
 
 

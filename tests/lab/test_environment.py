@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from helpers.lab.environment import pick_device, seed_everything, start
@@ -45,3 +46,21 @@ def test_a_python_without_torch_is_told_the_one_command_that_installs_the_course
     assert ran.returncode == 1
     assert "this Python has no torch" in ran.stderr
     assert f'%pip install -e "{ROOT}"' in ran.stderr and "restart the kernel" in ran.stderr
+
+
+def test_apple_silicon_stays_on_the_cpu_unless_asked(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.delenv("COURSE_DEVICE", raising=False)
+    assert pick_device().type == "cpu"
+    monkeypatch.setenv("COURSE_DEVICE", "mps")
+    assert pick_device().type == "mps"
+
+
+def test_a_device_that_is_not_there_or_not_known_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    for asked, says in (("mps", "no MPS device"), ("cuda", "no CUDA device"), ("tpu", "cpu, cuda or mps")):
+        monkeypatch.setenv("COURSE_DEVICE", asked)
+        with pytest.raises(ValueError, match=says):
+            pick_device()
