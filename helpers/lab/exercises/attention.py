@@ -14,6 +14,7 @@ from helpers.lab.exercises import (
     ExerciseFailed,
     exercise,
     expect_close,
+    hidden_round,
     reseed,
     seeded,
 )
@@ -33,7 +34,9 @@ def _random(*shape: int, seed: int) -> Tensor:
 def stable_softmax(student: Callable[[Tensor], Tensor]) -> str:
     """The student's softmax(x) over the last dim must match ours, also for huge logits."""
     row = torch.tensor([2.0, 1.0, 0.1], dtype=torch.float64)
-    expect_close(student(row), reference.softmax(row), "softmax([2.0, 1.0, 0.1])")
+    if hidden_round():  # a longer row drawn from the hidden seed
+        row = (3 * _random(7, seed=0)).round(decimals=2)
+    expect_close(student(row), reference.softmax(row), f"softmax({row.tolist()})")
     batch = _random(3, 5, seed=1)
     got = student(batch)
     if isinstance(got, Tensor) and got.shape == batch.shape:
@@ -70,7 +73,10 @@ def stable_softmax(student: Callable[[Tensor], Tensor]) -> str:
           forbidden=("torch.autograd.functional.jacobian",))
 def softmax_jacobian(student: Callable[[Tensor], Tensor]) -> str:
     """The student's Jacobian of softmax at probabilities a (n,) must equal diag(a) - a a^T."""
-    for logits in ([2.5, 0.0, -2.5], [0.3, -1.2, 0.7, 2.0]):
+    cases = [[2.5, 0.0, -2.5], [0.3, -1.2, 0.7, 2.0]]
+    if hidden_round():  # logits drawn from the hidden seed
+        cases = [_random(5, seed=2).round(decimals=2).tolist()] + cases
+    for logits in cases:
         a = reference.softmax(torch.tensor(logits, dtype=torch.float64))
         got = student(a)
         expected = reference.softmax_jacobian(a)

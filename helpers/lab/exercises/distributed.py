@@ -13,7 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, reseed, seeded
+from helpers.lab.exercises import (
+    ExerciseFailed,
+    exercise,
+    expect_close,
+    hidden_round,
+    reseed,
+    seeded,
+)
 from helpers.lab.exercises._ranks import ThreadRing, is_stub, run_on_three, run_two_ranks
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.scale.workers import ring_all_reduce_bytes
@@ -24,7 +31,11 @@ from helpers.scale.workers import ring_all_reduce_bytes
           task="Write ring_bytes(n_bytes, world_size): the bytes one rank sends in a ring "
                "all-reduce of n_bytes. The check tries 1 to 8 ranks, one rank included.")
 def ring_bytes(student: Callable[[float, int], float]) -> str:
-    for n_bytes, world_size in ((1000.0, 2), (497_758_208.0, 8), (12.0, 3), (5e9, 1)):
+    cases = ((1000.0, 2), (497_758_208.0, 8), (12.0, 3), (5e9, 1))
+    if hidden_round():  # a size and a number of ranks drawn from the hidden seed
+        n_bytes = float(torch.randint(3, 10**9, (1,), generator=seeded(30)))
+        cases = ((n_bytes, int(torch.randint(3, 65, (1,), generator=seeded(31)))),) + cases
+    for n_bytes, world_size in cases:
         got = student(n_bytes, world_size)
         expected = ring_all_reduce_bytes(n_bytes, world_size)
         if not isinstance(got, int | float) or not math.isclose(float(got), expected, rel_tol=1e-9, abs_tol=1e-9):
@@ -203,7 +214,11 @@ def _in_flight(ops: list) -> int:
 def one_f_one_b(student: Callable[[int, int], list]) -> str:
     from helpers.scale.pipeline import gpipe_order, one_f_one_b_order, timeline, timeline_bubble
 
-    for stages, m in ((2, 4), (4, 8), (4, 2), (3, 1), (1, 3)):
+    cases = ((2, 4), (4, 8), (4, 2), (3, 1), (1, 3))
+    if hidden_round():  # more micro-batches than the visible check tries, drawn from the hidden seed
+        cases = (tuple(torch.randint(2, 5, (1,), generator=seeded(32)).tolist()
+                       + torch.randint(5, 13, (1,), generator=seeded(33)).tolist()),) + cases
+    for stages, m in cases:
         got = student(stages, m)
         expected = one_f_one_b_order(stages, m)
         if not isinstance(got, list) or len(got) != stages or not all(isinstance(ops, list) for ops in got):
@@ -301,6 +316,8 @@ def ring_all_reduce(student: Callable[[int, int, list[Tensor]], Tensor]) -> str:
                              fix="build it from point-to-point sends and receives with your "
                                  "neighbours only.")
     tensors = [torch.arange(7.0) * (rank + 1) + rank for rank in range(3)]
+    if hidden_round():  # other values, drawn from the hidden seed
+        tensors = [torch.randint(-50, 50, (7,), generator=seeded(34 + rank)).float() for rank in range(3)]
     total = sum(tensors)
     results = run_on_three(student, tensors, "some rank waits for a message that never comes: every "
                             "send needs its receive on the neighbour, in the same order, and a send "
@@ -342,6 +359,8 @@ def fsdp_grad_piece(student: Callable[[int, int, list[Tensor]], Tensor]) -> str:
     if is_stub(student):
         raise NotImplementedError
     grads = [torch.arange(9.0) * (rank + 1) + 10 * rank for rank in range(3)]
+    if hidden_round():  # other values, drawn from the hidden seed
+        grads = [torch.randint(-50, 50, (9,), generator=seeded(37 + rank)).float() for rank in range(3)]
     mean = sum(grads) / 3
     results = run_on_three(student, grads, "every rank must call the same collective, with "
                             "pieces of the same size.")

@@ -13,7 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, reseed, seeded
+from helpers.lab.exercises import (
+    ExerciseFailed,
+    exercise,
+    expect_close,
+    hidden_round,
+    reseed,
+    seeded,
+)
 from helpers.lab.exercises.watch import TensorLog
 from helpers.model import embeddings as reference
 
@@ -93,6 +100,8 @@ def most_similar(student: Callable[[Tensor, Tensor, int], Tensor]) -> str:
     # ranking by dot product puts it first, ranking by cosine puts it fourth.
     table = torch.tensor([[0.9, 0.1], [6.0, 3.0], [8.0, -8.0], [0.0, 1.0], [-1.0, 0.0], [2.0, 1.5]])
     query = torch.tensor([1.0, 0.0])
+    if hidden_round():  # the same trap, its rows shuffled and the query longer
+        table, query = table[torch.randperm(6, generator=seeded(3))], query * 2.5
     by_cosine = reference.cosine_similarity(query, table).topk(3).indices
     by_dot = (table @ query).topk(3).indices
     got = student(query, table, 3)
@@ -172,13 +181,18 @@ def _diagnose_sinusoids(got: Tensor, n_positions: int, d_model: int, base: float
                "d_model) table of notebook 2's formula. The check compares three sizes and bases.")
 def sinusoidal_table(student: Callable[..., Tensor]) -> str:
     """student(n_positions, d_model, base) -> (n_positions, d_model), the sinusoidal table."""
-    for n_positions, d_model, base in ((4, 4, 10000.0), (4, 4, 100.0), (50, 16, 10000.0)):
+    cases = ((4, 4, 10000.0), (4, 4, 100.0), (50, 16, 10000.0))
+    if hidden_round():  # one position only, and a size and base drawn from the hidden seed
+        sizes = torch.randint(2, 40, (2,), generator=seeded(5)).tolist()
+        cases = ((1, 6, 10000.0), (sizes[0], 2 * (sizes[1] // 4 + 1), 500.0)) + cases
+    for n_positions, d_model, base in cases:
         got = student(n_positions, d_model, base)
         if not isinstance(got, Tensor):
             raise ExerciseFailed(f"you returned a {type(got).__name__}, expected a torch.Tensor.",
                                  fix="build the table as a tensor and return it.")
         expected = reference.sinusoidal_positions(n_positions, d_model, base)
-        _diagnose_sinusoids(got, n_positions, d_model, base)
+        if got.shape != expected.shape or not torch.allclose(got.double(), expected.double(), atol=1e-5):
+            _diagnose_sinusoids(got, n_positions, d_model, base)  # one position: every slip is right too
         expect_close(got.float(), expected, f"the table for n_positions={n_positions}, "
                      f"d_model={d_model}, base={base:g}", atol=1e-5)
     with TensorLog() as few:
@@ -370,10 +384,16 @@ def _refuses(module: Any, token_ids: Tensor, what: str) -> None:
                "an id that is too large.",
           points=3)
 def token_and_position(student: Callable[..., Any]) -> str:
-    module = _filled(student, 7, 8, 3)  # more positions than tokens: looking positions up by id runs
+    # more positions than tokens: looking positions up by id runs
+    vocab_size, context_length, d_model = (9, 12, 4) if hidden_round() else (7, 8, 3)
+    module = _filled(student, vocab_size, context_length, d_model)
     token, position = module.token.weight.detach(), module.position.weight.detach()
     cases = {"a batch of shape (2, 4)": torch.tensor([[6, 0, 3, 3], [1, 2, 4, 0]]),
              "one sequence of shape (5,)": torch.tensor([4, 4, 1, 0, 2])}
+    if hidden_round():  # a full context, and a single token
+        cases[f"a batch of shape (3, {context_length})"] = torch.randint(0, vocab_size, (3, context_length),
+                                                                         generator=seeded(13))
+        cases["one token of shape (1, 1)"] = torch.tensor([[vocab_size - 1]])
     for what, token_ids in cases.items():
         with torch.no_grad():
             got = module(token_ids)
@@ -392,6 +412,7 @@ def token_and_position(student: Callable[..., Any]) -> str:
                                      fix="the position of a token is where it stands, 0, 1, 2 ... "
                                          "along the sequence, whatever its id.")
         expect_close(got, expected, f"the output for {what}", atol=1e-6)
-    _refuses(module, torch.zeros(1, 9, dtype=torch.long), "a sequence of 9 tokens with context_length 8")
-    _refuses(module, torch.tensor([[0, 7]]), "the id 7 with vocab_size 7")
+    _refuses(module, torch.zeros(1, context_length + 1, dtype=torch.long),
+             f"a sequence of {context_length + 1} tokens with context_length {context_length}")
+    _refuses(module, torch.tensor([[0, vocab_size]]), f"the id {vocab_size} with vocab_size {vocab_size}")
     return "That is the input of the Transformer: the sum goes into the first block."

@@ -8,7 +8,14 @@ from collections.abc import Callable
 
 import torch
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, reseed, seeded
+from helpers.lab.exercises import (
+    ExerciseFailed,
+    exercise,
+    expect_close,
+    hidden_round,
+    reseed,
+    seeded,
+)
 from helpers.model.multihead import MultiHeadAttention
 
 
@@ -18,7 +25,11 @@ from helpers.model.multihead import MultiHeadAttention
           task="Write cross_attention_shapes(b, n, m, d, h) returning the shapes of q, k, v, the "
                "weights and the output. The check tries two sets of sizes, with n != m.")
 def cross_attention_shapes(student: Callable[[int, int, int, int, int], dict]) -> str:
-    for b, n, m, d, h in ((2, 5, 7, 16, 4), (1, 9, 3, 12, 3)):
+    cases = ((2, 5, 7, 16, 4), (1, 9, 3, 12, 3))
+    if hidden_round():  # sizes drawn from the hidden seed, one source token included
+        b, n, m, per_head, h = torch.randint(1, 10, (5,), generator=seeded(21)).tolist()
+        cases = ((b, n, m, per_head * h, h), (3, 4, 1, 8, 2)) + cases
+    for b, n, m, d, h in cases:
         got = student(b, n, m, d, h)
         expected = {"q": (b, h, n, d // h), "k": (b, h, m, d // h), "v": (b, h, m, d // h),
                     "weights": (b, h, n, m), "output": (b, n, d)}
@@ -121,24 +132,29 @@ def cross_attention(student: CrossAttention) -> str:
           task="Write source_key_mask(source, pad_id) returning the decoder's mask over the source "
                "keys. The check tries a batch with padded rows and checks dtype, shape and values.")
 def source_key_mask(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
-    source = torch.tensor([[5, 6, 7, 0, 0], [8, 0, 0, 0, 0], [3, 4, 5, 6, 9]])
-    got = student(source, 0)
-    expected = (source != 0)[:, None, None, :]
-    if not isinstance(got, torch.Tensor):
-        raise ExerciseFailed(f"you returned a {type(got).__name__}, not a tensor.",
-                             fix="compare the ids with the padding id, which gives a tensor.")
-    if got.dtype != torch.bool:
-        raise ExerciseFailed(f"the mask should be torch.bool (True = may attend), got {got.dtype}.",
-                             fix="a comparison gives booleans already: do not convert it to numbers.")
-    if got.shape != expected.shape:
-        raise ExerciseFailed(f"the mask should have shape (B, 1, 1, M) = {tuple(expected.shape)}, "
-                             f"got {tuple(got.shape)}.", fix="add two axes of size 1 between the batch "
-                             "axis and the key axis, one for the heads and one for the queries.")
-    if torch.equal(got, ~expected):
-        raise ExerciseFailed("True and False are swapped.", fix="True marks the real tokens, which may "
-                             "be attended: compare for 'not equal to the padding id'.")
-    if not torch.equal(got, expected):
-        raise ExerciseFailed("some positions are wrong.", fix="only the padding id should be False.")
+    cases = [(torch.tensor([[5, 6, 7, 0, 0], [8, 0, 0, 0, 0], [3, 4, 5, 6, 9]]), 0)]
+    if hidden_round():  # another padding id, random lengths, a row of padding only and one of no padding
+        pad_id, lengths = 3, torch.randint(1, 7, (4,), generator=seeded(22)).tolist() + [0, 7]
+        ids = torch.randint(4, 50, (len(lengths), 7), generator=seeded(23))
+        cases.insert(0, (ids.masked_fill(torch.arange(7) >= torch.tensor(lengths)[:, None], pad_id), pad_id))
+    for source, pad_id in cases:
+        got = student(source, pad_id)
+        expected = (source != pad_id)[:, None, None, :]
+        if not isinstance(got, torch.Tensor):
+            raise ExerciseFailed(f"you returned a {type(got).__name__}, not a tensor.",
+                                 fix="compare the ids with the padding id, which gives a tensor.")
+        if got.dtype != torch.bool:
+            raise ExerciseFailed(f"the mask should be torch.bool (True = may attend), got {got.dtype}.",
+                                 fix="a comparison gives booleans already: do not convert it to numbers.")
+        if got.shape != expected.shape:
+            raise ExerciseFailed(f"the mask should have shape (B, 1, 1, M) = {tuple(expected.shape)}, "
+                                 f"got {tuple(got.shape)}.", fix="add two axes of size 1 between the batch "
+                                 "axis and the key axis, one for the heads and one for the queries.")
+        if torch.equal(got, ~expected):
+            raise ExerciseFailed("True and False are swapped.", fix="True marks the real tokens, which may "
+                                 "be attended: compare for 'not equal to the padding id'.")
+        if not torch.equal(got, expected):
+            raise ExerciseFailed("some positions are wrong.", fix="only the padding id should be False.")
     return "Every head and every query of the decoder now skips the padding."
 
 

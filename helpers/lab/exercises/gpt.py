@@ -8,7 +8,14 @@ from collections.abc import Callable
 
 import torch
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_count, reseed, seeded
+from helpers.lab.exercises import (
+    ExerciseFailed,
+    exercise,
+    expect_count,
+    hidden_round,
+    reseed,
+    seeded,
+)
 from helpers.lab.exercises._gpt_runs import (
     HAND_BETAS,
     FixedLogits,
@@ -63,7 +70,13 @@ def _parameter_slip(got: int, n_layers: int, d: int, vocab: int, context: int,
                "the two MLP matrices with their biases and two LayerNorms; then the token table "
                "(shared with the output layer), the position table and the final LayerNorm.")
 def exact_parameters(student: Callable[[int, int, int, int], int]) -> str:
-    for n_layers, d, vocab, context in CONFIGS:
+    configs = CONFIGS
+    if hidden_round():  # a model of sizes drawn from the hidden seed, a context of one token included
+        draw = seeded(42)
+        n_layers, d_over_8, vocab, context = (int(torch.randint(low, high, (), generator=draw))
+                                              for low, high in ((1, 10), (1, 41), (2, 300), (1, 300)))
+        configs = [(n_layers, 8 * d_over_8, vocab, context), (3, 16, 5, 1)] + CONFIGS
+    for n_layers, d, vocab, context in configs:
         config = gpt.GPTConfig(vocab_size=vocab, context_length=context, n_layers=n_layers,
                                n_heads=1, d_model=d)
         expected = gpt.exact_parameters(config)

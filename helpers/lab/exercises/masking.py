@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, seeded
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, hidden_round, seeded
 from helpers.model import attention as reference
 
 
@@ -99,13 +99,15 @@ def causal_softmax(student: Callable[[Tensor], Tensor]) -> str:
                "[3, 5, 1] with n = 5, both ways.")
 def padding_mask(student: Callable[..., Tensor]) -> str:
     """The student's padding_mask(lengths (B,), n, side) -> bool (B, n), True on real tokens."""
-    lengths = torch.tensor([3, 5, 1])
-    position = torch.arange(5)[None, :]
-    right = reference.padding_mask(lengths, 5)[:, 0, 0, :]
+    lengths, n = torch.tensor([3, 5, 1]), 5
+    if hidden_round():  # lengths drawn from the hidden seed, an empty row and a full one
+        lengths, n = torch.cat([torch.randint(1, 7, (4,), generator=seeded(50)), torch.tensor([0, 7])]), 7
+    position = torch.arange(n)[None, :]
+    right = reference.padding_mask(lengths, n)[:, 0, 0, :]
     left = right.flip(-1)
     for side, expected in (("right", right), ("left", left)):
-        what = f"padding_mask(tensor([3, 5, 1]), 5, side={side!r})"
-        got = student(lengths.clone(), 5) if side == "right" else student(lengths.clone(), 5, "left")
+        what = f"padding_mask(tensor({lengths.tolist()}), {n}, side={side!r})"
+        got = student(lengths.clone(), n) if side == "right" else student(lengths.clone(), n, "left")
         if isinstance(got, Tensor) and got.shape == expected.shape and got.dtype == torch.bool \
                 and not torch.equal(got, expected):
             if torch.equal(got, ~expected):
@@ -119,7 +121,7 @@ def padding_mask(student: Callable[..., Tensor]) -> str:
                 raise ExerciseFailed(f"{what} puts the pads last: with side='left' they come first.",
                                      fix="with the pads first the real tokens are the last ones: a position is real when it is "
                                          "at least n minus the length.")
-            if side == "left" and torch.equal(got, position > 5 - lengths[:, None]):
+            if side == "left" and torch.equal(got, position > n - lengths[:, None]):
                 raise ExerciseFailed(f"{what} has one real token too few: the last L positions, from "
                                      "n - L on, are real.", fix="compare with >= rather than >.")
         _expect_bool(got, expected, what)
@@ -307,7 +309,13 @@ SPARSE_CASES = (  # keyword arguments of my_sparse_mask
           points=3)
 def sparse_mask(student: Callable[..., Tensor]) -> str:
     """The student's sparse_mask(n, window, stride, global_tokens, causal) -> bool (n, n)."""
-    for case in SPARSE_CASES:
+    cases = SPARSE_CASES
+    if hidden_round():  # every part at once on sizes drawn from the hidden seed, and a single token
+        n, window, stride, first = (int(torch.randint(low, high, (), generator=seeded(51)))
+                                    for low, high in ((11, 20), (1, 4), (2, 6), (1, 10)))
+        cases = ({"n": n, "window": window, "stride": stride, "global_tokens": (first,), "causal": True},
+                 {"n": 1, "window": 1, "global_tokens": (0,)}) + SPARSE_CASES
+    for case in cases:
         got = student(case["n"], case.get("window"), case.get("stride"), case.get("global_tokens", ()),
                       case.get("causal", False))
         expected = _course_sparse(**case)

@@ -9,7 +9,14 @@ from collections.abc import Callable
 
 import torch
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, reseed, seeded
+from helpers.lab.exercises import (
+    ExerciseFailed,
+    exercise,
+    expect_close,
+    hidden_round,
+    reseed,
+    seeded,
+)
 from helpers.model import modern
 from helpers.training.muon import NS_COEFFICIENTS
 
@@ -20,6 +27,9 @@ from helpers.training.muon import NS_COEFFICIENTS
                "counter-clockwise by position * theta. The check tries four pairs, position 0 included.")
 def rotate_pair(student: Callable[[float, float, int, float], tuple[float, float]]) -> str:
     cases = [(1.0, 0.0, 1, 0.5), (0.3, -1.2, 7, 0.1), (2.0, 1.0, 0, 1.0), (-0.5, 0.8, 13, 0.01)]
+    if hidden_round():  # a pair, a position and a theta drawn from the hidden seed
+        a, b, theta = (round(x, 3) for x in torch.randn(3, generator=seeded(53)).tolist())
+        cases.insert(0, (a, b, int(torch.randint(2, 500, (), generator=seeded(54))), abs(theta) / 10))
     for a, b, position, theta in cases:
         got = student(a, b, position, theta)
         if not isinstance(got, tuple | list) or len(got) != 2:
@@ -53,7 +63,10 @@ def rotate_pair(student: Callable[[float, float, int, float], tuple[float, float
                "-slope_h * (i - j) for query i and key j <= i, 0 above the diagonal. The check "
                "compares with the course's buffer for 4 and 8 heads.")
 def alibi_bias(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
-    for n_heads, n_tokens in ((4, 6), (8, 3)):
+    cases = ((4, 6), (8, 3))
+    if hidden_round():  # 12 heads (not a power of two), a drawn length, one token
+        cases = ((12, int(torch.randint(2, 20, (), generator=seeded(52)))), (2, 1)) + cases
+    for n_heads, n_tokens in cases:
         slopes = modern.alibi_slopes(n_heads)
         got = student(slopes, n_tokens)
         expected = modern.alibi_bias(n_heads, n_tokens)

@@ -7,7 +7,15 @@ from collections.abc import Callable
 
 import torch
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, expect_count, reseed
+from helpers.lab.exercises import (
+    ExerciseFailed,
+    exercise,
+    expect_close,
+    expect_count,
+    hidden_round,
+    reseed,
+    seeded,
+)
 from helpers.model import multihead
 
 
@@ -21,8 +29,14 @@ def _numbered(*shape: int) -> torch.Tensor:
           task="Write split_heads(x, n_heads): (B, N, D) -> (B, H, N, D_H). The check uses numbered "
                "entries, so a wrong order of features shows.")
 def split_heads(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
-    for shape, n_heads in (((2, 3, 8), 4), ((1, 5, 6), 2), ((3, 1, 4), 1)):
-        x = _numbered(*shape)
+    cases = [(_numbered(*shape), n_heads)
+             for shape, n_heads in (((2, 3, 8), 4), ((1, 5, 6), 2), ((3, 1, 4), 1))]
+    if hidden_round():  # random float64 values of a shape drawn from the hidden seed: the dtype is kept
+        batch, tokens, n_heads, head_dim = torch.randint(1, 7, (4,), generator=seeded(63)).tolist()
+        cases.insert(0, (torch.randn(batch, tokens, n_heads * head_dim, generator=seeded(64),
+                                     dtype=torch.float64), n_heads))
+    for x, n_heads in cases:
+        shape = tuple(x.shape)
         got = student(x, n_heads)
         expected = multihead.split_heads(x, n_heads)
         if isinstance(got, torch.Tensor) and got.shape == (shape[0], shape[1], n_heads, shape[2] // n_heads) \
@@ -56,8 +70,12 @@ def split_heads(student: Callable[[torch.Tensor, int], torch.Tensor]) -> str:
           task="Write merge_heads(heads): (B, H, N, D_H) -> (B, N, H * D_H), the inverse of "
                "split_heads. The check uses numbered entries.")
 def merge_heads(student: Callable[[torch.Tensor], torch.Tensor]) -> str:
-    for shape in ((2, 4, 3, 2), (1, 2, 5, 3), (3, 1, 2, 4)):
-        heads = _numbered(*shape)
+    cases = [_numbered(*shape) for shape in ((2, 4, 3, 2), (1, 2, 5, 3), (3, 1, 2, 4))]
+    if hidden_round():  # random float64 values of a shape drawn from the hidden seed: the dtype is kept
+        shape = torch.randint(1, 7, (4,), generator=seeded(61)).tolist()
+        cases.insert(0, torch.randn(shape, generator=seeded(62), dtype=torch.float64))
+    for heads in cases:
+        shape = tuple(heads.shape)
         try:
             got = student(heads)
         except RuntimeError as error:
@@ -87,6 +105,9 @@ def merge_heads(student: Callable[[torch.Tensor], torch.Tensor]) -> str:
                "returning an int. The check tries four model shapes.")
 def kv_cache_bytes_per_token(student: Callable[[int, int, int, int], int]) -> str:
     cases = ((32, 1, 64, 4), (96, 96, 128, 2), (80, 8, 128, 2), (12, 12, 64, 1))  # 4 bytes first: unambiguous
+    if hidden_round():  # sizes drawn from the hidden seed, 4 bytes again first
+        n_layers, n_kv_heads, head_dim = torch.randint(2, 100, (3,), generator=seeded(60)).tolist()
+        cases = ((n_layers, n_kv_heads, head_dim, 4),) + cases
     for n_layers, n_kv_heads, head_dim, n_bytes in cases:
         got = expect_count(student(n_layers, n_kv_heads, head_dim, n_bytes),
                            f"the result for ({n_layers}, {n_kv_heads}, {head_dim}, {n_bytes})")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, seeded
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, hidden_round, seeded
 from helpers.lab.exercises._post_slips import SFT_SLIPS, _name_dpo_slip, _sft_variant
 
 
@@ -197,6 +197,9 @@ def dpo_loss(student: Callable) -> str:
                "rewards are all equal.")
 def group_advantages(student: Callable) -> str:
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0]])
+    if hidden_round():  # groups of very different scale drawn from the hidden seed, one all equal again
+        rewards = torch.randn(3, 5, generator=seeded(65)) * torch.tensor([[100.0], [0.0], [0.01]])
+        rewards[1] = 0.5
     got = student(rewards, 1e-4)
     mean = rewards.mean(dim=1, keepdim=True)
     unbiased = (rewards - mean) / (rewards.std(dim=1, keepdim=True) + 1e-4)

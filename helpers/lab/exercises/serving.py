@@ -8,7 +8,14 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_close, reseed, seeded
+from helpers.lab.exercises import (
+    ExerciseFailed,
+    exercise,
+    expect_close,
+    hidden_round,
+    reseed,
+    seeded,
+)
 from helpers.serve.paged import lookup
 from helpers.serve.quantize import quantize_int4, quantize_int8, unpack_int4
 from helpers.serve.sampling import top_p_filter
@@ -31,6 +38,9 @@ def top_p(student: Callable[[Tensor, float], Tensor]) -> str:
              (torch.tensor([0.1, 0.6, 0.3]).log(), 0.6),  # the most likely alone reaches p
              (torch.tensor([2.0, -1.0, 0.5, 0.5, 3.0]), 0.9),
              (torch.tensor([1.0, 1.0, 1.0]), 1.0)]
+    if hidden_round():  # float64 logits and a top_p drawn from the hidden seed: the dtype is kept
+        cases.insert(0, (3 * torch.randn(12, generator=seeded(68), dtype=torch.float64),
+                         round(0.3 + 0.6 * float(torch.rand((), generator=seeded(69))), 3)))
     for logits, p in cases:
         got = student(logits.clone(), p)
         expected = helper_top_p(logits, p)
@@ -63,8 +73,12 @@ def top_p(student: Callable[[Tensor, float], Tensor]) -> str:
           task="Write my_lookup(block_table, position, block_size) -> (block, slot). The check "
                "compares it with the paged cache's lookup on six tables and positions.")
 def block_lookup(student: Callable[[list[int], int, int], tuple[int, int]]) -> str:
-    for table, position, size in (([7, 2, 9], 0, 4), ([7, 2, 9], 5, 4), ([7, 2, 9], 11, 4),
-                                  ([3], 0, 1), ([5, 0, 1, 4], 9, 3), ([8, 6], 15, 8)):
+    cases = (([7, 2, 9], 0, 4), ([7, 2, 9], 5, 4), ([7, 2, 9], 11, 4),
+             ([3], 0, 1), ([5, 0, 1, 4], 9, 3), ([8, 6], 15, 8))
+    if hidden_round():  # a block table, a block size and a position drawn from the hidden seed
+        table, size = torch.randperm(20, generator=seeded(66))[:6].tolist(), 5
+        cases = ((table, int(torch.randint(6, 30, (), generator=seeded(67))), size),) + cases
+    for table, position, size in cases:
         got = student(list(table), position, size)
         expected = lookup(table, position, size)
         if not isinstance(got, (tuple, list)) or tuple(got) != expected:

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import torch
 
-from helpers.lab.exercises import ExerciseFailed, exercise, expect_count
+from helpers.lab.exercises import ExerciseFailed, exercise, expect_count, hidden_round, seeded
 from helpers.text import bpe as reference
 from helpers.text.chars import pre_split
 from helpers.text.corpus import TOY_SOUP
@@ -40,7 +41,10 @@ PAIR_CASES = [
           task="Write count_pairs(ids) returning a dict {(left, right): count} of neighbouring ids. "
                "The check tries five lists: a repeated pair, overlapping pairs, one id, none.")
 def count_pairs(student: Callable[[list[int]], Any]) -> str:
-    for ids in PAIR_CASES:
+    cases = PAIR_CASES
+    if hidden_round():  # a longer list drawn from the hidden seed, few ids so that pairs repeat
+        cases = [torch.randint(0, 4, (20,), generator=seeded(70)).tolist(), [9, 9]] + PAIR_CASES
+    for ids in cases:
         got = student(list(ids))
         expected = dict(reference.count_pairs(ids))
         if not isinstance(got, dict):
@@ -138,7 +142,12 @@ ENCODE_SLIPS = {
           points=3)
 def encode_text(student: Callable[[str, list[tuple[int, int]]], Any]) -> str:
     tokenizer = reference.BPETokenizer(ENCODE_MERGES)
-    for text in ENCODE_CASES:
+    texts = ENCODE_CASES
+    if hidden_round():  # words of the merges drawn from the hidden seed, and one byte alone
+        words = ["soup", "so", "sou", "Zoë", "e", "ate", "soup!", "\n", "ou", "  "]
+        picks = torch.randint(0, len(words), (12,), generator=seeded(71)).tolist()
+        texts = [" ".join(words[i] for i in picks), "o"] + ENCODE_CASES
+    for text in texts:
         got = student(text, list(ENCODE_MERGES))
         expected = tokenizer.encode(text)
         if isinstance(got, tuple):
@@ -179,7 +188,10 @@ JOIN_FIRST = ("join the bytes of all the tokens first, then turn them into text 
                "mapping id -> bytes. The check includes a character whose bytes are split across "
                "two tokens.")
 def decode_ids(student: Callable[[list[int], dict[int, bytes]], Any]) -> str:
-    for ids in DECODE_CASES:
+    cases = DECODE_CASES
+    if hidden_round():  # ids drawn from the hidden seed: characters cut anywhere, unfinished ones too
+        cases = [torch.randint(0, len(DECODE_VOCAB), (9,), generator=seeded(72)).tolist(), [3]] + DECODE_CASES
+    for ids in cases:
         try:
             got = student(list(ids), dict(DECODE_VOCAB))
         except UnicodeDecodeError:
@@ -255,7 +267,12 @@ TRAIN_CASES = [("low lower lowest newer wider new", 10), (TOY_SOUP, 12), ("aaab 
                "compares every merge with the course's trainer.",
           points=3)
 def train_bpe(student: Callable[[str, int], Any]) -> str:
-    for text, n_merges in TRAIN_CASES:
+    cases = TRAIN_CASES
+    if hidden_round():  # a text of words drawn from the hidden seed, and a text of one letter
+        words = ["low", "lower", "newest", "soup", "so", "aaab", "Zoë", "wide", "ab"]
+        picks = torch.randint(0, len(words), (10,), generator=seeded(73)).tolist()
+        cases = [(" ".join(words[i] for i in picks), 8), ("a", 3)] + TRAIN_CASES
+    for text, n_merges in cases:
         got = student(text, n_merges)
         if not isinstance(got, list):
             raise ExerciseFailed(f"train_textbook({text!r}, {n_merges}) returned a {type(got).__name__}, "
