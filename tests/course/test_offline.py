@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.lab.environment import COURSE_REPO
+from helpers.lab.setup_cell import COURSE_REPO
 
 ROOT = Path(__file__).resolve().parents[2]
 GUARD = ROOT / "tests" / "offline"
