@@ -241,10 +241,14 @@ def finished_pytest(command: list[str], env: dict[str, str]) -> int:
 
 
 def test(extra_args: list[str]) -> int:
+    if os.environ.get("COURSE_TEST_NESTED"):  # a test that ran the real command: it would recurse
+        print("course.py test was started inside its own test run (COURSE_TEST_NESTED is set): refusing "
+              "to start the whole suite again")
+        return 2
     ensure_environment("lab,test,browser,site")
     # No MPLBACKEND here: the notebook kernels inherit this environment and must keep their
     # inline backend, whose figures are part of the stored outputs nbval compares.
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    env = {**os.environ, "PYTHONHASHSEED": "0", "COURSE_TEST_NESTED": "1"}
     env.pop("MPLBACKEND", None)
     lint = subprocess.call([str(PYTHON), *LINT], cwd=ROOT, env=env)
     suite = finished_pytest([str(PYTHON), *PYTEST, *extra_args], env)

@@ -108,6 +108,7 @@ def test_test_command_runs_nbval_a_second_time_as_another_cpu(monkeypatch):
         return 0
 
     monkeypatch.setattr(course, "ensure_environment", lambda extras: None)
+    monkeypatch.delenv("COURSE_TEST_NESTED", raising=False)
     monkeypatch.setattr(course.subprocess, "call", fake_call)
     monkeypatch.setattr(course, "finished_pytest", lambda args, env: fake_call(args, None, env))
     assert course.test(["-k", "masking"]) == 0
@@ -124,6 +125,7 @@ def test_test_command_runs_nbval_a_second_time_as_another_cpu(monkeypatch):
 def test_test_command_fails_when_any_part_fails(monkeypatch, codes, result):
     returned = iter(codes)
     monkeypatch.setattr(course, "ensure_environment", lambda extras: None)
+    monkeypatch.delenv("COURSE_TEST_NESTED", raising=False)
     monkeypatch.setattr(course.subprocess, "call", lambda *a, **k: next(returned))
     monkeypatch.setattr(course, "finished_pytest", lambda *a, **k: next(returned))
     assert course.test([]) == result
@@ -154,3 +156,11 @@ def test_a_run_that_finishes_every_test_keeps_its_status(tmp_path):
     assert course.finished_pytest(green, dict(os.environ)) == 0
     red = _suite(tmp_path, "def test_a():\n    assert False\n")
     assert course.finished_pytest(red, dict(os.environ)) == 1
+
+
+def test_the_test_command_refuses_to_start_inside_its_own_run(monkeypatch, capsys):
+    started = []
+    monkeypatch.setenv("COURSE_TEST_NESTED", "1")
+    monkeypatch.setattr(course, "ensure_environment", lambda extras: started.append(extras))
+    assert course.test([]) == 2 and started == []
+    assert "inside its own test run" in capsys.readouterr().out

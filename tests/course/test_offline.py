@@ -115,8 +115,10 @@ def test_a_notebook_cell_that_reaches_out_fails_with_the_network_off(tmp_path):
 def test_the_test_command_runs_every_notebook_a_second_time_with_the_network_off(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(course, "ensure_environment", lambda extras: None)
+    monkeypatch.delenv("COURSE_TEST_NESTED", raising=False)
     monkeypatch.setattr(course, "NETWORK_LOG", tmp_path / "attempts.log")
     monkeypatch.setattr(course.subprocess, "call", lambda args, cwd, env: calls.append((args, env)) or 0)
+    monkeypatch.setattr(course, "finished_pytest", lambda args, env: calls.append((args, env)) or 0)
     assert course.test([]) == 0
     (_, first_env), (other, other_env) = calls[1], calls[2]
     assert other[-len(course.PYTEST_OTHER_CPU):] == course.PYTEST_OTHER_CPU and "notebooks" in other
@@ -135,12 +137,15 @@ def test_the_test_command_fails_when_a_notebook_reached_out_even_if_every_cell_p
         return 0
 
     monkeypatch.setattr(course, "ensure_environment", lambda extras: None)
+    monkeypatch.delenv("COURSE_TEST_NESTED", raising=False)
     monkeypatch.setattr(course, "NETWORK_LOG", log)
     monkeypatch.setattr(course.subprocess, "call", call)
+    monkeypatch.setattr(course, "finished_pytest", lambda args, env: call(args, None, env))
     assert course.test([]) == 1
     assert "name lookup of 'pypi.org'" in capsys.readouterr().out
     log.write_text("an earlier run's attempt\n")
     monkeypatch.setattr(course.subprocess, "call", lambda args, cwd, env: 0)
+    monkeypatch.setattr(course, "finished_pytest", lambda args, env: 0)
     assert course.test([]) == 0, "the log starts empty on every run"
 
 
