@@ -170,9 +170,19 @@ def course_module():
     return module
 
 
+def kernelspec() -> dict[str, str]:
+    """The kernelspec metadata JupyterLab writes when it opens a notebook on the course's python3
+    kernel: the installed kernel's own display name ("Python 3 (ipykernel)"). Writing anything
+    else ("Python 3") makes JupyterLab rewrite it on opening, so the notebook shows as modified."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    return {"display_name": spec.display_name, "language": spec.language, "name": "python3"}
+
+
 def to_notebook(source_path: Path) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = kernelspec()
     nb.metadata["language_info"] = {"name": "python"}
     for kind, source in parse_cells(source_path.read_text(encoding="utf-8")):
         make = nbformat.v4.new_markdown_cell if kind == "markdown" else nbformat.v4.new_code_cell
