@@ -33,6 +33,7 @@ from IPython.display import HTML, display
 from helpers.text.corpus import TOY_SOUP, load_corpus
 from helpers.lab.exercises import check
 from helpers.timing import format_duration
+from helpers.lab.sections import catch_up
 
 # %% [markdown]
 # ## 1. The smallest vocabulary: one id per word
@@ -85,6 +86,9 @@ print("decoded:", " ".join(vocabulary[i] for i in soup_ids))
 #
 # The course corpus is a megabyte of short stories, one sentence per line. Count what each
 # choice of token would cost on it:
+
+# %%
+catch_up("01_tokenization", "2.")  # started here after a restart? this runs the sections above
 
 # %%
 corpus = load_corpus()
@@ -141,6 +145,9 @@ except ValueError as error:
 # UTF-8 writes each Unicode character as one to four bytes, each a number from 0 to 255:
 
 # %%
+catch_up("01_tokenization", "3.")  # started here after a restart? this runs the sections above
+
+# %%
 for text in ["soup", "Zoë", "☕", "東京", "👋"]:
     data = text.encode("utf-8")
     print(f"{text!r:7} {len(text)} character(s) -> {len(data)} byte(s): {list(data)}")
@@ -177,6 +184,9 @@ print("possible byte values:", len(range(256)))
 # the last pair. Keep a running count per pair in a dict, starting a pair at zero the first time
 # you meet it. Overlapping pairs count: three fives in a row hold the pair (5, 5) twice.
 # </details>
+
+# %%
+catch_up("01_tokenization", "4.")  # started here after a restart? this runs the sections above
 
 # %%
 def count_pairs(ids: list[int]) -> dict[tuple[int, int], int]:
@@ -402,6 +412,9 @@ print(f"textbook loop {format_duration(textbook_seconds)} | learn_merges {format
 # puts between documents; more on it below.
 
 # %%
+catch_up("01_tokenization", "5.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.text.bpe import BPETokenizer
 
 VOCAB_SIZE = 512  # the knob: try 300, or a size past where this corpus runs out of pairs (section 8)
@@ -502,6 +515,9 @@ print(bpe.labels(longest))
 # Store the chunk's ids under the chunk. Then, known or new, add the chunk's stored ids to the
 # result. Return the result.
 # </details>
+
+# %%
+catch_up("01_tokenization", "6.")  # started here after a restart? this runs the sections above
 
 # %%
 def encode_text(text: str, merges: list[tuple[int, int]]) -> list[int]:
@@ -693,6 +709,9 @@ print(f"{len(corpus_lines):,} lines -> {len(streamed_ids):,} ids, the same as en
 #   when re-estimating, a common simplification of SentencePiece's expected counts.)
 
 # %%
+catch_up("01_tokenization", "7.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.text.subword import UnigramTokenizer, WordPieceTokenizer
 
 wordpiece = WordPieceTokenizer.train(corpus, vocab_size=VOCAB_SIZE)
@@ -760,6 +779,9 @@ print("WordPiece:", small_wordpiece.tokenize("unigram"))
 # More merges make the text shorter, which makes every sequence cheaper for attention, but each
 # token needs a row in the embedding table (and, untied, another in the output layer). On our
 # corpus:
+
+# %%
+catch_up("01_tokenization", "8.")  # started here after a restart? this runs the sections above
 
 # %%
 all_merges = [m.pair for m in learn_merges(corpus, 10_000)]
@@ -854,6 +876,9 @@ print(f"its embedding table: {gpt2_vocab:,} x {D_MODEL} = {gpt2_embedding:,} par
 # static picture:
 
 # %%
+catch_up("01_tokenization", "9.")  # started here after a restart? this runs the sections above
+
+# %%
 COLOURS = ["#ffd6a5", "#caffbf", "#9bf6ff", "#bdb2ff", "#ffc6ff", "#fdffb6"]
 
 
@@ -889,6 +914,7 @@ class TokenPlayground:
         self.box = widgets.Text(value=text, description="text", layout=widgets.Layout(width="700px"))
         self.tokens = widgets.HTML()
         self.last: list[int] = []  # the ids on screen, for the check below
+        self.start = text
         self.box.observe(self._redraw, names="value")
         self._redraw()
 
@@ -899,6 +925,10 @@ class TokenPlayground:
         """Type `text` into the box, as a student would; return the ids now shown."""
         self.box.value = text
         return self.last
+
+    def reset(self) -> list[int]:
+        """Back to the first text, so that the check below gives the same answer run twice."""
+        return self.set(self.start)
 
     def _ipython_display_(self) -> None:
         display(widgets.VBox([self.box, self.tokens]))
@@ -911,7 +941,7 @@ playground = TokenPlayground("Once upon a time, Zoë found a golden key 🔑.")
 playground
 
 # %%
-before = playground.last
+before = playground.reset()
 after = playground.set("The brave librarian said hello 👋")
 assert after != before and bpe.decode(after) == "The brave librarian said hello 👋"
 assert playground.tokens.value == coloured_tokens("The brave librarian said hello 👋")[0]
@@ -924,6 +954,9 @@ print(f"typing new text re-tokenizes it: {len(before)} tokens before, {len(after
 # ## Check your understanding
 #
 # The numbers in the answers are computed in the cell below.
+
+# %%
+catch_up("01_tokenization", "Check")  # started here after a restart? this runs the sections above
 
 # %%
 chars_per_token = len(corpus) / len(corpus_ids)
@@ -1014,6 +1047,9 @@ print(f"corpus: frequent pairs that end a word and reach into the next: {word_en
 # exist, a folder, an empty file, a binary file (an image, a PDF, a Word document: export those
 # as plain text first) or a file in another encoding than UTF-8 (it names the first bad byte
 # and how to convert the file). Left `None`, the cell only says what it would do.
+
+# %%
+catch_up("01_tokenization", "Optional:")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.lab.own_text import bpe_on_text_file, read_text_file

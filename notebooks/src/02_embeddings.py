@@ -31,6 +31,7 @@ from helpers.text.corpus import TOY_SOUP, load_corpus
 from helpers.lab.exercises import check
 from helpers.lab.plots import heatmap
 from helpers.timing import best_time, format_duration
+from helpers.lab.sections import catch_up
 
 # The tensors of this notebook are small: on them one thread is faster than several that spend
 # their time waiting for each other (and the results do not depend on the number of cores).
@@ -66,6 +67,9 @@ print("ids:", ids.tolist())
 # The oldest way to turn id `i` into a vector: a vector as long as the vocabulary, with a 1 in
 # place `i` and 0 everywhere else. Stacked for the whole vocabulary, these vectors form the
 # identity matrix, which is exactly the slide's 12 x 12 one-hot table.
+
+# %%
+catch_up("02_embeddings", "2.")  # started here after a restart? this runs the sections above
 
 # %%
 one_hot_table = torch.eye(len(SOUP_VOCAB))  # row i is the one-hot vector of token i
@@ -121,6 +125,9 @@ print("one_hot(ids) has shape", tuple(one_hot(ids, len(SOUP_VOCAB)).shape), "and
 # Matrix Magic notes print a 12 x 8 table (`d_model = 8`). We load its numbers, as printed (2
 # decimals), into an `nn.Embedding` and "pluck out" the rows of the slide's batch
 # `idx = [0, 1, 2, 3]` ("I like to eat").
+
+# %%
+catch_up("02_embeddings", "3.")  # started here after a restart? this runs the sections above
 
 # %%
 SLIDE_TOKEN_TABLE = torch.tensor([  # the Matrix Magic notes, "Initialize Token Embeddings Table"
@@ -192,6 +199,9 @@ plucked_mismatches = compare_with_slide(plucked.detach(), SLIDE_PLUCKED, SOUP_VO
 # inner sizes must agree and a (2 x 3) matrix times a (3 x 2) matrix is (2 x 2). The notes show
 # only the first entry, 58, the dot product of the first row with the first column; the cell
 # computes all four.
+
+# %%
+catch_up("02_embeddings", "4.")  # started here after a restart? this runs the sections above
 
 # %%
 a_2x3 = torch.tensor([[1, 2, 3], [4, 5, 6]])
@@ -307,6 +317,9 @@ print("lookup         ", format_duration(by_lookup), f"({by_product / by_lookup:
 # - the **dot product** a.b, large when the vectors are long and point the same way;
 # - the **cosine** a.b / (|a| |b|), the angle alone, from -1 (opposite) to 1 (same direction);
 # - the **distance** |a - b|, small when the vectors are close.
+
+# %%
+catch_up("02_embeddings", "5.")  # started here after a restart? this runs the sections above
 
 # %%
 boy = torch.tensor([10.0, 8.0, 9.0])
@@ -518,6 +531,9 @@ plt.show()
 # layer with no positional information, using our learned word vectors, and compare.
 
 # %%
+catch_up("02_embeddings", "6.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.model.attention import scaled_dot_product_attention
 
 D = word_vectors.shape[1]
@@ -614,6 +630,9 @@ assert not any(with_positions.values())
 # `context_length = 4` positions and `d_model = 8`:
 
 # %%
+catch_up("02_embeddings", "7.")  # started here after a restart? this runs the sections above
+
+# %%
 SLIDE_POSITION_TABLE = torch.tensor([  # the Matrix Magic notes, "Option 1: Learned Positional Embeddings"
     [0.42, 0.16, 0.05, 0.38, 0.05, 0.79, 0.12, 0.27],
     [0.19, 0.50, 0.26, 0.53, 0.71, 0.16, 0.42, 0.32],
@@ -668,6 +687,9 @@ except IndexError as error:
 # table of every angle at once. Start from a table of zeros and fill every even column with the
 # sines of the angles and every odd column with their cosines (a slice with step 2 picks them).
 # </details>
+
+# %%
+catch_up("02_embeddings", "8.")  # started here after a restart? this runs the sections above
 
 # %%
 def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
@@ -831,6 +853,9 @@ plt.show()
 # base makes every pair turn fast, so far-away positions start to look alike.
 
 # %%
+catch_up("02_embeddings", "10.")  # started here after a restart? this runs the sections above
+
+# %%
 def draw_positions(d_model: int, base: float, position: int, n_positions: int = 64) -> dict[str, torch.Tensor]:
     """Draw the sinusoidal table and the cosine of `position`'s row with every row; return both."""
     table = sinusoidal_positions(n_positions, d_model, base)  # (n_positions, d_model)
@@ -870,7 +895,7 @@ explorer
 # `d_model` adds columns, and the similarity curve peaks wherever the chosen position is.
 
 # %%
-first = explorer.last
+first = explorer.reset()
 smaller_base = explorer.set(base=100.0)
 assert not torch.allclose(first["table"], smaller_base["table"])
 wider = explorer.set(d_model=64)
@@ -886,6 +911,9 @@ print("redraws so far:", explorer.redraws)
 # notes mention concatenation too, but adding keeps `d_model` unchanged and is what GPT-2 and the
 # original Transformer do). The Matrix Magic notes add their token rows for "I like to eat" to
 # their learned position rows. Computed next to the slide:
+
+# %%
+catch_up("02_embeddings", "11.")  # started here after a restart? this runs the sections above
 
 # %%
 SLIDE_SUM_TABLE = torch.tensor([  # the Matrix Magic notes, "Token Embeddings (4,8) + Position Embeddings (4,8)"
@@ -1014,6 +1042,9 @@ for bad_input in (ids, torch.tensor([[0, 12]])):
 # Adding a position vector to each token makes the same word at a different place a different
 # input, and all those comparisons then differ.
 # </details>
+
+# %%
+catch_up("02_embeddings", "Check")  # started here after a restart? this runs the sections above
 
 # %%
 print("without positions:", without_positions)

@@ -33,6 +33,7 @@ from helpers.lab.notes_tables import load_notes_tables
 from helpers.lab.plots import heatmap
 from helpers.lab.widgets import Explorer
 from helpers.model.attention import softmax as helper_softmax
+from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
@@ -138,6 +139,9 @@ assert torch.allclose(softmax(big), torch.softmax(big, dim=-1))
 # (number of legs, number of wheels).
 
 # %%
+catch_up("03_attention", "3.")  # started here after a restart? this runs the sections above
+
+# %%
 values = torch.tensor([[4.0, 0.0],    # cat: 4 legs, 0 wheels
                        [4.0, 0.0],    # dog
                        [0.0, 4.0]])   # car
@@ -156,6 +160,9 @@ print(f"answer: {answer[0]:.2f} legs, {answer[1]:.2f} wheels")
 # Stacking the queries as rows of $Q$ and the keys as rows of $K$, all the dot products are
 # one matrix product $QK^\top$. Dividing by $\sqrt{d_k}$ is the "scaled" in the name (section 5
 # shows why it is there), the softmax runs along each row, and the output is $AV$.
+
+# %%
+catch_up("03_attention", "4.")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # ### Exercise 2: scaled dot-product attention
@@ -429,6 +436,9 @@ print(f"learned numbers: {learned} = d_in x (2 d_k + d_v) = 6 x (2 x 4 + 3); eve
 # The USF notes take one query whose scores over three keys are $[20, 0, -20]$,
 # and the same scores divided by 8, $[2.5, 0, -2.5]$. We compute both in float64 with enough
 # digits to see what happens.
+
+# %%
+catch_up("03_attention", "5.")  # started here after a restart? this runs the sections above
 
 # %%
 def show_softmax(scores: list[float]) -> torch.Tensor:
@@ -769,7 +779,7 @@ explorer = Explorer(draw_saturation, d_k=widgets.SelectionSlider(options=D_KS, v
 explorer
 
 # %%
-mid_head = explorer.last  # d_k = 256, as drawn when the widget was made
+mid_head = explorer.reset()  # d_k = 256, as drawn when the widget was made
 big_head = explorer.set(d_k=1024)
 assert big_head["max_weight_unscaled"] > mid_head["max_weight_unscaled"], "unscaled weights saturate with d_k"
 assert big_head["grad_unscaled"] < mid_head["grad_unscaled"], "and the gradient drops"
@@ -787,6 +797,9 @@ print(f"slider d_k 256 -> 1024: largest unscaled weight {mid_head['max_weight_un
 # $d_q = d_k = 4$), then an attention matrix $QK^\top$ and its scaled version. We read its
 # inputs from `data/notes_tables.txt`, where every table the notes print is typed in as on the
 # slides, and compute.
+
+# %%
+catch_up("03_attention", "6.")  # started here after a restart? this runs the sections above
 
 # %%
 TOKENS_MAGIC = ["I", "like", "to", "eat"]
@@ -925,6 +938,9 @@ print(f"\nGPT-3 (N = {gpt3_n}, {gpt3_heads} heads): {per_head:,} attention weigh
 # layer of exercise 3 (the helper's, until yours passes):
 
 # %%
+catch_up("03_attention", "7.")  # started here after a restart? this runs the sections above
+
+# %%
 torch.manual_seed(3)
 x = torch.randn(5, 6, dtype=torch.float64)
 perm = torch.tensor([3, 0, 4, 1, 2])
@@ -952,6 +968,9 @@ print("SelfAttn(P X) == P SelfAttn(X) for the permutation", perm.tolist())
 # encoder's output supplies the **keys and values**: cross-attention. Self-attention takes all
 # three from the same tokens. One layer with the same learned weights serves both: only the inputs
 # differ, and with them the shape of the attention weights.
+
+# %%
+catch_up("03_attention", "8.")  # started here after a restart? this runs the sections above
 
 # %%
 torch.manual_seed(4)
@@ -987,6 +1006,9 @@ plt.show()
 # and almost no gradient reaches $Q$ and $K$ (5b, 5d). Dividing by $\sqrt{d_k}$ restores
 # variance 1 whatever the head size. The cell below computes it for a head of size 512.
 # </details>
+
+# %%
+catch_up("03_attention", "Check")  # started here after a restart? this runs the sections above
 
 # %%
 g = torch.Generator().manual_seed(5)

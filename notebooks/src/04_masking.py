@@ -30,6 +30,7 @@ from helpers.text.corpus import TOY_CAT, TOY_SOUP
 from helpers.lab.exercises import check, yours_or
 from helpers.lab.plots import heatmap
 from helpers.lab.widgets import Explorer
+from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
@@ -115,6 +116,9 @@ for name, scores in (("the notes' scores", MATRIX_MAGIC_SCALED), ("unit-variance
 #
 # The Matrix Magic notes exponentiate the masked scores, add each row up, and divide. We do the
 # same with $-\infty$ and set the notes' printed exponentials beside ours.
+
+# %%
+catch_up("04_masking", "3.")  # started here after a restart? this runs the sections above
 
 # %%
 exps = torch.exp(masked_scores)
@@ -203,6 +207,9 @@ print("all 16 entries, rounded to two decimals, equal the notes':", torch.equal(
 # PyTorch's `is_causal=True`.
 
 # %%
+catch_up("04_masking", "4.")  # started here after a restart? this runs the sections above
+
+# %%
 assert torch.equal(causal_mask(4), allowed)
 torch.manual_seed(2)
 q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8)  # (batch, heads, N, d)
@@ -261,6 +268,9 @@ check("masking.causal_softmax", my_causal_softmax)
 # 0-filled "mask", and with no mask at all.
 
 # %%
+catch_up("04_masking", "5.")  # started here after a restart? this runs the sections above
+
+# %%
 SENTENCE = "I like to eat soup . I am a good cook".split()
 n = len(SENTENCE)
 torch.manual_seed(3)
@@ -301,6 +311,9 @@ assert (moved["causal, 0 fill"][:edit_from] > 0).all() and (moved["no mask"][:ed
 # padding_mask(lengths, n_k)` returns a boolean tensor of shape `(B, 1, 1, n_k)`: True on the
 # real tokens. The two 1s broadcast over heads and queries, so it combines with a causal mask by
 # `&`.
+
+# %%
+catch_up("04_masking", "6.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.model.attention import padding_mask
@@ -404,6 +417,9 @@ check("masking.padding_mask", my_padding_mask)
 # same position. Combine left padding with a causal mask and the first queries are pads whose
 # only visible keys are pads: every key in their row is masked. What does the softmax of a row of
 # $-\infty$ give?
+
+# %%
+catch_up("04_masking", "7.")  # started here after a restart? this runs the sections above
 
 # %%
 left_padded = ["<pad>", "<pad>", "Soup", "is", "yummy", "."]
@@ -519,6 +535,9 @@ assert nothing_to_see
 # values are the encoder's outputs: those are all known, so it is not causal either.
 
 # %%
+catch_up("04_masking", "8.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.model.attention import bidirectional_mask
 
 encoder_out, encoder_w = self_attention(X, bidirectional_mask(4))
@@ -572,6 +591,9 @@ for name, mask in (("encoder", bidirectional_mask(4)), ("decoder", causal_mask(4
 # add the entries whose offset leaves remainder zero when divided by the stride. Mark the global
 # tokens in a boolean vector of length n and add their rows and their columns. With causal, keep
 # only the entries whose offset is zero or positive.</details>
+
+# %%
+catch_up("04_masking", "9.")  # started here after a restart? this runs the sections above
 
 # %%
 def my_sparse_mask(n: int, window: int | None = None, stride: int | None = None,
@@ -741,7 +763,7 @@ explorer = Explorer(draw_query_view,
 explorer
 
 # %%
-start = explorer.last  # local + global, query 10, causal
+start = explorer.reset()  # local + global, query 10, causal
 query_3 = explorer.set(query=3)
 strided_3 = explorer.set(name="strided")
 two_sided = explorer.set(causal=False)
@@ -764,6 +786,9 @@ print("local + global, query 10:", start["visible"], "| query 3:", query_3["visi
 # not exist yet. The causal mask makes training see exactly what generation will see. The cell
 # computes it: the last token changes the first token's output without the mask, not with it.
 # </details>
+
+# %%
+catch_up("04_masking", "Check")  # started here after a restart? this runs the sections above
 
 # %%
 for name, mask in (("no mask", None), ("causal mask", causal_mask(4))):

@@ -30,6 +30,7 @@ from helpers.model.attention import causal_mask, scaled_dot_product_attention
 from helpers.lab.exercises import check
 from helpers.lab.plots import heatmap
 from helpers.lab.widgets import Explorer
+from helpers.lab.sections import catch_up
 
 # The tensors here are tiny: one thread is faster than splitting each product across several.
 torch.set_num_threads(1)
@@ -65,6 +66,9 @@ print("two heads:", two_heads.round(decimals=2))
 # The heads' outputs are concatenated to `[N x H·D_H]` and multiplied by `W_O` of shape
 # `[H·D_H x D]`. Here `H·D_H = D`, the usual choice (the USF notes), so `W_O` is square; the Matrix Magic notes use
 # four heads of size 4 on an 8-wide input, so their `W_O` is 16 x 8.
+
+# %%
+catch_up("05_multihead_attention", "2.")  # started here after a restart? this runs the sections above
 
 # %%
 tokens_matrix_magic = ["I", "like", "to", "eat"]
@@ -139,6 +143,9 @@ print("SeparateHeadsAttention == plain code:", torch.allclose(from_module, multi
 # `[B, N, H·D_H]` into `[B, H, N, D_H]` and back. You write both first; then a cell does the four
 # steps by hand with them on a batch of two sequences (the Matrix Magic sentence and the same tokens
 # reversed) and asserts every shape.
+
+# %%
+catch_up("05_multihead_attention", "3.")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # ### Exercise: split the heads
@@ -404,6 +411,9 @@ with torch.no_grad():  # PyTorch keeps W_Q, W_K, W_V stacked in one (3·D, D) ma
 # the heads' results are combined: without it, output feature `j` would come from one head only.
 
 # %%
+catch_up("05_multihead_attention", "4.")  # started here after a restart? this runs the sections above
+
+# %%
 per_head = [head_outputs[h] @ W_O[h * D_H:(h + 1) * D_H] for h in range(H)]  # H x (N, D)
 assert torch.allclose(sum(per_head), multi_head_plain, atol=1e-6)
 print("concat(heads) @ W_O == sum over heads of head_h @ W_O[block h]:",
@@ -424,6 +434,9 @@ print("concat(heads) @ W_O == sum over heads of head_h @ W_O[block h]:",
 # - **head 3, average**: all query weights are zero, so every score is 0 and the weights are uniform.
 #
 # Matching vectors get a dot product of `STRENGTH²`, far above the others, so the softmax picks them.
+
+# %%
+catch_up("05_multihead_attention", "5.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.text.corpus import TOY_CAT, TOY_SOUP, load_corpus
@@ -555,7 +568,7 @@ explorer = Explorer(
 explorer
 
 # %%
-before = explorer.last
+before = explorer.reset()
 after_head = explorer.set(head=0)
 assert after_head.shape == before.shape and not np.allclose(after_head, before)
 after_sentence = explorer.set(sentence=sentences[0])
@@ -594,6 +607,9 @@ print("outputs 0-3 unchanged when tokens 4-5 change:", torch.equal(mha(x_changed
 # serves a group of `H / H_kv` query heads. Multi-query attention (MQA) is the extreme `H_kv = 1`.
 # In `MultiHeadAttention` this is the argument `n_kv_heads`: `k_proj` and `v_proj` produce only
 # `H_kv · D_H` features, and each key/value head is repeated for its group before attention.
+
+# %%
+catch_up("05_multihead_attention", "6.")  # started here after a restart? this runs the sections above
 
 # %%
 for n_kv_heads in (8, 2, 1):
@@ -722,6 +738,9 @@ print(f"GQA-8 saves a factor {cache['GPT-3 175B', 'MHA'] // cache['GPT-3 175B', 
 # the other sentence, whatever its position there.
 
 # %%
+catch_up("05_multihead_attention", "7.")  # started here after a restart? this runs the sections above
+
+# %%
 queries, context = words(cross_query), words(cross_context)
 out = wired(embed(queries), context=embed(context))
 cross_weights = wired.last_weights
@@ -753,6 +772,9 @@ plt.show()
 # `[B, H, N, D_H]`, the weights `[B, H, N, N]`, the merged heads `[B, N, D]` before `W_O`. The
 # cell below prints them for GPT-2 small.
 # </details>
+
+# %%
+catch_up("05_multihead_attention", "Check")  # started here after a restart? this runs the sections above
 
 # %%
 d_model, n_heads, n_batch, n_tokens = 768, 12, 8, 1024

@@ -32,6 +32,7 @@ from torch import nn
 
 from helpers.lab.exercises import check
 from helpers.lab.plots import heatmap
+from helpers.lab.sections import catch_up
 
 # The tensors here are tiny: one thread is faster than splitting each product across several.
 torch.set_num_threads(1)
@@ -240,6 +241,9 @@ for layer in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
 # in Llama and most recent models.
 
 # %%
+catch_up("06_layers", "3.")  # started here after a restart? this runs the sections above
+
+# %%
 z = torch.linspace(-4, 4, 401)
 fig, ax = plt.subplots(figsize=(8, 4.5))
 ax.plot(z, F.relu(z), label="ReLU: max(0, z)")
@@ -376,6 +380,9 @@ print("FFN in eval mode,  same input twice -> same output?", torch.equal(ffn(x),
 # gradient norm that reaches each layer's weights.
 
 # %%
+catch_up("06_layers", "4.")  # started here after a restart? this runs the sections above
+
+# %%
 N_LAYERS, WIDTH = 24, 64
 torch.manual_seed(0)
 stack = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(N_LAYERS))
@@ -429,6 +436,9 @@ plt.show()
 # measures both readings with branches that match the assumption (a random linear map with
 # weights of variance `1/D` after a LayerNorm gives unit-std outputs), and then the real attention
 # and FFN branches of `helpers.model.layers.Block` at PyTorch's default initialisation.
+
+# %%
+catch_up("06_layers", "5.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.model.layers import Block
@@ -513,6 +523,9 @@ plt.show()
 # inputs through 10 square linear layers of width 512, with Xavier's variance, with "naive"
 # weights of variance 1, and with PyTorch's `nn.Linear` default (variance `1/(3 · fan_in)`), in
 # float64.
+
+# %%
+catch_up("06_layers", "6.")  # started here after a restart? this runs the sections above
 
 # %%
 WIDTH_X, LAYERS_X = 512, 10
@@ -660,6 +673,9 @@ plt.show()
 # We measure how far the `N` token vectors are from all being equal: the size of what is left
 # after subtracting the mean token, relative to the whole, `‖X - 1·meanᵀ‖ / ‖X‖`. It is 0 for
 # `N` copies of one vector.
+
+# %%
+catch_up("06_layers", "7.")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # ### Exercise: distance from rank one
@@ -818,6 +834,9 @@ plt.show()
 # them. The LayerNorms go through `norm`: your `my_layer_norm` from section 1 once it passes its
 # check, the course's `layer_norm` until then.
 
+# %%
+catch_up("06_layers", "8.")  # started here after a restart? this runs the sections above
+
 # %% [markdown]
 # ### Exercise: the transformer block
 #
@@ -923,6 +942,9 @@ plt.show()
 # channel: each branch reads it and adds its contribution. Without skips, a stack of attention
 # layers loses rank (section 7).
 # </details>
+
+# %%
+catch_up("06_layers", "Check")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # **2. Why LayerNorm, and why not BatchNorm?**

@@ -41,6 +41,7 @@ from helpers.model.layers import Block, FeedForward, LayerNorm
 from helpers.model.multihead import MultiHeadAttention, merge_heads, split_heads
 from helpers.lab.plots import heatmap
 from helpers.timing import format_duration
+from helpers.lab.sections import catch_up, refuse_untrained
 
 # Two cores, often shared with other work (a browser, a video call): one thread per product
 # avoids threads waiting for each other. On a quiet machine with more cores, delete this line.
@@ -125,6 +126,9 @@ for bad in (lambda: GPTConfig(d_model=130, n_heads=4), lambda: model(torch.tenso
 # the notebook, with the notes' own weights: they print `W_O`, the FFN's two matrices and the LM
 # head, so every later table of theirs can be recomputed and checked. Every table the notes print
 # is read from one fixture, `data/notes_tables.txt`, by one call.
+
+# %%
+catch_up("07_gpt", "2.")  # started here after a restart? this runs the sections above
 
 # %%
 toy_vocab = ["I", "like", "to", "eat", "soup", "am", "a", "good", "cook", ".", "is", "yummy"]
@@ -226,6 +230,9 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # gain and a bias of `d` each. Multiply by the number of blocks, then add the token table
 # (vocabulary by `d`, once), the position table (context by `d`) and the final LayerNorm.
 # </details>
+
+# %%
+catch_up("07_gpt", "3.")  # started here after a restart? this runs the sections above
 
 # %%
 def gpt_parameters(n_layers: int, d_model: int, vocab_size: int, context_length: int) -> int:
@@ -438,6 +445,9 @@ for name, split in splits.items():
 # line: quoted speech, questions, numbers in digits and in words, dates and clock times. We read
 # it one character at a time: the vocabulary is every character that occurs, and a model that
 # must spell every word is the hardest test of what it learned.
+
+# %%
+catch_up("07_gpt", "4.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.text.chars import CharTokenizer
@@ -1021,6 +1031,9 @@ plt.show()
 # ways:
 
 # %%
+catch_up("07_gpt", "5.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.model.generation import sample_next
 
 prompt_text = "On Monday, the 3rd of May, Mia walked to the "
@@ -1190,6 +1203,9 @@ print("training raised the well-formed share from", quality_before, "to more tha
 # key, divide by the square root of `d_h`, take the softmax over the keys, and weight the values
 # with it. Return the output and the two grown tensors.
 # </details>
+
+# %%
+catch_up("07_gpt", "6.")  # started here after a restart? this runs the sections above
 
 # %%
 def cache_step(x_new: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,
@@ -1367,10 +1383,15 @@ for name, (n_layers, n_heads, head_dim, n_tokens) in {"GPT-2 small, 1024 tokens"
 # a query character; it can only look left (the causal mask).
 
 # %%
+catch_up("07_gpt", "7.")  # started here after a restart? this runs the sections above
+
+# %%
 sentence_text = next(line for line in val_text.splitlines() if 20 <= len(line) <= 26)
 sentence_ids = torch.tensor([tokenizer.encode(sentence_text)])
 with torch.no_grad():
-    model(sentence_ids)
+    sentence_logits = model(sentence_ids)
+sentence_loss = F.cross_entropy(sentence_logits[0, :-1], sentence_ids[0, 1:]).item()
+refuse_untrained(sentence_loss, tokenizer.vocab_size)  # an untrained model's maps show nothing
 chars = [c if c != " " else "␣" for c in sentence_text]
 print(repr(sentence_text), f"{len(chars)} characters")
 for layer, blk in enumerate(model.blocks):
@@ -1398,6 +1419,9 @@ for layer, blk in enumerate(model.blocks):
 #
 # **The mask.** One `Block`, run with and without the causal mask: change the last token, and
 # see which outputs move.
+
+# %%
+catch_up("07_gpt", "8.")  # started here after a restart? this runs the sections above
 
 # %%
 torch.manual_seed(0)
@@ -1480,6 +1504,9 @@ print(f"one random masking of {window_length} positions hid {int(masked.sum())}"
 # cannot run code hidden in a file.
 
 # %%
+catch_up("07_gpt", "9.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.model.checkpoints import load_checkpoint, save_checkpoint
 
 with tempfile.TemporaryDirectory() as folder:
@@ -1524,6 +1551,9 @@ print("restored model gives identical logits:", same, "| still tied:", restored.
 # here:
 
 # %%
+catch_up("07_gpt", "10.")  # started here after a restart? this runs the sections above
+
+# %%
 # NBVAL_IGNORE_OUTPUT
 # Speeds depend on the machine and on whatever else runs on it; benchmarks/bench_train.py holds the budget.
 bench_config = GPTConfig(vocab_size=70, context_length=64, n_layers=4, n_heads=4, d_model=128)
@@ -1558,6 +1588,9 @@ print(f"plain path {speeds['plain']:,.0f} tokens/s, fast path {speeds['fast']:,.
 # masked tokens and produce representations; decoders learn to predict the next token and
 # generate. A decoder-only GPT has no encoder and so no cross-attention at all.
 # </details>
+
+# %%
+catch_up("07_gpt", "Check")  # started here after a restart? this runs the sections above
 
 # %%
 d = 768
@@ -1644,6 +1677,9 @@ print(f"GPT-2 small cache, 1024 tokens, fp16: {2 * 12 * 12 * 64 * 1024 * 2 / 1e6
 # GPU, give text that sounds more like yours. Left `None`, the cell only says what it would do.
 
 # %%
+catch_up("07_gpt", "Optional: your")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.lab.own_text import gpt_on_text_file
 
 MY_TEXT_FILE = None  # <- the path of a UTF-8 text file, such as "my_book.txt"
@@ -1682,6 +1718,9 @@ else:
 # cached paths), the same token ids on arbitrary Unicode. The cell below shows GPT-2's byte
 # table: the bytes that print as themselves keep their character, the others are moved to
 # characters from 256 up, so that the space becomes `Ġ`.
+
+# %%
+catch_up("07_gpt", "Optional: GPT-2's")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.text.gpt2_tokenizer import bytes_to_unicode
@@ -1738,6 +1777,9 @@ else:
 # Each step, computed from the notes' own input to it, against the notes' table for it. The
 # largest entry-wise gap tells whether the table follows from its inputs; the tables are printed
 # to two decimals (the FFN weights to one), so gaps of a few hundredths are rounding.
+
+# %%
+catch_up("07_gpt", "Appendix:")  # started here after a restart? this runs the sections above
 
 # %%
 print("the Matrix Magic notes' tables, read from data/notes_tables.txt:")

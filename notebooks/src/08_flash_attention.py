@@ -32,6 +32,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 print("Triton kernels will be", "interpreted on the CPU" if os.environ.get("TRITON_INTERPRET") == "1"
       else "compiled for the GPU")
+from helpers.lab.sections import catch_up
 
 # %%
 import inspect
@@ -289,6 +290,9 @@ print(f"online log-sum-exp: {(huge_max + huge_sum.log()).item():.6f} | torch.log
 # $\ell^{new}_i$. Lines 10 and 11 are the merge of Exercise 1. The paper's listing leaves out the
 # $1/\sqrt{d}$ scaling of the scores.
 
+# %%
+catch_up("08_flash_attention", "3.")  # started here after a restart? this runs the sections above
+
 # %% [markdown]
 # ### Exercise 2: Algorithm 1 in PyTorch
 # Write `algorithm_1(Q, K, V, block_r, block_c)` for one head, returning $O$ ($N \times d$).
@@ -398,6 +402,9 @@ print("helpers.flash.tiled.tiled_attention_fa1 agrees with it to 1e-12")
 # weights times the value tile to the accumulator. Compute every exponential with the course's
 # `exp_shifted`, so that a fully masked row (maximum $-\infty$) gives no NaN.
 # </details>
+
+# %%
+catch_up("08_flash_attention", "4.")  # started here after a restart? this runs the sections above
 
 # %%
 def my_tile_step(row_max: torch.Tensor, row_sum: torch.Tensor, acc: torch.Tensor,
@@ -510,6 +517,9 @@ print(f"divisions of output elements per head (N={N}, d={D}): FA-1 {key_tiles * 
 # to the final attention output: it reaches 0 when the tile's last key tile is folded in.
 
 # %%
+catch_up("08_flash_attention", "5.")  # started here after a restart? this runs the sections above
+
+# %%
 torch.manual_seed(2)
 N_WATCH, TILE = 16, 4
 q_watch, k_watch, v_watch = (torch.randn(N_WATCH, 4, dtype=torch.float64) for _ in range(3))
@@ -598,6 +608,9 @@ print(f"query tile 3: off by {first_key_tile['error_vs_final']:.3f} after key ti
 # where $D_i = \sum_j P_{ij}\, dP_{ij} = \text{rowsum}(dO_i \circ O_i)$, one number per query,
 # computed once from $O$. `helpers.flash.tiled.flash_attention` is a `torch.autograd.Function` with this
 # backward. `gradcheck` compares it with finite differences in float64, with a mask and causal:
+
+# %%
+catch_up("08_flash_attention", "6.")  # started here after a restart? this runs the sections above
 
 # %%
 torch.manual_seed(3)
@@ -725,6 +738,9 @@ print(f"P: {p_bytes / 2**30:.1f} GiB per layer; log-sum-exp: {lse_bytes / 2**20:
 # (for 4-D `(B, H, N, d)` inputs).
 
 # %%
+catch_up("08_flash_attention", "7.")  # started here after a restart? this runs the sections above
+
+# %%
 SEQ_LENS = [256, 512, 1024, 2048, 4096]
 HEADS_CPU, TILE_CPU = 2, 256
 print(f"B=1, H={HEADS_CPU}, d=64, float32; tiled with {TILE_CPU} x {TILE_CPU} tiles")
@@ -815,6 +831,9 @@ for name, seconds in times.items():
 # - tile sizes must be powers of two, so a head dimension like 80 is padded to 128 with zeros.
 
 # %%
+catch_up("08_flash_attention", "8.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.flash import triton_attention, triton_kernels
 
 if triton_attention.triton_available():
@@ -898,6 +917,9 @@ if triton_attention.triton_available():
 # finished softmax in one step, with no running max or sum to redo. That is why the forward
 # returns $L$: saving it costs $N$ numbers, saving $P$ would cost $N^2$ (section 6 printed both).
 # The price is recomputation, paid in FLOPs, which the GPU has to spare.
+
+# %%
+catch_up("08_flash_attention", "9.")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # **Two kernels.** $dQ_i$ sums over key tiles, $dK_j$ and $dV_j$ over query tiles. One program
@@ -1198,6 +1220,9 @@ print(f"training, {len(losses['sdpa'])} steps: final loss SDPA {losses['sdpa'][-
 # ## Check your understanding
 #
 # The answers use numbers computed in the cell just below.
+
+# %%
+catch_up("08_flash_attention", "Check")  # started here after a restart? this runs the sections above
 
 # %%
 training, inference = programs(64, 16, 1024, "FA-2"), programs(1, 16, 16384, "FA-2")

@@ -42,6 +42,7 @@ from torch import nn
 from helpers.model.embeddings import sinusoidal_positions
 from helpers.lab.exercises import check, yours_or
 from helpers.lab.plots import heatmap
+from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
@@ -258,7 +259,7 @@ explorer
 # score, a new offset changes the score.
 
 # %%
-first = explorer.last
+first = explorer.reset()
 moved = explorer.set(position=40)
 assert moved["q_pair"] != first["q_pair"] and abs(moved["score"] - first["score"]) < 1e-4
 wider = explorer.set(offset=20)
@@ -299,6 +300,9 @@ print("redraws so far:", explorer.redraws)
 # them by the table gives one N by N table per head; flip the sign; and set the entries of keys
 # after the query (negative distances) to zero.
 # </details>
+
+# %%
+catch_up("09_modern_decoder", "2.")  # started here after a restart? this runs the sections above
 
 # %%
 def my_alibi_bias(slopes: torch.Tensor, n_tokens: int) -> torch.Tensor:
@@ -435,6 +439,9 @@ print("last query's weights on keys 0..5, per head:\n", weights[0, :, 5].numpy()
 # </details>
 
 # %%
+catch_up("09_modern_decoder", "3.")  # started here after a restart? this runs the sections above
+
+# %%
 def my_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x: (..., D); weight: (D,) -> (..., D), each token divided by its own root mean square."""
     ### BEGIN SOLUTION
@@ -544,6 +551,9 @@ print(f"per token: all 64 heads {full_heads / 2**20:.2f} MiB, 8 KV heads {groupe
 # `t` rotates only its own query and key; the stored keys never move, and the scores come out as
 # in a full pass. The cell checks it: logits of a 24-token sequence fed one token at a time equal
 # those of one full pass.
+
+# %%
+catch_up("09_modern_decoder", "6.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.model.kv_cache import KVCache
@@ -713,6 +723,9 @@ if transformers is not None:
 # Thirty training runs take about ten minutes on a laptop CPU, too long for this notebook, so the
 # script ran them once and committed its table (`data/modern_ablation.json`); the cell reads it
 # and names the command that reproduces it. `tests/benchmarks/test_bench_modern_ablation.py` reruns a short version.
+
+# %%
+catch_up("09_modern_decoder", "7.")  # started here after a restart? this runs the sections above
 
 # %%
 import json
@@ -1024,6 +1037,9 @@ assert ntk[2] < length_losses["rope"][2] - 0.2 and ntk[0] < length_losses["rope"
 #
 # `helpers.training.muon.split_for_muon` sorts a model's weights that way. Here is a real
 # gradient, of the first block's SwiGLU `up` matrix in section 7's trained RoPE model, on one batch:
+
+# %%
+catch_up("09_modern_decoder", "8.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.training.muon import split_for_muon
@@ -1523,6 +1539,9 @@ assert all(m < a for a, m in zip(adamw_same, muon_losses, strict=True))
 # scores at a fixed offset ranged over the value printed in section 1). Rotations also keep
 # lengths, so RoPE changes no vector's size.
 # </details>
+
+# %%
+catch_up("09_modern_decoder", "Check")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # **2. The textbook section's exercise 5: an ALiBi-style buffer.** What shape, where is it added,

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from helpers.lab.exercises import check, yours_or
 from helpers.lab.plots import heatmap
 from helpers.timing import format_duration
+from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
@@ -132,6 +133,9 @@ assert torch.equal(target_in[0, 1:][target[0, :-1] != EOS_ID], target[0, :-1][ta
 #
 # `e_j = v . tanh(W_s s + W_h h_j)`,  `a = softmax(e)` over the real source tokens,
 # `c = sum_j a_j h_j`, then the GRU cell reads `[previous word; c]`.
+
+# %%
+catch_up("10_encoders", "2.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.families.rnn import AttentionGRUSeq2Seq
@@ -333,6 +337,9 @@ plt.show()
 # `[N_Q x N_X]`, weights `A = softmax(E)` over the keys, output `Y = A V` `[N_Q x D_V]`. Here
 # `N_Q = N` target tokens, `N_X = M` source tokens, and with a batch `B` and `H` heads every shape
 # gains two axes in front.
+
+# %%
+catch_up("10_encoders", "3.")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # ### Exercise: the cross-attention shapes
@@ -567,6 +574,9 @@ plt.show()
 # (the share of target tokens right at their place), by source length.
 
 # %%
+catch_up("10_encoders", "4.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.families.seq2seq import greedy_decode
 
 source, _, target = make_batch(data, test_ids)
@@ -624,6 +634,9 @@ assert t_exact.float().mean() > 0.8 and t_tokens.mean() > 0.95
 # the flattened table gives the row by whole division by the vocabulary size, and the token as the
 # remainder.
 # </details>
+
+# %%
+catch_up("10_encoders", "5.")  # started here after a restart? this runs the sections above
 
 # %%
 def beam_step(scores: torch.Tensor, log_probs: torch.Tensor, width: int) -> tuple:
@@ -706,6 +719,9 @@ for i in range(3):
 # adjective before its noun, and a verb that Grammish moves to the end of its clause.
 
 # %%
+catch_up("10_encoders", "6.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.families.translation import ADJECTIVES, PAST_VERBS
 
 
@@ -769,7 +785,7 @@ explorer
 # other words.
 
 # %%
-first = explorer.last
+first = explorer.reset()
 other_head = explorer.set(head=1)
 other_sentence = explorer.set(sentence=list(sentence_choices)[1])
 assert not torch.equal(first, other_head)
@@ -810,6 +826,9 @@ print("redraws so far:", explorer.redraws)
 # mask id, one between 0.8 and 0.9 becomes a random word drawn (with the generator) from
 # `first_word_id` up to the vocabulary size, and the rest stay as they are.
 # </details>
+
+# %%
+catch_up("10_encoders", "7.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.families.mlm import IGNORE
@@ -1011,6 +1030,9 @@ print(f"gap per seed: {' '.join(f'{g:+.3f}' for g in gaps)}; mean {sum(gaps) / 3
 # trained at equal cost: the comparison is a bound each model passes, not a ranking. We compare
 # the three models' **teacher-forced** token accuracy on the test split (each target word
 # predicted from the true words before it).
+
+# %%
+catch_up("10_encoders", "8.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.model.gpt import GPT, GPTConfig

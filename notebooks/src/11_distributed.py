@@ -55,6 +55,7 @@ from helpers.scale.parallelism import (
 from helpers.scale.sharded import train_fsdp, train_zero_by_hand, train_zero_torch
 from helpers.scale.tensor_parallel import demo_block, dtensor_mlp, tensor_parallel_block
 from helpers.timing import format_duration
+from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # two processes will share the cores with this one
 
@@ -288,6 +289,9 @@ plt.show()
 # tied weights) standing in for the two ranks:
 
 # %%
+catch_up("11_distributed", "2.")  # started here after a restart? this runs the sections above
+
+# %%
 run = Run(model="gpt", batch_size=8)
 inputs, targets = make_batch(run, step=0)          # (8, 16) token ids each
 whole = make_model(run)
@@ -428,6 +432,9 @@ for model_name in ("mlp", "gpt"):
 # the larger share in mixed precision, so sharding it saves more:
 
 # %%
+catch_up("11_distributed", "3.")  # started here after a restart? this runs the sections above
+
+# %%
 gpt2 = GPTConfig.gpt2_small()
 by_precision = {precision: memory_per_rank(exact_parameters(gpt2), world_size=8, precision=precision)
                 for precision in ("fp32", "mixed")}
@@ -560,6 +567,9 @@ assert sum(r["state_bytes"] for r in results) == results[0]["full_state_bytes"]
 # </details>
 
 # %%
+catch_up("11_distributed", "4.")  # started here after a restart? this runs the sections above
+
+# %%
 def split_mlp(up_weight: torch.Tensor, up_bias: torch.Tensor, down_weight: torch.Tensor,
               rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """up_weight (hidden, D), up_bias (hidden,), down_weight (D, hidden) -> this rank's slices,
@@ -654,6 +664,9 @@ for rank, result in enumerate(results):
 # rank and bf16 values (2 bytes). GPT-3's sizes: 96 layers, `d_model = 12288`, 2048 tokens.
 
 # %%
+catch_up("11_distributed", "5.")  # started here after a restart? this runs the sections above
+
+# %%
 gpt3 = GPTConfig(vocab_size=50257, context_length=2048, n_layers=96, n_heads=96, d_model=12288)
 models = {"GPT-2 small": gpt2, "GPT-3 175B": gpt3}
 for name, config in models.items():
@@ -722,6 +735,9 @@ plt.show()
 # cluster (`python -m torch.distributed.run` is `torchrun`):
 
 # %%
+catch_up("11_distributed", "6.")  # started here after a restart? this runs the sections above
+
+# %%
 package_root = str(Path(helpers.__file__).resolve().parent.parent)  # so the processes find helpers
 command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "helpers.scale.data_parallel"]  # --standalone: one machine, a free port
@@ -745,6 +761,9 @@ print("   ", done.stdout.strip().splitlines()[-1], "|", format_duration(time.per
 # 3, gathered again:
 
 # %%
+catch_up("11_distributed", "What")  # started here after a restart? this runs the sections above
+
+# %%
 for size in sizes:
     print(f"all-reduce of {readable_bytes(4 * size):>8} on 2 processes: {format_duration(slowest[size])}")
 print(f"the fit: a message's latency {format_duration(latency)}; each MB sent {format_duration(1e6 / bandwidth)}")
@@ -766,6 +785,9 @@ print(f"ZeRO-1, AdamW state per rank of the tiny GPT: {results_zero[0]['state_by
 # backward reruns the unit's forward from its saved input, so no full weight survives between
 # the passes; torch's FSDP keeps the graph and refills the freed storage instead.) This is what
 # section 3's `fully_shard` did on the same workers; here every collective is in plain sight.
+
+# %%
+catch_up("11_distributed", "7.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.scale.fsdp import memory_table, train_fsdp_by_hand, train_reference
@@ -1162,6 +1184,9 @@ print("processes still running:", len(workers.processes))
 # parallelism (the layers), sequence/context parallelism (the tokens) and expert parallelism (the
 # experts of an MoE layer). Section 5's table gives what each sends per step.
 # </details>
+
+# %%
+catch_up("11_distributed", "Check")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # **2. Why do 2 processes with half the batch each end with the same weights as 1 process?**

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.lab.exercises import check
+from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
@@ -277,7 +278,7 @@ load_explorer = Explorer(
 load_explorer
 
 # %%
-first = load_explorer.last
+first = load_explorer.reset()
 roomier = load_explorer.set(capacity_factor=2.0)
 assert roomier["capacity"] > first["capacity"] and roomier["dropped"] < first["dropped"]
 print("redraws so far:", load_explorer.redraws)
@@ -611,6 +612,9 @@ assert sum(r["rows_computed"] for r in results) == 2 * 16 * 2   # every assignme
 # W_UV_h Σ_j a_j c_j`: sum the latents first, project once. By hand, for one head:
 
 # %%
+catch_up("12_frontier_decoder", "2.")  # started here after a restart? this runs the sections above
+
+# %%
 torch.manual_seed(0)
 r, d_nope, n_keys = 6, 4, 5
 q = torch.randn(d_nope)                  # one head's query (its non-rotated part)
@@ -749,6 +753,9 @@ else:
 # notebook 4's local mask, as a band. Its cache then never needs more than `W` tokens. Write them
 # in a **ring buffer** of `W` slots: token `t` goes to slot `t mod W`, overwriting token `t - W`,
 # which no later query can see anyway.
+
+# %%
+catch_up("12_frontier_decoder", "3.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.model.sliding import (
@@ -920,7 +927,7 @@ cache_explorer = Explorer(
 cache_explorer
 
 # %%
-before = cache_explorer.last
+before = cache_explorer.reset()
 after = cache_explorer.set(window=4096)
 assert after["at_128k"] > before["at_128k"]
 print("redraws so far:", cache_explorer.redraws)
@@ -942,6 +949,9 @@ except ValueError as error:
 # splitting them into heads; the helper here is the per-head form.)
 # Two dense models, same seed and a high learning rate, with and without it; we record each
 # step's largest attention logit:
+
+# %%
+catch_up("12_frontier_decoder", "4.")  # started here after a restart? this runs the sections above
 
 # %%
 QK_STEPS = 60  # the knob

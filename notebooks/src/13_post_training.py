@@ -31,6 +31,7 @@ from helpers.lab.exercises import check, yours_or
 from helpers.model.generation import generate
 from helpers.post import classify, dpo, grpo, lora, recipe, sft, tasks
 from helpers.timing import format_duration
+from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 NOTEBOOK_START, NOTEBOOK_CPU = time.perf_counter(), time.process_time()
@@ -110,6 +111,9 @@ print(f"chat accuracy:  train {chat_before['train']:.2f}, held-out {chat_before[
 # model only the **last** token has seen the whole sentence, so the head reads the last token's
 # final hidden state. We train all weights, only the last block (and the final LayerNorm), or
 # only the head, three seeds each, and test on the statements about held-out facts.
+
+# %%
+catch_up("13_post_training", "2.")  # started here after a restart? this runs the sections above
 
 # %%
 train_texts, train_labels = tasks.well_formed_statements(train_facts, seed=0)
@@ -206,6 +210,9 @@ assert order > n_p / 2 and slow_all == n_p  # the two claims of the next paragra
 #
 # A starts random, **B starts at zero**, so B A = 0: the model starts exactly as pretrained.
 # The scale alpha / r keeps the update's size comparable when r changes. First in plain code:
+
+# %%
+catch_up("13_post_training", "3.")  # started here after a restart? this runs the sections above
 
 # %%
 torch.manual_seed(0)
@@ -374,6 +381,9 @@ if peft is not None:
 # answer so that generation knows when to stop. Each special token is one id, never spelled out.
 
 # %%
+catch_up("13_post_training", "4.")  # started here after a restart? this runs the sections above
+
+# %%
 ids, mask = sft.encode_example(tokenizer, fact.question(), fact.answer())
 print(tokenizer.decode(ids.tolist()))
 print("tokens:", len(ids), "| answer tokens (mask = 1):", repr(tokenizer.decode(ids[mask.bool()].tolist())))
@@ -476,6 +486,9 @@ print("right answers:   ", [f.answer() for f in held_facts[:6]])
 #
 # Each log pi is an answer's log-probability, summed over its tokens. beta * log(pi / pi_ref) is
 # the **implicit reward**; the loss asks the chosen answer's reward to exceed the rejected one's.
+
+# %%
+catch_up("13_post_training", "5.")  # started here after a restart? this runs the sections above
 
 # %%
 reference = copy.deepcopy(sft_model).requires_grad_(False)
@@ -634,7 +647,7 @@ explorer = Explorer(draw_dpo, beta=widgets.SelectionSlider(options=BETAS, value=
 explorer
 
 # %%
-first = explorer.last
+first = explorer.reset()
 moved = explorer.set(beta=1.0)
 assert moved["kl"] != first["kl"]
 print("redraws so far:", explorer.redraws)
@@ -677,6 +690,9 @@ print(f"greedy chat accuracy: SFT train {chat_sft['train']:.2f} -> DPO train {ch
 #
 # Above the group's mean: push its tokens up; below: push them down. The group mean is the
 # baseline a value model would otherwise have to learn.
+
+# %%
+catch_up("13_post_training", "6.")  # started here after a restart? this runs the sections above
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -931,6 +947,9 @@ assert all(sum(bench["runs"][f"{m}/{s}"]["train_accuracy"] for s in seeds_b) / l
 
 # %% [markdown]
 # ## 7. The same held-out questions after each stage
+
+# %%
+catch_up("13_post_training", "7.")  # started here after a restart? this runs the sections above
 
 # %%
 # NBVAL_IGNORE_OUTPUT

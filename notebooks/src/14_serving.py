@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from helpers.lab.exercises import check, yours_or
 from helpers.timing import format_duration
+from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
@@ -188,6 +189,9 @@ print("greedy:", [words[i] for i in sampling.sample(batch_logits, temperature=0)
 # below run at either value).
 
 # %%
+catch_up("14_serving", "2.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.text.chars import CharTokenizer
 from helpers.text.corpus import load_corpus
@@ -271,7 +275,7 @@ explorer
 # lowers the top token's probability.
 
 # %%
-start_view = explorer.last
+start_view = explorer.reset()
 narrow = explorer.set(top_p=0.3)
 hot = explorer.set(temperature=2.5, top_p=1.0)
 assert narrow["kept"] < start_view["kept"] and hot["top"] < start_view["top"]
@@ -284,6 +288,9 @@ print("redraws so far:", explorer.redraws)
 # lands in the same (last) column, and give the model two more things:
 # - an **attention mask**: real tokens never attend to pads;
 # - **position ids**: each prompt's first real token is position 0, as it would be alone.
+
+# %%
+catch_up("14_serving", "3.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.serve.batching import forward_rows, generate_batch, left_pad, position_ids
@@ -358,6 +365,9 @@ print("softmax of a row that sees nothing:", torch.softmax(torch.full((3,), -mat
 # <details><summary>Hint 2: the steps</summary>Divide the position by the block size, rounding
 # down: that is the logical block, and its entry in the table is the block of the pool. The
 # remainder of the same division is the slot.</details>
+
+# %%
+catch_up("14_serving", "4.")  # started here after a restart? this runs the sections above
 
 # %%
 def my_lookup(block_table: list[int], position: int, block_size: int) -> tuple[int, int]:
@@ -457,6 +467,9 @@ print(f"one slot of this model = {bytes_per_token:,} bytes (keys and values, {le
 #
 # The workload: the twelve requests above, prompts cut from the validation stories, one arriving
 # every two steps. A *step* is one round in which every running request gets one token.
+
+# %%
+catch_up("14_serving", "5.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.serve.scheduler import Request, serve_continuous, serve_static
@@ -566,6 +579,9 @@ for seed, run in bench["batching"].items():
 # write**, so the other requests never see the write.
 
 # %%
+catch_up("14_serving", "6.")  # started here after a restart? this runs the sections above
+
+# %%
 prefix = tokenizer.encode(stories[20][:42])
 suffixes = [tokenizer.encode(s) for s in (" The", " A", " Then", " Once", " It", " He")]
 new_tokens = 10
@@ -645,6 +661,9 @@ assert shared_blocks < apart_blocks and copies == len(suffixes)
 # by the sum, draw one token from that with the generator, and return the kept tokens followed by
 # it. After the loop, draw one token from the target's last row and return the kept tokens
 # followed by it. Convert every drawn token to a Python int.</details>
+
+# %%
+catch_up("14_serving", "7.")  # started here after a restart? this runs the sections above
 
 # %%
 def my_accept_or_reject(p: torch.Tensor, q: torch.Tensor, drafted: list[int],
@@ -938,6 +957,9 @@ print("speed-up over the target alone: " + ", ".join(
 # convert to 8-bit integers.</details>
 
 # %%
+catch_up("14_serving", "8.")  # started here after a restart? this runs the sections above
+
+# %%
 def my_quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w (out, in) float -> q (out, in) torch.int8 and scale (out,): w ~ q * scale[:, None]."""
     ### BEGIN SOLUTION
@@ -1139,6 +1161,9 @@ print(f"1024 x 1024 weights: {big.numel() * 4:,} bytes in float32, {q8.numel() +
 # code would have to track a different "last real token" per row). Left padding puts every row's
 # last real token in the last column.
 # </details>
+
+# %%
+catch_up("14_serving", "Check")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # 3. A request of 1,000 tokens in blocks of 16: how many blocks, and how many slots are wasted?
