@@ -10,7 +10,8 @@ like any Python file; jupytext reads it (so JupyterLab's jupytext can also pair 
 notebook). A cell that is exactly `# %% [setup]` becomes the course's set-up cell
 (`helpers.lab.environment.SETUP_CELL`). This script turns each source into `notebooks/NN_name.ipynb`
 and executes it in a fresh kernel, as "Restart and Run All" would, storing the real outputs that
-nbval later compares. Run it inside the course's environment (`.venv/bin/python`).
+nbval later compares, then rewrites notebooks/INSTRUCTORS.md from the new run times
+(tools/lesson_plan.py). Run it inside the course's environment (`.venv/bin/python`).
 
 Exercises carry nbgrader's cell metadata, written here from the cells themselves so that the
 sources stay plain: a code cell holding `### BEGIN SOLUTION` ... `### END SOLUTION` (inside a
@@ -274,6 +275,10 @@ def main(argv: list[str]) -> int:
         return 1
     for source in sources:
         build(source, run=not args.no_run)
+    if not args.no_run:  # the instructors' page reads the run times just stored
+        from lesson_plan import main as write_lesson_plan
+
+        write_lesson_plan([])
     return 0
 
 

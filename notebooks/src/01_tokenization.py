@@ -36,7 +36,7 @@ from helpers.timing import format_duration
 from helpers.lab.sections import catch_up
 
 # %% [markdown]
-# ## 1. The smallest vocabulary: one id per word
+# ## 1. The smallest vocabulary: one id per word (core)
 #
 # The Matrix Magic notes tokenize three sentences by cutting them into words and
 # punctuation marks, and list the distinct tokens as the *vocabulary*. A token's *id* is its
@@ -82,7 +82,7 @@ print("decoded:", " ".join(vocabulary[i] for i in soup_ids))
 # `soup.` from `soup .`. A tokenizer should give back exactly what it was given; the byte-level
 # tokenizer we build below does.
 #
-# ## 2. Characters, words, or something in between?
+# ## 2. Characters, words, or something in between? (optional)
 #
 # The course corpus is a megabyte of short stories, one sentence per line. Count what each
 # choice of token would cost on it:
@@ -140,7 +140,7 @@ except ValueError as error:
 # smaller pieces, so nothing is ever unknown and common text stays short. The question is which
 # pieces to keep. To make sure that *any* text can be spelled, start from bytes.
 #
-# ## 3. Bytes: 256 symbols that spell every text
+# ## 3. Bytes: 256 symbols that spell every text (core)
 #
 # UTF-8 writes each Unicode character as one to four bytes, each a number from 0 to 255:
 
@@ -159,7 +159,7 @@ print("possible byte values:", len(range(256)))
 # is length: the wave emoji is four tokens. *Byte-pair encoding* (BPE) wins the length back by
 # learning new tokens for byte sequences that are frequent in the training text.
 #
-# ## 4. Byte-pair encoding, by hand
+# ## 4. Byte-pair encoding, by hand (core)
 #
 # 1. Write the training text as bytes (ids 0 to 255).
 # 2. Count every pair of neighbouring ids.
@@ -405,7 +405,7 @@ print(f"{len(plain_merges)} identical merges")
 print(f"textbook loop {format_duration(textbook_seconds)} | learn_merges {format_duration(fast_seconds)}")
 
 # %% [markdown]
-# ## 5. Training on the whole corpus, step by step
+# ## 5. Training on the whole corpus, step by step (optional)
 #
 # `BPETokenizer.train` runs `learn_merges` until the vocabulary (256 bytes, the merges and the
 # special tokens) reaches `VOCAB_SIZE`. It also reserves `<|endoftext|>`, the special token GPT-2
@@ -480,7 +480,7 @@ longest = sorted(learned, key=lambda i: (-len(bpe.vocab[i]), i))[:8]
 print(bpe.labels(longest))
 
 # %% [markdown]
-# ## 6. Encode, decode, and any text at all
+# ## 6. Encode, decode, and any text at all (optional)
 #
 # To encode, pre-split the text and replay the merges inside each chunk, earliest-learned
 # first, exactly as training applied them.
@@ -686,7 +686,7 @@ print(f"{len(corpus_lines):,} lines -> {len(streamed_ids):,} ids, the same as en
       f"at once: {streamed_ids == corpus_ids}")
 
 # %% [markdown]
-# ## 7. BPE, WordPiece and Unigram
+# ## 7. BPE, WordPiece and Unigram (optional)
 #
 # BPE is one of three subword families in wide use. The DS 246 notes compare them:
 #
@@ -774,7 +774,7 @@ print("BPE      :", small_bpe.labels(small_bpe.encode("unigram")))
 print("WordPiece:", small_wordpiece.tokenize("unigram"))
 
 # %% [markdown]
-# ## 8. How big should the vocabulary be?
+# ## 8. How big should the vocabulary be? (optional)
 #
 # More merges make the text shorter, which makes every sequence cheaper for attention, but each
 # token needs a row in the embedding table (and, untied, another in the output layer). On our
@@ -869,7 +869,7 @@ print(f"its embedding table: {gpt2_vocab:,} x {D_MODEL} = {gpt2_embedding:,} par
 # rows: a token seen rarely gets a poorly trained embedding. That is why vocabularies sit in the
 # tens of thousands (GPT-2: 50,257) to a few hundred thousand, not in the millions.
 #
-# ## 9. Tokenizer playground
+# ## 9. Tokenizer playground (optional)
 #
 # Each token gets a colour and its id underneath; `␣` is a space, `↵` a new line, and `\xf0`
 # a byte that is only part of a character. First the same drawing for a fixed sentence, as a
@@ -951,7 +951,7 @@ print(f"typing new text re-tokenizes it: {len(before)} tokens before, {len(after
 # Try your name, a sentence in another language, some code, or a long number. Which cost the
 # most tokens per character, and why?
 #
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # The numbers in the answers are computed in the cell below.
 
@@ -1033,7 +1033,7 @@ print(f"corpus: frequent pairs that end a word and reach into the next: {word_en
 # </details>
 
 # %% [markdown]
-# ## Optional: your own text
+# ## Optional: your own text (optional)
 #
 # Everything above ran on the course corpus. The same BPE learns from any text: a novel from
 # Project Gutenberg, your notes, a chat log, code. Save it as a plain UTF-8 text file, put its

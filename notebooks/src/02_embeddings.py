@@ -38,7 +38,7 @@ from helpers.lab.sections import catch_up
 torch.set_num_threads(1)
 
 # %% [markdown]
-# ## 1. The Matrix Magic notes' twelve-token vocabulary
+# ## 1. The Matrix Magic notes' twelve-token vocabulary (optional)
 #
 # The Matrix Magic notes start from one tiny training text and give every word and full stop an id.
 # We use the order of the slide's embedding table, because the ids are the rows of that table.
@@ -62,7 +62,7 @@ print(f"{len(SOUP_VOCAB)} tokens in the vocabulary, {len(ids)} tokens in the tex
 print("ids:", ids.tolist())
 
 # %% [markdown]
-# ## 2. One-hot vectors: every word equally far from every other
+# ## 2. One-hot vectors: every word equally far from every other (optional)
 #
 # The oldest way to turn id `i` into a vector: a vector as long as the vocabulary, with a 1 in
 # place `i` and 0 everywhere else. Stacked for the whole vocabulary, these vectors form the
@@ -119,7 +119,7 @@ assert torch.equal(one_hot(ids, len(SOUP_VOCAB)), one_hot_table[ids])
 print("one_hot(ids) has shape", tuple(one_hot(ids, len(SOUP_VOCAB)).shape), "and equals the identity rows")
 
 # %% [markdown]
-# ## 3. A dense table: 8 numbers per token
+# ## 3. A dense table: 8 numbers per token (optional)
 #
 # Instead, give every token a short vector of `d_model` numbers and let training move them. The
 # Matrix Magic notes print a 12 x 8 table (`d_model = 8`). We load its numbers, as printed (2
@@ -192,7 +192,7 @@ SLIDE_PLUCKED = SLIDE_TOKEN_TABLE[:4]  # the Matrix Magic notes, "Pluck Out the 
 plucked_mismatches = compare_with_slide(plucked.detach(), SLIDE_PLUCKED, SOUP_VOCAB[:4], DIMS, decimals=2)
 
 # %% [markdown]
-# ## 4. A lookup is a one-hot matrix product
+# ## 4. A lookup is a one-hot matrix product (core)
 #
 # First a reminder of what a matrix product computes, with the Matrix Magic notes' example:
 # entry $(i, j)$ of $AB$ is the dot product of row $i$ of $A$ with column $j$ of $B$, so the
@@ -310,7 +310,7 @@ print("lookup         ", format_duration(by_lookup), f"({by_product / by_lookup:
 
 # %% [markdown]
 # %% [markdown]
-# ## 5. How alike are two vectors?
+# ## 5. How alike are two vectors? (optional)
 #
 # The Matrix Magic notes illustrate "similar words have close vectors" with boy = [10, 8, 9] and
 # girl = [9, 7, 10]. Three ways to compare them:
@@ -523,7 +523,7 @@ heatmap(cosine_similarity(shown_vectors[:, None, :], shown_vectors[None, :, :]),
 plt.show()
 
 # %% [markdown]
-# ## 6. Why order is lost: attention sees a bag of vectors
+# ## 6. Why order is lost: attention sees a bag of vectors (optional)
 #
 # *A preview of notebook 3.* Self-attention mixes every token's vector with every other's, with
 # weights computed from the vectors themselves. Nothing in it looks at where a token stands. The
@@ -623,7 +623,7 @@ print(with_positions)
 assert not any(with_positions.values())
 
 # %% [markdown]
-# ## 7. Positions, option 1: a learned table
+# ## 7. Positions, option 1: a learned table (optional)
 #
 # The simplest fix, used by GPT-2 and by the Matrix Magic notes: a second `nn.Embedding` whose row
 # `p` is the vector of position `p`, trained like the token table. The notes print one for
@@ -657,7 +657,7 @@ except IndexError as error:
     print("IndexError:", error)
 
 # %% [markdown]
-# ## 8. Positions, option 2: sines and cosines
+# ## 8. Positions, option 2: sines and cosines (core)
 #
 # "Attention Is All You Need" uses a fixed table instead, with no parameters and a row for every
 # position:
@@ -801,7 +801,7 @@ for offset in range(1, 64):
 print("every diagonal of the 64 x 64 dot-product matrix is constant")
 
 # %% [markdown]
-# ## 9. How slow is the slowest wave? (the textbook section's wavelength exercise)
+# ## 9. How slow is the slowest wave? (the textbook section's wavelength exercise) (optional)
 #
 # Pair `i` turns by $1/10000^{2i/d}$ per position, so it repeats every
 # $2\pi \cdot 10000^{2i/d}$ positions. With `d = 512` the pairs run from `i = 0` (fastest) to
@@ -845,7 +845,7 @@ axis.legend()
 plt.show()
 
 # %% [markdown]
-# ## 10. Explore the sinusoidal table
+# ## 10. Explore the sinusoidal table (optional)
 #
 # The drawing below shows the table (left) and how alike one chosen position's vector is to every
 # other position's (right, cosine). First as a still figure, then as a widget: change `d_model`,
@@ -905,7 +905,7 @@ assert int(moved["similarity"].argmax()) == 40
 print("redraws so far:", explorer.redraws)
 
 # %% [markdown]
-# ## 11. Token + position: the input of the Transformer
+# ## 11. Token + position: the input of the Transformer (core)
 #
 # The model's input is the token's vector plus its position's vector, entry by entry (the USF
 # notes mention concatenation too, but adding keeps `d_model` unchanged and is what GPT-2 and the
@@ -1030,7 +1030,7 @@ for bad_input in (ids, torch.tensor([[0, 12]])):
 # adding a vector.
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. Why does the Transformer use positional encoding?** (the USF notes)
 #

@@ -38,7 +38,7 @@ from helpers.lab.sections import catch_up
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
 # %% [markdown]
-# ## 1. The dot product measures similarity
+# ## 1. The dot product measures similarity (optional)
 #
 # $a \cdot b = \sum_i a_i b_i$ is large when two vectors point the same way, near zero when they
 # are unrelated, and negative when they point apart. Attention is built on nothing else. Below,
@@ -63,7 +63,7 @@ assert torch.allclose(torch.tensor(by_hand), as_matrix_product)
 # highest, "car" lowest. To turn scores into weights that are positive and sum to 1 we need a
 # softmax.
 #
-# ## 2. Softmax, and how to compute it without overflow
+# ## 2. Softmax, and how to compute it without overflow (optional)
 #
 # $\mathrm{softmax}(s)_i = e^{s_i} / \sum_j e^{s_j}$. Written literally it breaks as soon as a
 # score is large: `exp(1000)` does not fit in a float.
@@ -123,7 +123,7 @@ assert torch.allclose(softmax(small), naive_softmax(small))
 assert torch.allclose(softmax(big), torch.softmax(big, dim=-1))
 
 # %% [markdown]
-# ## 3. Queries, keys and values: a soft dictionary lookup
+# ## 3. Queries, keys and values: a soft dictionary lookup (optional)
 #
 # A Python `dict` is a lookup: a query must equal one key exactly, and you get that key's value.
 # Attention keeps the idea and makes every step soft.
@@ -155,7 +155,7 @@ print(f"answer: {answer[0]:.2f} legs, {answer[1]:.2f} wheels")
 # car leaks in: a soft lookup never picks exactly one entry. In a Transformer, queries, keys and
 # values are not written by hand; each is a learned linear map of the token vectors.
 #
-# ## 4. Attention in plain code, and every shape
+# ## 4. Attention in plain code, and every shape (core)
 #
 # Stacking the queries as rows of $Q$ and the keys as rows of $K$, all the dot products are
 # one matrix product $QK^\top$. Dividing by $\sqrt{d_k}$ is the "scaled" in the name (section 5
@@ -430,7 +430,7 @@ assert learned == 6 * (2 * 4 + 3)
 print(f"learned numbers: {learned} = d_in x (2 d_k + d_v) = 6 x (2 x 4 + 3); every row of weights sums to 1")
 
 # %% [markdown]
-# ## 5. Why divide by $\sqrt{d_k}$? The softmax-saturation demo
+# ## 5. Why divide by $\sqrt{d_k}$? The softmax-saturation demo (core)
 #
 # ### 5a. Two softmaxes
 # The USF notes take one query whose scores over three keys are $[20, 0, -20]$,
@@ -646,6 +646,8 @@ def my_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gra
 check("attention.attention_backward", my_attention_backward)
 
 # %% [markdown]
+# ### The gradient, measured
+#
 # The experiment runs on `attention_backward`: yours once it passes its check, until then a
 # stand-in that asks autograd. First a proof that the two agree on a batch of cross-attention
 # heads. Then many independent attention problems, each with one query and 16 keys (random, unit
@@ -790,7 +792,7 @@ print(f"slider d_k 256 -> 1024: largest unscaled weight {mid_head['max_weight_un
       f"{big_head['grad_unscaled']:.3g}")
 
 # %% [markdown]
-# ## 6. The worked examples of the lecture notes
+# ## 6. The worked examples of the lecture notes (optional)
 #
 # ### "I like to eat" (the Matrix Magic notes)
 # The Matrix Magic notes print a query matrix and a transposed key matrix for the four tokens (with
@@ -930,7 +932,7 @@ print(f"\nGPT-3 (N = {gpt3_n}, {gpt3_heads} heads): {per_head:,} attention weigh
 # 96 heads (the last printed line). Notebook 4 thins it out with sparse patterns; notebook 8
 # avoids storing it at all.
 #
-# ## 7. Self-attention cannot see order: permutation equivariance
+# ## 7. Self-attention cannot see order: permutation equivariance (optional)
 #
 # Shuffle the input tokens of self-attention and the outputs come out shuffled the same way,
 # with exactly the same vectors. In symbols, for a permutation matrix $P$:
@@ -963,7 +965,7 @@ print("SelfAttn(P X) == P SelfAttn(X) for the permutation", perm.tolist())
 # So self-attention by itself treats a sentence as a bag of tokens; this is why notebook 2 adds
 # positions to the embeddings before the first attention layer.
 #
-# ## 8. Cross-attention vs self-attention, side by side
+# ## 8. Cross-attention vs self-attention, side by side (optional)
 # In an encoder-decoder model (the DS 246 notes) the decoder's tokens supply the **queries** and the
 # encoder's output supplies the **keys and values**: cross-attention. Self-attention takes all
 # three from the same tokens. One layer with the same learned weights serves both: only the inputs
@@ -996,7 +998,7 @@ plt.show()
 # the maps are depends on how the weights start: `nn.Linear` draws them small, so a fresh layer
 # spreads its attention almost evenly; training is what sharpens it.)
 #
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. Why does the Transformer scale the attention score before the softmax?**
 # <details><summary>Answer</summary>

@@ -35,7 +35,7 @@ from helpers.lab.sections import catch_up
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
 # %% [markdown]
-# ## 1. Why mask at all?
+# ## 1. Why mask at all? (optional)
 #
 # A language model learns to predict token $t+1$ from tokens $0..t$. In training it does this for
 # every position of a sentence at once, in one pass of matrix products. Without a mask, position
@@ -66,7 +66,7 @@ for token, delta in zip(TOKENS, change, strict=True):
 # predicting the next word while secretly reading the end of the sentence. The mask removes
 # exactly those connections.
 #
-# ## 2. A causal mask with `masked_fill`, and why $-\infty$
+# ## 2. A causal mask with `masked_fill`, and why $-\infty$ (core)
 #
 # Query $i$ may see keys $0..i$: the lower triangle including the diagonal. `masked_fill(where,
 # value)` writes `value` wherever `where` is True, so we fill the *disallowed* scores, `~allowed`.
@@ -112,7 +112,7 @@ for name, scores in (("the notes' scores", MATRIX_MAGIC_SCALED), ("unit-variance
 # With 0 the first query, which should see only itself, spends most of its weight on three
 # tokens it must not see; with $-\infty$ every query puts exactly 0 on the future.
 #
-# ## 3. The Matrix Magic notes' masked-softmax table, reproduced
+# ## 3. The Matrix Magic notes' masked-softmax table, reproduced (core)
 #
 # The Matrix Magic notes exponentiate the masked scores, add each row up, and divide. We do the
 # same with $-\infty$ and set the notes' printed exponentials beside ours.
@@ -199,7 +199,7 @@ print("all 16 entries, rounded to two decimals, equal the notes':", torch.equal(
 # for column d4, where the rounded weights give 4.1033 and the notes' 4.11 only comes out of the
 # exact weights (4.1050). Round at the end, not in the middle.
 #
-# ## 4. The helpers: `causal_mask` and `mask=`
+# ## 4. The helpers: `causal_mask` and `mask=` (optional)
 #
 # From now on we use `helpers.model.attention.causal_mask(n)` (the same lower triangle) and pass masks
 # to `scaled_dot_product_attention(q, k, v, mask=...)`, which does the `masked_fill` with
@@ -261,7 +261,7 @@ def my_causal_softmax(scores: torch.Tensor) -> torch.Tensor:
 check("masking.causal_softmax", my_causal_softmax)
 
 # %% [markdown]
-# ## 5. Proof: changing future tokens leaves past outputs unchanged
+# ## 5. Proof: changing future tokens leaves past outputs unchanged (optional)
 #
 # Take a longer sentence, replace every token from position `edit_from` on by random vectors,
 # and compare the outputs position by position: with the causal mask ($-\infty$), with the
@@ -304,7 +304,7 @@ assert (moved["causal, 0 fill"][:edit_from] > 0).all() and (moved["no mask"][:ed
 # course repository, not in the student folder) check the same property of the helpers for
 # several edit positions.
 #
-# ## 6. Padding masks
+# ## 6. Padding masks (core)
 #
 # A batch holds sentences of different lengths, padded to the longest with a `<pad>` token. Pad
 # tokens are not part of any sentence, so no query may attend to them. `helpers.model.attention.
@@ -411,7 +411,7 @@ def my_padding_mask(lengths: torch.Tensor, n: int, side: str = "right") -> torch
 check("masking.padding_mask", my_padding_mask)
 
 # %% [markdown]
-# ## 7. A fully masked row, and how to avoid NaN
+# ## 7. A fully masked row, and how to avoid NaN (core)
 #
 # For generation, batches are often padded on the **left**, so that every sentence ends at the
 # same position. Combine left padding with a causal mask and the first queries are pads whose
@@ -525,7 +525,7 @@ print("left padding: the first pad, which may see no key, gets zero weights and 
 assert nothing_to_see
 
 # %% [markdown]
-# ## 8. Encoder vs decoder: bidirectional vs causal
+# ## 8. Encoder vs decoder: bidirectional vs causal (optional)
 #
 # An **encoder** (BERT and the left half of the original Transformer) reads a whole sentence that
 # is already known, so every token may look both left and right: no causal mask (padding masks
@@ -559,7 +559,7 @@ for name, mask in (("encoder", bidirectional_mask(4)), ("decoder", causal_mask(4
 # The encoder's "The" depends on "here"; the decoder's cannot. That is the whole difference in
 # the attention itself; the rest (what each is trained to do) follows from it.
 #
-# ## 9. Efficient attention: local, strided and global patterns
+# ## 9. Efficient attention: local, strided and global patterns (optional)
 #
 # Full attention stores an $N \times N$ weight matrix. Efficient-attention models (the DS 246 notes)
 # keep only a sparse pattern of it:
@@ -666,6 +666,8 @@ fig.suptitle(f"Attention patterns for N = {N_PAT} (window {WINDOW}, stride {STRI
 plt.show()
 
 # %% [markdown]
+# ### What the patterns save as N grows
+#
 # For 16 tokens the savings are small; they grow with $N$. A local window keeps at most $2w + 1$
 # keys per query, so for a fixed window its cost grows **linearly** in $N$. A strided pattern with
 # a fixed stride $s$ keeps about $N/s$ keys per query, so its cost is about $N^2/s$: still
@@ -775,7 +777,7 @@ print("local + global, query 10:", start["visible"], "| query 3:", query_3["visi
       "| strided, query 3:", strided_3["visible"], "| strided, not causal:", two_sided["visible"])
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. Why use masked attention? (the USF notes)**
 # <details><summary>Answer</summary>

@@ -36,7 +36,7 @@ from helpers.lab.sections import catch_up
 torch.set_num_threads(1)
 
 # %% [markdown]
-# ## 1. Why more than one head?
+# ## 1. Why more than one head? (optional)
 #
 # A head's weights for one query form a single probability distribution. Suppose a token needs
 # two different things, say its subject and its object, carried by two value vectors. One head
@@ -59,7 +59,7 @@ print("two heads:", two_heads.round(decimals=2))
 # That is the idea; the rest of the notebook is the bookkeeping.
 
 # %% [markdown]
-# ## 2. Heads as separate modules
+# ## 2. Heads as separate modules (optional)
 #
 # The input is the 4 x 8 matrix of the Matrix Magic notes ("I like to eat": token plus position embeddings).
 # Each head has its own `W_Q`, `W_K`, `W_V` of shape `[D x D_H]`; its output is `[N x D_H]`.
@@ -125,7 +125,7 @@ assert torch.allclose(from_module, multi_head_plain, atol=1e-6)
 print("SeparateHeadsAttention == plain code:", torch.allclose(from_module, multi_head_plain, atol=1e-6))
 
 # %% [markdown]
-# ## 3. All heads at once: four matrix multiplies
+# ## 3. All heads at once: four matrix multiplies (core)
 #
 # Running the heads one after another wastes the hardware: every head does the same operations on
 # different numbers. The USF notes write multi-head attention as four matrix multiplies over a batch
@@ -404,7 +404,7 @@ with torch.no_grad():  # PyTorch keeps W_Q, W_K, W_V stacked in one (3·D, D) ma
               f"{max(gaps) < 1e-5}")
 
 # %% [markdown]
-# ## 4. What `W_O` does
+# ## 4. What `W_O` does (core)
 #
 # Cut `W_O` into `H` horizontal blocks of `D_H` rows. Multiplying the concatenated heads by `W_O`
 # is the same as multiplying each head's output by its own block and adding up. So `W_O` is where
@@ -420,7 +420,7 @@ print("concat(heads) @ W_O == sum over heads of head_h @ W_O[block h]:",
       torch.allclose(sum(per_head), multi_head_plain, atol=1e-6))
 
 # %% [markdown]
-# ## 5. What each head looks at
+# ## 5. What each head looks at (optional)
 #
 # Random weights give random-looking maps. To make four heads with four clear jobs, we set the
 # weights of a `MultiHeadAttention` by hand. Each token is a 64-feature vector: features 0-15 are
@@ -521,6 +521,8 @@ print(f"head 2, last query: weight {soup[2, -1, 0]:.4f} on the first token")
 print(f"head 3, last query: every one of the {n} weights is 1/{n} = {1 / n:.4f}")
 
 # %% [markdown]
+# ### Reading the heads
+#
 # The assertions confirm the wiring: head 0's weight on the previous token, head 2's on the first
 # token (both printed above) and head 3's uniform rows. Here are the four maps for the first
 # sentence, with the causal mask (a decoder): each row is a query, each column a key it may read.
@@ -596,7 +598,7 @@ print("weights above the diagonal, all heads:", mha.last_weights[..., above_diag
 print("outputs 0-3 unchanged when tokens 4-5 change:", torch.equal(mha(x_changed, causal=True)[:, :4], out[:, :4]))
 
 # %% [markdown]
-# ## 6. Grouped-query and multi-query attention
+# ## 6. Grouped-query and multi-query attention (optional)
 #
 # When a model generates text it keeps the keys and values of every earlier token, in every
 # layer, so that each new token only computes its own (the KV cache of notebook 7). The textbook section gives
@@ -728,7 +730,7 @@ print(f"GQA-8 saves a factor {cache['GPT-3 175B', 'MHA'] // cache['GPT-3 175B', 
 # keys and values costs some quality, which is why GQA, in between, is the common choice.
 
 # %% [markdown]
-# ## 7. Cross-attention: the same module, two sequences
+# ## 7. Cross-attention: the same module, two sequences (optional)
 #
 # In cross-attention the queries come from one sequence and the keys and values from another,
 # the `context`: in the original encoder-decoder Transformer the decoder's tokens ask, and the
@@ -760,7 +762,7 @@ plt.show()
 # layer with `project_keys_values(context)` and reuse them for every token it generates.
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. What are Q, K and V in multi-head attention, and what are their shapes?** Take GPT-2 small:
 # `D = 768`, `H = 12`, a batch of 8 sequences of 1024 tokens.

@@ -38,7 +38,7 @@ from helpers.lab.sections import catch_up
 torch.set_num_threads(1)
 
 # %% [markdown]
-# ## 1. LayerNorm by hand
+# ## 1. LayerNorm by hand (core)
 #
 # LayerNorm standardises each token on its own: subtract the mean of its `D` features, divide by
 # their standard deviation, then scale by a learned `gamma` and shift by a learned `beta`
@@ -180,7 +180,7 @@ assert torch.allclose(layer_norm(x, reference.weight, reference.bias), mine, ato
 print("helpers.model.layers.LayerNorm == nn.LayerNorm:", torch.allclose(ours(x), reference(x), atol=1e-6))
 
 # %% [markdown]
-# ## 2. BatchNorm vs LayerNorm
+# ## 2. BatchNorm vs LayerNorm (optional)
 #
 # BatchNorm standardises each **feature** over the examples of a batch; LayerNorm standardises each
 # **token** over its own features. The DS 246 notes compare them:
@@ -233,7 +233,7 @@ for layer in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
 # generates one token at a time, LayerNorm is the practical choice.
 
 # %% [markdown]
-# ## 3. The feed-forward network
+# ## 3. The feed-forward network (optional)
 #
 # After attention, every token passes through the same small MLP, on its own: `D -> 4D -> D` with
 # a non-linearity in the middle (the USF notes call it a two-layer MLP). The non-linearity has changed
@@ -371,7 +371,7 @@ ffn.eval()
 print("FFN in eval mode,  same input twice -> same output?", torch.equal(ffn(x), ffn(x)))
 
 # %% [markdown]
-# ## 4. Residual connections and gradient flow
+# ## 4. Residual connections and gradient flow (core)
 #
 # A residual connection adds a layer's input to its output: `x + f(x)` instead of `f(x)`. The
 # gradient of `x + f(x)` with respect to `x` is `1 + f'(x)`: whatever `f` does, the `1` passes the
@@ -421,7 +421,7 @@ plt.show()
 # "gradient highway" of the textbook section, and the reason a transformer can stack dozens of blocks.
 
 # %% [markdown]
-# ## 5. Pre-LN vs Post-LN: how the residual stream grows
+# ## 5. Pre-LN vs Post-LN: how the residual stream grows (core)
 #
 # Where the LayerNorm goes matters. The 2017 Transformer normalises after the addition, **Post-LN**:
 # `x = LN(x + f(x))`. GPT-2 and nearly every model since normalise the input of each branch,
@@ -513,7 +513,7 @@ plt.show()
 # learning-rate warm-up to train at all (Xiong et al., 2020).
 
 # %% [markdown]
-# ## 6. Initialisation: Xavier, and GPT-2's `1/sqrt(2N)`
+# ## 6. Initialisation: Xavier, and GPT-2's `1/sqrt(2N)` (optional)
 #
 # The textbook section's standard initialisation is Xavier's (Glorot and Bengio, 2010): draw
 # each weight with variance `2 / (fan_in + fan_out)`. A linear layer's output is a sum of `fan_in`
@@ -663,7 +663,7 @@ plt.show()
 # top of a 1-block stack: the growth factors are printed above.
 
 # %% [markdown]
-# ## 7. Can the FFN be replaced by attention?
+# ## 7. Can the FFN be replaced by attention? (optional)
 #
 # The USF notes ask this (an interview question, pointing to Dong et al., 2021, "Attention is not all
 # you need: pure attention loses rank doubly exponentially with depth"). Each attention output is
@@ -803,6 +803,8 @@ ax.legend(fontsize=11)
 plt.show()
 
 # %% [markdown]
+# ### What the measurement shows
+#
 # Attention alone wipes out the differences between tokens within a few layers, down to float32
 # round-off, and the representations end at rank 1 (the table), on every seed. At initialisation
 # the attention weights are nearly uniform, which makes this quick; with `ATTENTION_SHARPNESS = 6.0`
@@ -823,7 +825,7 @@ plt.show()
 # parameters (section 3); attention only mixes tokens, by weighted averages.
 
 # %% [markdown]
-# ## 8. The transformer block
+# ## 8. The transformer block (optional)
 #
 # Everything is now in place for the block of GPT-2 (Pre-LN), which notebook 7 stacks:
 #
@@ -930,7 +932,7 @@ heatmap(block.attn.last_weights[0, 0], positions, positions, title="Block, head 
 plt.show()
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. Why do transformers use residual connections?**
 #

@@ -48,7 +48,7 @@ from helpers.lab.sections import catch_up, refuse_untrained
 torch.set_num_threads(1)
 
 # %% [markdown]
-# ## 1. From parts to a model
+# ## 1. From parts to a model (core)
 #
 # A decoder-only GPT is four steps:
 #
@@ -115,7 +115,7 @@ for bad in (lambda: GPTConfig(d_model=130, n_heads=4), lambda: model(torch.tenso
         print("ValueError:", error)
 
 # %% [markdown]
-# ## 2. One forward pass at toy size (the Matrix Magic notes)
+# ## 2. One forward pass at toy size (the Matrix Magic notes) (optional)
 #
 # The Matrix Magic notes walk the sentence "I like to eat" through a GPT with a vocabulary of 12
 # words and `d_model = 8`, one matrix at a time. We do the same twice. First with a one-block
@@ -201,7 +201,7 @@ torch.set_printoptions(precision=4, sci_mode=False)
 #
 # Untrained, the guesses are arbitrary. Training changes that (section 4).
 #
-# ## 3. Counting parameters
+# ## 3. Counting parameters (optional)
 #
 # The textbook section's table counts the weight matrices of one block: attention has `W_Q, W_K, W_V, W_O`,
 # each `d x d` (`4d²`); the FFN has `d x 4d` and `4d x d` (`8d²`). With `N` blocks and a
@@ -438,7 +438,7 @@ for name, split in splits.items():
 # in GPT-2 small the 50,257-token table
 # is almost a third of the model.
 #
-# ## 4. Training on the course corpus
+# ## 4. Training on the course corpus (core)
 #
 # The course's rich corpus (`helpers.text.corpus_rich`, met in notebook 1) is tales, conversations
 # and diary pages from a grammar of thousands of word forms (counted below), one sentence per
@@ -779,6 +779,8 @@ print(f"{len(their_matrices)} matrices decayed, {len(their_vectors)} vectors not
 print("after 5 steps, largest difference from torch.optim.AdamW (two groups): < 1e-6")
 
 # %% [markdown]
+# ### One gradient, two optimisers
+#
 # Both optimisers receive the same gradient. Two separate `backward()` passes would differ in
 # round-off only, yet the optimisers would drift apart: the key biases get a gradient that is zero
 # up to round-off (adding the same number to every score of a row leaves the softmax unchanged),
@@ -819,6 +821,8 @@ print("gradient norm above 0.1, so it was clipped:", hand_norm.item() > 0.1)
 print(f"norm after clipping: {new_norm:.4f}; largest difference from clip_grad_norm_: < 1e-7")
 
 # %% [markdown]
+# ### The schedule and the loop
+#
 # **The schedule.** The learning rate rises linearly from 0 to its peak over the first 5 % of
 # the run (the first steps, with `m` and `v` still poor averages, would otherwise be too
 # large), then follows half a cosine down to a tenth of the peak. Written out, and checked against
@@ -1016,7 +1020,7 @@ draw_losses(history)
 plt.show()
 
 # %% [markdown]
-# ## 5. Sampling: temperature and top-k
+# ## 5. Sampling: temperature and top-k (optional)
 #
 # The model gives a probability for every next character. **Greedy** decoding takes the most
 # likely one. **Sampling** draws one at random from the distribution, after two adjustments:
@@ -1168,7 +1172,7 @@ print("training raised the well-formed share from", quality_before, "to more tha
 # often still read as English, with a misspelt word or two sentences run together; more
 # `TRAIN_STEPS` raise the share.
 #
-# ## 6. The KV cache
+# ## 6. The KV cache (optional)
 #
 # Generating token `t + 1` by running the model on all `t` tokens recomputes the keys and values
 # of tokens `0 .. t-1`, which the previous step already computed: the causal mask guarantees
@@ -1376,7 +1380,7 @@ for name, (n_layers, n_heads, head_dim, n_tokens) in {"GPT-2 small, 1024 tokens"
 # multiplies that by the batch. Grouped-query attention (notebook 5) shrinks `H` in the formula
 # to the number of key/value heads.
 #
-# ## 7. Attention maps of the trained model
+# ## 7. Attention maps of the trained model (optional)
 #
 # Which characters does each head look at? We run a sentence from a validation story through
 # the trained model and draw every head of every layer (`block.attn.last_weights`). Each row is
@@ -1406,7 +1410,7 @@ for layer, blk in enumerate(model.blocks):
 # heads that look back to the start of the current word or to the space before it, and heads
 # that spread their attention evenly. The exact pictures depend on the training run.
 #
-# ## 8. Encoder-only, decoder-only, encoder-decoder
+# ## 8. Encoder-only, decoder-only, encoder-decoder (optional)
 #
 # The same parts build all three transformer families (the DS 246 notes); what changes is the mask,
 # whether there is cross-attention, and what the model is trained to predict.
@@ -1496,7 +1500,7 @@ masked = torch.rand(window_length, generator=torch.Generator().manual_seed(0)) <
 print(f"one random masking of {window_length} positions hid {int(masked.sum())}")
 
 # %% [markdown]
-# ## 9. Saving and loading a checkpoint
+# ## 9. Saving and loading a checkpoint (optional)
 #
 # `helpers.model.checkpoints.save_checkpoint` stores the config, the weights and (optionally) the optimiser
 # state, all as plain tensors, numbers and strings, so that `load_checkpoint` can read it with
@@ -1520,7 +1524,7 @@ assert same and restored.lm_head.weight is restored.embed.token.weight
 print("restored model gives identical logits:", same, "| still tied:", restored.lm_head.weight is restored.embed.token.weight)
 
 # %% [markdown]
-# ## 10. How fast is the trainer?
+# ## 10. How fast is the trainer? (optional)
 #
 # The trainer is fast for a CPU because of a few choices, all in `helpers.training.speed` and each measured
 # by `benchmarks/bench_train.py` (against a plain loop and against nanoGPT's recipe):
@@ -1575,7 +1579,7 @@ print(f"plain path {speeds['plain']:,.0f} tokens/s, fast path {speeds['fast']:,.
       f"{speeds['fast'] / speeds['plain']:.1f}x")
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. What are the differences between a transformer encoder and a decoder? (the USF notes)**
 #
@@ -1662,7 +1666,7 @@ print(f"redundant key/value computations for 1,000 tokens: {redundant:,}")
 print(f"GPT-2 small cache, 1024 tokens, fp16: {2 * 12 * 12 * 64 * 1024 * 2 / 1e6:.1f} MB per sequence")
 
 # %% [markdown]
-# ## Optional: your own text
+# ## Optional: your own text (optional)
 #
 # Section 4 trained on the course corpus. The same tokenizer, model and Trainer learn from any
 # text you have: a book from Project Gutenberg, your notes, song lyrics, code. Save it as a
@@ -1699,7 +1703,7 @@ else:
           f"tokens) for {MY_STEPS} steps on that file, then print the losses and a sample.")
 
 # %% [markdown]
-# ## Optional: GPT-2's own weights in this GPT (needs internet; off by default)
+# ## Optional: GPT-2's own weights in this GPT (needs internet; off by default) (optional)
 #
 # Section 3 built GPT-2 small's architecture and counted 124,439,808 parameters without
 # allocating one. OpenAI published the trained weights, and Hugging Face hosts them with the
@@ -1763,7 +1767,7 @@ else:
           f"{GPT2_PROMPT!r}")
     print(f"the weights alone: {weight_bytes / 1e6:.0f} MB in float32")
 # %% [markdown]
-# ## Appendix: the Matrix Magic notes' walk-through, every table checked
+# ## Appendix: the Matrix Magic notes' walk-through, every table checked (optional)
 #
 # Section 2 ran the notes' sentence through a GPT with their embedding tables and our own
 # random weights. This appendix finishes the audit with their own weights.

@@ -60,7 +60,7 @@ from helpers.lab.widgets import Explorer
 torch.set_num_threads(1)
 
 # %% [markdown]
-# ## 1. Why naive attention is memory-bound
+# ## 1. Why naive attention is memory-bound (core)
 #
 # A GPU has two kinds of memory that matter here. **HBM** (high-bandwidth memory) is the large
 # one, tens of gigabytes, where tensors live. **SRAM** is on the chip, a small scratchpad inside
@@ -163,7 +163,7 @@ for n in (4096, 16384):
 # at the same moment and mostly hit the L2 cache, which is far larger than one head's $K$ and $V$
 # (both printed above), so HBM sees far less. FlashAttention-2 is faster for other reasons, which section 4 computes.
 #
-# ## 2. The online softmax
+# ## 2. The online softmax (core)
 #
 # The obstacle to tiling attention is the softmax: $P_{ij} = e^{S_{ij}} / \sum_{j'} e^{S_{ij'}}$
 # needs the whole row before it can normalise anything. The trick is to carry two numbers per
@@ -268,7 +268,7 @@ print(f"online log-sum-exp: {(huge_max + huge_sum.log()).item():.6f} | torch.log
       f"{huge.logsumexp(0).item():.6f}")
 
 # %% [markdown]
-# ## 3. Algorithm 1, tile by tile
+# ## 3. Algorithm 1, tile by tile (core)
 #
 # The USF notes print Algorithm 1 of the FlashAttention paper. For one head with $Q, K, V$ of
 # shape $N \times d$, after line 1 has picked the tile sizes $B_r$ (queries) and $B_c$ (keys):
@@ -373,7 +373,7 @@ print("helpers.flash.tiled.tiled_attention_fa1 agrees with it to 1e-12")
 # is the same loop for batches of heads, with masks and causal attention (skipping the tiles a
 # causal mask hides entirely).
 #
-# ## 4. The FlashAttention-2 loop order
+# ## 4. The FlashAttention-2 loop order (optional)
 #
 # FlashAttention-2 swaps the loops: **query tiles outside, key tiles inside**. A query tile then
 # stays on the chip from its first key tile to its last, so it can keep an *un-normalised*
@@ -508,7 +508,7 @@ print(f"divisions of output elements per head (N={N}, d={D}): FA-1 {key_tiles * 
 # multiplied; each stage costs a tile's worth of shared memory, which is why larger head
 # dimensions get fewer.
 #
-# ## 5. Watching the tiles
+# ## 5. Watching the tiles (optional)
 #
 # `helpers.flash.tiled.trace_tiles` runs the FlashAttention-2 loop on one causal head of 16 tokens in
 # tiles of 4 and keeps the state after every (query tile, key tile) step. The figure shows one
@@ -595,7 +595,7 @@ print(f"query tile 3: off by {first_key_tile['error_vs_final']:.3f} after key ti
       f"by less than 1e-12 after key tile 3")
 
 # %% [markdown]
-# ## 6. A backward pass that recomputes
+# ## 6. A backward pass that recomputes (optional)
 #
 # Training needs gradients, and autograd through the tiled loop would save every tile of $P$:
 # the $N \times N$ matrix we avoided. FlashAttention saves only $Q, K, V$, the output $O$ and the
@@ -726,7 +726,7 @@ print(f"P: {p_bytes / 2**30:.1f} GiB per layer; log-sum-exp: {lse_bytes / 2**20:
       f"({p_bytes // lse_bytes}x less)")
 
 # %% [markdown]
-# ## 7. Peak memory on this CPU: quadratic against linear
+# ## 7. Peak memory on this CPU: quadratic against linear (optional)
 #
 # `helpers.flash.profiling.peak_memory_bytes(fn)` runs `fn` under torch's profiler, which records every
 # allocation and free of PyTorch's CPU allocator with its running total, including the scratch
@@ -809,7 +809,7 @@ for name, seconds in times.items():
     print(f"{name:32s} {format_duration(seconds)}")
 
 # %% [markdown]
-# ## 8. The same algorithm as a Triton kernel
+# ## 8. The same algorithm as a Triton kernel (optional)
 #
 # [Triton](https://triton-lang.org) writes GPU kernels in Python. A Triton **program** works on
 # whole blocks (tiles) at once: `tl.load` reads a tile from memory into the chip, `tl.dot`
@@ -895,7 +895,7 @@ if triton_attention.triton_available():
 # against $N$, which is why benchmarks count causal attention as half the FLOPs.
 
 # %% [markdown]
-# ## 9. The backward pass as Triton kernels
+# ## 9. The backward pass as Triton kernels (optional)
 #
 # Section 6 derived the backward pass and wrote it as a PyTorch loop over tiles. Here it is again,
 # the way the kernels compute it. Take one query row $i$, its scores $S_{ij} = \text{scale}\; q_i
@@ -1118,6 +1118,8 @@ print(f"N <= 1024: a call of ours takes {min(short_ms):.2f}-{max(short_ms):.2f} 
       f"ours / SDPA flash {min(short_ratios):.2f}-{max(short_ratios):.2f}x")
 
 # %% [markdown]
+# ### What the figures show
+#
 # **What the figures show.** From $N$ = 4096 on (printed above), our forward kernel runs 1.11 to
 # 1.31 times as fast as SDPA's flash backend, which is FlashAttention-2 itself, and our
 # forward+backward 0.98 to 1.16 times: faster everywhere except causal attention at $d$ = 64,
@@ -1217,7 +1219,7 @@ print(f"training, {len(losses['sdpa'])} steps: final loss SDPA {losses['sdpa'][-
 # 2.4e-04, and 1.2e-04 against 6.1e-05, in the table). The training run with our kernels follows SDPA's to about $10^{-4}$ in the loss at every step.
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # The answers use numbers computed in the cell just below.
 

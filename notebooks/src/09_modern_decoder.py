@@ -47,7 +47,7 @@ from helpers.lab.sections import catch_up
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
 # %% [markdown]
-# ## 1. RoPE: positions as rotations
+# ## 1. RoPE: positions as rotations (core)
 #
 # GPT-2 adds a position vector `p_m` to the token vector before the block. The query of token `m`
 # is then `(x_m + p_m) W_Q`, and its score with key `n` mixes the tokens' contents with both
@@ -267,7 +267,7 @@ assert abs(wider["score"] - moved["score"]) > 1e-3
 print("redraws so far:", explorer.redraws)
 
 # %% [markdown]
-# ## 2. ALiBi: a bias instead of a rotation
+# ## 2. ALiBi: a bias instead of a rotation (optional)
 #
 # ALiBi (Press et al., 2022) puts no position into `q` or `k` at all. It subtracts from every
 # score a penalty proportional to the distance: `score[h, i, j] - m_h · (i - j)`, added **after**
@@ -412,7 +412,7 @@ weights = attend(flat_q, flat_k, torch.eye(6).expand(1, 4, 6, 6))  # values = id
 print("last query's weights on keys 0..5, per head:\n", weights[0, :, 5].numpy().round(3))
 
 # %% [markdown]
-# ## 3. RMSNorm: LayerNorm without the mean
+# ## 3. RMSNorm: LayerNorm without the mean (optional)
 #
 # LayerNorm subtracts each token's mean, divides by its standard deviation, multiplies by `γ` and
 # adds `β`. RMSNorm (Zhang and Sennrich, 2019) keeps only the division, by the root mean square,
@@ -485,7 +485,7 @@ print("parameters for D = 768: LayerNorm", 2 * 768, "| RMSNorm", sum(p.numel() f
 # RMSNorm fixes the size of each token and leaves its mean where it was; LayerNorm centres it too.
 
 # %% [markdown]
-# ## 4. SwiGLU at 8/3 width
+# ## 4. SwiGLU at 8/3 width (optional)
 #
 # GPT-2's MLP has two matrices, `D x 4D` and `4D x D`: `8 D²` parameters. SwiGLU (notebook 6) has
 # three, `gate`, `up` and `down`. To cost the same, its hidden width is two thirds of `4D`:
@@ -520,7 +520,7 @@ print(f"D = {d}: 8D/3 = {8 * d / 3:.2f}; rounded down (8 * D // 3) = {8 * d // 3
 # multiple's worth of units (288 instead of 266.67 for `D = 100` and multiples of 32, the cell
 # shows).
 #
-# ## 5. GQA inside the model, and the cache it saves
+# ## 5. GQA inside the model, and the cache it saves (optional)
 #
 # Grouped-query attention (notebook 5) lets `H` query heads share `H_kv < H` key/value heads. The
 # attention module is the same `helpers.model.multihead.MultiHeadAttention`, with `n_kv_heads`. What it
@@ -538,7 +538,7 @@ print(f"per token: all 64 heads {full_heads / 2**20:.2f} MiB, 8 KV heads {groupe
       f"vs {4096 * grouped / 2**30:.2f} GiB")
 
 # %% [markdown]
-# ## 6. The modern decoder, assembled
+# ## 6. The modern decoder, assembled (core)
 #
 # `helpers.model.modern.ModernGPT` puts the pieces together: a token embedding with **no** position
 # table, `n_layers` blocks of `x + attn(RMSNorm(x))` then `x + SwiGLU(RMSNorm(x))` where the
@@ -699,7 +699,7 @@ if transformers is not None:
           "largest logit difference < 1e-4, full pass and KV cache")
 
 # %% [markdown]
-# ## 7. Measured: the GPT-2 block against the modern block, and longer contexts
+# ## 7. Measured: the GPT-2 block against the modern block, and longer contexts (optional)
 #
 # Two experiments on the course corpus, at the character level (2 layers of width 64, 4 heads,
 # context 64).
@@ -786,6 +786,8 @@ for row in long_run["rows"]:
           f"{row['val_loss'][0]:.2f}   ({ablation['steps']} steps, mean of 3: {short_means[row['name']]:.2f})")
 
 # %% [markdown]
+# ### Three times the steps
+#
 # With three times the steps every model ends far lower, and the gap between the GPT-2 block and
 # the modern block shrinks from about 1 (1.74 against 0.77) to 0.07 (0.48 against 0.41). RoPE alone
 # reaches the modern block's loss (0.42), so what SwiGLU gave at 300 steps was speed of learning,
@@ -848,6 +850,8 @@ def val_loss(model: torch.nn.Module, length: int, last: int = 64) -> float:
     return float(F.cross_entropy(logits.flatten(0, 1), y[:, -last:].flatten()))
 
 # %% [markdown]
+# ### Longer contexts: four ways to give positions
+#
 # The attention of the four models differs only in where positions enter: rotated into `q` and `k`
 # (RoPE), added to the scores (ALiBi), or not at all (the learned and sinusoidal models add them
 # to the input instead). The rest is the modern block.
@@ -948,6 +952,8 @@ assert alibi_row[2] < alibi_row[0] + 0.1                      # ALiBi: no worse 
 assert sin_row[2] > sin_row[0] + 0.2 and rope_row[2] > rope_row[0] + 0.2  # the others degrade
 
 # %% [markdown]
+# ### What the longer windows show
+#
 # Learned positions cannot read past their table. Sinusoidal positions and RoPE both run, and both
 # get worse once the windows grow past the training length. RoPE's scores, like ALiBi's, depend
 # only on the distance `i - j`; what differs is what a distance the model never met does. RoPE
@@ -1012,7 +1018,7 @@ assert ntk[2] < length_losses["rope"][2] - 0.2 and ntk[0] < length_losses["rope"
 # needed neither.
 
 # %% [markdown]
-# ## 8. Muon: an optimiser that treats a weight matrix as a matrix
+# ## 8. Muon: an optimiser that treats a weight matrix as a matrix (optional)
 #
 # Every model of this notebook trained with AdamW, which scales each weight's step by that
 # weight's own running gradient size. A hidden weight matrix `W` (D_out, D_in) is not a bag of
@@ -1527,7 +1533,7 @@ assert all(m < a for a, m in zip(adamw_same, muon_losses, strict=True))
 # 150 and see whether Muon's lead at equal multiply-adds grows with the run.
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. Why does RoPE rotate `q` and `k` instead of adding a vector to the input?**
 #

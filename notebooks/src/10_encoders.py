@@ -41,7 +41,7 @@ from helpers.lab.sections import catch_up
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
 # %% [markdown]
-# ## 1. A translation task from the course grammar
+# ## 1. A translation task from the course grammar (optional)
 #
 # We need pairs of sentences, source and translation, and no download. The course corpus is
 # written by a grammar (`helpers.text.corpus`), so we can translate it by rule into a made-up language,
@@ -110,7 +110,7 @@ print("target   :", target[0].tolist())
 assert torch.equal(target_in[0, 1:][target[0, :-1] != EOS_ID], target[0, :-1][target[0, :-1] != EOS_ID])
 
 # %% [markdown]
-# ## 2. The recurrent translator, its bottleneck, and what attention fixed
+# ## 2. The recurrent translator, its bottleneck, and what attention fixed (optional)
 #
 # Before 2017, neural translation was done by recurrent networks. **Sutskever et al. (2014)** used
 # two deep LSTMs: the encoder read the English sentence (reversed, which shortened the distance
@@ -240,6 +240,8 @@ print(f"Transformer above the GRU with attention in {int((transformer > attentio
       f"{transformer.numel()} seed-and-bin pairs")
 
 # %% [markdown]
+# ### What this run shows, and what it does not
+#
 # **What this run shows, and what it does not.** At equal data and equal steps, the plain GRU is
 # behind both attention models on every seed and in every length bin, and the Transformer is
 # ahead of the GRU with attention in most of them (printed above). The plain GRU is weak even
@@ -325,7 +327,7 @@ plt.show()
 # Transformers. (Our times are not asserted: they depend on the machine.)
 
 # %% [markdown]
-# ## 3. The fix: an encoder-decoder Transformer
+# ## 3. The fix: an encoder-decoder Transformer (core)
 #
 # ### Cross-attention by hand
 #
@@ -567,7 +569,7 @@ ax.set(xlabel="step", ylabel="training loss (cross-entropy)", yscale="log",
 plt.show()
 
 # %% [markdown]
-# ## 4. Accuracy against sentence length
+# ## 4. Accuracy against sentence length (optional)
 #
 # The Transformer translates the whole test split of single sentences greedily (the most likely
 # word at every step). We score **exact match** (the whole sentence right) and **token accuracy**
@@ -606,7 +608,7 @@ print(f"Transformer exact match > 80 %: {t_exact.float().mean().item() > 0.8}; "
 assert t_exact.float().mean() > 0.8 and t_tokens.mean() > 0.95
 
 # %% [markdown]
-# ## 5. Greedy decoding and beam search
+# ## 5. Greedy decoding and beam search (core)
 #
 # Greedy decoding commits to the single most likely word at every step. **Beam search** keeps the
 # `beam_width` most likely *prefixes* instead: at each step it extends each of them by every word,
@@ -710,7 +712,7 @@ for i in range(3):
     print()
 
 # %% [markdown]
-# ## 6. Cross-attention maps
+# ## 6. Cross-attention maps (optional)
 #
 # For a test sentence, we feed the model's own translation back as the decoder input and read the
 # weights of the last decoder layer's cross-attention: row = the Grammish word being written,
@@ -793,7 +795,7 @@ assert other_sentence.shape != other_head.shape or not torch.equal(other_sentenc
 print("redraws so far:", explorer.redraws)
 
 # %% [markdown]
-# ## 7. Encoder-only: pretrain, then finetune
+# ## 7. Encoder-only: pretrain, then finetune (optional)
 #
 # The DS 246 notes' lifecycle is pretrain -> finetune -> inference: learn the language from a large
 # unlabelled text, then a task from a few labels. BERT pretrains an encoder by **masked language
@@ -937,6 +939,8 @@ assert sum(word in PLACES for word in place_guesses) >= 3  # a place goes there,
 assert sum(word in PETS for word in pet_guesses) >= 3
 
 # %% [markdown]
+# ### Finetuning the pretrained encoder
+#
 # **Finetuning.** A sentence-level task the corpus supports: is a sentence **well formed**? We
 # make ill-formed sentences by swapping two neighbouring words and keep a swap only when the
 # course grammar (`helpers.text.corpus.is_well_formed`) rejects the result, so every label is exact.
@@ -1019,7 +1023,7 @@ print(f"gap per seed: {' '.join(f'{g:+.3f}' for g in gaps)}; mean {sum(gaps) / 3
 # nothing finer than that, for instance not that the encoder "knows the word order" (a probe of
 # the pretrained vectors would be needed for that).
 #
-# ## 8. The three families, side by side
+# ## 8. The three families, side by side (optional)
 #
 # The third family can translate too: a **decoder-only** model reads the English sentence as a
 # prompt, then a `<bos>`, and is trained to continue with the Grammish words (the loss is taken on
@@ -1112,7 +1116,7 @@ assert n_cross == config.n_layers
 assert not any(isinstance(getattr(m, "cross_attn", None), MultiHeadAttention) for m in mlm.modules())
 
 # %% [markdown]
-# ## What we measured
+# ## What we measured (optional)
 #
 # - **The bottleneck** (section 2, three seeds from `data/bottleneck.json`, made by
 #   `python benchmarks/bench_bottleneck.py --jobs 3`): on sources of 1-3 joined sentences, with
@@ -1135,7 +1139,7 @@ assert not any(isinstance(getattr(m, "cross_attn", None), MultiHeadAttention) fo
 #   the encoder-decoder.
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **What are the differences between the Transformer encoder and decoder?** (the USF notes)
 #

@@ -60,7 +60,7 @@ from helpers.lab.sections import catch_up
 torch.set_num_threads(1)  # two processes will share the cores with this one
 
 # %% [markdown]
-# ## 1. Processes that talk: ranks, a process group, collectives
+# ## 1. Processes that talk: ranks, a process group, collectives (core)
 #
 # A distributed job is `world_size` copies of the same program. Each copy, a **rank**
 # (0, 1, ...), calls `torch.distributed.init_process_group(backend)`; they meet at an address
@@ -277,7 +277,7 @@ axis.legend()
 plt.show()
 
 # %% [markdown]
-# ## 2. Data parallelism: the same model everywhere, a slice of the batch each
+# ## 2. Data parallelism: the same model everywhere, a slice of the batch each (core)
 #
 # The loss of a batch is a **mean** over its rows. Split a batch of `B` rows into `p` equal
 # slices: the mean over the batch is the average of the slices' means, and so is its gradient.
@@ -419,7 +419,7 @@ for model_name in ("mlp", "gpt"):
     print(f"{model_name}: torch DDP on 2 processes vs 1 process: max |diff| < 1e-6")
 
 # %% [markdown]
-# ## 3. Optimizer-state sharding (ZeRO-1)
+# ## 3. Optimizer-state sharding (ZeRO-1) (optional)
 #
 # Data parallelism copies *everything* to every rank: the weights, the gradients and AdamW's two
 # running averages `m` and `v`, which alone are twice the weights. ZeRO (Rajbhandari et al.,
@@ -533,7 +533,7 @@ for rank, result in enumerate(results):
 assert sum(r["state_bytes"] for r in results) == results[0]["full_state_bytes"]
 
 # %% [markdown]
-# ## 4. Tensor parallelism: split every matrix
+# ## 4. Tensor parallelism: split every matrix (optional)
 #
 # Data parallelism needs the whole model on each device. When one layer is too big, split the
 # layer. The MLP is `down(gelu(up(x)))` with `up` of shape `(hidden, D)` and `down` of shape
@@ -651,7 +651,7 @@ for rank, result in enumerate(results):
           f"down.weight local {result['down_local']}; output vs the MLP: max |diff| < 1e-6")
 
 # %% [markdown]
-# ## 5. The aspects of Transformer parallelization
+# ## 5. The aspects of Transformer parallelization (optional)
 #
 # The USF notes close their questions with "What are the aspects of Transformer
 # parallelization?". Inside one device: the batch, the heads and the positions are computed at
@@ -724,7 +724,7 @@ plt.show()
 
 # %% [markdown]
 #
-# ## 6. Started by `torchrun`, on GPUs with `nccl`
+# ## 6. Started by `torchrun`, on GPUs with `nccl` (optional)
 #
 # The worker functions of `helpers` do not care how their process was started. `torchrun` starts
 # `N` copies of a script and tells each its rank in environment variables;
@@ -755,7 +755,7 @@ print("   ", done.stdout.strip().splitlines()[-1], "|", format_duration(time.per
 # available to this course. Two differences matter in practice: `nccl` moves tensors from GPU
 # to GPU without the CPU (far faster than `gloo`), and each process must own its own GPU.
 #
-# ## What was measured here
+# ## What was measured here (optional)
 #
 # The all-reduce times of section 1 (two CPU processes, gloo) and the memory per rank of section
 # 3, gathered again:
@@ -771,7 +771,7 @@ print(f"ZeRO-1, AdamW state per rank of the tiny GPT: {results_zero[0]['state_by
       f"{results_zero[1]['state_bytes']:,} bytes (unsharded {results_zero[0]['full_state_bytes']:,})")
 
 # %% [markdown]
-# ## 7. Part two: FSDP, pipelines and rings, by hand
+# ## 7. Part two: FSDP, pipelines and rings, by hand (optional)
 #
 # Three more ways to split a training step, each written with the collectives of section 1 and
 # proven equal to one process on the same two workers.
@@ -1170,7 +1170,7 @@ except WorkerFailed as error:
 print("processes still running:", len(workers.processes))
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. The USF notes: what are the aspects of Transformer parallelization?**
 #

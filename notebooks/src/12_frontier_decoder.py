@@ -39,7 +39,7 @@ torch.set_num_threads(1)  # every tensor here is small: one thread beats coordin
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 # %% [markdown]
-# ## 1. Mixture of experts
+# ## 1. Mixture of experts (optional)
 #
 # A dense block sends every token through one MLP. A MoE block has `E` MLPs (the **experts**) and
 # a **router**, a linear layer `D -> E` that scores every expert for every token; each token goes
@@ -430,6 +430,8 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# ### Balanced or not, measured over seeds
+#
 # Routing decisions are discrete, so a run's exact shares can differ between CPUs; the measured
 # numbers come from `python benchmarks/bench_moe.py --part balance --steps 200 --seeds 5`, which
 # ran the same three models for 200 steps with five seeds and wrote `data/bench_moe.json`. For
@@ -592,7 +594,7 @@ assert all(r["max_error"] < 1e-6 for r in results)
 assert sum(r["rows_computed"] for r in results) == 2 * 16 * 2   # every assignment computed once
 
 # %% [markdown]
-# ## 2. Multi-head latent attention (DeepSeek-V2, V3)
+# ## 2. Multi-head latent attention (DeepSeek-V2, V3) (core)
 #
 # Notebook 5 counted the KV cache: every layer stores every head's key and value for every
 # token. GQA and MQA shrink it by sharing heads. DeepSeek's **MLA** instead compresses: each token
@@ -747,7 +749,7 @@ else:
     print("transformers is not installed: tests/model/test_mla.py runs this comparison where it is")
 
 # %% [markdown]
-# ## 3. Sliding windows and a ring-buffer cache
+# ## 3. Sliding windows and a ring-buffer cache (core)
 #
 # A **sliding-window** layer lets each query see only the last `W` keys (its own included):
 # notebook 4's local mask, as a band. Its cache then never needs more than `W` tokens. Write them
@@ -937,7 +939,7 @@ except ValueError as error:
     print("window 0:", error)
 
 # %% [markdown]
-# ## 4. QK-norm and RoPE scaling
+# ## 4. QK-norm and RoPE scaling (optional)
 #
 # ### 4.1 QK-norm
 #
@@ -1073,7 +1075,7 @@ else:
     print("transformers is not installed: tests/model/test_gemma.py runs this comparison where it is")
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. Mixtral and Qwen2-MoE route the same logits to the same experts. Do they give them the same
 # weights? And Qwen3-MoE?**

@@ -37,7 +37,7 @@ torch.set_num_threads(1)  # every tensor here is small: one thread beats coordin
 NOTEBOOK_START, NOTEBOOK_CPU = time.perf_counter(), time.process_time()
 
 # %% [markdown]
-# ## 1. A task with an exact checker, and a small pretrained GPT
+# ## 1. A task with an exact checker, and a small pretrained GPT (optional)
 #
 # Arithmetic in words: "what is three plus four?" has one right answer, "seven", and a checker
 # that compares words decides it, so every accuracy below is counted, never judged by eye. We
@@ -103,7 +103,7 @@ print(f"prose accuracy: train {prose['train']:.2f}, held-out {prose['held']:.2f}
 print(f"chat accuracy:  train {chat_before['train']:.2f}, held-out {chat_before['held']:.2f}")
 
 # %% [markdown]
-# ## 2. Classification finetuning: a head on the last token
+# ## 2. Classification finetuning: a head on the last token (optional)
 #
 # The first kind of finetuning: reuse the pretrained body, add a linear head, and train it on
 # labelled examples. Task: is a sentence well formed? "three plus two is five" is, "plus two is
@@ -201,7 +201,7 @@ assert order > n_p / 2 and slow_all == n_p  # the two claims of the next paragra
 # tunes the rate for each choice. What stays true: the head alone is the cheapest per step and
 # is limited to what the frozen body already computes at the last token.
 #
-# ## 3. LoRA by hand
+# ## 3. LoRA by hand (core)
 #
 # Full finetuning updates every weight and AdamW keeps two more numbers per weight. LoRA (Hu et
 # al., 2021) freezes a layer's W (out x in) and learns a low-rank update instead:
@@ -317,6 +317,8 @@ print(f"{type(wrapped).__name__}: vs the formula, vs the helper, and merged vs t
       f"max differences < 1e-5 (scaling = {wrapped.scaling})")
 
 # %% [markdown]
+# ### LoRA on the whole model
+#
 # `add_lora` wraps every layer named like the targets (peft's rule), here the query and value
 # projections, with the helper's layer (which the model's fused attention path can also read).
 
@@ -375,7 +377,7 @@ if peft is not None:
     print("peft's LoRA vs ours, same A and B: max difference < 1e-5")
 
 # %% [markdown]
-# ## 4. Instruction tuning (SFT): a chat template and a loss on the answer only
+# ## 4. Instruction tuning (SFT): a chat template and a loss on the answer only (optional)
 #
 # A chat model reads a **template**: special tokens mark who speaks, and one marks the end of the
 # answer so that generation knows when to stop. Each special token is one id, never spelled out.
@@ -475,7 +477,7 @@ print("right answers:   ", [f.answer() for f in held_facts[:6]])
 # answers in the new format rather than how to route every fact it knows into it. Larger models
 # transfer far better; here we keep measuring both sets.
 #
-# ## 5. DPO: prefer the right answer
+# ## 5. DPO: prefer the right answer (core)
 #
 # Preference data comes as pairs: for one prompt a **chosen** answer and a **rejected** one
 # (here: the right number word and a near miss). DPO (Rafailov et al., 2023) trains the policy
@@ -613,6 +615,8 @@ for b in BETAS:
 
 
 # %% [markdown]
+# ### Reading the margin
+#
 # The margin is shown as the difference of log-ratios (the reward divided by beta), so that the
 # runs compare. With AdamW the step size barely depends on the loss's scale, so a small beta does
 # not move the model less: it asks for a larger log-ratio before the loss is satisfied, and the
@@ -680,7 +684,7 @@ print(f"greedy chat accuracy: SFT train {chat_sft['train']:.2f} -> DPO train {ch
 # rises. The closing table shows what happened here.
 
 # %% [markdown]
-# ## 6. GRPO: reward only what the checker accepts
+# ## 6. GRPO: reward only what the checker accepts (optional)
 #
 # DPO needs pairs someone ranked. With a **verifiable reward** we need nothing but the checker:
 # sample a **group** of G answers to each prompt, reward 1 for a right answer and 0 otherwise,
@@ -858,6 +862,8 @@ ax.legend()
 plt.show()
 
 # %% [markdown]
+# ### Twelve seeds, three normalisations
+#
 # One run of 20 steps on 32 samples per step is noisy. How the loss is averaged over tokens is
 # the subject of two papers, and the loop takes it as a knob (`normalise`):
 #
@@ -946,7 +952,7 @@ assert all(sum(bench["runs"][f"{m}/{s}"]["train_accuracy"] for s in seeds_b) / l
 # so gives other per-seed numbers: the summary over seeds is the claim, not any one row.
 
 # %% [markdown]
-# ## 7. The same held-out questions after each stage
+# ## 7. The same held-out questions after each stage (optional)
 
 # %%
 catch_up("13_post_training", "7.")  # started here after a restart? this runs the sections above
@@ -1006,7 +1012,7 @@ assert mean_of["sft"][1] < mean_of["prose"][1] and mean_of["grpo"][0] < mean_of[
 # budget.
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. Why does DPO (and GRPO) need a reference model?**
 #

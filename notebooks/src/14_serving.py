@@ -39,7 +39,7 @@ from helpers.lab.sections import catch_up
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
 # %% [markdown]
-# ## 1. Sampling, exactly
+# ## 1. Sampling, exactly (core)
 #
 # A model gives logits; a *sampling rule* turns them into the distribution the next token is drawn
 # from. Each rule below is a function from a distribution to a distribution, so we can print the
@@ -180,7 +180,7 @@ print("seed 7, drawn twice:", [words[i] for i in first.tolist()], "and", [words[
 print("greedy:", [words[i] for i in sampling.sample(batch_logits, temperature=0).tolist()])
 
 # %% [markdown]
-# ## 2. Two models to serve
+# ## 2. Two models to serve (optional)
 #
 # The rest of the notebook serves a **target** model (2 blocks, d = 64) and, for speculative
 # decoding, a much smaller **draft** (1 block, d = 32: 6.5 times fewer parameters, printed
@@ -282,7 +282,7 @@ assert narrow["kept"] < start_view["kept"] and hot["top"] < start_view["top"]
 print("redraws so far:", explorer.redraws)
 
 # %% [markdown]
-# ## 3. Many prompts in one batch
+# ## 3. Many prompts in one batch (optional)
 #
 # A batch is a rectangle, prompts are not. We **pad on the left**, so that every row's next token
 # lands in the same (last) column, and give the model two more things:
@@ -341,7 +341,7 @@ for name, wrong in (("without position ids", no_positions), ("without the mask",
 print("softmax of a row that sees nothing:", torch.softmax(torch.full((3,), -math.inf), dim=0).tolist())
 
 # %% [markdown]
-# ## 4. A paged KV cache
+# ## 4. A paged KV cache (core)
 #
 # Notebook 7's cache preallocates `context_length` slots per sequence. A server does not know how
 # long an answer will be, so it must reserve the maximum, and most of it stays empty. vLLM's
@@ -454,7 +454,7 @@ print(f"one slot of this model = {bytes_per_token:,} bytes (keys and values, {le
 # the context); pages waste at most one partly filled block per request, about half a block on
 # average. That memory is what lets a paged server run more requests at once.
 #
-# ## 5. Continuous batching
+# ## 5. Continuous batching (core)
 #
 # **Static batching** gathers `B` requests, runs them until the longest is done, then takes the
 # next `B`: a finished request's row idles while the others go on, and a request that arrives just
@@ -570,7 +570,7 @@ for seed, run in bench["batching"].items():
 # into throughput too; the latency gain is there at any size.
 
 # %% [markdown]
-# ## 6. Prefix sharing with copy on write
+# ## 6. Prefix sharing with copy on write (optional)
 #
 # Requests often begin with the same text (a system prompt, a few-shot preamble). With pages they
 # can share its blocks: the prefix is prefilled once, then each request is a `fork` whose block
@@ -625,7 +625,7 @@ assert shared_blocks < apart_blocks and copies == len(suffixes)
 # The prefix is stored once instead of six times; each request copied only the partly filled
 # block it wrote into.
 #
-# ## 7. Speculative decoding: faster, with the same distribution
+# ## 7. Speculative decoding: faster, with the same distribution (optional)
 #
 # A generation step of a large model is slow mostly because it reads all the weights to produce
 # one token. Speculative decoding (Leviathan et al. 2023; Chen et al. 2023) lets a small **draft**
@@ -925,7 +925,7 @@ print("speed-up over the target alone: " + ", ".join(
 # weights, fewer target passes is most of the speed-up. On this CPU, with models this small, each
 # pass costs about the same fixed overhead whatever the model, so the draft's passes eat the gain.
 #
-# ## 8. Quantization: fewer bytes per weight
+# ## 8. Quantization: fewer bytes per weight (optional)
 #
 # Generation reads every weight once per token, so a smaller weight is a faster step (where memory
 # bandwidth is the limit) and a bigger model in the same memory. **Weight-only** quantization
@@ -1142,7 +1142,7 @@ else:
 print(f"1024 x 1024 weights: {big.numel() * 4:,} bytes in float32, {q8.numel() + s8.numel() * 4:,} in int8")
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # 1. Top-p 0.8 on the six words of section 1 kept three words. For which top-p does it keep four?
 #
