@@ -4,9 +4,9 @@ A notebook builds its objects section by section (a tokenizer in section 4, a tr
 section 4 of notebook 7, ...). An instructor who restarts the kernel and jumps to section 7 runs
 the set-up cells, then the section's first code cell, `catch_up("07_gpt", "7.")`. When every
 name the earlier sections define and this section reads is already there (the notebook was run
-from the top) it does nothing and prints nothing; otherwise it runs the earlier sections' code cells again, from the
-notebook file itself (the student's own answers included), with their output hidden, and says so
-in one line. `tools/run_sections.py` runs every section this way.
+from the top) it does nothing and prints nothing; otherwise it runs the earlier sections' code
+cells again, from the notebook file itself (the student's own answers included), with their
+output hidden, and says so in one line. `tools/run_sections.py` runs every section this way.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typing import Any
 
 SECTION_HEADING = re.compile(r"^## ", re.M)
 CATCH_UP_CALL = "catch_up("
-HIDDEN_TESTS = re.compile(r"^### BEGIN HIDDEN TESTS$.*?^### END HIDDEN TESTS$\n?", re.M | re.S)  # grading only
+# What only the grader runs: the hidden tests of a test cell.
+HIDDEN_TESTS = re.compile(r"^### BEGIN HIDDEN TESTS$.*?^### END HIDDEN TESTS$\n?", re.M | re.S)
 
 
 def split_sections(cells: list[dict]) -> tuple[list[dict], list[tuple[str, list[dict]]]]:
@@ -48,22 +49,54 @@ def _source(cell: dict) -> str:
 
 
 def defined_names(source: str) -> set[str]:
-    """The names a code cell binds at its top level (assignments, defs, classes, imports, loops)."""
+    """The names a code cell surely binds at its top level: assignments, defs, classes, imports,
+    a loop's variable, `with ... as`. Not what an `if`, `try` or loop body may bind, nor a
+    comprehension's variable: after a run from the top those can be absent, and catch_up would
+    then run the cells above again for nothing."""
     try:
         tree = ast.parse(source)
     except SyntaxError:  # a cell with IPython magics: it defines nothing we look for
         return set()
-    names: set[str] = set()
-    deleted = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Del)}
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
-        else:
-            targets = [n for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
-            names |= {target.id for target in targets}
-    return names - deleted
+    return set().union(*map(_bound_by, tree.body)) - _deleted(source) if tree.body else set()
+
+
+def _deleted(source: str) -> set[str]:
+    """The names a cell deletes (`del x`) anywhere in it."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Del)}
+
+
+def _bound_by(node: ast.stmt) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    targets: list[ast.AST] = []
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.For)):
+        targets = [node.target]
+    elif isinstance(node, ast.With):
+        targets = [item.optional_vars for item in node.items if item.optional_vars is not None]
+        inner = set().union(*map(_bound_by, node.body)) if node.body else set()
+        return inner | _names_in(targets)
+    return _names_in(targets)
+
+
+def _names_in(targets: list[ast.AST]) -> set[str]:
+    """Plain names among assignment targets (`a, (b, *c) = ...`), not `x[i]` or `obj.attr`."""
+    found: set[str] = set()
+    for target in targets:
+        if isinstance(target, ast.Name):
+            found.add(target.id)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            found |= _names_in(target.elts)
+        elif isinstance(target, ast.Starred):
+            found |= _names_in([target.value])
+    return found
 
 
 def used_names(source: str) -> set[str]:
@@ -103,24 +136,25 @@ def find_notebook(name: str) -> Path:
     raise FileNotFoundError(f"no {name}.ipynb in {Path.cwd()} or the course's notebooks/ folder")
 
 
-def catch_up(name: str, section: str, namespace: dict[str, Any] | None = None) -> int:
+def catch_up(name: str, section: str, namespace: dict[str, Any] | None = None) -> None:
     """Run the code cells before `section` of notebook `name` if a name they define and the
     section reads is missing.
 
     name: the notebook, "07_gpt"; section: how its `##` title starts, "7." or "Check your".
     namespace: where the names live (default: the notebook's, IPython's user namespace).
-    Returns how many cells it ran (0 when nothing was missing)."""
+    Returns None, so that the cell shows nothing when nothing was missing."""
     if not isinstance(section, str) or not section:
         raise ValueError(f"section={section!r}, expected the start of a `##` title such as '7.'")
     shell = _shell()
     namespace = shell.user_ns if namespace is None else namespace
     cells = json.loads(find_notebook(name).read_text(encoding="utf-8"))["cells"]
     code, own = earlier_and_own_code(cells, section)
-    made_above = set().union(*map(defined_names, code)) if code else set()
+    deleted = set().union(set(), *map(_deleted, code))
+    made_above = set().union(set(), *map(defined_names, code)) - deleted
     needed = set().union(*map(used_names, own)) if own else set()
     missing = (made_above & needed) - set(namespace)
     if not missing:
-        return 0
+        return
     import matplotlib.pyplot as plt
     from IPython.utils.capture import capture_output
 
@@ -136,7 +170,6 @@ def catch_up(name: str, section: str, namespace: dict[str, Any] | None = None) -
                                f"failed with {result.error_in_exec!r}:\n{source}")
     print(f"started here: ran the {len(code)} code cells above again for the "
           f"{len(missing)} names they define ({format_duration(time.perf_counter() - started)})")
-    return len(code)
 
 
 def _shell():
@@ -144,7 +177,8 @@ def _shell():
 
     shell = get_ipython()
     if shell is None:
-        raise RuntimeError("catch_up runs inside a notebook (an IPython kernel), not a plain script")
+        raise RuntimeError("catch_up runs inside a notebook (an IPython kernel), "
+                           "not a plain script")
     return shell
 
 

@@ -47,9 +47,11 @@ def test_a_section_is_named_by_a_prefix_of_exactly_one_title():
         earlier_and_own_code(CELLS, "3.")
 
 
-def test_defined_and_used_names_follow_the_cell_top_level():
-    source = "import numpy as np\nfor i in range(3):\n    total = i\nclass A: pass\nold = 1\ndel old"
-    assert defined_names(source) == {"np", "i", "total", "A"}
+def test_defined_names_are_only_those_a_run_from_the_top_surely_binds():
+    source = ("import numpy as np\nfor i in range(3):\n    total = i\nclass A: pass\nold = 1\ndel old\n"
+              "a, (b, *c) = 1, (2, 3)\nd[0] = squares = [x * x for x in range(3)]\n"
+              "if np:\n    maybe = 1\nwith open('f') as f:\n    text = f.read()")
+    assert defined_names(source) == {"np", "i", "A", "a", "b", "c", "squares", "f", "text"}
     assert used_names("y = f(x) + z.w") == {"f", "x", "z"}
     assert defined_names("%time x = 1") == set()  # a magic: not Python, nothing to look for
 
