@@ -72,8 +72,10 @@ torch.set_num_threads(1)
 # </details>
 
 # %%
-def my_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: (..., D); weight, bias: (D,) -> (..., D), each token standardised over its own D features."""
+def my_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                  eps: float) -> torch.Tensor:
+    """x: (..., D); weight, bias: (D,) -> (..., D), each token standardised over its own D
+    features."""
     ### BEGIN SOLUTION
     mean = x.mean(dim=-1, keepdim=True)
     variance = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # divide by D: the biased variance
@@ -106,8 +108,10 @@ assert torch.allclose(mine, reference(x), atol=1e-6)
 print("norm == nn.LayerNorm:", torch.allclose(mine, reference(x), atol=1e-6))
 
 # %%
-unbiased = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + 1e-5) * reference.weight + reference.bias
-print(f"with the unbiased variance (D - 1) instead: largest difference {(unbiased - reference(x)).abs().max():.4f}")
+unbiased = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True)
+                                                       + 1e-5) * reference.weight + reference.bias
+print(f"with the unbiased variance (D - 1) instead: largest difference "
+      f"{(unbiased - reference(x)).abs().max():.4f}")
 
 # %%
 constant_token = torch.full((1, 8), 3.0)  # every feature equal: variance 0
@@ -144,18 +148,22 @@ biased_std = MATRIX_MAGIC_INPUT.std(-1, correction=0)
 unbiased_std = MATRIX_MAGIC_INPUT.std(-1)
 print("row  notes mean  mean   notes std  std (÷D)  std (÷(D-1))")
 for i in range(4):
-    print(f"{i + 1:>3} {MATRIX_MAGIC_MEAN[i]:>10.2f} {mean[i]:>6.2f} {MATRIX_MAGIC_STD[i]:>9.2f} {biased_std[i]:>9.2f} "
+    print(f"{i + 1:>3} {MATRIX_MAGIC_MEAN[i]:>10.2f} {mean[i]:>6.2f} {MATRIX_MAGIC_STD[i]:>9.2f} "
+          f"{biased_std[i]:>9.2f} "
           f"{unbiased_std[i]:>13.2f}")
 
 # %%
 correct = norm(MATRIX_MAGIC_INPUT, torch.ones(8), torch.zeros(8), MATRIX_MAGIC_EPS)
-assert torch.allclose(correct, F.layer_norm(MATRIX_MAGIC_INPUT, (8,), eps=MATRIX_MAGIC_EPS), atol=1e-6)
-print(f"correct normalised rows (nn.LayerNorm, eps = {MATRIX_MAGIC_EPS}):\n", correct.round(decimals=2))
+assert torch.allclose(correct, F.layer_norm(MATRIX_MAGIC_INPUT, (8,), eps=MATRIX_MAGIC_EPS),
+                      atol=1e-6)
+print(f"correct normalised rows (nn.LayerNorm, eps = {MATRIX_MAGIC_EPS}):\n",
+      correct.round(decimals=2))
 print("the Matrix Magic notes' rows:\n", MATRIX_MAGIC_NORMALISED)
 print("std of each row, correct:", correct.std(-1, correction=0).round(decimals=2),
       " notes:", MATRIX_MAGIC_NORMALISED.std(-1, correction=0).round(decimals=2))
 
-what_the_notes_did = (MATRIX_MAGIC_INPUT - mean[:, None]) / torch.sqrt(MATRIX_MAGIC_STD[:, None] + MATRIX_MAGIC_EPS)
+what_the_notes_did = (MATRIX_MAGIC_INPUT - mean[:, None]) / torch.sqrt(MATRIX_MAGIC_STD[:, None]
+                                                                       + MATRIX_MAGIC_EPS)
 gap = (what_the_notes_did - MATRIX_MAGIC_NORMALISED).abs().max()
 print(f"(x - mean) / sqrt(notes std + eps) matches the notes' rows to {gap:.3f}")
 
@@ -177,7 +185,8 @@ ours = LayerNorm(8)
 ours.load_state_dict(reference.state_dict())
 assert torch.allclose(ours(x), reference(x), atol=1e-6)
 assert torch.allclose(layer_norm(x, reference.weight, reference.bias), mine, atol=1e-6)
-print("helpers.model.layers.LayerNorm == nn.LayerNorm:", torch.allclose(ours(x), reference(x), atol=1e-6))
+print("helpers.model.layers.LayerNorm == nn.LayerNorm:", torch.allclose(ours(x), reference(x),
+                                                                        atol=1e-6))
 
 # %% [markdown]
 # ## 2. BatchNorm vs LayerNorm (optional)
@@ -220,10 +229,13 @@ for layer in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
         alone = normalise_token_0(layer, token, train=True)
         evaluated = normalise_token_0(layer, batch, train=False)
     print(f"{name}:")
-    print(f"  batch of 64 vs another batch of 64 (train): largest change {(in_batch - in_other).abs().max():.4f}")
-    alone_text = alone if isinstance(alone, str) else f"largest change {(in_batch - alone).abs().max():.4f}"
+    print(f"  batch of 64 vs another batch of 64 (train): largest change "
+          f"{(in_batch - in_other).abs().max():.4f}")
+    alone_text = alone if isinstance(alone,
+            str) else f"largest change {(in_batch - alone).abs().max():.4f}"
     print(f"  batch of 64 vs batch of 1 (train):          {alone_text}")
-    print(f"  train vs eval mode (batch of 64):           largest change {(in_batch - evaluated).abs().max():.4f}")
+    print(f"  train vs eval mode (batch of 64):           largest change "
+          f"{(in_batch - evaluated).abs().max():.4f}")
 
 # %% [markdown]
 # LayerNorm gives the token the same output in every case (changes of 0). BatchNorm's output for
@@ -272,7 +284,8 @@ exact = F.gelu(z64)
 tanh_approximation = F.gelu(z64, approximate="tanh")
 assert torch.allclose(exact, z64 * 0.5 * (1 + torch.erf(z64 / math.sqrt(2))), atol=1e-12)
 assert torch.allclose(tanh_approximation,
-                      0.5 * z64 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z64 + 0.044715 * z64**3))), atol=1e-12)
+                      0.5 * z64 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z64 + 0.044715
+                                                                            * z64**3))), atol=1e-12)
 gelu_gap = (exact - tanh_approximation).abs()
 print(f"largest |GELU(z) - GELU_tanh(z)| for z in [-6, 6]: {gelu_gap.max():.1e}, "
       f"at z = ±{z64[gelu_gap.argmax()].abs():.2f} (the gap is even in z)")
@@ -308,7 +321,8 @@ formulas = {"FFN, ReLU": 8 * D**2 + 5 * D, "FFN, GELU": 8 * D**2 + 5 * D,
 for name, count in counts.items():
     assert count == formulas[name]
     print(f"{name:<14} {count:>10,} parameters  (formula: {formulas[name]:,})")
-print(f"D = {D}: 8·D² = {8 * D**2:,}; the FFN holds {counts['FFN, GELU'] / (counts['FFN, GELU'] + counts['attention']):.1%} "
+print(f"D = {D}: 8·D² = {8 * D**2:,}; the FFN holds "
+      f"{counts['FFN, GELU'] / (counts['FFN, GELU'] + counts['attention']):.1%} "
       "of the block's attention + FFN parameters")
 
 # %% [markdown]
@@ -337,7 +351,8 @@ print(f"D = {D}: 8·D² = {8 * D**2:,}; the FFN holds {counts['FFN, GELU'] / (co
 # </details>
 
 # %%
-def my_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+def my_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+              w_down: torch.Tensor) -> torch.Tensor:
     """x: (..., D); w_gate, w_up: (D, hidden); w_down: (hidden, D) -> (..., D)."""
     ### BEGIN SOLUTION
     return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
@@ -359,7 +374,8 @@ torch.manual_seed(0)
 dropout = nn.Dropout(p=0.5)
 ones = torch.ones(100_000)
 dropped = dropout.train()(ones)
-print(f"train: {(dropped == 0).float().mean():.3f} of the values zeroed, survivors = {dropped.max():.1f}, "
+print(f"train: {(dropped == 0).float().mean():.3f} of the values zeroed, survivors = "
+      f"{dropped.max():.1f}, "
       f"mean {dropped.mean():.3f}")
 print(f"eval:  unchanged: {torch.equal(dropout.eval()(ones), ones)}")
 
@@ -448,7 +464,8 @@ DEPTH = 24
 
 def stream_stds_unit_branches(pre_norm: bool, branches_per_layer: int = 1, width: int = 128,
                               n_tokens: int = 256) -> list[float]:
-    """Std of the stream after each of DEPTH layers, each of whose branches outputs unit-std values."""
+    """Std of the stream after each of DEPTH layers, each of whose branches outputs unit-std
+    values."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n_tokens, width, generator=g)
     stds = [x.std().item()]
@@ -477,14 +494,17 @@ curves = {
     "Pre-LN, unit-std branches": stream_stds_unit_branches(pre_norm=True),
     "Post-LN, unit-std branches": stream_stds_unit_branches(pre_norm=False),
     "Pre-LN Blocks (default init)": stream_stds_blocks([Block(64, 4) for _ in range(DEPTH)], x0),
-    "Post-LN Blocks (default init)": stream_stds_blocks([Block(64, 4, pre_norm=False) for _ in range(DEPTH)], x0),
+    "Post-LN Blocks (default init)": stream_stds_blocks(
+        [Block(64, 4, pre_norm=False) for _ in range(DEPTH)], x0
+    ),
 }
 pre = curves["Pre-LN, unit-std branches"]
 pre_two = stream_stds_unit_branches(pre_norm=True, branches_per_layer=2)  # attention and FFN
 print(" L   sqrt(1+L)   Pre-LN measured   Post-LN measured   sqrt(1+2L)   Pre-LN, 2 sub-layers")
 for depth in (1, 2, 4, 8, 16, 24):
     print(f"{depth:>2} {math.sqrt(1 + depth):>11.3f} {pre[depth]:>17.3f} "
-          f"{curves['Post-LN, unit-std branches'][depth]:>18.3f} {math.sqrt(1 + 2 * depth):>12.3f} {pre_two[depth]:>21.3f}")
+          f"{curves['Post-LN, unit-std branches'][depth]:>18.3f} {math.sqrt(1 + 2 * depth):>12.3f} "
+          f"{pre_two[depth]:>21.3f}")
 
 # %%
 fig, ax = plt.subplots(figsize=(9, 5))
@@ -713,6 +733,8 @@ def my_distance_from_rank_one(x: torch.Tensor) -> torch.Tensor:
 check("layers.distance_from_rank_one", my_distance_from_rank_one)
 
 # %% [markdown]
+# ### The helper, through a deep stack
+#
 # The helper is `helpers.model.layers.distance_from_rank_one`. The cell pushes 16 random tokens
 # (64 features) through 24 layers of five kinds, all with PyTorch's default initialisation and no
 # mask: attention alone, attention followed by an FFN, attention with a skip connection, the same
@@ -729,7 +751,8 @@ SEEDS = (0, 1, 2)
 
 
 def rank_collapse_stacks(seed: int) -> tuple[dict, torch.Tensor]:
-    """Five stacks of DEPTH layers, built from the same attentions and FFNs, and the tokens (1, 16, 64)."""
+    """Five stacks of DEPTH layers, built from the same attentions and FFNs, and the tokens (1, 16,
+    64)."""
     torch.manual_seed(seed)
     attentions = [MultiHeadAttention(64, 4) for _ in range(DEPTH)]
     with torch.no_grad():
@@ -743,14 +766,17 @@ def rank_collapse_stacks(seed: int) -> tuple[dict, torch.Tensor]:
         "attention + FFN": lambda x, i: ffns[i](attentions[i](x)),
         "attention + skip": lambda x, i: x + attentions[i](x),
         "attention + skip, FFN + skip": lambda x, i: (y := x + attentions[i](x)) + ffns[i](y),
-        "full block (skips, FFN, LN)": lambda x, i: (y := x + attentions[i](norm(x))) + ffns[i](norm(y)),
+        "full block (skips, FFN, LN)": lambda x, i: (
+            (y := x + attentions[i](norm(x))) + ffns[i](norm(y))
+        ),
     }
     return stacks, torch.randn(1, 16, 64)
 
 
 # %%
 def distances_through(stacks: dict, tokens: torch.Tensor) -> tuple[dict, dict]:
-    """Per stack: the distance from rank one after 0, 1, ..., DEPTH layers, and the rank at the top."""
+    """Per stack: the distance from rank one after 0, 1, ..., DEPTH layers, and the rank at the
+    top."""
     distances, final_rank = {}, {}
     with torch.no_grad():
         for name, layer in stacks.items():
@@ -778,10 +804,19 @@ print("seed 0, layers:               " + "  ".join(f"{i:>7}" for i in (0, 1, 2, 
 for name, d in distances.items():
     print(f"{name:<29}" + "  ".join(shown(d[i]) for i in (0, 1, 2, 3, DEPTH))
           + f"   rank at the top: {final_rank[name]}")
-top = {name: [runs[seed][0][name][-1] for seed in SEEDS] for name in distances}  # after DEPTH layers
-ffn_effect = [abs(a - b) for a, b in zip(top["attention + skip, FFN + skip"], top["attention + skip"], strict=True)]
-block_lead = [block - max(a, b) for block, a, b in zip(top["full block (skips, FFN, LN)"], top["attention + skip"],
-                                                       top["attention + skip, FFN + skip"], strict=True)]
+top = {name: [runs[seed][0][name][-1] for seed in SEEDS]
+       for name in distances}  # after DEPTH layers
+ffn_effect = [abs(a - b) for a, b in zip(top["attention + skip, FFN + skip"],
+                                         top["attention + skip"], strict=True)]
+block_lead = [
+    block - max(a, b)
+    for block, a, b in zip(
+        top["full block (skips, FFN, LN)"],
+        top["attention + skip"],
+        top["attention + skip, FFN + skip"],
+        strict=True,
+    )
+]
 print(f"\nafter {DEPTH} layers, seeds {SEEDS[0]}-{SEEDS[-1]}:")
 for name in ("attention + skip", "attention + skip, FFN + skip", "full block (skips, FFN, LN)"):
     print(f"  {name:<29} {min(top[name]):.2f} to {max(top[name]):.2f}")
@@ -902,7 +937,8 @@ post_block = Block(d_model=64, n_heads=4, pre_norm=False)
 x = torch.randn(2, 10, 64)
 for name, b in (("Pre-LN", block), ("Post-LN", post_block)):
     assert torch.allclose(b(x), block_forward(x, b), atol=1e-5)
-    print(f"{name} Block == the block from its parts:", torch.allclose(b(x), block_forward(x, b), atol=1e-5))
+    print(f"{name} Block == the block from its parts:", torch.allclose(b(x), block_forward(x, b),
+                                                                       atol=1e-5))
 print("output", tuple(block(x).shape))
 
 D = 64
@@ -914,7 +950,8 @@ print(f"total {n_parameters(block):,} = 12·D² + 13·D with D = {D}")
 x_changed = x.clone()
 x_changed[:, 7:] = torch.randn(2, 3, 64)
 assert torch.equal(block(x_changed)[:, :7], block(x)[:, :7])
-print("outputs 0-6 unchanged when tokens 7-9 change:", torch.equal(block(x_changed)[:, :7], block(x)[:, :7]))
+print("outputs 0-6 unchanged when tokens 7-9 change:", torch.equal(block(x_changed)[:, :7],
+                                                                   block(x)[:, :7]))
 
 # %% [markdown]
 # The block has `12D² + 13D` parameters: `4D² + 4D` in attention, `8D² + 5D` in the FFN and `4D`
@@ -986,7 +1023,8 @@ catch_up("06_layers", "Check")  # started here after a restart? this runs the se
 
 # %%
 print(f"one addition per layer:  sqrt(1 + 4) = {math.sqrt(5):.3f}; measured Pre-LN: {pre[4]:.2f}")
-print(f"two additions per layer: sqrt(1 + 8) = {math.sqrt(9):.3f}; measured Pre-LN: {pre_two[4]:.2f}")
+print(f"two additions per layer: sqrt(1 + 8) = {math.sqrt(9):.3f}; measured Pre-LN: "
+      f"{pre_two[4]:.2f}")
 print(f"measured Post-LN: {curves['Post-LN, unit-std branches'][4]:.2f}")
 
 # %% [markdown]
@@ -1005,6 +1043,7 @@ print(f"measured Post-LN: {curves['Post-LN, unit-std branches'][4]:.2f}")
 # %%
 d = 768
 w1, w2 = d * 4 * d, 4 * d * d
-print(f"W1: {d} x {4 * d} = {w1:,};  W2: {4 * d} x {d} = {w2:,};  sum {w1 + w2:,} = 8·d² = {8 * d * d:,}")
+print(f"W1: {d} x {4 * d} = {w1:,};  W2: {4 * d} x {d} = {w2:,};  sum {w1 + w2:,} = 8·d² = "
+      f"{8 * d * d:,}")
 print(f"attention's 4·d² = {4 * d * d:,};  with d_ff = 2d: {2 * d * d * 2:,}")
 print(f"SwiGLU, hidden {8 * d // 3}: 3 · {d} · {8 * d // 3} = {3 * d * (8 * d // 3):,}")

@@ -33,7 +33,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers.model.attention import causal_mask
-from helpers.text.corpus_rich import known_word_fraction, load_rich_corpus, rich_well_formed_fraction, word_forms
+from helpers.text.corpus_rich import (
+    known_word_fraction,
+    load_rich_corpus,
+    rich_well_formed_fraction,
+    word_forms,
+)
 from helpers.model.embeddings import TokenAndPositionEmbedding
 from helpers.lab.exercises import check, yours_or
 from helpers.lab.notes_tables import load_notes_tables
@@ -70,7 +75,8 @@ torch.set_num_threads(1)
 class MiniGPT(nn.Module):
     """Decoder-only GPT from the course's parts: token ids (B, N) -> logits (B, N, V)."""
 
-    def __init__(self, vocab_size: int, context_length: int, n_layers: int, n_heads: int, d_model: int) -> None:
+    def __init__(self, vocab_size: int, context_length: int, n_layers: int, n_heads: int,
+                 d_model: int) -> None:
         super().__init__()
         self.embed = TokenAndPositionEmbedding(vocab_size, context_length, d_model)
         self.blocks = nn.ModuleList(Block(d_model, n_heads) for _ in range(n_layers))
@@ -100,7 +106,8 @@ print(mini.lm_head.weight is mini.embed.token.weight, "- the output matrix is th
 # %%
 from helpers.model.gpt import GPT, GPTConfig
 
-config = GPTConfig(vocab_size=70, context_length=64, n_layers=2, n_heads=4, d_model=128)  # V: section 4's characters
+config = GPTConfig(vocab_size=70, context_length=64, n_layers=2, n_heads=4,
+                   d_model=128)  # V: section 4's characters
 print(config)
 model = GPT(config)
 mini.load_state_dict(model.state_dict())
@@ -145,7 +152,8 @@ with torch.no_grad():
 sentence = ["I", "like", "to", "eat"]
 toy_ids = torch.tensor([[toy_vocab.index(word) for word in sentence]])
 print(toy.config)
-print(f"here: {toy.config.n_heads} heads x d_h {toy.config.head_dim} = {toy.config.d_model} = d_model; "
+print(f"here: {toy.config.n_heads} heads x d_h {toy.config.head_dim} = {toy.config.d_model} = "
+      f"d_model; "
       f"the Matrix Magic notes: 4 heads x 4 = {4 * 4} columns, then W_O (16, 8)")
 print("token ids:", toy_ids.tolist())
 
@@ -159,13 +167,19 @@ def show(name: str, tensor: torch.Tensor) -> None:
 
 
 block = toy.blocks[0]
+
+
+# %%
 with torch.no_grad():
     x0 = toy.embed.token(toy_ids) + toy.embed.position(torch.arange(4))
     show("token + position embeddings  (B, N, d)", x0)
-    assert torch.allclose(x0[0], mm.SUM_TABLE.float(), atol=0.011)  # the notes round to two decimals
-    print(f"largest difference from the notes' sum table: {(x0[0] - mm.SUM_TABLE.float()).abs().max():.2f}\n")
+    assert torch.allclose(x0[0], mm.SUM_TABLE.float(),
+                          atol=0.011)  # the notes round to two decimals
+    print(f"largest difference from the notes' sum table: "
+          f"{(x0[0] - mm.SUM_TABLE.float()).abs().max():.2f}\n")
     h = block.ln1(x0)
-    q, k, v = (split_heads(proj(h), 2) for proj in (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj))
+    q, k, v = (split_heads(proj(h), 2) for proj in (block.attn.q_proj, block.attn.k_proj,
+                                                    block.attn.v_proj))
     show("queries, split into heads  (B, H, N, d_h)", q)
     scores = q @ k.transpose(-2, -1) / math.sqrt(4)
     show("scores Q K^T / sqrt(d_h)  (B, H, N, N)", scores)
@@ -186,7 +200,8 @@ with torch.no_grad():
 assert torch.allclose(probabilities, toy(toy_ids).softmax(dim=-1), atol=1e-6)
 for t in range(len(sentence)):
     best = probabilities[0, t].argmax().item()
-    print(f"after '{' '.join(sentence[:t + 1])}': '{toy_vocab[best]}' ({probabilities[0, t, best]:.2f}),"
+    print(f"after '{' '.join(sentence[:t + 1])}': '{toy_vocab[best]}' "
+          f"({probabilities[0, t, best]:.2f}),"
           f" row sum {probabilities[0, t].sum():.2f}")
 torch.set_printoptions(precision=4, sci_mode=False)
 
@@ -265,12 +280,15 @@ def course_parameters(n_layers: int, d_model: int, vocab_size: int, context_leng
 
 
 parameters_of = yours_or("gpt.exact_parameters", gpt_parameters, course_parameters)
-exact_count = parameters_of(config.n_layers, config.d_model, config.vocab_size, config.context_length)
+exact_count = parameters_of(config.n_layers, config.d_model, config.vocab_size,
+                            config.context_length)
 assert exact_count == count_parameters(model) == exact_parameters(config)
-print(f"formula 12Nd² + 2Vd : {formula_parameters(config.n_layers, config.d_model, config.vocab_size):>9,}")
+print(f"formula 12Nd² + 2Vd : "
+      f"{formula_parameters(config.n_layers, config.d_model, config.vocab_size):>9,}")
 print(f"exact, by that count: {exact_count:>9,}")
 print(f"counted in the model: {count_parameters(model):>9,}")
-print(f"sum over every tensor, tied matrix twice: {sum(p.numel() for p in model.state_dict().values()):,}")
+print(f"sum over every tensor, tied matrix twice: "
+      f"{sum(p.numel() for p in model.state_dict().values()):,}")
 
 # %% [markdown]
 # `model.parameters()` yields the tied matrix once; its `state_dict` lists it under both names,
@@ -296,7 +314,8 @@ assert count_parameters(gpt2_meta) == exact_parameters(gpt2) == 124_439_808
 
 
 def tensors_in(*modules: nn.Module) -> int:
-    """How many numbers the modules' parameters hold (shapes only: the meta model has no storage)."""
+    """How many numbers the modules' parameters hold (shapes only: the meta model has no
+    storage)."""
     return sum(p.numel() for module in modules for p in module.parameters())
 
 
@@ -341,7 +360,8 @@ for name, reported, n_layers, width in gpt3_table:
     nearer = "tied" if abs(tied - reported_value) < abs(untied - reported_value) else "untied"
     print(f"{name:<14}{reported:>9}{untied / 1e9:>11.3f}B{tied / 1e9:>10.3f}B   {nearer}")
 print(f"\n13B row: d_model 5140 / 40 heads = {5140 / 40} per head; 40 x 128 = {40 * 128}")
-print(f"with d = 5120: 12Nd² + Vd = {(formula_parameters(40, 5120, 50257) - 50257 * 5120) / 1e9:.3f}B")
+print(f"with d = 5120: 12Nd² + Vd = "
+      f"{(formula_parameters(40, 5120, 50257) - 50257 * 5120) / 1e9:.3f}B")
 
 # %% [markdown]
 # The tied formula lands nearer the reported size in every row but the last (the `nearer`
@@ -368,11 +388,14 @@ encoder_block_big = attention_big + ffn_big + 2 * layer_norm_big
 decoder_block_big = 2 * attention_big + ffn_big + 3 * layer_norm_big   # self- and cross-attention
 blocks_big = LAYERS_BIG * (encoder_block_big + decoder_block_big)
 total_big = blocks_big + VOCAB_BIG * D_BIG             # one shared embedding, counted once
-print(f"encoder block {encoder_block_big:,} x {LAYERS_BIG} + decoder block {decoder_block_big:,} x {LAYERS_BIG} "
+print(f"encoder block {encoder_block_big:,} x {LAYERS_BIG} + decoder block {decoder_block_big:,} x "
+      f"{LAYERS_BIG} "
       f"= {blocks_big:,}")
-print(f"+ shared embedding {VOCAB_BIG:,} x {D_BIG} = {VOCAB_BIG * D_BIG:,}  ->  total {total_big / 1e6:.1f}M")
+print(f"+ shared embedding {VOCAB_BIG:,} x {D_BIG} = {VOCAB_BIG * D_BIG:,}  ->  total "
+      f"{total_big / 1e6:.1f}M")
 print(f"the vocabulary that gives exactly 213M: {(213e6 - blocks_big) / D_BIG:,.0f} tokens")
-print(f"unshared embeddings would add 2 x {VOCAB_BIG:,} x {D_BIG} = {2 * VOCAB_BIG * D_BIG / 1e6:.1f}M; "
+print(f"unshared embeddings would add 2 x {VOCAB_BIG:,} x {D_BIG} = "
+      f"{2 * VOCAB_BIG * D_BIG / 1e6:.1f}M; "
       f"GPT-3 175B / 213M = {175e9 / 213e6:.0f}")
 
 # %% [markdown]
@@ -390,12 +413,14 @@ print(f"unshared embeddings would add 2 x {VOCAB_BIG:,} x {D_BIG} = {2 * VOCAB_B
 # %%
 budget_bytes, bytes_per_parameter = 16e9, 2
 budget = budget_bytes / bytes_per_parameter
-print(f"budget: {budget_bytes / 1e9:.0f} GB / {bytes_per_parameter} bytes = {budget / 1e9:.1f}B parameters")
+print(f"budget: {budget_bytes / 1e9:.0f} GB / {bytes_per_parameter} bytes = {budget / 1e9:.1f}B "
+      f"parameters")
 for n_layers, width in ((32, 4096), (40, 5120)):
     blocks_only = 12 * n_layers * width**2
     full = formula_parameters(n_layers, width, 50_000)
     verdict = "fits" if full <= budget else "does not fit"
-    print(f"N={n_layers}, d={width}: 12Nd² = {blocks_only / 1e9:.2f}B, 12Nd² + 2Vd = {full / 1e9:.2f}B "
+    print(f"N={n_layers}, d={width}: 12Nd² = {blocks_only / 1e9:.2f}B, 12Nd² + 2Vd = "
+          f"{full / 1e9:.2f}B "
           f"-> {full * bytes_per_parameter / 1e9:.1f} GB, {verdict}")
 adam_bytes = 2 + 4 + 4 + 4 + 2  # fp16 weight, fp32 master copy, Adam's two moments, fp16 gradient
 print(f"training with Adam in mixed precision: about {adam_bytes} bytes per parameter -> "
@@ -457,8 +482,10 @@ text = load_rich_corpus()
 tokenizer = CharTokenizer.train(text)
 train_text, val_text = split_stories(text, val_fraction=0.1)
 train_ids, val_ids = encode_text(tokenizer, train_text), encode_text(tokenizer, val_text)
-n_stories = {name: len(part.strip().split("\n\n")) for name, part in (("train", train_text), ("val", val_text))}
-print(f"{len(text):,} characters, vocabulary of {tokenizer.vocab_size}: {''.join(tokenizer.chars)!r}")
+n_stories = {name: len(part.strip().split("\n\n")) for name, part in (("train", train_text), ("val",
+        val_text))}
+print(f"{len(text):,} characters, vocabulary of {tokenizer.vocab_size}: "
+      f"{''.join(tokenizer.chars)!r}")
 print(f"word forms the grammar can write: {len(word_forms()):,}")
 print(f"train: {n_stories['train']:,} stories, {len(train_ids):,} tokens; "
       f"validation: the last {n_stories['val']:,} stories, {len(val_ids):,} tokens")
@@ -492,7 +519,8 @@ assert torch.equal(inputs[1:], targets[:-1])  # the same characters, one step ap
 for position in range(6):
     print(f"input {tokenizer.decode(inputs[:position + 1].tolist())!r:<10} -> target "
           f"{tokenizer.decode([targets[position].item()])!r}")
-print(f"labels available for free in the training stories: {len(train_ids) - 1:,}, one per character after the first")
+print(f"labels available for free in the training stories: {len(train_ids) - 1:,}, one per "
+      f"character after the first")
 
 x, y = random_batch(train_ids, batch_size=2, context_length=config.context_length,
                     generator=torch.Generator().manual_seed(0))
@@ -522,7 +550,8 @@ SAMPLE_TEMPERATURE = 0.6  # before and after training alike, so the two measurem
 
 def written_lines(gpt: GPT, n_samples: int = 48, temperature: float = SAMPLE_TEMPERATURE,
                   seed: int = 0) -> list[str]:
-    """Complete lines the model writes after a newline, filling its context (cut-off lines dropped)."""
+    """Complete lines the model writes after a newline, filling its context (cut-off lines
+    dropped)."""
     prompt = torch.tensor([tokenizer.encode("\n")] * n_samples)
     n_chars = gpt.config.context_length - 1
     out = generate(gpt, prompt, n_chars, temperature=temperature,
@@ -587,7 +616,8 @@ print(f"untrained model: {quality_before:.2f} well formed, {words_before:.2f} kn
 
 # %%
 def next_token_loss(gpt: GPT, ids: torch.Tensor) -> torch.Tensor:
-    """ids (B, N + 1) -> the mean cross-entropy of predicting ids[:, 1:] from ids[:, :-1], a scalar."""
+    """ids (B, N + 1) -> the mean cross-entropy of predicting ids[:, 1:] from ids[:, :-1], a
+    scalar."""
     ### BEGIN SOLUTION
     seen, answers = ids[:, :-1], ids[:, 1:]                     # position i predicts token i + 1
     z = gpt(seen)                                               # logits (B, N, V)
@@ -617,8 +647,10 @@ with torch.no_grad():
     untrained_logits = model(window_inputs)                          # (2, 64, V)
 by_torch = F.cross_entropy(untrained_logits.flatten(0, 1), window_targets.flatten())
 assert torch.allclose(by_you, by_torch, atol=1e-6)
-print(f"windows {tuple(windows.shape)} -> inputs {tuple(window_inputs.shape)}, targets {tuple(window_targets.shape)}")
-print(f"untrained loss: about {by_you.item():.1f}, close to uniform guessing (ln {config.vocab_size} = "
+print(f"windows {tuple(windows.shape)} -> inputs {tuple(window_inputs.shape)}, targets "
+      f"{tuple(window_targets.shape)}")
+print(f"untrained loss: about {by_you.item():.1f}, close to uniform guessing (ln "
+      f"{config.vocab_size} = "
       f"{math.log(config.vocab_size):.2f})")
 print("that loss vs F.cross_entropy: difference < 1e-6")
 
@@ -733,7 +765,8 @@ class HandAdamW:
         self.t += 1
         for slot in self.slots:
             p, m, v, decay = slot
-            new_p, slot[1], slot[2] = self.update(p, p.grad, m, v, self.t, lr, self.betas, self.eps, decay)
+            new_p, slot[1], slot[2] = self.update(p, p.grad, m, v, self.t, lr, self.betas, self.eps,
+                                                  decay)
             p.copy_(new_p)                           # in place: the model keeps its tensor
         ### END SOLUTION
 
@@ -755,7 +788,8 @@ def windows_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, y[:, -1:]], dim=1)
 
 # %%
-tiny_config = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=32, n_layers=2, n_heads=2, d_model=32)
+tiny_config = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=32, n_layers=2, n_heads=2,
+                        d_model=32)
 torch.manual_seed(0)
 ours, theirs = GPT(tiny_config), GPT(tiny_config)
 theirs.load_state_dict(ours.state_dict())
@@ -773,7 +807,8 @@ for _ in range(5):
         other.grad = mine.grad.clone()                               # the same gradient for both
     hand_optimizer.step(lr=1e-2)
     torch_optimizer.step()
-adamw_gap = max((a - b).abs().max().item() for a, b in zip(ours.parameters(), theirs.parameters(), strict=True))
+adamw_gap = max((a - b).abs().max().item() for a, b in zip(ours.parameters(), theirs.parameters(),
+                                                           strict=True))
 assert adamw_gap < 1e-6
 print(f"{len(their_matrices)} matrices decayed, {len(their_vectors)} vectors not")
 print("after 5 steps, largest difference from torch.optim.AdamW (two groups): < 1e-6")
@@ -845,7 +880,9 @@ schedule_gap = max(abs(warmup_cosine(p, 5e-3) - learning_rate(p, 5e-3)) for p in
 assert schedule_gap < 1e-15
 print(f"peak 5e-3: {warmup_cosine(0.0, 5e-3):g} at the start, {warmup_cosine(0.05, 5e-3):g} after "
       f"the warm-up, {warmup_cosine(1.0, 5e-3):g} at the end")
-print(f"{len(grid)} points, largest difference from helpers.training.trainer.learning_rate: < 1e-15")
+print(
+    f"{len(grid)} points, largest difference from helpers.training.trainer.learning_rate: < 1e-15"
+)
 
 # %% [markdown]
 # **The loop.** Now the pieces train a tiny GPT (2 blocks, width 32, a context of 32, float32)
@@ -868,7 +905,8 @@ torch.manual_seed(0)
 tiny, twin = GPT(tiny_config), GPT(tiny_config)
 twin.load_state_dict(tiny.state_dict())
 optimizer = Optimizer(update, *matrices_and_vectors(tiny), weight_decay=0.1)
-twin_trainer = Trainer(twin, train_ids, val_ids, TrainConfig(batch_size=16, learning_rate=1e-2, fast=False))
+twin_trainer = Trainer(twin, train_ids, val_ids, TrainConfig(batch_size=16, learning_rate=1e-2,
+                                                             fast=False))
 batches = torch.Generator().manual_seed(twin_trainer.config.seed)  # so both draw the same windows
 plain_losses, twin_losses = [], []
 for step in range(PLAIN_STEPS):
@@ -931,12 +969,14 @@ from helpers.text.corpus import data_dir
 
 for precision in ("", "_bf16"):
     stored = json.loads((data_dir() / f"nb7_optimizer{precision}.json").read_text(encoding="utf-8"))
-    print(f"{stored['settings']['precision']}: a Muon step took {stored['step_ratio']:.2f}x an AdamW step, "
+    print(f"{stored['settings']['precision']}: a Muon step took {stored['step_ratio']:.2f}x an "
+          f"AdamW step, "
           f"so Muon got {stored['muon_steps']} steps for AdamW's {stored['settings']['steps']}")
     for run in stored["runs"]:
         print(f"  seed {run['seed']}: validation loss " + ", ".join(
             f"{name} {result['val_loss']:.3f}" for name, result in run.items() if name != "seed"))
-    muon = stored["summary"][f"muon lr {TrainConfig.muon_learning_rate:g}"]  # the rate this notebook trains with
+    # the rate this notebook trains with
+    muon = stored["summary"][f"muon lr {TrainConfig.muon_learning_rate:g}"]
     print(f"  Muon (lr {TrainConfig.muon_learning_rate:g}) minus AdamW (peak 5e-3), per seed:",
           [round(gap, 2) for gap in muon["val_loss_minus_adamw"]])
     assert muon["beats_every_adamw_rate_on_every_seed"] and max(muon["val_loss_minus_adamw"]) < -0.2
@@ -1004,18 +1044,24 @@ def bigram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int) -> floa
 
 
 bigram = bigram_loss(train_ids, val_ids, config.vocab_size)
-print(f"validation loss references: uniform ln {config.vocab_size} = {math.log(config.vocab_size):.3f}, "
+print(f"validation loss references: uniform ln {config.vocab_size} = "
+      f"{math.log(config.vocab_size):.3f}, "
       f"bigram counts {bigram:.3f}")
 assert history.val_losses[-1] < bigram < math.log(config.vocab_size)
 print("the trained GPT's validation loss is below the bigram's:", history.val_losses[-1] < bigram)
 tokens_read = TRAIN_STEPS * train_config.batch_size * config.context_length
-print(f"tokens read: {TRAIN_STEPS} steps x {train_config.batch_size} x {config.context_length} = {tokens_read:,}, "
+print(f"tokens read: {TRAIN_STEPS} steps x {train_config.batch_size} x {config.context_length} = "
+      f"{tokens_read:,}, "
       f"{tokens_read / len(train_ids):.2f} of the {len(train_ids):,} training tokens")
 assert len(history.steps) == TRAIN_STEPS and live_plot.redraws == len(history.val_losses)
 assert history.val_losses[-1] < 0.5 * history.val_losses[0] < math.log(config.vocab_size)
 assert abs(history.val_losses[-1] - history.train_losses[-1]) < 0.1
-print("the loss fell:", history.val_losses[0] > 2 * history.val_losses[-1],
-      "| validation within 0.1 of train:", abs(history.val_losses[-1] - history.train_losses[-1]) < 0.1)
+print(
+    "the loss fell:",
+    history.val_losses[0] > 2 * history.val_losses[-1],
+    "| validation within 0.1 of train:",
+    abs(history.val_losses[-1] - history.train_losses[-1]) < 0.1,
+)
 draw_losses(history)
 plt.show()
 
@@ -1060,7 +1106,8 @@ fig.suptitle(f"After {prompt_text!r}", y=1.03)
 plt.show()
 
 assert torch.equal(sample_next(next_logits[None], temperature=0.0), next_logits.argmax().view(1, 1))
-assert torch.equal(sample_next(next_logits[None], temperature=1.3, top_k=1), next_logits.argmax().view(1, 1))
+assert torch.equal(sample_next(next_logits[None], temperature=1.3, top_k=1),
+                   next_logits.argmax().view(1, 1))
 print("temperature 0 and top-k 1 both pick the most likely character, the first bar above")
 
 # %% [markdown]
@@ -1128,8 +1175,10 @@ start = torch.tensor([tokenizer.encode(prompt_text)])
 greedy_yours = sampler(model, start, 30, temperature=0.0)
 same_as_generate = torch.equal(greedy_yours, generate(model, start, 30, temperature=0.0))
 assert same_as_generate
-print(f"{start.shape[1]} + 30 tokens, context {config.context_length}: greedy agrees with generate:",
-      same_as_generate)
+print(
+    f"{start.shape[1]} + 30 tokens, context {config.context_length}: greedy agrees with generate:",
+    same_as_generate,
+)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -1138,7 +1187,8 @@ print(f"greedy:            ...{tokenizer.decode(greedy_yours[0, start.shape[1]:]
 for temperature, k in ((0.6, None), (1.0, 5)):
     out = sampler(model, start, 30, temperature=temperature, top_k=k,
                   generator=torch.Generator().manual_seed(0))
-    print(f"T = {temperature}, top-k = {k}: ...{tokenizer.decode(out[0, start.shape[1]:].tolist())!r}")
+    print(f"T = {temperature}, top-k = {k}: "
+          f"...{tokenizer.decode(out[0, start.shape[1]:].tolist())!r}")
 
 # %% [markdown]
 # ### After training: the same measurement
@@ -1163,7 +1213,8 @@ print(f"\n{N_SAMPLES} samples x {config.context_length - 1} characters, {len(aft
 random_words = known_word_fraction(noise)
 assert quality_after > 0.01 > quality_before and words_after > 0.7 > max(words_before, random_words)
 print("training raised the well-formed share from", quality_before, "to more than 0.01,",
-      f"and the share of known words from {words_before:.2f} (random characters: {random_words:.2f})",
+      f"and the share of known words from {words_before:.2f} (random characters: "
+      f"{random_words:.2f})",
       "to more than 0.7")
 
 # %% [markdown]
@@ -1213,8 +1264,10 @@ catch_up("07_gpt", "6.")  # started here after a restart? this runs the sections
 
 # %%
 def cache_step(x_new: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,
-               keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One new token attends to the stored keys and values and its own; returns (out, keys, values)."""
+               keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                  torch.Tensor]:
+    """One new token attends to the stored keys and values and its own; returns (out, keys,
+    values)."""
     ### BEGIN SOLUTION
     query = x_new @ w_q                                          # (B, 1, d_h)
     keys = torch.cat([keys, x_new @ w_k], dim=1)                 # (B, t + 1, d_h)
@@ -1241,7 +1294,8 @@ from helpers.model.attention import scaled_dot_product_attention
 
 
 def course_cache_step(x_new: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,
-                      keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                         torch.Tensor]:
     """The same step with the course's attention (no mask: one query may see every key)."""
     keys, values = torch.cat([keys, x_new @ w_k], dim=1), torch.cat([values, x_new @ w_v], dim=1)
     return scaled_dot_product_attention(x_new @ w_q, keys, values)[0], keys, values
@@ -1259,7 +1313,8 @@ def head_matrix(projection: nn.Linear, head: int) -> torch.Tensor:
 
 
 with torch.no_grad():
-    h = model.blocks[0].ln1(model.embed(torch.tensor([tokenizer.encode("Once upon a time")])))  # (1, T, d)
+    # (1, T, d)
+    h = model.blocks[0].ln1(model.embed(torch.tensor([tokenizer.encode("Once upon a time")])))
     full = attn(h, causal=True)                                      # (1, T, d), all tokens at once
     h1 = torch.cat([h, torch.ones_like(h[..., :1])], dim=-1)        # (1, T, d + 1): the bias column
     heads = []
@@ -1271,7 +1326,8 @@ with torch.no_grad():
     one_step = attn.out_proj(torch.cat(heads, dim=-1))               # (1, 1, d)
 cache_gap = (one_step - full[:, -1:]).abs().max().item()
 assert cache_gap < 1e-5
-print(f"{n_heads} heads: stored keys {tuple(stored_k.shape)} + the new token's -> {tuple(k.shape)} each; "
+print(f"{n_heads} heads: stored keys {tuple(stored_k.shape)} + the new token's -> {tuple(k.shape)} "
+      f"each; "
       f"output {tuple(one_step.shape)}")
 print("one cached step vs the last row of full attention: largest difference < 1e-5")
 
@@ -1296,14 +1352,19 @@ prompt = torch.tensor([tokenizer.encode("Once upon a time"), tokenizer.encode('"
 with_cache = generate(model, prompt, 100, temperature=0.0, use_cache=True)
 recomputed = generate(model, prompt, 100, temperature=0.0, use_cache=False)
 assert torch.equal(with_cache, recomputed)
-print(f"prompts of {prompt.shape[1]} + 100 greedy tokens = {with_cache.shape[1]} tokens, context "
-      f"{config.context_length}: cache and recomputation agree on every token:", torch.equal(with_cache, recomputed))
+print(
+    f"prompts of {prompt.shape[1]} + 100 greedy tokens = {with_cache.shape[1]} tokens, context "
+    f"{config.context_length}: cache and recomputation agree on every token:",
+    torch.equal(with_cache, recomputed),
+)
 
 window = with_cache[:, :config.context_length]
 cache = KVCache.for_model(model, batch_size=2)
 start = prompt.shape[1]
-step_logits = [model.forward_cached(window[:, :start], cache)]  # the prompt at once, then one by one
-step_logits += [model.forward_cached(window[:, t:t + 1], cache) for t in range(start, config.context_length)]
+step_logits = [model.forward_cached(window[:, :start],
+                                    cache)]  # the prompt at once, then one by one
+step_logits += [model.forward_cached(window[:, t:t + 1], cache) for t in range(start,
+        config.context_length)]
 with torch.no_grad():
     full_logits = model(window)
 largest_gap = (torch.cat(step_logits, dim=1) - full_logits).abs().max().item()
@@ -1329,7 +1390,8 @@ print(f"largest difference between cached and full logits over {config.context_l
 
 # %%
 torch.manual_seed(0)
-long_model = GPT(GPTConfig(vocab_size=70, context_length=512, n_layers=4, n_heads=4, d_model=128)).eval()
+long_model = GPT(GPTConfig(vocab_size=70, context_length=512, n_layers=4, n_heads=4,
+                           d_model=128)).eval()
 long_prompt = torch.randint(0, long_model.config.vocab_size, (1, 12))
 lengths = [25, 50, 100, 150]  # recomputation's time grows with the square of the length
 seconds = {"recompute": [], "KV cache": []}
@@ -1367,11 +1429,15 @@ plt.show()
 long_cache = KVCache.for_model(long_model, batch_size=1)
 cfg = long_model.config
 formula_bytes = 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * cfg.context_length * 4  # float32
-print(f"2 x {cfg.n_layers} x {cfg.n_heads} x {cfg.head_dim} x {cfg.context_length} x 4 bytes = {formula_bytes:,} bytes")
-print(f"keys {tuple(long_cache.keys.shape)} + values {tuple(long_cache.values.shape)}: {long_cache.nbytes():,} bytes")
+print(f"2 x {cfg.n_layers} x {cfg.n_heads} x {cfg.head_dim} x {cfg.context_length} x 4 bytes = "
+      f"{formula_bytes:,} bytes")
+print(f"keys {tuple(long_cache.keys.shape)} + values {tuple(long_cache.values.shape)}: "
+      f"{long_cache.nbytes():,} bytes")
 assert long_cache.nbytes() == formula_bytes
-for name, (n_layers, n_heads, head_dim, n_tokens) in {"GPT-2 small, 1024 tokens": (12, 12, 64, 1024),
-                                                     "GPT-3 175B, 2048 tokens": (96, 96, 128, 2048)}.items():
+for name, (n_layers, n_heads, head_dim, n_tokens) in {
+    "GPT-2 small, 1024 tokens": (12, 12, 64, 1024),
+    "GPT-3 175B, 2048 tokens": (96, 96, 128, 2048),
+}.items():
     fp16_bytes = 2 * n_layers * n_heads * head_dim * n_tokens * 2
     print(f"{name}, fp16: {fp16_bytes / 1e6:,.1f} MB per sequence")
 
@@ -1401,8 +1467,18 @@ print(repr(sentence_text), f"{len(chars)} characters")
 for layer, blk in enumerate(model.blocks):
     fig, axes = plt.subplots(1, config.n_heads, figsize=(22, 5.5))
     for head, ax in enumerate(axes):
-        heatmap(blk.attn.last_weights[0, head], chars, chars, title=f"layer {layer}, head {head}",
-                xlabel="key", ylabel="query" if head == 0 else "", ax=ax, annotate=False, vmin=0, vmax=1)
+        heatmap(
+            blk.attn.last_weights[0, head],
+            chars,
+            chars,
+            title=f"layer {layer}, head {head}",
+            xlabel="key",
+            ylabel="query" if head == 0 else "",
+            ax=ax,
+            annotate=False,
+            vmin=0,
+            vmax=1,
+        )
     plt.show()
 
 # %% [markdown]
@@ -1435,7 +1511,8 @@ changed = tokens.clone()
 changed[0, -1] = torch.randn(16)  # a different last token
 for name, causal in (("encoder (bidirectional)", False), ("decoder (causal)", True)):
     with torch.no_grad():
-        moved = (shared_block(changed, causal=causal) - shared_block(tokens, causal=causal)).abs().amax(-1)[0]
+        moved = (shared_block(changed, causal=causal) - shared_block(tokens,
+                causal=causal)).abs().amax(-1)[0]
     print(f"{name:<24} outputs that changed: {(moved > 1e-6).int().tolist()}")
 
 # %% [markdown]
@@ -1462,12 +1539,14 @@ class DecoderBlockWithCrossAttention(nn.Module):
     def forward(self, target: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
         """target (B, N_target, d), memory = encoder output (B, N_source, d) -> (B, N_target, d)."""
         x = target + self.self_attn(self.ln1(target), causal=True)
-        x = x + self.cross_attn(self.ln2(x), context=memory)  # queries: target; keys, values: source
+        x = x + self.cross_attn(self.ln2(x),
+                                context=memory)  # queries: target; keys, values: source
         return x + self.mlp(self.ln3(x))
 
 
 torch.manual_seed(0)
-source_words, target_words = ["The", "cat", "sat", "here"], ["<start>", "Le", "chat", "était", "assis"]
+source_words, target_words = ["The", "cat", "sat", "here"], ["<start>", "Le", "chat", "était",
+                                                             "assis"]
 encoder = Block(16, 2).eval()
 decoder = DecoderBlockWithCrossAttention(16, 2).eval()
 with torch.no_grad():
@@ -1495,7 +1574,8 @@ plt.show()
 # %%
 window_length, mask_share = config.context_length, 0.15
 print(f"decoder-only, next token: {window_length} predictions per window")
-print(f"encoder-only, {mask_share:.0%} masked: about {window_length * mask_share:.0f} predictions per window")
+print(f"encoder-only, {mask_share:.0%} masked: about {window_length * mask_share:.0f} predictions "
+      f"per window")
 masked = torch.rand(window_length, generator=torch.Generator().manual_seed(0)) < mask_share
 print(f"one random masking of {window_length} positions hid {int(masked.sum())}")
 
@@ -1514,14 +1594,16 @@ catch_up("07_gpt", "9.")  # started here after a restart? this runs the sections
 from helpers.model.checkpoints import load_checkpoint, save_checkpoint
 
 with tempfile.TemporaryDirectory() as folder:
-    path = save_checkpoint(Path(folder) / "char_gpt.pt", model, trainer.optimizer, steps=TRAIN_STEPS)
+    path = save_checkpoint(Path(folder) / "char_gpt.pt", model, trainer.optimizer,
+                           steps=TRAIN_STEPS)
     restored, saved = load_checkpoint(path)
     print(f"{path.name}: keys {sorted(saved)}, extra {saved['extra']}")
 restored.eval()
 with torch.no_grad():
     same = torch.equal(restored(sentence_ids), model(sentence_ids))
 assert same and restored.lm_head.weight is restored.embed.token.weight
-print("restored model gives identical logits:", same, "| still tied:", restored.lm_head.weight is restored.embed.token.weight)
+print("restored model gives identical logits:", same, "| still tied:",
+      restored.lm_head.weight is restored.embed.token.weight)
 
 # %% [markdown]
 # ## 10. How fast is the trainer? (optional)
@@ -1559,7 +1641,8 @@ catch_up("07_gpt", "10.")  # started here after a restart? this runs the section
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# Speeds depend on the machine and on whatever else runs on it; benchmarks/bench_train.py holds the budget.
+# Speeds depend on the machine and on whatever else runs on it; benchmarks/bench_train.py holds the
+# budget.
 bench_config = GPTConfig(vocab_size=70, context_length=64, n_layers=4, n_heads=4, d_model=128)
 racers = {}
 for fast in (False, True):
@@ -1574,7 +1657,8 @@ for _ in range(3):  # take turns, so that other work on the machine slows both a
         for _ in range(3):
             racer.train_step(1e-3)
         busy[name] += time.perf_counter() - started
-speeds = {name: 3 * 3 * 12 * bench_config.context_length / seconds for name, seconds in busy.items()}
+speeds = {name: 3 * 3 * 12 * bench_config.context_length / seconds for name,
+          seconds in busy.items()}
 print(f"plain path {speeds['plain']:,.0f} tokens/s, fast path {speeds['fast']:,.0f} tokens/s: "
       f"{speeds['fast'] / speeds['plain']:.1f}x")
 
@@ -1618,7 +1702,8 @@ print(f"decoder block with cross-attention: {encoder_block + cross_extra:,} (+{c
 
 # %%
 print(f"one training step: {train_config.batch_size} x {config.context_length} = "
-      f"{train_config.batch_size * config.context_length:,} next-token predictions in one forward pass")
+      f"{train_config.batch_size * config.context_length:,} next-token predictions in one forward "
+      f"pass")
 print("generating 100 tokens: 100 forward steps, one after another")
 
 # %% [markdown]
@@ -1641,7 +1726,8 @@ blocks_12d2 = 12 * 12 * 768**2
 embedding = 50257 * 768
 gaps = {"positions": 1024 * 768, "biases": 12 * 9 * 768, "LayerNorms": 12 * 4 * 768 + 2 * 768}
 print(f"(a) {blocks_12d2:,}  (b) {blocks_12d2 + embedding:,}")
-print(f"(c) exact {exact_parameters(gpt2):,}, gap {exact_parameters(gpt2) - blocks_12d2 - embedding:,} = "
+print(f"(c) exact {exact_parameters(gpt2):,}, gap "
+      f"{exact_parameters(gpt2) - blocks_12d2 - embedding:,} = "
       + " + ".join(f"{name} {value:,}" for name, value in gaps.items()))
 assert blocks_12d2 + embedding + sum(gaps.values()) == exact_parameters(gpt2)
 
@@ -1663,7 +1749,8 @@ assert blocks_12d2 + embedding + sum(gaps.values()) == exact_parameters(gpt2)
 # %%
 redundant = sum(t - 1 for t in range(1, 1001))
 print(f"redundant key/value computations for 1,000 tokens: {redundant:,}")
-print(f"GPT-2 small cache, 1024 tokens, fp16: {2 * 12 * 12 * 64 * 1024 * 2 / 1e6:.1f} MB per sequence")
+print(f"GPT-2 small cache, 1024 tokens, fp16: {2 * 12 * 12 * 64 * 1024 * 2 / 1e6:.1f} MB per "
+      f"sequence")
 
 # %% [markdown]
 # ## Optional: your own text (optional)
@@ -1689,17 +1776,23 @@ from helpers.lab.own_text import gpt_on_text_file
 MY_TEXT_FILE = None  # <- the path of a UTF-8 text file, such as "my_book.txt"
 MY_STEPS = 300
 MY_VOCAB_SIZE = 512
-MY_CONFIG = GPTConfig(context_length=128, n_layers=4, n_heads=4, d_model=128)  # vocab_size: the tokenizer's
+MY_CONFIG = GPTConfig(context_length=128, n_layers=4, n_heads=4,
+                      d_model=128)  # vocab_size: the tokenizer's
 
 if MY_TEXT_FILE is not None:
-    my_run = gpt_on_text_file(MY_TEXT_FILE, steps=MY_STEPS, vocab_size=MY_VOCAB_SIZE, config=MY_CONFIG)
+    my_run = gpt_on_text_file(MY_TEXT_FILE, steps=MY_STEPS, vocab_size=MY_VOCAB_SIZE,
+                              config=MY_CONFIG)
     my_history = my_run.history
-    print(f"{len(my_history.losses)} steps, {format_duration(my_history.train_seconds)}: validation loss "
-          f"{my_history.val_losses[0]:.2f} at step {my_history.eval_steps[0]}, {my_history.val_losses[-1]:.2f} at the end")
+    print(f"{len(my_history.losses)} steps, {format_duration(my_history.train_seconds)}: "
+          f"validation loss "
+          f"{my_history.val_losses[0]:.2f} at step {my_history.eval_steps[0]}, "
+          f"{my_history.val_losses[-1]:.2f} at the end")
     print(my_run.sample)
 else:
-    print(f"MY_TEXT_FILE = None: nothing read. A path would train a BPE tokenizer of {MY_VOCAB_SIZE} ids and a GPT "
-          f"({MY_CONFIG.n_layers} layers, d_model {MY_CONFIG.d_model}, windows of {MY_CONFIG.context_length} "
+    print(f"MY_TEXT_FILE = None: nothing read. A path would train a BPE tokenizer of "
+          f"{MY_VOCAB_SIZE} ids and a GPT "
+          f"({MY_CONFIG.n_layers} layers, d_model {MY_CONFIG.d_model}, windows of "
+          f"{MY_CONFIG.context_length} "
           f"tokens) for {MY_STEPS} steps on that file, then print the losses and a sample.")
 
 # %% [markdown]
@@ -1724,7 +1817,8 @@ else:
 # characters from 256 up, so that the space becomes `Ġ`.
 
 # %%
-catch_up("07_gpt", "Optional: GPT-2's")  # started here after a restart? this runs the sections above
+catch_up("07_gpt",
+         "Optional: GPT-2's")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.text.gpt2_tokenizer import bytes_to_unicode
@@ -1753,7 +1847,8 @@ GPT2_CACHE_NAME = "~/.cache/transformer-course/gpt2"
 GPT2_PROMPT = "The Transformer is a neural network that"
 
 if LOAD_GPT2:
-    gpt2_model, gpt2_tokenizer, gpt2_text = gpt2_demo(Path(GPT2_CACHE_NAME).expanduser(), GPT2_PROMPT,
+    gpt2_model, gpt2_tokenizer, gpt2_text = gpt2_demo(Path(GPT2_CACHE_NAME).expanduser(),
+                                                      GPT2_PROMPT,
                                                       max_new_tokens=40)
     print(f"GPT-2 small in the course GPT: {count_parameters(gpt2_model):,} parameters "
           f"(section 3: {exact_parameters(GPTConfig.gpt2_small()):,})")
@@ -1793,13 +1888,16 @@ NOTES_EPS = 0.001  # the notes' LayerNorm epsilon
 
 
 def largest_gap(computed: torch.Tensor, notes: torch.Tensor) -> float:
-    """Largest entry-wise difference, rounded to 6 decimals so that round-off cannot move a digit."""
+    """Largest entry-wise difference, rounded to 6 decimals so that round-off cannot move a
+    digit."""
     return round((computed - notes).abs().max().item(), 6)
 
 
 def notes_layer_norm(x: torch.Tensor) -> torch.Tensor:
-    """What the notes' LayerNorm tables compute: the standard deviation where the variance belongs."""
-    return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.std(-1, correction=0, keepdim=True) + NOTES_EPS)
+    """What the notes' LayerNorm tables compute: the standard deviation where the variance
+    belongs."""
+    return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.std(-1, correction=0, keepdim=True)
+                                                       + NOTES_EPS)
 
 
 relu = F.relu(mm.LINEAR_1)
@@ -1825,6 +1923,8 @@ for name, gap in gaps.items():
     print(f"{name:<32}{gap:>26.2f}")
 
 # %% [markdown]
+# ### Where the notes differ, and why
+#
 # Where a gap is large, the cells below find what the notes did instead.
 #
 # **The FFN's two linear layers.** The slide draws the stream itself going into `W1`, which gives
@@ -1844,7 +1944,8 @@ for name, inputs, notes_output, weights in (("W1", mm.LAYER_NORM, mm.LINEAR_1, m
     bound = 0.05 * inputs.abs().sum(-1, keepdim=True)                  # (4, 1): one bound per row
     within = ((inputs @ weights - notes_output).abs() <= bound).all().item()
     print(f"{name}: largest gap {largest_gap(inputs @ weights, notes_output):.2f}, "
-          f"rounding bound per row {round(bound.min().item(), 6):.2f} to {round(bound.max().item(), 6):.2f}, "
+          f"rounding bound per row {round(bound.min().item(), 6):.2f} to "
+          f"{round(bound.max().item(), 6):.2f}, "
           f"every entry within its row's bound: {within}")
     assert within
 
@@ -1881,7 +1982,9 @@ def zeroed(table: torch.Tensor) -> list[tuple[int, int]]:
 
 kept = mm.DROPOUT_A != 0
 survivor_ratio = mm.DROPOUT_A[kept] / mm.LINEAR_2[kept]
-print(f"notes: survivors / inputs between {survivor_ratio.min():.2f} and {survivor_ratio.max():.2f}")
+print(
+    f"notes: survivors / inputs between {survivor_ratio.min():.2f} and {survivor_ratio.max():.2f}"
+)
 torch.manual_seed(0)
 dropped = nn.Dropout(p=0.1).train()(mm.LINEAR_2)
 ratios = dropped[dropped != 0] / mm.LINEAR_2[dropped != 0]
