@@ -161,3 +161,15 @@ def test_files_are_told_apart():
 def test_a_forbidden_name_that_does_not_exist_is_refused_when_declared():
     with pytest.raises(ValueError, match="torch.no_such_softmax"):
         watch.Forbidden(("torch.no_such_softmax",))
+
+
+def test_a_forbidden_decorated_function_is_known_by_its_own_code_not_its_decorators():
+    from helpers.model.layers import init_gpt2_
+
+    @torch.no_grad()
+    def my_init(blocks):
+        return blocks
+
+    forbidden = watch.Forbidden(("helpers.model.layers.init_gpt2_",))
+    assert forbidden.code(my_init.__code__) is None  # torch.no_grad's wrapper, shared by both
+    assert forbidden.code(init_gpt2_.__wrapped__.__code__) == "helpers.model.layers.init_gpt2_"
