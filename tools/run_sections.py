@@ -55,7 +55,9 @@ def run_sections(source: Path, only: str | None = None, timeout: int = 600) -> d
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOKS)}})
     results: dict[str, str | None] = {}
-    reset = nbformat.v4.new_code_cell("%reset -f")
+    # %reset also deletes __main__.__spec__, which a fresh kernel has (None) and worker
+    # processes (multiprocessing's spawn, notebooks 11 and 12) read.
+    reset = nbformat.v4.new_code_cell("%reset -f\n__spec__ = None")
     with client.setup_kernel():
         for title, section in sections:
             cells = [reset, *setup]
