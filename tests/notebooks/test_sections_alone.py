@@ -1,8 +1,9 @@
 """Every `##` section of every notebook runs alone after a restart (issue 47): the set-up cells,
 then the section, whose `catch_up(...)` cell re-runs what it needs from the sections above; each
-widget check runs twice. Minutes in all (a late section re-runs the ones before it: notebook 3's
-nine sections take about 70 s on the 2-core machine, against 7 s from the top), so the sections
-carry their own mark: `pytest -m sections` runs them, `-m "not sections"` leaves them out."""
+widget check runs twice. About 14 minutes for the 133 sections on the shared 2-core machine
+(notebook 3: 21 s, against 7 s from the top; notebook 7: 3 min; a late section re-runs the ones
+before it), so the sections carry their own mark: `pytest -m sections` runs them (a CI job of
+its own), `-m "not sections"` leaves them out."""
 
 from __future__ import annotations
 
