@@ -10,6 +10,8 @@ and three for instructors and whoever forks the course:
                                                # it and keeps every file of the students'
     python3 course.py publish https://github.com/OWNER/REPO   # point Colab links and installs at it
     python3 course.py site [--student] [DIR]   # the website (default: _site/), needs `pip install .[site]`
+    python3 course.py blank NOTEBOOK EXERCISE [--restore]  # live coding: live/NOTEBOOK.ipynb with
+                                               # that one exercise blanked (or its answer put back)
 
 Both create a virtual environment in `.venv`, install PyTorch first and then the course package
 (editable) with pinned versions from `constraints.txt` (the environment the stored notebook
@@ -608,6 +610,70 @@ MYST_REGISTRY = "http://127.0.0.1:9/"
 SITE_INSTALL = "pip install .[site]  (or: .venv/bin/python -m pip install -e '.[site]' -c constraints.txt)"
 
 
+LIVE_DIR = "live"  # the live-coding copies `blank` writes (git ignores it; nbval never sees it)
+
+
+def exercise_cell_indices(notebook: dict, exercise: str) -> tuple[int, int]:
+    """(answer cell, test cell) indices of `exercise` ("gpt.shifted_loss" or "shifted_loss") in a
+    notebook's JSON, found by the nbgrader ids the build writes; ValueError naming the choices."""
+    ids = {cell.get("metadata", {}).get("nbgrader", {}).get("grade_id"): index
+           for index, cell in enumerate(notebook["cells"])}
+    names = sorted(grade_id.removesuffix("-answer").replace("-", ".") for grade_id in ids
+                   if grade_id and grade_id.endswith("-answer"))
+    chosen = [name for name in names if exercise in (name, name.split(".", 1)[-1])]
+    if len(chosen) != 1:
+        raise ValueError(f"exercise {exercise!r} is not one of this notebook's: {', '.join(names) or 'none'}")
+    grade_id = chosen[0].replace(".", "-")
+    return ids[f"{grade_id}-answer"], ids[f"{grade_id}-check"]
+
+
+def blank_one(copy: dict, instructor: dict, exercise: str, restore: bool = False) -> dict:
+    """`copy` (a notebook's JSON) with one exercise's answer blanked as the student edition blanks
+    it, its answer and test outputs cleared; restore=True puts the instructor's answer and test
+    cells back from `instructor`, outputs included. Every other cell stays as it is in `copy`."""
+    answer, test = exercise_cell_indices(copy, exercise)
+    if restore:
+        source_answer, source_test = exercise_cell_indices(instructor, exercise)
+        copy["cells"][answer] = json.loads(json.dumps(instructor["cells"][source_answer]))
+        copy["cells"][test] = json.loads(json.dumps(instructor["cells"][source_test]))
+        return copy
+    cell = copy["cells"][answer]
+    source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+    cell["source"] = blank_solutions(source)
+    for index in (answer, test):
+        copy["cells"][index]["outputs"], copy["cells"][index]["execution_count"] = [], None
+    return copy
+
+
+def blank(extra_args: list[str], root: Path = ROOT) -> int:
+    """`blank NOTEBOOK EXERCISE [--restore]`: live-code one exercise in live/NOTEBOOK.ipynb."""
+    restore = "--restore" in extra_args
+    args = [arg for arg in extra_args if arg != "--restore"]
+    found = sorted((root / "notebooks").glob(f"*{args[0]}*.ipynb")) if len(args) == 2 else []
+    if len(found) != 1:
+        print("usage: python3 course.py blank NOTEBOOK EXERCISE [--restore], e.g. "
+              f"python3 course.py blank 07_gpt next_token_loss (got {' '.join(extra_args) or 'nothing'}; "
+              f"{len(found)} notebooks match)")
+        return 2
+    instructor_path = found[0]
+    copy_path = root / LIVE_DIR / instructor_path.name
+    instructor = json.loads(instructor_path.read_text(encoding="utf-8"))
+    copy = json.loads(copy_path.read_text(encoding="utf-8")) if copy_path.exists() else json.loads(
+        json.dumps(instructor))
+    try:
+        copy = blank_one(copy, instructor, args[1], restore)
+    except ValueError as error:
+        print(f"{instructor_path.name}: {error}")
+        return 2
+    copy_path.parent.mkdir(exist_ok=True)
+    copy_path.write_text(json.dumps(copy, sort_keys=True, indent=1, ensure_ascii=False) + "\n",
+                         encoding="utf-8")
+    done = "restored the instructor's answer of" if restore else "blanked"
+    print(f"{done} {args[1]} in {copy_path.relative_to(root).as_posix()}; every other cell as it was"
+          + ("" if restore else f" (put it back: python3 course.py blank {args[0]} {args[1]} --restore)"))
+    return 0
+
+
 def find_myst() -> str | None:
     """The `myst` command of the course's .venv, of this Python, or on PATH."""
     for folder in (BIN, Path(sys.executable).parent):
@@ -686,7 +752,8 @@ def site(extra_args: list[str], root: Path = ROOT) -> int:
 
 
 def main(argv: list[str]) -> int:
-    commands = {"lab": lab, "test": test, "publish": publish, "student": student, "site": site}
+    commands = {"lab": lab, "test": test, "publish": publish, "student": student, "site": site,
+                "blank": blank}
     if not argv or argv[0] not in commands:
         print(__doc__)
         return 2

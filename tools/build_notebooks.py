@@ -10,7 +10,8 @@ like any Python file; jupytext reads it (so JupyterLab's jupytext can also pair 
 notebook). A cell that is exactly `# %% [setup]` becomes the course's set-up cell
 (`helpers.lab.environment.SETUP_CELL`). This script turns each source into `notebooks/NN_name.ipynb`
 and executes it in a fresh kernel, as "Restart and Run All" would, storing the real outputs that
-nbval later compares. Run it inside the course's environment (`.venv/bin/python`).
+nbval later compares, then rewrites notebooks/INSTRUCTORS.md from the new run times
+(tools/lesson_plan.py). Run it inside the course's environment (`.venv/bin/python`).
 
 Exercises carry nbgrader's cell metadata, written here from the cells themselves so that the
 sources stay plain: a code cell holding `### BEGIN SOLUTION` ... `### END SOLUTION` (inside a
@@ -172,9 +173,19 @@ def course_module():
     return module
 
 
+def kernelspec() -> dict[str, str]:
+    """The kernelspec metadata JupyterLab writes when it opens a notebook on the course's python3
+    kernel: the installed kernel's own display name ("Python 3 (ipykernel)"). Writing anything
+    else ("Python 3") makes JupyterLab rewrite it on opening, so the notebook shows as modified."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    return {"display_name": spec.display_name, "language": spec.language, "name": "python3"}
+
+
 def to_notebook(source_path: Path) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = kernelspec()
     nb.metadata["language_info"] = {"name": "python"}
     for kind, source in parse_cells(source_path.read_text(encoding="utf-8")):
         make = nbformat.v4.new_markdown_cell if kind == "markdown" else nbformat.v4.new_code_cell
@@ -355,6 +366,10 @@ def main(argv: list[str]) -> int:
         return 1
     for source in sources:
         build(source, run=not args.no_run)
+    if not args.no_run:  # the instructors' page reads the run times just stored
+        from lesson_plan import main as write_lesson_plan
+
+        write_lesson_plan([])
     return 0
 
 

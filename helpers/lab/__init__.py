@@ -7,4 +7,5 @@
     exercises    checked exercises with hints, one module per notebook               every nb
     own_text     your own text: read a UTF-8 file, train the BPE and a GPT on it     nb 1, 7
     notes_tables the tables the lecture notes print, read from data/notes_tables.txt  nb 3, 7
+    sections     catch_up: start at any section after a restart; refuse_untrained   every nb
 """

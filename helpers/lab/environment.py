@@ -51,20 +51,24 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
-def start(seed: int = 0, quiet: bool = False) -> torch.device:
+def start(seed: int = 0, quiet: bool = False, projector: bool | None = None) -> torch.device:
     """Seed everything, pick the device, style the figures; print one line saying what was picked.
 
     The printed line is `device: <type> | seed: <seed>`, and no version: nothing a notebook prints
     may depend on the installed torch or Python. Only the device type is machine dependent, and
-    the tests' nbval sanitiser maps it to one word.
+    the tests' nbval sanitiser maps it to one word. projector=True (default: the environment
+    variable COURSE_PROJECTOR=1) draws figures for the back row of a lecture hall
+    (`helpers.lab.plots.use_course_style`).
     """
+    if projector is not None and not isinstance(projector, bool):
+        raise TypeError(f"projector must be True, False or None, got {projector!r}")
     seed_everything(seed)
     device = pick_device()
     torch.set_printoptions(precision=4, sci_mode=False)
     np.set_printoptions(precision=4, suppress=True)
     from helpers.lab import plots  # matplotlib is imported only by notebooks, never by model code
 
-    plots.use_course_style()
+    plots.use_course_style(projector)
     if not quiet:
         print(f"device: {device.type} | seed: {seed}")
     return device

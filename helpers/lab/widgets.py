@@ -34,6 +34,7 @@ class Explorer:
         self.output = widgets.Output()
         self.last: Any = None
         self.redraws = 0
+        self.start = self.values()  # what reset() returns to
         for control in controls.values():
             control.observe(self._redraw, names="value")
         self._redraw()
@@ -50,6 +51,13 @@ class Explorer:
         for name, value in values.items():
             self.controls[name].value = value
         return self.last
+
+    def reset(self) -> Any:
+        """Move every control back to where it started; returns what the figure shows then.
+
+        A check cell that begins with `first = explorer.reset()` gives the same answer when a
+        student runs it twice (after the first run the controls sit where that run left them)."""
+        return self.set(**self.start)
 
     def _redraw(self, _change: Any = None) -> None:
         # Capture what `draw` shows and hand it to the Output widget ourselves, rather than

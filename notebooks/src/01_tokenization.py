@@ -33,9 +33,10 @@ from IPython.display import HTML, display
 from helpers.text.corpus import TOY_SOUP, load_corpus
 from helpers.lab.exercises import check
 from helpers.timing import format_duration
+from helpers.lab.sections import catch_up
 
 # %% [markdown]
-# ## 1. The smallest vocabulary: one id per word
+# ## 1. The smallest vocabulary: one id per word (core)
 #
 # The Matrix Magic notes tokenize three sentences by cutting them into words and
 # punctuation marks, and list the distinct tokens as the *vocabulary*. A token's *id* is its
@@ -43,7 +44,8 @@ from helpers.timing import format_duration
 
 # %%
 def split_words(text: str) -> list[str]:
-    """Words and punctuation marks, spaces dropped: "Soup is yummy." -> ["Soup", "is", "yummy", "."]."""
+    """Words and punctuation marks, spaces dropped: "Soup is yummy." -> ["Soup", "is", "yummy",
+    "."]."""
     return re.findall(r"\w+|[^\w\s]", text)
 
 
@@ -56,8 +58,10 @@ print(f"{len(soup_words)} tokens, {len(vocabulary)} distinct: {vocabulary}")
 # The notes list a vocabulary of 12 tokens. We find one more, and the cell below shows which:
 
 # %%
-MATRIX_MAGIC_VOCABULARY = ["I", "like", "to", "eat", "soup", "am", "a", "good", "cook", "is", "yummy", "."]
-print(f"the Matrix Magic notes: {len(MATRIX_MAGIC_VOCABULARY)} tokens | our split: {len(vocabulary)} tokens")
+MATRIX_MAGIC_VOCABULARY = ["I", "like", "to", "eat", "soup", "am", "a", "good", "cook", "is",
+                           "yummy", "."]
+print(f"the Matrix Magic notes: {len(MATRIX_MAGIC_VOCABULARY)} tokens | our split: "
+      f"{len(vocabulary)} tokens")
 print("only in ours:", sorted(set(vocabulary) - set(MATRIX_MAGIC_VOCABULARY)))
 lowercased = list(dict.fromkeys(word.lower() for word in soup_words))
 print(f"after lower-casing every word: {len(lowercased)} tokens")
@@ -81,17 +85,22 @@ print("decoded:", " ".join(vocabulary[i] for i in soup_ids))
 # `soup.` from `soup .`. A tokenizer should give back exactly what it was given; the byte-level
 # tokenizer we build below does.
 #
-# ## 2. Characters, words, or something in between?
+# ## 2. Characters, words, or something in between? (optional)
 #
 # The course corpus is a megabyte of short stories, one sentence per line. Count what each
 # choice of token would cost on it:
 
 # %%
+catch_up("01_tokenization", "2.")  # started here after a restart? this runs the sections above
+
+# %%
 corpus = load_corpus()
 corpus_words = split_words(corpus)
 corpus_bytes = len(corpus.encode("utf-8"))
-print(f"corpus: {corpus_bytes:,} bytes = {len(corpus):,} characters = {len(corpus_words):,} words and marks")
-print(f"distinct characters: {len(set(corpus))} | distinct words and marks: {len(set(corpus_words))}")
+print(f"corpus: {corpus_bytes:,} bytes = {len(corpus):,} characters = {len(corpus_words):,} words "
+      f"and marks")
+print(f"distinct characters: {len(set(corpus))} | distinct words and marks: "
+      f"{len(set(corpus_words))}")
 
 # %% [markdown]
 # Characters give a tiny vocabulary but long sequences: every sentence is several times more
@@ -101,7 +110,8 @@ print(f"distinct characters: {len(set(corpus))} | distinct words and marks: {len
 # %%
 known_words = set(corpus_words)
 new_sentence = "The dragon found a shiny key."
-print("words the corpus never uses:", [w for w in split_words(new_sentence) if w not in known_words])
+print("words the corpus never uses:", [w for w in split_words(new_sentence)
+                                       if w not in known_words])
 
 # %% [markdown]
 # Real text keeps producing new words (names, typos, numbers, other languages), so a word
@@ -136,9 +146,12 @@ except ValueError as error:
 # smaller pieces, so nothing is ever unknown and common text stays short. The question is which
 # pieces to keep. To make sure that *any* text can be spelled, start from bytes.
 #
-# ## 3. Bytes: 256 symbols that spell every text
+# ## 3. Bytes: 256 symbols that spell every text (core)
 #
 # UTF-8 writes each Unicode character as one to four bytes, each a number from 0 to 255:
+
+# %%
+catch_up("01_tokenization", "3.")  # started here after a restart? this runs the sections above
 
 # %%
 for text in ["soup", "Zoë", "☕", "東京", "👋"]:
@@ -152,7 +165,7 @@ print("possible byte values:", len(range(256)))
 # is length: the wave emoji is four tokens. *Byte-pair encoding* (BPE) wins the length back by
 # learning new tokens for byte sequences that are frequent in the training text.
 #
-# ## 4. Byte-pair encoding, by hand
+# ## 4. Byte-pair encoding, by hand (core)
 #
 # 1. Write the training text as bytes (ids 0 to 255).
 # 2. Count every pair of neighbouring ids.
@@ -177,6 +190,9 @@ print("possible byte values:", len(range(256)))
 # the last pair. Keep a running count per pair in a dict, starting a pair at zero the first time
 # you meet it. Overlapping pairs count: three fives in a row hold the pair (5, 5) twice.
 # </details>
+
+# %%
+catch_up("01_tokenization", "4.")  # started here after a restart? this runs the sections above
 
 # %%
 def count_pairs(ids: list[int]) -> dict[tuple[int, int], int]:
@@ -211,7 +227,8 @@ soup_tied = [readable(bytes(pair)) for pair in tied_pairs]
 soup_first = readable(bytes(most_frequent_pair(soup_pairs)))
 # Single bytes compare as their values do, so here the greatest byte strings are the greatest ids.
 assert most_frequent_pair(soup_pairs) == max(tied_pairs)
-print(f"soup sentences: {len(soup_pairs)} distinct pairs; {len(soup_tied)} tie at {top_count} times: {soup_tied}")
+print(f"soup sentences: {len(soup_pairs)} distinct pairs; {len(soup_tied)} tie at {top_count} "
+      f"times: {soup_tied}")
 print(f"the tie-break picks {soup_first!r}")
 
 # %% [markdown]
@@ -290,7 +307,8 @@ assert merge_pair([7, 7, 7, 1, 7, 7], (7, 7), 256) == merge([7, 7, 7, 1, 7, 7], 
 
 # %%
 def train_textbook(text: str, n_merges: int) -> list[tuple[int, int]]:
-    """The textbook BPE loop: the first `n_merges` merged pairs of `text`, merge i making id 256 + i."""
+    """The textbook BPE loop: the first `n_merges` merged pairs of `text`, merge i making id 256 +
+    i."""
     ### BEGIN SOLUTION
     chunks = [list(chunk.encode("utf-8")) for chunk in pre_split(text)]
     vocab = [bytes([byte]) for byte in range(256)]  # id -> the bytes it spells, to break ties
@@ -392,19 +410,23 @@ print(f"{len(plain_merges)} identical merges")
 # %%
 # NBVAL_IGNORE_OUTPUT
 # Wall-clock times change from run to run and from machine to machine.
-print(f"textbook loop {format_duration(textbook_seconds)} | learn_merges {format_duration(fast_seconds)}")
+print(f"textbook loop {format_duration(textbook_seconds)} | learn_merges "
+      f"{format_duration(fast_seconds)}")
 
 # %% [markdown]
-# ## 5. Training on the whole corpus, step by step
+# ## 5. Training on the whole corpus, step by step (optional)
 #
 # `BPETokenizer.train` runs `learn_merges` until the vocabulary (256 bytes, the merges and the
 # special tokens) reaches `VOCAB_SIZE`. It also reserves `<|endoftext|>`, the special token GPT-2
 # puts between documents; more on it below.
 
 # %%
+catch_up("01_tokenization", "5.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.text.bpe import BPETokenizer
 
-VOCAB_SIZE = 512  # the knob: try 300, or a size past where this corpus runs out of pairs (section 8)
+VOCAB_SIZE = 512  # the knob: try 300, or a size past where this corpus runs out (section 8)
 END = "<|endoftext|>"
 
 started = time.perf_counter()
@@ -450,9 +472,11 @@ assert all(earlier.count >= later.count for earlier, later in pairwise(merges))
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
 left.plot(steps, [n / 1e3 for n in lengths], marker="o")
-left.set(title="The corpus gets shorter", xlabel="merges learned", ylabel="corpus length (thousand tokens)")
+left.set(title="The corpus gets shorter", xlabel="merges learned",
+         ylabel="corpus length (thousand tokens)")
 right.scatter(range(len(merges)), new_token_bytes, s=12)
-right.set(title="New tokens get longer", xlabel="merge step", ylabel="length of the new token (bytes)")
+right.set(title="New tokens get longer", xlabel="merge step",
+          ylabel="length of the new token (bytes)")
 fig.tight_layout()
 plt.show()
 print(f"{lengths[0]:,} tokens before any merge, {lengths[-1]:,} after {steps[-1]}: "
@@ -467,7 +491,7 @@ longest = sorted(learned, key=lambda i: (-len(bpe.vocab[i]), i))[:8]
 print(bpe.labels(longest))
 
 # %% [markdown]
-# ## 6. Encode, decode, and any text at all
+# ## 6. Encode, decode, and any text at all (optional)
 #
 # To encode, pre-split the text and replay the merges inside each chunk, earliest-learned
 # first, exactly as training applied them.
@@ -503,8 +527,12 @@ print(bpe.labels(longest))
 # rank. Merges never cross a chunk boundary.</details>
 
 # %%
+catch_up("01_tokenization", "6.")  # started here after a restart? this runs the sections above
+
+# %%
 def encode_text(text: str, merges: list[tuple[int, int]]) -> list[int]:
-    """The ids of `text`: each chunk's UTF-8 bytes with every merge applied, in the order learned."""
+    """The ids of `text`: each chunk's UTF-8 bytes with every merge applied, in the order
+    learned."""
     ### BEGIN SOLUTION
     rank_of = {pair: rank for rank, pair in enumerate(merges)}  # the pair -> when it was learned
     known: dict[str, list[int]] = {}  # chunk -> its ids; a text repeats most of its chunks
@@ -600,7 +628,8 @@ def decode_ids(token_ids: list[int], token_bytes: dict[int, bytes]) -> str:
     """The text of `token_ids`, `token_bytes` giving each id's bytes; bytes that do not form whole
     characters become '�'."""
     ### BEGIN SOLUTION
-    return b"".join(token_bytes[token_id] for token_id in token_ids).decode("utf-8", errors="replace")
+    return b"".join(token_bytes[token_id] for token_id in token_ids).decode("utf-8",
+                                                                            errors="replace")
     ### END SOLUTION
 
 
@@ -617,7 +646,8 @@ with tempfile.TemporaryDirectory() as folder:
     saved_size = saved.stat().st_size
     reloaded = BPETokenizer.load(saved)
 assert reloaded == bpe and reloaded.encode(two_stories) == story_ids
-print(f"saved as {saved_size:,} bytes of JSON; the reloaded tokenizer is identical: {reloaded == bpe}")
+print(f"saved as {saved_size:,} bytes of JSON; the reloaded tokenizer is identical: "
+      f"{reloaded == bpe}")
 
 # %% [markdown]
 # Bad ids get an error that says what is wrong, not a bare `KeyError`:
@@ -647,8 +677,10 @@ def can_encode(encode, text: str) -> bool:
 
 
 id_of_word = {word: index for index, word in enumerate(sorted(known_words))}
-rows = [("characters", char_tokenizer.vocab_size, len(corpus), can_encode(char_tokenizer.encode, unseen)),
-        ("words", len(known_words), len(corpus_words), can_encode(lambda t: [id_of_word[w] for w in split_words(t)], unseen)),
+rows = [("characters", char_tokenizer.vocab_size, len(corpus), can_encode(char_tokenizer.encode,
+                                                                          unseen)),
+        ("words", len(known_words), len(corpus_words), can_encode(lambda t: [id_of_word[w]
+                for w in split_words(t)], unseen)),
         ("byte-level BPE", bpe.vocab_size, len(corpus_ids), can_encode(bpe.encode, unseen))]
 print(f"{'tokens':15} {'vocabulary':>10} {'corpus length':>14}  encodes {unseen!r}?")
 for name, vocab_size, length, ok in rows:
@@ -669,7 +701,7 @@ print(f"{len(corpus_lines):,} lines -> {len(streamed_ids):,} ids, the same as en
       f"at once: {streamed_ids == corpus_ids}")
 
 # %% [markdown]
-# ## 7. BPE, WordPiece and Unigram
+# ## 7. BPE, WordPiece and Unigram (optional)
 #
 # BPE is one of three subword families in wide use. The DS 246 notes compare them:
 #
@@ -692,13 +724,18 @@ print(f"{len(corpus_lines):,} lines -> {len(streamed_ids):,} ids, the same as en
 #   when re-estimating, a common simplification of SentencePiece's expected counts.)
 
 # %%
+catch_up("01_tokenization", "7.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.text.subword import UnigramTokenizer, WordPieceTokenizer
 
 wordpiece = WordPieceTokenizer.train(corpus, vocab_size=VOCAB_SIZE)
 unigram = UnigramTokenizer.train(corpus, vocab_size=VOCAB_SIZE)
-print(f"vocabulary sizes: BPE {bpe.vocab_size}, WordPiece {wordpiece.vocab_size}, Unigram {unigram.vocab_size}")
+print(f"vocabulary sizes: BPE {bpe.vocab_size}, WordPiece {wordpiece.vocab_size}, Unigram "
+      f"{unigram.vocab_size}")
 
-words_to_compare = ["the", "found", "basket", "librarian", "umbrellas", "gardening", "unigram", "Zoë"]
+words_to_compare = ["the", "found", "basket", "librarian", "umbrellas", "gardening", "unigram",
+                    "Zoë"]
 print(f"{'word':10} | {'BPE (with its space)':32} | {'WordPiece':32} | Unigram")
 for word in words_to_compare:
     bpe_pieces = " ".join(bpe.labels(bpe.encode(" " + word)))
@@ -738,7 +775,8 @@ for cut in DS_246_CUTS:
     log_p = small_unigram.score(cut)
     share = math.exp(log_p) / total
     print(f"{str(cut):38} log P = {log_p:7.2f}   P(this cut | unigram) = {share:.4f}")
-print(f"{len(every_cut)} possible cuts in all; the model picks {small_unigram.tokenize_word('unigram')}")
+print(f"{len(every_cut)} possible cuts in all; the model picks "
+      f"{small_unigram.tokenize_word('unigram')}")
 
 # %% [markdown]
 # The model prefers `uni + gram`, gives `un + i + gram` a smaller share, and nearly nothing to
@@ -754,11 +792,14 @@ print("BPE      :", small_bpe.labels(small_bpe.encode("unigram")))
 print("WordPiece:", small_wordpiece.tokenize("unigram"))
 
 # %% [markdown]
-# ## 8. How big should the vocabulary be?
+# ## 8. How big should the vocabulary be? (optional)
 #
 # More merges make the text shorter, which makes every sequence cheaper for attention, but each
 # token needs a row in the embedding table (and, untied, another in the output layer). On our
 # corpus:
+
+# %%
+catch_up("01_tokenization", "8.")  # started here after a restart? this runs the sections above
 
 # %%
 all_merges = [m.pair for m in learn_merges(corpus, 10_000)]
@@ -773,14 +814,16 @@ left.plot(vocab_sizes, bytes_per_token, marker="o")
 left.set(title="Our corpus: bigger vocabulary, shorter text", xlabel="vocabulary size",
          ylabel="bytes per token")
 right.plot(table_sizes, [v * D_MODEL / 1e6 for v in table_sizes], marker="o", color="tab:red")
-right.plot([GPT2_VOCAB_SIZE], [GPT2_VOCAB_SIZE * D_MODEL / 1e6], marker="*", markersize=18, color="black")
+right.plot([GPT2_VOCAB_SIZE], [GPT2_VOCAB_SIZE * D_MODEL / 1e6], marker="*", markersize=18,
+           color="black")
 right.annotate("GPT-2", (GPT2_VOCAB_SIZE, GPT2_VOCAB_SIZE * D_MODEL / 1e6), xytext=(-70, 10),
                textcoords="offset points", fontsize=13)
 right.set(xscale="log", title=f"Bigger vocabulary, bigger table (d = {D_MODEL})",
           xlabel="vocabulary size (log scale)", ylabel="embedding parameters (millions)")
 fig.tight_layout()
 plt.show()
-print(f"this corpus runs out of pairs after {len(all_merges)} merges (vocabulary {256 + len(all_merges)}): "
+print(f"this corpus runs out of pairs after {len(all_merges)} merges (vocabulary "
+      f"{256 + len(all_merges)}): "
       f"{bytes_per_token[0]:.2f} -> {bytes_per_token[-1]:.2f} bytes per token")
 
 # %% [markdown]
@@ -802,8 +845,10 @@ from helpers.text.corpus_rich import load_rich_corpus
 rich_corpus = load_rich_corpus()
 rich_merges = learn_merges(rich_corpus, 10_000)
 rich_bpe = BPETokenizer([m.pair for m in rich_merges])
-print(f"rich corpus: {len(rich_corpus.encode('utf-8')):,} bytes, {len(set(split_words(rich_corpus))):,} distinct "
-      f"words and marks; BPE runs out of pairs after {len(rich_merges):,} merges (small corpus: {len(all_merges)})")
+print(f"rich corpus: {len(rich_corpus.encode('utf-8')):,} bytes, "
+      f"{len(set(split_words(rich_corpus))):,} distinct "
+      f"words and marks; BPE runs out of pairs after {len(rich_merges):,} merges (small corpus: "
+      f"{len(all_merges)})")
 MORPHEMES = ["ing", "ed", "es", "ies", "er", "est", "ier", "iest", "ly", "ily", " un"]
 learned_at = {bytes(rich_bpe.vocab[m.new_id]): m.new_id - 256 for m in reversed(rich_merges)}
 for morpheme in MORPHEMES:
@@ -821,7 +866,8 @@ early_bpe = BPETokenizer([m.pair for m in rich_merges[:1000]])
 for word in [" quickly", " sleepily", " happiest", " unfolding", " travelled", " berries"]:
     pieces = early_bpe.labels(early_bpe.encode(word))
     print(f"{word!r:>14} -> {' + '.join(pieces)}")
-split_ends = [bytes(early_bpe.vocab[early_bpe.encode(w)[-1]]).decode() for w in [" quickly", " sleepily", " happiest", " unfolding"]]
+split_ends = [bytes(early_bpe.vocab[early_bpe.encode(w)[-1]]).decode() for w in [" quickly",
+        " sleepily", " happiest", " unfolding"]]
 print("last pieces:", split_ends)
 assert all(end in MORPHEMES for end in split_ends)
 berries = early_bpe.labels(early_bpe.encode(" berries"))
@@ -846,11 +892,14 @@ print(f"its embedding table: {gpt2_vocab:,} x {D_MODEL} = {gpt2_embedding:,} par
 # rows: a token seen rarely gets a poorly trained embedding. That is why vocabularies sit in the
 # tens of thousands (GPT-2: 50,257) to a few hundred thousand, not in the millions.
 #
-# ## 9. Tokenizer playground
+# ## 9. Tokenizer playground (optional)
 #
 # Each token gets a colour and its id underneath; `␣` is a space, `↵` a new line, and `\xf0`
 # a byte that is only part of a character. First the same drawing for a fixed sentence, as a
 # static picture:
+
+# %%
+catch_up("01_tokenization", "9.")  # started here after a restart? this runs the sections above
 
 # %%
 COLOURS = ["#ffd6a5", "#caffbf", "#9bf6ff", "#bdb2ff", "#ffc6ff", "#fdffb6"]
@@ -864,7 +913,10 @@ def coloured_tokens(text: str) -> tuple[str, list[int]]:
              f'<br><small style="color:#555">{token_id}</small></span>'
              for i, (token_id, label) in enumerate(zip(ids, bpe.labels(ids), strict=True))]
     summary = f"<p>{len(text)} characters, {len(ids)} tokens</p>"
-    return f'<div style="font-family:monospace; font-size:20px">{"".join(spans)}{summary}</div>', ids
+    return (
+        f'<div style="font-family:monospace; font-size:20px">{"".join(spans)}{summary}</div>',
+        ids,
+    )
 
 
 def show_tokens(text: str) -> list[int]:
@@ -885,9 +937,11 @@ class TokenPlayground:
     """A text box with its text drawn below as coloured tokens, redrawn on every change."""
 
     def __init__(self, text: str) -> None:
-        self.box = widgets.Text(value=text, description="text", layout=widgets.Layout(width="700px"))
+        self.box = widgets.Text(value=text, description="text",
+                                layout=widgets.Layout(width="700px"))
         self.tokens = widgets.HTML()
         self.last: list[int] = []  # the ids on screen, for the check below
+        self.start = text
         self.box.observe(self._redraw, names="value")
         self._redraw()
 
@@ -898,6 +952,10 @@ class TokenPlayground:
         """Type `text` into the box, as a student would; return the ids now shown."""
         self.box.value = text
         return self.last
+
+    def reset(self) -> list[int]:
+        """Back to the first text, so that the check below gives the same answer run twice."""
+        return self.set(self.start)
 
     def _ipython_display_(self) -> None:
         display(widgets.VBox([self.box, self.tokens]))
@@ -910,7 +968,7 @@ playground = TokenPlayground("Once upon a time, Zoë found a golden key 🔑.")
 playground
 
 # %%
-before = playground.last
+before = playground.reset()
 after = playground.set("The brave librarian said hello 👋")
 assert after != before and bpe.decode(after) == "The brave librarian said hello 👋"
 assert playground.tokens.value == coloured_tokens("The brave librarian said hello 👋")[0]
@@ -920,20 +978,27 @@ print(f"typing new text re-tokenizes it: {len(before)} tokens before, {len(after
 # Try your name, a sentence in another language, some code, or a long number. Which cost the
 # most tokens per character, and why?
 #
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # The numbers in the answers are computed in the cell below.
 
 # %%
+catch_up("01_tokenization", "Check")  # started here after a restart? this runs the sections above
+
+# %%
 chars_per_token = len(corpus) / len(corpus_ids)
 wave_tokens = len(bpe.encode("👋"))
-unigram_cuts_all_pieces = len(segmentations("unigram", {"unigram"[i:j] for i in range(7) for j in range(i + 1, 8)}))
-print(f"corpus: {chars_per_token:.2f} characters per BPE token; {len(known_words):,} distinct words and marks")
+unigram_cuts_all_pieces = len(segmentations("unigram", {"unigram"[i:j] for i in range(7)
+                                                        for j in range(i + 1, 8)}))
+print(f"corpus: {chars_per_token:.2f} characters per BPE token; {len(known_words):,} distinct "
+      f"words and marks")
 print(f"GPT-2: {gpt2_vocab:,} = 256 + {GPT2_MERGES:,} + 1; embedding {gpt2_embedding:,} parameters")
-print(f"'👋' is {wave_tokens} BPE tokens; decoding the first two gives {bpe.decode(bpe.encode('👋')[:2])!r}")
+print(f"'👋' is {wave_tokens} BPE tokens; decoding the first two gives "
+      f"{bpe.decode(bpe.encode('👋')[:2])!r}")
 print(f"cuts of 'unigram' if every substring were a piece: {unigram_cuts_all_pieces} "
       f"(2 ** {len('unigram') - 1} gaps)")
-print(f"soup sentences: {soup_tied} tie for the most frequent pair; the tie-break picks {soup_first!r}")
+print(f"soup sentences: {soup_tied} tie for the most frequent pair; the tie-break picks "
+      f"{soup_first!r}")
 print(f"corpus: frequent pairs that end a word and reach into the next: {word_enders}")
 
 # %% [markdown]
@@ -999,7 +1064,7 @@ print(f"corpus: frequent pairs that end a word and reach into the next: {word_en
 # </details>
 
 # %% [markdown]
-# ## Optional: your own text
+# ## Optional: your own text (optional)
 #
 # Everything above ran on the course corpus. The same BPE learns from any text: a novel from
 # Project Gutenberg, your notes, a chat log, code. Save it as a plain UTF-8 text file, put its
@@ -1015,6 +1080,10 @@ print(f"corpus: frequent pairs that end a word and reach into the next: {word_en
 # and how to convert the file). Left `None`, the cell only says what it would do.
 
 # %%
+catch_up("01_tokenization",
+         "Optional:")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.lab.own_text import bpe_on_text_file, read_text_file
 
 MY_TEXT_FILE = None  # <- the path of a UTF-8 text file, such as "my_story.txt"
@@ -1024,9 +1093,12 @@ if MY_TEXT_FILE is not None:
     my_bpe = bpe_on_text_file(MY_TEXT_FILE, MY_MERGES)
     print(my_bpe.summary(first=20))
     my_line = next(line for line in read_text_file(MY_TEXT_FILE).splitlines() if line.strip())[:200]
-    print("its first line, token by token:", " | ".join(my_bpe.tokenizer.labels(my_bpe.tokenizer.encode(my_line))))
+    print("its first line, token by token:",
+          " | ".join(my_bpe.tokenizer.labels(my_bpe.tokenizer.encode(my_line))))
     print(f"the course corpus: {len(corpus.encode('utf-8')) / len(corpus_ids):.2f} bytes per token "
           f"with {len(bpe.merges):,} merges")
 else:
-    print(f"MY_TEXT_FILE = None: nothing read. A path would train the course BPE ({MY_MERGES:,} merges) "
-          "on that file and print its first merges, its first line split into tokens and the bytes per token.")
+    print(f"MY_TEXT_FILE = None: nothing read. A path would train the course BPE ({MY_MERGES:,} "
+          f"merges) "
+          "on that file and print its first merges, its first line split into tokens and the bytes "
+          "per token.")

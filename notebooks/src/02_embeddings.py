@@ -31,13 +31,14 @@ from helpers.text.corpus import TOY_SOUP, load_corpus
 from helpers.lab.exercises import check
 from helpers.lab.plots import heatmap
 from helpers.timing import best_time, format_duration
+from helpers.lab.sections import catch_up
 
 # The tensors of this notebook are small: on them one thread is faster than several that spend
 # their time waiting for each other (and the results do not depend on the number of cores).
 torch.set_num_threads(1)
 
 # %% [markdown]
-# ## 1. The Matrix Magic notes' twelve-token vocabulary
+# ## 1. The Matrix Magic notes' twelve-token vocabulary (optional)
 #
 # The Matrix Magic notes start from one tiny training text and give every word and full stop an id.
 # We use the order of the slide's embedding table, because the ids are the rows of that table.
@@ -52,7 +53,8 @@ SOUP_ID = {token: index for index, token in enumerate(SOUP_VOCAB)}
 def soup_ids(text: str) -> torch.Tensor:
     """The ids of the words and full stops of `text`, shape (n_tokens,)."""
     pieces = re.findall(r"\w+|\.", text)
-    return torch.tensor([SOUP_ID[piece] if piece in SOUP_ID else SOUP_ID[piece.lower()] for piece in pieces])
+    return torch.tensor([SOUP_ID[piece] if piece in SOUP_ID else SOUP_ID[piece.lower()]
+                         for piece in pieces])
 
 
 ids = soup_ids(TOY_SOUP)
@@ -61,11 +63,14 @@ print(f"{len(SOUP_VOCAB)} tokens in the vocabulary, {len(ids)} tokens in the tex
 print("ids:", ids.tolist())
 
 # %% [markdown]
-# ## 2. One-hot vectors: every word equally far from every other
+# ## 2. One-hot vectors: every word equally far from every other (optional)
 #
 # The oldest way to turn id `i` into a vector: a vector as long as the vocabulary, with a 1 in
 # place `i` and 0 everywhere else. Stacked for the whole vocabulary, these vectors form the
 # identity matrix, which is exactly the slide's 12 x 12 one-hot table.
+
+# %%
+catch_up("02_embeddings", "2.")  # started here after a restart? this runs the sections above
 
 # %%
 one_hot_table = torch.eye(len(SOUP_VOCAB))  # row i is the one-hot vector of token i
@@ -84,7 +89,8 @@ dots = one_hot_table @ one_hot_table.T  # (12, 12): every token's vector against
 distances = torch.cdist(one_hot_table, one_hot_table)  # (12, 12) Euclidean distances
 different = ~torch.eye(len(SOUP_VOCAB), dtype=torch.bool)
 print("dot products between different tokens:", sorted(set(dots[different].tolist())))
-print("distances between different tokens:", sorted({round(d, 4) for d in distances[different].tolist()}),
+print("distances between different tokens:", sorted({round(d, 4)
+                                                     for d in distances[different].tolist()}),
       f"(sqrt(2) = {math.sqrt(2):.4f})")
 
 # %% [markdown]
@@ -99,8 +105,11 @@ BYTES_PER_FLOAT32 = 4
 one_hot_entries = GPT2_VOCAB**2
 dense_entries = GPT2_VOCAB * GPT2_D_MODEL
 print(f"zeros in one one-hot vector:  {GPT2_VOCAB - 1:,}")
-print(f"one-hot table: {one_hot_entries:,} numbers = {one_hot_entries * BYTES_PER_FLOAT32 / 1e9:.1f} GB")
-print(f"dense table:   {dense_entries:,} numbers = {dense_entries * BYTES_PER_FLOAT32 / 1e6:.0f} MB")
+print(f"one-hot table: {one_hot_entries:,} numbers = "
+      f"{one_hot_entries * BYTES_PER_FLOAT32 / 1e9:.1f} GB")
+print(
+    f"dense table:   {dense_entries:,} numbers = {dense_entries * BYTES_PER_FLOAT32 / 1e6:.0f} MB"
+)
 print(f"the dense table is {one_hot_entries / dense_entries:.0f} times smaller")
 
 # %% [markdown]
@@ -112,15 +121,19 @@ print(f"the dense table is {one_hot_entries / dense_entries:.0f} times smaller")
 from helpers.model.embeddings import one_hot
 
 assert torch.equal(one_hot(ids, len(SOUP_VOCAB)), one_hot_table[ids])
-print("one_hot(ids) has shape", tuple(one_hot(ids, len(SOUP_VOCAB)).shape), "and equals the identity rows")
+print("one_hot(ids) has shape", tuple(one_hot(ids, len(SOUP_VOCAB)).shape),
+      "and equals the identity rows")
 
 # %% [markdown]
-# ## 3. A dense table: 8 numbers per token
+# ## 3. A dense table: 8 numbers per token (optional)
 #
 # Instead, give every token a short vector of `d_model` numbers and let training move them. The
 # Matrix Magic notes print a 12 x 8 table (`d_model = 8`). We load its numbers, as printed (2
 # decimals), into an `nn.Embedding` and "pluck out" the rows of the slide's batch
 # `idx = [0, 1, 2, 3]` ("I like to eat").
+
+# %%
+catch_up("02_embeddings", "3.")  # started here after a restart? this runs the sections above
 
 # %%
 SLIDE_TOKEN_TABLE = torch.tensor([  # the Matrix Magic notes, "Initialize Token Embeddings Table"
@@ -173,7 +186,8 @@ def compare_with_slide(computed: torch.Tensor, slide: torch.Tensor, row_labels: 
         print(f"{label:<{label_width}}{cells(ours)} | {cells(theirs)}")
     half_a_unit = 0.5 * 10**-decimals + 1e-9
     wrong = ((computed.double() - slide.double()).abs() > half_a_unit).nonzero().tolist()
-    mismatches = [f"{row_labels[r]}, {col_labels[c]}: computed {computed[r, c].item():.{decimals + 2}f},"
+    mismatches = [f"{row_labels[r]}, {col_labels[c]}: computed "
+                  f"{computed[r, c].item():.{decimals + 2}f},"
                   f" slide {slide[r, c].item():.{decimals}f}" for r, c in wrong]
     print("entries where the slide differs:", len(mismatches))
     for mismatch in mismatches:
@@ -181,17 +195,22 @@ def compare_with_slide(computed: torch.Tensor, slide: torch.Tensor, row_labels: 
     return mismatches
 
 
-SLIDE_PLUCKED = SLIDE_TOKEN_TABLE[:4]  # the Matrix Magic notes, "Pluck Out the Tokens in Your Batch": rows 0-3
-plucked_mismatches = compare_with_slide(plucked.detach(), SLIDE_PLUCKED, SOUP_VOCAB[:4], DIMS, decimals=2)
+# the Matrix Magic notes, "Pluck Out the Tokens in Your Batch": rows 0-3
+SLIDE_PLUCKED = SLIDE_TOKEN_TABLE[:4]
+plucked_mismatches = compare_with_slide(plucked.detach(), SLIDE_PLUCKED, SOUP_VOCAB[:4], DIMS,
+                                        decimals=2)
 
 # %% [markdown]
-# ## 4. A lookup is a one-hot matrix product
+# ## 4. A lookup is a one-hot matrix product (core)
 #
 # First a reminder of what a matrix product computes, with the Matrix Magic notes' example:
 # entry $(i, j)$ of $AB$ is the dot product of row $i$ of $A$ with column $j$ of $B$, so the
 # inner sizes must agree and a (2 x 3) matrix times a (3 x 2) matrix is (2 x 2). The notes show
 # only the first entry, 58, the dot product of the first row with the first column; the cell
 # computes all four.
+
+# %%
+catch_up("02_embeddings", "4.")  # started here after a restart? this runs the sections above
 
 # %%
 a_2x3 = torch.tensor([[1, 2, 3], [4, 5, 6]])
@@ -296,17 +315,21 @@ print(f"numbers the lookup copies: 64 x {GPT2_D_MODEL} = {64 * GPT2_D_MODEL:,}")
 # NBVAL_IGNORE_OUTPUT
 # Wall-clock times change from run to run and from machine to machine.
 print("one-hot product", format_duration(by_product))
-print("lookup         ", format_duration(by_lookup), f"({by_product / by_lookup:,.0f} times faster)")
+print("lookup         ", format_duration(by_lookup),
+      f"({by_product / by_lookup:,.0f} times faster)")
 
 # %% [markdown]
 # %% [markdown]
-# ## 5. How alike are two vectors?
+# ## 5. How alike are two vectors? (optional)
 #
 # The Matrix Magic notes illustrate "similar words have close vectors" with boy = [10, 8, 9] and
 # girl = [9, 7, 10]. Three ways to compare them:
 # - the **dot product** a.b, large when the vectors are long and point the same way;
 # - the **cosine** a.b / (|a| |b|), the angle alone, from -1 (opposite) to 1 (same direction);
 # - the **distance** |a - b|, small when the vectors are close.
+
+# %%
+catch_up("02_embeddings", "5.")  # started here after a restart? this runs the sections above
 
 # %%
 boy = torch.tensor([10.0, 8.0, 9.0])
@@ -333,12 +356,16 @@ print(f"cosine_similarity(boy, girl) = {cosine_similarity(boy, girl):.4f}")
 # are negative.)
 
 # %%
-slide_cosines = cosine_similarity(SLIDE_TOKEN_TABLE[:, None, :], SLIDE_TOKEN_TABLE[None, :, :])  # (12, 12)
+slide_cosines = cosine_similarity(SLIDE_TOKEN_TABLE[:, None, :], SLIDE_TOKEN_TABLE[None, :,
+                                                                                   :])  # (12, 12)
 off_diagonal = slide_cosines[different]
-print(f"cosines between different slide tokens: {off_diagonal.min():.2f} to {off_diagonal.max():.2f}")
-print(f"numbers in the slide's table: {SLIDE_TOKEN_TABLE.min():.2f} to {SLIDE_TOKEN_TABLE.max():.2f}")
+print(f"cosines between different slide tokens: {off_diagonal.min():.2f} to "
+      f"{off_diagonal.max():.2f}")
+print(f"numbers in the slide's table: {SLIDE_TOKEN_TABLE.min():.2f} to "
+      f"{SLIDE_TOKEN_TABLE.max():.2f}")
 torch.manual_seed(0)
-print(f"negative numbers in a fresh nn.Embedding(12, 8): {(nn.Embedding(12, 8).weight < 0).float().mean():.0%}")
+print(f"negative numbers in a fresh nn.Embedding(12, 8): "
+      f"{(nn.Embedding(12, 8).weight < 0).float().mean():.0%}")
 
 # %% [markdown]
 # ### Vectors that learned something
@@ -380,7 +407,8 @@ print(f"negative numbers in a fresh nn.Embedding(12, 8): {(nn.Embedding(12, 8).w
 # %%
 def train_word_vectors(embedding: nn.Embedding, predict_neighbour: nn.Linear, counts: torch.Tensor,
                        steps: int, lr: float = 0.05) -> list[float]:
-    """Train both modules with Adam on the neighbour-prediction loss; counts (V, V) -> the loss of every step."""
+    """Train both modules with Adam on the neighbour-prediction loss; counts (V, V) -> the loss of
+    every step."""
     ### BEGIN SOLUTION
     optimizer = torch.optim.Adam([*embedding.parameters(), *predict_neighbour.parameters()], lr=lr)
     pair_share = counts / counts.sum()  # (V, V): how often each (word, neighbour) pair occurs
@@ -411,7 +439,8 @@ def corpus_words(text: str) -> list[str]:
 
 
 def neighbour_counts(word_ids: torch.Tensor, vocab_size: int, window: int = 2) -> torch.Tensor:
-    """(V, V) float64: entry [i, j] counts how often word j appears within `window` places of word i."""
+    """(V, V) float64: entry [i, j] counts how often word j appears within `window` places of word
+    i."""
     counts = torch.zeros(vocab_size, vocab_size, dtype=torch.float64)
     for offset in range(1, window + 1):
         left, right = word_ids[:-offset], word_ids[offset:]
@@ -431,8 +460,10 @@ TRAIN_STEPS = 150  # the knob: more steps give slightly better vectors, and take
 train = yours_or("embeddings.train_word_vectors", train_word_vectors, course_train_word_vectors)
 
 
-def learn_word_vectors(counts: torch.Tensor, d_model: int, steps: int) -> tuple[torch.Tensor, float]:
-    """Rows of an nn.Embedding trained to predict each word's neighbours: (V, d_model), final loss."""
+def learn_word_vectors(counts: torch.Tensor, d_model: int, steps: int) -> tuple[torch.Tensor,
+                                                                                float]:
+    """Rows of an nn.Embedding trained to predict each word's neighbours: (V, d_model), final
+    loss."""
     vocab_size = counts.shape[0]
     embedding = nn.Embedding(vocab_size, d_model, dtype=torch.float64)
     predict_neighbour = nn.Linear(d_model, vocab_size, dtype=torch.float64)
@@ -508,12 +539,15 @@ heatmap(cosine_similarity(shown_vectors[:, None, :], shown_vectors[None, :, :]),
 plt.show()
 
 # %% [markdown]
-# ## 6. Why order is lost: attention sees a bag of vectors
+# ## 6. Why order is lost: attention sees a bag of vectors (optional)
 #
 # *A preview of notebook 3.* Self-attention mixes every token's vector with every other's, with
 # weights computed from the vectors themselves. Nothing in it looks at where a token stands. The
 # textbook section's exercise: feed "the cat sat" and "sat cat the" through one self-attention
 # layer with no positional information, using our learned word vectors, and compare.
+
+# %%
+catch_up("02_embeddings", "6.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.model.attention import scaled_dot_product_attention
@@ -537,7 +571,8 @@ def sentence_vectors(sentence: str) -> torch.Tensor:
 def show_outputs(sentence: str, outputs: torch.Tensor) -> None:
     """Print the first four numbers of each position's output vector."""
     for position, (word, vector) in enumerate(zip(sentence.split(), outputs, strict=True)):
-        print(f"  position {position} {word:>4}:", " ".join(f"{v:7.3f}" for v in vector[:4].tolist()))
+        print(f"  position {position} {word:>4}:", " ".join(f"{v:7.3f}"
+                                                            for v in vector[:4].tolist()))
 
 
 for sentence in ["the cat sat", "sat cat the"]:
@@ -561,7 +596,8 @@ from helpers.model.embeddings import sinusoidal_positions
 
 
 def permutation_answers(add_positions: bool) -> dict[str, bool]:
-    """The textbook section's (a), (b), (c) for "the cat sat" vs "sat cat the", with or without positions."""
+    """The textbook section's (a), (b), (c) for "the cat sat" vs "sat cat the", with or without
+    positions."""
     def run(sentence: str) -> torch.Tensor:
         x = sentence_vectors(sentence)
         if add_positions:
@@ -571,9 +607,12 @@ def permutation_answers(add_positions: bool) -> dict[str, bool]:
     original, reordered, same_end = run("the cat sat"), run("sat cat the"), run("cat the sat")
     reverse = [2, 1, 0]  # "sat cat the" is "the cat sat" read backwards
     print("(a) largest difference position by position:", largest_difference(original, reordered))
-    print("(b) largest difference word by word:        ", largest_difference(original[reverse], reordered))
-    print("(c) last outputs, 'the cat sat' vs 'sat cat the':", largest_difference(original[-1], reordered[-1]))
-    print("    last outputs, 'the cat sat' vs 'cat the sat':", largest_difference(original[-1], same_end[-1]))
+    print("(b) largest difference word by word:        ", largest_difference(original[reverse],
+                                                                             reordered))
+    print("(c) last outputs, 'the cat sat' vs 'sat cat the':", largest_difference(original[-1],
+                                                                                  reordered[-1]))
+    print("    last outputs, 'the cat sat' vs 'cat the sat':", largest_difference(original[-1],
+                                                                                  same_end[-1]))
     return {"a_same_per_position": torch.allclose(original, reordered),
             "b_same_bag": torch.allclose(original[reverse], reordered),
             "c_same_last_output": torch.allclose(original[-1], reordered[-1]),
@@ -605,14 +644,18 @@ print(with_positions)
 assert not any(with_positions.values())
 
 # %% [markdown]
-# ## 7. Positions, option 1: a learned table
+# ## 7. Positions, option 1: a learned table (optional)
 #
 # The simplest fix, used by GPT-2 and by the Matrix Magic notes: a second `nn.Embedding` whose row
 # `p` is the vector of position `p`, trained like the token table. The notes print one for
 # `context_length = 4` positions and `d_model = 8`:
 
 # %%
-SLIDE_POSITION_TABLE = torch.tensor([  # the Matrix Magic notes, "Option 1: Learned Positional Embeddings"
+catch_up("02_embeddings", "7.")  # started here after a restart? this runs the sections above
+
+# %%
+# the Matrix Magic notes, "Option 1: Learned Positional Embeddings"
+SLIDE_POSITION_TABLE = torch.tensor([
     [0.42, 0.16, 0.05, 0.38, 0.05, 0.79, 0.12, 0.27],
     [0.19, 0.50, 0.26, 0.53, 0.71, 0.16, 0.42, 0.32],
     [0.32, 0.24, 0.36, 0.86, 0.02, 0.60, 0.31, 0.01],
@@ -622,7 +665,8 @@ BLOCK_SIZE = 4
 position_embedding = nn.Embedding(BLOCK_SIZE, 8, dtype=torch.float64)
 with torch.no_grad():
     position_embedding.weight.copy_(SLIDE_POSITION_TABLE)
-print("position table:", tuple(position_embedding.weight.shape), "-> rows for positions 0 to", BLOCK_SIZE - 1)
+print("position table:", tuple(position_embedding.weight.shape), "-> rows for positions 0 to",
+      BLOCK_SIZE - 1)
 print(f"GPT-2's learned position table: 1024 x {GPT2_D_MODEL} = {1024 * GPT2_D_MODEL:,} parameters")
 
 # %% [markdown]
@@ -636,7 +680,7 @@ except IndexError as error:
     print("IndexError:", error)
 
 # %% [markdown]
-# ## 8. Positions, option 2: sines and cosines
+# ## 8. Positions, option 2: sines and cosines (core)
 #
 # "Attention Is All You Need" uses a fixed table instead, with no parameters and a row for every
 # position:
@@ -666,6 +710,9 @@ except IndexError as error:
 #
 # <details><summary>Hint 3: closer</summary>Pair i's frequency is one over base to the power 2i over
 # d_model. The positions form a column and the pair indices a row; no loop over positions.</details>
+
+# %%
+catch_up("02_embeddings", "8.")  # started here after a restart? this runs the sections above
 
 # %%
 def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
@@ -713,20 +760,23 @@ print(f"cos(1/100) = {math.cos(1 / 100):.10f}")
 # decimals.
 
 # %%
-MATRIX_MAGIC_TABLE = torch.tensor([  # the Matrix Magic notes, "Option 2: Positional Encoding", d = 4, n = 100
+# the Matrix Magic notes, "Option 2: Positional Encoding", d = 4, n = 100
+MATRIX_MAGIC_TABLE = torch.tensor([
     [0.00, 1.00, 0.00, 1.00],
     [0.84, 0.54, 0.10, 1.0],
     [0.91, -0.42, 0.20, 0.98],
     [0.14, -0.99, 0.30, 0.96],
 ])
 matrix_magic_mismatches = compare_with_slide(positional_table(4, 4, base=100.0), MATRIX_MAGIC_TABLE,
-                                         ["I", "am", "a", "Robot"], ["P_k0", "P_k1", "P_k2", "P_k3"],
+                                         ["I", "am", "a", "Robot"], ["P_k0", "P_k1", "P_k2",
+                                                                     "P_k3"],
                                          decimals=2)
 print(f"cos(1/10) = {math.cos(0.1):.4f}")
 from helpers.model.embeddings import sinusoid_frequencies
 
 for base in (100.0, 10000.0):
-    print(f"base {base:>7g}: the two pairs turn by {[round(f, 6) for f in sinusoid_frequencies(4, base).tolist()]} per position")
+    print(f"base {base:>7g}: the two pairs turn by "
+          f"{[round(f, 6) for f in sinusoid_frequencies(4, base).tolist()]} per position")
 
 # %% [markdown]
 # From here on we use `helpers.model.embeddings.sinusoidal_positions(n_positions, d_model, base)`
@@ -777,7 +827,7 @@ for offset in range(1, 64):
 print("every diagonal of the 64 x 64 dot-product matrix is constant")
 
 # %% [markdown]
-# ## 9. How slow is the slowest wave? (the textbook section's wavelength exercise)
+# ## 9. How slow is the slowest wave? (the textbook section's wavelength exercise) (optional)
 #
 # Pair `i` turns by $1/10000^{2i/d}$ per position, so it repeats every
 # $2\pi \cdot 10000^{2i/d}$ positions. With `d = 512` the pairs run from `i = 0` (fastest) to
@@ -789,9 +839,11 @@ from helpers.model.embeddings import sinusoid_wavelengths
 wavelengths = sinusoid_wavelengths(512)  # (256,) one per pair
 print(f"fastest pair, i = 0:   2 pi x 10000^(0/512)   = {wavelengths[0]:,.4f} positions")
 print(f"slowest pair, i = 255: 2 pi x 10000^(510/512) = {wavelengths[255]:,.1f} positions")
-print(f"10000^(510/512) = 10^{4 * 510 / 512:.3f} = {10000 ** (510 / 512):,.1f}   (the textbook section's answer uses 9655)")
+print(f"10000^(510/512) = 10^{4 * 510 / 512:.3f} = {10000 ** (510 / 512):,.1f}   (the textbook "
+      f"section's answer uses 9655)")
 print(f"2 pi x 9655     = {2 * math.pi * 9655:,.0f}   (the textbook section's answer is 60,600)")
-print(f"rounded to hundreds: the true {wavelengths[255]:,.1f} -> {round(wavelengths[255].item(), -2):,.0f}, "
+print(f"rounded to hundreds: the true {wavelengths[255]:,.1f} -> "
+      f"{round(wavelengths[255].item(), -2):,.0f}, "
       f"2 pi x 9655 -> {round(2 * math.pi * 9655, -2):,.0f}")
 
 # %% [markdown]
@@ -808,7 +860,8 @@ print(f"rounded to hundreds: the true {wavelengths[255]:,.1f} -> {round(waveleng
 
 # %%
 seen_all_values = wavelengths <= 512
-print(f"pairs that turn fully within 512 positions: {int(seen_all_values.sum())} of {len(wavelengths)}")
+print(f"pairs that turn fully within 512 positions: {int(seen_all_values.sum())} of "
+      f"{len(wavelengths)}")
 print(f"pairs that meet new values beyond 512:       {int((~seen_all_values).sum())}")
 print(f"pairs that do not turn fully even in 4000:   {int((wavelengths > 4000).sum())}")
 figure, axis = plt.subplots(figsize=(8, 4.5))
@@ -821,7 +874,7 @@ axis.legend()
 plt.show()
 
 # %% [markdown]
-# ## 10. Explore the sinusoidal table
+# ## 10. Explore the sinusoidal table (optional)
 #
 # The drawing below shows the table (left) and how alike one chosen position's vector is to every
 # other position's (right, cosine). First as a still figure, then as a widget: change `d_model`,
@@ -829,7 +882,11 @@ plt.show()
 # base makes every pair turn fast, so far-away positions start to look alike.
 
 # %%
-def draw_positions(d_model: int, base: float, position: int, n_positions: int = 64) -> dict[str, torch.Tensor]:
+catch_up("02_embeddings", "10.")  # started here after a restart? this runs the sections above
+
+# %%
+def draw_positions(d_model: int, base: float, position: int, n_positions: int = 64) -> dict[str,
+        torch.Tensor]:
     """Draw the sinusoidal table and the cosine of `position`'s row with every row; return both."""
     table = sinusoidal_positions(n_positions, d_model, base)  # (n_positions, d_model)
     similarity = cosine_similarity(table[position], table)  # (n_positions,)
@@ -852,7 +909,8 @@ plt.show()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# The widget's output holds model ids that change on every run; the figure above is the same drawing.
+# The widget's output holds model ids that change on every run; the figure above is the same
+# drawing.
 from helpers.lab.widgets import Explorer
 
 explorer = Explorer(
@@ -868,7 +926,7 @@ explorer
 # `d_model` adds columns, and the similarity curve peaks wherever the chosen position is.
 
 # %%
-first = explorer.last
+first = explorer.reset()
 smaller_base = explorer.set(base=100.0)
 assert not torch.allclose(first["table"], smaller_base["table"])
 wider = explorer.set(d_model=64)
@@ -878,7 +936,7 @@ assert int(moved["similarity"].argmax()) == 40
 print("redraws so far:", explorer.redraws)
 
 # %% [markdown]
-# ## 11. Token + position: the input of the Transformer
+# ## 11. Token + position: the input of the Transformer (core)
 #
 # The model's input is the token's vector plus its position's vector, entry by entry (the USF
 # notes mention concatenation too, but adding keeps `d_model` unchanged and is what GPT-2 and the
@@ -886,7 +944,11 @@ print("redraws so far:", explorer.redraws)
 # their learned position rows. Computed next to the slide:
 
 # %%
-SLIDE_SUM_TABLE = torch.tensor([  # the Matrix Magic notes, "Token Embeddings (4,8) + Position Embeddings (4,8)"
+catch_up("02_embeddings", "11.")  # started here after a restart? this runs the sections above
+
+# %%
+# the Matrix Magic notes, "Token Embeddings (4,8) + Position Embeddings (4,8)"
+SLIDE_SUM_TABLE = torch.tensor([
     [0.68, 0.54, 0.06, 0.65, 0.23, 1.45, 0.76, 0.84],
     [0.43, 1.22, 1.13, 1.49, 1.04, 1.09, 0.65, 0.62],
     [1.20, 0.66, 1.08, 1.50, 0.54, 0.91, 0.94, 0.16],
@@ -895,7 +957,8 @@ SLIDE_SUM_TABLE = torch.tensor([  # the Matrix Magic notes, "Token Embeddings (4
 sum_by_hand = token_embedding(batch) + position_embedding(torch.arange(BLOCK_SIZE))  # (4, 8)
 mismatches = compare_with_slide(sum_by_hand.detach(), SLIDE_SUM_TABLE,
                                 ["I @0", "like @1", "to @2", "eat @3"], DIMS, decimals=2)
-print(f"{len(mismatches)} of {SLIDE_SUM_TABLE.numel()} entries on the slide are not the sums of its own inputs")
+print(f"{len(mismatches)} of {SLIDE_SUM_TABLE.numel()} entries on the slide are not the sums of "
+      f"its own inputs")
 errors = (sum_by_hand - SLIDE_SUM_TABLE).abs()
 print("sizes of those errors:", sorted({round(e, 4) for e in errors[errors > 0.005].tolist()}))
 
@@ -932,7 +995,8 @@ print("sizes of those errors:", sorted({round(e, 4) for e in errors[errors > 0.0
 
 # %%
 class TokenAndPosition(nn.Module):
-    """token_ids (batch, seq_len) or (seq_len,) -> token vector + position vector, (..., seq_len, d_model)."""
+    """token_ids (batch, seq_len) or (seq_len,) -> token vector + position vector, (..., seq_len,
+    d_model)."""
 
     def __init__(self, vocab_size: int, context_length: int, d_model: int) -> None:
         super().__init__()
@@ -948,7 +1012,8 @@ class TokenAndPosition(nn.Module):
                              "expected (batch, seq_len) or (seq_len,)")
         seq_len, context_length = token_ids.shape[-1], self.position.num_embeddings
         if seq_len > context_length:
-            raise ValueError(f"token_ids has {seq_len} positions, expected at most context_length = "
+            raise ValueError(f"token_ids has {seq_len} positions, expected at most context_length "
+                             f"= "
                              f"{context_length}: the position table has no row for the later ones")
         vocab_size = self.token.num_embeddings
         if token_ids.numel() and (token_ids.min() < 0 or token_ids.max() >= vocab_size):
@@ -998,7 +1063,7 @@ for bad_input in (ids, torch.tensor([[0, 12]])):
 # adding a vector.
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. Why does the Transformer use positional encoding?** (the USF notes)
 #
@@ -1010,6 +1075,9 @@ for bad_input in (ids, torch.tensor([[0, 12]])):
 # Adding a position vector to each token makes the same word at a different place a different
 # input, and all those comparisons then differ.
 # </details>
+
+# %%
+catch_up("02_embeddings", "Check")  # started here after a restart? this runs the sections above
 
 # %%
 print("without positions:", without_positions)
@@ -1046,7 +1114,8 @@ print("with positions:   ", with_positions)
 # </details>
 
 # %%
-print(f"(a) {wavelengths[-1]:,.0f}  (b) {wavelengths[0]:.2f}  (c) {int(seen_all_values.sum())} pairs seen in full, "
+print(f"(a) {wavelengths[-1]:,.0f}  (b) {wavelengths[0]:.2f}  (c) {int(seen_all_values.sum())} "
+      f"pairs seen in full, "
       f"{int((~seen_all_values).sum())} not, {int((wavelengths > 4000).sum())} not even by 4000")
 
 # %% [markdown]
@@ -1062,7 +1131,8 @@ print(f"(a) {wavelengths[-1]:,.0f}  (b) {wavelengths[0]:.2f}  (c) {int(seen_all_
 # </details>
 
 # %%
-print(f"multiply-adds per token: {GPT2_VOCAB * GPT2_D_MODEL / 1e6:.1f} million, numbers copied: {GPT2_D_MODEL}")
+print(f"multiply-adds per token: {GPT2_VOCAB * GPT2_D_MODEL / 1e6:.1f} million, numbers copied: "
+      f"{GPT2_D_MODEL}")
 
 # %% [markdown]
 # **5. A model with a learned position table of 1024 rows gets a 1025-token input. What

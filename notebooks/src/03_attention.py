@@ -33,11 +33,12 @@ from helpers.lab.notes_tables import load_notes_tables
 from helpers.lab.plots import heatmap
 from helpers.lab.widgets import Explorer
 from helpers.model.attention import softmax as helper_softmax
+from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
 # %% [markdown]
-# ## 1. The dot product measures similarity
+# ## 1. The dot product measures similarity (optional)
 #
 # $a \cdot b = \sum_i a_i b_i$ is large when two vectors point the same way, near zero when they
 # are unrelated, and negative when they point apart. Attention is built on nothing else. Below,
@@ -62,7 +63,7 @@ assert torch.allclose(torch.tensor(by_hand), as_matrix_product)
 # highest, "car" lowest. To turn scores into weights that are positive and sum to 1 we need a
 # softmax.
 #
-# ## 2. Softmax, and how to compute it without overflow
+# ## 2. Softmax, and how to compute it without overflow (optional)
 #
 # $\mathrm{softmax}(s)_i = e^{s_i} / \sum_j e^{s_j}$. Written literally it breaks as soon as a
 # score is large: `exp(1000)` does not fit in a float.
@@ -123,7 +124,7 @@ assert torch.allclose(softmax(small), naive_softmax(small))
 assert torch.allclose(softmax(big), torch.softmax(big, dim=-1))
 
 # %% [markdown]
-# ## 3. Queries, keys and values: a soft dictionary lookup
+# ## 3. Queries, keys and values: a soft dictionary lookup (optional)
 #
 # A Python `dict` is a lookup: a query must equal one key exactly, and you get that key's value.
 # Attention keeps the idea and makes every step soft.
@@ -139,6 +140,9 @@ assert torch.allclose(softmax(big), torch.softmax(big, dim=-1))
 # (number of legs, number of wheels).
 
 # %%
+catch_up("03_attention", "3.")  # started here after a restart? this runs the sections above
+
+# %%
 values = torch.tensor([[4.0, 0.0],    # cat: 4 legs, 0 wheels
                        [4.0, 0.0],    # dog
                        [0.0, 4.0]])   # car
@@ -152,11 +156,14 @@ print(f"answer: {answer[0]:.2f} legs, {answer[1]:.2f} wheels")
 # car leaks in: a soft lookup never picks exactly one entry. In a Transformer, queries, keys and
 # values are not written by hand; each is a learned linear map of the token vectors.
 #
-# ## 4. Attention in plain code, and every shape
+# ## 4. Attention in plain code, and every shape (core)
 #
 # Stacking the queries as rows of $Q$ and the keys as rows of $K$, all the dot products are
 # one matrix product $QK^\top$. Dividing by $\sqrt{d_k}$ is the "scaled" in the name (section 5
 # shows why it is there), the softmax runs along each row, and the output is $AV$.
+
+# %%
+catch_up("03_attention", "4.")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # ### Exercise 2: scaled dot-product attention
@@ -179,7 +186,8 @@ print(f"answer: {answer[0]:.2f} legs, {answer[1]:.2f} wheels")
 # softmax runs across the keys.</details>
 
 # %%
-def my_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def my_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor,
+                                                                             torch.Tensor]:
     """softmax(q k^T / sqrt(d_k)) v. q (..., N_q, d_k), k (..., N_k, d_k), v (..., N_k, d_v).
 
     Returns the output (..., N_q, d_v) and the weights (..., N_q, N_k).
@@ -254,7 +262,8 @@ Q, K, V = X @ W_Q, X @ W_K, X @ W_V
 Y, A = attention(Q, K, V)
 print(f"N = {N}, D_in = {D_IN}, D_out = {D_OUT}\n")
 show_shapes([("inputs X", "given", X), ("W_Q, W_K, W_V", "learned, each", W_Q),
-             ("Q, K, V", "X W_Q, X W_K, X W_V", Q), ("similarities E", "Q K^T / sqrt(D_out)", Q @ K.T),
+             ("Q, K, V", "X W_Q, X W_K, X W_V", Q), ("similarities E", "Q K^T / sqrt(D_out)",
+                                                     Q @ K.T),
              ("weights A", "softmax(E, dim=1)", A), ("outputs Y", "A V", Y)])
 
 # %% [markdown]
@@ -272,26 +281,31 @@ show_shapes([("inputs X", "given", X), ("W_Q, W_K, W_V", "learned, each", W_Q),
 
 # %%
 FEATURES = ["water", "town", "money"]
-MEANING = {"bank": [1.0, 1.0, 1.0],           # ambiguous: a river bank, or a bank in town that holds money
+MEANING = {"bank": [1.0, 1.0, 1.0],
+           # ambiguous: a river bank, or a bank in town that holds money
            "river": [3.0, 0.0, 0.0], "swam": [2.0, 0.0, 0.0],
-           "intersection": [0.0, 3.0, 0.0], "walked": [0.0, 1.0, 0.0]}  # every other word: all zeros
+           # every other word: all zeros
+           "intersection": [0.0, 3.0, 0.0], "walked": [0.0, 1.0, 0.0]}
 SENSES = {"river bank": torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64),
           "bank, the business": torch.tensor([0.0, 1.0, 1.0], dtype=torch.float64)}
 
 
 def meaning_vectors(sentence: str) -> torch.Tensor:
     """The hand-made vector of every word of `sentence`: (n_words, 3)."""
-    return torch.tensor([MEANING.get(word, [0.0, 0.0, 0.0]) for word in sentence.split()], dtype=torch.float64)
+    return torch.tensor([MEANING.get(word, [0.0, 0.0, 0.0]) for word in sentence.split()],
+                        dtype=torch.float64)
 
 
 def sense_cosines(vector: torch.Tensor) -> dict[str, float]:
     """Cosine of `vector` (3,) with each sense of "bank"."""
-    return {name: (torch.dot(vector, sense) / (vector.norm() * sense.norm())).item() for name, sense in SENSES.items()}
+    return {name: (torch.dot(vector, sense) / (vector.norm() * sense.norm())).item() for name,
+            sense in SENSES.items()}
 
 
 def show_bank(when: str, vector: torch.Tensor) -> None:
     """Print the features of a "bank" vector (3,) and its cosine with each sense."""
-    features = " ".join(f"{name}={value:.2f}" for name, value in zip(FEATURES, vector.tolist(), strict=True))
+    features = " ".join(f"{name}={value:.2f}" for name, value in zip(FEATURES, vector.tolist(),
+                                                                     strict=True))
     cosines = ", ".join(f"{name} {cosine:.2f}" for name, cosine in sense_cosines(vector).items())
     print(f"  'bank' {when:<17} {features}; cosine with {cosines}")
 
@@ -306,11 +320,13 @@ for sentence in ("I swam across the river to get to the other bank",
     show_bank("before attention", x[-1])
     show_bank("after attention", output[-1])
 river, road = bank_in
-assert torch.equal(bank_in[river], bank_in[road]) and not torch.allclose(bank_out[river], bank_out[road])
+assert torch.equal(bank_in[river], bank_in[road]) and not torch.allclose(bank_out[river],
+                                                                         bank_out[road])
 after_river, after_road = sense_cosines(bank_out[river]), sense_cosines(bank_out[road])
 assert after_river["river bank"] > after_river["bank, the business"]
 assert after_road["bank, the business"] > after_road["river bank"]
-print(f"\ndistance between the two 'bank's: {(bank_in[river] - bank_in[road]).norm():.2f} before attention, "
+print(f"\ndistance between the two 'bank's: {(bank_in[river] - bank_in[road]).norm():.2f} before "
+      f"attention, "
       f"{(bank_out[river] - bank_out[road]).norm():.2f} after")
 
 # %% [markdown]
@@ -330,7 +346,8 @@ print(f"\ndistance between the two 'bank's: {(bank_in[river] - bank_in[road]).no
 import torch.nn.functional as F
 
 torch.manual_seed(2)
-q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 5)  # (batch, heads, N, d)
+q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6,
+                                                                        5)  # (batch, heads, N, d)
 ours, our_weights = attention(q, k, v)
 helper_out, helper_weights = scaled_dot_product_attention(q, k, v)
 torch.testing.assert_close(ours, helper_out)
@@ -390,10 +407,13 @@ class MyAttentionLayer(nn.Module):
         self.w_v = nn.Linear(d_in, d_v, bias=False)  # values: what each token hands over
         ### END SOLUTION
 
-    def forward(self, x_query: torch.Tensor, x_data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x_query: torch.Tensor, x_data: torch.Tensor) -> tuple[torch.Tensor,
+                                                                            torch.Tensor]:
         ### BEGIN SOLUTION
-        q = self.w_q(x_query)                                      # (..., N_q, d_k): the queries ask
-        k = self.w_k(x_data)                                       # (..., N_x, d_k): the data is looked up
+        # (..., N_q, d_k): the queries ask
+        q = self.w_q(x_query)
+        # (..., N_x, d_k): the data is looked up
+        k = self.w_k(x_data)
         v = self.w_v(x_data)                                       # (..., N_x, d_v)
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., N_q, N_x)
         weights = softmax(scores)                                  # each row sums to 1
@@ -420,20 +440,27 @@ layer = MyAttentionLayer(6, 4, 3)  # d_in = 6, d_k = 4, d_v = 3
 with torch.no_grad():
     cross_out, cross_weights = layer(decoder_tokens, encoder_tokens)  # queries ask the encoder
     self_out, self_weights = layer(encoder_tokens, encoder_tokens)    # the encoder asks itself
-print(f"cross-attention, layer(decoder, encoder): output {tuple(cross_out.shape)}, weights {tuple(cross_weights.shape)}")
-print(f"self-attention,  layer(encoder, encoder): output {tuple(self_out.shape)}, weights {tuple(self_weights.shape)}")
-assert torch.allclose(cross_weights.sum(dim=-1), torch.ones(2)) and torch.allclose(self_weights.sum(dim=-1), torch.ones(5))
+print(f"cross-attention, layer(decoder, encoder): output {tuple(cross_out.shape)}, weights "
+      f"{tuple(cross_weights.shape)}")
+print(f"self-attention,  layer(encoder, encoder): output {tuple(self_out.shape)}, weights "
+      f"{tuple(self_weights.shape)}")
+assert torch.allclose(cross_weights.sum(dim=-1),
+                      torch.ones(2)) and torch.allclose(self_weights.sum(dim=-1), torch.ones(5))
 learned = sum(p.numel() for p in layer.parameters())
 assert learned == 6 * (2 * 4 + 3)
-print(f"learned numbers: {learned} = d_in x (2 d_k + d_v) = 6 x (2 x 4 + 3); every row of weights sums to 1")
+print(f"learned numbers: {learned} = d_in x (2 d_k + d_v) = 6 x (2 x 4 + 3); every row of weights "
+      f"sums to 1")
 
 # %% [markdown]
-# ## 5. Why divide by $\sqrt{d_k}$? The softmax-saturation demo
+# ## 5. Why divide by $\sqrt{d_k}$? The softmax-saturation demo (core)
 #
 # ### 5a. Two softmaxes
 # The USF notes take one query whose scores over three keys are $[20, 0, -20]$,
 # and the same scores divided by 8, $[2.5, 0, -2.5]$. We compute both in float64 with enough
 # digits to see what happens.
+
+# %%
+catch_up("03_attention", "5.")  # started here after a restart? this runs the sections above
 
 # %%
 def show_softmax(scores: list[float]) -> torch.Tensor:
@@ -446,8 +473,10 @@ def show_softmax(scores: list[float]) -> torch.Tensor:
 saturated = show_softmax([20.0, 0.0, -20.0])
 relaxed = show_softmax([2.5, 0.0, -2.5])
 USF_PRINTS = 0.9999999998  # the USF notes' first slide
-print(f"\nthe USF notes print {USF_PRINTS} for the first weight; the true value is {saturated[0]:.12f}")
-print(f"1 - first weight = {1 - saturated[0]:.4g}, and the other two weights sum to {saturated[1] + saturated[2]:.4g}")
+print(f"\nthe USF notes print {USF_PRINTS} for the first weight; the true value is "
+      f"{saturated[0]:.12f}")
+print(f"1 - first weight = {1 - saturated[0]:.4g}, and the other two weights sum to "
+      f"{saturated[1] + saturated[2]:.4g}")
 
 # %% [markdown]
 # The first softmax is one-hot: the two other keys share 2.061e-09 of the weight. The second still
@@ -524,7 +553,8 @@ fig, ax = plt.subplots(figsize=(8, 4.5))
 ax.semilogy(logit_scales, norms)
 for t, label, offset in ((2.5, "[2.5, 0, -2.5]", (15, -40)), (20.0, "[20, 0, -20]", (10, 12))):
     ax.plot(t, jacobian_norm(t), "o", markersize=10)
-    ax.annotate(f"{label}\n‖J‖ = {jacobian_norm(t):.2g}", (t, jacobian_norm(t)), textcoords="offset points",
+    ax.annotate(f"{label}\n‖J‖ = {jacobian_norm(t):.2g}", (t, jacobian_norm(t)),
+                textcoords="offset points",
                 xytext=offset, fontsize=12)
 ax.set(xlabel="logit scale t   (scores = t · [1, 0, -1])", ylabel="‖J‖ (Frobenius, log scale)",
        title="The softmax Jacobian collapses as the scores grow")
@@ -579,7 +609,8 @@ plt.show()
 # common. That is exactly the factor the USF notes divide by: $\sqrt{64} = 8$.
 
 # %%
-print(f"sqrt(64) = {math.sqrt(64):.0f};  measured std of q.k at d_k = 64: {math.sqrt(raw_var[D_KS.index(64)]):.2f}")
+print(f"sqrt(64) = {math.sqrt(64):.0f};  measured std of q.k at d_k = 64: "
+      f"{math.sqrt(raw_var[D_KS.index(64)]):.2f}")
 
 # %% [markdown]
 # ### 5d. The gradient that actually reaches $Q$ and $K$
@@ -618,7 +649,8 @@ print(f"sqrt(64) = {math.sqrt(64):.0f};  measured std of q.k at d_k = 64: {math.
 # of size 1.</details>
 
 # %%
-def my_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_output: torch.Tensor,
+def my_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          grad_output: torch.Tensor,
                           scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of L through output = softmax(scale q k^T) v, given grad_output = dL/d output.
 
@@ -626,7 +658,8 @@ def my_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gra
     Returns grad_q, grad_k, grad_v with the shapes of q, k, v.
     """
     ### BEGIN SOLUTION
-    weights = softmax(q @ k.transpose(-2, -1) * scale)          # (..., N_q, N_k), as in the forward pass
+    weights = softmax(q @ k.transpose(-2, -1)
+                      * scale)          # (..., N_q, N_k), as in the forward pass
     grad_v = weights.transpose(-2, -1) @ grad_output            # (..., N_k, d_v)
     grad_weights = grad_output @ v.transpose(-2, -1)            # (..., N_q, N_k)
     # one row g through J = diag(a) - a a^T: J g = a * g - a * sum_j(a_j g_j)
@@ -643,6 +676,8 @@ def my_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gra
 check("attention.attention_backward", my_attention_backward)
 
 # %% [markdown]
+# ### The gradient, measured
+#
 # The experiment runs on `attention_backward`: yours once it passes its check, until then a
 # stand-in that asks autograd. First a proof that the two agree on a batch of cross-attention
 # heads. Then many independent attention problems, each with one query and 16 keys (random, unit
@@ -652,7 +687,8 @@ check("attention.attention_backward", my_attention_backward)
 # 0.99), with and without the $1/\sqrt{d_k}$.
 
 # %%
-def autograd_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_output: torch.Tensor,
+def autograd_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                grad_output: torch.Tensor,
                                 scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The same gradients from autograd, the stand-in for an unanswered exercise 5."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
@@ -660,9 +696,11 @@ def autograd_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     return torch.autograd.grad(output, leaves, grad_output)
 
 
-attention_backward = yours_or("attention.attention_backward", my_attention_backward, autograd_attention_backward)
+attention_backward = yours_or("attention.attention_backward", my_attention_backward,
+                              autograd_attention_backward)
 g = torch.Generator().manual_seed(9)
-q, k, v = (torch.randn(2, 3, n, d, generator=g, dtype=torch.float64) for n, d in ((4, 8), (6, 8), (6, 5)))
+q, k, v = (torch.randn(2, 3, n, d, generator=g, dtype=torch.float64) for n, d in ((4, 8), (6, 8),
+                                                                                  (6, 5)))
 grad_output = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64)
 for mine, autograd in zip(attention_backward(q, k, v, grad_output, 8**-0.5),
                           autograd_attention_backward(q, k, v, grad_output, 8**-0.5), strict=True):
@@ -674,13 +712,15 @@ PROBLEMS, N_KEYS, D_V_DEMO = 400, 16, 16
 
 
 def gradient_reaching_qk(d_k: int, seed: int = 0) -> dict[bool, dict[str, float]]:
-    """For scaled False/True: median |dL/dQ| and |dL/dK| over PROBLEMS problems, and the saturated share.
+    """For scaled False/True: median |dL/dQ| and |dL/dK| over PROBLEMS problems, and the
+    saturated share.
 
     Each problem: q (1, d_k), k (N_KEYS, d_k), v (N_KEYS, D_V_DEMO); L = sum(output * upstream).
     Both variants see the same random problems, so only the scaling differs.
     """
     g = torch.Generator().manual_seed(seed)
-    # float64: a saturated softmax leaves gradients near float32's round-off, whose digits vary by CPU
+    # float64: a saturated softmax leaves gradients near float32's round-off, whose digits vary by
+    # CPU
     q = torch.randn(PROBLEMS, 1, d_k, generator=g).double()
     k = torch.randn(PROBLEMS, N_KEYS, d_k, generator=g).double()
     v = torch.randn(PROBLEMS, N_KEYS, D_V_DEMO, generator=g).double()
@@ -698,7 +738,8 @@ def gradient_reaching_qk(d_k: int, seed: int = 0) -> dict[bool, dict[str, float]
 per_d_k = [gradient_reaching_qk(d_k) for d_k in D_KS]
 grads = {scaled: [result[scaled] for result in per_d_k] for scaled in (False, True)}
 print(f"{'':>6} {'---- unscaled: q.k ----':^34} {'---- scaled: q.k / sqrt(d_k) ----':^34}")
-print(f"{'d_k':>6} {'|dL/dQ|':>10} {'|dL/dK|':>10} {'saturated':>11}  {'|dL/dQ|':>10} {'|dL/dK|':>10} {'saturated':>11}")
+print(f"{'d_k':>6} {'|dL/dQ|':>10} {'|dL/dK|':>10} {'saturated':>11}  {'|dL/dQ|':>10} "
+      f"{'|dL/dK|':>10} {'saturated':>11}")
 for i, d_k in enumerate(D_KS):
     raw, sc = grads[False][i], grads[True][i]
     print(f"{d_k:>6} {raw['grad_q']:>10.3g} {raw['grad_k']:>10.3g} {raw['saturated']:>10.0%}  "
@@ -708,9 +749,12 @@ for i, d_k in enumerate(D_KS):
 fig, ax = plt.subplots(figsize=(8, 4.5))
 for scaled, color in ((False, "tab:blue"), (True, "tab:orange")):
     name = "scaled (÷√d_k)" if scaled else "unscaled"
-    ax.loglog(D_KS, [r["grad_q"] for r in grads[scaled]], "o-", color=color, label=f"|dL/dQ|, {name}")
-    ax.loglog(D_KS, [r["grad_k"] for r in grads[scaled]], "s--", color=color, alpha=0.6, label=f"|dL/dK|, {name}")
-ax.set(ylabel="median gradient norm (log scale)", title="Gradient reaching Q and K through the softmax")
+    ax.loglog(D_KS, [r["grad_q"] for r in grads[scaled]], "o-", color=color,
+              label=f"|dL/dQ|, {name}")
+    ax.loglog(D_KS, [r["grad_k"] for r in grads[scaled]], "s--", color=color, alpha=0.6,
+              label=f"|dL/dK|, {name}")
+ax.set(ylabel="median gradient norm (log scale)",
+       title="Gradient reaching Q and K through the softmax")
 label_d_k_axis(ax)
 ax.legend(fontsize=10)
 plt.show()
@@ -718,7 +762,8 @@ unscaled_last, scaled_last = grads[False][-1], grads[True][-1]
 print(f"at d_k = {D_KS[-1]}: median |dL/dQ| is {unscaled_last['grad_q']:.3g} unscaled vs "
       f"{scaled_last['grad_q']:.3g} scaled; {unscaled_last['saturated']:.0%} vs "
       f"{scaled_last['saturated']:.0%} of the softmaxes are saturated")
-print(f"scaled / unscaled median |dL/dQ| at d_k = {D_KS[-1]}: {scaled_last['grad_q'] / unscaled_last['grad_q']:.0f}")
+print(f"scaled / unscaled median |dL/dQ| at d_k = {D_KS[-1]}: "
+      f"{scaled_last['grad_q'] / unscaled_last['grad_q']:.0f}")
 assert unscaled_last["grad_q"] < scaled_last["grad_q"] / 100
 assert unscaled_last["saturated"] > 0.5 > scaled_last["saturated"]
 
@@ -756,8 +801,10 @@ def draw_saturation(d_k: int) -> dict[str, float]:
     for scaled_curve, color in ((False, "tab:blue"), (True, "tab:orange")):
         curve = [r["grad_q"] for r in grads[scaled_curve]]
         right.loglog(D_KS, curve, "o-", color=color, label="scaled" if scaled_curve else "unscaled")
-        right.plot(d_k, curve[row], "o", markersize=16, markerfacecolor="none", markeredgecolor="red", markeredgewidth=2.5)
-    right.set(ylabel="median |dL/dQ| (log scale)", title=f"Gradient reaching Q (circled: d_k = {d_k})")
+        right.plot(d_k, curve[row], "o", markersize=16, markerfacecolor="none",
+                   markeredgecolor="red", markeredgewidth=2.5)
+    right.set(ylabel="median |dL/dQ| (log scale)",
+              title=f"Gradient reaching Q (circled: d_k = {d_k})")
     label_d_k_axis(right)
     right.legend(fontsize=10)
     fig.tight_layout()
@@ -771,29 +818,36 @@ print({name: round(value, 4) for name, value in drawn.items()})
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# The widget's output holds ids that change on every run; the static figure above is the same drawing.
-explorer = Explorer(draw_saturation, d_k=widgets.SelectionSlider(options=D_KS, value=256, description="d_k"))
+# The widget's output holds ids that change on every run; the static figure above is the same
+# drawing.
+explorer = Explorer(draw_saturation, d_k=widgets.SelectionSlider(options=D_KS, value=256,
+                                                                 description="d_k"))
 explorer
 
 # %%
-mid_head = explorer.last  # d_k = 256, as drawn when the widget was made
+mid_head = explorer.reset()  # d_k = 256, as drawn when the widget was made
 big_head = explorer.set(d_k=1024)
-assert big_head["max_weight_unscaled"] > mid_head["max_weight_unscaled"], "unscaled weights saturate with d_k"
+assert big_head["max_weight_unscaled"] > mid_head["max_weight_unscaled"], (
+    "unscaled weights saturate with d_k")
 assert big_head["grad_unscaled"] < mid_head["grad_unscaled"], "and the gradient drops"
 
 # %%
 print(f"slider d_k 256 -> 1024: largest unscaled weight {mid_head['max_weight_unscaled']:.3f} -> "
-      f"{big_head['max_weight_unscaled']:.3f}, median unscaled |dL/dQ| {mid_head['grad_unscaled']:.3g} -> "
+      f"{big_head['max_weight_unscaled']:.3f}, median unscaled |dL/dQ| "
+      f"{mid_head['grad_unscaled']:.3g} -> "
       f"{big_head['grad_unscaled']:.3g}")
 
 # %% [markdown]
-# ## 6. The worked examples of the lecture notes
+# ## 6. The worked examples of the lecture notes (optional)
 #
 # ### "I like to eat" (the Matrix Magic notes)
 # The Matrix Magic notes print a query matrix and a transposed key matrix for the four tokens (with
 # $d_q = d_k = 4$), then an attention matrix $QK^\top$ and its scaled version. We read its
 # inputs from `data/notes_tables.txt`, where every table the notes print is typed in as on the
 # slides, and compute.
+
+# %%
+catch_up("03_attention", "6.")  # started here after a restart? this runs the sections above
 
 # %%
 TOKENS_MAGIC = ["I", "like", "to", "eat"]
@@ -819,9 +873,11 @@ torch.set_printoptions(precision=4)
 
 # %%
 K_MAGIC = K_T_MAGIC.T  # (tokens, d): one key per row
-candidates = {"Q K^T": Q_MAGIC @ K_MAGIC.T, "Q Q^T": Q_MAGIC @ Q_MAGIC.T, "K K^T": K_MAGIC @ K_MAGIC.T}
+candidates = {"Q K^T": Q_MAGIC @ K_MAGIC.T, "Q Q^T": Q_MAGIC @ Q_MAGIC.T,
+              "K K^T": K_MAGIC @ K_MAGIC.T}
 for name, product in candidates.items():
-    print(f"{name}: largest gap to the notes' matrix {(product - MATRIX_MAGIC_SCORES).abs().max():6.2f}")
+    print(f"{name}: largest gap to the notes' matrix "
+          f"{(product - MATRIX_MAGIC_SCORES).abs().max():6.2f}")
 # The printed K is rounded to 2 decimals (each entry off by at most 0.005), so an entry of K K^T
 # computed from it can be off by up to 0.005 * (|k_i|_1 + |k_j|_1) + 4 * 0.005^2.
 row_l1 = K_MAGIC.abs().sum(dim=1)
@@ -832,7 +888,8 @@ torch.set_printoptions(precision=2)
 print("\nK K^T, computed from the notes' keys:\n", candidates["K K^T"])
 print("the notes' 'Q K^T':\n", MATRIX_MAGIC_SCORES)
 torch.set_printoptions(precision=4)
-print(f"every entry of K K^T is within the rounding of K (largest bound {rounding_bound.max():.2f})")
+print("every entry of K K^T is within the rounding of K",
+      f"(largest bound {rounding_bound.max():.2f})")
 
 # %% [markdown]
 # The notes' "attention matrix" is $KK^\top$: every entry agrees with the keys multiplied by
@@ -846,7 +903,8 @@ print(f"every entry of K K^T is within the rounding of K (largest bound {roundin
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
 heatmap(true_scores_magic / 2, TOKENS_MAGIC, TOKENS_MAGIC, ax=axes[0], title="Q Kᵀ / √4, computed",
         xlabel="key", ylabel="query")
-heatmap(MATRIX_MAGIC_SCALED, TOKENS_MAGIC, TOKENS_MAGIC, ax=axes[1], title="Q Kᵀ / √4, as the notes print it",
+heatmap(MATRIX_MAGIC_SCALED, TOKENS_MAGIC, TOKENS_MAGIC, ax=axes[1],
+        title="Q Kᵀ / √4, as the notes print it",
         xlabel="key", ylabel="query")
 fig.tight_layout()
 plt.show()
@@ -875,16 +933,19 @@ DS246_RAW, DS246_WEIGHTS, DS246_OUTPUT = ds246.RAW, ds246.WEIGHTS, ds246.OUTPUT
 
 output_ds246, weights_ds246 = scaled_dot_product_attention(Q_DS246, K_DS246, V_DS246)
 torch.set_printoptions(precision=2)
-print("raw scores Q K^T, computed:\n", Q_DS246 @ K_DS246.T, "\nas the notes print them:\n", DS246_RAW)
+print("raw scores Q K^T, computed:\n", Q_DS246 @ K_DS246.T, "\nas the notes print them:\n",
+      DS246_RAW)
 print("\nweights from the notes' own scores (softmax(raw / 2)):\n", helper_softmax(DS246_RAW / 2),
       "\nas the notes print them:\n", DS246_WEIGHTS)
-print("\noutput A V, computed from Q, K, V:\n", output_ds246, "\nas the notes print it:\n", DS246_OUTPUT,
+print("\noutput A V, computed from Q, K, V:\n", output_ds246, "\nas the notes print it:\n",
+      DS246_OUTPUT,
       "\nthe notes' printed weights times their printed V:\n", DS246_WEIGHTS @ V_DS246)
 torch.set_printoptions(precision=4)
 print(f"\nlargest gap: scores {(Q_DS246 @ K_DS246.T - DS246_RAW).abs().max():.2f}, "
       f"weights {(helper_softmax(DS246_RAW / 2) - DS246_WEIGHTS).abs().max():.3f}, "
       f"outputs {(output_ds246 - DS246_OUTPUT).abs().max():.3f}, "
-      f"the notes' outputs vs their own weights x V {(DS246_WEIGHTS @ V_DS246 - DS246_OUTPUT).abs().max():.3f}")
+      f"the notes' outputs vs their own weights x V "
+      f"{(DS246_WEIGHTS @ V_DS246 - DS246_OUTPUT).abs().max():.3f}")
 
 # %% [markdown]
 # Three findings. The notes' raw scores are not $QK^\top$ of their own $Q$ and $K$ (for example
@@ -924,12 +985,15 @@ print(f"\nGPT-3 (N = {gpt3_n}, {gpt3_heads} heads): {per_head:,} attention weigh
 # 96 heads (the last printed line). Notebook 4 thins it out with sparse patterns; notebook 8
 # avoids storing it at all.
 #
-# ## 7. Self-attention cannot see order: permutation equivariance
+# ## 7. Self-attention cannot see order: permutation equivariance (optional)
 #
 # Shuffle the input tokens of self-attention and the outputs come out shuffled the same way,
 # with exactly the same vectors. In symbols, for a permutation matrix $P$:
 # $\mathrm{SelfAttn}(PX) = P\,\mathrm{SelfAttn}(X)$. Proof by computation, on your attention
 # layer of exercise 3 (the helper's, until yours passes):
+
+# %%
+catch_up("03_attention", "7.")  # started here after a restart? this runs the sections above
 
 # %%
 torch.manual_seed(3)
@@ -940,7 +1004,8 @@ self_attention_layer = MyAttentionLayer(6, 4, 4).double()  # float64: the two si
 
 
 def self_attention(x: torch.Tensor) -> torch.Tensor:
-    """Self-attention of tokens x (N, 6) through self_attention_layer: Q, K, V all from x. Returns (N, 4)."""
+    """Self-attention of tokens x (N, 6) through self_attention_layer: Q, K, V all from x. Returns
+    (N, 4)."""
     with torch.no_grad():
         return self_attention_layer(x, x)[0]
 
@@ -954,11 +1019,14 @@ print("SelfAttn(P X) == P SelfAttn(X) for the permutation", perm.tolist())
 # So self-attention by itself treats a sentence as a bag of tokens; this is why notebook 2 adds
 # positions to the embeddings before the first attention layer.
 #
-# ## 8. Cross-attention vs self-attention, side by side
+# ## 8. Cross-attention vs self-attention, side by side (optional)
 # In an encoder-decoder model (the DS 246 notes) the decoder's tokens supply the **queries** and the
 # encoder's output supplies the **keys and values**: cross-attention. Self-attention takes all
 # three from the same tokens. One layer with the same learned weights serves both: only the inputs
 # differ, and with them the shape of the attention weights.
+
+# %%
+catch_up("03_attention", "8.")  # started here after a restart? this runs the sections above
 
 # %%
 torch.manual_seed(4)
@@ -968,13 +1036,16 @@ d_model, d_head = 8, 4
 enc, dec = torch.randn(len(source), d_model), torch.randn(len(target), d_model)
 translation_layer = MyAttentionLayer(d_model, d_head, d_head)  # yours once it passes exercise 3
 with torch.no_grad():
-    _, cross_weights = translation_layer(dec, enc)  # queries from the decoder, keys and values from the encoder
+    _, cross_weights = translation_layer(dec,
+            enc)  # queries from the decoder, keys and values from the encoder
     _, self_weights = translation_layer(dec, dec)   # all three from the decoder
 fig, axes = plt.subplots(1, 2, figsize=(13, 4))
 heatmap(cross_weights, target, source, ax=axes[0], vmin=0, vmax=1,
-        title=f"Cross-attention {tuple(cross_weights.shape)}", xlabel="encoder token (key)", ylabel="decoder token (query)")
+        title=f"Cross-attention {tuple(cross_weights.shape)}", xlabel="encoder token (key)",
+        ylabel="decoder token (query)")
 heatmap(self_weights, target, target, ax=axes[1], vmin=0, vmax=1,
-        title=f"Self-attention {tuple(self_weights.shape)}", xlabel="decoder token (key)", ylabel="decoder token (query)")
+        title=f"Self-attention {tuple(self_weights.shape)}", xlabel="decoder token (key)",
+        ylabel="decoder token (query)")
 fig.tight_layout()
 plt.show()
 
@@ -984,7 +1055,7 @@ plt.show()
 # the maps are depends on how the weights start: `nn.Linear` draws them small, so a fresh layer
 # spreads its attention almost evenly; training is what sharpens it.)
 #
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. Why does the Transformer scale the attention score before the softmax?**
 # <details><summary>Answer</summary>
@@ -996,8 +1067,12 @@ plt.show()
 # </details>
 
 # %%
+catch_up("03_attention", "Check")  # started here after a restart? this runs the sections above
+
+# %%
 g = torch.Generator().manual_seed(5)
-# float64: the unscaled Jacobian is near 1e-7, float32's round-off level, so float32 digits would vary
+# float64: the unscaled Jacobian is near 1e-7, float32's round-off level, so float32 digits would
+# vary
 q, k = torch.randn(1, 512, generator=g).double(), torch.randn(16, 512, generator=g).double()
 for name, scale in (("unscaled", 1.0), ("scaled", 1 / math.sqrt(512))):
     a = helper_softmax(q @ k.T * scale)[0]
@@ -1017,10 +1092,12 @@ for name, scale in (("unscaled", 1.0), ("scaled", 1 / math.sqrt(512))):
 
 # %%
 batch, heads, n_q, n_x, d_k, d_v = 2, 8, 3, 7, 16, 32
-out, w = scaled_dot_product_attention(torch.randn(batch, heads, n_q, d_k), torch.randn(batch, heads, n_x, d_k),
+out, w = scaled_dot_product_attention(torch.randn(batch, heads, n_q, d_k), torch.randn(batch, heads,
+                                                                                       n_x, d_k),
                                       torch.randn(batch, heads, n_x, d_v))
 assert w.shape == (batch, heads, n_q, n_x) and out.shape == (batch, heads, n_q, d_v)
-print("weights", tuple(w.shape), "= (batch, heads, N_Q, N_X);  output", tuple(out.shape), "= (batch, heads, N_Q, d_v)")
+print("weights", tuple(w.shape), "= (batch, heads, N_Q, N_X);  output", tuple(out.shape),
+      "= (batch, heads, N_Q, d_v)")
 
 # %% [markdown]
 # **3. (The textbook section.) Without positional encoding, compare "the cat sat" with "sat cat
@@ -1044,14 +1121,18 @@ table = torch.randn(3, 6, dtype=torch.float64)  # one made-up embedding row per 
 
 
 def outputs_for(sentence: str) -> torch.Tensor:
-    """Section 7's self-attention outputs (3, 4) of a three-word sentence embedded without positions."""
+    """Section 7's self-attention outputs (3, 4) of a three-word sentence embedded without
+    positions."""
     return self_attention(table[[vocab[word] for word in sentence.split()]])
 
 
-a_out, b_out, c_out = outputs_for("the cat sat"), outputs_for("sat cat the"), outputs_for("cat the sat")
+a_out, b_out = outputs_for("the cat sat"), outputs_for("sat cat the")
+c_out = outputs_for("cat the sat")
 print("(a) per-position outputs equal:", torch.allclose(a_out, b_out))
-print("(b) 'sat cat the' outputs, read backwards, equal those of 'the cat sat':", torch.allclose(b_out.flip(0), a_out))
-print("(c) last position equal, 'the cat sat' vs 'sat cat the':", torch.allclose(a_out[-1], b_out[-1]),
+print("(b) 'sat cat the' outputs, read backwards, equal those of 'the cat sat':",
+      torch.allclose(b_out.flip(0), a_out))
+print("(c) last position equal, 'the cat sat' vs 'sat cat the':", torch.allclose(a_out[-1],
+                                                                                 b_out[-1]),
       "| vs 'cat the sat':", torch.allclose(a_out[-1], c_out[-1]))
 
 # %% [markdown]
@@ -1066,7 +1147,8 @@ print("(c) last position equal, 'the cat sat' vs 'sat cat the':", torch.allclose
 # %%
 torch.manual_seed(7)
 q, k, v = torch.randn(6, 8), torch.randn(9, 8), torch.randn(9, 5)
-one_at_a_time = torch.cat([scaled_dot_product_attention(q[i:i + 1], k, v)[0] for i in range(len(q))])
+one_at_a_time = torch.cat([scaled_dot_product_attention(q[i:i + 1], k, v)[0]
+                           for i in range(len(q))])
 all_at_once = scaled_dot_product_attention(q, k, v)[0]
 torch.testing.assert_close(one_at_a_time, all_at_once)
 print(f"{len(q)} queries one at a time == all {len(q)} in one matrix product")

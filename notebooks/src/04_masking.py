@@ -30,11 +30,12 @@ from helpers.text.corpus import TOY_CAT, TOY_SOUP
 from helpers.lab.exercises import check, yours_or
 from helpers.lab.plots import heatmap
 from helpers.lab.widgets import Explorer
+from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
 # %% [markdown]
-# ## 1. Why mask at all?
+# ## 1. Why mask at all? (optional)
 #
 # A language model learns to predict token $t+1$ from tokens $0..t$. In training it does this for
 # every position of a sentence at once, in one pass of matrix products. Without a mask, position
@@ -49,8 +50,10 @@ X = torch.randn(len(TOKENS), 6, dtype=torch.float64)  # made-up token vectors (N
 W_Q, W_K, W_V = (torch.randn(6, 4, dtype=torch.float64) for _ in range(3))
 
 
-def self_attention(x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Self-attention of tokens x (N, 6) with the fixed projections above. Returns (N, 4), (N, N)."""
+def self_attention(x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor,
+                                                                               torch.Tensor]:
+    """Self-attention of tokens x (N, 6) with the fixed projections above. Returns (N, 4), (N,
+    N)."""
     return scaled_dot_product_attention(x @ W_Q, x @ W_K, x @ W_V, mask=mask)
 
 
@@ -65,7 +68,7 @@ for token, delta in zip(TOKENS, change, strict=True):
 # predicting the next word while secretly reading the end of the sentence. The mask removes
 # exactly those connections.
 #
-# ## 2. A causal mask with `masked_fill`, and why $-\infty$
+# ## 2. A causal mask with `masked_fill`, and why $-\infty$ (core)
 #
 # Query $i$ may see keys $0..i$: the lower triangle including the diagonal. `masked_fill(where,
 # value)` writes `value` wherever `where` is True, so we fill the *disallowed* scores, `~allowed`.
@@ -102,7 +105,8 @@ def future_weight(scores: torch.Tensor, fill: float) -> torch.Tensor:
 
 torch.manual_seed(1)
 ordinary_scores = torch.randn(4, 4, dtype=torch.float64)  # unit-variance scores, as after scaling
-for name, scores in (("the notes' scores", MATRIX_MAGIC_SCALED), ("unit-variance scores", ordinary_scores)):
+for name, scores in (("the notes' scores", MATRIX_MAGIC_SCALED), ("unit-variance scores",
+                                                                  ordinary_scores)):
     print(f"{name:>22}: weight on the future per query, fill 0 -> "
           f"{[f'{w:.2g}' for w in future_weight(scores, 0.0).tolist()]}, "
           f"fill -inf -> {future_weight(scores, float('-inf')).tolist()}")
@@ -111,10 +115,13 @@ for name, scores in (("the notes' scores", MATRIX_MAGIC_SCALED), ("unit-variance
 # With 0 the first query, which should see only itself, spends most of its weight on three
 # tokens it must not see; with $-\infty$ every query puts exactly 0 on the future.
 #
-# ## 3. The Matrix Magic notes' masked-softmax table, reproduced
+# ## 3. The Matrix Magic notes' masked-softmax table, reproduced (core)
 #
 # The Matrix Magic notes exponentiate the masked scores, add each row up, and divide. We do the
 # same with $-\infty$ and set the notes' printed exponentials beside ours.
+
+# %%
+catch_up("04_masking", "3.")  # started here after a restart? this runs the sections above
 
 # %%
 exps = torch.exp(masked_scores)
@@ -126,13 +133,16 @@ print("row sums, computed:", row_sums)
 MATRIX_MAGIC_EXPS = torch.tensor([[1827800, 0, 0, 0],
                                   [567261070, 2449586694989, 0, 0],
                                   [125826465, 345618259437, 66316918440, 0],
-                                  [3039308147, 36359847277715, 5389806117804, 1003656459556760]], dtype=torch.float64)
-MATRIX_MAGIC_SUMS = torch.tensor([1827803, 2450153956061, 412061004343, 1045409152260420], dtype=torch.float64)
+                                  [3039308147, 36359847277715, 5389806117804,
+                                   1003656459556760]], dtype=torch.float64)
+MATRIX_MAGIC_SUMS = torch.tensor([1827803, 2450153956061, 412061004343, 1045409152260420],
+                                 dtype=torch.float64)
 print("the notes' exponentials:\n", MATRIX_MAGIC_EXPS)
 torch.set_printoptions(precision=4, sci_mode=False)
 print(f"\nlargest relative gap between our exponentials and the notes': "
       f"{((exps - MATRIX_MAGIC_EXPS).abs() / MATRIX_MAGIC_EXPS.clamp(min=1)).max():.4f}; "
-      f"rounding a score by 0.005 changes its exponential by up to {torch.tensor(0.005).exp() - 1:.4f}")
+      f"rounding a score by 0.005 changes its exponential by up to "
+      f"{torch.tensor(0.005).exp() - 1:.4f}")
 print("notes' row sum minus the sum of their own allowed exponentials:",
       (MATRIX_MAGIC_SUMS - MATRIX_MAGIC_EXPS.sum(dim=-1)).tolist(), "| masked entries per row:",
       (~allowed).sum(dim=-1).tolist())
@@ -152,12 +162,14 @@ print("notes' row sum minus the sum of their own allowed exponentials:",
 # %%
 weights_magic = exps / row_sums.unsqueeze(-1)
 MATRIX_MAGIC_WEIGHTS = torch.tensor([[1.00, 0.00, 0.00, 0.00], [0.00, 1.00, 0.00, 0.00],
-                                     [0.00, 0.84, 0.16, 0.00], [0.00, 0.03, 0.01, 0.96]], dtype=torch.float64)
+                                     [0.00, 0.84, 0.16, 0.00], [0.00, 0.03, 0.01,
+                                                                0.96]], dtype=torch.float64)
 torch.testing.assert_close(weights_magic, softmax(masked_scores))
 print("weights, computed and rounded to two decimals, equal the notes' table:",
       torch.equal(weights_magic.round(decimals=2), MATRIX_MAGIC_WEIGHTS))
 fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-heatmap(masked_scores.masked_fill(~allowed, float("nan")), TOKENS_MAGIC, TOKENS_MAGIC, ax=axes[0], annotate=False,
+heatmap(masked_scores.masked_fill(~allowed, float("nan")), TOKENS_MAGIC, TOKENS_MAGIC, ax=axes[0],
+        annotate=False,
         title="Masked scores (future = −∞)", xlabel="key", ylabel="query")
 middle = masked_scores[allowed].mean()
 for (i, j), score in zip(torch.cartesian_prod(torch.arange(4), torch.arange(4)).tolist(),
@@ -178,16 +190,21 @@ plt.show()
 V_MAGIC = torch.tensor([[1.73, 1.96, 2.34, 2.26], [3.01, 3.30, 4.60, 3.79],
                         [3.08, 3.39, 4.06, 3.44], [4.18, 3.14, 3.55, 4.12]], dtype=torch.float64)
 MATRIX_MAGIC_OUT = torch.tensor([[1.73, 1.96, 2.34, 2.26], [3.01, 3.30, 4.60, 3.79],
-                                 [3.02, 3.31, 4.51, 3.73], [4.13, 3.15, 3.59, 4.11]], dtype=torch.float64)
+                                 [3.02, 3.31, 4.51, 3.73], [4.13, 3.15, 3.59,
+                                                            4.11]], dtype=torch.float64)
 out_magic = weights_magic @ V_MAGIC
 torch.set_printoptions(precision=2)
-print("weights @ V, computed:\n", out_magic, "\nas the Matrix Magic notes print it:\n", MATRIX_MAGIC_OUT)
+print("weights @ V, computed:\n", out_magic, "\nas the Matrix Magic notes print it:\n",
+      MATRIX_MAGIC_OUT)
 torch.set_printoptions(precision=4)
-print(f"\nthe spelled-out entry: {0 * 1.73 + 0.03 * 3.01 + 0.01 * 3.08 + 0.96 * 4.18:.4f} with the rounded "
+print(f"\nthe spelled-out entry: {0 * 1.73 + 0.03 * 3.01 + 0.01 * 3.08 + 0.96 * 4.18:.4f} with the "
+      f"rounded "
       f"weights, {out_magic[3, 0]:.4f} with the exact ones")
-print(f"row 'eat', column d4: notes {MATRIX_MAGIC_OUT[3, 3]:.2f}, exact {out_magic[3, 3]:.4f}, from the notes' own "
+print(f"row 'eat', column d4: notes {MATRIX_MAGIC_OUT[3, 3]:.2f}, exact {out_magic[3, 3]:.4f}, "
+      f"from the notes' own "
       f"rounded weights {(MATRIX_MAGIC_WEIGHTS @ V_MAGIC)[3, 3]:.4f}")
-print("all 16 entries, rounded to two decimals, equal the notes':", torch.equal(out_magic.round(decimals=2), MATRIX_MAGIC_OUT))
+print("all 16 entries, rounded to two decimals, equal the notes':",
+      torch.equal(out_magic.round(decimals=2), MATRIX_MAGIC_OUT))
 
 # %% [markdown]
 # All sixteen entries match the notes at two decimals. One caution about the spelled-out sum:
@@ -195,7 +212,7 @@ print("all 16 entries, rounded to two decimals, equal the notes':", torch.equal(
 # for column d4, where the rounded weights give 4.1033 and the notes' 4.11 only comes out of the
 # exact weights (4.1050). Round at the end, not in the middle.
 #
-# ## 4. The helpers: `causal_mask` and `mask=`
+# ## 4. The helpers: `causal_mask` and `mask=` (optional)
 #
 # From now on we use `helpers.model.attention.causal_mask(n)` (the same lower triangle) and pass masks
 # to `scaled_dot_product_attention(q, k, v, mask=...)`, which does the `masked_fill` with
@@ -203,15 +220,20 @@ print("all 16 entries, rounded to two decimals, equal the notes':", torch.equal(
 # PyTorch's `is_causal=True`.
 
 # %%
+catch_up("04_masking", "4.")  # started here after a restart? this runs the sections above
+
+# %%
 assert torch.equal(causal_mask(4), allowed)
 torch.manual_seed(2)
-q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8)  # (batch, heads, N, d)
+q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4,
+                                                                        8)  # (batch, heads, N, d)
 by_hand = softmax((q @ k.transpose(-2, -1) / 8**0.5).masked_fill(~allowed, float("-inf"))) @ v
 helper_out, _ = scaled_dot_product_attention(q, k, v, mask=causal_mask(4))
 torch.testing.assert_close(helper_out, by_hand)
 torch.testing.assert_close(helper_out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
 print("causal_mask(4) == tril; helper == by hand == torch's is_causal=True")
-print("with a KV cache (2 new queries after 3 cached keys), causal_mask(2, 5) =\n", causal_mask(2, 5))
+print("with a KV cache (2 new queries after 3 cached keys), causal_mask(2, 5) =\n", causal_mask(2,
+                                                                                                5))
 
 # %% [markdown]
 # The second form, `causal_mask(n_q, n_k)` with more keys than queries, is what generation with a
@@ -241,13 +263,16 @@ print("with a KV cache (2 new queries after 3 cached keys), causal_mask(2, 5) =\
 
 # %%
 def my_causal_softmax(scores: torch.Tensor) -> torch.Tensor:
-    """Causal softmax weights of scores (..., n_q, n_k), the queries being the last n_q positions."""
+    """Causal softmax weights of scores (..., n_q, n_k), the queries being the last n_q
+    positions."""
     ### BEGIN SOLUTION
     n_q, n_k = scores.shape[-2:]
     weights = torch.zeros_like(scores)
     for i in range(n_q):
-        seen = n_k - n_q + i + 1                                 # query i sees keys 0 ... its own position
-        weights[..., i, :seen] = softmax(scores[..., i, :seen])  # and every later key keeps weight 0
+        # query i sees keys 0 ... its own position
+        seen = n_k - n_q + i + 1
+        weights[..., i, :seen] = softmax(scores[..., i,
+                                                :seen])  # and every later key keeps weight 0
     return weights
     ### END SOLUTION
 
@@ -255,11 +280,14 @@ def my_causal_softmax(scores: torch.Tensor) -> torch.Tensor:
 check("masking.causal_softmax", my_causal_softmax)
 
 # %% [markdown]
-# ## 5. Proof: changing future tokens leaves past outputs unchanged
+# ## 5. Proof: changing future tokens leaves past outputs unchanged (optional)
 #
 # Take a longer sentence, replace every token from position `edit_from` on by random vectors,
 # and compare the outputs position by position: with the causal mask ($-\infty$), with the
 # 0-filled "mask", and with no mask at all.
+
+# %%
+catch_up("04_masking", "5.")  # started here after a restart? this runs the sections above
 
 # %%
 SENTENCE = "I like to eat soup . I am a good cook".split()
@@ -295,13 +323,16 @@ assert (moved["causal, 0 fill"][:edit_from] > 0).all() and (moved["no mask"][:ed
 # course repository, not in the student folder) check the same property of the helpers for
 # several edit positions.
 #
-# ## 6. Padding masks
+# ## 6. Padding masks (core)
 #
 # A batch holds sentences of different lengths, padded to the longest with a `<pad>` token. Pad
 # tokens are not part of any sentence, so no query may attend to them. `helpers.model.attention.
 # padding_mask(lengths, n_k)` returns a boolean tensor of shape `(B, 1, 1, n_k)`: True on the
 # real tokens. The two 1s broadcast over heads and queries, so it combines with a causal mask by
 # `&`.
+
+# %%
+catch_up("04_masking", "6.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.model.attention import padding_mask
@@ -318,9 +349,12 @@ print("\npadding mask", tuple(pad.shape), "& causal mask", tuple(causal_mask(lon
       "->", tuple(both.shape), "= (batch, heads, queries, keys)")
 
 # %%
-def draw_mask(ax: plt.Axes, mask: torch.Tensor, tokens: list[str], title: str, ylabels: bool = True) -> None:
-    """Draw a boolean (N, N) mask: dark = may attend. Queries down the side, keys along the bottom."""
-    ax.imshow(mask, cmap="Blues", vmin=0, vmax=1.3)  # vmax > 1 keeps True cells mid-blue, labels legible
+def draw_mask(ax: plt.Axes, mask: torch.Tensor, tokens: list[str], title: str,
+              ylabels: bool = True) -> None:
+    """Draw a boolean (N, N) mask: dark = may attend. Queries down the side, keys along the
+    bottom."""
+    ax.imshow(mask, cmap="Blues", vmin=0,
+              vmax=1.3)  # vmax > 1 keeps True cells mid-blue, labels legible
     ax.grid(False)
     ax.set_xticks(range(len(tokens)), labels=tokens, rotation=60, ha="right")
     ax.set_yticks(range(len(tokens)), labels=tokens if ylabels else [])
@@ -332,7 +366,8 @@ fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
 for ax, (title, mask) in zip(axes, (("padding only", pad[short, 0].expand(longest, longest)),
                                     ("causal only", causal_mask(longest)),
                                     ("padding & causal", both[short, 0])), strict=True):
-    draw_mask(ax, mask, padded[short], f"{title}\n{' '.join(sentences[short])}", ylabels=ax is axes[0])
+    draw_mask(ax, mask, padded[short], f"{title}\n{' '.join(sentences[short])}",
+              ylabels=ax is axes[0])
 fig.tight_layout()
 plt.show()
 
@@ -356,7 +391,8 @@ def heads_of(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def batched_heads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of x (B, N, 6) under the padding & causal mask; returns (B, 2, N, 4), (B, 2, N, N)."""
+    """Attention of x (B, N, 6) under the padding & causal mask; returns (B, 2, N, 4), (B, 2, N,
+    N)."""
     return scaled_dot_product_attention(*heads_of(x), mask=both)
 
 
@@ -366,7 +402,8 @@ is_pad_key = ~pad.expand_as(clean_weights)
 print("largest weight on any pad key:", clean_weights[is_pad_key].max().item())
 for b, length in enumerate(lengths.tolist()):
     real_moved = (garbage_out[b, :, :length] - clean_out[b, :, :length]).abs().max().item()
-    print(f"sentence {b}: real tokens' outputs moved by {real_moved} after filling the pads with garbage")
+    print(f"sentence {b}: real tokens' outputs moved by {real_moved} after filling the pads with "
+          f"garbage")
     assert real_moved == 0
 
 # %% [markdown]
@@ -387,7 +424,8 @@ for b, length in enumerate(lengths.tolist()):
 
 # %%
 def my_padding_mask(lengths: torch.Tensor, n: int, side: str = "right") -> torch.Tensor:
-    """True on the real tokens: lengths (B,) -> bool (B, n), the pads last (right) or first (left)."""
+    """True on the real tokens: lengths (B,) -> bool (B, n), the pads last (right) or first
+    (left)."""
     ### BEGIN SOLUTION
     position = torch.arange(n)
     if side == "left":
@@ -399,7 +437,7 @@ def my_padding_mask(lengths: torch.Tensor, n: int, side: str = "right") -> torch
 check("masking.padding_mask", my_padding_mask)
 
 # %% [markdown]
-# ## 7. A fully masked row, and how to avoid NaN
+# ## 7. A fully masked row, and how to avoid NaN (optional)
 #
 # For generation, batches are often padded on the **left**, so that every sentence ends at the
 # same position. Combine left padding with a causal mask and the first queries are pads whose
@@ -407,17 +445,25 @@ check("masking.padding_mask", my_padding_mask)
 # $-\infty$ give?
 
 # %%
+catch_up("04_masking", "7.")  # started here after a restart? this runs the sections above
+
+# %%
 left_padded = ["<pad>", "<pad>", "Soup", "is", "yummy", "."]
 is_real = torch.tensor([t != "<pad>" for t in left_padded])
 row_mask = causal_mask(len(left_padded)) & is_real
-print("rows with nothing to attend to:", [left_padded[i] + f"@{i}" for i in range(6) if not row_mask[i].any()])
+print("rows with nothing to attend to:", [left_padded[i] + f"@{i}" for i in range(6)
+                                          if not row_mask[i].any()])
 torch.manual_seed(5)
 q, k, v = (torch.randn(6, 4) for _ in range(3))
 scores = (q @ k.T / 2.0).masked_fill(~row_mask, float("-inf"))
 plain = torch.softmax(scores, dim=-1)
 print("torch.softmax, row 0:", plain[0])
-print("and what the NaN does downstream: output row 0", (plain @ v)[0],
-      "| a loss that ignores row 0 by weighting it 0:", ((plain @ v).sum(dim=-1) * is_real).sum().item())
+print(
+    "and what the NaN does downstream: output row 0",
+    (plain @ v)[0],
+    "| a loss that ignores row 0 by weighting it 0:",
+    ((plain @ v).sum(dim=-1) * is_real).sum().item(),
+)
 
 # %% [markdown]
 # Every $e^{-\infty}$ in the row is 0, so is their sum, and $0/0$ is NaN. Worse, NaN does not stay
@@ -433,14 +479,16 @@ print("and what the NaN does downstream: output row 0", (plain @ v)[0],
 
 # %%
 helper_out, helper_weights = scaled_dot_product_attention(q, k, v, mask=row_mask)
-finite_fill = torch.softmax((q @ k.T / 2.0).masked_fill(~row_mask, torch.finfo(torch.float32).min), dim=-1)
+finite_fill = torch.softmax((q @ k.T / 2.0).masked_fill(~row_mask, torch.finfo(torch.float32).min),
+                            dim=-1)
 torch_out = F.scaled_dot_product_attention(q, k, v, attn_mask=row_mask)
 print("helper weights, row 0:     ", helper_weights[0], " output row 0:", helper_out[0])
 print("finite fill weights, row 0:", finite_fill[0])
 print("torch's SDPA output row 0: ", torch_out[0])
 assert torch.isfinite(helper_out).all() and torch.equal(helper_weights[0], torch.zeros(6))
 torch.testing.assert_close(helper_out, torch_out)
-torch.testing.assert_close(helper_weights[2:], plain[2:])  # rows with something to see are unchanged
+torch.testing.assert_close(helper_weights[2:],
+                           plain[2:])  # rows with something to see are unchanged
 
 # %% [markdown]
 # ### Exercise 3 (core): attention with both masks, safe for a query with nothing to see
@@ -470,7 +518,8 @@ torch.testing.assert_close(helper_weights[2:], plain[2:])  # rows with something
 # %%
 def my_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal and padding attention: q, k (B, H, N, d), v (B, H, N, d_v), real (B, N) True on real tokens.
+    """Causal and padding attention: q, k (B, H, N, d), v (B, H, N, d_v), real (B, N) True on
+    real tokens.
 
     Returns output (B, H, N, d_v) and weights (B, H, N, N); a query that may see no key gets zeros.
     """
@@ -481,7 +530,8 @@ def my_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     allowed = causal & real[:, None, None, :]                   # (B, 1, N, N): and key j is no pad
     scores = scores.masked_fill(~allowed, float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True)
-    row_max = torch.where(allowed.any(dim=-1, keepdim=True), row_max, 0.0)  # -inf - -inf would be NaN
+    row_max = torch.where(allowed.any(dim=-1, keepdim=True), row_max,
+                          0.0)  # -inf - -inf would be NaN
     exps = torch.exp(scores - row_max)
     total = exps.sum(dim=-1, keepdim=True)
     weights = exps / torch.where(total > 0, total, 1.0)         # an empty row: 0 / 1, not 0 / 0
@@ -495,25 +545,31 @@ check("masking.masked_attention", my_masked_attention)
 def course_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The course's version: the helper with causal_mask & the real-token mask."""
-    return scaled_dot_product_attention(q, k, v, mask=causal_mask(q.shape[-2]) & real[:, None, None, :])
+    return scaled_dot_product_attention(q, k, v, mask=causal_mask(q.shape[-2]) & real[:, None, None,
+                                                                                      :])
 
 
-masked_attention = yours_or("masking.masked_attention", my_masked_attention, course_masked_attention)
+masked_attention = yours_or("masking.masked_attention", my_masked_attention,
+                            course_masked_attention)
 real_right = pad[:, 0, 0]  # (B, N): section 6's right-padded batch
 clean = masked_attention(*heads_of(tokens), real_right)[0]
 dirty = masked_attention(*heads_of(garbage), real_right)[0]
-moved = max((dirty[b, :, :n] - clean[b, :, :n]).abs().max().item() for b, n in enumerate(lengths.tolist()))
+moved = max((dirty[b, :, :n] - clean[b, :, :n]).abs().max().item() for b,
+            n in enumerate(lengths.tolist()))
 torch.testing.assert_close(clean, clean_out)
-print("right padding: largest move of a real token's output after filling the pads with garbage:", moved)
+print("right padding: largest move of a real token's output after filling the pads with garbage:",
+      moved)
 assert moved == 0
-left_out, left_weights = masked_attention(q[None, None], k[None, None], v[None, None], is_real[None])
+left_out, left_weights = masked_attention(q[None, None], k[None, None], v[None, None],
+                                          is_real[None])
 torch.testing.assert_close(left_out[0, 0], helper_out)
 nothing_to_see = bool((left_weights[0, 0, 0] == 0).all() and (left_out[0, 0, 0] == 0).all())
-print("left padding: the first pad, which may see no key, gets zero weights and a zero output:", nothing_to_see)
+print("left padding: the first pad, which may see no key, gets zero weights and a zero output:",
+      nothing_to_see)
 assert nothing_to_see
 
 # %% [markdown]
-# ## 8. Encoder vs decoder: bidirectional vs causal
+# ## 8. Encoder vs decoder: bidirectional vs causal (optional)
 #
 # An **encoder** (BERT and the left half of the original Transformer) reads a whole sentence that
 # is already known, so every token may look both left and right: no causal mask (padding masks
@@ -521,6 +577,9 @@ assert nothing_to_see
 # left to right, so its self-attention is causal. A decoder in an encoder-decoder model has a
 # second attention, *cross*-attention, whose queries come from the decoder and whose keys and
 # values are the encoder's outputs: those are all known, so it is not causal either.
+
+# %%
+catch_up("04_masking", "8.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.model.attention import bidirectional_mask
@@ -537,14 +596,15 @@ plt.show()
 edited_last = X.clone()
 edited_last[-1] = torch.randn(6, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
 for name, mask in (("encoder", bidirectional_mask(4)), ("decoder", causal_mask(4))):
-    moved_first = (self_attention(edited_last, mask)[0][0] - self_attention(X, mask)[0][0]).abs().max()
+    moved_first = (self_attention(edited_last, mask)[0][0] - self_attention(X,
+                                                                            mask)[0][0]).abs().max()
     print(f"{name}: editing '{TOKENS[-1]}' moves the output of '{TOKENS[0]}' by {moved_first:.4f}")
 
 # %% [markdown]
 # The encoder's "The" depends on "here"; the decoder's cannot. That is the whole difference in
 # the attention itself; the rest (what each is trained to do) follows from it.
 #
-# ## 9. Efficient attention: local, strided and global patterns
+# ## 9. Efficient attention: local, strided and global patterns (optional)
 #
 # Full attention stores an $N \times N$ weight matrix. Efficient-attention models (the DS 246 notes)
 # keep only a sparse pattern of it:
@@ -580,9 +640,14 @@ for name, mask in (("encoder", bidirectional_mask(4)), ("decoder", causal_mask(4
 # the stride.</details>
 
 # %%
+catch_up("04_masking", "9.")  # started here after a restart? this runs the sections above
+
+# %%
 def my_sparse_mask(n: int, window: int | None = None, stride: int | None = None,
-                   global_tokens: tuple[int, ...] | list[int] = (), causal: bool = False) -> torch.Tensor:
-    """Bool (n, n): the union of a local window, a stride and global tokens, cut to the past if causal."""
+                   global_tokens: tuple[int,
+                           ...] | list[int] = (), causal: bool = False) -> torch.Tensor:
+    """Bool (n, n): the union of a local window, a stride and global tokens, cut to the past if
+    causal."""
     ### BEGIN SOLUTION
     position = torch.arange(n)
     offset = position[:, None] - position[None, :]  # (n, n): how far key j lies behind query i
@@ -613,7 +678,8 @@ from helpers.model.attention import global_mask, local_mask, strided_mask
 
 
 def course_sparse_mask(n: int, window: int | None = None, stride: int | None = None,
-                       global_tokens: tuple[int, ...] | list[int] = (), causal: bool = False) -> torch.Tensor:
+                       global_tokens: tuple[int,
+                               ...] | list[int] = (), causal: bool = False) -> torch.Tensor:
     """The same union, from the course's pattern helpers."""
     mask = ~bidirectional_mask(n)  # nothing yet
     if window is not None:
@@ -630,8 +696,13 @@ sparse_mask = yours_or("masking.sparse_mask", my_sparse_mask, course_sparse_mask
 # %%
 PATTERN_SENTENCE = "once upon a time a small cat sat on the warm mat and fell fast asleep".split()
 N_PAT, WINDOW, STRIDE, GLOBAL_TOKENS = len(PATTERN_SENTENCE), 2, 4, [0]
-PARTS = {"full": {"window": N_PAT}, "local": {"window": WINDOW}, "strided": {"stride": STRIDE},
-         "global": {"global_tokens": GLOBAL_TOKENS}, "local + global": {"window": WINDOW, "global_tokens": GLOBAL_TOKENS}}
+PARTS = {
+    "full": {"window": N_PAT},
+    "local": {"window": WINDOW},
+    "strided": {"stride": STRIDE},
+    "global": {"global_tokens": GLOBAL_TOKENS},
+    "local + global": {"window": WINDOW, "global_tokens": GLOBAL_TOKENS},
+}
 
 
 def pattern(name: str, causal: bool) -> torch.Tensor:
@@ -646,10 +717,13 @@ for col, name in enumerate(NAMES):
         mask = pattern(name, causal)
         draw_mask(axes[row, col], mask, PATTERN_SENTENCE, ylabels=col == 0,
                   title=f"{name}{' & causal' if causal else ''}: {int(mask.sum())} pairs")
-fig.suptitle(f"Attention patterns for N = {N_PAT} (window {WINDOW}, stride {STRIDE}, global token 0)", fontsize=16)
+fig.suptitle(f"Attention patterns for N = {N_PAT} (window {WINDOW}, stride {STRIDE}, global token "
+             f"0)", fontsize=16)
 plt.show()
 
 # %% [markdown]
+# ### What the patterns save as N grows
+#
 # For 16 tokens the savings are small; they grow with $N$. A local window keeps at most $2w + 1$
 # keys per query, so for a fixed window its cost grows **linearly** in $N$. A strided pattern with
 # a fixed stride $s$ keeps about $N/s$ keys per query, so its cost is about $N^2/s$: still
@@ -674,7 +748,8 @@ print(f"{'N':>6}" + "".join(f"{name:>20}" for name in pairs[SIZES[0]]))
 for n_big in SIZES:
     print(f"{n_big:>6}" + "".join(f"{count:>20,}" for count in pairs[n_big].values()))
 growth = {name: pairs[SIZES[-1]][name] / pairs[SIZES[-2]][name] for name in pairs[SIZES[0]]}
-print(f"{'x2 N:':>6}" + "".join(f"{'x ' + format(factor, '.2f'):>20}" for factor in growth.values()))
+print(f"{'x2 N:':>6}" + "".join(f"{'x ' + format(factor, '.2f'):>20}"
+                                for factor in growth.values()))
 print(f"for comparison: 2^2 = 4 (quadratic), 2^1.5 = {2**1.5:.2f} (N sqrt N), 2 (linear)")
 assert growth["strided s=64"] == 4 and growth["full"] == 4 and growth["local w=256"] < 2.2
 
@@ -700,8 +775,11 @@ plt.show()
 
 one_hop_local = sparse_mask(N_PAT, window=STRIDE - 1, causal=True)
 one_hop_strided = sparse_mask(N_PAT, stride=STRIDE, causal=True)
-two_hops = ((one_hop_local.double() @ one_hop_strided.double()) > 0) | ((one_hop_strided.double() @ one_hop_local.double()) > 0)
-print("local + strided reach every earlier key in two hops:", torch.equal(two_hops, causal_mask(N_PAT)))
+two_hops = ((one_hop_local.double() @ one_hop_strided.double()) > 0) | (
+    (one_hop_strided.double() @ one_hop_local.double()) > 0
+)
+print("local + strided reach every earlier key in two hops:", torch.equal(two_hops,
+                                                                          causal_mask(N_PAT)))
 print(f"while one hop of either reaches only {int(one_hop_local.sum())} or "
       f"{int(one_hop_strided.sum())} of the {int(causal_mask(N_PAT).sum())} causal pairs")
 
@@ -722,12 +800,20 @@ def draw_query_view(name: str, query: int, causal: bool) -> dict[str, list]:
     """
     mask = pattern(name, causal)
     _, weights = scaled_dot_product_attention(q, k, v, mask=mask)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": [1, 1.3]})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": [1,
+                                                                                             1.3]})
     draw_mask(left, mask, PATTERN_SENTENCE, f"{name}{' & causal' if causal else ''}")
-    left.add_patch(plt.Rectangle((-0.5, query - 0.5), N_PAT, 1, fill=False, edgecolor="red", linewidth=3))
-    right.bar(range(N_PAT), weights[query], color=["tab:blue" if m else "lightgray" for m in mask[query]])
-    right.set(xticks=range(N_PAT), ylim=(0, 1), ylabel="attention weight",
-              title=f"query '{PATTERN_SENTENCE[query]}' (position {query}) sees {int(mask[query].sum())} keys")
+    left.add_patch(plt.Rectangle((-0.5, query - 0.5), N_PAT, 1, fill=False, edgecolor="red",
+                                 linewidth=3))
+    right.bar(range(N_PAT), weights[query], color=["tab:blue" if m else "lightgray"
+                                                   for m in mask[query]])
+    right.set(
+        xticks=range(N_PAT),
+        ylim=(0, 1),
+        ylabel="attention weight",
+        title=f"query '{PATTERN_SENTENCE[query]}' (position {query}) "
+        f"sees {int(mask[query].sum())} keys",
+    )
     right.set_xticklabels(PATTERN_SENTENCE, rotation=60, ha="right")
     fig.tight_layout()
     return {"visible": mask[query].nonzero().flatten().tolist(), "weights": weights[query].tolist()}
@@ -739,15 +825,17 @@ print("query 10 may see positions", static_view["visible"])
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# The widget's output holds ids that change on every run; the static figure above is the same drawing.
+# The widget's output holds ids that change on every run; the static figure above is the same
+# drawing.
 explorer = Explorer(draw_query_view,
-                    name=widgets.Dropdown(options=PATTERN_NAMES, value="local + global", description="pattern"),
+                    name=widgets.Dropdown(options=PATTERN_NAMES, value="local + global",
+                                          description="pattern"),
                     query=widgets.IntSlider(min=0, max=N_PAT - 1, value=10, description="query"),
                     causal=widgets.Checkbox(value=True, description="causal"))
 explorer
 
 # %%
-start = explorer.last  # local + global, query 10, causal
+start = explorer.reset()  # local + global, query 10, causal
 query_3 = explorer.set(query=3)
 strided_3 = explorer.set(name="strided")
 two_sided = explorer.set(causal=False)
@@ -759,7 +847,7 @@ print("local + global, query 10:", start["visible"], "| query 3:", query_3["visi
       "| strided, query 3:", strided_3["visible"], "| strided, not causal:", two_sided["visible"])
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. Why use masked attention? (the USF notes)**
 # <details><summary>Answer</summary>
@@ -772,9 +860,14 @@ print("local + global, query 10:", start["visible"], "| query 3:", query_3["visi
 # </details>
 
 # %%
+catch_up("04_masking", "Check")  # started here after a restart? this runs the sections above
+
+# %%
 for name, mask in (("no mask", None), ("causal mask", causal_mask(4))):
-    moved_first = (self_attention(edited_last, mask)[0][0] - self_attention(X, mask)[0][0]).abs().max()
-    print(f"{name:>12}: output of '{TOKENS[0]}' moves by {moved_first:.4f} when '{TOKENS[-1]}' changes")
+    moved_first = (self_attention(edited_last, mask)[0][0] - self_attention(X,
+                                                                            mask)[0][0]).abs().max()
+    print(f"{name:>12}: output of '{TOKENS[0]}' moves by {moved_first:.4f} when '{TOKENS[-1]}' "
+          f"changes")
 
 # %% [markdown]
 # **2. Why $-\infty$ and not 0 in the masked scores?**
@@ -787,7 +880,8 @@ for name, mask in (("no mask", None), ("causal mask", causal_mask(4))):
 # </details>
 
 # %%
-print(f"first query's weight on the future: fill 0 -> {future_weight(ordinary_scores, 0.0)[0]:.3f}, "
+print(f"first query's weight on the future: fill 0 -> "
+      f"{future_weight(ordinary_scores, 0.0)[0]:.3f}, "
       f"fill -inf -> {future_weight(ordinary_scores, float('-inf'))[0]:.3f}")
 
 # %% [markdown]
@@ -834,7 +928,8 @@ print(f"one masked pass == {n} separate prefix passes, for all {n} positions")
 # </details>
 
 # %%
-output, weights = scaled_dot_product_attention(torch.randn(1, 4), torch.randn(3, 4), torch.randn(3, 2),
+output, weights = scaled_dot_product_attention(torch.randn(1, 4), torch.randn(3, 4), torch.randn(3,
+                                                                                                 2),
                                                mask=torch.zeros(1, 3, dtype=torch.bool))
 print("weights:", weights, "output:", output)
 

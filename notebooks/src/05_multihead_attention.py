@@ -30,12 +30,13 @@ from helpers.model.attention import causal_mask, scaled_dot_product_attention
 from helpers.lab.exercises import check
 from helpers.lab.plots import heatmap
 from helpers.lab.widgets import Explorer
+from helpers.lab.sections import catch_up
 
 # The tensors here are tiny: one thread is faster than splitting each product across several.
 torch.set_num_threads(1)
 
 # %% [markdown]
-# ## 1. Why more than one head?
+# ## 1. Why more than one head? (optional)
 #
 # A head's weights for one query form a single probability distribution. Suppose a token needs
 # two different things, say its subject and its object, carried by two value vectors. One head
@@ -58,7 +59,7 @@ print("two heads:", two_heads.round(decimals=2))
 # That is the idea; the rest of the notebook is the bookkeeping.
 
 # %% [markdown]
-# ## 2. Heads as separate modules
+# ## 2. Heads as separate modules (optional)
 #
 # The input is the 4 x 8 matrix of the Matrix Magic notes ("I like to eat": token plus position embeddings).
 # Each head has its own `W_Q`, `W_K`, `W_V` of shape `[D x D_H]`; its output is `[N x D_H]`.
@@ -67,16 +68,22 @@ print("two heads:", two_heads.round(decimals=2))
 # four heads of size 4 on an 8-wide input, so their `W_O` is 16 x 8.
 
 # %%
+catch_up("05_multihead_attention",
+         "2.")  # started here after a restart? this runs the sections above
+
+# %%
 tokens_matrix_magic = ["I", "like", "to", "eat"]
 X = torch.tensor([[0.68, 0.54, 0.06, 0.65, 0.23, 1.45, 0.76, 0.84],
                   [0.43, 1.22, 1.13, 1.49, 1.04, 1.09, 0.65, 0.62],
                   [1.20, 0.66, 1.08, 1.50, 0.54, 0.91, 0.94, 0.16],
-                  [1.80, 0.92, 0.84, 0.14, 0.72, 0.94, 1.93, 0.76]])  # (N, D), the Matrix Magic notes
+                  [1.80, 0.92, 0.84, 0.14, 0.72, 0.94, 1.93,
+                   0.76]])  # (N, D), the Matrix Magic notes
 N, D = X.shape
 H = 2
 D_H = D // H
 print(f"N = {N} tokens, D = {D} features, H = {H} heads of D_H = {D_H}, so W_O is {H * D_H} x {D}")
-print(f"(the Matrix Magic notes: 4 heads of 4 on D = {D} give {4 * 4} concatenated features and a {4 * 4} x {D} W_O)")
+print(f"(the Matrix Magic notes: 4 heads of 4 on D = {D} give {4 * 4} concatenated features and a "
+      f"{4 * 4} x {D} W_O)")
 
 torch.manual_seed(0)
 W_Q = [torch.randn(D, D_H) / D**0.5 for _ in range(H)]  # one [D x D_H] matrix per head
@@ -85,7 +92,8 @@ W_V = [torch.randn(D, D_H) / D**0.5 for _ in range(H)]
 W_O = torch.randn(H * D_H, D) / (H * D_H) ** 0.5       # [H·D_H x D]
 
 # %%
-def one_head(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor) -> torch.Tensor:
+def one_head(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
+             w_v: torch.Tensor) -> torch.Tensor:
     """x: (N, D) -> (N, D_H): masked self-attention with this head's own projections."""
     q, k, v = x @ w_q, x @ w_k, x @ w_v  # (N, D_H) each
     out, _ = scaled_dot_product_attention(q, k, v, mask=causal_mask(len(x)))
@@ -118,10 +126,11 @@ with torch.no_grad():
 
 from_module = separate(X.unsqueeze(0), causal=True)[0]  # the module wants a batch axis: (1, N, D)
 assert torch.allclose(from_module, multi_head_plain, atol=1e-6)
-print("SeparateHeadsAttention == plain code:", torch.allclose(from_module, multi_head_plain, atol=1e-6))
+print("SeparateHeadsAttention == plain code:", torch.allclose(from_module, multi_head_plain,
+                                                              atol=1e-6))
 
 # %% [markdown]
-# ## 3. All heads at once: four matrix multiplies
+# ## 3. All heads at once: four matrix multiplies (core)
 #
 # Running the heads one after another wastes the hardware: every head does the same operations on
 # different numbers. The USF notes write multi-head attention as four matrix multiplies over a batch
@@ -139,6 +148,10 @@ print("SeparateHeadsAttention == plain code:", torch.allclose(from_module, multi
 # `[B, N, H·D_H]` into `[B, H, N, D_H]` and back. You write both first; then a cell does the four
 # steps by hand with them on a batch of two sequences (the Matrix Magic sentence and the same tokens
 # reversed) and asserts every shape.
+
+# %%
+catch_up("05_multihead_attention",
+         "3.")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # ### Exercise: split the heads
@@ -231,7 +244,8 @@ for name, shape in expected_shapes.items():
     assert tuple(tensors[name].shape) == shape, (name, tensors[name].shape, shape)
     print(f"{name:>12}: {shape}")
 assert torch.allclose(fused_plain[0], multi_head_plain, atol=1e-6)
-print("four matrix multiplies == heads one by one:", torch.allclose(fused_plain[0], multi_head_plain, atol=1e-6))
+print("four matrix multiplies == heads one by one:", torch.allclose(fused_plain[0],
+                                                                    multi_head_plain, atol=1e-6))
 
 # %% [markdown]
 # ### The fused module, and the proof that both styles agree
@@ -323,7 +337,8 @@ print("attention weights, shape (B, H, N, N):", tuple(fused.last_weights.shape))
 w_qkv = torch.cat([fused.q_proj.weight, fused.k_proj.weight, fused.v_proj.weight])  # (3·D, D)
 b_qkv = torch.cat([fused.q_proj.bias, fused.k_proj.bias, fused.v_proj.bias])
 q_once, k_once, v_once = (x @ w_qkv.T + b_qkv).split(32, dim=-1)
-assert torch.allclose(q_once, fused.q_proj(x), atol=1e-6) and torch.allclose(v_once, fused.v_proj(x), atol=1e-6)
+assert torch.allclose(q_once, fused.q_proj(x), atol=1e-6) and torch.allclose(v_once,
+        fused.v_proj(x), atol=1e-6)
 print("one [D x 3D] product == three [D x D] products:", tuple(w_qkv.T.shape))
 
 # %% [markdown]
@@ -383,19 +398,26 @@ with torch.no_grad():  # PyTorch keeps W_Q, W_K, W_V stacked in one (3·D, D) ma
     reference.out_proj.weight.copy_(fused.out_proj.weight)
     reference.out_proj.bias.copy_(fused.out_proj.bias)
     for causal in (False, True):
-        future = ~causal_mask(x.shape[1]) if causal else None  # PyTorch's mask: True = may NOT attend
+        # PyTorch's mask: True = may NOT attend
+        future = ~causal_mask(x.shape[1]) if causal else None
         theirs = reference(x, x, x, attn_mask=future, need_weights=False)[0]
-        gaps = [(mha_forward(x, fused, causal) - other).abs().max().item() for other in (fused(x, causal=causal), theirs)]
+        gaps = [(mha_forward(x, fused, causal) - other).abs().max().item() for other in (fused(x,
+                causal=causal), theirs)]
         assert max(gaps) < 1e-5
-        print(f"causal={causal!s:5}: largest gap to the module and to torch.nn.MultiheadAttention below 1e-5: "
+        print(f"causal={causal!s:5}: largest gap to the module and to torch.nn.MultiheadAttention "
+              f"below 1e-5: "
               f"{max(gaps) < 1e-5}")
 
 # %% [markdown]
-# ## 4. What `W_O` does
+# ## 4. What `W_O` does (core)
 #
 # Cut `W_O` into `H` horizontal blocks of `D_H` rows. Multiplying the concatenated heads by `W_O`
 # is the same as multiplying each head's output by its own block and adding up. So `W_O` is where
 # the heads' results are combined: without it, output feature `j` would come from one head only.
+
+# %%
+catch_up("05_multihead_attention",
+         "4.")  # started here after a restart? this runs the sections above
 
 # %%
 per_head = [head_outputs[h] @ W_O[h * D_H:(h + 1) * D_H] for h in range(H)]  # H x (N, D)
@@ -404,7 +426,7 @@ print("concat(heads) @ W_O == sum over heads of head_h @ W_O[block h]:",
       torch.allclose(sum(per_head), multi_head_plain, atol=1e-6))
 
 # %% [markdown]
-# ## 5. What each head looks at
+# ## 5. What each head looks at (optional)
 #
 # Random weights give random-looking maps. To make four heads with four clear jobs, we set the
 # weights of a `MultiHeadAttention` by hand. Each token is a 64-feature vector: features 0-15 are
@@ -418,6 +440,10 @@ print("concat(heads) @ W_O == sum over heads of head_h @ W_O[block h]:",
 # - **head 3, average**: all query weights are zero, so every score is 0 and the weights are uniform.
 #
 # Matching vectors get a dot product of `STRENGTH²`, far above the others, so the softmax picks them.
+
+# %%
+catch_up("05_multihead_attention",
+         "5.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.text.corpus import TOY_CAT, TOY_SOUP, load_corpus
@@ -469,7 +495,8 @@ def wire_heads(mha: MultiHeadAttention) -> MultiHeadAttention:
     rows = [slice(h * HEAD_DIM, (h + 1) * HEAD_DIM) for h in range(N_HEADS)]
     match = STRENGTH * torch.eye(HEAD_DIM)
     mha.q_proj.weight[rows[0], POSITIONS] = match
-    mha.k_proj.weight[rows[0], POSITIONS] = torch.diag(torch.full((HEAD_DIM - 1,), STRENGTH), -1)  # key j says "j + 1"
+    mha.k_proj.weight[rows[0], POSITIONS] = torch.diag(torch.full((HEAD_DIM - 1,), STRENGTH),
+                                                       -1)  # key j says "j + 1"
     mha.q_proj.weight[rows[1], WORD] = match
     mha.k_proj.weight[rows[1], WORD] = match
     mha.q_proj.bias[rows[2].start] = STRENGTH                      # every query asks for "start"
@@ -482,7 +509,8 @@ def wire_heads(mha: MultiHeadAttention) -> MultiHeadAttention:
 wired = wire_heads(MultiHeadAttention(D_MODEL, N_HEADS))
 print(f"D = {D_MODEL}, H = {N_HEADS}, D_H = {HEAD_DIM}; position one-hot in features "
       f"{POSITIONS.start}-{POSITIONS.stop - 1}, word vector in {WORD.start}-{WORD.stop - 1}")
-print(f"a match scores STRENGTH² = {STRENGTH**2:.0f}, divided by sqrt(D_H): {STRENGTH**2 / HEAD_DIM**0.5:.0f}")
+print(f"a match scores STRENGTH² = {STRENGTH**2:.0f}, divided by sqrt(D_H): "
+      f"{STRENGTH**2 / HEAD_DIM**0.5:.0f}")
 
 # %%
 def head_weights(sentence: str) -> torch.Tensor:
@@ -502,6 +530,8 @@ print(f"head 2, last query: weight {soup[2, -1, 0]:.4f} on the first token")
 print(f"head 3, last query: every one of the {n} weights is 1/{n} = {1 / n:.4f}")
 
 # %% [markdown]
+# ### Reading the heads
+#
 # The assertions confirm the wiring: head 0's weight on the previous token, head 2's on the first
 # token (both printed above) and head 3's uniform rows. Here are the four maps for the first
 # sentence, with the causal mask (a decoder): each row is a query, each column a key it may read.
@@ -549,7 +579,7 @@ explorer = Explorer(
 explorer
 
 # %%
-before = explorer.last
+before = explorer.reset()
 after_head = explorer.set(head=0)
 assert after_head.shape == before.shape and not np.allclose(after_head, before)
 after_sentence = explorer.set(sentence=sentences[0])
@@ -573,11 +603,13 @@ assert (mha.last_weights[..., above_diagonal] == 0).all()
 x_changed = x.clone()
 x_changed[:, 4:] = torch.randn(2, 2, 32)
 assert torch.equal(mha(x_changed, causal=True)[:, :4], out[:, :4])
-print("weights above the diagonal, all heads:", mha.last_weights[..., above_diagonal].abs().max().item())
-print("outputs 0-3 unchanged when tokens 4-5 change:", torch.equal(mha(x_changed, causal=True)[:, :4], out[:, :4]))
+print("weights above the diagonal, all heads:", mha.last_weights[...,
+                                                                 above_diagonal].abs().max().item())
+print("outputs 0-3 unchanged when tokens 4-5 change:", torch.equal(mha(x_changed, causal=True)[:,
+        :4], out[:, :4]))
 
 # %% [markdown]
-# ## 6. Grouped-query and multi-query attention
+# ## 6. Grouped-query and multi-query attention (optional)
 #
 # When a model generates text it keeps the keys and values of every earlier token, in every
 # layer, so that each new token only computes its own (the KV cache of notebook 7). The textbook section gives
@@ -588,6 +620,10 @@ print("outputs 0-3 unchanged when tokens 4-5 change:", torch.equal(mha(x_changed
 # serves a group of `H / H_kv` query heads. Multi-query attention (MQA) is the extreme `H_kv = 1`.
 # In `MultiHeadAttention` this is the argument `n_kv_heads`: `k_proj` and `v_proj` produce only
 # `H_kv · D_H` features, and each key/value head is repeated for its group before attention.
+
+# %%
+catch_up("05_multihead_attention",
+         "6.")  # started here after a restart? this runs the sections above
 
 # %%
 for n_kv_heads in (8, 2, 1):
@@ -655,7 +691,8 @@ print("GQA (8 query heads, 2 KV heads) == MHA with K/V shared in groups of 4:",
 # </details>
 
 # %%
-def my_kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
+def my_kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int,
+                                bytes_per_value: int) -> int:
     """Bytes of KV cache that one token occupies."""
     ### BEGIN SOLUTION
     numbers = 2 * n_layers * n_kv_heads * head_dim  # a key and a value per head and layer
@@ -683,7 +720,9 @@ SHAPES = {  # layers L, query heads H, head size d_h, context length in tokens
     "Llama-3-8B-like": dict(n_layers=32, n_heads=32, head_dim=128, context=8192),
 }
 cache = {}
-print(f"{'model shape':<18}{'attention':<11}{'H_kv':>5}{'KiB per token':>15}{'GiB per context':>17}")
+print(
+    f"{'model shape':<18}{'attention':<11}{'H_kv':>5}{'KiB per token':>15}{'GiB per context':>17}"
+)
 for model, s in SHAPES.items():
     for kind, n_kv in (("MHA", s["n_heads"]), ("GQA", 8), ("MQA", 1)):
         per_token = kv_cache_bytes_per_token(s["n_layers"], n_kv, s["head_dim"], BYTES_FP16)
@@ -694,7 +733,8 @@ for model, s in SHAPES.items():
 gpt3 = SHAPES["GPT-3 175B"]
 print(f"\nGPT-3 with MHA: {cache['GPT-3 175B', 'MHA']:,} bytes = "
       f"{cache['GPT-3 175B', 'MHA'] / 2**20:.1f} MiB per token, "
-      f"{cache['GPT-3 175B', 'MHA'] * gpt3['context'] / 2**30:.1f} GiB for {gpt3['context']} tokens")
+      f"{cache['GPT-3 175B', 'MHA'] * gpt3['context'] / 2**30:.1f} GiB for {gpt3['context']} "
+      f"tokens")
 print(f"GQA-8 saves a factor {cache['GPT-3 175B', 'MHA'] // cache['GPT-3 175B', 'GQA']} there, "
       f"MQA a factor {cache['GPT-3 175B', 'MHA'] // cache['GPT-3 175B', 'MQA']}")
 
@@ -706,7 +746,7 @@ print(f"GQA-8 saves a factor {cache['GPT-3 175B', 'MHA'] // cache['GPT-3 175B', 
 # keys and values costs some quality, which is why GQA, in between, is the common choice.
 
 # %% [markdown]
-# ## 7. Cross-attention: the same module, two sequences
+# ## 7. Cross-attention: the same module, two sequences (optional)
 #
 # In cross-attention the queries come from one sequence and the keys and values from another,
 # the `context`: in the original encoder-decoder Transformer the decoder's tokens ask, and the
@@ -714,6 +754,10 @@ print(f"GQA-8 saves a factor {cache['GPT-3 175B', 'MHA'] // cache['GPT-3 175B', 
 # projects keys and values from `context`. With `N` queries and `M` context tokens the weights
 # are `[B, H, N, M]`, no longer square. The wired "same word" head now finds each query word in
 # the other sentence, whatever its position there.
+
+# %%
+catch_up("05_multihead_attention",
+         "7.")  # started here after a restart? this runs the sections above
 
 # %%
 queries, context = words(cross_query), words(cross_context)
@@ -735,7 +779,7 @@ plt.show()
 # layer with `project_keys_values(context)` and reuse them for every token it generates.
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. What are Q, K and V in multi-head attention, and what are their shapes?** Take GPT-2 small:
 # `D = 768`, `H = 12`, a batch of 8 sequences of 1024 tokens.
@@ -749,10 +793,15 @@ plt.show()
 # </details>
 
 # %%
+catch_up("05_multihead_attention",
+         "Check")  # started here after a restart? this runs the sections above
+
+# %%
 d_model, n_heads, n_batch, n_tokens = 768, 12, 8, 1024
 head_dim = d_model // n_heads
 print(f"D_H = {d_model} / {n_heads} = {head_dim}")
-print(f"Q, K, V: {(n_batch, n_heads, n_tokens, head_dim)}   weights: {(n_batch, n_heads, n_tokens, n_tokens)}"
+print(f"Q, K, V: {(n_batch, n_heads, n_tokens, head_dim)}   weights: "
+      f"{(n_batch, n_heads, n_tokens, n_tokens)}"
       f"   merged heads: {(n_batch, n_tokens, n_heads * head_dim)}")
 
 # %% [markdown]
@@ -771,7 +820,8 @@ print(f"Q, K, V: {(n_batch, n_heads, n_tokens, head_dim)}   weights: {(n_batch, 
 # %%
 n_tokens, n_heads = 2048, 96
 per_head = n_tokens * n_tokens
-print(f"per head: {n_tokens} x {n_tokens} = {per_head:,} weights;  per layer ({n_heads} heads): {per_head * n_heads:,}")
+print(f"per head: {n_tokens} x {n_tokens} = {per_head:,} weights;  per layer ({n_heads} heads): "
+      f"{per_head * n_heads:,}")
 
 # %% [markdown]
 # **3. Why not one head of width `D` instead of `H` heads of width `D / H`?**

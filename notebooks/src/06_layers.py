@@ -32,12 +32,13 @@ from torch import nn
 
 from helpers.lab.exercises import check
 from helpers.lab.plots import heatmap
+from helpers.lab.sections import catch_up
 
 # The tensors here are tiny: one thread is faster than splitting each product across several.
 torch.set_num_threads(1)
 
 # %% [markdown]
-# ## 1. LayerNorm by hand
+# ## 1. LayerNorm by hand (core)
 #
 # LayerNorm standardises each token on its own: subtract the mean of its `D` features, divide by
 # their standard deviation, then scale by a learned `gamma` and shift by a learned `beta`
@@ -70,8 +71,10 @@ torch.set_num_threads(1)
 # broadcast over the features; the biased variance divides by D, not D - 1.</details>
 
 # %%
-def my_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: (..., D); weight, bias: (D,) -> (..., D), each token standardised over its own D features."""
+def my_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                  eps: float) -> torch.Tensor:
+    """x: (..., D); weight, bias: (D,) -> (..., D), each token standardised over its own D
+    features."""
     ### BEGIN SOLUTION
     mean = x.mean(dim=-1, keepdim=True)
     variance = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # divide by D: the biased variance
@@ -104,8 +107,10 @@ assert torch.allclose(mine, reference(x), atol=1e-6)
 print("norm == nn.LayerNorm:", torch.allclose(mine, reference(x), atol=1e-6))
 
 # %%
-unbiased = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + 1e-5) * reference.weight + reference.bias
-print(f"with the unbiased variance (D - 1) instead: largest difference {(unbiased - reference(x)).abs().max():.4f}")
+unbiased = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True)
+                                                       + 1e-5) * reference.weight + reference.bias
+print(f"with the unbiased variance (D - 1) instead: largest difference "
+      f"{(unbiased - reference(x)).abs().max():.4f}")
 
 # %%
 constant_token = torch.full((1, 8), 3.0)  # every feature equal: variance 0
@@ -142,18 +147,22 @@ biased_std = MATRIX_MAGIC_INPUT.std(-1, correction=0)
 unbiased_std = MATRIX_MAGIC_INPUT.std(-1)
 print("row  notes mean  mean   notes std  std (÷D)  std (÷(D-1))")
 for i in range(4):
-    print(f"{i + 1:>3} {MATRIX_MAGIC_MEAN[i]:>10.2f} {mean[i]:>6.2f} {MATRIX_MAGIC_STD[i]:>9.2f} {biased_std[i]:>9.2f} "
+    print(f"{i + 1:>3} {MATRIX_MAGIC_MEAN[i]:>10.2f} {mean[i]:>6.2f} {MATRIX_MAGIC_STD[i]:>9.2f} "
+          f"{biased_std[i]:>9.2f} "
           f"{unbiased_std[i]:>13.2f}")
 
 # %%
 correct = norm(MATRIX_MAGIC_INPUT, torch.ones(8), torch.zeros(8), MATRIX_MAGIC_EPS)
-assert torch.allclose(correct, F.layer_norm(MATRIX_MAGIC_INPUT, (8,), eps=MATRIX_MAGIC_EPS), atol=1e-6)
-print(f"correct normalised rows (nn.LayerNorm, eps = {MATRIX_MAGIC_EPS}):\n", correct.round(decimals=2))
+assert torch.allclose(correct, F.layer_norm(MATRIX_MAGIC_INPUT, (8,), eps=MATRIX_MAGIC_EPS),
+                      atol=1e-6)
+print(f"correct normalised rows (nn.LayerNorm, eps = {MATRIX_MAGIC_EPS}):\n",
+      correct.round(decimals=2))
 print("the Matrix Magic notes' rows:\n", MATRIX_MAGIC_NORMALISED)
 print("std of each row, correct:", correct.std(-1, correction=0).round(decimals=2),
       " notes:", MATRIX_MAGIC_NORMALISED.std(-1, correction=0).round(decimals=2))
 
-what_the_notes_did = (MATRIX_MAGIC_INPUT - mean[:, None]) / torch.sqrt(MATRIX_MAGIC_STD[:, None] + MATRIX_MAGIC_EPS)
+what_the_notes_did = (MATRIX_MAGIC_INPUT - mean[:, None]) / torch.sqrt(MATRIX_MAGIC_STD[:, None]
+                                                                       + MATRIX_MAGIC_EPS)
 gap = (what_the_notes_did - MATRIX_MAGIC_NORMALISED).abs().max()
 print(f"(x - mean) / sqrt(notes std + eps) matches the notes' rows to {gap:.3f}")
 
@@ -175,10 +184,11 @@ ours = LayerNorm(8)
 ours.load_state_dict(reference.state_dict())
 assert torch.allclose(ours(x), reference(x), atol=1e-6)
 assert torch.allclose(layer_norm(x, reference.weight, reference.bias), mine, atol=1e-6)
-print("helpers.model.layers.LayerNorm == nn.LayerNorm:", torch.allclose(ours(x), reference(x), atol=1e-6))
+print("helpers.model.layers.LayerNorm == nn.LayerNorm:", torch.allclose(ours(x), reference(x),
+                                                                        atol=1e-6))
 
 # %% [markdown]
-# ## 2. BatchNorm vs LayerNorm
+# ## 2. BatchNorm vs LayerNorm (optional)
 #
 # BatchNorm standardises each **feature** over the examples of a batch; LayerNorm standardises each
 # **token** over its own features. The DS 246 notes compare them:
@@ -218,10 +228,13 @@ for layer in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
         alone = normalise_token_0(layer, token, train=True)
         evaluated = normalise_token_0(layer, batch, train=False)
     print(f"{name}:")
-    print(f"  batch of 64 vs another batch of 64 (train): largest change {(in_batch - in_other).abs().max():.4f}")
-    alone_text = alone if isinstance(alone, str) else f"largest change {(in_batch - alone).abs().max():.4f}"
+    print(f"  batch of 64 vs another batch of 64 (train): largest change "
+          f"{(in_batch - in_other).abs().max():.4f}")
+    alone_text = alone if isinstance(alone,
+            str) else f"largest change {(in_batch - alone).abs().max():.4f}"
     print(f"  batch of 64 vs batch of 1 (train):          {alone_text}")
-    print(f"  train vs eval mode (batch of 64):           largest change {(in_batch - evaluated).abs().max():.4f}")
+    print(f"  train vs eval mode (batch of 64):           largest change "
+          f"{(in_batch - evaluated).abs().max():.4f}")
 
 # %% [markdown]
 # LayerNorm gives the token the same output in every case (changes of 0). BatchNorm's output for
@@ -231,12 +244,15 @@ for layer in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
 # generates one token at a time, LayerNorm is the practical choice.
 
 # %% [markdown]
-# ## 3. The feed-forward network
+# ## 3. The feed-forward network (optional)
 #
 # After attention, every token passes through the same small MLP, on its own: `D -> 4D -> D` with
 # a non-linearity in the middle (the USF notes call it a two-layer MLP). The non-linearity has changed
 # over the years: ReLU in 2017, GELU in GPT-2, and SwiGLU (a gated unit with the SiLU function)
 # in Llama and most recent models.
+
+# %%
+catch_up("06_layers", "3.")  # started here after a restart? this runs the sections above
 
 # %%
 z = torch.linspace(-4, 4, 401)
@@ -267,7 +283,8 @@ exact = F.gelu(z64)
 tanh_approximation = F.gelu(z64, approximate="tanh")
 assert torch.allclose(exact, z64 * 0.5 * (1 + torch.erf(z64 / math.sqrt(2))), atol=1e-12)
 assert torch.allclose(tanh_approximation,
-                      0.5 * z64 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z64 + 0.044715 * z64**3))), atol=1e-12)
+                      0.5 * z64 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z64 + 0.044715
+                                                                            * z64**3))), atol=1e-12)
 gelu_gap = (exact - tanh_approximation).abs()
 print(f"largest |GELU(z) - GELU_tanh(z)| for z in [-6, 6]: {gelu_gap.max():.1e}, "
       f"at z = ±{z64[gelu_gap.argmax()].abs():.2f} (the gap is even in z)")
@@ -303,7 +320,8 @@ formulas = {"FFN, ReLU": 8 * D**2 + 5 * D, "FFN, GELU": 8 * D**2 + 5 * D,
 for name, count in counts.items():
     assert count == formulas[name]
     print(f"{name:<14} {count:>10,} parameters  (formula: {formulas[name]:,})")
-print(f"D = {D}: 8·D² = {8 * D**2:,}; the FFN holds {counts['FFN, GELU'] / (counts['FFN, GELU'] + counts['attention']):.1%} "
+print(f"D = {D}: 8·D² = {8 * D**2:,}; the FFN holds "
+      f"{counts['FFN, GELU'] / (counts['FFN, GELU'] + counts['attention']):.1%} "
       "of the block's attention + FFN parameters")
 
 # %% [markdown]
@@ -330,7 +348,8 @@ print(f"D = {D}: 8·D² = {8 * D**2:,}; the FFN holds {counts['FFN, GELU'] / (co
 # element. (3) Project the result back with the down matrix.</details>
 
 # %%
-def my_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+def my_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+              w_down: torch.Tensor) -> torch.Tensor:
     """x: (..., D); w_gate, w_up: (D, hidden); w_down: (hidden, D) -> (..., D)."""
     ### BEGIN SOLUTION
     return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
@@ -352,7 +371,8 @@ torch.manual_seed(0)
 dropout = nn.Dropout(p=0.5)
 ones = torch.ones(100_000)
 dropped = dropout.train()(ones)
-print(f"train: {(dropped == 0).float().mean():.3f} of the values zeroed, survivors = {dropped.max():.1f}, "
+print(f"train: {(dropped == 0).float().mean():.3f} of the values zeroed, survivors = "
+      f"{dropped.max():.1f}, "
       f"mean {dropped.mean():.3f}")
 print(f"eval:  unchanged: {torch.equal(dropout.eval()(ones), ones)}")
 
@@ -364,13 +384,16 @@ ffn.eval()
 print("FFN in eval mode,  same input twice -> same output?", torch.equal(ffn(x), ffn(x)))
 
 # %% [markdown]
-# ## 4. Residual connections and gradient flow
+# ## 4. Residual connections and gradient flow (core)
 #
 # A residual connection adds a layer's input to its output: `x + f(x)` instead of `f(x)`. The
 # gradient of `x + f(x)` with respect to `x` is `1 + f'(x)`: whatever `f` does, the `1` passes the
 # gradient straight through. The cell builds 24 layers of `tanh(Linear(x))` with PyTorch's default
 # initialisation, runs the same input through them with and without residuals, and measures the
 # gradient norm that reaches each layer's weights.
+
+# %%
+catch_up("06_layers", "4.")  # started here after a restart? this runs the sections above
 
 # %%
 N_LAYERS, WIDTH = 24, 64
@@ -411,7 +434,7 @@ plt.show()
 # "gradient highway" of the textbook section, and the reason a transformer can stack dozens of blocks.
 
 # %% [markdown]
-# ## 5. Pre-LN vs Post-LN: how the residual stream grows
+# ## 5. Pre-LN vs Post-LN: how the residual stream grows (core)
 #
 # Where the LayerNorm goes matters. The 2017 Transformer normalises after the addition, **Post-LN**:
 # `x = LN(x + f(x))`. GPT-2 and nearly every model since normalise the input of each branch,
@@ -428,6 +451,9 @@ plt.show()
 # and FFN branches of `helpers.model.layers.Block` at PyTorch's default initialisation.
 
 # %%
+catch_up("06_layers", "5.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.model.layers import Block
 
 DEPTH = 24
@@ -435,7 +461,8 @@ DEPTH = 24
 
 def stream_stds_unit_branches(pre_norm: bool, branches_per_layer: int = 1, width: int = 128,
                               n_tokens: int = 256) -> list[float]:
-    """Std of the stream after each of DEPTH layers, each of whose branches outputs unit-std values."""
+    """Std of the stream after each of DEPTH layers, each of whose branches outputs unit-std
+    values."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n_tokens, width, generator=g)
     stds = [x.std().item()]
@@ -464,14 +491,17 @@ curves = {
     "Pre-LN, unit-std branches": stream_stds_unit_branches(pre_norm=True),
     "Post-LN, unit-std branches": stream_stds_unit_branches(pre_norm=False),
     "Pre-LN Blocks (default init)": stream_stds_blocks([Block(64, 4) for _ in range(DEPTH)], x0),
-    "Post-LN Blocks (default init)": stream_stds_blocks([Block(64, 4, pre_norm=False) for _ in range(DEPTH)], x0),
+    "Post-LN Blocks (default init)": stream_stds_blocks(
+        [Block(64, 4, pre_norm=False) for _ in range(DEPTH)], x0
+    ),
 }
 pre = curves["Pre-LN, unit-std branches"]
 pre_two = stream_stds_unit_branches(pre_norm=True, branches_per_layer=2)  # attention and FFN
 print(" L   sqrt(1+L)   Pre-LN measured   Post-LN measured   sqrt(1+2L)   Pre-LN, 2 sub-layers")
 for depth in (1, 2, 4, 8, 16, 24):
     print(f"{depth:>2} {math.sqrt(1 + depth):>11.3f} {pre[depth]:>17.3f} "
-          f"{curves['Post-LN, unit-std branches'][depth]:>18.3f} {math.sqrt(1 + 2 * depth):>12.3f} {pre_two[depth]:>21.3f}")
+          f"{curves['Post-LN, unit-std branches'][depth]:>18.3f} {math.sqrt(1 + 2 * depth):>12.3f} "
+          f"{pre_two[depth]:>21.3f}")
 
 # %%
 fig, ax = plt.subplots(figsize=(9, 5))
@@ -500,7 +530,7 @@ plt.show()
 # learning-rate warm-up to train at all (Xiong et al., 2020).
 
 # %% [markdown]
-# ## 6. Initialisation: Xavier, and GPT-2's `1/sqrt(2N)`
+# ## 6. Initialisation: Xavier, and GPT-2's `1/sqrt(2N)` (optional)
 #
 # The textbook section's standard initialisation is Xavier's (Glorot and Bengio, 2010): draw
 # each weight with variance `2 / (fan_in + fan_out)`. A linear layer's output is a sum of `fan_in`
@@ -510,6 +540,9 @@ plt.show()
 # inputs through 10 square linear layers of width 512, with Xavier's variance, with "naive"
 # weights of variance 1, and with PyTorch's `nn.Linear` default (variance `1/(3 · fan_in)`), in
 # float64.
+
+# %%
+catch_up("06_layers", "6.")  # started here after a restart? this runs the sections above
 
 # %%
 WIDTH_X, LAYERS_X = 512, 10
@@ -646,7 +679,7 @@ plt.show()
 # top of a 1-block stack: the growth factors are printed above.
 
 # %% [markdown]
-# ## 7. Can the FFN be replaced by attention?
+# ## 7. Can the FFN be replaced by attention? (optional)
 #
 # The USF notes ask this (an interview question, pointing to Dong et al., 2021, "Attention is not all
 # you need: pure attention loses rank doubly exponentially with depth"). Each attention output is
@@ -656,6 +689,9 @@ plt.show()
 # We measure how far the `N` token vectors are from all being equal: the size of what is left
 # after subtracting the mean token, relative to the whole, `‖X - 1·meanᵀ‖ / ‖X‖`. It is 0 for
 # `N` copies of one vector.
+
+# %%
+catch_up("06_layers", "7.")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # ### Exercise: distance from rank one
@@ -693,6 +729,8 @@ def my_distance_from_rank_one(x: torch.Tensor) -> torch.Tensor:
 check("layers.distance_from_rank_one", my_distance_from_rank_one)
 
 # %% [markdown]
+# ### The helper, through a deep stack
+#
 # The helper is `helpers.model.layers.distance_from_rank_one`. The cell pushes 16 random tokens
 # (64 features) through 24 layers of five kinds, all with PyTorch's default initialisation and no
 # mask: attention alone, attention followed by an FFN, attention with a skip connection, the same
@@ -709,7 +747,8 @@ SEEDS = (0, 1, 2)
 
 
 def rank_collapse_stacks(seed: int) -> tuple[dict, torch.Tensor]:
-    """Five stacks of DEPTH layers, built from the same attentions and FFNs, and the tokens (1, 16, 64)."""
+    """Five stacks of DEPTH layers, built from the same attentions and FFNs, and the tokens (1, 16,
+    64)."""
     torch.manual_seed(seed)
     attentions = [MultiHeadAttention(64, 4) for _ in range(DEPTH)]
     with torch.no_grad():
@@ -723,14 +762,17 @@ def rank_collapse_stacks(seed: int) -> tuple[dict, torch.Tensor]:
         "attention + FFN": lambda x, i: ffns[i](attentions[i](x)),
         "attention + skip": lambda x, i: x + attentions[i](x),
         "attention + skip, FFN + skip": lambda x, i: (y := x + attentions[i](x)) + ffns[i](y),
-        "full block (skips, FFN, LN)": lambda x, i: (y := x + attentions[i](norm(x))) + ffns[i](norm(y)),
+        "full block (skips, FFN, LN)": lambda x, i: (
+            (y := x + attentions[i](norm(x))) + ffns[i](norm(y))
+        ),
     }
     return stacks, torch.randn(1, 16, 64)
 
 
 # %%
 def distances_through(stacks: dict, tokens: torch.Tensor) -> tuple[dict, dict]:
-    """Per stack: the distance from rank one after 0, 1, ..., DEPTH layers, and the rank at the top."""
+    """Per stack: the distance from rank one after 0, 1, ..., DEPTH layers, and the rank at the
+    top."""
     distances, final_rank = {}, {}
     with torch.no_grad():
         for name, layer in stacks.items():
@@ -758,10 +800,19 @@ print("seed 0, layers:               " + "  ".join(f"{i:>7}" for i in (0, 1, 2, 
 for name, d in distances.items():
     print(f"{name:<29}" + "  ".join(shown(d[i]) for i in (0, 1, 2, 3, DEPTH))
           + f"   rank at the top: {final_rank[name]}")
-top = {name: [runs[seed][0][name][-1] for seed in SEEDS] for name in distances}  # after DEPTH layers
-ffn_effect = [abs(a - b) for a, b in zip(top["attention + skip, FFN + skip"], top["attention + skip"], strict=True)]
-block_lead = [block - max(a, b) for block, a, b in zip(top["full block (skips, FFN, LN)"], top["attention + skip"],
-                                                       top["attention + skip, FFN + skip"], strict=True)]
+top = {name: [runs[seed][0][name][-1] for seed in SEEDS]
+       for name in distances}  # after DEPTH layers
+ffn_effect = [abs(a - b) for a, b in zip(top["attention + skip, FFN + skip"],
+                                         top["attention + skip"], strict=True)]
+block_lead = [
+    block - max(a, b)
+    for block, a, b in zip(
+        top["full block (skips, FFN, LN)"],
+        top["attention + skip"],
+        top["attention + skip, FFN + skip"],
+        strict=True,
+    )
+]
 print(f"\nafter {DEPTH} layers, seeds {SEEDS[0]}-{SEEDS[-1]}:")
 for name in ("attention + skip", "attention + skip, FFN + skip", "full block (skips, FFN, LN)"):
     print(f"  {name:<29} {min(top[name]):.2f} to {max(top[name]):.2f}")
@@ -783,6 +834,8 @@ ax.legend(fontsize=11)
 plt.show()
 
 # %% [markdown]
+# ### What the measurement shows
+#
 # Attention alone wipes out the differences between tokens within a few layers, down to float32
 # round-off, and the representations end at rank 1 (the table), on every seed. At initialisation
 # the attention weights are nearly uniform, which makes this quick; with `ATTENTION_SHARPNESS = 6.0`
@@ -803,7 +856,7 @@ plt.show()
 # parameters (section 3); attention only mixes tokens, by weighted averages.
 
 # %% [markdown]
-# ## 8. The transformer block
+# ## 8. The transformer block (optional)
 #
 # Everything is now in place for the block of GPT-2 (Pre-LN), which notebook 7 stacks:
 #
@@ -813,6 +866,9 @@ plt.show()
 # Write both yourself first, from the pieces; `helpers.model.layers.Block` must then agree with
 # them. The LayerNorms go through `norm`: your `my_layer_norm` from section 1 once it passes its
 # check, the course's `layer_norm` until then.
+
+# %%
+catch_up("06_layers", "8.")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # ### Exercise: the transformer block
@@ -875,7 +931,8 @@ post_block = Block(d_model=64, n_heads=4, pre_norm=False)
 x = torch.randn(2, 10, 64)
 for name, b in (("Pre-LN", block), ("Post-LN", post_block)):
     assert torch.allclose(b(x), block_forward(x, b), atol=1e-5)
-    print(f"{name} Block == the block from its parts:", torch.allclose(b(x), block_forward(x, b), atol=1e-5))
+    print(f"{name} Block == the block from its parts:", torch.allclose(b(x), block_forward(x, b),
+                                                                       atol=1e-5))
 print("output", tuple(block(x).shape))
 
 D = 64
@@ -887,7 +944,8 @@ print(f"total {n_parameters(block):,} = 12·D² + 13·D with D = {D}")
 x_changed = x.clone()
 x_changed[:, 7:] = torch.randn(2, 3, 64)
 assert torch.equal(block(x_changed)[:, :7], block(x)[:, :7])
-print("outputs 0-6 unchanged when tokens 7-9 change:", torch.equal(block(x_changed)[:, :7], block(x)[:, :7]))
+print("outputs 0-6 unchanged when tokens 7-9 change:", torch.equal(block(x_changed)[:, :7],
+                                                                   block(x)[:, :7]))
 
 # %% [markdown]
 # The block has `12D² + 13D` parameters: `4D² + 4D` in attention, `8D² + 5D` in the FFN and `4D`
@@ -905,7 +963,7 @@ heatmap(block.attn.last_weights[0, 0], positions, positions, title="Block, head 
 plt.show()
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. Why do transformers use residual connections?**
 #
@@ -917,6 +975,9 @@ plt.show()
 # channel: each branch reads it and adds its contribution. Without skips, a stack of attention
 # layers loses rank (section 7).
 # </details>
+
+# %%
+catch_up("06_layers", "Check")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # **2. Why LayerNorm, and why not BatchNorm?**
@@ -956,7 +1017,8 @@ plt.show()
 
 # %%
 print(f"one addition per layer:  sqrt(1 + 4) = {math.sqrt(5):.3f}; measured Pre-LN: {pre[4]:.2f}")
-print(f"two additions per layer: sqrt(1 + 8) = {math.sqrt(9):.3f}; measured Pre-LN: {pre_two[4]:.2f}")
+print(f"two additions per layer: sqrt(1 + 8) = {math.sqrt(9):.3f}; measured Pre-LN: "
+      f"{pre_two[4]:.2f}")
 print(f"measured Post-LN: {curves['Post-LN, unit-std branches'][4]:.2f}")
 
 # %% [markdown]
@@ -975,6 +1037,7 @@ print(f"measured Post-LN: {curves['Post-LN, unit-std branches'][4]:.2f}")
 # %%
 d = 768
 w1, w2 = d * 4 * d, 4 * d * d
-print(f"W1: {d} x {4 * d} = {w1:,};  W2: {4 * d} x {d} = {w2:,};  sum {w1 + w2:,} = 8·d² = {8 * d * d:,}")
+print(f"W1: {d} x {4 * d} = {w1:,};  W2: {4 * d} x {d} = {w2:,};  sum {w1 + w2:,} = 8·d² = "
+      f"{8 * d * d:,}")
 print(f"attention's 4·d² = {4 * d * d:,};  with d_ff = 2d: {2 * d * d * 2:,}")
 print(f"SwiGLU, hidden {8 * d // 3}: 3 · {d} · {8 * d // 3} = {3 * d * (8 * d // 3):,}")

@@ -33,7 +33,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers.model.attention import causal_mask
-from helpers.text.corpus_rich import known_word_fraction, load_rich_corpus, rich_well_formed_fraction, word_forms
+from helpers.text.corpus_rich import (
+    known_word_fraction,
+    load_rich_corpus,
+    rich_well_formed_fraction,
+    word_forms,
+)
 from helpers.model.embeddings import TokenAndPositionEmbedding
 from helpers.lab.exercises import check, yours_or
 from helpers.lab.notes_tables import load_notes_tables
@@ -41,13 +46,14 @@ from helpers.model.layers import Block, FeedForward, LayerNorm
 from helpers.model.multihead import MultiHeadAttention, merge_heads, split_heads
 from helpers.lab.plots import heatmap
 from helpers.timing import format_duration
+from helpers.lab.sections import catch_up, refuse_untrained
 
 # Two cores, often shared with other work (a browser, a video call): one thread per product
 # avoids threads waiting for each other. On a quiet machine with more cores, delete this line.
 torch.set_num_threads(1)
 
 # %% [markdown]
-# ## 1. From parts to a model
+# ## 1. From parts to a model (core)
 #
 # A decoder-only GPT is four steps:
 #
@@ -69,7 +75,8 @@ torch.set_num_threads(1)
 class MiniGPT(nn.Module):
     """Decoder-only GPT from the course's parts: token ids (B, N) -> logits (B, N, V)."""
 
-    def __init__(self, vocab_size: int, context_length: int, n_layers: int, n_heads: int, d_model: int) -> None:
+    def __init__(self, vocab_size: int, context_length: int, n_layers: int, n_heads: int,
+                 d_model: int) -> None:
         super().__init__()
         self.embed = TokenAndPositionEmbedding(vocab_size, context_length, d_model)
         self.blocks = nn.ModuleList(Block(d_model, n_heads) for _ in range(n_layers))
@@ -99,7 +106,8 @@ print(mini.lm_head.weight is mini.embed.token.weight, "- the output matrix is th
 # %%
 from helpers.model.gpt import GPT, GPTConfig
 
-config = GPTConfig(vocab_size=70, context_length=64, n_layers=2, n_heads=4, d_model=128)  # V: section 4's characters
+config = GPTConfig(vocab_size=70, context_length=64, n_layers=2, n_heads=4,
+                   d_model=128)  # V: section 4's characters
 print(config)
 model = GPT(config)
 mini.load_state_dict(model.state_dict())
@@ -114,7 +122,7 @@ for bad in (lambda: GPTConfig(d_model=130, n_heads=4), lambda: model(torch.tenso
         print("ValueError:", error)
 
 # %% [markdown]
-# ## 2. One forward pass at toy size (the Matrix Magic notes)
+# ## 2. One forward pass at toy size (the Matrix Magic notes) (optional)
 #
 # The Matrix Magic notes walk the sentence "I like to eat" through a GPT with a vocabulary of 12
 # words and `d_model = 8`, one matrix at a time. We do the same twice. First with a one-block
@@ -125,6 +133,9 @@ for bad in (lambda: GPTConfig(d_model=130, n_heads=4), lambda: model(torch.tenso
 # the notebook, with the notes' own weights: they print `W_O`, the FFN's two matrices and the LM
 # head, so every later table of theirs can be recomputed and checked. Every table the notes print
 # is read from one fixture, `data/notes_tables.txt`, by one call.
+
+# %%
+catch_up("07_gpt", "2.")  # started here after a restart? this runs the sections above
 
 # %%
 toy_vocab = ["I", "like", "to", "eat", "soup", "am", "a", "good", "cook", ".", "is", "yummy"]
@@ -141,7 +152,8 @@ with torch.no_grad():
 sentence = ["I", "like", "to", "eat"]
 toy_ids = torch.tensor([[toy_vocab.index(word) for word in sentence]])
 print(toy.config)
-print(f"here: {toy.config.n_heads} heads x d_h {toy.config.head_dim} = {toy.config.d_model} = d_model; "
+print(f"here: {toy.config.n_heads} heads x d_h {toy.config.head_dim} = {toy.config.d_model} = "
+      f"d_model; "
       f"the Matrix Magic notes: 4 heads x 4 = {4 * 4} columns, then W_O (16, 8)")
 print("token ids:", toy_ids.tolist())
 
@@ -155,13 +167,19 @@ def show(name: str, tensor: torch.Tensor) -> None:
 
 
 block = toy.blocks[0]
+
+
+# %%
 with torch.no_grad():
     x0 = toy.embed.token(toy_ids) + toy.embed.position(torch.arange(4))
     show("token + position embeddings  (B, N, d)", x0)
-    assert torch.allclose(x0[0], mm.SUM_TABLE.float(), atol=0.011)  # the notes round to two decimals
-    print(f"largest difference from the notes' sum table: {(x0[0] - mm.SUM_TABLE.float()).abs().max():.2f}\n")
+    assert torch.allclose(x0[0], mm.SUM_TABLE.float(),
+                          atol=0.011)  # the notes round to two decimals
+    print(f"largest difference from the notes' sum table: "
+          f"{(x0[0] - mm.SUM_TABLE.float()).abs().max():.2f}\n")
     h = block.ln1(x0)
-    q, k, v = (split_heads(proj(h), 2) for proj in (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj))
+    q, k, v = (split_heads(proj(h), 2) for proj in (block.attn.q_proj, block.attn.k_proj,
+                                                    block.attn.v_proj))
     show("queries, split into heads  (B, H, N, d_h)", q)
     scores = q @ k.transpose(-2, -1) / math.sqrt(4)
     show("scores Q K^T / sqrt(d_h)  (B, H, N, N)", scores)
@@ -182,7 +200,8 @@ with torch.no_grad():
 assert torch.allclose(probabilities, toy(toy_ids).softmax(dim=-1), atol=1e-6)
 for t in range(len(sentence)):
     best = probabilities[0, t].argmax().item()
-    print(f"after '{' '.join(sentence[:t + 1])}': '{toy_vocab[best]}' ({probabilities[0, t, best]:.2f}),"
+    print(f"after '{' '.join(sentence[:t + 1])}': '{toy_vocab[best]}' "
+          f"({probabilities[0, t, best]:.2f}),"
           f" row sum {probabilities[0, t].sum():.2f}")
 torch.set_printoptions(precision=4, sci_mode=False)
 
@@ -197,7 +216,7 @@ torch.set_printoptions(precision=4, sci_mode=False)
 #
 # Untrained, the guesses are arbitrary. Training changes that (section 4).
 #
-# ## 3. Counting parameters
+# ## 3. Counting parameters (optional)
 #
 # The textbook section's table counts the weight matrices of one block: attention has `W_Q, W_K, W_V, W_O`,
 # each `d x d` (`4d²`); the FFN has `d x 4d` and `4d x d` (`8d²`). With `N` blocks and a
@@ -227,6 +246,9 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # <details><summary>Hint 3: closer</summary>Attention's matrices are d by d, the MLP's d by 4d and
 # 4d by d; a bias has one number per output of its layer; a LayerNorm has a gain and a bias of d
 # numbers each.</details>
+
+# %%
+catch_up("07_gpt", "3.")  # started here after a restart? this runs the sections above
 
 # %%
 def gpt_parameters(n_layers: int, d_model: int, vocab_size: int, context_length: int) -> int:
@@ -259,12 +281,15 @@ def course_parameters(n_layers: int, d_model: int, vocab_size: int, context_leng
 
 
 parameters_of = yours_or("gpt.exact_parameters", gpt_parameters, course_parameters)
-exact_count = parameters_of(config.n_layers, config.d_model, config.vocab_size, config.context_length)
+exact_count = parameters_of(config.n_layers, config.d_model, config.vocab_size,
+                            config.context_length)
 assert exact_count == count_parameters(model) == exact_parameters(config)
-print(f"formula 12Nd² + 2Vd : {formula_parameters(config.n_layers, config.d_model, config.vocab_size):>9,}")
+print(f"formula 12Nd² + 2Vd : "
+      f"{formula_parameters(config.n_layers, config.d_model, config.vocab_size):>9,}")
 print(f"exact, by that count: {exact_count:>9,}")
 print(f"counted in the model: {count_parameters(model):>9,}")
-print(f"sum over every tensor, tied matrix twice: {sum(p.numel() for p in model.state_dict().values()):,}")
+print(f"sum over every tensor, tied matrix twice: "
+      f"{sum(p.numel() for p in model.state_dict().values()):,}")
 
 # %% [markdown]
 # `model.parameters()` yields the tied matrix once; its `state_dict` lists it under both names,
@@ -290,7 +315,8 @@ assert count_parameters(gpt2_meta) == exact_parameters(gpt2) == 124_439_808
 
 
 def tensors_in(*modules: nn.Module) -> int:
-    """How many numbers the modules' parameters hold (shapes only: the meta model has no storage)."""
+    """How many numbers the modules' parameters hold (shapes only: the meta model has no
+    storage)."""
     return sum(p.numel() for module in modules for p in module.parameters())
 
 
@@ -335,7 +361,8 @@ for name, reported, n_layers, width in gpt3_table:
     nearer = "tied" if abs(tied - reported_value) < abs(untied - reported_value) else "untied"
     print(f"{name:<14}{reported:>9}{untied / 1e9:>11.3f}B{tied / 1e9:>10.3f}B   {nearer}")
 print(f"\n13B row: d_model 5140 / 40 heads = {5140 / 40} per head; 40 x 128 = {40 * 128}")
-print(f"with d = 5120: 12Nd² + Vd = {(formula_parameters(40, 5120, 50257) - 50257 * 5120) / 1e9:.3f}B")
+print(f"with d = 5120: 12Nd² + Vd = "
+      f"{(formula_parameters(40, 5120, 50257) - 50257 * 5120) / 1e9:.3f}B")
 
 # %% [markdown]
 # The tied formula lands nearer the reported size in every row but the last (the `nearer`
@@ -362,11 +389,14 @@ encoder_block_big = attention_big + ffn_big + 2 * layer_norm_big
 decoder_block_big = 2 * attention_big + ffn_big + 3 * layer_norm_big   # self- and cross-attention
 blocks_big = LAYERS_BIG * (encoder_block_big + decoder_block_big)
 total_big = blocks_big + VOCAB_BIG * D_BIG             # one shared embedding, counted once
-print(f"encoder block {encoder_block_big:,} x {LAYERS_BIG} + decoder block {decoder_block_big:,} x {LAYERS_BIG} "
+print(f"encoder block {encoder_block_big:,} x {LAYERS_BIG} + decoder block {decoder_block_big:,} x "
+      f"{LAYERS_BIG} "
       f"= {blocks_big:,}")
-print(f"+ shared embedding {VOCAB_BIG:,} x {D_BIG} = {VOCAB_BIG * D_BIG:,}  ->  total {total_big / 1e6:.1f}M")
+print(f"+ shared embedding {VOCAB_BIG:,} x {D_BIG} = {VOCAB_BIG * D_BIG:,}  ->  total "
+      f"{total_big / 1e6:.1f}M")
 print(f"the vocabulary that gives exactly 213M: {(213e6 - blocks_big) / D_BIG:,.0f} tokens")
-print(f"unshared embeddings would add 2 x {VOCAB_BIG:,} x {D_BIG} = {2 * VOCAB_BIG * D_BIG / 1e6:.1f}M; "
+print(f"unshared embeddings would add 2 x {VOCAB_BIG:,} x {D_BIG} = "
+      f"{2 * VOCAB_BIG * D_BIG / 1e6:.1f}M; "
       f"GPT-3 175B / 213M = {175e9 / 213e6:.0f}")
 
 # %% [markdown]
@@ -384,12 +414,14 @@ print(f"unshared embeddings would add 2 x {VOCAB_BIG:,} x {D_BIG} = {2 * VOCAB_B
 # %%
 budget_bytes, bytes_per_parameter = 16e9, 2
 budget = budget_bytes / bytes_per_parameter
-print(f"budget: {budget_bytes / 1e9:.0f} GB / {bytes_per_parameter} bytes = {budget / 1e9:.1f}B parameters")
+print(f"budget: {budget_bytes / 1e9:.0f} GB / {bytes_per_parameter} bytes = {budget / 1e9:.1f}B "
+      f"parameters")
 for n_layers, width in ((32, 4096), (40, 5120)):
     blocks_only = 12 * n_layers * width**2
     full = formula_parameters(n_layers, width, 50_000)
     verdict = "fits" if full <= budget else "does not fit"
-    print(f"N={n_layers}, d={width}: 12Nd² = {blocks_only / 1e9:.2f}B, 12Nd² + 2Vd = {full / 1e9:.2f}B "
+    print(f"N={n_layers}, d={width}: 12Nd² = {blocks_only / 1e9:.2f}B, 12Nd² + 2Vd = "
+          f"{full / 1e9:.2f}B "
           f"-> {full * bytes_per_parameter / 1e9:.1f} GB, {verdict}")
 adam_bytes = 2 + 4 + 4 + 4 + 2  # fp16 weight, fp32 master copy, Adam's two moments, fp16 gradient
 print(f"training with Adam in mixed precision: about {adam_bytes} bytes per parameter -> "
@@ -432,13 +464,16 @@ for name, split in splits.items():
 # in GPT-2 small the 50,257-token table
 # is almost a third of the model.
 #
-# ## 4. Training on the course corpus
+# ## 4. Training on the course corpus (core)
 #
 # The course's rich corpus (`helpers.text.corpus_rich`, met in notebook 1) is tales, conversations
 # and diary pages from a grammar of thousands of word forms (counted below), one sentence per
 # line: quoted speech, questions, numbers in digits and in words, dates and clock times. We read
 # it one character at a time: the vocabulary is every character that occurs, and a model that
 # must spell every word is the hardest test of what it learned.
+
+# %%
+catch_up("07_gpt", "4.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.text.chars import CharTokenizer
@@ -448,8 +483,10 @@ text = load_rich_corpus()
 tokenizer = CharTokenizer.train(text)
 train_text, val_text = split_stories(text, val_fraction=0.1)
 train_ids, val_ids = encode_text(tokenizer, train_text), encode_text(tokenizer, val_text)
-n_stories = {name: len(part.strip().split("\n\n")) for name, part in (("train", train_text), ("val", val_text))}
-print(f"{len(text):,} characters, vocabulary of {tokenizer.vocab_size}: {''.join(tokenizer.chars)!r}")
+n_stories = {name: len(part.strip().split("\n\n")) for name, part in (("train", train_text), ("val",
+        val_text))}
+print(f"{len(text):,} characters, vocabulary of {tokenizer.vocab_size}: "
+      f"{''.join(tokenizer.chars)!r}")
 print(f"word forms the grammar can write: {len(word_forms()):,}")
 print(f"train: {n_stories['train']:,} stories, {len(train_ids):,} tokens; "
       f"validation: the last {n_stories['val']:,} stories, {len(val_ids):,} tokens")
@@ -483,7 +520,8 @@ assert torch.equal(inputs[1:], targets[:-1])  # the same characters, one step ap
 for position in range(6):
     print(f"input {tokenizer.decode(inputs[:position + 1].tolist())!r:<10} -> target "
           f"{tokenizer.decode([targets[position].item()])!r}")
-print(f"labels available for free in the training stories: {len(train_ids) - 1:,}, one per character after the first")
+print(f"labels available for free in the training stories: {len(train_ids) - 1:,}, one per "
+      f"character after the first")
 
 x, y = random_batch(train_ids, batch_size=2, context_length=config.context_length,
                     generator=torch.Generator().manual_seed(0))
@@ -513,7 +551,8 @@ SAMPLE_TEMPERATURE = 0.6  # before and after training alike, so the two measurem
 
 def written_lines(gpt: GPT, n_samples: int = 48, temperature: float = SAMPLE_TEMPERATURE,
                   seed: int = 0) -> list[str]:
-    """Complete lines the model writes after a newline, filling its context (cut-off lines dropped)."""
+    """Complete lines the model writes after a newline, filling its context (cut-off lines
+    dropped)."""
     prompt = torch.tensor([tokenizer.encode("\n")] * n_samples)
     n_chars = gpt.config.context_length - 1
     out = generate(gpt, prompt, n_chars, temperature=temperature,
@@ -579,7 +618,8 @@ print(f"untrained model: {quality_before:.2f} well formed, {words_before:.2f} kn
 
 # %%
 def next_token_loss(gpt: GPT, ids: torch.Tensor) -> torch.Tensor:
-    """ids (B, N + 1) -> the mean cross-entropy of predicting ids[:, 1:] from ids[:, :-1], a scalar."""
+    """ids (B, N + 1) -> the mean cross-entropy of predicting ids[:, 1:] from ids[:, :-1], a
+    scalar."""
     ### BEGIN SOLUTION
     seen, answers = ids[:, :-1], ids[:, 1:]                     # position i predicts token i + 1
     z = gpt(seen)                                               # logits (B, N, V)
@@ -609,8 +649,10 @@ with torch.no_grad():
     untrained_logits = model(window_inputs)                          # (2, 64, V)
 by_torch = F.cross_entropy(untrained_logits.flatten(0, 1), window_targets.flatten())
 assert torch.allclose(by_you, by_torch, atol=1e-6)
-print(f"windows {tuple(windows.shape)} -> inputs {tuple(window_inputs.shape)}, targets {tuple(window_targets.shape)}")
-print(f"untrained loss: about {by_you.item():.1f}, close to uniform guessing (ln {config.vocab_size} = "
+print(f"windows {tuple(windows.shape)} -> inputs {tuple(window_inputs.shape)}, targets "
+      f"{tuple(window_targets.shape)}")
+print(f"untrained loss: about {by_you.item():.1f}, close to uniform guessing (ln "
+      f"{config.vocab_size} = "
       f"{math.log(config.vocab_size):.2f})")
 print("that loss vs F.cross_entropy: difference < 1e-6")
 
@@ -721,7 +763,8 @@ class HandAdamW:
         self.t += 1
         for slot in self.slots:
             p, m, v, decay = slot
-            new_p, slot[1], slot[2] = self.update(p, p.grad, m, v, self.t, lr, self.betas, self.eps, decay)
+            new_p, slot[1], slot[2] = self.update(p, p.grad, m, v, self.t, lr, self.betas, self.eps,
+                                                  decay)
             p.copy_(new_p)                           # in place: the model keeps its tensor
         ### END SOLUTION
 
@@ -743,7 +786,8 @@ def windows_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, y[:, -1:]], dim=1)
 
 # %%
-tiny_config = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=32, n_layers=2, n_heads=2, d_model=32)
+tiny_config = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=32, n_layers=2, n_heads=2,
+                        d_model=32)
 torch.manual_seed(0)
 ours, theirs = GPT(tiny_config), GPT(tiny_config)
 theirs.load_state_dict(ours.state_dict())
@@ -761,12 +805,15 @@ for _ in range(5):
         other.grad = mine.grad.clone()                               # the same gradient for both
     hand_optimizer.step(lr=1e-2)
     torch_optimizer.step()
-adamw_gap = max((a - b).abs().max().item() for a, b in zip(ours.parameters(), theirs.parameters(), strict=True))
+adamw_gap = max((a - b).abs().max().item() for a, b in zip(ours.parameters(), theirs.parameters(),
+                                                           strict=True))
 assert adamw_gap < 1e-6
 print(f"{len(their_matrices)} matrices decayed, {len(their_vectors)} vectors not")
 print("after 5 steps, largest difference from torch.optim.AdamW (two groups): < 1e-6")
 
 # %% [markdown]
+# ### One gradient, two optimisers
+#
 # Both optimisers receive the same gradient. Two separate `backward()` passes would differ in
 # round-off only, yet the optimisers would drift apart: the key biases get a gradient that is zero
 # up to round-off (adding the same number to every score of a row leaves the softmax unchanged),
@@ -807,6 +854,8 @@ print("gradient norm above 0.1, so it was clipped:", hand_norm.item() > 0.1)
 print(f"norm after clipping: {new_norm:.4f}; largest difference from clip_grad_norm_: < 1e-7")
 
 # %% [markdown]
+# ### The schedule and the loop
+#
 # **The schedule.** The learning rate rises linearly from 0 to its peak over the first 5 % of
 # the run (the first steps, with `m` and `v` still poor averages, would otherwise be too
 # large), then follows half a cosine down to a tenth of the peak. Written out, and checked against
@@ -829,7 +878,9 @@ schedule_gap = max(abs(warmup_cosine(p, 5e-3) - learning_rate(p, 5e-3)) for p in
 assert schedule_gap < 1e-15
 print(f"peak 5e-3: {warmup_cosine(0.0, 5e-3):g} at the start, {warmup_cosine(0.05, 5e-3):g} after "
       f"the warm-up, {warmup_cosine(1.0, 5e-3):g} at the end")
-print(f"{len(grid)} points, largest difference from helpers.training.trainer.learning_rate: < 1e-15")
+print(
+    f"{len(grid)} points, largest difference from helpers.training.trainer.learning_rate: < 1e-15"
+)
 
 # %% [markdown]
 # **The loop.** Now the pieces train a tiny GPT (2 blocks, width 32, a context of 32, float32)
@@ -852,7 +903,8 @@ torch.manual_seed(0)
 tiny, twin = GPT(tiny_config), GPT(tiny_config)
 twin.load_state_dict(tiny.state_dict())
 optimizer = Optimizer(update, *matrices_and_vectors(tiny), weight_decay=0.1)
-twin_trainer = Trainer(twin, train_ids, val_ids, TrainConfig(batch_size=16, learning_rate=1e-2, fast=False))
+twin_trainer = Trainer(twin, train_ids, val_ids, TrainConfig(batch_size=16, learning_rate=1e-2,
+                                                             fast=False))
 batches = torch.Generator().manual_seed(twin_trainer.config.seed)  # so both draw the same windows
 plain_losses, twin_losses = [], []
 for step in range(PLAIN_STEPS):
@@ -915,12 +967,14 @@ from helpers.text.corpus import data_dir
 
 for precision in ("", "_bf16"):
     stored = json.loads((data_dir() / f"nb7_optimizer{precision}.json").read_text(encoding="utf-8"))
-    print(f"{stored['settings']['precision']}: a Muon step took {stored['step_ratio']:.2f}x an AdamW step, "
+    print(f"{stored['settings']['precision']}: a Muon step took {stored['step_ratio']:.2f}x an "
+          f"AdamW step, "
           f"so Muon got {stored['muon_steps']} steps for AdamW's {stored['settings']['steps']}")
     for run in stored["runs"]:
         print(f"  seed {run['seed']}: validation loss " + ", ".join(
             f"{name} {result['val_loss']:.3f}" for name, result in run.items() if name != "seed"))
-    muon = stored["summary"][f"muon lr {TrainConfig.muon_learning_rate:g}"]  # the rate this notebook trains with
+    # the rate this notebook trains with
+    muon = stored["summary"][f"muon lr {TrainConfig.muon_learning_rate:g}"]
     print(f"  Muon (lr {TrainConfig.muon_learning_rate:g}) minus AdamW (peak 5e-3), per seed:",
           [round(gap, 2) for gap in muon["val_loss_minus_adamw"]])
     assert muon["beats_every_adamw_rate_on_every_seed"] and max(muon["val_loss_minus_adamw"]) < -0.2
@@ -988,23 +1042,29 @@ def bigram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int) -> floa
 
 
 bigram = bigram_loss(train_ids, val_ids, config.vocab_size)
-print(f"validation loss references: uniform ln {config.vocab_size} = {math.log(config.vocab_size):.3f}, "
+print(f"validation loss references: uniform ln {config.vocab_size} = "
+      f"{math.log(config.vocab_size):.3f}, "
       f"bigram counts {bigram:.3f}")
 assert history.val_losses[-1] < bigram < math.log(config.vocab_size)
 print("the trained GPT's validation loss is below the bigram's:", history.val_losses[-1] < bigram)
 tokens_read = TRAIN_STEPS * train_config.batch_size * config.context_length
-print(f"tokens read: {TRAIN_STEPS} steps x {train_config.batch_size} x {config.context_length} = {tokens_read:,}, "
+print(f"tokens read: {TRAIN_STEPS} steps x {train_config.batch_size} x {config.context_length} = "
+      f"{tokens_read:,}, "
       f"{tokens_read / len(train_ids):.2f} of the {len(train_ids):,} training tokens")
 assert len(history.steps) == TRAIN_STEPS and live_plot.redraws == len(history.val_losses)
 assert history.val_losses[-1] < 0.5 * history.val_losses[0] < math.log(config.vocab_size)
 assert abs(history.val_losses[-1] - history.train_losses[-1]) < 0.1
-print("the loss fell:", history.val_losses[0] > 2 * history.val_losses[-1],
-      "| validation within 0.1 of train:", abs(history.val_losses[-1] - history.train_losses[-1]) < 0.1)
+print(
+    "the loss fell:",
+    history.val_losses[0] > 2 * history.val_losses[-1],
+    "| validation within 0.1 of train:",
+    abs(history.val_losses[-1] - history.train_losses[-1]) < 0.1,
+)
 draw_losses(history)
 plt.show()
 
 # %% [markdown]
-# ## 5. Sampling: temperature and top-k
+# ## 5. Sampling: temperature and top-k (optional)
 #
 # The model gives a probability for every next character. **Greedy** decoding takes the most
 # likely one. **Sampling** draws one at random from the distribution, after two adjustments:
@@ -1017,6 +1077,9 @@ plt.show()
 # it, each time appending the new token; temperature 0 or top-k 1 is greedy (the cell checks both).
 # The next-character distribution after "On Monday, the 3rd of May, Mia walked to the ", three
 # ways:
+
+# %%
+catch_up("07_gpt", "5.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.model.generation import sample_next
@@ -1041,7 +1104,8 @@ fig.suptitle(f"After {prompt_text!r}", y=1.03)
 plt.show()
 
 assert torch.equal(sample_next(next_logits[None], temperature=0.0), next_logits.argmax().view(1, 1))
-assert torch.equal(sample_next(next_logits[None], temperature=1.3, top_k=1), next_logits.argmax().view(1, 1))
+assert torch.equal(sample_next(next_logits[None], temperature=1.3, top_k=1),
+                   next_logits.argmax().view(1, 1))
 print("temperature 0 and top-k 1 both pick the most likely character, the first bar above")
 
 # %% [markdown]
@@ -1110,8 +1174,10 @@ start = torch.tensor([tokenizer.encode(prompt_text)])
 greedy_yours = sampler(model, start, 30, temperature=0.0)
 same_as_generate = torch.equal(greedy_yours, generate(model, start, 30, temperature=0.0))
 assert same_as_generate
-print(f"{start.shape[1]} + 30 tokens, context {config.context_length}: greedy agrees with generate:",
-      same_as_generate)
+print(
+    f"{start.shape[1]} + 30 tokens, context {config.context_length}: greedy agrees with generate:",
+    same_as_generate,
+)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -1120,7 +1186,8 @@ print(f"greedy:            ...{tokenizer.decode(greedy_yours[0, start.shape[1]:]
 for temperature, k in ((0.6, None), (1.0, 5)):
     out = sampler(model, start, 30, temperature=temperature, top_k=k,
                   generator=torch.Generator().manual_seed(0))
-    print(f"T = {temperature}, top-k = {k}: ...{tokenizer.decode(out[0, start.shape[1]:].tolist())!r}")
+    print(f"T = {temperature}, top-k = {k}: "
+          f"...{tokenizer.decode(out[0, start.shape[1]:].tolist())!r}")
 
 # %% [markdown]
 # ### After training: the same measurement
@@ -1145,7 +1212,8 @@ print(f"\n{N_SAMPLES} samples x {config.context_length - 1} characters, {len(aft
 random_words = known_word_fraction(noise)
 assert quality_after > 0.01 > quality_before and words_after > 0.7 > max(words_before, random_words)
 print("training raised the well-formed share from", quality_before, "to more than 0.01,",
-      f"and the share of known words from {words_before:.2f} (random characters: {random_words:.2f})",
+      f"and the share of known words from {words_before:.2f} (random characters: "
+      f"{random_words:.2f})",
       "to more than 0.7")
 
 # %% [markdown]
@@ -1154,7 +1222,7 @@ print("training raised the well-formed share from", quality_before, "to more tha
 # often still read as English, with a misspelt word or two sentences run together; more
 # `TRAIN_STEPS` raise the share.
 #
-# ## 6. The KV cache
+# ## 6. The KV cache (optional)
 #
 # Generating token `t + 1` by running the model on all `t` tokens recomputes the keys and values
 # of tokens `0 .. t-1`, which the previous step already computed: the causal mask guarantees
@@ -1190,9 +1258,14 @@ print("training raised the well-formed share from", quality_before, "to more tha
 # over the keys, the values weighted by it; no mask is needed.</details>
 
 # %%
+catch_up("07_gpt", "6.")  # started here after a restart? this runs the sections above
+
+# %%
 def cache_step(x_new: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,
-               keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One new token attends to the stored keys and values and its own; returns (out, keys, values)."""
+               keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                  torch.Tensor]:
+    """One new token attends to the stored keys and values and its own; returns (out, keys,
+    values)."""
     ### BEGIN SOLUTION
     query = x_new @ w_q                                          # (B, 1, d_h)
     keys = torch.cat([keys, x_new @ w_k], dim=1)                 # (B, t + 1, d_h)
@@ -1219,7 +1292,8 @@ from helpers.model.attention import scaled_dot_product_attention
 
 
 def course_cache_step(x_new: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,
-                      keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                         torch.Tensor]:
     """The same step with the course's attention (no mask: one query may see every key)."""
     keys, values = torch.cat([keys, x_new @ w_k], dim=1), torch.cat([values, x_new @ w_v], dim=1)
     return scaled_dot_product_attention(x_new @ w_q, keys, values)[0], keys, values
@@ -1237,7 +1311,8 @@ def head_matrix(projection: nn.Linear, head: int) -> torch.Tensor:
 
 
 with torch.no_grad():
-    h = model.blocks[0].ln1(model.embed(torch.tensor([tokenizer.encode("Once upon a time")])))  # (1, T, d)
+    # (1, T, d)
+    h = model.blocks[0].ln1(model.embed(torch.tensor([tokenizer.encode("Once upon a time")])))
     full = attn(h, causal=True)                                      # (1, T, d), all tokens at once
     h1 = torch.cat([h, torch.ones_like(h[..., :1])], dim=-1)        # (1, T, d + 1): the bias column
     heads = []
@@ -1249,7 +1324,8 @@ with torch.no_grad():
     one_step = attn.out_proj(torch.cat(heads, dim=-1))               # (1, 1, d)
 cache_gap = (one_step - full[:, -1:]).abs().max().item()
 assert cache_gap < 1e-5
-print(f"{n_heads} heads: stored keys {tuple(stored_k.shape)} + the new token's -> {tuple(k.shape)} each; "
+print(f"{n_heads} heads: stored keys {tuple(stored_k.shape)} + the new token's -> {tuple(k.shape)} "
+      f"each; "
       f"output {tuple(one_step.shape)}")
 print("one cached step vs the last row of full attention: largest difference < 1e-5")
 
@@ -1274,14 +1350,19 @@ prompt = torch.tensor([tokenizer.encode("Once upon a time"), tokenizer.encode('"
 with_cache = generate(model, prompt, 100, temperature=0.0, use_cache=True)
 recomputed = generate(model, prompt, 100, temperature=0.0, use_cache=False)
 assert torch.equal(with_cache, recomputed)
-print(f"prompts of {prompt.shape[1]} + 100 greedy tokens = {with_cache.shape[1]} tokens, context "
-      f"{config.context_length}: cache and recomputation agree on every token:", torch.equal(with_cache, recomputed))
+print(
+    f"prompts of {prompt.shape[1]} + 100 greedy tokens = {with_cache.shape[1]} tokens, context "
+    f"{config.context_length}: cache and recomputation agree on every token:",
+    torch.equal(with_cache, recomputed),
+)
 
 window = with_cache[:, :config.context_length]
 cache = KVCache.for_model(model, batch_size=2)
 start = prompt.shape[1]
-step_logits = [model.forward_cached(window[:, :start], cache)]  # the prompt at once, then one by one
-step_logits += [model.forward_cached(window[:, t:t + 1], cache) for t in range(start, config.context_length)]
+step_logits = [model.forward_cached(window[:, :start],
+                                    cache)]  # the prompt at once, then one by one
+step_logits += [model.forward_cached(window[:, t:t + 1], cache) for t in range(start,
+        config.context_length)]
 with torch.no_grad():
     full_logits = model(window)
 largest_gap = (torch.cat(step_logits, dim=1) - full_logits).abs().max().item()
@@ -1307,7 +1388,8 @@ print(f"largest difference between cached and full logits over {config.context_l
 
 # %%
 torch.manual_seed(0)
-long_model = GPT(GPTConfig(vocab_size=70, context_length=512, n_layers=4, n_heads=4, d_model=128)).eval()
+long_model = GPT(GPTConfig(vocab_size=70, context_length=512, n_layers=4, n_heads=4,
+                           d_model=128)).eval()
 long_prompt = torch.randint(0, long_model.config.vocab_size, (1, 12))
 lengths = [25, 50, 100, 150]  # recomputation's time grows with the square of the length
 seconds = {"recompute": [], "KV cache": []}
@@ -1345,11 +1427,15 @@ plt.show()
 long_cache = KVCache.for_model(long_model, batch_size=1)
 cfg = long_model.config
 formula_bytes = 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * cfg.context_length * 4  # float32
-print(f"2 x {cfg.n_layers} x {cfg.n_heads} x {cfg.head_dim} x {cfg.context_length} x 4 bytes = {formula_bytes:,} bytes")
-print(f"keys {tuple(long_cache.keys.shape)} + values {tuple(long_cache.values.shape)}: {long_cache.nbytes():,} bytes")
+print(f"2 x {cfg.n_layers} x {cfg.n_heads} x {cfg.head_dim} x {cfg.context_length} x 4 bytes = "
+      f"{formula_bytes:,} bytes")
+print(f"keys {tuple(long_cache.keys.shape)} + values {tuple(long_cache.values.shape)}: "
+      f"{long_cache.nbytes():,} bytes")
 assert long_cache.nbytes() == formula_bytes
-for name, (n_layers, n_heads, head_dim, n_tokens) in {"GPT-2 small, 1024 tokens": (12, 12, 64, 1024),
-                                                     "GPT-3 175B, 2048 tokens": (96, 96, 128, 2048)}.items():
+for name, (n_layers, n_heads, head_dim, n_tokens) in {
+    "GPT-2 small, 1024 tokens": (12, 12, 64, 1024),
+    "GPT-3 175B, 2048 tokens": (96, 96, 128, 2048),
+}.items():
     fp16_bytes = 2 * n_layers * n_heads * head_dim * n_tokens * 2
     print(f"{name}, fp16: {fp16_bytes / 1e6:,.1f} MB per sequence")
 
@@ -1358,24 +1444,39 @@ for name, (n_layers, n_heads, head_dim, n_tokens) in {"GPT-2 small, 1024 tokens"
 # multiplies that by the batch. Grouped-query attention (notebook 5) shrinks `H` in the formula
 # to the number of key/value heads.
 #
-# ## 7. Attention maps of the trained model
+# ## 7. Attention maps of the trained model (optional)
 #
 # Which characters does each head look at? We run a sentence from a validation story through
 # the trained model and draw every head of every layer (`block.attn.last_weights`). Each row is
 # a query character; it can only look left (the causal mask).
 
 # %%
+catch_up("07_gpt", "7.")  # started here after a restart? this runs the sections above
+
+# %%
 sentence_text = next(line for line in val_text.splitlines() if 20 <= len(line) <= 26)
 sentence_ids = torch.tensor([tokenizer.encode(sentence_text)])
 with torch.no_grad():
-    model(sentence_ids)
+    sentence_logits = model(sentence_ids)
+sentence_loss = F.cross_entropy(sentence_logits[0, :-1], sentence_ids[0, 1:]).item()
+refuse_untrained(sentence_loss, tokenizer.vocab_size)  # an untrained model's maps show nothing
 chars = [c if c != " " else "␣" for c in sentence_text]
 print(repr(sentence_text), f"{len(chars)} characters")
 for layer, blk in enumerate(model.blocks):
     fig, axes = plt.subplots(1, config.n_heads, figsize=(22, 5.5))
     for head, ax in enumerate(axes):
-        heatmap(blk.attn.last_weights[0, head], chars, chars, title=f"layer {layer}, head {head}",
-                xlabel="key", ylabel="query" if head == 0 else "", ax=ax, annotate=False, vmin=0, vmax=1)
+        heatmap(
+            blk.attn.last_weights[0, head],
+            chars,
+            chars,
+            title=f"layer {layer}, head {head}",
+            xlabel="key",
+            ylabel="query" if head == 0 else "",
+            ax=ax,
+            annotate=False,
+            vmin=0,
+            vmax=1,
+        )
     plt.show()
 
 # %% [markdown]
@@ -1383,7 +1484,7 @@ for layer, blk in enumerate(model.blocks):
 # heads that look back to the start of the current word or to the space before it, and heads
 # that spread their attention evenly. The exact pictures depend on the training run.
 #
-# ## 8. Encoder-only, decoder-only, encoder-decoder
+# ## 8. Encoder-only, decoder-only, encoder-decoder (optional)
 #
 # The same parts build all three transformer families (the DS 246 notes); what changes is the mask,
 # whether there is cross-attention, and what the model is trained to predict.
@@ -1398,6 +1499,9 @@ for layer, blk in enumerate(model.blocks):
 # see which outputs move.
 
 # %%
+catch_up("07_gpt", "8.")  # started here after a restart? this runs the sections above
+
+# %%
 torch.manual_seed(0)
 shared_block = Block(16, 2).eval()
 tokens = torch.randn(1, 5, 16)
@@ -1405,7 +1509,8 @@ changed = tokens.clone()
 changed[0, -1] = torch.randn(16)  # a different last token
 for name, causal in (("encoder (bidirectional)", False), ("decoder (causal)", True)):
     with torch.no_grad():
-        moved = (shared_block(changed, causal=causal) - shared_block(tokens, causal=causal)).abs().amax(-1)[0]
+        moved = (shared_block(changed, causal=causal) - shared_block(tokens,
+                causal=causal)).abs().amax(-1)[0]
     print(f"{name:<24} outputs that changed: {(moved > 1e-6).int().tolist()}")
 
 # %% [markdown]
@@ -1432,12 +1537,14 @@ class DecoderBlockWithCrossAttention(nn.Module):
     def forward(self, target: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
         """target (B, N_target, d), memory = encoder output (B, N_source, d) -> (B, N_target, d)."""
         x = target + self.self_attn(self.ln1(target), causal=True)
-        x = x + self.cross_attn(self.ln2(x), context=memory)  # queries: target; keys, values: source
+        x = x + self.cross_attn(self.ln2(x),
+                                context=memory)  # queries: target; keys, values: source
         return x + self.mlp(self.ln3(x))
 
 
 torch.manual_seed(0)
-source_words, target_words = ["The", "cat", "sat", "here"], ["<start>", "Le", "chat", "était", "assis"]
+source_words, target_words = ["The", "cat", "sat", "here"], ["<start>", "Le", "chat", "était",
+                                                             "assis"]
 encoder = Block(16, 2).eval()
 decoder = DecoderBlockWithCrossAttention(16, 2).eval()
 with torch.no_grad():
@@ -1465,12 +1572,13 @@ plt.show()
 # %%
 window_length, mask_share = config.context_length, 0.15
 print(f"decoder-only, next token: {window_length} predictions per window")
-print(f"encoder-only, {mask_share:.0%} masked: about {window_length * mask_share:.0f} predictions per window")
+print(f"encoder-only, {mask_share:.0%} masked: about {window_length * mask_share:.0f} predictions "
+      f"per window")
 masked = torch.rand(window_length, generator=torch.Generator().manual_seed(0)) < mask_share
 print(f"one random masking of {window_length} positions hid {int(masked.sum())}")
 
 # %% [markdown]
-# ## 9. Saving and loading a checkpoint
+# ## 9. Saving and loading a checkpoint (optional)
 #
 # `helpers.model.checkpoints.save_checkpoint` stores the config, the weights and (optionally) the optimiser
 # state, all as plain tensors, numbers and strings, so that `load_checkpoint` can read it with
@@ -1478,20 +1586,25 @@ print(f"one random masking of {window_length} positions hid {int(masked.sum())}"
 # cannot run code hidden in a file.
 
 # %%
+catch_up("07_gpt", "9.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.model.checkpoints import load_checkpoint, save_checkpoint
 
 with tempfile.TemporaryDirectory() as folder:
-    path = save_checkpoint(Path(folder) / "char_gpt.pt", model, trainer.optimizer, steps=TRAIN_STEPS)
+    path = save_checkpoint(Path(folder) / "char_gpt.pt", model, trainer.optimizer,
+                           steps=TRAIN_STEPS)
     restored, saved = load_checkpoint(path)
     print(f"{path.name}: keys {sorted(saved)}, extra {saved['extra']}")
 restored.eval()
 with torch.no_grad():
     same = torch.equal(restored(sentence_ids), model(sentence_ids))
 assert same and restored.lm_head.weight is restored.embed.token.weight
-print("restored model gives identical logits:", same, "| still tied:", restored.lm_head.weight is restored.embed.token.weight)
+print("restored model gives identical logits:", same, "| still tied:",
+      restored.lm_head.weight is restored.embed.token.weight)
 
 # %% [markdown]
-# ## 10. How fast is the trainer?
+# ## 10. How fast is the trainer? (optional)
 #
 # The trainer is fast for a CPU because of a few choices, all in `helpers.training.speed` and each measured
 # by `benchmarks/bench_train.py` (against a plain loop and against nanoGPT's recipe):
@@ -1522,8 +1635,12 @@ print("restored model gives identical logits:", same, "| still tied:", restored.
 # here:
 
 # %%
+catch_up("07_gpt", "10.")  # started here after a restart? this runs the sections above
+
+# %%
 # NBVAL_IGNORE_OUTPUT
-# Speeds depend on the machine and on whatever else runs on it; benchmarks/bench_train.py holds the budget.
+# Speeds depend on the machine and on whatever else runs on it; benchmarks/bench_train.py holds the
+# budget.
 bench_config = GPTConfig(vocab_size=70, context_length=64, n_layers=4, n_heads=4, d_model=128)
 racers = {}
 for fast in (False, True):
@@ -1538,12 +1655,13 @@ for _ in range(3):  # take turns, so that other work on the machine slows both a
         for _ in range(3):
             racer.train_step(1e-3)
         busy[name] += time.perf_counter() - started
-speeds = {name: 3 * 3 * 12 * bench_config.context_length / seconds for name, seconds in busy.items()}
+speeds = {name: 3 * 3 * 12 * bench_config.context_length / seconds for name,
+          seconds in busy.items()}
 print(f"plain path {speeds['plain']:,.0f} tokens/s, fast path {speeds['fast']:,.0f} tokens/s: "
       f"{speeds['fast'] / speeds['plain']:.1f}x")
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. What are the differences between a transformer encoder and a decoder? (the USF notes)**
 #
@@ -1556,6 +1674,9 @@ print(f"plain path {speeds['plain']:,.0f} tokens/s, fast path {speeds['fast']:,.
 # masked tokens and produce representations; decoders learn to predict the next token and
 # generate. A decoder-only GPT has no encoder and so no cross-attention at all.
 # </details>
+
+# %%
+catch_up("07_gpt", "Check")  # started here after a restart? this runs the sections above
 
 # %%
 d = 768
@@ -1579,7 +1700,8 @@ print(f"decoder block with cross-attention: {encoder_block + cross_extra:,} (+{c
 
 # %%
 print(f"one training step: {train_config.batch_size} x {config.context_length} = "
-      f"{train_config.batch_size * config.context_length:,} next-token predictions in one forward pass")
+      f"{train_config.batch_size * config.context_length:,} next-token predictions in one forward "
+      f"pass")
 print("generating 100 tokens: 100 forward steps, one after another")
 
 # %% [markdown]
@@ -1602,7 +1724,8 @@ blocks_12d2 = 12 * 12 * 768**2
 embedding = 50257 * 768
 gaps = {"positions": 1024 * 768, "biases": 12 * 9 * 768, "LayerNorms": 12 * 4 * 768 + 2 * 768}
 print(f"(a) {blocks_12d2:,}  (b) {blocks_12d2 + embedding:,}")
-print(f"(c) exact {exact_parameters(gpt2):,}, gap {exact_parameters(gpt2) - blocks_12d2 - embedding:,} = "
+print(f"(c) exact {exact_parameters(gpt2):,}, gap "
+      f"{exact_parameters(gpt2) - blocks_12d2 - embedding:,} = "
       + " + ".join(f"{name} {value:,}" for name, value in gaps.items()))
 assert blocks_12d2 + embedding + sum(gaps.values()) == exact_parameters(gpt2)
 
@@ -1624,10 +1747,11 @@ assert blocks_12d2 + embedding + sum(gaps.values()) == exact_parameters(gpt2)
 # %%
 redundant = sum(t - 1 for t in range(1, 1001))
 print(f"redundant key/value computations for 1,000 tokens: {redundant:,}")
-print(f"GPT-2 small cache, 1024 tokens, fp16: {2 * 12 * 12 * 64 * 1024 * 2 / 1e6:.1f} MB per sequence")
+print(f"GPT-2 small cache, 1024 tokens, fp16: {2 * 12 * 12 * 64 * 1024 * 2 / 1e6:.1f} MB per "
+      f"sequence")
 
 # %% [markdown]
-# ## Optional: your own text
+# ## Optional: your own text (optional)
 #
 # Section 4 trained on the course corpus. The same tokenizer, model and Trainer learn from any
 # text you have: a book from Project Gutenberg, your notes, song lyrics, code. Save it as a
@@ -1642,26 +1766,35 @@ print(f"GPT-2 small cache, 1024 tokens, fp16: {2 * 12 * 12 * 64 * 1024 * 2 / 1e6
 # GPU, give text that sounds more like yours. Left `None`, the cell only says what it would do.
 
 # %%
+catch_up("07_gpt", "Optional: your")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.lab.own_text import gpt_on_text_file
 
 MY_TEXT_FILE = None  # <- the path of a UTF-8 text file, such as "my_book.txt"
 MY_STEPS = 300
 MY_VOCAB_SIZE = 512
-MY_CONFIG = GPTConfig(context_length=128, n_layers=4, n_heads=4, d_model=128)  # vocab_size: the tokenizer's
+MY_CONFIG = GPTConfig(context_length=128, n_layers=4, n_heads=4,
+                      d_model=128)  # vocab_size: the tokenizer's
 
 if MY_TEXT_FILE is not None:
-    my_run = gpt_on_text_file(MY_TEXT_FILE, steps=MY_STEPS, vocab_size=MY_VOCAB_SIZE, config=MY_CONFIG)
+    my_run = gpt_on_text_file(MY_TEXT_FILE, steps=MY_STEPS, vocab_size=MY_VOCAB_SIZE,
+                              config=MY_CONFIG)
     my_history = my_run.history
-    print(f"{len(my_history.losses)} steps, {format_duration(my_history.train_seconds)}: validation loss "
-          f"{my_history.val_losses[0]:.2f} at step {my_history.eval_steps[0]}, {my_history.val_losses[-1]:.2f} at the end")
+    print(f"{len(my_history.losses)} steps, {format_duration(my_history.train_seconds)}: "
+          f"validation loss "
+          f"{my_history.val_losses[0]:.2f} at step {my_history.eval_steps[0]}, "
+          f"{my_history.val_losses[-1]:.2f} at the end")
     print(my_run.sample)
 else:
-    print(f"MY_TEXT_FILE = None: nothing read. A path would train a BPE tokenizer of {MY_VOCAB_SIZE} ids and a GPT "
-          f"({MY_CONFIG.n_layers} layers, d_model {MY_CONFIG.d_model}, windows of {MY_CONFIG.context_length} "
+    print(f"MY_TEXT_FILE = None: nothing read. A path would train a BPE tokenizer of "
+          f"{MY_VOCAB_SIZE} ids and a GPT "
+          f"({MY_CONFIG.n_layers} layers, d_model {MY_CONFIG.d_model}, windows of "
+          f"{MY_CONFIG.context_length} "
           f"tokens) for {MY_STEPS} steps on that file, then print the losses and a sample.")
 
 # %% [markdown]
-# ## Optional: GPT-2's own weights in this GPT (needs internet; off by default)
+# ## Optional: GPT-2's own weights in this GPT (needs internet; off by default) (optional)
 #
 # Section 3 built GPT-2 small's architecture and counted 124,439,808 parameters without
 # allocating one. OpenAI published the trained weights, and Hugging Face hosts them with the
@@ -1680,6 +1813,10 @@ else:
 # cached paths), the same token ids on arbitrary Unicode. The cell below shows GPT-2's byte
 # table: the bytes that print as themselves keep their character, the others are moved to
 # characters from 256 up, so that the space becomes `Ġ`.
+
+# %%
+catch_up("07_gpt",
+         "Optional: GPT-2's")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.text.gpt2_tokenizer import bytes_to_unicode
@@ -1708,7 +1845,8 @@ GPT2_CACHE_NAME = "~/.cache/transformer-course/gpt2"
 GPT2_PROMPT = "The Transformer is a neural network that"
 
 if LOAD_GPT2:
-    gpt2_model, gpt2_tokenizer, gpt2_text = gpt2_demo(Path(GPT2_CACHE_NAME).expanduser(), GPT2_PROMPT,
+    gpt2_model, gpt2_tokenizer, gpt2_text = gpt2_demo(Path(GPT2_CACHE_NAME).expanduser(),
+                                                      GPT2_PROMPT,
                                                       max_new_tokens=40)
     print(f"GPT-2 small in the course GPT: {count_parameters(gpt2_model):,} parameters "
           f"(section 3: {exact_parameters(GPTConfig.gpt2_small()):,})")
@@ -1722,7 +1860,7 @@ else:
           f"{GPT2_PROMPT!r}")
     print(f"the weights alone: {weight_bytes / 1e6:.0f} MB in float32")
 # %% [markdown]
-# ## Appendix: the Matrix Magic notes' walk-through, every table checked
+# ## Appendix: the Matrix Magic notes' walk-through, every table checked (optional)
 #
 # Section 2 ran the notes' sentence through a GPT with their embedding tables and our own
 # random weights. This appendix finishes the audit with their own weights.
@@ -1738,6 +1876,9 @@ else:
 # to two decimals (the FFN weights to one), so gaps of a few hundredths are rounding.
 
 # %%
+catch_up("07_gpt", "Appendix:")  # started here after a restart? this runs the sections above
+
+# %%
 print("the Matrix Magic notes' tables, read from data/notes_tables.txt:")
 print(", ".join(f"{name} {tuple(table.shape)}" for name, table in vars(mm).items()))
 
@@ -1745,13 +1886,16 @@ NOTES_EPS = 0.001  # the notes' LayerNorm epsilon
 
 
 def largest_gap(computed: torch.Tensor, notes: torch.Tensor) -> float:
-    """Largest entry-wise difference, rounded to 6 decimals so that round-off cannot move a digit."""
+    """Largest entry-wise difference, rounded to 6 decimals so that round-off cannot move a
+    digit."""
     return round((computed - notes).abs().max().item(), 6)
 
 
 def notes_layer_norm(x: torch.Tensor) -> torch.Tensor:
-    """What the notes' LayerNorm tables compute: the standard deviation where the variance belongs."""
-    return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.std(-1, correction=0, keepdim=True) + NOTES_EPS)
+    """What the notes' LayerNorm tables compute: the standard deviation where the variance
+    belongs."""
+    return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.std(-1, correction=0, keepdim=True)
+                                                       + NOTES_EPS)
 
 
 relu = F.relu(mm.LINEAR_1)
@@ -1777,6 +1921,8 @@ for name, gap in gaps.items():
     print(f"{name:<32}{gap:>26.2f}")
 
 # %% [markdown]
+# ### Where the notes differ, and why
+#
 # Where a gap is large, the cells below find what the notes did instead.
 #
 # **The FFN's two linear layers.** The slide draws the stream itself going into `W1`, which gives
@@ -1796,7 +1942,8 @@ for name, inputs, notes_output, weights in (("W1", mm.LAYER_NORM, mm.LINEAR_1, m
     bound = 0.05 * inputs.abs().sum(-1, keepdim=True)                  # (4, 1): one bound per row
     within = ((inputs @ weights - notes_output).abs() <= bound).all().item()
     print(f"{name}: largest gap {largest_gap(inputs @ weights, notes_output):.2f}, "
-          f"rounding bound per row {round(bound.min().item(), 6):.2f} to {round(bound.max().item(), 6):.2f}, "
+          f"rounding bound per row {round(bound.min().item(), 6):.2f} to "
+          f"{round(bound.max().item(), 6):.2f}, "
           f"every entry within its row's bound: {within}")
     assert within
 
@@ -1833,7 +1980,9 @@ def zeroed(table: torch.Tensor) -> list[tuple[int, int]]:
 
 kept = mm.DROPOUT_A != 0
 survivor_ratio = mm.DROPOUT_A[kept] / mm.LINEAR_2[kept]
-print(f"notes: survivors / inputs between {survivor_ratio.min():.2f} and {survivor_ratio.max():.2f}")
+print(
+    f"notes: survivors / inputs between {survivor_ratio.min():.2f} and {survivor_ratio.max():.2f}"
+)
 torch.manual_seed(0)
 dropped = nn.Dropout(p=0.1).train()(mm.LINEAR_2)
 ratios = dropped[dropped != 0] / mm.LINEAR_2[dropped != 0]

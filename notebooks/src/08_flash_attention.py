@@ -30,8 +30,10 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
-print("Triton kernels will be", "interpreted on the CPU" if os.environ.get("TRITON_INTERPRET") == "1"
+print("Triton kernels will be", "interpreted on the CPU"
+      if os.environ.get("TRITON_INTERPRET") == "1"
       else "compiled for the GPU")
+from helpers.lab.sections import catch_up
 
 # %%
 import inspect
@@ -59,7 +61,7 @@ from helpers.lab.widgets import Explorer
 torch.set_num_threads(1)
 
 # %% [markdown]
-# ## 1. Why naive attention is memory-bound
+# ## 1. Why naive attention is memory-bound (core)
 #
 # A GPU has two kinds of memory that matter here. **HBM** (high-bandwidth memory) is the large
 # one, tens of gigabytes, where tensors live. **SRAM** is on the chip, a small scratchpad inside
@@ -76,7 +78,8 @@ A100 = {
 }
 print(f"HBM : {A100['HBM bytes'] / 1e9:.0f} GB at {A100['HBM bytes/s'] / 1e12:.1f} TB/s")
 print(f"SRAM: {A100['SRAM bytes per SM'] // 1024} KiB x {A100['SMs']} SMs = "
-      f"{A100['SRAM bytes per SM'] * A100['SMs'] / 2**20:.1f} MiB at {A100['SRAM bytes/s'] / 1e12:.0f} TB/s")
+      f"{A100['SRAM bytes per SM'] * A100['SMs'] / 2**20:.1f} MiB at "
+      f"{A100['SRAM bytes/s'] / 1e12:.0f} TB/s")
 print(f"SRAM is {A100['SRAM bytes/s'] / A100['HBM bytes/s']:.1f}x faster and "
       f"{A100['HBM bytes'] / (A100['SRAM bytes per SM'] * A100['SMs']):,.0f}x smaller than HBM")
 
@@ -114,7 +117,8 @@ BYTES = 2                                                   # fp16
 M = A100["SRAM bytes per SM"] // BYTES                      # SRAM size in elements
 block_r, block_c = costs.algorithm1_block_sizes(M, D)
 FA2_BLOCK_R = 128                                           # query tile of FlashAttention-2
-print(f"B={BATCH}, H={HEADS}, N={N}, d={D}; M = {M:,} elements -> B_r = {block_r}, B_c = {block_c}, "
+print(f"B={BATCH}, H={HEADS}, N={N}, d={D}; M = {M:,} elements -> B_r = {block_r}, B_c = "
+      f"{block_c}, "
       f"T_c = {math.ceil(N / block_c)} key tiles")
 
 traffic = {
@@ -127,7 +131,8 @@ compute_ms = flops / A100["fp16 tensor-core FLOP/s"] * 1e3
 print(f"\n{'':22s} {'elements/head':>14s} {'GB moved':>9s} {'HBM time':>9s} {'FLOP/byte':>10s}")
 for name, elements in traffic.items():
     moved = elements * BYTES * BATCH * HEADS
-    print(f"{name:22s} {elements:>14,} {moved / 1e9:>9.2f} {moved / A100['HBM bytes/s'] * 1e3:>7.2f} ms"
+    print(f"{name:22s} {elements:>14,} {moved / 1e9:>9.2f} "
+          f"{moved / A100['HBM bytes/s'] * 1e3:>7.2f} ms"
           f" {flops / moved:>10.0f}")
 print(f"\n{flops / 1e9:.0f} GFLOP of matrix products take {compute_ms:.2f} ms at "
       f"{A100['fp16 tensor-core FLOP/s'] / 1e12:.0f} TFLOP/s; the chip breaks even at "
@@ -162,7 +167,7 @@ for n in (4096, 16384):
 # at the same moment and mostly hit the L2 cache, which is far larger than one head's $K$ and $V$
 # (both printed above), so HBM sees far less. FlashAttention-2 is faster for other reasons, which section 4 computes.
 #
-# ## 2. The online softmax
+# ## 2. The online softmax (core)
 #
 # The obstacle to tiling attention is the softmax: $P_{ij} = e^{S_{ij}} / \sum_{j'} e^{S_{ij'}}$
 # needs the whole row before it can normalise anything. The trick is to carry two numbers per
@@ -242,7 +247,8 @@ check("flash_attention.merge_softmax_states", merge)
 # %%
 def course_merge(max_a, sum_a, max_b, sum_b):
     """helpers.flash.tiled.merge_softmax_states, with merge's arguments."""
-    merged = tiled.merge_softmax_states(tiled.SoftmaxState(max_a, sum_a), tiled.SoftmaxState(max_b, sum_b))
+    merged = tiled.merge_softmax_states(tiled.SoftmaxState(max_a, sum_a), tiled.SoftmaxState(max_b,
+                                                                                             sum_b))
     return merged.row_max, merged.row_sum
 
 
@@ -251,9 +257,10 @@ merged_max, merged_sum = merge_states(*block_state(row[:6]), *block_state(row[6:
 whole_max, whole_sum = block_state(row)
 print(f"one pass : max {whole_max:.6f}, sum {whole_sum:.12f}")
 print(f"merged   : max {merged_max:.6f}, sum {merged_sum:.12f}")
-print(f"log-sum-exp from the merged state equals torch.logsumexp: "
-      f"{torch.isclose(merged_max + merged_sum.log(), row.logsumexp(0), rtol=1e-15, atol=0).item()}")
-print("two fully masked blocks merged:", merge_states(*tiled.softmax_state(hidden), *tiled.softmax_state(hidden)))
+print("log-sum-exp from the merged state equals torch.logsumexp:",
+      torch.isclose(merged_max + merged_sum.log(), row.logsumexp(0), rtol=1e-15, atol=0).item())
+print("two fully masked blocks merged:", merge_states(*tiled.softmax_state(hidden),
+                                                      *tiled.softmax_state(hidden)))
 
 # %% [markdown]
 # Because the exponent is always measured from the running maximum, logits of size 1000 are no
@@ -267,7 +274,7 @@ print(f"online log-sum-exp: {(huge_max + huge_sum.log()).item():.6f} | torch.log
       f"{huge.logsumexp(0).item():.6f}")
 
 # %% [markdown]
-# ## 3. Algorithm 1, tile by tile
+# ## 3. Algorithm 1, tile by tile (core)
 #
 # The USF notes print Algorithm 1 of the FlashAttention paper. For one head with $Q, K, V$ of
 # shape $N \times d$, after line 1 has picked the tile sizes $B_r$ (queries) and $B_c$ (keys):
@@ -288,6 +295,9 @@ print(f"online log-sum-exp: {(huge_max + huge_sum.log()).item():.6f} | torch.log
 # $\ell_i$), moved to the new maximum, the new tile's contribution is added, and the sum divided by
 # $\ell^{new}_i$. Lines 10 and 11 are the merge of Exercise 1. The paper's listing leaves out the
 # $1/\sqrt{d}$ scaling of the scores.
+
+# %%
+catch_up("08_flash_attention", "3.")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # ### Exercise 2: Algorithm 1 in PyTorch
@@ -318,7 +328,8 @@ print(f"online log-sum-exp: {(huge_max + huge_sum.log()).item():.6f} | torch.log
 # time.</details>
 
 # %%
-def algorithm_1(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, block_r: int, block_c: int) -> torch.Tensor:
+def algorithm_1(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, block_r: int,
+                block_c: int) -> torch.Tensor:
     """Algorithm 1 of FlashAttention for one head. Q, K, V: (N, d). Returns O: (N, d)."""
     ### BEGIN SOLUTION
     n, d = Q.shape
@@ -329,7 +340,8 @@ def algorithm_1(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, block_r: int,
     for j in range(0, n, block_c):                                          # line 5
         K_j, V_j = K[j:j + block_c], V[j:j + block_c]                       # line 6
         for i in range(0, n, block_r):                                      # line 7
-            r = slice(i, i + block_r)                                       # line 8: Q_i, O_i, l_i, m_i
+            r = slice(i, i
+                      + block_r)                                       # line 8: Q_i, O_i, l_i, m_i
             S_ij = Q[r] @ K_j.T                                             # line 9
             m_tile = S_ij.amax(dim=1)                                       # line 10
             P_tile = torch.exp(S_ij - m_tile[:, None])
@@ -371,7 +383,7 @@ print("helpers.flash.tiled.tiled_attention_fa1 agrees with it to 1e-12")
 # is the same loop for batches of heads, with masks and causal attention (skipping the tiles a
 # causal mask hides entirely).
 #
-# ## 4. The FlashAttention-2 loop order
+# ## 4. The FlashAttention-2 loop order (optional)
 #
 # FlashAttention-2 swaps the loops: **query tiles outside, key tiles inside**. A query tile then
 # stays on the chip from its first key tile to its last, so it can keep an *un-normalised*
@@ -402,6 +414,9 @@ print("helpers.flash.tiled.tiled_attention_fa1 agrees with it to 1e-12")
 # (maximum minus infinity) free of NaN.</details>
 
 # %%
+catch_up("08_flash_attention", "4.")  # started here after a restart? this runs the sections above
+
+# %%
 def my_tile_step(row_max: torch.Tensor, row_sum: torch.Tensor, acc: torch.Tensor,
                  scores: torch.Tensor, v_tile: torch.Tensor):
     """row_max, row_sum: (B_r,); acc: (B_r, d_v); scores: (B_r, B_c), -inf where masked;
@@ -430,7 +445,8 @@ tile_step = yours_or("flash_attention.tile_step", my_tile_step, course_tile_step
 
 
 # %%
-def flash_attention_2(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, block_r: int, block_c: int):
+def flash_attention_2(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, block_r: int,
+                      block_c: int):
     """FlashAttention-2 order for one head. Q, K, V: (N, d). Returns O (N, d) and lse (N,)."""
     n, d = Q.shape
     Q = Q / math.sqrt(d)
@@ -453,7 +469,8 @@ lse_error = (lse_fa2 - (Q_demo @ K_demo.T / 2).logsumexp(dim=1)).abs().max().ite
 assert fa2_error < 1e-12 and lse_error < 1e-12
 print("max |FA-2 - naive| < 1e-12; max |lse - logsumexp of the scaled scores| < 1e-12")
 helper_out, helper_lse = tiled.tiled_attention_fa2(Q_demo, K_demo, V_demo, block_q=4, block_k=3)
-assert torch.allclose(helper_out, out_fa2, rtol=0, atol=1e-12) and torch.allclose(helper_lse, lse_fa2)
+assert torch.allclose(helper_out, out_fa2, rtol=0, atol=1e-12) and torch.allclose(helper_lse,
+                                                                                  lse_fa2)
 print("helpers.flash.tiled.tiled_attention_fa2 agrees with the notebook's flash_attention_2")
 
 # %% [markdown]
@@ -481,7 +498,8 @@ for label, (batch, heads, n) in {"GPT-2 medium training": (64, 16, 1024),
     print(f"{label:24s} B={batch:2d} H={heads} N={n:5d}: FA-1 {fa1:6,} programs "
           f"({min(fa1 / A100['SMs'], 1):.0%} of the SMs busy), FA-2 {fa2:6,} programs")
 key_tiles = math.ceil(N / block_c)
-print(f"divisions of output elements per head (N={N}, d={D}): FA-1 {key_tiles * N * D:,}, FA-2 {N * D:,}")
+print(f"divisions of output elements per head (N={N}, d={D}): FA-1 {key_tiles * N * D:,}, FA-2 "
+      f"{N * D:,}")
 
 # %% [markdown]
 # With a long sequence and a small batch, Algorithm 1's order leaves most of the chip idle, while
@@ -503,13 +521,16 @@ print(f"divisions of output elements per head (N={N}, d={D}): FA-1 {key_tiles * 
 # multiplied; each stage costs a tile's worth of shared memory, which is why larger head
 # dimensions get fewer.
 #
-# ## 5. Watching the tiles
+# ## 5. Watching the tiles (optional)
 #
 # `helpers.flash.tiled.trace_tiles` runs the FlashAttention-2 loop on one causal head of 16 tokens in
 # tiles of 4 and keeps the state after every (query tile, key tile) step. The figure shows one
 # step: which tiles are done (tiles above the diagonal are never visited), the running max and
 # sum of the current query tile, and its output so far, $acc / \ell$. The title gives the distance
 # to the final attention output: it reaches 0 when the tile's last key tile is folded in.
+
+# %%
+catch_up("08_flash_attention", "5.")  # started here after a restart? this runs the sections above
 
 # %%
 torch.manual_seed(2)
@@ -547,7 +568,8 @@ def draw_tile_step(step: int) -> dict:
     fig, (ax_tiles, ax_stats, ax_out) = plt.subplots(1, 3, figsize=(16, 5.6))
     ax_tiles.imshow(tile_status(step), cmap=TILE_COLOURS, vmin=-0.5, vmax=3.5)
     ax_tiles.set(xticks=range(N_WATCH // TILE), yticks=range(N_WATCH // TILE), xlabel="key tile j",
-                 ylabel="query tile i", title=f"Step {step + 1} of {len(STEPS)}: tile ({query_tile}, {key_tile})")
+                 ylabel="query tile i",
+                 title=f"Step {step + 1} of {len(STEPS)}: tile ({query_tile}, {key_tile})")
     ax_tiles.grid(False)
     ax_tiles.legend(handles=[Patch(facecolor=c, edgecolor="black", label=t)
                              for c, t in zip(TILE_COLOURS.colors, TILE_LABELS, strict=True)],
@@ -557,7 +579,8 @@ def draw_tile_step(step: int) -> dict:
     ax_stats.plot(rows, snap.row_sum, "s-", label="running sum l")
     ax_stats.set(xticks=rows, xlabel="query", ylabel="value", title="Statistics of this query tile")
     ax_stats.legend(fontsize=10)
-    heatmap(snap.output, row_labels=[f"q{r}" for r in rows], col_labels=[f"dim {c}" for c in range(4)],
+    heatmap(snap.output, row_labels=[f"q{r}" for r in rows], col_labels=[f"dim {c}"
+                                                                         for c in range(4)],
             ax=ax_out, xlabel="output dimension", ylabel="query", cmap="coolwarm", vmin=-2, vmax=2,
             title=f"Output tile so far (off by {error:.2g})")
     fig.tight_layout()
@@ -567,12 +590,14 @@ def draw_tile_step(step: int) -> dict:
 
 drawn = draw_tile_step(7)
 plt.show()
-print({name: (round(value, 4) if isinstance(value, float) else value) for name, value in drawn.items()
+print({name: (round(value, 4) if isinstance(value, float) else value) for name,
+       value in drawn.items()
        if name != "row_max" and name != "row_sum"})
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# The widget's output holds ids that change on every run; the static figure above is the same drawing.
+# The widget's output holds ids that change on every run; the static figure above is the same
+# drawing.
 explorer = Explorer(draw_tile_step, step=widgets.IntSlider(value=7, min=0, max=len(STEPS) - 1,
                                                            description="step"))
 explorer
@@ -587,7 +612,7 @@ print(f"query tile 3: off by {first_key_tile['error_vs_final']:.3f} after key ti
       f"by less than 1e-12 after key tile 3")
 
 # %% [markdown]
-# ## 6. A backward pass that recomputes
+# ## 6. A backward pass that recomputes (optional)
 #
 # Training needs gradients, and autograd through the tiled loop would save every tile of $P$:
 # the $N \times N$ matrix we avoided. FlashAttention saves only $Q, K, V$, the output $O$ and the
@@ -602,6 +627,9 @@ print(f"query tile 3: off by {first_key_tile['error_vs_final']:.3f} after key ti
 # backward. `gradcheck` compares it with finite differences in float64, with a mask and causal:
 
 # %%
+catch_up("08_flash_attention", "6.")  # started here after a restart? this runs the sections above
+
+# %%
 torch.manual_seed(3)
 q_check, k_check, v_check = (torch.randn(2, n, 4, dtype=torch.float64, requires_grad=True)
                              for n in (6, 9, 9))
@@ -612,7 +640,8 @@ def tiled_for_gradcheck(q, k, v):
     return tiled.flash_attention(q, k, v, mask=mask_check, causal=True, block_q=4, block_k=4)
 
 
-print("gradcheck passed:", torch.autograd.gradcheck(tiled_for_gradcheck, (q_check, k_check, v_check)))
+print("gradcheck passed:", torch.autograd.gradcheck(tiled_for_gradcheck, (q_check, k_check,
+                                                                          v_check)))
 
 # %% [markdown]
 # And against autograd through naive attention, with a random upstream gradient, on a bigger
@@ -625,7 +654,8 @@ tensors = {name: torch.randn(shape, dtype=torch.float64) for name, shape in shap
 upstream = torch.randn(2, 3, 50, 16, dtype=torch.float64)
 tiled_inputs = [t.clone().requires_grad_() for t in tensors.values()]
 naive_inputs = [t.clone().requires_grad_() for t in tensors.values()]
-tiled_grads = torch.autograd.grad(tiled.flash_attention(*tiled_inputs, causal=True, block_q=16, block_k=16),
+tiled_grads = torch.autograd.grad(tiled.flash_attention(*tiled_inputs, causal=True, block_q=16,
+                                                        block_k=16),
                                   tiled_inputs, upstream)
 naive_out, _ = scaled_dot_product_attention(*naive_inputs, mask=causal_mask(50, 70))
 naive_grads = torch.autograd.grad(naive_out, naive_inputs, upstream)
@@ -671,7 +701,8 @@ def my_flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: to
     key_tiles = [slice(s, s + block) for s in range(0, k.shape[0], block)]
     for rows in query_tiles:
         for cols in key_tiles:
-            probs = torch.exp(scale * q[rows] @ k[cols].T - lse[rows, None])  # this tile of P, rebuilt
+            probs = torch.exp(scale * q[rows] @ k[cols].T - lse[rows,
+                                                                None])  # this tile of P, rebuilt
             dv[cols] += probs.T @ grad_out[rows]
             d_scores = probs * (grad_out[rows] @ v[cols].T - big_d[rows, None])
             dq[rows] += scale * d_scores @ k[cols]
@@ -687,7 +718,8 @@ check("flash_attention.backward", my_flash_backward)
 def course_flash_backward(q, k, v, out, lse, grad_out, block):
     """The course's tiled backward (helpers.flash.tiled), with my_flash_backward's arguments."""
     scale = 1.0 / math.sqrt(q.shape[-1])
-    return tiled.tiled_attention_backward(q, k, v, out, lse, grad_out, None, False, scale, block, block)
+    return tiled.tiled_attention_backward(q, k, v, out, lse, grad_out, None, False, scale, block,
+                                          block)
 
 
 flash_backward = yours_or("flash_attention.backward", my_flash_backward, course_flash_backward)
@@ -713,7 +745,7 @@ print(f"P: {p_bytes / 2**30:.1f} GiB per layer; log-sum-exp: {lse_bytes / 2**20:
       f"({p_bytes // lse_bytes}x less)")
 
 # %% [markdown]
-# ## 7. Peak memory on this CPU: quadratic against linear
+# ## 7. Peak memory on this CPU: quadratic against linear (optional)
 #
 # `helpers.flash.profiling.peak_memory_bytes(fn)` runs `fn` under torch's profiler, which records every
 # allocation and free of PyTorch's CPU allocator with its running total, including the scratch
@@ -723,6 +755,9 @@ print(f"P: {p_bytes / 2**30:.1f} GiB per layer; log-sum-exp: {lse_bytes / 2**20:
 # We measure, for a few heads in float32 (sizes printed below): naive attention, our tiled FA-2,
 # and PyTorch's `F.scaled_dot_product_attention`, whose fused CPU kernel is tiled too
 # (for 4-D `(B, H, N, d)` inputs).
+
+# %%
+catch_up("08_flash_attention", "7.")  # started here after a restart? this runs the sections above
 
 # %%
 SEQ_LENS = [256, 512, 1024, 2048, 4096]
@@ -735,23 +770,28 @@ def attention_runs(n: int) -> dict:
     float32 inputs."""
     q, k, v = (torch.randn(1, HEADS_CPU, n, 64) for _ in range(3))
     return {"naive (helpers.model.attention)": lambda: scaled_dot_product_attention(q, k, v),
-            "tiled FA-2 (helpers.flash.tiled)": lambda: tiled.tiled_attention_fa2(q, k, v, block_q=TILE_CPU, block_k=TILE_CPU),
+            "tiled FA-2 (helpers.flash.tiled)": lambda: tiled.tiled_attention_fa2(
+                q, k, v, block_q=TILE_CPU, block_k=TILE_CPU),
             "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, k, v)}
 
 
 torch.manual_seed(5)
-measured = [{name: profiling.peak_memory_bytes(run) for name, run in attention_runs(n).items()} for n in SEQ_LENS]
+measured = [{name: profiling.peak_memory_bytes(run) for name, run in attention_runs(n).items()}
+            for n in SEQ_LENS]
 peaks = {name: [at_n[name] for at_n in measured] for name in measured[0]}
 
 print(f"{'N':>5s} {'naive MiB':>10s} {'tiled MiB':>10s} {'naive / tiled':>14s}")
 for i, n in enumerate(SEQ_LENS):
-    naive_mib, tiled_mib = peaks["naive (helpers.model.attention)"][i] / 2**20, peaks["tiled FA-2 (helpers.flash.tiled)"][i] / 2**20
+    naive_mib = peaks["naive (helpers.model.attention)"][i] / 2**20
+    tiled_mib = peaks["tiled FA-2 (helpers.flash.tiled)"][i] / 2**20
     print(f"{n:5d} {naive_mib:10.1f} {tiled_mib:10.1f} {naive_mib / tiled_mib:14.1f}")
 growth = {name: (values[-1] / values[-2]) for name, values in peaks.items()}
 for name, factor in growth.items():
     print(f"{name:32s} grows x{factor:.1f} from N={SEQ_LENS[-2]} to N={SEQ_LENS[-1]}")
-assert growth["naive (helpers.model.attention)"] > 3.9, "quadratic: doubling N quadruples the memory"
-assert growth["tiled FA-2 (helpers.flash.tiled)"] < 2.1 and growth["F.scaled_dot_product_attention"] < 2.1, "linear"
+assert growth["naive (helpers.model.attention)"] > 3.9, (
+    "quadratic: doubling N quadruples the memory")
+assert growth["tiled FA-2 (helpers.flash.tiled)"] < 2.1, "linear"
+assert growth["F.scaled_dot_product_attention"] < 2.1, "linear"
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 5))
@@ -793,7 +833,7 @@ for name, seconds in times.items():
     print(f"{name:32s} {format_duration(seconds)}")
 
 # %% [markdown]
-# ## 8. The same algorithm as a Triton kernel
+# ## 8. The same algorithm as a Triton kernel (optional)
 #
 # [Triton](https://triton-lang.org) writes GPU kernels in Python. A Triton **program** works on
 # whole blocks (tiles) at once: `tl.load` reads a tile from memory into the chip, `tl.dot`
@@ -813,6 +853,9 @@ for name, seconds in times.items():
 #   when causal, the tiles on the diagonal; tiles above the diagonal are never loaded;
 # - the $-\infty$ guard of section 2 (`shift`), and a query that sees no key writes 0, not NaN;
 # - tile sizes must be powers of two, so a head dimension like 80 is padded to 128 with zeros.
+
+# %%
+catch_up("08_flash_attention", "8.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.flash import triton_attention, triton_kernels
@@ -838,18 +881,24 @@ TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3}
 if not triton_attention.triton_available():
     print("Triton is not installed here (it is published for Linux): `pip install triton`.")
 else:
-    print(f"head dims {triton_attention.MIN_HEAD_DIM} to {triton_attention.MAX_HEAD_DIM}; interpreted tiles "
-          f"{triton_attention.default_blocks(64)[0]} queries x {triton_attention.default_blocks(64)[1]} keys")
+    print(f"head dims {triton_attention.MIN_HEAD_DIM} to {triton_attention.MAX_HEAD_DIM}; "
+          f"interpreted tiles "
+          f"{triton_attention.default_blocks(64)[0]} queries x "
+          f"{triton_attention.default_blocks(64)[1]} keys")
     generator = torch.Generator().manual_seed(7)
     kernel_device = "cpu" if triton_attention.interpreting() else "cuda"
-    for dtype, d in ((torch.float32, 64), (torch.float16, 64), (torch.float32, 16), (torch.float16, 128)):
+    for dtype, d in ((torch.float32, 64), (torch.float16, 64), (torch.float32, 16), (torch.float16,
+                                                                                     128)):
         for causal in (False, True):
-            q, k, v = (torch.randn(1, 2, 77, d, generator=generator).to(kernel_device, dtype) for _ in range(3))
+            q, k, v = (torch.randn(1, 2, 77, d, generator=generator).to(kernel_device, dtype)
+                       for _ in range(3))
             out, _ = triton_attention.triton_attention(q, k, v, causal=causal)
-            reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+            reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                       is_causal=causal)
             error = (out.double() - reference).abs().max().item()
             assert error < TOLERANCE[dtype]
-            print(f"{str(dtype):14s} d={d:3d} causal={causal!s:5s} N=77: max error < {TOLERANCE[dtype]:.0e} ok")
+            print(f"{str(dtype):14s} d={d:3d} causal={causal!s:5s} N=77: max error < "
+                  f"{TOLERANCE[dtype]:.0e} ok")
 
 # %% [markdown]
 # ### The tiles a causal mask hides are never loaded
@@ -862,21 +911,25 @@ else:
 # %%
 N_COUNT, TILE_COUNT = 256, 32
 if triton_attention.triton_available():
-    loaded = {causal: triton_attention.key_tiles_visited(N_COUNT, N_COUNT, causal, block_q=TILE_COUNT,
-                                                     block_k=TILE_COUNT) for causal in (False, True)}
+    loaded = {causal: triton_attention.key_tiles_visited(N_COUNT, N_COUNT, causal,
+                                                         block_q=TILE_COUNT,
+                                                     block_k=TILE_COUNT) for causal in (False,
+                                                                                        True)}
     for causal, counts in loaded.items():
-        print(f"N={N_COUNT}, tiles of {TILE_COUNT}, {'causal' if causal else 'full  '}: key tiles loaded "
+        print(f"N={N_COUNT}, tiles of {TILE_COUNT}, {'causal' if causal else 'full  '}: key tiles "
+              f"loaded "
               f"per query tile {counts}, {sum(counts)} in all")
     skipped = sum(loaded[False]) - sum(loaded[True])
     assert loaded[True] == list(range(1, N_COUNT // TILE_COUNT + 1))  # query tile i loads i + 1
-    print(f"causal skips {skipped} of {sum(loaded[False])} tiles ({skipped / sum(loaded[False]):.0%})")
+    print(f"causal skips {skipped} of {sum(loaded[False])} tiles "
+          f"({skipped / sum(loaded[False]):.0%})")
 
 # %% [markdown]
 # Nearly half of the work disappears; the fraction tends to one half as the tiles get smaller
 # against $N$, which is why benchmarks count causal attention as half the FLOPs.
 
 # %% [markdown]
-# ## 9. The backward pass as Triton kernels
+# ## 9. The backward pass as Triton kernels (optional)
 #
 # Section 6 derived the backward pass and wrote it as a PyTorch loop over tiles. Here it is again,
 # the way the kernels compute it. Take one query row $i$, its scores $S_{ij} = \text{scale}\; q_i
@@ -898,6 +951,9 @@ if triton_attention.triton_available():
 # finished softmax in one step, with no running max or sum to redo. That is why the forward
 # returns $L$: saving it costs $N$ numbers, saving $P$ would cost $N^2$ (section 6 printed both).
 # The price is recomputation, paid in FLOPs, which the GPU has to spare.
+
+# %%
+catch_up("08_flash_attention", "9.")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # **Two kernels.** $dQ_i$ sums over key tiles, $dK_j$ and $dV_j$ over query tiles. One program
@@ -923,10 +979,13 @@ if triton_attention.triton_available():
 # %%
 forward_products = 2                       # S = Q K^T, O = P V
 fa2_backward = ["S = Q K^T (again)", "dV = P^T dO", "dP = dO V^T", "dQ = dS K", "dK = dS^T Q"]
-ours_backward = (["S = Q K^T (again)", "dV = P^T dO", "dP = dO V^T", "dK = dS^T Q"]      # dK, dV kernel
+ours_backward = (["S = Q K^T (again)", "dV = P^T dO", "dP = dO V^T",
+                  "dK = dS^T Q"]      # dK, dV kernel
                  + ["S = Q K^T (again)", "dP = dO V^T (again)", "dQ = dS K"])        # dQ kernel
-for name, products in (("FlashAttention-2, atomics", fa2_backward), ("this course, two kernels", ours_backward)):
-    print(f"{name:26s} backward: {len(products)} products = {len(products) / forward_products:.1f} x the forward; "
+for name, products in (("FlashAttention-2, atomics", fa2_backward), ("this course, two kernels",
+                                                                     ours_backward)):
+    print(f"{name:26s} backward: {len(products)} products = {len(products) / forward_products:.1f} "
+          f"x the forward; "
           f"forward + backward {1 + len(products) / forward_products:.1f} x")
 print(f"FLOPs of one product at N={N}, d={D}, per head: 2 N^2 d = {2 * N * N * D:,}")
 
@@ -961,14 +1020,17 @@ def naive_gradients(q, k, v, upstream, causal: bool):
 
 if triton_attention.triton_available():
     generator = torch.Generator().manual_seed(8)
-    for dtype, d in ((torch.float32, 64), (torch.float16, 64), (torch.float32, 128), (torch.float16, 16)):
+    for dtype, d in ((torch.float32, 64), (torch.float16, 64), (torch.float32, 128), (torch.float16,
+                                                                                      16)):
         for causal in (False, True):
-            q, k, v = (torch.randn(1, 2, n, d, generator=generator).to(kernel_device, dtype).requires_grad_()
+            q, k, v = (torch.randn(1, 2, n, d, generator=generator).to(kernel_device,
+                                                                       dtype).requires_grad_()
                        for n in (40, 57, 57))
             upstream = torch.randn(1, 2, 40, d, generator=generator).to(kernel_device, dtype)
             out, _ = triton_attention.triton_attention(q, k, v, causal=causal)
             kernel_grads = torch.autograd.grad(out, (q, k, v), upstream)
-            for got, expected in zip(kernel_grads, naive_gradients(q, k, v, upstream, causal), strict=True):
+            for got, expected in zip(kernel_grads, naive_gradients(q, k, v, upstream, causal),
+                                     strict=True):
                 assert (got.double() - expected).abs().max().item() < GRAD_TOLERANCE[dtype]
             print(f"{str(dtype):14s} d={d:3d} causal={causal!s:5s} N_q=40, N_k=57: dQ, dK, dV "
                   f"max error < {GRAD_TOLERANCE[dtype]:.0e} ok")
@@ -976,7 +1038,8 @@ if triton_attention.triton_available():
 # %%
 if triton_attention.triton_available() and triton_attention.interpreting():
     generator = torch.Generator().manual_seed(9)
-    q, k, v = (torch.randn(1, 1, n, 16, generator=generator, dtype=torch.float64) for n in (19, 37, 37))
+    q, k, v = (torch.randn(1, 1, n, 16, generator=generator, dtype=torch.float64) for n in (19, 37,
+                                                                                            37))
     upstream = torch.randn(1, 1, 19, 16, generator=generator, dtype=torch.float64)
 
     def kernel_attention(q, k, v):
@@ -989,7 +1052,8 @@ if triton_attention.triton_available() and triton_attention.interpreting():
         direction = torch.randn(leaves[i].shape, generator=generator, dtype=torch.float64)
         plus, minus = [q, k, v], [q, k, v]
         plus[i], minus[i] = plus[i] + eps * direction, minus[i] - eps * direction
-        numerical = ((kernel_attention(*plus) - kernel_attention(*minus)) * upstream).sum() / (2 * eps)
+        numerical = ((kernel_attention(*plus) - kernel_attention(*minus)) * upstream).sum() / (2
+                * eps)
         analytical = (kernel_grads[i] * direction).sum()
         assert abs(numerical - analytical) < 1e-6 * (1 + abs(analytical)), f"d{name}"
     print("float64, causal, N_q=19, N_k=37, tiles of 16: for dq, dk and dv, "
@@ -1009,12 +1073,14 @@ if triton_attention.triton_available() and triton_attention.interpreting():
 # %%
 gpu_results = gpu_figures.load_benchmark(data_dir() / "flash_gpu_benchmark.json")
 gpu_accuracy = gpu_figures.load_accuracy(data_dir() / "flash_gpu_accuracy.json")
-print(f"measured on an {gpu_results['device']} on {gpu_results['date']}: torch {gpu_results['torch']}, "
+print(f"measured on an {gpu_results['device']} on {gpu_results['date']}: torch "
+      f"{gpu_results['torch']}, "
       f"Triton {gpu_results['triton']}, CUDA {gpu_results['cuda']}; {gpu_results['dtype']}, "
       f"batch {gpu_results['batch']}, {gpu_results['heads']} heads")
 print("methods:", ", ".join(dict.fromkeys(r["method"] for r in gpu_results["results"])))
 if torch.cuda.is_available():
-    print(f"This machine has a GPU ({torch.cuda.get_device_name()}): the command above measures it.")
+    print(f"This machine has a GPU ({torch.cuda.get_device_name()}):",
+          "the command above measures it.")
 
 
 # %%
@@ -1056,7 +1122,8 @@ peak = gpu_figures.H200_SXM_FP16_DENSE_TFLOPS
 big_n = max(r["n"] for r in gpu_results["results"])
 kernels_shown = {"ours": gpu_figures.OURS, "flash": "sdpa flash", "cuDNN": "sdpa cuDNN",
                  "mem-eff": "sdpa mem-efficient"}
-print(f"H200 SXM dense FP16 tensor-core peak (datasheet): {gpu_figures.H200_SXM_FP16_SPARSE_TFLOPS:,.0f} "
+print(f"H200 SXM dense FP16 tensor-core peak (datasheet): "
+      f"{gpu_figures.H200_SXM_FP16_SPARSE_TFLOPS:,.0f} "
       f"/ 2 = {peak:.1f} TFLOP/s")
 print("FLOPs counted:", gpu_results["flops"])
 print(f"TFLOP/s at N = {big_n} (% of that peak):")
@@ -1085,17 +1152,22 @@ for pass_name in gpu_figures.PASSES:
           f"{1 - max(vs_cudnn.values()):.0%}-{1 - min(vs_cudnn.values()):.0%}")
     for (causal, d, n), ratio in sorted(vs_flash.items()):
         if ratio < 1:
-            print(f"    below SDPA flash: {'causal' if causal else 'full'}, d = {d}, N = {n}: {ratio:.2f}x")
+            print(f"    below SDPA flash: {'causal' if causal else 'full'}, d = {d}, N = {n}: "
+                  f"{ratio:.2f}x")
 at_big = [1 - r for p in gpu_figures.PASSES
           for (_, _, n), r in gpu_figures.speed_ratios(gpu_results, "sdpa cuDNN", p, big_n).items()]
 print(f"N = {big_n}, both passes: ours slower than cuDNN by {min(at_big):.0%}-{max(at_big):.0%}")
-short_ms = [r["ms"] for r in gpu_results["results"] if r["method"] == gpu_figures.OURS and r["n"] <= 1024]
+short_ms = [r["ms"] for r in gpu_results["results"] if r["method"] == gpu_figures.OURS
+            and r["n"] <= 1024]
 short_ratios = [r for p in gpu_figures.PASSES
-                for (_, _, n), r in gpu_figures.speed_ratios(gpu_results, "sdpa flash", p).items() if n <= 1024]
+                for (_, _, n), r in gpu_figures.speed_ratios(gpu_results, "sdpa flash",
+                                                             p).items() if n <= 1024]
 print(f"N <= 1024: a call of ours takes {min(short_ms):.2f}-{max(short_ms):.2f} ms, "
       f"ours / SDPA flash {min(short_ratios):.2f}-{max(short_ratios):.2f}x")
 
 # %% [markdown]
+# ### What the figures show
+#
 # **What the figures show.** From $N$ = 4096 on (printed above), our forward kernel runs 1.11 to
 # 1.31 times as fast as SDPA's flash backend, which is FlashAttention-2 itself, and our
 # forward+backward 0.98 to 1.16 times: faster everywhere except causal attention at $d$ = 64,
@@ -1137,7 +1209,8 @@ def draw_gpu_memory(results: dict, methods: tuple[str, ...]) -> dict[str, float]
     method, the largest growth of its peak memory per doubling of N."""
     fig, axes = plt.subplots(1, 4, figsize=(20, 4.5), sharey=True)
     growth = dict.fromkeys(methods, 0.0)
-    colours = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(r["method"] for r in results["results"]))}
+    colours = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(r["method"]
+                                                              for r in results["results"]))}
     panels = [(p, d) for p in gpu_figures.PASSES for d in (64, 128)]
     for ax, (pass_name, d) in zip(axes, panels, strict=True):
         for method in methods:
@@ -1147,7 +1220,8 @@ def draw_gpu_memory(results: dict, methods: tuple[str, ...]) -> dict[str, float]
             growth[method] = max(growth[method], *doublings)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set(xlabel="sequence length N", ylabel="peak GPU memory (MiB)", title=f"{pass_name}, d = {d}")
+        ax.set(xlabel="sequence length N", ylabel="peak GPU memory (MiB)",
+               title=f"{pass_name}, d = {d}")
     axes[0].legend(fontsize=10)
     fig.tight_layout()
     plt.show()
@@ -1157,8 +1231,9 @@ def draw_gpu_memory(results: dict, methods: tuple[str, ...]) -> dict[str, float]
 gpu_growth = draw_gpu_memory(gpu_results, ("naive", "sdpa math", gpu_figures.OURS, "sdpa flash"))
 for method, factor in gpu_growth.items():
     print(f"{method:15s} peak memory grows at most x{factor:.2f} per doubling of N")
-print("methods out of memory at the largest N:", sorted({r["method"] for r in gpu_results["results"]
-                                                        if r["n"] == big_n and r["peak_mb"] is None}))
+out_of_memory = {r["method"] for r in gpu_results["results"]
+                 if r["n"] == big_n and r["peak_mb"] is None}
+print("methods out of memory at the largest N:", sorted(out_of_memory))
 
 # %% [markdown]
 # Naive attention and SDPA's math backend store the $N \times N$ scores: their memory grows about
@@ -1171,17 +1246,20 @@ print("methods out of memory at the largest N:", sorted({r["method"] for r in gp
 # run with each attention from the same seed.
 
 # %%
-print(f"{'dtype':9s}{'d':>4s}{'N':>6s} {'mask':7s}" + "".join(f"{g + ' ours / flash':>22s}" for g in ("O", "dQ", "dK", "dV")))
+print(f"{'dtype':9s}{'d':>4s}{'N':>6s} {'mask':7s}" + "".join(f"{g + ' ours / flash':>22s}"
+                                                              for g in ("O", "dQ", "dK", "dV")))
 error_rows = [r for r in gpu_accuracy["rows"] if "ragged" not in r]
 for r in error_rows:
     print(f"{r['dtype']:9s}{r['d']:4d}{r['n']:6d} {'causal' if r['causal'] else 'full':7s}"
           + "".join(f"{r[g][0]:11.1e} /{r[g][1]:8.1e}" for g in ("O", "dQ", "dK", "dV")))
 above = [r["worst_ratio"] for r in error_rows if r["worst_ratio"] > 1.07]
-print(f"ours / flash, worst of the four: at most {max(r['worst_ratio'] for r in error_rows if r['worst_ratio'] <= 1.07):.2f} "
+print(f"ours / flash, worst of the four: at most "
+      f"{max(r['worst_ratio'] for r in error_rows if r['worst_ratio'] <= 1.07):.2f} "
       f"in {len(error_rows) - len(above)} of {len(error_rows)} rows; the others: {above}")
 for r in gpu_accuracy["rows"]:
     if "ragged" in r:
-        print(f"ragged N_q = {r['ragged'][0]}, N_k = {r['ragged'][1]}, {'causal' if r['causal'] else 'full'}: "
+        print(f"ragged N_q = {r['ragged'][0]}, N_k = {r['ragged'][1]}, "
+              f"{'causal' if r['causal'] else 'full'}: "
               f"max |O error| {r['O_err']:.1e}")
 losses = gpu_accuracy["train"]
 gap = max(abs(a - b) for a, b in zip(losses["sdpa"], losses["ours"], strict=True))
@@ -1195,9 +1273,13 @@ print(f"training, {len(losses['sdpa'])} steps: final loss SDPA {losses['sdpa'][-
 # 2.4e-04, and 1.2e-04 against 6.1e-05, in the table). The training run with our kernels follows SDPA's to about $10^{-4}$ in the loss at every step.
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # The answers use numbers computed in the cell just below.
+
+# %%
+catch_up("08_flash_attention",
+         "Check")  # started here after a restart? this runs the sections above
 
 # %%
 training, inference = programs(64, 16, 1024, "FA-2"), programs(1, 16, 16384, "FA-2")
@@ -1206,18 +1288,23 @@ ridge = A100["fp16 tensor-core FLOP/s"] / A100["HBM bytes/s"]
 softmax_intensity = 5 / (2 * BYTES)  # ~5 operations per score; read S, write P
 print(f"FA-2 programs: {training:,} (GPT-2 medium training), {inference:,} (one 16k sequence); "
       f"FA-1: {programs(1, 16, 16384, 'FA-1')} for the 16k sequence")
-print(f"FLOP per byte: naive attention {naive_intensity:.0f}, its softmax step {softmax_intensity:.2f}; "
+print(f"FLOP per byte: naive attention {naive_intensity:.0f}, its softmax step "
+      f"{softmax_intensity:.2f}; "
       f"A100 ridge point {ridge:.0f}")
 forward_flops = costs.attention_flops(1, 1, N, N, D)
-tiled_flops = sum(4 * len(range(N)[i:i + block_r]) * len(range(N)[j:j + block_c]) * D  # S and P V per tile
+tiled_flops = sum(4 * len(range(N)[i:i + block_r]) * len(range(N)[j:j + block_c])
+                  * D  # S and P V per tile
                   for i in range(0, N, block_r) for j in range(0, N, block_c))
 assert tiled_flops == forward_flops
-print(f"forward FLOPs per head at N={N}: naive {forward_flops:,}, tiled {tiled_flops:,} (summed over its "
+print(f"forward FLOPs per head at N={N}: naive {forward_flops:,}, tiled {tiled_flops:,} (summed "
+      f"over its "
       f"{block_r} x {block_c} tiles); the backward recomputes Q K^T once more: +{2 * N * N * D:,} "
       "(FlashAttention-2; twice in this course's two Triton kernels)")
-print(f"memory growth per doubling of N on this CPU: naive x{growth['naive (helpers.model.attention)']:.1f}, "
+print(f"memory growth per doubling of N on this CPU: naive "
+      f"x{growth['naive (helpers.model.attention)']:.1f}, "
       f"tiled x{growth['tiled FA-2 (helpers.flash.tiled)']:.1f}")
-print(f"saved for the backward, per GPT-2-medium layer: P {p_bytes / 2**30:.1f} GiB vs lse {lse_bytes / 2**20:.1f} MiB")
+print(f"saved for the backward, per GPT-2-medium layer: P {p_bytes / 2**30:.1f} GiB vs lse "
+      f"{lse_bytes / 2**20:.1f} MiB")
 
 # %% [markdown]
 # **1. What are the aspects of Transformer parallelization? (the USF notes)**

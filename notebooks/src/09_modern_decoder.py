@@ -42,11 +42,12 @@ from torch import nn
 from helpers.model.embeddings import sinusoidal_positions
 from helpers.lab.exercises import check, yours_or
 from helpers.lab.plots import heatmap
+from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
 # %% [markdown]
-# ## 1. RoPE: positions as rotations
+# ## 1. RoPE: positions as rotations (core)
 #
 # GPT-2 adds a position vector `p_m` to the token vector before the block. The query of token `m`
 # is then `(x_m + p_m) W_Q`, and its score with key `n` mixes the tokens' contents with both
@@ -108,7 +109,8 @@ def rope_score(q: torch.Tensor, k: torch.Tensor, m: int, n: int) -> float:
 
 spreads, by_offset = [], {}
 for offset in range(20):
-    scores = torch.tensor([rope_score(q, k, m, m - offset) for m in range(offset, offset + 400, 10)])
+    scores = torch.tensor([rope_score(q, k, m, m - offset) for m in range(offset, offset + 400,
+                                                                          10)])
     spreads.append(float(scores.max() - scores.min()))
     by_offset[offset] = float(scores[0])
 assert max(spreads) < 1e-9
@@ -135,7 +137,8 @@ table = sinusoidal_positions(500, D).double()
 offset = 3
 additive = torch.tensor([float(((x_tok + table[m]) @ w_q) @ ((y_tok + table[m - offset]) @ w_k))
                          for m in range(offset, 400, 10)])
-rotary = torch.tensor([rope_score(x_tok @ w_q, y_tok @ w_k, m, m - offset) for m in range(offset, 400, 10)])
+rotary = torch.tensor([rope_score(x_tok @ w_q, y_tok @ w_k, m, m - offset) for m in range(offset,
+                                                                                          400, 10)])
 print(f"offset {offset}, 40 positions: sinusoidal-added scores range over "
       f"{float(additive.max() - additive.min()):.2f}; RoPE scores over < 1e-9")
 assert float(rotary.max() - rotary.min()) < 1e-9 and float(additive.max() - additive.min()) > 0.1
@@ -162,7 +165,8 @@ as_real = rope_rotate_half(keys, rope_table)
 worst = max(float((as_complex - by_hand).abs().max()), float((as_real - as_complex).abs().max()))
 assert worst < 1e-5
 print("by hand, complex form, rotate-half form: largest difference < 1e-5")
-print("the table:", tuple(rope_table.cos.shape), "cos and sin,", tuple(rope_table.complex.shape), "as complex")
+print("the table:", tuple(rope_table.cos.shape), "cos and sin,", tuple(rope_table.complex.shape),
+      "as complex")
 
 # %% [markdown]
 # Meta's first Llama code paired neighbouring features `(2i, 2i+1)` instead of the two halves.
@@ -214,8 +218,10 @@ demo_q, demo_k = torch.randn(16), torch.randn(16)
 
 
 def draw_rope(offset: int, position: int) -> dict[str, float]:
-    """Draw pair 0 of the rotated q and k and the score against the offset; return what was drawn."""
-    rotated_q = rope_rotate_half(demo_q[None], rope_table, positions=torch.tensor([position + offset]))[0]
+    """Draw pair 0 of the rotated q and k and the score against the offset; return what was
+    drawn."""
+    rotated_q = rope_rotate_half(demo_q[None], rope_table, positions=torch.tensor([position
+                                                                                   + offset]))[0]
     rotated_k = rope_rotate_half(demo_k[None], rope_table, positions=torch.tensor([position]))[0]
     offsets = torch.arange(0, 64)
     curve = [float(rope_rotate_half(demo_q[None], rope_table, positions=torch.tensor([int(o)]))[0]
@@ -243,7 +249,8 @@ plt.show()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# The widget's output holds model ids that change on every run; the figure above is the same drawing.
+# The widget's output holds model ids that change on every run; the figure above is the same
+# drawing.
 from helpers.lab.widgets import Explorer
 
 explorer = Explorer(
@@ -258,7 +265,7 @@ explorer
 # score, a new offset changes the score.
 
 # %%
-first = explorer.last
+first = explorer.reset()
 moved = explorer.set(position=40)
 assert moved["q_pair"] != first["q_pair"] and abs(moved["score"] - first["score"]) < 1e-4
 wider = explorer.set(offset=20)
@@ -266,7 +273,7 @@ assert abs(wider["score"] - moved["score"]) > 1e-3
 print("redraws so far:", explorer.redraws)
 
 # %% [markdown]
-# ## 2. ALiBi: a bias instead of a rotation
+# ## 2. ALiBi: a bias instead of a rotation (optional)
 #
 # ALiBi (Press et al., 2022) puts no position into `q` or `k` at all. It subtracts from every
 # score a penalty proportional to the distance: `score[h, i, j] - m_h · (i - j)`, added **after**
@@ -298,6 +305,9 @@ print("redraws so far:", explorer.redraws)
 #
 # <details><summary>Hint 3: closer</summary>Positions as a column against positions as a row make
 # the table; the slopes need two trailing axes of size one to reach every entry.</details>
+
+# %%
+catch_up("09_modern_decoder", "2.")  # started here after a restart? this runs the sections above
 
 # %%
 def my_alibi_bias(slopes: torch.Tensor, n_tokens: int) -> torch.Tensor:
@@ -406,7 +416,7 @@ weights = attend(flat_q, flat_k, torch.eye(6).expand(1, 4, 6, 6))  # values = id
 print("last query's weights on keys 0..5, per head:\n", weights[0, :, 5].numpy().round(3))
 
 # %% [markdown]
-# ## 3. RMSNorm: LayerNorm without the mean
+# ## 3. RMSNorm: LayerNorm without the mean (optional)
 #
 # LayerNorm subtracts each token's mean, divides by its standard deviation, multiplies by `γ` and
 # adds `β`. RMSNorm (Zhang and Sennrich, 2019) keeps only the division, by the root mean square,
@@ -428,6 +438,9 @@ print("last query's weights on keys 0..5, per head:\n", weights[0, :, 5].numpy()
 #
 # <details><summary>Hint 2: the plan</summary>(1) Each token's root mean square over its features,
 # eps inside the root. (2) The token divided by it, times the gain.</details>
+
+# %%
+catch_up("09_modern_decoder", "3.")  # started here after a restart? this runs the sections above
 
 # %%
 def my_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -465,15 +478,17 @@ assert torch.allclose(norm(tokens), mine, atol=1e-6)
 plain_rms = rms(tokens, torch.ones(8), 1e-6)
 plain_ln = F.layer_norm(tokens, (8,))
 assert abs(float(plain_ln[0, 0].mean())) < 1e-5
-print(f"mean of a token after LayerNorm: |mean| < 1e-5; after RMSNorm: {float(plain_rms[0, 0].mean()):.2f}")
+print(f"mean of a token after LayerNorm: |mean| < 1e-5; after RMSNorm: "
+      f"{float(plain_rms[0, 0].mean()):.2f}")
 print(f"root mean square after RMSNorm: {float(plain_rms[0, 0].pow(2).mean().sqrt()):.2f}")
-print("parameters for D = 768: LayerNorm", 2 * 768, "| RMSNorm", sum(p.numel() for p in RMSNorm(768).parameters()))
+print("parameters for D = 768: LayerNorm", 2 * 768, "| RMSNorm", sum(p.numel()
+        for p in RMSNorm(768).parameters()))
 
 # %% [markdown]
 # RMSNorm fixes the size of each token and leaves its mean where it was; LayerNorm centres it too.
 
 # %% [markdown]
-# ## 4. SwiGLU at 8/3 width
+# ## 4. SwiGLU at 8/3 width (optional)
 #
 # GPT-2's MLP has two matrices, `D x 4D` and `4D x D`: `8 D²` parameters. SwiGLU (notebook 6) has
 # three, `gate`, `up` and `down`. To cost the same, its hidden width is two thirds of `4D`:
@@ -498,7 +513,8 @@ print("Llama's D = 4096 with multiple_of = 256:", llama_hidden_size(4096, multip
 d = 100  # 8D/3 = 266.67: not a whole number
 print(f"D = {d}: 8D/3 = {8 * d / 3:.2f}; rounded down (8 * D // 3) = {8 * d // 3}: "
       f"{3 * d * (8 * d // 3):,} parameters vs 8D² = {8 * d * d:,}; "
-      f"rounded up to a multiple of 32 (llama_hidden_size) = {llama_hidden_size(d)}: {3 * d * llama_hidden_size(d):,}")
+      f"rounded up to a multiple of 32 (llama_hidden_size) = {llama_hidden_size(d)}: "
+      f"{3 * d * llama_hidden_size(d):,}")
 
 # %% [markdown]
 # For `D = 96` and `D = 768`, `8D/3` is a whole number and the two MLPs have exactly the same
@@ -508,7 +524,7 @@ print(f"D = {d}: 8D/3 = {8 * d / 3:.2f}; rounded down (8 * D // 3) = {8 * d // 3
 # multiple's worth of units (288 instead of 266.67 for `D = 100` and multiples of 32, the cell
 # shows).
 #
-# ## 5. GQA inside the model, and the cache it saves
+# ## 5. GQA inside the model, and the cache it saves (optional)
 #
 # Grouped-query attention (notebook 5) lets `H` query heads share `H_kv < H` key/value heads. The
 # attention module is the same `helpers.model.multihead.MultiHeadAttention`, with `n_kv_heads`. What it
@@ -526,7 +542,7 @@ print(f"per token: all 64 heads {full_heads / 2**20:.2f} MiB, 8 KV heads {groupe
       f"vs {4096 * grouped / 2**30:.2f} GiB")
 
 # %% [markdown]
-# ## 6. The modern decoder, assembled
+# ## 6. The modern decoder, assembled (optional)
 #
 # `helpers.model.modern.ModernGPT` puts the pieces together: a token embedding with **no** position
 # table, `n_layers` blocks of `x + attn(RMSNorm(x))` then `x + SwiGLU(RMSNorm(x))` where the
@@ -541,17 +557,22 @@ print(f"per token: all 64 heads {full_heads / 2**20:.2f} MiB, 8 KV heads {groupe
 # those of one full pass.
 
 # %%
+catch_up("09_modern_decoder", "6.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.model.kv_cache import KVCache
 from helpers.model.modern import ModernConfig, ModernGPT, modern_generate_logits
 
 torch.manual_seed(5)
-config = ModernConfig(vocab_size=64, context_length=64, n_layers=2, n_heads=4, n_kv_heads=2, d_model=64)
+config = ModernConfig(vocab_size=64, context_length=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                      d_model=64)
 model = ModernGPT(config).eval()
 tied = ModernGPT(ModernConfig(**{**config.__dict__, "tie_weights": True}))
 print(f"{config.n_heads} query heads, {config.n_kv_heads} KV heads, head size {config.head_dim}, "
       f"SwiGLU width {config.hidden} = 8 · {config.d_model} / 3 = {8 * config.d_model / 3:.1f} "
       f"rounded up to a multiple of 32 (llama_hidden_size)")
-print(f"so its MLP holds 3 · {config.d_model} · {config.hidden} = {3 * config.d_model * config.hidden:,} "
+print(f"so its MLP holds 3 · {config.d_model} · {config.hidden} = "
+      f"{3 * config.d_model * config.hidden:,} "
       f"weights where a 4D GELU MLP holds 8 · {config.d_model}² = {8 * config.d_model ** 2:,}")
 print(f"parameters: untied {n_params(model):,}, tied {n_params(tied):,} "
       f"(difference V·D = {config.vocab_size * config.d_model:,})")
@@ -566,7 +587,8 @@ assert gap < 1e-4
 print("cached, one token at a time, vs full pass: largest difference < 1e-4")
 cache = KVCache.for_model(model, batch_size=2)
 mha_cache = KVCache(config.n_layers, 2, config.n_heads, config.context_length, config.head_dim)
-print(f"this model's cache: {cache.nbytes():,} bytes with GQA, {mha_cache.nbytes():,} with one KV head per query head")
+print(f"this model's cache: {cache.nbytes():,} bytes with GQA, {mha_cache.nbytes():,} with one KV "
+      f"head per query head")
 
 # %% [markdown]
 # ### Exercise: the modern block, from its weights
@@ -599,7 +621,8 @@ print(f"this model's cache: {cache.nbytes():,} bytes with GQA, {mha_cache.nbytes
 
 # %%
 def my_modern_block(block, x: torch.Tensor, table) -> torch.Tensor:
-    """x (B, N, D) -> x + attn(RMSNorm(x)) with RoPE and GQA, then + SwiGLU(RMSNorm(.)), (B, N, D)."""
+    """x (B, N, D) -> x + attn(RMSNorm(x)) with RoPE and GQA, then + SwiGLU(RMSNorm(.)), (B, N,
+    D)."""
     ### BEGIN SOLUTION
     def rms(t, norm):
         return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight
@@ -617,7 +640,8 @@ def my_modern_block(block, x: torch.Tensor, table) -> torch.Tensor:
     groups = attn.n_heads // attn.n_kv_heads
     q, k, v = rope(q), rope(k).repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1), -math.inf)
+    scores = scores.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1),
+                                -math.inf)
     x = x + attn.out_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, n, d))
     h = rms(x, block.norm2)
     return x + block.mlp.down(F.silu(block.mlp.gate(h)) * block.mlp.up(h))
@@ -683,7 +707,7 @@ if transformers is not None:
           "largest logit difference < 1e-4, full pass and KV cache")
 
 # %% [markdown]
-# ## 7. Measured: the GPT-2 block against the modern block, and longer contexts
+# ## 7. Measured: the GPT-2 block against the modern block, and longer contexts (optional)
 #
 # Two experiments on the course corpus, at the character level (2 layers of width 64, 4 heads,
 # context 64).
@@ -709,6 +733,9 @@ if transformers is not None:
 # and names the command that reproduces it. `tests/benchmarks/test_bench_modern_ablation.py` reruns a short version.
 
 # %%
+catch_up("09_modern_decoder", "7.")  # started here after a restart? this runs the sections above
+
+# %%
 import json
 import statistics
 
@@ -726,9 +753,11 @@ for row in ablation["rows"]:
     print(f"{row['name']:28s} {row['params']:>8,} {row['hidden']:>4d}   "
           + "  ".join(f"{v:6.2f}" for v in row["val_loss"]) + f"   {mean:.2f}   {change}")
     previous = mean if not row["name"].startswith("GPT-2 +") else previous
-assert all(abs(row["params"] - ablation["gpt2_params"]) < 0.005 * ablation["gpt2_params"] for row in ablation["rows"])
+assert all(abs(row["params"] - ablation["gpt2_params"]) < 0.005 * ablation["gpt2_params"]
+           for row in ablation["rows"])
 means = [statistics.fmean(row["val_loss"]) for row in ablation["rows"]]
-assert means[0] - means[1] > 0.5 and abs(means[2] - means[1]) < 0.1  # RoPE the big step, RMSNorm none
+assert means[0] - means[1] > 0.5 and abs(means[2]
+                                         - means[1]) < 0.1  # RoPE the big step, RMSNorm none
 
 # %%
 figure, axis = plt.subplots(figsize=(10, 4.5), layout="constrained")
@@ -737,8 +766,11 @@ for index, row in enumerate(ablation["rows"]):
     axis.plot([index - 0.25, index + 0.25], [statistics.fmean(row["val_loss"])] * 2, color="black")
 axis.set_xticks(range(len(ablation["rows"])), [row["name"] for row in ablation["rows"]],
                 rotation=25, ha="right")
-axis.set(title=f"GPT-2's block to the modern block, one change at a time ({ablation['steps']} steps, "
-               f"{len(ablation['seeds'])} seeds)", ylabel="validation loss (dots: seeds, bar: mean)")
+axis.set(
+    title=f"GPT-2's block to the modern block, one change at a time ({ablation['steps']} steps, "
+    f"{len(ablation['seeds'])} seeds)",
+    ylabel="validation loss (dots: seeds, bar: mean)",
+)
 plt.show()
 
 # %% [markdown]
@@ -761,12 +793,16 @@ plt.show()
 long_run = json.loads((data_dir() / "modern_ablation_long.json").read_text(encoding="utf-8"))
 print(f"reproduce: {long_run['command']}")
 short_means = {row["name"]: statistics.fmean(row["val_loss"]) for row in ablation["rows"]}
-assert long_run["rows"][0]["val_loss"][0] - long_run["rows"][1]["val_loss"][0] < 0.15  # the gap shrinks
+# the gap shrinks
+assert long_run["rows"][0]["val_loss"][0] - long_run["rows"][1]["val_loss"][0] < 0.15
 for row in long_run["rows"]:
     print(f"{row['name']:28s} {long_run['steps']} steps, seed {long_run['seeds'][0]}: "
-          f"{row['val_loss'][0]:.2f}   ({ablation['steps']} steps, mean of 3: {short_means[row['name']]:.2f})")
+          f"{row['val_loss'][0]:.2f}   ({ablation['steps']} steps, mean of 3: "
+          f"{short_means[row['name']]:.2f})")
 
 # %% [markdown]
+# ### Three times the steps
+#
 # With three times the steps every model ends far lower, and the gap between the GPT-2 block and
 # the modern block shrinks from about 1 (1.74 against 0.77) to 0.07 (0.48 against 0.41). RoPE alone
 # reaches the modern block's loss (0.42), so what SwiGLU gave at 300 steps was speed of learning,
@@ -802,7 +838,8 @@ print(f"{len(tokenizer.chars)} characters; {len(train_ids):,} training and {len(
 
 
 # %%
-def windows(ids: torch.Tensor, length: int, count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def windows(ids: torch.Tensor, length: int, count: int, seed: int) -> tuple[torch.Tensor,
+                                                                            torch.Tensor]:
     """`count` random windows (count, length) of ids and their next-token targets, drawn by
     notebook 7's `random_batch` with their own seed, so that every model sees the same ones."""
     return random_batch(ids, count, length, generator=torch.Generator().manual_seed(seed))
@@ -829,6 +866,8 @@ def val_loss(model: torch.nn.Module, length: int, last: int = 64) -> float:
     return float(F.cross_entropy(logits.flatten(0, 1), y[:, -last:].flatten()))
 
 # %% [markdown]
+# ### Longer contexts: four ways to give positions
+#
 # The attention of the four models differs only in where positions enter: rotated into `q` and `k`
 # (RoPE), added to the scores (ALiBi), or not at all (the learned and sinusoidal models add them
 # to the input instead). The rest is the modern block.
@@ -852,7 +891,8 @@ class PositionAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, n, d = x.shape
-        q, k, v = self.qkv(x).view(batch, n, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = self.qkv(x).view(batch, n, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1,
+                                                                                         4)
         if self.scheme == "rope":
             q, k = rope_rotate_half(q, self.rope), rope_rotate_half(k, self.rope)
         scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.n_heads)  # (B, H, N, N)
@@ -876,7 +916,8 @@ class PositionModel(nn.Module):
         self.embed = nn.Embedding(len(tokenizer.chars), d)
         self.learned = nn.Embedding(64, d) if scheme == "learned" else None
         self.register_buffer("sinusoidal", sinusoidal_positions(LONGEST, d), persistent=False)
-        self.blocks = nn.ModuleList(nn.ModuleList([RMSNorm(d), PositionAttention(d, n_heads, scheme),
+        self.blocks = nn.ModuleList(nn.ModuleList([RMSNorm(d), PositionAttention(d, n_heads,
+                                                                                 scheme),
                                                    RMSNorm(d), SwiGLUFeedForward(d)])
                                     for _ in range(n_layers))
         self.norm, self.head = RMSNorm(d), nn.Linear(d, len(tokenizer.chars), bias=False)
@@ -923,12 +964,18 @@ axis.set(title="Trained at context 64, read at longer contexts", xlabel="window 
          ylabel="loss on the last 64 positions", xticks=lengths)
 axis.legend()
 plt.show()
-alibi_row, sin_row, rope_row = length_losses["alibi"], length_losses["sinusoidal"], length_losses["rope"]
+alibi_row, sin_row, rope_row = (
+    length_losses["alibi"],
+    length_losses["sinusoidal"],
+    length_losses["rope"],
+)
 assert math.isnan(length_losses["learned"][1])
 assert alibi_row[2] < alibi_row[0] + 0.1                      # ALiBi: no worse at 4x the length
 assert sin_row[2] > sin_row[0] + 0.2 and rope_row[2] > rope_row[0] + 0.2  # the others degrade
 
 # %% [markdown]
+# ### What the longer windows show
+#
 # Learned positions cannot read past their table. Sinusoidal positions and RoPE both run, and both
 # get worse once the windows grow past the training length. RoPE's scores, like ALiBi's, depend
 # only on the distance `i - j`; what differs is what a distance the model never met does. RoPE
@@ -960,7 +1007,8 @@ theta = 10000.0 ** (-torch.arange(0, head_dim, 2) / head_dim)  # (D_H/2,)
 print("pair k:                        ", "  ".join(f"{k:5d}" for k in range(head_dim // 2)))
 print("largest angle in training (63θ):", "  ".join(f"{63 * t:5.2f}" for t in theta.tolist()))
 print("in a 256-token window (255θ):   ", "  ".join(f"{255 * t:5.2f}" for t in theta.tolist()))
-print(f"pairs that never turned a full 2π in training: {int((63 * theta < 2 * math.pi).sum())} of {head_dim // 2}")
+print(f"pairs that never turned a full 2π in training: {int((63 * theta < 2 * math.pi).sum())} of "
+      f"{head_dim // 2}")
 rope_net = position_models["rope"]
 tables = {"RoPE as trained": rope_table_scaled(head_dim, LONGEST),
           "position interpolation (/4)": rope_table_scaled(head_dim, LONGEST, position_scale=scale),
@@ -971,12 +1019,14 @@ for name, table in tables.items():
     for block in rope_net.blocks:
         block[1].rope = table  # block: (norm1, attention, norm2, mlp)
     rescaled[name] = [val_loss(rope_net, n) for n in lengths]
-    print(f"{name:28s}", "  ".join(f"N={n}: {v:.2f}" for n, v in zip(lengths, rescaled[name], strict=True)))
+    print(f"{name:28s}", "  ".join(f"N={n}: {v:.2f}" for n, v in zip(lengths, rescaled[name],
+                                                                     strict=True)))
 for block in rope_net.blocks:
     block[1].rope = tables["RoPE as trained"]
 assert rescaled["RoPE as trained"] == length_losses["rope"]
 interpolated, ntk = rescaled["position interpolation (/4)"], rescaled["NTK-aware base"]
-assert interpolated[0] > rope_row[0] + 0.5 and interpolated[1] > rope_row[1] + 0.5  # worse without finetuning
+# worse without finetuning
+assert interpolated[0] > rope_row[0] + 0.5 and interpolated[1] > rope_row[1] + 0.5
 assert interpolated[2] > rope_row[2] - 0.2  # and at 4x no real gain over plain RoPE
 assert ntk[2] < length_losses["rope"][2] - 0.2 and ntk[0] < length_losses["rope"][0] + 0.2
 
@@ -993,7 +1043,7 @@ assert ntk[2] < length_losses["rope"][2] - 0.2 and ntk[0] < length_losses["rope"
 # needed neither.
 
 # %% [markdown]
-# ## 8. Muon: an optimiser that treats a weight matrix as a matrix
+# ## 8. Muon: an optimiser that treats a weight matrix as a matrix (optional)
 #
 # Every model of this notebook trained with AdamW, which scales each weight's step by that
 # weight's own running gradient size. A hidden weight matrix `W` (D_out, D_in) is not a bag of
@@ -1018,6 +1068,9 @@ assert ntk[2] < length_losses["rope"][2] - 0.2 and ntk[0] < length_losses["rope"
 #
 # `helpers.training.muon.split_for_muon` sorts a model's weights that way. Here is a real
 # gradient, of the first block's SwiGLU `up` matrix in section 7's trained RoPE model, on one batch:
+
+# %%
+catch_up("09_modern_decoder", "8.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.training.muon import split_for_muon
@@ -1064,7 +1117,8 @@ from helpers.training.muon import NS_COEFFICIENTS
 
 
 def iterate(s: torch.Tensor, coefficients: tuple[float, ...], times: int) -> torch.Tensor:
-    """The odd polynomial with these coefficients (of s, s^3, s^5, ...) applied `times` times to s."""
+    """The odd polynomial with these coefficients (of s, s^3, s^5, ...) applied `times` times to
+    s."""
     for _ in range(times):
         s = sum(coef * s ** (2 * i + 1) for i, coef in enumerate(coefficients))
     return s
@@ -1075,7 +1129,8 @@ figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), layout="constraine
 for times in range(1, 6):
     left.plot(s_grid, iterate(s_grid, NS_COEFFICIENTS, times), label=f"f applied {times}x")
     right.plot(s_grid, iterate(s_grid, (1.5, -0.5), times), label=f"applied {times}x")
-for axis, name in ((left, "Muon's quintic (3.4445, -4.775, 2.0315)"), (right, "the cubic 1.5 s - 0.5 s³")):
+for axis, name in ((left, "Muon's quintic (3.4445, -4.775, 2.0315)"), (right,
+                                                                       "the cubic 1.5 s - 0.5 s³")):
     axis.axhline(1, color="gray", linestyle="--")
     axis.set(title=name, xlabel="singular value s before (after scaling)", ylabel="after")
     axis.legend(loc="lower right")
@@ -1083,8 +1138,10 @@ plt.show()
 kept = s_grid >= 0.01
 quintic, cubic = iterate(s_grid, NS_COEFFICIENTS, 5)[kept], iterate(s_grid, (1.5, -0.5), 5)[kept]
 print("quintic: f(s) = {} s {:+} s³ {:+} s⁵; cubic: 1.5 s - 0.5 s³".format(*NS_COEFFICIENTS))
-print(f"slope at 0: quintic {NS_COEFFICIENTS[0]}, cubic 1.5; quintic f(1) = a + b + c = {sum(NS_COEFFICIENTS):.4f}")
-print(f"after 5 steps, every s in [0.01, 1] is in [{float(quintic.min()):.2f}, {float(quintic.max()):.2f}] "
+print(f"slope at 0: quintic {NS_COEFFICIENTS[0]}, cubic 1.5; quintic f(1) = a + b + c = "
+      f"{sum(NS_COEFFICIENTS):.4f}")
+print(f"after 5 steps, every s in [0.01, 1] is in [{float(quintic.min()):.2f}, "
+      f"{float(quintic.max()):.2f}] "
       f"with the quintic, in [{float(cubic.min()):.3f}, {float(cubic.max()):.2f}] with the cubic")
 assert 0.6 < float(quintic.min()) and float(quintic.max()) < 1.25 and float(cubic.min()) < 0.1
 
@@ -1157,7 +1214,8 @@ after = torch.linalg.svdvals(orthogonalise(gradient).double())
 figure, axis = plt.subplots(figsize=(8, 4.5), layout="constrained")
 axis.semilogy(before.numpy(), "o-", label="the gradient, scaled by its norm")
 axis.semilogy(after.numpy(), "o-", label="after 5 Newton-Schulz steps")
-axis.set(title="Singular values of a real gradient (blocks[0] MLP up)", xlabel="index, largest first",
+axis.set(title="Singular values of a real gradient (blocks[0] MLP up)",
+         xlabel="index, largest first",
          ylabel="singular value")
 axis.legend()
 plt.show()
@@ -1203,8 +1261,11 @@ shapes = [(48, 16), (16, 40), (24, 24)]
 start = [torch.randn(shape) for shape in shapes]
 ours, buffers = [w.clone() for w in start], [torch.zeros(shape) for shape in shapes]
 copies = {name: [w.clone().requires_grad_() for w in start] for name in ("fp32", "bf16", "torch")}
-optimisers = {"fp32": Muon(copies["fp32"], lr=0.02, ns_dtype=torch.float32),
-              "bf16": Muon(copies["bf16"], lr=0.02), "torch": torch.optim.Muon(copies["torch"], lr=0.02)}
+optimisers = {
+    "fp32": Muon(copies["fp32"], lr=0.02, ns_dtype=torch.float32),
+    "bf16": Muon(copies["bf16"], lr=0.02),
+    "torch": torch.optim.Muon(copies["torch"], lr=0.02),
+}
 for _ in range(5):
     grads = [torch.randn(shape) for shape in shapes]
     for w, g, buf in zip(ours, grads, buffers, strict=True):
@@ -1213,8 +1274,10 @@ for _ in range(5):
         for w, g in zip(copies[name], grads, strict=True):
             w.grad = g.clone()
         optimiser.step()
-hand_gap = max(float((a - b.detach()).abs().max()) for a, b in zip(ours, copies["fp32"], strict=True))
-torch_gap = max(float((a - b).detach().abs().max()) for a, b in zip(copies["bf16"], copies["torch"], strict=True))
+hand_gap = max(float((a - b.detach()).abs().max()) for a, b in zip(ours, copies["fp32"],
+                                                                   strict=True))
+torch_gap = max(float((a - b).detach().abs().max()) for a, b in zip(copies["bf16"], copies["torch"],
+                                                                    strict=True))
 moved = max(float((a - b).abs().max()) for a, b in zip(ours, start, strict=True))
 assert hand_gap < 1e-6 and torch_gap == 0.0 and moved > 0.05
 print(f"5 steps, weights moved by up to {moved:.2f}: this muon_step vs the course's Muon (float32 "
@@ -1252,17 +1315,24 @@ torch.manual_seed(9)
 rates = TrainConfig()
 print(f"TrainConfig's peak rates: Muon {rates.muon_learning_rate}, AdamW {rates.learning_rate} "
       f"({rates.muon_learning_rate / rates.learning_rate:.0f}x)")
-print(f"{'shape (A, B)':<13}{'RMS of NS(g)':>13}{'1/sqrt(max)':>12}{'first rule':>11}{'step RMS':>9}"
-      f"{'second rule':>12}{'step RMS':>9}")
+print(
+    f"{'shape (A, B)':<13}{'RMS of NS(g)':>13}{'1/sqrt(max)':>12}{'first rule':>11}{'step RMS':>9}"
+    f"{'second rule':>12}{'step RMS':>9}"
+)
 muon_step_rms = []
-for shape in [(3 * 128, 128), (128, 128), (4 * 128, 128), (128, 4 * 128)]:  # Q K V together, W_O, the MLP's
+for shape in [(3 * 128, 128), (128, 128), (4 * 128, 128), (128, 4
+        * 128)]:  # Q K V together, W_O, the MLP's
     rms = newton_schulz(torch.randn(shape), dtype=torch.float32).pow(2).mean().sqrt().item()
     first, second = muon_lr_scale(shape, "original"), muon_lr_scale(shape, "match_rms_adamw")
     muon_step_rms.append(first * rms)
-    print(f"{str(shape):<13}{rms:>13.3f}{1 / math.sqrt(max(shape)):>12.3f}{first:>11.2f}{first * rms:>9.3f}"
-          f"{second:>12.2f}{second * rms:>9.3f}")
+    print(
+        f"{str(shape):<13}{rms:>13.3f}{1 / math.sqrt(max(shape)):>12.3f}"
+        f"{first:>11.2f}{first * rms:>9.3f}"
+        f"{second:>12.2f}{second * rms:>9.3f}"
+    )
 weight = torch.zeros(128, 128, requires_grad=True)
-adamw = torch.optim.AdamW([weight], lr=1.0, weight_decay=0.0)  # rate 1: the step is the update itself
+adamw = torch.optim.AdamW([weight], lr=1.0,
+                          weight_decay=0.0)  # rate 1: the step is the update itself
 for step in range(1, 301):
     before = weight.detach().clone()
     weight.grad = torch.randn(128, 128)                         # gradients of pure noise
@@ -1271,7 +1341,8 @@ for step in range(1, 301):
         adamw_rms = (weight.detach() - before).pow(2).mean().sqrt().item()
         print(f"AdamW, step {step:>3}: update RMS {adamw_rms:.3f}")
 print(f"noise's settled value: sqrt((1 - 0.9) / (1 + 0.9)) = {math.sqrt(0.1 / 1.9):.3f}; "
-      f"over Muon's step RMS (first rule): {adamw_rms / max(muon_step_rms):.1f}x to {adamw_rms / min(muon_step_rms):.1f}x")
+      f"over Muon's step RMS (first rule): {adamw_rms / max(muon_step_rms):.1f}x to "
+      f"{adamw_rms / min(muon_step_rms):.1f}x")
 
 # %% [markdown]
 # ### The race: nanoGPT's recipe against the course's, with Muon
@@ -1292,30 +1363,43 @@ print(f"noise's settled value: sqrt((1 - 0.9) / (1 + 0.9)) = {math.sqrt(0.1 / 1.
 # and in bf16 (on this CPU, which has it natively), where the course's recipes had 20 s.
 
 # %%
-races = {name: json.loads((data_dir() / f"race_fp32_1thread{name}.json").read_text(encoding="utf-8"))
-         for name in ("", "_30s")}
+races = {
+    name: json.loads((data_dir() / f"race_fp32_1thread{name}.json").read_text(encoding="utf-8"))
+    for name in ("", "_30s")
+}
 long_race, short_race = races[""], races["_30s"]
 settings = short_race["settings"]
-print("measured on:", short_race["machine"], f"| {settings['precision']}, {settings['threads']} thread, seeds {settings['seeds']}")
-print(f"nanoGPT's recipe trains {settings['seconds']:g} s; the course's {settings['course_seconds']:g} s "
-      f"(in the other race {long_race['settings']['seconds']:g} s); Muon's peak rate {settings['muon_lr']}")
-print("reproduce: python benchmarks/bench_race.py --course-seconds 30 --out data/race_fp32_1thread_30s.json\n")
-for race_name, race in (("every recipe 60 s", long_race), ("the course's recipes 30 s", short_race)):
+print("measured on:", short_race["machine"],
+      f"| {settings['precision']}, {settings['threads']} thread, seeds {settings['seeds']}")
+print(f"nanoGPT's recipe trains {settings['seconds']:g} s; the course's "
+      f"{settings['course_seconds']:g} s "
+      f"(in the other race {long_race['settings']['seconds']:g} s); Muon's peak rate "
+      f"{settings['muon_lr']}")
+print("reproduce: python benchmarks/bench_race.py --course-seconds 30 --out "
+      "data/race_fp32_1thread_30s.json\n")
+
+
+# %%
+for race_name, race in (("every recipe 60 s", long_race), ("the course's recipes 30 s",
+                                                           short_race)):
     print(race_name)
     for row, run in zip(race["summary"]["per_seed"], race["runs"], strict=True):
         steps = {name: curve["steps"][-1] for name, curve in run["curves"].items()}
-        cells = [f"seed {row['seed']}: nanoGPT {row['target']:.3f} at 60 s ({steps['nanogpt']} steps)"]
+        cells = [f"seed {row['seed']}: nanoGPT {row['target']:.3f} at 60 s ({steps['nanogpt']} "
+                 f"steps)"]
         for name in (name for name in run["curves"] if name != "nanogpt"):
             reached = row[name]["reaches_target_at_s"]
             cells.append(f"{name} {row[name]['final_val_loss']:.3f} ({steps[name]} steps), "
                          + (f"reaches it at {reached:.0f} s" if reached else "never reaches it"))
         print("  " + " | ".join(cells))
-    print("  median speed-up:", {name: round(v, 2) for name, v in race["summary"]["median_speedup"].items()})
+    print("  median speed-up:", {name: round(v, 2) for name,
+                                 v in race["summary"]["median_speedup"].items()})
 for label, file, least in (("float32, two threads", "race_fp32_2threads_30s", 2),
                            ("bf16, one thread", "race_bf16_1thread_20s", 3)):
     other = json.loads((data_dir() / f"{file}.json").read_text(encoding="utf-8"))
     print(f"\n{label}, the course's recipes given {other['settings']['course_seconds']:g} s: "
-          f"nanoGPT's 60 s loss per seed {[round(row['target'], 3) for row in other['summary']['per_seed']]}")
+          f"nanoGPT's 60 s loss per seed "
+          f"{[round(row['target'], 3) for row in other['summary']['per_seed']]}")
     for name in (name for name in other["summary"]["median_speedup"] if name != "course"):
         speedups = [row[name]["speedup"] for row in other["summary"]["per_seed"]]
         print(f"  {name}: speed-up per seed {[round(v, 2) if v else 'never' for v in speedups]}, "
@@ -1325,19 +1409,23 @@ muon_speedups = [row["course-muon"]["speedup"] for row in short_race["summary"][
 assert all(v and v >= 2 for v in muon_speedups)
 
 # %%
-colours = {"nanogpt": "tab:gray", "course": "tab:blue", "course-muon": "tab:red", "course-best": "tab:purple"}
-labels = {"nanogpt": "nanoGPT's recipe", "course": "the course's (AdamW)", "course-muon": "the course's with Muon",
+colours = {"nanogpt": "tab:gray", "course": "tab:blue", "course-muon": "tab:red",
+           "course-best": "tab:purple"}
+labels = {"nanogpt": "nanoGPT's recipe", "course": "the course's (AdamW)",
+          "course-muon": "the course's with Muon",
           "course-best": "Muon, no warm-up"}
 figure, axes = plt.subplots(1, 2, figsize=(13, 4.8), layout="constrained", sharey=True)
 for axis, (title, race) in zip(axes, (("every recipe trains 60 s", long_race),
-                                      ("the course's recipes train 30 s", short_race)), strict=True):
+                                      ("the course's recipes train 30 s",
+                                       short_race)), strict=True):
     for run, row in zip(race["runs"], race["summary"]["per_seed"], strict=True):
         for name, curve in run["curves"].items():
             axis.plot(curve["seconds"], curve["val_loss"], color=colours[name], alpha=0.7,
                       label=labels[name] if run is race["runs"][0] else None)
         axis.axhline(row["target"], color="black", linestyle=":", linewidth=1,
                      label="target: nanoGPT at 60 s" if run is race["runs"][0] else None)
-    axis.set(title=f"{title} (float32, one thread, {len(race['runs'])} seeds)", xlabel="training seconds",
+    axis.set(title=f"{title} (float32, one thread, {len(race['runs'])} seeds)",
+             xlabel="training seconds",
              ylabel="validation loss", yscale="log", ylim=(0.25, 4.5))
     axis.legend()
 plt.show()
@@ -1372,28 +1460,47 @@ plt.show()
 
 # %%
 ablation = json.loads((data_dir() / "recipe_ablation.json").read_text(encoding="utf-8"))
-rows = {variant["name"]: ablation["summary"][variant["name"]]["per_seed"] for variant in ablation["variants"]}
-print(f"{'variant':<50} {'step cost':>9} {'steps':>5}  {'loss, median':>12}  reaches the target at step (share of 30 s)")
+rows = {variant["name"]: ablation["summary"][variant["name"]]["per_seed"]
+        for variant in ablation["variants"]}
+print(f"{'variant':<50} {'step cost':>9} {'steps':>5}  {'loss, median':>12}  reaches the target at "
+      f"step (share of 30 s)")
 for variant in ablation["variants"]:
     per_seed = rows[variant["name"]]
     cost = ablation["step_costs"][variant["cost_key"]]["ratio_to_nanogpt"]
-    reached = ", ".join("never" if row["share_of_budget"] is None else
-                        f"{row['reaches_target_at_step']:.0f} ({row['share_of_budget']:.2f})" for row in per_seed)
+    reached = ", ".join(
+        "never"
+        if row["share_of_budget"] is None
+        else f"{row['reaches_target_at_step']:.0f} ({row['share_of_budget']:.2f})"
+        for row in per_seed
+    )
     median = ablation["summary"][variant["name"]]["median_final_val_loss"]
-    print(f"{variant['name']:<50} {cost:>8.2f}x {per_seed[0]['steps']:>5}  {median:>12.3f}  {reached}")
+    print(f"{variant['name']:<50} {cost:>8.2f}x {per_seed[0]['steps']:>5}  {median:>12.3f}  "
+          f"{reached}")
 best = rows[ablation["course_best"]]
-assert all(row["share_of_budget"] is None for name, per_seed in rows.items() if name.startswith("adamw")
+assert all(row["share_of_budget"] is None for name, per_seed in rows.items()
+           if name.startswith("adamw")
            for row in per_seed)
-assert all(row["share_of_budget"] for name, per_seed in rows.items() if name.startswith("muon") for row in per_seed)
+
+
+# %%
+assert all(row["share_of_budget"] for name, per_seed in rows.items() if name.startswith("muon")
+           for row in per_seed)
 wider = rows[ablation["course_best"] + " + wider, shallower (L3 D160)"]
-assert all(w["reaches_target_at_step"] < b["reaches_target_at_step"] for w, b in zip(wider, best, strict=True))
-cost_of = {v["name"]: ablation["step_costs"][v["cost_key"]]["ratio_to_nanogpt"] for v in ablation["variants"]}
-wider_cost = cost_of[ablation["course_best"] + " + wider, shallower (L3 D160)"] / cost_of[ablation["course_best"]]
-break_even = [b["reaches_target_at_step"] / w["reaches_target_at_step"] for w, b in zip(wider, best, strict=True)]
-print(f"\nwider, shallower: its step costs {wider_cost:.3f}x the best row's (one measurement, used for every "
-      f"seed); it breaks even in seconds at {min(break_even):.3f}x-{max(break_even):.3f}x (its step saving per seed)")
+assert all(w["reaches_target_at_step"] < b["reaches_target_at_step"] for w, b in zip(wider, best,
+                                                                                     strict=True))
+cost_of = {v["name"]: ablation["step_costs"][v["cost_key"]]["ratio_to_nanogpt"]
+           for v in ablation["variants"]}
+wider_cost = cost_of[ablation["course_best"]
+                     + " + wider, shallower (L3 D160)"] / cost_of[ablation["course_best"]]
+break_even = [b["reaches_target_at_step"] / w["reaches_target_at_step"] for w, b in zip(wider, best,
+        strict=True)]
+print(f"\nwider, shallower: its step costs {wider_cost:.3f}x the best row's (one measurement, used "
+      f"for every "
+      f"seed); it breaks even in seconds at {min(break_even):.3f}x-{max(break_even):.3f}x (its "
+      f"step saving per seed)")
 print("share of 30 s, wider minus best, per seed:",
-      [round(w["share_of_budget"] - b["share_of_budget"], 3) for w, b in zip(wider, best, strict=True)])
+      [round(w["share_of_budget"] - b["share_of_budget"], 3) for w, b in zip(wider, best,
+                                                                             strict=True)])
 assert all(r["share_of_budget"] > b["share_of_budget"] + 0.05
            for r, b in zip(rows[ablation["course_best"] + " + relu^2"], best, strict=True))
 
@@ -1433,7 +1540,8 @@ assert all(r["share_of_budget"] > b["share_of_budget"] + 0.05
 
 # %%
 def muon_extra_share(shapes: list[tuple[int, int]], tokens: int) -> float:
-    """Newton-Schulz's multiply-adds (5 rounds) over the hidden matrices' forward and backward ones."""
+    """Newton-Schulz's multiply-adds (5 rounds) over the hidden matrices' forward and backward
+    ones."""
     newton = sum(5 * (2 * min(s) ** 2 * max(s) + min(s) ** 3) for s in shapes)
     return newton / sum(3 * s[0] * s[1] * tokens for s in shapes)
 
@@ -1444,14 +1552,18 @@ def small_decoder() -> ModernGPT:
                                   n_heads=4, n_kv_heads=2, d_model=64))
 
 
-small_share = muon_extra_share([tuple(p.shape) for p in split_for_muon(small_decoder())[0]], 16 * 64)
-race_shapes = [(3 * 128, 128), (128, 128), (4 * 128, 128), (128, 4 * 128)] * 4  # 4 layers, width 128
-print(f"the small decoder, 16 x 64 tokens a step: Newton-Schulz adds {small_share:.0%} to the hidden "
+small_share = muon_extra_share([tuple(p.shape) for p in split_for_muon(small_decoder())[0]], 16
+                               * 64)
+race_shapes = [(3 * 128, 128), (128, 128), (4 * 128, 128), (128, 4
+                                                            * 128)] * 4  # 4 layers, width 128
+print(f"the small decoder, 16 x 64 tokens a step: Newton-Schulz adds {small_share:.0%} to the "
+      f"hidden "
       "matrices' multiply-adds")
 print(f"the race's GPT, 12 x 64 tokens a step: {muon_extra_share(race_shapes, 12 * 64):.0%}")
 race_steps = [run["curves"]["course-muon"]["steps"][-1] / run["curves"]["course"]["steps"][-1]
               for run in long_race["runs"]]
-print(f"in the race, Muon's steps per second over AdamW's (60 s each, per seed): {[round(r, 2) for r in race_steps]}")
+print(f"in the race, Muon's steps per second over AdamW's (60 s each, per seed): "
+      f"{[round(r, 2) for r in race_steps]}")
 
 # %% [markdown]
 # Now the run. The small decoder trains on the batches of section 7 from the same first weights,
@@ -1485,14 +1597,18 @@ def live_run(use_muon: bool, seed: int, steps: int) -> float:
 
 
 more_steps = round(LIVE_STEPS * (1 + small_share))
-arms = {f"AdamW, {LIVE_STEPS} steps": (False, LIVE_STEPS), f"Muon, {LIVE_STEPS} steps": (True, LIVE_STEPS),
+arms = {f"AdamW, {LIVE_STEPS} steps": (False, LIVE_STEPS), f"Muon, {LIVE_STEPS} steps": (True,
+        LIVE_STEPS),
         f"AdamW, {more_steps} steps": (False, more_steps)}
-live = {name: [live_run(use_muon, seed, steps) for seed in (0, 1, 2)] for name, (use_muon, steps) in arms.items()}
+live = {name: [live_run(use_muon, seed, steps) for seed in (0, 1, 2)] for name, (use_muon,
+        steps) in arms.items()}
 for name, losses in live.items():
     print(f"{name:18s} validation loss per seed:", [round(v, 2) for v in losses])
 adamw_same, muon_losses, adamw_more = live.values()
-print("AdamW minus Muon at equal steps, per seed:", [round(a - m, 2) for a, m in zip(adamw_same, muon_losses, strict=True)])
-print(f"AdamW with {more_steps} steps minus Muon, per seed:", [round(a - m, 2) for a, m in zip(adamw_more, muon_losses, strict=True)])
+print("AdamW minus Muon at equal steps, per seed:", [round(a - m, 2) for a, m in zip(adamw_same,
+        muon_losses, strict=True)])
+print(f"AdamW with {more_steps} steps minus Muon, per seed:", [round(a - m, 2) for a,
+        m in zip(adamw_more, muon_losses, strict=True)])
 assert all(m < a for a, m in zip(adamw_same, muon_losses, strict=True))
 
 # %% [markdown]
@@ -1506,7 +1622,7 @@ assert all(m < a for a, m in zip(adamw_same, muon_losses, strict=True))
 # 150 and see whether Muon's lead at equal multiply-adds grows with the run.
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. Why does RoPE rotate `q` and `k` instead of adding a vector to the input?**
 #
@@ -1518,6 +1634,9 @@ assert all(m < a for a, m in zip(adamw_same, muon_losses, strict=True))
 # scores at a fixed offset ranged over the value printed in section 1). Rotations also keep
 # lengths, so RoPE changes no vector's size.
 # </details>
+
+# %%
+catch_up("09_modern_decoder", "Check")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # **2. The textbook section's exercise 5: an ALiBi-style buffer.** What shape, where is it added,

@@ -36,11 +36,12 @@ import torch.nn.functional as F
 from helpers.lab.exercises import check, yours_or
 from helpers.lab.plots import heatmap
 from helpers.timing import format_duration
+from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
 # %% [markdown]
-# ## 1. A translation task from the course grammar
+# ## 1. A translation task from the course grammar (optional)
 #
 # We need pairs of sentences, source and translation, and no download. The course corpus is
 # written by a grammar (`helpers.text.corpus`), so we can translate it by rule into a made-up language,
@@ -74,7 +75,8 @@ for i in (4321, 9876, 1234):
     print("Grammish:", " ".join(data.grammish[i]))
     print()
 print(f"{len(data.sentences):,} distinct sentences; vocabularies: English "
-      f"{data.source_vocab.vocab_size}, Grammish {data.target_vocab.vocab_size} (with 5 special tokens)")
+      f"{data.source_vocab.vocab_size}, Grammish {data.target_vocab.vocab_size} (with 5 special "
+      f"tokens)")
 
 # %% [markdown]
 # **Splits by sentence.** The corpus repeats many sentences ("The dog wagged its tail.")
@@ -93,7 +95,8 @@ print({name: len(ids) for name, ids in splits.items()})
 assert not texts["train"] & texts["test"] and not texts["train"] & texts["validation"]
 
 source_lengths = torch.tensor([len(data.english[i]) for i in test_ids])
-print("test source lengths:", dict(zip(*[t.tolist() for t in source_lengths.unique(return_counts=True)], strict=True)))
+print("test source lengths:", dict(zip(*[t.tolist()
+        for t in source_lengths.unique(return_counts=True)], strict=True)))
 
 # %% [markdown]
 # A batch is three tensors: the source ids `(B, M)`, the decoder's input `(B, N)` that starts
@@ -106,10 +109,11 @@ source, target_in, target = make_batch(data, test_ids[:2])
 print("source   :", source[0].tolist())
 print("target_in:", target_in[0].tolist())
 print("target   :", target[0].tolist())
-assert torch.equal(target_in[0, 1:][target[0, :-1] != EOS_ID], target[0, :-1][target[0, :-1] != EOS_ID])
+assert torch.equal(target_in[0, 1:][target[0, :-1] != EOS_ID], target[0, :-1][target[0,
+        :-1] != EOS_ID])
 
 # %% [markdown]
-# ## 2. The recurrent translator, its bottleneck, and what attention fixed
+# ## 2. The recurrent translator, its bottleneck, and what attention fixed (optional)
 #
 # Before 2017, neural translation was done by recurrent networks. **Sutskever et al. (2014)** used
 # two deep LSTMs: the encoder read the English sentence (reversed, which shortened the distance
@@ -134,15 +138,20 @@ assert torch.equal(target_in[0, 1:][target[0, :-1] != EOS_ID], target[0, :-1][ta
 # `c = sum_j a_j h_j`, then the GRU cell reads `[previous word; c]`.
 
 # %%
+catch_up("10_encoders", "2.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.families.rnn import AttentionGRUSeq2Seq
 
 torch.manual_seed(0)
-attention_gru = AttentionGRUSeq2Seq(data.source_vocab.vocab_size, data.target_vocab.vocab_size, hidden=32)
+attention_gru = AttentionGRUSeq2Seq(data.source_vocab.vocab_size, data.target_vocab.vocab_size,
+                                    hidden=32)
 source, _, _ = make_batch(data, test_ids[:2])
 with torch.no_grad():
     states, last = attention_gru.encode_all(source)        # (B, M, D): one state per source token
     s = last[0]                                            # (B, D): the decoder's first state
-    e = attention_gru.v(torch.tanh(attention_gru.w_s(s)[:, None] + attention_gru.w_h(states)))[..., 0]
+    e = attention_gru.v(torch.tanh(attention_gru.w_s(s)[:, None] + attention_gru.w_h(states)))[...,
+                                                                                               0]
     a = e.masked_fill(source == PAD_ID, float("-inf")).softmax(dim=-1)  # (B, M)
     c = (a[:, :, None] * states).sum(dim=1)                # (B, D): the context of this step
     bos = torch.full((2, 1), BOS_ID)
@@ -175,7 +184,8 @@ from helpers.text.corpus import data_dir
 bottleneck = json.loads((data_dir() / "bottleneck.json").read_text())
 settings = bottleneck["settings"]
 print("made by:", bottleneck["command"], "|", bottleneck["machine"])
-print({k: settings[k] for k in ("seeds", "steps", "hidden", "max_sentences", "train_examples", "test_examples")})
+print({k: settings[k] for k in ("seeds", "steps", "hidden", "max_sentences", "train_examples",
+                                "test_examples")})
 example = JoinedPairs(data, test_ids, 3, settings["max_sentences"], seed=0)
 joined_source, joined_target = example.pair(2)
 print("one example:", " ".join(data.source_vocab.decode(joined_source)))
@@ -196,7 +206,8 @@ def by_length(result: dict, what: str) -> list[float]:
             for lo, hi in BINS]
 
 
-curves = {(key, what): torch.tensor([by_length(run["models"][key]["end"], what) for run in bottleneck["runs"]])
+curves = {(key, what): torch.tensor([by_length(run["models"][key]["end"], what)
+                                     for run in bottleneck["runs"]])
           for key in MODEL_NAMES for what in ("tokens", "exact")}  # (seeds, bins) each
 fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
 labels = [f"{lo}-{hi}" for lo, hi in BINS]
@@ -219,7 +230,8 @@ for what in ("tokens", "exact"):
     for key, name in MODEL_NAMES.items():
         c = curves[key, what]
         print(f"  {name:22s}" + "".join(f"  {m:.2f} [{lo:.2f}, {hi:.2f}]" for m, lo, hi
-                                        in zip(c.mean(0), c.min(0).values, c.max(0).values, strict=True)))
+                                        in zip(c.mean(0), c.min(0).values, c.max(0).values,
+                                               strict=True)))
 seeds = [run["seed"] for run in bottleneck["runs"]]
 print("seeds:", seeds)
 assert len(seeds) >= 3
@@ -236,6 +248,8 @@ print(f"Transformer above the GRU with attention in {int((transformer > attentio
       f"{transformer.numel()} seed-and-bin pairs")
 
 # %% [markdown]
+# ### What this run shows, and what it does not
+#
 # **What this run shows, and what it does not.** At equal data and equal steps, the plain GRU is
 # behind both attention models on every seed and in every length bin, and the Transformer is
 # ahead of the GRU with attention in most of them (printed above). The plain GRU is weak even
@@ -257,8 +271,10 @@ def overall(result: dict) -> float:
 
 
 for key, name in MODEL_NAMES.items():
-    rows = [(overall(run["models"][key]["half"]), overall(run["models"][key]["end"])) for run in bottleneck["runs"]]
-    print(f"{name:16s} " + "  ".join(f"seed {s}: {h:.3f} -> {e:.3f}" for s, (h, e) in zip(seeds, rows, strict=True)))
+    rows = [(overall(run["models"][key]["half"]), overall(run["models"][key]["end"]))
+            for run in bottleneck["runs"]]
+    print(f"{name:16s} " + "  ".join(f"seed {s}: {h:.3f} -> {e:.3f}" for s, (h, e) in zip(seeds,
+            rows, strict=True)))
     print(f"{'':16s} training time on the machine that wrote the file: "
           + ", ".join(format_duration(run["models"][key]["seconds"]) for run in bottleneck["runs"]))
 
@@ -280,14 +296,17 @@ from helpers.timing import best_time
 
 lengths, width = [8, 32, 128], 64
 torch.manual_seed(0)
-gru_encoder = GRUSeq2Seq(data.source_vocab.vocab_size, data.target_vocab.vocab_size, hidden=width).eval()
-transformer_encoder = Encoder(data.source_vocab.vocab_size, 128, n_layers=2, n_heads=4, d_model=width).eval()
+gru_encoder = GRUSeq2Seq(data.source_vocab.vocab_size, data.target_vocab.vocab_size,
+                         hidden=width).eval()
+transformer_encoder = Encoder(data.source_vocab.vocab_size, 128, n_layers=2, n_heads=4,
+                              d_model=width).eval()
 gru_times, transformer_times = [], []
 with torch.no_grad():
     for n in lengths:
         ids = torch.randint(5, data.source_vocab.vocab_size, (32, n))
         gru_times.append(best_time(lambda ids=ids: gru_encoder.encode(ids), repeats=3))
-        transformer_times.append(best_time(lambda ids=ids: transformer_encoder(ids, ids != PAD_ID), repeats=3))
+        transformer_times.append(best_time(lambda ids=ids: transformer_encoder(ids, ids != PAD_ID),
+                                           repeats=3))
 for n, g, t in zip(lengths, gru_times, transformer_times, strict=True):
     gru_flops = 12 * width**2                         # 3 gates, each two (D, D) products
     layer_flops = 24 * width**2 + 4 * n * width       # Q, K, V, O; the MLP; scores and A V
@@ -321,7 +340,7 @@ plt.show()
 # Transformers. (Our times are not asserted: they depend on the machine.)
 
 # %% [markdown]
-# ## 3. The fix: an encoder-decoder Transformer
+# ## 3. The fix: an encoder-decoder Transformer (core)
 #
 # ### Cross-attention by hand
 #
@@ -333,6 +352,9 @@ plt.show()
 # `[N_Q x N_X]`, weights `A = softmax(E)` over the keys, output `Y = A V` `[N_Q x D_V]`. Here
 # `N_Q = N` target tokens, `N_X = M` source tokens, and with a batch `B` and `H` heads every shape
 # gains two axes in front.
+
+# %%
+catch_up("10_encoders", "3.")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # ### Exercise: the cross-attention shapes
@@ -412,7 +434,8 @@ def my_cross_attention(layer: MultiHeadAttention, x: torch.Tensor, memory: torch
     E = q @ k.transpose(-2, -1) / d_h ** 0.5                               # (B, H, N, M)
     if key_mask is not None:
         E = E.masked_fill(~key_mask, float("-inf"))                        # padded keys: weight 0
-    A = E.softmax(dim=-1)                                                  # over the M source tokens
+    # over the M source tokens
+    A = E.softmax(dim=-1)
     Y = (A @ v).transpose(1, 2).reshape(b, n, d)                           # (B, N, D)
     return layer.out_proj(Y)
     ### END SOLUTION
@@ -424,7 +447,8 @@ check("encoders.cross_attention", my_cross_attention)
 
 # %%
 def course_cross_attention(layer, x, memory, key_mask=None):
-    """MultiHeadAttention with a context: the course's cross-attention, with my_cross_attention's arguments."""
+    """MultiHeadAttention with a context: the course's cross-attention, with my_cross_attention's
+    arguments."""
     return layer(x, context=memory, mask=key_mask)
 
 
@@ -483,7 +507,8 @@ print(f"{sum(p.numel() for p in model.parameters()):,} parameters")
 source, target_in, _ = make_batch(data, test_ids[:1])
 padded = torch.cat([source, torch.zeros(1, 3, dtype=torch.long)], dim=1)
 noisy_padding = padded.clone()
-noisy_padding[0, -3:] = torch.tensor([7, 8, 9])  # real words where the padding was, hidden by the mask
+noisy_padding[0, -3:] = torch.tensor([7, 8,
+                                      9])  # real words where the padding was, hidden by the mask
 with torch.no_grad():
     plain = model(source, target_in)
     padding_gap = (model(noisy_padding, target_in, padded != PAD_ID) - plain).abs().max().item()
@@ -559,11 +584,14 @@ ax.set(xlabel="step", ylabel="training loss (cross-entropy)", yscale="log",
 plt.show()
 
 # %% [markdown]
-# ## 4. Accuracy against sentence length
+# ## 4. Accuracy against sentence length (optional)
 #
 # The Transformer translates the whole test split of single sentences greedily (the most likely
 # word at every step). We score **exact match** (the whole sentence right) and **token accuracy**
 # (the share of target tokens right at their place), by source length.
+
+# %%
+catch_up("10_encoders", "4.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.families.seq2seq import greedy_decode
@@ -575,8 +603,10 @@ t_exact, t_tokens = score_translations(transformer_out, target)
 
 single_bins = [(5, 8), (9, 10), (11, 12), (13, 14)]
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-for ax, values, what in ((axes[0], t_exact.float(), "exact match"), (axes[1], t_tokens, "token accuracy")):
-    per_bin = [values[(source_lengths >= lo) & (source_lengths <= hi)].mean().item() for lo, hi in single_bins]
+for ax, values, what in ((axes[0], t_exact.float(), "exact match"), (axes[1], t_tokens,
+                                                                     "token accuracy")):
+    per_bin = [values[(source_lengths >= lo) & (source_lengths <= hi)].mean().item() for lo,
+               hi in single_bins]
     ax.plot([f"{lo}-{hi}" for lo, hi in single_bins], per_bin, "o-")
     ax.set(xlabel="source length (tokens)", ylabel=what, ylim=(0, 1.02),
            title=f"Transformer, {TRANSFORMER_STEPS} steps: {what} on the test split")
@@ -595,7 +625,7 @@ print(f"Transformer exact match > 80 %: {t_exact.float().mean().item() > 0.8}; "
 assert t_exact.float().mean() > 0.8 and t_tokens.mean() > 0.95
 
 # %% [markdown]
-# ## 5. Greedy decoding and beam search
+# ## 5. Greedy decoding and beam search (core)
 #
 # Greedy decoding commits to the single most likely word at every step. **Beam search** keeps the
 # `beam_width` most likely *prefixes* instead: at each step it extends each of them by every word,
@@ -623,6 +653,9 @@ assert t_exact.float().mean() > 0.8 and t_tokens.mean() > 0.95
 # <details><summary>Hint 3: closer</summary>Picking across all prefixes at once is easiest on the k
 # by V table laid out as one row; a position in that row gives the prefix by whole division by V and
 # the token as the remainder.</details>
+
+# %%
+catch_up("10_encoders", "5.")  # started here after a restart? this runs the sections above
 
 # %%
 def beam_step(scores: torch.Tensor, log_probs: torch.Tensor, width: int) -> tuple:
@@ -662,7 +695,8 @@ assert beam_as_good == n_beam
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# Counts of a model trained in float32 can move by one from one CPU to another; the asserts keep the claim.
+# Counts of a model trained in float32 can move by one from one CPU to another; the asserts keep the
+# claim.
 print(f"beam strictly more likely than greedy: {beam_better} of {n_beam} sentences")
 print(f"exactly right: greedy {greedy_right}, beam {beam_right} of {n_beam}")
 assert beam_right >= greedy_right - 3
@@ -677,7 +711,8 @@ assert beam_right >= greedy_right - 3
 # %%
 for run in bottleneck["runs"]:
     b = run["models"]["transformer"]["beam"]
-    print(f"seed {run['seed']}: beam more likely than greedy on {b['beam_more_likely']:2d} of {b['n']}; "
+    print(f"seed {run['seed']}: beam more likely than greedy on {b['beam_more_likely']:2d} of "
+          f"{b['n']}; "
           f"exactly right: greedy {b['greedy_exact']:2d}, beam {b['beam_exact']:2d}")
 
 # %% [markdown]
@@ -686,7 +721,8 @@ for run in bottleneck["runs"]:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# A model trained in float32 can differ by a word from one CPU to another; the cell above asserts what must hold.
+# A model trained in float32 can differ by a word from one CPU to another; the cell above asserts
+# what must hold.
 for i in range(3):
     sentence = source[i][source[i] != PAD_ID]
     beam, _ = beam_search(model, sentence, beam_width=4, max_length=24)
@@ -696,7 +732,7 @@ for i in range(3):
     print()
 
 # %% [markdown]
-# ## 6. Cross-attention maps
+# ## 6. Cross-attention maps (optional)
 #
 # For a test sentence, we feed the model's own translation back as the decoder input and read the
 # weights of the last decoder layer's cross-attention: row = the Grammish word being written,
@@ -705,12 +741,16 @@ for i in range(3):
 # adjective before its noun, and a verb that Grammish moves to the end of its clause.
 
 # %%
+catch_up("10_encoders", "6.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.families.translation import ADJECTIVES, PAST_VERBS
 
 
 def reorders(words: list[str]) -> bool:
     """An adjective followed by a noun, and a past verb that is not the clause's last word."""
-    pair = any(a in ADJECTIVES and b.isalpha() and b not in ADJECTIVES for a, b in zip(words, words[1:], strict=False))
+    pair = any(a in ADJECTIVES and b.isalpha() and b not in ADJECTIVES for a, b in zip(words,
+            words[1:], strict=False))
     verb = any(w in PAST_VERBS and words[i + 1].isalpha() for i, w in enumerate(words[:-1]))
     return pair and verb
 
@@ -722,7 +762,8 @@ print("its Grammish:", " ".join(data.grammish[shown[0]]))
 
 
 def draw_cross_attention(sentence: str, head: int) -> torch.Tensor:
-    """Draw one head's cross-attention in the last decoder layer for `sentence`; return the weights."""
+    """Draw one head's cross-attention in the last decoder layer for `sentence`; return the
+    weights."""
     index = sentence_choices[sentence]
     src, _, _ = make_batch(data, [index])
     with torch.no_grad():
@@ -747,18 +788,21 @@ plt.show()
 english = data.english[sentence_choices[first_sentence]]
 with torch.no_grad():
     averaged = model.cross_attention_weights()[-1, 0].mean(dim=0)  # (N, M): the heads averaged
-written = data.target_vocab.decode(greedy_decode(model, make_batch(data, [shown[0]])[0], 24)[0].tolist())
+written = data.target_vocab.decode(greedy_decode(model, make_batch(data, [shown[0]])[0],
+                                                 24)[0].tolist())
 for row, word in enumerate(written):
     print(f"{word:10s} reads most: {english[int(averaged[row].argmax())]}")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# The widget's output holds model ids that change on every run; the figure above is the same drawing.
+# The widget's output holds model ids that change on every run; the figure above is the same
+# drawing.
 from helpers.lab.widgets import Explorer
 
 explorer = Explorer(
     draw_cross_attention,
-    sentence=widgets.Dropdown(options=list(sentence_choices), value=first_sentence, description="sentence"),
+    sentence=widgets.Dropdown(options=list(sentence_choices), value=first_sentence,
+                              description="sentence"),
     head=widgets.IntSlider(value=0, min=0, max=config.n_heads - 1, description="head"),
 )
 explorer
@@ -768,7 +812,7 @@ explorer
 # other words.
 
 # %%
-first = explorer.last
+first = explorer.reset()
 other_head = explorer.set(head=1)
 other_sentence = explorer.set(sentence=list(sentence_choices)[1])
 assert not torch.equal(first, other_head)
@@ -776,7 +820,7 @@ assert other_sentence.shape != other_head.shape or not torch.equal(other_sentenc
 print("redraws so far:", explorer.redraws)
 
 # %% [markdown]
-# ## 7. Encoder-only: pretrain, then finetune
+# ## 7. Encoder-only: pretrain, then finetune (optional)
 #
 # The DS 246 notes' lifecycle is pretrain -> finetune -> inference: learn the language from a large
 # unlabelled text, then a task from a few labels. BERT pretrains an encoder by **masked language
@@ -810,6 +854,9 @@ print("redraws so far:", explorer.redraws)
 # the draws: the picking draw, the splitting draw, then the random words (from first_word_id up to
 # the vocabulary size) for every position. Padding is never picked; an unpicked label is
 # IGNORE.</details>
+
+# %%
+catch_up("10_encoders", "7.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.families.mlm import IGNORE
@@ -873,7 +920,8 @@ rng = random.Random(0)
 started = time.perf_counter()
 mlm_losses = []
 for _ in range(PRETRAIN_STEPS):
-    inputs, labels = mask_tokens(english_batch(rng.sample(train_ids, 64)), MASK_ID, vocab.vocab_size,
+    inputs, labels = mask_tokens(english_batch(rng.sample(train_ids, 64)), MASK_ID,
+                                 vocab.vocab_size,
                                  len(SPECIALS), generator)
     loss = F.cross_entropy(mlm(inputs).flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
     optimizer.zero_grad(set_to_none=True)
@@ -918,6 +966,8 @@ assert sum(word in PLACES for word in place_guesses) >= 3  # a place goes there,
 assert sum(word in PETS for word in pet_guesses) >= 3
 
 # %% [markdown]
+# ### Finetuning the pretrained encoder
+#
 # **Finetuning.** A sentence-level task the corpus supports: is a sentence **well formed**? We
 # make ill-formed sentences by swapping two neighbouring words and keep a swap only when the
 # course grammar (`helpers.text.corpus.is_well_formed`) rejects the result, so every label is exact.
@@ -946,7 +996,8 @@ train_x, train_y = labelled(train_ids[:256], label_rng)
 test_x, test_y = labelled(test_ids, label_rng)
 print(f"{len(train_y)} labelled training sentences ({int((train_y == 0).sum())} broken), "
       f"{len(test_y)} test sentences ({int((test_y == 0).sum())} broken)")
-print("a broken one:", " ".join(vocab.itos[i] for i in train_x[(train_y == 0).nonzero()[0, 0]].tolist() if i))
+print("a broken one:", " ".join(vocab.itos[i] for i in train_x[(train_y == 0).nonzero()[0,
+        0]].tolist() if i))
 
 FINETUNE_STEPS = 60  # the knob
 
@@ -978,16 +1029,20 @@ pretrained_accuracy, scratch_accuracy = [], []
 for seed in (1, 2, 3):
     pretrained_accuracy.append(finetune(copy.deepcopy(encoder), seed))
     torch.manual_seed(seed)
-    scratch_accuracy.append(finetune(Encoder(vocab.vocab_size, 24, n_layers=2, n_heads=4, d_model=64), seed))
+    scratch_accuracy.append(finetune(Encoder(vocab.vocab_size, 24, n_layers=2, n_heads=4,
+                                             d_model=64), seed))
 gaps = [p - q for p, q in zip(pretrained_accuracy, scratch_accuracy, strict=True)]
 print(f"six classifiers trained, {format_duration(time.perf_counter() - started)}")
-print(f"every pretrained seed > 62 %: {min(pretrained_accuracy) > 0.62}; every scratch seed < 66 %: "
-      f"{max(scratch_accuracy) < 0.66}; pretraining ahead on every seed by > 3 points: {min(gaps) > 0.03}")
+print(f"every pretrained seed > 62 %: {min(pretrained_accuracy) > 0.62}; every scratch seed < 66 "
+      f"%: "
+      f"{max(scratch_accuracy) < 0.66}; pretraining ahead on every seed by > 3 points: "
+      f"{min(gaps) > 0.03}")
 assert min(pretrained_accuracy) > 0.62 and max(scratch_accuracy) < 0.66 and min(gaps) > 0.03
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# The exact accuracies move by a sentence or two from one CPU to another; the cell above asserts bounds.
+# The exact accuracies move by a sentence or two from one CPU to another; the cell above asserts
+# bounds.
 print("pretrained:", " ".join(f"{a:.3f}" for a in pretrained_accuracy))
 print("scratch   :", " ".join(f"{a:.3f}" for a in scratch_accuracy))
 print(f"gap per seed: {' '.join(f'{g:+.3f}' for g in gaps)}; mean {sum(gaps) / 3:+.3f} "
@@ -1000,7 +1055,7 @@ print(f"gap per seed: {' '.join(f'{g:+.3f}' for g in gaps)}; mean {sum(gaps) / 3
 # nothing finer than that, for instance not that the encoder "knows the word order" (a probe of
 # the pretrained vectors would be needed for that).
 #
-# ## 8. The three families, side by side
+# ## 8. The three families, side by side (optional)
 #
 # The third family can translate too: a **decoder-only** model reads the English sentence as a
 # prompt, then a `<bos>`, and is trained to continue with the Grammish words (the loss is taken on
@@ -1013,6 +1068,9 @@ print(f"gap per seed: {' '.join(f'{g:+.3f}' for g in gaps)}; mean {sum(gaps) / 3
 # predicted from the true words before it).
 
 # %%
+catch_up("10_encoders", "8.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.families.mlm import IGNORE as SKIP
 from helpers.families.translation import BOS_ID
@@ -1022,13 +1080,15 @@ shift = vocab.vocab_size  # Grammish id t becomes shift + t
 
 
 def prompt_batch(indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """'english <bos> grammish <eos>' as one sequence (B, N); targets SKIP except on the Grammish part."""
+    """'english <bos> grammish <eos>' as one sequence (B, N); targets SKIP except on the Grammish
+    part."""
     rows, targets = [], []
     for i in indices:
         english, grammish = data.pair(i)
         row = english + [BOS_ID] + [shift + t for t in grammish]
         rows.append(row)
-        targets.append([SKIP] * (len(english) + 1) + [shift + t for t in grammish])  # row's own tokens
+        targets.append([SKIP] * (len(english) + 1) + [shift + t
+                                                      for t in grammish])  # row's own tokens
     ids = pad_batch(rows)
     labels = torch.full_like(ids, SKIP)
     for r, t in enumerate(targets):
@@ -1083,14 +1143,16 @@ rows = [
     ("decoder-only (GPT)", parameters(gpt), "causal", "none",
      "the next token (here: after the prompt)"),
 ]
-print(f"{'family':28s} {'parameters':>10s}  {'self-attention masks':26s} {'cross-attention':26s} objective")
+print(f"{'family':28s} {'parameters':>10s}  {'self-attention masks':26s} {'cross-attention':26s} "
+      f"objective")
 for family, n_params, masks, cross_layers, objective in rows:
     print(f"{family:28s} {n_params:>10,}  {masks:26s} {cross_layers:26s} {objective}")
 assert n_cross == config.n_layers
-assert not any(isinstance(getattr(m, "cross_attn", None), MultiHeadAttention) for m in mlm.modules())
+assert not any(isinstance(getattr(m, "cross_attn", None), MultiHeadAttention)
+               for m in mlm.modules())
 
 # %% [markdown]
-# ## What we measured
+# ## What we measured (optional)
 #
 # - **The bottleneck** (section 2, three seeds from `data/bottleneck.json`, made by
 #   `python benchmarks/bench_bottleneck.py --jobs 3`): on sources of 1-3 joined sentences, with
@@ -1113,7 +1175,7 @@ assert not any(isinstance(getattr(m, "cross_attn", None), MultiHeadAttention) fo
 #   the encoder-decoder.
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **What are the differences between the Transformer encoder and decoder?** (the USF notes)
 #

@@ -40,8 +40,30 @@ import torch.nn.functional as F
 
 import helpers
 
-from helpers.scale.data_parallel import TINY_GPT, Run, average_gradients, data_parallel, loss_of, make_batch, make_model, max_difference, train_bucketed, train_single
-from helpers.scale.workers import WorkerFailed, Workers, collectives_demo, fail_on_rank, ring_all_reduce, ring_all_reduce_by_hand, ring_all_reduce_bytes
+from helpers.scale.data_parallel import (
+    TINY_GPT,
+    Run,
+    average_gradients,
+    data_parallel,
+    loss_of,
+    make_batch,
+    make_model,
+    max_difference,
+    train_bucketed,
+    train_single,
+)
+
+
+# %%
+from helpers.scale.workers import (
+    WorkerFailed,
+    Workers,
+    collectives_demo,
+    fail_on_rank,
+    ring_all_reduce,
+    ring_all_reduce_by_hand,
+    ring_all_reduce_bytes,
+)
 from helpers.lab.exercises import check, yours_or
 from helpers.model.gpt import GPTConfig, exact_parameters
 from helpers.scale.parallelism import (
@@ -55,11 +77,12 @@ from helpers.scale.parallelism import (
 from helpers.scale.sharded import train_fsdp, train_zero_by_hand, train_zero_torch
 from helpers.scale.tensor_parallel import demo_block, dtensor_mlp, tensor_parallel_block
 from helpers.timing import format_duration
+from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # two processes will share the cores with this one
 
 # %% [markdown]
-# ## 1. Processes that talk: ranks, a process group, collectives
+# ## 1. Processes that talk: ranks, a process group, collectives (core)
 #
 # A distributed job is `world_size` copies of the same program. Each copy, a **rank**
 # (0, 1, ...), calls `torch.distributed.init_process_group(backend)`; they meet at an address
@@ -84,7 +107,8 @@ torch.set_num_threads(1)  # two processes will share the cores with this one
 workers = Workers(world_size=2, timeout=120.0)
 start = time.perf_counter()
 results = workers.run(collectives_demo)
-print(f"starting 2 processes and running the first task {format_duration(time.perf_counter() - start)}")
+print(f"starting 2 processes and running the first task "
+      f"{format_duration(time.perf_counter() - start)}")
 for name in results[0]:
     print(f"{name}:")
     for rank, result in enumerate(results):
@@ -262,7 +286,8 @@ for size in sizes:
     print(f"{size:>10,} values = {readable_bytes(4 * size):>8}: each rank sends "
           f"{readable_bytes(sent[size]):>8}; measured: {format_duration(slowest[size])}, "
           f"latency + bytes / bandwidth: {format_duration(latency + sent[size] / bandwidth)}")
-print(f"the fit: a message's latency {format_duration(latency)}; each MB sent {format_duration(1e6 / bandwidth)}")
+print(f"the fit: a message's latency {format_duration(latency)}; each MB sent "
+      f"{format_duration(1e6 / bandwidth)}")
 
 # %%
 figure, axis = plt.subplots(figsize=(8, 4.5), layout="constrained")
@@ -270,13 +295,14 @@ xs = [sent[s] for s in sizes]
 axis.loglog(xs, [slowest[s] for s in sizes], "o", markersize=8, label="measured (best of 7)")
 grid = torch.logspace(math.log10(xs[0]), math.log10(xs[-1]), 50).tolist()
 axis.loglog(grid, [latency + x / bandwidth for x in grid], "-", label="latency + bytes / bandwidth")
-axis.set(title="One all-reduce between 2 processes (gloo, this machine)", xlabel="bytes each rank sends",
+axis.set(title="One all-reduce between 2 processes (gloo, this machine)",
+         xlabel="bytes each rank sends",
          ylabel="seconds")
 axis.legend()
 plt.show()
 
 # %% [markdown]
-# ## 2. Data parallelism: the same model everywhere, a slice of the batch each
+# ## 2. Data parallelism: the same model everywhere, a slice of the batch each (optional)
 #
 # The loss of a batch is a **mean** over its rows. Split a batch of `B` rows into `p` equal
 # slices: the mean over the batch is the average of the slices' means, and so is its gradient.
@@ -288,6 +314,9 @@ plt.show()
 # tied weights) standing in for the two ranks:
 
 # %%
+catch_up("11_distributed", "2.")  # started here after a restart? this runs the sections above
+
+# %%
 run = Run(model="gpt", batch_size=8)
 inputs, targets = make_batch(run, step=0)          # (8, 16) token ids each
 whole = make_model(run)
@@ -296,7 +325,8 @@ ranks = [make_model(run), make_model(run)]
 for rank, model in enumerate(ranks):               # "rank" r takes rows 4r ... 4r + 3
     loss_of(model, inputs[4 * rank:4 * rank + 4], targets[4 * rank:4 * rank + 4]).backward()
 gap = max(((p0.grad + p1.grad) / 2 - p.grad).abs().max().item()
-          for p0, p1, p in zip(ranks[0].parameters(), ranks[1].parameters(), whole.parameters(), strict=True))
+          for p0, p1, p in zip(ranks[0].parameters(), ranks[1].parameters(), whole.parameters(),
+                               strict=True))
 assert gap < 1e-6
 print(TINY_GPT)
 print("average of the two halves' gradients vs the whole batch's: max |diff| < 1e-6")
@@ -367,7 +397,8 @@ for model_name in ("mlp", "gpt"):
     assert max_difference(weights[0], weights[1]) == 0.0
     assert max_difference(weights[0], reference) < 1e-6
     assert max_difference(reference, make_model(run).state_dict()) > 1e-3  # training moved them
-    print(f"{model_name}: after {run.steps} steps the 2 ranks are identical, and equal to 1 process with "
+    print(f"{model_name}: after {run.steps} steps the 2 ranks are identical, and equal to 1 "
+          f"process with "
           "the whole batch: max |diff| < 1e-6")
 
 # %% [markdown]
@@ -389,7 +420,8 @@ n_gradients = sum(len(bucket) for bucket in buckets)
 print(f"bucket_bytes = {inspect.signature(train_bucketed).parameters['bucket_bytes'].default:,}")
 for bucket, ready in launches:
     names = buckets[bucket]
-    print(f"bucket {bucket}: all-reduce started when {ready:>2} of {n_gradients} gradients were ready "
+    print(f"bucket {bucket}: all-reduce started when {ready:>2} of {n_gradients} gradients were "
+          f"ready "
           f"({len(names)} tensors: {names[0]} ... {names[-1]})")
 assert launches[0][1] < n_gradients
 assert max_difference(bucketed_weights, train_single(Run(model="gpt", steps=4))) < 1e-6
@@ -415,7 +447,7 @@ for model_name in ("mlp", "gpt"):
     print(f"{model_name}: torch DDP on 2 processes vs 1 process: max |diff| < 1e-6")
 
 # %% [markdown]
-# ## 3. Optimizer-state sharding (ZeRO-1)
+# ## 3. Optimizer-state sharding (ZeRO-1) (optional)
 #
 # Data parallelism copies *everything* to every rank: the weights, the gradients and AdamW's two
 # running averages `m` and `v`, which alone are twice the weights. ZeRO (Rajbhandari et al.,
@@ -428,14 +460,20 @@ for model_name in ("mlp", "gpt"):
 # the larger share in mixed precision, so sharding it saves more:
 
 # %%
+catch_up("11_distributed", "3.")  # started here after a restart? this runs the sections above
+
+# %%
 gpt2 = GPTConfig.gpt2_small()
-by_precision = {precision: memory_per_rank(exact_parameters(gpt2), world_size=8, precision=precision)
+by_precision = {precision: memory_per_rank(exact_parameters(gpt2), world_size=8,
+                                           precision=precision)
                 for precision in ("fp32", "mixed")}
 print(f"{'':28s} {'float32 (4+4+8)':>18s} {'mixed (2+2+12)':>18s}")
 for stage in by_precision["fp32"]:
-    cells = [f"{readable_bytes(m[stage]):>9} ({m['data parallel'] / m[stage]:.1f}x)" for m in by_precision.values()]
+    cells = [f"{readable_bytes(m[stage]):>9} ({m['data parallel'] / m[stage]:.1f}x)"
+             for m in by_precision.values()]
     print(f"{stage:<28} " + " ".join(f"{c:>18s}" for c in cells))
-assert round(by_precision["mixed"]["data parallel"] / by_precision["mixed"]["ZeRO-1 (optimizer state)"], 1) == 2.9
+assert round(by_precision["mixed"]["data parallel"] / by_precision["mixed"]["ZeRO-1 (optimizer "
+                                                                            "state)"], 1) == 2.9
 
 # %% [markdown]
 # `ShardedAdamW` in `helpers.scale.sharded` is notebook 7's `HandAdamW` with an owner per parameter
@@ -469,7 +507,8 @@ p, weight_bytes = 8, 2 * exact_parameters(gpt2)
 ddp_sends = ring_all_reduce_bytes(weight_bytes, p)
 zero12_sends = 2 * (p - 1) / p * weight_bytes           # reduce-scatter + all-gather
 by_hand_sends = ddp_sends + (p - 1) / p * weight_bytes  # all-reduce + a broadcast from each owner
-for name, n in (("DDP (all-reduce)", ddp_sends), ("ZeRO-1/2 (reduce-scatter + all-gather)", zero12_sends),
+for name, n in (("DDP (all-reduce)", ddp_sends), ("ZeRO-1/2 (reduce-scatter + all-gather)",
+                                                  zero12_sends),
                 ("this notebook's ShardedAdamW (all-reduce + broadcast)", by_hand_sends)):
     print(f"{name:<54} {readable_bytes(n):>8} per rank per step ({n / ddp_sends:.1f}x DDP)")
 assert zero12_sends == ddp_sends and by_hand_sends == 1.5 * ddp_sends
@@ -498,7 +537,8 @@ print("ZeroRedundancyOptimizer vs torch.optim.AdamW: max |diff| < 1e-6")
 run = Run(model="gpt", steps=4)
 results = workers.run(train_fsdp, run)
 for rank, result in enumerate(results):
-    print(f"rank {rank}: holds {result['local_bytes']:,} of the model's {result['full_bytes']:,} bytes "
+    print(f"rank {rank}: holds {result['local_bytes']:,} of the model's {result['full_bytes']:,} "
+          f"bytes "
           f"of weights (as {result['kind']})")
 assert max_difference(results[0]["weights"], train_single(run)) < 1e-6
 print("FSDP2 on 2 processes vs 1 process: max |diff| < 1e-6")
@@ -521,12 +561,13 @@ from helpers.scale import any_model
 results = workers.run(any_model.train_sharded_optimizer_any, "encoder", 3)
 for rank, result in enumerate(results):
     assert result["equal_after"] == [True, True, True]
-    print(f"rank {rank}: AdamW state {result['state_bytes']:,} bytes of {result['full_state_bytes']:,}; "
+    print(f"rank {rank}: AdamW state {result['state_bytes']:,} bytes of "
+          f"{result['full_state_bytes']:,}; "
           f"weights equal to unsharded AdamW after each of 3 steps: {result['equal_after']}")
 assert sum(r["state_bytes"] for r in results) == results[0]["full_state_bytes"]
 
 # %% [markdown]
-# ## 4. Tensor parallelism: split every matrix
+# ## 4. Tensor parallelism: split every matrix (optional)
 #
 # Data parallelism needs the whole model on each device. When one layer is too big, split the
 # layer. The MLP is `down(gelu(up(x)))` with `up` of shape `(hidden, D)` and `down` of shape
@@ -554,6 +595,9 @@ assert sum(r["state_bytes"] for r in results) == results[0]["full_state_bytes"]
 # <details><summary>Hint 2: the plan</summary>(1) Each rank's share: an equal block of the hidden
 # units. (2) The block that belongs to this rank. (3) Those units' rows of the up projection and
 # entries of its bias, and the same units' columns of the down projection.</details>
+
+# %%
+catch_up("11_distributed", "4.")  # started here after a restart? this runs the sections above
 
 # %%
 def split_mlp(up_weight: torch.Tensor, up_bias: torch.Tensor, down_weight: torch.Tensor,
@@ -612,9 +656,12 @@ out = block(x)
 k = block.mlp.up.out_features // 2
 n_block = sum(p.numel() for p in block.parameters())
 for rank, result in enumerate(results):
-    assert (result["out"] - out).abs().max() < 1e-6 and (result["x_grad"] - x.grad).abs().max() < 1e-6
-    assert (result["up_grad"] - block.mlp.up.weight.grad[rank * k:(rank + 1) * k]).abs().max() < 1e-6
-    print(f"rank {rank}: {result['parameters']:,} of the block's {n_block:,} parameters; output, input "
+    assert (result["out"] - out).abs().max() < 1e-6 and (result["x_grad"]
+                                                         - x.grad).abs().max() < 1e-6
+    assert (result["up_grad"] - block.mlp.up.weight.grad[rank * k:(rank + 1)
+                                                         * k]).abs().max() < 1e-6
+    print(f"rank {rank}: {result['parameters']:,} of the block's {n_block:,} parameters; output, "
+          f"input "
           "gradient and its W_up gradient rows vs 1 process: max |diff| < 1e-6")
 
 # %% [markdown]
@@ -637,7 +684,7 @@ for rank, result in enumerate(results):
           f"down.weight local {result['down_local']}; output vs the MLP: max |diff| < 1e-6")
 
 # %% [markdown]
-# ## 5. The aspects of Transformer parallelization
+# ## 5. The aspects of Transformer parallelization (optional)
 #
 # The USF notes close their questions with "What are the aspects of Transformer
 # parallelization?". Inside one device: the batch, the heads and the positions are computed at
@@ -650,12 +697,16 @@ for rank, result in enumerate(results):
 # rank and bf16 values (2 bytes). GPT-3's sizes: 96 layers, `d_model = 12288`, 2048 tokens.
 
 # %%
+catch_up("11_distributed", "5.")  # started here after a restart? this runs the sections above
+
+# %%
 gpt3 = GPTConfig(vocab_size=50257, context_length=2048, n_layers=96, n_heads=96, d_model=12288)
 models = {"GPT-2 small": gpt2, "GPT-3 175B": gpt3}
 for name, config in models.items():
     print(f"{name}: {exact_parameters(config):,} parameters, {config.n_layers} layers, "
           f"d_model {config.d_model}, {config.context_length} tokens")
-rows = {name: communication_per_step(config, batch_size=8, world_size=8) for name, config in models.items()}
+rows = {name: communication_per_step(config, batch_size=8, world_size=8) for name,
+        config in models.items()}
 print(f"\n{'parallelism':<36}{'GPT-2 small':>12}{'GPT-3 175B':>12}   sends")
 for i, row in enumerate(rows["GPT-2 small"]):
     print(f"{row.name:<36}{readable_bytes(row.bytes_per_rank):>12}"
@@ -699,15 +750,17 @@ figure, axis = plt.subplots(figsize=(8, 4.5), layout="constrained")
 for stages in (2, 4, 8):
     fractions = [bubble_fraction(stages, m) for m in micro_batches]
     axis.plot(micro_batches, fractions, "o-", label=f"{stages} stages")
-    print(f"{stages} stages: idle share " + ", ".join(f"m={m}: {f:.0%}" for m, f in zip(micro_batches, fractions, strict=True)))
-axis.set(xscale="log", title="Pipeline bubble: (p - 1) / (m + p - 1)", xlabel="micro-batches m per step",
+    print(f"{stages} stages: idle share " + ", ".join(f"m={m}: {f:.0%}" for m,
+            f in zip(micro_batches, fractions, strict=True)))
+axis.set(xscale="log", title="Pipeline bubble: (p - 1) / (m + p - 1)",
+         xlabel="micro-batches m per step",
          ylabel="share of the step a stage idles", xticks=micro_batches, xticklabels=micro_batches)
 axis.legend()
 plt.show()
 
 # %% [markdown]
 #
-# ## 6. Started by `torchrun`, on GPUs with `nccl`
+# ## 6. Started by `torchrun`, on GPUs with `nccl` (optional)
 #
 # The worker functions of `helpers` do not care how their process was started. `torchrun` starts
 # `N` copies of a script and tells each its rank in environment variables;
@@ -718,6 +771,9 @@ plt.show()
 # cluster (`python -m torch.distributed.run` is `torchrun`):
 
 # %%
+catch_up("11_distributed", "6.")  # started here after a restart? this runs the sections above
+
+# %%
 package_root = str(Path(helpers.__file__).resolve().parent.parent)  # so the processes find helpers
 command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "helpers.scale.data_parallel"]  # --standalone: one machine, a free port
@@ -726,7 +782,8 @@ done = subprocess.run(command, capture_output=True, text=True, timeout=300,
                       env={**os.environ, "PYTHONPATH": package_root, "OMP_NUM_THREADS": "1"})
 assert done.returncode == 0, done.stderr[-2000:]
 print("torchrun --standalone --nproc_per_node 2 -m helpers.scale.data_parallel")
-print("   ", done.stdout.strip().splitlines()[-1], "|", format_duration(time.perf_counter() - start))
+print("   ", done.stdout.strip().splitlines()[-1], "|", format_duration(time.perf_counter()
+                                                                        - start))
 
 # %% [markdown]
 # On a machine with `N` GPUs the same command with `--nproc_per_node N` runs the same code on
@@ -735,20 +792,26 @@ print("   ", done.stdout.strip().splitlines()[-1], "|", format_duration(time.per
 # available to this course. Two differences matter in practice: `nccl` moves tensors from GPU
 # to GPU without the CPU (far faster than `gloo`), and each process must own its own GPU.
 #
-# ## What was measured here
+# ## What was measured here (optional)
 #
 # The all-reduce times of section 1 (two CPU processes, gloo) and the memory per rank of section
 # 3, gathered again:
 
 # %%
+catch_up("11_distributed", "What")  # started here after a restart? this runs the sections above
+
+# %%
 for size in sizes:
-    print(f"all-reduce of {readable_bytes(4 * size):>8} on 2 processes: {format_duration(slowest[size])}")
-print(f"the fit: a message's latency {format_duration(latency)}; each MB sent {format_duration(1e6 / bandwidth)}")
+    print(f"all-reduce of {readable_bytes(4 * size):>8} on 2 processes: "
+          f"{format_duration(slowest[size])}")
+print(f"the fit: a message's latency {format_duration(latency)}; each MB sent "
+      f"{format_duration(1e6 / bandwidth)}")
 print(f"ZeRO-1, AdamW state per rank of the tiny GPT: {results_zero[0]['state_bytes']:,} and "
-      f"{results_zero[1]['state_bytes']:,} bytes (unsharded {results_zero[0]['full_state_bytes']:,})")
+      f"{results_zero[1]['state_bytes']:,} bytes (unsharded "
+      f"{results_zero[0]['full_state_bytes']:,})")
 
 # %% [markdown]
-# ## 7. Part two: FSDP, pipelines and rings, by hand
+# ## 7. Part two: FSDP, pipelines and rings, by hand (optional)
 #
 # Three more ways to split a training step, each written with the collectives of section 1 and
 # proven equal to one process on the same two workers.
@@ -764,6 +827,9 @@ print(f"ZeRO-1, AdamW state per rank of the tiny GPT: {results_zero[0]['state_by
 # section 3's `fully_shard` did on the same workers; here every collective is in plain sight.
 
 # %%
+catch_up("11_distributed", "7.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.scale.fsdp import memory_table, train_fsdp_by_hand, train_reference
 
 run_fsdp = Run(model="gpt", steps=3, lr=0.01)
@@ -771,10 +837,12 @@ results_fsdp = workers.run(train_fsdp_by_hand, run_fsdp)
 reference_fsdp = train_reference(run_fsdp)  # one process, torch.optim.AdamW, float64
 gap = max(max_difference(r["weights"], reference_fsdp) for r in results_fsdp)
 assert gap < 1e-12
-print(f"FSDP by hand on 2 processes vs 1 process, {run_fsdp.steps} AdamW steps in float64: max |diff| < 1e-12")
+print(f"FSDP by hand on 2 processes vs 1 process, {run_fsdp.steps} AdamW steps in float64: max "
+      f"|diff| < 1e-12")
 for rank, r in enumerate(results_fsdp):
     print(f"rank {rank} holds {r['held_bytes']:,} bytes (weights, gradients, m, v of its pieces); "
-          f"one process {r['single_bytes']:,}; full weights alive at once at most {r['peak_full_bytes']:,}")
+          f"one process {r['single_bytes']:,}; full weights alive at once at most "
+          f"{r['peak_full_bytes']:,}")
 
 # %% [markdown]
 # ### Exercise: FSDP's gradient step
@@ -800,7 +868,8 @@ import torch.distributed as dist  # noqa: F401 - my_grad_piece communicates with
 
 
 def my_grad_piece(rank: int, world_size: int, grads: list[torch.Tensor]) -> torch.Tensor:
-    """grads: p flat gradients (P,), this rank reads grads[rank] -> (P / p,) its piece of the mean."""
+    """grads: p flat gradients (P,), this rank reads grads[rank] -> (P / p,) its piece of the
+    mean."""
     ### BEGIN SOLUTION
     shares = [piece / world_size for piece in grads[rank].chunk(world_size)]  # divide first
     mean_piece = torch.zeros_like(shares[0])
@@ -835,7 +904,8 @@ for name, config in (("GPT-2 small", GPTConfig.gpt2_small()),
                      ("GPT-3 175B", GPTConfig(vocab_size=50257, context_length=2048, n_layers=96,
                                               n_heads=96, d_model=12288))):
     psi = exact_parameters(config)
-    by_hand = [16 * psi, 4 * psi + 12 * psi / n_ranks, 2 * psi + 14 * psi / n_ranks, 16 * psi / n_ranks]
+    by_hand = [16 * psi, 4 * psi + 12 * psi / n_ranks, 2 * psi + 14 * psi / n_ranks, 16
+               * psi / n_ranks]
     from_helper = list(memory_table(n_ranks)[name].values())
     assert all(math.isclose(a, b) for a, b in zip(by_hand, from_helper, strict=True))
     print(f"{name} ({psi / 1e9:.3g} B parameters), per rank on {n_ranks} ranks: data parallel "
@@ -861,7 +931,8 @@ for name, config in (("GPT-2 small", GPTConfig.gpt2_small()),
 for name, dtype in (("encoder", "float32"), ("encoder", "bfloat16"), ("tied_mlp", "bfloat16")):
     ours = workers.run(any_model.train_fsdp_any, name, dtype)
     theirs = workers.run(any_model.train_fully_shard_any, name, dtype)
-    gap = max(float((ours[0]["weights"][k] - w).abs().max()) for k, w in theirs[0]["weights"].items())
+    gap = max(float((ours[0]["weights"][k] - w).abs().max()) for k,
+              w in theirs[0]["weights"].items())
     assert ours[0]["losses"] == theirs[0]["losses"] and gap == 0.0
     print(f"{name:>8}, compute {dtype:>8}: {len(ours[0]['losses'])} losses and every weight equal "
           "to fully_shard's, bit for bit")
@@ -956,7 +1027,8 @@ for rank, ops in enumerate(one_f_one_b_order(2, 4)):
 reference_pipe = reference_gradients(batch_size=8)
 for schedule in ("gpipe", "1f1b"):
     results_pipe = run_pipeline(workers, schedule, micro_batches=4, batch_size=8)
-    gap = max((g - reference_pipe[name]).abs().max().item() for r in results_pipe for name, g in r["grads"].items())
+    gap = max((g - reference_pipe[name]).abs().max().item() for r in results_pipe for name,
+              g in r["grads"].items())
     assert gap < 1e-12
     print(f"{schedule}: gradients of 2 stages vs 1 process (float64): max |diff| < 1e-12")
 
@@ -1015,8 +1087,10 @@ figure, axes = plt.subplots(2, 1, figsize=(10, 4.5), layout="constrained", share
 for axis, (name, order) in zip(axes, (("GPipe", gpipe_order), ("1F1B", your_order)), strict=True):
     events = timeline(order(4, 6))
     for rank, slot, kind, i in events:
-        axis.barh(rank, 1, left=slot, color="tab:blue" if kind == "F" else "tab:orange", edgecolor="white")
-        axis.text(slot + 0.5, rank, f"{kind}{i}", ha="center", va="center", color="white", fontsize=9)
+        axis.barh(rank, 1, left=slot, color="tab:blue" if kind == "F" else "tab:orange",
+                  edgecolor="white")
+        axis.text(slot + 0.5, rank, f"{kind}{i}", ha="center", va="center", color="white",
+                  fontsize=9)
     axis.set(title=f"{name}, 4 stages, 6 micro-batches: idle share {timeline_bubble(events):.0%} "
                    f"= (p - 1) / (m + p - 1)", ylabel="stage (rank)", yticks=range(4))
     axis.invert_yaxis()
@@ -1035,8 +1109,10 @@ measured = measure_bubble(workers, "1f1b", [1, 2, 4, 8], batch_size=16, repeats=
 figure, axis = plt.subplots(figsize=(7, 4), layout="constrained")
 ms = list(measured)
 axis.plot(ms, [measured[m]["formula"] for m in ms], "o-", label="formula (p - 1) / (m + p - 1)")
-axis.plot(ms, [measured[m]["measured"] for m in ms], "s--", label="measured: 1 - compute time / step time")
-axis.set(xscale="log", xticks=ms, xticklabels=ms, title="1F1B on 2 CPU processes: the bubble shrinks with m",
+axis.plot(ms, [measured[m]["measured"] for m in ms], "s--",
+          label="measured: 1 - compute time / step time")
+axis.set(xscale="log", xticks=ms, xticklabels=ms,
+         title="1F1B on 2 CPU processes: the bubble shrinks with m",
          xlabel="micro-batches m", ylabel="share of the step a rank idles")
 axis.legend()
 plt.show()
@@ -1091,7 +1167,11 @@ def ring_merge(out: torch.Tensor, lse: torch.Tensor, o_b: torch.Tensor,
 check("distributed.ring_merge", ring_merge)
 
 # %%
-from helpers.scale.ring_attention import full_attention_reference, run_ring_attention, split_sequence
+from helpers.scale.ring_attention import (
+    full_attention_reference,
+    run_ring_attention,
+    split_sequence,
+)
 
 shape = (2, 2, 16, 8)  # B, H, N, D_H
 reference_ring = full_attention_reference(shape)
@@ -1101,7 +1181,8 @@ for zigzag in (False, True):
               for rank, r in enumerate(results_ring) for name in ("out", "q", "k", "v"))
     assert gap < 1e-6
     print(f"{'zig-zag' if zigzag else 'contiguous'} split: output and gradients of q, k, v vs full "
-          f"attention: max |diff| < 1e-6; scores computed per rank {[r['work'] for r in results_ring]}")
+          f"attention: max |diff| < 1e-6; scores computed per rank "
+          f"{[r['work'] for r in results_ring]}")
 
 # %% [markdown]
 # ### On one device: gradient accumulation and recomputation
@@ -1116,7 +1197,8 @@ from helpers.scale.recompute import compare_memory_and_time
 
 torch.manual_seed(0)
 ids_rc = torch.randint(0, TINY_GPT.vocab_size, (16, TINY_GPT.context_length + 1))
-table_rc = compare_memory_and_time(make_model(Run(model="gpt")), ids_rc[:, :-1], ids_rc[:, 1:], accumulation=4)
+table_rc = compare_memory_and_time(make_model(Run(model="gpt")), ids_rc[:, :-1], ids_rc[:, 1:],
+                                   accumulation=4)
 for name, row in table_rc.items():
     print(f"{name:>14}: activations kept at most {readable_bytes(row['peak_bytes']):>8}, "
           f"a step {format_duration(row['seconds'])}")
@@ -1138,7 +1220,7 @@ except WorkerFailed as error:
 print("processes still running:", len(workers.processes))
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. The USF notes: what are the aspects of Transformer parallelization?**
 #
@@ -1152,6 +1234,9 @@ print("processes still running:", len(workers.processes))
 # parallelism (the layers), sequence/context parallelism (the tokens) and expert parallelism (the
 # experts of an MoE layer). Section 5's table gives what each sends per step.
 # </details>
+
+# %%
+catch_up("11_distributed", "Check")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # **2. Why do 2 processes with half the batch each end with the same weights as 1 process?**
@@ -1204,10 +1289,14 @@ for p in (2, 8, 1024):
     print(f"p = {p:>4}: each rank sends {readable_bytes(ring_all_reduce_bytes(gradient_bytes, p))} "
           f"of a {readable_bytes(gradient_bytes)} gradient")
 memory = memory_per_rank(exact_parameters(gpt2), world_size=8)
-print(f"GPT-2 small, 8 ranks: data parallel {readable_bytes(memory['data parallel'])}, "
-      f"ZeRO-1 {readable_bytes(memory['ZeRO-1 (optimizer state)'])} per rank "
-      f"({memory['data parallel'] / memory['ZeRO-1 (optimizer state)']:.1f}x); mixed precision: "
-      f"{by_precision['mixed']['data parallel'] / by_precision['mixed']['ZeRO-1 (optimizer state)']:.1f}x")
+mixed = by_precision["mixed"]
+mixed_ratio = mixed["data parallel"] / mixed["ZeRO-1 (optimizer state)"]
+print(
+    f"GPT-2 small, 8 ranks: data parallel {readable_bytes(memory['data parallel'])}, "
+    f"ZeRO-1 {readable_bytes(memory['ZeRO-1 (optimizer state)'])} per rank "
+    f"({memory['data parallel'] / memory['ZeRO-1 (optimizer state)']:.1f}x); mixed precision: "
+    f"{mixed_ratio:.1f}x"
+)
 
 # %% [markdown]
 # **6. FSDP all-gathers every weight twice per step. Why not keep the gathered weights from the

@@ -33,12 +33,13 @@ import torch
 import torch.nn.functional as F
 
 from helpers.lab.exercises import check
+from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 # %% [markdown]
-# ## 1. Mixture of experts
+# ## 1. Mixture of experts (optional)
 #
 # A dense block sends every token through one MLP. A MoE block has `E` MLPs (the **experts**) and
 # a **router**, a linear layer `D -> E` that scores every expert for every token; each token goes
@@ -222,7 +223,8 @@ for shared in (0, 64):
 
 # %%
 torch.manual_seed(1)
-skewed_logits = torch.randn(64, 8) + torch.tensor([2.0, 1.0, 0.5, 0, 0, 0, 0, 0])  # experts 0-2 favoured
+skewed_logits = torch.randn(64, 8) + torch.tensor([2.0, 1.0, 0.5, 0, 0, 0, 0,
+                                                   0])  # experts 0-2 favoured
 w8, e8 = route(skewed_logits, 2)
 layer_experts = Experts(8, D, HIDDEN)
 x64 = torch.randn(64, D)
@@ -230,9 +232,11 @@ print("load per expert:", expert_load(e8, 8).int().tolist(), "of", 64 * 2, "assi
 for factor in (0.5, 1.0, 1.25, 2.0):
     capacity = expert_capacity(64, 2, 8, factor)
     _, lost = layer_experts.sorted(x64, w8, e8, capacity)
-    print(f"capacity factor {factor:4}: C = {capacity:3d} slots per expert, {lost:3d} assignments dropped")
+    print(f"capacity factor {factor:4}: C = {capacity:3d} slots per expert, {lost:3d} assignments "
+          f"dropped")
 _, lost = layer_experts.sorted(x64, w8, e8)
-print(f"dropless:              C = {int(expert_load(e8, 8).max()):3d} (the largest load), {lost} dropped")
+print(f"dropless:              C = {int(expert_load(e8, 8).max()):3d} (the largest load), {lost} "
+      f"dropped")
 
 # %% [markdown]
 # ### See it move: top-k, capacity and each expert's load
@@ -263,7 +267,8 @@ plt.show()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# The widget's output holds model ids that change on every run; the figure above is the same drawing.
+# The widget's output holds model ids that change on every run; the figure above is the same
+# drawing.
 from helpers.lab.widgets import Explorer
 
 load_explorer = Explorer(
@@ -275,7 +280,7 @@ load_explorer = Explorer(
 load_explorer
 
 # %%
-first = load_explorer.last
+first = load_explorer.reset()
 roomier = load_explorer.set(capacity_factor=2.0)
 assert roomier["capacity"] > first["capacity"] and roomier["dropped"] < first["dropped"]
 print("redraws so far:", load_explorer.redraws)
@@ -296,11 +301,20 @@ if HAS_TRANSFORMERS:
     from helpers.model.frontier import config_from_qwen3_moe, from_qwen3_moe
 
     torch.manual_seed(0)
-    qwen_config = Qwen3MoeConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
-                                 moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, head_dim=8, num_experts=6,
-                                 num_experts_per_tok=2, max_position_embeddings=32,
-                                 norm_topk_prob=True)  # as the released Qwen3-MoE configs
+    qwen_config = Qwen3MoeConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=6,
+        num_experts_per_tok=2,
+        max_position_embeddings=32,
+        norm_topk_prob=True,
+    )  # as the released Qwen3-MoE configs
     qwen = Qwen3MoeForCausalLM(qwen_config).eval()
     with torch.no_grad():
         for p in qwen.parameters():  # their init leaves the router at 0: give every weight a value
@@ -381,7 +395,8 @@ from helpers.training.trainer import TrainConfig, Trainer, encode_text, learning
 
 BALANCE_STEPS = 40  # the knob: 200 is what the benchmark below runs
 BATCH_ROWS, CONTEXT, TOP_K = 12, 64, 2
-ASSIGNMENTS = BATCH_ROWS * CONTEXT * TOP_K  # per training step: every token of the batch, 2 experts each
+# per training step: every token of the batch, 2 experts each
+ASSIGNMENTS = BATCH_ROWS * CONTEXT * TOP_K
 train_text, val_text = split_stories(load_corpus()[:300_000])
 tokenizer = CharTokenizer(sorted(set(train_text + val_text)))
 train_ids, val_ids = encode_text(tokenizer, train_text), encode_text(tokenizer, val_text)
@@ -389,13 +404,26 @@ SIZES = dict(vocab_size=len(tokenizer.chars), context_length=CONTEXT, n_layers=2
              n_kv_heads=2, d_model=64)
 
 
+# %%
 def train_steps(config: FrontierConfig, steps: int, lr: float = 3e-3, seed: int = 0,
                 after_step=None) -> tuple[FrontierGPT, Trainer]:
-    """A FrontierGPT trained by notebook 7's Trainer, in float32; after_step(model) after each step."""
+    """A FrontierGPT trained by notebook 7's Trainer, in float32; after_step(model) after each
+    step."""
     torch.manual_seed(seed)
     model = FrontierGPT(config)
-    trainer = Trainer(model, train_ids, val_ids, TrainConfig(
-        batch_size=BATCH_ROWS, learning_rate=lr, precision="fp32", fast=False, eval_batches=8, seed=seed))
+    trainer = Trainer(
+        model,
+        train_ids,
+        val_ids,
+        TrainConfig(
+            batch_size=BATCH_ROWS,
+            learning_rate=lr,
+            precision="fp32",
+            fast=False,
+            eval_batches=8,
+            seed=seed,
+        ),
+    )
     for step in range(steps):
         trainer.train_step(learning_rate((step + 1) / steps, lr))
         if after_step is not None:
@@ -415,7 +443,8 @@ print("steps recorded per run:", {balance: len(share) for balance, share in shar
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
 for ax, (balance, share) in zip(axes, shares.items(), strict=True):
-    ax.stackplot(range(1, len(share) + 1), share.T.numpy(), labels=[f"expert {e}" for e in range(8)])
+    ax.stackplot(range(1, len(share) + 1), share.T.numpy(), labels=[f"expert {e}"
+                                                                    for e in range(8)])
     ax.set(title=f"balance = {balance!r}", xlabel="training step", ylim=(0, 1))
 axes[0].set_ylabel("share of layer 0's assignments")
 axes[2].legend(loc="center left", bbox_to_anchor=(1, 0.5))
@@ -423,6 +452,8 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# ### Balanced or not, measured over seeds
+#
 # Routing decisions are discrete, so a run's exact shares can differ between CPUs; the measured
 # numbers come from `python benchmarks/bench_moe.py --part balance --steps 200 --seeds 5`, which
 # ran the same three models for 200 steps with five seeds and wrote `data/bench_moe.json`. For
@@ -434,14 +465,16 @@ from helpers.text.corpus import data_dir
 
 bench = json.loads((data_dir() / "bench_moe.json").read_text())
 FAIR = 1 / 8
-window_shares = {}  # balance -> (seeds, 2, E): each expert's mean share over steps 1-20 and the last 50
+# balance -> (seeds, 2, E): each expert's mean share over steps 1-20 and the last 50
+window_shares = {}
 print(f"{bench['balance_steps']} steps, seeds {bench['seeds']}, fair share {FAIR}")
 for balance, runs in bench["balance"].items():
     per_step = torch.tensor(runs["shares"])                               # (seeds, steps, E)
     window_shares[balance] = torch.stack([per_step[:, :20].mean(1), per_step[:, -50:].mean(1)], 1)
     early, late = window_shares[balance].unbind(1)                        # (seeds, E) each
     print(f"{balance}:\n  busiest expert, steps 1-20 -> last 50: "
-          + ", ".join(f"{a:.2f} -> {b:.2f}" for a, b in zip(early.amax(1), late.amax(1), strict=True))
+          + ", ".join(f"{a:.2f} -> {b:.2f}" for a, b in zip(early.amax(1), late.amax(1),
+                                                            strict=True))
           + "\n  least-used expert over the last 50:   "
           + ", ".join(f"{s:.3f}" for s in late.amin(1))
           + "\n  val loss:                             "
@@ -454,8 +487,10 @@ print(f"no balancing: the busiest share falls from steps 1-20 to the last 50 on 
       f"{len(bench['seeds'])} seeds")
 for balance, shares_ in window_shares.items():
     least, busiest_early = shares_[:, 1].amin(1), shares_[:, 0].amax(1)
-    print(f"{balance:8s} least-used share over the last 50 steps: {least.min():.3f} to {least.max():.3f} "
-          f"(fair {FAIR}); busiest over steps 1-20: {busiest_early.min():.2f} to {busiest_early.max():.2f}")
+    print(f"{balance:8s} least-used share over the last 50 steps: {least.min():.3f} to "
+          f"{least.max():.3f} "
+          f"(fair {FAIR}); busiest over steps 1-20: {busiest_early.min():.2f} to "
+          f"{busiest_early.max():.2f}")
 
 
 # %% [markdown]
@@ -477,7 +512,8 @@ for ax, (balance, runs) in zip(axes, bench["balance"].items(), strict=True):
         ax.plot(steps, moving_average(run.amin(1)), color="tab:blue", alpha=0.6,
                 label="least-used expert" if seed == 0 else None)
     ax.axhline(FAIR, color="black", linestyle="--", label="fair share 1/8")
-    ax.set(title=f"balance = {balance!r}, {len(per_step)} seeds", xlabel="training step", ylim=(0, 0.55))
+    ax.set(title=f"balance = {balance!r}, {len(per_step)} seeds", xlabel="training step", ylim=(0,
+            0.55))
 axes[0].set_ylabel("share of layer 0's assignments\n(mean of 10 steps)")
 axes[0].legend()
 plt.tight_layout()
@@ -510,10 +546,12 @@ plt.show()
 # %%
 import statistics
 
-print(f"{'model':32s} {'total':>8s} {'active':>8s} {'steps':>6s}   val loss, seeds {bench['seeds']}   mean")
+print(f"{'model':32s} {'total':>8s} {'active':>8s} {'steps':>6s}   val loss, seeds "
+      f"{bench['seeds']}   mean")
 for name, runs in bench["models"].items():
     losses = runs["val_loss"]
-    print(f"{name:32s} {runs['total_params'][0]:8,d} {runs['active_params'][0]:8,d} {runs['steps'][0]:6d}   "
+    print(f"{name:32s} {runs['total_params'][0]:8,d} {runs['active_params'][0]:8,d} "
+          f"{runs['steps'][0]:6d}   "
           f"{', '.join(f'{v:.3f}' for v in losses)}   {statistics.mean(losses):.3f}")
 for balance, runs in bench["balance"].items():
     print(f"MoE balanced by {balance!r:10s} val loss mean {statistics.mean(runs['val_loss']):.3f} "
@@ -527,7 +565,8 @@ for balance, runs in bench["balance"].items():
 
 # %%
 moe = "MoE 8 experts, top-2"
-step_time = {name: statistics.median(times) for name, times in bench["speed"]["seconds_per_step"].items()}
+step_time = {name: statistics.median(times) for name,
+             times in bench["speed"]["seconds_per_step"].items()}
 print(f"{len(bench['speed']['seconds_per_step'][moe])} rounds, {bench['speed']['threads']} thread")
 for name, seconds in step_time.items():
     print(f"{name:22s} one training step: {seconds / step_time['dense, equal active']:.2f}x "
@@ -546,7 +585,8 @@ def seeds_below(a: str, b: str) -> str:
 
 print("equal steps: MoE below dense, equal active on", seeds_below(moe, "dense, equal active"))
 print("equal steps: MoE below dense, equal total on ", seeds_below(moe, "dense, equal total"))
-print("equal time:  dense, equal active below MoE on ", seeds_below("dense, equal active, equal time", moe))
+print("equal time:  dense, equal active below MoE on ",
+      seeds_below("dense, equal active, equal time", moe))
 
 # %% [markdown]
 # At equal steps the MoE beats the dense model with the same active parameters on every seed, and
@@ -585,7 +625,7 @@ assert all(r["max_error"] < 1e-6 for r in results)
 assert sum(r["rows_computed"] for r in results) == 2 * 16 * 2   # every assignment computed once
 
 # %% [markdown]
-# ## 2. Multi-head latent attention (DeepSeek-V2, V3)
+# ## 2. Multi-head latent attention (DeepSeek-V2, V3) (core)
 #
 # Notebook 5 counted the KV cache: every layer stores every head's key and value for every
 # token. GQA and MQA shrink it by sharing heads. DeepSeek's **MLA** instead compresses: each token
@@ -605,6 +645,9 @@ assert sum(r["rows_computed"] for r in results) == 2 * 16 * 2   # every assignme
 # W_UV_h Σ_j a_j c_j`: sum the latents first, project once. By hand, for one head:
 
 # %%
+catch_up("12_frontier_decoder", "2.")  # started here after a restart? this runs the sections above
+
+# %%
 torch.manual_seed(0)
 r, d_nope, n_keys = 6, 4, 5
 q = torch.randn(d_nope)                  # one head's query (its non-rotated part)
@@ -612,7 +655,8 @@ w_uk = torch.randn(d_nope, r)            # that head's key up-projection
 latents = torch.randn(n_keys, r)         # the cache: one latent per earlier token
 naive_scores = (latents @ w_uk.T) @ q    # rebuild every key, then dot with q
 absorbed_scores = latents @ (w_uk.T @ q) # absorb W_UK into the query, dot with the latents
-print(f"naive vs absorbed scores: max difference < 1e-5: {(naive_scores - absorbed_scores).abs().max() < 1e-5}")
+print(f"naive vs absorbed scores: max difference < 1e-5: "
+      f"{(naive_scores - absorbed_scores).abs().max() < 1e-5}")
 assert torch.allclose(naive_scores, absorbed_scores, atol=1e-5)
 
 # %% [markdown]
@@ -661,7 +705,8 @@ from helpers.model.mla import DEEPSEEK_V3, LatentAttention, cache_values_per_tok
 from helpers.model.modern import RopeTable
 
 torch.manual_seed(0)
-mla = LatentAttention(d_model=64, n_heads=4, kv_rank=16, rope_dim=8, nope_dim=16, v_dim=16, q_rank=32)
+mla = LatentAttention(d_model=64, n_heads=4, kv_rank=16, rope_dim=8, nope_dim=16, v_dim=16,
+                      q_rank=32)
 table = RopeTable.build(8, 32)
 x_mla = torch.randn(2, 10, 64)
 with torch.no_grad():
@@ -677,7 +722,8 @@ print(f"token by token with the latent cache vs full pass < 1e-5: "
 print("cached per token:", c_cache.shape[-1], "latent +", k_rope_cache.shape[-1], "RoPE key =",
       c_cache.shape[-1] + k_rope_cache.shape[-1], "numbers; MHA with these heads would cache",
       2 * 4 * 16)
-assert torch.allclose(naive, absorbed, atol=1e-5) and torch.allclose(torch.cat(steps, 1), naive, atol=1e-5)
+assert torch.allclose(naive, absorbed, atol=1e-5) and torch.allclose(torch.cat(steps, 1), naive,
+                                                                     atol=1e-5)
 
 # %% [markdown]
 # ### 2.2 Cache bytes per token at DeepSeek-V3's sizes
@@ -693,7 +739,8 @@ for kind, label in (("mha", "MHA, 128 heads"), ("gqa", "GQA, 8 groups"), ("mqa",
     values = cache_values_per_token(kind, DEEPSEEK_V3)
     print(f"{label:22s} {values:14,d} {2 * values:12,d} {2 * values * 131072 / 2**30:19.1f}")
 ratio = cache_values_per_token("mha", DEEPSEEK_V3) / cache_values_per_token("mla", DEEPSEEK_V3)
-print(f"MLA caches {ratio:.1f}x less than MHA, and {cache_values_per_token('gqa', DEEPSEEK_V3) / cache_values_per_token('mla', DEEPSEEK_V3):.2f}x less than GQA with 8 groups")
+gqa_ratio = cache_values_per_token("gqa", DEEPSEEK_V3) / cache_values_per_token("mla", DEEPSEEK_V3)
+print(f"MLA caches {ratio:.1f}x less than MHA, and {gqa_ratio:.2f}x less than GQA with 8 groups")
 
 # %% [markdown]
 # MLA caches less than GQA with 8 groups and a bit more than twice MQA's 256 numbers per layer,
@@ -732,18 +779,22 @@ if HAS_TRANSFORMERS:
         ours = from_deepseek_v3(deepseek.state_dict(), config_from_deepseek_v3(ds_config)).eval()
         reference = deepseek(ids).logits
         gaps = [(ours(ids, absorbed=a) - reference).abs().max().item() for a in (False, True)]
-    print(f"DeepSeek-V3 logits vs ours, naive < 1e-5: {gaps[0] < 1e-5}, absorbed < 1e-5: {gaps[1] < 1e-5}")
+    print(f"DeepSeek-V3 logits vs ours, naive < 1e-5: {gaps[0] < 1e-5}, absorbed < 1e-5: "
+          f"{gaps[1] < 1e-5}")
     assert max(gaps) < 1e-5
 else:
     print("transformers is not installed: tests/model/test_mla.py runs this comparison where it is")
 
 # %% [markdown]
-# ## 3. Sliding windows and a ring-buffer cache
+# ## 3. Sliding windows and a ring-buffer cache (core)
 #
 # A **sliding-window** layer lets each query see only the last `W` keys (its own included):
 # notebook 4's local mask, as a band. Its cache then never needs more than `W` tokens. Write them
 # in a **ring buffer** of `W` slots: token `t` goes to slot `t mod W`, overwriting token `t - W`,
 # which no later query can see anyway.
+
+# %%
+catch_up("12_frontier_decoder", "3.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.model.sliding import (
@@ -850,7 +901,8 @@ decode = yours_or("frontier_decoder.sliding_decode", sliding_decode, helper_slid
 torch.manual_seed(0)
 WINDOW, STEPS = 4, 12
 q, k, v = (torch.randn(1, 2, STEPS, 8) for _ in range(3))
-scores = (q @ k.transpose(-2, -1) / 8 ** 0.5).masked_fill(~banded_mask(STEPS, WINDOW), float("-inf"))
+scores = (q @ k.transpose(-2, -1) / 8 ** 0.5).masked_fill(~banded_mask(STEPS, WINDOW),
+                                                          float("-inf"))
 banded = torch.softmax(scores, -1) @ v
 decoded = decode(q, k, v, WINDOW)
 print(f"ring buffer vs banded mask: max difference < 1e-6: {(decoded - banded).abs().max() < 1e-6}")
@@ -904,7 +956,8 @@ plt.show()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# The widget's output holds model ids that change on every run; the figure above is the same drawing.
+# The widget's output holds model ids that change on every run; the figure above is the same
+# drawing.
 cache_explorer = Explorer(
     draw_cache,
     window=widgets.IntSlider(value=1024, min=128, max=8192, step=128, description="window"),
@@ -913,7 +966,7 @@ cache_explorer = Explorer(
 cache_explorer
 
 # %%
-before = cache_explorer.last
+before = cache_explorer.reset()
 after = cache_explorer.set(window=4096)
 assert after["at_128k"] > before["at_128k"]
 print("redraws so far:", cache_explorer.redraws)
@@ -923,7 +976,7 @@ except ValueError as error:
     print("window 0:", error)
 
 # %% [markdown]
-# ## 4. QK-norm and RoPE scaling
+# ## 4. QK-norm and RoPE scaling (optional)
 #
 # ### 4.1 QK-norm
 #
@@ -937,12 +990,16 @@ except ValueError as error:
 # step's largest attention logit:
 
 # %%
+catch_up("12_frontier_decoder", "4.")  # started here after a restart? this runs the sections above
+
+# %%
 QK_STEPS = 60  # the knob
 logit_growth = {}
 for qk_norm in (False, True):
     record = []
     train_steps(FrontierConfig(**SIZES, mlp_hidden=128, qk_norm=qk_norm), QK_STEPS, lr=2e-2,
-                after_step=lambda m, r=record: r.append(max(b.attn.last_max_logit for b in m.blocks)))
+                after_step=lambda m, r=record: r.append(max(b.attn.last_max_logit
+                                                            for b in m.blocks)))
     logit_growth[qk_norm] = record
     print(f"qk_norm={qk_norm!s:5s} largest |logit| at step 1 below 5: {record[0] < 5}, "
           f"at the last step {'above' if record[-1] > 10 else 'below'} 10")
@@ -979,7 +1036,8 @@ yarn_config = FrontierConfig(**SIZES, mlp_hidden=128, rope_scaling="yarn", rope_
                              original_context=64)
 yarn_table = rope_table(yarn_config, 4)
 per_vector = 0.1 * math.log(8.0) + 1
-logit_scale = (yarn_table.cos ** 2 + yarn_table.sin ** 2)[0, 0].item()  # q and k each rotated by the table
+logit_scale = (yarn_table.cos ** 2 + yarn_table.sin ** 2)[0,
+        0].item()  # q and k each rotated by the table
 print(f"YaRN at factor 8: q and k each x {per_vector:.3f}, so the logits x {logit_scale:.3f}")
 assert abs(logit_scale - per_vector ** 2) < 1e-5
 
@@ -992,7 +1050,8 @@ generator = torch.Generator().manual_seed(123)
 starts = torch.randint(0, len(val_ids) - 513, (16,), generator=generator)
 rope_losses = {}
 for scaling in (None, "llama3", "yarn"):
-    config = dataclasses.replace(base_config, rope_scaling=scaling, rope_factor=8.0, original_context=64)
+    config = dataclasses.replace(base_config, rope_scaling=scaling, rope_factor=8.0,
+                                 original_context=64)
     scaled = FrontierGPT(config)
     scaled.load_state_dict(rope_model.state_dict())
     scaled.eval()
@@ -1001,14 +1060,17 @@ for scaling in (None, "llama3", "yarn"):
         ys = torch.stack([val_ids[s + 1:s + length + 1] for s in starts])
         with torch.no_grad():
             logits = scaled(xs)[:, -64:]
-        rope_losses[(scaling, length)] = F.cross_entropy(logits.flatten(0, 1), ys[:, -64:].flatten()).item()
+        rope_losses[(scaling, length)] = F.cross_entropy(logits.flatten(0, 1), ys[:,
+                -64:].flatten()).item()
 print(f"{'RoPE':8s}" + "".join(f"{n:>8d}" for n in (64, 128, 256, 512)))
 for scaling in (None, "llama3", "yarn"):
-    print(f"{scaling or 'plain':8s}" + "".join(f"{rope_losses[(scaling, n)]:8.1f}" for n in (64, 128, 256, 512)))
+    print(f"{scaling or 'plain':8s}" + "".join(f"{rope_losses[(scaling, n)]:8.1f}" for n in (64,
+            128, 256, 512)))
 moved = {s: rope_losses[(s, 512)] - rope_losses[(s, 64)] for s in (None, "llama3", "yarn")}
 print("loss rise from 64 to 512 tokens, plain RoPE larger than with Llama 3 scaling:",
       moved[None] > moved["llama3"])
-print("lowest loss at 512 tokens:", min((None, "llama3", "yarn"), key=lambda s: rope_losses[(s, 512)]))
+print("lowest loss at 512 tokens:", min((None, "llama3", "yarn"), key=lambda s: rope_losses[(s,
+                                                                                             512)]))
 
 # %% [markdown]
 # Without scaling, the loss climbs as the window grows past the 64 tokens the model was trained
@@ -1037,11 +1099,21 @@ if HAS_TRANSFORMERS:
 
     torch.manual_seed(0)
     gemma_config = Gemma3TextConfig(
-        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
-        sliding_window=4, max_position_embeddings=32,
-        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
-                         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        query_pre_attn_scalar=8,
+        sliding_window=4,
+        max_position_embeddings=32,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        },
+    )
     gemma = Gemma3ForCausalLM(gemma_config).eval()
     with torch.no_grad():
         for p in gemma.parameters():  # their norms' offsets start at 0: move every weight
@@ -1053,10 +1125,11 @@ if HAS_TRANSFORMERS:
     print(f"Gemma 3 logits vs ours: max difference < 1e-5: {gap < 1e-5}")
     assert gap < 1e-5
 else:
-    print("transformers is not installed: tests/model/test_gemma.py runs this comparison where it is")
+    print("transformers is not installed: tests/model/test_gemma.py runs this comparison where it "
+          "is")
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. Mixtral and Qwen2-MoE route the same logits to the same experts. Do they give them the same
 # weights? And Qwen3-MoE?**

@@ -31,12 +31,13 @@ from helpers.lab.exercises import check, yours_or
 from helpers.model.generation import generate
 from helpers.post import classify, dpo, grpo, lora, recipe, sft, tasks
 from helpers.timing import format_duration
+from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 NOTEBOOK_START, NOTEBOOK_CPU = time.perf_counter(), time.process_time()
 
 # %% [markdown]
-# ## 1. A task with an exact checker, and a small pretrained GPT
+# ## 1. A task with an exact checker, and a small pretrained GPT (optional)
 #
 # Arithmetic in words: "what is three plus four?" has one right answer, "seven", and a checker
 # that compares words decides it, so every accuracy below is counted, never judged by eye. We
@@ -84,25 +85,29 @@ def prose_accuracy(model: nn.Module, facts: list) -> float:
     right = 0
     for f in facts:
         prompt = torch.tensor([tokenizer.encode(f.question() + " ")])
-        completion = tokenizer.decode(generate(model, prompt, 9, top_k=1)[0, prompt.shape[1]:].tolist())
+        completion = tokenizer.decode(generate(model, prompt, 9, top_k=1)[0,
+                prompt.shape[1]:].tolist())
         right += tasks.is_correct(completion.split(".")[0], f)
     return right / len(facts)
 
 
-prose = {"train": prose_accuracy(pretrained, train_facts), "held": prose_accuracy(pretrained, held_facts)}
+prose = {"train": prose_accuracy(pretrained, train_facts), "held": prose_accuracy(pretrained,
+                                                                                  held_facts)}
 chat_before = {"train": sft.greedy_accuracy(pretrained, tokenizer, train_facts),
                "held": sft.greedy_accuracy(pretrained, tokenizer, held_facts)}
 assert prose["train"] > chat_before["train"] + 0.2
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# A model trained in float32 can answer one question differently on another CPU; the cell above asserts the claim.
-print("chat answer of the pretrained model:", sft.greedy_answers(pretrained, tokenizer, [fact.question()]))
+# A model trained in float32 can answer one question differently on another CPU; the cell above
+# asserts the claim.
+print("chat answer of the pretrained model:", sft.greedy_answers(pretrained, tokenizer,
+                                                                 [fact.question()]))
 print(f"prose accuracy: train {prose['train']:.2f}, held-out {prose['held']:.2f}")
 print(f"chat accuracy:  train {chat_before['train']:.2f}, held-out {chat_before['held']:.2f}")
 
 # %% [markdown]
-# ## 2. Classification finetuning: a head on the last token
+# ## 2. Classification finetuning: a head on the last token (optional)
 #
 # The first kind of finetuning: reuse the pretrained body, add a linear head, and train it on
 # labelled examples. Task: is a sentence well formed? "three plus two is five" is, "plus two is
@@ -110,6 +115,9 @@ print(f"chat accuracy:  train {chat_before['train']:.2f}, held-out {chat_before[
 # model only the **last** token has seen the whole sentence, so the head reads the last token's
 # final hidden state. We train all weights, only the last block (and the final LayerNorm), or
 # only the head, three seeds each, and test on the statements about held-out facts.
+
+# %%
+catch_up("13_post_training", "2.")  # started here after a restart? this runs the sections above
 
 # %%
 train_texts, train_labels = tasks.well_formed_statements(train_facts, seed=0)
@@ -169,7 +177,8 @@ post_seeds = json.loads((data_dir() / "post_seeds.json").read_text())
 n_test = post_seeds["n_test_statements"]
 rows = {"all": "all", "last": "last", "head": "head", "all_lr_5e-4": "all, lr 5e-4"}
 assert set(rows) == set(post_seeds["ladder_rows"])
-print(f"test accuracy, mean of finetuning seeds {post_seeds['finetune_seeds']} ({n_test} test statements; "
+print(f"test accuracy, mean of finetuning seeds {post_seeds['finetune_seeds']} ({n_test} test "
+      f"statements; "
       "lr 2e-3 unless said)")
 print("pretraining seed | " + " | ".join(f"{name:>12}" for name in rows.values()))
 ladder = {}
@@ -184,7 +193,8 @@ order = sum(a["last"] > a["head"] > a["all"] for a in ladder.values())
 slow_all = sum(a["all_lr_5e-4"] > a["all"] for a in ladder.values())
 slow_head = sum(a["all_lr_5e-4"] > a["head"] for a in ladder.values())
 print(f"at lr 2e-3: last block > head > all weights on {order} of {n_p} pretraining seeds")
-print(f"all weights at lr 5e-4: above all weights at 2e-3 on {slow_all} of {n_p}, above the head on {slow_head} of {n_p}")
+print(f"all weights at lr 5e-4: above all weights at 2e-3 on {slow_all} of {n_p}, above the head "
+      f"on {slow_head} of {n_p}")
 assert order > n_p / 2 and slow_all == n_p  # the two claims of the next paragraph
 
 # %% [markdown]
@@ -197,7 +207,7 @@ assert order > n_p / 2 and slow_all == n_p  # the two claims of the next paragra
 # tunes the rate for each choice. What stays true: the head alone is the cheapest per step and
 # is limited to what the frozen body already computes at the last token.
 #
-# ## 3. LoRA by hand
+# ## 3. LoRA by hand (core)
 #
 # Full finetuning updates every weight and AdamW keeps two more numbers per weight. LoRA (Hu et
 # al., 2021) freezes a layer's W (out x in) and learns a low-rank update instead:
@@ -206,6 +216,9 @@ assert order > n_p / 2 and slow_all == n_p  # the two claims of the next paragra
 #
 # A starts random, **B starts at zero**, so B A = 0: the model starts exactly as pretrained.
 # The scale alpha / r keeps the update's size comparable when r changes. First in plain code:
+
+# %%
+catch_up("13_post_training", "3.")  # started here after a restart? this runs the sections above
 
 # %%
 torch.manual_seed(0)
@@ -218,7 +231,8 @@ by_hand = layer(x) + (alpha / r) * (x @ A.T) @ B.T
 print("B = 0, so the output is the base layer's:", torch.equal(by_hand, layer(x)))
 B_trained = torch.randn(layer.out_features, r) * 0.1
 delta = (alpha / r) * B_trained @ A  # (out, in): rank at most r
-print("rank of the update:", torch.linalg.matrix_rank(delta).item(), "| its shape:", tuple(delta.shape))
+print("rank of the update:", torch.linalg.matrix_rank(delta).item(), "| its shape:",
+      tuple(delta.shape))
 
 
 # %% [markdown]
@@ -309,6 +323,8 @@ print(f"{type(wrapped).__name__}: vs the formula, vs the helper, and merged vs t
       f"max differences < 1e-5 (scaling = {wrapped.scaling})")
 
 # %% [markdown]
+# ### LoRA on the whole model
+#
 # `add_lora` wraps every layer named like the targets (peft's rule), here the query and value
 # projections, with the helper's layer (which the model's fused attention path can also read).
 
@@ -317,7 +333,8 @@ adapted = copy.deepcopy(pretrained)
 targets = lora.add_lora(adapted, ["q_proj", "v_proj"], r=4, alpha=8.0)
 probe = torch.tensor([tokenizer.encode(train_facts[0].question())])
 print("wrapped:", targets)
-print("at the start the adapted model IS the pretrained one:", torch.equal(adapted(probe), pretrained(probe)))
+print("at the start the adapted model IS the pretrained one:", torch.equal(adapted(probe),
+                                                                           pretrained(probe)))
 full, trainable = sum(p.numel() for p in pretrained.parameters()), lora.trainable_count(adapted)
 print(f"trainable parameters: {trainable:,} of {full:,} ({100 * trainable / full:.1f} %)")
 print(f"AdamW state (2 float32 per trainable weight): {2 * 4 * trainable / 1024:.1f} KiB with LoRA "
@@ -336,7 +353,8 @@ before_merge = adapted(probe)
 print("adapters merged:", lora.merge_lora(adapted))
 merge_gap = (adapted(probe) - before_merge).abs().max().item()
 assert moved > 1e-3 and merge_gap < 1e-4
-print("the adapters changed the logits (by more than 1e-3); merged vs adapter: max difference < 1e-4")
+print("the adapters changed the logits (by more than 1e-3); merged vs adapter: max difference < "
+      "1e-4")
 
 # %% [markdown]
 # The library practitioners use is `peft`. Loaded with the same A and B, its LoRA layers give the
@@ -367,15 +385,19 @@ if peft is not None:
     print("peft's LoRA vs ours, same A and B: max difference < 1e-5")
 
 # %% [markdown]
-# ## 4. Instruction tuning (SFT): a chat template and a loss on the answer only
+# ## 4. Instruction tuning (SFT): a chat template and a loss on the answer only (optional)
 #
 # A chat model reads a **template**: special tokens mark who speaks, and one marks the end of the
 # answer so that generation knows when to stop. Each special token is one id, never spelled out.
 
 # %%
+catch_up("13_post_training", "4.")  # started here after a restart? this runs the sections above
+
+# %%
 ids, mask = sft.encode_example(tokenizer, fact.question(), fact.answer())
 print(tokenizer.decode(ids.tolist()))
-print("tokens:", len(ids), "| answer tokens (mask = 1):", repr(tokenizer.decode(ids[mask.bool()].tolist())))
+print("tokens:", len(ids), "| answer tokens (mask = 1):",
+      repr(tokenizer.decode(ids[mask.bool()].tolist())))
 
 
 # %% [markdown]
@@ -452,11 +474,14 @@ print(f"SFT {SFT_STEPS} steps, {format_duration(sft_seconds)}")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# Trained accuracies can move by one question from one CPU to another; the cell above asserts the claim.
+# Trained accuracies can move by one question from one CPU to another; the cell above asserts the
+# claim.
 print(f"answer-only loss: {sft_losses[0]:.2f} -> {sft_losses[-1]:.2f}")
-print(f"chat accuracy before SFT: train {chat_before['train']:.2f}, held-out {chat_before['held']:.2f}")
+print(f"chat accuracy before SFT: train {chat_before['train']:.2f}, held-out "
+      f"{chat_before['held']:.2f}")
 print(f"chat accuracy after SFT:  train {chat_sft['train']:.2f}, held-out {chat_sft['held']:.2f}")
-print("held-out answers:", sft.greedy_answers(sft_model, tokenizer, [f.question() for f in held_facts[:6]]))
+print("held-out answers:", sft.greedy_answers(sft_model, tokenizer, [f.question()
+                                                                     for f in held_facts[:6]]))
 print("right answers:   ", [f.answer() for f in held_facts[:6]])
 
 # %% [markdown]
@@ -466,7 +491,7 @@ print("right answers:   ", [f.answer() for f in held_facts[:6]])
 # answers in the new format rather than how to route every fact it knows into it. Larger models
 # transfer far better; here we keep measuring both sets.
 #
-# ## 5. DPO: prefer the right answer
+# ## 5. DPO: prefer the right answer (core)
 #
 # Preference data comes as pairs: for one prompt a **chosen** answer and a **rejected** one
 # (here: the right number word and a near miss). DPO (Rafailov et al., 2023) trains the policy
@@ -477,6 +502,9 @@ print("right answers:   ", [f.answer() for f in held_facts[:6]])
 #
 # Each log pi is an answer's log-probability, summed over its tokens. beta * log(pi / pi_ref) is
 # the **implicit reward**; the loss asks the chosen answer's reward to exceed the rejected one's.
+
+# %%
+catch_up("13_post_training", "5.")  # started here after a restart? this runs the sections above
 
 # %%
 reference = copy.deepcopy(sft_model).requires_grad_(False)
@@ -492,9 +520,11 @@ with torch.no_grad():
 policy_chosen = sft.sequence_logps(policy, chosen_ids, chosen_mask)
 policy_rejected = sft.sequence_logps(policy, rejected_ids, rejected_mask)
 beta = 0.1
-same = torch.allclose(policy_chosen, ref_chosen, atol=1e-4) and torch.allclose(policy_rejected, ref_rejected, atol=1e-4)
+same = torch.allclose(policy_chosen, ref_chosen, atol=1e-4) and torch.allclose(policy_rejected,
+        ref_rejected, atol=1e-4)
 assert same
-print(f"{len(policy_chosen)} pairs; at the start the policy is the reference, with the same log-probabilities: {same}")
+print(f"{len(policy_chosen)} pairs; at the start the policy is the reference, with the same "
+      f"log-probabilities: {same}")
 
 
 # %% [markdown]
@@ -521,7 +551,8 @@ print(f"{len(policy_chosen)} pairs; at the start the policy is the reference, wi
 
 # %%
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
-             ref_rejected: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             ref_rejected: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor,
+                                                               torch.Tensor]:
     """Each argument (B,): an answer's log-probability, summed over its tokens.
     Returns the losses (B,), the chosen answers' rewards (B,) and the rejected answers' (B,)."""
     ### BEGIN SOLUTION
@@ -563,12 +594,15 @@ losses, chosen_rewards, rejected_rewards = loss_fn(*logps, ref_chosen, ref_rejec
 losses.mean().backward()
 assert (logps[0].grad < 0).all() and (logps[1].grad > 0).all()
 print(f"at the start: mean loss {losses.mean().item():.4f} (log 2 = {math.log(2):.4f}), "
-      f"largest |reward| < 1e-6: {max(chosen_rewards.abs().max(), rejected_rewards.abs().max()).item() < 1e-6}")
+      f"largest |reward| < 1e-6: "
+      f"{max(chosen_rewards.abs().max(), rejected_rewards.abs().max()).item() < 1e-6}")
 print("the gradient raises every chosen answer and lowers every rejected one")
-torch.optim.AdamW(step_policy.parameters(), lr=3e-5, weight_decay=0.0).step()  # the lr trained with below
+torch.optim.AdamW(step_policy.parameters(), lr=3e-5,
+                  weight_decay=0.0).step()  # the lr trained with below
 with torch.no_grad():
     after = loss_fn(sft.sequence_logps(step_policy, chosen_ids, chosen_mask),
-                    sft.sequence_logps(step_policy, rejected_ids, rejected_mask), ref_chosen, ref_rejected, beta)
+                    sft.sequence_logps(step_policy, rejected_ids,
+                                       rejected_mask), ref_chosen, ref_rejected, beta)
 margin = (after[1] - after[2]).mean().item()
 assert after[0].mean() < losses.mean() and margin > 0
 print(f"after one AdamW step: mean loss below log 2, mean reward margin > 0: {margin > 0}")
@@ -589,7 +623,8 @@ for b in BETAS:
     model_b = copy.deepcopy(sft_model)
     history = dpo.train_dpo(model_b, reference, pairs, beta=b, steps=DPO_STEPS, lr=3e-5)
     dpo_runs[b] = {"model": model_b, "accuracy": history["accuracy"][-1],
-                   "margin": history["margin"][-1] / b,  # in nats of log-ratio, comparable across beta
+                   # in nats of log-ratio, comparable across beta
+                   "margin": history["margin"][-1] / b,
                    "kl": dpo.answer_kl(model_b, reference, chosen_ids, chosen_mask)}
 kls = [dpo_runs[b]["kl"] for b in BETAS]
 assert all(dpo_runs[b]["kl"] > 0 for b in BETAS) and kls[0] > 2 * kls[-1]
@@ -604,6 +639,8 @@ for b in BETAS:
 
 
 # %% [markdown]
+# ### Reading the margin
+#
 # The margin is shown as the difference of log-ratios (the reward divided by beta), so that the
 # runs compare. With AdamW the step size barely depends on the loss's scale, so a small beta does
 # not move the model less: it asks for a larger log-ratio before the loss is satisfied, and the
@@ -631,14 +668,16 @@ plt.show()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# The widget's output holds model ids that change on every run; the figure above is the same drawing.
+# The widget's output holds model ids that change on every run; the figure above is the same
+# drawing.
 from helpers.lab.widgets import Explorer
 
-explorer = Explorer(draw_dpo, beta=widgets.SelectionSlider(options=BETAS, value=0.1, description="beta"))
+explorer = Explorer(draw_dpo, beta=widgets.SelectionSlider(options=BETAS, value=0.1,
+                                                           description="beta"))
 explorer
 
 # %%
-first = explorer.last
+first = explorer.reset()
 moved = explorer.set(beta=1.0)
 assert moved["kl"] != first["kl"]
 print("redraws so far:", explorer.redraws)
@@ -651,17 +690,22 @@ print("redraws so far:", explorer.redraws)
 # %%
 dpo_model = dpo_runs[0.3]["model"]
 with torch.no_grad():
-    moved_chosen = (sft.sequence_logps(dpo_model, chosen_ids, chosen_mask) - ref_chosen).mean().item()
-    moved_rejected = (sft.sequence_logps(dpo_model, rejected_ids, rejected_mask) - ref_rejected).mean().item()
+    moved_chosen = (sft.sequence_logps(dpo_model, chosen_ids, chosen_mask)
+                    - ref_chosen).mean().item()
+    moved_rejected = (sft.sequence_logps(dpo_model, rejected_ids, rejected_mask)
+                      - ref_rejected).mean().item()
 chat_dpo = {"train": sft.greedy_accuracy(dpo_model, tokenizer, train_facts),
             "held": sft.greedy_accuracy(dpo_model, tokenizer, held_facts)}
 assert moved_rejected < moved_chosen
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# Trained values differ in the last digits from one CPU to another; the cell above asserts the order.
-print(f"mean change of log pi(chosen): {moved_chosen:+.2f} nats, of log pi(rejected): {moved_rejected:+.2f} nats")
-print(f"greedy chat accuracy: SFT train {chat_sft['train']:.2f} -> DPO train {chat_dpo['train']:.2f}")
+# Trained values differ in the last digits from one CPU to another; the cell above asserts the
+# order.
+print(f"mean change of log pi(chosen): {moved_chosen:+.2f} nats, of log pi(rejected): "
+      f"{moved_rejected:+.2f} nats")
+print(f"greedy chat accuracy: SFT train {chat_sft['train']:.2f} -> DPO train "
+      f"{chat_dpo['train']:.2f}")
 
 # %% [markdown]
 # If both numbers are negative, the model has learned to prefer by making **both** answers
@@ -671,7 +715,7 @@ print(f"greedy chat accuracy: SFT train {chat_sft['train']:.2f} -> DPO train {ch
 # rises. The closing table shows what happened here.
 
 # %% [markdown]
-# ## 6. GRPO: reward only what the checker accepts
+# ## 6. GRPO: reward only what the checker accepts (optional)
 #
 # DPO needs pairs someone ranked. With a **verifiable reward** we need nothing but the checker:
 # sample a **group** of G answers to each prompt, reward 1 for a right answer and 0 otherwise,
@@ -683,11 +727,22 @@ print(f"greedy chat accuracy: SFT train {chat_sft['train']:.2f} -> DPO train {ch
 # baseline a value model would otherwise have to learn.
 
 # %%
+catch_up("13_post_training", "6.")  # started here after a restart? this runs the sections above
+
+# %%
 # NBVAL_IGNORE_OUTPUT
-# Sampled answers of a trained model can differ from one CPU to another; the assertion keeps the claim.
+# Sampled answers of a trained model can differ from one CPU to another; the assertion keeps the
+# claim.
 generator = torch.Generator().manual_seed(0)
-group_ids, group_mask, rewards = grpo.rollout(dpo_model, tokenizer, train_facts[0], group_size=8,
-                                              max_new_tokens=9, temperature=1.0, generator=generator)
+group_ids, group_mask, rewards = grpo.rollout(
+    dpo_model,
+    tokenizer,
+    train_facts[0],
+    group_size=8,
+    max_new_tokens=9,
+    temperature=1.0,
+    generator=generator,
+)
 prompt_len = len(tokenizer.encode(sft.chat_prompt(train_facts[0].question())))
 end_id = tokenizer.special_tokens[sft.END]
 print(train_facts[0].question(), "->", train_facts[0].answer())
@@ -843,14 +898,18 @@ fig, ax = plt.subplots(figsize=(7, 3.6))
 steps_axis = range(1, GRPO_STEPS + 1)
 ax.plot(steps_axis, grpo_history["reward"], alpha=0.4, label="mean reward per step")
 window = 5
-smooth = [sum(grpo_history["reward"][max(0, i - window + 1):i + 1]) / len(grpo_history["reward"][max(0, i - window + 1):i + 1])
+smooth = [sum(grpo_history["reward"][max(0, i - window + 1):i
+        + 1]) / len(grpo_history["reward"][max(0, i - window + 1):i + 1])
           for i in range(GRPO_STEPS)]
 ax.plot(steps_axis, smooth, label=f"mean of the last {window} steps")
-ax.set(xlabel="GRPO step", ylabel="mean reward of 32 samples", title="GRPO on the training questions (seed 0)")
+ax.set(xlabel="GRPO step", ylabel="mean reward of 32 samples",
+       title="GRPO on the training questions (seed 0)")
 ax.legend()
 plt.show()
 
 # %% [markdown]
+# ### Twelve seeds, three normalisations
+#
 # One run of 20 steps on 32 samples per step is noisy. How the loss is averaged over tokens is
 # the subject of two papers, and the loop takes it as a knob (`normalise`):
 #
@@ -893,7 +952,8 @@ plt.show()
 
 # %%
 def mean_and_halfwidth(values: list[float]) -> tuple[float, float]:
-    """The mean and the half-width of its 95 % Student-t interval (n - 1 = 2..15 degrees of freedom)."""
+    """The mean and the half-width of its 95 % Student-t interval (n - 1 = 2..15 degrees of
+    freedom)."""
     t_975 = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
              10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131}[len(values) - 1]
     t = torch.tensor(values, dtype=torch.float64)
@@ -912,12 +972,15 @@ for m in methods:
     train_acc = sum(bench["runs"][f"{m}/{s}"]["train_accuracy"] for s in seeds_b) / len(seeds_b)
     held_acc = sum(bench["runs"][f"{m}/{s}"]["held_accuracy"] for s in seeds_b) / len(seeds_b)
     summary_b[m] = (mean, half)
-    print(f"{m:>8}: rose in {rose_n:2} of {len(seeds_b)} seeds, mean change {mean:+.3f} ± {half:.3f} (95 %) "
+    print(f"{m:>8}: rose in {rose_n:2} of {len(seeds_b)} seeds, mean change {mean:+.3f} ± "
+          f"{half:.3f} (95 %) "
           f"| greedy accuracy after: train {train_acc:.2f}, held-out {held_acc:.2f}")
 paired = {}
 for m in methods[1:]:
     paired[m] = mean_and_halfwidth([change[m, s] - change[methods[0], s] for s in seeds_b])
-    print(f"{m} minus {methods[0]}, paired by seed: {paired[m][0]:+.3f} ± {paired[m][1]:.3f} (95 %)")
+    print(
+        f"{m} minus {methods[0]}, paired by seed: {paired[m][0]:+.3f} ± {paired[m][1]:.3f} (95 %)"
+    )
 print(f"SFT model before GRPO: greedy accuracy train {bench['sft_accuracy']['train']:.2f}, "
       f"held-out {bench['sft_accuracy']['held']:.2f}")
 # the claims of the next paragraph: each rises on average, no difference is measurable
@@ -939,15 +1002,20 @@ assert all(sum(bench["runs"][f"{m}/{s}"]["train_accuracy"] for s in seeds_b) / l
 # so gives other per-seed numbers: the summary over seeds is the claim, not any one row.
 
 # %% [markdown]
-# ## 7. The same held-out questions after each stage
+# ## 7. The same held-out questions after each stage (optional)
+
+# %%
+catch_up("13_post_training", "7.")  # started here after a restart? this runs the sections above
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # Trained accuracies can move by one question from one CPU to another.
 print("stage          | train questions | held-out questions")
-for stage, acc in (("pretrained", chat_before), ("SFT", chat_sft), ("DPO", chat_dpo), ("GRPO", chat_grpo)):
+for stage, acc in (("pretrained", chat_before), ("SFT", chat_sft), ("DPO", chat_dpo), ("GRPO",
+                                                                                       chat_grpo)):
     print(f"{stage:14} | {acc['train']:15.2f} | {acc['held']:.2f}")
-print(f"(chat template; {len(train_facts)} training and {len(held_facts)} held-out questions, greedy answers; "
+print(f"(chat template; {len(train_facts)} training and {len(held_facts)} held-out questions, "
+      f"greedy answers; "
       f"a GPT of {sum(p.numel() for p in pretrained.parameters()):,} parameters)")
 print(f"the whole notebook: {format_duration(time.perf_counter() - NOTEBOOK_START)} "
       f"(processor time: {format_duration(time.process_time() - NOTEBOOK_CPU)})")
@@ -959,18 +1027,22 @@ print(f"the whole notebook: {format_duration(time.perf_counter() - NOTEBOOK_STAR
 # %%
 n_train_q, n_held_q = post_seeds["n_train_questions"], post_seeds["n_held_questions"]
 columns = ("prose", "pretrained", "sft", "dpo", "grpo")
-print(f"right answers, greedy; {n_train_q} training and {n_held_q} held-out questions (train / held-out)")
+print(f"right answers, greedy; {n_train_q} training and {n_held_q} held-out questions (train / "
+      f"held-out)")
 print("pretraining seed | " + " | ".join(f"{c:>10}" for c in columns))
 counts = {}
 for p_seed, stages in post_seeds["stages"].items():
-    counts[p_seed] = {c: (round(stages[c]["train"] * n_train_q), round(stages[c]["held"] * n_held_q))
+    counts[p_seed] = {c: (round(stages[c]["train"] * n_train_q), round(stages[c]["held"]
+                                                                       * n_held_q))
                       for c in columns}
-    print(f"{p_seed:>16} | " + " | ".join(f"{counts[p_seed][c][0]:4} / {counts[p_seed][c][1]:3}" for c in columns))
+    print(f"{p_seed:>16} | " + " | ".join(f"{counts[p_seed][c][0]:4} / {counts[p_seed][c][1]:3}"
+                                          for c in columns))
 n_p = len(counts)
 for c in columns:
     held = [counts[p][c][1] for p in counts]
     print(f"{c:>10}: held-out right answers {min(held)}-{max(held)} of {n_held_q}, "
-          f"mean {sum(held) / n_p:.1f}; training {sum(counts[p][c][0] for p in counts) / n_p:.1f} of {n_train_q}")
+          f"mean {sum(held) / n_p:.1f}; training {sum(counts[p][c][0] for p in counts) / n_p:.1f} "
+          f"of {n_train_q}")
 sft_up = sum(counts[p]["sft"][1] > counts[p]["pretrained"][1] for p in counts)
 rl_up = sum(counts[p]["grpo"][1] > counts[p]["sft"][1] for p in counts)
 rl_down = sum(counts[p]["grpo"][1] < counts[p]["sft"][1] for p in counts)
@@ -996,7 +1068,7 @@ assert mean_of["sft"][1] < mean_of["prose"][1] and mean_of["grpo"][0] < mean_of[
 # budget.
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # **1. Why does DPO (and GRPO) need a reference model?**
 #

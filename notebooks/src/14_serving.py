@@ -34,11 +34,12 @@ import torch.nn.functional as F
 
 from helpers.lab.exercises import check, yours_or
 from helpers.timing import format_duration
+from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
 # %% [markdown]
-# ## 1. Sampling, exactly
+# ## 1. Sampling, exactly (core)
 #
 # A model gives logits; a *sampling rule* turns them into the distribution the next token is drawn
 # from. Each rule below is a function from a distribution to a distribution, so we can print the
@@ -109,9 +110,14 @@ check("serving.top_p", my_top_p)
 from helpers.lab.exercises.serving import helper_top_p
 
 top_p_rule = yours_or("serving.top_p", my_top_p, helper_top_p)
-rules = {"softmax": torch.softmax(logits, -1), "T = 0.5": by_temperature(logits, 0.5),
-         "T = 2": by_temperature(logits, 2.0), "top-k 2": by_top_k(logits, 2),
-         "top-p 0.8": torch.softmax(top_p_rule(logits, 0.8), -1), "min-p 0.1": by_min_p(logits, 0.1)}
+rules = {
+    "softmax": torch.softmax(logits, -1),
+    "T = 0.5": by_temperature(logits, 0.5),
+    "T = 2": by_temperature(logits, 2.0),
+    "top-k 2": by_top_k(logits, 2),
+    "top-p 0.8": torch.softmax(top_p_rule(logits, 0.8), -1),
+    "min-p 0.1": by_min_p(logits, 0.1),
+}
 print(f"{'':>10}" + "".join(f"{w:>7}" for w in words))
 for name, probs in rules.items():
     print(f"{name:>10}" + "".join(f"{x:7.3f}" for x in probs.tolist()))
@@ -150,7 +156,12 @@ print(f"top two hold {probs[:2].sum():.3f}, top three {probs[:3].sum():.3f}; "
 
 # %%
 try:
-    from transformers import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    from transformers import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 except ImportError:
     print("transformers is not installed: skipped (pip install transformers to run this check)")
 else:
@@ -178,17 +189,21 @@ first = sampling.sample(batch_logits, top_p=0.9, generator=torch.Generator().man
 torch.rand(1000)  # someone else uses the global generator in between
 again = sampling.sample(batch_logits, top_p=0.9, generator=torch.Generator().manual_seed(7))
 assert torch.equal(first, again)
-print("seed 7, drawn twice:", [words[i] for i in first.tolist()], "and", [words[i] for i in again.tolist()])
+print("seed 7, drawn twice:", [words[i] for i in first.tolist()], "and", [words[i]
+                                                                          for i in again.tolist()])
 print("greedy:", [words[i] for i in sampling.sample(batch_logits, temperature=0).tolist()])
 
 # %% [markdown]
-# ## 2. Two models to serve
+# ## 2. Two models to serve (optional)
 #
 # The rest of the notebook serves a **target** model (2 blocks, d = 64) and, for speculative
 # decoding, a much smaller **draft** (1 block, d = 32: 6.5 times fewer parameters, printed
 # below), both character-level GPTs trained here on the course corpus with notebook 7's
 # `Trainer`, in float32. A few seconds each; raise `TRAIN_STEPS` for better models (the cells
 # below run at either value).
+
+# %%
+catch_up("14_serving", "2.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.model.gpt import GPT, GPTConfig
@@ -215,11 +230,14 @@ def train(config: GPTConfig) -> tuple[GPT, float]:
 
 
 start = time.perf_counter()
-target, target_loss = train(GPTConfig(vocab_size=vocab, context_length=64, n_layers=2, n_heads=4, d_model=64))
-draft, draft_loss = train(GPTConfig(vocab_size=vocab, context_length=64, n_layers=1, n_heads=2, d_model=32))
+target, target_loss = train(GPTConfig(vocab_size=vocab, context_length=64, n_layers=2, n_heads=4,
+                                      d_model=64))
+draft, draft_loss = train(GPTConfig(vocab_size=vocab, context_length=64, n_layers=1, n_heads=2,
+                                    d_model=32))
 n_target, n_draft = (sum(p.numel() for p in m.parameters()) for m in (target, draft))
 assert target_loss < 2.4 and draft_loss < 2.6 and target_loss < draft_loss
-print(f"vocabulary: {vocab} characters; both trained, {format_duration(time.perf_counter() - start)}")
+print(f"vocabulary: {vocab} characters; both trained, "
+      f"{format_duration(time.perf_counter() - start)}")
 print(f"target: {n_target:,} parameters, validation loss {target_loss:.1f}")
 print(f"draft:  {n_draft:,} parameters, validation loss {draft_loss:.1f}")
 print(f"the draft has {n_target / n_draft:.1f} times fewer parameters than the target")
@@ -244,7 +262,8 @@ def draw_rule(temperature: float = 1.0, top_p: float = 0.9, shown: int = 12) -> 
     fig, ax = plt.subplots(figsize=(9, 3.5))
     x = torch.arange(shown)
     ax.bar(x - 0.2, before[order], width=0.4, color="lightgrey", label="softmax")
-    ax.bar(x + 0.2, after[order], width=0.4, color="tab:blue", label=f"T={temperature:g}, top-p={top_p:g}")
+    ax.bar(x + 0.2, after[order], width=0.4, color="tab:blue",
+           label=f"T={temperature:g}, top-p={top_p:g}")
     ax.set(xticks=x.tolist(), xlabel="next character", ylabel="probability",
            title=f"after {prompt_text!r}: {int((after > 0).sum())} tokens kept")
     ax.set_xticklabels(labels)
@@ -257,14 +276,16 @@ plt.show()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# The widget's output holds model ids that change on every run; the figure above is the same drawing.
+# The widget's output holds model ids that change on every run; the figure above is the same
+# drawing.
 import ipywidgets as widgets
 
 from helpers.lab.widgets import Explorer
 
 explorer = Explorer(
     draw_rule,
-    temperature=widgets.FloatSlider(value=1.0, min=0.1, max=3.0, step=0.1, description="temperature"),
+    temperature=widgets.FloatSlider(value=1.0, min=0.1, max=3.0, step=0.1,
+                                    description="temperature"),
     top_p=widgets.FloatSlider(value=0.9, min=0.05, max=1.0, step=0.05, description="top_p"),
 )
 explorer
@@ -274,19 +295,22 @@ explorer
 # lowers the top token's probability.
 
 # %%
-start_view = explorer.last
+start_view = explorer.reset()
 narrow = explorer.set(top_p=0.3)
 hot = explorer.set(temperature=2.5, top_p=1.0)
 assert narrow["kept"] < start_view["kept"] and hot["top"] < start_view["top"]
 print("redraws so far:", explorer.redraws)
 
 # %% [markdown]
-# ## 3. Many prompts in one batch
+# ## 3. Many prompts in one batch (optional)
 #
 # A batch is a rectangle, prompts are not. We **pad on the left**, so that every row's next token
 # lands in the same (last) column, and give the model two more things:
 # - an **attention mask**: real tokens never attend to pads;
 # - **position ids**: each prompt's first real token is position 0, as it would be alone.
+
+# %%
+catch_up("14_serving", "3.")  # started here after a restart? this runs the sections above
 
 # %%
 from helpers.serve.batching import forward_rows, generate_batch, left_pad, position_ids
@@ -327,17 +351,20 @@ print("batched == alone for all three prompts")
 # %%
 n = ids.shape[1]
 causal = torch.ones(n, n, dtype=torch.bool).tril()
-right = forward_rows(target, ids, position_ids(real), causal & real.unsqueeze(1) | torch.eye(n, dtype=torch.bool), None)
-no_positions = forward_rows(target, ids, torch.arange(n).expand_as(ids), causal & real.unsqueeze(1) | torch.eye(n, dtype=torch.bool), None)
+right = forward_rows(target, ids, position_ids(real), causal & real.unsqueeze(1) | torch.eye(n,
+        dtype=torch.bool), None)
+no_positions = forward_rows(target, ids, torch.arange(n).expand_as(ids),
+                            causal & real.unsqueeze(1) | torch.eye(n, dtype=torch.bool), None)
 no_mask = forward_rows(target, ids, position_ids(real), causal.expand(len(prompts), n, n), None)
 for name, wrong in (("without position ids", no_positions), ("without the mask", no_mask)):
     gap = (wrong[:, -1] - right[:, -1]).abs().amax(-1)
     print(f"{name:>21}: largest logit change per prompt {[round(x, 1) for x in gap.tolist()]}")
     assert gap[0] > 0.01 and gap[1] < 1e-5 * right.abs().max()  # the longest has no pads: round-off
-print("softmax of a row that sees nothing:", torch.softmax(torch.full((3,), -math.inf), dim=0).tolist())
+print("softmax of a row that sees nothing:", torch.softmax(torch.full((3,), -math.inf),
+                                                           dim=0).tolist())
 
 # %% [markdown]
-# ## 4. A paged KV cache
+# ## 4. A paged KV cache (core)
 #
 # Notebook 7's cache preallocates `context_length` slots per sequence. A server does not know how
 # long an answer will be, so it must reserve the maximum, and most of it stays empty. vLLM's
@@ -361,6 +388,9 @@ print("softmax of a row that sees nothing:", torch.softmax(torch.full((3,), -mat
 # <details><summary>Hint 2: the plan</summary>Divide the position by the block size, rounding
 # down: that is the logical block, and its entry in the table is the block of the pool. The
 # remainder of the same division is the slot.</details>
+
+# %%
+catch_up("14_serving", "4.")  # started here after a restart? this runs the sections above
 
 # %%
 def my_lookup(block_table: list[int], position: int, block_size: int) -> tuple[int, int]:
@@ -391,11 +421,13 @@ worst = 0.0
 for i, prompt in enumerate(prompts):
     paged.add_sequence(i)
     got = paged.forward(target, [i], torch.tensor([prompt]))
-    worst = max(worst, (got - target.forward_cached(torch.tensor([prompt]), contiguous[i])).abs().max().item())
+    worst = max(worst, (got - target.forward_cached(torch.tensor([prompt]),
+                                                    contiguous[i])).abs().max().item())
 step_ids = torch.tensor([[row[0]] for row in together])
 got = paged.forward(target, [0, 1, 2], step_ids)  # one decode step for all three
 for i, cache in enumerate(contiguous):
-    worst = max(worst, (got[i] - target.forward_cached(step_ids[i:i + 1], cache)[0]).abs().max().item())
+    worst = max(worst, (got[i] - target.forward_cached(step_ids[i:i + 1],
+                                                       cache)[0]).abs().max().item())
 peak = got.abs().max().item()  # round-off grows with the logits' size: bound it relative to them
 assert worst < 1e-5 * peak
 print("block tables:", paged.tables)
@@ -413,7 +445,8 @@ find = yours_or("serving.block_lookup", my_lookup, lookup)
 block, slot = find(paged.tables[1], 9, paged.block_size)
 key = contiguous[1].keys[0, 0, :, 9]
 assert (paged.keys[0, block, :, slot] - key).abs().max() < 1e-5 * key.abs().max()
-print(f"token 9 of prompt 1 lives in block {block}, slot {slot}: the same key as the contiguous cache "
+print(f"token 9 of prompt 1 lives in block {block}, slot {slot}: the same key as the contiguous "
+      f"cache "
       "(to < 1e-5 of its largest entry)")
 
 # %% [markdown]
@@ -434,20 +467,24 @@ mixes = {"12 requests, context 64": ([p + n for p, n in workload], 64),
 for name, (lengths, context) in mixes.items():
     used = sum(lengths)
     print(f"{name}: {used:,} slots used")
-    print(f"  contiguous: {contiguous_waste(lengths, context):>8,} slots wasted "
-          f"({contiguous_waste(lengths, context) / (used + contiguous_waste(lengths, context)):.0%} of what it reserves)")
+    print(
+        f"  contiguous: {contiguous_waste(lengths, context):>8,} slots wasted "
+        f"({contiguous_waste(lengths, context) / (used + contiguous_waste(lengths, context)):.0%} "
+        f"of what it reserves)"
+    )
     for size in (4, 16, 64):
         waste = paged_waste(lengths, size)
         print(f"  blocks of {size:>2}: {waste:>7,} slots wasted ({waste / (used + waste):.1%})")
 bytes_per_token = 2 * len(target.blocks) * target.config.d_model * 4
-print(f"one slot of this model = {bytes_per_token:,} bytes (keys and values, {len(target.blocks)} layers, float32)")
+print(f"one slot of this model = {bytes_per_token:,} bytes (keys and values, {len(target.blocks)} "
+      f"layers, float32)")
 
 # %% [markdown]
 # Contiguous preallocation wastes about half of what it reserves (a uniform length averages half
 # the context); pages waste at most one partly filled block per request, about half a block on
 # average. That memory is what lets a paged server run more requests at once.
 #
-# ## 5. Continuous batching
+# ## 5. Continuous batching (optional)
 #
 # **Static batching** gathers `B` requests, runs them until the longest is done, then takes the
 # next `B`: a finished request's row idles while the others go on, and a request that arrives just
@@ -462,6 +499,9 @@ print(f"one slot of this model = {bytes_per_token:,} bytes (keys and values, {le
 # every two steps. A *step* is one round in which every running request gets one token.
 
 # %%
+catch_up("14_serving", "5.")  # started here after a restart? this runs the sections above
+
+# %%
 from helpers.serve.scheduler import Request, serve_continuous, serve_static
 
 stories = val_text.split("\n\n")
@@ -471,7 +511,8 @@ continuous, scheduler = serve_continuous(target, requests, max_batch=4, block_si
 static = serve_static(target, requests, batch_size=4)
 for served in (continuous, static):
     for one in served:
-        alone = generate(target, torch.tensor([list(one.request.prompt)]), one.request.max_new_tokens,
+        alone = generate(target, torch.tensor([list(one.request.prompt)]),
+                         one.request.max_new_tokens,
                          temperature=0)[0, len(one.request.prompt):].tolist()
         assert one.tokens == alone
 print("every request's tokens, continuous and static, equal serving it alone")
@@ -486,12 +527,16 @@ tokens = sum(r.max_new_tokens for r in requests)
 rows = {"static": static, "continuous": continuous}
 finish = {name: max(s.finished for s in served) + 1 for name, served in rows.items()}
 latency = {name: sum(s.latency for s in served) / len(served) for name, served in rows.items()}
-first = {name: sum(s.first_token - s.request.arrival for s in served) / len(served) for name, served in rows.items()}
+first = {name: sum(s.first_token - s.request.arrival for s in served) / len(served) for name,
+         served in rows.items()}
 for name in rows:
-    print(f"{name:>10}: {tokens} tokens in {finish[name]} steps = {tokens / finish[name]:.2f} tokens/step; "
-          f"mean latency {latency[name]:.1f} steps, mean wait for the first token {first[name]:.1f} steps")
+    print(f"{name:>10}: {tokens} tokens in {finish[name]} steps = {tokens / finish[name]:.2f} "
+          f"tokens/step; "
+          f"mean latency {latency[name]:.1f} steps, mean wait for the first token "
+          f"{first[name]:.1f} steps")
 assert finish["continuous"] < finish["static"] and latency["continuous"] < latency["static"]
-batches = [requests[i:i + 4] for i in range(0, len(requests), 4)]  # static: one pass per step of a batch
+batches = [requests[i:i + 4] for i in range(0, len(requests),
+                                            4)]  # static: one pass per step of a batch
 passes = {"static": sum(max(r.max_new_tokens for r in batch) for batch in batches),
           "continuous": scheduler.forward_passes}
 print(f"forward passes: static {passes['static']}, continuous {passes['continuous']} "
@@ -505,7 +550,8 @@ print(f"forward passes: static {passes['static']}, continuous {passes['continuou
 fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
 for ax, (name, served) in zip(axes, rows.items(), strict=True):
     for s in served:
-        ax.barh(s.request.id, s.first_token - s.request.arrival, left=s.request.arrival, color="lightgrey")
+        ax.barh(s.request.id, s.first_token - s.request.arrival, left=s.request.arrival,
+                color="lightgrey")
         ax.barh(s.request.id, s.finished - s.first_token + 1, left=s.first_token, color="tab:blue")
     ax.set(title=f"{name} batching: done at step {finish[name]}", xlabel="step",
            ylabel="request (grey: waiting, blue: generating)")
@@ -535,13 +581,18 @@ for seed, run in bench["batching"].items():
     print(f"workload {seed}:")
     for name, seconds in best.items():
         r = run[name]
-        print(f"  {name:>10}: {r['steps']} steps, {r['forward_passes']} passes, {run['tokens'] / seconds:4.0f} tokens/s, "
-              f"{seconds / r['forward_passes'] * 1e3:.2f} ms per pass, mean latency {r['mean_latency_steps']:.1f} steps "
+        print(f"  {name:>10}: {r['steps']} steps, {r['forward_passes']} passes, "
+              f"{run['tokens'] / seconds:4.0f} tokens/s, "
+              f"{seconds / r['forward_passes'] * 1e3:.2f} ms per pass, mean latency "
+              f"{r['mean_latency_steps']:.1f} steps "
               f"= {r['mean_latency_steps'] * seconds / r['steps'] * 1e3:.0f} ms")
-    ratio = {key: run["continuous"][key] / run["static"][key] for key in ("steps", "forward_passes", "mean_latency_steps")}
+    ratio = {key: run["continuous"][key] / run["static"][key] for key in ("steps", "forward_passes",
+                                                                          "mean_latency_steps")}
     seconds = best["continuous"] / best["static"]
-    print(f"  continuous / static: steps {ratio['steps']:.2f}, passes {ratio['forward_passes']:.2f}, time per pass "
-          f"{seconds / ratio['forward_passes']:.2f}, seconds {seconds:.2f} (tokens/s x {1 / seconds:.2f}); "
+    print(f"  continuous / static: steps {ratio['steps']:.2f}, passes "
+          f"{ratio['forward_passes']:.2f}, time per pass "
+          f"{seconds / ratio['forward_passes']:.2f}, seconds {seconds:.2f} (tokens/s x "
+          f"{1 / seconds:.2f}); "
           f"mean latency {ratio['mean_latency_steps']:.2f} in steps, "
           f"{ratio['mean_latency_steps'] * seconds / ratio['steps']:.2f} in seconds")
 
@@ -560,13 +611,16 @@ for seed, run in bench["batching"].items():
 # into throughput too; the latency gain is there at any size.
 
 # %% [markdown]
-# ## 6. Prefix sharing with copy on write
+# ## 6. Prefix sharing with copy on write (optional)
 #
 # Requests often begin with the same text (a system prompt, a few-shot preamble). With pages they
 # can share its blocks: the prefix is prefilled once, then each request is a `fork` whose block
 # table points at the same blocks, each block's reference count says how many tables hold it.
 # The first time a request writes into a shared, partly filled block, the cache **copies it on
 # write**, so the other requests never see the write.
+
+# %%
+catch_up("14_serving", "6.")  # started here after a restart? this runs the sections above
 
 # %%
 prefix = tokenizer.encode(stories[20][:42])
@@ -590,21 +644,26 @@ def serve_shared(share: bool, block_size: int = 4) -> tuple[list[list[int]], int
         prefilled += len(own)
     answers = [[int(row.argmax())] for row in logits]
     for _ in range(new_tokens - 1):
-        step = cache.forward(target, list(range(len(suffixes))), torch.tensor([[a[-1]] for a in answers]))
+        step = cache.forward(target, list(range(len(suffixes))), torch.tensor([[a[-1]]
+                                                                               for a in answers]))
         for a, row in zip(answers, step[:, -1], strict=True):
             a.append(int(row.argmax()))
     return answers, cache.blocks_in_use(), prefilled, cache.copies
 
 
+# %%
 shared, shared_blocks, shared_prefill, copies = serve_shared(True)
 apart, apart_blocks, apart_prefill, _ = serve_shared(False)
 assert shared == apart
 for suffix, answer in zip(suffixes[:3], shared[:3], strict=True):
     print(repr("..." + tokenizer.decode(prefix[-12:] + suffix + answer)))
-print(f"prefix of {len(prefix)} tokens = {len(prefix) // 4} full blocks of 4 and {len(prefix) % 4} tokens in "
-      f"one more; {len(suffixes)} requests, {new_tokens} new tokens each: the same answers shared or not")
+print(f"prefix of {len(prefix)} tokens = {len(prefix) // 4} full blocks of 4 and {len(prefix) % 4} "
+      f"tokens in "
+      f"one more; {len(suffixes)} requests, {new_tokens} new tokens each: the same answers shared "
+      f"or not")
 print(f"blocks held at the end: {apart_blocks} without sharing, {shared_blocks} with "
-      f"({1 - shared_blocks / apart_blocks:.0%} fewer); tokens prefilled {apart_prefill} vs {shared_prefill}; "
+      f"({1 - shared_blocks / apart_blocks:.0%} fewer); tokens prefilled {apart_prefill} vs "
+      f"{shared_prefill}; "
       f"{copies} blocks copied on write")
 assert shared_blocks < apart_blocks and copies == len(suffixes)
 
@@ -612,7 +671,7 @@ assert shared_blocks < apart_blocks and copies == len(suffixes)
 # The prefix is stored once instead of six times; each request copied only the partly filled
 # block it wrote into.
 #
-# ## 7. Speculative decoding: faster, with the same distribution
+# ## 7. Speculative decoding: faster, with the same distribution (optional)
 #
 # A generation step of a large model is slow mostly because it reads all the weights to produce
 # one token. Speculative decoding (Leviathan et al. 2023; Chen et al. 2023) lets a small **draft**
@@ -649,6 +708,9 @@ assert shared_blocks < apart_blocks and copies == len(suffixes)
 # <details><summary>Hint 3: closer</summary>The residual distribution is the target's row minus the
 # draft's, negatives set to zero, normalised. The check replays the generator: one uniform per
 # visited token, then one draw of a token from a distribution.</details>
+
+# %%
+catch_up("14_serving", "7.")  # started here after a restart? this runs the sections above
 
 # %%
 def my_accept_or_reject(p: torch.Tensor, q: torch.Tensor, drafted: list[int],
@@ -692,7 +754,8 @@ from helpers.serve.speculative import autoregressive_distribution, exact_distrib
 
 
 def toy(salt: int, vocab: int = 3, spread: float = 2.0):
-    """A made-up conditional: prefix -> probabilities (vocab,), softmax of random logits x spread."""
+    """A made-up conditional: prefix -> probabilities (vocab,), softmax of random logits x
+    spread."""
     @functools.cache
     def probs(prefix: tuple[int, ...]) -> torch.Tensor:
         gen = torch.Generator().manual_seed(hash((salt, prefix)) % 2**31)
@@ -740,7 +803,8 @@ WRONG = {"always accept": {"acceptance_probability": lambda p, q, x: 1.0},
 for name, rules in WRONG.items():
     with swap_in(**rules):
         bad = exact_distribution(toy_target, toy_draft, (0,), k=2, n_tokens=3)
-    print(f"{name}: largest difference from the target's distribution {max(abs(bad[x] - plain[x]) for x in plain):.3f}")
+    print(f"{name}: largest difference from the target's distribution "
+          f"{max(abs(bad[x] - plain[x]) for x in plain):.3f}")
 
 # %% [markdown]
 # The same enumeration works on the course models for the first output token (52 drafted tokens,
@@ -777,8 +841,10 @@ from helpers.serve.speculative import speculative_generate, verify_round
 
 verify = yours_or("serving.accept_or_reject", my_accept_or_reject, verify_round)
 for k in (1, 4):
-    fast, stats = speculative_generate(target, draft, prompt_ids, 30, k=k, temperature=0, verify=verify)
-    assert fast == generate(target, torch.tensor([prompt_ids]), 30, temperature=0)[0, len(prompt_ids):].tolist()
+    fast, stats = speculative_generate(target, draft, prompt_ids, 30, k=k, temperature=0,
+                                       verify=verify)
+    assert fast == generate(target, torch.tensor([prompt_ids]), 30, temperature=0)[0,
+            len(prompt_ids):].tolist()
 print(repr(prompt_text + tokenizer.decode(fast)))
 print("speculative greedy == target greedy for k = 1 and 4")
 
@@ -808,7 +874,8 @@ from helpers.serve.speculative import chi_square, sample_outputs
 SAMPLES = 1000  # the knob: 2000 gives the wrong rules still smaller p-values (about 2x longer)
 small_target, small_draft = toy(0, vocab=4, spread=1.0), toy(1, vocab=4, spread=1.0)
 exact_small = autoregressive_distribution(small_target, (0,), n_tokens=2)
-print(f"{len(exact_small)} outputs, smallest expected count {SAMPLES * min(exact_small.values()):.1f}")
+print(f"{len(exact_small)} outputs, smallest expected count "
+      f"{SAMPLES * min(exact_small.values()):.1f}")
 with swap_in(**WRONG["redraw from p"]):
     redrawn = exact_distribution(small_target, small_draft, (0,), k=2, n_tokens=2)
 print(f"redraw from p on this toy: largest difference from the target's distribution "
@@ -824,7 +891,8 @@ def chi_square_of(rule: Callable, seed: int = 0) -> float:
 # %%
 right_p = chi_square_of(verify)
 assert right_p > 0.01
-print(f"the rule in use ({'yours' if verify is my_accept_or_reject else 'the helper'}): p > 0.01, passes")
+print(f"the rule in use ({'yours' if verify is my_accept_or_reject else 'the helper'}): p > 0.01, "
+      f"passes")
 for name, rules in WRONG.items():
     with swap_in(**rules):
         wrong_p = chi_square_of(speculative.verify_round)
@@ -844,17 +912,20 @@ for name, rules in WRONG.items():
 # Measured greedily on three prompts, 40 tokens each:
 
 # %%
-sweep_prompts = [tokenizer.encode(s) for s in ("Once upon a time, ", "The little dog ", "She said ")]
+sweep_prompts = [tokenizer.encode(s) for s in ("Once upon a time, ", "The little dog ",
+                                               "She said ")]
 sweep, NEW = {}, 40
 for k in range(1, 7):
-    runs = [speculative_generate(target, draft, p, NEW, k=k, temperature=0)[1] for p in sweep_prompts]
+    runs = [speculative_generate(target, draft, p, NEW, k=k, temperature=0)[1]
+            for p in sweep_prompts]
     accepted, checked = sum(r.accepted for r in runs), sum(r.accepted + r.rejected for r in runs)
     passes, full = sum(r.target_passes for r in runs), sum(r.full_rounds for r in runs)
     rate = accepted / checked
     sweep[k] = {"rate": rate, "all k": full / passes, "per pass": 3 * NEW / passes}
     print(f"k = {k}: per-token acceptance {rate:.2f}, all k kept in {full / passes:.0%} of rounds "
           f"(a^k: {rate ** k:.0%}); tokens per target pass {3 * NEW / passes:.2f} "
-          f"(formula: {(1 - rate ** (k + 1)) / (1 - rate):.2f}), draft passes per token {k * passes / (3 * NEW):.2f}")
+          f"(formula: {(1 - rate ** (k + 1)) / (1 - rate):.2f}), draft passes per token "
+          f"{k * passes / (3 * NEW):.2f}")
 assert all(s["per pass"] > 1 for s in sweep.values()) and sweep[6]["all k"] < sweep[1]["all k"]
 
 # %% [markdown]
@@ -872,18 +943,23 @@ assert all(s["per pass"] > 1 for s in sweep.values()) and sweep[6]["all k"] < sw
 # %%
 spec_runs = bench["speculative"]
 for seed, run in spec_runs["seeds"].items():
-    print(f"seed {seed}: validation loss target {run['target_loss']:.2f}, draft {run['draft_loss']:.2f}, "
+    print(f"seed {seed}: validation loss target {run['target_loss']:.2f}, draft "
+          f"{run['draft_loss']:.2f}, "
           f"draft after {spec_runs['long_steps']:,} steps {run['long_draft_loss']:.2f}")
     for name, label in (("draft", "draft"), ("long_draft", "longer draft")):
         row = run[name]
-        print(f"  {label:>12}: per-token acceptance " + " ".join(f"{row[k]['per_token']:.2f}" for k in row)
-              + "; all k kept " + " ".join(f"{row[k]['all_k_kept']:4.0%}" for k in row) + "  (k = 1 ... 6)")
+        print(f"  {label:>12}: per-token acceptance " + " ".join(f"{row[k]['per_token']:.2f}"
+                                                                 for k in row)
+              + "; all k kept " + " ".join(f"{row[k]['all_k_kept']:4.0%}"
+                                           for k in row) + "  (k = 1 ... 6)")
 runs = list(spec_runs["seeds"].values())
 assert all(r["draft"]["6"]["per_token"] > r["draft"]["1"]["per_token"] for r in runs)
 assert all(r["draft"]["6"]["all_k_kept"] < r["draft"]["1"]["all_k_kept"] for r in runs)
 assert all(r["long_draft_loss"] < r["target_loss"] < r["draft_loss"] for r in runs)
-short, longer = ([v["per_token"] for r in runs for v in r[name].values()] for name in ("draft", "long_draft"))
-assert all(r["long_draft"][k]["per_token"] < r["draft"][k]["per_token"] for r in runs for k in r["draft"])
+short, longer = ([v["per_token"] for r in runs for v in r[name].values()] for name in ("draft",
+        "long_draft"))
+assert all(r["long_draft"][k]["per_token"] < r["draft"][k]["per_token"] for r in runs
+           for k in r["draft"])
 print(f"per-token acceptance over all seeds and k: draft {min(short):.2f}-{max(short):.2f}, "
       f"draft trained longer {min(longer):.2f}-{max(longer):.2f}")
 
@@ -902,15 +978,21 @@ print(f"per-token acceptance over all seeds and k: draft {min(short):.2f}-{max(s
 
 # %%
 best = {name: min(times) for name, times in spec_runs["seconds"].items()}
-print("speed-up over the target alone: " + ", ".join(
-    f"{name} {best['target alone'] / seconds:.2f}x" for name, seconds in best.items() if name != "target alone"))
+print(
+    "speed-up over the target alone: "
+    + ", ".join(
+        f"{name} {best['target alone'] / seconds:.2f}x"
+        for name, seconds in best.items()
+        if name != "target alone"
+    )
+)
 
 # %% [markdown]
 # Below 1 at every k: slower. On a GPU, where a large target's pass is bound by reading its
 # weights, fewer target passes is most of the speed-up. On this CPU, with models this small, each
 # pass costs about the same fixed overhead whatever the model, so the draft's passes eat the gain.
 #
-# ## 8. Quantization: fewer bytes per weight
+# ## 8. Quantization: fewer bytes per weight (optional)
 #
 # Generation reads every weight once per token, so a smaller weight is a faster step (where memory
 # bandwidth is the limit) and a bigger model in the same memory. **Weight-only** quantization
@@ -939,6 +1021,9 @@ print("speed-up over the target alone: " + ", ".join(
 # <details><summary>Hint 2: the plan</summary>(1) One scale per row, so that the row's largest
 # absolute weight maps to 127. (2) Every weight divided by its row's scale and rounded, kept within
 # plus and minus 127. (3) Return the integers as int8 and the scales.</details>
+
+# %%
+catch_up("14_serving", "8.")  # started here after a restart? this runs the sections above
 
 # %%
 def my_quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -997,7 +1082,8 @@ print(f"{tuple(w.shape)} weights: the helper's integers; largest error {error8.m
 # up by 4 bits and combine it with the even one's by a bitwise or.</details>
 
 # %%
-def my_quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def my_quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor,
+                                                                torch.Tensor]:
     """w (out, in) float -> packed (out, in / 2) uint8, scale and zero (out, in / group_size)."""
     ### BEGIN SOLUTION
     out, n_in = w.shape
@@ -1026,8 +1112,10 @@ from helpers.serve.quantize import dequantize_int4, quantize_int4, unpack_int4
 
 quantize4 = yours_or("serving.quantize_int4_groups", my_quantize_int4, quantize_int4)
 packed_w, scale_w, zero_w = quantize4(w, 32)
-assert all(torch.equal(mine.float(), helper.float()) for mine, helper in zip((packed_w, scale_w, zero_w),
-                                                                             quantize_int4(w, 32), strict=True))
+assert all(torch.equal(mine.float(), helper.float()) for mine, helper in zip((packed_w, scale_w,
+                                                                              zero_w),
+                                                                             quantize_int4(w,
+                                                                                 32), strict=True))
 group, scale, zero = w[0, :32], scale_w[0, 0].item(), int(zero_w[0, 0])
 q = unpack_int4(packed_w[0, :16])
 back = dequantize_int4(packed_w, scale_w, zero_w)[0, :32]
@@ -1062,7 +1150,8 @@ from helpers.serve.quantize import QuantizedLinear
 
 
 def linear_bytes(model: GPT) -> tuple[int, int]:
-    """Bytes of the blocks' Linear weights: (the weights or integers, the scales and zero points)."""
+    """Bytes of the blocks' Linear weights: (the weights or integers, the scales and zero
+    points)."""
     payload = extra = 0
     for m in model.blocks.modules():
         if isinstance(m, QuantizedLinear):
@@ -1075,7 +1164,8 @@ def linear_bytes(model: GPT) -> tuple[int, int]:
 
 base_loss, base_logits = loss_and_logits(target)
 assert base_loss < 2.4
-print(f"float32: validation loss < 2.4; the blocks' Linear weights {linear_bytes(target)[0]:,} bytes, "
+print(f"float32: validation loss < 2.4; the blocks' Linear weights {linear_bytes(target)[0]:,} "
+      f"bytes, "
       f"the whole model {weight_bytes(target):,}")
 # (loss change, logit change as a share of the largest |logit|): the logits grow with training
 quantized, bounds = {}, {8: (0.01, 0.05), 4: (0.05, 0.5)}
@@ -1088,7 +1178,8 @@ for bits in (8, 4):
     payload, extra = linear_bytes(quantized[bits])
     print(f"int{bits}: validation loss change < {bounds[bits][0]}, largest logit change "
           f"< {bounds[bits][1]:.0%} of the largest |logit|; "
-          f"Linear weights {payload:,} bytes + {extra:,} of scales{' and zero points' if bits == 4 else ''}, "
+          f"Linear weights {payload:,} bytes + {extra:,} of "
+          f"scales{' and zero points' if bits == 4 else ''}, "
           f"the whole model {weight_bytes(quantized[bits]):,}")
 
 # %% [markdown]
@@ -1122,10 +1213,11 @@ if hasattr(torch, "_weight_int8pack_mm"):
           f"{format_duration(time.perf_counter() - start)}")
 else:
     print("this torch has no torch._weight_int8pack_mm: skipped")
-print(f"1024 x 1024 weights: {big.numel() * 4:,} bytes in float32, {q8.numel() + s8.numel() * 4:,} in int8")
+print(f"1024 x 1024 weights: {big.numel() * 4:,} bytes in float32, {q8.numel() + s8.numel() * 4:,} "
+      f"in int8")
 
 # %% [markdown]
-# ## Check your understanding
+# ## Check your understanding (optional)
 #
 # 1. Top-p 0.8 on the six words of section 1 kept three words. For which top-p does it keep four?
 #
@@ -1144,6 +1236,9 @@ print(f"1024 x 1024 weights: {big.numel() * 4:,} bytes in float32, {q8.numel() +
 # code would have to track a different "last real token" per row). Left padding puts every row's
 # last real token in the last column.
 # </details>
+
+# %%
+catch_up("14_serving", "Check")  # started here after a restart? this runs the sections above
 
 # %% [markdown]
 # 3. A request of 1,000 tokens in blocks of 16: how many blocks, and how many slots are wasted?
@@ -1179,8 +1274,10 @@ print(f"1. top three hold {probs[:3].sum():.3f}, top four {probs[:4].sum():.3f}:
       f"top-p 0.9 keeps {int((sampling.distribution(logits, top_p=0.9) > 0).sum())} words")
 print(f"3. {math.ceil(1000 / 16)} blocks, {paged_waste([1000], 16)} slots wasted (contiguous: "
       f"{contiguous_waste([1000], 1024)})")
-_, same = speculative_generate(target, target, prompt_ids, 20, k=4, generator=torch.Generator().manual_seed(0))
-print(f"4. acceptance {same.acceptance_rate:.2f}, tokens per target pass {20 / same.target_passes:.1f}")
+_, same = speculative_generate(target, target, prompt_ids, 20, k=4,
+                               generator=torch.Generator().manual_seed(0))
+print(f"4. acceptance {same.acceptance_rate:.2f}, tokens per target pass "
+      f"{20 / same.target_passes:.1f}")
 rows_w = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
 rows_w[0] *= 100
 one_scale = rows_w.abs().max() / 127

@@ -164,3 +164,41 @@ def test_the_test_command_refuses_to_start_inside_its_own_run(monkeypatch, capsy
     monkeypatch.setattr(course, "ensure_environment", lambda extras: started.append(extras))
     assert course.test([]) == 2 and started == []
     assert "inside its own test run" in capsys.readouterr().out
+
+
+def live_copy_root(tmp_path: Path) -> Path:
+    (tmp_path / "notebooks").mkdir()
+    shutil.copy(ROOT / "notebooks" / "07_gpt.ipynb", tmp_path / "notebooks")
+    return tmp_path
+
+
+def test_blank_empties_one_exercise_in_a_live_copy_and_restore_puts_it_back(tmp_path, capsys):
+    root = live_copy_root(tmp_path)
+    instructor = json.loads((root / "notebooks" / "07_gpt.ipynb").read_text())
+    answer, test = course.exercise_cell_indices(instructor, "next_token_loss")
+    assert course.blank(["07_gpt", "next_token_loss"], root=root) == 0
+    assert "blanked next_token_loss in live/07_gpt.ipynb" in capsys.readouterr().out
+    live = json.loads((root / "live" / "07_gpt.ipynb").read_text())
+    blanked = "".join(live["cells"][answer]["source"])
+    assert "raise NotImplementedError()" in blanked and "### BEGIN SOLUTION" not in blanked
+    assert live["cells"][answer]["outputs"] == live["cells"][test]["outputs"] == []
+    others = [i for i in range(len(instructor["cells"])) if i not in (answer, test)]
+    assert [live["cells"][i] for i in others] == [instructor["cells"][i] for i in others]
+    assert instructor == json.loads((root / "notebooks" / "07_gpt.ipynb").read_text())  # untouched
+    live["cells"][others[-1]]["outputs"] = ["what the instructor ran meanwhile"]
+    (root / "live" / "07_gpt.ipynb").write_text(json.dumps(live))
+    assert course.blank(["07_gpt", "gpt.next_token_loss", "--restore"], root=root) == 0
+    restored = json.loads((root / "live" / "07_gpt.ipynb").read_text())
+    assert restored["cells"][answer] == instructor["cells"][answer]
+    assert restored["cells"][test] == instructor["cells"][test]
+    assert restored["cells"][others[-1]]["outputs"] == ["what the instructor ran meanwhile"]
+
+
+def test_blank_names_the_exercises_when_asked_for_one_the_notebook_lacks(tmp_path, capsys):
+    root = live_copy_root(tmp_path)
+    assert course.blank(["07_gpt", "no_such_exercise"], root=root) == 2
+    out = capsys.readouterr().out
+    assert "'no_such_exercise' is not one of this notebook's" in out and "gpt.next_token_loss" in out
+    assert course.blank(["07_gpt"], root=root) == 2
+    assert "usage: python3 course.py blank NOTEBOOK EXERCISE" in capsys.readouterr().out
+    assert not (root / "live").exists()

@@ -120,3 +120,26 @@ def test_the_build_marks_answer_and_test_cells_for_nbgrader(tmp_path):
 def test_the_build_refuses_a_malformed_exercise(tmp_path, change, message):
     with pytest.raises(ValueError, match=message):
         _built(tmp_path, change(EXERCISE_SOURCE))
+
+
+def jupyterlab_kernelspec() -> dict[str, str]:
+    """What JupyterLab writes into a notebook it opens on the python3 kernel: ipykernel's own
+    kernel.json (name, display name, language), which it compares with the stored metadata."""
+    from ipykernel.kernelspec import get_kernel_dict
+
+    spec = get_kernel_dict()
+    return {"display_name": spec["display_name"], "language": spec["language"], "name": "python3"}
+
+
+def test_the_build_writes_the_kernelspec_jupyterlab_writes():
+    built = to_notebook(SOURCES / f"{NOTEBOOK_IDS[0]}.py").metadata["kernelspec"]
+    assert dict(built) == jupyterlab_kernelspec(), (
+        f"the build writes {dict(built)}, JupyterLab would rewrite it to {jupyterlab_kernelspec()} "
+        "on opening, marking the notebook modified")
+
+
+@pytest.mark.parametrize("name", NOTEBOOK_IDS)
+def test_opening_a_stored_notebook_in_jupyterlab_does_not_modify_it(name):
+    stored = read(NOTEBOOKS / f"{name}.ipynb").metadata["kernelspec"]
+    assert dict(stored) == jupyterlab_kernelspec(), (
+        f"{name}.ipynb stores {dict(stored)}: rebuild it with tools/build_notebooks.py")

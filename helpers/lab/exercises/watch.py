@@ -208,6 +208,9 @@ class Forbidden:
         for dotted in names:
             found = resolve(dotted)
             found = getattr(found, "__func__", found)
+            # The function itself, not a decorator's wrapper: `@torch.no_grad()` wraps every
+            # function in one shared code object, which a student's decorated answer runs too.
+            found = inspect.unwrap(found) if isinstance(found, types.FunctionType) else found
             if isinstance(found, types.FunctionType):
                 # a decorated function (@torch.no_grad()) is seen by its own code, not the decorator's
                 # wrapper, whose code every function decorated the same way shares

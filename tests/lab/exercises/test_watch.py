@@ -182,3 +182,15 @@ def test_what_an_answer_reaches_by_name_is_seen_where_no_profiler_follows():
     for answer in (imports_it, through_module, through_own_helper):
         assert watch.reached_by_name(answer) == "helpers.scale.workers.ring_all_reduce", answer
     assert watch.reached_by_name(own) is None
+
+
+def test_a_forbidden_decorated_function_is_known_by_its_own_code_not_its_decorators():
+    from helpers.model.layers import init_gpt2_
+
+    @torch.no_grad()
+    def my_init(blocks):
+        return blocks
+
+    forbidden = watch.Forbidden(("helpers.model.layers.init_gpt2_",))
+    assert forbidden.code(my_init.__code__) is None  # torch.no_grad's wrapper, shared by both
+    assert forbidden.code(init_gpt2_.__wrapped__.__code__) == "helpers.model.layers.init_gpt2_"
