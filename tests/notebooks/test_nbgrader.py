@@ -81,6 +81,8 @@ FIRST = GRADED[0]
 # mangled notebook: (what they hand in, given the instructor's notebook).
 COURSE_CALL = ("from helpers.model.attention import softmax as _ours\n\n"
                "def my_softmax(x):\n    return _ours(x)")
+SUBCLASS = ("from helpers.model.attention import AttentionLayer\n\n"
+            "class MyAttentionLayer(AttentionLayer):\n    pass")
 ALIAS = "import torch\n\n_soft = torch.special.softmax\n\ndef my_softmax(x):\n    return _soft(x, -1)"
 
 
@@ -96,6 +98,7 @@ def _tries(full: nbformat.NotebookNode) -> dict[str, nbformat.NotebookNode]:
     empty = nbformat.from_dict(json.loads(json.dumps(full)))
     empty.cells = []
     return {"course_call": _with_answer(full, WRONG_EXERCISE, COURSE_CALL),
+            "subclass": _with_answer(full, "attention.attention_layer", SUBCLASS),
             "alias": _with_answer(full, WRONG_EXERCISE, ALIAS),
             "redefined_check": redefined,
             "endless_loop": _with_answer(full, WRONG_EXERCISE, "while True:\n    pass"),
@@ -206,6 +209,16 @@ def test_an_answer_that_calls_someone_elses_softmax_scores_zero_and_is_told_the_
     _others_as_reference(graded_dir, student)  # its stand-in carries the later exercises
     page = (graded_dir / "feedback" / student / ASSIGNMENT / f"{FIRST}.html").read_text(encoding="utf-8")
     assert f"your code calls {names}" in page
+
+
+def test_a_subclass_of_the_courses_layer_scores_zero_for_that_exercise_only(graded):
+    graded_dir, _ = graded
+    scores, reference = _scores(graded_dir, "subclass"), _scores(graded_dir, "reference")
+    assert scores[_first_check("attention.attention_layer")] == 0
+    assert {k: v for k, v in scores.items() if k != _first_check("attention.attention_layer")} == \
+        {k: v for k, v in reference.items() if k != _first_check("attention.attention_layer")}
+    page = (graded_dir / "feedback" / "subclass" / ASSIGNMENT / f"{FIRST}.html").read_text(encoding="utf-8")
+    assert "helpers.model.attention.AttentionLayer" in page
 
 
 def test_a_redefined_check_scores_zero_on_the_exercises_after_it(graded):
