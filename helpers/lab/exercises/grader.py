@@ -104,6 +104,8 @@ def _fresh_evaluate(name: str, answer: Any, seed: int) -> tuple[bool, str]:
     try:
         fresh = importlib.import_module(PACKAGE)
         fresh.watch.STAND_INS.update(saved[PACKAGE + ".watch"].STAND_INS)  # earlier exercises' stand-ins
+        if PACKAGE + "._ranks" in saved:  # the worker processes kept for the session: no second set
+            importlib.import_module(PACKAGE + "._ranks")._POOL[:] = saved[PACKAGE + "._ranks"]._POOL
         fresh.SEED_OFFSET = seed
         fresh.STRICT = False
         return fresh.evaluate(name, answer, attempt=None)

@@ -190,3 +190,29 @@ def test_no_function_in_the_student_folder_passes_an_exercise_unchanged():
             if exercises.evaluate(name, value, time_limit=10)[0]:
                 passing.append((name, dotted))
     assert passing == []
+
+
+def test_the_hidden_round_reuses_the_sessions_worker_processes():
+    """Notebook 11 keeps three worker processes for its checks: the hidden round's fresh import
+    must run on them, not start three more (the notebook's memory would grow by a third)."""
+    from helpers.lab.exercises import _ranks
+
+    class FakePool:
+        processes = True
+        calls = 0
+
+        def run(self, fn, tensors):
+            FakePool.calls += 1
+            raise TimeoutError
+
+    def ring(rank, world_size, tensors):
+        return tensors[rank]
+
+    saved = list(_ranks._POOL)
+    _ranks._POOL[:] = [FakePool()]
+    try:
+        with pytest.raises(GradeFailed, match="did not finish"):
+            grader.hidden_check("distributed.ring_all_reduce", ring, {})
+    finally:
+        _ranks._POOL[:] = saved
+    assert FakePool.calls == 1
