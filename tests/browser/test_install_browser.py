@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 
 import pytest
+
 from conftest import load_installer, terminal_question
 
 installer = load_installer()
