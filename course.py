@@ -57,7 +57,7 @@ PYTHON = venv_command(VENV, "python")
 
 # What `test` runs: lint, then the helpers' unit tests and strict nbval over every notebook in one
 # pytest session (one summary line). No --nbval-lax: every stored output is compared.
-LINT = ["-m", "ruff", "check", "--no-cache", "helpers", "tests", "notebooks", "tools", "benchmarks", "data", "course.py"]
+LINT = ["-m", "ruff", "check", "--no-cache", "helpers", "tests", "notebooks", "tools", "benchmarks", "data", "course.py", "conftest.py", "nbgrader_config.py"]
 NBVAL = ["--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg"]
 PYTEST = ["-m", "pytest", "tests", "notebooks", *NBVAL, "-q", "-rfEs"]
 # Then strict nbval once more as a typical laptop: PyTorch's plain (non-SIMD) kernels, one
