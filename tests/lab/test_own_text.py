@@ -169,7 +169,8 @@ def test_notebook_7_knob_cell(tmp_path, capsys):
     off = knob_cell("07_gpt.py")
     exec(off, {"GPTConfig": GPTConfig, "format_duration": format_duration})
     assert "MY_TEXT_FILE = None: nothing read" in capsys.readouterr().out
-    on = re.sub(r"\nMY_CONFIG = [^\n]*", "\nMY_CONFIG = GPTConfig(context_length=16, n_layers=1, n_heads=2, d_model=16)",
+    on = re.sub(r"\nMY_CONFIG = GPTConfig\([^)]*\)[^\n]*",  # the call may span lines
+                "\nMY_CONFIG = GPTConfig(context_length=16, n_layers=1, n_heads=2, d_model=16)",
                 off.replace("\nMY_TEXT_FILE = None", f"\nMY_TEXT_FILE = {str(path)!r}"))
     on = re.sub(r"\nMY_STEPS = \d+", "\nMY_STEPS = 6", on)
     exec(on, {"GPTConfig": GPTConfig, "format_duration": format_duration})

@@ -245,8 +245,10 @@ def test_one_dimensional_q_is_refused():
 
 def verdict(capsys, name: str, answer) -> str:
     """The full verdict on `answer`: what is wrong and how to fix it (what `check` prints from the
-    second wrong try on)."""
-    return exercises.evaluate(name, answer)[1]
+    second wrong try on). The answers here are built from the course's own functions, to test how
+    the checker judges them, so the call watch is off (watched=False): graded, each would be
+    refused as the course's code (test_the_courses_softmax_earns_nothing_when_graded)."""
+    return exercises.evaluate(name, answer, watched=False)[1]
 
 
 def naive_softmax(x):
@@ -257,6 +259,11 @@ def test_softmax_checker_accepts_the_reference_and_rejects_overflow(capsys):
     assert verdict(capsys, "attention.stable_softmax", softmax).startswith("✅")
     out = verdict(capsys, "attention.stable_softmax", naive_softmax)
     assert out.startswith("❌") and "overflows" in out
+
+
+def test_the_courses_softmax_earns_nothing_when_graded():
+    passed, said = exercises.evaluate("attention.stable_softmax", softmax)
+    assert not passed and "helpers.model.attention.softmax" in said and "the course's own code" in said
 
 
 def test_softmax_checker_rejects_normalising_the_wrong_dim(capsys):

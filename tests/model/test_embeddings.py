@@ -254,8 +254,9 @@ def sines_then_cosines(n_positions, d_model, base=10000.0):
 
 
 def verdicts(name, *answers):
-    """(passed, message) of exercise `name` for each answer."""
-    return [evaluate(name, answer) for answer in answers]
+    """(passed, message) of exercise `name` for each answer, built from the course's functions to
+    test the checker's judgement, so with the call watch off (graded, each would be refused)."""
+    return [evaluate(name, answer, watched=False) for answer in answers]
 
 
 def test_sinusoid_checker_accepts_the_formula_and_names_classic_mistakes():

@@ -96,7 +96,9 @@ def test_ring_helpers_check_their_arguments():
 def test_the_ring_merge_exercise_checker_refuses_an_unweighted_sum():
     from helpers.lab.exercises import evaluate
 
-    assert evaluate("distributed.ring_merge", merge_partial)[0]
+    assert evaluate("distributed.ring_merge", merge_partial, watched=False)[0]  # right, but the course's:
+    passed, message = evaluate("distributed.ring_merge", merge_partial)
+    assert not passed and "merge_partial" in message and "the course's own code" in message
     passed, message = evaluate("distributed.ring_merge", lambda o, lse, ob, lb: (o + ob, torch.logaddexp(lse, lb)))
     assert not passed and "weighted" in message
 

@@ -338,7 +338,9 @@ def test_the_heap_merge_of_long_chunks_agrees_with_the_scanning_loop(text):
 
 
 def test_the_exercises_refuse_float_counts_and_ids():
-    from helpers.lab.exercises import evaluate, passes
+    from helpers.lab.exercises import evaluate
+
+    # built from the course's own code to test the checkers' int check: the call watch is off
 
     def float_counts(ids):
         return {pair: float(n) for pair, n in count_pairs(ids).items()}
@@ -346,11 +348,11 @@ def test_the_exercises_refuse_float_counts_and_ids():
     def float_ids(text, merges):
         return [float(i) for i in BPETokenizer(merges).encode(text)]
 
-    assert passes("tokenization.count_pairs", lambda ids: dict(count_pairs(ids)))
-    passed, message = evaluate("tokenization.count_pairs", float_counts)
+    assert evaluate("tokenization.count_pairs", lambda ids: dict(count_pairs(ids)), watched=False)[0]
+    passed, message = evaluate("tokenization.count_pairs", float_counts, watched=False)
     assert not passed and "should be an int, but it is a float" in message
-    assert passes("tokenization.encode_text", lambda text, m: BPETokenizer(m).encode(text))
-    passed, message = evaluate("tokenization.encode_text", float_ids)
+    assert evaluate("tokenization.encode_text", lambda text, m: BPETokenizer(m).encode(text), watched=False)[0]
+    passed, message = evaluate("tokenization.encode_text", float_ids, watched=False)
     assert not passed and "expected a list of int ids" in message
 
 
