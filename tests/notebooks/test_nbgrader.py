@@ -184,7 +184,9 @@ def test_the_feedback_names_the_failed_check_and_what_was_wrong(graded):
     graded, _ = graded
     page = (graded / "feedback" / "slip" / ASSIGNMENT / f"{GRADED[0]}.html").read_text(encoding="utf-8")
     assert f"❌ {WRONG_EXERCISE}" in page and WRONG_SAYS in page and "How to fix it" in page
-    assert "second wrong try" not in page and "Traceback" not in page and str(ROOT) not in page
+    # the message at once, and no traceback (the page's stylesheet names a "Generic.Traceback" style)
+    assert "second wrong try" not in page and "most recent call last" not in page
+    assert "Cell In[" not in page and str(ROOT) not in page
     blank = (graded / "feedback" / "blank" / ASSIGNMENT / f"{GRADED[0]}.html").read_text(encoding="utf-8")
     assert "not attempted yet" in blank
 
@@ -215,8 +217,8 @@ def test_a_subclass_of_the_courses_layer_scores_zero_for_that_exercise_only(grad
     graded_dir, _ = graded
     scores, reference = _scores(graded_dir, "subclass"), _scores(graded_dir, "reference")
     assert scores[_first_check("attention.attention_layer")] == 0
-    assert {k: v for k, v in scores.items() if k != _first_check("attention.attention_layer")} == \
-        {k: v for k, v in reference.items() if k != _first_check("attention.attention_layer")}
+    others = {_first_check(e) for e in _points(FIRST)} - {_first_check("attention.attention_layer")}
+    assert {k: scores[k] for k in others} == {k: reference[k] for k in others}  # it handed in FIRST only
     page = (graded_dir / "feedback" / "subclass" / ASSIGNMENT / f"{FIRST}.html").read_text(encoding="utf-8")
     assert "helpers.model.attention.AttentionLayer" in page
 
@@ -233,7 +235,7 @@ def test_a_redefined_check_scores_zero_on_the_exercises_after_it(graded):
 def test_a_mangled_submission_is_graded_and_scores_nothing_for_the_mangled_exercise(graded, student):
     graded_dir, _ = graded
     scores = _scores(graded_dir, student)
-    assert set(scores) == {_first_check(e) for e in _points(FIRST)}  # graded: every test cell has a score
+    assert {_first_check(e) for e in _points(FIRST)} <= set(scores)  # graded: every test cell has a score
     assert scores[_first_check()] == 0
     if student in ("deleted_test", "edited_test"):  # nbgrader puts the locked cell back: the rest counts
         _others_as_reference(graded_dir, student)
