@@ -30,6 +30,9 @@ def split_sections(cells: list[dict]) -> tuple[list[dict], list[tuple[str, list[
 
     The set-up cells are those before the first `## ` heading; a section starts at the markdown
     cell holding its `## ` line (the heading may sit below other text in that cell)."""
+    if not isinstance(cells, list) or not all(isinstance(c, dict) and "cell_type" in c for c in cells):
+        raise TypeError(f"cells must be a list of notebook cells (dicts with a cell_type), got "
+                        f"{type(cells).__name__}")
     setup: list[dict] = []
     sections: list[tuple[str, list[dict]]] = []
     for cell in cells:
@@ -53,6 +56,8 @@ def defined_names(source: str) -> set[str]:
     a loop's variable, `with ... as`. Not what an `if`, `try` or loop body may bind, nor a
     comprehension's variable: after a run from the top those can be absent, and catch_up would
     then run the cells above again for nothing."""
+    if not isinstance(source, str):
+        raise TypeError(f"source must be a cell's source as a str, got {type(source).__name__}")
     try:
         tree = ast.parse(source)
     except SyntaxError:  # a cell with IPython magics: it defines nothing we look for
@@ -101,6 +106,8 @@ def _names_in(targets: list[ast.AST]) -> set[str]:
 
 def used_names(source: str) -> set[str]:
     """The names a code cell reads anywhere in it."""
+    if not isinstance(source, str):
+        raise TypeError(f"source must be a cell's source as a str, got {type(source).__name__}")
     try:
         tree = ast.parse(source)
     except SyntaxError:

@@ -76,3 +76,15 @@ def test_catch_up_refuses_a_bad_notebook_name_or_section_before_anything_runs():
         find_notebook("gpt")
     with pytest.raises(ValueError, match=r"section='', expected the start of a `##` title"):
         catch_up("07_gpt", "", namespace={})
+
+
+def test_the_section_tools_refuse_what_is_not_cells_or_source():
+    from helpers.lab.sections import defined_names, split_sections, used_names
+
+    with pytest.raises(TypeError, match="cells must be a list of notebook cells"):
+        split_sections("## 1. A section")
+    with pytest.raises(TypeError, match="cells must be a list of notebook cells"):
+        split_sections([{"source": "x = 1"}])
+    for function in (defined_names, used_names):
+        with pytest.raises(TypeError, match="source must be a cell's source as a str"):
+            function(["x = 1"])

@@ -427,3 +427,17 @@ def test_cache_step_checker(answer, message):
     passed, said = exercises.evaluate("gpt.cache_step", answer)
     assert passed == (message is None), said
     assert message is None or message in said
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, True, "3", None])
+def test_the_checkers_seeds_are_whole_numbers(seed):
+    with pytest.raises(ValueError, match="seed must be a whole number"):
+        exercises.seeded(seed)
+    with pytest.raises(ValueError, match="seed must be a whole number"):
+        exercises.reseed(seed)
+
+
+def test_the_building_blocks_of_an_unknown_exercise_are_refused_by_name():
+    with pytest.raises(KeyError, match="no_such"):
+        exercises.allowed_course_calls("masking.no_such")
+    assert "helpers.model.attention.softmax" in exercises.allowed_course_calls("masking.causal_softmax")

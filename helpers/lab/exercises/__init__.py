@@ -78,10 +78,16 @@ SOFTMAX_CALLS = ("torch.softmax", "torch.nn.functional.softmax", "torch.Tensor.s
 SEED_OFFSET = 0
 
 
+def _expect_seed(seed: Any) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
+
+
 def seeded(seed: int) -> Any:
     """A torch.Generator seeded with `seed` (plus SEED_OFFSET in the grader's hidden round)."""
     import torch
 
+    _expect_seed(seed)
     return torch.Generator().manual_seed(seed + SEED_OFFSET)
 
 
@@ -89,6 +95,7 @@ def reseed(seed: int) -> None:
     """torch.manual_seed(seed), plus SEED_OFFSET in the grader's hidden round."""
     import torch
 
+    _expect_seed(seed)
     torch.manual_seed(seed + SEED_OFFSET)
 
 
@@ -377,6 +384,7 @@ def allowed_course_calls(name: str) -> frozenset[str]:
     """The dotted names of the course functions exercise `name`'s answer may call."""
     from helpers.lab.exercises.building_blocks import BUILDING_BLOCKS, INTERFACE
 
+    get(name)  # an unknown exercise is refused by name, not given an empty list
     return frozenset(BUILDING_BLOCKS.get(name, ())) | frozenset(INTERFACE.get(name, ()))
 
 

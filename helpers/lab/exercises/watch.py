@@ -57,6 +57,8 @@ _MACHINERY = {str(EXERCISES / name) for name in ("__init__.py", "watch.py", "gra
 
 def kind_of_file(filename: str) -> str:
     """STUDENT, COURSE or LIBRARY for the code in `filename` (cached)."""
+    if not isinstance(filename, str):
+        raise TypeError(f"filename must be a str (a code object's co_filename), got {type(filename).__name__}")
     kind = _KIND.get(filename)
     if kind is None:
         if filename.startswith("<"):  # <string>, <frozen ...>: generated or built in, except IPython's
@@ -73,8 +75,14 @@ def kind_of_file(filename: str) -> str:
     return kind
 
 
+def _expect_function(value: Any, what: str) -> None:
+    if not isinstance(getattr(value, "__code__", None), types.CodeType):
+        raise TypeError(f"{what} must be a Python function, got {type(value).__name__}")
+
+
 def mark_boundary(function: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator: calls made by `function` itself count as the student's (see the module doc)."""
+    _expect_function(function, "function")
     _BOUNDARY.add(function.__code__)
     return function
 
@@ -87,6 +95,10 @@ STAND_INS: dict[types.CodeType, str] = {}
 
 def stand_in(helper: Any, exercise: str) -> None:
     """Note `helper` (a function, or a class and its methods) as the stand-in for `exercise`."""
+    if not isinstance(exercise, str) or "." not in exercise:
+        raise ValueError(f"exercise must be a name like 'masking.causal_softmax', got {exercise!r}")
+    if not callable(helper):
+        raise TypeError(f"helper must be a function or a class, got {type(helper).__name__}")
     functions = [v for v in vars(helper).values()] if isinstance(helper, type) else [helper]
     for function in functions:
         function = getattr(function, "__func__", function)
@@ -98,6 +110,7 @@ def stand_in(helper: Any, exercise: str) -> None:
 def mark_checker(function: Callable[..., Any]) -> None:
     """Count `function`'s calls as the course's, even if it is written outside the package (a test's
     own exercise)."""
+    _expect_function(function, "function")
     _CHECKERS.add(function.__code__)
 
 
@@ -162,6 +175,10 @@ def _name_code(code: types.CodeType, name: str) -> None:
 
 def course_name(code: types.CodeType) -> str:
     """The dotted name of a course function: helpers.training.by_hand.HandAdamW.step."""
+    if not isinstance(code, types.CodeType):
+        raise TypeError(f"code must be a code object, got {type(code).__name__}")
+    if kind_of_file(code.co_filename) != COURSE:
+        raise ValueError(f"code of {code.co_name!r} from {code.co_filename} is not the course's")
     if code not in _NAMES:
         module_name = _module_of(code.co_filename)
         module = sys.modules.get(module_name)
@@ -181,6 +198,8 @@ def is_property(code: types.CodeType) -> bool:
 
 def resolve(dotted: str) -> Any:
     """The object a dotted name like 'torch.nn.functional.softmax' or 'torch.Tensor.softmax' names."""
+    if not isinstance(dotted, str) or "." not in dotted:
+        raise ValueError(f"dotted must be a dotted name like 'torch.softmax', got {dotted!r}")
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
         try:
@@ -253,6 +272,8 @@ class Watch:
 
     def __init__(self, forbidden: Forbidden, allowed: Iterable[str] = (), record: object = None,
                  course: bool = True, exercise: str = "") -> None:
+        if not isinstance(forbidden, Forbidden):
+            raise TypeError(f"forbidden must be a Forbidden, got {type(forbidden).__name__}")
         self.forbidden = forbidden
         self.course = course  # False: refuse only the forbidden library calls (tests of slips)
         self.exercise = exercise
@@ -312,6 +333,8 @@ class Watch:
 def inherited_course_code(answer: type, allowed: Iterable[str] = ()) -> str | None:
     """For a class answer: the first course class it inherits from (or whose function it holds),
     unless allowed: `class MyBlock(Block): pass` is the course's Block under another name."""
+    if not isinstance(answer, type):
+        raise TypeError(f"answer must be a class, got {type(answer).__name__}")
     allowed = frozenset(allowed)
     for base in inspect.getmro(answer):
         if base is answer and (getattr(base, "__module__", "") or "").split(".")[0] == "helpers":
@@ -432,6 +455,8 @@ def reached_by_name(answer: Callable[..., Any], allowed: Iterable[str] = ()) -> 
     globals, the course modules it imports, the other functions of the notebook it calls), unless
     allowed. For answers run in worker processes, where Watch cannot follow: a static look, which a
     name built at run time (importlib on a computed string) escapes."""
+    if not callable(answer):
+        raise TypeError(f"answer must be a function, got {type(answer).__name__}")
     allowed = frozenset(allowed)
     stack, seen = [inspect.unwrap(answer)], set()
     while stack:

@@ -194,3 +194,28 @@ def test_a_forbidden_decorated_function_is_known_by_its_own_code_not_its_decorat
     forbidden = watch.Forbidden(("helpers.model.layers.init_gpt2_",))
     assert forbidden.code(my_init.__code__) is None  # torch.no_grad's wrapper, shared by both
     assert forbidden.code(init_gpt2_.__wrapped__.__code__) == "helpers.model.layers.init_gpt2_"
+
+
+def test_the_watch_refuses_bad_arguments_by_name():
+    with pytest.raises(TypeError, match="filename must be a str"):
+        watch.kind_of_file(3)
+    with pytest.raises(TypeError, match="code must be a code object"):
+        watch.course_name("softmax")
+    with pytest.raises(ValueError, match="is not the course's"):
+        watch.course_name(mine.__code__)
+    for dotted in ("softmax", 3, ""):
+        with pytest.raises(ValueError, match="dotted must be a dotted name"):
+            watch.resolve(dotted)
+    with pytest.raises(ValueError, match="exercise must be a name like"):
+        watch.stand_in(course_softmax, "softmax")
+    with pytest.raises(TypeError, match="helper must be a function or a class"):
+        watch.stand_in(3, "masking.causal_softmax")
+    with pytest.raises(TypeError, match="forbidden must be a Forbidden"):
+        watch.Watch(("torch.softmax",))
+    with pytest.raises(TypeError, match="answer must be a class"):
+        watch.inherited_course_code(mine)
+    with pytest.raises(TypeError, match="answer must be a function"):
+        watch.reached_by_name(3)
+    for mark in (watch.mark_boundary, watch.mark_checker):
+        with pytest.raises(TypeError, match="function must be a Python function"):
+            mark(print)
