@@ -52,12 +52,12 @@ class CellFunction:
         return namespace[self.name]
 
 
-def _names_read(code: types.CodeType) -> set[str]:
+def names_read(code: types.CodeType) -> set[str]:
     """Every global name a code object (and the functions, lambdas, comprehensions inside it) reads."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _names_read(const)
+            names |= names_read(const)
     return names
 
 
@@ -89,7 +89,7 @@ def _collect(fn: types.FunctionType, shipped: CellFunction, seen: set[str]) -> N
                          "defined with `def` at the top of a notebook cell or of a module")
     seen.add(fn.__name__)
     shipped.sources[fn.__name__] = _source_without_decorators(fn)
-    for name in sorted(_names_read(fn.__code__)):
+    for name in sorted(names_read(fn.__code__)):
         if name in seen or name not in fn.__globals__:
             continue  # an attribute name, a builtin, or already collected
         value = fn.__globals__[name]

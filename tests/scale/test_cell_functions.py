@@ -134,7 +134,7 @@ def test_mutually_recursive_cell_functions_are_sent_once_each(cell):
 
 
 def test_names_inside_lambdas_and_comprehensions_are_read(cell):
-    assert {"SCALE", "range"} <= cf._names_read(cell.nested_reader.__code__)
+    assert {"SCALE", "range"} <= cf.names_read(cell.nested_reader.__code__)
     shipped = cf.ship(cell.nested_reader)
     assert shipped.values == {"SCALE": 3} and shipped.build()(0, 1) == [3]
 

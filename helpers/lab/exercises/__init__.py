@@ -231,8 +231,8 @@ def _handed(answer: Any) -> Any:
     def handed(*args: Any, **kwargs: Any) -> Any:
         return _call_answer(answer, args, kwargs)
 
-    # The answer's own names, so that a checker that sends it to worker processes (notebook 11)
-    # sends the answer itself, by the name it is imported by there.
+    # The answer's own names, for the checkers' messages (one that sends the answer to worker
+    # processes unwraps it: inspect.unwrap follows __wrapped__).
     for attribute in ("__name__", "__qualname__", "__module__", "__doc__"):
         if hasattr(answer, attribute):
             setattr(handed, attribute, getattr(answer, attribute))

@@ -434,13 +434,6 @@ class Refused(Exception):
         self.name = name
 
 
-def _names_in(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _names_in(const)
-    return names
-
 
 def _course_object(value: Any, allowed: frozenset[str]) -> str | None:
     """The dotted name of `value` if it is a course function or class the answer may not use."""
@@ -457,6 +450,8 @@ def reached_by_name(answer: Callable[..., Any], allowed: Iterable[str] = ()) -> 
     name built at run time (importlib on a computed string) escapes."""
     if not callable(answer):
         raise TypeError(f"answer must be a function, got {type(answer).__name__}")
+    from helpers.scale.cell_functions import names_read  # what notebook 11 ships to its workers
+
     allowed = frozenset(allowed)
     stack, seen = [inspect.unwrap(answer)], set()
     while stack:
@@ -465,7 +460,7 @@ def reached_by_name(answer: Callable[..., Any], allowed: Iterable[str] = ()) -> 
         if code is None or code in seen:
             continue
         seen.add(code)
-        names = _names_in(code)
+        names = names_read(code)
         namespace = dict(getattr(function, "__globals__", {}))
         for free, cell in zip(code.co_freevars, getattr(function, "__closure__", None) or (), strict=False):
             try:
