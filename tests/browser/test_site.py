@@ -321,6 +321,56 @@ def test_the_search_box_finds_a_word_with_the_site_opened_from_disk(built, brows
     assert all(url.startswith("file:") for url in requests), [u for u in requests if not u.startswith("file:")]
 
 
+def test_zoomed_in_the_sidebar_folds_above_the_page_and_scrolls_away(built, browser):
+    """1280 x 720 at 200 % zoom is 640 x 360 CSS pixels: the page, not the sidebar, takes the
+    width, the list of pages is folded until asked for, and scrolling takes the sidebar away."""
+    context = browser.new_context(viewport={"width": 640, "height": 360})
+    try:
+        page = context.new_page()
+        page.goto((built["student"] / "attention.html").as_uri())
+        main_width = page.eval_on_selector("main", "m => m.getBoundingClientRect().width")
+        assert main_width > 0.9 * 640, f"the page is {main_width:.0f} px of 640"
+        assert not page.is_visible("nav.sidebar details.pages a.current"), "the page list is open"
+        page.click("details.pages > summary")
+        assert page.is_visible("nav.sidebar details.pages a.current"), "the list does not open"
+        page.mouse.wheel(0, 3000)
+        page.wait_for_function("window.scrollY > 1000")
+        bottom = page.eval_on_selector("nav.sidebar", "n => n.getBoundingClientRect().bottom")
+        assert bottom < 0, f"the sidebar stays on screen when scrolled (its bottom at {bottom:.0f} px)"
+    finally:
+        context.close()
+    wide = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = wide.new_page()
+        page.goto((built["student"] / "attention.html").as_uri())
+        assert page.is_visible("nav.sidebar details.pages a.current"), "wide, the list is folded"
+    finally:
+        wide.close()
+
+
+def test_dark_mode_darkens_the_page_and_keeps_figures_on_a_light_card(built, browser):
+    colour = "e => getComputedStyle(e).backgroundColor"
+    shades = {}
+    for scheme in ("light", "dark"):
+        context = browser.new_context(viewport={"width": 1400, "height": 1000}, color_scheme=scheme)
+        try:
+            page = context.new_page()
+            page.goto((built["student"] / "attention.html").as_uri())
+            shades[scheme] = (page.eval_on_selector("body", colour),
+                              page.eval_on_selector("main img", colour),
+                              page.eval_on_selector("main pre", colour))
+        finally:
+            context.close()
+
+    def brightness(css: str) -> float:
+        red, green, blue, *alpha = (float(x) for x in re.findall(r"[\d.]+", css))
+        return 255.0 if alpha and alpha[0] == 0 else (red + green + blue) / 3  # transparent: white
+
+    body, image, code = (brightness(shade) for shade in shades["dark"])
+    assert brightness(shades["light"][0]) > 200 and body < 60, shades
+    assert image > 200 and code > 200, f"dark mode puts figures or code on a dark ground: {shades}"
+
+
 def test_a_notebook_in_the_nbgrader_form_builds_into_both_editions(tmp_path):
     """The whole build (mystmd and the theme) on a notebook whose exercise carries nbgrader's
     metadata and markers: the instructor's page shows the solution and the hidden test without

@@ -11,7 +11,8 @@ and serves the result as JSON on a local content server; `myst build --html` the
 
 Standard library, and Pygments (JupyterLab's highlighter, so in every course environment) for the
 code; without it the code shows plain. Each page is one HTML file (`SLUG.html`, the first page
-`index.html`) with a sidebar of every page and a search box, its own contents (its headings) at
+`index.html`) with a sidebar of every page and a search box (a bar above the page when the window
+is narrow or zoomed, the list folded; a dark page in dark mode), its own contents (its headings) at
 the top, and links to the previous and the next page; the figures sit beside them. The maths
 arrives as KaTeX's HTML with MathML inside; with no KaTeX style sheet to hand, the page shows the
 MathML, which browsers draw.
@@ -66,6 +67,30 @@ details { margin: .6rem 0; padding: .3rem .6rem; border: 1px solid #d0d7de; bord
 a.colab { display: inline-block; background: #f9ab00; color: #000; padding: .2rem .7rem;
           border-radius: 4px; text-decoration: none; font-weight: 600; }
 p.widget-note { font-style: italic; color: #57606a; }
+details.pages > summary { display: none; }
+/* Narrow, or zoomed (1280 px at 200 % is 640 CSS px): the sidebar becomes a bar above the page
+   that scrolls away, its list of pages folded behind "All pages". */
+@media (max-width: 60rem) {
+  body { display: block; }
+  nav.sidebar { width: auto; height: auto; position: static; border-right: none;
+                border-bottom: 1px solid #d0d7de; }
+  details.pages > summary { display: list-item; cursor: pointer; padding: .4rem 0; font-weight: 600; }
+  main { padding: 1rem; }
+}
+/* Dark mode: dark page, light figures and code kept on their own light card (the figures are
+   drawn on white; inverting them would change what their colours mean). */
+@media (prefers-color-scheme: dark) {
+  body { background: #0d1117; color: #e6edf3; }
+  nav.sidebar { background: #161b22; border-color: #30363d; }
+  nav.sidebar a, main a { color: #58a6ff; }
+  p.edition, ol#search-results small, p.widget-note { color: #9198a1; }
+  input#search { background: #0d1117; color: #e6edf3; border-color: #30363d; }
+  pre, pre.output { background: #f6f8fa; color: #1f2328; }
+  pre.output { border-left-color: #9198a1; }
+  pre.error { background: #fff0f0; color: #1f2328; }
+  img { background: #fff; padding: .3rem; border-radius: 4px; }
+  nav.contents, details, td, th, nav.pager { border-color: #30363d; }
+}
 """
 # The search, a pure function (tests/course/test_course_site.py runs it in Node): every section
 # whose page title, heading or text holds every word typed, best first. A word in the heading
@@ -125,6 +150,9 @@ SEARCH_SCRIPT = SEARCH_RANKING + """
   }
   box.addEventListener('focus', load);
   box.addEventListener('input', () => { load(); show(); });
+  // The page list starts folded where the sidebar is a bar above the page (see the style's @media).
+  const pages = document.querySelector('details.pages');
+  if (pages && window.matchMedia('(max-width: 60rem)').matches) pages.open = false;
 })();
 """
 CODE_STYLE = HtmlFormatter(style="default").get_style_defs(".highlight") if highlight else ""
@@ -407,7 +435,8 @@ def write_page(out: Path, name: str, title: str, body: str, nav: list[tuple[str,
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}'
         f'</title><meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<style>{STYLE}{CODE_STYLE}</style></head><body>"
-        f'<nav class="sidebar">{edition}{search}{links}</nav>'
+        f'<nav class="sidebar">{edition}{search}'
+        f'<details class="pages" open><summary>All pages</summary>{links}</details></nav>'
         f"<main><h1>{html.escape(title)}</h1>{contents(found)}{body}{pager(name, nav)}</main>"
         f"<script>{SEARCH_SCRIPT}</script></body></html>\n", encoding="utf-8")
 
