@@ -179,6 +179,9 @@ print("the table:", tuple(rope_table.cos.shape), "cos and sin,", tuple(rope_tabl
 # Write the rotation of a single pair `(a, b)` at `position` with frequency `theta`, with plain
 # numbers (the `math` module): the check tries four pairs, position 0 included.
 #
+# This exercise stands alone: no later cell runs on your answer (the cells below rotate whole
+# vectors with the course's RoPE).
+#
 # <details><summary>Hint 1: the idea</summary>
 #
 # A pair of features is a point in the plane, or a complex number whose real part is the first
