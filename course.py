@@ -353,8 +353,9 @@ python3 course.py lab
 installs the course into `.venv/` (the first time only) and opens JupyterLab on `notebooks/`.
 Run each notebook top to bottom. Every exercise is a code cell that says `# YOUR CODE HERE`:
 replace `raise NotImplementedError()` with your code and run the `check(...)` cell after it. A
-wrong answer is told what is wrong; a second wrong try also says how to fix it. Until your
-answer passes, the cells after it use the course's own version, and say so.
+wrong answer is told what is wrong; a second wrong try also says how to fix it. The cells
+after most exercises run on your answer once it passes; until then they use the course's own
+version, and say so. An exercise no later cell uses says that it stands alone.
 
 ## What the folder holds
 

@@ -176,8 +176,8 @@ print("possible byte values:", len(range(256)))
 #
 # ### Exercise 1: count the pairs
 # Write the counting step of item 2 for one list of ids: a dict from each pair of neighbouring
-# ids to how often it occurs. The cells below use the course's own `count_pairs` on the soup
-# sentences and on the whole corpus.
+# ids to how often it occurs. This exercise stands alone: no later cell runs on your answer (the
+# cells below use the course's own `count_pairs` on the soup sentences and on the whole corpus).
 #
 # <details><summary>Hint 1: the idea</summary>
 #
@@ -609,7 +609,8 @@ print("👋 ->", wave_ids, "| first two ids decode to", repr(bpe.decode(wave_ids
 # %% [markdown]
 # ### Exercise 4: decode
 # Given a list of token ids and a dict `token_bytes` from each id to the bytes of its token,
-# return the text. Some tokens hold only part of a character.
+# return the text. Some tokens hold only part of a character. The cell after the check decodes the
+# wave and the two stories above with your function and the tokenizer's vocabulary.
 #
 # <details><summary>Hint 1: the idea</summary>
 #
@@ -635,6 +636,18 @@ def decode_ids(token_ids: list[int], token_bytes: dict[int, bytes]) -> str:
 
 # %%
 check("tokenization.decode_ids", decode_ids)
+
+# %%
+def course_decode_ids(token_ids: list[int], token_bytes: dict[int, bytes]) -> str:
+    """The course's version: `bpe.decode`, for `token_bytes` = bpe.vocab only."""
+    return bpe.decode(token_ids)
+
+
+decode_with = yours_or("tokenization.decode_ids", decode_ids, course_decode_ids)
+print("👋 ->", wave_ids, "| the first two ids:", repr(decode_with(wave_ids[:2], bpe.vocab)),
+      "| all of them:", repr(decode_with(wave_ids, bpe.vocab)))
+assert decode_with(story_ids, bpe.vocab) == two_stories
+print(f"the two stories' {len(story_ids):,} ids decode to the text they came from")
 
 # %% [markdown]
 # A tokenizer is its merges and special tokens, so saving it is writing those down. Reloading

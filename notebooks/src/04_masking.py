@@ -246,7 +246,9 @@ print("with a KV cache (2 new queries after 3 cached keys), causal_mask(2, 5) =\
 # the last dimension with exactly 0 on every key after the query's own position. With
 # `n_q = n_k` it is the lower triangle of section 2; `causal_mask(2, 5)` above shows the other
 # case. A masked softmax is the softmax of the keys a query may see, with 0 on the others: write
-# it either way, with `masked_fill` as in section 2, or query by query.
+# it either way, with `masked_fill` as in section 2, or query by query. The cell after the check
+# runs your function on a cache step: the last two queries alone, against every key, must get the
+# same weights as in the softmax of all the queries at once.
 #
 # <details><summary>Hint 1: the idea</summary>Query i sits at position i + n_k - n_q and may see
 # every key up to that position. Its weights are the softmax of those scores alone, and exactly 0
@@ -278,6 +280,24 @@ def my_causal_softmax(scores: torch.Tensor) -> torch.Tensor:
 
 # %%
 check("masking.causal_softmax", my_causal_softmax)
+
+# %%
+def course_causal_softmax(scores: torch.Tensor) -> torch.Tensor:
+    """The course's version: the helper's softmax of scores (..., n_q, n_k) under
+    causal_mask(n_q, n_k)."""
+    n_q, n_k = scores.shape[-2:]
+    return softmax(scores.masked_fill(~causal_mask(n_q, n_k), float("-inf")))
+
+
+causal_softmax = yours_or("masking.causal_softmax", my_causal_softmax, course_causal_softmax)
+torch.manual_seed(7)
+all_scores = torch.randn(2, 5, 5, dtype=torch.float64)  # (batch, queries, keys): 5 tokens at once
+full = causal_softmax(all_scores)
+cached = causal_softmax(all_scores[:, 3:])  # a cache step: the last 2 queries against all 5 keys
+torch.testing.assert_close(cached, full[:, 3:])
+print("weights of the last 2 queries alone against 5 keys == rows 3-4 of all 5 queries at once:",
+      torch.allclose(cached, full[:, 3:]))
+print(cached[0])
 
 # %% [markdown]
 # ## 5. Proof: changing future tokens leaves past outputs unchanged (optional)
@@ -411,7 +431,8 @@ for b, length in enumerate(lengths.tolist()):
 # Write `my_padding_mask(lengths, n, side="right")` returning a boolean tensor `(B, n)`, True on
 # the real tokens of each sentence: with `side="right"` the pads come last (position `j` is real
 # when `j < lengths[b]`, the batch above); with `side="left"` they come first, as in the batches for
-# generation of section 7, so the real tokens are the last `lengths[b]` positions.
+# generation of section 7, so the real tokens are the last `lengths[b]` positions. The cell after
+# the check builds section 6's batch with your function, and exercise 3 runs on the masks it makes.
 #
 # <details><summary>Hint 1: the idea</summary>Position j of sentence b is real when it is smaller
 # than that sentence's length (pads last), or when at most that many positions remain from it to
@@ -435,6 +456,19 @@ def my_padding_mask(lengths: torch.Tensor, n: int, side: str = "right") -> torch
 
 # %%
 check("masking.padding_mask", my_padding_mask)
+
+# %%
+def course_padding_mask(lengths: torch.Tensor, n: int, side: str = "right") -> torch.Tensor:
+    """The course's version: the helper's padding_mask (B, 1, 1, n) as (B, n), flipped when the
+    pads come first."""
+    real = padding_mask(lengths, n)[:, 0, 0]
+    return real.flip(-1) if side == "left" else real
+
+
+real_tokens = yours_or("masking.padding_mask", my_padding_mask, course_padding_mask)
+real_right = real_tokens(lengths, longest)  # (B, N): section 6's batch, the pads last
+assert torch.equal(real_right, pad[:, 0, 0])
+print("section 6's batch, 1 on the real tokens:\n", real_right.int())
 
 # %% [markdown]
 # ## 7. A fully masked row, and how to avoid NaN (optional)
@@ -494,8 +528,8 @@ torch.testing.assert_close(helper_weights[2:],
 # ### Exercise 3 (core): attention with both masks, safe for a query with nothing to see
 # Now the whole layer's core, the one `batched_heads` got from the helper in section 6: write
 # `my_masked_attention(q, k, v, real)` for `q`, `k` of shape `(B, H, N, d)`, `v` of shape
-# `(B, H, N, d_v)` and `real` of shape `(B, N)`, True on the real tokens (your `my_padding_mask`
-# makes it, for either side). Return
+# `(B, H, N, d_v)` and `real` of shape `(B, N)`, True on the real tokens (the cell after the check
+# makes it with your `my_padding_mask`, for either side). Return
 # `(output, weights)` of shapes `(B, H, N, d_v)` and `(B, H, N, N)`: no query puts weight on a
 # later key or on a pad key, and a query that may see no key at all gets zero weights and a zero
 # output, as in way 1 above. The cell after the check reruns section 6's garbage test and this
@@ -551,7 +585,6 @@ def course_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 masked_attention = yours_or("masking.masked_attention", my_masked_attention,
                             course_masked_attention)
-real_right = pad[:, 0, 0]  # (B, N): section 6's right-padded batch
 clean = masked_attention(*heads_of(tokens), real_right)[0]
 dirty = masked_attention(*heads_of(garbage), real_right)[0]
 moved = max((dirty[b, :, :n] - clean[b, :, :n]).abs().max().item() for b,
@@ -560,8 +593,9 @@ torch.testing.assert_close(clean, clean_out)
 print("right padding: largest move of a real token's output after filling the pads with garbage:",
       moved)
 assert moved == 0
-left_out, left_weights = masked_attention(q[None, None], k[None, None], v[None, None],
-                                          is_real[None])
+real_left = real_tokens(is_real.sum()[None], len(left_padded), side="left")  # (1, 6), pads first
+assert torch.equal(real_left[0], is_real)
+left_out, left_weights = masked_attention(q[None, None], k[None, None], v[None, None], real_left)
 torch.testing.assert_close(left_out[0, 0], helper_out)
 nothing_to_see = bool((left_weights[0, 0, 0] == 0).all() and (left_out[0, 0, 0] == 0).all())
 print("left padding: the first pad, which may see no key, gets zero weights and a zero output:",

@@ -676,7 +676,8 @@ print("GQA (8 query heads, 2 KV heads) == MHA with K/V shared in groups of 4:",
 # ### Exercise: bytes of KV cache per token
 #
 # Write `my_kv_cache_bytes_per_token(n_layers, n_kv_heads, head_dim, bytes_per_value)`: how many
-# bytes of keys and values one token leaves in the cache, as an `int`.
+# bytes of keys and values one token leaves in the cache, as an `int`. The table after the check
+# runs on your function: the cache of GPT-3 and two Llama shapes.
 #
 # <details><summary>Hint 1: the idea</summary>
 #
@@ -705,14 +706,18 @@ check("multihead_attention.kv_cache_bytes_per_token", my_kv_cache_bytes_per_toke
 # %% [markdown]
 # ### What the cache costs at real sizes
 #
-# The table uses `helpers.model.multihead.kv_cache_bytes_per_token` with 2-byte (fp16) numbers, for GPT-3
+# The table uses your `my_kv_cache_bytes_per_token` once it passes (else the course's
+# `helpers.model.multihead.kv_cache_bytes_per_token`) with 2-byte (fp16) numbers, for GPT-3
 # and two Llama-like shapes, each with its full context. Llama 2 70B and Llama 3 8B really use
 # GQA with 8 key/value heads; GPT-3 uses plain multi-head attention. The MHA and MQA rows show
 # what the same shape would cost with the other choices.
 
 # %%
-from helpers.model.multihead import kv_cache_bytes_per_token
+from helpers.lab.exercises import yours_or
+from helpers.model.multihead import kv_cache_bytes_per_token as course_kv_cache_bytes
 
+kv_cache_bytes_per_token = yours_or("multihead_attention.kv_cache_bytes_per_token",
+                                    my_kv_cache_bytes_per_token, course_kv_cache_bytes)
 BYTES_FP16 = 2
 SHAPES = {  # layers L, query heads H, head size d_h, context length in tokens
     "GPT-3 175B": dict(n_layers=96, n_heads=96, head_dim=128, context=2048),

@@ -335,7 +335,8 @@ print(f"D = {D}: 8·D² = {8 * D**2:,}; the FFN holds "
 #
 # Write `my_swiglu(x, w_gate, w_up, w_down)` with weights in the mathematical layout: `x` is
 # `(..., D)`, `w_gate` and `w_up` are `(D, hidden)`, `w_down` is `(hidden, D)`; the result is
-# `(..., D)`.
+# `(..., D)`. The cell after the check runs your function on the weights of the course's
+# `SwiGLUFeedForward` and compares the two.
 #
 # <details><summary>Hint 1: the idea</summary>
 #
@@ -357,6 +358,28 @@ def my_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
 
 # %%
 check("layers.swiglu", my_swiglu)
+
+# %%
+def course_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+                  w_down: torch.Tensor) -> torch.Tensor:
+    """The course's version: a SwiGLUFeedForward holding these weights. x (..., D) -> (..., D)."""
+    module = SwiGLUFeedForward(w_gate.shape[0], hidden=w_gate.shape[1])
+    with torch.no_grad():
+        for linear, weight in ((module.gate, w_gate), (module.up, w_up), (module.down, w_down)):
+            linear.weight.copy_(weight.T)  # nn.Linear keeps (out, in): the transpose
+    return module(x)
+
+
+swiglu = yours_or("layers.swiglu", my_swiglu, course_swiglu)
+torch.manual_seed(5)
+swiglu_ffn = SwiGLUFeedForward(16)  # hidden 8 * 16 // 3 = 42
+tokens_in = torch.randn(2, 5, 16)
+with torch.no_grad():
+    by_weights = swiglu(tokens_in, swiglu_ffn.gate.weight.T, swiglu_ffn.up.weight.T,
+                        swiglu_ffn.down.weight.T)
+    torch.testing.assert_close(by_weights, swiglu_ffn(tokens_in))
+print("SwiGLU from the module's weights, transposed to (in, out), == SwiGLUFeedForward:",
+      tuple(tokens_in.shape), "->", tuple(by_weights.shape))
 
 # %% [markdown]
 # ### Dropout: on in training, off in evaluation
@@ -700,6 +723,7 @@ catch_up("06_layers", "7.")  # started here after a restart? this runs the secti
 # one number per set, shape `(...)`: `‖X - 1·meanᵀ‖_F / ‖X‖_F`. The matrix `1·meanᵀ`, every row the
 # mean token, is what an attention head computes when all its weights are `1/N`: the `N x N` matrix
 # of `1/N`s times `X`. Use that, or subtract the mean token directly; the checker compares values.
+# The deep-stack measurement after the check runs on your function.
 #
 # <details><summary>Hint 1: the idea</summary>
 #
@@ -731,7 +755,8 @@ check("layers.distance_from_rank_one", my_distance_from_rank_one)
 # %% [markdown]
 # ### The helper, through a deep stack
 #
-# The helper is `helpers.model.layers.distance_from_rank_one`. The cell pushes 16 random tokens
+# The helper is `helpers.model.layers.distance_from_rank_one`; the cell measures with yours once
+# it passes (the helper until then). It pushes 16 random tokens
 # (64 features) through 24 layers of five kinds, all with PyTorch's default initialisation and no
 # mask: attention alone, attention followed by an FFN, attention with a skip connection, the same
 # with an FFN on its own skip (no LayerNorm), and the full Pre-LN block (skips, FFN and LayerNorm).
@@ -740,8 +765,10 @@ check("layers.distance_from_rank_one", my_distance_from_rank_one)
 # range over three seeds.
 
 # %%
-from helpers.model.layers import distance_from_rank_one
+from helpers.model.layers import distance_from_rank_one as course_distance
 
+distance_from_rank_one = yours_or("layers.distance_from_rank_one", my_distance_from_rank_one,
+                                  course_distance)
 ATTENTION_SHARPNESS = 1.0  # knob: scales W_Q and W_K; try 6.0 for attention far from uniform
 SEEDS = (0, 1, 2)
 

@@ -179,6 +179,9 @@ print("the table:", tuple(rope_table.cos.shape), "cos and sin,", tuple(rope_tabl
 # Write the rotation of a single pair `(a, b)` at `position` with frequency `theta`, with plain
 # numbers (the `math` module): the check tries four pairs, position 0 included.
 #
+# The cell after the check turns a query pair and a key pair with your function at several
+# positions, two apart, and scores them.
+#
 # <details><summary>Hint 1: the idea</summary>
 #
 # A pair of features is a point in the plane, or a complex number whose real part is the first
@@ -203,6 +206,23 @@ def rotate_pair(a: float, b: float, position: int, theta: float) -> tuple[float,
 
 # %%
 check("modern_decoder.rotate_pair", rotate_pair)
+
+# %%
+def course_rotate_pair(a: float, b: float, position: int, theta: float) -> tuple[float, float]:
+    """The course's version: the 2 x 2 rotation matrix at the angle position * theta."""
+    cos, sin = math.cos(position * theta), math.sin(position * theta)
+    return a * cos - b * sin, a * sin + b * cos
+
+
+rotate = yours_or("modern_decoder.rotate_pair", rotate_pair, course_rotate_pair)
+query_pair, key_pair, pair_theta = (0.8, -0.3), (0.5, 0.9), 0.7
+pair_scores = []
+for m in (2, 10, 50):
+    (q1, q2), (k1, k2) = rotate(*query_pair, m, pair_theta), rotate(*key_pair, m - 2, pair_theta)
+    pair_scores.append(q1 * k1 + q2 * k2)
+    print(f"query at {m:>2}, key at {m - 2:>2}: score {pair_scores[-1]:.6f}")
+assert all(math.isclose(s, pair_scores[0], abs_tol=1e-12) for s in pair_scores)
+print("the same score wherever the pair sits: it depends on the offset alone")
 
 # %% [markdown]
 # ### See it move

@@ -362,6 +362,9 @@ catch_up("10_encoders", "3.")  # started here after a restart? this runs the sec
 # Return the shapes of `q`, `k`, `v`, the attention `weights` and the `output` of cross-attention
 # for a batch of `b` sentences, `n` target tokens, `m` source tokens, width `d` and `h` heads.
 #
+# This exercise stands alone: no later cell runs on your answer (the next exercise writes the
+# cross-attention these shapes describe).
+#
 # <details><summary>Hint 1: the idea</summary>
 #
 # Cross-attention is attention whose queries and keys/values come from two different sequences:
@@ -527,6 +530,9 @@ assert padding_gap < 1e-5 and torch.allclose(future[:, :4], plain[:, :4], atol=1
 # Write the mask the encoder and every cross-attention use: from source ids `(B, M)` and the
 # padding id, a boolean tensor of shape `(B, 1, 1, M)`, True on real tokens.
 #
+# This exercise stands alone: no later cell runs on your answer (the translator below builds its
+# masks with the course's version).
+#
 # <details><summary>Hint 1: the idea</summary>
 #
 # A padded source position must be hidden from every query of every head: the mask is per source
@@ -639,6 +645,9 @@ assert t_exact.float().mean() > 0.8 and t_tokens.mean() > 0.95
 # Given the scores of `k` prefixes `(k,)` and the next word's log-probabilities after each
 # `(k, V)`, return the `width` best children: their scores, the prefix (row) each extends, and the
 # word (token) it adds.
+#
+# This exercise stands alone: no later cell runs on your answer (the search below is the course's
+# `beam_search`, which runs such steps).
 #
 # <details><summary>Hint 1: the idea</summary>
 #

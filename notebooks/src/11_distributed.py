@@ -236,6 +236,8 @@ assert all(torch.equal(result, sum(tensors)) for result in results)
 # Write `ring_bytes(n_bytes, world_size)`: the bytes each rank sends in a ring all-reduce of a
 # tensor of `n_bytes` over `world_size` ranks (one rank sends nothing).
 #
+# The measurement after it counts the bytes with your function once it passes.
+#
 # <details><summary>Hint 1: the idea</summary>
 #
 # Count the messages a rank sends: how many steps each phase of the ring takes, and how big one
@@ -280,7 +282,8 @@ check("distributed.ring_bytes", ring_bytes)
 sizes = [1_000, 10_000, 100_000, 1_000_000, 10_000_000]  # float32 values
 times = workers.run(time_all_reduce_warm, sizes)
 slowest = {size: max(t[size] for t in times) for size in sizes}  # done when the last rank is
-sent = {size: ring_all_reduce_bytes(4 * size, 2) for size in sizes}
+count_sent = yours_or("distributed.ring_bytes", ring_bytes, ring_all_reduce_bytes)
+sent = {size: count_sent(4 * size, 2) for size in sizes}
 latency, bandwidth = fit_latency_bandwidth([sent[s] for s in sizes], [slowest[s] for s in sizes])
 for size in sizes:
     print(f"{size:>10,} values = {readable_bytes(4 * size):>8}: each rank sends "
@@ -343,6 +346,9 @@ print("average of the two halves' gradients vs the whole batch's: max |diff| < 1
 # processes that is `torch.distributed.all_reduce`; the check passes one that adds the other
 # rank's gradient, with two ranks running your function at once). The check's model is a GPT
 # with tied weights, so one matrix serves as the embedding and as the output layer.
+#
+# This exercise stands alone: no later cell runs on your answer (the training below runs the
+# course's `average_gradients`, printed after the check to compare with yours).
 #
 # <details><summary>Hint 1: the idea</summary>
 #
@@ -1137,6 +1143,9 @@ for m in ms:
 # log-sum-exp `lse` `(B, H, c)`, and the attention `o_b`, `lse_b` of its queries to the block
 # that just arrived. Write `ring_merge(out, lse, o_b, lse_b)`: the attention over the keys of
 # both, and its log-sum-exp. The check compares with attention over all the keys at once.
+#
+# This exercise stands alone: no later cell runs on your answer (the ring attention below runs the
+# course's merge on worker processes).
 #
 # <details><summary>Hint 1: the idea</summary>
 #

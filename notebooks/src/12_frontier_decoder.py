@@ -351,6 +351,9 @@ else:
 # chosen experts; return the scalar `E · Σ_i f_i P_i` with `f_i` = assignments to `i` / `T`. It
 # must carry a gradient to the logits (through `P`).
 #
+# This exercise stands alone: no later cell runs on your answer (the training below uses the loss
+# inside the course's `MoELayer`).
+#
 # <details><summary>Hint 1: the idea</summary>
 #
 # Two vectors of length `E`: how often each expert was chosen (counts, divided by `T`), and
@@ -667,6 +670,9 @@ assert torch.allclose(naive_scores, absorbed_scores, atol=1e-5)
 # check also scores them against cached latents and compares with the scores against the keys
 # built in full.
 #
+# This exercise stands alone: no later cell runs on your answer (the cells below use the course's
+# `LatentAttention`).
+#
 # <details><summary>Hint 1: the idea</summary>
 #
 # Head `h`'s query is multiplied by head `h`'s matrix: the head index is shared, `d_nope` is summed.
@@ -814,6 +820,9 @@ print("slots of tokens 0..9 in a ring of 4:", [ring_slot(t, 4) for t in range(10
 # After `length` tokens have been written into a ring of `window` slots, which slots hold the
 # visible tokens, oldest first? Write `ring_order(length, window)` returning that list of slots
 # (`RingKVCache.append` reads them in this order).
+#
+# This exercise stands alone: no later cell runs on your answer (the next exercise writes the
+# whole ring-buffer decoding loop).
 #
 # <details><summary>Hint 1: the idea</summary>
 #

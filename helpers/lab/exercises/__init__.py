@@ -430,8 +430,9 @@ def expect_close(got: Any, expected: Any, what: str, atol: float = 1e-6) -> None
 def yours_or(name: str, answer: Callable[..., Any], helper: Callable[..., Any]) -> Callable[..., Any]:
     """The student's `answer` when it passes exercise `name`, else the course's `helper`, saying which.
 
-    The cells after a core exercise run on what this returns, so an unanswered or wrong exercise
-    never stops the notebook. With STRICT set (the tests that run the solutions) a failing answer
+    The cells after an exercise that feeds them run on what this returns, so an unanswered or
+    wrong exercise never stops the notebook (tools/exercise_use.py lists which cells use which
+    exercise). With STRICT set (the tests that run the solutions) a failing answer
     raises, so those tests prove the notebook really ran on the student's function.
     """
     passed, message = evaluate(name, answer)
