@@ -604,7 +604,7 @@ from helpers.model.embeddings import sinusoidal_positions
 
 
 def attend(sentence: str, add_positions: bool) -> torch.Tensor:
-    """The self-attention outputs (n_words, D) of `sentence`, with or without sinusoidal positions."""
+    """Self-attention outputs (n_words, D) of `sentence`, with or without sinusoidal positions."""
     x = sentence_vectors(sentence)
     if add_positions:
         x = x + sinusoidal_positions(len(x), D).double()
