@@ -946,7 +946,7 @@ _ = show_tokens("Once upon a time, Zoë found a golden key 🔑.")
 # an HTML widget rather than printing, so nothing piles up below the cell.)
 
 # %%
-class TokenPlayground:
+class TokenBox:
     """A text box with its text drawn below as coloured tokens, redrawn on every change."""
 
     def __init__(self, text: str) -> None:
@@ -961,6 +961,14 @@ class TokenPlayground:
     def _redraw(self, _change=None) -> None:
         self.tokens.value, self.last = coloured_tokens(self.box.value)
 
+    def _ipython_display_(self) -> None:
+        display(widgets.VBox([self.box, self.tokens]))
+
+
+# %%
+class TokenPlayground(TokenBox):
+    """The token box with the two moves the check below makes: type a text, go back to the first."""
+
     def set(self, text: str) -> list[int]:
         """Type `text` into the box, as a student would; return the ids now shown."""
         self.box.value = text
@@ -969,9 +977,6 @@ class TokenPlayground:
     def reset(self) -> list[int]:
         """Back to the first text, so that the check below gives the same answer run twice."""
         return self.set(self.start)
-
-    def _ipython_display_(self) -> None:
-        display(widgets.VBox([self.box, self.tokens]))
 
 
 # %%

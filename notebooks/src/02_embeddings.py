@@ -166,12 +166,9 @@ print("token_embedding(idx) has shape", tuple(plucked.shape))
 # differs from the computed value (rounded the way the slide rounds) is listed under it.
 
 # %%
-def compare_with_slide(computed: torch.Tensor, slide: torch.Tensor, row_labels: list[str],
-                       col_labels: list[str], decimals: int) -> list[str]:
-    """Print (rows, cols) tables side by side; list and return the entries the slide got wrong.
-
-    An entry is wrong when the computed value, rounded to `decimals` places, is not the slide's.
-    """
+def print_side_by_side(computed: torch.Tensor, slide: torch.Tensor, row_labels: list[str],
+                       col_labels: list[str], decimals: int) -> None:
+    """Print two (rows, cols) tables side by side: the computed one left, the slide's right."""
     width = decimals + 5
     label_width = max(len(label) for label in row_labels) + 2
     block = len(col_labels) * width
@@ -184,6 +181,16 @@ def compare_with_slide(computed: torch.Tensor, slide: torch.Tensor, row_labels: 
     print(f"{'':<{label_width}}{header} | {header}")
     for label, ours, theirs in zip(row_labels, computed, slide, strict=True):
         print(f"{label:<{label_width}}{cells(ours)} | {cells(theirs)}")
+
+
+# %%
+def compare_with_slide(computed: torch.Tensor, slide: torch.Tensor, row_labels: list[str],
+                       col_labels: list[str], decimals: int) -> list[str]:
+    """Print (rows, cols) tables side by side; list and return the entries the slide got wrong.
+
+    An entry is wrong when the computed value, rounded to `decimals` places, is not the slide's.
+    """
+    print_side_by_side(computed, slide, row_labels, col_labels, decimals)
     half_a_unit = 0.5 * 10**-decimals + 1e-9
     wrong = ((computed.double() - slide.double()).abs() > half_a_unit).nonzero().tolist()
     mismatches = [f"{row_labels[r]}, {col_labels[c]}: computed "
@@ -568,6 +575,7 @@ def sentence_vectors(sentence: str) -> torch.Tensor:
     return word_vectors[[WORD_ID[word] for word in sentence.split()]]
 
 
+# %%
 def show_outputs(sentence: str, outputs: torch.Tensor) -> None:
     """Print the first four numbers of each position's output vector."""
     for position, (word, vector) in enumerate(zip(sentence.split(), outputs, strict=True)):
@@ -595,16 +603,20 @@ def largest_difference(a: torch.Tensor, b: torch.Tensor) -> str:
 from helpers.model.embeddings import sinusoidal_positions
 
 
+def attend(sentence: str, add_positions: bool) -> torch.Tensor:
+    """Self-attention outputs (n_words, D) of `sentence`, with or without sinusoidal positions."""
+    x = sentence_vectors(sentence)
+    if add_positions:
+        x = x + sinusoidal_positions(len(x), D).double()
+    return self_attention(x)
+
+
+# %%
 def permutation_answers(add_positions: bool) -> dict[str, bool]:
     """The textbook section's (a), (b), (c) for "the cat sat" vs "sat cat the", with or without
     positions."""
-    def run(sentence: str) -> torch.Tensor:
-        x = sentence_vectors(sentence)
-        if add_positions:
-            x = x + sinusoidal_positions(len(x), D).double()
-        return self_attention(x)
-
-    original, reordered, same_end = run("the cat sat"), run("sat cat the"), run("cat the sat")
+    original, reordered, same_end = (attend(sentence, add_positions)
+                                     for sentence in ("the cat sat", "sat cat the", "cat the sat"))
     reverse = [2, 1, 0]  # "sat cat the" is "the cat sat" read backwards
     print("(a) largest difference position by position:", largest_difference(original, reordered))
     print("(b) largest difference word by word:        ", largest_difference(original[reverse],

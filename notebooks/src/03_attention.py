@@ -296,6 +296,7 @@ def meaning_vectors(sentence: str) -> torch.Tensor:
                         dtype=torch.float64)
 
 
+# %%
 def sense_cosines(vector: torch.Tensor) -> dict[str, float]:
     """Cosine of `vector` (3,) with each sense of "bank"."""
     return {name: (torch.dot(vector, sense) / (vector.norm() * sense.norm())).item() for name,
@@ -711,6 +712,20 @@ print("grad_q, grad_k, grad_v of attention_backward == autograd's, to 1e-12")
 PROBLEMS, N_KEYS, D_V_DEMO = 400, 16, 16
 
 
+def random_problems(d_k: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """PROBLEMS random problems: q (PROBLEMS, 1, d_k), k (PROBLEMS, N_KEYS, d_k),
+    v (PROBLEMS, N_KEYS, D_V_DEMO) and upstream = dL/d output (PROBLEMS, 1, D_V_DEMO)."""
+    g = torch.Generator().manual_seed(seed)
+    # float64: a saturated softmax leaves gradients near float32's round-off, whose digits vary by
+    # CPU
+    q = torch.randn(PROBLEMS, 1, d_k, generator=g).double()
+    k = torch.randn(PROBLEMS, N_KEYS, d_k, generator=g).double()
+    v = torch.randn(PROBLEMS, N_KEYS, D_V_DEMO, generator=g).double()
+    upstream = torch.randn(PROBLEMS, 1, D_V_DEMO, generator=g).double()
+    return q, k, v, upstream
+
+
+# %%
 def gradient_reaching_qk(d_k: int, seed: int = 0) -> dict[bool, dict[str, float]]:
     """For scaled False/True: median |dL/dQ| and |dL/dK| over PROBLEMS problems, and the
     saturated share.
@@ -718,13 +733,7 @@ def gradient_reaching_qk(d_k: int, seed: int = 0) -> dict[bool, dict[str, float]
     Each problem: q (1, d_k), k (N_KEYS, d_k), v (N_KEYS, D_V_DEMO); L = sum(output * upstream).
     Both variants see the same random problems, so only the scaling differs.
     """
-    g = torch.Generator().manual_seed(seed)
-    # float64: a saturated softmax leaves gradients near float32's round-off, whose digits vary by
-    # CPU
-    q = torch.randn(PROBLEMS, 1, d_k, generator=g).double()
-    k = torch.randn(PROBLEMS, N_KEYS, d_k, generator=g).double()
-    v = torch.randn(PROBLEMS, N_KEYS, D_V_DEMO, generator=g).double()
-    upstream = torch.randn(PROBLEMS, 1, D_V_DEMO, generator=g).double()  # dL/d output
+    q, k, v, upstream = random_problems(d_k, seed)
     results = {}
     for scaled in (False, True):
         scale = 1 / math.sqrt(d_k) if scaled else 1.0
@@ -737,6 +746,8 @@ def gradient_reaching_qk(d_k: int, seed: int = 0) -> dict[bool, dict[str, float]
 
 per_d_k = [gradient_reaching_qk(d_k) for d_k in D_KS]
 grads = {scaled: [result[scaled] for result in per_d_k] for scaled in (False, True)}
+
+# %%
 print(f"{'':>6} {'---- unscaled: q.k ----':^34} {'---- scaled: q.k / sqrt(d_k) ----':^34}")
 print(f"{'d_k':>6} {'|dL/dQ|':>10} {'|dL/dK|':>10} {'saturated':>11}  {'|dL/dQ|':>10} "
       f"{'|dL/dK|':>10} {'saturated':>11}")
@@ -780,6 +791,31 @@ assert unscaled_last["saturated"] > 0.5 > scaled_last["saturated"]
 # static version (for viewers that cannot run widgets), then the widget with a $d_k$ slider.
 
 # %%
+def draw_one_query(left, unscaled: torch.Tensor, scaled: torch.Tensor, d_k: int) -> None:
+    """Bars of one query's attention weights over 8 keys, (8,) unscaled beside (8,) scaled."""
+    positions = torch.arange(8)
+    left.bar(positions - 0.2, unscaled, width=0.4, label="softmax(q·k)")
+    left.bar(positions + 0.2, scaled, width=0.4, label="softmax(q·k / √d_k)")
+    left.set(xticks=positions.tolist(), xticklabels=[f"key {i}" for i in range(8)], ylim=(0, 1.05),
+             ylabel="attention weight", title=f"One query, eight keys, d_k = {d_k}")
+    left.tick_params(axis="x", rotation=45)
+    left.legend(fontsize=10)
+
+
+def draw_gradient_curves(right, d_k: int) -> None:
+    """The median |dL/dQ| against d_k, unscaled and scaled, with the points at `d_k` circled."""
+    for scaled_curve, color in ((False, "tab:blue"), (True, "tab:orange")):
+        curve = [r["grad_q"] for r in grads[scaled_curve]]
+        right.loglog(D_KS, curve, "o-", color=color, label="scaled" if scaled_curve else "unscaled")
+        right.plot(d_k, curve[D_KS.index(d_k)], "o", markersize=16, markerfacecolor="none",
+                   markeredgecolor="red", markeredgewidth=2.5)
+    right.set(ylabel="median |dL/dQ| (log scale)",
+              title=f"Gradient reaching Q (circled: d_k = {d_k})")
+    label_d_k_axis(right)
+    right.legend(fontsize=10)
+
+
+# %%
 def draw_saturation(d_k: int) -> dict[str, float]:
     """Attention weights of one random query over 8 keys (unscaled vs scaled) and the 5d curves.
 
@@ -791,22 +827,8 @@ def draw_saturation(d_k: int) -> dict[str, float]:
     scaled = helper_softmax(q @ k.T / math.sqrt(d_k))[0]
     row = D_KS.index(d_k)
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
-    positions = torch.arange(8)
-    left.bar(positions - 0.2, unscaled, width=0.4, label="softmax(q·k)")
-    left.bar(positions + 0.2, scaled, width=0.4, label="softmax(q·k / √d_k)")
-    left.set(xticks=positions.tolist(), xticklabels=[f"key {i}" for i in range(8)], ylim=(0, 1.05),
-             ylabel="attention weight", title=f"One query, eight keys, d_k = {d_k}")
-    left.tick_params(axis="x", rotation=45)
-    left.legend(fontsize=10)
-    for scaled_curve, color in ((False, "tab:blue"), (True, "tab:orange")):
-        curve = [r["grad_q"] for r in grads[scaled_curve]]
-        right.loglog(D_KS, curve, "o-", color=color, label="scaled" if scaled_curve else "unscaled")
-        right.plot(d_k, curve[row], "o", markersize=16, markerfacecolor="none",
-                   markeredgecolor="red", markeredgewidth=2.5)
-    right.set(ylabel="median |dL/dQ| (log scale)",
-              title=f"Gradient reaching Q (circled: d_k = {d_k})")
-    label_d_k_axis(right)
-    right.legend(fontsize=10)
+    draw_one_query(left, unscaled, scaled, d_k)
+    draw_gradient_curves(right, d_k)
     fig.tight_layout()
     return {"max_weight_unscaled": unscaled.max().item(), "max_weight_scaled": scaled.max().item(),
             "grad_unscaled": grads[False][row]["grad_q"], "grad_scaled": grads[True][row]["grad_q"]}

@@ -325,6 +325,7 @@ def zero_filled_attention(x: torch.Tensor) -> torch.Tensor:
     return softmax(scores.masked_fill(~causal_mask(len(x)), 0.0)) @ (x @ W_V)
 
 
+# %%
 variants = {"causal, -inf": lambda t: self_attention(t, causal_mask(n))[0],
             "causal, 0 fill": zero_filled_attention,
             "no mask": lambda t: self_attention(t)[0]}
@@ -416,6 +417,7 @@ def batched_heads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scaled_dot_product_attention(*heads_of(x), mask=both)
 
 
+# %%
 clean_out, clean_weights = batched_heads(tokens)
 garbage_out, _ = batched_heads(garbage)
 is_pad_key = ~pad.expand_as(clean_weights)
@@ -744,6 +746,7 @@ def pattern(name: str, causal: bool) -> torch.Tensor:
     return sparse_mask(N_PAT, **PARTS[name], causal=causal)
 
 
+# %%
 NAMES = ["full", "local", "strided", "global"]
 fig, axes = plt.subplots(2, 4, figsize=(18, 10), layout="constrained")
 for col, name in enumerate(NAMES):
@@ -827,6 +830,21 @@ print(f"while one hop of either reaches only {int(one_hop_local.sum())} or "
 PATTERN_NAMES = ["full", "local", "strided", "global", "local + global"]
 
 
+def draw_query_weights(right, query: int, weights: torch.Tensor, mask: torch.Tensor) -> None:
+    """Bars of row `query` of weights (N_PAT, N_PAT), the keys that `mask` hides in grey."""
+    right.bar(range(N_PAT), weights[query], color=["tab:blue" if m else "lightgray"
+                                                   for m in mask[query]])
+    right.set(
+        xticks=range(N_PAT),
+        ylim=(0, 1),
+        ylabel="attention weight",
+        title=f"query '{PATTERN_SENTENCE[query]}' (position {query}) "
+        f"sees {int(mask[query].sum())} keys",
+    )
+    right.set_xticklabels(PATTERN_SENTENCE, rotation=60, ha="right")
+
+
+# %%
 def draw_query_view(name: str, query: int, causal: bool) -> dict[str, list]:
     """Mask of pattern `name` with row `query` outlined, and that query's attention weights.
 
@@ -839,16 +857,7 @@ def draw_query_view(name: str, query: int, causal: bool) -> dict[str, list]:
     draw_mask(left, mask, PATTERN_SENTENCE, f"{name}{' & causal' if causal else ''}")
     left.add_patch(plt.Rectangle((-0.5, query - 0.5), N_PAT, 1, fill=False, edgecolor="red",
                                  linewidth=3))
-    right.bar(range(N_PAT), weights[query], color=["tab:blue" if m else "lightgray"
-                                                   for m in mask[query]])
-    right.set(
-        xticks=range(N_PAT),
-        ylim=(0, 1),
-        ylabel="attention weight",
-        title=f"query '{PATTERN_SENTENCE[query]}' (position {query}) "
-        f"sees {int(mask[query].sum())} keys",
-    )
-    right.set_xticklabels(PATTERN_SENTENCE, rotation=60, ha="right")
+    draw_query_weights(right, query, weights, mask)
     fig.tight_layout()
     return {"visible": mask[query].nonzero().flatten().tolist(), "weights": weights[query].tolist()}
 

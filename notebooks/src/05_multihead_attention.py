@@ -487,6 +487,7 @@ def embed(tokens: list[str]) -> torch.Tensor:
     return x
 
 
+# %%
 @torch.no_grad()
 def wire_heads(mha: MultiHeadAttention) -> MultiHeadAttention:
     """Set the weights so that head h does the job HEAD_NAMES[h]."""
@@ -649,6 +650,7 @@ print("n_kv_heads == n_heads gives the separate heads' output:",
       torch.allclose(explicit(x, causal=True), separate(x, causal=True), atol=1e-6))
 
 
+# %%
 @torch.no_grad()
 def ungroup(gqa: MultiHeadAttention) -> MultiHeadAttention:
     """Ordinary multi-head attention whose heads share K/V weights within each of gqa's groups."""
@@ -735,6 +737,7 @@ for model, s in SHAPES.items():
         print(f"{model:<18}{kind:<11}{n_kv:>5}{per_token / 2**10:>15,.0f}"
               f"{per_token * s['context'] / 2**30:>17.2f}")
 
+# %%
 gpt3 = SHAPES["GPT-3 175B"]
 print(f"\nGPT-3 with MHA: {cache['GPT-3 175B', 'MHA']:,} bytes = "
       f"{cache['GPT-3 175B', 'MHA'] / 2**20:.1f} MiB per token, "

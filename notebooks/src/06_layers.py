@@ -220,6 +220,7 @@ def normalise_token_0(layer: nn.Module, rows: torch.Tensor, train: bool) -> torc
         return f"error: {error}"
 
 
+# %%
 for layer in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
     name = type(layer).__name__
     with torch.no_grad():
@@ -441,6 +442,7 @@ print(f"gradient norm at layer 1:  plain {plain[0]:.2e}   residual {residual[0]:
       f"ratio {ratio:.1e}, about 10^{round(math.log10(ratio))}")
 print(f"gradient norm at layer {N_LAYERS}: plain {plain[-1]:.2e}   residual {residual[-1]:.2e}")
 
+# %%
 fig, ax = plt.subplots(figsize=(8, 4.5))
 layer_numbers = range(1, N_LAYERS + 1)
 ax.semilogy(layer_numbers, plain, "o-", label="tanh(Linear(x))")
@@ -773,15 +775,22 @@ ATTENTION_SHARPNESS = 1.0  # knob: scales W_Q and W_K; try 6.0 for attention far
 SEEDS = (0, 1, 2)
 
 
-def rank_collapse_stacks(seed: int) -> tuple[dict, torch.Tensor]:
-    """Five stacks of DEPTH layers, built from the same attentions and FFNs, and the tokens (1, 16,
-    64)."""
-    torch.manual_seed(seed)
-    attentions = [MultiHeadAttention(64, 4) for _ in range(DEPTH)]
+def sharpened_attentions(n: int) -> list[MultiHeadAttention]:
+    """n fresh attention layers (64 wide, 4 heads), W_Q and W_K scaled by ATTENTION_SHARPNESS."""
+    attentions = [MultiHeadAttention(64, 4) for _ in range(n)]
     with torch.no_grad():
         for attention in attentions:
             attention.q_proj.weight.mul_(ATTENTION_SHARPNESS)
             attention.k_proj.weight.mul_(ATTENTION_SHARPNESS)
+    return attentions
+
+
+# %%
+def rank_collapse_stacks(seed: int) -> tuple[dict, torch.Tensor]:
+    """Five stacks of DEPTH layers, built from the same attentions and FFNs, and the tokens (1, 16,
+    64)."""
+    torch.manual_seed(seed)
+    attentions = sharpened_attentions(DEPTH)
     ffns = [FeedForward(64) for _ in range(DEPTH)]
     norm = nn.LayerNorm(64)  # weight 1, bias 0, as every LayerNorm starts
     stacks = {
@@ -827,6 +836,8 @@ print("seed 0, layers:               " + "  ".join(f"{i:>7}" for i in (0, 1, 2, 
 for name, d in distances.items():
     print(f"{name:<29}" + "  ".join(shown(d[i]) for i in (0, 1, 2, 3, DEPTH))
           + f"   rank at the top: {final_rank[name]}")
+
+# %%
 top = {name: [runs[seed][0][name][-1] for seed in SEEDS]
        for name in distances}  # after DEPTH layers
 ffn_effect = [abs(a - b) for a, b in zip(top["attention + skip, FFN + skip"],
@@ -962,6 +973,7 @@ for name, b in (("Pre-LN", block), ("Post-LN", post_block)):
                                                                        atol=1e-5))
 print("output", tuple(block(x).shape))
 
+# %%
 D = 64
 for name, part in block.named_children():
     print(f"  {name:<5} {n_parameters(part):>7,} parameters")

@@ -32,6 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# Two cores, often shared with other work (a browser, a video call): one thread per product
+# avoids threads waiting for each other. On a quiet machine with more cores, delete this line.
+torch.set_num_threads(1)
+
+# %%
 from helpers.model.attention import causal_mask
 from helpers.text.corpus_rich import (
     known_word_fraction,
@@ -47,10 +52,6 @@ from helpers.model.multihead import MultiHeadAttention, merge_heads, split_heads
 from helpers.lab.plots import heatmap
 from helpers.timing import format_duration
 from helpers.lab.sections import catch_up, refuse_untrained
-
-# Two cores, often shared with other work (a browser, a video call): one thread per product
-# avoids threads waiting for each other. On a quiet machine with more cores, delete this line.
-torch.set_num_threads(1)
 
 # %% [markdown]
 # ## 1. From parts to a model (core)
@@ -189,6 +190,9 @@ with torch.no_grad():
     show("heads side by side  (B, N, H*d_h)", heads)
     x1 = x0 + block.attn.out_proj(heads)
     show("residual stream after attention: x + W_O(heads)  (B, N, d)", x1)
+
+# %%
+with torch.no_grad():
     hidden = F.gelu(block.mlp.up(block.ln2(x1)))
     show("FFN hidden layer after GELU  (B, N, 4d)", hidden)
     x2 = x1 + block.mlp.down(hidden)
@@ -312,8 +316,7 @@ print(f"parameters: {count_parameters(gpt2_meta):,} (exact formula: {exact_param
 print("building it", format_duration(time.perf_counter() - started))
 assert count_parameters(gpt2_meta) == exact_parameters(gpt2) == 124_439_808
 
-
-
+# %%
 def tensors_in(*modules: nn.Module) -> int:
     """How many numbers the modules' parameters hold (shapes only: the meta model has no
     storage)."""
@@ -563,6 +566,7 @@ def written_lines(gpt: GPT, n_samples: int = 48, temperature: float = SAMPLE_TEM
     return lines
 
 
+# %%
 torch.manual_seed(0)
 model = GPT(config)
 before = written_lines(model)
@@ -738,7 +742,7 @@ from collections.abc import Callable
 
 from helpers.training.trainer import matrices_and_vectors
 
-
+# %%
 class HandAdamW:
     """AdamW on every weight, one `update(p, g, m, v, t, ...)` per tensor; `matrices` are decayed,
     `vectors` (biases, gains) are not."""
@@ -920,6 +924,7 @@ for step in range(PLAIN_STEPS):
     if step < TWIN_STEPS:
         twin_losses.append(twin_trainer.train_step(lr))             # PyTorch's pieces
 
+# %%
 twin_gap = max(abs(a - b) for a, b in zip(plain_losses[:TWIN_STEPS], twin_losses, strict=True))
 first, last = plain_losses[0], sum(plain_losses[-10:]) / 10
 assert twin_gap < 1e-3 and last < 2.5 < first - 1.0
@@ -1047,6 +1052,8 @@ print(f"validation loss references: uniform ln {config.vocab_size} = "
       f"bigram counts {bigram:.3f}")
 assert history.val_losses[-1] < bigram < math.log(config.vocab_size)
 print("the trained GPT's validation loss is below the bigram's:", history.val_losses[-1] < bigram)
+
+# %%
 tokens_read = TRAIN_STEPS * train_config.batch_size * config.context_length
 print(f"tokens read: {TRAIN_STEPS} steps x {train_config.batch_size} x {config.context_length} = "
       f"{tokens_read:,}, "
@@ -1310,6 +1317,7 @@ def head_matrix(projection: nn.Linear, head: int) -> torch.Tensor:
     return torch.cat([projection.weight[rows].T, projection.bias[rows][None]])
 
 
+# %%
 with torch.no_grad():
     # (1, T, d)
     h = model.blocks[0].ln1(model.embed(torch.tensor([tokenizer.encode("Once upon a time")])))
@@ -1356,6 +1364,7 @@ print(
     torch.equal(with_cache, recomputed),
 )
 
+# %%
 window = with_cache[:, :config.context_length]
 cache = KVCache.for_model(model, batch_size=2)
 start = prompt.shape[1]
@@ -1542,6 +1551,7 @@ class DecoderBlockWithCrossAttention(nn.Module):
         return x + self.mlp(self.ln3(x))
 
 
+# %%
 torch.manual_seed(0)
 source_words, target_words = ["The", "cat", "sat", "here"], ["<start>", "Le", "chat", "était",
                                                              "assis"]
@@ -1898,6 +1908,7 @@ def notes_layer_norm(x: torch.Tensor) -> torch.Tensor:
                                                        + NOTES_EPS)
 
 
+# %%
 relu = F.relu(mm.LINEAR_1)
 steps = [
     ("heads @ W_O", mm.HEADS @ mm.W_O, mm.ATTENTION),

@@ -121,6 +121,7 @@ print(f"B={BATCH}, H={HEADS}, N={N}, d={D}; M = {M:,} elements -> B_r = {block_r
       f"{block_c}, "
       f"T_c = {math.ceil(N / block_c)} key tiles")
 
+# %%
 traffic = {
     "naive": costs.hbm_elements_naive(N, D),
     "Algorithm 1 (FA-1)": costs.hbm_elements_fa1(N, D, block_c),
@@ -463,6 +464,7 @@ def flash_attention_2(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, block_r
         lse[r] = m + torch.log(ell)
     return out, lse
 
+# %%
 out_fa2, lse_fa2 = flash_attention_2(Q_demo, K_demo, V_demo, 4, 3)
 fa2_error = (out_fa2 - expected).abs().max().item()
 lse_error = (lse_fa2 - (Q_demo @ K_demo.T / 2).logsumexp(dim=1)).abs().max().item()
@@ -560,12 +562,8 @@ def tile_status(step: int) -> np.ndarray:
 # output so far, compared with the final output.
 
 # %%
-def draw_tile_step(step: int) -> dict:
-    """Draw step `step` of STEPS; return the numbers drawn."""
-    snap = STEPS[step]
-    query_tile, key_tile = snap.rows.start // TILE, snap.cols.start // TILE
-    error = (snap.output - final_watch[snap.rows]).abs().max().item()
-    fig, (ax_tiles, ax_stats, ax_out) = plt.subplots(1, 3, figsize=(16, 5.6))
+def draw_tile_map(ax_tiles, step: int, query_tile: int, key_tile: int) -> None:
+    """The (N_WATCH // TILE, N_WATCH // TILE) grid of tiles at step `step`, coloured by status."""
     ax_tiles.imshow(tile_status(step), cmap=TILE_COLOURS, vmin=-0.5, vmax=3.5)
     ax_tiles.set(xticks=range(N_WATCH // TILE), yticks=range(N_WATCH // TILE), xlabel="key tile j",
                  ylabel="query tile i",
@@ -574,11 +572,27 @@ def draw_tile_step(step: int) -> dict:
     ax_tiles.legend(handles=[Patch(facecolor=c, edgecolor="black", label=t)
                              for c, t in zip(TILE_COLOURS.colors, TILE_LABELS, strict=True)],
                     loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=10)
-    rows = list(range(snap.rows.start, snap.rows.stop))
-    ax_stats.plot(rows, snap.row_max, "o-", label="running max m")
-    ax_stats.plot(rows, snap.row_sum, "s-", label="running sum l")
+
+
+def draw_tile_statistics(ax_stats, rows: list[int], row_max: torch.Tensor,
+                         row_sum: torch.Tensor) -> None:
+    """The running max m and sum l (TILE,) of the query tile's rows."""
+    ax_stats.plot(rows, row_max, "o-", label="running max m")
+    ax_stats.plot(rows, row_sum, "s-", label="running sum l")
     ax_stats.set(xticks=rows, xlabel="query", ylabel="value", title="Statistics of this query tile")
     ax_stats.legend(fontsize=10)
+
+
+# %%
+def draw_tile_step(step: int) -> dict:
+    """Draw step `step` of STEPS; return the numbers drawn."""
+    snap = STEPS[step]
+    query_tile, key_tile = snap.rows.start // TILE, snap.cols.start // TILE
+    error = (snap.output - final_watch[snap.rows]).abs().max().item()
+    fig, (ax_tiles, ax_stats, ax_out) = plt.subplots(1, 3, figsize=(16, 5.6))
+    draw_tile_map(ax_tiles, step, query_tile, key_tile)
+    rows = list(range(snap.rows.start, snap.rows.stop))
+    draw_tile_statistics(ax_stats, rows, snap.row_max, snap.row_sum)
     heatmap(snap.output, row_labels=[f"q{r}" for r in rows], col_labels=[f"dim {c}"
                                                                          for c in range(4)],
             ax=ax_out, xlabel="output dimension", ylabel="query", cmap="coolwarm", vmin=-2, vmax=2,
@@ -780,6 +794,7 @@ measured = [{name: profiling.peak_memory_bytes(run) for name, run in attention_r
             for n in SEQ_LENS]
 peaks = {name: [at_n[name] for at_n in measured] for name in measured[0]}
 
+# %%
 print(f"{'N':>5s} {'naive MiB':>10s} {'tiled MiB':>10s} {'naive / tiled':>14s}")
 for i, n in enumerate(SEQ_LENS):
     naive_mib = peaks["naive (helpers.model.attention)"][i] / 2**20
@@ -1018,6 +1033,7 @@ def naive_gradients(q, k, v, upstream, causal: bool):
     return torch.autograd.grad(out, inputs, upstream.double())
 
 
+# %%
 if triton_attention.triton_available():
     generator = torch.Generator().manual_seed(8)
     for dtype, d in ((torch.float32, 64), (torch.float16, 64), (torch.float32, 128), (torch.float16,
@@ -1228,6 +1244,7 @@ def draw_gpu_memory(results: dict, methods: tuple[str, ...]) -> dict[str, float]
     return growth
 
 
+# %%
 gpu_growth = draw_gpu_memory(gpu_results, ("naive", "sdpa math", gpu_figures.OURS, "sdpa flash"))
 for method, factor in gpu_growth.items():
     print(f"{method:15s} peak memory grows at most x{factor:.2f} per doubling of N")

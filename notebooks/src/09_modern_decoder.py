@@ -237,6 +237,21 @@ torch.manual_seed(3)
 demo_q, demo_k = torch.randn(16), torch.randn(16)
 
 
+def draw_pair(left, rotated_q: torch.Tensor, rotated_k: torch.Tensor, offset: int,
+              position: int) -> None:
+    """Pair 0 (features 0 and 8) of the rotated q (16,) and k (16,), as two arrows."""
+    for vector, name, color in ((rotated_q, f"q at {position + offset}", "tab:blue"),
+                                (rotated_k, f"k at {position}", "tab:orange")):
+        left.annotate("", xy=(float(vector[0]), float(vector[8])), xytext=(0, 0),
+                      arrowprops=dict(arrowstyle="->", color=color, linewidth=3))
+        left.plot([], [], color=color, label=name)
+    radius = 1.2 * max(float(demo_q[[0, 8]].norm()), float(demo_k[[0, 8]].norm()))
+    left.set(xlim=(-radius, radius), ylim=(-radius, radius), aspect="equal",
+             title="pair 0 (features 0 and 8), rotated", xlabel="feature 0", ylabel="feature 8")
+    left.legend(loc="lower left")
+
+
+# %%
 def draw_rope(offset: int, position: int) -> dict[str, float]:
     """Draw pair 0 of the rotated q and k and the score against the offset; return what was
     drawn."""
@@ -248,15 +263,7 @@ def draw_rope(offset: int, position: int) -> dict[str, float]:
                    @ demo_k) for o in offsets]
     score = float(rotated_q @ rotated_k)
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained")
-    for vector, name, color in ((rotated_q, f"q at {position + offset}", "tab:blue"),
-                                (rotated_k, f"k at {position}", "tab:orange")):
-        left.annotate("", xy=(float(vector[0]), float(vector[8])), xytext=(0, 0),
-                      arrowprops=dict(arrowstyle="->", color=color, linewidth=3))
-        left.plot([], [], color=color, label=name)
-    radius = 1.2 * max(float(demo_q[[0, 8]].norm()), float(demo_k[[0, 8]].norm()))
-    left.set(xlim=(-radius, radius), ylim=(-radius, radius), aspect="equal",
-             title="pair 0 (features 0 and 8), rotated", xlabel="feature 0", ylabel="feature 8")
-    left.legend(loc="lower left")
+    draw_pair(left, rotated_q, rotated_k, offset, position)
     right.plot(offsets, curve)
     right.plot([offset], [score], "o", color="black", markersize=10)
     right.set(title="score q_m · k_n against m - n", xlabel="offset m - n", ylabel="score")
@@ -491,6 +498,7 @@ if hasattr(torch.nn, "RMSNorm"):  # torch >= 2.4
     assert torch.allclose(mine, reference(tokens), atol=1e-5)
     print("that RMSNorm == torch.nn.RMSNorm (to 1e-5)")
 
+# %%
 norm = RMSNorm(8)
 with torch.no_grad():
     norm.weight.copy_(gain)
@@ -598,6 +606,7 @@ print(f"parameters: untied {n_params(model):,}, tied {n_params(tied):,} "
       f"(difference V·D = {config.vocab_size * config.d_model:,})")
 print("biases:", [name for name, _ in model.named_parameters() if name.endswith("bias")])
 
+# %%
 ids = torch.randint(0, 64, (2, 24))
 with torch.no_grad():
     full = model(ids)
@@ -705,6 +714,7 @@ except ImportError:
     transformers = None
     print("transformers is not installed: pip install transformers to run this comparison")
 
+# %%
 if transformers is not None:
     from helpers.model.llama import config_from_llama, from_llama_state_dict
 
@@ -878,6 +888,7 @@ def train(model: torch.nn.Module, steps: int, context: int = 64) -> float:
     return time.perf_counter() - start
 
 
+# %%
 @torch.no_grad()
 def val_loss(model: torch.nn.Module, length: int, last: int = 64) -> float:
     """Validation loss of the `last` positions of windows of `length` tokens."""
@@ -893,8 +904,6 @@ def val_loss(model: torch.nn.Module, length: int, last: int = 64) -> float:
 # to the input instead). The rest is the modern block.
 
 # %%
-from helpers.model.layers import SwiGLUFeedForward
-
 LONGEST = 256
 
 
@@ -927,6 +936,16 @@ class PositionAttention(nn.Module):
 # scheme says so, and two pre-norm blocks with RMSNorm and SwiGLU.
 
 # %%
+from helpers.model.layers import SwiGLUFeedForward
+
+
+def position_block(d: int, n_heads: int, scheme: str) -> nn.ModuleList:
+    """One modern block's parts, in order: RMSNorm, attention with `scheme`, RMSNorm, SwiGLU."""
+    return nn.ModuleList([RMSNorm(d), PositionAttention(d, n_heads, scheme), RMSNorm(d),
+                          SwiGLUFeedForward(d)])
+
+
+# %%
 class PositionModel(nn.Module):
     """Two modern blocks; positions enter as `scheme` says: learned, sinusoidal, rope or alibi."""
 
@@ -936,10 +955,7 @@ class PositionModel(nn.Module):
         self.embed = nn.Embedding(len(tokenizer.chars), d)
         self.learned = nn.Embedding(64, d) if scheme == "learned" else None
         self.register_buffer("sinusoidal", sinusoidal_positions(LONGEST, d), persistent=False)
-        self.blocks = nn.ModuleList(nn.ModuleList([RMSNorm(d), PositionAttention(d, n_heads,
-                                                                                 scheme),
-                                                   RMSNorm(d), SwiGLUFeedForward(d)])
-                                    for _ in range(n_layers))
+        self.blocks = nn.ModuleList(position_block(d, n_heads, scheme) for _ in range(n_layers))
         self.norm, self.head = RMSNorm(d), nn.Linear(d, len(tokenizer.chars), bias=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -1029,6 +1045,8 @@ print("largest angle in training (63θ):", "  ".join(f"{63 * t:5.2f}" for t in t
 print("in a 256-token window (255θ):   ", "  ".join(f"{255 * t:5.2f}" for t in theta.tolist()))
 print(f"pairs that never turned a full 2π in training: {int((63 * theta < 2 * math.pi).sum())} of "
       f"{head_dim // 2}")
+
+# %%
 rope_net = position_models["rope"]
 tables = {"RoPE as trained": rope_table_scaled(head_dim, LONGEST),
           "position interpolation (/4)": rope_table_scaled(head_dim, LONGEST, position_scale=scale),
@@ -1155,6 +1173,8 @@ for axis, name in ((left, "Muon's quintic (3.4445, -4.775, 2.0315)"), (right,
     axis.set(title=name, xlabel="singular value s before (after scaling)", ylabel="after")
     axis.legend(loc="lower right")
 plt.show()
+
+# %%
 kept = s_grid >= 0.01
 quintic, cubic = iterate(s_grid, NS_COEFFICIENTS, 5)[kept], iterate(s_grid, (1.5, -0.5), 5)[kept]
 print("quintic: f(s) = {} s {:+} s³ {:+} s⁵; cubic: 1.5 s - 0.5 s³".format(*NS_COEFFICIENTS))
@@ -1286,6 +1306,8 @@ optimisers = {
     "bf16": Muon(copies["bf16"], lr=0.02),
     "torch": torch.optim.Muon(copies["torch"], lr=0.02),
 }
+
+# %%
 for _ in range(5):
     grads = [torch.randn(shape) for shape in shapes]
     for w, g, buf in zip(ours, grads, buffers, strict=True):
@@ -1350,6 +1372,8 @@ for shape in [(3 * 128, 128), (128, 128), (4 * 128, 128), (128, 4
         f"{first:>11.2f}{first * rms:>9.3f}"
         f"{second:>12.2f}{second * rms:>9.3f}"
     )
+
+# %%
 weight = torch.zeros(128, 128, requires_grad=True)
 adamw = torch.optim.AdamW([weight], lr=1.0,
                           weight_decay=0.0)  # rate 1: the step is the update itself
@@ -1616,6 +1640,7 @@ def live_run(use_muon: bool, seed: int, steps: int) -> float:
     return val_loss(net, 64)
 
 
+# %%
 more_steps = round(LIVE_STEPS * (1 + small_share))
 arms = {f"AdamW, {LIVE_STEPS} steps": (False, LIVE_STEPS), f"Muon, {LIVE_STEPS} steps": (True,
         LIVE_STEPS),

@@ -507,6 +507,7 @@ model = EncoderDecoder(config).eval()
 print(config)
 print(f"{sum(p.numel() for p in model.parameters()):,} parameters")
 
+# %%
 source, target_in, _ = make_batch(data, test_ids[:1])
 padded = torch.cat([source, torch.zeros(1, 3, dtype=torch.long)], dim=1)
 noisy_padding = padded.clone()
@@ -770,6 +771,7 @@ print("drawn first:", next(iter(sentence_choices)))
 print("its Grammish:", " ".join(data.grammish[shown[0]]))
 
 
+# %%
 def draw_cross_attention(sentence: str, head: int) -> torch.Tensor:
     """Draw one head's cross-attention in the last decoder layer for `sentence`; return the
     weights."""
@@ -1008,6 +1010,7 @@ print(f"{len(train_y)} labelled training sentences ({int((train_y == 0).sum())} 
 print("a broken one:", " ".join(vocab.itos[i] for i in train_x[(train_y == 0).nonzero()[0,
         0]].tolist() if i))
 
+# %%
 FINETUNE_STEPS = 60  # the knob
 
 

@@ -38,6 +38,7 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
+# %%
 import helpers
 
 from helpers.scale.data_parallel import (
@@ -994,6 +995,7 @@ def fresh_encoder():
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 
+# %%
 uninterrupted = encoder_steps(*fresh_encoder(), range(8))
 model, optimizer = fresh_encoder()
 first = encoder_steps(model, optimizer, range(3))

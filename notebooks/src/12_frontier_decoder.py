@@ -316,6 +316,9 @@ if HAS_TRANSFORMERS:
         norm_topk_prob=True,
     )  # as the released Qwen3-MoE configs
     qwen = Qwen3MoeForCausalLM(qwen_config).eval()
+
+# %%
+if HAS_TRANSFORMERS:
     with torch.no_grad():
         for p in qwen.parameters():  # their init leaves the router at 0: give every weight a value
             p.normal_(0, 0.2) if p.dim() > 1 else p.normal_(1, 0.1)
@@ -434,6 +437,7 @@ def train_steps(config: FrontierConfig, steps: int, lr: float = 3e-3, seed: int 
     return model, trainer
 
 
+# %%
 shares = {}
 for balance in ("none", "aux_loss", "bias"):
     record = []
@@ -1071,6 +1075,8 @@ for scaling in (None, "llama3", "yarn"):
             logits = scaled(xs)[:, -64:]
         rope_losses[(scaling, length)] = F.cross_entropy(logits.flatten(0, 1), ys[:,
                 -64:].flatten()).item()
+
+# %%
 print(f"{'RoPE':8s}" + "".join(f"{n:>8d}" for n in (64, 128, 256, 512)))
 for scaling in (None, "llama3", "yarn"):
     print(f"{scaling or 'plain':8s}" + "".join(f"{rope_losses[(scaling, n)]:8.1f}" for n in (64,
@@ -1124,6 +1130,9 @@ if HAS_TRANSFORMERS:
         },
     )
     gemma = Gemma3ForCausalLM(gemma_config).eval()
+
+# %%
+if HAS_TRANSFORMERS:
     with torch.no_grad():
         for p in gemma.parameters():  # their norms' offsets start at 0: move every weight
             p.normal_(0, 0.2)

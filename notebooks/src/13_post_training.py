@@ -185,6 +185,8 @@ ladder = {}
 for p_seed in post_seeds["pretrain_seeds"]:
     ladder[p_seed] = {r: sum(post_seeds["ladder"][f"{p_seed}/{r}"]) / 3 for r in rows}
     print(f"{p_seed:16} | " + " | ".join(f"{ladder[p_seed][r]:12.2f}" for r in rows))
+
+# %%
 n_p = len(ladder)
 for r, name in rows.items():
     mean = sum(a[r] for a in ladder.values()) / n_p
@@ -597,6 +599,8 @@ print(f"at the start: mean loss {losses.mean().item():.4f} (log 2 = {math.log(2)
       f"largest |reward| < 1e-6: "
       f"{max(chosen_rewards.abs().max(), rejected_rewards.abs().max()).item() < 1e-6}")
 print("the gradient raises every chosen answer and lowers every rejected one")
+
+# %%
 torch.optim.AdamW(step_policy.parameters(), lr=3e-5,
                   weight_decay=0.0).step()  # the lr trained with below
 with torch.no_grad():
@@ -965,6 +969,8 @@ print("change of the mean reward, last 5 steps minus first 5")
 print("seed | " + " | ".join(f"{m:>8}" for m in methods))
 for seed in seeds_b:
     print(f"{seed:4} | " + " | ".join(f"{change[m, seed]:+8.2f}" for m in methods))
+
+# %%
 summary_b = {}
 for m in methods:
     mean, half = mean_and_halfwidth([change[m, s] for s in seeds_b])
@@ -1037,6 +1043,8 @@ for p_seed, stages in post_seeds["stages"].items():
                       for c in columns}
     print(f"{p_seed:>16} | " + " | ".join(f"{counts[p_seed][c][0]:4} / {counts[p_seed][c][1]:3}"
                                           for c in columns))
+
+# %%
 n_p = len(counts)
 for c in columns:
     held = [counts[p][c][1] for p in counts]

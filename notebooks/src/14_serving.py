@@ -229,6 +229,7 @@ def train(config: GPTConfig) -> tuple[GPT, float]:
     return model.eval(), history.val_losses[-1]
 
 
+# %%
 start = time.perf_counter()
 target, target_loss = train(GPTConfig(vocab_size=vocab, context_length=64, n_layers=2, n_heads=4,
                                       d_model=64))
@@ -253,6 +254,7 @@ with torch.no_grad():
     next_logits = target(torch.tensor([prompt_ids]))[0, -1]
 
 
+# %%
 def draw_rule(temperature: float = 1.0, top_p: float = 0.9, shown: int = 12) -> dict:
     """Bars of the top `shown` tokens: before (grey) and after temperature and top-p (colour)."""
     before = torch.softmax(next_logits.double(), -1)
@@ -628,10 +630,9 @@ suffixes = [tokenizer.encode(s) for s in (" The", " A", " Then", " Once", " It",
 new_tokens = 10
 
 
-def serve_shared(share: bool, block_size: int = 4) -> tuple[list[list[int]], int, int, int]:
-    """Greedy answers of prefix + each suffix: the answers, the blocks held at the end, the
-    tokens prefilled and the blocks copied on write."""
-    cache = PagedKVCache.for_model(target, block_size, n_blocks=200)
+def prefill(cache: PagedKVCache, share: bool) -> tuple[list[torch.Tensor], int]:
+    """Prefill prefix + each suffix into `cache`, the prefix once and forked when `share`;
+    return each sequence's last logits (V,) and the tokens prefilled."""
     prefilled, logits = 0, []
     if share:
         cache.add_sequence("prefix")
@@ -642,6 +643,15 @@ def serve_shared(share: bool, block_size: int = 4) -> tuple[list[list[int]], int
         cache.fork("prefix", i) if share else cache.add_sequence(i)
         logits.append(cache.forward(target, [i], torch.tensor([own]))[0, -1])
         prefilled += len(own)
+    return logits, prefilled
+
+
+# %%
+def serve_shared(share: bool, block_size: int = 4) -> tuple[list[list[int]], int, int, int]:
+    """Greedy answers of prefix + each suffix: the answers, the blocks held at the end, the
+    tokens prefilled and the blocks copied on write."""
+    cache = PagedKVCache.for_model(target, block_size, n_blocks=200)
+    logits, prefilled = prefill(cache, share)
     answers = [[int(row.argmax())] for row in logits]
     for _ in range(new_tokens - 1):
         step = cache.forward(target, list(range(len(suffixes))), torch.tensor([[a[-1]]
@@ -1177,6 +1187,7 @@ def linear_bytes(model: GPT) -> tuple[int, int]:
     return payload, extra
 
 
+# %%
 base_loss, base_logits = loss_and_logits(target)
 assert base_loss < 2.4
 print(f"float32: validation loss < 2.4; the blocks' Linear weights {linear_bytes(target)[0]:,} "

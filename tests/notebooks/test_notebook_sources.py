@@ -57,7 +57,8 @@ def test_nbcheck_reports_no_errors():
 
 
 MAX_CELL_LINES = 40  # a cell does one thing; the set-up cell is the course's, not the notebook's
-MAX_CELLS = {"07_gpt": 130}  # the longest notebook; 115 before each section got its catch-up cell and long cells were split
+MAX_CELLS = {"07_gpt": 145}  # the longest notebook; 115 before each section got its catch-up cell
+# and long cells were split, 137 once no code cell was longer than a screen (25 lines)
 
 
 @pytest.mark.parametrize("name", NOTEBOOK_IDS)
