@@ -149,12 +149,9 @@ except ValueError as error:
 # **reduce-scatter** phase, at each of `p - 1` steps every rank passes one chunk on and adds the
 # chunk it receives to its own; after `p - 1` steps each rank holds the full sum of one chunk. In
 # the **all-gather** phase the finished chunks go around the ring once more, `p - 1` steps. Each
-# step sends `n / p` bytes, so each rank sends
-#
-# `2 (p - 1) / p x n` bytes,
-#
-# almost `2n` whatever `p` is: adding ranks does not make the all-reduce more expensive per rank.
-# `ring_all_reduce_by_hand` simulates it in this process, step by step:
+# step sends `n / p` bytes. How many bytes does each rank send in all, and does that grow with
+# `p`? The exercise after the next one asks you to count it. `ring_all_reduce_by_hand` simulates
+# the ring in this process, step by step, and counts the values each rank sends:
 
 # %%
 tensors = [torch.arange(6.0) * (rank + 1) for rank in range(3)]  # 3 ranks, 6 values each
@@ -162,8 +159,7 @@ results, values_sent = ring_all_reduce_by_hand(tensors)
 for rank, result in enumerate(results):
     print(f"rank {rank} ends with {result.tolist()}")
 assert all(torch.equal(result, sum(tensors)) for result in results)
-print(f"each rank sent {values_sent} values; 2 (p - 1) / p x n = 2 x 2 / 3 x 6 = "
-      f"{ring_all_reduce_bytes(6, 3):g}")
+print(f"each rank sent {values_sent} values of a tensor of 6, over 3 ranks")
 
 # %% [markdown]
 # ### Exercise: the ring all-reduce on real processes
@@ -262,6 +258,10 @@ def ring_bytes(n_bytes: float, world_size: int) -> float:
 
 # %%
 check("distributed.ring_bytes", ring_bytes)
+
+# %% [markdown]
+# Each rank sends `2 (p - 1) / p x n` bytes: almost `2n` whatever `p` is, so adding ranks does not
+# make the all-reduce more expensive per rank.
 
 # %% [markdown]
 # ### Measured: how long one all-reduce takes here
