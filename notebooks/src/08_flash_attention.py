@@ -13,6 +13,8 @@
 # - measure peak memory against sequence length on your CPU (quadratic against linear);
 # - read Triton kernels that do the same thing, forward and backward, and check them on a CPU
 #   with Triton's interpreter (their speed needs a GPU);
+# - say which tiles, warps, pipeline stages and dtype those kernels get on a T4, an L4, an A100
+#   or an H100, and why (shared memory per block, tensor cores);
 # - read those kernels' speed, memory and accuracy as measured on an H200, against PyTorch's
 #   FlashAttention-2 and cuDNN backends, and say what the remaining gap to cuDNN comes from.
 #
