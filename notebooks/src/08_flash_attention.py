@@ -907,7 +907,7 @@ else:
 # A kernel launch fixes the tile sizes, the warps and the pipeline stages, and they must suit the
 # GPU. Each program keeps its tiles in **shared memory**, the fast memory beside each
 # multiprocessor, and a program that asks for more than the device allows per block is refused.
-# And only from compute capability 8.0 (Ampere: A100, L4) does Triton run `tl.dot` on the tensor
+# And only from compute capability 8.0 on (A100, L4, H100) does Triton run `tl.dot` on the tensor
 # cores; on a T4 (7.5, Colab's free GPU) it multiplies float32 copies of the tiles on the ordinary
 # cores, which doubles the bytes each tile takes. A T4 also has no bfloat16 tensor cores, so
 # there the kernels get float16. `gpu_blocks.choose_blocks(capability, shared memory, head dim)`
@@ -944,7 +944,7 @@ for gpu_name, (capability, shared) in gpu_blocks.STUDENT_GPUS.items():
 if not torch.cuda.is_available() or not triton_attention.triton_available():
     print("no CUDA GPU here: the table above is what a T4, an L4, an A100 or an H100 would get")
 else:
-    props = torch.cuda.get_device_properties(0)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())  # where "cuda" is
     has_bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
     gpu_dtype = torch.bfloat16 if has_bf16 else torch.float16
     mine = gpu_blocks.choose_blocks((props.major, props.minor),
