@@ -46,8 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODULE = "helpers/flash/triton_kernels.py"
 TESTS = "tests/flash/test_triton_kernels.py"
-DESELECT = [  # they launch no kernel: one compiles for other GPUs, one imports without Triton
-    "tests/flash/test_triton_kernels.py::test_kernels_compile_for_a100_and_h100_without_a_gpu",
+DESELECT = [  # it launches no kernel: it imports without Triton
     "tests/flash/test_triton_kernels.py::test_module_imports_without_triton_and_fails_only_when_called",
 ]
 DECORATOR = "    @triton.jit\n"

@@ -4,6 +4,7 @@
                                         gradients flow to q, k and v through the backward kernels
     key_tiles_visited(n_q, n_k, ...)    how many key tiles each query tile's program loads
     triton_available(), interpreting()  can the kernels run here, and do they run interpreted?
+    default_blocks(head_dim, dtype)     the launch on this GPU (helpers.flash.gpu_blocks)
 
 The kernels themselves are in `helpers.flash.triton_kernels`; this module checks the inputs,
 picks the tiles, launches the kernels and wraps them in a torch.autograd.Function.
@@ -38,6 +39,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from helpers import checks
+from helpers.flash import gpu_blocks
 from helpers.flash import triton_kernels as kernels
 from helpers.flash.tiled import check_causal, checked_scale
 from helpers.flash.triton_kernels import LOG2_E, tl, triton
@@ -131,46 +133,37 @@ def padded_head_dim(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
-def default_blocks(head_dim: int) -> tuple[int, int, int, int]:
+def gpu_launches(head_dim: int, dtype: torch.dtype = torch.float16,
+                 device: torch.device | str | None = None) -> gpu_blocks.GpuBlocks:
+    """gpu_blocks.choose_blocks for a CUDA device (the current one by default): its compute
+    capability and shared memory per block from torch.cuda.get_device_properties."""
+    props = torch.cuda.get_device_properties(device)
+    return gpu_blocks.choose_blocks((props.major, props.minor), props.shared_memory_per_block_optin,
+                                    head_dim, dtype)
+
+
+def default_blocks(head_dim: int, dtype: torch.dtype = torch.float16,
+                   device: torch.device | str | None = None) -> tuple[int, int, int, int]:
     """(BLOCK_Q, BLOCK_K, num_warps, num_stages) of the forward kernel for this head dim.
 
-    Interpreted, small tiles keep the NumPy arrays small. On a GPU, 128 queries by 64 keys keeps
-    the tensor cores busy while q, the accumulator and one K/V tile still fit in registers and
-    shared memory; larger head dims use more warps to share the bigger accumulator.
+    Interpreted, small tiles keep the NumPy arrays small. On a GPU, what
+    `helpers.flash.gpu_blocks.choose_blocks` picks for the device and dtype (its docstring says
+    why): 128 queries by 64 keys with tensor cores, smaller tiles where they do not fit.
     """
     if interpreting():
         return 32, 32, 1, 1
-    if head_dim <= 64:
-        return 128, 64, 4, 3
-    return 128, 64, 8, 2
+    return gpu_launches(head_dim, dtype, device).forward.launch()
 
 
-def default_backward_blocks(head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_Q, BLOCK_K, num_warps, num_stages) of the backward kernels for this head dim.
-
-    A backward program holds two tiles and two accumulators (K, V, dK, dV, or Q, dO, dQ), so its
-    tiles are smaller than the forward's. Every head dim uses 64 x 64 tiles, 4 warps and 2
-    pipeline stages, the best of a sweep on an NVIDIA H200 (2026-11-27, torch 2.11, Triton 3.6;
-    forward+backward, N = 8192, float16, batch 4, 16 heads), in % of the TFLOP/s of SDPA's flash
-    backend, full / causal attention:
-
-        (BLOCK_Q, BLOCK_K, warps, stages)   d = 128     d = 64
-        (64, 64, 8, 1), the old d > 64       58 / 56
-        (64, 64, 4, 1)                      101 / 99
-        (64, 64, 4, 2), chosen              113 / 113   110 / 98
-        (64, 128, 4, 2)                                 101 / 96
-        (128, 128, 8, 2)                                 98 / 94
-        (128, 128, 8, 1)                     95 / 91
-        (128, 64, 8, 1)                      94 / 89
-        (128, 64, 8, 2)                                  85 / 84
-
-    data/flash_gpu_benchmark.json, which notebook 8 draws, was measured with this choice. It also
-    compiles within the shared memory of an A100 and an H100 (tests/flash/test_triton_kernels.py checks
-    it ahead of time).
-    """
+def default_backward_blocks(head_dim: int, dtype: torch.dtype = torch.float16,
+                            device: torch.device | str | None = None) -> tuple[int, int, int, int]:
+    """(BLOCK_Q, BLOCK_K, num_warps, num_stages) of the backward kernels for this head dim: a
+    backward program holds two tiles and two accumulators, so its tiles are smaller than the
+    forward's (64 x 64 with tensor cores); `gpu_blocks.choose_blocks` has the H200 sweep that
+    chose them."""
     if interpreting():
         return 32, 32, 1, 1
-    return 64, 64, 4, 2  # head_dim <= 64 and above alike, from the H200 sweep
+    return gpu_launches(head_dim, dtype, device).backward.launch()
 
 
 def _kernel_options(q: Tensor) -> dict[str, Any]:
@@ -185,7 +178,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, block_
     """Launch the forward kernel: (output (B, H, N_q, d), lse (B, H, N_q)). With `visits`, an int32
     (B * H, number of query tiles) tensor, each program also writes how many key tiles it loaded."""
     batch, heads, n_q, d = q.shape
-    _, _, num_warps, num_stages = default_blocks(d)
+    _, _, num_warps, num_stages = default_blocks(d, q.dtype, q.device)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     out = torch.empty_like(q)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -207,7 +200,7 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_ou
     """Launch the two backward kernels: (dQ, dK, dV), shaped and typed like q, k, v."""
     batch, heads, n_q, d = q.shape
     n_k = k.shape[2]
-    default_m, default_n, num_warps, num_stages = default_backward_blocks(d)
+    default_m, default_n, num_warps, num_stages = default_backward_blocks(d, q.dtype, q.device)
     block_q = default_m if block_q is None else block_q
     block_k = default_n if block_k is None else block_k
     # The backward kernels index (B, H, N, d) tensors as laid out contiguously.
@@ -257,7 +250,7 @@ def triton_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     _require_triton()
     _check_inputs(q, k, v, causal)
     scale = checked_scale(scale, q.shape[-1])
-    block_m_default, block_n_default, _, _ = default_blocks(q.shape[-1])
+    block_m_default, block_n_default, _, _ = default_blocks(q.shape[-1], q.dtype, q.device)
     block_q = block_m_default if block_q is None else block_q
     block_k = block_n_default if block_k is None else block_k
     _check_block("block_q", block_q)

@@ -13,6 +13,8 @@
 # - measure peak memory against sequence length on your CPU (quadratic against linear);
 # - read Triton kernels that do the same thing, forward and backward, and check them on a CPU
 #   with Triton's interpreter (their speed needs a GPU);
+# - say which tiles, warps, pipeline stages and dtype those kernels get on a T4, an L4, an A100
+#   or an H100, and why (shared memory per block, tensor cores);
 # - read those kernels' speed, memory and accuracy as measured on an H200, against PyTorch's
 #   FlashAttention-2 and cuDNN backends, and say what the remaining gap to cuDNN comes from.
 #
@@ -517,11 +519,11 @@ print(f"divisions of output elements per head (N={N}, d={D}): FA-1 {key_tiles * 
 # FlashAttention-2 splits the *query* tile instead: each warp owns some rows and sees all of K
 # and V, so its rows' running max, sum and output need nothing from the other warps. In Triton the
 # compiler does this split; the launch chooses only its size. `num_warps` is how many warps run
-# one program (4, or 8 for head dimension 128, where the accumulator is twice as big:
-# `triton_attention.default_blocks`). `num_stages` is software pipelining: how many K/V tiles are
-# being loaded at once, so that the next tiles travel from HBM while the current one is being
-# multiplied; each stage costs a tile's worth of shared memory, which is why larger head
-# dimensions get fewer.
+# one program (4, or 8 for head dimension 128, where the accumulator is twice as big).
+# `num_stages` is software pipelining: how many K/V tiles are being loaded at once, so that the
+# next tiles travel from HBM while the current one is being multiplied; each stage costs a tile's
+# worth of shared memory, which is why larger head dimensions get fewer. Section 8 chooses all
+# of them for the GPU at hand (`helpers.flash.gpu_blocks.choose_blocks`).
 #
 # ## 5. Watching the tiles (optional)
 #
@@ -916,6 +918,70 @@ else:
                   f"{TOLERANCE[dtype]:.0e} ok")
 
 # %% [markdown]
+# ### Tiles for the GPU you have
+# A kernel launch fixes the tile sizes, the warps and the pipeline stages, and they must suit the
+# GPU. Each program keeps its tiles in **shared memory**, the fast memory beside each
+# multiprocessor, and a program that asks for more than the device allows per block is refused.
+# And only from compute capability 8.0 on (A100, L4, H100) does Triton run `tl.dot` on the tensor
+# cores; on a T4 (7.5, Colab's free GPU) it multiplies float32 copies of the tiles on the ordinary
+# cores, which doubles the bytes each tile takes. A T4 also has no bfloat16 tensor cores, so
+# there the kernels get float16. `gpu_blocks.choose_blocks(capability, shared memory, head dim)`
+# counts the bytes of the tiles each kernel keeps ("needs" below; with tensor cores an upper
+# bound, as the compiler shares some buffers) and takes the first launch of a short list that
+# fits; a launch is (B_q, B_k, warps, stages), and its docstring shows the count. It is a plain
+# function of three numbers, so this CPU can print what each GPU gets
+# (`tests/flash/test_gpu_blocks.py` compiles the kernels for all four ahead of time, with no
+# GPU, and checks the compiler's count against the device's limit and this one):
+
+# %%
+from helpers.flash import gpu_blocks
+
+print(f"{'GPU':22s} {'arch':5s} {'per block':9s} {'d':>4s}  {'dtype':9s} {'tensor cores':13s} "
+      f"{'forward':15s} {'needs':7s}  {'backward':15s} needs")
+for gpu_name, (capability, shared) in gpu_blocks.STUDENT_GPUS.items():
+    for d in (64, 128):
+        chosen = gpu_blocks.choose_blocks(capability, shared, d)
+        fwd, bwd = chosen.forward, chosen.backward
+        print(f"{gpu_name:22s} sm_{capability[0]}{capability[1]} {shared // 1024:3d} KiB  {d:4d}  "
+              f"{str(chosen.dtype)[6:]:9s} {'yes' if chosen.tensor_cores else 'no':13s} "
+              f"{str(fwd.launch()):15s} {fwd.shared_bytes // 1024:3d} KiB  "
+              f"{str(bwd.launch()):15s} {bwd.shared_bytes // 1024:3d} KiB")
+
+# %% [markdown]
+# On a GPU the next cell asks the same function about yours, with the numbers
+# `torch.cuda.get_device_properties` reports, takes bfloat16 only where the GPU has it
+# (`torch.cuda.is_bf16_supported(including_emulation=False)`: without that argument a T4 answers
+# True, because torch can *emulate* bfloat16 there), runs the kernel with that choice (which
+# `triton_attention` also makes by itself) against SDPA on one larger causal problem, and times
+# both. On this CPU it prints only which GPU it would ask about.
+
+# %%
+if not torch.cuda.is_available() or not triton_attention.triton_available():
+    print("no CUDA GPU here: the table above is what a T4, an L4, an A100 or an H100 would get")
+else:
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())  # where "cuda" is
+    has_bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+    gpu_dtype = torch.bfloat16 if has_bf16 else torch.float16
+    mine = gpu_blocks.choose_blocks((props.major, props.minor),
+                                    props.shared_memory_per_block_optin, 64, gpu_dtype)
+    assert triton_attention.default_blocks(64, gpu_dtype) == mine.forward.launch()
+    print(f"{props.name}: sm_{props.major}{props.minor}, "
+          f"{props.shared_memory_per_block_optin // 1024} KiB per block, {gpu_dtype}; forward "
+          f"{mine.forward.launch()}, backward {mine.backward.launch()}")
+    q, k, v = (torch.randn(4, 16, 4096, 64, device="cuda", dtype=gpu_dtype) for _ in range(3))
+    reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    runs = {"ours": lambda: triton_attention.triton_attention(
+                q, k, v, causal=True, block_q=mine.forward.block_q,
+                block_k=mine.forward.block_k)[0],
+            "SDPA": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
+    errors = {name: (run().float() - reference).abs().max().item() for name, run in runs.items()}
+    assert errors["ours"] <= 4 * errors["SDPA"] + 1e-4
+    for name, run in runs.items():
+        seconds = best_time(lambda: (run(), torch.cuda.synchronize()), repeats=5, warmup=2)
+        print(f"{name:5s} B=4 H=16 N=4096 d=64 causal: max error {errors[name]:.1e}, "
+              f"{format_duration(seconds)}")
+
+# %% [markdown]
 # ### The tiles a causal mask hides are never loaded
 # A query tile whose last query is row $r$ sees no key past $r + N_k - N_q$, so its loop over key
 # tiles stops there: FlashAttention-2 computes the loop bound from the tile's index instead of
@@ -1194,9 +1260,23 @@ print(f"N <= 1024: a call of ours takes {min(short_ms):.2f}-{max(short_ms):.2f} 
 # call paid on the host, in Python and in Triton's launcher (which checks the arguments and picks
 # the compiled kernel before the GPU is given any work), not the GPU's work itself. The forward+backward figures at the larger head dimension depend on the
 # backward's tiles, warps and pipeline stages: a sweep on the H200 (its figures are in the
-# docstring of `triton_attention.default_backward_blocks`) chose the setting that function now
-# returns for every head dimension, with which these figures were measured; the course's first,
-# untuned choice was far slower there.
+# docstring of `gpu_blocks.choose_blocks`) chose the setting that function now returns there for
+# every head dimension, with which these figures were measured; the course's first, untuned
+# choice was far slower there.
+#
+# **On the GPU you have.** Every figure in this section was measured on that one H200, in
+# float16, with the launches of the H100 / H200 rows of section 8's table. No other GPU was
+# measured, so this notebook cannot say how fast the kernels run on yours; the cell in section 8
+# times them against SDPA there. What the table and the compiler do say: an A100 runs the same
+# launches; an L4 the same forward, and a backward with one pipeline stage instead of two (its
+# shared memory is smaller), both with fewer tensor cores and less memory bandwidth than an
+# H200, so expect lower TFLOP/s everywhere. A T4 runs our kernels without tensor cores (Triton
+# compiles `tl.dot` to fused multiply-adds below compute capability 8.0, which the compile test
+# reads in the compiled code), with smaller tiles, while SDPA uses its memory-efficient backend
+# there (FlashAttention-2 needs compute capability 8.0), CUDA kernels that do use the T4's float16
+# tensor cores: expect ours to be much slower than SDPA there. The curves' shapes
+# (memory linear in $N$ for ours and SDPA's fused kernels, quadratic for naive attention) do not
+# depend on the GPU.
 #
 # **Why cuDNN is faster: likely Hopper's features.** Nothing here isolates the cause (that would
 # take the same kernel with and without each feature), but the likely one is what

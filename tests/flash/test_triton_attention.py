@@ -41,10 +41,24 @@ def qkv(n_q=16, n_k=16, d=16, dtype=torch.float32, batch=1, heads=1, seed=0):
     return [torch.randn(batch, heads, n, d, generator=gen).to(dtype) for n in (n_q, n_k, n_k)]
 
 
+def stand_in_gpu(monkeypatch, major: int, minor: int, shared: int) -> list:
+    """torch.cuda.get_device_properties answers as a GPU of this capability and shared memory;
+    returns the list of devices it was asked about."""
+    asked = []
+
+    def properties(device=None):
+        asked.append(device)
+        return types.SimpleNamespace(major=major, minor=minor, shared_memory_per_block_optin=shared)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    return asked
+
+
 @pytest.fixture
 def compiled(monkeypatch):
-    """As if the kernels had been defined for a GPU (TRITON_INTERPRET unset)."""
+    """As if the kernels had been defined for a GPU (TRITON_INTERPRET unset), an H200."""
     monkeypatch.setattr(ta, "_INTERPRETED_AT_IMPORT", False)
+    return stand_in_gpu(monkeypatch, 9, 0, 227 * 1024)
 
 
 class Recorder:
@@ -122,6 +136,16 @@ def test_default_tiles_on_a_gpu(compiled):
     assert ta.default_blocks(65) == ta.default_blocks(128) == (128, 64, 8, 2)
     assert ta.default_backward_blocks(16) == ta.default_backward_blocks(64) == (64, 64, 4, 2)
     assert ta.default_backward_blocks(65) == ta.default_backward_blocks(128) == (64, 64, 4, 2)
+
+
+def test_default_tiles_follow_the_devices_capability_and_shared_memory(monkeypatch, compiled):
+    asked = stand_in_gpu(monkeypatch, 7, 5, 64 * 1024)  # a T4
+    assert ta.default_blocks(128, torch.float16, "cuda:1") == (64, 64, 4, 1)
+    assert ta.default_backward_blocks(128, torch.float16, "cuda:1") == (32, 32, 4, 1)
+    assert asked == ["cuda:1", "cuda:1"]
+    assert ta.gpu_launches(64).dtype == torch.float16  # no bfloat16 tensor cores
+    with pytest.raises(ValueError, match="dtype is torch.bfloat16, but compute capability"):
+        ta.default_blocks(64, torch.bfloat16)
 
 
 def test_kernel_options_per_dtype():
@@ -386,8 +410,10 @@ def test_forward_launch_on_a_gpu_and_with_visits(recorders, compiled):
     assert args[5] is visits and kwargs["COUNT_TILES"] is True
     assert (kwargs["num_warps"], kwargs["num_stages"]) == (8, 2)  # default_blocks(65) on a GPU
     assert kwargs["DOT_PRECISION"] == "tf32" and kwargs["BLOCK_D"] == 128
-    ta._forward(q[..., :64], k[..., :64], v[..., :64], False, 0.5, 64, 64)
+    ta._forward(*(t[..., :64].half() for t in (q, k, v)), False, 0.5, 64, 64)
     assert [recorders["flash_forward_kernel"].launches[1][2][n] for n in ("num_warps", "num_stages")] == [4, 3]
+    ta._forward(q[..., :64], k[..., :64], v[..., :64], False, 0.5, 64, 64)  # float32: no tensor cores
+    assert [recorders["flash_forward_kernel"].launches[2][2][n] for n in ("num_warps", "num_stages")] == [4, 1]
 
 
 def test_backward_launch_arguments(recorders):
@@ -425,7 +451,7 @@ def test_backward_launch_defaults_copies_and_dtypes(recorders, compiled):
     ta._backward(*qkv(40, 50, 65), torch.zeros(1, 1, 40, 65), lse, torch.zeros(1, 1, 40, 65),
                  False, 0.5, None, 16)
     _, _, kw = recorders["flash_backward_dq_kernel"].launches[1]
-    assert (kw["BLOCK_Q"], kw["BLOCK_K"], kw["num_warps"], kw["num_stages"]) == (64, 16, 4, 2)
+    assert (kw["BLOCK_Q"], kw["BLOCK_K"], kw["num_warps"], kw["num_stages"]) == (64, 16, 4, 1)  # float32
     ta._backward(*qkv(40, 50, 64), torch.zeros(1, 1, 40, 64), lse, torch.zeros(1, 1, 40, 64),
                  False, 0.5, 32, None)
     grid, _, kw = recorders["flash_backward_dq_kernel"].launches[2]
@@ -542,7 +568,7 @@ def test_on_a_gpu_key_tiles_visited_builds_cuda_tensors(monkeypatch, compiled, r
 def test_on_a_gpu_triton_attention_picks_128_by_64_tiles(monkeypatch, compiled, recorders):
     monkeypatch.setattr(ta, "_check_inputs", lambda *args: None)  # CPU tensors stand in for CUDA
     for d in (16, 80):
-        ta.triton_attention(*qkv(200, 200, d))
+        ta.triton_attention(*qkv(200, 200, d, dtype=torch.float16))
     for (grid, _, kwargs), d in zip(recorders["flash_forward_kernel"].launches, (16, 80), strict=True):
         assert grid == (2, 1) and (kwargs["BLOCK_Q"], kwargs["BLOCK_K"]) == (128, 64)
         assert kwargs["num_warps"] == (4 if d <= 64 else 8)

@@ -326,62 +326,7 @@ def test_an_empty_sequence_names_the_argument(empty, message):
         triton_attention(q, k, v)
 
 
-COMPILE_FOR_GPUS = """
-import triton
-import triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from helpers.flash import triton_attention as ft
-from helpers.flash import triton_kernels as kernels
-
-SHARED_BYTES = {80: 166912, 90: 232448}  # the most shared memory one program may use: A100, H100
-FORWARD_INTS = ["stride_qb", "stride_qh", "stride_qn", "stride_kb", "stride_kh", "stride_kn",
-                "stride_vb", "stride_vh", "stride_vn", "stride_ob", "stride_oh", "stride_on",
-                "n_heads", "n_q", "n_k"]
-
-
-def compile_for(kernel, pointers, ints, floats, constants, arch, warps, stages):
-    signature = (pointers | dict.fromkeys(ints, "i32") | dict.fromkeys(floats, "fp32")
-                 | dict.fromkeys(constants, "constexpr"))
-    compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", arch, 32),
-                              options={"num_warps": warps, "num_stages": stages})
-    assert f".entry {kernel.__name__}" in compiled.asm["ptx"]
-    assert compiled.metadata.shared <= SHARED_BYTES[arch], (kernel.__name__, compiled.metadata.shared)
-    return compiled.metadata.shared
-
-
-# (dtype, head dim, causal, GPU architecture, also the backward?): fp32 compiles slowly, so forward only
-for dtype, head_dim, causal, arch, backward in (("fp16", 64, False, 80, True), ("bf16", 128, True, 90, True),
-                                                ("fp32", 80, True, 80, False)):
-    common = {"HEAD_DIM": head_dim, "BLOCK_D": ft.padded_head_dim(head_dim), "CAUSAL": causal,
-              "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32", "ACC_DTYPE": tl.float32}
-    block_q, block_k, warps, stages = 128, 64, (4 if head_dim <= 64 else 8), (3 if head_dim <= 64 else 2)
-    pointers = {name: f"*{dtype}" for name in ("Q", "K", "V", "Out")} | {"Lse": "*fp32", "Visits": "*i32"}
-    constants = common | {"BLOCK_Q": block_q, "BLOCK_K": block_k, "COUNT_TILES": False}
-    shared = [compile_for(kernels.flash_forward_kernel, pointers, FORWARD_INTS, ["qk_scale"], constants,
-                          arch, warps, stages)]
-    if backward:
-        block_q, block_k, warps, stages = ft.default_backward_blocks(head_dim)
-        pointers = {name: f"*{dtype}" for name in ("Q", "K", "V", "dO")} | {"Lse": "*fp32", "Delta": "*fp32"}
-        constants = common | {"BLOCK_Q": block_q, "BLOCK_K": block_k}
-        for kernel, grads in ((kernels.flash_backward_dk_dv_kernel, ("dK", "dV")), (kernels.flash_backward_dq_kernel, ("dQ",))):
-            shared.append(compile_for(kernel, pointers | {g: f"*{dtype}" for g in grads}, ["n_q", "n_k"],
-                                      ["qk_scale", "scale"], constants, arch, warps, stages))
-    print(f"sm_{arch} {dtype} d={head_dim} causal={causal}: {len(shared)} kernels compiled, "
-          f"shared memory {[s // 1024 for s in shared]} KiB")
-"""
-
-
-def test_kernels_compile_for_a100_and_h100_without_a_gpu():
-    """The interpreter does not compile: this does, ahead of time, to PTX and cubin for sm_80
-    (A100) and sm_90 (H100), forward and backward, float16 and bfloat16, so type and shape errors
-    of the GPU path, and tiles too big for the chip's shared memory, show up in CI too."""
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    result = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPUS], capture_output=True, text=True,
-                            timeout=300, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("kernels compiled") == 3, result.stdout
+# The kernels compiled ahead of time for each GPU, with no GPU: tests/flash/test_gpu_blocks.py.
 
 
 def test_module_imports_without_triton_and_fails_only_when_called():
