@@ -431,8 +431,14 @@ def misplaced_marker(cell: dict, index: int, graded: bool = True) -> str | None:
             f"which belongs in {kind} code cell only: move it there or remove it")
 
 
+def is_speaker_notes(cell: dict) -> bool:
+    """True for a cell of the instructor's speaker notes (RISE's slide_type "notes")."""
+    return cell.get("metadata", {}).get("slideshow", {}).get("slide_type") == "notes"
+
+
 def student_notebook(notebook: dict) -> dict:
-    """The student's copy of a notebook (its JSON): solutions blanked, hidden tests gone, no outputs.
+    """The student's copy of a notebook (its JSON): solutions blanked, hidden tests gone, no outputs,
+    no speaker notes (the instructor's cells marked slide_type "notes").
 
     Refuses (ValueError naming the cell) an nbgrader marker outside an answer or test code cell."""
     graded = any("nbgrader" in cell.get("metadata", {}) for cell in notebook["cells"])
@@ -440,6 +446,7 @@ def student_notebook(notebook: dict) -> dict:
         problem = misplaced_marker(cell, index, graded)
         if problem:
             raise ValueError(problem)
+    notebook["cells"] = [cell for cell in notebook["cells"] if not is_speaker_notes(cell)]
     for cell in notebook["cells"]:
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         if cell["cell_type"] == "code":
