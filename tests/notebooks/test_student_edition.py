@@ -70,6 +70,19 @@ def test_outputs_and_saved_widget_state_are_cleared():
     assert "widgets" not in student["metadata"]
 
 
+def test_the_student_edition_drops_the_speaker_notes_and_keeps_the_slide_marks():
+    slide = {"slideshow": {"slide_type": "slide"}}
+    notebook = {"cells": [
+        {"cell_type": "markdown", "metadata": slide, "source": "## 1. A section (core)"},
+        {"cell_type": "markdown", "metadata": {"slideshow": {"slide_type": "notes"}},
+         "source": "Ask the room what a dot product measures."},
+        {"cell_type": "code", "metadata": {"slideshow": {"slide_type": "fragment"}}, "source": "x = 2",
+         "outputs": [], "execution_count": 1}], "metadata": {}}
+    student = course.student_notebook(notebook)
+    assert [cell["source"] for cell in student["cells"]] == ["## 1. A section (core)", "x = 2"]
+    assert student["cells"][0]["metadata"] == slide
+
+
 @pytest.fixture(scope="module")
 def edition(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("handout") / "student"
