@@ -197,6 +197,18 @@ def test_sections_add_reading_code_and_the_stored_run_times():
     assert minutes_2 == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("edition", ["instructor", "student"])
+def test_speaker_notes_are_left_out_of_both_sites_and_of_the_section_times(edition):
+    notes = dict(markdown("Ask the room " + "word " * 300), metadata={"slideshow": {"slide_type": "notes"}})
+    notebook = {"cells": [markdown("# Title"), markdown("## One\n" + "word " * 98), notes, code(4, 0.0)],
+                "metadata": {}}
+    (_, minutes, _), = project.sections(notebook)[-1:]
+    assert minutes == pytest.approx(100 / 100 + 4 / 4)
+    shown = project.site_notebook(notebook, project.colab_url("alice/course", "09_x.ipynb"),
+                                  course.student_notebook if edition == "student" else None)
+    assert len(shown["cells"]) == 4 and not any("Ask the room" in text for text in texts(shown))
+
+
 def test_stop_points_fall_before_the_section_that_would_overrun_each_class():
     twenty = "word " * 2000  # 20 minutes of prose
     notebook = {"cells": [markdown(f"## {name}\n{twenty}") for name in "ABCDE"]}
