@@ -78,6 +78,8 @@ def notebook_for_deck(name: str, folder: Path) -> Path:
             assert cell.source in outputs, f"{name}: a code cell of the source is not in the committed notebook"
             cell.outputs = outputs[cell.source].outputs
             cell.execution_count = outputs[cell.source].execution_count
+            if "execution" in outputs[cell.source].metadata:  # the run's timestamps
+                cell.metadata["execution"] = outputs[cell.source].metadata["execution"]
     path = folder / f"{name}.ipynb"
     nbformat.write(built, path)
     return path

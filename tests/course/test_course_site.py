@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from notebook_tools import exercise_notebook, stream
+from notebook_tools import exercise_notebook, lesson_cells, stream
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -145,7 +145,7 @@ def test_each_notebook_keeps_its_outputs_gains_a_colab_link_and_loses_live_widge
     for path in NOTEBOOKS:
         original = json.loads(path.read_text())
         shown = json.loads((target / "notebooks" / path.name).read_text())
-        assert len(shown["cells"]) == len(original["cells"]) + 1
+        assert len(shown["cells"]) == len(lesson_cells(original["cells"])) + 1  # no speaker notes
         link = "".join(shown["cells"][1]["source"])
         assert f"colab.research.google.com/github/alice/course/blob/main/notebooks/{path.name}" in link
         before = [o for c in original["cells"] for o in c.get("outputs", [])]
