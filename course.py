@@ -12,6 +12,8 @@ and three for instructors and whoever forks the course:
     python3 course.py site [--student] [DIR]   # the website (default: _site/), needs `pip install .[site]`
     python3 course.py blank NOTEBOOK EXERCISE [--restore]  # live coding: live/NOTEBOOK.ipynb with
                                                # that one exercise blanked (or its answer put back)
+    python3 course.py slides [NN ...] [--solutions]  # each notebook's reveal.js deck with speaker
+                                               # notes, offline, in notebooks/slides/ (extra 'slides')
 
 Both create a virtual environment in `.venv`, install PyTorch first and then the course package
 (editable) with pinned versions from `constraints.txt` (the environment the stored notebook
@@ -247,7 +249,7 @@ def test(extra_args: list[str]) -> int:
         print("course.py test was started inside its own test run (COURSE_TEST_NESTED is set): refusing "
               "to start the whole suite again")
         return 2
-    ensure_environment("lab,test,browser,site")
+    ensure_environment("lab,test,browser,site,slides")
     # No MPLBACKEND here: the notebook kernels inherit this environment and must keep their
     # inline backend, whose figures are part of the stored outputs nbval compares.
     env = {**os.environ, "PYTHONHASHSEED": "0", "COURSE_TEST_NESTED": "1"}
@@ -432,8 +434,14 @@ def misplaced_marker(cell: dict, index: int, graded: bool = True) -> str | None:
             f"which belongs in {kind} code cell only: move it there or remove it")
 
 
+def is_speaker_notes(cell: dict) -> bool:
+    """True for a cell of the instructor's speaker notes (RISE's slide_type "notes")."""
+    return cell.get("metadata", {}).get("slideshow", {}).get("slide_type") == "notes"
+
+
 def student_notebook(notebook: dict) -> dict:
-    """The student's copy of a notebook (its JSON): solutions blanked, hidden tests gone, no outputs.
+    """The student's copy of a notebook (its JSON): solutions blanked, hidden tests gone, no outputs,
+    no speaker notes (the instructor's cells marked slide_type "notes").
 
     Refuses (ValueError naming the cell) an nbgrader marker outside an answer or test code cell."""
     graded = any("nbgrader" in cell.get("metadata", {}) for cell in notebook["cells"])
@@ -441,6 +449,7 @@ def student_notebook(notebook: dict) -> dict:
         problem = misplaced_marker(cell, index, graded)
         if problem:
             raise ValueError(problem)
+    notebook["cells"] = [cell for cell in notebook["cells"] if not is_speaker_notes(cell)]
     for cell in notebook["cells"]:
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         if cell["cell_type"] == "code":
@@ -752,9 +761,25 @@ def site(extra_args: list[str], root: Path = ROOT) -> int:
     return 0
 
 
+SLIDES_INSTALL = ".venv/bin/python -m pip install -e '.[slides]' -c constraints.txt"
+
+
+def slides(extra_args: list[str], root: Path = ROOT) -> int:
+    """`slides [NN ...] [--solutions]`: each notebook's reveal.js deck, with its speaker notes, in
+    notebooks/slides/ (tools/build_slides.py, run in the course's .venv: nbconvert, latex2mathml)."""
+    python = PYTHON if PYTHON.exists() else Path(sys.executable)
+    missing = subprocess.run([str(python), "-c", "import latex2mathml, nbconvert"],
+                             capture_output=True).returncode
+    if missing:
+        print(f"the slides need nbconvert and latex2mathml, the course's extra 'slides': {SLIDES_INSTALL}")
+        return 1
+    return subprocess.run([str(python), str(root / "tools" / "build_slides.py"), *extra_args],
+                          cwd=root).returncode
+
+
 def main(argv: list[str]) -> int:
     commands = {"lab": lab, "test": test, "publish": publish, "student": student, "site": site,
-                "blank": blank}
+                "blank": blank, "slides": slides}
     if not argv or argv[0] not in commands:
         print(__doc__)
         return 2

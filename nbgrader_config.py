@@ -34,3 +34,9 @@ from nbgrader_execute import SurvivingExecute  # noqa: E402
 
 c.Autograde.autograde_preprocessors = [SurvivingExecute if step is Execute else step
                                        for step in Autograde.class_traits()["autograde_preprocessors"].default()]
+# The release leaves out the speaker notes of the slides, as `course.py student` does.
+from nbgrader.converters.generate_assignment import GenerateAssignment  # noqa: E402
+from nbgrader_notes import DropSpeakerNotes  # noqa: E402
+
+c.GenerateAssignment.preprocessors = [
+    DropSpeakerNotes, *GenerateAssignment.class_traits()["preprocessors"].default()]

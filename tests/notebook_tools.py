@@ -39,6 +39,12 @@ def read(path: Path) -> nbformat.NotebookNode:
     return nbformat.read(path, as_version=4)
 
 
+def lesson_cells(cells: list) -> list:
+    """`cells` without the instructor's speaker notes (slide_type "notes"): the cells the student
+    edition, nbgrader's release and the site keep, in order."""
+    return [cell for cell in cells if cell.get("metadata", {}).get("slideshow", {}).get("slide_type") != "notes"]
+
+
 def exercises_in(cells: list) -> list[NotebookExercise]:
     """Every exercise of a notebook's cells, in order."""
     found = []

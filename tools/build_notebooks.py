@@ -46,25 +46,60 @@ SETUP_MARKER = "# %% [setup]"
 SETUP_TITLE = SETUP_MARKER.removeprefix("# %%").strip()   # what jupytext makes of the marker
 
 
-def parse_cells(text: str) -> list[tuple[str, str]]:
-    """Split a percent-format source into (cell_type, source) pairs.
+# What jupytext itself records of a cell's layout in the source (blank lines), not the cell's.
+JUPYTEXT_LAYOUT = {"lines_to_next_cell", "lines_to_end_of_cell_marker", "cell_marker"}
+SLIDE_TYPES = ("slide", "subslide", "fragment", "-", "skip", "notes")  # RISE's and nbconvert's
+
+
+def slide_type(metadata: dict) -> str | None:
+    """The cell's `slideshow.slide_type` ("slide", ..., "notes"), or None where it has none."""
+    return metadata.get("slideshow", {}).get("slide_type")
+
+
+def parse_source(text: str) -> list[tuple[str, str, dict]]:
+    """Split a percent-format source into (cell_type, source, metadata) triples.
 
     jupytext reads the format; the course adds three rules: the cell `# %% [setup]` (read by
     jupytext as an empty code cell titled "[setup]") becomes SETUP_CELL, every source loses its
-    leading and trailing blank lines, and a cell left empty is dropped. Where jupytext reads
-    differently from a plain split on `# %%` (none of the sources does it today): a commented
-    magic in a code cell (`# %time`, `# !ls`) becomes the magic, options after `# %%` (`tags=[...]`)
-    and a `# ---` header become metadata, which the build does not keep.
+    leading and trailing blank lines, and a cell left empty is dropped. The one metadata kept is
+    the slide mark, `slideshow={"slide_type": "slide"}` after `# %%` (or `# %% [markdown]`), which
+    RISE and `course.py slides` read; a cell marked "notes" is the instructor's speaker notes.
+    Any other option after `# %%` is refused (ValueError naming the cell), so that nothing written
+    in a source is silently lost. Where jupytext reads differently from a plain split on `# %%`
+    (none of the sources does it today): a commented magic in a code cell (`# %time`, `# !ls`)
+    becomes the magic.
     """
     from helpers.lab.setup_cell import SETUP_CELL
 
     parsed = []
-    for cell in jupytext.reads(text, fmt="py:percent").cells:
-        if cell.cell_type == "code" and cell.metadata.get("title") == SETUP_TITLE:
-            parsed.append(("code", SETUP_CELL))
-        elif cell.source.strip("\n"):
-            parsed.append((cell.cell_type, cell.source.strip("\n")))
+    for index, cell in enumerate(jupytext.reads(text, fmt="py:percent").cells):
+        metadata = {key: value for key, value in cell.metadata.items() if key not in JUPYTEXT_LAYOUT}
+        if cell.cell_type == "code" and metadata.get("title") == SETUP_TITLE:
+            parsed.append(("code", SETUP_CELL, {}))
+            continue
+        first = cell.source.strip().splitlines()[0][:60] if cell.source.strip() else ""
+        unknown = sorted(set(metadata) - {"slideshow"})
+        if unknown:
+            raise ValueError(f"cell {index} ({first!r}) has options {unknown} after '# %%'; "
+                             "expected none, or slideshow={\"slide_type\": ...}")
+        kind = slide_type(metadata)
+        if "slideshow" in metadata and (set(metadata["slideshow"]) != {"slide_type"}
+                                        or kind not in SLIDE_TYPES):
+            raise ValueError(f"cell {index} ({first!r}) has slideshow={metadata['slideshow']}; "
+                             f"expected {{\"slide_type\": one of {', '.join(SLIDE_TYPES)}}}")
+        if kind == "notes" and cell.cell_type != "markdown":
+            raise ValueError(f"cell {index} ({first!r}) is a {cell.cell_type} cell marked as "
+                             "speaker notes; expected a markdown cell")
+        if cell.source.strip("\n"):
+            parsed.append((cell.cell_type, cell.source.strip("\n"), metadata))
     return parsed
+
+
+def parse_cells(text: str) -> list[tuple[str, str]]:
+    """The (cell_type, source) pairs of the lesson itself (parse_source's cells without the
+    speaker notes, which the students never see): what the lesson plan times and tests read."""
+    return [(kind, source) for kind, source, metadata in parse_source(text)
+            if slide_type(metadata) != "notes"]
 
 
 CHECK_CALL = re.compile(r'^check\("([\w.]+)"', re.M)
@@ -187,9 +222,9 @@ def to_notebook(source_path: Path) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = kernelspec()
     nb.metadata["language_info"] = {"name": "python"}
-    for kind, source in parse_cells(source_path.read_text(encoding="utf-8")):
+    for kind, source, metadata in parse_source(source_path.read_text(encoding="utf-8")):
         make = nbformat.v4.new_markdown_cell if kind == "markdown" else nbformat.v4.new_code_cell
-        nb.cells.append(make(source))
+        nb.cells.append(make(source, metadata=metadata))
     for index, cell in enumerate(nb.cells):  # stable ids keep diffs small
         cell["id"] = f"{source_path.stem[:2]}-{index:03d}"
     add_nbgrader_metadata(nb, source_path.stem)

@@ -139,14 +139,14 @@ def _measure(show_checkers: bool) -> None:
     root = Path(__file__).resolve().parent.parent
     sys.path[:0] = [str(root / "tests"), str(root / "tools"), str(root)]
     from build_notebooks import to_notebook
-    from notebook_tools import SOURCES, exercises_in
+    from notebook_tools import SOURCES, exercises_in, lesson_cells
 
     import helpers.lab.exercises as exercises
 
     hint = re.compile(r"<details>\s*<summary>\s*Hint (\d)[^<]*</summary>(.*?)</details>", re.S)
     rows = []
     for path in sorted(SOURCES.glob("[0-9][0-9]_*.py")):
-        cells = to_notebook(path).cells
+        cells = lesson_cells(to_notebook(path).cells)  # a speaker note is no exercise statement
         for exercise in exercises_in(cells):
             statement = next(c.source for c in reversed(cells[:exercise.answer_index])
                              if c.cell_type == "markdown")

@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 1. Tokenization
 #
 # A Transformer never reads letters. It reads a list of integers, one per *token*, and all it
@@ -16,7 +16,7 @@
 
 # %% [setup]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import html
 import math
 import pathlib
@@ -35,14 +35,14 @@ from helpers.lab.exercises import check
 from helpers.timing import format_duration
 from helpers.lab.sections import catch_up
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. The smallest vocabulary: one id per word (core)
 #
 # The Matrix Magic notes tokenize three sentences by cutting them into words and
 # punctuation marks, and list the distinct tokens as the *vocabulary*. A token's *id* is its
 # position in that list. Let us do the same.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def split_words(text: str) -> list[str]:
     """Words and punctuation marks, spaces dropped: "Soup is yummy." -> ["Soup", "is", "yummy",
     "."]."""
@@ -54,10 +54,10 @@ vocabulary = list(dict.fromkeys(soup_words))  # distinct, in order of first appe
 print(TOY_SOUP)
 print(f"{len(soup_words)} tokens, {len(vocabulary)} distinct: {vocabulary}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The notes list a vocabulary of 12 tokens. We find one more, and the cell below shows which:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 MATRIX_MAGIC_VOCABULARY = ["I", "like", "to", "eat", "soup", "am", "a", "good", "cook", "is",
                            "yummy", "."]
 print(f"the Matrix Magic notes: {len(MATRIX_MAGIC_VOCABULARY)} tokens | our split: "
@@ -66,7 +66,7 @@ print("only in ours:", sorted(set(vocabulary) - set(MATRIX_MAGIC_VOCABULARY)))
 lowercased = list(dict.fromkeys(word.lower() for word in soup_words))
 print(f"after lower-casing every word: {len(lowercased)} tokens")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The difference is `Soup`: the notes quietly fold the capital *Soup* into *soup* (while keeping
 # the capital *I*). A tokenizer that keeps case must give the two spellings two ids; lower-casing
 # everything gives the notes' count, at the price of never writing a capital letter again. The
@@ -74,13 +74,13 @@ print(f"after lower-casing every word: {len(lowercased)} tokens")
 #
 # Encoding is a dictionary lookup, decoding is indexing into the list:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 id_of = {token: index for index, token in enumerate(vocabulary)}
 soup_ids = [id_of[token] for token in soup_words]
 print("ids    :", soup_ids)
 print("decoded:", " ".join(vocabulary[i] for i in soup_ids))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # The decoded text is not the original: the spaces were thrown away, so we cannot tell
 # `soup.` from `soup .`. A tokenizer should give back exactly what it was given; the byte-level
 # tokenizer we build below does.
@@ -90,10 +90,10 @@ print("decoded:", " ".join(vocabulary[i] for i in soup_ids))
 # The course corpus is a megabyte of short stories, one sentence per line. Count what each
 # choice of token would cost on it:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("01_tokenization", "2.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 corpus = load_corpus()
 corpus_words = split_words(corpus)
 corpus_bytes = len(corpus.encode("utf-8"))
@@ -102,34 +102,34 @@ print(f"corpus: {corpus_bytes:,} bytes = {len(corpus):,} characters = {len(corpu
 print(f"distinct characters: {len(set(corpus))} | distinct words and marks: "
       f"{len(set(corpus_words))}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Characters give a tiny vocabulary but long sequences: every sentence is several times more
 # tokens, and attention's cost grows with the square of the length. Words give short sequences,
 # but the vocabulary must hold every word ever seen, and a word that was never seen has no id:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 known_words = set(corpus_words)
 new_sentence = "The dragon found a shiny key."
 print("words the corpus never uses:", [w for w in split_words(new_sentence)
                                        if w not in known_words])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Real text keeps producing new words (names, typos, numbers, other languages), so a word
 # vocabulary is never finished. A character tokenizer is two small tables, one each way:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 chars = sorted(set(corpus))
 char_id = {char: index for index, char in enumerate(chars)}
 plain_ids = [char_id[char] for char in new_sentence]
 print(plain_ids)
 print("".join(chars[i] for i in plain_ids))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The same thing, with special tokens, saving and clear errors, is `CharTokenizer` in
 # `helpers/text/chars.py`; the assertion checks that it agrees with the two lines above. It
 # still fails on a character the corpus never used, and says so:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.text.chars import CharTokenizer
 
 char_tokenizer = CharTokenizer.train(corpus)
@@ -141,7 +141,7 @@ try:
 except ValueError as error:
     print("ValueError:", error)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # *Subword* tokenizers sit in between: frequent words stay whole, rare ones are spelled from
 # smaller pieces, so nothing is ever unknown and common text stays short. The question is which
 # pieces to keep. To make sure that *any* text can be spelled, start from bytes.
@@ -150,17 +150,17 @@ except ValueError as error:
 #
 # UTF-8 writes each Unicode character as one to four bytes, each a number from 0 to 255:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("01_tokenization", "3.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for text in ["soup", "Zoë", "☕", "東京", "👋"]:
     data = text.encode("utf-8")
     print(f"{text!r:7} {len(text)} character(s) -> {len(data)} byte(s): {list(data)}")
 print("bytes per character:", {char: len(char.encode("utf-8")) for char in "së☕👋"})
 print("possible byte values:", len(range(256)))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # A tokenizer whose first 256 ids are the byte values has no unknown characters, ever. The price
 # is length: the wave emoji is four tokens. *Byte-pair encoding* (BPE) wins the length back by
 # learning new tokens for byte sequences that are frequent in the training text.
@@ -191,10 +191,10 @@ print("possible byte values:", len(range(256)))
 # you meet it. Overlapping pairs count: three fives in a row hold the pair (5, 5) twice.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("01_tokenization", "4.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def count_pairs(ids: list[int]) -> dict[tuple[int, int], int]:
     """How often each pair of neighbours occurs: [1, 2, 1, 2] -> {(1, 2): 2, (2, 1): 1}."""
     ### BEGIN SOLUTION
@@ -205,10 +205,10 @@ def count_pairs(ids: list[int]) -> dict[tuple[int, int], int]:
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("tokenization.count_pairs", count_pairs)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # From here on we use the same function from `helpers.text.bpe` (it returns a `Counter`, a dict
 # that also finds the most common entries). On the soup sentences,
 # several pairs are equally frequent, so the first merge needs a rule for ties. The course uses
@@ -216,7 +216,7 @@ check("tokenization.count_pairs", count_pairs)
 # dictionary order (compared byte by byte, `b"u"` after `b"o"` after `b"I"`) wins. It depends
 # only on what the tokens spell, not on the order in which their ids were handed out.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.text.bpe import count_pairs, most_frequent_pair
 from helpers.text.chars import readable
 
@@ -231,12 +231,12 @@ print(f"soup sentences: {len(soup_pairs)} distinct pairs; {len(soup_tied)} tie a
       f"times: {soup_tied}")
 print(f"the tie-break picks {soup_first!r}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # (`readable` shows a space as `␣` and a new line as `↵`.) Among the tied pairs, `I␣` and `.␣`
 # join the end of one word to the space before the next. The whole corpus shows the same thing
 # with more weight behind it:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 corpus_pairs = count_pairs(list(corpus.encode("utf-8")))
 corpus_top = corpus_pairs.most_common(5)
 print(f"whole corpus: {len(corpus_pairs):,} distinct pairs; the five most frequent:")
@@ -245,23 +245,23 @@ for pair, n in corpus_top:
 word_enders = [readable(bytes(pair)) for pair, _ in corpus_top if pair[1] in b" \n"]
 print(f"{len(word_enders)} of them end a word and reach into what follows: {word_enders}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Merging such pairs would fill the vocabulary with tokens such as `ed␣` or `d␣the` that tie a
 # word to its neighbour. GPT-2 therefore first cuts the text into word-like *chunks* (a word
 # keeps the space in front of it; punctuation, numbers and line breaks go apart) and never merges
 # across a chunk boundary. A space can still merge with the word *after* it, since they share a
 # chunk (` soup`); what never happens is a merge of a word with the space *after* it:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.text.chars import pre_split
 
 print(pre_split(TOY_SOUP))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Step 3 replaces a pair by its new id, left to right, so that overlapping occurrences are not
 # merged twice:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def merge_pair(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
     """`ids` with each occurrence of `pair` (read left to right) replaced by `new_id`."""
     merged = []
@@ -283,7 +283,7 @@ from helpers.text.bpe import merge
 
 assert merge_pair([7, 7, 7, 1, 7, 7], (7, 7), 256) == merge([7, 7, 7, 1, 7, 7], (7, 7), 256)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise 2: the training loop
 # Now put the pieces together: the whole textbook loop, on the chunks. Return the merged pairs in
 # the order they were learned (merge `i` makes id `256 + i`), and stop early if no chunk has a
@@ -305,7 +305,7 @@ assert merge_pair([7, 7, 7, 1, 7, 7], (7, 7), 256) == merge([7, 7, 7, 1, 7, 7], 
 # <details><summary>Hint 3: closer</summary>The vocabulary starts as the 256 single bytes; a new id
 # spells its two parts' bytes joined. Counts of several chunks add up in a Counter.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def train_textbook(text: str, n_merges: int) -> list[tuple[int, int]]:
     """The textbook BPE loop: the first `n_merges` merged pairs of `text`, merge i making id 256 +
     i."""
@@ -327,14 +327,14 @@ def train_textbook(text: str, n_merges: int) -> list[tuple[int, int]]:
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("tokenization.train_bpe", train_textbook)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The next cell trains with your loop if it passes, and with the course's `textbook_pairs`
 # (the same loop, in `helpers.text.bpe`) if not, saying which:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.lab.exercises import yours_or
 from helpers.text.bpe import textbook_merges
 
@@ -356,17 +356,17 @@ def show_merges(merges: list[tuple[int, int]]) -> None:
 train_textbook = yours_or("tokenization.train_bpe", train_textbook, textbook_pairs)
 show_merges(train_textbook(TOY_SOUP, 6))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # This loop is the slow rung of the course's package: `helpers.text.bpe.textbook_merges` is the same
 # loop, kept plain on purpose, and the tests and the benchmark measure the fast trainer below
 # against it. It also records how often each pair occurred when it was merged:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 soup_merges = textbook_merges(TOY_SOUP, 6)
 assert [m.pair for m in soup_merges] == train_textbook(TOY_SOUP, 6)
 print(soup_merges[0])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The same algorithm lives in `helpers.text.bpe.learn_merges`, with three changes that make it
 # fast without changing a single merge:
 #
@@ -381,18 +381,18 @@ print(soup_merges[0])
 # distinct chunks instead of all of them, several hundred times fewer (the cell prints the ratio;
 # the times of both trainers follow below):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 chunk_counts = Counter(pre_split(corpus))
 print(f"{sum(chunk_counts.values()):,} chunks in the corpus, only {len(chunk_counts)} distinct: "
       f"{sum(chunk_counts.values()) / len(chunk_counts):.0f}x fewer to scan")
 print("most common:", [(readable(chunk.encode()), n) for chunk, n in chunk_counts.most_common(4)])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The cell below trains both versions on the first 10,000 characters of the corpus and checks
 # that they learn the same merges; the next one prints the times, which depend on the machine
 # (`benchmarks/bench_tokenizer.py` holds the speed budgets):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.text.bpe import learn_merges
 
 sample = corpus[:10_000]
@@ -407,23 +407,23 @@ assert [m.pair for m in fast_merges] == plain_merges
 assert fast_merges == textbook_merges(sample, 30)  # the same pairs, ids and counts
 print(f"{len(plain_merges)} identical merges")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # Wall-clock times change from run to run and from machine to machine.
 print(f"textbook loop {format_duration(textbook_seconds)} | learn_merges "
       f"{format_duration(fast_seconds)}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. Training on the whole corpus, step by step (optional)
 #
 # `BPETokenizer.train` runs `learn_merges` until the vocabulary (256 bytes, the merges and the
 # special tokens) reaches `VOCAB_SIZE`. It also reserves `<|endoftext|>`, the special token GPT-2
 # puts between documents; more on it below.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("01_tokenization", "5.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.text.bpe import BPETokenizer
 
 VOCAB_SIZE = 512  # the knob: try 300, or a size past where this corpus runs out (section 8)
@@ -435,17 +435,17 @@ train_seconds = time.perf_counter() - started
 print(bpe)
 print(f"= {256} bytes + {len(bpe.merges)} merges + {len(bpe.special_tokens)} special token")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # A wall-clock time: it changes from run to run and from machine to machine.
 print(f"training on the whole corpus {format_duration(train_seconds)}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The first merges, with how often each pair occurred when it was merged. Merges that glue a
 # space to the start of a word (`␣t`, `␣a`, `␣w`) alternate with frequent letter pairs inside
 # words (`he`, `ed`); soon whole frequent words appear (`␣the`, `␣to`):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 merges = learn_merges(corpus, len(bpe.merges))
 assert [m.pair for m in merges] == bpe.merges
 for m in merges[:12]:
@@ -453,12 +453,12 @@ for m in merges[:12]:
     print(f"merge {m.new_id - 256:3}: {left:>6} + {right:<6} -> {bpe.labels([m.new_id])[0]:<9}"
           f" seen {m.count:6,} times")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Watch the vocabulary grow. Each merge is at most as frequent as the one before it, so the
 # corpus shrinks by less and less; and new tokens tend to get longer, as merges start to join
 # tokens that are themselves merges:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def corpus_length(merge_list: list[tuple[int, int]]) -> int:
     """Tokens in the whole corpus after these merges, counted once per distinct chunk."""
     tokenizer = BPETokenizer(merge_list)
@@ -482,15 +482,15 @@ plt.show()
 print(f"{lengths[0]:,} tokens before any merge, {lengths[-1]:,} after {steps[-1]}: "
       f"{lengths[0] / lengths[-1]:.2f} bytes per token")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The longest tokens learned are whole words, most of them with the space in front:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 learned = range(256, 256 + len(bpe.merges))
 longest = sorted(learned, key=lambda i: (-len(bpe.vocab[i]), i))[:8]
 print(bpe.labels(longest))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. Encode, decode, and any text at all (optional)
 #
 # To encode, pre-split the text and replay the merges inside each chunk, earliest-learned
@@ -526,10 +526,10 @@ print(bpe.labels(longest))
 # never learned must lose every comparison when you look for the earliest one: give it an infinite
 # rank. Merges never cross a chunk boundary.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("01_tokenization", "6.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def encode_text(text: str, merges: list[tuple[int, int]]) -> list[int]:
     """The ids of `text`: each chunk's UTF-8 bytes with every merge applied, in the order
     learned."""
@@ -551,15 +551,15 @@ def encode_text(text: str, merges: list[tuple[int, int]]) -> list[int]:
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("tokenization.encode_text", encode_text)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # `BPETokenizer.encode` does the same (for a very long chunk it keeps the pairs in a heap, with
 # the same result). The next cell encodes with your `encode_text` if it passes its check, and with
 # the course's tokenizer if not, saying which; `decode` looks each id up and joins the bytes:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def course_encode(text: str, merges: list[tuple[int, int]]) -> list[int]:
     """The course's encoder: a BPETokenizer with these merges."""
     return BPETokenizer(merges).encode(text)
@@ -574,39 +574,39 @@ print(f"{len(sentence)} characters -> {len(sentence_ids)} tokens: {sentence_ids}
 print(bpe.labels(sentence_ids))
 assert bpe.decode(sentence_ids) == sentence
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Text that the corpus never contained still round-trips exactly, because every byte has an id.
 # It just costs more tokens: the tokenizer learned English stories, not Japanese or emoji.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for text in ["Zoë's café ☕", "東京で会いましょう", "👋🏽 hello", "x_1 = 3.14  # π", "  two\tspaces\n"]:
     ids = encode(text, bpe.merges)
     assert ids == bpe.encode(text) and bpe.decode(ids) == text
     print(f"{len(text):2} characters -> {len(ids):2} tokens   {bpe.labels(ids)[:8]}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **Special tokens** get one id each and are never cut into bytes. Joining two stories with
 # `<|endoftext|>` tells a model where one document stops and the next begins:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 two_stories = END.join(corpus.split("\n\n")[:2])
 story_ids = bpe.encode(two_stories)
 print("special tokens:", bpe.special_tokens)
 print(f"{len(story_ids)} tokens, of which {story_ids.count(bpe.special_tokens[END])} is {END}")
 assert bpe.decode(story_ids) == two_stories
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # (Here any text containing the characters `<|endoftext|>` gets the special id. Production
 # tokenizers often refuse that by default, so that a user cannot type a control token.)
 #
 # Decoding joins the *bytes* first and only then reads them as UTF-8. Decoding part of a
 # character gives the replacement mark `�`:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 wave_ids = bpe.encode("👋")
 print("👋 ->", wave_ids, "| first two ids decode to", repr(bpe.decode(wave_ids[:2])))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise 4: decode
 # Given a list of token ids and a dict `token_bytes` from each id to the bytes of its token,
 # return the text. Some tokens hold only part of a character. The cell after the check decodes the
@@ -624,7 +624,7 @@ print("👋 ->", wave_ids, "| first two ids decode to", repr(bpe.decode(wave_ids
 # replace whatever is not a whole character instead of raising an error.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def decode_ids(token_ids: list[int], token_bytes: dict[int, bytes]) -> str:
     """The text of `token_ids`, `token_bytes` giving each id's bytes; bytes that do not form whole
     characters become '�'."""
@@ -634,10 +634,10 @@ def decode_ids(token_ids: list[int], token_bytes: dict[int, bytes]) -> str:
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("tokenization.decode_ids", decode_ids)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def course_decode_ids(token_ids: list[int], token_bytes: dict[int, bytes]) -> str:
     """The course's version: `bpe.decode`, for `token_bytes` = bpe.vocab only."""
     return bpe.decode(token_ids)
@@ -649,11 +649,11 @@ print("👋 ->", wave_ids, "| the first two ids:", repr(decode_with(wave_ids[:2]
 assert decode_with(story_ids, bpe.vocab) == two_stories
 print(f"the two stories' {len(story_ids):,} ids decode to the text they came from")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # A tokenizer is its merges and special tokens, so saving it is writing those down. Reloading
 # gives an identical tokenizer:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 with tempfile.TemporaryDirectory() as folder:
     saved = bpe.save(pathlib.Path(folder) / "bpe.json")
     saved_size = saved.stat().st_size
@@ -662,20 +662,20 @@ assert reloaded == bpe and reloaded.encode(two_stories) == story_ids
 print(f"saved as {saved_size:,} bytes of JSON; the reloaded tokenizer is identical: "
       f"{reloaded == bpe}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Bad ids get an error that says what is wrong, not a bare `KeyError`:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 try:
     bpe.decode([72, 9999])
 except ValueError as error:
     print("ValueError:", error)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The three tokenizers on the whole corpus, and on a sentence with a word and a letter the
 # corpus never used:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 unseen = "Zoë met a dragon."
 corpus_ids = encode(corpus, bpe.merges)
 assert corpus_ids == bpe.encode(corpus) and bpe.decode(corpus_ids) == corpus
@@ -699,21 +699,21 @@ print(f"{'tokens':15} {'vocabulary':>10} {'corpus length':>14}  encodes {unseen!
 for name, vocab_size, length, ok in rows:
     print(f"{name:15} {vocab_size:>10,} {length:>14,}  {'yes' if ok else 'no'}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # A text too big for memory, such as a file of many gigabytes, is encoded a piece at a time:
 # `encode_iterable` takes the lines of a file (or chunks cut anywhere) and yields the ids one by
 # one. It joins the pieces and cuts them again only where GPT-2's pre-split always cuts, where
 # a character that is not a space meets a space, so the ids are exactly those of `encode` on
 # the whole text:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 corpus_lines = corpus.splitlines(keepends=True)
 streamed_ids = list(bpe.encode_iterable(corpus_lines))
 assert streamed_ids == corpus_ids
 print(f"{len(corpus_lines):,} lines -> {len(streamed_ids):,} ids, the same as encoding the corpus "
       f"at once: {streamed_ids == corpus_ids}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7. BPE, WordPiece and Unigram (optional)
 #
 # BPE is one of three subword families in wide use. The DS 246 notes compare them:
@@ -736,10 +736,10 @@ print(f"{len(corpus_lines):,} lines -> {len(streamed_ids):,} ids, the same as en
 #   Encoding picks the most probable segmentation. (It counts only each word's best segmentation
 #   when re-estimating, a common simplification of SentencePiece's expected counts.)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("01_tokenization", "7.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.text.subword import UnigramTokenizer, WordPieceTokenizer
 
 wordpiece = WordPieceTokenizer.train(corpus, vocab_size=VOCAB_SIZE)
@@ -755,7 +755,7 @@ for word in words_to_compare:
     print(f"{word:10} | {bpe_pieces:32} | {' '.join(wordpiece.tokenize(word)):32} | "
           f"{' '.join(unigram.tokenize(word))}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Same corpus, same vocabulary size, different pieces. BPE and Unigram keep the most frequent
 # words whole. WordPiece's score favours pairs whose parts rarely occur apart, so it builds rare
 # fragments such as `##ning` (in *gardening*, where BPE has `ing`) and, at this size, still writes
@@ -772,7 +772,7 @@ for word in words_to_compare:
 # it, so the cell trains a small Unigram model on a word list that does, then scores the four
 # cuts (a cut that uses a piece missing from the vocabulary has probability 0):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.text.subword import segmentations
 
 word_list = ("unicorn uniform union unit universe unique unicycle unify unison united "
@@ -791,30 +791,30 @@ for cut in DS_246_CUTS:
 print(f"{len(every_cut)} possible cuts in all; the model picks "
       f"{small_unigram.tokenize_word('unigram')}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The model prefers `uni + gram`, gives `un + i + gram` a smaller share, and nearly nothing to
 # seven single letters; `u + ni + gram` is impossible because `ni` did not survive pruning.
 # Sampling a cut in proportion to these probabilities, instead of always taking the best, is
 # how Unigram training can show a model several spellings of one word ("subword
 # regularization"). BPE and WordPiece have one answer each:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 small_bpe = BPETokenizer.train(word_list, vocab_size=256 + 30)
 small_wordpiece = WordPieceTokenizer.train(word_list, vocab_size=30 + 30)
 print("BPE      :", small_bpe.labels(small_bpe.encode("unigram")))
 print("WordPiece:", small_wordpiece.tokenize("unigram"))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 8. How big should the vocabulary be? (optional)
 #
 # More merges make the text shorter, which makes every sequence cheaper for attention, but each
 # token needs a row in the embedding table (and, untied, another in the output layer). On our
 # corpus:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("01_tokenization", "8.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 all_merges = [m.pair for m in learn_merges(corpus, 10_000)]
 vocab_sizes = [*range(256, 256 + len(all_merges), 50), 256 + len(all_merges)]
 bytes_per_token = [corpus_bytes / corpus_length(all_merges[:v - 256]) for v in vocab_sizes]
@@ -839,7 +839,7 @@ print(f"this corpus runs out of pairs after {len(all_merges)} merges (vocabulary
       f"{256 + len(all_merges)}): "
       f"{bytes_per_token[0]:.2f} -> {bytes_per_token[-1]:.2f} bytes per token")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The corpus is made from a small grammar, so after the 752 merges printed above every distinct
 # chunk is a single token and more merges have nothing left to do.
 #
@@ -852,7 +852,7 @@ print(f"this corpus runs out of pairs after {len(all_merges)} merges (vocabulary
 # and some of the pieces it learns on the way are the suffixes and the prefix of those rules,
 # learned from counts alone:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.text.corpus_rich import load_rich_corpus
 
 rich_corpus = load_rich_corpus()
@@ -868,13 +868,13 @@ for morpheme in MORPHEMES:
     print(f"{morpheme!r:>7} learned as a token at merge {learned_at[morpheme.encode()]:5,}")
 assert len(rich_merges) > 2 * len(all_merges)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # With only the first 1,000 of those merges, frequent words are already single tokens, and many
 # rarer forms end in one of the suffixes above. What comes before the suffix is not always the
 # stem: BPE learns counts, not morphology, so *berries* and *unfolding* break where frequent
 # pieces happen to be (the cell prints them):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 early_bpe = BPETokenizer([m.pair for m in rich_merges[:1000]])
 for word in [" quickly", " sleepily", " happiest", " unfolding", " travelled", " berries"]:
     pieces = early_bpe.labels(early_bpe.encode(word))
@@ -886,10 +886,10 @@ assert all(end in MORPHEMES for end in split_ends)
 berries = early_bpe.labels(early_bpe.encode(" berries"))
 assert berries[-1] not in MORPHEMES and "␣berr" not in berries  # not a stem + suffix
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Real text never runs out: GPT-2 learned 50,000 merges from web pages, and its vocabulary is
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 GPT2_MERGES = 50_000
 gpt2_vocab = 256 + GPT2_MERGES + 1  # bytes + merges + <|endoftext|>
 assert gpt2_vocab == GPT2_VOCAB_SIZE
@@ -899,7 +899,7 @@ print(f"GPT-2 vocabulary: 256 + {GPT2_MERGES:,} + 1 = {gpt2_vocab:,}")
 print(f"its embedding table: {gpt2_vocab:,} x {D_MODEL} = {gpt2_embedding:,} parameters, "
       f"{gpt2_embedding / GPT2_SMALL_PARAMETERS:.1%} of GPT-2 small's {GPT2_SMALL_PARAMETERS:,}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # Nearly a third of GPT-2 small is its embedding table. A bigger vocabulary makes sequences
 # shorter and rare words cheaper, but costs parameters and spreads the training data over more
 # rows: a token seen rarely gets a poorly trained embedding. That is why vocabularies sit in the
@@ -911,10 +911,10 @@ print(f"its embedding table: {gpt2_vocab:,} x {D_MODEL} = {gpt2_embedding:,} par
 # a byte that is only part of a character. First the same drawing for a fixed sentence, as a
 # static picture:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("01_tokenization", "9.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 COLOURS = ["#ffd6a5", "#caffbf", "#9bf6ff", "#bdb2ff", "#ffc6ff", "#fdffb6"]
 
 
@@ -941,11 +941,11 @@ def show_tokens(text: str) -> list[int]:
 
 _ = show_tokens("Once upon a time, Zoë found a golden key 🔑.")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The live version: a text box, and below it the same drawing, redrawn as you type. (It updates
 # an HTML widget rather than printing, so nothing piles up below the cell.)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 class TokenBox:
     """A text box with its text drawn below as coloured tokens, redrawn on every change."""
 
@@ -965,7 +965,7 @@ class TokenBox:
         display(widgets.VBox([self.box, self.tokens]))
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 class TokenPlayground(TokenBox):
     """The token box with the two moves the check below makes: type a text, go back to the first."""
 
@@ -979,20 +979,20 @@ class TokenPlayground(TokenBox):
         return self.set(self.start)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # A live widget: its display holds a model id that changes on every run.
 playground = TokenPlayground("Once upon a time, Zoë found a golden key 🔑.")
 playground
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 before = playground.reset()
 after = playground.set("The brave librarian said hello 👋")
 assert after != before and bpe.decode(after) == "The brave librarian said hello 👋"
 assert playground.tokens.value == coloured_tokens("The brave librarian said hello 👋")[0]
 print(f"typing new text re-tokenizes it: {len(before)} tokens before, {len(after)} after")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # Try your name, a sentence in another language, some code, or a long number. Which cost the
 # most tokens per character, and why?
 #
@@ -1000,10 +1000,10 @@ print(f"typing new text re-tokenizes it: {len(before)} tokens before, {len(after
 #
 # The numbers in the answers are computed in the cell below.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("01_tokenization", "Check")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 chars_per_token = len(corpus) / len(corpus_ids)
 wave_tokens = len(bpe.encode("👋"))
 unigram_cuts_all_pieces = len(segmentations("unigram", {"unigram"[i:j] for i in range(7)
@@ -1019,7 +1019,7 @@ print(f"soup sentences: {soup_tied} tie for the most frequent pair; the tie-brea
       f"{soup_first!r}")
 print(f"corpus: frequent pairs that end a word and reach into the next: {word_enders}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **1. Why not use characters as tokens?**
 # <details><summary>Answer</summary>
 #
@@ -1029,7 +1029,7 @@ print(f"corpus: frequent pairs that end a word and reach into the next: {word_en
 # assembling words.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **2. Why not use whole words?**
 # <details><summary>Answer</summary>
 #
@@ -1038,7 +1038,7 @@ print(f"corpus: frequent pairs that end a word and reach into the next: {word_en
 # vocabulary would never be complete, and each rare word would get its own, poorly trained row.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **3. Where does GPT-2's vocabulary size of 50,257 come from?**
 # <details><summary>Answer</summary>
 #
@@ -1047,7 +1047,7 @@ print(f"corpus: frequent pairs that end a word and reach into the next: {word_en
 # (the textbook section) the output layer reuses them instead of adding as many again.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **4. Why can a byte-level BPE encode any text, and what goes wrong when you decode only some
 # of the ids?**
 # <details><summary>Answer</summary>
@@ -1058,7 +1058,7 @@ print(f"corpus: frequent pairs that end a word and reach into the next: {word_en
 # all the bytes before reading them as text.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **5. What is the difference between BPE and Unigram when encoding a word?**
 # <details><summary>Answer</summary>
 #
@@ -1068,7 +1068,7 @@ print(f"corpus: frequent pairs that end a word and reach into the next: {word_en
 # between letters). Sampling among them gives the model varied spellings during training.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **6. Which merges does GPT-2's pre-splitting rule out, and why?**
 # <details><summary>Answer</summary>
 #
@@ -1081,7 +1081,7 @@ print(f"corpus: frequent pairs that end a word and reach into the next: {word_en
 # them would only fit one phrase.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Optional: your own text (optional)
 #
 # Everything above ran on the course corpus. The same BPE learns from any text: a novel from
@@ -1097,11 +1097,11 @@ print(f"corpus: frequent pairs that end a word and reach into the next: {word_en
 # as plain text first) or a file in another encoding than UTF-8 (it names the first bad byte
 # and how to convert the file). Left `None`, the cell only says what it would do.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("01_tokenization",
          "Optional:")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.lab.own_text import bpe_on_text_file, read_text_file
 
 MY_TEXT_FILE = None  # <- the path of a UTF-8 text file, such as "my_story.txt"

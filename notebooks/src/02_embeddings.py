@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 2. Embeddings: turning token ids into vectors that know where they stand
 #
 # Notebook 1 turned text into a list of integers. A network cannot do much with the integer 7:
@@ -18,7 +18,7 @@
 
 # %% [setup]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import math
 import re
 
@@ -37,7 +37,7 @@ from helpers.lab.sections import catch_up
 # their time waiting for each other (and the results do not depend on the number of cores).
 torch.set_num_threads(1)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. The Matrix Magic notes' twelve-token vocabulary (optional)
 #
 # The Matrix Magic notes start from one tiny training text and give every word and full stop an id.
@@ -45,7 +45,7 @@ torch.set_num_threads(1)
 # (The slide's vocabulary list puts "." last, while its table puts it on row 9: we follow the
 # table.) "Soup" and "soup" share an id, as on the slide.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 SOUP_VOCAB = ["I", "like", "to", "eat", "soup", "am", "a", "good", "cook", ".", "is", "yummy"]
 SOUP_ID = {token: index for index, token in enumerate(SOUP_VOCAB)}
 
@@ -62,29 +62,29 @@ print(TOY_SOUP)
 print(f"{len(SOUP_VOCAB)} tokens in the vocabulary, {len(ids)} tokens in the text")
 print("ids:", ids.tolist())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. One-hot vectors: every word equally far from every other (optional)
 #
 # The oldest way to turn id `i` into a vector: a vector as long as the vocabulary, with a 1 in
 # place `i` and 0 everywhere else. Stacked for the whole vocabulary, these vectors form the
 # identity matrix, which is exactly the slide's 12 x 12 one-hot table.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("02_embeddings", "2.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 one_hot_table = torch.eye(len(SOUP_VOCAB))  # row i is the one-hot vector of token i
 heatmap(one_hot_table, row_labels=SOUP_VOCAB, col_labels=[f"d{j + 1}" for j in range(12)],
         annotate=False, title="The one-hot table of the slide (12 x 12)",
         xlabel="vector component", ylabel="token")
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The slide's first complaint: one-hot vectors say nothing about which words are alike. Every
 # pair of different tokens has dot product 0 and lies at the same distance, sqrt(2), so "soup" is
 # as far from "yummy" as from ".".
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 dots = one_hot_table @ one_hot_table.T  # (12, 12): every token's vector against every other
 distances = torch.cdist(one_hot_table, one_hot_table)  # (12, 12) Euclidean distances
 different = ~torch.eye(len(SOUP_VOCAB), dtype=torch.bool)
@@ -93,13 +93,13 @@ print("distances between different tokens:", sorted({round(d, 4)
                                                      for d in distances[different].tolist()}),
       f"(sqrt(2) = {math.sqrt(2):.4f})")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Its second complaint: the vectors are huge and almost all zeros. With GPT-2's vocabulary of
 # 50,257 tokens, every one-hot vector has 50,256 zeros, and the full one-hot table would hold
 # about 2.5 billion numbers. A dense table with 768 numbers per token (GPT-2 small) is 65 times
 # smaller.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 GPT2_VOCAB, GPT2_D_MODEL = 50_257, 768
 BYTES_PER_FLOAT32 = 4
 one_hot_entries = GPT2_VOCAB**2
@@ -112,19 +112,19 @@ print(
 )
 print(f"the dense table is {one_hot_entries / dense_entries:.0f} times smaller")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # From here on the course uses `helpers.model.embeddings.one_hot(token_ids, vocab_size)`, which builds
 # the same rows without making the whole identity matrix, for ids of any shape. It agrees with
 # the rows of the identity:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.embeddings import one_hot
 
 assert torch.equal(one_hot(ids, len(SOUP_VOCAB)), one_hot_table[ids])
 print("one_hot(ids) has shape", tuple(one_hot(ids, len(SOUP_VOCAB)).shape),
       "and equals the identity rows")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. A dense table: 8 numbers per token (optional)
 #
 # Instead, give every token a short vector of `d_model` numbers and let training move them. The
@@ -132,10 +132,10 @@ print("one_hot(ids) has shape", tuple(one_hot(ids, len(SOUP_VOCAB)).shape),
 # decimals), into an `nn.Embedding` and "pluck out" the rows of the slide's batch
 # `idx = [0, 1, 2, 3]` ("I like to eat").
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("02_embeddings", "3.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 SLIDE_TOKEN_TABLE = torch.tensor([  # the Matrix Magic notes, "Initialize Token Embeddings Table"
     [0.26, 0.38, 0.00, 0.27, 0.18, 0.67, 0.65, 0.57],  # I
     [0.23, 0.72, 0.86, 0.96, 0.33, 0.93, 0.23, 0.31],  # like
@@ -161,11 +161,11 @@ plucked = token_embedding(batch)  # (4,) -> (4, 8)
 print("token_embedding(idx) has shape", tuple(plucked.shape))
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Every table in this notebook is printed next to the slide's, and every entry where the slide
 # differs from the computed value (rounded the way the slide rounds) is listed under it.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def print_side_by_side(computed: torch.Tensor, slide: torch.Tensor, row_labels: list[str],
                        col_labels: list[str], decimals: int) -> None:
     """Print two (rows, cols) tables side by side: the computed one left, the slide's right."""
@@ -183,7 +183,7 @@ def print_side_by_side(computed: torch.Tensor, slide: torch.Tensor, row_labels: 
         print(f"{label:<{label_width}}{cells(ours)} | {cells(theirs)}")
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def compare_with_slide(computed: torch.Tensor, slide: torch.Tensor, row_labels: list[str],
                        col_labels: list[str], decimals: int) -> list[str]:
     """Print (rows, cols) tables side by side; list and return the entries the slide got wrong.
@@ -207,7 +207,7 @@ SLIDE_PLUCKED = SLIDE_TOKEN_TABLE[:4]
 plucked_mismatches = compare_with_slide(plucked.detach(), SLIDE_PLUCKED, SOUP_VOCAB[:4], DIMS,
                                         decimals=2)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. A lookup is a one-hot matrix product (core)
 #
 # First a reminder of what a matrix product computes, with the Matrix Magic notes' example:
@@ -216,10 +216,10 @@ plucked_mismatches = compare_with_slide(plucked.detach(), SLIDE_PLUCKED, SOUP_VO
 # only the first entry, 58, the dot product of the first row with the first column; the cell
 # computes all four.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("02_embeddings", "4.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 a_2x3 = torch.tensor([[1, 2, 3], [4, 5, 6]])
 b_3x2 = torch.tensor([[7, 8], [9, 10], [11, 12]])
 entry_by_entry = [[sum(a_2x3[i, k].item() * b_3x2[k, j].item() for k in range(3)) for j in range(2)]
@@ -228,7 +228,7 @@ assert (a_2x3 @ b_3x2).tolist() == entry_by_entry
 print(f"(2 x 3) @ (3 x 2) -> {tuple((a_2x3 @ b_3x2).shape)}:", (a_2x3 @ b_3x2).tolist())
 print("entry (0, 0) = 1*7 + 2*9 + 3*11 =", 1 * 7 + 2 * 9 + 3 * 11)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Now the lookup. Write the one-hot vector of token `i` as a row `x` (length V) and the table as
 # `W` (V x d). Component `j` of the product is
 #
@@ -256,7 +256,7 @@ print("entry (0, 0) = 1*7 + 2*9 + 3*11 =", 1 * 7 + 2 * 9 + 3 * 11)
 # the ids have.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def lookup_by_product(token_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """token_ids (...,) and weight (V, d) -> (..., d), without indexing `weight`."""
     ### BEGIN SOLUTION
@@ -264,14 +264,14 @@ def lookup_by_product(token_ids: torch.Tensor, weight: torch.Tensor) -> torch.Te
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("embeddings.lookup_by_product", lookup_by_product)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The rest of this section computes the product with your function once it passes its check, and
 # with the course's until then, saying which. Checked on the soup sentence, to the last bit:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.lab.exercises import yours_or
 from helpers.lab.exercises.embeddings import course_lookup_by_product
 
@@ -280,12 +280,12 @@ product = lookup_rows(ids, token_embedding.weight)  # (16, 12) one-hot rows @ (1
 lookup = token_embedding(ids)  # (16, 8)
 print("one-hot product == nn.Embedding lookup, exactly:", torch.equal(product, lookup))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The two agree while training too. The gradient of a loss with respect to the table is the same
 # either way, and it is zero on every row whose token was not in the batch: training on
 # "I like to eat" moves 4 rows and leaves the other 8 alone.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(0)
 upstream = torch.randn(4, 8, dtype=torch.float64)  # some gradient arriving from later layers
 gradients = []
@@ -298,12 +298,12 @@ moved = gradients[1].abs().sum(dim=1) > 0
 print("rows with a non-zero gradient:", [SOUP_VOCAB[i] for i in moved.nonzero().flatten().tolist()])
 print("rows untouched:", int((~moved).sum()))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Why then does `nn.Embedding` not multiply? Because the product spends V x d multiply-adds per
 # token to copy d numbers. At GPT-2's size, 64 tokens cost about 2.5 billion multiply-adds and a
 # 64 x 50,257 one-hot matrix, against 64 x 768 numbers copied by the lookup:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(0)
 gpt2_table = nn.Embedding(GPT2_VOCAB, GPT2_D_MODEL)
 some_ids = torch.randint(GPT2_VOCAB, (64,))
@@ -314,19 +314,19 @@ print(f"multiply-adds in the product: {64 * GPT2_VOCAB * GPT2_D_MODEL / 1e9:.1f}
 print(f"one-hot matrix: {64 * GPT2_VOCAB * BYTES_PER_FLOAT32 / 1e6:.1f} MB")
 print(f"numbers the lookup copies: 64 x {GPT2_D_MODEL} = {64 * GPT2_D_MODEL:,}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # How much faster the lookup is depends on the machine, so the times below are shown, not
 # checked (on the machine that made this notebook the lookup wins by a wide margin).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # Wall-clock times change from run to run and from machine to machine.
 print("one-hot product", format_duration(by_product))
 print("lookup         ", format_duration(by_lookup),
       f"({by_product / by_lookup:,.0f} times faster)")
 
-# %% [markdown]
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. How alike are two vectors? (optional)
 #
 # The Matrix Magic notes illustrate "similar words have close vectors" with boy = [10, 8, 9] and
@@ -335,10 +335,10 @@ print("lookup         ", format_duration(by_lookup),
 # - the **cosine** a.b / (|a| |b|), the angle alone, from -1 (opposite) to 1 (same direction);
 # - the **distance** |a - b|, small when the vectors are close.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("02_embeddings", "5.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 boy = torch.tensor([10.0, 8.0, 9.0])
 girl = torch.tensor([9.0, 7.0, 10.0])
 dot = (boy * girl).sum()
@@ -346,23 +346,23 @@ cosine = dot / (boy.norm() * girl.norm())
 distance = (boy - girl).norm()
 print(f"dot product {dot:.0f}, cosine {cosine:.4f}, distance {distance:.4f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The helper `helpers.model.embeddings.cosine_similarity(a, b)` computes the cosine along the last
 # dimension for whole batches of vectors, and refuses zero vectors, which have no direction.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.embeddings import cosine_similarity
 
 assert torch.isclose(cosine_similarity(boy, girl), cosine)
 print(f"cosine_similarity(boy, girl) = {cosine_similarity(boy, girl):.4f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The slide's 12 x 8 table is untrained, so its cosines mean nothing: all of its numbers lie
 # between 0 and 1, so every pair of tokens points roughly the same way. (A fresh `nn.Embedding`
 # would not even look like that: it draws from a normal distribution, so about half its numbers
 # are negative.)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 slide_cosines = cosine_similarity(SLIDE_TOKEN_TABLE[:, None, :], SLIDE_TOKEN_TABLE[None, :,
                                                                                    :])  # (12, 12)
 off_diagonal = slide_cosines[different]
@@ -374,7 +374,7 @@ torch.manual_seed(0)
 print(f"negative numbers in a fresh nn.Embedding(12, 8): "
       f"{(nn.Embedding(12, 8).weight < 0).float().mean():.0%}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Vectors that learned something
 # To see similarity mean something, we learn vectors from the course corpus.
 # Each word gets a 16-number row of an `nn.Embedding`; a linear layer must predict, from that
@@ -411,7 +411,7 @@ print(f"negative numbers in a fresh nn.Embedding(12, 8): "
 # neighbour; the log-probabilities are a log-softmax over each word's row of scores. Record the loss
 # before the update.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def train_word_vectors(embedding: nn.Embedding, predict_neighbour: nn.Linear, counts: torch.Tensor,
                        steps: int, lr: float = 0.05) -> list[float]:
     """Train both modules with Adam on the neighbour-prediction loss; counts (V, V) -> the loss of
@@ -432,14 +432,14 @@ def train_word_vectors(embedding: nn.Embedding, predict_neighbour: nn.Linear, co
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("embeddings.train_word_vectors", train_word_vectors)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The neighbour counts: one pass per offset, adding 1 at (word, neighbour) and at (neighbour,
 # word) for every pair of words that far apart.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def corpus_words(text: str) -> list[str]:
     """Lower-cased words and punctuation marks of `text`, in order."""
     return re.findall(r"[a-z]+|[.,!?\"]", text.lower())
@@ -457,10 +457,10 @@ def neighbour_counts(word_ids: torch.Tensor, vocab_size: int, window: int = 2) -
     return counts
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The training runs on your loop once it passes its check, and on the course's until then:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.lab.exercises.embeddings import course_train_word_vectors
 
 TRAIN_STEPS = 150  # the knob: more steps give slightly better vectors, and take longer
@@ -478,7 +478,7 @@ def learn_word_vectors(counts: torch.Tensor, d_model: int, steps: int) -> tuple[
     return embedding.weight.detach(), losses[-1]
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 words = corpus_words(load_corpus())
 VOCAB = sorted(set(words))
 WORD_ID = {word: index for index, word in enumerate(VOCAB)}
@@ -488,7 +488,7 @@ word_vectors, final_loss = learn_word_vectors(counts, d_model=16, steps=TRAIN_ST
 print(f"{len(words):,} words, {len(VOCAB)} different; vectors of shape {tuple(word_vectors.shape)}")
 print(f"loss after {TRAIN_STEPS} steps: {final_loss:.4f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise 3: nearest neighbours
 # Write `most_similar(query, table, k)`: the indices of the `k` rows of `table` (V, d) whose
 # cosine with `query` (d,) is largest, most similar first. Careful: ranking by the plain dot
@@ -503,7 +503,7 @@ print(f"loss after {TRAIN_STEPS} steps: {final_loss:.4f}")
 # length 1. (2) Their dot products, all at once: the cosines. (3) The indices of the k largest
 # cosines, largest first.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def most_similar(query: torch.Tensor, table: torch.Tensor, k: int) -> torch.Tensor:
     """query (d,), table (V, d) -> (k,) row indices, most similar by cosine first."""
     ### BEGIN SOLUTION
@@ -513,14 +513,14 @@ def most_similar(query: torch.Tensor, table: torch.Tensor, k: int) -> torch.Tens
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("embeddings.most_similar", most_similar)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Now the nearest neighbours of a word, by cosine, are words that play the same part. The cell
 # ranks them with your `most_similar` once it passes its check, and with the course's until then:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.lab.exercises.embeddings import course_most_similar
 
 rank_rows = yours_or("embeddings.most_similar", most_similar, course_most_similar)
@@ -537,7 +537,7 @@ def nearest(word: str, k: int = 3) -> str:
 for word in ["dog", "river", "red", "baker", "morning"]:
     print(f"{word:>8}: {nearest(word)}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 SHOWN = ["dog", "cat", "goat", "river", "lake", "forest", "red", "blue", "golden"]
 shown_vectors = word_vectors[[WORD_ID[w] for w in SHOWN]]  # (9, 16)
 heatmap(cosine_similarity(shown_vectors[:, None, :], shown_vectors[None, :, :]),
@@ -545,7 +545,7 @@ heatmap(cosine_similarity(shown_vectors[:, None, :], shown_vectors[None, :, :]),
         title="Cosine similarity of learned word vectors", xlabel="word", ylabel="word")
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. Why order is lost: attention sees a bag of vectors (optional)
 #
 # *A preview of notebook 3.* Self-attention mixes every token's vector with every other's, with
@@ -553,10 +553,10 @@ plt.show()
 # textbook section's exercise: feed "the cat sat" and "sat cat the" through one self-attention
 # layer with no positional information, using our learned word vectors, and compare.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("02_embeddings", "6.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.attention import scaled_dot_product_attention
 
 D = word_vectors.shape[1]
@@ -575,7 +575,7 @@ def sentence_vectors(sentence: str) -> torch.Tensor:
     return word_vectors[[WORD_ID[word] for word in sentence.split()]]
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def show_outputs(sentence: str, outputs: torch.Tensor) -> None:
     """Print the first four numbers of each position's output vector."""
     for position, (word, vector) in enumerate(zip(sentence.split(), outputs, strict=True)):
@@ -587,14 +587,14 @@ for sentence in ["the cat sat", "sat cat the"]:
     print(f'"{sentence}"')
     show_outputs(sentence, self_attention(sentence_vectors(sentence)))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The rows are the same three vectors in a different order: each word gets the same output
 # wherever it stands. That is **permutation equivariance**: permute the inputs and the outputs
 # are permuted the same way, and nothing else changes. The other parts of a Transformer block
 # (LayerNorm, the feed-forward network) work on each token alone, so a whole stack of blocks keeps
 # the same symmetry. The textbook section's three questions, answered by computation:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def largest_difference(a: torch.Tensor, b: torch.Tensor) -> str:
     """The largest entry of |a - b|, printed to 6 decimals."""
     return f"{(a - b).abs().max().item():.6f}"
@@ -611,7 +611,7 @@ def attend(sentence: str, add_positions: bool) -> torch.Tensor:
     return self_attention(x)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def permutation_answers(add_positions: bool) -> dict[str, bool]:
     """The textbook section's (a), (b), (c) for "the cat sat" vs "sat cat the", with or without
     positions."""
@@ -634,7 +634,7 @@ def permutation_answers(add_positions: bool) -> dict[str, bool]:
 without_positions = permutation_answers(add_positions=False)
 print(without_positions)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # - **(a)** The outputs position by position differ: position 0 holds "the" in one sentence and
 #   "sat" in the other.
 # - **(b)** The bag of outputs is identical: every word's output is the same in both orders.
@@ -650,22 +650,22 @@ print(without_positions)
 # Add a position vector to each word (section 8 builds them) and the symmetry is gone: now every
 # comparison differs.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 with_positions = permutation_answers(add_positions=True)
 print(with_positions)
 assert not any(with_positions.values())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7. Positions, option 1: a learned table (optional)
 #
 # The simplest fix, used by GPT-2 and by the Matrix Magic notes: a second `nn.Embedding` whose row
 # `p` is the vector of position `p`, trained like the token table. The notes print one for
 # `context_length = 4` positions and `d_model = 8`:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("02_embeddings", "7.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # the Matrix Magic notes, "Option 1: Learned Positional Embeddings"
 SLIDE_POSITION_TABLE = torch.tensor([
     [0.42, 0.16, 0.05, 0.38, 0.05, 0.79, 0.12, 0.27],
@@ -681,17 +681,17 @@ print("position table:", tuple(position_embedding.weight.shape), "-> rows for po
       BLOCK_SIZE - 1)
 print(f"GPT-2's learned position table: 1024 x {GPT2_D_MODEL} = {1024 * GPT2_D_MODEL:,} parameters")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Its limit is built in: there is no row for position 4, so a model with this table cannot read a
 # fifth token, however useful the rest of it is.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 try:
     position_embedding(torch.tensor([BLOCK_SIZE]))
 except IndexError as error:
     print("IndexError:", error)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 8. Positions, option 2: sines and cosines (core)
 #
 # "Attention Is All You Need" uses a fixed table instead, with no parameters and a row for every
@@ -723,10 +723,10 @@ except IndexError as error:
 # <details><summary>Hint 3: closer</summary>Pair i's frequency is one over base to the power 2i over
 # d_model. The positions form a column and the pair indices a row; no loop over positions.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("02_embeddings", "8.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
     """(n_positions, d_model): sin in column 2i, cos in column 2i+1, of pos / base^(2i/d_model)."""
     ### BEGIN SOLUTION
@@ -740,15 +740,15 @@ def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> t
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("embeddings.sinusoidal_table", sinusoidal_table)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The next cell builds the tables with your `sinusoidal_table` once it passes its check, and with
 # the course's `sinusoidal_positions` until then, saying which. The USF notes print this table for
 # `d_model = 4`. Computed next to it:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 positional_table = yours_or("embeddings.sinusoidal_table", sinusoidal_table, sinusoidal_positions)
 USF_TABLE = torch.tensor([  # the USF notes, "Positional Encoding", d_model = 4
     [0.0000, 1.0000, 0.0000, 1.0000],
@@ -761,17 +761,17 @@ usf_mismatches = compare_with_slide(positional_table(4, 4), USF_TABLE,
                                          ["dim0", "dim1", "dim2", "dim3"], decimals=4)
 print(f"cos(1/100) = {math.cos(1 / 100):.10f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The one difference is at the last digit: cos(1/100) = 0.99995000..., which rounds up to
 # 1.0000; the USF notes' slide cut it off to 0.9999 instead of rounding it.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The Matrix Magic notes print the same kind of table for the sentence "I am a robot" with `d = 4`
 # but base `n = 100` instead of 10000, so its second pair turns at 1/10 instead of 1/100 per
 # position. Its printed "1.0" for cos(1/10) is cos(0.1) = 0.995 rounded, which is fine at two
 # decimals.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # the Matrix Magic notes, "Option 2: Positional Encoding", d = 4, n = 100
 MATRIX_MAGIC_TABLE = torch.tensor([
     [0.00, 1.00, 0.00, 1.00],
@@ -790,12 +790,12 @@ for base in (100.0, 10000.0):
     print(f"base {base:>7g}: the two pairs turn by "
           f"{[round(f, 6) for f in sinusoid_frequencies(4, base).tolist()]} per position")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # From here on we use `helpers.model.embeddings.sinusoidal_positions(n_positions, d_model, base)`
 # (and `sinusoid_frequencies`, used above, gives each pair's speed). It agrees with the tables
 # above, and it also takes an odd `d_model`: its last column is then a sine without a cosine.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for n_positions, d_model, base in [(4, 4, 10000.0), (4, 4, 100.0), (50, 32, 10000.0)]:
     assert torch.allclose(sinusoidal_positions(n_positions, d_model, base).double(),
                           positional_table(n_positions, d_model, base).double(), atol=1e-6)
@@ -805,14 +805,14 @@ assert torch.allclose(odd_table[:, 4], unpaired, atol=1e-6)
 print("sinusoidal_positions matches the tables above; for d_model = 5 its last column is",
       "sin(pos / 10000^(4/5)), a sine without its cosine")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### What the table looks like
 # Each column of the table is a wave along the positions, and the higher the column, the slower
 # its wave. Read the picture below one vertical slice at a time: every position gets its own
 # pattern of values, a little like the digits of a number, where the last digit changes at every
 # step and the first ones only now and then.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 table = sinusoidal_positions(64, 32)  # (64 positions, 32 dims)
 figure, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5), layout="constrained")
 image = left.imshow(table.T, aspect="auto", cmap="RdBu", vmin=-1, vmax=1, origin="lower")
@@ -825,12 +825,12 @@ right.set(title="Four columns of that table", xlabel="position", ylabel="value",
 right.legend(ncol=2, loc="upper right")
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # One more property: the dot product of two position vectors depends only on how far apart they
 # are, not on where they are, because $\sin a \sin b + \cos a \cos b = \cos(a - b)$. Position 10
 # resembles position 13 exactly as much as position 40 resembles position 43:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 dot_products = table @ table.T  # (64, 64)
 print(f"PE(10).PE(13) = {dot_products[10, 13]:.4f}   PE(40).PE(43) = {dot_products[40, 43]:.4f}")
 for offset in range(1, 64):
@@ -838,14 +838,14 @@ for offset in range(1, 64):
     assert torch.allclose(along_diagonal, along_diagonal[0].expand_as(along_diagonal), atol=1e-4)
 print("every diagonal of the 64 x 64 dot-product matrix is constant")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 9. How slow is the slowest wave? (the textbook section's wavelength exercise) (optional)
 #
 # Pair `i` turns by $1/10000^{2i/d}$ per position, so it repeats every
 # $2\pi \cdot 10000^{2i/d}$ positions. With `d = 512` the pairs run from `i = 0` (fastest) to
 # `i = 255` (slowest).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.embeddings import sinusoid_wavelengths
 
 wavelengths = sinusoid_wavelengths(512)  # (256,) one per pair
@@ -858,7 +858,7 @@ print(f"rounded to hundreds: the true {wavelengths[255]:,.1f} -> "
       f"{round(wavelengths[255].item(), -2):,.0f}, "
       f"2 pi x 9655 -> {round(2 * math.pi * 9655, -2):,.0f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The textbook section's 9,655 is an arithmetic slip: 10000^(510/512) is 10^3.984, about 9,646.6,
 # so the slowest wavelength is about 60,611 positions. Its 60,600 is the true 60,611 rounded, not
 # its own 2 pi x 9655 = 60,664 (which rounds to 60,700), so the slip in 9,655 never reached the
@@ -870,7 +870,7 @@ print(f"rounded to hundreds: the true {wavelengths[255]:,.1f} -> "
 # every value they can take. The others reach values at positions 512 to 4000 that training
 # never produced.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 seen_all_values = wavelengths <= 512
 print(f"pairs that turn fully within 512 positions: {int(seen_all_values.sum())} of "
       f"{len(wavelengths)}")
@@ -885,7 +885,7 @@ axis.set(title="Wavelengths of the sinusoidal pairs, d = 512", xlabel="pair inde
 axis.legend()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 10. Explore the sinusoidal table (optional)
 #
 # The drawing below shows the table (left) and how alike one chosen position's vector is to every
@@ -893,10 +893,10 @@ plt.show()
 # the `base` and the chosen position, and watch the waves and the similarity curve move. A small
 # base makes every pair turn fast, so far-away positions start to look alike.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("02_embeddings", "10.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def draw_positions(d_model: int, base: float, position: int, n_positions: int = 64) -> dict[str,
         torch.Tensor]:
     """Draw the sinusoidal table and the cosine of `position`'s row with every row; return both."""
@@ -919,7 +919,7 @@ def draw_positions(d_model: int, base: float, position: int, n_positions: int = 
 draw_positions(d_model=32, base=10000.0, position=20)
 plt.show()
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # The widget's output holds model ids that change on every run; the figure above is the same
 # drawing.
@@ -933,11 +933,11 @@ explorer = Explorer(
 )
 explorer
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Moving the controls really redraws the picture: a smaller base changes the table, a wider
 # `d_model` adds columns, and the similarity curve peaks wherever the chosen position is.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 first = explorer.reset()
 smaller_base = explorer.set(base=100.0)
 assert not torch.allclose(first["table"], smaller_base["table"])
@@ -947,7 +947,7 @@ moved = explorer.set(position=40)
 assert int(moved["similarity"].argmax()) == 40
 print("redraws so far:", explorer.redraws)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 11. Token + position: the input of the Transformer (core)
 #
 # The model's input is the token's vector plus its position's vector, entry by entry (the USF
@@ -955,10 +955,10 @@ print("redraws so far:", explorer.redraws)
 # original Transformer do). The Matrix Magic notes add their token rows for "I like to eat" to
 # their learned position rows. Computed next to the slide:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("02_embeddings", "11.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # the Matrix Magic notes, "Token Embeddings (4,8) + Position Embeddings (4,8)"
 SLIDE_SUM_TABLE = torch.tensor([
     [0.68, 0.54, 0.06, 0.65, 0.23, 1.45, 0.76, 0.84],
@@ -974,7 +974,7 @@ print(f"{len(mismatches)} of {SLIDE_SUM_TABLE.numel()} entries on the slide are 
 errors = (sum_by_hand - SLIDE_SUM_TABLE).abs()
 print("sizes of those errors:", sorted({round(e, 4) for e in errors[errors > 0.005].tolist()}))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Each of those entries is off by exactly 0.01: the slide most likely added the unrounded random
 # numbers and printed the sum rounded, while it printed the two inputs rounded too (0.00 + 0.05
 # shown as 0.06). The sums of the printed inputs are the computed column.
@@ -1005,7 +1005,7 @@ print("sizes of those errors:", sorted({round(e, 4) for e in errors[errors > 0.0
 # the position table; an id below 0 or beyond the token table. The positions are 0, 1, 2 ... up to
 # the length, made on the ids' device.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 class TokenAndPosition(nn.Module):
     """token_ids (batch, seq_len) or (seq_len,) -> token vector + position vector, (..., seq_len,
     d_model)."""
@@ -1036,15 +1036,15 @@ class TokenAndPosition(nn.Module):
         ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("embeddings.token_and_position", TokenAndPosition)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The next cell builds the layer from your class once it passes its check, and from the course's
 # `TokenAndPositionEmbedding` (in `helpers.model.embeddings`) until then, saying which. Loaded with
 # the slide's numbers it gives the computed sum, for a whole batch of shape (batch, seq_len):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.embeddings import TokenAndPositionEmbedding
 
 InputLayer = yours_or("embeddings.token_and_position", TokenAndPosition, TokenAndPositionEmbedding)
@@ -1056,25 +1056,25 @@ x = embed(batch.unsqueeze(0))  # (1, 4) -> (1, 4, 8)
 assert torch.allclose(x[0], sum_by_hand)
 print("input of shape", tuple(batch.unsqueeze(0).shape), "-> embeddings of shape", tuple(x.shape))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Unlike a bare `nn.Embedding` it explains what is wrong when the input does not fit: the soup
 # sentence is 16 tokens long, and 12 is not an id of the 12-token vocabulary.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for bad_input in (ids, torch.tensor([[0, 12]])):
     try:
         embed(bad_input)
     except ValueError as error:
         print("ValueError:", error)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Learned or sinusoidal? Learned positions cost `context_length x d_model` parameters and stop at
 # the context length; sinusoids cost nothing and have a row for any position, though a model
 # meets new values beyond the lengths it was trained on (section 9). GPT-2 learns its positions;
 # most recent models use rotary embeddings (RoPE), which rotate queries and keys instead of
 # adding a vector.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Check your understanding (optional)
 #
 # **1. Why does the Transformer use positional encoding?** (the USF notes)
@@ -1088,14 +1088,14 @@ for bad_input in (ids, torch.tensor([[0, 12]])):
 # input, and all those comparisons then differ.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("02_embeddings", "Check")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print("without positions:", without_positions)
 print("with positions:   ", with_positions)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **2. Remove positional encoding entirely. For "the cat sat" vs "sat cat the", will (a) the
 # per-position outputs, (b) the bag of outputs, (c) the next-token prediction be the same?**
 # (the textbook section)
@@ -1125,12 +1125,12 @@ print("with positions:   ", with_positions)
 # rescaled (position interpolation, YaRN), usually with some fine-tuning at the longer length.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print(f"(a) {wavelengths[-1]:,.0f}  (b) {wavelengths[0]:.2f}  (c) {int(seen_all_values.sum())} "
       f"pairs seen in full, "
       f"{int((~seen_all_values).sum())} not, {int((wavelengths > 4000).sum())} not even by 4000")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **4. Why does `nn.Embedding` look rows up instead of multiplying by one-hot vectors, when the
 # two give the same numbers?**
 #
@@ -1142,11 +1142,11 @@ print(f"(a) {wavelengths[-1]:,.0f}  (b) {wavelengths[0]:.2f}  (c) {int(seen_all_
 # the same gradients.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print(f"multiply-adds per token: {GPT2_VOCAB * GPT2_D_MODEL / 1e6:.1f} million, numbers copied: "
       f"{GPT2_D_MODEL}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **5. A model with a learned position table of 1024 rows gets a 1025-token input. What
 # happens, and what would a sinusoidal table do?**
 #
@@ -1158,7 +1158,7 @@ print(f"multiply-adds per token: {GPT2_VOCAB * GPT2_D_MODEL / 1e6:.1f} million, 
 # 1024 x 768 = 786,432 parameters.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 gpt2_positions = TokenAndPositionEmbedding(vocab_size=10, context_length=1024, d_model=GPT2_D_MODEL)
 print(f"parameters in GPT-2's position table: {gpt2_positions.position.weight.numel():,}")
 try:

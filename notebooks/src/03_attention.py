@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 3. Scaled dot-product attention
 #
 # **After this notebook you will be able to**
@@ -18,9 +18,16 @@
 # **The formula of the whole notebook:**
 # $\mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(QK^\top / \sqrt{d_k}\right) V$.
 
+# %% [markdown] slideshow={"slide_type": "notes"}
+# **Opening (2 min).** Today is the one formula the whole course rests on:
+# softmax(QK^T / sqrt(d_k)) V. Write it on the board before anything runs and leave it there.
+# Ask the room: "which part of it do you think is there only to keep training stable?" Collect
+# guesses; the saturation demo in section 5 settles it.
+# Run the set-up cell live so they see `device: cpu | seed: 0`: everything today runs on a laptop.
+
 # %% [setup]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import math
 
 import ipywidgets as widgets
@@ -37,7 +44,7 @@ from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. The dot product measures similarity (optional)
 #
 # $a \cdot b = \sum_i a_i b_i$ is large when two vectors point the same way, near zero when they
@@ -45,7 +52,13 @@ torch.set_num_threads(1)  # every tensor here is small: one thread beats coordin
 # a made-up query vector for "kitten" is compared with three made-up key vectors (the three
 # features could read "is an animal", "is furry", "has an engine").
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# Optional: skip it if the class met the dot product in notebook 2.
+# If you keep it: the point is that a dot product is large when two vectors point the same way,
+# which is all "similarity" means in attention. Ask: "what happens to the score if I double the
+# length of one vector?" (it doubles: scores are not normalised, which is why softmax comes next).
+
+# %% slideshow={"slide_type": "fragment"}
 words = ["cat", "dog", "car"]
 keys = torch.tensor([[1.0, 0.9, 0.0],    # cat
                      [0.9, 1.0, 0.1],    # dog
@@ -58,7 +71,7 @@ for word, score in zip(words, as_matrix_product, strict=True):
     print(f"kitten . {word} = {score:.2f}")
 assert torch.allclose(torch.tensor(by_hand), as_matrix_product)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # The matrix product `keys @ kitten` computes all three dot products at once: "cat" scores
 # highest, "car" lowest. To turn scores into weights that are positive and sum to 1 we need a
 # softmax.
@@ -68,7 +81,14 @@ assert torch.allclose(torch.tensor(by_hand), as_matrix_product)
 # $\mathrm{softmax}(s)_i = e^{s_i} / \sum_j e^{s_j}$. Written literally it breaks as soon as a
 # score is large: `exp(1000)` does not fit in a float.
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# Subtracting the maximum changes nothing mathematically (it cancels in the ratio) but keeps
+# every exponent at or below 0, so nothing overflows. Run the overflowing version first and let
+# the room see the `nan`; then the stable one.
+# Exercise 1 is a good one to live-code: `python3 course.py blank 03 stable_softmax` gives you a
+# copy with only this answer blanked.
+
+# %% slideshow={"slide_type": "fragment"}
 def naive_softmax(scores: torch.Tensor) -> torch.Tensor:
     """exp(s) / sum(exp(s)) over the last dim, exactly as the formula reads. Shape: as `scores`."""
     return torch.exp(scores) / torch.exp(scores).sum(dim=-1, keepdim=True)
@@ -78,7 +98,7 @@ big = torch.tensor([1000.0, 0.0, -1000.0])
 print("naive_softmax([1000, 0, -1000]) =", naive_softmax(big))
 print("exp(1000) in float32 is", torch.exp(torch.tensor(1000.0)).item())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # `exp(1000)` is `inf`, and `inf / inf` is `nan`. The fix uses one fact: adding the same number
 # to every score does not change the softmax (it multiplies top and bottom by the same $e^c$).
 # So subtract the row's maximum first; every exponent is then at most 0 and nothing overflows.
@@ -99,7 +119,7 @@ print("exp(1000) in float32 is", torch.exp(torch.tensor(1000.0)).item())
 # <details><summary>Hint 3: closer</summary>Every per-row number (the shift, the row's total) must
 # keep its reduced axis with size 1, so that it broadcasts against its row.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_softmax(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim of x (..., n), without overflow. Returns (..., n)."""
     ### BEGIN SOLUTION
@@ -108,22 +128,22 @@ def my_softmax(x: torch.Tensor) -> torch.Tensor:
     return e / e.sum(dim=-1, keepdim=True)
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("attention.stable_softmax", my_softmax)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # From here on `softmax` is yours once it passes its check (until then the course's
 # `helpers.model.attention.softmax` stands in, saying so). It survives the logits that broke the
 # naive formula, and agrees with it, and with PyTorch, where both work:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 softmax = yours_or("attention.stable_softmax", my_softmax, helper_softmax)
 print("softmax([1000, 0, -1000]) =", softmax(big))
 small = torch.tensor([2.0, 1.0, 0.1])
 assert torch.allclose(softmax(small), naive_softmax(small))
 assert torch.allclose(softmax(big), torch.softmax(big, dim=-1))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. Queries, keys and values: a soft dictionary lookup (optional)
 #
 # A Python `dict` is a lookup: a query must equal one key exactly, and you get that key's value.
@@ -139,10 +159,16 @@ assert torch.allclose(softmax(big), torch.softmax(big, dim=-1))
 # the answer is the weighted average of *all* the values. Here each value is a tiny record:
 # (number of legs, number of wheels).
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# The DS 246 notes' search analogy: the query is what you type, the keys are the titles of the
+# pages, the values are the pages. A hard lookup returns one page; attention returns a blend,
+# weighted by how well each title matches. Ask: "why would a blend be better than the best
+# match?" (it is differentiable, so it can be learned).
+
+# %% slideshow={"slide_type": "fragment"}
 catch_up("03_attention", "3.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 values = torch.tensor([[4.0, 0.0],    # cat: 4 legs, 0 wheels
                        [4.0, 0.0],    # dog
                        [0.0, 4.0]])   # car
@@ -151,7 +177,7 @@ answer = weights @ values
 print("weights over (cat, dog, car):", [round(w, 3) for w in weights.tolist()])
 print(f"answer: {answer[0]:.2f} legs, {answer[1]:.2f} wheels")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # The answer is mostly "legs", because the query resembles the animal keys, but a little of the
 # car leaks in: a soft lookup never picks exactly one entry. In a Transformer, queries, keys and
 # values are not written by hand; each is a learned linear map of the token vectors.
@@ -162,10 +188,19 @@ print(f"answer: {answer[0]:.2f} legs, {answer[1]:.2f} wheels")
 # one matrix product $QK^\top$. Dividing by $\sqrt{d_k}$ is the "scaled" in the name (section 5
 # shows why it is there), the softmax runs along each row, and the output is $AV$.
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# **Core.** Say every shape out loud as you run the cells: queries (N_q, d_k), keys (N_k, d_k),
+# values (N_k, d_v), scores (N_q, N_k), output (N_q, d_v). Students who get lost later are almost
+# always lost on a shape.
+# Exercise 2 is the one to give the room five minutes for. Then cross-attention versus
+# self-attention: the only difference is where Q comes from.
+# Ask at the "bank" example: "which word should 'bank' attend to, and what would change the
+# answer?"
+
+# %% slideshow={"slide_type": "fragment"}
 catch_up("03_attention", "4.")  # started here after a restart? this runs the sections above
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise 2: scaled dot-product attention
 # Write `my_attention(q, k, v)` returning `(output, weights)`: for `q` of shape `(..., N_q, d_k)`,
 # `k` of shape `(..., N_k, d_k)` and `v` of shape `(..., N_k, d_v)`, the output has shape
@@ -185,7 +220,7 @@ catch_up("03_attention", "4.")  # started here after a restart? this runs the se
 # plain transpose also swaps batch axes); the scale is one over the square root of the key size; the
 # softmax runs across the keys.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor,
                                                                              torch.Tensor]:
     """softmax(q k^T / sqrt(d_k)) v. q (..., N_q, d_k), k (..., N_k, d_k), v (..., N_k, d_v).
@@ -199,29 +234,29 @@ def my_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[tor
     return weights @ v, weights
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("attention.scaled_attention", my_attention)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The course package holds the same function as
 # `helpers.model.attention.scaled_dot_product_attention(q, k, v, mask=None, scale=None)`, which also
 # takes a mask (notebook 4) and checks its inputs. `attention` is yours once it passes, that
 # helper until then:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.attention import scaled_dot_product_attention, softmax_jacobian
 
 attention = yours_or("attention.scaled_attention", my_attention, scaled_dot_product_attention)
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Cross-attention: the queries come from somewhere else
 #
 # In the notation of the USF notes, cross-attention takes $N_Q$ query vectors
 # $Q$ and $N_X$ data vectors $X$; the keys and values are computed from the data. Every size
 # below is different, so each shape tells you exactly where it came from.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def show_shapes(rows: list[tuple[str, str, torch.Tensor]]) -> None:
     """Print one line per tensor: its name, how it is computed, and its shape."""
     for name, formula, tensor in rows:
@@ -245,7 +280,7 @@ largest_row_error = (A.sum(dim=1) - 1).abs().max().item()  # float32 sums are 1 
 assert largest_row_error < 1e-6
 print("\nevery row of A sums to 1 (largest |row sum - 1| < 1e-6)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Each query produces one output row, a mix of the data's values: $Y$ has $N_Q$ rows, not $N_X$.
 # The softmax runs along `dim=1`, across the keys, so each *row* of $A$ sums to 1: every query
 # gets a probability distribution over the data. (The USF notes' slide says the softmax "normalizes
@@ -253,7 +288,7 @@ print("\nevery row of A sums to 1 (largest |row sum - 1| < 1e-6)")
 #
 # ### Self-attention: queries, keys and values all come from the same tokens
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 N, D_IN, D_OUT = 5, 6, 4
 torch.manual_seed(1)
 X = torch.randn(N, D_IN)
@@ -266,7 +301,7 @@ show_shapes([("inputs X", "given", X), ("W_Q, W_K, W_V", "learned, each", W_Q),
                                                      Q @ K.T),
              ("weights A", "softmax(E, dim=1)", A), ("outputs Y", "A V", Y)])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # With one input the shapes get simpler: $N$ tokens in, $N$ outputs out, and the weight
 # matrix is square, $N \times N$. Almost always $D_Q = D_V = D_{out}$.
 #
@@ -279,7 +314,7 @@ show_shapes([("inputs X", "given", X), ("W_Q, W_K, W_V", "learned, each", W_Q),
 # use the vectors themselves as queries, keys and values: each token attends to the tokens that
 # share its features.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 FEATURES = ["water", "town", "money"]
 MEANING = {"bank": [1.0, 1.0, 1.0],
            # ambiguous: a river bank, or a bank in town that holds money
@@ -296,7 +331,7 @@ def meaning_vectors(sentence: str) -> torch.Tensor:
                         dtype=torch.float64)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def sense_cosines(vector: torch.Tensor) -> dict[str, float]:
     """Cosine of `vector` (3,) with each sense of "bank"."""
     return {name: (torch.dot(vector, sense) / (vector.norm() * sense.norm())).item() for name,
@@ -310,7 +345,7 @@ def show_bank(when: str, vector: torch.Tensor) -> None:
     cosines = ", ".join(f"{name} {cosine:.2f}" for name, cosine in sense_cosines(vector).items())
     print(f"  'bank' {when:<17} {features}; cosine with {cosines}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 bank_in, bank_out = {}, {}
 for sentence in ("I swam across the river to get to the other bank",
                  "I walked across the intersection to get to the other bank"):
@@ -330,7 +365,7 @@ print(f"\ndistance between the two 'bank's: {(bank_in[river] - bank_in[road]).no
       f"attention, "
       f"{(bank_out[river] - bank_out[road]).norm():.2f} after")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The same token enters both sentences with the same vector and leaves with two different ones:
 # next to "river" and "swam" its output leans to the water feature and to the river-bank sense
 # (cosine 0.58 before, 0.96 after); next to "intersection" and "walked" it leans to the town
@@ -343,7 +378,7 @@ print(f"\ndistance between the two 'bank's: {(bank_in[river] - bank_in[road]).no
 # PyTorch's own `F.scaled_dot_product_attention` agree on a batch of heads, and so do the two
 # softmaxes. The attention layer of exercise 3 may call `attention`.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import torch.nn.functional as F
 
 torch.manual_seed(2)
@@ -358,16 +393,16 @@ torch.testing.assert_close(softmax(q), helper_softmax(q))
 print("attention, helpers.model.attention and torch agree; output", tuple(helper_out.shape),
       "weights", tuple(helper_weights.shape))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The helper also refuses inputs that cannot be attended together, naming both shapes:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 try:
     scaled_dot_product_attention(torch.randn(2, 4), torch.randn(3, 5), torch.randn(3, 5))
 except ValueError as error:
     print("ValueError:", error)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise 3 (core): an attention layer with learned projections
 # So far $W_Q$, $W_K$, $W_V$ were tensors drawn by hand. In a model they are the learned parameters
 # of a layer. Write `MyAttentionLayer(d_in, d_k, d_v)`, a `torch.nn.Module` that
@@ -395,7 +430,7 @@ except ValueError as error:
 # <details><summary>Hint 3: closer</summary>The query and key maps go from d_in to d_k, the value
 # map from d_in to d_v; the names are w_q, w_k and w_v.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 class MyAttentionLayer(nn.Module):
     """Attention with learned projections: layer(x_query (..., N_q, d_in), x_data (..., N_x, d_in))
     returns the output (..., N_q, d_v) and the weights (..., N_q, N_x)."""
@@ -421,17 +456,17 @@ class MyAttentionLayer(nn.Module):
         return weights @ v, weights
         ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("attention.attention_layer", MyAttentionLayer)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### From here on: `helpers.model.attention.AttentionLayer`
 # The course package holds the same layer as `helpers.model.attention.AttentionLayer(d_in, d_k, d_v)`
 # (its projections are `nn.Linear`s named `w_q`, `w_k`, `w_v`, and it checks its inputs). From here
 # on the notebook builds its layers from `MyAttentionLayer`: yours once it passes its check, the
 # helper until then. One layer with the cross-attention sizes of section 4 serves both uses:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.attention import AttentionLayer
 
 MyAttentionLayer = yours_or("attention.attention_layer", MyAttentionLayer, AttentionLayer)
@@ -452,7 +487,7 @@ assert learned == 6 * (2 * 4 + 3)
 print(f"learned numbers: {learned} = d_in x (2 d_k + d_v) = 6 x (2 x 4 + 3); every row of weights "
       f"sums to 1")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. Why divide by $\sqrt{d_k}$? The softmax-saturation demo (core)
 #
 # ### 5a. Two softmaxes
@@ -460,10 +495,19 @@ print(f"learned numbers: {learned} = d_in x (2 d_k + d_v) = 6 x (2 x 4 + 3); eve
 # and the same scores divided by 8, $[2.5, 0, -2.5]$. We compute both in float64 with enough
 # digits to see what happens.
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# **Core, the heart of the lecture.** The USF notes' two softmaxes: scores [20, 0, -20] give a
+# one-hot answer, the same scores divided by 8 still spread the weight. Point out the notes' typo
+# (one 9 too many) that the cell prints: the weights must sum to 1.
+# Then the Jacobian diag(a) - a a^T: when a is one-hot, every entry is (nearly) zero, so no
+# gradient reaches the scores. That is the answer to the opening question.
+# 5c measures why large scores appear at all: the variance of q.k grows with d_k; dividing by
+# sqrt(d_k) brings it back to 1. Let the plot speak before you explain it.
+
+# %% slideshow={"slide_type": "fragment"}
 catch_up("03_attention", "5.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def show_softmax(scores: list[float]) -> torch.Tensor:
     """Print softmax(scores) with enough digits to see saturation; return it (float64)."""
     a = helper_softmax(torch.tensor(scores, dtype=torch.float64))
@@ -479,7 +523,7 @@ print(f"\nthe USF notes print {USF_PRINTS} for the first weight; the true value 
 print(f"1 - first weight = {1 - saturated[0]:.4g}, and the other two weights sum to "
       f"{saturated[1] + saturated[2]:.4g}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The first softmax is one-hot: the two other keys share 2.061e-09 of the weight. The second still
 # spreads weight over all three keys. The slide's 0.9999999998 has one 9 too many: the weights
 # must sum to 1, so the first one is 1 minus the second (2.061e-09), which the cell prints as
@@ -504,7 +548,7 @@ print(f"1 - first weight = {1 - saturated[0]:.4g}, and the other two weights sum
 # probabilities on its diagonal and zeros elsewhere; build the outer product of the vector with
 # itself, whose entry (i, j) is a_i times a_j; subtract the second from the first.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_jacobian(a: torch.Tensor) -> torch.Tensor:
     """The softmax Jacobian diag(a) - a a^T at probabilities a (n,). Returns (n, n)."""
     ### BEGIN SOLUTION
@@ -513,15 +557,15 @@ def my_jacobian(a: torch.Tensor) -> torch.Tensor:
     return jacobian
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("attention.softmax_jacobian", my_jacobian)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Now compare the formula with what autograd computes by differentiating the softmax itself, for
 # both score vectors, using your `my_jacobian` (the course's
 # `helpers.model.attention.softmax_jacobian` stands in until yours passes).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 jacobian_by_hand = yours_or("attention.softmax_jacobian", my_jacobian, softmax_jacobian)
 torch.set_printoptions(precision=4, sci_mode=True)
 for scores, a in (([20.0, 0.0, -20.0], saturated), ([2.5, 0.0, -2.5], relaxed)):
@@ -535,13 +579,13 @@ torch.set_printoptions(precision=4, sci_mode=False)
 ratio = softmax_jacobian(relaxed).abs().max() / softmax_jacobian(saturated).abs().max()
 print(f"largest entry for [2.5, 0, -2.5] / largest entry for [20, 0, -20] = {ratio:.3g}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # For $[20, 0, -20]$ no entry exceeds 2.06e-09: whatever gradient arrives at the weights is
 # multiplied by numbers that small on its way back to the scores. For $[2.5, 0, -2.5]$ the largest
 # entry is 0.0749, tens of millions of times larger (the ratio is printed last). Sweeping the size
 # of the scores, $s = t \cdot [1, 0, -1]$, shows the collapse is exponential:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def jacobian_norm(t: float) -> float:
     """Frobenius norm of the softmax Jacobian at scores t * [1, 0, -1]."""
     a = helper_softmax(t * torch.tensor([1.0, 0.0, -1.0], dtype=torch.float64))
@@ -562,14 +606,14 @@ ax.set(xlabel="logit scale t   (scores = t · [1, 0, -1])", ylabel="‖J‖ (Fro
 plt.show()
 print(f"‖J‖ at t = 2.5: {jacobian_norm(2.5):.3g};  at t = 20: {jacobian_norm(20.0):.3g}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### 5c. Where do large scores come from? The variance of $q \cdot k$ grows with $d_k$
 # If the entries of $q$ and $k$ are independent with mean 0 and variance 1, then
 # $q \cdot k = \sum_{i=1}^{d_k} q_i k_i$ is a sum of $d_k$ terms of variance 1, so its variance
 # is $d_k$ and its typical size $\sqrt{d_k}$. Dividing by $\sqrt{d_k}$ brings the variance back
 # to 1, whatever $d_k$ is. We measure it rather than trust it.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 D_KS = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
 SAMPLES = 10_000
 generator = torch.Generator().manual_seed(0)
@@ -584,7 +628,7 @@ print(f"{'d_k':>6} {'var(q.k)':>10} {'var(q.k / sqrt(d_k))':>22}")
 for d_k, raw, scaled in zip(D_KS, raw_var, scaled_var, strict=True):
     print(f"{d_k:>6} {raw:>10.1f} {scaled:>22.3f}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def label_d_k_axis(ax: plt.Axes) -> None:
     """A log-scale d_k axis with one tick per measured head size."""
     ax.set_xscale("log")
@@ -603,17 +647,17 @@ label_d_k_axis(ax)
 ax.legend()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The measured variance sits on the line $\mathrm{var} = d_k$, and after dividing by
 # $\sqrt{d_k}$ it sits on 1 for every $d_k$. With $d_k = 64$ (a typical head size) unscaled
 # scores have a standard deviation of 8, so gaps like the $[20, 0, -20]$ of section 5a are
 # common. That is exactly the factor the USF notes divide by: $\sqrt{64} = 8$.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print(f"sqrt(64) = {math.sqrt(64):.0f};  measured std of q.k at d_k = 64: "
       f"{math.sqrt(raw_var[D_KS.index(64)]):.2f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### 5d. The gradient that actually reaches $Q$ and $K$
 # Now the whole chain, from the output back to $Q$ and $K$. Autograd would do it for us, but the
 # chain is short enough to write by hand, and doing so shows exactly where the softmax's
@@ -649,7 +693,7 @@ print(f"sqrt(64) = {math.sqrt(64):.0f};  measured std of q.k at d_k = 64: "
 # the weights times (the weights' gradient minus its weighted row sum), that row sum kept as an axis
 # of size 1.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           grad_output: torch.Tensor,
                           scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -673,10 +717,10 @@ def my_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return grad_q, grad_k, grad_v
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("attention.attention_backward", my_attention_backward)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The gradient, measured
 #
 # The experiment runs on `attention_backward`: yours once it passes its check, until then a
@@ -687,7 +731,7 @@ check("attention.attention_backward", my_attention_backward)
 # luckiest one) and the fraction of problems whose softmax is saturated (largest weight above
 # 0.99), with and without the $1/\sqrt{d_k}$.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def autograd_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                 grad_output: torch.Tensor,
                                 scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -708,7 +752,7 @@ for mine, autograd in zip(attention_backward(q, k, v, grad_output, 8**-0.5),
     torch.testing.assert_close(mine, autograd, rtol=1e-12, atol=1e-12)
 print("grad_q, grad_k, grad_v of attention_backward == autograd's, to 1e-12")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 PROBLEMS, N_KEYS, D_V_DEMO = 400, 16, 16
 
 
@@ -725,7 +769,7 @@ def random_problems(d_k: int, seed: int) -> tuple[torch.Tensor, ...]:
     return q, k, v, upstream
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def gradient_reaching_qk(d_k: int, seed: int = 0) -> dict[bool, dict[str, float]]:
     """For scaled False/True: median |dL/dQ| and |dL/dK| over PROBLEMS problems, and the
     saturated share.
@@ -747,7 +791,7 @@ def gradient_reaching_qk(d_k: int, seed: int = 0) -> dict[bool, dict[str, float]
 per_d_k = [gradient_reaching_qk(d_k) for d_k in D_KS]
 grads = {scaled: [result[scaled] for result in per_d_k] for scaled in (False, True)}
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print(f"{'':>6} {'---- unscaled: q.k ----':^34} {'---- scaled: q.k / sqrt(d_k) ----':^34}")
 print(f"{'d_k':>6} {'|dL/dQ|':>10} {'|dL/dK|':>10} {'saturated':>11}  {'|dL/dQ|':>10} "
       f"{'|dL/dK|':>10} {'saturated':>11}")
@@ -756,7 +800,7 @@ for i, d_k in enumerate(D_KS):
     print(f"{d_k:>6} {raw['grad_q']:>10.3g} {raw['grad_k']:>10.3g} {raw['saturated']:>10.0%}  "
           f"{sc['grad_q']:>10.3g} {sc['grad_k']:>10.3g} {sc['saturated']:>10.0%}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 fig, ax = plt.subplots(figsize=(8, 4.5))
 for scaled, color in ((False, "tab:blue"), (True, "tab:orange")):
     name = "scaled (÷√d_k)" if scaled else "unscaled"
@@ -778,7 +822,7 @@ print(f"scaled / unscaled median |dL/dQ| at d_k = {D_KS[-1]}: "
 assert unscaled_last["grad_q"] < scaled_last["grad_q"] / 100
 assert unscaled_last["saturated"] > 0.5 > scaled_last["saturated"]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Without scaling, small heads are fine (the gradient is even a little larger, nothing divides
 # it), but as $d_k$ grows more and more softmaxes saturate and a typical query and key receive
 # less and less gradient: at the largest $d_k$ the median is hundreds of times smaller than
@@ -790,7 +834,12 @@ assert unscaled_last["saturated"] > 0.5 > scaled_last["saturated"]
 # the $1/\sqrt{d_k}$, next to the gradient curves of 5d with the chosen $d_k$ marked. First the
 # static version (for viewers that cannot run widgets), then the widget with a $d_k$ slider.
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# Live: move the d_k slider first with scaling off, then on. Ask a student to call out a value
+# of d_k where they expect the gradient to vanish, and check it. If the widget does not render on
+# the projector, the static figure above shows the same curves.
+
+# %% slideshow={"slide_type": "fragment"}
 def draw_one_query(left, unscaled: torch.Tensor, scaled: torch.Tensor, d_k: int) -> None:
     """Bars of one query's attention weights over 8 keys, (8,) unscaled beside (8,) scaled."""
     positions = torch.arange(8)
@@ -815,7 +864,7 @@ def draw_gradient_curves(right, d_k: int) -> None:
     right.legend(fontsize=10)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def draw_saturation(d_k: int) -> dict[str, float]:
     """Attention weights of one random query over 8 keys (unscaled vs scaled) and the 5d curves.
 
@@ -838,7 +887,7 @@ drawn = draw_saturation(256)
 plt.show()
 print({name: round(value, 4) for name, value in drawn.items()})
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # The widget's output holds ids that change on every run; the static figure above is the same
 # drawing.
@@ -846,20 +895,20 @@ explorer = Explorer(draw_saturation, d_k=widgets.SelectionSlider(options=D_KS, v
                                                                  description="d_k"))
 explorer
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 mid_head = explorer.reset()  # d_k = 256, as drawn when the widget was made
 big_head = explorer.set(d_k=1024)
 assert big_head["max_weight_unscaled"] > mid_head["max_weight_unscaled"], (
     "unscaled weights saturate with d_k")
 assert big_head["grad_unscaled"] < mid_head["grad_unscaled"], "and the gradient drops"
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print(f"slider d_k 256 -> 1024: largest unscaled weight {mid_head['max_weight_unscaled']:.3f} -> "
       f"{big_head['max_weight_unscaled']:.3f}, median unscaled |dL/dQ| "
       f"{mid_head['grad_unscaled']:.3g} -> "
       f"{big_head['grad_unscaled']:.3g}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. The worked examples of the lecture notes (optional)
 #
 # ### "I like to eat" (the Matrix Magic notes)
@@ -868,10 +917,14 @@ print(f"slider d_k 256 -> 1024: largest unscaled weight {mid_head['max_weight_un
 # inputs from `data/notes_tables.txt`, where every table the notes print is typed in as on the
 # slides, and compute.
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# Optional. Useful when the class has the Matrix Magic or DS 246 slides in front of them: the
+# numbers here are the slides' numbers, recomputed. Ask them to check one row against the slide.
+
+# %% slideshow={"slide_type": "fragment"}
 catch_up("03_attention", "6.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 TOKENS_MAGIC = ["I", "like", "to", "eat"]
 mm = load_notes_tables("matrix_magic")  # the tables the notes print (data/notes_tables.txt)
 Q_MAGIC, K_T_MAGIC = mm.Q, mm.K_T                # K^T: rows d1..d4, columns tokens
@@ -886,14 +939,14 @@ print("notes' scaled table == their printed Q K^T / sqrt(4), to rounding?",
       torch.allclose(MATRIX_MAGIC_SCORES / math.sqrt(4), MATRIX_MAGIC_SCALED, atol=0.006))
 torch.set_printoptions(precision=4)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The notes' attention matrix does **not** follow from their own $Q$ and $K$: the first entry
 # of $QK^\top$ is 23.77, not 28.84. And the notes' matrix is symmetric, which $QK^\top$ is only
 # when the queries and the keys coincide. So which product is it? A symmetric matrix of the form
 # $MM^\top$ suggests the keys against themselves: $KK^\top$, or the queries against themselves,
 # $QQ^\top$. Computed from the printed tables:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 K_MAGIC = K_T_MAGIC.T  # (tokens, d): one key per row
 candidates = {"Q K^T": Q_MAGIC @ K_MAGIC.T, "Q Q^T": Q_MAGIC @ Q_MAGIC.T,
               "K K^T": K_MAGIC @ K_MAGIC.T}
@@ -913,7 +966,7 @@ torch.set_printoptions(precision=4)
 print("every entry of K K^T is within the rounding of K",
       f"(largest bound {rounding_bound.max():.2f})")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The notes' "attention matrix" is $KK^\top$: every entry agrees with the keys multiplied by
 # themselves, within what the two-decimal rounding of $K$ allows (the assert checks it entry by
 # entry), while $QK^\top$ and $QQ^\top$ are off by whole units. The notes' code reads
@@ -921,7 +974,7 @@ print("every entry of K K^T is within the rounding of K",
 # the queries. Their scaled table is that matrix divided by $\sqrt{4} = 2$, so the
 # rest of the example is consistent from there on. Here are the true values next to the notes':
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
 heatmap(true_scores_magic / 2, TOKENS_MAGIC, TOKENS_MAGIC, ax=axes[0], title="Q Kᵀ / √4, computed",
         xlabel="key", ylabel="query")
@@ -935,7 +988,7 @@ print("softmax rows of the computed scores, unmasked (notebook 4 adds the mask):
 for token, row in zip(TOKENS_MAGIC, weights_magic, strict=True):
     print(f"  {token:>5}: {[round(w, 3) for w in row.tolist()]}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Even after dividing by 2 these scores are large (the entries of $Q$ and $K$ are all positive
 # and far from unit variance), so every row already puts most of its weight on "eat": scaling by
 # $1/\sqrt{d_k}$ helps only when the inputs are roughly unit-variance, which is what the
@@ -947,7 +1000,7 @@ for token, row in zip(TOKENS_MAGIC, weights_magic, strict=True):
 # rows of four, $W_V$ partly with rows of three), so $Q$, $K$, $V$ cannot be recomputed from $X$;
 # we start from the printed $Q$, $K$, $V$ and compute everything after them.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 TOKENS_DS246 = ["The", "cat", "sat", "here"]
 ds246 = load_notes_tables("ds246")
 X_DS246, Q_DS246, K_DS246, V_DS246 = ds246.X, ds246.Q, ds246.K, ds246.V
@@ -969,13 +1022,13 @@ print(f"\nlargest gap: scores {(Q_DS246 @ K_DS246.T - DS246_RAW).abs().max():.2f
       f"the notes' outputs vs their own weights x V "
       f"{(DS246_WEIGHTS @ V_DS246 - DS246_OUTPUT).abs().max():.3f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Three findings. The notes' raw scores are not $QK^\top$ of their own $Q$ and $K$ (for example
 # "The"·"The" is 4.08, not 4.21). Its weights roughly follow from its own printed scores (off by
 # up to 0.026). Its outputs follow neither from the true weights nor from its own printed weights
 # times its $V$ (off by 0.058 and 0.040, the last line). The computed attention, with token labels:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
 heatmap(weights_ds246, TOKENS_DS246, TOKENS_DS246, ax=axes[0], vmin=0, vmax=0.4,
         title="Weights, computed from Q, K", xlabel="key (attended to)", ylabel="query")
@@ -984,10 +1037,10 @@ heatmap(DS246_WEIGHTS, TOKENS_DS246, TOKENS_DS246, ax=axes[1], vmin=0, vmax=0.4,
 fig.tight_layout()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The DS 246 notes then count how many numbers each stage holds. We count them from the tensors:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 stages = [("input X", "N x d_model", X_DS246.numel()),
           ("W_Q, W_K, W_V", "3 x (d_model x d_k)", 3 * X_DS246.shape[1] * Q_DS246.shape[1]),
           ("Q, K, V", "3 x (N x d_k)", Q_DS246.numel() + K_DS246.numel() + V_DS246.numel()),
@@ -1001,7 +1054,7 @@ per_head = gpt3_n * gpt3_n
 print(f"\nGPT-3 (N = {gpt3_n}, {gpt3_heads} heads): {per_head:,} attention weights per head, "
       f"{per_head * gpt3_heads:,} per layer")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # The weight matrix is the only stage that grows with $N^2$: tiny here, over four million
 # numbers per head for GPT-3's 2,048-token context, and about 403 million per layer across its
 # 96 heads (the last printed line). Notebook 4 thins it out with sparse patterns; notebook 8
@@ -1014,10 +1067,10 @@ print(f"\nGPT-3 (N = {gpt3_n}, {gpt3_heads} heads): {per_head:,} attention weigh
 # $\mathrm{SelfAttn}(PX) = P\,\mathrm{SelfAttn}(X)$. Proof by computation, on your attention
 # layer of exercise 3 (the helper's, until yours passes):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("03_attention", "7.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(3)
 x = torch.randn(5, 6, dtype=torch.float64)
 perm = torch.tensor([3, 0, 4, 1, 2])
@@ -1037,7 +1090,7 @@ attended_then_shuffled = P @ self_attention(x)
 torch.testing.assert_close(shuffled_then_attended, attended_then_shuffled, rtol=1e-12, atol=1e-12)
 print("SelfAttn(P X) == P SelfAttn(X) for the permutation", perm.tolist())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # So self-attention by itself treats a sentence as a bag of tokens; this is why notebook 2 adds
 # positions to the embeddings before the first attention layer.
 #
@@ -1047,10 +1100,10 @@ print("SelfAttn(P X) == P SelfAttn(X) for the permutation", perm.tolist())
 # three from the same tokens. One layer with the same learned weights serves both: only the inputs
 # differ, and with them the shape of the attention weights.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("03_attention", "8.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(4)
 source = ["the", "cat", "sat", "on", "a", "mat"]  # encoder side: N_X = 6
 target = ["le", "chat", "est"]                      # decoder side: N_Q = 3
@@ -1071,7 +1124,7 @@ heatmap(self_weights, target, target, ax=axes[1], vmin=0, vmax=1,
 fig.tight_layout()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # (The projections are random, so *which* tokens attend to which means nothing yet; the shapes
 # are the point: $N_Q \times N_X$ for cross-attention, $N \times N$ for self-attention. How peaked
 # the maps are depends on how the weights start: `nn.Linear` draws them small, so a fresh layer
@@ -1088,10 +1141,15 @@ plt.show()
 # variance 1 whatever the head size. The cell below computes it for a head of size 512.
 # </details>
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# Use two or three of these as a closing poll: read the question, give the room thirty seconds,
+# then open the answer. The permutation question is the bridge to notebook 4 (masking) and the
+# positional encodings of notebook 2.
+
+# %% slideshow={"slide_type": "fragment"}
 catch_up("03_attention", "Check")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 g = torch.Generator().manual_seed(5)
 # float64: the unscaled Jacobian is near 1e-7, float32's round-off level, so float32 digits would
 # vary
@@ -1101,7 +1159,7 @@ for name, scale in (("unscaled", 1.0), ("scaled", 1 / math.sqrt(512))):
     print(f"{name:>9}: std of scores {(q @ k.T * scale).std():6.2f}, largest weight {a.max():.4f}, "
           f"‖Jacobian‖ {softmax_jacobian(a).norm():.2e}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **2. What are Q, K and V, and what are their dimensions?**
 # <details><summary>Answer</summary>
 #
@@ -1112,7 +1170,7 @@ for name, scale in (("unscaled", 1.0), ("scaled", 1 / math.sqrt(512))):
 # self-attention $N_Q = N_X = N$. The cell below checks each shape for a batch of heads.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 batch, heads, n_q, n_x, d_k, d_v = 2, 8, 3, 7, 16, 32
 out, w = scaled_dot_product_attention(torch.randn(batch, heads, n_q, d_k), torch.randn(batch, heads,
                                                                                        n_x, d_k),
@@ -1121,7 +1179,7 @@ assert w.shape == (batch, heads, n_q, n_x) and out.shape == (batch, heads, n_q, 
 print("weights", tuple(w.shape), "= (batch, heads, N_Q, N_X);  output", tuple(out.shape),
       "= (batch, heads, N_Q, d_v)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **3. (The textbook section.) Without positional encoding, compare "the cat sat" with "sat cat
 # the": are (a) the per-position outputs, (b) the bag of outputs, (c) the next-token predictions
 # the same?**
@@ -1136,7 +1194,7 @@ print("weights", tuple(w.shape), "= (batch, heads, N_Q, N_X);  output", tuple(ou
 # orders that end in the same token.) The cell checks all three.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(6)
 vocab = {"the": 0, "cat": 1, "sat": 2}
 table = torch.randn(3, 6, dtype=torch.float64)  # one made-up embedding row per word, no positions
@@ -1157,7 +1215,7 @@ print("(c) last position equal, 'the cat sat' vs 'sat cat the':", torch.allclose
                                                                                  b_out[-1]),
       "| vs 'cat the sat':", torch.allclose(a_out[-1], c_out[-1]))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **4. What parallelises in attention?**
 # <details><summary>Answer</summary>
 #
@@ -1166,7 +1224,7 @@ print("(c) last position equal, 'the cat sat' vs 'sat cat the':", torch.allclose
 # that a Python loop over the queries, one at a time, gives exactly the batched result.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(7)
 q, k, v = torch.randn(6, 8), torch.randn(9, 8), torch.randn(9, 5)
 one_at_a_time = torch.cat([scaled_dot_product_attention(q[i:i + 1], k, v)[0]

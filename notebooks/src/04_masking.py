@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 4. Masking: what attention is allowed to see
 #
 # **After this notebook you will be able to**
@@ -17,7 +17,7 @@
 
 # %% [setup]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import re
 
 import ipywidgets as widgets
@@ -34,7 +34,7 @@ from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. Why mask at all? (optional)
 #
 # A language model learns to predict token $t+1$ from tokens $0..t$. In training it does this for
@@ -43,7 +43,7 @@ torch.set_num_threads(1)  # every tensor here is small: one thread beats coordin
 # copy, not to predict. We can see the leak directly: edit the *last* token of "The cat sat here"
 # and watch the output of the *first* token move.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 TOKENS = TOY_CAT.split()  # ['The', 'cat', 'sat', 'here']
 torch.manual_seed(0)
 X = torch.randn(len(TOKENS), 6, dtype=torch.float64)  # made-up token vectors (N = 4, d_model = 6)
@@ -63,7 +63,7 @@ change = (self_attention(edited)[0] - self_attention(X)[0]).norm(dim=-1)
 for token, delta in zip(TOKENS, change, strict=True):
     print(f"output of {token!r:>7} moved by {delta:.4f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # Every output moves, including the one for "The", which in a language model would be
 # predicting the next word while secretly reading the end of the sentence. The mask removes
 # exactly those connections.
@@ -76,7 +76,7 @@ for token, delta in zip(TOKENS, change, strict=True):
 # that they do not follow from the notes' own $Q$ and $K$ but from $KK^\top$; from here on the
 # example is consistent, so we take them as given).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 TOKENS_MAGIC = ["I", "like", "to", "eat"]
 MATRIX_MAGIC_SCALED = torch.tensor([[14.42, 20.16, 18.65, 21.83],
                                     [20.16, 28.53, 26.57, 31.22],
@@ -87,7 +87,7 @@ print("allowed (True = may attend):\n", allowed)
 masked_scores = MATRIX_MAGIC_SCALED.masked_fill(~allowed, float("-inf"))
 print("\nscores after masked_fill(~allowed, -inf):\n", masked_scores)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Why $-\infty$? Because the softmax exponentiates: $e^{-\infty} = 0$ exactly, so a masked key
 # gets exactly zero weight and contributes nothing. Filling with **0** looks similar on a slide
 # (the Matrix Magic notes' "Masked Attention" table shows 0s) but $e^0 = 1$: every masked key
@@ -95,7 +95,7 @@ print("\nscores after masked_fill(~allowed, -inf):\n", masked_scores)
 # hides the bug. With scores of ordinary size, 0 is a perfectly typical score and the future gets
 # a large share:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def future_weight(scores: torch.Tensor, fill: float) -> torch.Tensor:
     """Total weight each query puts on future keys when they are filled with `fill`. Shape (N,)."""
     future = ~causal_mask(scores.shape[-1])  # the upper triangle: the course's helper (section 4)
@@ -111,7 +111,7 @@ for name, scores in (("the notes' scores", MATRIX_MAGIC_SCALED), ("unit-variance
           f"{[f'{w:.2g}' for w in future_weight(scores, 0.0).tolist()]}, "
           f"fill -inf -> {future_weight(scores, float('-inf')).tolist()}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # With 0 the first query, which should see only itself, spends most of its weight on three
 # tokens it must not see; with $-\infty$ every query puts exactly 0 on the future.
 #
@@ -120,10 +120,10 @@ for name, scores in (("the notes' scores", MATRIX_MAGIC_SCALED), ("unit-variance
 # The Matrix Magic notes exponentiate the masked scores, add each row up, and divide. We do the
 # same with $-\infty$ and set the notes' printed exponentials beside ours.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("04_masking", "3.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 exps = torch.exp(masked_scores)
 row_sums = exps.sum(dim=-1)
 # Six significant digits: the last digits of a float64 exp differ between CPUs' exp routines.
@@ -147,7 +147,7 @@ print("notes' row sum minus the sum of their own allowed exponentials:",
       (MATRIX_MAGIC_SUMS - MATRIX_MAGIC_EXPS.sum(dim=-1)).tolist(), "| masked entries per row:",
       (~allowed).sum(dim=-1).tolist())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Two things differ, and both are explained by the cell:
 # - the exponentials differ by up to 0.0049 (relative): the notes exponentiated their *unrounded*
 #   scores, while we only have the two-decimal ones, and rounding a score by 0.005 moves its
@@ -159,7 +159,7 @@ print("notes' row sum minus the sum of their own allowed exponentials:",
 #   cell, so they filled with 0, not $-\infty$. Their scores are so large that this changes nothing
 #   visible at two decimals, which is why the weights still come out right:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 weights_magic = exps / row_sums.unsqueeze(-1)
 MATRIX_MAGIC_WEIGHTS = torch.tensor([[1.00, 0.00, 0.00, 0.00], [0.00, 1.00, 0.00, 0.00],
                                      [0.00, 0.84, 0.16, 0.00], [0.00, 0.03, 0.01,
@@ -182,11 +182,11 @@ heatmap(weights_magic, TOKENS_MAGIC, TOKENS_MAGIC, ax=axes[1], vmin=0, vmax=1,
 fig.tight_layout()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Then the weights multiply the notes' value matrix. The notes spell out one entry,
 # row "eat", column d1: $0 \times 1.73 + 0.03 \times 3.01 + 0.01 \times 3.08 + 0.96 \times 4.18$.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 V_MAGIC = torch.tensor([[1.73, 1.96, 2.34, 2.26], [3.01, 3.30, 4.60, 3.79],
                         [3.08, 3.39, 4.06, 3.44], [4.18, 3.14, 3.55, 4.12]], dtype=torch.float64)
 MATRIX_MAGIC_OUT = torch.tensor([[1.73, 1.96, 2.34, 2.26], [3.01, 3.30, 4.60, 3.79],
@@ -206,7 +206,7 @@ print(f"row 'eat', column d4: notes {MATRIX_MAGIC_OUT[3, 3]:.2f}, exact {out_mag
 print("all 16 entries, rounded to two decimals, equal the notes':",
       torch.equal(out_magic.round(decimals=2), MATRIX_MAGIC_OUT))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # All sixteen entries match the notes at two decimals. One caution about the spelled-out sum:
 # it uses the *rounded* weights, which is harmless for column d1 (4.1339 against 4.1337) but not
 # for column d4, where the rounded weights give 4.1033 and the notes' 4.11 only comes out of the
@@ -219,10 +219,10 @@ print("all 16 entries, rounded to two decimals, equal the notes':",
 # $-\infty$ for us. The cell checks both against what we just built by hand, and against
 # PyTorch's `is_causal=True`.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("04_masking", "4.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 assert torch.equal(causal_mask(4), allowed)
 torch.manual_seed(2)
 q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4,
@@ -235,7 +235,7 @@ print("causal_mask(4) == tril; helper == by hand == torch's is_causal=True")
 print("with a KV cache (2 new queries after 3 cached keys), causal_mask(2, 5) =\n", causal_mask(2,
                                                                                                 5))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The second form, `causal_mask(n_q, n_k)` with more keys than queries, is what generation with a
 # KV cache needs (notebook 7): the new queries are the *last* positions, so the last one sees
 # every key.
@@ -263,7 +263,7 @@ print("with a KV cache (2 new queries after 3 cached keys), causal_mask(2, 5) =\
 # <details><summary>Hint 3: closer</summary>Query i sits at position i + n_k - n_q and sees n_k -
 # n_q + i + 1 keys.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_causal_softmax(scores: torch.Tensor) -> torch.Tensor:
     """Causal softmax weights of scores (..., n_q, n_k), the queries being the last n_q
     positions."""
@@ -278,10 +278,10 @@ def my_causal_softmax(scores: torch.Tensor) -> torch.Tensor:
     return weights
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("masking.causal_softmax", my_causal_softmax)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def course_causal_softmax(scores: torch.Tensor) -> torch.Tensor:
     """The course's version: the helper's softmax of scores (..., n_q, n_k) under
     causal_mask(n_q, n_k)."""
@@ -299,17 +299,17 @@ print("weights of the last 2 queries alone against 5 keys == rows 3-4 of all 5 q
       torch.allclose(cached, full[:, 3:]))
 print(cached[0])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. Proof: changing future tokens leaves past outputs unchanged (optional)
 #
 # Take a longer sentence, replace every token from position `edit_from` on by random vectors,
 # and compare the outputs position by position: with the causal mask ($-\infty$), with the
 # 0-filled "mask", and with no mask at all.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("04_masking", "5.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 SENTENCE = "I like to eat soup . I am a good cook".split()
 n = len(SENTENCE)
 torch.manual_seed(3)
@@ -325,7 +325,7 @@ def zero_filled_attention(x: torch.Tensor) -> torch.Tensor:
     return softmax(scores.masked_fill(~causal_mask(len(x)), 0.0)) @ (x @ W_V)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 variants = {"causal, -inf": lambda t: self_attention(t, causal_mask(n))[0],
             "causal, 0 fill": zero_filled_attention,
             "no mask": lambda t: self_attention(t)[0]}
@@ -338,7 +338,7 @@ assert torch.equal(moved["causal, -inf"][:edit_from], torch.zeros(edit_from, dty
 assert (moved["causal, -inf"][edit_from:] > 0).all(), "the edited positions themselves do change"
 assert (moved["causal, 0 fill"][:edit_from] > 0).all() and (moved["no mask"][:edit_from] > 0).all()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # With $-\infty$ the outputs before the edit are **bit-for-bit** identical (the asserted zeros);
 # with the 0-fill or with no mask, every earlier position moves. The course's own tests (in the
 # course repository, not in the student folder) check the same property of the helpers for
@@ -352,10 +352,10 @@ assert (moved["causal, 0 fill"][:edit_from] > 0).all() and (moved["no mask"][:ed
 # real tokens. The two 1s broadcast over heads and queries, so it combines with a causal mask by
 # `&`.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("04_masking", "6.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.attention import padding_mask
 
 sentences = [re.findall(r"\w+|\.", s) for s in re.findall(r"[^.]+\.", TOY_SOUP)]
@@ -369,7 +369,7 @@ both = causal_mask(longest) & pad
 print("\npadding mask", tuple(pad.shape), "& causal mask", tuple(causal_mask(longest).shape),
       "->", tuple(both.shape), "= (batch, heads, queries, keys)")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def draw_mask(ax: plt.Axes, mask: torch.Tensor, tokens: list[str], title: str,
               ylabels: bool = True) -> None:
     """Draw a boolean (N, N) mask: dark = may attend. Queries down the side, keys along the
@@ -392,12 +392,12 @@ for ax, (title, mask) in zip(axes, (("padding only", pad[short, 0].expand(longes
 fig.tight_layout()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The pad *columns* are off for every query. The pad *rows* still see the real tokens: a pad
 # query produces some output, and the loss simply ignores those positions. What matters is that
 # nothing real ever reads a pad. We check it with two heads and garbage in the pad slots:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(4)
 batch, heads, d_head = len(sentences), 2, 4
 tokens = torch.randn(batch, longest, 6, dtype=torch.float64)
@@ -417,7 +417,7 @@ def batched_heads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scaled_dot_product_attention(*heads_of(x), mask=both)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 clean_out, clean_weights = batched_heads(tokens)
 garbage_out, _ = batched_heads(garbage)
 is_pad_key = ~pad.expand_as(clean_weights)
@@ -428,7 +428,7 @@ for b, length in enumerate(lengths.tolist()):
           f"garbage")
     assert real_moved == 0
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise 2: a padding mask, on either side
 # Write `my_padding_mask(lengths, n, side="right")` returning a boolean tensor `(B, n)`, True on
 # the real tokens of each sentence: with `side="right"` the pads come last (position `j` is real
@@ -445,7 +445,7 @@ for b, length in enumerate(lengths.tolist()):
 # is real while it is inside the length. (3) Pads first: it is real when the positions from it to
 # the end, itself included, are no more than the length.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_padding_mask(lengths: torch.Tensor, n: int, side: str = "right") -> torch.Tensor:
     """True on the real tokens: lengths (B,) -> bool (B, n), the pads last (right) or first
     (left)."""
@@ -456,10 +456,10 @@ def my_padding_mask(lengths: torch.Tensor, n: int, side: str = "right") -> torch
     return position < lengths[:, None]           # (B, n): the pads come last
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("masking.padding_mask", my_padding_mask)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def course_padding_mask(lengths: torch.Tensor, n: int, side: str = "right") -> torch.Tensor:
     """The course's version: the helper's padding_mask (B, 1, 1, n) as (B, n), flipped when the
     pads come first."""
@@ -472,7 +472,7 @@ real_right = real_tokens(lengths, longest)  # (B, N): section 6's batch, the pad
 assert torch.equal(real_right, pad[:, 0, 0])
 print("section 6's batch, 1 on the real tokens:\n", real_right.int())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7. A fully masked row, and how to avoid NaN (optional)
 #
 # For generation, batches are often padded on the **left**, so that every sentence ends at the
@@ -480,10 +480,10 @@ print("section 6's batch, 1 on the real tokens:\n", real_right.int())
 # only visible keys are pads: every key in their row is masked. What does the softmax of a row of
 # $-\infty$ give?
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("04_masking", "7.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 left_padded = ["<pad>", "<pad>", "Soup", "is", "yummy", "."]
 is_real = torch.tensor([t != "<pad>" for t in left_padded])
 row_mask = causal_mask(len(left_padded)) & is_real
@@ -501,7 +501,7 @@ print(
     ((plain @ v).sum(dim=-1) * is_real).sum().item(),
 )
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Every $e^{-\infty}$ in the row is 0, so is their sum, and $0/0$ is NaN. Worse, NaN does not stay
 # where it started: multiplying it by 0 gives NaN, so a loss that "ignores" the pad rows is NaN
 # too, and so is every gradient. Two common ways out:
@@ -513,7 +513,7 @@ print(
 #    No NaN, but a fully masked row becomes a *uniform* average over all of its (forbidden) keys.
 #    Harmless when the row is ignored anyway, but the weights are not zero.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 helper_out, helper_weights = scaled_dot_product_attention(q, k, v, mask=row_mask)
 finite_fill = torch.softmax((q @ k.T / 2.0).masked_fill(~row_mask, torch.finfo(torch.float32).min),
                             dim=-1)
@@ -526,7 +526,7 @@ torch.testing.assert_close(helper_out, torch_out)
 torch.testing.assert_close(helper_weights[2:],
                            plain[2:])  # rows with something to see are unchanged
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise 3 (core): attention with both masks, safe for a query with nothing to see
 # Now the whole layer's core, the one `batched_heads` got from the helper in section 6: write
 # `my_masked_attention(q, k, v, real)` for `q`, `k` of shape `(B, H, N, d)`, `v` of shape
@@ -551,7 +551,7 @@ torch.testing.assert_close(helper_weights[2:],
 # minus infinity is NaN: shift such a row by 0 instead, and divide by 1 where a row's sum is
 # 0.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal and padding attention: q, k (B, H, N, d), v (B, H, N, d_v), real (B, N) True on
@@ -574,10 +574,10 @@ def my_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return weights @ v, weights
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("masking.masked_attention", my_masked_attention)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def course_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The course's version: the helper with causal_mask & the real-token mask."""
@@ -604,7 +604,7 @@ print("left padding: the first pad, which may see no key, gets zero weights and 
       nothing_to_see)
 assert nothing_to_see
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 8. Encoder vs decoder: bidirectional vs causal (optional)
 #
 # An **encoder** (BERT and the left half of the original Transformer) reads a whole sentence that
@@ -614,10 +614,10 @@ assert nothing_to_see
 # second attention, *cross*-attention, whose queries come from the decoder and whose keys and
 # values are the encoder's outputs: those are all known, so it is not causal either.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("04_masking", "8.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.attention import bidirectional_mask
 
 encoder_out, encoder_w = self_attention(X, bidirectional_mask(4))
@@ -636,7 +636,7 @@ for name, mask in (("encoder", bidirectional_mask(4)), ("decoder", causal_mask(4
                                                                             mask)[0][0]).abs().max()
     print(f"{name}: editing '{TOKENS[-1]}' moves the output of '{TOKENS[0]}' by {moved_first:.4f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # The encoder's "The" depends on "here"; the decoder's cannot. That is the whole difference in
 # the attention itself; the rest (what each is trained to do) follows from it.
 #
@@ -675,10 +675,10 @@ for name, mask in (("encoder", bidirectional_mask(4)), ("decoder", causal_mask(4
 # logical or. Local: the offset's size is within the window. Strided: the offset is a multiple of
 # the stride.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("04_masking", "9.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_sparse_mask(n: int, window: int | None = None, stride: int | None = None,
                    global_tokens: tuple[int,
                            ...] | list[int] = (), causal: bool = False) -> torch.Tensor:
@@ -700,16 +700,16 @@ def my_sparse_mask(n: int, window: int | None = None, stride: int | None = None,
     return mask
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("masking.sparse_mask", my_sparse_mask)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # From here on the patterns come from `sparse_mask`: yours once it passes its check, until then
 # one the course composes from its helpers `local_mask`, `strided_mask` and `global_mask`. Top
 # row: the bidirectional (encoder) versions; bottom row: the same patterns `&` the causal mask
 # (decoder).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.attention import global_mask, local_mask, strided_mask
 
 
@@ -729,7 +729,7 @@ def course_sparse_mask(n: int, window: int | None = None, stride: int | None = N
 
 sparse_mask = yours_or("masking.sparse_mask", my_sparse_mask, course_sparse_mask)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 PATTERN_SENTENCE = "once upon a time a small cat sat on the warm mat and fell fast asleep".split()
 N_PAT, WINDOW, STRIDE, GLOBAL_TOKENS = len(PATTERN_SENTENCE), 2, 4, [0]
 PARTS = {
@@ -746,7 +746,7 @@ def pattern(name: str, causal: bool) -> torch.Tensor:
     return sparse_mask(N_PAT, **PARTS[name], causal=causal)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 NAMES = ["full", "local", "strided", "global"]
 fig, axes = plt.subplots(2, 4, figsize=(18, 10), layout="constrained")
 for col, name in enumerate(NAMES):
@@ -758,7 +758,7 @@ fig.suptitle(f"Attention patterns for N = {N_PAT} (window {WINDOW}, stride {STRI
              f"0)", fontsize=16)
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### What the patterns save as N grows
 #
 # For 16 tokens the savings are small; they grow with $N$. A local window keeps at most $2w + 1$
@@ -769,7 +769,7 @@ plt.show()
 # about $\sqrt{N}$ strided keys (plus a local window of about $\sqrt{N}$), and the cost grows like
 # $N\sqrt{N}$. The table counts the pairs, and how much each count grows when $N$ doubles:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def pattern_pairs(n_big: int) -> dict[str, int]:
     """Number of (query, key) pairs each pattern keeps for n_big tokens (bidirectional)."""
     sqrt_stride = round(n_big**0.5)
@@ -790,7 +790,7 @@ print(f"{'x2 N:':>6}" + "".join(f"{'x ' + format(factor, '.2f'):>20}"
 print(f"for comparison: 2^2 = 4 (quadratic), 2^1.5 = {2**1.5:.2f} (N sqrt N), 2 (linear)")
 assert growth["strided s=64"] == 4 and growth["full"] == 4 and growth["local w=256"] < 2.2
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Doubling $N$ from 2048 to 4096 multiplies the full and the fixed-stride counts by exactly 4
 # (quadratic), the local window's by a little over 2 (linear: near the ends of the sequence the
 # window is cut short), and the $\sqrt{N}$-stride count by about 2.8, close to $2^{1.5}$.
@@ -800,7 +800,7 @@ assert growth["strided s=64"] == 4 and growth["full"] == 4 and growth["local w=2
 # causal stride of $s$ connects every query to every earlier key in **two** hops (the idea of the
 # Sparse Transformer), which the cell checks with a boolean matrix product.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(7)
 q, k, v = (torch.randn(N_PAT, 8) for _ in range(3))
 sparse = pattern("local + global", causal=True)
@@ -820,13 +820,13 @@ print("local + strided reach every earlier key in two hops:", torch.equal(two_ho
 print(f"while one hop of either reaches only {int(one_hop_local.sum())} or "
       f"{int(one_hop_strided.sum())} of the {int(causal_mask(N_PAT).sum())} causal pairs")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Explore the patterns
 # Pick a pattern and a query position: the left panel shows the mask with the query's row
 # outlined, the right panel the attention weights that query actually gets. First the static
 # drawing, then the widget.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 PATTERN_NAMES = ["full", "local", "strided", "global", "local + global"]
 
 
@@ -844,7 +844,7 @@ def draw_query_weights(right, query: int, weights: torch.Tensor, mask: torch.Ten
     right.set_xticklabels(PATTERN_SENTENCE, rotation=60, ha="right")
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def draw_query_view(name: str, query: int, causal: bool) -> dict[str, list]:
     """Mask of pattern `name` with row `query` outlined, and that query's attention weights.
 
@@ -866,7 +866,7 @@ static_view = draw_query_view("local + global", 10, causal=True)
 plt.show()
 print("query 10 may see positions", static_view["visible"])
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # The widget's output holds ids that change on every run; the static figure above is the same
 # drawing.
@@ -877,7 +877,7 @@ explorer = Explorer(draw_query_view,
                     causal=widgets.Checkbox(value=True, description="causal"))
 explorer
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 start = explorer.reset()  # local + global, query 10, causal
 query_3 = explorer.set(query=3)
 strided_3 = explorer.set(name="strided")
@@ -885,11 +885,11 @@ two_sided = explorer.set(causal=False)
 assert start["visible"] == [0, 8, 9, 10] and query_3["visible"] == [0, 1, 2, 3]
 assert strided_3["visible"] == [3] and two_sided["visible"] == [3, 7, 11, 15]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print("local + global, query 10:", start["visible"], "| query 3:", query_3["visible"],
       "| strided, query 3:", strided_3["visible"], "| strided, not causal:", two_sided["visible"])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Check your understanding (optional)
 #
 # **1. Why use masked attention? (the USF notes)**
@@ -902,17 +902,17 @@ print("local + global, query 10:", start["visible"], "| query 3:", query_3["visi
 # computes it: the last token changes the first token's output without the mask, not with it.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("04_masking", "Check")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for name, mask in (("no mask", None), ("causal mask", causal_mask(4))):
     moved_first = (self_attention(edited_last, mask)[0][0] - self_attention(X,
                                                                             mask)[0][0]).abs().max()
     print(f"{name:>12}: output of '{TOKENS[0]}' moves by {moved_first:.4f} when '{TOKENS[-1]}' "
           f"changes")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **2. Why $-\infty$ and not 0 in the masked scores?**
 # <details><summary>Answer</summary>
 #
@@ -922,12 +922,12 @@ for name, mask in (("no mask", None), ("causal mask", causal_mask(4))):
 # on future tokens.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print(f"first query's weight on the future: fill 0 -> "
       f"{future_weight(ordinary_scores, 0.0)[0]:.3f}, "
       f"fill -inf -> {future_weight(ordinary_scores, float('-inf'))[0]:.3f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **3. What are the differences between the Transformer encoder and decoder? (the USF notes)**
 # <details><summary>Answer</summary>
 #
@@ -937,13 +937,13 @@ print(f"first query's weight on the future: fill 0 -> "
 # cell prints the three masks for a 3-token target and a 4-token source.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 n_target, n_source = 3, 4
 print("encoder self-attention (source x source):\n", bidirectional_mask(n_source).int())
 print("decoder self-attention (target x target):\n", causal_mask(n_target).int())
 print("decoder cross-attention (target x source):\n", bidirectional_mask(n_target, n_source).int())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **4. What parallelises in training a decoder?**
 # <details><summary>Answer</summary>
 #
@@ -954,13 +954,13 @@ print("decoder cross-attention (target x source):\n", bidirectional_mask(n_targe
 # separately and compares.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 full_pass = self_attention(x, causal_mask(n))[0]
 prefix_by_prefix = torch.stack([self_attention(x[: t + 1])[0][-1] for t in range(n)])
 torch.testing.assert_close(full_pass, prefix_by_prefix)
 print(f"one masked pass == {n} separate prefix passes, for all {n} positions")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **5. What does `helpers.model.attention` return for a query that may see no key at all, and why
 # not NaN?**
 # <details><summary>Answer</summary>
@@ -970,13 +970,13 @@ print(f"one masked pass == {n} separate prefix passes, for all {n} positions")
 # (section 7). The cell checks it on a query with an all-False mask.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 output, weights = scaled_dot_product_attention(torch.randn(1, 4), torch.randn(3, 4), torch.randn(3,
                                                                                                  2),
                                                mask=torch.zeros(1, 3, dtype=torch.bool))
 print("weights:", weights, "output:", output)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **6. How much does a sliding window save for long sequences?**
 # <details><summary>Answer</summary>
 #
@@ -984,7 +984,7 @@ print("weights:", weights, "output:", output)
 # the $N^2$ pairs it keeps shrinks like $(2w+1)/N$: computed for $w = 256$ below.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for n_big in (1024, 4096, 16384):
     share = min(2 * 256 + 1, n_big) / n_big
     print(f"N = {n_big:>6}: at most {share:.1%} of the pairs")

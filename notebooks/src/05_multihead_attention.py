@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 5. Multi-head attention
 #
 # One attention head gives every token one weighted average of the others. Multi-head attention
@@ -18,7 +18,7 @@
 
 # %% [setup]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import re
 
 import ipywidgets as widgets
@@ -35,14 +35,14 @@ from helpers.lab.sections import catch_up
 # The tensors here are tiny: one thread is faster than splitting each product across several.
 torch.set_num_threads(1)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. Why more than one head? (optional)
 #
 # A head's weights for one query form a single probability distribution. Suppose a token needs
 # two different things, say its subject and its object, carried by two value vectors. One head
 # can only return a blend of them; two heads, each looking for one, return both intact.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 values = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # (2 keys, 2 features): "subject", "object"
 keys = torch.eye(2)
 wants_both = torch.tensor([[1.0, 1.0]])          # one query matching both keys equally
@@ -53,12 +53,12 @@ two_heads = torch.cat([scaled_dot_product_attention(wants_subject, keys, values)
 print("one head :", one_head)
 print("two heads:", two_heads.round(decimals=2))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The single head returns the average `[0.5, 0.5]`: it can no longer tell which feature came from
 # which key. The two heads return `[1, 0]` and `[0, 1]` side by side (each to two decimals).
 # That is the idea; the rest of the notebook is the bookkeeping.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. Heads as separate modules (optional)
 #
 # The input is the 4 x 8 matrix of the Matrix Magic notes ("I like to eat": token plus position embeddings).
@@ -67,11 +67,11 @@ print("two heads:", two_heads.round(decimals=2))
 # `[H·D_H x D]`. Here `H·D_H = D`, the usual choice (the USF notes), so `W_O` is square; the Matrix Magic notes use
 # four heads of size 4 on an 8-wide input, so their `W_O` is 16 x 8.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("05_multihead_attention",
          "2.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 tokens_matrix_magic = ["I", "like", "to", "eat"]
 X = torch.tensor([[0.68, 0.54, 0.06, 0.65, 0.23, 1.45, 0.76, 0.84],
                   [0.43, 1.22, 1.13, 1.49, 1.04, 1.09, 0.65, 0.62],
@@ -91,7 +91,7 @@ W_K = [torch.randn(D, D_H) / D**0.5 for _ in range(H)]
 W_V = [torch.randn(D, D_H) / D**0.5 for _ in range(H)]
 W_O = torch.randn(H * D_H, D) / (H * D_H) ** 0.5       # [H·D_H x D]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def one_head(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
              w_v: torch.Tensor) -> torch.Tensor:
     """x: (N, D) -> (N, D_H): masked self-attention with this head's own projections."""
@@ -107,13 +107,13 @@ for name, t in [("one head's output", head_outputs[0]), ("concatenated", concate
                 ("after W_O", multi_head_plain)]:
     print(f"{name:>18}: {tuple(t.shape)}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The same thing lives in `helpers.model.multihead` as `SeparateHeadsAttention`: an `nn.ModuleList` of
 # `AttentionHead` modules (each with `q_proj`, `k_proj`, `v_proj`) and an `out_proj` for `W_O`.
 # `nn.Linear` stores its weight as `[out x in]`, the transpose of the `[in x out]` matrices above,
 # so copying our matrices in takes a `.T`. The cell checks that the module and the plain code agree.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.multihead import SeparateHeadsAttention
 
 separate = SeparateHeadsAttention(d_model=D, n_heads=H, bias=False)
@@ -129,7 +129,7 @@ assert torch.allclose(from_module, multi_head_plain, atol=1e-6)
 print("SeparateHeadsAttention == plain code:", torch.allclose(from_module, multi_head_plain,
                                                               atol=1e-6))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. All heads at once: four matrix multiplies (core)
 #
 # Running the heads one after another wastes the hardware: every head does the same operations on
@@ -149,11 +149,11 @@ print("SeparateHeadsAttention == plain code:", torch.allclose(from_module, multi
 # steps by hand with them on a batch of two sequences (the Matrix Magic sentence and the same tokens
 # reversed) and asserts every shape.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("05_multihead_attention",
          "3.")  # started here after a restart? this runs the sections above
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: split the heads
 #
 # Write `my_split_heads(x, n_heads)`: `x` is `(B, N, H·D_H)`, the result `(B, H, N, D_H)`, where
@@ -170,7 +170,7 @@ catch_up("05_multihead_attention",
 # token's features a head axis and a per-head axis, each token keeping its own features. (3) Bring
 # the heads in front of the tokens.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """(B, N, H * D_H) -> (B, H, N, D_H)."""
     ### BEGIN SOLUTION
@@ -180,10 +180,10 @@ def my_split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     return per_head.transpose(1, 2)                           # (B, H, N, D_H)
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("multihead_attention.split_heads", my_split_heads)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: merge the heads
 #
 # Write `my_merge_heads(heads)`, the inverse: `(B, H, N, D_H)` in, `(B, N, H·D_H)` out, each token's
@@ -201,7 +201,7 @@ check("multihead_attention.split_heads", my_split_heads)
 # <details><summary>Hint 3: closer</summary>After the swap the memory is no longer in row order: a
 # view refuses, a reshape copies when it has to.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_merge_heads(heads: torch.Tensor) -> torch.Tensor:
     """(B, H, N, D_H) -> (B, N, H * D_H)."""
     ### BEGIN SOLUTION
@@ -210,21 +210,21 @@ def my_merge_heads(heads: torch.Tensor) -> torch.Tensor:
     return tokens_first.reshape(b, n, h * d_h)
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("multihead_attention.merge_heads", my_merge_heads)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The four steps now run on your two functions (or on the course's `split_heads` and
 # `merge_heads` from `helpers.model.multihead`, until yours pass their checks).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.lab.exercises import yours_or
 from helpers.model import multihead
 
 split_heads = yours_or("multihead_attention.split_heads", my_split_heads, multihead.split_heads)
 merge_heads = yours_or("multihead_attention.merge_heads", my_merge_heads, multihead.merge_heads)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 batch = torch.stack([X, X.flip(0)])  # (B, N, D)
 B = batch.shape[0]
 W_QKV = torch.cat(W_Q + W_K + W_V, dim=1)  # [D, 3·H·D_H]: all heads' Q, then K, then V columns
@@ -247,7 +247,7 @@ assert torch.allclose(fused_plain[0], multi_head_plain, atol=1e-6)
 print("four matrix multiplies == heads one by one:", torch.allclose(fused_plain[0],
                                                                     multi_head_plain, atol=1e-6))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The fused module, and the proof that both styles agree
 #
 # `helpers.model.multihead.MultiHeadAttention(d_model, n_heads)` is the batched version: it keeps
@@ -256,7 +256,7 @@ print("four matrix multiplies == heads one by one:", torch.allclose(fused_plain[
 # `W_QKV`, the projections let keys and values have fewer heads than queries, section 6.) Given the
 # same weights, it must compute exactly what `SeparateHeadsAttention` computes.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: fuse a list of heads into one module
 #
 # Write `my_fuse_heads(separate)`: a new `MultiHeadAttention` with the same `d_model`, the same number
@@ -282,7 +282,7 @@ print("four matrix multiplies == heads one by one:", torch.allclose(fused_plain[
 # <details><summary>Hint 3: closer</summary>Stack the weights along the output axis, head 0's rows
 # first.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.multihead import MultiHeadAttention
 
 
@@ -305,16 +305,16 @@ def my_fuse_heads(separate: SeparateHeadsAttention) -> MultiHeadAttention:
     return fused
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("multihead_attention.fuse_heads", my_fuse_heads)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The cell fuses a random `SeparateHeadsAttention` with your function (or the course's
 # `fuse_heads`) and compares the outputs, with biases, on random batches, with and without the
 # causal mask. Every later cell of this notebook that needs a fused module with known weights uses
 # this one.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.multihead import fuse_heads
 
 fuse = yours_or("multihead_attention.fuse_heads", my_fuse_heads, fuse_heads)
@@ -329,11 +329,11 @@ for causal in (False, True):
 assert torch.allclose(separate.last_weights, fused.last_weights, atol=1e-6)
 print("attention weights, shape (B, H, N, N):", tuple(fused.last_weights.shape))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Stacking the three fused projections gives the USF notes' single `[D x 3·H·D_H]` projection; one
 # product with it yields the same queries, keys and values.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 w_qkv = torch.cat([fused.q_proj.weight, fused.k_proj.weight, fused.v_proj.weight])  # (3·D, D)
 b_qkv = torch.cat([fused.q_proj.bias, fused.k_proj.bias, fused.v_proj.bias])
 q_once, k_once, v_once = (x @ w_qkv.T + b_qkv).split(32, dim=-1)
@@ -341,7 +341,7 @@ assert torch.allclose(q_once, fused.q_proj(x), atol=1e-6) and torch.allclose(v_o
         fused.v_proj(x), atol=1e-6)
 print("one [D x 3D] product == three [D x D] products:", tuple(w_qkv.T.shape))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: the forward pass of multi-head attention
 #
 # Now write what `MultiHeadAttention.forward` does, from its four `nn.Linear` layers
@@ -365,7 +365,7 @@ print("one [D x 3D] product == three [D x D] products:", tuple(w_qkv.T.shape))
 # cutting and the joining. Scale by the square root of the head size, not of the model's width;
 # causal hides the entries above the diagonal before the softmax.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_mha_forward(x: torch.Tensor, mha: MultiHeadAttention, causal: bool = False) -> torch.Tensor:
     """Multi-head self-attention of x (B, N, D) with the weights of `mha`. Returns (B, N, D)."""
     ### BEGIN SOLUTION
@@ -381,10 +381,10 @@ def my_mha_forward(x: torch.Tensor, mha: MultiHeadAttention, causal: bool = Fals
     return mha.out_proj(merge_heads(heads))                   # (B, N, D)
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("multihead_attention.mha_forward", my_mha_forward)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def module_forward(x: torch.Tensor, mha: MultiHeadAttention, causal: bool = False) -> torch.Tensor:
     """The course's forward: the module itself."""
     return mha(x, causal=causal)
@@ -408,24 +408,24 @@ with torch.no_grad():  # PyTorch keeps W_Q, W_K, W_V stacked in one (3·D, D) ma
               f"below 1e-5: "
               f"{max(gaps) < 1e-5}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. What `W_O` does (core)
 #
 # Cut `W_O` into `H` horizontal blocks of `D_H` rows. Multiplying the concatenated heads by `W_O`
 # is the same as multiplying each head's output by its own block and adding up. So `W_O` is where
 # the heads' results are combined: without it, output feature `j` would come from one head only.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("05_multihead_attention",
          "4.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 per_head = [head_outputs[h] @ W_O[h * D_H:(h + 1) * D_H] for h in range(H)]  # H x (N, D)
 assert torch.allclose(sum(per_head), multi_head_plain, atol=1e-6)
 print("concat(heads) @ W_O == sum over heads of head_h @ W_O[block h]:",
       torch.allclose(sum(per_head), multi_head_plain, atol=1e-6))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. What each head looks at (optional)
 #
 # Random weights give random-looking maps. To make four heads with four clear jobs, we set the
@@ -441,11 +441,11 @@ print("concat(heads) @ W_O == sum over heads of head_h @ W_O[block h]:",
 #
 # Matching vectors get a dot product of `STRENGTH²`, far above the others, so the softmax picks them.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("05_multihead_attention",
          "5.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.text.corpus import TOY_CAT, TOY_SOUP, load_corpus
 
 
@@ -467,7 +467,7 @@ cross_query, cross_context = TOY_CAT, "Here, the cat sat down"
 for s in sentences:
     print(f"{len(words(s)):2} tokens: {s}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 D_MODEL, N_HEADS = 64, 4
 HEAD_DIM = D_MODEL // N_HEADS
 POSITIONS, WORD = slice(0, 16), slice(16, 32)
@@ -487,7 +487,7 @@ def embed(tokens: list[str]) -> torch.Tensor:
     return x
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 @torch.no_grad()
 def wire_heads(mha: MultiHeadAttention) -> MultiHeadAttention:
     """Set the weights so that head h does the job HEAD_NAMES[h]."""
@@ -506,14 +506,14 @@ def wire_heads(mha: MultiHeadAttention) -> MultiHeadAttention:
     mha.out_proj.weight.normal_(std=D_MODEL**-0.5, generator=torch.Generator().manual_seed(2))
     return mha
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 wired = wire_heads(MultiHeadAttention(D_MODEL, N_HEADS))
 print(f"D = {D_MODEL}, H = {N_HEADS}, D_H = {HEAD_DIM}; position one-hot in features "
       f"{POSITIONS.start}-{POSITIONS.stop - 1}, word vector in {WORD.start}-{WORD.stop - 1}")
 print(f"a match scores STRENGTH² = {STRENGTH**2:.0f}, divided by sqrt(D_H): "
       f"{STRENGTH**2 / HEAD_DIM**0.5:.0f}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def head_weights(sentence: str) -> torch.Tensor:
     """The wired module's causal attention weights on `sentence`: (H, N, N)."""
     wired(embed(words(sentence)), causal=True)
@@ -530,14 +530,14 @@ print(f"head 0, last query: weight {soup[0, -1, -2]:.4f} on the token before it"
 print(f"head 2, last query: weight {soup[2, -1, 0]:.4f} on the first token")
 print(f"head 3, last query: every one of the {n} weights is 1/{n} = {1 / n:.4f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Reading the heads
 #
 # The assertions confirm the wiring: head 0's weight on the previous token, head 2's on the first
 # token (both printed above) and head 3's uniform rows. Here are the four maps for the first
 # sentence, with the causal mask (a decoder): each row is a query, each column a key it may read.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 fig, axes = plt.subplots(2, 2, figsize=(15, 13))
 tokens = words(TOY_SOUP)
 for h, ax in enumerate(axes.flat):
@@ -547,12 +547,12 @@ fig.suptitle(f"Four heads, one sentence: {TOY_SOUP}", fontsize=16)
 fig.tight_layout()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Head 1 links "Soup" to "soup" and the second "I" to the first, splitting its weight between
 # the earlier copy and itself. In a trained model heads are learned, not wired, and real maps are
 # messier; notebook 7 draws those. Pick a head and a sentence:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def draw_head(head: int, sentence: str) -> np.ndarray:
     """Draw one head's causal attention map on `sentence`; return the weights (N, N)."""
     weights = head_weights(sentence)[head]
@@ -567,7 +567,7 @@ def draw_head(head: int, sentence: str) -> np.ndarray:
 _ = draw_head(head=1, sentence=sentences[1])
 plt.show()
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # A live widget: its display holds a model id that changes on every run.
 explorer = Explorer(
@@ -579,7 +579,7 @@ explorer = Explorer(
 )
 explorer
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 before = explorer.reset()
 after_head = explorer.set(head=0)
 assert after_head.shape == before.shape and not np.allclose(after_head, before)
@@ -587,14 +587,14 @@ after_sentence = explorer.set(sentence=sentences[0])
 assert after_sentence.shape == (len(words(sentences[0])),) * 2
 print("changing the head redraws a different map; changing the sentence changes its size")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Causality holds in every head
 #
 # With `causal=True` the mask is shared by all heads, so no head can look ahead. The cell checks
 # both consequences on a random module: every weight above the diagonal is zero in every head, and
 # changing the last tokens leaves the outputs at earlier positions exactly as they were.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(2)
 mha = MultiHeadAttention(d_model=32, n_heads=4)
 x = torch.randn(2, 6, 32)
@@ -609,7 +609,7 @@ print("weights above the diagonal, all heads:", mha.last_weights[...,
 print("outputs 0-3 unchanged when tokens 4-5 change:", torch.equal(mha(x_changed, causal=True)[:,
         :4], out[:, :4]))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. Grouped-query and multi-query attention (optional)
 #
 # When a model generates text it keeps the keys and values of every earlier token, in every
@@ -622,11 +622,11 @@ print("outputs 0-3 unchanged when tokens 4-5 change:", torch.equal(mha(x_changed
 # In `MultiHeadAttention` this is the argument `n_kv_heads`: `k_proj` and `v_proj` produce only
 # `H_kv · D_H` features, and each key/value head is repeated for its group before attention.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("05_multihead_attention",
          "6.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for n_kv_heads in (8, 2, 1):
     m = MultiHeadAttention(d_model=64, n_heads=8, n_kv_heads=n_kv_heads)
     k_cache, v_cache = m.project_keys_values(torch.randn(1, 10, 64))
@@ -634,14 +634,14 @@ for n_kv_heads in (8, 2, 1):
     print(f"n_kv_heads={n_kv_heads}: k_proj {tuple(m.k_proj.weight.shape)}, K cached for 10 tokens "
           f"{tuple(k_cache.shape)}, parameters {n_params:,}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Two proofs of what GQA is. First, with `n_kv_heads == n_heads` it is ordinary multi-head
 # attention: the fused module built with `n_kv_heads` set explicitly gives the same outputs as the
 # separate heads of section 3. Second, GQA with 2 key/value heads for 8 query heads is exactly
 # multi-head attention in which the 4 heads of a group share one `W_K` and one `W_V`: copying each
 # group's key/value weights into all four heads of an ordinary module reproduces its output.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 explicit = MultiHeadAttention(d_model=32, n_heads=4, n_kv_heads=4)
 explicit.load_state_dict(fused.state_dict())
 x = torch.randn(3, 7, 32)
@@ -650,7 +650,7 @@ print("n_kv_heads == n_heads gives the separate heads' output:",
       torch.allclose(explicit(x, causal=True), separate(x, causal=True), atol=1e-6))
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 @torch.no_grad()
 def ungroup(gqa: MultiHeadAttention) -> MultiHeadAttention:
     """Ordinary multi-head attention whose heads share K/V weights within each of gqa's groups."""
@@ -674,7 +674,7 @@ assert torch.allclose(gqa(x, causal=True), ungroup(gqa)(x, causal=True), atol=1e
 print("GQA (8 query heads, 2 KV heads) == MHA with K/V shared in groups of 4:",
       torch.allclose(gqa(x, causal=True), ungroup(gqa)(x, causal=True), atol=1e-6))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: bytes of KV cache per token
 #
 # Write `my_kv_cache_bytes_per_token(n_layers, n_kv_heads, head_dim, bytes_per_value)`: how many
@@ -693,7 +693,7 @@ print("GQA (8 query heads, 2 KV heads) == MHA with K/V shared in groups of 4:",
 # size, and that count by the bytes of one number.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int,
                                 bytes_per_value: int) -> int:
     """Bytes of KV cache that one token occupies."""
@@ -702,10 +702,10 @@ def my_kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int,
     return numbers * bytes_per_value
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("multihead_attention.kv_cache_bytes_per_token", my_kv_cache_bytes_per_token)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### What the cache costs at real sizes
 #
 # The table uses your `my_kv_cache_bytes_per_token` once it passes (else the course's
@@ -714,7 +714,7 @@ check("multihead_attention.kv_cache_bytes_per_token", my_kv_cache_bytes_per_toke
 # GQA with 8 key/value heads; GPT-3 uses plain multi-head attention. The MHA and MQA rows show
 # what the same shape would cost with the other choices.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.lab.exercises import yours_or
 from helpers.model.multihead import kv_cache_bytes_per_token as course_kv_cache_bytes
 
@@ -737,7 +737,7 @@ for model, s in SHAPES.items():
         print(f"{model:<18}{kind:<11}{n_kv:>5}{per_token / 2**10:>15,.0f}"
               f"{per_token * s['context'] / 2**30:>17.2f}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 gpt3 = SHAPES["GPT-3 175B"]
 print(f"\nGPT-3 with MHA: {cache['GPT-3 175B', 'MHA']:,} bytes = "
       f"{cache['GPT-3 175B', 'MHA'] / 2**20:.1f} MiB per token, "
@@ -746,14 +746,14 @@ print(f"\nGPT-3 with MHA: {cache['GPT-3 175B', 'MHA']:,} bytes = "
 print(f"GQA-8 saves a factor {cache['GPT-3 175B', 'MHA'] // cache['GPT-3 175B', 'GQA']} there, "
       f"MQA a factor {cache['GPT-3 175B', 'MHA'] // cache['GPT-3 175B', 'MQA']}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # One GPT-3 sequence of 2048 tokens holds 9.0 GiB of keys and values (printed above); with 8
 # key/value heads it would be 12 times smaller, with one 96 times. The saving is in memory, and
 # so in how many requests and how long a context fit on one GPU (the DS 246 notes). It does not shrink the
 # attention computation much: every query head still compares itself with every key. And sharing
 # keys and values costs some quality, which is why GQA, in between, is the common choice.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7. Cross-attention: the same module, two sequences (optional)
 #
 # In cross-attention the queries come from one sequence and the keys and values from another,
@@ -763,11 +763,11 @@ print(f"GQA-8 saves a factor {cache['GPT-3 175B', 'MHA'] // cache['GPT-3 175B', 
 # are `[B, H, N, M]`, no longer square. The wired "same word" head now finds each query word in
 # the other sentence, whatever its position there.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("05_multihead_attention",
          "7.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 queries, context = words(cross_query), words(cross_context)
 out = wired(embed(queries), context=embed(context))
 cross_weights = wired.last_weights
@@ -782,11 +782,11 @@ heatmap(cross_weights[0, 1], queries, context, title="Cross-attention, head 1 (s
 fig.tight_layout()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Because the keys and values depend only on the context, a decoder can compute them once per
 # layer with `project_keys_values(context)` and reuse them for every token it generates.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Check your understanding (optional)
 #
 # **1. What are Q, K and V in multi-head attention, and what are their shapes?** Take GPT-2 small:
@@ -800,11 +800,11 @@ plt.show()
 # cell below prints them for GPT-2 small.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("05_multihead_attention",
          "Check")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 d_model, n_heads, n_batch, n_tokens = 768, 12, 8, 1024
 head_dim = d_model // n_heads
 print(f"D_H = {d_model} / {n_heads} = {head_dim}")
@@ -812,7 +812,7 @@ print(f"Q, K, V: {(n_batch, n_heads, n_tokens, head_dim)}   weights: "
       f"{(n_batch, n_heads, n_tokens, n_tokens)}"
       f"   merged heads: {(n_batch, n_tokens, n_heads * head_dim)}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **2. What runs in parallel in multi-head attention?** And how big is the attention matrix of
 # GPT-3 (the DS 246 notes: 96 heads, 2048 tokens)?
 #
@@ -825,13 +825,13 @@ print(f"Q, K, V: {(n_batch, n_heads, n_tokens, head_dim)}   weights: "
 # computed exactly below.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 n_tokens, n_heads = 2048, 96
 per_head = n_tokens * n_tokens
 print(f"per head: {n_tokens} x {n_tokens} = {per_head:,} weights;  per layer ({n_heads} heads): "
       f"{per_head * n_heads:,}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **3. Why not one head of width `D` instead of `H` heads of width `D / H`?**
 #
 # <details><summary>Answer</summary>
@@ -852,7 +852,7 @@ print(f"per head: {n_tokens} x {n_tokens} = {per_head:,} weights;  per layer ({n
 # one GPT-3-sized layer both ways.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def attention_parameters(d_model: int, n_heads: int, n_kv_heads: int) -> int:
     """Weights and biases of q_proj, k_proj, v_proj and out_proj, counted without building them."""
     kv_width = n_kv_heads * (d_model // n_heads)

@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 6. LayerNorm, feed-forward networks and residual connections
 #
 # Attention moves information between tokens. The rest of a transformer block works on each token
@@ -22,7 +22,7 @@
 
 # %% [setup]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import math
 
 import matplotlib.pyplot as plt
@@ -37,7 +37,7 @@ from helpers.lab.sections import catch_up
 # The tensors here are tiny: one thread is faster than splitting each product across several.
 torch.set_num_threads(1)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. LayerNorm by hand (core)
 #
 # LayerNorm standardises each token on its own: subtract the mean of its `D` features, divide by
@@ -49,7 +49,7 @@ torch.set_num_threads(1)
 # Two details decide whether a hand-written version matches PyTorch's: the variance is the
 # **biased** one (divide by `D`, not `D - 1`), and `eps` sits **inside** the square root.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: LayerNorm
 #
 # Write `my_layer_norm(x, weight, bias, eps)`: `x` is `(..., D)`, `weight` (gamma) and `bias` (beta)
@@ -70,7 +70,7 @@ torch.set_num_threads(1)
 # <details><summary>Hint 3: closer</summary>Keep the reduced axis (size 1) so that the statistics
 # broadcast over the features; the biased variance divides by D, not D - 1.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                   eps: float) -> torch.Tensor:
     """x: (..., D); weight, bias: (D,) -> (..., D), each token standardised over its own D
@@ -81,21 +81,21 @@ def my_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     return (x - mean) / torch.sqrt(variance + eps) * weight + bias
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("layers.layer_norm", my_layer_norm)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # From here on the notebook normalises with `norm`: your `my_layer_norm` once it passes its check,
 # the course's `helpers.model.layers.layer_norm` until then. The cell compares it with
 # `nn.LayerNorm` (with random `gamma` and `beta`), then shows what each of the two details changes.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.lab.exercises import yours_or
 from helpers.model.layers import layer_norm
 
 norm = yours_or("layers.layer_norm", my_layer_norm, layer_norm)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(0)
 x = torch.randn(2, 5, 8) * 3 + 1  # (B, N, D)
 reference = nn.LayerNorm(8)
@@ -106,19 +106,19 @@ mine = norm(x, reference.weight, reference.bias, 1e-5)
 assert torch.allclose(mine, reference(x), atol=1e-6)
 print("norm == nn.LayerNorm:", torch.allclose(mine, reference(x), atol=1e-6))
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 unbiased = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True)
                                                        + 1e-5) * reference.weight + reference.bias
 print(f"with the unbiased variance (D - 1) instead: largest difference "
       f"{(unbiased - reference(x)).abs().max():.4f}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 constant_token = torch.full((1, 8), 3.0)  # every feature equal: variance 0
 no_eps = (constant_token - constant_token.mean()) / constant_token.std(correction=0)
 print("constant token without eps:", no_eps[0, :3], "...  with eps:",
       norm(constant_token, torch.ones(8), torch.zeros(8), 1e-5)[0, :3], "...")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Dividing by `D - 1` makes every output a factor `sqrt((D-1)/D)` too small (the printed
 # difference), and without `eps` a token whose features are all equal becomes `0/0 = nan`.
 #
@@ -129,7 +129,7 @@ print("constant token without eps:", no_eps[0, :3], "...  with eps:",
 # Its mean column agrees to rounding, but the normalised rows do not follow from its own inputs: each should
 # have mean 0 and standard deviation 1.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 MATRIX_MAGIC_INPUT = torch.tensor([[11.66, 11.78, 13.64, 12.59, 8.05, 10.62, 14.73, 13.10],
                            [19.28, 21.05, 24.34, 22.30, 15.49, 13.45, 22.48, 17.65],
                            [21.42, 17.99, 23.38, 21.38, 14.47, 14.51, 22.37, 17.25],
@@ -151,7 +151,7 @@ for i in range(4):
           f"{biased_std[i]:>9.2f} "
           f"{unbiased_std[i]:>13.2f}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 correct = norm(MATRIX_MAGIC_INPUT, torch.ones(8), torch.zeros(8), MATRIX_MAGIC_EPS)
 assert torch.allclose(correct, F.layer_norm(MATRIX_MAGIC_INPUT, (8,), eps=MATRIX_MAGIC_EPS),
                       atol=1e-6)
@@ -166,7 +166,7 @@ what_the_notes_did = (MATRIX_MAGIC_INPUT - mean[:, None]) / torch.sqrt(MATRIX_MA
 gap = (what_the_notes_did - MATRIX_MAGIC_NORMALISED).abs().max()
 print(f"(x - mean) / sqrt(notes std + eps) matches the notes' rows to {gap:.3f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Two things went wrong in the notes, and the cells above show both. Their standard deviation
 # column is the unbiased one (divide by `D - 1`), which LayerNorm does not use. And their normalised
 # rows equal `(x - mean) / sqrt(std + eps)` to within rounding: the slide put the standard deviation
@@ -177,7 +177,7 @@ print(f"(x - mean) / sqrt(notes std + eps) matches the notes' rows to {gap:.3f}"
 # (learned `weight` = gamma starting at 1, `bias` = beta starting at 0) compute the same. The cell
 # checks the module against `nn.LayerNorm` with the same parameters, and the function against `norm`.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.layers import LayerNorm
 
 ours = LayerNorm(8)
@@ -187,7 +187,7 @@ assert torch.allclose(layer_norm(x, reference.weight, reference.bias), mine, ato
 print("helpers.model.layers.LayerNorm == nn.LayerNorm:", torch.allclose(ours(x), reference(x),
                                                                         atol=1e-6))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. BatchNorm vs LayerNorm (optional)
 #
 # BatchNorm standardises each **feature** over the examples of a batch; LayerNorm standardises each
@@ -203,7 +203,7 @@ print("helpers.model.layers.LayerNorm == nn.LayerNorm:", torch.allclose(ours(x),
 # alone (batch size 1), inside a batch of 64, and inside a different batch of 64, in training and
 # in evaluation mode.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(0)
 batch = torch.randn(64, 8) * 3 + 5     # 64 tokens, 8 features
 other_batch = torch.randn(64, 8) * 3 + 5
@@ -220,7 +220,7 @@ def normalise_token_0(layer: nn.Module, rows: torch.Tensor, train: bool) -> torc
         return f"error: {error}"
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for layer in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
     name = type(layer).__name__
     with torch.no_grad():
@@ -237,14 +237,14 @@ for layer in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
     print(f"  train vs eval mode (batch of 64):           largest change "
           f"{(in_batch - evaluated).abs().max():.4f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # LayerNorm gives the token the same output in every case (changes of 0). BatchNorm's output for
 # the same token depends on which other tokens share its batch, it refuses a batch of one in
 # training, and evaluation mode (running averages, here after just two batches) gives yet another
 # answer. For text, where sequences have different lengths, batches may be tiny and a model
 # generates one token at a time, LayerNorm is the practical choice.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. The feed-forward network (optional)
 #
 # After attention, every token passes through the same small MLP, on its own: `D -> 4D -> D` with
@@ -252,10 +252,10 @@ for layer in (nn.LayerNorm(8), nn.BatchNorm1d(8)):
 # over the years: ReLU in 2017, GELU in GPT-2, and SwiGLU (a gated unit with the SiLU function)
 # in Llama and most recent models.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("06_layers", "3.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 z = torch.linspace(-4, 4, 401)
 fig, ax = plt.subplots(figsize=(8, 4.5))
 ax.plot(z, F.relu(z), label="ReLU: max(0, z)")
@@ -265,7 +265,7 @@ ax.set(title="Activation functions of the FFN", xlabel="input z", ylabel="activa
 ax.legend()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # GELU and SiLU are smooth versions of ReLU that let a little negative signal through. SwiGLU
 # uses three matrices: `down(silu(x W_gate) * (x W_up))`. The gate decides, feature by feature, how
 # much of the second projection passes. To keep the parameter count of a `4D` MLP (`8D²`), its
@@ -278,7 +278,7 @@ plt.show()
 # `F.gelu(z, approximate="tanh")`. The cell checks both formulas against PyTorch and measures how
 # far apart they are:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 z64 = torch.linspace(-6, 6, 12_001, dtype=torch.float64)
 exact = F.gelu(z64)
 tanh_approximation = F.gelu(z64, approximate="tanh")
@@ -290,7 +290,7 @@ gelu_gap = (exact - tanh_approximation).abs()
 print(f"largest |GELU(z) - GELU_tanh(z)| for z in [-6, 6]: {gelu_gap.max():.1e}, "
       f"at z = ±{z64[gelu_gap.argmax()].abs():.2f} (the gap is even in z)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The two never differ by more than the printed gap, invisible in the plot. But every FFN of a
 # model applies it, so a model run with the other GELU than it was trained with computes slightly
 # different logits: GPT-2's weights must be run with the tanh form (the GPT-2 presets of
@@ -301,7 +301,7 @@ print(f"largest |GELU(z) - GELU_tanh(z)| for z in [-6, 6]: {gelu_gap.max():.1e},
 # GPT-2 small's `D = 768` without allocating any weights (on PyTorch's `meta` device, where tensors
 # have shapes but no memory) and compares with the formulas.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.layers import FeedForward, SwiGLUFeedForward
 from helpers.model.multihead import MultiHeadAttention
 
@@ -325,13 +325,13 @@ print(f"D = {D}: 8·D² = {8 * D**2:,}; the FFN holds "
       f"{counts['FFN, GELU'] / (counts['FFN, GELU'] + counts['attention']):.1%} "
       "of the block's attention + FFN parameters")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The two-matrix FFN has `8D² + 5D` parameters (two weight matrices `D x 4D` and `4D x D`,
 # biases `4D + D`); attention has `4D² + 4D`. So about two thirds of a block's parameters sit in its
 # FFN (the share printed above). SwiGLU with hidden size `8D/3` and no biases lands on exactly
 # `8D²` for this `D`.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: SwiGLU
 #
 # Write `my_swiglu(x, w_gate, w_up, w_down)` with weights in the mathematical layout: `x` is
@@ -349,7 +349,7 @@ print(f"D = {D}: 8·D² = {8 * D**2:,}; the FFN holds "
 # and the up one. (2) Only the gate goes through SiLU, and it multiplies the other element by
 # element. (3) Project the result back with the down matrix.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
               w_down: torch.Tensor) -> torch.Tensor:
     """x: (..., D); w_gate, w_up: (D, hidden); w_down: (hidden, D) -> (..., D)."""
@@ -357,10 +357,10 @@ def my_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("layers.swiglu", my_swiglu)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def course_swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
                   w_down: torch.Tensor) -> torch.Tensor:
     """The course's version: a SwiGLUFeedForward holding these weights. x (..., D) -> (..., D)."""
@@ -382,7 +382,7 @@ with torch.no_grad():
 print("SwiGLU from the module's weights, transposed to (in, out), == SwiGLUFeedForward:",
       tuple(tokens_in.shape), "->", tuple(by_weights.shape))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Dropout: on in training, off in evaluation
 #
 # Dropout zeroes each value with probability `p` during training and multiplies the survivors by
@@ -390,7 +390,7 @@ print("SwiGLU from the module's weights, transposed to (in, out), == SwiGLUFeedF
 # nothing (the Matrix Magic notes). `model.train()` and `model.eval()` switch every
 # dropout inside a model at once.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(0)
 dropout = nn.Dropout(p=0.5)
 ones = torch.ones(100_000)
@@ -407,7 +407,7 @@ print("FFN in train mode, same input twice -> same output?", torch.equal(ffn(x),
 ffn.eval()
 print("FFN in eval mode,  same input twice -> same output?", torch.equal(ffn(x), ffn(x)))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. Residual connections and gradient flow (core)
 #
 # A residual connection adds a layer's input to its output: `x + f(x)` instead of `f(x)`. The
@@ -416,10 +416,10 @@ print("FFN in eval mode,  same input twice -> same output?", torch.equal(ffn(x),
 # initialisation, runs the same input through them with and without residuals, and measures the
 # gradient norm that reaches each layer's weights.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("06_layers", "4.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 N_LAYERS, WIDTH = 24, 64
 torch.manual_seed(0)
 stack = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(N_LAYERS))
@@ -442,7 +442,7 @@ print(f"gradient norm at layer 1:  plain {plain[0]:.2e}   residual {residual[0]:
       f"ratio {ratio:.1e}, about 10^{round(math.log10(ratio))}")
 print(f"gradient norm at layer {N_LAYERS}: plain {plain[-1]:.2e}   residual {residual[-1]:.2e}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 fig, ax = plt.subplots(figsize=(8, 4.5))
 layer_numbers = range(1, N_LAYERS + 1)
 ax.semilogy(layer_numbers, plain, "o-", label="tanh(Linear(x))")
@@ -452,13 +452,13 @@ ax.set(title=f"Gradient reaching each layer of a {N_LAYERS}-layer stack",
 ax.legend()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Without residuals the gradient shrinks layer after layer on its way down, and the first layer
 # receives about 10⁸ times less than with residuals (the ratio printed above): it would barely
 # learn. With residuals every layer gets a gradient of the same order. This is the
 # "gradient highway" of the textbook section, and the reason a transformer can stack dozens of blocks.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. Pre-LN vs Post-LN: how the residual stream grows (core)
 #
 # Where the LayerNorm goes matters. The 2017 Transformer normalises after the addition, **Post-LN**:
@@ -475,10 +475,10 @@ plt.show()
 # weights of variance `1/D` after a LayerNorm gives unit-std outputs), and then the real attention
 # and FFN branches of `helpers.model.layers.Block` at PyTorch's default initialisation.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("06_layers", "5.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.layers import Block
 
 DEPTH = 24
@@ -498,7 +498,7 @@ def stream_stds_unit_branches(pre_norm: bool, branches_per_layer: int = 1, width
         stds.append(x.std().item())
     return stds
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 @torch.no_grad()
 def stream_stds_blocks(blocks: list[nn.Module], x: torch.Tensor) -> list[float]:
     """Std of the stream after each block."""
@@ -509,7 +509,7 @@ def stream_stds_blocks(blocks: list[nn.Module], x: torch.Tensor) -> list[float]:
     return stds
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(0)
 x0 = torch.randn(2, 16, 64)
 curves = {
@@ -528,7 +528,7 @@ for depth in (1, 2, 4, 8, 16, 24):
           f"{curves['Post-LN, unit-std branches'][depth]:>18.3f} {math.sqrt(1 + 2 * depth):>12.3f} "
           f"{pre_two[depth]:>21.3f}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 fig, ax = plt.subplots(figsize=(9, 5))
 depths = range(DEPTH + 1)
 ax.plot(depths, [math.sqrt(1 + d) for d in depths], "k:", label="sqrt(1 + L), the textbook section")
@@ -539,7 +539,7 @@ ax.set(title="Residual-stream standard deviation through the stack",
 ax.legend(fontsize=11)
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # With one unit-std branch per layer the measured Pre-LN stream follows `sqrt(1 + L)` (the notes'
 # 2.24 at `L = 4` is in the table above), with two it follows `sqrt(1 + 2L)` (3 at `L = 4`), and
 # Post-LN stays at 1. The notes' own reasoning ("each block adds something with std ~ 1") shows
@@ -554,7 +554,7 @@ plt.show()
 # Post-LN the gradient must pass through a LayerNorm at every layer, and deep Post-LN models need a
 # learning-rate warm-up to train at all (Xiong et al., 2020).
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. Initialisation: Xavier, and GPT-2's `1/sqrt(2N)` (optional)
 #
 # The textbook section's standard initialisation is Xavier's (Glorot and Bengio, 2010): draw
@@ -566,10 +566,10 @@ plt.show()
 # weights of variance 1, and with PyTorch's `nn.Linear` default (variance `1/(3 · fan_in)`), in
 # float64.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("06_layers", "6.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 WIDTH_X, LAYERS_X = 512, 10
 inits = {
     "Xavier, 2/(fan_in + fan_out)": lambda w: nn.init.xavier_normal_(w),
@@ -589,7 +589,7 @@ for name, init in inits.items():
     print(f"{name:<30}{per_layer[0]:>24.3g}{per_layer[-1]:>12.3g}")
 assert 0.8 < variances["Xavier, 2/(fan_in + fan_out)"][-1] < 1.25
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Xavier keeps the variance near 1 through the whole stack; weights of variance 1 multiply it by
 # about `fan_in = 512` per layer, and PyTorch's default divides it by about 3 per layer (the
 # first column). In a transformer the LayerNorms rescale what each branch reads, so GPT-2 can use
@@ -606,7 +606,7 @@ assert 0.8 < variances["Xavier, 2/(fan_in + fan_out)"][-1] < 1.25
 #
 # `helpers.model.layers.init_gpt2_(model, n_layers)` does this; first you write it.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: GPT-2's initialisation
 #
 # Write `my_gpt2_init(blocks, n_layers, std)`: `blocks` is an `nn.ModuleList` of `n_layers` Pre-LN
@@ -632,7 +632,7 @@ assert 0.8 < variances["Xavier, 2/(fan_in + fan_out)"][-1] < 1.25
 # the two projections are attention's output projection and the FFN's down projection; nn.init has a
 # function for each draw.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 @torch.no_grad()
 def my_gpt2_init(blocks: nn.ModuleList, n_layers: int, std: float = 0.02) -> nn.ModuleList:
     """GPT-2's initialisation of a stack of n_layers Pre-LN Blocks, in place; returns `blocks`."""
@@ -649,16 +649,16 @@ def my_gpt2_init(blocks: nn.ModuleList, n_layers: int, std: float = 0.02) -> nn.
     return blocks
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("layers.gpt2_init", my_gpt2_init)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The cell builds stacks of `N` Pre-LN blocks, initialises them with your `my_gpt2_init` (or the
 # course's `init_gpt2_` until yours passes), with and without the `1/sqrt(2N)` factor, feeds them
 # a stream of standard deviation 0.02 (like GPT-2's embeddings), and measures the stream at the
 # top.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.layers import RESIDUAL_PROJECTIONS, init_gpt2_
 
 gpt2_init = yours_or("layers.gpt2_init", my_gpt2_init, init_gpt2_)
@@ -676,7 +676,7 @@ def gpt2_stack(n_blocks: int, scale_residual: bool) -> list[Block]:
                 nn.init.normal_(param, std=0.02)
     return list(blocks)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 embeddings = 0.02 * torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(1))
 top_std = {scaled: [stream_stds_blocks(gpt2_stack(n, scaled), embeddings)[-1] for n in STACK_DEPTHS]
            for scaled in (False, True)}
@@ -687,7 +687,7 @@ growth = {scaled: top_std[scaled][-1] / top_std[scaled][0] for scaled in (False,
 print(f"from N = 1 to N = 32 the top std grows x{growth[False]:.2f} without the factor, "
       f"x{growth[True]:.2f} with it (sqrt(32) = {math.sqrt(32):.2f})")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 fig, ax = plt.subplots(figsize=(8, 4.5))
 ax.plot(STACK_DEPTHS, top_std[False], "o-", label="all weights N(0, 0.02²)")
 ax.plot(STACK_DEPTHS, top_std[True], "s-", label="residual projections ÷ sqrt(2N)")
@@ -698,12 +698,12 @@ ax.set(title="GPT-2 initialisation: the stream at the top of N blocks",
 ax.legend()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Without the factor the stream at the top keeps growing with depth (roughly like `sqrt(N)`: the
 # variance gains a fixed amount per block). With it, the top of a 32-block stack looks like the
 # top of a 1-block stack: the growth factors are printed above.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7. Can the FFN be replaced by attention? (optional)
 #
 # The USF notes ask this (an interview question, pointing to Dong et al., 2021, "Attention is not all
@@ -715,10 +715,10 @@ plt.show()
 # after subtracting the mean token, relative to the whole, `‖X - 1·meanᵀ‖ / ‖X‖`. It is 0 for
 # `N` copies of one vector.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("06_layers", "7.")  # started here after a restart? this runs the sections above
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: distance from rank one
 #
 # Write `my_distance_from_rank_one(x)`: `x` is `(..., N, D)`, sets of `N` tokens; the result has
@@ -741,7 +741,7 @@ catch_up("06_layers", "7.")  # started here after a restart? this runs the secti
 # gives every token the mean token. Take the norms over the last two axes only, so that any batch
 # axes stay.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_distance_from_rank_one(x: torch.Tensor) -> torch.Tensor:
     """x: (..., N, D) -> (...): ‖x - mean token‖_F / ‖x‖_F."""
     ### BEGIN SOLUTION
@@ -751,10 +751,10 @@ def my_distance_from_rank_one(x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.matrix_norm(rest) / torch.linalg.matrix_norm(x)
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("layers.distance_from_rank_one", my_distance_from_rank_one)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The helper, through a deep stack
 #
 # The helper is `helpers.model.layers.distance_from_rank_one`; the cell measures with yours once
@@ -766,7 +766,7 @@ check("layers.distance_from_rank_one", my_distance_from_rank_one)
 # names say. One seed could be a lucky draw: the table shows seed 0, and the lines under it the
 # range over three seeds.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.layers import distance_from_rank_one as course_distance
 
 distance_from_rank_one = yours_or("layers.distance_from_rank_one", my_distance_from_rank_one,
@@ -785,7 +785,7 @@ def sharpened_attentions(n: int) -> list[MultiHeadAttention]:
     return attentions
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def rank_collapse_stacks(seed: int) -> tuple[dict, torch.Tensor]:
     """Five stacks of DEPTH layers, built from the same attentions and FFNs, and the tokens (1, 16,
     64)."""
@@ -805,7 +805,7 @@ def rank_collapse_stacks(seed: int) -> tuple[dict, torch.Tensor]:
     return stacks, torch.randn(1, 16, 64)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def distances_through(stacks: dict, tokens: torch.Tensor) -> tuple[dict, dict]:
     """Per stack: the distance from rank one after 0, 1, ..., DEPTH layers, and the rank at the
     top."""
@@ -824,7 +824,7 @@ def distances_through(stacks: dict, tokens: torch.Tensor) -> tuple[dict, dict]:
 runs = {seed: distances_through(*rank_collapse_stacks(seed)) for seed in SEEDS}
 distances, final_rank = runs[0]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 ROUND_OFF = 1e-5  # below this the digits are float32 round-off, which changes from CPU to CPU
 
 
@@ -837,7 +837,7 @@ for name, d in distances.items():
     print(f"{name:<29}" + "  ".join(shown(d[i]) for i in (0, 1, 2, 3, DEPTH))
           + f"   rank at the top: {final_rank[name]}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 top = {name: [runs[seed][0][name][-1] for seed in SEEDS]
        for name in distances}  # after DEPTH layers
 ffn_effect = [abs(a - b) for a, b in zip(top["attention + skip, FFN + skip"],
@@ -862,7 +862,7 @@ assert max(ffn_effect) < 0.25  # small beside the collapse rows' fall from 1 to 
 if ATTENTION_SHARPNESS == 1.0:  # the default, which the text below describes
     assert min(block_lead) > 0.05
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 fig, ax = plt.subplots(figsize=(9, 5))
 for (name, d), style in zip(distances.items(), ["o-", "s-", "^-", "D-", "v-"], strict=True):
     ax.semilogy(range(DEPTH + 1), d, style, markersize=5, label=name)
@@ -871,7 +871,7 @@ ax.set(title="Rank collapse: how different the 16 tokens still are (seed 0)",
 ax.legend(fontsize=11)
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### What the measurement shows
 #
 # Attention alone wipes out the differences between tokens within a few layers, down to float32
@@ -893,7 +893,7 @@ plt.show()
 # token gets its non-linear, per-position transformation, and it holds two thirds of the block's
 # parameters (section 3); attention only mixes tokens, by weighted averages.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 8. The transformer block (optional)
 #
 # Everything is now in place for the block of GPT-2 (Pre-LN), which notebook 7 stacks:
@@ -905,10 +905,10 @@ plt.show()
 # them. The LayerNorms go through `norm`: your `my_layer_norm` from section 1 once it passes its
 # check, the course's `layer_norm` until then.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("06_layers", "8.")  # started here after a restart? this runs the sections above
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: the transformer block
 #
 # Write `my_block_forward(x, block, causal)`: the output `(B, N, D)` of `block`, a `Block`, from its
@@ -934,7 +934,7 @@ catch_up("06_layers", "8.")  # started here after a restart? this runs the secti
 # <details><summary>Hint 3: closer</summary>ln1's parameters go with the attention branch and ln2's
 # with the FFN, in both orders; pass causal on to the attention.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_block_forward(x: torch.Tensor, block: Block, causal: bool = True) -> torch.Tensor:
     """x: (B, N, D) -> (B, N, D): masked self-attention, then the FFN, each on a residual branch."""
     ### BEGIN SOLUTION
@@ -953,10 +953,10 @@ def my_block_forward(x: torch.Tensor, block: Block, causal: bool = True) -> torc
     return norm(x + ffn(x), ln2.weight, ln2.bias, ln2.eps)
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("layers.block_forward", my_block_forward)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def course_block(x: torch.Tensor, block: Block, causal: bool = True) -> torch.Tensor:
     """The course's block itself, standing in for an unfinished exercise."""
     return block(x, causal=causal)
@@ -973,7 +973,7 @@ for name, b in (("Pre-LN", block), ("Post-LN", post_block)):
                                                                        atol=1e-5))
 print("output", tuple(block(x).shape))
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 D = 64
 for name, part in block.named_children():
     print(f"  {name:<5} {n_parameters(part):>7,} parameters")
@@ -986,7 +986,7 @@ assert torch.equal(block(x_changed)[:, :7], block(x)[:, :7])
 print("outputs 0-6 unchanged when tokens 7-9 change:", torch.equal(block(x_changed)[:, :7],
                                                                    block(x)[:, :7]))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The block has `12D² + 13D` parameters: `4D² + 4D` in attention, `8D² + 5D` in the FFN and `4D`
 # in the two LayerNorms. It keeps the causal property of its attention: changing later tokens
 # leaves earlier outputs unchanged. `Block(..., pre_norm=False)` gives the Post-LN order of 2017,
@@ -994,14 +994,14 @@ print("outputs 0-6 unchanged when tokens 7-9 change:", torch.equal(block(x_chang
 #
 # The block's attention maps can be read as in notebook 5, from `block.attn.last_weights`:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 fig, ax = plt.subplots(figsize=(7, 5.5))
 positions = [f"t{i}" for i in range(10)]
 heatmap(block.attn.last_weights[0, 0], positions, positions, title="Block, head 0, random weights",
         xlabel="key position", ylabel="query position", ax=ax, annotate=False, vmin=0, vmax=1)
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Check your understanding (optional)
 #
 # **1. Why do transformers use residual connections?**
@@ -1015,10 +1015,10 @@ plt.show()
 # layers loses rank (section 7).
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("06_layers", "Check")  # started here after a restart? this runs the sections above
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **2. Why LayerNorm, and why not BatchNorm?**
 #
 # <details><summary>Answer</summary>
@@ -1029,7 +1029,7 @@ catch_up("06_layers", "Check")  # started here after a restart? this runs the se
 # for any sequence length, and in training and inference; BatchNorm does not (section 2).
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **3. What parallelises in a transformer block?**
 #
 # <details><summary>Answer</summary>
@@ -1040,7 +1040,7 @@ catch_up("06_layers", "Check")  # started here after a restart? this runs the se
 # across positions; only generation goes one token at a time.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **4. The textbook section: the residual stream after 4 layers.** Each branch outputs values of standard
 # deviation 1. (a) Post-LN: the stream's std after layer 4? (b) Pre-LN? (c) Which is more stable?
 #
@@ -1054,13 +1054,13 @@ catch_up("06_layers", "Check")  # started here after a restart? this runs the se
 # learning-rate warm-up to train deep stacks.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print(f"one addition per layer:  sqrt(1 + 4) = {math.sqrt(5):.3f}; measured Pre-LN: {pre[4]:.2f}")
 print(f"two additions per layer: sqrt(1 + 8) = {math.sqrt(9):.3f}; measured Pre-LN: "
       f"{pre_two[4]:.2f}")
 print(f"measured Post-LN: {curves['Post-LN, unit-std branches'][4]:.2f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **5. The textbook section: the FFN's `8d²`.** (a) Check `8d²` from the shapes of the two matrices
 # (`d_ff = 4d`). (b) What does halving `d_ff` to `2d` trade? (c) Why `8d/3` for SwiGLU?
 #
@@ -1073,7 +1073,7 @@ print(f"measured Post-LN: {curves['Post-LN, unit-std branches'][4]:.2f}")
 # `3 · d · 8d/3 = 8d²` keeps its size equal to a `4d` two-matrix FFN, as the cell shows.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 d = 768
 w1, w2 = d * 4 * d, 4 * d * d
 print(f"W1: {d} x {4 * d} = {w1:,};  W2: {4 * d} x {d} = {w2:,};  sum {w1 + w2:,} = 8·d² = "

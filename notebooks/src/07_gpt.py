@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 7. The full GPT
 #
 # Notebooks 1 to 6 built the parts: a tokenizer, embeddings, attention, masks, multi-head
@@ -19,9 +19,17 @@
 #
 # **It assumes** notebooks 1 to 6; the `helpers` modules they wrote are the parts used here.
 
+# %% [markdown] slideshow={"slide_type": "notes"}
+# **Opening.** Everything of notebooks 2 to 6 comes together today: embeddings, attention,
+# the causal mask, multi-head, LayerNorm, the MLP and residuals. Ask the room to name the parts
+# of a GPT block from memory before you show the class; write their list on the board and tick
+# it off as section 1 runs.
+# Tell them what they will see by the end: a model trained on their laptop in under a minute,
+# sampling text, and a KV cache that makes sampling faster.
+
 # %% [setup]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import math
 import tempfile
 import time
@@ -36,7 +44,7 @@ from torch import nn
 # avoids threads waiting for each other. On a quiet machine with more cores, delete this line.
 torch.set_num_threads(1)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.attention import causal_mask
 from helpers.text.corpus_rich import (
     known_word_fraction,
@@ -53,7 +61,7 @@ from helpers.lab.plots import heatmap
 from helpers.timing import format_duration
 from helpers.lab.sections import catch_up, refuse_untrained
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. From parts to a model (core)
 #
 # A decoder-only GPT is four steps:
@@ -72,7 +80,12 @@ from helpers.lab.sections import catch_up, refuse_untrained
 #
 # In plain code, with the parts of the earlier notebooks:
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# **Core.** Four steps: embed, N blocks, a final LayerNorm, the output layer. Stress weight
+# tying: the same matrix reads tokens in and scores them out. Ask: "why is a final LayerNorm
+# needed in a Pre-LN model?" (the residual stream is never normalised inside the blocks).
+
+# %% slideshow={"slide_type": "fragment"}
 class MiniGPT(nn.Module):
     """Decoder-only GPT from the course's parts: token ids (B, N) -> logits (B, N, V)."""
 
@@ -96,7 +109,7 @@ torch.manual_seed(0)
 mini = MiniGPT(vocab_size=70, context_length=64, n_layers=2, n_heads=4, d_model=128)
 print(mini.lm_head.weight is mini.embed.token.weight, "- the output matrix is the token table")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The same model lives in `helpers.model.gpt` as `GPT`, configured by a dataclass, `GPTConfig`, that
 # checks its numbers. `GPT` adds GPT-2's initialisation (`init_gpt2_` of notebook 6), dropout, a
 # cached forward for generation (section 6) and a fast path for training (section 10). With the
@@ -104,7 +117,7 @@ print(mini.lm_head.weight is mini.embed.token.weight, "- the output matrix is th
 # refuses sizes that cannot work, naming the numbers (here a width that the heads cannot share
 # evenly), and the model refuses token ids outside its vocabulary:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.gpt import GPT, GPTConfig
 
 config = GPTConfig(vocab_size=70, context_length=64, n_layers=2, n_heads=4,
@@ -122,7 +135,7 @@ for bad in (lambda: GPTConfig(d_model=130, n_heads=4), lambda: model(torch.tenso
     except ValueError as error:
         print("ValueError:", error)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. One forward pass at toy size (the Matrix Magic notes) (optional)
 #
 # The Matrix Magic notes walk the sentence "I like to eat" through a GPT with a vocabulary of 12
@@ -135,10 +148,10 @@ for bad in (lambda: GPTConfig(d_model=130, n_heads=4), lambda: model(torch.tenso
 # head, so every later table of theirs can be recomputed and checked. Every table the notes print
 # is read from one fixture, `data/notes_tables.txt`, by one call.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("07_gpt", "2.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 toy_vocab = ["I", "like", "to", "eat", "soup", "am", "a", "good", "cook", ".", "is", "yummy"]
 mm = load_notes_tables("matrix_magic")  # every table the notes print (data/notes_tables.txt)
 
@@ -158,7 +171,7 @@ print(f"here: {toy.config.n_heads} heads x d_h {toy.config.head_dim} = {toy.conf
       f"the Matrix Magic notes: 4 heads x 4 = {4 * 4} columns, then W_O (16, 8)")
 print("token ids:", toy_ids.tolist())
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.set_printoptions(precision=2, sci_mode=False)
 
 
@@ -170,7 +183,7 @@ def show(name: str, tensor: torch.Tensor) -> None:
 block = toy.blocks[0]
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 with torch.no_grad():
     x0 = toy.embed.token(toy_ids) + toy.embed.position(torch.arange(4))
     show("token + position embeddings  (B, N, d)", x0)
@@ -191,7 +204,7 @@ with torch.no_grad():
     x1 = x0 + block.attn.out_proj(heads)
     show("residual stream after attention: x + W_O(heads)  (B, N, d)", x1)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 with torch.no_grad():
     hidden = F.gelu(block.mlp.up(block.ln2(x1)))
     show("FFN hidden layer after GELU  (B, N, 4d)", hidden)
@@ -209,7 +222,7 @@ for t in range(len(sentence)):
           f" row sum {probabilities[0, t].sum():.2f}")
 torch.set_printoptions(precision=4, sci_mode=False)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # The first matrix agrees with the notes' sum table to within 0.01 in every entry (the
 # assertion checks each one): the notes added unrounded tables and then rounded, so a last digit
 # can differ, as `0.00 + 0.05` showing as `0.06` on the slide. The last matrix equals
@@ -251,10 +264,16 @@ torch.set_printoptions(precision=4, sci_mode=False)
 # 4d by d; a bias has one number per output of its layer; a LayerNorm has a gain and a bias of d
 # numbers each.</details>
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# Optional, but the exercise is short and popular. The formula 12 N d^2 + 2 V d is worth
+# deriving on the board: 4 d^2 for attention's four projections, 8 d^2 for the MLP's d -> 4d -> d.
+# Then the exact count of GPT-2 small, built on the meta device: no weight is allocated.
+# Ask: "where do most of GPT-3's parameters live, attention or the MLP?"
+
+# %% slideshow={"slide_type": "fragment"}
 catch_up("07_gpt", "3.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def gpt_parameters(n_layers: int, d_model: int, vocab_size: int, context_length: int) -> int:
     """Exact parameter count of a GPT-2-style model (biases, tied output matrix)."""
     ### BEGIN SOLUTION
@@ -266,14 +285,14 @@ def gpt_parameters(n_layers: int, d_model: int, vocab_size: int, context_length:
     return n_layers * (attention + mlp + layer_norms) + tables + 2 * d   # + the final LayerNorm
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("gpt.exact_parameters", gpt_parameters)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # For our character model, by the rule of thumb, by your count (the course's `exact_parameters`
 # until yours passes) and by counting the model's tensors:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.gpt import (build_without_weights, count_parameters, exact_parameters,
                                formula_parameters, parameter_breakdown)
 
@@ -295,7 +314,7 @@ print(f"counted in the model: {count_parameters(model):>9,}")
 print(f"sum over every tensor, tied matrix twice: "
       f"{sum(p.numel() for p in model.state_dict().values()):,}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # `model.parameters()` yields the tied matrix once; its `state_dict` lists it under both names,
 # so summing that counts it twice.
 #
@@ -306,7 +325,7 @@ print(f"sum over every tensor, tied matrix twice: "
 # no memory. Then where its parameters sit, per component, counted from the meta model's own
 # tensors, with the textbook section's rule of thumb beside them:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 gpt2 = GPTConfig.gpt2_small()
 started = time.perf_counter()
 gpt2_meta = build_without_weights(gpt2)
@@ -316,7 +335,7 @@ print(f"parameters: {count_parameters(gpt2_meta):,} (exact formula: {exact_param
 print("building it", format_duration(time.perf_counter() - started))
 assert count_parameters(gpt2_meta) == exact_parameters(gpt2) == 124_439_808
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def tensors_in(*modules: nn.Module) -> int:
     """How many numbers the modules' parameters hold (shapes only: the meta model has no
     storage)."""
@@ -340,7 +359,7 @@ total = sum(exact * (N if how_often == "per block" else 1) for _, _, exact, how_
 print(f"{'total':<26}{'':>15}{total:>13,}")
 assert total == 124_439_808
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### GPT-3 from the formula, and the Matrix Magic notes' table of GPT-3 sizes
 #
 # The textbook section says `12Nd² + 2Vd` gives "roughly 175 billion" for GPT-3 (`N = 96`, `d = 12288`,
@@ -350,7 +369,7 @@ assert total == 124_439_808
 # are shown: `12Nd² + 2Vd` counts an untied output matrix, `12Nd² + Vd` a tied one. For the
 # small models the vocabulary term is a large share, so the choice matters there.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print(f"GPT-3: 12Nd² + 2Vd = {formula_parameters(96, 12288, 50257):,}")
 gpt3_table = [("GPT-3 Small", "125M", 12, 768), ("GPT-3 Medium", "350M", 24, 1024),
               ("GPT-3 Large", "760M", 24, 1536), ("GPT-3 XL", "1.3B", 24, 2048),
@@ -367,7 +386,7 @@ print(f"\n13B row: d_model 5140 / 40 heads = {5140 / 40} per head; 40 x 128 = {4
 print(f"with d = 5120: 12Nd² + Vd = "
       f"{(formula_parameters(40, 5120, 50257) - 50257 * 5120) / 1e9:.3f}B")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The tied formula lands nearer the reported size in every row but the last (the `nearer`
 # column); that fits tied embeddings without proving them. The 13B row of the table (copied
 # from the GPT-3 paper) lists `d_model = 5140`, which 40 heads of 128 cannot make: the
@@ -383,7 +402,7 @@ print(f"with d = 5120: 12Nd² + Vd = "
 # (`12D² + 13D`, with the 2017 Post-LN order); a decoder block adds cross-attention and its
 # LayerNorm. The cell counts it:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 D_BIG, FFN_BIG, LAYERS_BIG, VOCAB_BIG = 1024, 4096, 6, 37_000
 attention_big = 4 * D_BIG * D_BIG + 4 * D_BIG          # W_Q, W_K, W_V, W_O and their biases
 ffn_big = 2 * D_BIG * FFN_BIG + FFN_BIG + D_BIG         # two matrices and their biases
@@ -402,7 +421,7 @@ print(f"unshared embeddings would add 2 x {VOCAB_BIG:,} x {D_BIG} = "
       f"{2 * VOCAB_BIG * D_BIG / 1e6:.1f}M; "
       f"GPT-3 175B / 213M = {175e9 / 213e6:.0f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # With a vocabulary of 37,000 the count is 214M; "about 37000" is a rounded figure, and 213M
 # corresponds to a vocabulary of about 35,800. Unshared embeddings would add two more `V x D`
 # matrices, about 76M, so the 213M also confirms the sharing. GPT-3's largest model is about
@@ -414,7 +433,7 @@ print(f"unshared embeddings would add 2 x {VOCAB_BIG:,} x {D_BIG} = "
 # that `N = 32, d = 4096` fits and `N = 40, d = 5120` does not, quoting about 6.4B and 12.6B
 # parameters with `V = 50,000`. The cell redoes it:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 budget_bytes, bytes_per_parameter = 16e9, 2
 budget = budget_bytes / bytes_per_parameter
 print(f"budget: {budget_bytes / 1e9:.0f} GB / {bytes_per_parameter} bytes = {budget / 1e9:.1f}B "
@@ -430,7 +449,7 @@ adam_bytes = 2 + 4 + 4 + 4 + 2  # fp16 weight, fp32 master copy, Adam's two mome
 print(f"training with Adam in mixed precision: about {adam_bytes} bytes per parameter -> "
       f"{budget_bytes / adam_bytes / 1e9:.1f}B parameters in the same 16 GB")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The textbook section's 6.4B and 12.6B are the `12Nd²` term alone; adding `2Vd` gives 6.85B and 13.09B,
 # and the verdicts stand. This counts the weights only: to *train*, Adam's moments and a float32
 # master copy bring it to about 16 bytes per parameter, so the same card trains a model of about
@@ -438,7 +457,7 @@ print(f"training with Adam in mixed precision: about {adam_bytes} bytes per para
 #
 # ### Which part holds the parameters?
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 gpt3_meta = build_without_weights(GPTConfig(vocab_size=50257, context_length=2048, n_layers=96,
                                             n_heads=96, d_model=12288))
 models = {"our char GPT": model, "GPT-2 small": gpt2_meta, "GPT-3 175B": gpt3_meta}
@@ -460,7 +479,7 @@ for name, split in splits.items():
     total = sum(split.values())
     print(f"{name:<13}" + "  ".join(f"{part} {100 * split[part] / total:5.2f}%" for part in parts))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # In a big model the blocks hold nearly everything, with the FFN at twice attention (`8d²` vs
 # `4d²`). In our small character model, the per-block split is the same, and the embeddings
 # are small because its vocabulary is only the 70 characters of its config (printed in section 1);
@@ -475,10 +494,18 @@ for name, split in splits.items():
 # it one character at a time: the vocabulary is every character that occurs, and a model that
 # must spell every word is the hardest test of what it learned.
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# **Core.** The labels are the text shifted by one: that is why a GPT can learn from plain text
+# with no annotation. Sample from the untrained model first and read the gibberish aloud; after
+# training, run the same measurement again.
+# Exercises: next-token loss, one AdamW update, AdamW on every weight. Live-code the loss (`python3
+# course.py blank 07 next_token_loss`), give the AdamW ones as homework.
+# Run the training cell live: it takes well under a minute; keep the default TRAIN_STEPS in class.
+
+# %% slideshow={"slide_type": "fragment"}
 catch_up("07_gpt", "4.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.text.chars import CharTokenizer
 from helpers.training.trainer import encode_text, line_overlap, random_batch, split_stories
 
@@ -497,7 +524,7 @@ overlap = line_overlap(train_text, val_text)
 print(f"validation lines that also occur word for word in the training stories: {overlap:.0%}")
 assert tokenizer.vocab_size == config.vocab_size and 0 < overlap < 1
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The split keeps stories whole: validation is the last tenth of the stories, none of which the
 # model trains on. They are new stories, but not all new sentences: short lines such as a
 # greeting or a date recur, so some of the validation lines (the share is printed above) also
@@ -516,7 +543,7 @@ assert tokenizer.vocab_size == config.vocab_size and 0 < overlap < 1
 # position the target is the next character, so one window of 64 characters gives 64
 # predictions to learn from:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 line_ids = encode_text(tokenizer, train_text.splitlines()[0])
 inputs, targets = line_ids[:-1], line_ids[1:]
 assert torch.equal(inputs[1:], targets[:-1])  # the same characters, one step apart
@@ -532,7 +559,7 @@ print("x:", repr(tokenizer.decode(x[0].tolist())))
 print("y:", repr(tokenizer.decode(y[0].tolist())))
 print("shapes:", tuple(x.shape), tuple(y.shape))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Before training: how good is the text?
 #
 # Because the corpus comes from a known grammar, we can **measure** the quality of generated
@@ -545,7 +572,7 @@ print("shapes:", tuple(x.shape), tuple(y.shape))
 # so even characters drawn at random score about a third (printed), and so does the untrained
 # model:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.generation import generate
 
 
@@ -566,7 +593,7 @@ def written_lines(gpt: GPT, n_samples: int = 48, temperature: float = SAMPLE_TEM
     return lines
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(0)
 model = GPT(config)
 before = written_lines(model)
@@ -581,7 +608,7 @@ for name, sample in (("corpus", corpus_sample), ("random characters", noise)):
 print(f"untrained model: {quality_before:.2f} well formed, {words_before:.2f} known words, "
       f"e.g. {before[0][:60]!r}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The training step by hand
 #
 # Training repeats one step: compute the loss on a batch, compute its gradient with
@@ -620,7 +647,7 @@ print(f"untrained model: {quality_before:.2f} well formed, {words_before:.2f} kn
 # every token but the first. A stable log-softmax takes each row's largest logit out before the log
 # of the sum of exponentials. Pick the target's entry along the vocabulary axis.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def next_token_loss(gpt: GPT, ids: torch.Tensor) -> torch.Tensor:
     """ids (B, N + 1) -> the mean cross-entropy of predicting ids[:, 1:] from ids[:, :-1], a
     scalar."""
@@ -633,16 +660,16 @@ def next_token_loss(gpt: GPT, ids: torch.Tensor) -> torch.Tensor:
     return -log_p_answer.mean()
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("gpt.next_token_loss", next_token_loss)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Two windows of `N + 1 = 65` characters from the training stories, through the untrained model,
 # with your loss (the course's `helpers.training.by_hand.next_token_loss` until yours passes) and
 # with `F.cross_entropy`, which takes the logits flattened to `(B x N, V)` and the targets to
 # `(B x N,)`:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.training import by_hand
 
 loss_of = yours_or("gpt.next_token_loss", next_token_loss, by_hand.next_token_loss)
@@ -660,7 +687,7 @@ print(f"untrained loss: about {by_you.item():.1f}, close to uniform guessing (ln
       f"{math.log(config.vocab_size):.2f})")
 print("that loss vs F.cross_entropy: difference < 1e-6")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # `random_batch` above returns exactly these pairs: `x` is a window's first `N` tokens and `y`
 # its last `N`.
 #
@@ -693,7 +720,7 @@ print("that loss vs F.cross_entropy: difference < 1e-6")
 # averages, which the next step needs.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def adamw_update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int,
                  lr: float, betas: tuple[float, float], eps: float,
                  weight_decay: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -707,10 +734,10 @@ def adamw_update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Ten
     return p - lr * m_hat / (v_hat.sqrt() + eps), m, v
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("gpt.adamw_update", adamw_update)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **Every weight of a model.** Each weight gets its own step size: one whose gradient is
 # consistently large or small moves by about `lr` either way. An optimiser keeps `m` and `v` for
 # every weight of the model and runs the update on each, with weight decay on the matrices only
@@ -737,12 +764,12 @@ check("gpt.adamw_update", adamw_update)
 # 2 give its new value and averages. (3) Keep the averages, and write the new value into the weight
 # in place.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from collections.abc import Callable
 
 from helpers.training.trainer import matrices_and_vectors
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 class HandAdamW:
     """AdamW on every weight, one `update(p, g, m, v, t, ...)` per tensor; `matrices` are decayed,
     `vectors` (biases, gains) are not."""
@@ -772,15 +799,15 @@ class HandAdamW:
             p.copy_(new_p)                           # in place: the model keeps its tensor
         ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("gpt.hand_adamw", HandAdamW)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Your optimiser with your update (each replaced by the course's, in `helpers.training.by_hand`,
 # until it passes its check), against `torch.optim.AdamW` with the same two groups on a tiny GPT,
 # both given the same gradient:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 update = yours_or("gpt.adamw_update", adamw_update, by_hand.adamw_update)
 Optimizer = yours_or("gpt.hand_adamw", HandAdamW, by_hand.HandAdamW)
 
@@ -789,7 +816,7 @@ def windows_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """A batch (x, y) of random_batch as windows (B, N + 1): x and y's last token."""
     return torch.cat([x, y[:, -1:]], dim=1)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 tiny_config = GPTConfig(vocab_size=tokenizer.vocab_size, context_length=32, n_layers=2, n_heads=2,
                         d_model=32)
 torch.manual_seed(0)
@@ -815,7 +842,7 @@ assert adamw_gap < 1e-6
 print(f"{len(their_matrices)} matrices decayed, {len(their_vectors)} vectors not")
 print("after 5 steps, largest difference from torch.optim.AdamW (two groups): < 1e-6")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### One gradient, two optimisers
 #
 # Both optimisers receive the same gradient. Two separate `backward()` passes would differ in
@@ -830,7 +857,7 @@ print("after 5 steps, largest difference from torch.optim.AdamW (two groups): < 
 # kept and only the length shrinks. Checked against `torch.nn.utils.clip_grad_norm_` on a fresh
 # gradient, with a `max_norm` small enough that it clips:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def clip_by_global_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     """Scale every p.grad by min(1, max_norm / total norm) in place; return the norm before."""
     grads = [p.grad for p in params if p.grad is not None]
@@ -857,7 +884,7 @@ assert abs(new_norm - 0.1) < 1e-5
 print("gradient norm above 0.1, so it was clipped:", hand_norm.item() > 0.1)
 print(f"norm after clipping: {new_norm:.4f}; largest difference from clip_grad_norm_: < 1e-7")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The schedule and the loop
 #
 # **The schedule.** The learning rate rises linearly from 0 to its peak over the first 5 % of
@@ -865,7 +892,7 @@ print(f"norm after clipping: {new_norm:.4f}; largest difference from clip_grad_n
 # large), then follows half a cosine down to a tenth of the peak. Written out, and checked against
 # `helpers.training.trainer.learning_rate` on a fine grid:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.training.trainer import learning_rate
 
 
@@ -886,7 +913,7 @@ print(
     f"{len(grid)} points, largest difference from helpers.training.trainer.learning_rate: < 1e-15"
 )
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **The loop.** Now the pieces train a tiny GPT (2 blocks, width 32, a context of 32, float32)
 # for `PLAIN_STEPS` steps of 16 random windows, on your `next_token_loss`, `adamw_update` and
 # `HandAdamW` (the course's until yours pass their checks). The rate at each step is the schedule's at the
@@ -897,7 +924,7 @@ print(
 # round-off, so the key biases drift apart (see above), but they cannot change the output: the
 # two losses must agree.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.training.trainer import TrainConfig, Trainer
 
 PLAIN_STEPS = 120  # the knob of this plain loop: a few seconds of CPU
@@ -924,7 +951,7 @@ for step in range(PLAIN_STEPS):
     if step < TWIN_STEPS:
         twin_losses.append(twin_trainer.train_step(lr))             # PyTorch's pieces
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 twin_gap = max(abs(a - b) for a, b in zip(plain_losses[:TWIN_STEPS], twin_losses, strict=True))
 first, last = plain_losses[0], sum(plain_losses[-10:]) / 10
 assert twin_gap < 1e-3 and last < 2.5 < first - 1.0
@@ -940,7 +967,7 @@ ax.set_title("A tiny GPT trained by the plain loop")
 ax.legend()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # That is all of training. **This is what `helpers.training.trainer` does, faster**: `Trainer.train_step`
 # is the body of this loop (its plain path just took the twin's steps), with `torch.optim.AdamW`
 # (its fused kernel) in place of `HandAdamW`, `clip_grad_norm_` in place of `clip_by_global_norm`,
@@ -965,7 +992,7 @@ plt.show()
 # steps that fit in the time of AdamW's 600 (AdamW's default here until then), and trained both
 # from three seeds, in float32 and in bf16. The cell prints what it stored.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import json
 
 from helpers.text.corpus import data_dir
@@ -984,7 +1011,7 @@ for precision in ("", "_bf16"):
           [round(gap, 2) for gap in muon["val_loss_minus_adamw"]])
     assert muon["beats_every_adamw_rate_on_every_seed"] and max(muon["val_loss_minus_adamw"]) < -0.2
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # On every seed, in both precisions, Muon at `TrainConfig`'s rate (`muon lr 0.04`) ends far below
 # AdamW at this notebook's rate (`adamw`, peak `5e-3`), and in float32 below AdamW at the two
 # other rates tried as well (`adamw lr ...`): by more than 0.2 on every seed (the differences
@@ -997,7 +1024,7 @@ for precision in ("", "_bf16"):
 # steps give better stories. The progress bar and the loss plot update as it
 # runs (the plot redraws at every evaluation).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 TRAIN_STEPS = 400  # the knob: more steps, better stories
 
 from helpers.lab.plots import LiveLossPlot, draw_losses
@@ -1013,7 +1040,7 @@ ax.set_title("Warm-up, then cosine decay")
 plt.show()
 print(train_config)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # The progress bar, the live plot and the exact losses depend on the machine's speed and CPU.
 trainer = Trainer(model, train_ids, val_ids, train_config)
@@ -1026,7 +1053,7 @@ print(f"trained in {trainer.dtype} on {trainer.device.type}: {len(history.steps)
 print(f"loss: train {history.train_losses[-1]:.3f}, validation {history.val_losses[-1]:.3f} "
       f"(uniform guessing: ln {config.vocab_size} = {math.log(config.vocab_size):.3f})")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The cell above cannot print the same numbers on every machine (bfloat16 rounds differently
 # from one CPU to another), so the next cell checks what must hold instead: the run took
 # `TRAIN_STEPS` steps, the loss fell far below uniform guessing and below a second reference,
@@ -1036,7 +1063,7 @@ print(f"loss: train {history.train_losses[-1]:.3f}, validation {history.val_loss
 # below; its windows are drawn at random, so some text is read twice and some not at all), too
 # little to overfit; besides, many validation sentences were seen whole in training (section 4).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def bigram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int) -> float:
     """Validation cross-entropy of next-character probabilities counted from `train`'s pairs."""
     counts = torch.ones(vocab_size, vocab_size, dtype=torch.float64)  # add-one smoothing
@@ -1053,7 +1080,7 @@ print(f"validation loss references: uniform ln {config.vocab_size} = "
 assert history.val_losses[-1] < bigram < math.log(config.vocab_size)
 print("the trained GPT's validation loss is below the bigram's:", history.val_losses[-1] < bigram)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 tokens_read = TRAIN_STEPS * train_config.batch_size * config.context_length
 print(f"tokens read: {TRAIN_STEPS} steps x {train_config.batch_size} x {config.context_length} = "
       f"{tokens_read:,}, "
@@ -1070,7 +1097,7 @@ print(
 draw_losses(history)
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. Sampling: temperature and top-k (optional)
 #
 # The model gives a probability for every next character. **Greedy** decoding takes the most
@@ -1085,10 +1112,15 @@ plt.show()
 # The next-character distribution after "On Monday, the 3rd of May, Mia walked to the ", three
 # ways:
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# Let the room choose a temperature and a k and sample. Low temperature repeats itself, high
+# temperature drifts into noise; top-k cuts the tail. Ask: "what does temperature 0 mean, and why
+# can we not divide by it?"
+
+# %% slideshow={"slide_type": "fragment"}
 catch_up("07_gpt", "5.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.generation import sample_next
 
 prompt_text = "On Monday, the 3rd of May, Mia walked to the "
@@ -1115,7 +1147,7 @@ assert torch.equal(sample_next(next_logits[None], temperature=1.3, top_k=1),
                    next_logits.argmax().view(1, 1))
 print("temperature 0 and top-k 1 both pick the most likely character, the first bar above")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: sampling with temperature and top-k
 #
 # Write the loop `generate` runs, with both adjustments: `my_generate(gpt, prompt,
@@ -1145,7 +1177,7 @@ print("temperature 0 and top-k 1 both pick the most likely character, the first 
 # cut sends every logit below a row's k-th largest to minus infinity; the draw is from the softmax
 # of what is left.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_generate(gpt: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
     """prompt (B, S) -> (B, S + max_new_tokens): the prompt and the tokens sampled after it."""
@@ -1167,15 +1199,15 @@ def my_generate(gpt: GPT, prompt: torch.Tensor, max_new_tokens: int, temperature
     return sequence
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("gpt.sample_tokens", my_generate)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Your sampler (the course's `generate` until yours passes) continues the prompt of the bars
 # above. Greedy, it must write exactly what `generate` writes; the prompt and the 30 new
 # characters are longer than the context of 64, so this also checks the cropping.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 sampler = yours_or("gpt.sample_tokens", my_generate, generate)
 start = torch.tensor([tokenizer.encode(prompt_text)])
 greedy_yours = sampler(model, start, 30, temperature=0.0)
@@ -1186,7 +1218,7 @@ print(
     same_as_generate,
 )
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # What a trained model writes depends on the CPU's bfloat16 rounding.
 print(f"greedy:            ...{tokenizer.decode(greedy_yours[0, start.shape[1]:].tolist())!r}")
@@ -1196,14 +1228,14 @@ for temperature, k in ((0.6, None), (1.0, 5)):
     print(f"T = {temperature}, top-k = {k}: "
           f"...{tokenizer.decode(out[0, start.shape[1]:].tolist())!r}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### After training: the same measurement
 #
 # Twice as many samples of a context's worth of characters (fewer lines would make the share
 # jump from run to run), at the same temperature as before training, 0.6, sharper than the
 # model's own distribution. Some of their lines, and the two measures:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # What a trained model writes depends on the CPU's bfloat16 rounding; the next cell checks it.
 N_SAMPLES = 96
@@ -1215,7 +1247,7 @@ print(f"\n{N_SAMPLES} samples x {config.context_length - 1} characters, {len(aft
       f"{quality_after:.2f} well formed after training, {quality_before:.2f} before; "
       f"known words {words_after:.2f} after, {words_before:.2f} before")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 random_words = known_word_fraction(noise)
 assert quality_after > 0.01 > quality_before and words_after > 0.7 > max(words_before, random_words)
 print("training raised the well-formed share from", quality_before, "to more than 0.01,",
@@ -1223,7 +1255,7 @@ print("training raised the well-formed share from", quality_before, "to more tha
       f"{random_words:.2f})",
       "to more than 0.7")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # The grammar is strict: a line counts only if every word, number, comma and quotation mark in it
 # is one the grammar could have written there, from thousands of word forms. Lines that miss
 # often still read as English, with a misspelt word or two sentences run together; more
@@ -1264,10 +1296,15 @@ print("training raised the well-formed share from", quality_before, "to more tha
 # <details><summary>Hint 3: closer</summary>Scaled scores (by the square root of d_h), a softmax
 # over the keys, the values weighted by it; no mask is needed.</details>
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# The cache stores each layer's keys and values so a new token costs one row, not the whole
+# sequence again. The notebook proves cached and full recomputation equal before it times them:
+# say why the proof comes first (a fast wrong answer is worthless).
+
+# %% slideshow={"slide_type": "fragment"}
 catch_up("07_gpt", "6.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def cache_step(x_new: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,
                keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
                                                                   torch.Tensor]:
@@ -1282,10 +1319,10 @@ def cache_step(x_new: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: t
     return attention @ values, keys, values
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("gpt.cache_step", cache_step)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Your step on every head of the trained model
 #
 # The first block's attention of the trained model has `H` heads, each with its own slice of
@@ -1294,7 +1331,7 @@ check("gpt.cache_step", cache_step)
 # arrives alone and goes through your `cache_step` once per head; `W_O` mixes the heads. The
 # result must equal the last row of attention recomputed over the whole prompt:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.attention import scaled_dot_product_attention
 
 
@@ -1317,7 +1354,7 @@ def head_matrix(projection: nn.Linear, head: int) -> torch.Tensor:
     return torch.cat([projection.weight[rows].T, projection.bias[rows][None]])
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 with torch.no_grad():
     # (1, T, d)
     h = model.blocks[0].ln1(model.embed(torch.tensor([tokenizer.encode("Once upon a time")])))
@@ -1337,7 +1374,7 @@ print(f"{n_heads} heads: stored keys {tuple(stored_k.shape)} + the new token's -
       f"output {tuple(one_step.shape)}")
 print("one cached step vs the last row of full attention: largest difference < 1e-5")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The cache in helpers
 #
 # `GPT.forward_cached` does this with each block's weights through notebook 5's hook `kv_store`:
@@ -1351,7 +1388,7 @@ print("one cached step vs the last row of full attention: largest difference < 1
 # First the proof: greedy generation with and without the cache writes the same tokens, and the
 # cached logits equal the full forward pass.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.kv_cache import KVCache
 
 prompt = torch.tensor([tokenizer.encode("Once upon a time"), tokenizer.encode('"Good morning, L')])
@@ -1364,7 +1401,7 @@ print(
     torch.equal(with_cache, recomputed),
 )
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 window = with_cache[:, :config.context_length]
 cache = KVCache.for_model(model, batch_size=2)
 start = prompt.shape[1]
@@ -1383,7 +1420,7 @@ assert largest_gap < 1e-4 and course_gap < 1e-4
 print(f"largest difference between cached and full logits over {config.context_length} positions: "
       "< 1e-4 (fused kernels and course Block alike)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Past the context length the model reads only the last `context_length` tokens, as nanoGPT's
 # `generate` does (GPT-2's original sampling script refuses lengths past its window, and Hugging
 # Face's GPT-2 has no position past its 1,024th), so positions shift and the cache is rebuilt from
@@ -1395,7 +1432,7 @@ print(f"largest difference between cached and full logits over {config.context_l
 # the benchmark's (4 layers, a context of 512; speed does not depend on the weights). Each
 # length is generated greedily, with and without the cache:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(0)
 long_model = GPT(GPTConfig(vocab_size=70, context_length=512, n_layers=4, n_heads=4,
                            d_model=128)).eval()
@@ -1420,7 +1457,7 @@ ax.set_title("Greedy generation, context 512")
 ax.legend()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Recomputation does about `t` tokens of work at step `t`, so its total grows with the square
 # of the length; the cache does one token of work per step (plus attention over the stored
 # keys), so its total grows about linearly. `benchmarks/bench_kv_cache.py` times 500 new tokens
@@ -1432,7 +1469,7 @@ plt.show()
 # numbers, for each of the `n` tokens: **`2 x L x H x d_h x n`** numbers per sequence. The
 # formula against the cache's real tensors:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 long_cache = KVCache.for_model(long_model, batch_size=1)
 cfg = long_model.config
 formula_bytes = 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * cfg.context_length * 4  # float32
@@ -1448,7 +1485,7 @@ for name, (n_layers, n_heads, head_dim, n_tokens) in {
     fp16_bytes = 2 * n_layers * n_heads * head_dim * n_tokens * 2
     print(f"{name}, fp16: {fp16_bytes / 1e6:,.1f} MB per sequence")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # A single GPT-3 sequence of 2048 tokens needs gigabytes of cache; a server with many users
 # multiplies that by the batch. Grouped-query attention (notebook 5) shrinks `H` in the formula
 # to the number of key/value heads.
@@ -1459,10 +1496,15 @@ for name, (n_layers, n_heads, head_dim, n_tokens) in {
 # the trained model and draw every head of every layer (`block.attn.last_weights`). Each row is
 # a query character; it can only look left (the causal mask).
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# Show one head whose map is a clean diagonal (attending to the previous token) and one that
+# spreads out. This cell refuses an untrained model: after a restart, run section 4 first or let
+# its catch-up cell do it.
+
+# %% slideshow={"slide_type": "fragment"}
 catch_up("07_gpt", "7.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 sentence_text = next(line for line in val_text.splitlines() if 20 <= len(line) <= 26)
 sentence_ids = torch.tensor([tokenizer.encode(sentence_text)])
 with torch.no_grad():
@@ -1488,7 +1530,7 @@ for layer, blk in enumerate(model.blocks):
         )
     plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # Look for heads that attend to the previous character (a bright line just below the diagonal),
 # heads that look back to the start of the current word or to the space before it, and heads
 # that spread their attention evenly. The exact pictures depend on the training run.
@@ -1507,10 +1549,15 @@ for layer, blk in enumerate(model.blocks):
 # **The mask.** One `Block`, run with and without the causal mask: change the last token, and
 # see which outputs move.
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# The three families in one table (the DS 246 and CS 4804 notes): BERT reads both ways, GPT
+# reads left to right, T5 and the original Transformer do both with cross-attention between them.
+# Ask: "which family would you pick to classify a review, to translate, to chat?"
+
+# %% slideshow={"slide_type": "fragment"}
 catch_up("07_gpt", "8.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(0)
 shared_block = Block(16, 2).eval()
 tokens = torch.randn(1, 5, 16)
@@ -1522,7 +1569,7 @@ for name, causal in (("encoder (bidirectional)", False), ("decoder (causal)", Tr
                 causal=causal)).abs().amax(-1)[0]
     print(f"{name:<24} outputs that changed: {(moved > 1e-6).int().tolist()}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The encoder's first four outputs moved because they look at the last token; the decoder's did
 # not, which is what lets it be trained on every position at once and then generate.
 #
@@ -1532,7 +1579,7 @@ for name, causal in (("encoder (bidirectional)", False), ("decoder (causal)", Tr
 # `[N_Q x N_X]`). Built from the helpers parts, for the DS 246 notes' source sentence "The cat sat
 # here":
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 class DecoderBlockWithCrossAttention(nn.Module):
     """Pre-LN decoder block of an encoder-decoder: causal self-attention, cross-attention, FFN."""
 
@@ -1551,7 +1598,7 @@ class DecoderBlockWithCrossAttention(nn.Module):
         return x + self.mlp(self.ln3(x))
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(0)
 source_words, target_words = ["The", "cat", "sat", "here"], ["<start>", "Le", "chat", "était",
                                                              "assis"]
@@ -1570,7 +1617,7 @@ heatmap(cross, target_words, source_words, ax=axes[1], title="cross-attention (n
         xlabel="source key (encoder)", ylabel="target query")
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The decoder's self-attention is triangular; its cross-attention is a full `5 x 4` rectangle:
 # every target position may read the whole source (the weights are random here, untrained).
 #
@@ -1579,7 +1626,7 @@ plt.show()
 # those; the DS 246 notes note that next-token prediction gives "more learning signals". Per window of
 # our 64 characters:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 window_length, mask_share = config.context_length, 0.15
 print(f"decoder-only, next token: {window_length} predictions per window")
 print(f"encoder-only, {mask_share:.0%} masked: about {window_length * mask_share:.0f} predictions "
@@ -1587,7 +1634,7 @@ print(f"encoder-only, {mask_share:.0%} masked: about {window_length * mask_share
 masked = torch.rand(window_length, generator=torch.Generator().manual_seed(0)) < mask_share
 print(f"one random masking of {window_length} positions hid {int(masked.sum())}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 9. Saving and loading a checkpoint (optional)
 #
 # `helpers.model.checkpoints.save_checkpoint` stores the config, the weights and (optionally) the optimiser
@@ -1595,10 +1642,10 @@ print(f"one random masking of {window_length} positions hid {int(masked.sum())}"
 # `torch.load(..., weights_only=True)`, which refuses to unpickle arbitrary objects and so
 # cannot run code hidden in a file.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("07_gpt", "9.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.checkpoints import load_checkpoint, save_checkpoint
 
 with tempfile.TemporaryDirectory() as folder:
@@ -1613,7 +1660,7 @@ assert same and restored.lm_head.weight is restored.embed.token.weight
 print("restored model gives identical logits:", same, "| still tied:",
       restored.lm_head.weight is restored.embed.token.weight)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 10. How fast is the trainer? (optional)
 #
 # The trainer is fast for a CPU because of a few choices, all in `helpers.training.speed` and each measured
@@ -1644,10 +1691,10 @@ print("restored model gives identical logits:", same, "| still tied:",
 # three, and compares tokens per second and validation loss. A short side-by-side measurement,
 # here:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("07_gpt", "10.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # Speeds depend on the machine and on whatever else runs on it; benchmarks/bench_train.py holds the
 # budget.
@@ -1670,7 +1717,7 @@ speeds = {name: 3 * 3 * 12 * bench_config.context_length / seconds for name,
 print(f"plain path {speeds['plain']:,.0f} tokens/s, fast path {speeds['fast']:,.0f} tokens/s: "
       f"{speeds['fast'] / speeds['plain']:.1f}x")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Check your understanding (optional)
 #
 # **1. What are the differences between a transformer encoder and a decoder? (the USF notes)**
@@ -1685,17 +1732,21 @@ print(f"plain path {speeds['plain']:,.0f} tokens/s, fast path {speeds['fast']:,.
 # generate. A decoder-only GPT has no encoder and so no cross-attention at all.
 # </details>
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# Close with the parameter-count and memory questions: they come back in notebooks 11 and 12,
+# where the models no longer fit one machine.
+
+# %% slideshow={"slide_type": "fragment"}
 catch_up("07_gpt", "Check")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 d = 768
 encoder_block = 12 * d * d + 13 * d  # attention, FFN, their biases, two LayerNorms
 cross_extra = 4 * d * d + 4 * d + 2 * d
 print(f"block with self-attention + FFN (d=768): {encoder_block:,}")
 print(f"decoder block with cross-attention: {encoder_block + cross_extra:,} (+{cross_extra:,})")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **2. What parallelises in a transformer, and what does not? (the USF notes)**
 #
 # <details><summary>Answer</summary>
@@ -1708,13 +1759,13 @@ print(f"decoder block with cross-attention: {encoder_block + cross_extra:,} (+{c
 # cores there are. The KV cache makes each step cheap; it does not make the steps parallel.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print(f"one training step: {train_config.batch_size} x {config.context_length} = "
       f"{train_config.batch_size * config.context_length:,} next-token predictions in one forward "
       f"pass")
 print("generating 100 tokens: 100 forward steps, one after another")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **3. GPT-2 small (the textbook section).** `N = 12`, `d = 768`, `V = 50257`, tied weights. (a) The
 # parameters of the blocks with `12d²` per layer? (b) Add the embedding, counted once.
 # (c) The reported total is about 124M: where does the gap come from?
@@ -1729,7 +1780,7 @@ print("generating 100 tokens: 100 forward steps, one after another")
 # parameters. The cell computes each number.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 blocks_12d2 = 12 * 12 * 768**2
 embedding = 50257 * 768
 gaps = {"positions": 1024 * 768, "biases": 12 * 9 * 768, "LayerNorms": 12 * 4 * 768 + 2 * 768}
@@ -1739,7 +1790,7 @@ print(f"(c) exact {exact_parameters(gpt2):,}, gap "
       + " + ".join(f"{name} {value:,}" for name, value in gaps.items()))
 assert blocks_12d2 + embedding + sum(gaps.values()) == exact_parameters(gpt2)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **4. The KV cache (the textbook section).** The textbook section says that without a cache a 1,000-token response
 # needs "roughly 500,000 redundant Key and Value computations". Check it, and say what the cache
 # costs instead.
@@ -1754,13 +1805,13 @@ assert blocks_12d2 + embedding + sum(gaps.values()) == exact_parameters(gpt2)
 # (fewer key/value heads), paging and quantisation.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 redundant = sum(t - 1 for t in range(1, 1001))
 print(f"redundant key/value computations for 1,000 tokens: {redundant:,}")
 print(f"GPT-2 small cache, 1024 tokens, fp16: {2 * 12 * 12 * 64 * 1024 * 2 / 1e6:.1f} MB per "
       f"sequence")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Optional: your own text (optional)
 #
 # Section 4 trained on the course corpus. The same tokenizer, model and Trainer learn from any
@@ -1775,10 +1826,10 @@ print(f"GPT-2 small cache, 1024 tokens, fp16: {2 * 12 * 12 * 64 * 1024 * 2 / 1e6
 # of tokens it needs. On a laptop CPU the default run takes a minute or two; more steps, or a
 # GPU, give text that sounds more like yours. Left `None`, the cell only says what it would do.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("07_gpt", "Optional: your")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.lab.own_text import gpt_on_text_file
 
 MY_TEXT_FILE = None  # <- the path of a UTF-8 text file, such as "my_book.txt"
@@ -1803,7 +1854,7 @@ else:
           f"{MY_CONFIG.context_length} "
           f"tokens) for {MY_STEPS} steps on that file, then print the losses and a sample.")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Optional: GPT-2's own weights in this GPT (needs internet; off by default) (optional)
 #
 # Section 3 built GPT-2 small's architecture and counted 124,439,808 parameters without
@@ -1824,11 +1875,11 @@ else:
 # table: the bytes that print as themselves keep their character, the others are moved to
 # characters from 256 up, so that the space becomes `Ġ`.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("07_gpt",
          "Optional: GPT-2's")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.text.gpt2_tokenizer import bytes_to_unicode
 
 byte_table = bytes_to_unicode()
@@ -1837,14 +1888,14 @@ print(f"{len(moved)} of 256 bytes are moved; space -> {byte_table[32]!r}, newlin
       f"{byte_table[10]!r}, 'A' -> {byte_table[65]!r}")
 assert len(moved) == 68 and byte_table[32] == "Ġ"
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **The knob.** Set `LOAD_GPT2 = True` on a machine with internet (Colab is one) and run the
 # cell: it downloads GPT-2 small's three files (about half a gigabyte, as the cell prints) once
 # into a cache folder, loads them with the code the tests prove, prints the parameter count
 # beside section 3's, and continues a prompt with the course's `generate` and KV cache (top-k sampling, seeded).
 # Left `False`, nothing touches the network: the cell says what it would do.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from pathlib import Path
 
 from helpers.model.gpt import GPTConfig, count_parameters, exact_parameters
@@ -1869,7 +1920,7 @@ else:
           f"{exact_parameters(GPTConfig.gpt2_small()):,} parameters into a course GPT and continue "
           f"{GPT2_PROMPT!r}")
     print(f"the weights alone: {weight_bytes / 1e6:.0f} MB in float32")
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Appendix: the Matrix Magic notes' walk-through, every table checked (optional)
 #
 # Section 2 ran the notes' sentence through a GPT with their embedding tables and our own
@@ -1885,10 +1936,10 @@ else:
 # largest entry-wise gap tells whether the table follows from its inputs; the tables are printed
 # to two decimals (the FFN weights to one), so gaps of a few hundredths are rounding.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("07_gpt", "Appendix:")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print("the Matrix Magic notes' tables, read from data/notes_tables.txt:")
 print(", ".join(f"{name} {tuple(table.shape)}" for name, table in vars(mm).items()))
 
@@ -1908,7 +1959,7 @@ def notes_layer_norm(x: torch.Tensor) -> torch.Tensor:
                                                        + NOTES_EPS)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 relu = F.relu(mm.LINEAR_1)
 steps = [
     ("heads @ W_O", mm.HEADS @ mm.W_O, mm.ATTENTION),
@@ -1931,7 +1982,7 @@ print(f"{'step':<32}{'largest gap to the notes':>26}")
 for name, gap in gaps.items():
     print(f"{name:<32}{gap:>26.2f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Where the notes differ, and why
 #
 # Where a gap is large, the cells below find what the notes did instead.
@@ -1947,7 +1998,7 @@ for name, gap in gaps.items():
 # layer's output. Row 1 is not: from column 10 on, its entries sit one column to the left of
 # where they belong, and a 0 fills the gap.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for name, inputs, notes_output, weights in (("W1", mm.LAYER_NORM, mm.LINEAR_1, mm.W1),
                                             ("W2", relu, mm.LINEAR_2, mm.W2)):
     bound = 0.05 * inputs.abs().sum(-1, keepdim=True)                  # (4, 1): one bound per row
@@ -1966,7 +2017,7 @@ print("notes' row 1, columns 10-23:", notes_row[9:23].tolist())
 print("true row 1,   columns 11-24:", true_row[10:24].tolist())
 assert torch.equal(notes_row[9:23], true_row[10:24]) and torch.equal(notes_row[24:], true_row[24:])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **Dropout.** Both dropout slides keep the surviving values exactly as they were. `nn.Dropout(p)`
 # in training mode multiplies the survivors by `1/(1-p)`, so that each value keeps its expected
 # size; the notes do not give `p`, so the cell uses 0.1. And the two slides, which show the same
@@ -1983,7 +2034,7 @@ assert torch.equal(notes_row[9:23], true_row[10:24]) and torch.equal(notes_row[2
 # The same weights, run the way GPT-2 runs them at inference (true LayerNorms, both residuals,
 # no dropout), give other predictions (the last lines of the cell):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def zeroed(table: torch.Tensor) -> list[tuple[int, int]]:
     """(row, column) of the entries dropout set to 0, counting from 1 like the slides."""
     return [(r + 1, c + 1) for r, c in ((table == 0) & (mm.LINEAR_2 != 0)).nonzero().tolist()]

@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 8. Tiled FlashAttention: from Algorithm 1 to a Triton kernel
 #
 # **After this notebook you will be able to**
@@ -23,7 +23,7 @@
 
 # %% [setup]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # Triton reads TRITON_INTERPRET once, when triton is first imported, and torch's profiler (used
 # below to measure memory) imports triton. So, without a GPU, we ask for the interpreter now.
 import os
@@ -37,7 +37,7 @@ print("Triton kernels will be", "interpreted on the CPU"
       else "compiled for the GPU")
 from helpers.lab.sections import catch_up
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import inspect
 import math
 import textwrap
@@ -62,7 +62,7 @@ from helpers.lab.widgets import Explorer
 # the number of cores (PyTorch's fused kernel allocates scratch space per thread).
 torch.set_num_threads(1)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. Why naive attention is memory-bound (core)
 #
 # A GPU has two kinds of memory that matter here. **HBM** (high-bandwidth memory) is the large
@@ -72,7 +72,7 @@ torch.set_num_threads(1)
 # there has to travel from HBM and back. The figures below are those of an A100 (40 GB), as the
 # FlashAttention paper quotes them.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 A100 = {
     "HBM bytes": 40e9, "HBM bytes/s": 1.5e12,                 # FlashAttention paper, Figure 1
     "SRAM bytes per SM": 192 * 1024, "SMs": 108, "SRAM bytes/s": 19e12,
@@ -85,13 +85,13 @@ print(f"SRAM: {A100['SRAM bytes per SM'] // 1024} KiB x {A100['SMs']} SMs = "
 print(f"SRAM is {A100['SRAM bytes/s'] / A100['HBM bytes/s']:.1f}x faster and "
       f"{A100['HBM bytes'] / (A100['SRAM bytes per SM'] * A100['SMs']):,.0f}x smaller than HBM")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Naive attention runs as separate GPU kernels, and each one reads its inputs from HBM and writes
 # its result back: $S = QK^\top$ is written, read back by the softmax, which writes $P$, which is
 # read back by $PV$. For one head with $N$ queries and keys of dimension $d$ we count the
 # elements moved, in plain code first:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def naive_elements_moved(n: int, d: int) -> int:
     """Elements read or written by naive attention for one head."""
     scores = 2 * n * d + n * n       # read Q and K, write S
@@ -102,7 +102,7 @@ def naive_elements_moved(n: int, d: int) -> int:
 
 assert naive_elements_moved(1024, 64) == costs.hbm_elements_naive(1024, 64)  # the helper's count
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # That count lives in `helpers.flash.costs.hbm_elements_naive` (the assertion keeps the two equal).
 #
 # **Algorithm 1 of FlashAttention** never writes $S$ or $P$. It splits $K, V$ into $T_c$ tiles
@@ -113,7 +113,7 @@ assert naive_elements_moved(1024, 64) == costs.hbm_elements_naive(1024, 64)  # t
 # $B_r = \min(\lceil M / 4d \rceil, d)$. Here are the counts for one layer of GPT-2 medium
 # (16 heads of dimension 64, context 1024) on a batch of 64, in fp16:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 BATCH, HEADS, N, D = 64, 16, 1024, 64
 BYTES = 2                                                   # fp16
 M = A100["SRAM bytes per SM"] // BYTES                      # SRAM size in elements
@@ -123,7 +123,7 @@ print(f"B={BATCH}, H={HEADS}, N={N}, d={D}; M = {M:,} elements -> B_r = {block_r
       f"{block_c}, "
       f"T_c = {math.ceil(N / block_c)} key tiles")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 traffic = {
     "naive": costs.hbm_elements_naive(N, D),
     "Algorithm 1 (FA-1)": costs.hbm_elements_fa1(N, D, block_c),
@@ -143,7 +143,7 @@ print(f"\n{flops / 1e9:.0f} GFLOP of matrix products take {compute_ms:.2f} ms at
 print(f"K and V of one head: {2 * N * D * BYTES / 1024:.0f} KiB; the A100's L2 cache: "
       f"{A100['L2 bytes'] / 1e6:.0f} MB")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Read the table from the right: naive attention does far fewer FLOPs per byte than the chip
 # needs to stay busy (the break-even, or *ridge point*, printed last), so its time is the time
 # of moving bytes, several times the time of the arithmetic. That is what **memory-bound** means.
@@ -154,7 +154,7 @@ print(f"K and V of one head: {2 * N * D * BYTES / 1024:.0f} KiB; the A100's L2 c
 # them: naive is exactly $4Nd + 4N^2$, and Algorithm 1 is $2Nd + T_c(3Nd + 4N)$ with
 # $T_c \approx 4Nd/M$, so its dominant term is $12 N^2 d^2 / M$.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 theta_naive, theta_fa1 = N * D + N * N, N * N * D * D / M
 print(f"naive: counted {traffic['naive']:,} = {traffic['naive'] / theta_naive:.2f} x (Nd + N^2)")
 print(f"FA-1 : counted {traffic['Algorithm 1 (FA-1)']:,} = "
@@ -164,7 +164,7 @@ for n in (4096, 16384):
     print(f"N = {n:5d}: naive / FA-1 traffic = "
           f"{costs.hbm_elements_naive(n, D) / costs.hbm_elements_fa1(n, D, block_c):.1f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # The FA-2 row moves *more* bytes than Algorithm 1 in this count, because every query tile
 # re-reads all of $K$ and $V$. On a real GPU those re-reads come from different programs running
 # at the same moment and mostly hit the L2 cache, which is far larger than one head's $K$ and $V$
@@ -186,7 +186,7 @@ for n in (4096, 16384):
 # pass over both blocks. Every exponent is $\le 0$, so nothing overflows. In plain code, the
 # state of one block:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def block_state(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(max, sum of exp(score - max)) of the last dim of scores (..., n)."""
     row_max = scores.amax(dim=-1)
@@ -198,7 +198,7 @@ row = torch.randn(10, dtype=torch.float64)
 print("state of the first 6 scores:", block_state(row[:6]))
 print("state of the last 4 scores: ", block_state(row[6:]))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### A fully masked tile
 # With a mask (causal, or padding) a whole block of a row can be $-\infty$. Its state is then
 # $m_b = -\infty$, and even the block's own sum measures each score from $-\infty$:
@@ -208,13 +208,13 @@ print("state of the last 4 scores: ", block_state(row[6:]))
 # with a shift of $-\infty$ treated as 0, and `tiled.softmax_state` is `block_state` made safe
 # with it.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 hidden = torch.full((3,), -math.inf, dtype=torch.float64)      # a block where everything is masked
 print("block_state of a fully masked block:", block_state(hidden))
 print("exp(-inf - (-inf)) =", torch.exp(hidden[0] - hidden[0]).item())
 print("helpers.flash.tiled.softmax_state:", tiled.softmax_state(hidden))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise 1: merge two softmax states
 # Write `merge(max_a, sum_a, max_b, sum_b)` returning `(max, sum)` for the two blocks together,
 # the identity above in code. It must survive logits of 1000 and fully masked blocks
@@ -233,7 +233,7 @@ print("helpers.flash.tiled.softmax_state:", tiled.softmax_state(hidden))
 # add the two. Return the new maximum and the new sum.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def merge(max_a: torch.Tensor, sum_a: torch.Tensor, max_b: torch.Tensor, sum_b: torch.Tensor):
     """States (rows,) of two blocks of the same rows -> the state (max, sum) of both."""
     ### BEGIN SOLUTION
@@ -243,11 +243,11 @@ def merge(max_a: torch.Tensor, sum_a: torch.Tensor, max_b: torch.Tensor, sum_b: 
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("flash_attention.merge_softmax_states", merge)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def course_merge(max_a, sum_a, max_b, sum_b):
     """helpers.flash.tiled.merge_softmax_states, with merge's arguments."""
     merged = tiled.merge_softmax_states(tiled.SoftmaxState(max_a, sum_a), tiled.SoftmaxState(max_b,
@@ -265,18 +265,18 @@ print("log-sum-exp from the merged state equals torch.logsumexp:",
 print("two fully masked blocks merged:", merge_states(*tiled.softmax_state(hidden),
                                                       *tiled.softmax_state(hidden)))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Because the exponent is always measured from the running maximum, logits of size 1000 are no
 # problem, although $e^{1000}$ overflows even a float64:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 huge = 1000 * torch.randn(10, dtype=torch.float64)
 print(f"largest logit {huge.max().item():.0f}; plain sum of exp:", torch.exp(huge).sum().item())
 huge_max, huge_sum = merge_states(*block_state(huge[:6]), *block_state(huge[6:]))
 print(f"online log-sum-exp: {(huge_max + huge_sum.log()).item():.6f} | torch.logsumexp: "
       f"{huge.logsumexp(0).item():.6f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. Algorithm 1, tile by tile (core)
 #
 # The USF notes print Algorithm 1 of the FlashAttention paper. For one head with $Q, K, V$ of
@@ -299,10 +299,10 @@ print(f"online log-sum-exp: {(huge_max + huge_sum.log()).item():.6f} | torch.log
 # $\ell^{new}_i$. Lines 10 and 11 are the merge of Exercise 1. The paper's listing leaves out the
 # $1/\sqrt{d}$ scaling of the scores.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("08_flash_attention", "3.")  # started here after a restart? this runs the sections above
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise 2: Algorithm 1 in PyTorch
 # Write `algorithm_1(Q, K, V, block_r, block_c)` for one head, returning $O$ ($N \times d$).
 # Slicing a tile out of a tensor stands for "load from HBM to SRAM"; keep `O`, `ell` and `m` as
@@ -330,7 +330,7 @@ catch_up("08_flash_attention", "3.")  # started here after a restart? this runs 
 # divides by the new sum. Never build the whole N by N matrix: one tile of scores at a
 # time.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def algorithm_1(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, block_r: int,
                 block_c: int) -> torch.Tensor:
     """Algorithm 1 of FlashAttention for one head. Q, K, V: (N, d). Returns O: (N, d)."""
@@ -358,11 +358,11 @@ def algorithm_1(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, block_r: int,
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("flash_attention.algorithm_1", algorithm_1)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def course_algorithm_1(Q, K, V, block_r, block_c):
     """helpers.flash.tiled.tiled_attention_fa1 (Algorithm 1 for batches of heads), with
     algorithm_1's arguments."""
@@ -381,7 +381,7 @@ helper_fa1 = tiled.tiled_attention_fa1(Q_demo, K_demo, V_demo, block_q=4, block_
 assert (helper_fa1 - fa1(Q_demo, K_demo, V_demo, 4, 3)).abs().max() < 1e-12
 print("helpers.flash.tiled.tiled_attention_fa1 agrees with it to 1e-12")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # The differences are float64 rounding, nothing more. `helpers.flash.tiled.tiled_attention_fa1`
 # is the same loop for batches of heads, with masks and causal attention (skipping the tiles a
 # causal mask hides entirely).
@@ -416,10 +416,10 @@ print("helpers.flash.tiled.tiled_attention_fa1 agrees with it to 1e-12")
 # summed per row, and the weights times the value tile. exp_shifted keeps a fully masked row
 # (maximum minus infinity) free of NaN.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("08_flash_attention", "4.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_tile_step(row_max: torch.Tensor, row_sum: torch.Tensor, acc: torch.Tensor,
                  scores: torch.Tensor, v_tile: torch.Tensor):
     """row_max, row_sum: (B_r,); acc: (B_r, d_v); scores: (B_r, B_c), -inf where masked;
@@ -434,11 +434,11 @@ def my_tile_step(row_max: torch.Tensor, row_sum: torch.Tensor, acc: torch.Tensor
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("flash_attention.tile_step", my_tile_step)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def course_tile_step(row_max, row_sum, acc, scores, v_tile):
     """helpers.flash.tiled.tile_step, with my_tile_step's arguments."""
     return tuple(tiled.tile_step(tiled.TileState(row_max, row_sum, acc), scores, v_tile))
@@ -447,7 +447,7 @@ def course_tile_step(row_max, row_sum, acc, scores, v_tile):
 tile_step = yours_or("flash_attention.tile_step", my_tile_step, course_tile_step)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def flash_attention_2(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, block_r: int,
                       block_c: int):
     """FlashAttention-2 order for one head. Q, K, V: (N, d). Returns O (N, d) and lse (N,)."""
@@ -466,7 +466,7 @@ def flash_attention_2(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, block_r
         lse[r] = m + torch.log(ell)
     return out, lse
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 out_fa2, lse_fa2 = flash_attention_2(Q_demo, K_demo, V_demo, 4, 3)
 fa2_error = (out_fa2 - expected).abs().max().item()
 lse_error = (lse_fa2 - (Q_demo @ K_demo.T / 2).logsumexp(dim=1)).abs().max().item()
@@ -477,7 +477,7 @@ assert torch.allclose(helper_out, out_fa2, rtol=0, atol=1e-12) and torch.allclos
                                                                                   lse_fa2)
 print("helpers.flash.tiled.tiled_attention_fa2 agrees with the notebook's flash_attention_2")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # `helpers.flash.tiled.tiled_attention_fa2` is the same loop for batches of heads, with masks; it
 # also skips the key tiles that a causal mask hides completely.
 #
@@ -490,7 +490,7 @@ print("helpers.flash.tiled.tiled_attention_fa2 agrees with the notebook's flash_
 # for one long sequence at inference, against the 108 SMs of an A100. It also counts the
 # divisions by $\ell$: FA-1 rescales the whole output once per key tile, FA-2 once in all.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def programs(batch: int, heads: int, n: int, order: str) -> int:
     """Independent pieces of work: (batch, head) pairs for FA-1, times query tiles for FA-2."""
     return batch * heads * (math.ceil(n / FA2_BLOCK_R) if order == "FA-2" else 1)
@@ -505,7 +505,7 @@ key_tiles = math.ceil(N / block_c)
 print(f"divisions of output elements per head (N={N}, d={D}): FA-1 {key_tiles * N * D:,}, FA-2 "
       f"{N * D:,}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # With a long sequence and a small batch, Algorithm 1's order leaves most of the chip idle, while
 # FlashAttention-2 has thousands of programs to hand out. The other savings are non-matrix FLOPs
 # (the divisions above, and the rescaling), which run many times slower than tensor-core matrix
@@ -533,10 +533,10 @@ print(f"divisions of output elements per head (N={N}, d={D}): FA-1 {key_tiles * 
 # sum of the current query tile, and its output so far, $acc / \ell$. The title gives the distance
 # to the final attention output: it reaches 0 when the tile's last key tile is folded in.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("08_flash_attention", "5.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(2)
 N_WATCH, TILE = 16, 4
 q_watch, k_watch, v_watch = (torch.randn(N_WATCH, 4, dtype=torch.float64) for _ in range(3))
@@ -559,11 +559,11 @@ def tile_status(step: int) -> np.ndarray:
     return status
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The drawing: which tiles are done, the running statistics of the current query tile, and its
 # output so far, compared with the final output.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def draw_tile_map(ax_tiles, step: int, query_tile: int, key_tile: int) -> None:
     """The (N_WATCH // TILE, N_WATCH // TILE) grid of tiles at step `step`, coloured by status."""
     ax_tiles.imshow(tile_status(step), cmap=TILE_COLOURS, vmin=-0.5, vmax=3.5)
@@ -585,7 +585,7 @@ def draw_tile_statistics(ax_stats, rows: list[int], row_max: torch.Tensor,
     ax_stats.legend(fontsize=10)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def draw_tile_step(step: int) -> dict:
     """Draw step `step` of STEPS; return the numbers drawn."""
     snap = STEPS[step]
@@ -610,7 +610,7 @@ print({name: (round(value, 4) if isinstance(value, float) else value) for name,
        value in drawn.items()
        if name != "row_max" and name != "row_sum"})
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # The widget's output holds ids that change on every run; the static figure above is the same
 # drawing.
@@ -618,7 +618,7 @@ explorer = Explorer(draw_tile_step, step=widgets.IntSlider(value=7, min=0, max=l
                                                            description="step"))
 explorer
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 first_key_tile = explorer.set(step=6)    # query tile 3 meets key tile 0
 last_key_tile = explorer.set(step=9)     # query tile 3 meets key tile 3, its last
 assert first_key_tile["query_tile"] == last_key_tile["query_tile"] == 3
@@ -627,7 +627,7 @@ assert first_key_tile["error_vs_final"] > 0.01 > 1e-12 > last_key_tile["error_vs
 print(f"query tile 3: off by {first_key_tile['error_vs_final']:.3f} after key tile 0, "
       f"by less than 1e-12 after key tile 3")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. A backward pass that recomputes (optional)
 #
 # Training needs gradients, and autograd through the tiled loop would save every tile of $P$:
@@ -642,10 +642,10 @@ print(f"query tile 3: off by {first_key_tile['error_vs_final']:.3f} after key ti
 # computed once from $O$. `helpers.flash.tiled.flash_attention` is a `torch.autograd.Function` with this
 # backward. `gradcheck` compares it with finite differences in float64, with a mask and causal:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("08_flash_attention", "6.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(3)
 q_check, k_check, v_check = (torch.randn(2, n, 4, dtype=torch.float64, requires_grad=True)
                              for n in (6, 9, 9))
@@ -659,11 +659,11 @@ def tiled_for_gradcheck(q, k, v):
 print("gradcheck passed:", torch.autograd.gradcheck(tiled_for_gradcheck, (q_check, k_check,
                                                                           v_check)))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # And against autograd through naive attention, with a random upstream gradient, on a bigger
 # batch of heads whose tiles do not divide $N$:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(4)
 shapes = {"q": (2, 3, 50, 16), "k": (2, 3, 70, 16), "v": (2, 3, 70, 16)}
 tensors = {name: torch.randn(shape, dtype=torch.float64) for name, shape in shapes.items()}
@@ -680,7 +680,7 @@ for name, mine, theirs in zip(shapes, tiled_grads, naive_grads, strict=True):
     assert error < 1e-12
     print(f"d{name}: shape {tuple(mine.shape)}, max |tiled - naive| < 1e-12: {error < 1e-12}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise 4: the backward pass, tile by tile
 #
 # Write `my_flash_backward` for one head without a mask: from $Q, K, V$, the saved output $O$ and
@@ -705,7 +705,7 @@ for name, mine, theirs in zip(shapes, tiled_grads, naive_grads, strict=True):
 # The tile of P is the exponential of the scaled scores minus the rows' L. dS is P times (dP minus
 # D), with dP from dO and the value tile. Both dQ and dK carry the scale of the scores.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                       lse: torch.Tensor, grad_out: torch.Tensor, block: int):
     """q (N_q, d), k and v (N_k, d), out and grad_out (N_q, d), lse (N_q,) -> (dq, dk, dv)."""
@@ -727,10 +727,10 @@ def my_flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: to
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("flash_attention.backward", my_flash_backward)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def course_flash_backward(q, k, v, out, lse, grad_out, block):
     """The course's tiled backward (helpers.flash.tiled), with my_flash_backward's arguments."""
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -750,17 +750,17 @@ backward_gap = max((a - b).abs().max().item() for a, b in zip(mine, theirs, stri
 assert backward_gap < 1e-12
 print("a head of 37 queries and 45 keys, tiles of 16: max |tiled backward - autograd| < 1e-12")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # What recomputation saves, per layer of GPT-2 medium on a batch of 64: the softmax output $P$
 # that autograd would keep, against the log-sum-exp that FlashAttention keeps (in fp32).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 p_bytes = BATCH * HEADS * N * N * BYTES
 lse_bytes = BATCH * HEADS * N * 4
 print(f"P: {p_bytes / 2**30:.1f} GiB per layer; log-sum-exp: {lse_bytes / 2**20:.1f} MiB "
       f"({p_bytes // lse_bytes}x less)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7. Peak memory on this CPU: quadratic against linear (optional)
 #
 # `helpers.flash.profiling.peak_memory_bytes(fn)` runs `fn` under torch's profiler, which records every
@@ -772,10 +772,10 @@ print(f"P: {p_bytes / 2**30:.1f} GiB per layer; log-sum-exp: {lse_bytes / 2**20:
 # and PyTorch's `F.scaled_dot_product_attention`, whose fused CPU kernel is tiled too
 # (for 4-D `(B, H, N, d)` inputs).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("08_flash_attention", "7.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 SEQ_LENS = [256, 512, 1024, 2048, 4096]
 HEADS_CPU, TILE_CPU = 2, 256
 print(f"B=1, H={HEADS_CPU}, d=64, float32; tiled with {TILE_CPU} x {TILE_CPU} tiles")
@@ -796,7 +796,7 @@ measured = [{name: profiling.peak_memory_bytes(run) for name, run in attention_r
             for n in SEQ_LENS]
 peaks = {name: [at_n[name] for at_n in measured] for name in measured[0]}
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print(f"{'N':>5s} {'naive MiB':>10s} {'tiled MiB':>10s} {'naive / tiled':>14s}")
 for i, n in enumerate(SEQ_LENS):
     naive_mib = peaks["naive (helpers.model.attention)"][i] / 2**20
@@ -810,7 +810,7 @@ assert growth["naive (helpers.model.attention)"] > 3.9, (
 assert growth["tiled FA-2 (helpers.flash.tiled)"] < 2.1, "linear"
 assert growth["F.scaled_dot_product_attention"] < 2.1, "linear"
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 fig, ax = plt.subplots(figsize=(8, 5))
 for (name, values), marker in zip(peaks.items(), "os^", strict=True):
     ax.loglog(SEQ_LENS, [v / 2**20 for v in values], marker + "-", label=name)
@@ -820,7 +820,7 @@ ax.set(xlabel="sequence length N", ylabel="peak memory (MiB, log scale)",
 ax.legend(fontsize=11)
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # On a log-log plot a power law is a straight line: naive attention's slope is 2 (it holds
 # several $N \times N$ matrices at once). The tiled versions hold the output, which grows like
 # $N$, and a few tiles whose size does not depend on $N$: their curves bend towards slope 1, so
@@ -835,7 +835,7 @@ plt.show()
 # PyTorch's, and its memory against naive attention's, at a still longer sequence) are checked
 # by `python benchmarks/bench_flash.py`, which repeats the measurement under fixed conditions.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(6)
 q, k, v = (torch.randn(1, 4, 2048, 64) for _ in range(3))
 print("B, H, N, d =", tuple(q.shape), "float32")
@@ -849,7 +849,7 @@ for _ in range(3):  # in turns: the best of three runs of each
 for name, seconds in times.items():
     print(f"{name:32s} {format_duration(seconds)}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 8. The same algorithm as a Triton kernel (optional)
 #
 # [Triton](https://triton-lang.org) writes GPU kernels in Python. A Triton **program** works on
@@ -871,10 +871,10 @@ for name, seconds in times.items():
 # - the $-\infty$ guard of section 2 (`shift`), and a query that sees no key writes 0, not NaN;
 # - tile sizes must be powers of two, so a head dimension like 80 is padded to 128 with zeros.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("08_flash_attention", "8.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.flash import triton_attention, triton_kernels
 
 if triton_attention.triton_available():
@@ -882,7 +882,7 @@ if triton_attention.triton_available():
         print(textwrap.dedent(inspect.getsource(kernel_part.fn)))
 print("a head dimension of 80 is padded to", triton_attention.padded_head_dim(80))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Checking it on this CPU
 # Without a GPU the same kernel runs under Triton's interpreter, which executes each program with
 # NumPy, one after the other. That is enough to prove it right, on small sizes, against PyTorch's
@@ -893,7 +893,7 @@ print("a head dimension of 80 is padded to", triton_attention.padded_head_dim(80
 # the kernel needs a GPU.** (bfloat16 runs on a GPU only: NumPy, which runs the interpreter, has
 # no bfloat16, so the interpreter refuses it with an error that says so.)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 3e-3}
 if not triton_attention.triton_available():
     print("Triton is not installed here (it is published for Linux): `pip install triton`.")
@@ -917,7 +917,7 @@ else:
             print(f"{str(dtype):14s} d={d:3d} causal={causal!s:5s} N=77: max error < "
                   f"{TOLERANCE[dtype]:.0e} ok")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Tiles for the GPU you have
 # A kernel launch fixes the tile sizes, the warps and the pipeline stages, and they must suit the
 # GPU. Each program keeps its tiles in **shared memory**, the fast memory beside each
@@ -933,7 +933,7 @@ else:
 # (`tests/flash/test_gpu_blocks.py` compiles the kernels for all four ahead of time, with no
 # GPU, and checks the compiler's count against the device's limit and this one):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.flash import gpu_blocks
 
 print(f"{'GPU':22s} {'arch':5s} {'per block':9s} {'d':>4s}  {'dtype':9s} {'tensor cores':13s} "
@@ -947,7 +947,7 @@ for gpu_name, (capability, shared) in gpu_blocks.STUDENT_GPUS.items():
               f"{str(fwd.launch()):15s} {fwd.shared_bytes // 1024:3d} KiB  "
               f"{str(bwd.launch()):15s} {bwd.shared_bytes // 1024:3d} KiB")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # On a GPU the next cell asks the same function about yours, with the numbers
 # `torch.cuda.get_device_properties` reports, takes bfloat16 only where the GPU has it
 # (`torch.cuda.is_bf16_supported(including_emulation=False)`: without that argument a T4 answers
@@ -955,7 +955,7 @@ for gpu_name, (capability, shared) in gpu_blocks.STUDENT_GPUS.items():
 # `triton_attention` also makes by itself) against SDPA on one larger causal problem, and times
 # both. On this CPU it prints only which GPU it would ask about.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 if not torch.cuda.is_available() or not triton_attention.triton_available():
     print("no CUDA GPU here: the table above is what a T4, an L4, an A100 or an H100 would get")
 else:
@@ -981,7 +981,7 @@ else:
         print(f"{name:5s} B=4 H=16 N=4096 d=64 causal: max error {errors[name]:.1e}, "
               f"{format_duration(seconds)}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The tiles a causal mask hides are never loaded
 # A query tile whose last query is row $r$ sees no key past $r + N_k - N_q$, so its loop over key
 # tiles stops there: FlashAttention-2 computes the loop bound from the tile's index instead of
@@ -989,7 +989,7 @@ else:
 # with a counter that each program increments once per key tile it loads, and returns the counts,
 # one per query tile (sizes printed):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 N_COUNT, TILE_COUNT = 256, 32
 if triton_attention.triton_available():
     loaded = {causal: triton_attention.key_tiles_visited(N_COUNT, N_COUNT, causal,
@@ -1005,11 +1005,11 @@ if triton_attention.triton_available():
     print(f"causal skips {skipped} of {sum(loaded[False])} tiles "
           f"({skipped / sum(loaded[False]):.0%})")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Nearly half of the work disappears; the fraction tends to one half as the tiles get smaller
 # against $N$, which is why benchmarks count causal attention as half the FLOPs.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 9. The backward pass as Triton kernels (optional)
 #
 # Section 6 derived the backward pass and wrote it as a PyTorch loop over tiles. Here it is again,
@@ -1033,10 +1033,10 @@ if triton_attention.triton_available():
 # returns $L$: saving it costs $N$ numbers, saving $P$ would cost $N^2$ (section 6 printed both).
 # The price is recomputation, paid in FLOPs, which the GPU has to spare.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("08_flash_attention", "9.")  # started here after a restart? this runs the sections above
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **Two kernels.** $dQ_i$ sums over key tiles, $dK_j$ and $dV_j$ over query tiles. One program
 # per query tile could compute all three, but then every program would add into the same rows of
 # $dK$ and $dV$ at the same time, which needs atomic additions. So, as in the Triton tutorial's
@@ -1057,7 +1057,7 @@ catch_up("08_flash_attention", "9.")  # started here after a restart? this runs 
 # products) for every method, so that they compare on equal work; for our kernels it also prints
 # the FLOPs they really execute. The cell counts both:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 forward_products = 2                       # S = Q K^T, O = P V
 fa2_backward = ["S = Q K^T (again)", "dV = P^T dO", "dP = dO V^T", "dQ = dS K", "dK = dS^T Q"]
 ours_backward = (["S = Q K^T (again)", "dV = P^T dO", "dP = dO V^T",
@@ -1070,14 +1070,14 @@ for name, products in (("FlashAttention-2, atomics", fa2_backward), ("this cours
           f"forward + backward {1 + len(products) / forward_products:.1f} x")
 print(f"FLOPs of one product at N={N}, d={D}, per head: 2 N^2 d = {2 * N * N * D:,}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 if triton_attention.triton_available():
     for kernel_part in (triton_kernels.recompute_probs, triton_kernels.flash_backward_dk_dv_kernel,
                         triton_kernels.flash_backward_dq_kernel):
         print(textwrap.dedent(inspect.getsource(kernel_part.fn)))
     print(textwrap.dedent(inspect.getsource(triton_attention.TritonAttention)))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Checking the backward on this CPU
 # The interpreter runs the backward kernels too. The cell compares their gradients with autograd
 # through naive attention in float64 on the same inputs, with a random upstream gradient: float32
@@ -1086,7 +1086,7 @@ if triton_attention.triton_available():
 # float64, where the last line checks them against finite differences along a random direction
 # (gradcheck's fast mode, written out).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 GRAD_TOLERANCE = {torch.float32: 2e-5, torch.float16: 6e-3}
 
 
@@ -1099,7 +1099,7 @@ def naive_gradients(q, k, v, upstream, causal: bool):
     return torch.autograd.grad(out, inputs, upstream.double())
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 if triton_attention.triton_available():
     generator = torch.Generator().manual_seed(8)
     for dtype, d in ((torch.float32, 64), (torch.float16, 64), (torch.float32, 128), (torch.float16,
@@ -1117,7 +1117,7 @@ if triton_attention.triton_available():
             print(f"{str(dtype):14s} d={d:3d} causal={causal!s:5s} N_q=40, N_k=57: dQ, dK, dV "
                   f"max error < {GRAD_TOLERANCE[dtype]:.0e} ok")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 if triton_attention.triton_available() and triton_attention.interpreting():
     generator = torch.Generator().manual_seed(9)
     q, k, v = (torch.randn(1, 1, n, 16, generator=generator, dtype=torch.float64) for n in (19, 37,
@@ -1141,7 +1141,7 @@ if triton_attention.triton_available() and triton_attention.interpreting():
     print("float64, causal, N_q=19, N_k=37, tiles of 16: for dq, dk and dv, "
           "|finite differences - backward kernels| < 1e-6 (1 + |backward kernels|)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### GPU figures: our kernels on an H200
 # On a CUDA GPU, `python benchmarks/bench_flash.py --gpu` measures TFLOP/s and peak GPU memory
 # against $N$ for naive attention, `F.scaled_dot_product_attention` (SDPA) with each backend forced
@@ -1152,7 +1152,7 @@ if triton_attention.triton_available() and triton_attention.interpreting():
 # `helpers.flash.gpu_figures` reads both and refuses a malformed file. The next cell says which
 # machine, versions and date made them.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 gpu_results = gpu_figures.load_benchmark(data_dir() / "flash_gpu_benchmark.json")
 gpu_accuracy = gpu_figures.load_accuracy(data_dir() / "flash_gpu_accuracy.json")
 print(f"measured on an {gpu_results['device']} on {gpu_results['date']}: torch "
@@ -1165,7 +1165,7 @@ if torch.cuda.is_available():
           "the command above measures it.")
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def draw_gpu_speed(results: dict) -> None:
     """TFLOP/s against N of every method: one row per pass, one column per (head dim, mask)."""
     columns = [(d, causal) for d in (64, 128) for causal in (False, True)]
@@ -1191,7 +1191,7 @@ def draw_gpu_speed(results: dict) -> None:
 
 draw_gpu_speed(gpu_results)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The next cell computes the fraction of the H200's peak each kernel reaches. The peak is NVIDIA's
 # datasheet figure for the **H200 SXM**, "FP16 Tensor Core 1,979 TFLOPS", which is quoted with
 # sparsity (a 2:4 pattern of zeros that the tensor cores skip); dense matrix products, which
@@ -1199,7 +1199,7 @@ draw_gpu_speed(gpu_results)
 # every method (printed below, as the JSON states it); our backward executes more than that
 # count, because each of its two kernels recomputes two products.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 peak = gpu_figures.H200_SXM_FP16_DENSE_TFLOPS
 big_n = max(r["n"] for r in gpu_results["results"])
 kernels_shown = {"ours": gpu_figures.OURS, "flash": "sdpa flash", "cuDNN": "sdpa cuDNN",
@@ -1224,7 +1224,7 @@ best_cudnn = max(row["cuDNN"] for row in gpu_summary.values())
 print(f"best: ours {best_ours:.0f} TFLOP/s = {best_ours / peak:.0%} of peak, "
       f"cuDNN {best_cudnn:.0f} = {best_cudnn / peak:.0%}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 long_n = 4096  # from here on the kernels' own speed shows, not the fixed cost of a call
 for pass_name in gpu_figures.PASSES:
     vs_flash = gpu_figures.speed_ratios(gpu_results, "sdpa flash", pass_name, long_n)
@@ -1247,7 +1247,7 @@ short_ratios = [r for p in gpu_figures.PASSES
 print(f"N <= 1024: a call of ours takes {min(short_ms):.2f}-{max(short_ms):.2f} ms, "
       f"ours / SDPA flash {min(short_ratios):.2f}-{max(short_ratios):.2f}x")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### What the figures show
 #
 # **What the figures show.** From $N$ = 4096 on (printed above), our forward kernel runs 1.11 to
@@ -1299,7 +1299,7 @@ print(f"N <= 1024: a call of ours takes {min(short_ms):.2f}-{max(short_ms):.2f} 
 # versions and GPU generations, and would tie the kernel to one of them: a portable teaching
 # kernel leaves them out for now, and the gap printed above is, most likely, what that costs.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def draw_gpu_memory(results: dict, methods: tuple[str, ...]) -> dict[str, float]:
     """Peak memory against N, log-log, full mask, for each pass and head dim; returns, per
     method, the largest growth of its peak memory per doubling of N."""
@@ -1324,7 +1324,7 @@ def draw_gpu_memory(results: dict, methods: tuple[str, ...]) -> dict[str, float]
     return growth
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 gpu_growth = draw_gpu_memory(gpu_results, ("naive", "sdpa math", gpu_figures.OURS, "sdpa flash"))
 for method, factor in gpu_growth.items():
     print(f"{method:15s} peak memory grows at most x{factor:.2f} per doubling of N")
@@ -1332,7 +1332,7 @@ out_of_memory = {r["method"] for r in gpu_results["results"]
                  if r["n"] == big_n and r["peak_mb"] is None}
 print("methods out of memory at the largest N:", sorted(out_of_memory))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Naive attention and SDPA's math backend store the $N \times N$ scores: their memory grows about
 # four times per doubling of $N$ until they run out of the H200's memory, while ours and the
 # flash backend grow two times, the inputs and the output (printed above).
@@ -1342,7 +1342,7 @@ print("methods out of memory at the largest N:", sorted(out_of_memory))
 # same rounded inputs; then the forward's error at ragged lengths, and a 300-step bf16 training
 # run with each attention from the same seed.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print(f"{'dtype':9s}{'d':>4s}{'N':>6s} {'mask':7s}" + "".join(f"{g + ' ours / flash':>22s}"
                                                               for g in ("O", "dQ", "dK", "dV")))
 error_rows = [r for r in gpu_accuracy["rows"] if "ragged" not in r]
@@ -1363,22 +1363,22 @@ gap = max(abs(a - b) for a, b in zip(losses["sdpa"], losses["ours"], strict=True
 print(f"training, {len(losses['sdpa'])} steps: final loss SDPA {losses['sdpa'][-1]:.4f}, ours "
       f"{losses['ours'][-1]:.4f}, largest difference at any step {gap:.1e}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Our errors match the flash backend's in almost every row: the worst ratio of the four is at
 # most 1.07 in 30 of the 32 rows, and in the other two both errors are a few float16 units in
 # the last place: one gradient element rounded to the neighbouring float16 value (9.8e-04 against
 # 2.4e-04, and 1.2e-04 against 6.1e-05, in the table). The training run with our kernels follows SDPA's to about $10^{-4}$ in the loss at every step.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Check your understanding (optional)
 #
 # The answers use numbers computed in the cell just below.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("08_flash_attention",
          "Check")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 training, inference = programs(64, 16, 1024, "FA-2"), programs(1, 16, 16384, "FA-2")
 naive_intensity = flops / (traffic["naive"] * BYTES * BATCH * HEADS)
 ridge = A100["fp16 tensor-core FLOP/s"] / A100["HBM bytes/s"]
@@ -1403,7 +1403,7 @@ print(f"memory growth per doubling of N on this CPU: naive "
 print(f"saved for the backward, per GPT-2-medium layer: P {p_bytes / 2**30:.1f} GiB vs lse "
       f"{lse_bytes / 2**20:.1f} MiB")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **1. What are the aspects of Transformer parallelization? (the USF notes)**
 # <details><summary>Answer</summary>
 #
@@ -1417,7 +1417,7 @@ print(f"saved for the backward, per GPT-2-medium layer: P {p_bytes / 2**30:.1f} 
 # lets it run tile by tile.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **2. Why is naive attention memory-bound on a GPU that does 312 TFLOP/s?**
 # <details><summary>Answer</summary>
 #
@@ -1429,7 +1429,7 @@ print(f"saved for the backward, per GPT-2-medium layer: P {p_bytes / 2**30:.1f} 
 # matrix products.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **3. Time complexity $O(N^2)$, memory complexity $O(N^2)$, or $O(N)$ with Flash Attention
 # (the USF notes): does tiling change the FLOPs?**
 # <details><summary>Answer</summary>
@@ -1441,7 +1441,7 @@ print(f"saved for the backward, per GPT-2-medium layer: P {p_bytes / 2**30:.1f} 
 # (at most x2 against x4 per doubling of $N$).
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **4. Why store the log-sum-exp instead of $P$ for the backward pass?**
 # <details><summary>Answer</summary>
 #
@@ -1451,7 +1451,7 @@ print(f"saved for the backward, per GPT-2-medium layer: P {p_bytes / 2**30:.1f} 
 # costs FLOPs, but FLOPs are what the GPU has in excess.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **5. Why can a tile produce NaN, and what prevents it?**
 # <details><summary>Answer</summary>
 #
@@ -1462,7 +1462,7 @@ print(f"saved for the backward, per GPT-2-medium layer: P {p_bytes / 2**30:.1f} 
 # $-\infty$.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **6. Why does Algorithm 1 normalise $O$ after every key tile, and FlashAttention-2 only once?**
 # <details><summary>Answer</summary>
 #

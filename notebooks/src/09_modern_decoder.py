@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 9. From GPT-2 to the modern decoder: RoPE, ALiBi, RMSNorm, SwiGLU, GQA
 #
 # The GPT of notebook 7 is GPT-2 (2019). The open models since (Llama, Mistral, Qwen, Gemma) keep
@@ -29,7 +29,7 @@
 
 # %% [setup]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import cmath
 import math
 
@@ -46,7 +46,7 @@ from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. RoPE: positions as rotations (core)
 #
 # GPT-2 adds a position vector `p_m` to the token vector before the block. The query of token `m`
@@ -61,7 +61,7 @@ torch.set_num_threads(1)  # every tensor here is small: one thread beats coordin
 # feature `i` with feature `i + D_H/2` (the first half with the second half), as Hugging Face's
 # Llama does.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def rope_by_hand(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     """x: (..., N, D_H), positions: (N,) -> x with pair i of token m turned by m * theta_i."""
     half = x.shape[-1] // 2
@@ -71,14 +71,14 @@ def rope_by_hand(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0
     a, b = x[..., :half], x[..., half:]  # pair i is (a_i, b_i)
     return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 x = torch.tensor([[1.0, 0.0, 0.0, 1.0]])  # one token, D_H = 4: pairs (1, 0) and (0, 1)
 for m in (0, 1, 2):
     print(f"position {m}:", rope_by_hand(x, torch.tensor([m]))[0].numpy().round(4))
 print(f"theta_0 = 1 rad = {math.degrees(1.0):.1f} degrees per position; "
       f"theta_1 = 10000^(-1/2) = {10000 ** -0.5:.2f} rad")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # At position 0 nothing moves. Pair 0 (`θ_0 = 1`) turns by one radian per position, pair 1
 # (`θ_1 = 10000^(-1/2) = 0.01`) by a hundredth of one. A rotation keeps every vector's length.
 #
@@ -94,7 +94,7 @@ print(f"theta_0 = 1 rad = {math.degrees(1.0):.1f} degrees per position; "
 # contents and on `m - n`, never on `m` itself. The cell checks it for random vectors, 20 offsets
 # and 40 starting positions each.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(0)
 D_H = 16
 q, k = torch.randn(D_H, dtype=torch.float64), torch.randn(D_H, dtype=torch.float64)
@@ -117,7 +117,7 @@ assert max(spreads) < 1e-9
 print("largest spread of q_m·k_(m-offset) over 40 positions m, for any of 20 offsets: < 1e-9")
 print("the score at a few offsets:", {o: round(by_offset[o], 3) for o in (0, 1, 2, 5, 10)})
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The score changes with the offset and with nothing else. Compare the two older ways of giving
 # positions:
 #
@@ -128,7 +128,7 @@ print("the score at a few offsets:", {o: round(by_offset[o], 3) for o in (0, 1, 
 #   `(y + p_n) W_K` holds terms in `p_m` and `p_n` alone. The cell measures it with random
 #   projections.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(1)
 D = 16
 w_q, w_k = torch.randn(D, D, dtype=torch.float64) / 4, torch.randn(D, D, dtype=torch.float64) / 4
@@ -143,7 +143,7 @@ print(f"offset {offset}, 40 positions: sinusoidal-added scores range over "
       f"{float(additive.max() - additive.min()):.2f}; RoPE scores over < 1e-9")
 assert float(rotary.max() - rotary.min()) < 1e-9 and float(additive.max() - additive.min()) > 0.1
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The complex-number form
 #
 # A pair `(a, b)` is the complex number `a + i b`, and turning it by the angle `φ` is multiplying
@@ -153,7 +153,7 @@ assert float(rotary.max() - rotary.min()) < 1e-9 and float(additive.max() - addi
 # live in `helpers.model.modern`, with the table (`RopeTable`); the cell checks them against the
 # plain version above and against each other.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.modern import RopeTable, rope_angles, rope_rotate_complex, rope_rotate_half
 
 torch.manual_seed(2)
@@ -168,7 +168,7 @@ print("by hand, complex form, rotate-half form: largest difference < 1e-5")
 print("the table:", tuple(rope_table.cos.shape), "cos and sin,", tuple(rope_table.complex.shape),
       "as complex")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Meta's first Llama code paired neighbouring features `(2i, 2i+1)` instead of the two halves.
 # That is a fixed reordering of the features of `q` and `k`, which changes no dot product: the two
 # layouts compute the same attention, and a converter only has to reorder the rows of `W_Q` and
@@ -196,7 +196,7 @@ print("the table:", tuple(rope_table.cos.shape), "cos and sin,", tuple(rope_tabl
 # new second feature).
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def rotate_pair(a: float, b: float, position: int, theta: float) -> tuple[float, float]:
     """The pair (a, b) turned by the angle position * theta, counter-clockwise."""
     ### BEGIN SOLUTION
@@ -204,10 +204,10 @@ def rotate_pair(a: float, b: float, position: int, theta: float) -> tuple[float,
     return turned.real, turned.imag
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("modern_decoder.rotate_pair", rotate_pair)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def course_rotate_pair(a: float, b: float, position: int, theta: float) -> tuple[float, float]:
     """The course's version: the 2 x 2 rotation matrix at the angle position * theta."""
     cos, sin = math.cos(position * theta), math.sin(position * theta)
@@ -224,7 +224,7 @@ for m in (2, 10, 50):
 assert all(math.isclose(s, pair_scores[0], abs_tol=1e-12) for s in pair_scores)
 print("the same score wherever the pair sits: it depends on the offset alone")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### See it move
 #
 # Left: the first pair of a query at position `m` and of a key at position `m - offset`, after
@@ -232,7 +232,7 @@ print("the same score wherever the pair sits: it depends on the offset alone")
 # offset. Moving `m` turns both arrows together and leaves the score where it is; moving the
 # offset opens the angle between them and moves the score. First a still figure, then the widget.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(3)
 demo_q, demo_k = torch.randn(16), torch.randn(16)
 
@@ -251,7 +251,7 @@ def draw_pair(left, rotated_q: torch.Tensor, rotated_k: torch.Tensor, offset: in
     left.legend(loc="lower left")
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def draw_rope(offset: int, position: int) -> dict[str, float]:
     """Draw pair 0 of the rotated q and k and the score against the offset; return what was
     drawn."""
@@ -274,7 +274,7 @@ def draw_rope(offset: int, position: int) -> dict[str, float]:
 draw_rope(offset=5, position=10)
 plt.show()
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # The widget's output holds model ids that change on every run; the figure above is the same
 # drawing.
@@ -287,11 +287,11 @@ explorer = Explorer(
 )
 explorer
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Moving the controls really redraws the picture: a new position turns the arrows and keeps the
 # score, a new offset changes the score.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 first = explorer.reset()
 moved = explorer.set(position=40)
 assert moved["q_pair"] != first["q_pair"] and abs(moved["score"] - first["score"]) < 1e-4
@@ -299,7 +299,7 @@ wider = explorer.set(offset=20)
 assert abs(wider["score"] - moved["score"]) > 1e-3
 print("redraws so far:", explorer.redraws)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. ALiBi: a bias instead of a rotation (optional)
 #
 # ALiBi (Press et al., 2022) puts no position into `q` or `k` at all. It subtracts from every
@@ -333,10 +333,10 @@ print("redraws so far:", explorer.redraws)
 # <details><summary>Hint 3: closer</summary>Positions as a column against positions as a row make
 # the table; the slopes need two trailing axes of size one to reach every entry.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("09_modern_decoder", "2.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_alibi_bias(slopes: torch.Tensor, n_tokens: int) -> torch.Tensor:
     """slopes: (H,) -> (H, N, N) with -slope_h * (i - j) for j <= i and 0 above the diagonal."""
     ### BEGIN SOLUTION
@@ -348,10 +348,10 @@ def my_alibi_bias(slopes: torch.Tensor, n_tokens: int) -> torch.Tensor:
     return bias.masked_fill(distance < 0, 0.0)                    # later keys: 0 (masked anyway)
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("modern_decoder.alibi_bias", my_alibi_bias)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.modern import alibi_attention, alibi_bias, alibi_slopes
 
 
@@ -373,19 +373,19 @@ for axis, head in zip(axes, (0, 3), strict=True):
             ylabel="query i", ax=axis)
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Twelve heads is not a power of two: the first 8 slopes are those of 8 heads (exponents -1, -2,
 # ..., -8), the last 4 are slopes 1, 3, 5 and 7 of the 16-head sequence, with exponents -0.5, -1.5,
 # -2.5 and -3.5 (the cell below prints them). Each falls halfway between two neighbours among 0,
 # -1, ..., -4: the four extra heads are gentle ones, placed among the gentle half of the eight, and
 # none is as steep as `2^(-4)`.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 exponents = torch.log2(alibi_slopes(12)).tolist()
 print("12 heads, exponents of 2:", [round(e, 2) for e in exponents])
 assert exponents[8:] == [-0.5, -1.5, -2.5, -3.5]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: attention with ALiBi
 #
 # Now the whole layer: `my_alibi_attention(q, k, v)` for `q`, `k`, `v` `(B, H, N, D_H)`, causal
@@ -411,7 +411,7 @@ assert exponents[8:] == [-0.5, -1.5, -2.5, -3.5]
 # The penalty is minus the head's slope times the distance, zero for later keys; the slopes come
 # from the course's function for as many heads as the queries have.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention with ALiBi: q, k, v (B, H, N, D_H) -> (B, H, N, D_H)."""
     ### BEGIN SOLUTION
@@ -427,22 +427,22 @@ def my_alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tor
     return scores.softmax(dim=-1) @ v
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("modern_decoder.alibi_attention", my_alibi_attention)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # With queries all equal, every score is the same before the bias, so the bias alone decides the
 # weights: every head prefers the nearest keys, the steep ones much more than the gentle ones. The
 # values are the identity, so each output row *is* its query's weights. Run through your
 # attention (the course's `alibi_attention` until yours passes):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 attend = yours_or("modern_decoder.alibi_attention", my_alibi_attention, alibi_attention)
 flat_q, flat_k = torch.zeros(1, 4, 6, 8), torch.randn(1, 4, 6, 8)
 weights = attend(flat_q, flat_k, torch.eye(6).expand(1, 4, 6, 6))  # values = identity
 print("last query's weights on keys 0..5, per head:\n", weights[0, :, 5].numpy().round(3))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. RMSNorm: LayerNorm without the mean (optional)
 #
 # LayerNorm subtracts each token's mean, divides by its standard deviation, multiplies by `γ` and
@@ -466,10 +466,10 @@ print("last query's weights on keys 0..5, per head:\n", weights[0, :, 5].numpy()
 # <details><summary>Hint 2: the plan</summary>(1) Each token's root mean square over its features,
 # eps inside the root. (2) The token divided by it, times the gain.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("09_modern_decoder", "3.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x: (..., D); weight: (D,) -> (..., D), each token divided by its own root mean square."""
     ### BEGIN SOLUTION
@@ -480,10 +480,10 @@ def my_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
     return normalised * weight
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("modern_decoder.rms_norm", my_rms_norm)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.modern import RMSNorm, rms_norm
 
 rms = yours_or("modern_decoder.rms_norm", my_rms_norm, rms_norm)
@@ -498,7 +498,7 @@ if hasattr(torch.nn, "RMSNorm"):  # torch >= 2.4
     assert torch.allclose(mine, reference(tokens), atol=1e-5)
     print("that RMSNorm == torch.nn.RMSNorm (to 1e-5)")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 norm = RMSNorm(8)
 with torch.no_grad():
     norm.weight.copy_(gain)
@@ -512,10 +512,10 @@ print(f"root mean square after RMSNorm: {float(plain_rms[0, 0].pow(2).mean().sqr
 print("parameters for D = 768: LayerNorm", 2 * 768, "| RMSNorm", sum(p.numel()
         for p in RMSNorm(768).parameters()))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # RMSNorm fixes the size of each token and leaves its mean where it was; LayerNorm centres it too.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. SwiGLU at 8/3 width (optional)
 #
 # GPT-2's MLP has two matrices, `D x 4D` and `4D x D`: `8 D²` parameters. SwiGLU (notebook 6) has
@@ -523,7 +523,7 @@ print("parameters for D = 768: LayerNorm", 2 * 768, "| RMSNorm", sum(p.numel()
 # `3 · D · (8D/3) = 8 D²`. Llama then rounds the width up to a multiple of 256 so that the matrix
 # products tile well on a GPU (`llama_hidden_size`); for Llama's `D = 4096` that gives 11008.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.layers import FeedForward, SwiGLUFeedForward
 from helpers.model.modern import llama_hidden_size
 
@@ -544,7 +544,7 @@ print(f"D = {d}: 8D/3 = {8 * d / 3:.2f}; rounded down (8 * D // 3) = {8 * d // 3
       f"rounded up to a multiple of 32 (llama_hidden_size) = {llama_hidden_size(d)}: "
       f"{3 * d * llama_hidden_size(d):,}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # For `D = 96` and `D = 768`, `8D/3` is a whole number and the two MLPs have exactly the same
 # size. Where it is not, the direction of the rounding decides: `8 * D // 3` (the course's
 # `swiglu_hidden_size`) rounds down and makes SwiGLU a little *smaller* than GPT-2's MLP, while
@@ -560,7 +560,7 @@ print(f"D = {d}: 8D/3 = {8 * d / 3:.2f}; rounded down (8 * D // 3) = {8 * d // 3
 # `2 · L · H · D_H`. For a 70B-class shape (80 layers, 64 query heads of 128 features, 8 KV heads,
 # 16-bit numbers):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.multihead import kv_cache_bytes_per_token
 
 full_heads = kv_cache_bytes_per_token(80, 64, 128)
@@ -569,7 +569,7 @@ print(f"per token: all 64 heads {full_heads / 2**20:.2f} MiB, 8 KV heads {groupe
       f"({full_heads // grouped}x less); a 4096-token context: {4096 * full_heads / 2**30:.1f} GiB "
       f"vs {4096 * grouped / 2**30:.2f} GiB")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. The modern decoder, assembled (optional)
 #
 # `helpers.model.modern.ModernGPT` puts the pieces together: a token embedding with **no** position
@@ -584,10 +584,10 @@ print(f"per token: all 64 heads {full_heads / 2**20:.2f} MiB, 8 KV heads {groupe
 # in a full pass. The cell checks it: logits of a 24-token sequence fed one token at a time equal
 # those of one full pass.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("09_modern_decoder", "6.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.kv_cache import KVCache
 from helpers.model.modern import ModernConfig, ModernGPT, modern_generate_logits
 
@@ -606,7 +606,7 @@ print(f"parameters: untied {n_params(model):,}, tied {n_params(tied):,} "
       f"(difference V·D = {config.vocab_size * config.d_model:,})")
 print("biases:", [name for name, _ in model.named_parameters() if name.endswith("bias")])
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 ids = torch.randint(0, 64, (2, 24))
 with torch.no_grad():
     full = model(ids)
@@ -619,7 +619,7 @@ mha_cache = KVCache(config.n_layers, 2, config.n_heads, config.context_length, c
 print(f"this model's cache: {cache.nbytes():,} bytes with GQA, {mha_cache.nbytes():,} with one KV "
       f"head per query head")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: the modern block, from its weights
 #
 # Write the block's forward yourself: `my_modern_block(block, x, table)` for `x` `(B, N, D)`
@@ -648,7 +648,7 @@ print(f"this model's cache: {cache.nbytes():,} bytes with GQA, {mha_cache.nbytes
 # key/value head serves consecutive query heads (0, 0, 1, 1 for 4 and 2 heads). SwiGLU: down of
 # (SiLU of gate times up).</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_modern_block(block, x: torch.Tensor, table) -> torch.Tensor:
     """x (B, N, D) -> x + attn(RMSNorm(x)) with RoPE and GQA, then + SwiGLU(RMSNorm(.)), (B, N,
     D)."""
@@ -676,10 +676,10 @@ def my_modern_block(block, x: torch.Tensor, table) -> torch.Tensor:
     return x + block.mlp.down(F.silu(block.mlp.gate(h)) * block.mlp.up(h))
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("modern_decoder.modern_block", my_modern_block)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def course_modern_block(block, x: torch.Tensor, table) -> torch.Tensor:
     """The course's ModernBlock.forward, with my_modern_block's arguments."""
     return block(x, table)
@@ -694,7 +694,7 @@ with torch.no_grad():
 assert block_gap < 1e-5
 print("the model run block by block through that function vs model(ids): largest difference < 1e-5")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The model's SwiGLU width, 192, is not `8D/3` itself: `ModernConfig` sizes the MLP with
 # `llama_hidden_size`, which rounds `8 · 64 / 3 = 170.7` *up* to a multiple of 32, as Llama's code
 # does with 256. This small model's MLP is therefore a little larger than GPT-2's (the cell
@@ -707,14 +707,14 @@ print("the model run block by block through that function vs model(ids): largest
 # KV cache. The cell needs the `transformers` package (installed with the course) and says so if
 # it is missing.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 try:
     import transformers
 except ImportError:
     transformers = None
     print("transformers is not installed: pip install transformers to run this comparison")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 if transformers is not None:
     from helpers.model.llama import config_from_llama, from_llama_state_dict
 
@@ -736,7 +736,7 @@ if transformers is not None:
           f"{llama_config.num_key_value_heads} KV heads) vs ModernGPT with its weights: "
           "largest logit difference < 1e-4, full pass and KV cache")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7. Measured: the GPT-2 block against the modern block, and longer contexts (optional)
 #
 # Two experiments on the course corpus, at the character level (2 layers of width 64, 4 heads,
@@ -762,10 +762,10 @@ if transformers is not None:
 # script ran them once and committed its table (`data/modern_ablation.json`); the cell reads it
 # and names the command that reproduces it. `tests/benchmarks/test_bench_modern_ablation.py` reruns a short version.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("09_modern_decoder", "7.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import json
 import statistics
 
@@ -789,7 +789,7 @@ means = [statistics.fmean(row["val_loss"]) for row in ablation["rows"]]
 assert means[0] - means[1] > 0.5 and abs(means[2]
                                          - means[1]) < 0.1  # RoPE the big step, RMSNorm none
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 figure, axis = plt.subplots(figsize=(10, 4.5), layout="constrained")
 for index, row in enumerate(ablation["rows"]):
     axis.plot([index] * len(row["val_loss"]), row["val_loss"], "o", color="tab:blue", alpha=0.6)
@@ -803,7 +803,7 @@ axis.set(
 )
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Read the table row by row (300 steps, the mean of three seeds and each seed beside it).
 # **RoPE** in place of the learned position table is the largest step, from 1.74 to 0.97; the
 # GPT-2 block's own seeds are also the most scattered (1.45 to 2.16): in a run this short,
@@ -819,7 +819,7 @@ plt.show()
 # where it ends. The script ran again with three times the steps and a seed none of the rows
 # above used, for the rows that carry the story (`data/modern_ablation_long.json`):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 long_run = json.loads((data_dir() / "modern_ablation_long.json").read_text(encoding="utf-8"))
 print(f"reproduce: {long_run['command']}")
 short_means = {row["name"]: statistics.fmean(row["val_loss"]) for row in ablation["rows"]}
@@ -830,7 +830,7 @@ for row in long_run["rows"]:
           f"{row['val_loss'][0]:.2f}   ({ablation['steps']} steps, mean of 3: "
           f"{short_means[row['name']]:.2f})")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Three times the steps
 #
 # With three times the steps every model ends far lower, and the gap between the GPT-2 block and
@@ -851,7 +851,7 @@ for row in long_run["rows"]:
 #
 # First the data and a plain training loop (AdamW, float32, random windows of the training text):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import time
 
 from helpers.text.chars import CharTokenizer
@@ -867,7 +867,7 @@ print(f"{len(tokenizer.chars)} characters; {len(train_ids):,} training and {len(
       "validation tokens")
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def windows(ids: torch.Tensor, length: int, count: int, seed: int) -> tuple[torch.Tensor,
                                                                             torch.Tensor]:
     """`count` random windows (count, length) of ids and their next-token targets, drawn by
@@ -888,7 +888,7 @@ def train(model: torch.nn.Module, steps: int, context: int = 64) -> float:
     return time.perf_counter() - start
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 @torch.no_grad()
 def val_loss(model: torch.nn.Module, length: int, last: int = 64) -> float:
     """Validation loss of the `last` positions of windows of `length` tokens."""
@@ -896,14 +896,14 @@ def val_loss(model: torch.nn.Module, length: int, last: int = 64) -> float:
     logits = model.eval()(x)[:, -last:]
     return float(F.cross_entropy(logits.flatten(0, 1), y[:, -last:].flatten()))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Longer contexts: four ways to give positions
 #
 # The attention of the four models differs only in where positions enter: rotated into `q` and `k`
 # (RoPE), added to the scores (ALiBi), or not at all (the learned and sinusoidal models add them
 # to the input instead). The rest is the modern block.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 LONGEST = 256
 
 
@@ -931,11 +931,11 @@ class PositionAttention(nn.Module):
         return self.out((scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, n, d))
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The model around it: a token embedding, the learned or sinusoidal table added to it when the
 # scheme says so, and two pre-norm blocks with RMSNorm and SwiGLU.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.layers import SwiGLUFeedForward
 
 
@@ -945,7 +945,7 @@ def position_block(d: int, n_heads: int, scheme: str) -> nn.ModuleList:
                           SwiGLUFeedForward(d)])
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 class PositionModel(nn.Module):
     """Two modern blocks; positions enter as `scheme` says: learned, sinusoidal, rope or alibi."""
 
@@ -971,10 +971,10 @@ class PositionModel(nn.Module):
         return self.head(self.norm(x))
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Train each at context 64, then read longer windows (the loss is on their last 64 positions):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 lengths = (64, 128, 256)
 length_losses, position_models = {}, {}
 for scheme in ("learned", "sinusoidal", "rope", "alibi"):
@@ -991,7 +991,7 @@ for scheme in ("learned", "sinusoidal", "rope", "alibi"):
     print(f"{scheme:10s}", "  ".join(f"N={n}: {'cannot' if math.isnan(v) else f'{v:.2f}'}"
                                      for n, v in zip(lengths, row, strict=True)))
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 figure, axis = plt.subplots(figsize=(8, 4.5), layout="constrained")
 for scheme, row in length_losses.items():
     axis.plot(lengths, row, "o-", label=scheme)
@@ -1009,7 +1009,7 @@ assert math.isnan(length_losses["learned"][1])
 assert alibi_row[2] < alibi_row[0] + 0.1                      # ALiBi: no worse at 4x the length
 assert sin_row[2] > sin_row[0] + 0.2 and rope_row[2] > rope_row[0] + 0.2  # the others degrade
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### What the longer windows show
 #
 # Learned positions cannot read past their table. Sinusoidal positions and RoPE both run, and both
@@ -1030,7 +1030,7 @@ assert sin_row[2] > sin_row[0] + 0.2 and rope_row[2] > rope_row[0] + 0.2  # the 
 # table for the same trained model; models that use them are then finetuned briefly at the long
 # length, which we skip here.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def rope_table_scaled(head_dim: int, n_positions: int, position_scale: float = 1.0,
                       base: float = 10000.0) -> RopeTable:
     """A RoPE table whose angles are (m / position_scale) * theta_i with theta_i from `base`."""
@@ -1046,7 +1046,7 @@ print("in a 256-token window (255θ):   ", "  ".join(f"{255 * t:5.2f}" for t in 
 print(f"pairs that never turned a full 2π in training: {int((63 * theta < 2 * math.pi).sum())} of "
       f"{head_dim // 2}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 rope_net = position_models["rope"]
 tables = {"RoPE as trained": rope_table_scaled(head_dim, LONGEST),
           "position interpolation (/4)": rope_table_scaled(head_dim, LONGEST, position_scale=scale),
@@ -1068,7 +1068,7 @@ assert interpolated[0] > rope_row[0] + 0.5 and interpolated[1] > rope_row[1] + 0
 assert interpolated[2] > rope_row[2] - 0.2  # and at 4x no real gain over plain RoPE
 assert ntk[2] < length_losses["rope"][2] - 0.2 and ntk[0] < length_losses["rope"][0] + 0.2
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The fast pairs turned many full circles within 64 positions, so every angle they meet at 256
 # was met in training; the slower pairs (five of eight here) never completed a turn, and a longer
 # window takes them to angles they never had. Rescaling aims at exactly those. Without the
@@ -1080,7 +1080,7 @@ assert ntk[2] < length_losses["rope"][2] - 0.2 and ntk[0] < length_losses["rope"
 # keeps the short-range loss close to the original and removes most of the damage at 256. ALiBi
 # needed neither.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 8. Muon: an optimiser that treats a weight matrix as a matrix (optional)
 #
 # Every model of this notebook trained with AdamW, which scales each weight's step by that
@@ -1107,10 +1107,10 @@ assert ntk[2] < length_losses["rope"][2] - 0.2 and ntk[0] < length_losses["rope"
 # `helpers.training.muon.split_for_muon` sorts a model's weights that way. Here is a real
 # gradient, of the first block's SwiGLU `up` matrix in section 7's trained RoPE model, on one batch:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("09_modern_decoder", "8.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.training.muon import split_for_muon
 
 rope_model = position_models["rope"]
@@ -1130,7 +1130,7 @@ print(f"share of the gradient's squared norm in its top 3 directions: "
       f"{float(sigma[:3].square().sum() / sigma.square().sum()):.0%}")
 assert sigma[0] > 5 * sigma[len(sigma) // 2]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # A step along this gradient spends a large share of its squared length (printed above) on three
 # directions out of 64. Muon's step would have every singular value near 1.
 #
@@ -1150,7 +1150,7 @@ assert sigma[0] > 5 * sigma[len(sigma) // 2]
 # applied 1 to 5 times, against the textbook cubic `1.5 s - 0.5 s³`, which converges to exactly 1
 # but slowly.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.training.muon import NS_COEFFICIENTS
 
 
@@ -1174,7 +1174,7 @@ for axis, name in ((left, "Muon's quintic (3.4445, -4.775, 2.0315)"), (right,
     axis.legend(loc="lower right")
 plt.show()
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 kept = s_grid >= 0.01
 quintic, cubic = iterate(s_grid, NS_COEFFICIENTS, 5)[kept], iterate(s_grid, (1.5, -0.5), 5)[kept]
 print("quintic: f(s) = {} s {:+} s³ {:+} s⁵; cubic: 1.5 s - 0.5 s³".format(*NS_COEFFICIENTS))
@@ -1185,7 +1185,7 @@ print(f"after 5 steps, every s in [0.01, 1] is in [{float(quintic.min()):.2f}, "
       f"with the quintic, in [{float(cubic.min()):.3f}, {float(cubic.max()):.2f}] with the cubic")
 assert 0.6 < float(quintic.min()) and float(quintic.max()) < 1.25 and float(cubic.min()) < 0.1
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The quintic lifts every singular value from a hundredth of the norm upward into a band around 1
 # (printed above) in 5 steps; the cubic leaves the small ones below a tenth. The band is wide,
 # and that is fine: what matters is that no direction dominates, not that each moves exactly 1.
@@ -1217,7 +1217,7 @@ assert 0.6 < float(quintic.min()) and float(quintic.max()) < 1.25 and float(cubi
 # and the step replaces X by a X + b G X + c G G X with the three coefficients. The scaling divides
 # by the Frobenius norm plus a tiny number, so a zero matrix stays finite.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_newton_schulz(m: torch.Tensor, steps: int = 5) -> torch.Tensor:
     """m (A, B) -> (A, B): U f(S) V^T with f the quintic applied `steps` times, after scaling m."""
     ### BEGIN SOLUTION
@@ -1231,15 +1231,15 @@ def my_newton_schulz(m: torch.Tensor, steps: int = 5) -> torch.Tensor:
     return x.T if tall else x
     ### END SOLUTION
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("modern_decoder.newton_schulz", my_newton_schulz)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Now the real gradient from above, before and after, through your function (the course's
 # `helpers.training.muon.newton_schulz` until yours passes). The singular values are shown after
 # the scaling by the Frobenius norm, where the iteration starts.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.training.muon import newton_schulz
 
 
@@ -1263,7 +1263,7 @@ print(f"before: from {float(before[0]):.2f} down to {float(before[-1]):.4f}; aft
       f"{float(after.min()):.2f} to {float(after.max()):.2f}")
 assert float(after.max()) < 1.25 and float(after.min()) > 0.3
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Before, the singular values span orders of magnitude; after, they all sit in a narrow band
 # around 1 (the printed ranges). The singular vectors, the directions themselves, are the
 # gradient's own.
@@ -1283,7 +1283,7 @@ assert float(after.max()) < 1.25 and float(after.min()) > 0.3
 # does the same by default (and takes bit for bit the same steps), or in float32
 # (`ns_dtype=torch.float32`), which is what our step here uses.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.training.muon import Muon
 
 
@@ -1307,7 +1307,7 @@ optimisers = {
     "torch": torch.optim.Muon(copies["torch"], lr=0.02),
 }
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for _ in range(5):
     grads = [torch.randn(shape) for shape in shapes]
     for w, g, buf in zip(ours, grads, buffers, strict=True):
@@ -1326,7 +1326,7 @@ print(f"5 steps, weights moved by up to {moved:.2f}: this muon_step vs the cours
       "Newton-Schulz): largest difference < 1e-6")
 print("the course's Muon (bfloat16 Newton-Schulz) vs torch.optim.Muon: identical, bit for bit")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### How large a rate: Muon's rule and AdamW's
 #
 # `TrainConfig` gives Muon a peak rate twenty times AdamW's (printed below). That is not twenty
@@ -1349,7 +1349,7 @@ print("the course's Muon (bfloat16 Newton-Schulz) vs torch.optim.Muon: identical
 # was tuned with). The cell measures both, on random gradients of one layer's hidden matrices of
 # the race's GPT, and AdamW's update on gradients of noise:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.training.muon import muon_lr_scale, newton_schulz
 from helpers.training.trainer import TrainConfig
 
@@ -1373,7 +1373,7 @@ for shape in [(3 * 128, 128), (128, 128), (4 * 128, 128), (128, 4
         f"{second:>12.2f}{second * rms:>9.3f}"
     )
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 weight = torch.zeros(128, 128, requires_grad=True)
 adamw = torch.optim.AdamW([weight], lr=1.0,
                           weight_decay=0.0)  # rate 1: the step is the update itself
@@ -1388,7 +1388,7 @@ print(f"noise's settled value: sqrt((1 - 0.9) / (1 + 0.9)) = {math.sqrt(0.1 / 1.
       f"over Muon's step RMS (first rule): {adamw_rms / max(muon_step_rms):.1f}x to "
       f"{adamw_rms / min(muon_step_rms):.1f}x")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The race: nanoGPT's recipe against the course's, with Muon
 #
 # Does it pay in seconds? Every Muon step runs Newton-Schulz, five rounds of three matrix products
@@ -1406,7 +1406,7 @@ print(f"noise's settled value: sqrt((1 - 0.9) / (1 + 0.9)) = {math.sqrt(0.1 / 1.
 # their schedules ending there. The cell reads the JSON files, then the same race on two threads
 # and in bf16 (on this CPU, which has it natively), where the course's recipes had 20 s.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 races = {
     name: json.loads((data_dir() / f"race_fp32_1thread{name}.json").read_text(encoding="utf-8"))
     for name in ("", "_30s")
@@ -1423,7 +1423,7 @@ print("reproduce: python benchmarks/bench_race.py --course-seconds 30 --out "
       "data/race_fp32_1thread_30s.json\n")
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for race_name, race in (("every recipe 60 s", long_race), ("the course's recipes 30 s",
                                                            short_race)):
     print(race_name)
@@ -1452,7 +1452,7 @@ for label, file, least in (("float32, two threads", "race_fp32_2threads_30s", 2)
 muon_speedups = [row["course-muon"]["speedup"] for row in short_race["summary"]["per_seed"]]
 assert all(v and v >= 2 for v in muon_speedups)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 colours = {"nanogpt": "tab:gray", "course": "tab:blue", "course-muon": "tab:red",
            "course-best": "tab:purple"}
 labels = {"nanogpt": "nanoGPT's recipe", "course": "the course's (AdamW)",
@@ -1474,7 +1474,7 @@ for axis, (title, race) in zip(axes, (("every recipe trains 60 s", long_race),
     axis.legend()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Read the printed table and the curves together. At 60 s each, both of the course's recipes end
 # below nanoGPT's loss, the one with Muon lowest, although it took fewer steps in the same time
 # (the step counts are printed: each Muon step costs more). Given only 30 s, with its schedule
@@ -1489,7 +1489,7 @@ plt.show()
 # The seconds are those of the machine printed above; a laptop will be faster or slower, but
 # both recipes run the same kind of matrix products, so the **ratio** is what carries over.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The recipe, one change at a time
 #
 # Which part of the course's recipe earns the speed-up? `benchmarks/bench_recipe.py` changed one
@@ -1502,7 +1502,7 @@ plt.show()
 # **steps** is faster per step. The AdamW rows vary the peak rate and the warm-up, the Muon rows
 # Muon's rate and then its warm-up, and the last three rows each add one change to the best Muon row.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 ablation = json.loads((data_dir() / "recipe_ablation.json").read_text(encoding="utf-8"))
 rows = {variant["name"]: ablation["summary"][variant["name"]]["per_seed"]
         for variant in ablation["variants"]}
@@ -1526,7 +1526,7 @@ assert all(row["share_of_budget"] is None for name, per_seed in rows.items()
            for row in per_seed)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 assert all(row["share_of_budget"] for name, per_seed in rows.items() if name.startswith("muon")
            for row in per_seed)
 wider = rows[ablation["course_best"] + " + wider, shallower (L3 D160)"]
@@ -1548,7 +1548,7 @@ print("share of 30 s, wider minus best, per seed:",
 assert all(r["share_of_budget"] > b["share_of_budget"] + 0.05
            for r, b in zip(rows[ablation["course_best"] + " + relu^2"], best, strict=True))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Row by row:
 #
 # - **The optimiser is the speed-up.** No AdamW row reaches nanoGPT's 60 s loss in 30 s, at
@@ -1573,7 +1573,7 @@ assert all(r["share_of_budget"] > b["share_of_budget"] + 0.05
 # The step costs were measured on a busy machine, so shares that differ by a percent or two are
 # within their noise; the asserts check only the differences that hold on every seed.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Your turn: AdamW against Muon, live
 #
 # First, what a Muon step costs. Per hidden matrix of shape `(A, B)` with `r = min(A, B)` and
@@ -1582,7 +1582,7 @@ assert all(r["share_of_budget"] > b["share_of_budget"] + 0.05
 # multiply-adds per token. The cell counts both for section 6's small modern decoder (2 layers,
 # width 64, GQA), which the run below trains, and for the race's GPT.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def muon_extra_share(shapes: list[tuple[int, int]], tokens: int) -> float:
     """Newton-Schulz's multiply-adds (5 rounds) over the hidden matrices' forward and backward
     ones."""
@@ -1609,7 +1609,7 @@ race_steps = [run["curves"]["course-muon"]["steps"][-1] / run["curves"]["course"
 print(f"in the race, Muon's steps per second over AdamW's (60 s each, per seed): "
       f"{[round(r, 2) for r in race_steps]}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Now the run. The small decoder trains on the batches of section 7 from the same first weights,
 # three seeds, three ways: AdamW on every weight for `LIVE_STEPS` steps; your Muon step
 # (`muon_step`, with your Newton-Schulz) on the hidden matrices and AdamW on the rest, for the same
@@ -1617,7 +1617,7 @@ print(f"in the race, Muon's steps per second over AdamW's (60 s each, per seed):
 # buy (the share above, generous to AdamW, since the embedding, the head and attention cost
 # the same in both). AdamW runs at section 7's rate throughout. `LIVE_STEPS` is the knob.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 LIVE_STEPS = 40  # the knob: 150 for a longer run (about 4x the time)
 
 
@@ -1640,7 +1640,7 @@ def live_run(use_muon: bool, seed: int, steps: int) -> float:
     return val_loss(net, 64)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 more_steps = round(LIVE_STEPS * (1 + small_share))
 arms = {f"AdamW, {LIVE_STEPS} steps": (False, LIVE_STEPS), f"Muon, {LIVE_STEPS} steps": (True,
         LIVE_STEPS),
@@ -1656,7 +1656,7 @@ print(f"AdamW with {more_steps} steps minus Muon, per seed:", [round(a - m, 2) f
         m in zip(adamw_more, muon_losses, strict=True)])
 assert all(m < a for a, m in zip(adamw_same, muon_losses, strict=True))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # At equal steps Muon ends lower on every seed (the first line of differences). That is the
 # per-step gain, not a verdict: given the extra steps Newton-Schulz's multiply-adds would buy,
 # AdamW closes most of the gap in a run this short. On the three seeds printed Muon is still
@@ -1666,7 +1666,7 @@ assert all(m < a for a, m in zip(adamw_same, muon_losses, strict=True))
 # hundreds of steps at equal seconds, is the comparison that counts. Lengthen `LIVE_STEPS` to
 # 150 and see whether Muon's lead at equal multiply-adds grows with the run.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Check your understanding (optional)
 #
 # **1. Why does RoPE rotate `q` and `k` instead of adding a vector to the input?**
@@ -1680,10 +1680,10 @@ assert all(m < a for a, m in zip(adamw_same, muon_losses, strict=True))
 # lengths, so RoPE changes no vector's size.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("09_modern_decoder", "Check")  # started here after a restart? this runs the sections above
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **2. The textbook section's exercise 5: an ALiBi-style buffer.** What shape, where is it added,
 # and what goes in it?
 #
@@ -1695,7 +1695,7 @@ catch_up("09_modern_decoder", "Check")  # started here after a restart? this run
 # slopes for 8 heads).
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **3. What does RMSNorm drop from LayerNorm, and what does that save?**
 #
 # <details><summary>Answer</summary>
@@ -1704,7 +1704,7 @@ catch_up("09_modern_decoder", "Check")  # started here after a restart? this run
 # instead of 1536 for `D = 768`, section 3) and one reduction over the features instead of two.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **4. The textbook section's exercise 6: why `8d/3` for SwiGLU?**
 #
 # <details><summary>Answer</summary>
@@ -1713,7 +1713,7 @@ catch_up("09_modern_decoder", "Check")  # started here after a restart? this run
 # `3 · d · 8d/3 = 8d²`, the same as `2 · d · 4d`: the cell below computes both for `d = 768`.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **5. How much KV cache does GQA save?**
 #
 # <details><summary>Answer</summary>
@@ -1722,7 +1722,7 @@ catch_up("09_modern_decoder", "Check")  # started here after a restart? this run
 # of section 6. The queries are not cached, so the saving costs no memory elsewhere.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **6. Why does Muon leave the embedding table, the output head, the gains and the biases to AdamW?**
 #
 # <details><summary>Answer</summary>
@@ -1734,7 +1734,7 @@ catch_up("09_modern_decoder", "Check")  # started here after a restart? this run
 # them (section 8 printed the counts for the RoPE model).
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **7. A Muon step costs more than an AdamW step. How can Muon still reach a loss sooner?**
 #
 # <details><summary>Answer</summary>
@@ -1748,7 +1748,7 @@ catch_up("09_modern_decoder", "Check")  # started here after a restart? this run
 # them, it got there at 32 to 33 s, a little over half (section 8's race table).
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 d = 768
 print(f"two matrices at 4d: 2 · {d} · {4 * d} = {2 * d * 4 * d:,};  "
       f"three at 8d/3: 3 · {d} · {8 * d // 3} = {3 * d * (8 * d // 3):,}")

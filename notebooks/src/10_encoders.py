@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 10. Encoders: the other two families, trained
 #
 # The Transformer was invented as an **encoder-decoder** for machine translation. Notebook 7 built
@@ -23,7 +23,7 @@
 
 # %% [setup]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import copy
 import random
 import time
@@ -40,7 +40,7 @@ from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. A translation task from the course grammar (optional)
 #
 # We need pairs of sentences, source and translation, and no download. The course corpus is
@@ -58,7 +58,7 @@ torch.set_num_threads(1)  # every tensor here is small: one thread beats coordin
 # The verb moves past everything that follows it, so the alignment between the two sentences is
 # not monotonic, and their lengths differ. The rule lives in `helpers.families.translation`.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.families.translation import (
     BOS_ID,
     EOS_ID,
@@ -78,14 +78,14 @@ print(f"{len(data.sentences):,} distinct sentences; vocabularies: English "
       f"{data.source_vocab.vocab_size}, Grammish {data.target_vocab.vocab_size} (with 5 special "
       f"tokens)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **Splits by sentence.** The corpus repeats many sentences ("The dog wagged its tail.")
 # across stories. Had we split the text, a sentence could sit in training and in the test split
 # at once, and the test would measure memory. So we take the distinct sentences, shuffle them with
 # a fixed seed, and cut: 80 % train, 10 % validation, 10 % test. The overlap is printed, and it
 # must be zero.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 train_ids, val_ids, test_ids = sentence_splits(len(data.sentences))
 splits = {"train": train_ids, "validation": val_ids, "test": test_ids}
 texts = {name: {data.sentences[i] for i in ids} for name, ids in splits.items()}
@@ -98,13 +98,13 @@ source_lengths = torch.tensor([len(data.english[i]) for i in test_ids])
 print("test source lengths:", dict(zip(*[t.tolist()
         for t in source_lengths.unique(return_counts=True)], strict=True)))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # A batch is three tensors: the source ids `(B, M)`, the decoder's input `(B, N)` that starts
 # with `<bos>` (teacher forcing: the decoder reads the true previous word), and the target
 # `(B, N)`, the same words shifted by one and ending in `<eos>`. Shorter sentences are padded with
 # `<pad>` (id 0) on the right.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 source, target_in, target = make_batch(data, test_ids[:2])
 print("source   :", source[0].tolist())
 print("target_in:", target_in[0].tolist())
@@ -112,7 +112,7 @@ print("target   :", target[0].tolist())
 assert torch.equal(target_in[0, 1:][target[0, :-1] != EOS_ID], target[0, :-1][target[0,
         :-1] != EOS_ID])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. The recurrent translator, its bottleneck, and what attention fixed (optional)
 #
 # Before 2017, neural translation was done by recurrent networks. **Sutskever et al. (2014)** used
@@ -137,10 +137,10 @@ assert torch.equal(target_in[0, 1:][target[0, :-1] != EOS_ID], target[0, :-1][ta
 # `e_j = v . tanh(W_s s + W_h h_j)`,  `a = softmax(e)` over the real source tokens,
 # `c = sum_j a_j h_j`, then the GRU cell reads `[previous word; c]`.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("10_encoders", "2.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.families.rnn import AttentionGRUSeq2Seq
 
 torch.manual_seed(0)
@@ -162,7 +162,7 @@ gap = (attention_gru.last_weights - a).abs().max().item()
 print("largest difference from AttentionGRUSeq2Seq.step < 1e-6:", gap < 1e-6)
 assert gap < 1e-6 and torch.allclose(a.sum(-1), torch.ones(2))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The experiment: sources long enough to overflow the state
 #
 # One course sentence has 5 to 14 tokens: a state of 128 numbers holds it easily (a plain GRU
@@ -175,7 +175,7 @@ assert gap < 1e-6 and torch.allclose(a.sum(-1), torch.ones(2))
 # model still improving between the two is undertrained. Three seeds take minutes, so
 # `benchmarks/bench_bottleneck.py` runs them and writes `data/bottleneck.json`, which we read.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import json
 
 from helpers.families.bottleneck import JoinedPairs
@@ -195,7 +195,7 @@ for key, name in MODEL_NAMES.items():
     run = bottleneck["runs"][0]["models"][key]
     print(f"{name:16s} {run['parameters']:>8,} parameters")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 BINS = [(5, 11), (12, 18), (19, 25), (26, 32), (33, 45)]
 
 
@@ -221,10 +221,10 @@ for ax, what, title in ((axes[0], "tokens", "token accuracy"), (axes[1], "exact"
 axes[0].legend()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The numbers behind the figure: the mean over the seeds, and the lowest and highest seed.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for what in ("tokens", "exact"):
     print(f"{what} by source length".ljust(24) + "".join(f"{label:>19s}" for label in labels))
     for key, name in MODEL_NAMES.items():
@@ -236,7 +236,7 @@ seeds = [run["seed"] for run in bottleneck["runs"]]
 print("seeds:", seeds)
 assert len(seeds) >= 3
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 drops = {key: curves[key, "tokens"][:, 0] - curves[key, "tokens"][:, -1] for key in MODEL_NAMES}
 for key, name in MODEL_NAMES.items():
     print(f"{name:16s} token accuracy, shortest bin minus longest, per seed: "
@@ -247,7 +247,7 @@ print("plain GRU below both attention models in every seed and bin:",
 print(f"Transformer above the GRU with attention in {int((transformer > attention).sum())} of "
       f"{transformer.numel()} seed-and-bin pairs")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### What this run shows, and what it does not
 #
 # **What this run shows, and what it does not.** At equal data and equal steps, the plain GRU is
@@ -261,11 +261,11 @@ print(f"Transformer above the GRU with attention in {int((transformer > attentio
 # fall with length at this budget. More steps (`--steps`) is the first thing to try before
 # reading more into the curves.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **Were they trained enough?** The same runs, read at half their steps and at the end: the
 # token accuracy on all held-out examples, per seed.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def overall(result: dict) -> float:
     return sum(result["tokens"]) / len(result["tokens"])
 
@@ -278,7 +278,7 @@ for key, name in MODEL_NAMES.items():
     print(f"{'':16s} training time on the machine that wrote the file: "
           + ", ".join(format_duration(run["models"][key]["seconds"]) for run in bottleneck["runs"]))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **The sequential cost.** The recurrence is the other problem. A GRU encoder runs one step per
 # source token, each waiting for the previous one: `N` dependent steps, whatever the hardware. A
 # Transformer encoder layer handles all `N` tokens in a few matrix products: its number of
@@ -289,7 +289,7 @@ for key, name in MODEL_NAMES.items():
 # pass **on one CPU thread**, where nothing runs in parallel and the only question is how much
 # arithmetic and overhead each does.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.families.rnn import GRUSeq2Seq
 from helpers.families.seq2seq import Encoder
 from helpers.timing import best_time
@@ -314,7 +314,7 @@ for n, g, t in zip(lengths, gru_times, transformer_times, strict=True):
           f"{format_duration(g)} | Transformer: 2 layers of parallel products, "
           f"{2 * layer_flops / 1e3:5.0f} kFLOP a token, {format_duration(t)}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 fig, axes = plt.subplots(1, 2, figsize=(12, 4))
 axes[0].plot(lengths, lengths, "o-", label="GRU encoder: one step per token")
 axes[0].plot(lengths, [2] * len(lengths), "s-", label="Transformer encoder: one step per layer")
@@ -328,7 +328,7 @@ for ax in axes:
     ax.legend()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Read the two panels apart. On one CPU thread (right) the Transformer encoder gets nothing from
 # its parallel structure: it does about four times the GRU's arithmetic per token here (printed
 # above), one multiply after another, and in our runs it was the slower of the two at every
@@ -339,7 +339,7 @@ plt.show()
 # moved to
 # Transformers. (Our times are not asserted: they depend on the machine.)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. The fix: an encoder-decoder Transformer (core)
 #
 # ### Cross-attention by hand
@@ -353,10 +353,10 @@ plt.show()
 # `N_Q = N` target tokens, `N_X = M` source tokens, and with a batch `B` and `H` heads every shape
 # gains two axes in front.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("10_encoders", "3.")  # started here after a restart? this runs the sections above
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: the cross-attention shapes
 #
 # Return the shapes of `q`, `k`, `v`, the attention `weights` and the `output` of cross-attention
@@ -379,7 +379,7 @@ catch_up("10_encoders", "3.")  # started here after a restart? this runs the sec
 # token, the heads merged again.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def cross_attention_shapes(b: int, n: int, m: int, d: int, h: int) -> dict:
     """{'q': ..., 'k': ..., 'v': ..., 'weights': ..., 'output': ...}, each a shape tuple."""
     ### BEGIN SOLUTION
@@ -389,10 +389,10 @@ def cross_attention_shapes(b: int, n: int, m: int, d: int, h: int) -> dict:
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("encoders.cross_attention_shapes", cross_attention_shapes)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: cross-attention by hand
 #
 # Now the computation itself, with the four projections of a `MultiHeadAttention` layer
@@ -420,7 +420,7 @@ check("encoders.cross_attention_shapes", cross_attention_shapes)
 # per-head width, then moves the head axis in front of the tokens; merging undoes both. Hide a key
 # with minus infinity where the mask is False.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.multihead import MultiHeadAttention
 
 
@@ -444,11 +444,11 @@ def my_cross_attention(layer: MultiHeadAttention, x: torch.Tensor, memory: torch
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("encoders.cross_attention", my_cross_attention)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def course_cross_attention(layer, x, memory, key_mask=None):
     """MultiHeadAttention with a context: the course's cross-attention, with my_cross_attention's
     arguments."""
@@ -471,7 +471,7 @@ with torch.no_grad():
               f"MultiHeadAttention(x, context=memory) < 1e-6: {gap < 1e-6}")
         assert by_hand.shape == (B, N, D) and gap < 1e-6
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # `helpers.model.multihead.MultiHeadAttention` already does this when it gets a `context`: from here on we
 # use it. With it, the two layers of the encoder-decoder are (`helpers.families.seq2seq`, Pre-LN as in
 # notebook 7):
@@ -485,7 +485,7 @@ with torch.no_grad():
 # layers on it with the encoder's output as `memory`, and maps the last vectors to the Grammish
 # vocabulary.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The model, and two proofs about its masks
 #
 # The padding mask is `(B, 1, 1, M)`: True on real source tokens. It broadcasts over the heads
@@ -496,7 +496,7 @@ with torch.no_grad():
 # future of every real token: the causal mask already hides it from them, as the second proof
 # shows, and the loss skips it (`ignore_index`).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.families.seq2seq import EncoderDecoder, Seq2SeqConfig
 
 config = Seq2SeqConfig(source_vocab_size=data.source_vocab.vocab_size,
@@ -507,7 +507,7 @@ model = EncoderDecoder(config).eval()
 print(config)
 print(f"{sum(p.numel() for p in model.parameters()):,} parameters")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 source, target_in, _ = make_batch(data, test_ids[:1])
 padded = torch.cat([source, torch.zeros(1, 3, dtype=torch.long)], dim=1)
 noisy_padding = padded.clone()
@@ -525,7 +525,7 @@ print("a new target token at position 4 leaves positions 0-3 unchanged:",
       "| and changes position 4:", not torch.allclose(future[:, 4], plain[:, 4], atol=1e-4))
 assert padding_gap < 1e-5 and torch.allclose(future[:, :4], plain[:, :4], atol=1e-6)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: the source padding mask
 #
 # Write the mask the encoder and every cross-attention use: from source ids `(B, M)` and the
@@ -546,7 +546,7 @@ assert padding_gap < 1e-5 and torch.allclose(future[:, :4], plain[:, :4], atol=1
 # size 1 between the batch axis and the key axis, one for the heads and one for the queries.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def source_key_mask(source: torch.Tensor, pad_id: int) -> torch.Tensor:
     """(B, M) ids -> (B, 1, 1, M) bool, True where the token is not padding."""
     ### BEGIN SOLUTION
@@ -556,10 +556,10 @@ def source_key_mask(source: torch.Tensor, pad_id: int) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("encoders.source_key_mask", source_key_mask)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Training
 #
 # The loop of `helpers.families.translation.train_translator` (the same for the GRUs above):
@@ -568,7 +568,7 @@ check("encoders.source_key_mask", source_key_mask)
 # sentences. It stops with an error if the loss ever stops being finite, as notebook 7's Trainer
 # does.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.families.translation import train_translator
 
 TRANSFORMER_STEPS = 200  # the knob: more steps, a better Transformer
@@ -590,17 +590,17 @@ ax.set(xlabel="step", ylabel="training loss (cross-entropy)", yscale="log",
        title="The encoder-decoder learns to translate into Grammish")
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. Accuracy against sentence length (optional)
 #
 # The Transformer translates the whole test split of single sentences greedily (the most likely
 # word at every step). We score **exact match** (the whole sentence right) and **token accuracy**
 # (the share of target tokens right at their place), by source length.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("10_encoders", "4.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.families.seq2seq import greedy_decode
 
 source, _, target = make_batch(data, test_ids)
@@ -619,19 +619,19 @@ for ax, values, what in ((axes[0], t_exact.float(), "exact match"), (axes[1], t_
            title=f"Transformer, {TRANSFORMER_STEPS} steps: {what} on the test split")
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # After so short a run the longest sentences (13-14 tokens, nearly all from the "Once upon a
 # time, there was ..." and "Long ago, ..." templates) are the weakest: their last words sit at
 # positions few training sentences reach, and one wrong word spoils an exact match. (The printed
 # numbers are bounds: training rounds slightly differently from one CPU to another, and a stored
 # notebook must read the same on all of them. The measured values are in the figure.)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print(f"Transformer exact match > 80 %: {t_exact.float().mean().item() > 0.8}; "
       f"token accuracy > 95 %: {t_tokens.mean().item() > 0.95}")
 assert t_exact.float().mean() > 0.8 and t_tokens.mean() > 0.95
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. Greedy decoding and beam search (core)
 #
 # Greedy decoding commits to the single most likely word at every step. **Beam search** keeps the
@@ -664,10 +664,10 @@ assert t_exact.float().mean() > 0.8 and t_tokens.mean() > 0.95
 # by V table laid out as one row; a position in that row gives the prefix by whole division by V and
 # the token as the remainder.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("10_encoders", "5.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def beam_step(scores: torch.Tensor, log_probs: torch.Tensor, width: int) -> tuple:
     """-> (new_scores (width,), rows (width,), tokens (width,)), best first."""
     ### BEGIN SOLUTION
@@ -677,16 +677,16 @@ def beam_step(scores: torch.Tensor, log_probs: torch.Tensor, width: int) -> tupl
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("encoders.beam_step", beam_step)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # `helpers.families.seq2seq.beam_search` runs such steps until every prefix has finished or no unfinished
 # prefix can still overtake the best finished one (log-probabilities only fall). Its tests compare
 # it with an exhaustive search over every output on a tiny vocabulary. Here: the first 60 test
 # sentences, width 4, against greedy decoding.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.families.seq2seq import beam_search, sequence_log_prob
 
 n_beam = 60
@@ -703,7 +703,7 @@ for i in range(n_beam):
 print(f"beam search at least as likely as greedy: {beam_as_good} of {n_beam} sentences")
 assert beam_as_good == n_beam
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # Counts of a model trained in float32 can move by one from one CPU to another; the asserts keep the
 # claim.
@@ -711,25 +711,25 @@ print(f"beam strictly more likely than greedy: {beam_better} of {n_beam} sentenc
 print(f"exactly right: greedy {greedy_right}, beam {beam_right} of {n_beam}")
 assert beam_right >= greedy_right - 3
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # On single sentences the beam rarely finds anything more likely than greedy's. On the longer joined
 # examples of section 2, `bench_bottleneck.py` ran the same comparison for each seed's
 # Transformer (width 4, the first held-out examples). In our runs the beam found a more likely output
 # for 5 to 10 of 30 examples, and exactly right ones stayed the same or one fewer: a more likely
 # sentence under a model still learning is not a better translation.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for run in bottleneck["runs"]:
     b = run["models"]["transformer"]["beam"]
     print(f"seed {run['seed']}: beam more likely than greedy on {b['beam_more_likely']:2d} of "
           f"{b['n']}; "
           f"exactly right: greedy {b['greedy_exact']:2d}, beam {b['beam_exact']:2d}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Three translations by beam search, next to the reference. The model still confuses some rare
 # words.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # A model trained in float32 can differ by a word from one CPU to another; the cell above asserts
 # what must hold.
@@ -741,7 +741,7 @@ for i in range(3):
     print("beam search:", " ".join(data.target_vocab.decode(beam.tolist())))
     print()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. Cross-attention maps (optional)
 #
 # For a test sentence, we feed the model's own translation back as the decoder input and read the
@@ -750,10 +750,10 @@ for i in range(3):
 # diagonal. The first sentence below is chosen to contain both reorderings of the rule: an
 # adjective before its noun, and a verb that Grammish moves to the end of its clause.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("10_encoders", "6.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.families.translation import ADJECTIVES, PAST_VERBS
 
 
@@ -771,7 +771,7 @@ print("drawn first:", next(iter(sentence_choices)))
 print("its Grammish:", " ".join(data.grammish[shown[0]]))
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def draw_cross_attention(sentence: str, head: int) -> torch.Tensor:
     """Draw one head's cross-attention in the last decoder layer for `sentence`; return the
     weights."""
@@ -793,7 +793,7 @@ first_sentence = next(iter(sentence_choices))
 static_weights = draw_cross_attention(first_sentence, head=0)
 plt.show()
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # Which source word a head reads most can change with the last bits of training, from CPU to CPU.
 english = data.english[sentence_choices[first_sentence]]
@@ -804,7 +804,7 @@ written = data.target_vocab.decode(greedy_decode(model, make_batch(data, [shown[
 for row, word in enumerate(written):
     print(f"{word:10s} reads most: {english[int(averaged[row].argmax())]}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # The widget's output holds model ids that change on every run; the figure above is the same
 # drawing.
@@ -818,11 +818,11 @@ explorer = Explorer(
 )
 explorer
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Moving the controls redraws the map: another head attends differently, another sentence has
 # other words.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 first = explorer.reset()
 other_head = explorer.set(head=1)
 other_sentence = explorer.set(sentence=list(sentence_choices)[1])
@@ -830,7 +830,7 @@ assert not torch.equal(first, other_head)
 assert other_sentence.shape != other_head.shape or not torch.equal(other_sentence, other_head)
 print("redraws so far:", explorer.redraws)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7. Encoder-only: pretrain, then finetune (optional)
 #
 # The DS 246 notes' lifecycle is pretrain -> finetune -> inference: learn the language from a large
@@ -866,10 +866,10 @@ print("redraws so far:", explorer.redraws)
 # the vocabulary size) for every position. Padding is never picked; an unpicked label is
 # IGNORE.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("10_encoders", "7.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.families.mlm import IGNORE
 
 
@@ -890,10 +890,10 @@ def my_mask_tokens(ids: torch.Tensor, mask_id: int, vocab_size: int, first_word_
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("encoders.mask_tokens", my_mask_tokens)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.text.corpus import PETS, PLACES
 from helpers.families.mlm import IGNORE, Classifier, MaskedLM, mask_tokens
 from helpers.families.translation import MASK_ID, SPECIALS, english_words, pad_batch
@@ -915,12 +915,12 @@ print(f"picked: {picked.sum() / (ids != PAD_ID).sum():.1%} of the real tokens; o
       f"{(inputs[picked] == ids[picked]).float().mean():.1%}, other words: the rest")
 print("one sentence:", " ".join(vocab.itos[i] for i in inputs[3].tolist() if i != PAD_ID))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The encoder is the same `Encoder` as the translator's (`helpers.families.seq2seq`), with a linear layer
 # over the vocabulary at every position (`MaskedLM`). We pretrain it on the training sentences
 # for `PRETRAIN_STEPS` steps.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 PRETRAIN_STEPS = 200  # the knob: more steps, a better language model
 
 torch.manual_seed(0)
@@ -945,12 +945,12 @@ print(f"pretrained for {PRETRAIN_STEPS} steps, {format_duration(pretrain_seconds
       f"loss fell below a quarter of its start: {mlm_losses[-1] < mlm_losses[0] / 4}")
 assert mlm_losses[-1] < mlm_losses[0] / 4
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **Fill in the blank.** We hide one word of a few test sentences and ask for the encoder's five
 # most likely words. It reads both sides: in "... went to the `<mask>` with her dog" only places
 # fit, and after "with her" a pet.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def fill_in(sentence: str, blank: int) -> list[str]:
     """The five words the encoder finds most likely at position `blank` of `sentence`."""
     ids = torch.tensor([vocab.encode(english_words(sentence))])
@@ -965,7 +965,7 @@ blanks = [("One morning, Mia went to the market with her dog.", 7),
           ("There, she found a shiny key.", 6),
           ("So Tom asked Mia for help.", 2)]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # The order of close guesses can differ from one CPU to another; the assertion keeps the claim.
 place_guesses, pet_guesses = fill_in(*blanks[0]), fill_in(*blanks[1])
@@ -976,7 +976,7 @@ for sentence, blank in blanks:
 assert sum(word in PLACES for word in place_guesses) >= 3  # a place goes there, and it knows
 assert sum(word in PETS for word in pet_guesses) >= 3
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Finetuning the pretrained encoder
 #
 # **Finetuning.** A sentence-level task the corpus supports: is a sentence **well formed**? We
@@ -987,7 +987,7 @@ assert sum(word in PETS for word in pet_guesses) >= 3
 # token vectors (`helpers.families.mlm.Classifier`); we train it twice with everything equal except where
 # the encoder's weights start: from the MLM pretraining, or from scratch.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.families.mlm import swap_neighbours
 
 
@@ -1010,7 +1010,7 @@ print(f"{len(train_y)} labelled training sentences ({int((train_y == 0).sum())} 
 print("a broken one:", " ".join(vocab.itos[i] for i in train_x[(train_y == 0).nonzero()[0,
         0]].tolist() if i))
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 FINETUNE_STEPS = 60  # the knob
 
 
@@ -1031,11 +1031,11 @@ def finetune(encoder: Encoder, seed: int) -> float:
         return (classifier(test_x).argmax(dim=-1) == test_y).float().mean().item()
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Three finetuning seeds on each side (the seed draws the classifier's head, the batches, and for
 # the scratch side the encoder's weights); everything else is equal.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 started = time.perf_counter()
 pretrained_accuracy, scratch_accuracy = [], []
 for seed in (1, 2, 3):
@@ -1051,7 +1051,7 @@ print(f"every pretrained seed > 62 %: {min(pretrained_accuracy) > 0.62}; every s
       f"{min(gaps) > 0.03}")
 assert min(pretrained_accuracy) > 0.62 and max(scratch_accuracy) < 0.66 and min(gaps) > 0.03
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # The exact accuracies move by a sentence or two from one CPU to another; the cell above asserts
 # bounds.
@@ -1060,7 +1060,7 @@ print("scratch   :", " ".join(f"{a:.3f}" for a in scratch_accuracy))
 print(f"gap per seed: {' '.join(f'{g:+.3f}' for g in gaps)}; mean {sum(gaps) / 3:+.3f} "
       f"on {len(test_y)} test sentences (chance: 0.5)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # How much does it hold? On every seed the pretrained encoder is ahead, by the gaps printed above
 # (13 to 17 points in the run printed, with both sides well above chance but far from perfect). What
 # pretraining gave is a starting point from which 256 labels go further; the measurement says
@@ -1079,10 +1079,10 @@ print(f"gap per seed: {' '.join(f'{g:+.3f}' for g in gaps)}; mean {sum(gaps) / 3
 # the three models' **teacher-forced** token accuracy on the test split (each target word
 # predicted from the true words before it).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("10_encoders", "8.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.families.mlm import IGNORE as SKIP
 from helpers.families.translation import BOS_ID
@@ -1108,7 +1108,7 @@ def prompt_batch(indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, labels
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(0)
 gpt = GPT(GPTConfig(vocab_size=shift + data.target_vocab.vocab_size, context_length=32, n_layers=2,
                     n_heads=4, d_model=64))
@@ -1134,13 +1134,13 @@ print(f"teacher-forced token accuracy > 95 %: encoder-decoder {encoder_decoder_a
       f"decoder-only {decoder_only_accuracy > 0.95}")
 assert encoder_decoder_accuracy > 0.95 and decoder_only_accuracy > 0.95
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Both attention models learn the reordering, one seed each here (a bound, not a ranking of the
 # two: their gap is within what another seed moves). The table reads off the three
 # Transformers trained in this notebook where cross-attention sits, which masks each stack uses
 # and what each is trained to predict.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def parameters(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
@@ -1163,7 +1163,7 @@ assert n_cross == config.n_layers
 assert not any(isinstance(getattr(m, "cross_attn", None), MultiHeadAttention)
                for m in mlm.modules())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## What we measured (optional)
 #
 # - **The bottleneck** (section 2, three seeds from `data/bottleneck.json`, made by
@@ -1186,7 +1186,7 @@ assert not any(isinstance(getattr(m, "cross_attn", None), MultiHeadAttention)
 # - **The decoder-only translator** (section 8): more than 95 % teacher-forced token accuracy, as
 #   the encoder-decoder.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Check your understanding (optional)
 #
 # **What are the differences between the Transformer encoder and decoder?** (the USF notes)
@@ -1201,7 +1201,7 @@ assert not any(isinstance(getattr(m, "cross_attn", None), MultiHeadAttention)
 # once per generated token.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **Why does the GRU lose long sentences, and why does the Transformer not?**
 #
 # <details><summary>Answer</summary>
@@ -1212,7 +1212,7 @@ assert not any(isinstance(getattr(m, "cross_attn", None), MultiHeadAttention)
 # however long the sentence (section 2's figure). The Transformer then also drops the recurrence.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **What parallelises in training each model?** (the USF notes' parallelisation question, for this notebook)
 #
 # <details><summary>Answer</summary>
@@ -1224,7 +1224,7 @@ assert not any(isinstance(getattr(m, "cross_attn", None), MultiHeadAttention)
 # decoders write one token at a time.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **Why does BERT replace only 80 % of the picked tokens by `<mask>`?**
 #
 # <details><summary>Answer</summary>
@@ -1235,7 +1235,7 @@ assert not any(isinstance(getattr(m, "cross_attn", None), MultiHeadAttention)
 # useful vector for every position.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **Which family would you pick to translate, to classify a sentence, to write a story?**
 #
 # <details><summary>Answer</summary>

@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 11. Beyond one machine: data, optimizer-state and tensor parallelism
 #
 # Everything so far ran in one Python process. Inside it, a lot already happens in parallel: the
@@ -25,7 +25,7 @@
 
 # %% [setup]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import inspect
 import math
 import os
@@ -38,7 +38,7 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import helpers
 
 from helpers.scale.data_parallel import (
@@ -55,7 +55,7 @@ from helpers.scale.data_parallel import (
 )
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.scale.workers import (
     WorkerFailed,
     Workers,
@@ -82,7 +82,7 @@ from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # two processes will share the cores with this one
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. Processes that talk: ranks, a process group, collectives (core)
 #
 # A distributed job is `world_size` copies of the same program. Each copy, a **rank**
@@ -104,7 +104,7 @@ torch.set_num_threads(1)  # two processes will share the cores with this one
 # has no module there, so its source goes instead (with the modules and values it reads) and the
 # worker runs it (`helpers.scale.cell_functions`). Your own functions can run on the workers.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 workers = Workers(world_size=2, timeout=120.0)
 start = time.perf_counter()
 results = workers.run(collectives_demo)
@@ -115,7 +115,7 @@ for name in results[0]:
     for rank, result in enumerate(results):
         print(f"    rank {rank}: {result[name]}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Read each collective off the output (the source is `collectives_demo` in `helpers.scale.workers`):
 #
 # - **broadcast**: rank 0's tensor `[10, 20]` is copied to every rank (rank 1 started with zeros);
@@ -130,7 +130,7 @@ for name in results[0]:
 # processes.) The next cell sends a function defined in this notebook; a lambda, which has no
 # source of its own to send, is refused before any process is bothered:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_task(rank: int, world_size: int) -> str:
     return f"rank {rank} of {world_size} ran a function defined in this notebook"
 
@@ -141,7 +141,7 @@ try:
 except ValueError as error:
     print(error)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The ring all-reduce and what it costs
 #
 # How do `p` ranks sum a tensor of `n` bytes without one rank receiving everything? In a **ring**,
@@ -153,7 +153,7 @@ except ValueError as error:
 # `p`? The exercise after the next one asks you to count it. `ring_all_reduce_by_hand` simulates
 # the ring in this process, step by step, and counts the values each rank sends:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 tensors = [torch.arange(6.0) * (rank + 1) for rank in range(3)]  # 3 ranks, 6 values each
 results, values_sent = ring_all_reduce_by_hand(tensors)
 for rank, result in enumerate(results):
@@ -161,7 +161,7 @@ for rank, result in enumerate(results):
 assert all(torch.equal(result, sum(tensors)) for result in results)
 print(f"each rank sent {values_sent} values of a tensor of 6, over 3 ranks")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: the ring all-reduce on real processes
 #
 # Now on the workers, with messages instead of a list: write `my_ring_all_reduce(rank,
@@ -190,7 +190,7 @@ print(f"each rank sent {values_sent} values of a tensor of 6, over 3 ranks")
 # rank and the step, round the ring. Send without waiting, receive, then wait for the
 # send.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import torch.distributed as dist  # noqa: F401 - my_ring_all_reduce sends with it
 
 
@@ -216,10 +216,10 @@ def my_ring_all_reduce(rank: int, world_size: int, tensors: list[torch.Tensor]) 
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("distributed.ring_all_reduce", my_ring_all_reduce)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 ring = yours_or("distributed.ring_all_reduce", my_ring_all_reduce, ring_all_reduce)
 tensors = [torch.arange(6.0) * (rank + 1) for rank in range(2)]
 results = workers.run(ring, tensors)
@@ -227,7 +227,7 @@ for rank, result in enumerate(results):
     print(f"rank {rank} ends with {result.tolist()}")
 assert all(torch.equal(result, sum(tensors)) for result in results)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: the bytes of a ring all-reduce
 #
 # Write `ring_bytes(n_bytes, world_size)`: the bytes each rank sends in a ring all-reduce of a
@@ -247,7 +247,7 @@ assert all(torch.equal(result, sum(tensors)) for result in results)
 # one chunk, a p-th of the tensor. Multiply the number of steps by the chunk's bytes.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def ring_bytes(n_bytes: float, world_size: int) -> float:
     """Bytes each rank sends in a ring all-reduce of an n_bytes tensor over world_size ranks."""
     ### BEGIN SOLUTION
@@ -256,14 +256,14 @@ def ring_bytes(n_bytes: float, world_size: int) -> float:
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("distributed.ring_bytes", ring_bytes)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Each rank sends `2 (p - 1) / p x n` bytes: almost `2n` whatever `p` is, so adding ranks does not
 # make the all-reduce more expensive per rank.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Measured: how long one all-reduce takes here
 #
 # Two processes on one machine, so the "network" is shared memory and the times say more about
@@ -279,7 +279,7 @@ check("distributed.ring_bytes", ring_bytes)
 # the fit uses all five sizes, and the figure after the cell shows how well the two numbers
 # describe them.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 sizes = [1_000, 10_000, 100_000, 1_000_000, 10_000_000]  # float32 values
 times = workers.run(time_all_reduce_warm, sizes)
 slowest = {size: max(t[size] for t in times) for size in sizes}  # done when the last rank is
@@ -293,7 +293,7 @@ for size in sizes:
 print(f"the fit: a message's latency {format_duration(latency)}; each MB sent "
       f"{format_duration(1e6 / bandwidth)}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 figure, axis = plt.subplots(figsize=(8, 4.5), layout="constrained")
 xs = [sent[s] for s in sizes]
 axis.loglog(xs, [slowest[s] for s in sizes], "o", markersize=8, label="measured (best of 7)")
@@ -305,7 +305,7 @@ axis.set(title="One all-reduce between 2 processes (gloo, this machine)",
 axis.legend()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. Data parallelism: the same model everywhere, a slice of the batch each (optional)
 #
 # The loss of a batch is a **mean** over its rows. Split a batch of `B` rows into `p` equal
@@ -317,10 +317,10 @@ plt.show()
 # First in one process, with two copies of the course GPT (`TINY_GPT`: 2 blocks, `d_model = 32`,
 # tied weights) standing in for the two ranks:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("11_distributed", "2.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 run = Run(model="gpt", batch_size=8)
 inputs, targets = make_batch(run, step=0)          # (8, 16) token ids each
 whole = make_model(run)
@@ -335,7 +335,7 @@ assert gap < 1e-6
 print(TINY_GPT)
 print("average of the two halves' gradients vs the whole batch's: max |diff| < 1e-6")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # On real processes the average is one all-reduce (sum) per gradient, divided by the world size.
 # Before the first step, a broadcast gives every rank rank 0's weights (the workers below start
 # from *different* random weights on purpose, so the broadcast has work to do).
@@ -364,7 +364,7 @@ print("average of the two halves' gradients vs the whole batch's: max |diff| < 1
 # divide it by the number of ranks.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_average_gradients(model: torch.nn.Module, all_reduce, world_size: int) -> None:
     """Replace every p.grad by its mean over the ranks; all_reduce(t) sums t in place."""
     ### BEGIN SOLUTION
@@ -376,17 +376,17 @@ def my_average_gradients(model: torch.nn.Module, all_reduce, world_size: int) ->
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("distributed.average_gradients", my_average_gradients)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The course's version, in `helpers.scale.data_parallel`, calls `torch.distributed.all_reduce`
 # itself; compare it with yours:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print(inspect.getsource(average_gradients))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # `train_by_hand` runs it on each rank: broadcast, then for each step forward and backward on its
 # rows, `average_gradients`, SGD step. We train the small MLP and the GPT for 4 steps on both
 # processes and compare with one process training on the whole batches (`train_single`).
@@ -396,7 +396,7 @@ print(inspect.getsource(average_gradients))
 # it moves by the learning rate in the direction of the round-off, so two runs that agree in
 # exact arithmetic drift apart. With SGD, round-off stays round-off.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for model_name in ("mlp", "gpt"):
     run = Run(model=model_name, batch_size=8, steps=4)
     weights = data_parallel(workers, "by hand", run)
@@ -408,7 +408,7 @@ for model_name in ("mlp", "gpt"):
           f"process with "
           "the whole batch: max |diff| < 1e-6")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Overlap: start the all-reduce while backward is still running
 #
 # `average_gradients` waits for the whole backward pass, then communicates: the network idles
@@ -420,7 +420,7 @@ for model_name in ("mlp", "gpt"):
 # *asynchronously* (`async_op=True`), while backward goes on. After backward, `finish()` waits.
 # Buckets also turn many small messages into a few large ones, which the network prefers.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 results = data_parallel(workers, "bucketed", Run(model="gpt", steps=4))
 bucketed_weights, buckets, launches = results[0]
 n_gradients = sum(len(bucket) for bucket in buckets)
@@ -434,7 +434,7 @@ assert launches[0][1] < n_gradients
 assert max_difference(bucketed_weights, train_single(Run(model="gpt", steps=4))) < 1e-6
 print("bucketed run vs 1 process: max |diff| < 1e-6")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The first bucket's all-reduce starts when only the final LayerNorm's and the last MLP's
 # gradients exist; the token embedding, used first in the forward pass, is the last gradient
 # backward completes. (It is also the output matrix: with tied weights its hook fires once, after
@@ -446,14 +446,14 @@ print("bucketed run vs 1 process: max |diff| < 1e-6")
 # weights when it wraps the model, and its backward hooks all-reduce buckets (of megabytes)
 # during backward. The training loop does not change.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for model_name in ("mlp", "gpt"):
     run = Run(model=model_name, steps=4)
     weights = data_parallel(workers, "torch DDP", run)
     assert max_difference(weights[0], train_single(run)) < 1e-6
     print(f"{model_name}: torch DDP on 2 processes vs 1 process: max |diff| < 1e-6")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. Optimizer-state sharding (ZeRO-1) (optional)
 #
 # Data parallelism copies *everything* to every rank: the weights, the gradients and AdamW's two
@@ -466,10 +466,10 @@ for model_name in ("mlp", "gpt"):
 # 12 of optimizer state: a float32 master copy of the weights besides `m` and `v`). The state is
 # the larger share in mixed precision, so sharding it saves more:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("11_distributed", "3.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 gpt2 = GPTConfig.gpt2_small()
 by_precision = {precision: memory_per_rank(exact_parameters(gpt2), world_size=8,
                                            precision=precision)
@@ -482,13 +482,13 @@ for stage in by_precision["fp32"]:
 assert round(by_precision["mixed"]["data parallel"] / by_precision["mixed"]["ZeRO-1 (optimizer "
                                                                             "state)"], 1) == 2.9
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # `ShardedAdamW` in `helpers.scale.sharded` is notebook 7's `HandAdamW` with an owner per parameter
 # (largest first, each to the least loaded rank). To check it, each rank also trains an unsharded
 # twin with the same equations and gives it the same averaged gradient at every step: the sharded
 # and unsharded weights must stay equal, while each rank holds about half the state.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 run = Run(model="gpt", steps=4, lr=0.01)
 results_zero = workers.run(train_zero_by_hand, run)
 for rank, result in enumerate(results_zero):
@@ -498,7 +498,7 @@ for rank, result in enumerate(results_zero):
 assert sum(r["state_bytes"] for r in results_zero) == results_zero[0]["full_state_bytes"]
 print("sharded vs unsharded AdamW, same gradients, 4 steps: max |diff| < 1e-6")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The two ranks' shares add up to exactly the unsharded state, split about evenly. The price of
 # this hand-written version is one broadcast of every parameter per step on top of the gradient
 # all-reduce: `3 (p - 1) / p` of the weights' bytes against plain data parallelism's
@@ -509,7 +509,7 @@ print("sharded vs unsharded AdamW, same gradients, 4 steps: max |diff| < 1e-6")
 # ZeRO-2 (which also drops the gradients of the other shards) send the same bytes as DDP; only
 # ZeRO-3 sends more (section 5). The cell counts it for GPT-2 small's bf16 weights over 8 ranks:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 p, weight_bytes = 8, 2 * exact_parameters(gpt2)
 ddp_sends = ring_all_reduce_bytes(weight_bytes, p)
 zero12_sends = 2 * (p - 1) / p * weight_bytes           # reduce-scatter + all-gather
@@ -525,7 +525,7 @@ assert zero12_sends == ddp_sends and by_hand_sends == 1.5 * ddp_sends
 # `torch.distributed.optim.ZeroRedundancyOptimizer` wraps any optimizer the same way; we check it
 # against `torch.optim.AdamW` with the same gradients. Both run on CPU with gloo.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 results = workers.run(train_zero_torch, run)
 for rank, result in enumerate(results):
     assert result["max_gap"] < 1e-6
@@ -533,14 +533,14 @@ for rank, result in enumerate(results):
           f"instead of {result['full_state_bytes']:,}")
 print("ZeroRedundancyOptimizer vs torch.optim.AdamW: max |diff| < 1e-6")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # FSDP (fully sharded data parallel, ZeRO-3) splits the weights and gradients too. With FSDP2's
 # `fully_shard`, each block is a unit whose weights are all-gathered just before it runs and
 # freed after; gradients are reduce-scattered, so each rank keeps the average of its own slice,
 # and the optimizer only ever sees the slices (its weights become `DTensor`s). Trained with SGD,
 # it must end where one process does:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 run = Run(model="gpt", steps=4)
 results = workers.run(train_fsdp, run)
 for rank, result in enumerate(results):
@@ -550,7 +550,7 @@ for rank, result in enumerate(results):
 assert max_difference(results[0]["weights"], train_single(run)) < 1e-6
 print("FSDP2 on 2 processes vs 1 process: max |diff| < 1e-6")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### What `ShardedAdamW` grows into: any optimizer, sharded
 #
 # Nothing in ZeRO-1 depends on AdamW's equations: a rank only has to *own* some parameters, step
@@ -562,7 +562,7 @@ print("FSDP2 on 2 processes vs 1 process: max |diff| < 1e-6")
 # the course did not write, PyTorch's own `nn.TransformerEncoder` (two pre-norm layers), and
 # compares with an unsharded AdamW given the same averaged gradients, with `torch.equal`:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.scale import any_model
 
 results = workers.run(any_model.train_sharded_optimizer_any, "encoder", 3)
@@ -573,7 +573,7 @@ for rank, result in enumerate(results):
           f"weights equal to unsharded AdamW after each of 3 steps: {result['equal_after']}")
 assert sum(r["state_bytes"] for r in results) == results[0]["full_state_bytes"]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. Tensor parallelism: split every matrix (optional)
 #
 # Data parallelism needs the whole model on each device. When one layer is too big, split the
@@ -603,10 +603,10 @@ assert sum(r["state_bytes"] for r in results) == results[0]["full_state_bytes"]
 # units. (2) The block that belongs to this rank. (3) Those units' rows of the up projection and
 # entries of its bias, and the same units' columns of the down projection.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("11_distributed", "4.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def split_mlp(up_weight: torch.Tensor, up_bias: torch.Tensor, down_weight: torch.Tensor,
               rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """up_weight (hidden, D), up_bias (hidden,), down_weight (D, hidden) -> this rank's slices,
@@ -618,14 +618,14 @@ def split_mlp(up_weight: torch.Tensor, up_bias: torch.Tensor, down_weight: torch
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("distributed.split_mlp", split_mlp)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # In one process, a block's MLP split in two, each half computed as its rank would (the course's
 # `helper_split_mlp` stands in until yours passes):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.lab.exercises.distributed import helper_split_mlp
 
 split = yours_or("distributed.split_mlp", split_mlp, helper_split_mlp)
@@ -644,7 +644,7 @@ print(f"W_up {tuple(up_w.shape)} -> 2 x {tuple(w_up.shape)}; W_down {tuple(down_
       f"2 x {tuple(w_down.shape)}")
 print("sum of the 2 partial outputs + bias vs the MLP: max |diff| < 1e-6")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The heads, and the whole block, on two processes
 #
 # Attention splits the same way, by heads (notebook 5): the rows of `W_Q`, `W_K`, `W_V` that
@@ -655,7 +655,7 @@ print("sum of the 2 partial outputs + bias vs the MLP: max |diff| < 1e-6")
 # `helpers.scale.tensor_parallel`). `TensorParallelBlock` puts the two together, with the LayerNorms
 # on every rank. We run it forward and backward and compare with the block on one process:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 results = workers.run(tensor_parallel_block)
 x.requires_grad_(True)
 out = block(x)
@@ -671,7 +671,7 @@ for rank, result in enumerate(results):
           f"input "
           "gradient and its W_up gradient rows vs 1 process: max |diff| < 1e-6")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Each rank holds about half the block (the LayerNorms and the output biases are copies). The
 # price is two all-reduces of the `(B, N, D)` activations per block forward, and two backward:
 # on every layer, on the critical path. That is why tensor parallelism stays inside one node,
@@ -681,7 +681,7 @@ for rank, result in enumerate(results):
 # weight into a `DTensor` sharded by rows (`ColwiseParallel`) and `down`'s by columns
 # (`RowwiseParallel`) on a one-axis device mesh; it runs on CPU with gloo:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 results = workers.run(dtensor_mlp)
 with torch.no_grad():
     expected = block.mlp(x)
@@ -690,7 +690,7 @@ for rank, result in enumerate(results):
     print(f"rank {rank}: up.weight is a {result['kind']}, local {result['up_local']}; "
           f"down.weight local {result['down_local']}; output vs the MLP: max |diff| < 1e-6")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. The aspects of Transformer parallelization (optional)
 #
 # The USF notes close their questions with "What are the aspects of Transformer
@@ -703,10 +703,10 @@ for rank, result in enumerate(results):
 # rank sends in one training step with 8 ranks in the split, 8 sequences of a full context per
 # rank and bf16 values (2 bytes). GPT-3's sizes: 96 layers, `d_model = 12288`, 2048 tokens.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("11_distributed", "5.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 gpt3 = GPTConfig(vocab_size=50257, context_length=2048, n_layers=96, n_heads=96, d_model=12288)
 models = {"GPT-2 small": gpt2, "GPT-3 175B": gpt3}
 for name, config in models.items():
@@ -724,7 +724,7 @@ for row in rows["GPT-2 small"]:
 data_bytes, sharded_bytes = (row.bytes_per_rank for row in rows["GPT-2 small"][:2])
 print(f"\nsharded data / data: {sharded_bytes / data_bytes:.1f} x")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # How to read it:
 #
 # - **data** parallelism sends the gradients once per step, whatever the batch: cheap relative
@@ -751,7 +751,7 @@ print(f"\nsharded data / data: {sharded_bytes / data_bytes:.1f} x")
 # Large runs combine them ("3D parallelism"): tensor parallelism inside a node of 8 GPUs,
 # pipeline stages across nodes, data (or sharded data) parallelism over everything else.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 micro_batches = [1, 2, 4, 8, 16, 32, 64]
 figure, axis = plt.subplots(figsize=(8, 4.5), layout="constrained")
 for stages in (2, 4, 8):
@@ -765,7 +765,7 @@ axis.set(xscale="log", title="Pipeline bubble: (p - 1) / (m + p - 1)",
 axis.legend()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 #
 # ## 6. Started by `torchrun`, on GPUs with `nccl` (optional)
 #
@@ -777,10 +777,10 @@ plt.show()
 # compares with one process. Here it runs on the CPU, started by `torchrun` exactly as on a
 # cluster (`python -m torch.distributed.run` is `torchrun`):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("11_distributed", "6.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 package_root = str(Path(helpers.__file__).resolve().parent.parent)  # so the processes find helpers
 command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "helpers.scale.data_parallel"]  # --standalone: one machine, a free port
@@ -792,7 +792,7 @@ print("torchrun --standalone --nproc_per_node 2 -m helpers.scale.data_parallel")
 print("   ", done.stdout.strip().splitlines()[-1], "|", format_duration(time.perf_counter()
                                                                         - start))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # On a machine with `N` GPUs the same command with `--nproc_per_node N` runs the same code on
 # the GPUs with `nccl`, and `torchrun --nnodes M --node_rank i --rdzv_endpoint host:port ...`
 # spreads it over machines. That is stated, not measured: no machine with several GPUs was
@@ -804,10 +804,10 @@ print("   ", done.stdout.strip().splitlines()[-1], "|", format_duration(time.per
 # The all-reduce times of section 1 (two CPU processes, gloo) and the memory per rank of section
 # 3, gathered again:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("11_distributed", "What")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for size in sizes:
     print(f"all-reduce of {readable_bytes(4 * size):>8} on 2 processes: "
           f"{format_duration(slowest[size])}")
@@ -817,7 +817,7 @@ print(f"ZeRO-1, AdamW state per rank of the tiny GPT: {results_zero[0]['state_by
       f"{results_zero[1]['state_bytes']:,} bytes (unsharded "
       f"{results_zero[0]['full_state_bytes']:,})")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7. Part two: FSDP, pipelines and rings, by hand (optional)
 #
 # Three more ways to split a training step, each written with the collectives of section 1 and
@@ -833,10 +833,10 @@ print(f"ZeRO-1, AdamW state per rank of the tiny GPT: {results_zero[0]['state_by
 # the passes; torch's FSDP keeps the graph and refills the freed storage instead.) This is what
 # section 3's `fully_shard` did on the same workers; here every collective is in plain sight.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("11_distributed", "7.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.scale.fsdp import memory_table, train_fsdp_by_hand, train_reference
 
 run_fsdp = Run(model="gpt", steps=3, lr=0.01)
@@ -851,7 +851,7 @@ for rank, r in enumerate(results_fsdp):
           f"one process {r['single_bytes']:,}; full weights alive at once at most "
           f"{r['peak_full_bytes']:,}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: FSDP's gradient step
 #
 # Write `my_grad_piece(rank, world_size, grads)`: rank `r`'s flat gradient is `grads[r]` `(P,)`;
@@ -870,7 +870,7 @@ for rank, r in enumerate(results_fsdp):
 # (2) The collective of section 1 that gives each rank the sum of its own piece only, into a tensor
 # of one piece's size. (3) The mean: divide by the number of ranks, before or after.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import torch.distributed as dist  # noqa: F401 - my_grad_piece communicates with it
 
 
@@ -885,10 +885,10 @@ def my_grad_piece(rank: int, world_size: int, grads: list[torch.Tensor]) -> torc
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("distributed.fsdp_grad_piece", my_grad_piece)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.scale.fsdp import gradient_piece
 
 grad_piece = yours_or("distributed.fsdp_grad_piece", my_grad_piece, gradient_piece)
@@ -899,13 +899,13 @@ for rank, piece in enumerate(pieces):
 assert torch.equal(torch.cat(pieces), sum(grads) / 2)
 print("together the pieces are the mean gradient; no rank ever held all of it")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The ZeRO paper counts memory in mixed precision: 2 bytes a parameter of bf16 weights, 2 of
 # gradients and 12 of optimizer state (a float32 master copy, `m`, `v`), `16 Psi` in all for
 # `Psi` parameters. On `N` ranks stage 1 keeps `4 Psi + 12 Psi / N`, stage 2 `2 Psi + 14 Psi / N`,
 # stage 3 (FSDP) `16 Psi / N`. In plain code first, then the helper:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 n_ranks = 64
 for name, config in (("GPT-2 small", GPTConfig.gpt2_small()),
                      ("GPT-3 175B", GPTConfig(vocab_size=50257, context_length=2048, n_layers=96,
@@ -919,7 +919,7 @@ for name, config in (("GPT-2 small", GPTConfig.gpt2_small()),
           f"{readable_bytes(by_hand[0])}, ZeRO-1 {readable_bytes(by_hand[1])}, ZeRO-2 "
           f"{readable_bytes(by_hand[2])}, ZeRO-3 / FSDP {readable_bytes(by_hand[3])}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The same as a wrapper for any model
 #
 # `helpers.scale.fsdp_module.FSDP(module, compute_dtype=None, units=None)` is the by-hand FSDP
@@ -934,7 +934,7 @@ for name, config in (("GPT-2 small", GPTConfig.gpt2_small()),
 # `MixedPrecisionPolicy(param_dtype=..., reduce_dtype=torch.float32)`, on `nn.TransformerEncoder`
 # and on an MLP language model whose output matrix is its embedding, three AdamW steps:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for name, dtype in (("encoder", "float32"), ("encoder", "bfloat16"), ("tied_mlp", "bfloat16")):
     ours = workers.run(any_model.train_fsdp_any, name, dtype)
     theirs = workers.run(any_model.train_fully_shard_any, name, dtype)
@@ -944,13 +944,13 @@ for name, dtype in (("encoder", "float32"), ("encoder", "bfloat16"), ("tied_mlp"
     print(f"{name:>8}, compute {dtype:>8}: {len(ours[0]['losses'])} losses and every weight equal "
           "to fully_shard's, bit for bit")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Equal to the last bit: both gather the same float32 pieces, cast them the same way, and reduce
 # the same gradients in the same order. Against one process with whole batches, the sums are
 # taken in another order, so only round-off separates them (plain SGD here: Adam divides by the
 # gradient's size, which can turn a round-off difference in a near-zero gradient into a whole step):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 ours = workers.run(any_model.train_fsdp_any, "encoder", "float32", 3, 0.05, "sgd")[0]
 alone = any_model.train_one_process_any("encoder", 3, 0.05, "sgd")
 scale = max(float(w.abs().max()) for w in alone["weights"].values())
@@ -959,7 +959,7 @@ assert gap <= 1e-5 * scale
 print("FSDP on 2 processes vs 1 process, 3 SGD steps: largest weight difference < 1e-5 x the "
       "largest weight")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Saving and resuming any run
 #
 # A long run stops: a job's time is up, a machine fails. `helpers.training.resume.save_run(path,
@@ -972,7 +972,7 @@ print("FSDP on 2 processes vs 1 process, 3 SGD steps: largest weight difference 
 # The proof of a resume is that it changes nothing: eight steps in one go against three, a save, a
 # fresh model, and five more.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import tempfile
 from pathlib import Path
 
@@ -995,7 +995,7 @@ def fresh_encoder():
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 uninterrupted = encoder_steps(*fresh_encoder(), range(8))
 model, optimizer = fresh_encoder()
 first = encoder_steps(model, optimizer, range(3))
@@ -1008,7 +1008,7 @@ assert first + rest == uninterrupted
 print(f"resumed at step {resumed.step}: all {len(uninterrupted)} losses equal the uninterrupted "
       "run's, bit for bit")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Pipeline parallelism: GPipe and 1F1B
 #
 # `helpers.scale.pipeline` gives rank 0 the embeddings and the first half of the blocks, rank 1
@@ -1018,7 +1018,7 @@ print(f"resumed at step {resumed.step}: all {len(uninterrupted)} losses equal th
 # micro-batches of activations); 1F1B starts backwards as soon as it can and keeps at most `p - r`.
 # The tied token matrix lives on both ends: one all-reduce adds its two gradients.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.scale.pipeline import (
     gpipe_order,
     measure_bubble,
@@ -1040,7 +1040,7 @@ for schedule in ("gpipe", "1f1b"):
     assert gap < 1e-12
     print(f"{schedule}: gradients of 2 stages vs 1 process (float64): max |diff| < 1e-12")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: the 1F1B order
 #
 # Write `one_f_one_b(stages, micro_batches)`: for each rank, the order in which it runs its
@@ -1063,7 +1063,7 @@ for schedule in ("gpipe", "1f1b"):
 # <details><summary>Hint 3: closer</summary>The warm-up is one forward per stage after the rank,
 # never more than the micro-batches.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def one_f_one_b(stages: int, micro_batches: int) -> list[list[tuple[str, int]]]:
     """For each rank r < stages, its ops in order: ("F", i) and ("B", i) for i < micro_batches."""
     ### BEGIN SOLUTION
@@ -1083,13 +1083,13 @@ def one_f_one_b(stages: int, micro_batches: int) -> list[list[tuple[str, int]]]:
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("distributed.one_f_one_b", one_f_one_b)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The two schedules on a timeline, 1F1B in your order once it passes:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 your_order = yours_or("distributed.one_f_one_b", one_f_one_b, one_f_one_b_order)
 figure, axes = plt.subplots(2, 1, figsize=(10, 4.5), layout="constrained", sharex=True)
 for axis, (name, order) in zip(axes, (("GPipe", gpipe_order), ("1F1B", your_order)), strict=True):
@@ -1106,13 +1106,13 @@ for axis, (name, order) in zip(axes, (("GPipe", gpipe_order), ("1F1B", your_orde
 axes[-1].set_xlabel("time slot (one forward or backward of one micro-batch)")
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The bubble, measured: a step of 16 sequences on the two processes, in float32, for several `m`.
 # Each rank times its own computation; the rest of the step it waited. The figure shows the
 # measured idle share beside the formula (timings differ between machines, so only the figure
 # shows them; the step times are printed rounded).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 measured = measure_bubble(workers, "1f1b", [1, 2, 4, 8], batch_size=16, repeats=2)
 figure, axis = plt.subplots(figsize=(7, 4), layout="constrained")
 ms = list(measured)
@@ -1127,7 +1127,7 @@ plt.show()
 for m in ms:
     print(f"m = {m}: one step {format_duration(measured[m]['wall'])}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Context parallelism: ring attention
 #
 # `helpers.scale.ring_attention` splits the *tokens*: each rank keeps the queries, keys and values
@@ -1138,7 +1138,7 @@ for m in ms:
 # so both ranks do the same work. The backward runs through the ring too: the gradient of a key
 # block is sent back the other way.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: one step of the ring
 #
 # At each step a rank holds its running output `out` `(B, H, c, D_H)` with each row's
@@ -1163,7 +1163,7 @@ for m in ms:
 # two exponentials. A share is e to the power (the part's log-sum-exp minus the merged one), with a
 # trailing axis of size one to weight the output row by row.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def ring_merge(out: torch.Tensor, lse: torch.Tensor, o_b: torch.Tensor,
                lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) and (o_b, lse_b) over disjoint keys -> (out, lse) over all of them."""
@@ -1174,10 +1174,10 @@ def ring_merge(out: torch.Tensor, lse: torch.Tensor, o_b: torch.Tensor,
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("distributed.ring_merge", ring_merge)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.scale.ring_attention import (
     full_attention_reference,
     run_ring_attention,
@@ -1195,7 +1195,7 @@ for zigzag in (False, True):
           f"attention: max |diff| < 1e-6; scores computed per rank "
           f"{[r['work'] for r in results_ring]}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### On one device: gradient accumulation and recomputation
 #
 # Two ways to cut the activations a step keeps for its backward, on the tiny GPT: accumulate the
@@ -1203,7 +1203,7 @@ for zigzag in (False, True):
 # the backward (`torch.utils.checkpoint`). The bytes are counted with autograd's saved-tensor
 # hooks (`helpers.scale.recompute`); the gradients are the same (checked in tests/scale/test_recompute.py).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.scale.recompute import compare_memory_and_time
 
 torch.manual_seed(0)
@@ -1214,7 +1214,7 @@ for name, row in table_rc.items():
     print(f"{name:>14}: activations kept at most {readable_bytes(row['peak_bytes']):>8}, "
           f"a step {format_duration(row['seconds'])}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### When a worker fails
 #
 # If a worker raises, its traceback comes back to the notebook as a `WorkerFailed`, and all the
@@ -1222,7 +1222,7 @@ for name, row in table_rc.items():
 # that failed: without that, the notebook would hang. `fail_on_rank` makes rank 1 raise. (A
 # later `workers.run` would start two fresh processes.)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 try:
     workers.run(fail_on_rank, 1)
 except WorkerFailed as error:
@@ -1230,7 +1230,7 @@ except WorkerFailed as error:
     print("   ", error.worker_traceback.strip().splitlines()[-1])
 print("processes still running:", len(workers.processes))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Check your understanding (optional)
 #
 # **1. The USF notes: what are the aspects of Transformer parallelization?**
@@ -1246,10 +1246,10 @@ print("processes still running:", len(workers.processes))
 # experts of an MoE layer). Section 5's table gives what each sends per step.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("11_distributed", "Check")  # started here after a restart? this runs the sections above
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **2. Why do 2 processes with half the batch each end with the same weights as 1 process?**
 #
 # <details><summary>Answer</summary>
@@ -1260,7 +1260,7 @@ catch_up("11_distributed", "Check")  # started here after a restart? this runs t
 # step. Only round-off differs (the sums are added in another order): below `1e-6` here.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **3. Does a ring all-reduce get slower per rank with more ranks?**
 #
 # <details><summary>Answer</summary>
@@ -1270,7 +1270,7 @@ catch_up("11_distributed", "Check")  # started here after a restart? this runs t
 # the `2 (p - 1)` steps, which is why large clusters use trees or hierarchical rings.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **4. What does ZeRO-1 save, and what does it cost?**
 #
 # <details><summary>Answer</summary>
@@ -1283,7 +1283,7 @@ catch_up("11_distributed", "Check")  # started here after a restart? this runs t
 # each rank must know who owns what.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **5. Why does a tensor-parallel MLP need only one all-reduce in its forward pass?**
 #
 # <details><summary>Answer</summary>
@@ -1294,7 +1294,7 @@ catch_up("11_distributed", "Check")  # started here after a restart? this runs t
 # would need an all-reduce before the GELU as well.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 gradient_bytes = 2 * exact_parameters(gpt2)  # bf16
 for p in (2, 8, 1024):
     print(f"p = {p:>4}: each rank sends {readable_bytes(ring_all_reduce_bytes(gradient_bytes, p))} "
@@ -1309,7 +1309,7 @@ print(
     f"{mixed_ratio:.1f}x"
 )
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **6. FSDP all-gathers every weight twice per step. Why not keep the gathered weights from the
 # forward pass for the backward?**
 #
@@ -1322,7 +1322,7 @@ print(
 # the trade the other way: weights kept whole, gradients and state split.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **7. GPipe and 1F1B have the same bubble. What does 1F1B buy, and what shrinks the bubble?**
 #
 # <details><summary>Answer</summary>
@@ -1334,7 +1334,7 @@ print(
 # shrink the bubble, and smaller micro-batches run less efficiently, as the step times show.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **8. Why does ring attention need each row's log-sum-exp, and not only the partial outputs?**
 #
 # <details><summary>Answer</summary>

@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 12. The decoder of 2025-2026: mixture of experts, latent attention, sliding windows
 #
 # Notebook 9 ended at Llama 2 (2023). The open models students read about now (DeepSeek-V3,
@@ -21,9 +21,15 @@
 # **It assumes** notebooks 5 (GQA and the KV-cache size), 7 (training), 9 (RoPE, RMSNorm, SwiGLU)
 # and 11 (worker processes).
 
+# %% [markdown] slideshow={"slide_type": "notes"}
+# **Opening.** Three ideas that separate a 2025 decoder from GPT-2, each about cost: mixture of
+# experts (more parameters, same compute per token), latent attention (a smaller KV cache) and
+# sliding windows (a cache that stops growing). Ask the room which of the three costs (compute,
+# memory, cache) hurts most when serving a chat model to many users, and come back to it at the end.
+
 # %% [setup]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import importlib.util
 import json
 
@@ -38,7 +44,7 @@ from helpers.lab.sections import catch_up
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. Mixture of experts (optional)
 #
 # A dense block sends every token through one MLP. A MoE block has `E` MLPs (the **experts**) and
@@ -58,7 +64,13 @@ HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 #
 # DeepSeek-V3 uses a third: a **sigmoid** per expert, top-k, renormalised.
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# A router picks k experts per token; only those run. Draw one token going to two of eight MLPs.
+# The exercise (the MoE forward) is long: in a 75-minute lecture, show the reference and give it
+# as homework. The "see it move" widget shows dropped tokens when capacity is too small: ask the
+# room to predict which expert overflows before you move the slider.
+
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(0)
 logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])        # one token, four experts
 probs = torch.softmax(logits, dim=-1)
@@ -71,7 +83,7 @@ print("top-2 then softmax (Mixtral):  ", [round(w, 4) for w in mixtral[0].tolist
       "sum", round(mixtral.sum().item(), 4))
 assert torch.allclose(mixtral, kept / kept.sum(-1, keepdim=True))  # transformers' way, same numbers
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### 1.2 The experts: a loop, then one batched product
 #
 # Each expert is a SwiGLU MLP (notebook 9). The plain form of the whole layer routes each token
@@ -104,7 +116,7 @@ assert torch.allclose(mixtral, kept / kept.sum(-1, keepdim=True))  # transformer
 # gives the token (the row) and which of its k choices it was (the column, so which weight). A token
 # receives rows from several experts, so accumulate with an indexed add.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def moe_forward(x: torch.Tensor, logits: torch.Tensor, k: int, experts: list) -> torch.Tensor:
     """x (T, D), logits (T, E), experts: E functions (n, D) -> (n, D). Returns (T, D)."""
     ### BEGIN SOLUTION
@@ -123,14 +135,14 @@ def moe_forward(x: torch.Tensor, logits: torch.Tensor, k: int, experts: list) ->
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("frontier_decoder.moe_forward", moe_forward)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Now four SwiGLU experts and a router's logits for 24 tokens. The layer's output comes from your
 # `moe_forward` once it passes the check, and from the helpers' until then (the cell says which).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.lab.exercises import yours_or
 from helpers.lab.exercises.frontier_decoder import helper_moe_forward
 
@@ -153,13 +165,13 @@ forward = yours_or("frontier_decoder.moe_forward", moe_forward, helper_moe_forwa
 looped = forward(x, router_logits, K, [swiglu_expert(e) for e in range(E)])
 print("tokens per expert:", torch.bincount(experts.flatten(), minlength=E).tolist())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # A loop of `E` small products is slow on a GPU (and `E` is 256 in DeepSeek-V3). The batched form
 # **sorts** the `T · k` assignments by expert, gives each one a row in its expert's buffer
 # `(E, C, D)`, runs all experts as three batched products, and scatters the rows back.
 # `C` is the largest load here, so nothing is dropped.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def moe_sorted(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
     flat = experts.flatten()                                   # (T k,) expert of each assignment
     order = torch.argsort(flat, stable=True)                   # assignments grouped by expert
@@ -178,11 +190,11 @@ batched = moe_sorted(x, weights, experts)
 print(f"loop vs batched: max difference < 1e-5: {(looped - batched).abs().max().item() < 1e-5}")
 assert torch.allclose(looped, batched, atol=1e-5)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The same two forms live in `helpers.model.moe` (`Experts.loop`, `Experts.sorted`), with the
 # router (`route`, all three conventions) and the whole layer (`MoELayer`). From here on we use them.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.moe import Experts, expert_capacity, expert_load, route
 
 helper = Experts(E, D, HIDDEN)
@@ -193,7 +205,7 @@ with torch.no_grad():
     assert torch.allclose(helper.loop(x, weights, experts), looped, atol=1e-5)
 print("helpers.model.moe agrees with the two forms above")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### 1.3 The shared expert
 #
 # DeepSeek (and Qwen2-MoE) add one **shared expert** that every token passes through, beside the
@@ -203,7 +215,7 @@ print("helpers.model.moe agrees with the two forms above")
 # `MoELayer` for its MLP (section 1.5 describes it and proves it equal to `transformers`' Qwen3-MoE);
 # its `mlp_hidden` is the shared expert's width when it has experts.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.frontier import FrontierConfig, FrontierGPT, total_and_active_parameters
 
 for shared in (0, 64):
@@ -211,7 +223,7 @@ for shared in (0, 64):
         n_experts=8, top_k=2, expert_hidden=64, mlp_hidden=shared, n_layers=2, d_model=64)))
     print(f"shared width {shared:3d}: {total:,} parameters, {active:,} active per token")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### 1.4 Capacity: dropped tokens or dropless
 #
 # On a GPU each expert's buffer has a fixed size, the **capacity** `C = ceil(factor · T · k / E)`
@@ -221,7 +233,7 @@ for shared in (0, 64):
 # a single kernel that does one matrix product per expert, each on however many rows that expert
 # received, so no buffer has a fixed size. A skewed router drops a lot:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(1)
 skewed_logits = torch.randn(64, 8) + torch.tensor([2.0, 1.0, 0.5, 0, 0, 0, 0,
                                                    0])  # experts 0-2 favoured
@@ -238,14 +250,14 @@ _, lost = layer_experts.sorted(x64, w8, e8)
 print(f"dropless:              C = {int(expert_load(e8, 8).max()):3d} (the largest load), {lost} "
       f"dropped")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### See it move: top-k, capacity and each expert's load
 #
 # The bars are each expert's load for the skewed router above; the dashed line is the capacity.
 # Raise `k`: every token sends more assignments, the loads and the capacity grow together.
 # Lower the factor: the line drops and the red part (dropped) grows. First a still figure.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def draw_load(top_k: int = 2, capacity_factor: float = 1.0) -> dict:
     _, chosen = route(skewed_logits, top_k)
     load = expert_load(chosen, 8)
@@ -265,7 +277,7 @@ def draw_load(top_k: int = 2, capacity_factor: float = 1.0) -> dict:
 draw_load()
 plt.show()
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # The widget's output holds model ids that change on every run; the figure above is the same
 # drawing.
@@ -279,13 +291,13 @@ load_explorer = Explorer(
 )
 load_explorer
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 first = load_explorer.reset()
 roomier = load_explorer.set(capacity_factor=2.0)
 assert roomier["capacity"] > first["capacity"] and roomier["dropped"] < first["dropped"]
 print("redraws so far:", load_explorer.redraws)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### 1.5 Equal to `transformers`' Qwen3-MoE
 #
 # `helpers.model.frontier.FrontierGPT` (section 1.3 counted its parameters) is notebook 9's
@@ -294,7 +306,7 @@ print("redraws so far:", load_explorer.redraws)
 # same logits. Its `norm_topk_prob=True` is
 # the released models' setting (section 1.1); tests/model/test_moe.py checks `False` as well.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 if HAS_TRANSFORMERS:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -317,7 +329,7 @@ if HAS_TRANSFORMERS:
     )  # as the released Qwen3-MoE configs
     qwen = Qwen3MoeForCausalLM(qwen_config).eval()
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 if HAS_TRANSFORMERS:
     with torch.no_grad():
         for p in qwen.parameters():  # their init leaves the router at 0: give every weight a value
@@ -330,7 +342,7 @@ if HAS_TRANSFORMERS:
 else:
     print("transformers is not installed: tests/model/test_moe.py runs this comparison where it is")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### 1.6 Balancing the experts
 #
 # Nothing in the language-model loss asks the router to spread the tokens. Early in training a
@@ -347,7 +359,12 @@ else:
 #   auxiliary loss beside it, computed within each sequence, with a coefficient of 1e-4, against
 #   one sequence sending all its tokens to a few experts; `balance="bias"` here is the bias alone.)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "notes"}
+# Without balancing, the router collapses onto a few experts. Two cures: the Switch auxiliary
+# loss, and DeepSeek-V3's bias that is nudged outside the gradient. Run the seeds cell and let the
+# room read the spread of loads with and without balancing.
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: the Switch loss
 #
 # Write `switch_loss(logits, experts, n_experts)`: `logits` `(T, E)`, `experts` `(T, k)` the
@@ -367,7 +384,7 @@ else:
 # share of the assignments it received, and P: the router probability it got on average. (3) The
 # number of experts times the dot product of f and P.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def switch_loss(logits: torch.Tensor, experts: torch.Tensor, n_experts: int) -> torch.Tensor:
     """The Switch Transformer's auxiliary loss, a scalar tensor with a gradient to `logits`."""
     ### BEGIN SOLUTION
@@ -381,10 +398,10 @@ def switch_loss(logits: torch.Tensor, experts: torch.Tensor, n_experts: int) -> 
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("frontier_decoder.switch_loss", switch_loss)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # `MoELayer(balance="aux_loss")` adds this loss the way DeepSeek-V2's code does: an autograd
 # function (`AddAuxLoss`) that returns the layer's output unchanged and, in backward, adds the
 # loss's gradient. Any trainer that backpropagates the language-model loss then trains the
@@ -394,7 +411,7 @@ check("frontier_decoder.switch_loss", switch_loss)
 # ways, and record the share of layer 0's assignments each expert gets at every step. A fair
 # share is `1/8`. `BALANCE_STEPS` is the knob.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.text.chars import CharTokenizer
 from helpers.text.corpus import load_corpus
 from helpers.training.trainer import TrainConfig, Trainer, encode_text, learning_rate, split_stories
@@ -410,7 +427,7 @@ SIZES = dict(vocab_size=len(tokenizer.chars), context_length=CONTEXT, n_layers=2
              n_kv_heads=2, d_model=64)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def train_steps(config: FrontierConfig, steps: int, lr: float = 3e-3, seed: int = 0,
                 after_step=None) -> tuple[FrontierGPT, Trainer]:
     """A FrontierGPT trained by notebook 7's Trainer, in float32; after_step(model) after each
@@ -437,7 +454,7 @@ def train_steps(config: FrontierConfig, steps: int, lr: float = 3e-3, seed: int 
     return model, trainer
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 shares = {}
 for balance in ("none", "aux_loss", "bias"):
     record = []
@@ -447,7 +464,7 @@ for balance in ("none", "aux_loss", "bias"):
     shares[balance] = torch.stack(record)                       # (steps, E)
 print("steps recorded per run:", {balance: len(share) for balance, share in shares.items()})
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
 for ax, (balance, share) in zip(axes, shares.items(), strict=True):
     ax.stackplot(range(1, len(share) + 1), share.T.numpy(), labels=[f"expert {e}"
@@ -458,7 +475,7 @@ axes[2].legend(loc="center left", bbox_to_anchor=(1, 0.5))
 plt.tight_layout()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Balanced or not, measured over seeds
 #
 # Routing decisions are discrete, so a run's exact shares can differ between CPUs; the measured
@@ -467,7 +484,7 @@ plt.show()
 # each run: each expert's mean share over the first 20 steps and over the last 50, and from those
 # the busiest and the least-used expert (fair: 0.125; the most possible with top-2: 0.5):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.text.corpus import data_dir
 
 bench = json.loads((data_dir() / "bench_moe.json").read_text())
@@ -487,7 +504,7 @@ for balance, runs in bench["balance"].items():
           + "\n  val loss:                             "
           + ", ".join(f"{v:.2f}" for v in runs["val_loss"]))
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 early, late = window_shares["none"].unbind(1)
 falls = int((late.amax(1) < early.amax(1)).sum())
 print(f"no balancing: the busiest share falls from steps 1-20 to the last 50 on {falls} of "
@@ -500,10 +517,10 @@ for balance, shares_ in window_shares.items():
           f"{busiest_early.max():.2f}")
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The busiest and the least-used expert at every step (a mean over 10 steps) for every seed:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def moving_average(values: torch.Tensor, width: int = 10) -> torch.Tensor:
     """(..., steps) -> (..., steps - width + 1): the mean of each run of `width` steps."""
     return values.unfold(-1, width, 1).mean(-1)
@@ -526,7 +543,7 @@ axes[0].legend()
 plt.tight_layout()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # What the runs show is not the textbook collapse. Without balancing, the busiest expert's share
 # *falls* as training goes on (from steps 1-20 to the last 50, on every seed printed above): the
 # router does not end with one expert doing the work. What happens instead is **starvation**: the
@@ -541,7 +558,7 @@ plt.show()
 # any expert from taking much of the load; the bias, which only reacts to imbalance already
 # seen, lets it happen for a while and then evens it out.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### 1.7 Dense against MoE, at equal steps and at equal time
 #
 # Same benchmark file (`--part models --steps 600 --seeds 5`): models trained with the same recipe
@@ -550,7 +567,7 @@ plt.show()
 # (**equal total**: what the model stores), all for the same number of steps; and the equal-active
 # dense model once more, given the MoE's *wall-clock time* instead of its steps:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import statistics
 
 print(f"{'model':32s} {'total':>8s} {'active':>8s} {'steps':>6s}   val loss, seeds "
@@ -564,13 +581,13 @@ for balance, runs in bench["balance"].items():
     print(f"MoE balanced by {balance!r:10s} val loss mean {statistics.mean(runs['val_loss']):.3f} "
           f"after {bench['balance_steps']} steps")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # How many steps is "the MoE's time"? The benchmark timed a training step of each model on one
 # thread, in turns (a burst of steps of each model, then the next model's, round after round, so
 # that the load of whatever else runs on the machine falls on all of them alike), and kept each
 # model's median. The seconds depend on the machine and its load; their ratios travel better:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 moe = "MoE 8 experts, top-2"
 step_time = {name: statistics.median(times) for name,
              times in bench["speed"]["seconds_per_step"].items()}
@@ -581,7 +598,7 @@ for name, seconds in step_time.items():
 print(f"so in the MoE's {bench['model_steps']} steps' time the equal-active dense model takes "
       f"{bench['models']['dense, equal active, equal time']['steps'][0]} steps")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 loss = {name: runs["val_loss"] for name, runs in bench["models"].items()}
 
 
@@ -595,7 +612,7 @@ print("equal steps: MoE below dense, equal total on ", seeds_below(moe, "dense, 
 print("equal time:  dense, equal active below MoE on ",
       seeds_below("dense, equal active, equal time", moe))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # At equal steps the MoE beats the dense model with the same active parameters on every seed, and
 # mostly loses to the dense model with the same total parameters (its mean is between the two): it
 # stores more than it computes, and the extra experts help per step. But a MoE step costs more
@@ -609,7 +626,7 @@ print("equal time:  dense, equal active below MoE on ",
 # devices (next section) and enough tokens per expert to keep each busy; none of that holds for a
 # 2-layer model of width 64 on one CPU thread.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### 1.8 Expert parallelism: the all-to-all
 #
 # DeepSeek-V3 has 256 experts per layer; no device holds them all. With expert parallelism each
@@ -619,7 +636,7 @@ print("equal time:  dense, equal active below MoE on ",
 # `helpers.scale.expert_parallel.expert_parallel_step` does exactly that inside two real worker
 # processes (notebook 11's `Workers`), and compares with the whole layer run in one process.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.scale.expert_parallel import expert_parallel_step
 from helpers.scale.workers import Workers
 
@@ -631,7 +648,7 @@ for rank, result in enumerate(results):
 assert all(r["max_error"] < 1e-6 for r in results)
 assert sum(r["rows_computed"] for r in results) == 2 * 16 * 2   # every assignment computed once
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. Multi-head latent attention (DeepSeek-V2, V3) (core)
 #
 # Notebook 5 counted the KV cache: every layer stores every head's key and value for every
@@ -651,10 +668,17 @@ assert sum(r["rows_computed"] for r in results) == 2 * 16 * 2   # every assignme
 # by `W_UK_hᵀ` once, and it meets the latents directly. On the output side, `Σ_j a_j W_UV_h c_j =
 # W_UV_h Σ_j a_j c_j`: sum the latents first, project once. By hand, for one head:
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# **Core.** The cache holds one small latent per token, not every head's keys and values.
+# The trick on the board: q . (W_UK c) = (W_UK^T q) . c, so the key up-projection can be absorbed
+# into the query. Live-code the absorb exercise (`python3 course.py blank 12 absorb_query`).
+# Then the bytes-per-token table: ask the room to guess the ratio to
+# plain multi-head attention before the cell prints it.
+
+# %% slideshow={"slide_type": "fragment"}
 catch_up("12_frontier_decoder", "2.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(0)
 r, d_nope, n_keys = 6, 4, 5
 q = torch.randn(d_nope)                  # one head's query (its non-rotated part)
@@ -666,7 +690,7 @@ print(f"naive vs absorbed scores: max difference < 1e-5: "
       f"{(naive_scores - absorbed_scores).abs().max() < 1e-5}")
 assert torch.allclose(naive_scores, absorbed_scores, atol=1e-5)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: absorb the key up-projection
 #
 # For all heads at once: `q_nope` `(B, H, N, d_nope)` and `w_uk` `(H, d_nope, r)`; write
@@ -690,7 +714,7 @@ assert torch.allclose(naive_scores, absorbed_scores, atol=1e-5)
 # product and let broadcasting pair the head axis of the weights with the head axis of the
 # queries.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
     """q_nope (B, H, N, d_nope), w_uk (H, d_nope, r) -> W_UK_h^T q for every head, (B, H, N, r)."""
     ### BEGIN SOLUTION
@@ -698,10 +722,10 @@ def absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("frontier_decoder.absorb_query", absorb_query)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # `helpers.model.mla.LatentAttention` holds the whole layer with DeepSeek's names: `forward` is
 # the naive form, `forward_absorbed` the absorbed one, which also grows the latent cache token by
 # token. Its sizes: `kv_rank` the latent's rank `r`, `rope_dim` and `nope_dim` the two parts of a
@@ -710,7 +734,7 @@ check("frontier_decoder.absorb_query", absorb_query)
 # activation memory in training and is never cached (`q_rank=0` projects the query directly).
 # Both forms agree, and the token-by-token cache agrees with a full pass:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.mla import DEEPSEEK_V3, LatentAttention, cache_values_per_token
 from helpers.model.modern import RopeTable
 
@@ -735,14 +759,14 @@ print("cached per token:", c_cache.shape[-1], "latent +", k_rope_cache.shape[-1]
 assert torch.allclose(naive, absorbed, atol=1e-5) and torch.allclose(torch.cat(steps, 1), naive,
                                                                      atol=1e-5)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### 2.2 Cache bytes per token at DeepSeek-V3's sizes
 #
 # DeepSeek-V3's config: 61 layers, 128 heads of 128, `kv_lora_rank` 512, `qk_rope_head_dim` 64.
 # DeepSeek-V2's paper (table 1) compares, per token and layer: MHA `2 n_h d_h`, GQA `2 n_g d_h`,
 # MQA `2 d_h`, MLA `d_c + d_R`, which it writes as `9/2 d_h`. In bf16 (2 bytes), over all layers:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print(f"{'attention':22s} {'numbers/token':>14s} {'bytes/token':>12s} {'GiB at 128k tokens':>19s}")
 for kind, label in (("mha", "MHA, 128 heads"), ("gqa", "GQA, 8 groups"), ("mqa", "MQA"),
                     ("mla", "MLA, r=512 + 64")):
@@ -752,7 +776,7 @@ ratio = cache_values_per_token("mha", DEEPSEEK_V3) / cache_values_per_token("mla
 gqa_ratio = cache_values_per_token("gqa", DEEPSEEK_V3) / cache_values_per_token("mla", DEEPSEEK_V3)
 print(f"MLA caches {ratio:.1f}x less than MHA, and {gqa_ratio:.2f}x less than GQA with 8 groups")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # MLA caches less than GQA with 8 groups and a bit more than twice MQA's 256 numbers per layer,
 # while every head still gets its own key and value. The price: the up-projections' products at every step,
 # which the absorbed form turns into products in the latent space.
@@ -768,7 +792,7 @@ print(f"MLA caches {ratio:.1f}x less than MHA, and {gqa_ratio:.2f}x less than GQ
 # travels to at most 4 nodes; a group's score is the sum of its two best experts'. A tiny
 # `DeepseekV3ForCausalLM` with 3 groups of 2 experts, 2 reached, loads into it, naive and absorbed:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 if HAS_TRANSFORMERS:
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
@@ -795,7 +819,7 @@ if HAS_TRANSFORMERS:
 else:
     print("transformers is not installed: tests/model/test_mla.py runs this comparison where it is")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. Sliding windows and a ring-buffer cache (core)
 #
 # A **sliding-window** layer lets each query see only the last `W` keys (its own included):
@@ -803,10 +827,16 @@ else:
 # in a **ring buffer** of `W` slots: token `t` goes to slot `t mod W`, overwriting token `t - W`,
 # which no later query can see anyway.
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# **Core.** Each local layer sees only the last W tokens, so its cache is a ring buffer of W slots
+# that overwrites the oldest. The read-order exercise is short enough to do together on the board
+# first. Gemma 3 mixes five local layers with one global: the global layer keeps long-range reading
+# possible while most layers stay cheap.
+
+# %% slideshow={"slide_type": "fragment"}
 catch_up("12_frontier_decoder", "3.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.sliding import (
     RingKVCache,
     banded_mask,
@@ -818,7 +848,7 @@ from helpers.model.sliding import (
 print(banded_mask(6, 3).int())
 print("slots of tokens 0..9 in a ring of 4:", [ring_slot(t, 4) for t in range(10)])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: the ring buffer's read order
 #
 # After `length` tokens have been written into a ring of `window` slots, which slots hold the
@@ -841,7 +871,7 @@ print("slots of tokens 0..9 in a ring of 4:", [ring_slot(t, 4) for t in range(10
 # each position's slot.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def ring_order(length: int, window: int) -> list[int]:
     """The slots of the last min(length, window) tokens, oldest first."""
     ### BEGIN SOLUTION
@@ -850,10 +880,10 @@ def ring_order(length: int, window: int) -> list[int]:
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("frontier_decoder.ring_order", ring_order)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: decode through a sliding-window cache
 #
 # Now the whole decoding loop of one sliding-window layer: write `sliding_decode(q, k, v,
@@ -880,7 +910,7 @@ check("frontier_decoder.ring_order", ring_order)
 # <details><summary>Hint 3: closer</summary>Token t's slot is t modulo the window; t + 1 slots are
 # written, at most the window. The scores are scaled by the square root of the head size.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def sliding_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
     """q, k, v (B, H, T, D_H) -> (B, H, T, D_H): query t attends to the last `window` tokens."""
     ### BEGIN SOLUTION
@@ -899,15 +929,15 @@ def sliding_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: in
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("frontier_decoder.sliding_decode", sliding_decode)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Decoding token by token through a ring buffer (your `sliding_decode` once it passes, else the
 # helpers' `RingKVCache`) gives the same outputs as full attention with the banded mask, while
 # the cache stays at `W` slots:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.lab.exercises.frontier_decoder import helper_sliding_decode
 
 decode = yours_or("frontier_decoder.sliding_decode", sliding_decode, helper_sliding_decode)
@@ -925,14 +955,14 @@ for t in range(STEPS):
     ring.append(k[:, :, t:t + 1], v[:, :, t:t + 1])
 print(f"RingKVCache after {STEPS} tokens: {ring.keys.shape[2]} slots, {ring.nbytes} bytes")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### 3.1 Gemma 3: five local layers for one global
 #
 # A model of sliding layers only cannot see past `W · L` tokens. Gemma 3 interleaves: five local
 # layers (window 1024), then one global layer that sees everything. Gemma 3 4B has 34 layers,
 # 4 key/value heads of 256. Its cache at 128k tokens, against all-global layers:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 GEMMA3_4B = dict(n_layers=34, n_kv_heads=4, head_dim=256, window=1024)
 kinds = layer_kinds(GEMMA3_4B["n_layers"], local_per_global=5)
 print("layers:", "".join("G" if kind == "global" else "l" for kind in kinds),
@@ -943,13 +973,13 @@ for n_tokens in (4096, 32768, 131072):
     print(f"{n_tokens:7,d} tokens: all global {full / 2**30:5.2f} GiB, 5:1 pattern "
           f"{mixed / 2**30:5.2f} GiB ({full / mixed:.1f}x less)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### See it move: window and pattern against the cache
 #
 # Cache size of one 128k-token sequence for Gemma 3 4B's sizes as the window and the number of
 # local layers per global change. A window of 0 is refused (a query must see itself).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def draw_cache(window: int = 1024, local_per_global: int = 5) -> dict:
     lengths = torch.linspace(1024, 131072, 64).int().tolist()
     kinds = layer_kinds(34, local_per_global)
@@ -967,7 +997,7 @@ def draw_cache(window: int = 1024, local_per_global: int = 5) -> dict:
 draw_cache()
 plt.show()
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # The widget's output holds model ids that change on every run; the figure above is the same
 # drawing.
@@ -978,7 +1008,7 @@ cache_explorer = Explorer(
 )
 cache_explorer
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 before = cache_explorer.reset()
 after = cache_explorer.set(window=4096)
 assert after["at_128k"] > before["at_128k"]
@@ -988,7 +1018,7 @@ try:
 except ValueError as error:
     print("window 0:", error)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. QK-norm and RoPE scaling (optional)
 #
 # ### 4.1 QK-norm
@@ -1002,10 +1032,15 @@ except ValueError as error:
 # Two dense models, same seed and a high learning rate, with and without it; we record each
 # step's largest attention logit:
 
-# %%
+# %% [markdown] slideshow={"slide_type": "notes"}
+# Optional. QK-norm keeps attention logits from growing (the saturation of notebook 3 again);
+# RoPE scaling stretches positions so a model trained short can read longer. If time is short,
+# show only the train-at-64, read-at-512 plot.
+
+# %% slideshow={"slide_type": "fragment"}
 catch_up("12_frontier_decoder", "4.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 QK_STEPS = 60  # the knob
 logit_growth = {}
 for qk_norm in (False, True):
@@ -1017,7 +1052,7 @@ for qk_norm in (False, True):
     print(f"qk_norm={qk_norm!s:5s} largest |logit| at step 1 below 5: {record[0] < 5}, "
           f"at the last step {'above' if record[-1] > 10 else 'below'} 10")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 fig, ax = plt.subplots(figsize=(8, 4))
 for qk_norm, record in logit_growth.items():
     ax.plot(range(1, len(record) + 1), record, label=f"QK-norm {'on' if qk_norm else 'off'}")
@@ -1026,7 +1061,7 @@ ax.set(xlabel="training step", ylabel="largest |q·k| / sqrt(D_H)", yscale="log"
 ax.legend()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### 4.2 RoPE scaling: train at 64, read at 512
 #
 # Notebook 9 found RoPE breaks past its training length: the slow pairs reach angles they never
@@ -1039,7 +1074,7 @@ plt.show()
 # `yarn_inv_freq`, equal to `transformers`' in tests/model/test_sliding.py); `rope_table` folds YaRN's
 # factor into the cos and sin it rotates q and k with, so each carries it once:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import dataclasses
 import math
 
@@ -1054,7 +1089,7 @@ logit_scale = (yarn_table.cos ** 2 + yarn_table.sin ** 2)[0,
 print(f"YaRN at factor 8: q and k each x {per_vector:.3f}, so the logits x {logit_scale:.3f}")
 assert abs(logit_scale - per_vector ** 2) < 1e-5
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 ROPE_STEPS = 400  # the knob: much fewer steps blur the comparison at 512 tokens
 base_config = FrontierConfig(**SIZES, mlp_hidden=128, qk_norm=True)
 rope_model, _ = train_steps(base_config, ROPE_STEPS)
@@ -1076,7 +1111,7 @@ for scaling in (None, "llama3", "yarn"):
         rope_losses[(scaling, length)] = F.cross_entropy(logits.flatten(0, 1), ys[:,
                 -64:].flatten()).item()
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print(f"{'RoPE':8s}" + "".join(f"{n:>8d}" for n in (64, 128, 256, 512)))
 for scaling in (None, "llama3", "yarn"):
     print(f"{scaling or 'plain':8s}" + "".join(f"{rope_losses[(scaling, n)]:8.1f}" for n in (64,
@@ -1087,14 +1122,14 @@ print("loss rise from 64 to 512 tokens, plain RoPE larger than with Llama 3 scal
 print("lowest loss at 512 tokens:", min((None, "llama3", "yarn"), key=lambda s: rope_losses[(s,
                                                                                              512)]))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Without scaling, the loss climbs as the window grows past the 64 tokens the model was trained
 # at. Swapping the table without any finetuning flattens that climb (the slow pairs stay inside
 # the angles they saw; YaRN ends lowest at 512 in this one-seed run), but it also changes the
 # angles the model learned at 64, so the short-context loss rises: this is why Llama 3.1 and YaRN
 # finetune briefly after the swap, which this small run does not.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### 4.3 Equal to `transformers`' Gemma 3
 #
 # Gemma 3 puts these pieces together with a few changes of its own: the embedding is scaled
@@ -1106,7 +1141,7 @@ print("lowest loss at 512 tokens:", min((None, "llama3", "yarn"), key=lambda s: 
 # Gemma 3 with a window of 4 (shorter than the 12 tokens, so the band matters) and 5 local
 # layers per global one gives the same logits.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 if HAS_TRANSFORMERS:
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
@@ -1131,7 +1166,7 @@ if HAS_TRANSFORMERS:
     )
     gemma = Gemma3ForCausalLM(gemma_config).eval()
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 if HAS_TRANSFORMERS:
     with torch.no_grad():
         for p in gemma.parameters():  # their norms' offsets start at 0: move every weight
@@ -1146,7 +1181,7 @@ else:
     print("transformers is not installed: tests/model/test_gemma.py runs this comparison where it "
           "is")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Check your understanding (optional)
 #
 # **1. Mixtral and Qwen2-MoE route the same logits to the same experts. Do they give them the same
@@ -1175,7 +1210,11 @@ else:
 # untouched (V3 adds only a tiny per-sequence auxiliary loss beside it).
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "notes"}
+# Return to the opening question: which cost does each idea cut? MoE cuts compute per parameter,
+# latent attention and sliding windows cut the cache. Pick two questions for a closing poll.
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **3. A MoE with 8 experts, top-2, has about the active parameters of a dense model of width
 # 128 and the total of one of width 512. Which does it beat, on this CPU?**
 #
@@ -1188,7 +1227,7 @@ else:
 # extra steps to end below it on every seed. MoE pays at scale, on accelerators with grouped GEMMs and many devices.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **4. Why does DeepSeek cache a latent instead of keys and values, and why is there a separate RoPE key?**
 #
 # <details><summary>Answer</summary>
@@ -1200,7 +1239,7 @@ else:
 # RoPE separately, shared by all heads. Section 2.2 printed the ratio to MHA.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **5. What does a ring buffer of `W` slots store after `t > W` tokens, and why is that enough?**
 #
 # <details><summary>Answer</summary>

@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 13. After pretraining: finetuning, LoRA, instruction tuning, DPO and GRPO
 #
 # The DS 246 notes open with the lifecycle of a language model: **pre-training**, then
@@ -17,7 +17,7 @@
 
 # %% [setup]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import copy
 import time
 
@@ -36,7 +36,7 @@ from helpers.lab.sections import catch_up
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 NOTEBOOK_START, NOTEBOOK_CPU = time.perf_counter(), time.process_time()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. A task with an exact checker, and a small pretrained GPT (optional)
 #
 # Arithmetic in words: "what is three plus four?" has one right answer, "seven", and a checker
@@ -47,7 +47,7 @@ NOTEBOOK_START, NOTEBOOK_CPU = time.perf_counter(), time.process_time()
 # The pretraining text states every fact in plain prose, as a statement or as a question
 # followed by its answer. It never contains the chat template we teach later.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 facts = tasks.all_facts(largest=5)
 train_facts, held_facts = tasks.split_facts(facts, held_out=0.3, seed=0)
 text = tasks.pretraining_text(facts, n_sentences=3000, seed=0)
@@ -57,13 +57,13 @@ fact = tasks.Fact(3, "plus", 2)
 print(repr(fact.question()), "->", repr(fact.answer()),
       "| checker:", tasks.is_correct("five", fact), tasks.is_correct("six", fact))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # A character tokenizer with four special tokens for the chat template, and a GPT of two blocks
 # (d = 64), pretrained with notebook 7's `Trainer` in float32. `PRETRAIN_STEPS` is the knob for
 # a longer run. `helpers.post.recipe` holds these same lines so that the benchmark of section 6
 # can rebuild this model.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 PRETRAIN_STEPS = 300
 setting = recipe.make_setting(largest=5, held_out=0.3, sentences=3000, seed=0)
 assert setting.text == text and setting.held_facts == held_facts
@@ -74,12 +74,12 @@ pretrained = recipe.pretrain(setting, steps=PRETRAIN_STEPS, seed=0)
 print(f"pretrained {PRETRAIN_STEPS} steps, {format_duration(time.perf_counter() - started)}")
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # What does it know? Asked in prose ("what is three plus two? "), it completes with the answer
 # for many facts, held-out ones included: the knowledge is in the weights. Asked in the chat
 # template it has never seen, it does not answer at all.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def prose_accuracy(model: nn.Module, facts: list) -> float:
     """Greedy completion of 'what is a plus b? ' checked up to the first '.'."""
     right = 0
@@ -97,7 +97,7 @@ chat_before = {"train": sft.greedy_accuracy(pretrained, tokenizer, train_facts),
                "held": sft.greedy_accuracy(pretrained, tokenizer, held_facts)}
 assert prose["train"] > chat_before["train"] + 0.2
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # A model trained in float32 can answer one question differently on another CPU; the cell above
 # asserts the claim.
@@ -106,7 +106,7 @@ print("chat answer of the pretrained model:", sft.greedy_answers(pretrained, tok
 print(f"prose accuracy: train {prose['train']:.2f}, held-out {prose['held']:.2f}")
 print(f"chat accuracy:  train {chat_before['train']:.2f}, held-out {chat_before['held']:.2f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. Classification finetuning: a head on the last token (optional)
 #
 # The first kind of finetuning: reuse the pretrained body, add a linear head, and train it on
@@ -116,10 +116,10 @@ print(f"chat accuracy:  train {chat_before['train']:.2f}, held-out {chat_before[
 # final hidden state. We train all weights, only the last block (and the final LayerNorm), or
 # only the head, three seeds each, and test on the statements about held-out facts.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("13_post_training", "2.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 train_texts, train_labels = tasks.well_formed_statements(train_facts, seed=0)
 test_texts, test_labels = tasks.well_formed_statements(held_facts, seed=1)
 train_x, train_len = classify.encode_texts(tokenizer, train_texts, setting.pad_id)
@@ -128,7 +128,7 @@ train_y, test_y = torch.tensor(train_labels), torch.tensor(test_labels)
 print(train_texts[:2], train_labels[:2], "|", len(train_texts), "train,", len(test_texts), "test")
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def finetune_classifier(which: str, seed: int, steps: int = 12, lr: float = 2e-3) -> dict:
     torch.manual_seed(seed)
     model = classify.Classifier(copy.deepcopy(pretrained), n_classes=2)
@@ -146,14 +146,14 @@ def finetune_classifier(which: str, seed: int, steps: int = 12, lr: float = 2e-3
     return {"accuracy": accuracy, "seconds": seconds, "trainable": trainable}
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 runs = {which: [finetune_classifier(which, seed) for seed in (0, 1, 2)] for which in classify.WHICH}
 for which, results in runs.items():
     print(f"{which:>4}: {results[0]['trainable']:>7,} trainable parameters")
 mean_acc = {w: sum(r["accuracy"] for r in rs) / 3 for w, rs in runs.items()}
 assert all(0.0 <= a <= 1.0 for a in mean_acc.values())
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # Trained accuracies can move by one test statement from one CPU to another, and times vary.
 for which, results in runs.items():
@@ -162,13 +162,13 @@ for which, results in runs.items():
     print(f"{which:>4}: test accuracy (seeds 0, 1, 2) {accs} | mean {mean_acc[which]:.2f} | "
           f"{format_duration(seconds)} per run")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # One pretrained model and a few dozen test statements make this table fragile. The benchmark
 # `python benchmarks/bench_post_seeds.py` repeats it for several pretraining seeds (the same
 # facts and text, another initialisation and batch order), three finetuning seeds each, and
 # writes `data/post_seeds.json` (tests/benchmarks/test_bench_post_seeds.py reruns a short version):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import json
 
 from helpers.text.corpus import data_dir
@@ -186,7 +186,7 @@ for p_seed in post_seeds["pretrain_seeds"]:
     ladder[p_seed] = {r: sum(post_seeds["ladder"][f"{p_seed}/{r}"]) / 3 for r in rows}
     print(f"{p_seed:16} | " + " | ".join(f"{ladder[p_seed][r]:12.2f}" for r in rows))
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 n_p = len(ladder)
 for r, name in rows.items():
     mean = sum(a[r] for a in ladder.values()) / n_p
@@ -199,7 +199,7 @@ print(f"all weights at lr 5e-4: above all weights at 2e-3 on {slow_all} of {n_p}
       f"on {slow_head} of {n_p}")
 assert order > n_p / 2 and slow_all == n_p  # the two claims of the next paragraph
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # What the seeds show. At the notebook's learning rate, the same for all three, the last block
 # beats the head and the head beats all weights on most pretraining seeds. That order is the
 # learning rate's doing more than the weights': all weights trained at a quarter of the rate
@@ -219,10 +219,10 @@ assert order > n_p / 2 and slow_all == n_p  # the two claims of the next paragra
 # A starts random, **B starts at zero**, so B A = 0: the model starts exactly as pretrained.
 # The scale alpha / r keeps the update's size comparable when r changes. First in plain code:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("13_post_training", "3.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.manual_seed(0)
 layer = pretrained.blocks[0].attn.q_proj  # an nn.Linear 64 -> 64
 r, alpha = 4, 8.0
@@ -237,7 +237,7 @@ print("rank of the update:", torch.linalg.matrix_rank(delta).item(), "| its shap
       tuple(delta.shape))
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: a LoRA layer
 #
 # Write the layer as a module, `MyLoRALinear(base, r, alpha)`, around an `nn.Linear` `base`:
@@ -261,7 +261,7 @@ print("rank of the update:", torch.linalg.matrix_rank(delta).item(), "| its shap
 # Merge, without gradients: fold the scaled product of the two weights into the base weight once,
 # and set the flag.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 class MyLoRALinear(nn.Module):
     """A frozen nn.Linear `base` plus a rank-r update: y = base(x) + (alpha / r) * B A x."""
 
@@ -296,16 +296,16 @@ class MyLoRALinear(nn.Module):
         ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("post_training.lora_layer", MyLoRALinear)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Your layer (or `helpers.post.lora.LoRALinear` until yours passes) around the query projection,
 # loaded with the A and trained-looking B of the plain code above: the same output as the
 # formula, then merged into a plain weight with the same output again. The helper has peft's
 # names too, and gives the same numbers.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 LoRA = yours_or("post_training.lora_layer", MyLoRALinear, lora.LoRALinear)
 wrapped = LoRA(copy.deepcopy(layer), r, alpha)
 with torch.no_grad():
@@ -324,13 +324,13 @@ assert gap < 1e-5 and helper_gap < 1e-5 and merged_gap < 1e-5
 print(f"{type(wrapped).__name__}: vs the formula, vs the helper, and merged vs the formula: "
       f"max differences < 1e-5 (scaling = {wrapped.scaling})")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### LoRA on the whole model
 #
 # `add_lora` wraps every layer named like the targets (peft's rule), here the query and value
 # projections, with the helper's layer (which the model's fused attention path can also read).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 adapted = copy.deepcopy(pretrained)
 targets = lora.add_lora(adapted, ["q_proj", "v_proj"], r=4, alpha=8.0)
 probe = torch.tensor([tokenizer.encode(train_facts[0].question())])
@@ -342,12 +342,12 @@ print(f"trainable parameters: {trainable:,} of {full:,} ({100 * trainable / full
 print(f"AdamW state (2 float32 per trainable weight): {2 * 4 * trainable / 1024:.1f} KiB with LoRA "
       f"vs {2 * 4 * full / 1024:.1f} KiB for all weights")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Train the adapters for a few SFT steps (section 4 explains the loss), then **merge**: W <- W +
 # scaling * B A. The merged model is a plain GPT again, with no extra cost at inference, and it
 # gives the adapter's outputs.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 batches = recipe.sft_batches(setting, n_batches=20, batch_size=16, seed=0)
 sft.train_sft(adapted, batches, steps=20, lr=3e-3, seed=0)
 moved = (adapted(probe) - pretrained(probe)).abs().max().item()
@@ -358,12 +358,12 @@ assert moved > 1e-3 and merge_gap < 1e-4
 print("the adapters changed the logits (by more than 1e-3); merged vs adapter: max difference < "
       "1e-4")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The library practitioners use is `peft`. Loaded with the same A and B, its LoRA layers give the
 # same outputs (tests/post/test_lora.py proves it on every run of the tests; this cell runs where
 # `peft` is installed, and is skipped elsewhere).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 try:
     import peft
 except ImportError:
@@ -386,23 +386,23 @@ if peft is not None:
     assert peft_gap < 1e-5
     print("peft's LoRA vs ours, same A and B: max difference < 1e-5")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. Instruction tuning (SFT): a chat template and a loss on the answer only (optional)
 #
 # A chat model reads a **template**: special tokens mark who speaks, and one marks the end of the
 # answer so that generation knows when to stop. Each special token is one id, never spelled out.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("13_post_training", "4.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 ids, mask = sft.encode_example(tokenizer, fact.question(), fact.answer())
 print(tokenizer.decode(ids.tolist()))
 print("tokens:", len(ids), "| answer tokens (mask = 1):",
       repr(tokenizer.decode(ids[mask.bool()].tolist())))
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: the answer-only loss
 #
 # The loss counts only the answer (and the end token): the model should learn to **answer**, not
@@ -425,7 +425,7 @@ print("tokens:", len(ids), "| answer tokens (mask = 1):",
 # <details><summary>Hint 3: closer</summary>The targets' mask is the mask from the second position
 # on; as floats it weights the log-probabilities, and its sum counts the positions.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def answer_only_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """logits (B, N, V), ids (B, N), mask (B, N) -> the mean loss over answer targets (0-dim)."""
     ### BEGIN SOLUTION
@@ -436,16 +436,16 @@ def answer_only_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("post_training.answer_only_loss", answer_only_loss)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Your loss (the helpers' `sft.answer_only_loss` until yours passes) on a batch of the training
 # questions, against `F.cross_entropy` on the positions that predict an answer token. Proof that
 # the prompt gets no gradient: the gradient of the loss on the logits is exactly zero at every
 # position that predicts a prompt token.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 batch_ids, batch_mask = batches[0]
 logits = pretrained(batch_ids).detach().requires_grad_(True)
 targets_answer = batch_mask[:, 1:].bool()  # (B, N - 1): does position t predict an answer token?
@@ -460,10 +460,10 @@ assert zero == 0.0 and nonzero > 0
 print(f"largest gradient at a prompt position: {zero} | every answer position has a gradient")
 print("the loss equals F.cross_entropy on the answer positions (difference < 1e-5)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Now SFT on the training questions: 60 AdamW steps of 16 questions, all weights.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 SFT_STEPS = 60
 sft_model = copy.deepcopy(pretrained)
 started = time.perf_counter()
@@ -474,7 +474,7 @@ chat_sft = {"train": sft.greedy_accuracy(sft_model, tokenizer, train_facts),
 assert chat_sft["train"] > chat_before["train"] + 0.3 and sft_losses[-1] < sft_losses[0]
 print(f"SFT {SFT_STEPS} steps, {format_duration(sft_seconds)}")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # Trained accuracies can move by one question from one CPU to another; the cell above asserts the
 # claim.
@@ -486,7 +486,7 @@ print("held-out answers:", sft.greedy_answers(sft_model, tokenizer, [f.question(
                                                                      for f in held_facts[:6]]))
 print("right answers:   ", [f.answer() for f in held_facts[:6]])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # The template is learned: the model now answers with a number word and stops. On the training
 # questions it is mostly right. On the held-out ones it is mostly wrong, although it knew many of
 # them in prose (section 1): a model this small, finetuned this briefly, learns the training
@@ -505,10 +505,10 @@ print("right answers:   ", [f.answer() for f in held_facts[:6]])
 # Each log pi is an answer's log-probability, summed over its tokens. beta * log(pi / pi_ref) is
 # the **implicit reward**; the loss asks the chosen answer's reward to exceed the rejected one's.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("13_post_training", "5.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 reference = copy.deepcopy(sft_model).requires_grad_(False)
 pairs = dpo.preference_batch(tokenizer, train_facts, setting.pad_id, seed=0)
 chosen_ids, chosen_mask, rejected_ids, rejected_mask = pairs
@@ -529,7 +529,7 @@ print(f"{len(policy_chosen)} pairs; at the start the policy is the reference, wi
       f"log-probabilities: {same}")
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: the DPO loss
 #
 # Write `dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)`: the loss of
@@ -551,7 +551,7 @@ print(f"{len(policy_chosen)} pairs; at the start the policy is the reference, wi
 # <details><summary>Hint 3: closer</summary>The stable form of minus the log of a sigmoid is one
 # PyTorch function; detach the rewards.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
              ref_rejected: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor,
                                                                torch.Tensor]:
@@ -571,17 +571,17 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("post_training.dpo_loss", dpo_loss)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # One DPO step with your loss (the helpers' until yours passes the check): at the start the policy
 # is the reference, so every reward is 0 and every loss log 2. The gradient of the mean loss
 # raises each chosen answer's log-probability and lowers each rejected one's; one AdamW step on
 # the policy's weights (at the learning rate of the training below) then opens a margin between
 # the rewards.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import math
 
 from helpers.lab.exercises.post_training import helper_dpo_loss
@@ -600,7 +600,7 @@ print(f"at the start: mean loss {losses.mean().item():.4f} (log 2 = {math.log(2)
       f"{max(chosen_rewards.abs().max(), rejected_rewards.abs().max()).item() < 1e-6}")
 print("the gradient raises every chosen answer and lowers every rejected one")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 torch.optim.AdamW(step_policy.parameters(), lr=3e-5,
                   weight_decay=0.0).step()  # the lr trained with below
 with torch.no_grad():
@@ -612,14 +612,14 @@ assert after[0].mean() < losses.mean() and margin > 0
 print(f"after one AdamW step: mean loss below log 2, mean reward margin > 0: {margin > 0}")
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # `helpers.post.dpo.dpo_loss` is this formula with TRL's names; tests/post/test_dpo.py runs TRL's
 # own `DPOTrainer` loss code on the same log-probabilities and gets the same number. Now we
 # train, for several beta, 20 full-batch steps each, and measure on the training pairs the
 # **preference accuracy** (chosen reward above rejected), the **reward margin**, and the
 # **KL to the reference** (exact over the vocabulary, per answer token).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 BETAS = (0.1, 0.3, 1.0)
 DPO_STEPS = 20
 dpo_runs = {}
@@ -633,7 +633,7 @@ for b in BETAS:
 kls = [dpo_runs[b]["kl"] for b in BETAS]
 assert all(dpo_runs[b]["kl"] > 0 for b in BETAS) and kls[0] > 2 * kls[-1]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # Trained values differ in the last digits from one CPU to another.
 print(" beta | pref. accuracy | log-ratio margin | KL to reference per token")
@@ -642,7 +642,7 @@ for b in BETAS:
     print(f"{b:5} | {run['accuracy']:14.2f} | {run['margin']:16.1f} | {run['kl']:.2f}")
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Reading the margin
 #
 # The margin is shown as the difference of log-ratios (the reward divided by beta), so that the
@@ -650,7 +650,7 @@ for b in BETAS:
 # not move the model less: it asks for a larger log-ratio before the loss is satisfied, and the
 # model travels further from the reference. beta is the strength of the leash.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def draw_dpo(beta: float) -> dict:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     margins = [dpo_runs[b]["margin"] for b in BETAS]
@@ -670,7 +670,7 @@ def draw_dpo(beta: float) -> dict:
 draw_dpo(0.1)
 plt.show()
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # The widget's output holds model ids that change on every run; the figure above is the same
 # drawing.
@@ -680,18 +680,18 @@ explorer = Explorer(draw_dpo, beta=widgets.SelectionSlider(options=BETAS, value=
                                                            description="beta"))
 explorer
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 first = explorer.reset()
 moved = explorer.set(beta=1.0)
 assert moved["kl"] != first["kl"]
 print("redraws so far:", explorer.redraws)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # We keep beta = 0.3 for the next stage. DPO only asks the chosen answer to gain on the
 # rejected one, **relative** to the reference; it does not ask the chosen answer to become more
 # likely. Measured: how the log-probabilities of both answers moved.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 dpo_model = dpo_runs[0.3]["model"]
 with torch.no_grad():
     moved_chosen = (sft.sequence_logps(dpo_model, chosen_ids, chosen_mask)
@@ -702,7 +702,7 @@ chat_dpo = {"train": sft.greedy_accuracy(dpo_model, tokenizer, train_facts),
             "held": sft.greedy_accuracy(dpo_model, tokenizer, held_facts)}
 assert moved_rejected < moved_chosen
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # Trained values differ in the last digits from one CPU to another; the cell above asserts the
 # order.
@@ -711,14 +711,14 @@ print(f"mean change of log pi(chosen): {moved_chosen:+.2f} nats, of log pi(rejec
 print(f"greedy chat accuracy: SFT train {chat_sft['train']:.2f} -> DPO train "
       f"{chat_dpo['train']:.2f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # If both numbers are negative, the model has learned to prefer by making **both** answers
 # less likely, and the probability freed goes elsewhere: a known failure of DPO ("likelihood
 # displacement"); it is why practitioners often add the SFT loss on the chosen answers (TRL's
 # `loss_type=["sigmoid", "sft"]`), and why greedy accuracy can fall while preference accuracy
 # rises. The closing table shows what happened here.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. GRPO: reward only what the checker accepts (optional)
 #
 # DPO needs pairs someone ranked. With a **verifiable reward** we need nothing but the checker:
@@ -730,10 +730,10 @@ print(f"greedy chat accuracy: SFT train {chat_sft['train']:.2f} -> DPO train "
 # Above the group's mean: push its tokens up; below: push them down. The group mean is the
 # baseline a value model would otherwise have to learn.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("13_post_training", "6.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # Sampled answers of a trained model can differ from one CPU to another; the assertion keeps the
 # claim.
@@ -756,7 +756,7 @@ for row, reward in zip(group_ids.tolist(), rewards.tolist(), strict=True):
     print(f"  reward {reward:.0f}: {answer!r}")
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: group-normalised advantages
 #
 # Write `group_advantages(rewards, eps)` for rewards of shape (P prompts, G answers): each answer's
@@ -772,7 +772,7 @@ for row, reward in zip(group_ids.tolist(), rewards.tolist(), strict=True):
 # <details><summary>Hint 3: closer</summary>Reduce along the answers and keep that axis, so that the
 # statistics line up with the rows.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def group_advantages(rewards: torch.Tensor, eps: float) -> torch.Tensor:
     """rewards (P, G) -> advantages (P, G), normalised within each row."""
     ### BEGIN SOLUTION
@@ -781,10 +781,10 @@ def group_advantages(rewards: torch.Tensor, eps: float) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("post_training.group_advantages", group_advantages)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # GRPO keeps the loss of **PPO** (proximal policy optimisation, Schulman et al., 2017), the
 # reinforcement-learning algorithm of the first chat models. Each batch of samples is used for
 # several updates, so after the first update the policy being trained, pi, is no longer the
@@ -825,7 +825,7 @@ check("post_training.group_advantages", group_advantages)
 # reach every token of its row. Pessimistic: the smaller of the two products. k3 comes from the
 # reference's log-probability minus the policy's, by the formula above.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor, ref_logps: torch.Tensor,
                  advantages: torch.Tensor, mask: torch.Tensor, epsilon: float,
                  beta: float) -> torch.Tensor:
@@ -848,17 +848,17 @@ def my_grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor, ref_logps: torch.
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("post_training.grpo_loss", my_grpo_loss)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # One step, checked by hand: on-policy the ratio is 1 and nothing is clipped, so the gradient
 # on a sampled token's log-probability is w_t (-A + beta (1 - exp(ref - logp))), with w_t = 1 /
 # (tokens of the answer x G) for the per-sequence mean; through the softmax, the gradient on the
 # logits is that times (one-hot - softmax). The loss is yours once it passes the check (the
 # helpers' `grpo.grpo_loss` until then).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.lab.exercises.post_training import helper_grpo_loss
 
 grpo_loss_fn = yours_or("post_training.grpo_loss", my_grpo_loss, helper_grpo_loss)
@@ -881,12 +881,12 @@ gap = (logits.grad - by_hand).abs().max().item()
 assert gap < 1e-12
 print("autograd vs hand-computed gradient on the logits: max difference < 1e-12")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Now the loop (`helpers.post.grpo.train_grpo`): each step samples G = 8 answers to 4 training
 # questions, rewards them with the checker, and makes 2 clipped updates. The curve is the mean
 # reward of the sampled answers, step by step (temperature 1, so below the greedy accuracy).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 GRPO_STEPS = 20
 started = time.perf_counter()
 grpo_model = copy.deepcopy(dpo_model)
@@ -897,7 +897,7 @@ chat_grpo = {"train": sft.greedy_accuracy(grpo_model, tokenizer, train_facts),
              "held": sft.greedy_accuracy(grpo_model, tokenizer, held_facts)}
 assert len(grpo_history["reward"]) == GRPO_STEPS
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 fig, ax = plt.subplots(figsize=(7, 3.6))
 steps_axis = range(1, GRPO_STEPS + 1)
 ax.plot(steps_axis, grpo_history["reward"], alpha=0.4, label="mean reward per step")
@@ -911,7 +911,7 @@ ax.set(xlabel="GRPO step", ylabel="mean reward of 32 samples",
 ax.legend()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Twelve seeds, three normalisations
 #
 # One run of 20 steps on 32 samples per step is noisy. How the loss is averaged over tokens is
@@ -932,7 +932,7 @@ plt.show()
 # (tests/benchmarks/test_bench_grpo.py reruns a short version). The three runs of one seed sample the same
 # first step.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 bench = json.loads((data_dir() / "grpo_rewards.json").read_text())
 methods = list(bench["methods"])
 print("written by:", bench["command"], "|", bench["steps"], "steps, seeds", bench["seeds"])
@@ -954,7 +954,7 @@ fig.tight_layout()
 plt.show()
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def mean_and_halfwidth(values: list[float]) -> tuple[float, float]:
     """The mean and the half-width of its 95 % Student-t interval (n - 1 = 2..15 degrees of
     freedom)."""
@@ -970,7 +970,7 @@ print("seed | " + " | ".join(f"{m:>8}" for m in methods))
 for seed in seeds_b:
     print(f"{seed:4} | " + " | ".join(f"{change[m, seed]:+8.2f}" for m in methods))
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 summary_b = {}
 for m in methods:
     mean, half = mean_and_halfwidth([change[m, s] for s in seeds_b])
@@ -995,7 +995,7 @@ assert all(abs(paired[m][0]) < paired[m][1] for m in methods[1:])
 assert all(sum(bench["runs"][f"{m}/{s}"]["train_accuracy"] for s in seeds_b) / len(seeds_b)
            < bench["sft_accuracy"]["train"] for m in methods)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # What the twelve seeds show: under each of the three normalisations the sampled reward rose in
 # most seeds, and each mean change has a 95 % interval above zero; the paired differences
 # between the methods (same seed, same first step) have intervals that contain zero. At this
@@ -1007,13 +1007,13 @@ assert all(sum(bench["runs"][f"{m}/{s}"]["train_accuracy"] for s in seeds_b) / l
 # one, at temperature 1), and a rerun on another CPU samples other answers after a few steps and
 # so gives other per-seed numbers: the summary over seeds is the claim, not any one row.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 7. The same held-out questions after each stage (optional)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("13_post_training", "7.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # Trained accuracies can move by one question from one CPU to another.
 print("stage          | train questions | held-out questions")
@@ -1026,11 +1026,11 @@ print(f"(chat template; {len(train_facts)} training and {len(held_facts)} held-o
 print(f"the whole notebook: {format_duration(time.perf_counter() - NOTEBOOK_START)} "
       f"(processor time: {format_duration(time.process_time() - NOTEBOOK_CPU)})")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The same pipeline over the benchmark's pretraining seeds (`data/post_seeds.json`, section 2),
 # counted in questions rather than fractions, with the pretrained model's prose answers beside:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 n_train_q, n_held_q = post_seeds["n_train_questions"], post_seeds["n_held_questions"]
 columns = ("prose", "pretrained", "sft", "dpo", "grpo")
 print(f"right answers, greedy; {n_train_q} training and {n_held_q} held-out questions (train / "
@@ -1044,7 +1044,7 @@ for p_seed, stages in post_seeds["stages"].items():
     print(f"{p_seed:>16} | " + " | ".join(f"{counts[p_seed][c][0]:4} / {counts[p_seed][c][1]:3}"
                                           for c in columns))
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 n_p = len(counts)
 for c in columns:
     held = [counts[p][c][1] for p in counts]
@@ -1061,7 +1061,7 @@ mean_of = {c: [sum(counts[p][c][i] for p in counts) / n_p for i in (0, 1)] for c
 assert all(counts[p]["sft"][0] > counts[p]["pretrained"][0] for p in counts)
 assert mean_of["sft"][1] < mean_of["prose"][1] and mean_of["grpo"][0] < mean_of["sft"][0]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # What the seeds show, for a model of about 105 thousand parameters (printed above) trained for
 # seconds. The pretrained model answers nothing in the chat template, and in prose it answers
 # some held-out questions. SFT teaches the template and most training answers; on the held-out
@@ -1075,7 +1075,7 @@ assert mean_of["sft"][1] < mean_of["prose"][1] and mean_of["grpo"][0] < mean_of[
 # `GRPO_STEPS`, the benchmarks' steps and seeds) are there to find out how much of this is the
 # budget.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Check your understanding (optional)
 #
 # **1. Why does DPO (and GRPO) need a reference model?**
@@ -1100,7 +1100,7 @@ assert mean_of["sft"][1] < mean_of["prose"][1] and mean_of["grpo"][0] < mean_of[
 # with both zero neither would ever move.
 # </details>
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **3. What does the KL term prevent?**
 #
 # <details><summary>Answer</summary>

@@ -1,4 +1,4 @@
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # # 14. Serving the model: an inference engine, with proofs
 #
 # Training made a model; serving answers many people at once with it. This is the third stage of
@@ -24,7 +24,7 @@
 
 # %% [setup]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import math
 import time
 
@@ -38,7 +38,7 @@ from helpers.lab.sections import catch_up
 
 torch.set_num_threads(1)  # every tensor here is small: one thread beats coordinating several
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 1. Sampling, exactly (core)
 #
 # A model gives logits; a *sampling rule* turns them into the distribution the next token is drawn
@@ -51,7 +51,7 @@ torch.set_num_threads(1)  # every tensor here is small: one thread beats coordin
 #   probability reaches `p`. Its size adapts: one token when the model is sure, many when it is not.
 # - **min-p**: keep the tokens at least `min_p` times as likely as the most likely one.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 words = ["the", "cat", "dog", "sat", "ran", "slept"]
 logits = torch.tensor([2.0, 1.5, 1.0, 0.2, -0.5, -1.0])
 
@@ -65,13 +65,13 @@ def by_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     return torch.softmax(logits.masked_fill(logits < kth, -math.inf), dim=-1)
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def by_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     probs = torch.softmax(logits, dim=-1)
     return torch.softmax(logits.masked_fill(probs < min_p * probs.max(), -math.inf), dim=-1)
 
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: top-p
 #
 # The fourth rule is yours. Write `my_top_p(logits, p)` for one row of logits (V,): return the
@@ -91,7 +91,7 @@ def by_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
 # <details><summary>Hint 3: closer</summary>The mass above a token is the running sum up to it minus
 # its own probability. The order the ranking returns says where each verdict goes back.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     """logits (V,) -> (V,): -inf outside the smallest most-likely set whose mass reaches p."""
     ### BEGIN SOLUTION
@@ -103,10 +103,10 @@ def my_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("serving.top_p", my_top_p)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.lab.exercises.serving import helper_top_p
 
 top_p_rule = yours_or("serving.top_p", my_top_p, helper_top_p)
@@ -122,7 +122,7 @@ print(f"{'':>10}" + "".join(f"{w:>7}" for w in words))
 for name, probs in rules.items():
     print(f"{name:>10}" + "".join(f"{x:7.3f}" for x in probs.tolist()))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Read the top-p row: the softmax gives 0.440, 0.267 and 0.162 to the three most likely words.
 # The first two hold 0.707, less than 0.8, so the third is still needed; with it the mass is
 # 0.869 and the nucleus stops. min-p 0.1 keeps every word at least 0.1 x 0.440 = 0.044 likely:
@@ -130,7 +130,7 @@ for name, probs in rules.items():
 # `helpers.serve.sampling`, in float64 and for a batch of rows; they agree (the numbers quoted
 # here are printed below):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.serve import sampling
 
 ours = {"T = 0.5": sampling.distribution(logits, temperature=0.5),
@@ -144,7 +144,7 @@ probs = torch.softmax(logits, -1)
 print(f"top two hold {probs[:2].sum():.3f}, top three {probs[:3].sum():.3f}; "
       f"min-p threshold 0.1 x {probs.max():.3f} = {0.1 * probs.max():.3f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The same as `transformers`
 #
 # Hugging Face's `generate` applies its logits processors in the order temperature, top-k,
@@ -154,7 +154,7 @@ print(f"top two hold {probs[:2].sum():.3f}, top three {probs[:3].sum():.3f}; "
 # with the same probabilities, but not always the same ones (ours the lowest ids). The cell is
 # guarded: without `transformers` it says so and moves on.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 try:
     from transformers import (
         MinPLogitsWarper,
@@ -176,14 +176,14 @@ else:
     print(f"tokens kept per row: {(mine > 0).sum(-1).tolist()} (the same in both); "
           "largest probability difference < 1e-6")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Randomness the caller owns
 #
 # A server runs many requests at once, so a global seed cannot make one of them repeatable. Each
 # request carries its own `torch.Generator`: the same seed gives the same tokens, whatever else
 # the process draws in between. Temperature 0 is greedy and needs no randomness at all.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 batch_logits = logits.repeat(3, 1)
 first = sampling.sample(batch_logits, top_p=0.9, generator=torch.Generator().manual_seed(7))
 torch.rand(1000)  # someone else uses the global generator in between
@@ -193,7 +193,7 @@ print("seed 7, drawn twice:", [words[i] for i in first.tolist()], "and", [words[
                                                                           for i in again.tolist()])
 print("greedy:", [words[i] for i in sampling.sample(batch_logits, temperature=0).tolist()])
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 2. Two models to serve (optional)
 #
 # The rest of the notebook serves a **target** model (2 blocks, d = 64) and, for speculative
@@ -202,10 +202,10 @@ print("greedy:", [words[i] for i in sampling.sample(batch_logits, temperature=0)
 # `Trainer`, in float32. A few seconds each; raise `TRAIN_STEPS` for better models (the cells
 # below run at either value).
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("14_serving", "2.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.text.chars import CharTokenizer
 from helpers.text.corpus import load_corpus
@@ -229,7 +229,7 @@ def train(config: GPTConfig) -> tuple[GPT, float]:
     return model.eval(), history.val_losses[-1]
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 start = time.perf_counter()
 target, target_loss = train(GPTConfig(vocab_size=vocab, context_length=64, n_layers=2, n_heads=4,
                                       d_model=64))
@@ -243,18 +243,18 @@ print(f"target: {n_target:,} parameters, validation loss {target_loss:.1f}")
 print(f"draft:  {n_draft:,} parameters, validation loss {draft_loss:.1f}")
 print(f"the draft has {n_target / n_draft:.1f} times fewer parameters than the target")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The target's next-character distribution after a prompt, with the rules of section 1 drawn on
 # it: the bars in colour are the tokens each rule keeps.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 prompt_text = "Once upon a time, the "
 prompt_ids = tokenizer.encode(prompt_text)
 with torch.no_grad():
     next_logits = target(torch.tensor([prompt_ids]))[0, -1]
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def draw_rule(temperature: float = 1.0, top_p: float = 0.9, shown: int = 12) -> dict:
     """Bars of the top `shown` tokens: before (grey) and after temperature and top-p (colour)."""
     before = torch.softmax(next_logits.double(), -1)
@@ -276,7 +276,7 @@ def draw_rule(temperature: float = 1.0, top_p: float = 0.9, shown: int = 12) -> 
 draw_rule()
 plt.show()
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 # The widget's output holds model ids that change on every run; the figure above is the same
 # drawing.
@@ -292,18 +292,18 @@ explorer = Explorer(
 )
 explorer
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Moving the sliders really redraws: a smaller top-p keeps fewer tokens, a higher temperature
 # lowers the top token's probability.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 start_view = explorer.reset()
 narrow = explorer.set(top_p=0.3)
 hot = explorer.set(temperature=2.5, top_p=1.0)
 assert narrow["kept"] < start_view["kept"] and hot["top"] < start_view["top"]
 print("redraws so far:", explorer.redraws)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 3. Many prompts in one batch (optional)
 #
 # A batch is a rectangle, prompts are not. We **pad on the left**, so that every row's next token
@@ -311,10 +311,10 @@ print("redraws so far:", explorer.redraws)
 # - an **attention mask**: real tokens never attend to pads;
 # - **position ids**: each prompt's first real token is position 0, as it would be alone.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("14_serving", "3.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.serve.batching import forward_rows, generate_batch, left_pad, position_ids
 
 prompts = [tokenizer.encode(s) for s in ("The dog ", "Once upon a time, a little ", "A")]
@@ -323,11 +323,11 @@ print("ids:\n", ids)
 print("attention mask:\n", real.int())
 print("position ids:\n", position_ids(real))
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Proof: greedy generation of the three prompts together gives, token for token, what notebook
 # 7's `generate` gives each prompt alone.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.generation import generate
 
 together = generate_batch(target, prompts, 24)
@@ -337,7 +337,7 @@ for prompt, row in zip(prompts, together, strict=True):
     print(repr(tokenizer.decode(prompt) + tokenizer.decode(row)))
 print("batched == alone for all three prompts")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Both extras are needed. Without the position ids (positions counted from the left edge, pads
 # included) or without the mask (pads attended to), the short prompts' logits change.
 #
@@ -350,7 +350,7 @@ print("batched == alone for all three prompts")
 # not depend on that: with the diagonal no row is empty, and the pads' outputs are meaningless
 # but finite numbers that no real token reads.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 n = ids.shape[1]
 causal = torch.ones(n, n, dtype=torch.bool).tril()
 right = forward_rows(target, ids, position_ids(real), causal & real.unsqueeze(1) | torch.eye(n,
@@ -365,7 +365,7 @@ for name, wrong in (("without position ids", no_positions), ("without the mask",
 print("softmax of a row that sees nothing:", torch.softmax(torch.full((3,), -math.inf),
                                                            dim=0).tolist())
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 4. A paged KV cache (core)
 #
 # Notebook 7's cache preallocates `context_length` slots per sequence. A server does not know how
@@ -391,10 +391,10 @@ print("softmax of a row that sees nothing:", torch.softmax(torch.full((3,), -mat
 # down: that is the logical block, and its entry in the table is the block of the pool. The
 # remainder of the same division is the slot.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("14_serving", "4.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_lookup(block_table: list[int], position: int, block_size: int) -> tuple[int, int]:
     """Where token `position` of a sequence lives: (block id, slot within the block)."""
     ### BEGIN SOLUTION
@@ -403,17 +403,17 @@ def my_lookup(block_table: list[int], position: int, block_size: int) -> tuple[i
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("serving.block_lookup", my_lookup)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # `helpers.serve.paged.PagedKVCache` holds the pool, `(L, n_blocks, H_KV, block_size, D_H)` for
 # the keys and the same for the values, the block tables and the free pool. Its `store_hook` is
 # the `kv_store` that every attention layer already calls (notebook 7): it writes the new keys
 # into their slots and gathers each sequence's blocks back in order. Three prompts go in one at a
 # time, then decode together; the logits equal notebook 7's contiguous cache, one per prompt.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.model.kv_cache import KVCache
 from helpers.serve.paged import PagedKVCache
 
@@ -436,11 +436,11 @@ print("block tables:", paged.tables)
 print(f"paged vs contiguous logits: largest difference < 1e-5 x the largest |logit| (round-off); "
       f"blocks in use {paged.blocks_in_use()} of {paged.n_blocks}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Your lookup (the helper's until yours passes) finds a token's key in the pool: token 9 of
 # prompt 1, layer 0, equals the contiguous cache's key for it.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.serve.paged import lookup
 
 find = yours_or("serving.block_lookup", my_lookup, lookup)
@@ -451,14 +451,14 @@ print(f"token 9 of prompt 1 lives in block {block}, slot {slot}: the same key as
       f"cache "
       "(to < 1e-5 of its largest entry)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The memory that preallocation wastes
 #
 # Count token slots reserved but never used, for a mix of request lengths: first the twelve
 # requests served in section 5 (each reserving this model's context, 64 tokens), then 1,000
 # requests of GPT-2's context (1,024), their lengths drawn uniformly from 20 to 1,024.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.serve.paged import contiguous_waste, paged_waste
 import random
 
@@ -481,7 +481,7 @@ bytes_per_token = 2 * len(target.blocks) * target.config.d_model * 4
 print(f"one slot of this model = {bytes_per_token:,} bytes (keys and values, {len(target.blocks)} "
       f"layers, float32)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # Contiguous preallocation wastes about half of what it reserves (a uniform length averages half
 # the context); pages waste at most one partly filled block per request, about half a block on
 # average. That memory is what lets a paged server run more requests at once.
@@ -500,10 +500,10 @@ print(f"one slot of this model = {bytes_per_token:,} bytes (keys and values, {le
 # The workload: the twelve requests above, prompts cut from the validation stories, one arriving
 # every two steps. A *step* is one round in which every running request gets one token.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("14_serving", "5.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.serve.scheduler import Request, serve_continuous, serve_static
 
 stories = val_text.split("\n\n")
@@ -519,12 +519,12 @@ for served in (continuous, static):
         assert one.tokens == alone
 print("every request's tokens, continuous and static, equal serving it alone")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Counting the steps and the forward passes (deterministic: they depend only on the arrivals and
 # lengths). Tokens per *step* is the throughput this section is about; tokens per *second* comes
 # after the timeline.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 tokens = sum(r.max_new_tokens for r in requests)
 rows = {"static": static, "continuous": continuous}
 finish = {name: max(s.finished for s in served) + 1 for name, served in rows.items()}
@@ -544,11 +544,11 @@ passes = {"static": sum(max(r.max_new_tokens for r in batch) for batch in batche
 print(f"forward passes: static {passes['static']}, continuous {passes['continuous']} "
       f"(of which {len(requests)} prefill one admitted prompt each)")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The timeline shows why: each row is a request, its bar spans arrival (light) to the last token;
 # static batches wait for their last member and run as long as their longest.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
 for ax, (name, served) in zip(axes, rows.items(), strict=True):
     for s in served:
@@ -561,7 +561,7 @@ axes[0].invert_yaxis()
 plt.tight_layout()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Per second, on this CPU
 #
 # Fewer steps is not the same as more tokens per second. `benchmarks/bench_serve.py` serves three
@@ -571,7 +571,7 @@ plt.show()
 # latency in steps times that scheme's seconds per step. The best of the nine runs (the least
 # disturbed by other programs on this shared machine):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import json
 
 from helpers.text.corpus import data_dir
@@ -598,7 +598,7 @@ for seed, run in bench["batching"].items():
           f"mean latency {ratio['mean_latency_steps']:.2f} in steps, "
           f"{ratio['mean_latency_steps'] * seconds / ratio['steps']:.2f} in seconds")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Continuous batching needs fewer steps (0.69-0.82 of static's), and its mean latency is
 # 0.46-0.63 of static's in steps and 0.68-0.80 in seconds. Its tokens per second do not rise:
 # 0.98-1.03 times static's, equal within the noise. A second buys forward passes, not steps.
@@ -612,7 +612,7 @@ for seed, run in bench["batching"].items():
 # many (it is bound by reading the weights), so keeping the batch full turns the saved steps
 # into throughput too; the latency gain is there at any size.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. Prefix sharing with copy on write (optional)
 #
 # Requests often begin with the same text (a system prompt, a few-shot preamble). With pages they
@@ -621,10 +621,10 @@ for seed, run in bench["batching"].items():
 # The first time a request writes into a shared, partly filled block, the cache **copies it on
 # write**, so the other requests never see the write.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("14_serving", "6.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 prefix = tokenizer.encode(stories[20][:42])
 suffixes = [tokenizer.encode(s) for s in (" The", " A", " Then", " Once", " It", " He")]
 new_tokens = 10
@@ -646,7 +646,7 @@ def prefill(cache: PagedKVCache, share: bool) -> tuple[list[torch.Tensor], int]:
     return logits, prefilled
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def serve_shared(share: bool, block_size: int = 4) -> tuple[list[list[int]], int, int, int]:
     """Greedy answers of prefix + each suffix: the answers, the blocks held at the end, the
     tokens prefilled and the blocks copied on write."""
@@ -661,7 +661,7 @@ def serve_shared(share: bool, block_size: int = 4) -> tuple[list[list[int]], int
     return answers, cache.blocks_in_use(), prefilled, cache.copies
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 shared, shared_blocks, shared_prefill, copies = serve_shared(True)
 apart, apart_blocks, apart_prefill, _ = serve_shared(False)
 assert shared == apart
@@ -677,7 +677,7 @@ print(f"blocks held at the end: {apart_blocks} without sharing, {shared_blocks} 
       f"{copies} blocks copied on write")
 assert shared_blocks < apart_blocks and copies == len(suffixes)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # The prefix is stored once instead of six times; each request copied only the partly filled
 # block it wrote into.
 #
@@ -719,10 +719,10 @@ assert shared_blocks < apart_blocks and copies == len(suffixes)
 # draft's, negatives set to zero, normalised. The check replays the generator: one uniform per
 # visited token, then one draw of a token from a distribution.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("14_serving", "7.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_accept_or_reject(p: torch.Tensor, q: torch.Tensor, drafted: list[int],
                         generator: torch.Generator | None = None) -> list[int]:
     """p (k + 1, V), q (k, V), drafted: k token ids -> the round's tokens (1 to k + 1 ints)."""
@@ -744,10 +744,10 @@ def my_accept_or_reject(p: torch.Tensor, q: torch.Tensor, drafted: list[int],
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("serving.accept_or_reject", my_accept_or_reject)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Proof by enumeration
 #
 # On a tiny vocabulary we can follow every path: each drafted token, accepted or rejected, each
@@ -757,7 +757,7 @@ check("serving.accept_or_reject", my_accept_or_reject)
 # different random distribution after every prefix); the result must equal sampling the target
 # one token at a time, for every `k`.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import functools
 
 from helpers.serve.speculative import autoregressive_distribution, exact_distribution
@@ -782,14 +782,14 @@ for k in (1, 2, 3):
     print(f"k = {k}: 27 outputs, largest difference from the target's distribution < 1e-12")
 print("for example P(0, 2, 1) =", f"{plain[(0, 2, 1)]:.6f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # A wrong rule fails this proof. Two tempting ones: accept every drafted token (no rejection at
 # all: the output follows the draft), or after a rejection redraw from the target's `p` itself
 # instead of the residual `max(0, p - q)` (then a token the draft over-proposes comes out too
 # often, once through acceptance and again through the redraw, and the others too rarely).
 # `swap_in` replaces one of the module's functions for the length of a `with` block:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 import contextlib
 
 import helpers.serve.speculative as speculative
@@ -816,11 +816,11 @@ for name, rules in WRONG.items():
     print(f"{name}: largest difference from the target's distribution "
           f"{max(abs(bad[x] - plain[x]) for x in plain):.3f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The same enumeration works on the course models for the first output token (52 drafted tokens,
 # each accepted or replaced): its distribution is the target's softmax.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def conditional(model: GPT):
     @functools.cache
     def probs(prefix: tuple[int, ...]) -> torch.Tensor:
@@ -836,7 +836,7 @@ gap = max(abs(spec.get((x,), 0.0) - float(truth[x])) for x in range(vocab))
 assert gap < 1e-12
 print(f"course models, first token: largest difference from the target < 1e-12 over {vocab} tokens")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### On the course models: greedy tokens
 #
 # `speculative_generate` runs the loop with two KV caches. Each holds every token but the last;
@@ -845,7 +845,7 @@ print(f"course models, first token: largest difference from the target < 1e-12 o
 # `my_accept_or_reject` once it passes the check, the helpers' `verify_round` until then (the
 # cell says which). At temperature 0 it must give exactly the target's greedy tokens:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.lab.exercises import yours_or
 from helpers.serve.speculative import speculative_generate, verify_round
 
@@ -858,7 +858,7 @@ for k in (1, 4):
 print(repr(prompt_text + tokenizer.decode(fast)))
 print("speculative greedy == target greedy for k = 1 and 4")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### A sampled test that can fail
 #
 # The enumeration checks the helper's `acceptance_probability` and `residual`; your
@@ -876,7 +876,7 @@ print("speculative greedy == target greedy for k = 1 and 4")
 # a rule at p < 0.01: a right rule fails one run in a hundred whatever its draws. The draws are
 # seeded, so the printed bounds repeat.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from collections.abc import Callable
 
 from helpers.serve.speculative import chi_square, sample_outputs
@@ -898,7 +898,7 @@ def chi_square_of(rule: Callable, seed: int = 0) -> float:
                             verify=rule, generator=torch.Generator().manual_seed(seed))
     return chi_square(counts, exact_small)[1]
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 right_p = chi_square_of(verify)
 assert right_p > 0.01
 print(f"the rule in use ({'yours' if verify is my_accept_or_reject else 'the helper'}): p > 0.01, "
@@ -909,7 +909,7 @@ for name, rules in WRONG.items():
     assert wrong_p < 1e-6
     print(f"{name}: p < 1e-6, fails")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Acceptance rate and speed-up against k
 #
 # The cost we can count: **target forward passes per token**. Plain decoding needs one per token;
@@ -922,7 +922,7 @@ for name, rules in WRONG.items():
 # Measured greedily on three prompts, 40 tokens each, with the accept/reject rule in use (yours
 # once it passes):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 sweep_prompts = [tokenizer.encode(s) for s in ("Once upon a time, ", "The little dog ",
                                                "She said ")]
 sweep, NEW = {}, 40
@@ -939,7 +939,7 @@ for k in range(1, 7):
           f"{k * passes / (3 * NEW):.2f}")
 assert all(s["per pass"] > 1 for s in sweep.values()) and sweep[6]["all k"] < sweep[1]["all k"]
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Tokens per target pass grow with `k`. The per-token acceptance does **not** fall with `k`: here
 # it rises, from 0.67 at k = 1 to 0.73 at k = 6. What falls is the all-k share, from 67 % to 14 %:
 # the more guesses a round makes, the less often every one of them is right, and each extra
@@ -951,7 +951,7 @@ assert all(s["per pass"] > 1 for s in sweep.values()) and sweep[6]["all k"] < sw
 # (training seeds 0, 1, 2, 200 steps each, as here) and adds a third model: the same draft
 # trained 1,000 steps. It stores the counts in `data/bench_serve.json`:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 spec_runs = bench["speculative"]
 for seed, run in spec_runs["seeds"].items():
     print(f"seed {seed}: validation loss target {run['target_loss']:.2f}, draft "
@@ -974,7 +974,7 @@ assert all(r["long_draft"][k]["per_token"] < r["draft"][k]["per_token"] for r in
 print(f"per-token acceptance over all seeds and k: draft {min(short):.2f}-{max(short):.2f}, "
       f"draft trained longer {min(longer):.2f}-{max(longer):.2f}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # On all three seeds the per-token rate at k = 6 is above that at k = 1, and the all-k share
 # falls. The draft trained longer predicts the text better than the target itself (a lower
 # validation loss on every seed), yet the target accepts its guesses **less** often, at every k
@@ -987,7 +987,7 @@ print(f"per-token acceptance over all seeds and k: draft {min(short):.2f}-{max(s
 # The stored wall-clock times (seed 0's pair, one thread, every setting timed in turns, best of
 # nine runs) give the speed-up over the target alone:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 best = {name: min(times) for name, times in spec_runs["seconds"].items()}
 print(
     "speed-up over the target alone: "
@@ -998,7 +998,7 @@ print(
     )
 )
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # Below 1 at every k: slower. On a GPU, where a large target's pass is bound by reading its
 # weights, fewer target passes is most of the speed-up. On this CPU, with models this small, each
 # pass costs about the same fixed overhead whatever the model, so the draft's passes eat the gain.
@@ -1033,10 +1033,10 @@ print(
 # absolute weight maps to 127. (2) Every weight divided by its row's scale and rounded, kept within
 # plus and minus 127. (3) Return the integers as int8 and the scales.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("14_serving", "8.")  # started here after a restart? this runs the sections above
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w (out, in) float -> q (out, in) torch.int8 and scale (out,): w ~ q * scale[:, None]."""
     ### BEGIN SOLUTION
@@ -1047,15 +1047,15 @@ def my_quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("serving.quantize_int8_rows", my_quantize_int8)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Your int8 (the helper's until yours passes) on the first MLP matrix of the target: the same
 # integers as `helpers.serve.quantize.quantize_int8`, and every weight within half a step of its
 # dequantized value.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.serve.quantize import quantize_int8
 
 quantize8 = yours_or("serving.quantize_int8_rows", my_quantize_int8, quantize_int8)
@@ -1067,7 +1067,7 @@ assert (error8 <= s8_w[:, None] / 2 + 1e-7).all()
 print(f"{tuple(w.shape)} weights: the helper's integers; largest error {error8.max():.4f}, "
       f"within half of its row's step everywhere")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### Exercise: int4 per group
 #
 # Write `my_quantize_int4(w, group_size)` for w (out, in): cut every row into groups of
@@ -1092,7 +1092,7 @@ print(f"{tuple(w.shape)} weights: the helper's integers; largest error {error8.m
 # point is minus the group's (capped) minimum over the scale, rounded. Shift the odd column's value
 # up by 4 bits and combine it with the even one's by a bitwise or.</details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def my_quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor,
                                                                 torch.Tensor]:
     """w (out, in) float -> packed (out, in / 2) uint8, scale and zero (out, in / group_size)."""
@@ -1111,14 +1111,14 @@ def my_quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, to
     ### END SOLUTION
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 check("serving.quantize_int4_groups", my_quantize_int4)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Your int4 (the helper's until yours passes) on the same matrix, groups of 32: the first group's
 # scale, zero point and packed bytes, and its rounding error, at most half a step.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.serve.quantize import dequantize_int4, quantize_int4, unpack_int4
 
 quantize4 = yours_or("serving.quantize_int4_groups", my_quantize_int4, quantize_int4)
@@ -1138,7 +1138,7 @@ print(f"first values {q[:4].tolist()} -> packed bytes {packed_w[0, :2].tolist()}
 print(f"32 weights: {group.numel() * 4} bytes in float32, 16 bytes packed "
       f"+ a scale and a zero point; largest error {(back - group).abs().max():.4f} <= scale / 2")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The whole model, quantized
 #
 # `helpers.serve.quantize` does the same for whole matrices, and `quantize_model` swaps every
@@ -1147,7 +1147,7 @@ print(f"32 weights: {group.numel() * 4} bytes in float32, 16 bytes packed "
 # `quantize_model_with` takes that copy and puts in the integers, scales and zero points of your
 # int8 and int4 (the helper's until yours pass). The error on the target, on validation windows:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.serve.quantize import QuantizedLinear, quantize_model, weight_bytes
 from helpers.training.trainer import random_batch
 
@@ -1173,7 +1173,7 @@ def loss_and_logits(model: GPT) -> tuple[float, torch.Tensor]:
         out = model(x_val)
     return F.cross_entropy(out.flatten(0, 1), y_val.flatten()).item(), out
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def linear_bytes(model: GPT) -> tuple[int, int]:
     """Bytes of the blocks' Linear weights: (the weights or integers, the scales and zero
     points)."""
@@ -1187,7 +1187,7 @@ def linear_bytes(model: GPT) -> tuple[int, int]:
     return payload, extra
 
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 base_loss, base_logits = loss_and_logits(target)
 assert base_loss < 2.4
 print(f"float32: validation loss < 2.4; the blocks' Linear weights {linear_bytes(target)[0]:,} "
@@ -1208,13 +1208,13 @@ for bits in (8, 4):
           f"scales{' and zero points' if bits == 4 else ''}, "
           f"the whole model {weight_bytes(quantized[bits]):,}")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # int8 costs almost nothing; int4 per group costs a little more. The integers take a quarter and
 # an eighth of the float32 bytes, but the extras matter: with a float32 scale and zero point per
 # group of 32 weights, int4 adds 8 bytes per 16 bytes of integers. Real formats store them in 16
 # bits (or share them over larger groups). The token embedding stays in float32.
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # ### PyTorch's own int8 kernel
 #
 # PyTorch has a CPU kernel for exactly this scheme, weight-only int8 with one scale per output
@@ -1222,7 +1222,7 @@ for bits in (8, 4):
 # dequantized product; `benchmarks/bench_serve.py` times it, and `torch.ao`'s dynamic quantization,
 # against float32.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.serve.quantize import dequantize_int8
 
 big = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(0))
@@ -1242,7 +1242,7 @@ else:
 print(f"1024 x 1024 weights: {big.numel() * 4:,} bytes in float32, {q8.numel() + s8.numel() * 4:,} "
       f"in int8")
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Check your understanding (optional)
 #
 # 1. Top-p 0.8 on the six words of section 1 kept three words. For which top-p does it keep four?
@@ -1263,10 +1263,10 @@ print(f"1024 x 1024 weights: {big.numel() * 4:,} bytes in float32, {q8.numel() +
 # last real token in the last column.
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 catch_up("14_serving", "Check")  # started here after a restart? this runs the sections above
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # 3. A request of 1,000 tokens in blocks of 16: how many blocks, and how many slots are wasted?
 #
 # <details><summary>Answer</summary>
@@ -1292,7 +1292,7 @@ catch_up("14_serving", "Check")  # started here after a restart? this runs the s
 # few levels or to 0. Per channel, each row uses all 255 levels (the error measured below).
 # </details>
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from helpers.serve.paged import lookup
 
 probs = torch.softmax(logits, -1)

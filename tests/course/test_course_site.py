@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from notebook_tools import exercise_notebook, stream
+from notebook_tools import exercise_notebook, lesson_cells, stream
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -145,7 +145,7 @@ def test_each_notebook_keeps_its_outputs_gains_a_colab_link_and_loses_live_widge
     for path in NOTEBOOKS:
         original = json.loads(path.read_text())
         shown = json.loads((target / "notebooks" / path.name).read_text())
-        assert len(shown["cells"]) == len(original["cells"]) + 1
+        assert len(shown["cells"]) == len(lesson_cells(original["cells"])) + 1  # no speaker notes
         link = "".join(shown["cells"][1]["source"])
         assert f"colab.research.google.com/github/alice/course/blob/main/notebooks/{path.name}" in link
         before = [o for c in original["cells"] for o in c.get("outputs", [])]
@@ -195,6 +195,18 @@ def test_sections_add_reading_code_and_the_stored_run_times():
     assert (first, second) == ("One", "Two")
     assert minutes == pytest.approx(200 / 100 + 8 / 4 + 0.5) and seconds == pytest.approx(30.0)
     assert minutes_2 == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("edition", ["instructor", "student"])
+def test_speaker_notes_are_left_out_of_both_sites_and_of_the_section_times(edition):
+    notes = dict(markdown("Ask the room " + "word " * 300), metadata={"slideshow": {"slide_type": "notes"}})
+    notebook = {"cells": [markdown("# Title"), markdown("## One\n" + "word " * 98), notes, code(4, 0.0)],
+                "metadata": {}}
+    (_, minutes, _), = project.sections(notebook)[-1:]
+    assert minutes == pytest.approx(100 / 100 + 4 / 4)
+    shown = project.site_notebook(notebook, project.colab_url("alice/course", "09_x.ipynb"),
+                                  course.student_notebook if edition == "student" else None)
+    assert len(shown["cells"]) == 4 and not any("Ask the room" in text for text in texts(shown))
 
 
 def test_stop_points_fall_before_the_section_that_would_overrun_each_class():

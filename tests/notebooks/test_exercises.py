@@ -26,6 +26,7 @@ from notebook_tools import (
     SOURCES,
     NotebookExercise,
     exercises_in,
+    lesson_cells,
     notebook_paths,
     read,
 )
@@ -51,7 +52,7 @@ def _outputs(cell) -> str:
 def test_the_student_edition_runs_with_every_exercise_not_attempted(name):
     full = read(NOTEBOOKS / f"{name}.ipynb")
     student = type(full)(course.student_notebook(copy.deepcopy(dict(full))))
-    found = exercises_in(full.cells)
+    found = exercises_in(lesson_cells(full.cells))  # the student edition has no speaker notes
     NotebookClient(student, timeout=300, kernel_name="python3",
                    resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
     for exercise in found:
@@ -157,7 +158,7 @@ def _looks_like_code(span: str) -> bool:
 def _hinted_exercises(name: str) -> list[tuple[NotebookExercise, dict[int, str]]]:
     """Each exercise of the notebook's source with its hints ({1: the idea, 2: the plan, ...}),
     read from notebooks/src (what the next build writes), not from the stored notebook."""
-    cells = to_notebook(SOURCES / f"{name}.py").cells
+    cells = lesson_cells(to_notebook(SOURCES / f"{name}.py").cells)  # a speaker note is no statement
     found = []
     for exercise in exercises_in(cells):
         statement = next(c.source for c in reversed(cells[:exercise.answer_index]) if c.cell_type == "markdown")

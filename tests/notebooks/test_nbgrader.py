@@ -246,3 +246,17 @@ def test_autograde_stays_within_its_time_bound(graded):
     runs = 3 * len(GRADED) + len(_tries(read(NOTEBOOKS / f"{FIRST}.ipynb")))
     # every notebook's cells are bounded by CELL_LIMIT; the endless loop alone uses one limit
     assert seconds < runs * 60 + CELL_LIMIT, seconds
+
+
+def test_the_release_leaves_out_the_speaker_notes_as_the_student_edition_does():
+    """nbgrader_config.py runs tools/nbgrader_notes.py's step first in generate_assignment."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from nbgrader_notes import DropSpeakerNotes
+
+    notes = nbformat.v4.new_markdown_cell("Ask the room.", metadata={"slideshow": {"slide_type": "notes"}})
+    kept = nbformat.v4.new_markdown_cell("## 1. A section", metadata={"slideshow": {"slide_type": "slide"}})
+    nb = nbformat.v4.new_notebook(cells=[kept, notes, nbformat.v4.new_code_cell("x = 1")])
+    released, _ = DropSpeakerNotes().preprocess(nb, {})
+    assert [cell.source for cell in released.cells] == ["## 1. A section", "x = 1"]
+    config = (ROOT / "nbgrader_config.py").read_text(encoding="utf-8")
+    assert "c.GenerateAssignment.preprocessors = [\n    DropSpeakerNotes," in config

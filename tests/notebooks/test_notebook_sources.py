@@ -3,6 +3,7 @@ and each follows the house rules a reader can see without running it."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import pytest
 from notebook_tools import NOTEBOOKS, ROOT, SOURCES, notebook_paths, read
 
 sys.path.insert(0, str(ROOT / "tools"))
-from build_notebooks import to_notebook  # noqa: E402
+from build_notebooks import parse_cells, to_notebook  # noqa: E402
 
 from helpers.lab.setup_cell import SETUP_CELL  # noqa: E402
 
@@ -25,9 +26,9 @@ def test_there_are_notebooks_and_each_has_a_source():
 
 @pytest.mark.parametrize("name", NOTEBOOK_IDS)
 def test_stored_cells_equal_the_source(name):
-    stored = [(c.cell_type, c.source, c.metadata.get("nbgrader"))
+    stored = [(c.cell_type, c.source, c.metadata.get("nbgrader"), c.metadata.get("slideshow"))
               for c in read(NOTEBOOKS / f"{name}.ipynb").cells]
-    built = [(c.cell_type, c.source, c.metadata.get("nbgrader"))
+    built = [(c.cell_type, c.source, c.metadata.get("nbgrader"), c.metadata.get("slideshow"))
              for c in to_notebook(SOURCES / f"{name}.py").cells]
     assert stored == built, f"{name}.ipynb differs from src/{name}.py: rebuild it with tools/build_notebooks.py"
 
@@ -67,7 +68,8 @@ def test_every_cell_does_one_thing(name):
     long = [(index, cell.cell_type, len(cell.source.splitlines())) for index, cell in enumerate(cells)
             if cell.source != SETUP_CELL and len(cell.source.splitlines()) > MAX_CELL_LINES]
     assert not long, f"{name}: cells over {MAX_CELL_LINES} lines (index, kind, lines): {long}"
-    assert len(cells) <= MAX_CELLS.get(name, len(cells)), f"{name} has {len(cells)} cells"
+    lesson = [cell for cell in cells if cell.metadata.get("slideshow", {}).get("slide_type") != "notes"]
+    assert len(lesson) <= MAX_CELLS.get(name, len(lesson)), f"{name} has {len(lesson)} cells besides its speaker notes"
 
 
 EXERCISE_SOURCE = '''# %% [markdown]
@@ -121,6 +123,59 @@ def test_the_build_marks_answer_and_test_cells_for_nbgrader(tmp_path):
 def test_the_build_refuses_a_malformed_exercise(tmp_path, change, message):
     with pytest.raises(ValueError, match=message):
         _built(tmp_path, change(EXERCISE_SOURCE))
+
+
+SLIDES_SOURCE = '''# %% [markdown] slideshow={"slide_type": "slide"}
+# # A title
+
+# %% [markdown] slideshow={"slide_type": "notes"}
+# Say hello.
+
+# %% [setup]
+
+# %% slideshow={"slide_type": "fragment"}
+x = 1
+
+# %%
+y = 2
+'''
+
+
+def test_the_build_keeps_slide_marks_and_the_lesson_leaves_out_speaker_notes(tmp_path):
+    cells = _built(tmp_path, SLIDES_SOURCE).cells
+    assert [c.metadata.get("slideshow", {}).get("slide_type") for c in cells] == [
+        "slide", "notes", None, "fragment", None]
+    assert cells[1].cell_type == "markdown" and cells[1].source == "Say hello."
+    lesson = parse_cells(SLIDES_SOURCE)
+    assert [source for _, source in lesson] == ["# A title", SETUP_CELL, "x = 1", "y = 2"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s.replace('"fragment"', '"frament"'),
+     r"cell 3 \('x = 1'\) has slideshow=\{'slide_type': 'frament'\}; expected .*one of slide, subslide"),
+    (lambda s: s.replace('# %%\ny = 2', '# %% tags=["x"]\ny = 2'),
+     r"cell 4 \('y = 2'\) has options \['tags'\] after '# %%'"),
+    (lambda s: s.replace('# %% slideshow={"slide_type": "fragment"}', '# %% slideshow={"slide_type": "notes"}'),
+     r"cell 3 \('x = 1'\) is a code cell marked as speaker notes; expected a markdown cell"),
+])
+def test_the_build_refuses_a_slide_mark_it_cannot_keep(tmp_path, change, message):
+    with pytest.raises(ValueError, match=message):
+        _built(tmp_path, change(SLIDES_SOURCE))
+
+
+DECKS = ("03_attention", "07_gpt", "12_frontier_decoder")  # the decks tests/browser/test_slides.py steps through
+
+
+@pytest.mark.parametrize("name", NOTEBOOK_IDS)
+def test_every_notebook_marks_a_slide_at_each_section(name):
+    cells = to_notebook(SOURCES / f"{name}.py").cells
+    sections = [c for c in cells if c.cell_type == "markdown" and re.search(r"^##? ", c.source, re.M)]
+    unmarked = [c.source.splitlines()[0] for c in sections
+                if c.metadata.get("slideshow", {}).get("slide_type") != "slide"]
+    assert sections and unmarked == [], f"{name}: headings without a slide mark: {unmarked}"
+    notes = [c for c in cells if c.metadata.get("slideshow", {}).get("slide_type") == "notes"]
+    if name in DECKS:
+        assert len(notes) >= 5, f"{name} has {len(notes)} speaker-notes cells, expected at least 5"
 
 
 def jupyterlab_kernelspec() -> dict[str, str]:

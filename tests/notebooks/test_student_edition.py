@@ -21,7 +21,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from notebook_tools import exercises_in, notebook_paths, read
+from notebook_tools import exercises_in, lesson_cells, notebook_paths, read
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("course_for_student", ROOT / "course.py")
@@ -70,6 +70,19 @@ def test_outputs_and_saved_widget_state_are_cleared():
     assert "widgets" not in student["metadata"]
 
 
+def test_the_student_edition_drops_the_speaker_notes_and_keeps_the_slide_marks():
+    slide = {"slideshow": {"slide_type": "slide"}}
+    notebook = {"cells": [
+        {"cell_type": "markdown", "metadata": slide, "source": "## 1. A section (core)"},
+        {"cell_type": "markdown", "metadata": {"slideshow": {"slide_type": "notes"}},
+         "source": "Ask the room what a dot product measures."},
+        {"cell_type": "code", "metadata": {"slideshow": {"slide_type": "fragment"}}, "source": "x = 2",
+         "outputs": [], "execution_count": 1}], "metadata": {}}
+    student = course.student_notebook(notebook)
+    assert [cell["source"] for cell in student["cells"]] == ["## 1. A section (core)", "x = 2"]
+    assert student["cells"][0]["metadata"] == slide
+
+
 @pytest.fixture(scope="module")
 def edition(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("handout") / "student"
@@ -113,7 +126,7 @@ def test_every_exercise_keeps_its_stub_and_its_check(edition):
     for path in notebook_paths():
         full = read(path)
         student = nbformat.read(edition / "notebooks" / path.name, as_version=4)
-        for exercise in exercises_in(full.cells):
+        for exercise in exercises_in(lesson_cells(full.cells)):  # the edition has no speaker notes
             assert "raise NotImplementedError()" in student.cells[exercise.answer_index].source
             assert "### BEGIN" not in student.cells[exercise.answer_index].source
             assert student.cells[exercise.test_index].source.startswith(f'check("{exercise.name}"')

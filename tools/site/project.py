@@ -88,6 +88,8 @@ def sections(notebook: dict) -> list[tuple[str, float, float]]:
     found: list[list] = [["(opening)", 0.0, 0.0]]
     for cell in notebook["cells"]:
         source = "".join(cell["source"])
+        if is_speaker_notes(cell):
+            continue
         if cell["cell_type"] == "markdown":
             for line in source.splitlines():
                 if line.startswith("## "):
@@ -169,12 +171,19 @@ def as_student_sees_it(output: dict) -> dict:
         r"this cell uses your \1 once it passes \2; until then, the course's own version", text)}
 
 
+def is_speaker_notes(cell: dict) -> bool:
+    """True for a cell of the instructor's speaker notes (slide_type "notes"), which only the
+    slides show (`course.py slides`); the site, like the student edition, leaves them out."""
+    return cell.get("metadata", {}).get("slideshow", {}).get("slide_type") == "notes"
+
+
 def student_edition(notebook: dict, student_notebook: Callable[[dict], dict]) -> dict:
     """`student_notebook(notebook)` (solutions blanked, hidden tests gone, outputs cleared), with
     the stored outputs of every cell but the answer and test cells put back, those of the cells
     that choose between the student's answer and the course's version as a student's run would
     say it (see `as_student_sees_it`); no Solution reveal (the older form, removed before
     `student_notebook`, which refuses a solution marker in markdown)."""
+    notebook["cells"] = [cell for cell in notebook["cells"] if not is_speaker_notes(cell)]
     for cell in notebook["cells"]:
         if cell["cell_type"] == "markdown":
             cell["source"] = SOLUTION_REVEAL.sub("", source_text(cell))
@@ -195,6 +204,7 @@ def site_notebook(notebook: dict, colab: str, student_notebook: Callable[[dict],
     """The notebook as the site shows it: the edition's exercises (see the module docstring), no
     test markers, a Colab link under the title (the student's: how to open it instead), widget
     views as a note."""
+    notebook["cells"] = [cell for cell in notebook["cells"] if not is_speaker_notes(cell)]  # the decks'
     if student_notebook is not None:
         notebook = student_edition(notebook, student_notebook)
     for cell in notebook["cells"]:
