@@ -57,7 +57,7 @@ class PerMatrixMuon(Muon):
                 buf = state.get("momentum_buffer", torch.zeros_like(p.grad))
                 new_p, state["momentum_buffer"] = muon_update(
                     p, p.grad, buf, group["lr"], group["momentum"], group["nesterov"], group["weight_decay"],
-                    group["rule"], group["steps"], group["coefficients"], group["eps"], group["ns_dtype"])
+                    group["rule"], group["ns_dtype"])
                 p.copy_(new_p)
 
 
