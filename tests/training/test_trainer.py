@@ -282,7 +282,7 @@ def test_fast_path_keeps_weights_and_gradients_in_one_buffer_each(precision):
     model, train_ids, val_ids = model_and_data()
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4, precision=precision))
-    flat = trainer.flat
+    flat = trainer.weights
     for name, param in model.named_parameters():  # moved into the buffer, values unchanged
         assert lies_in(param, flat.weights) and torch.equal(param, before[name]), name
     assert flat.weights.numel() == sum(p.numel() for p in model.parameters())
@@ -313,7 +313,7 @@ def test_clipping_the_buffer_equals_clip_grad_norm():
     for copy, param in zip(copies, params, strict=True):
         copy.grad = param.grad.clone()
     expected_norm = torch.nn.utils.clip_grad_norm_(copies, 0.01)
-    assert trainer.flat.clip_gradients(0.01).item() == pytest.approx(expected_norm.item(), rel=1e-6)
+    assert trainer.weights.clip_gradients(0.01).item() == pytest.approx(expected_norm.item(), rel=1e-6)
     assert expected_norm > 0.01, "the test must really clip"
     for param, copy in zip(params, copies, strict=True):
         torch.testing.assert_close(param.grad, copy.grad, atol=1e-9, rtol=1e-6)
@@ -676,9 +676,9 @@ def test_the_trainer_refuses_a_config_that_is_not_a_trainconfig():
 def test_each_path_builds_its_own_working_model_and_optimizer(fast):
     trainer = tiny_trainer(fast=fast, precision="fp32")
     if fast:  # one buffer for every weight, and PyTorch's fused AdamW step
-        assert trainer.flat is not None and trainer.optimizer.defaults["fused"] is True
+        assert isinstance(trainer.weights, speed.FlatWeights) and trainer.optimizer.defaults["fused"] is True
     else:  # the model itself, and the textbook per-parameter AdamW
-        assert trainer.flat is None and trainer.working is trainer.model
+        assert isinstance(trainer.weights, train.PlainWeights) and trainer.working is trainer.model
         assert not trainer.optimizer.defaults["fused"] and trainer.optimizer.defaults["foreach"] is False
 
 
