@@ -11,8 +11,8 @@ its ratio to AdamW's step in the same round:
     adamw         TrainConfig's defaults: the fused AdamW step
     muon-loop     TrainConfig(optimizer="muon") with the step Muon took before: `muon_update`
                   (Newton-Schulz of one matrix at a time, in a Python loop over the 24 matrices)
-    muon          the same with Muon.step as it is: every matrix of one shape at once
-                  (`newton_schulz_batched`), the MLP's 128 x 512 matrices on their Gram matrix
+    muon          the same with Muon.step as it is: every matrix of one shape at once, as one
+                  stack (`newton_schulz` of (K, A, B)), the MLP's 128 x 512 matrices on their Gram matrix
 
 in float32 (Newton-Schulz in float32, the laptop path) and bfloat16 (Newton-Schulz in bfloat16:
 fast on a CPU with native bf16, as the one of the stored JSON, whose "machine" says which; emulated
@@ -57,7 +57,7 @@ class PerMatrixMuon(Muon):
                 buf = state.get("momentum_buffer", torch.zeros_like(p.grad))
                 new_p, state["momentum_buffer"] = muon_update(
                     p, p.grad, buf, group["lr"], group["momentum"], group["nesterov"], group["weight_decay"],
-                    group["rule"], group["steps"], group["coefficients"], group["eps"], group["ns_dtype"])
+                    group["rule"], group["ns_dtype"])
                 p.copy_(new_p)
 
 

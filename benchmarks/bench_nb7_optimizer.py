@@ -23,11 +23,11 @@ the losses do not depend on the timing (each run is a fixed number of steps).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from helpers.model.gpt import GPT, GPTConfig  # noqa: E402
 from helpers.text.chars import CharTokenizer  # noqa: E402
 from helpers.text.corpus_rich import load_rich_corpus  # noqa: E402
+from helpers.timing import times_in_turns  # noqa: E402
 from helpers.training.trainer import TrainConfig, Trainer, encode_text, split_stories  # noqa: E402
 
 NB7_STEPS, NB7_BATCH, NB7_LR = 600, 16, 5e-3
@@ -63,16 +64,8 @@ def make_trainer(vocab_size: int, train_ids: torch.Tensor, val_ids: torch.Tensor
 
 def step_seconds(trainers: dict[str, Trainer], rounds: int, block: int) -> dict[str, float]:
     """Median seconds per step of each trainer, timed in turns: `rounds` x `block` steps each."""
-    for trainer in trainers.values():  # warm-up, untimed
-        trainer.train_step(1e-3)
-    times = {name: [] for name in trainers}
-    for round_ in range(rounds):
-        names = list(trainers)[round_ % 2:] + list(trainers)[:round_ % 2]
-        for name in names:
-            started = time.perf_counter()
-            for _ in range(block):
-                trainers[name].train_step(1e-3)
-            times[name].append((time.perf_counter() - started) / block)
+    times = times_in_turns({name: functools.partial(trainer.train_step, 1e-3) for name, trainer in trainers.items()},
+                           rounds, block)
     return {name: statistics.median(values) for name, values in times.items()}
 
 

@@ -29,7 +29,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from helpers.model.generation import generate
 from helpers.post import classify, dpo, grpo, recipe, sft, tasks
 
 OUT = Path(__file__).resolve().parent.parent / "data" / "post_seeds.json"
@@ -55,16 +54,6 @@ def ladder_accuracy(pretrained, data: dict, which: str, seed: int, steps: int = 
     with torch.no_grad():
         predicted = model(data["test_x"], data["test_len"]).argmax(-1)
     return (predicted == data["test_y"]).float().mean().item()
-
-
-def prose_accuracy(model, tokenizer, facts: list) -> float:
-    """Notebook 13's prose_accuracy: greedy completion of 'what is a plus b? ' up to '.'."""
-    right = 0
-    for f in facts:
-        prompt = torch.tensor([tokenizer.encode(f.question() + " ")])
-        completion = tokenizer.decode(generate(model, prompt, 9, top_k=1)[0, prompt.shape[1]:].tolist())
-        right += tasks.is_correct(completion.split(".")[0], f)
-    return right / len(facts)
 
 
 def run(pretrain_seeds: list[int], pretrain_steps: int = 300, sft_steps: int = 60,
@@ -94,8 +83,8 @@ def run(pretrain_seeds: list[int], pretrain_steps: int = 300, sft_steps: int = 6
         def chat(model):
             return {"train": sft.greedy_accuracy(model, tok, setting.train_facts),
                     "held": sft.greedy_accuracy(model, tok, setting.held_facts)}
-        stages = {"prose": {"train": prose_accuracy(pretrained, tok, setting.train_facts),
-                            "held": prose_accuracy(pretrained, tok, setting.held_facts)},
+        stages = {"prose": {"train": recipe.prose_accuracy(pretrained, tok, setting.train_facts),
+                            "held": recipe.prose_accuracy(pretrained, tok, setting.held_facts)},
                   "pretrained": chat(pretrained)}
         model = copy.deepcopy(pretrained)
         sft.train_sft(model, recipe.sft_batches(setting), steps=sft_steps, lr=1e-3, seed=0)

@@ -52,12 +52,12 @@ step; the JSON says so.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import platform
 import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -81,6 +81,7 @@ from bench_train import (  # noqa: E402
 from helpers.model.gpt import GPT, GPTConfig  # noqa: E402
 from helpers.text.chars import CharTokenizer  # noqa: E402
 from helpers.text.corpus import load_corpus  # noqa: E402
+from helpers.timing import times_in_turns  # noqa: E402
 from helpers.training.trainer import (  # noqa: E402
     TrainConfig,
     Trainer,
@@ -209,17 +210,8 @@ def step_costs(variants: list[Variant], data: Data, rounds: int, steps_per_turn:
         if variant.cost_key not in steppers:
             trainer = make_trainer(variant, data.vocab_size, data.train_ids, data.val_ids, 0)
             steppers[variant.cost_key] = trainer.train_step
-    for step in steppers.values():  # warm up: first calls allocate
-        for _ in range(2):
-            step(1e-4)
-    seconds = {key: [] for key in steppers}
-    names = list(steppers)
-    for round_ in range(rounds):
-        for key in names[round_ % len(names):] + names[:round_ % len(names)]:
-            started = time.perf_counter()
-            for _ in range(steps_per_turn):
-                steppers[key](1e-4)
-            seconds[key].append((time.perf_counter() - started) / steps_per_turn)
+    seconds = times_in_turns({key: functools.partial(step, 1e-4) for key, step in steppers.items()},
+                             rounds, steps_per_turn, warmup=2)
     # The ratio within each round (its turns seconds apart), then the median over rounds: a burst
     # of load on the shared machine slows one round's turns alike and leaves its ratios.
     ratios = {key: [s / n for s, n in zip(values, seconds["nanogpt"], strict=True)] for key, values in seconds.items()}

@@ -9,6 +9,10 @@
     one_of(name, value, choices)              one of a few allowed values
     instance(name, value, kind, expected)     an instance of `kind` (str, random.Random, ...)
     tensor_shape(name, value, shape, ...)     a torch tensor of a given number of dimensions and sizes
+    text(name, value)                         a str that UTF-8 can encode (the tokenizers' input)
+    size_at_least(name, value, smallest)      an int >= smallest (a vocabulary size, a merge count)
+    special_tokens(name, value)               a list of distinct non-empty strings
+    token_ids(name, value, vocab_size)        a list of ids in range(vocab_size), as plain ints
 
 Every check takes the argument's name first and its value second, returns the value (converted
 to a plain Python number where that helps), and raises with a message that names the argument,
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -159,3 +164,72 @@ def one_of(name: str, value: Any, choices: Iterable[Any]) -> Any:
         listed = ", ".join(repr(choice) for choice in choices)
         raise ValueError(f"{name} is {value!r}, expected one of {listed}")
     return value
+
+
+# --- text and token ids, shared by the tokenizers (helpers.text) ------------------------------
+
+def text(name: str, value: Any) -> str:
+    """`value` itself, after checking that it is a str that UTF-8 can encode."""
+    if not isinstance(value, str):
+        hint = " (bytes? decode them first: data.decode('utf-8'))" if isinstance(value, bytes | bytearray) else ""
+        raise TypeError(f"{name} is {value!r:.60} of type {type(value).__name__}, expected a str{hint}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"{name}[{error.start}] is {value[error.start]!r}, a lone surrogate that UTF-8 "
+                         "cannot encode; expected valid Unicode text") from None
+    return value
+
+
+def size_at_least(name: str, value: Any, smallest: int, why: str = "") -> int:
+    """`value` as an int, after checking that it is an integer of at least `smallest`; `why`
+    ends the message (": one id for each byte")."""
+    try:
+        size = non_negative_int(name, value)
+    except ValueError:
+        size = int(value)  # negative: refused below, with the bound that applies here
+    if size < smallest:
+        raise ValueError(f"{name} is {size}, expected at least {smallest}{why}")
+    return size
+
+
+def special_tokens(name: str, value: Any) -> list[str]:
+    """A list of distinct non-empty strings (a tokenizer's special tokens), as a list."""
+    if isinstance(value, str | bytes):
+        raise TypeError(f"{name} is {value!r}, a single string; expected a list of strings such as [{value!r}]")
+    if not isinstance(value, Iterable):
+        raise TypeError(f"{name} is {value!r} of type {type(value).__name__}, expected a list of strings")
+    tokens = list(value)
+    for token in tokens:
+        if not isinstance(token, str):
+            raise TypeError(f"{name} holds {token!r} of type {type(token).__name__}, expected strings")
+        if not token:
+            raise ValueError(f"{name} holds {token!r}, expected non-empty strings")
+    if len(set(tokens)) != len(tokens):
+        raise ValueError(f"{name} is {tokens}, expected no repeats")
+    return tokens
+
+
+def token_ids(name: str, value: Any, vocab_size: int) -> list[int]:
+    """`value` as plain ints, after checking that each one is an id of a `vocab_size` vocabulary."""
+    if isinstance(value, str | bytes | bytearray) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} is {value!r:.60} of type {type(value).__name__}, expected a list of integer ids")
+    checked = []
+    for position, token_id in enumerate(value):
+        one = token_id if type(token_id) is int else token_id_at(name, position, token_id)
+        if not 0 <= one < vocab_size:
+            raise ValueError(f"{name}[{position}] is {one}, expected an id in range(0, {vocab_size}) "
+                             "(the size of this tokenizer's vocabulary)")
+        checked.append(one)
+    return checked
+
+
+def token_id_at(name: str, position: int, value: Any) -> int:
+    """A NumPy or 0-d torch integer as an int; bools are refused (True is an int to Python)."""
+    try:
+        if isinstance(value, bool) or str(getattr(value, "dtype", "")).endswith("bool"):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}[{position}] is {value!r} of type {type(value).__name__}, "
+                        "expected an integer id") from None

@@ -74,3 +74,24 @@ def test_shared_checks_accept_numpy_numbers_and_return_plain_ones():
     assert checks.number_in("p", 0.0, 0.0, 1.0, high_open=True) == 0.0
     with pytest.raises(ValueError, match=r"p is 1.0, expected a number in \[0, 1\)"):
         checks.number_in("p", 1.0, 0.0, 1.0, high_open=True)
+
+
+@pytest.mark.parametrize("check, args, error, said", [
+    (checks.text, ("text", b"ab"), TypeError, r"^text is b'ab' of type bytes, expected a str \(bytes\? decode"),
+    (checks.text, ("word", "a\ud800"), ValueError, r"^word\[1\] is '\\ud800', a lone surrogate"),
+    (checks.size_at_least, ("n_merges", -1, 0), ValueError, "^n_merges is -1, expected at least 0$"),
+    (checks.size_at_least, ("vocab_size", 3, 5, ": why"), ValueError, "^vocab_size is 3, expected at least 5: why$"),
+    (checks.special_tokens, ("special_tokens", "<|end|>"), TypeError, "a single string"),
+    (checks.special_tokens, ("special_tokens", ["a", "a"]), ValueError, "expected no repeats"),
+    (checks.token_ids, ("ids", [0, 9], 5), ValueError, r"^ids\[1\] is 9, expected an id in range\(0, 5\)"),
+    (checks.token_ids, ("ids", [True], 5), TypeError, r"^ids\[0\] is True of type bool, expected an integer id"),
+])
+def test_the_tokenizers_checks_name_what_they_refuse(check, args, error, said):
+    with pytest.raises(error, match=said):
+        check(*args)
+
+
+def test_the_tokenizers_checks_return_what_they_accept():
+    assert checks.text("text", "ab") == "ab" and checks.size_at_least("n", 2, 2) == 2
+    assert checks.special_tokens("special_tokens", ("<a>",)) == ["<a>"]
+    assert checks.token_ids("ids", (0, 4), 5) == [0, 4]

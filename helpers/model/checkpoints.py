@@ -68,9 +68,9 @@ def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
         raise TypeError(f"model is a {type(model).__name__}, expected one of "
                         f"{', '.join(ARCHITECTURES)} (helpers.model.gpt.GPT or helpers.model.modern.ModernGPT)")
     for key, value in extra.items():
-        _check_plain(f"extra value {key!r}", value)
+        check_plain(f"extra value {key!r}", value)
     for field, value in asdict(model.config).items():  # a numpy int here would save, then not load
-        _check_plain(f"model.config.{field}", value)
+        check_plain(f"model.config.{field}", value)
     target = Path(path)
     if target.is_dir() or not target.parent.is_dir():
         raise ValueError(f"path {str(target)!r} is a folder or lies in a folder that does not "
@@ -90,7 +90,7 @@ PLAIN_TYPES = (bool, int, float, str, type(None), Tensor)  # what weights_only l
 MAX_NESTING = 100  # levels of lists and dicts a plain value may have (pickle recurses per level)
 
 
-def _check_plain(what: str, value: Any, depth: int = 0, seen: set[int] | None = None) -> None:
+def check_plain(what: str, value: Any, depth: int = 0, seen: set[int] | None = None) -> None:
     """Raise a TypeError unless `value` is a plain scalar, string, tensor, or a list, tuple or
     dict (with str or int keys) of them, at most MAX_NESTING levels deep.
 
@@ -107,13 +107,13 @@ def _check_plain(what: str, value: Any, depth: int = 0, seen: set[int] | None = 
                              f"values in at most {MAX_NESTING} levels of lists and dicts")
     if type(value) in (list, tuple):
         for i, item in enumerate(value):
-            _check_plain(f"{what}[{i}]", item, depth + 1, seen)
+            check_plain(f"{what}[{i}]", item, depth + 1, seen)
     elif type(value) is dict:
         for key, item in value.items():
             if type(key) not in (str, int):
                 raise TypeError(f"{what} has the key {key!r} (a {type(key).__name__}), expected "
                                 "str or int keys")
-            _check_plain(f"{what}[{key!r}]", item, depth + 1, seen)
+            check_plain(f"{what}[{key!r}]", item, depth + 1, seen)
     elif type(value) not in PLAIN_TYPES and not isinstance(value, Tensor):
         hint = " (use float(...) or int(...))" if hasattr(value, "item") else \
             " (use str(...))" if isinstance(value, Path) else ""
@@ -140,8 +140,8 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tup
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"path is {str(path)!r}: no such file")
-    _check_device(device)
-    state = _read_checkpoint(path, device)
+    check_device(device)
+    state = read_checkpoint(path, device)
     if not isinstance(state, dict) or "config" not in state or "model" not in state:
         keys = sorted(map(str, state))[:5] if isinstance(state, dict) else []
         looks_like_weights = bool(keys) and all(isinstance(v, Tensor) for v in state.values())
@@ -160,7 +160,7 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> tup
     return model, state
 
 
-def _check_device(device: torch.device | str) -> None:
+def check_device(device: torch.device | str) -> None:
     """Raise a ValueError naming `device` unless torch knows it and this machine has it (else
     torch.load's failure would read as a damaged file)."""
     try:
@@ -179,10 +179,12 @@ def _check_device(device: torch.device | str) -> None:
                              f"device(s): expected an index below {count}")
 
 
-def _read_checkpoint(path: Path, device: torch.device | str,
+def read_checkpoint(path: Path, device: torch.device | str,
                      writer: str = "helpers.model.checkpoints.save_checkpoint(path, model)") -> Any:
     """torch.load(weights_only=True), its errors turned into what the student can act on;
     `writer` names the function that writes such files, for the messages."""
+    if not isinstance(path, Path):
+        raise TypeError(f"path is {path!r:.60} ({type(path).__name__}), expected a pathlib.Path")
     with path.open("rb") as file:
         head = file.read(4)
     if head[:1] in (b"{", b"["):

@@ -106,6 +106,12 @@ def route(logits: Tensor, top_k: int, mode: str = "softmax_topk", bias: Tensor |
                             verb="is")
     check_group_mode(mode, n_group, topk_group, n_experts, top_k,
                      why=": only DeepSeek's router limits the groups")
+    return _route(logits, top_k, mode, bias, normalize, n_group, topk_group)
+
+
+def _route(logits: Tensor, top_k: int, mode: str, bias: Tensor | None, normalize: bool,
+           n_group: int, topk_group: int) -> tuple[Tensor, Tensor]:
+    """`route` on arguments already checked (by route, or once by MoELayer's constructor)."""
     if mode == "softmax_topk":
         return _softmax_then_top_k(logits, top_k, bias, normalize)
     if mode == "topk_softmax":
@@ -178,6 +184,10 @@ def check_expert_indices(experts: Tensor, n_experts: int) -> None:
 def expert_load(experts: Tensor, n_experts: int) -> Tensor:
     """experts (T, k) -> (E,) the number of assignments each expert received (float)."""
     check_expert_indices(experts, n_experts)
+    return _expert_load(experts, n_experts)
+
+
+def _expert_load(experts: Tensor, n_experts: int) -> Tensor:
     return torch.bincount(experts.reshape(-1), minlength=n_experts).float()
 
 
@@ -192,7 +202,11 @@ def switch_aux_loss(logits: Tensor, experts: Tensor, n_experts: int) -> Tensor:
     check_expert_indices(experts, n_experts)
     if experts.dim() != 2 or experts.shape[0] != logits.shape[0]:
         raise ValueError(f"experts has shape {tuple(experts.shape)}, expected ({logits.shape[0]}, k)")
-    f = expert_load(experts, n_experts) / logits.shape[0]        # (E,) not differentiable
+    return _switch_aux_loss(logits, experts, n_experts)
+
+
+def _switch_aux_loss(logits: Tensor, experts: Tensor, n_experts: int) -> Tensor:
+    f = _expert_load(experts, n_experts) / logits.shape[0]       # (E,) not differentiable
     p = torch.softmax(logits.float(), dim=-1).mean(dim=0)          # (E,) differentiable
     return n_experts * (f * p).sum()
 
@@ -264,6 +278,10 @@ class Experts(nn.Module):
         self._check(x, weights, experts)
         if capacity is not None:
             checks.positive_int("capacity", capacity)
+        return self._sorted(x, weights, experts, capacity)
+
+    def _sorted(self, x: Tensor, weights: Tensor, experts: Tensor, capacity: int | None) -> tuple[Tensor, int]:
+        """`sorted` on arguments already checked (MoELayer's router made them)."""
         flat = experts.reshape(-1)                                    # (T k,)
         order = torch.argsort(flat, stable=True)                      # assignments grouped by expert
         counts = torch.bincount(flat, minlength=self.n_experts)       # (E,)
@@ -328,15 +346,17 @@ class MoELayer(nn.Module):
         flat = x.reshape(-1, self.d_model)                                  # (T, D)
         logits = self.router(flat)                                          # (T, E)
         use_bias = self.bias if self.balance == "bias" else None
-        weights, experts = route(logits, self.top_k, self.mode, bias=use_bias, normalize=self.normalize,
-                                 n_group=self.n_group, topk_group=self.topk_group)
+        # The constructor checked the router's settings and the router's experts are in range:
+        # the bodies below run without their public checks (each a host sync on a GPU).
+        weights, experts = _route(logits, self.top_k, self.mode, use_bias, self.normalize,
+                                  self.n_group, self.topk_group)
         weights = weights * self.routed_scale        # DeepSeek-V3's routed_scaling_factor (2.5)
         capacity = None if self.capacity_factor is None else expert_capacity(
             flat.shape[0], self.top_k, self.n_experts, self.capacity_factor)
-        out, self.last_dropped = self.experts.sorted(flat, weights, experts, capacity)
-        self.last_logits, self.last_load = logits.detach(), expert_load(experts, self.n_experts)
+        out, self.last_dropped = self.experts._sorted(flat, weights, experts, capacity)
+        self.last_logits, self.last_load = logits.detach(), _expert_load(experts, self.n_experts)
         if self.training and self.balance == "aux_loss" and self.aux_coef > 0:
-            out = AddAuxLoss.apply(out, self.aux_coef * switch_aux_loss(logits, experts, self.n_experts))
+            out = AddAuxLoss.apply(out, self.aux_coef * _switch_aux_loss(logits, experts, self.n_experts))
         if self.training and self.balance == "bias":
             with torch.no_grad():
                 self.bias += self.bias_rate * torch.sign(self.last_load.mean() - self.last_load)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from helpers import checks
-from helpers.post.sft import _check_ids_and_mask, encode_example, pad_batch, sequence_logps
+from helpers.post.sft import check_ids_and_mask, encode_example, pad_batch, sequence_logps
 from helpers.post.tasks import NUMBER_WORDS, Fact, wrong_result
 
 
@@ -86,7 +86,7 @@ def dpo_loss(policy_chosen_logps: Tensor, policy_rejected_logps: Tensor,
 def answer_kl(policy: nn.Module, reference: nn.Module, ids: Tensor, mask: Tensor) -> float:
     """Mean over answer tokens of KL(pi(. | context) || ref(. | context)), exact over the
     vocabulary, on the contexts of `ids` (B, N) where mask[:, 1:] is 1."""
-    _check_ids_and_mask(ids, mask)
+    check_ids_and_mask(ids, mask)
     if not mask[:, 1:].any():
         raise ValueError("mask has no answer tokens after position 0, expected some to average "
                          "the KL over (else the mean is 0 / 0)")

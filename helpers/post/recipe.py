@@ -4,6 +4,7 @@
     make_setting    build it from seeds (the notebook's defaults)
     pretrain        a small GPT trained on the pretraining text, float32
     sft_batches     (ids, mask) batches of the training questions in the chat template
+    prose_accuracy  the share of facts a model completes right from "what is a plus b? "
 
 Notebook 13 writes each step out in its cells and then calls these, asserting they agree.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from helpers import checks
+from helpers.model.generation import generate
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.post import sft, tasks
 from helpers.text.chars import CharTokenizer
@@ -68,3 +70,18 @@ def sft_batches(setting: Setting, n_batches: int = 20, batch_size: int = 16, see
     checks.number_in("batch_size", batch_size, 1, len(examples))
     rng = random.Random(seed)
     return [sft.pad_batch(rng.sample(examples, batch_size), setting.pad_id) for _ in range(n_batches)]
+
+
+def prose_accuracy(model: torch.nn.Module, tokenizer: CharTokenizer, facts: list[tasks.Fact]) -> float:
+    """Notebook 13's prose_accuracy: the share of `facts` whose greedy completion (9 tokens) of
+    the question and a space is right (`tasks.is_correct`) up to its first '.'."""
+    checks.instance("model", model, torch.nn.Module, "a language model (an nn.Module)")
+    checks.instance("tokenizer", tokenizer, CharTokenizer, "the setting's CharTokenizer")
+    if not (isinstance(facts, list) and facts and all(isinstance(f, tasks.Fact) for f in facts)):
+        raise TypeError(f"facts is {facts!r:.60}, expected a non-empty list of tasks.Fact")
+    right = 0
+    for fact in facts:
+        prompt = torch.tensor([tokenizer.encode(fact.question() + " ")])
+        completion = tokenizer.decode(generate(model, prompt, 9, top_k=1)[0, prompt.shape[1]:].tolist())
+        right += tasks.is_correct(completion.split(".")[0], fact)
+    return right / len(facts)

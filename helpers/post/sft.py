@@ -63,7 +63,11 @@ def pad_batch(examples: list[tuple[Tensor, Tensor]], pad_id: int) -> tuple[Tenso
     return ids, mask
 
 
-def _check_ids_and_mask(ids: Tensor, mask: Tensor) -> None:
+def check_ids_and_mask(ids: Tensor, mask: Tensor) -> None:
+    """Raise naming the argument unless ids is (B, N), N >= 2, and mask (B, N) holds only 0 and 1
+    (the answer-only loss's and DPO's inputs)."""
+    for name, value in (("ids", ids), ("mask", mask)):
+        checks.instance(name, value, Tensor, "a (B, N) tensor")
     if ids.dim() != 2 or ids.shape[1] < 2:
         raise ValueError(f"ids has shape {tuple(ids.shape)}, expected (B, N) with N >= 2")
     if mask.shape != ids.shape:
@@ -77,7 +81,7 @@ def _check_ids_and_mask(ids: Tensor, mask: Tensor) -> None:
 def answer_only_loss(logits: Tensor, ids: Tensor, mask: Tensor) -> Tensor:
     """logits (B, N, V) from ids (B, N); the mean cross-entropy of predicting ids[:, t] from
     position t - 1, over the positions t where mask[:, t] is 1 (the answer and END)."""
-    _check_ids_and_mask(ids, mask)
+    check_ids_and_mask(ids, mask)
     if logits.shape[:2] != ids.shape:
         raise ValueError(f"logits has shape {tuple(logits.shape)}, expected (B, N, V) with "
                          f"(B, N) = {tuple(ids.shape)}")
@@ -99,7 +103,7 @@ def token_logps(logits: Tensor, ids: Tensor) -> Tensor:
 
 def sequence_logps(model: nn.Module, ids: Tensor, mask: Tensor) -> Tensor:
     """log pi(answer | prompt) for each row: the answer tokens' log-probabilities summed, (B,)."""
-    _check_ids_and_mask(ids, mask)
+    check_ids_and_mask(ids, mask)
     return (token_logps(model(ids), ids) * mask[:, 1:]).sum(dim=1)
 
 

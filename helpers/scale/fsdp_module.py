@@ -34,14 +34,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from helpers.scale.workers import world
+
 COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def world() -> tuple[int, int]:
-    """(rank, world_size) of this process: from torch.distributed, or (0, 1) without it."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 class _GatherPiece(torch.autograd.Function):

@@ -8,6 +8,7 @@ the same way by heads: each rank projects Q, K, V for its heads, attends, multip
 of W_O, and one all-reduce adds the heads' contributions.
 
     column_shard, row_shard     this rank's slice of a Linear (ValueError if p does not divide it)
+    split_mlp_weights           the same cut of an MLP's up weight, up bias and down weight, as tensors
     copy_to_ranks               identity forward; backward all-reduces the gradient (Megatron's f)
     sum_over_ranks              forward all-reduce; identity backward (Megatron's g)
     TensorParallelMLP           FeedForward split over the ranks
@@ -69,6 +70,25 @@ def row_shard(linear: nn.Linear, rank: int, world_size: int) -> nn.Linear:
     shard = _empty_linear(linear, k, linear.out_features, bias=False)
     shard.weight.copy_(linear.weight[:, rank * k:(rank + 1) * k])
     return shard
+
+
+def split_mlp_weights(up_weight: Tensor, up_bias: Tensor, down_weight: Tensor, rank: int,
+                      world_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Rank `rank`'s block of hidden units of an MLP's weights, as tensors: up_weight (hidden, D)
+    -> (hidden / p, D), up_bias (hidden,) -> (hidden / p,), down_weight (D, hidden) -> (D, hidden / p),
+    the cut column_shard and row_shard make of the layers (notebook 11's split_mlp exercise)."""
+    checks.rank_in_world(rank, world_size)
+    for name, t, dims in (("up_weight", up_weight, 2), ("up_bias", up_bias, 1), ("down_weight", down_weight, 2)):
+        if not isinstance(t, Tensor) or t.dim() != dims:
+            raise ValueError(f"{name} is {getattr(t, 'shape', type(t).__name__)}, expected a {dims}-D tensor")
+    hidden = up_weight.shape[0]
+    if up_bias.shape != (hidden,) or down_weight.shape[1] != hidden or hidden % world_size:
+        raise ValueError(f"up_weight {tuple(up_weight.shape)}, up_bias {tuple(up_bias.shape)} and down_weight "
+                         f"{tuple(down_weight.shape)}: expected (hidden, D), (hidden,) and (D, hidden) with "
+                         f"hidden a multiple of world_size={world_size}")
+    k = hidden // world_size
+    units = slice(rank * k, (rank + 1) * k)
+    return up_weight[units], up_bias[units], down_weight[:, units]
 
 
 class _CopyToRanks(torch.autograd.Function):

@@ -5,6 +5,7 @@
                                     each and returns the results in rank order
     launch(fn, world_size, *args)   the same, once: start, run, stop
     free_port()                     a TCP port nobody listens on, for the processes to meet at
+    world()                         (rank, world_size) of this process, (0, 1) outside a group
     WorkerFailed                    raised in the parent when a worker raises: carries its traceback
     collectives_demo                the four collectives on small tensors, run inside each worker
     time_all_reduce                 the best time of one all-reduce per size, run inside each worker
@@ -50,6 +51,13 @@ class WorkerFailed(RuntimeError):
     def __init__(self, rank: int, worker_traceback: str) -> None:
         super().__init__(f"worker of rank {rank} failed; its traceback:\n{worker_traceback}")
         self.rank, self.worker_traceback = rank, worker_traceback
+
+
+def world() -> tuple[int, int]:
+    """(rank, world_size) of this process: from torch.distributed, or (0, 1) without it."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def free_port() -> int:

@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from helpers.scale.fsdp_module import world
 from helpers.scale.sharded import assign_owners
+from helpers.scale.workers import world
 
 
 def _groups(params: Any) -> list[dict[str, Any]]:

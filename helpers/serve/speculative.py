@@ -38,12 +38,17 @@ from helpers.serve import sampling
 from helpers.serve.batching import check_prompts
 
 
-def _check_probs(name: str, probs: Tensor) -> None:
-    if not isinstance(probs, Tensor) or probs.dim() != 1 or not probs.is_floating_point():
+def _check_probs(name: str, probs: Tensor, rows: bool = False) -> None:
+    """A float probability vector (V,), or with `rows` a matrix (R, V) of them: one check for all."""
+    shape = "(R, V) matrix of probability vectors" if rows else "(V,) probability vector"
+    if not isinstance(probs, Tensor) or probs.dim() != 1 + rows or not probs.is_floating_point():
         raise ValueError(f"{name} is {getattr(probs, 'shape', type(probs).__name__)}, expected a "
-                         "float (V,) probability vector")
-    if (probs < 0).any() or abs(float(probs.sum()) - 1) > 1e-6:
-        raise ValueError(f"{name} sums to {float(probs.sum()):.6f} or has negative entries, "
+                         f"float {shape}")
+    gap = (probs.sum(dim=-1) - 1).abs().max() if probs.numel() else probs.new_zeros(())
+    if (probs < 0).any() or float(gap) > 1e-6:
+        raise ValueError(f"{name} has a row summing to 1 {'+-'} {float(gap):.6f} or negative entries, "
+                         "expected probability distributions" if rows else
+                         f"{name} sums to {float(probs.sum()):.6f} or has negative entries, "
                          "expected a probability distribution")
 
 
@@ -54,6 +59,10 @@ def acceptance_probability(target: Tensor, draft: Tensor, token: int) -> float:
     if target.shape != draft.shape:
         raise ValueError(f"target has {target.shape[0]} tokens and draft {draft.shape[0]}: the "
                          "draft must share the target's vocabulary")
+    return _acceptance(target, draft, token)
+
+
+def _acceptance(target: Tensor, draft: Tensor, token: int) -> float:
     q = float(draft[token])
     if q <= 0:
         raise ValueError(f"token {token} has draft probability 0, so the draft cannot propose it")
@@ -65,6 +74,10 @@ def residual(target: Tensor, draft: Tensor) -> Tensor:
     nothing is ever rejected) it returns p."""
     _check_probs("target", target)
     _check_probs("draft", draft)
+    return _residual(target, draft)
+
+
+def _residual(target: Tensor, draft: Tensor) -> Tensor:
     left = (target - draft).clamp(min=0)
     total = left.sum()
     return target.clone() if total <= 0 else left / total
@@ -77,7 +90,8 @@ def accept_or_reject(target: Tensor, draft: Tensor, token: int, u: float) -> tup
     distribution to draw the replacement from). The second item is always the residual.
     """
     u = checks.number_in("u", u, 0.0, 1.0, high_open=True, expected="a uniform draw in [0, 1)")
-    return u < acceptance_probability(target, draft, token), residual(target, draft)
+    acceptance = acceptance_probability(target, draft, token)  # checks both vectors, once
+    return u < acceptance, _residual(target, draft)
 
 
 def verify_round(p: Tensor, q: Tensor, drafted: Sequence[int],
@@ -94,11 +108,15 @@ def verify_round(p: Tensor, q: Tensor, drafted: Sequence[int],
     if tuple(p.shape) != (len(drafted) + 1, q.shape[1]) or q.shape[0] != len(drafted):
         raise ValueError(f"p is {tuple(p.shape)} and q {tuple(q.shape)} for {len(drafted)} drafted "
                          f"tokens, expected ({len(drafted) + 1}, V) and ({len(drafted)}, V)")
-    for i, token in enumerate(drafted):
+    _check_probs("p", p, rows=True)  # every row, once: the loop below trusts them
+    _check_probs("q", q, rows=True)
+    if not all(0 <= token < q.shape[1] for token in drafted):
+        raise ValueError(f"drafted is {drafted}, expected token ids in 0 .. {q.shape[1] - 1}")
+    for i, token in enumerate(drafted):  # accept_or_reject's rule, on the rows checked above
         u = float(torch.rand((), generator=generator, dtype=torch.float64))
-        ok, fix = accept_or_reject(p[i], q[i], token, u)
-        if not ok:
-            return drafted[:i] + [int(torch.multinomial(fix, 1, generator=generator))]
+        if not u < _acceptance(p[i], q[i], token):
+            residual_i = _residual(p[i], q[i])
+            return drafted[:i] + [int(torch.multinomial(residual_i, 1, generator=generator))]
     return drafted + [int(torch.multinomial(p[len(drafted)], 1, generator=generator))]
 
 

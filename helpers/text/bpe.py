@@ -25,17 +25,14 @@ from itertools import pairwise
 from pathlib import Path
 from typing import NamedTuple
 
+from helpers import checks
 from helpers.text.chars import (
     GPT2_SPLIT_PATTERN,
     KNOWN_PATTERNS,
-    _checked_ids,
-    _checked_pattern,
-    _checked_special_tokens,
-    _checked_text,
-    _read_saved,
-    _size_at_least,
-    _split,
+    compile_pattern,
+    read_saved,
     readable,
+    split_chunks,
     split_special,
     stream_blocks,
 )
@@ -105,9 +102,9 @@ class Merge(NamedTuple):
 def _training_chunks(text: str, pattern: str, special_tokens: Iterable[str]) -> list[str]:
     """The chunks BPE trains on: `text` pre-split, special tokens left out (the text on either side
     of one is split on its own, so no chunk joins the end of one document to the next)."""
-    text, splitter = _checked_text(text), _checked_pattern(pattern)
-    chunks = [chunk for piece, special in split_special(text, _checked_special_tokens(special_tokens))
-              if not special for chunk in _split(splitter, piece)]
+    text, splitter = checks.text("text", text), compile_pattern(pattern)
+    chunks = [chunk for piece, special in split_special(text, checks.special_tokens("special_tokens", special_tokens))
+              if not special for chunk in split_chunks(splitter, piece)]
     if not chunks:
         raise ValueError("text is empty (or only special tokens), expected some training text to learn merges from")
     return chunks
@@ -118,7 +115,7 @@ def textbook_merges(text: str, n_merges: int, pattern: str = GPT2_SPLIT_PATTERN,
     """The first `n_merges` merges of byte-level BPE, learned the slow, plain way: count every pair
     in every chunk, merge the most frequent, repeat. Merge i creates token 256 + i. The reference
     that `learn_merges` must equal, merge for merge; it takes seconds on 100 kB of text."""
-    n_merges = _size_at_least("n_merges", n_merges, 0)
+    n_merges = checks.size_at_least("n_merges", n_merges, 0)
     chunks = [list(chunk.encode("utf-8")) for chunk in _training_chunks(text, pattern, special_tokens)]
     vocab = [bytes([byte]) for byte in range(BYTE_VOCAB_SIZE)]  # id -> the bytes it spells, for ties
     merges: list[Merge] = []
@@ -211,7 +208,7 @@ def learn_merges(text: str, n_merges: int, pattern: str = GPT2_SPLIT_PATTERN,
                  special_tokens: Iterable[str] = ()) -> list[Merge]:
     """The first `n_merges` merges byte-level BPE learns from `text` (fewer if it runs out of pairs):
     exactly `textbook_merges(text, n_merges, pattern, special_tokens)`, far faster (module docstring)."""
-    n_merges = _size_at_least("n_merges", n_merges, 0)
+    n_merges = checks.size_at_least("n_merges", n_merges, 0)
     chunk_counts = Counter(_training_chunks(text, pattern, special_tokens))
     table = _PairTable([list(chunk.encode("utf-8")) for chunk in chunk_counts], list(chunk_counts.values()))
 
@@ -240,11 +237,11 @@ class BPETokenizer:
         if not isinstance(merges, Sequence) or isinstance(merges, str):
             raise TypeError(f"merges is {merges!r:.60} of type {type(merges).__name__}, expected a list of pairs")
         self.merges = [self._checked_pair(pair, index) for index, pair in enumerate(merges)]
-        self._splitter = _checked_pattern(pattern)
+        self._splitter = compile_pattern(pattern)
         self.pattern = pattern
         first_special = BYTE_VOCAB_SIZE + len(self.merges)
         self.special_tokens = {token: first_special + index
-                               for index, token in enumerate(_checked_special_tokens(special_tokens))}
+                               for index, token in enumerate(checks.special_tokens("special_tokens", special_tokens))}
         # The id a pair merges into; ids grow with the merge's rank, so it doubles as the rank.
         self._merged_id = {pair: BYTE_VOCAB_SIZE + index for index, pair in enumerate(self.merges)}
         self.vocab = self._build_vocab()
@@ -273,9 +270,9 @@ class BPETokenizer:
         """Learn merges from `text` until the vocabulary (256 bytes + merges + special tokens)
         has `vocab_size` entries, or until no pair is left to merge. Merges never cross a
         special token: the text between two of them is split and counted on its own."""
-        specials = _checked_special_tokens(special_tokens)
+        specials = checks.special_tokens("special_tokens", special_tokens)
         smallest = BYTE_VOCAB_SIZE + len(specials)
-        vocab_size = _size_at_least("vocab_size", vocab_size, smallest, ": one id for each of the 256 "
+        vocab_size = checks.size_at_least("vocab_size", vocab_size, smallest, ": one id for each of the 256 "
                                     f"bytes plus {len(specials)} special token(s)")
         merges = learn_merges(text, vocab_size - smallest, pattern, specials)
         return cls([m.pair for m in merges], specials, pattern)
@@ -287,11 +284,11 @@ class BPETokenizer:
     def encode(self, text: str) -> list[int]:
         """The ids of `text`: special tokens one id each, the rest pre-split and merged chunk by chunk."""
         ids: list[int] = []
-        for piece, special in split_special(_checked_text(text), self.special_tokens):
+        for piece, special in split_special(checks.text("text", text), self.special_tokens):
             if special:
                 ids.append(self.special_tokens[piece])
                 continue
-            for chunk in _split(self._splitter, piece):
+            for chunk in split_chunks(self._splitter, piece):
                 ids.extend(self._encode_chunk(chunk))
         return ids
 
@@ -359,7 +356,7 @@ class BPETokenizer:
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         """The bytes that `ids` stand for, joined."""
-        return b"".join(self.vocab[token_id] for token_id in _checked_ids(ids, self.vocab_size))
+        return b"".join(self.vocab[token_id] for token_id in checks.token_ids("ids", ids, self.vocab_size))
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of `ids`. Bytes that do not form whole UTF-8 characters (half an emoji) become '�'."""
@@ -367,7 +364,7 @@ class BPETokenizer:
 
     def labels(self, ids: Iterable[int]) -> list[str]:
         """Each token of `ids` as it looks on screen (see `readable`)."""
-        return [readable(self.vocab[token_id]) for token_id in _checked_ids(ids, self.vocab_size)]
+        return [readable(self.vocab[token_id]) for token_id in checks.token_ids("ids", ids, self.vocab_size)]
 
     def save(self, path: str | Path) -> Path:
         """Write the tokenizer as JSON to `path`; `BPETokenizer.load(path)` reads it back."""
@@ -380,7 +377,7 @@ class BPETokenizer:
     def load(cls, path: str | Path) -> BPETokenizer:
         """The tokenizer `save` wrote to `path`. Its pattern must be one of KNOWN_PATTERNS: a
         file may not make `encode` run an arbitrary regular expression."""
-        saved = _read_saved(path, "BPETokenizer", ("merges", "special_tokens", "pattern"))
+        saved = read_saved(path, "BPETokenizer", ("merges", "special_tokens", "pattern"))
         if saved["pattern"] not in KNOWN_PATTERNS.values():
             raise ValueError(f"{path} holds the pattern {saved['pattern']!r:.80}, expected one of the known "
                              f"pre-tokenizer patterns ({', '.join(KNOWN_PATTERNS)}) because a crafted regular expression "

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import json
-import operator
 import re
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -53,37 +52,13 @@ STREAM_BLOCK_CHARS = 1 << 16  # characters `stream_blocks` gathers before it loo
 # --- argument checks, shared by all the tokenizers --------------------------------------------
 
 
-def _checked_text(text: object, name: str = "text") -> str:
-    """`text` itself, after checking that it is a str that UTF-8 can encode."""
-    if not isinstance(text, str):
-        hint = " (bytes? decode them first: data.decode('utf-8'))" if isinstance(text, bytes | bytearray) else ""
-        raise TypeError(f"{name} is {text!r:.60} of type {type(text).__name__}, expected a str{hint}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise ValueError(f"{name}[{error.start}] is {text[error.start]!r}, a lone surrogate that UTF-8 "
-                         "cannot encode; expected valid Unicode text") from None
-    return text
-
-
-
-def _size_at_least(name: str, value: object, smallest: int, why: str = "") -> int:
-    """`value` as an int, after checking (helpers.checks) that it is an integer of at least `smallest`."""
-    try:
-        size = checks.non_negative_int(name, value)
-    except ValueError:
-        size = int(value)  # negative: refused below, with the bound that applies here
-    if size < smallest:
-        raise ValueError(f"{name} is {size}, expected at least {smallest}{why}")
-    return size
-
-
 @functools.lru_cache(maxsize=64)
 def _compiled(pattern: str) -> regex.Pattern:
     return regex.compile(pattern)
 
 
-def _checked_pattern(pattern: object) -> regex.Pattern:
+def compile_pattern(pattern: object) -> regex.Pattern:
+    """`pattern`, a str holding a regular expression, compiled (and cached) by `regex`."""
     if not isinstance(pattern, str):
         raise TypeError(f"pattern is {pattern!r:.60} of type {type(pattern).__name__}, expected a str "
                         "holding a regular expression")
@@ -93,10 +68,12 @@ def _checked_pattern(pattern: object) -> regex.Pattern:
         raise ValueError(f"pattern is {pattern!r}, which is not a valid regular expression ({error})") from None
 
 
-def _split(splitter: regex.Pattern, text: str) -> list[str]:
+def split_chunks(splitter: regex.Pattern, text: str) -> list[str]:
     """The chunks of `text`: each match of `splitter`, and each stretch of text between matches
     as a chunk of its own, so that no character is lost whatever the pattern (capturing groups
-    and empty matches included)."""
+    and empty matches included). The tokenizers call it on checked arguments."""
+    checks.instance("splitter", splitter, regex.Pattern, "a compiled pattern (compile_pattern)")
+    checks.instance("text", text, str, "a str")
     if splitter.pattern in _COVERING_PATTERNS:  # matches every character: nothing falls between
         return splitter.findall(text)
     chunks: list[str] = []
@@ -125,7 +102,7 @@ def pre_split(text: str, pattern: str = GPT2_SPLIT_PATTERN) -> list[str]:
     "".join(pre_split(text, pattern)) == text for every text and every pattern: text that the
     pattern does not match becomes a chunk of its own.
     """
-    return _split(_checked_pattern(pattern), _checked_text(text))
+    return split_chunks(compile_pattern(pattern), checks.text("text", text))
 
 
 # A non-space character followed by a space: GPT-2's pattern has no chunk that holds both (words,
@@ -155,7 +132,7 @@ def stream_blocks(texts: Iterable[str], special_tokens: Collection[str] = (),
     pending_chars = 0
     searched_from = 0  # places to cut before this were tried and refused
     for index, piece in enumerate(texts):
-        pending.append(_checked_text(piece, f"texts[{index}]"))
+        pending.append(checks.text(f"texts[{index}]", piece))
         pending_chars += len(piece)
         if pending_chars < block_chars:
             continue
@@ -187,24 +164,6 @@ def _last_cut(text: str, special_tokens: Collection[str], longest: int, start: i
 # --- special tokens and ids, shared by all the tokenizers ------------------------------------
 
 
-def _checked_special_tokens(special_tokens: Iterable[str]) -> list[str]:
-    if isinstance(special_tokens, str | bytes):
-        raise TypeError(f"special_tokens is {special_tokens!r}, a single string; expected a list of "
-                        f"strings such as [{special_tokens!r}]")
-    if not isinstance(special_tokens, Iterable):
-        raise TypeError(f"special_tokens is {special_tokens!r} of type {type(special_tokens).__name__}, "
-                        "expected a list of strings")
-    tokens = list(special_tokens)
-    for token in tokens:
-        if not isinstance(token, str):
-            raise TypeError(f"special_tokens holds {token!r} of type {type(token).__name__}, expected strings")
-        if not token:
-            raise ValueError(f"special_tokens holds {token!r}, expected non-empty strings")
-    if len(set(tokens)) != len(tokens):
-        raise ValueError(f"special_tokens is {tokens}, expected no repeats")
-    return tokens
-
-
 def split_special(text: str, special_tokens: Collection[str]) -> list[tuple[str, bool]]:
     """`text` cut into (piece, is_special) pairs, each special token a piece of its own.
 
@@ -218,32 +177,9 @@ def split_special(text: str, special_tokens: Collection[str]) -> list[tuple[str,
     return [(piece, index % 2 == 1) for index, piece in enumerate(pieces) if piece]
 
 
-def _checked_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
-    """`ids` as plain ints, after checking that each one is an id of a `vocab_size` vocabulary."""
-    if isinstance(ids, str | bytes | bytearray) or not isinstance(ids, Iterable):
-        raise TypeError(f"ids is {ids!r:.60} of type {type(ids).__name__}, expected a list of integer ids")
-    checked = []
-    for position, token_id in enumerate(ids):
-        value = token_id if type(token_id) is int else _checked_id(token_id, position)
-        if not 0 <= value < vocab_size:
-            raise ValueError(f"ids[{position}] is {value}, expected an id in range(0, {vocab_size}) "
-                             "(the size of this tokenizer's vocabulary)")
-        checked.append(value)
-    return checked
-
-
-def _checked_id(token_id: object, position: int) -> int:
-    """A NumPy or 0-d torch integer as an int; bools are refused (True is an int to Python)."""
-    try:
-        if isinstance(token_id, bool) or str(getattr(token_id, "dtype", "")).endswith("bool"):
-            raise TypeError
-        return operator.index(token_id)
-    except TypeError:
-        raise TypeError(f"ids[{position}] is {token_id!r} of type {type(token_id).__name__}, "
-                        "expected an integer id") from None
-
-
-def _read_saved(path: str | Path, kind: str, keys: Sequence[str]) -> dict:
+def read_saved(path: str | Path, kind: str, keys: Sequence[str]) -> dict:
+    """The JSON dict a tokenizer of class `kind` saved at `path`, refused unless it is one and has `keys`."""
+    checks.instance("path", path, str | Path, "a file name (str or Path)")
     try:
         saved = json.loads(Path(path).read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -279,15 +215,15 @@ class CharTokenizer:
             raise ValueError("chars holds repeated characters, expected each character once")
         self.chars = list(chars)
         self.special_tokens = {token: len(self.chars) + index
-                               for index, token in enumerate(_checked_special_tokens(special_tokens))}
+                               for index, token in enumerate(checks.special_tokens("special_tokens", special_tokens))}
         self._id_of = {char: index for index, char in enumerate(self.chars)}
         self._text_of = self.chars + list(self.special_tokens)
 
     @classmethod
     def train(cls, text: str, special_tokens: Iterable[str] = ()) -> CharTokenizer:
         """A tokenizer for the characters of `text` (sorted), special tokens left out."""
-        specials = _checked_special_tokens(special_tokens)
-        plain = "".join(piece for piece, special in split_special(_checked_text(text), specials) if not special)
+        specials = checks.special_tokens("special_tokens", special_tokens)
+        plain = "".join(piece for piece, special in split_special(checks.text("text", text), specials) if not special)
         if not plain:
             raise ValueError("text is empty, expected some training text to collect characters from")
         return cls(sorted(set(plain)), specials)
@@ -300,7 +236,7 @@ class CharTokenizer:
         """The ids of `text`, one per character (special tokens one id each)."""
         ids: list[int] = []
         offset = 0
-        for piece, special in split_special(_checked_text(text), self.special_tokens):
+        for piece, special in split_special(checks.text("text", text), self.special_tokens):
             if special:
                 ids.append(self.special_tokens[piece])
             else:
@@ -319,7 +255,7 @@ class CharTokenizer:
                              "use BPETokenizer, which can encode any text") from None
 
     def decode(self, ids: Iterable[int]) -> str:
-        return "".join(self._text_of[token_id] for token_id in _checked_ids(ids, self.vocab_size))
+        return "".join(self._text_of[token_id] for token_id in checks.token_ids("ids", ids, self.vocab_size))
 
     def save(self, path: str | Path) -> Path:
         """Write the tokenizer as JSON to `path`; `CharTokenizer.load(path)` reads it back."""
@@ -329,7 +265,7 @@ class CharTokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> CharTokenizer:
-        saved = _read_saved(path, "CharTokenizer", ("chars", "special_tokens"))
+        saved = read_saved(path, "CharTokenizer", ("chars", "special_tokens"))
         return cls(saved["chars"], saved["special_tokens"])
 
     def __eq__(self, other: object) -> bool:

@@ -20,8 +20,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from helpers import checks
 from helpers.text.bpe import BYTE_VOCAB_SIZE, BPETokenizer
-from helpers.text.chars import _checked_ids
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -141,7 +141,7 @@ class GPT2Tokenizer:
         """The text of GPT-2's `ids` (half a UTF-8 character decodes to '�'). Like
         BPETokenizer.decode it takes NumPy and torch integers (a row of `generate`'s output) and
         refuses bools. GPT-2's ids are exactly 0 .. vocab_size - 1 (checked when built)."""
-        return self.bpe.decode([self.from_gpt2[token_id] for token_id in _checked_ids(ids, self.vocab_size)])
+        return self.bpe.decode([self.from_gpt2[token_id] for token_id in checks.token_ids("ids", ids, self.vocab_size)])
 
     def __repr__(self) -> str:
         return (f"GPT2Tokenizer(vocab_size={self.vocab_size}, merges={len(self.bpe.merges)}, "

@@ -17,7 +17,6 @@ from collections.abc import Collection, Mapping, Sequence
 from itertools import pairwise
 
 from helpers import checks
-from helpers.text.chars import _checked_text, _size_at_least
 
 MAX_SEGMENTATIONS = 100_000  # the most segmentations `segmentations` lists
 
@@ -32,7 +31,7 @@ def segmentations(word: str, pieces: Collection[str]) -> list[list[str]]:
     ways grows exponentially with the length (2 ** 19 for 20 letters if every substring is a
     piece), so it is counted first, and a word with more than MAX_SEGMENTATIONS is refused.
     """
-    word = _checked_text(word, "word")
+    word = checks.text("word", word)
     if isinstance(pieces, str | bytes) or not isinstance(pieces, Collection) \
             or not all(isinstance(piece, str) for piece in pieces):
         raise TypeError(f"pieces is {pieces!r:.60} of type {type(pieces).__name__}, expected a collection "
@@ -62,7 +61,7 @@ _WORD = re.compile(r"\w+|[^\w\s]")
 
 def split_words(text: str) -> list[str]:
     """Words and punctuation marks, spaces dropped: "Soup is yummy." -> ["Soup", "is", "yummy", "."]."""
-    return _WORD.findall(_checked_text(text))
+    return _WORD.findall(checks.text("text", text))
 
 
 def _check_unk_token(unk_token: object) -> None:
@@ -109,7 +108,7 @@ class WordPieceTokenizer:
         word_counts = _word_counts(text)
         spellings = {word: [word[0]] + ["##" + char for char in word[1:]] for word in word_counts}
         vocab = sorted({piece for pieces in spellings.values() for piece in pieces})
-        vocab_size = _size_at_least("vocab_size", vocab_size, len(vocab) + 1, f": the {len(vocab)} "
+        vocab_size = checks.size_at_least("vocab_size", vocab_size, len(vocab) + 1, f": the {len(vocab)} "
                                     f"characters (first and continuing) of text plus {unk_token}")
         while len(vocab) + 1 < vocab_size:
             pair = cls._best_pair(spellings, word_counts)
@@ -146,7 +145,7 @@ class WordPieceTokenizer:
 
     def tokenize_word(self, word: str) -> list[str]:
         """Longest vocabulary piece first, left to right; [unk_token] if some part cannot be spelled."""
-        word = _checked_text(word, "word")
+        word = checks.text("word", word)
         pieces: list[str] = []
         start = 0
         while start < len(word):
@@ -208,7 +207,7 @@ class UnigramTokenizer:
         _check_unk_token(unk_token)
         word_counts = _word_counts(text)
         chars = {char for word in word_counts for char in word}
-        vocab_size = _size_at_least("vocab_size", vocab_size, len(chars), ": one piece for each character of text")
+        vocab_size = checks.size_at_least("vocab_size", vocab_size, len(chars), ": one piece for each character of text")
         max_piece_length = checks.positive_int("max_piece_length", max_piece_length)
         prune_fraction = checks.number_in(
             "prune_fraction", prune_fraction, 0, 1, low_open=True, high_open=True,
@@ -271,7 +270,7 @@ class UnigramTokenizer:
         return sum(self.log_probs.get(piece, float("-inf")) for piece in pieces)
 
     def tokenize_word(self, word: str) -> list[str]:
-        _, pieces = self._best(_checked_text(word, "word"))
+        _, pieces = self._best(checks.text("word", word))
         return [self.unk_token] if pieces is None else pieces
 
     def tokenize(self, text: str) -> list[str]:

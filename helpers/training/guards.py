@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from helpers import checks
 from helpers.model.embeddings import check_token_ids
+from helpers.training.speed import PRECISIONS
 
 MAX_BATCH_SIZE = 2**16  # windows a step: the course trains with 12-64; 10**9 died in the allocator
 
@@ -42,7 +43,7 @@ def check_train_config(config: Any) -> None:
                      expected="a fraction of the peak learning rate in [0, 1]")
     checks.number_in("weight_decay", config.weight_decay, 0.0, math.inf, high_open=True,
                      expected="a number >= 0 (0 = no decay)")
-    checks.one_of("precision", config.precision, ("auto", "bf16", "fp32"))
+    checks.one_of("precision", config.precision, PRECISIONS)
     checks.boolean("fast", config.fast)
     checks.boolean("compile", config.compile)
     checks.non_negative_int("seed", config.seed)

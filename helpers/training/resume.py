@@ -31,9 +31,9 @@ from torch import Tensor, nn
 from helpers import checks
 from helpers.model.checkpoints import (
     CheckpointError,
-    _check_device,
-    _check_plain,
-    _read_checkpoint,
+    check_device,
+    check_plain,
+    read_checkpoint,
 )
 
 FORMAT = "course-run/2"  # /2: the optimizer's weights by name, and a checksum of every value
@@ -129,7 +129,7 @@ def save_run(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimize
     _check_pair(model, optimizer)
     checks.non_negative_int("step", step)
     for key, value in extra.items():
-        _check_plain(f"extra value {key!r}", value)
+        check_plain(f"extra value {key!r}", value)
     if not isinstance(path, str | Path):
         raise TypeError(f"path is {path!r:.60} ({type(path).__name__}), expected a str or Path")
     target = Path(path)
@@ -187,8 +187,8 @@ def _read_run(path: str | Path) -> tuple[Path, dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"path is {str(path)!r}: no such file")
-    _check_device("cpu")
-    state = _read_checkpoint(path, "cpu", writer=WRITER)
+    check_device("cpu")
+    state = read_checkpoint(path, "cpu", writer=WRITER)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         found = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"{path} is not a saved run (format {found!r}), expected a file "

@@ -175,6 +175,11 @@ class FlatWeights:
         self.gradients.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
         return norm
 
+    def gather_and_clip_gradients(self, max_norm: float) -> Tensor:
+        """`gather_gradients`, then `clip_gradients`: the gradient norm before clipping."""
+        self.gather_gradients()
+        return self.clip_gradients(max_norm)
+
     @torch.no_grad()
     def refresh_working_copy(self) -> None:
         """The float32 weights, rounded to the working dtype, into the working copy."""

@@ -40,7 +40,7 @@ from helpers.training.guards import (
     check_trainer_inputs,
     non_finite_parameters,
 )
-from helpers.training.muon import MuonWithAdamW, split_for_muon
+from helpers.training.muon import MuonWithAdamW, muon_param_groups, split_for_muon
 from helpers.training.speed import FlatWeights, compile_loss, make_optimizer, pick_dtype
 
 # --- data ----------------------------------------------------------------------------------
@@ -215,6 +215,29 @@ def _logits(model: nn.Module, x: Tensor, fast: bool) -> Tensor:
     return model(x, fast=True) if fast and isinstance(model, GPT) else model(x)
 
 
+class PlainWeights:
+    """The plain path behind FlatWeights' interface (`helpers.training.speed`): the model trains
+    its own float32 tensors, each with its own .grad, clipped by torch.nn.utils.clip_grad_norm_."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = self.working = model
+
+    def matrices_and_vectors(self) -> tuple[list[Tensor], list[Tensor]]:
+        return matrices_and_vectors(self.model)
+
+    def attach_weight_gradients(self) -> None:
+        """Nothing to do: each weight has its own .grad already."""
+
+    def zero_gradients(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+
+    def gather_and_clip_gradients(self, max_norm: float) -> Tensor:
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=False)
+
+    def refresh_working_copy(self) -> None:
+        """Nothing to do: the model is its own working copy."""
+
+
 class Trainer:
     """Trains a language model on a long tensor of token ids with the recipe of `TrainConfig`.
 
@@ -234,10 +257,13 @@ class Trainer:
         self.train_ids, self.val_ids = train_ids, val_ids
         self.device = next(model.parameters()).device
         self.dtype = pick_dtype(self.device, config.precision) if config.fast else torch.float32
-        # `working` runs forward and backward: the model, or (fast, bf16) its FlatWeights copy.
-        self.flat = FlatWeights(model, self.dtype) if config.fast else None
-        self.working = self.flat.working if self.flat else model
+        # The path, decided once: the fast one keeps every weight in one buffer (FlatWeights),
+        # the plain one the model's own tensors (PlainWeights); both answer the same five calls.
+        self.weights = FlatWeights(model, self.dtype) if config.fast else PlainWeights(model)
+        self.working = self.weights.working  # runs forward and backward (fast, bf16: a bf16 copy)
         self.optimizer = self._make_optimizer()
+        for group in self.optimizer.param_groups:  # each group's peak rate, which the schedule scales
+            group["initial_lr"] = group["lr"]
         self._loss = compile_loss(self._working_loss) if config.compile else self._working_loss
         self.generator = torch.Generator().manual_seed(config.seed)
         self.eval_sets = {}  # the same batches at every evaluation
@@ -246,17 +272,15 @@ class Trainer:
             self.eval_sets[name] = [self._batch(ids, fixed) for _ in range(config.eval_batches)]
         self.history = History(tokens_per_step=config.batch_size * self.context_length)
 
-    def _make_optimizer(self) -> torch.optim.Optimizer | MuonWithAdamW:
+    def _make_optimizer(self) -> torch.optim.Optimizer:
         config = self.config
         if config.optimizer == "muon":
-            if self.flat:
-                self.flat.attach_weight_gradients()
-            return MuonWithAdamW(*split_for_muon(self.model), muon_lr=config.muon_learning_rate,
-                                 adamw_lr=config.learning_rate, weight_decay=config.weight_decay,
-                                 fused=config.fast, ns_dtype=self.dtype)
-        split = self.flat.matrices_and_vectors() if self.flat else matrices_and_vectors(self.model)
-        return make_optimizer(*split, lr=config.learning_rate, weight_decay=config.weight_decay,
-                              fused=config.fast)
+            self.weights.attach_weight_gradients()
+            groups = muon_param_groups(*split_for_muon(self.model), muon_lr=config.muon_learning_rate,
+                                       adamw_lr=config.learning_rate, weight_decay=config.weight_decay)
+            return MuonWithAdamW(groups, fused=config.fast, ns_dtype=self.dtype)
+        return make_optimizer(*self.weights.matrices_and_vectors(), lr=config.learning_rate,
+                              weight_decay=config.weight_decay, fused=config.fast)
 
     def _batch(self, ids: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """A random batch of windows and their targets (`random_batch`), on the model's device."""
@@ -273,7 +297,9 @@ class Trainer:
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
 
     def train_step(self, lr: float) -> float:
-        """One optimiser step at rate `lr` (Muon's scaled) on a fresh batch; returns its loss.
+        """One optimiser step at rate `lr` on a fresh batch; returns its loss. `lr` is AdamW's
+        rate (TrainConfig.learning_rate at the peak); every group's rate is its own peak scaled
+        alike, so Muon's runs at muon_learning_rate / learning_rate x lr.
 
         A loss or gradient norm that is NaN or infinite stops training with a FloatingPointError
         before the optimiser step (which would spread the NaN into every weight). (PyTorch's
@@ -282,26 +308,17 @@ class Trainer:
         """
         check_learning_rate(lr)
         x, y = self._batch(self.train_ids, self.generator)
-        for group in self.optimizer.param_groups:  # Muon's groups: muon_lr / learning_rate x lr
-            group["lr"] = lr * group["lr_ratio"] if "lr_ratio" in group else lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * (group["initial_lr"] / self.config.learning_rate)
         loss = self.loss_on(x, y)
-        if self.flat:
-            self.flat.zero_gradients()
-        else:
-            self.model.zero_grad(set_to_none=True)
+        self.weights.zero_gradients()
         loss.backward()
-        if self.flat:
-            self.flat.gather_gradients()
-            norm = self.flat.clip_gradients(self.config.grad_clip)
-        else:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip,
-                                                  foreach=False)
+        norm = self.weights.gather_and_clip_gradients(self.config.grad_clip)
         value, norm = loss.item(), norm.item()
         if not (math.isfinite(value) and math.isfinite(norm)):
             self._stop_diverged(value, norm, lr)
         self.optimizer.step()
-        if self.flat:
-            self.flat.refresh_working_copy()
+        self.weights.refresh_working_copy()
         return value
 
     def _stop_diverged(self, loss: float, norm: float, lr: float) -> None:
@@ -339,8 +356,7 @@ class Trainer:
             checks.positive_int("steps", steps)
         else:
             checks.positive_float("seconds", seconds)
-        if self.flat:  # in case the weights were changed by hand
-            self.flat.refresh_working_copy()
+        self.weights.refresh_working_copy()  # in case the weights were changed by hand
         bar = _progress_bar(steps, seconds, progress_bar)
         done, spent = 0, 0.0
         last = 0.0  # the last step's duration: a time budget guesses where a step will end

@@ -623,12 +623,12 @@ check("distributed.split_mlp", split_mlp)
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # In one process, a block's MLP split in two, each half computed as its rank would (the course's
-# `helper_split_mlp` stands in until yours passes):
+# `helpers.scale.tensor_parallel.split_mlp_weights` stands in until yours passes):
 
 # %% slideshow={"slide_type": "fragment"}
-from helpers.lab.exercises.distributed import helper_split_mlp
+from helpers.scale.tensor_parallel import split_mlp_weights
 
-split = yours_or("distributed.split_mlp", split_mlp, helper_split_mlp)
+split = yours_or("distributed.split_mlp", split_mlp, split_mlp_weights)
 block, x, probe = demo_block()                     # Block(d_model=32, n_heads=4), x: (2, 8, 32)
 mlp = block.mlp
 up_w, up_b, down_w = mlp.up.weight.detach(), mlp.up.bias.detach(), mlp.down.weight.detach()

@@ -93,6 +93,7 @@ def prose_accuracy(model: nn.Module, facts: list) -> float:
 
 prose = {"train": prose_accuracy(pretrained, train_facts), "held": prose_accuracy(pretrained,
                                                                                   held_facts)}
+assert prose["held"] == recipe.prose_accuracy(pretrained, tokenizer, held_facts)  # the helper's
 chat_before = {"train": sft.greedy_accuracy(pretrained, tokenizer, train_facts),
                "held": sft.greedy_accuracy(pretrained, tokenizer, held_facts)}
 assert prose["train"] > chat_before["train"] + 0.2

@@ -396,21 +396,21 @@ def test_the_model_is_moved_to_the_device_asked_for(tmp_path, monkeypatch):
 
 
 def test_a_device_this_machine_has_is_accepted(monkeypatch):
-    from helpers.model.checkpoints import _check_device
+    from helpers.model.checkpoints import check_device
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a one-GPU machine
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    _check_device("cuda")
-    _check_device(torch.device("cuda", 0))
-    _check_device("cpu")
-    _check_device("cpu:1")  # a CPU index names the one CPU device: torch accepts any
+    check_device("cuda")
+    check_device(torch.device("cuda", 0))
+    check_device("cpu")
+    check_device("cpu:1")  # a CPU index names the one CPU device: torch accepts any
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    _check_device("cuda:1")
-    assert message(ValueError, lambda: _check_device("cuda:2")) == \
+    check_device("cuda:1")
+    assert message(ValueError, lambda: check_device("cuda:2")) == \
         "device is 'cuda:2', but this machine has 2 cuda device(s): expected an index below 2"
-    assert message(ValueError, lambda: _check_device(torch.device("cuda", 7))) == \
+    assert message(ValueError, lambda: check_device(torch.device("cuda", 7))) == \
         "device is device(type='cuda', index=7), but this machine has 2 cuda device(s): expected an index below 2"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert message(ValueError, lambda: _check_device("cuda:0")) == \
+    assert message(ValueError, lambda: check_device("cuda:0")) == \
         "device is 'cuda:0', but this machine has no cuda: expected 'cpu'"
 
 

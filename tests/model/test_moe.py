@@ -838,3 +838,22 @@ def test_check_expert_indices_names_what_it_got(experts, n_experts, error, messa
         check_expert_indices(experts, n_experts)
     check_expert_indices(torch.tensor([[0, 3]]), 4)  # the edges themselves are accepted
     check_expert_indices(torch.zeros(0, 2, dtype=torch.long), 4)  # no tokens: nothing to check
+
+
+@pytest.mark.parametrize("balance", ["none", "aux_loss", "bias"])
+def test_a_forward_pass_trusts_its_router_and_runs_no_index_check(balance, monkeypatch):
+    # The constructor checked the settings; the experts come from the router: no host sync.
+    import helpers.model.moe as moe_module
+    layer = MoELayer(8, 4, 2, 8, balance=balance).train()
+    x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
+    expected = layer(x)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a public check ran inside the forward pass")
+
+    for name in ("check_expert_indices", "check_top_k", "check_group_mode"):
+        monkeypatch.setattr(moe_module, name, refuse)
+    out = layer(x)
+    if balance != "bias":  # the bias moves after every training pass, and the choices with it
+        torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
+    assert layer.last_load.sum() == 2 * 3 * 2

@@ -314,3 +314,12 @@ def test_shards_refuse_sizes_the_world_does_not_divide():
     assert row_shard(mlp.down, 1, 3).weight.shape == (6, 4)
     with pytest.raises(ValueError, match="out_features=12 cannot be split over world_size=5"):
         column_shard(mlp.up, 0, 5)
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_split_mlp_weights_cuts_the_tensors_as_column_and_row_shard_cut_the_layers(rank):
+    torch.manual_seed(0)
+    up, down = nn.Linear(4, 6), nn.Linear(6, 4)
+    got = tp.split_mlp_weights(up.weight, up.bias, down.weight, rank, 3)
+    column, row = tp.column_shard(up, rank, 3), tp.row_shard(down, rank, 3)
+    assert all(torch.equal(a, b) for a, b in zip(got, (column.weight, column.bias, row.weight), strict=True))

@@ -585,3 +585,8 @@ def test_bad_arguments_name_themselves():
         Workers(0)
     with pytest.raises(TypeError, match="timeout"):
         Workers(2, timeout="soon")
+
+
+def test_world_outside_a_process_group_is_rank_0_of_1():
+    from helpers.scale.workers import world
+    assert world() == (0, 1)

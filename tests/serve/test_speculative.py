@@ -180,10 +180,10 @@ def test_the_sampled_test_passes_the_right_rule_and_fails_two_wrong_ones(monkeyp
 
     assert p_value() > 0.01
     with monkeypatch.context() as patch:
-        patch.setattr(spec_module, "acceptance_probability", lambda p, q, x: 1.0)  # always accept
+        patch.setattr(spec_module, "_acceptance", lambda p, q, x: 1.0)  # always accept (verify_round's body)
         assert p_value() < 1e-6
     with monkeypatch.context() as patch:
-        patch.setattr(spec_module, "residual", lambda p, q: p.clone())  # redraw from p, not p - q
+        patch.setattr(spec_module, "_residual", lambda p, q: p.clone())  # redraw from p, not p - q
         assert p_value() < 1e-6
 
 
@@ -684,3 +684,12 @@ def test_a_tensor_prompt_is_accepted():
     target, draft = _small_target_and_draft()
     a = speculative_generate(target, draft, torch.tensor([1, 2]), 4, k=2, temperature=0)[0]
     assert a == speculative_generate(target, draft, [1, 2], 4, k=2, temperature=0)[0]
+
+
+def test_verify_round_checks_every_row_once_before_its_loop():
+    p, q = torch.tensor([[0.5, 0.5], [0.2, 0.8]]), torch.tensor([[0.6, 0.6]])
+    with pytest.raises(ValueError, match=r"^q has a row summing to 1 \+- 0.200000 or negative entries"):
+        verify_round(p, q, [0])
+    with pytest.raises(ValueError, match=r"^drafted is \[2\], expected token ids in 0 \.\. 1"):
+        verify_round(p, torch.tensor([[0.4, 0.6]]), [2])
+    assert verify_round(p, torch.tensor([[0.5, 0.5]]), [1], torch.Generator().manual_seed(0))[0] == 1

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizer_cases import ASSIGNED, END, finishes
 
-from helpers.text import chars
+from helpers import checks
 from helpers.text.chars import (
     GPT2_SPLIT_PATTERN,
     CharTokenizer,
@@ -154,13 +154,13 @@ def test_text_checks_name_the_argument_the_type_and_the_bytes_hint():
 
 
 def test_sizes_below_the_bound_are_named_with_the_bound():
-    assert chars._size_at_least("n", 2, 2) == 2
+    assert checks.size_at_least("n", 2, 2) == 2
     with raises_exactly(ValueError, "n is -3, expected at least 2"):
-        chars._size_at_least("n", -3, 2)
+        checks.size_at_least("n", -3, 2)
     with raises_exactly(ValueError, "n is 1, expected at least 2: why"):
-        chars._size_at_least("n", 1, 2, ": why")
+        checks.size_at_least("n", 1, 2, ": why")
     with raises_exactly(TypeError, "n is 'x' (a str), expected an int >= 0"):
-        chars._size_at_least("n", "x", 2)
+        checks.size_at_least("n", "x", 2)
 
 
 def test_pattern_checks_name_the_pattern():
@@ -312,7 +312,7 @@ def test_ids_from_numpy_and_torch_are_plain_ints_and_are_checked():
     with raises_exactly(ValueError, "ids[0] is -1, expected an id in range(0, 3) "
                                     "(the size of this tokenizer's vocabulary)"):
         tokenizer.decode([np.int64(-1)])
-    assert chars._checked_id(torch.tensor(4), 0) == 4 and type(chars._checked_id(np.int32(4), 0)) is int
+    assert checks.token_id_at("ids", 0, torch.tensor(4)) == 4 and type(checks.token_id_at("ids", 0, np.int32(4))) is int
 
 
 def test_bool_tensors_are_refused():
@@ -393,3 +393,14 @@ def test_an_unknown_character_after_a_special_token_is_placed_in_the_whole_text(
 def test_readable_marks_tabs_spaces_and_new_lines():
     assert readable(b"a\tb \n") == "a⇥b␣↵"
     assert readable(b"\xe2\x98") == "\\xe2\\x98"
+
+
+def test_split_chunks_and_read_saved_refuse_what_is_not_a_pattern_a_text_or_a_path():
+    from helpers.text.chars import compile_pattern, read_saved, split_chunks
+    with pytest.raises(TypeError, match=r"^splitter is 'a' \(a str\), expected a compiled pattern"):
+        split_chunks("a", "abc")
+    with pytest.raises(TypeError, match=r"^text is 3 \(a int\), expected a str"):
+        split_chunks(compile_pattern("a"), 3)
+    with pytest.raises(TypeError, match=r"^path is 7 \(a int\), expected a file name"):
+        read_saved(7, "CharTokenizer", ())
+    assert split_chunks(compile_pattern("b"), "abc") == ["a", "b", "c"]

@@ -23,9 +23,9 @@ from helpers.training.muon import (
     Muon,
     MuonWithAdamW,
     muon_lr_scale,
+    muon_param_groups,
     muon_update,
     newton_schulz,
-    newton_schulz_batched,
     split_for_muon,
 )
 from helpers.training.trainer import TrainConfig, Trainer, learning_rate, random_batch
@@ -104,37 +104,65 @@ def test_muon_steps_a_whole_gpt_as_torch_optim_muon_does_bit_for_bit():
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
 
 
-# The course's shapes and a few more. In bf16 (torch.optim.Muon's dtype) the batched products
-# round as the per-matrix ones do, bit for bit. In float32 so do matrices less than twice as
-# wide as tall (a side of 8 or more: below that a small product may take another kernel); wider
-# ones iterate on the Gram matrix, equal to float32 rounding only (the tests after this one).
+# The course's shapes and a few more. A stack of matrices runs the same lines as one matrix (a
+# stack of one), and its batched products round as the one matrix's do, bit for bit, in bf16
+# and float32, the Gram form included (a side of 8 or more: below that a small product may take
+# another kernel).
 BATCH_SHAPES = [(128, 128), (512, 128), (128, 512), (16, 16), (32, 8), (8, 32), (100, 37), (40, 64)]
 
 
 BIT_FOR_BIT = [pytest.param(shape, dtype, id=f"{shape}-{name}") for shape in BATCH_SHAPES
                for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))
-               if dtype == torch.bfloat16 or max(shape) < 2 * min(shape)]
+               if min(shape) >= 8]
 
 
 @pytest.mark.parametrize("shape,dtype", BIT_FOR_BIT)
-def test_newton_schulz_batched_is_newton_schulz_of_each_matrix_bit_for_bit(shape, dtype):
-    ms = torch.randn(4, *shape, generator=torch.Generator().manual_seed(8))
-    ms[1] *= 100.0  # each matrix is scaled by its own norm
-    batched = newton_schulz_batched(ms, dtype=dtype)
-    assert batched.dtype == dtype and batched.shape == ms.shape
-    assert torch.equal(batched, torch.stack([newton_schulz(m, dtype=dtype) for m in ms]))
+def test_newton_schulz_of_a_stack_is_that_of_each_matrix_alone_bit_for_bit(shape, dtype):
+    ms = torch.randn(2, 3, *shape, generator=torch.Generator().manual_seed(8))
+    ms[0, 1] *= 100.0  # each matrix is scaled by its own norm
+    stacked = newton_schulz(ms, dtype=dtype)
+    assert stacked.dtype == dtype and stacked.shape == ms.shape
+    alone = torch.stack([torch.stack([newton_schulz(m, dtype=dtype) for m in row]) for row in ms])
+    assert torch.equal(stacked, alone)
+    assert torch.equal(newton_schulz(ms.flatten(0, 1), dtype=dtype), alone.flatten(0, 1))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=["square", "wide", "tall"])
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_muon_update_of_a_stack_is_that_of_each_matrix_alone_bit_for_bit(shape, nesterov):
+    generator = torch.Generator().manual_seed(11)
+    p, g, buf = (torch.randn(4, *shape, generator=generator) for _ in range(3))
+    new_p, new_buf = muon_update(p, g, buf, lr=0.03, nesterov=nesterov, ns_dtype=torch.float32)
+    alone = [muon_update(*each, lr=0.03, nesterov=nesterov, ns_dtype=torch.float32)
+             for each in zip(p, g, buf, strict=True)]
+    assert torch.equal(new_p, torch.stack([q for q, _ in alone]))
+    assert torch.equal(new_buf, torch.stack([b for _, b in alone]))
+    assert not torch.equal(new_p, p)
+
+
+def plain_newton_schulz(m: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """The textbook iteration on X X^T whatever the shape, in m's dtype: the reference of the Gram form."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    tall = m.shape[-2] > m.shape[-1]
+    x = m.mT if tall else m
+    x = x / x.norm(dim=(-2, -1), keepdim=True)
+    for _ in range(steps):
+        gram = x @ x.mT
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.mT if tall else x
 
 
 @pytest.mark.parametrize("shape", [(512, 128), (128, 512), (32, 8), (100, 37), (8, 3), (3, 8)], ids=str)
-def test_newton_schulz_batched_in_float32_agrees_to_rounding_and_is_as_close_to_float64(shape):
+def test_newton_schulz_in_float32_agrees_to_rounding_and_is_as_close_to_float64(shape):
+    # Wide (or tall) matrices iterate on the Gram matrix in float32: other roundings, not worse.
     ms = torch.randn(4, *shape, generator=torch.Generator().manual_seed(9))
-    batched = newton_schulz_batched(ms, dtype=torch.float32).double()
-    plain = torch.stack([newton_schulz(m, dtype=torch.float32) for m in ms]).double()
-    exact = torch.stack([newton_schulz(m, dtype=torch.float64) for m in ms.double()])
-    assert (batched - plain).abs().max() < 1e-5  # entries below 1: a few float32 roundings
-    # The Gram form rounds differently, not worse: its distance to float64 is the plain one's
-    # (measured 4.1e-7 against 5.8e-7 at (128, 512)), up to a factor of 2.
-    assert (batched - exact).abs().max() <= 2 * (plain - exact).abs().max() + 1e-7
+    ours = newton_schulz(ms, dtype=torch.float32).double()
+    plain = plain_newton_schulz(ms).double()
+    exact = plain_newton_schulz(ms.double())
+    assert (ours - plain).abs().max() < 1e-5  # entries below 1: a few float32 roundings
+    # Its distance to float64 is the plain one's (measured 4.1e-7 against 5.8e-7 at (128, 512)),
+    # up to a factor of 2.
+    assert (ours - exact).abs().max() <= 2 * (plain - exact).abs().max() + 1e-7
 
 
 def test_the_gram_form_is_the_polynomial_of_newton_schulz():
@@ -145,7 +173,7 @@ def test_the_gram_form_is_the_polynomial_of_newton_schulz():
     for _ in range(2):
         g = y @ y.mT
         y = (a * torch.eye(6, dtype=torch.float64) + b * g + c * g @ g) @ y
-    assert torch.allclose(newton_schulz_batched(x, steps=2, dtype=torch.float64), y, atol=1e-12)
+    assert torch.allclose(newton_schulz(x, steps=2, dtype=torch.float64), y, atol=1e-12)
 
 
 def test_muon_update_is_one_step_of_muon_and_leaves_its_inputs_alone():
@@ -210,8 +238,8 @@ def test_newton_schulz_of_huge_finite_entries_is_that_of_ordinary_ones(dtype):
     assert ordinary.abs().max() > 0.5
     assert torch.equal(newton_schulz(m * 2.0**66, dtype=dtype), ordinary)
     assert torch.equal(newton_schulz(m.double() * 2.0**1000, dtype=dtype), newton_schulz(m.double(), dtype=dtype))
-    assert torch.equal(newton_schulz_batched(torch.stack([m, m * 2.0**66]), dtype=dtype),
-                       newton_schulz_batched(torch.stack([m, m]), dtype=dtype))
+    assert torch.equal(newton_schulz(torch.stack([m, m * 2.0**66]), dtype=dtype),
+                       newton_schulz(torch.stack([m, m]), dtype=dtype))
     reference = newton_schulz(m, dtype=torch.float32)  # bf16 is within 0.05 of it (the test above)
     gap = (newton_schulz(m * 1e20, dtype=dtype).float() - reference).abs().max()
     assert gap < (0.05 if dtype == torch.bfloat16 else 1e-5), gap
@@ -256,26 +284,30 @@ def test_split_for_muon_refuses_a_head_name_that_matches_no_module():
 def test_muon_with_adamw_refuses_a_weight_listed_twice():
     model = small_gpt()
     hidden, matrices, vectors = split_for_muon(model)
-    with pytest.raises(ValueError, match=r"^matrices\[2\] \(shape \(8, 8\)\) is also hidden\[0\], "
-                                         "expected each weight in one list"):
-        MuonWithAdamW(hidden, [*matrices, hidden[0]], vectors)
-    with pytest.raises(ValueError, match=r"^hidden\[1\] .* is also hidden\[0\]"):
-        MuonWithAdamW([hidden[0], hidden[0]], matrices, vectors)
+    with pytest.raises(ValueError, match=r"^param_groups' group 1, weight 2 \(shape \(8, 8\)\) is also "
+                                         r"group 0, weight 0, expected each weight in one group"):
+        MuonWithAdamW(muon_param_groups(hidden, [*matrices, hidden[0]], vectors))
+    with pytest.raises(ValueError, match=r"^param_groups' group 0, weight 1 .* is also group 0, weight 0"):
+        MuonWithAdamW(muon_param_groups([hidden[0], hidden[0]], matrices, vectors))
 
 
 def test_muon_with_adamw_steps_both_parts_and_its_state_round_trips():
     model = small_gpt()
-    optimizer = MuonWithAdamW(*split_for_muon(model), muon_lr=0.02, adamw_lr=1e-3)
+    optimizer = MuonWithAdamW(muon_param_groups(*split_for_muon(model), muon_lr=0.02, adamw_lr=1e-3))
     ids = token_ids()
     x, y = random_batch(ids, 4, SMALL.context_length, torch.Generator().manual_seed(0))
     before = [p.detach().clone() for p in model.parameters()]
     F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
     optimizer.step()
     assert all(not torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
-    assert len(optimizer.param_groups) == 3 and optimizer.param_groups[0]["lr_ratio"] == pytest.approx(20)
-    twin = MuonWithAdamW(*split_for_muon(small_gpt()), muon_lr=0.02, adamw_lr=1e-3)
+    assert [(g["use_muon"], g["lr"]) for g in optimizer.param_groups] == [(True, 0.02), (False, 1e-3), (False, 1e-3)]
+    twin = MuonWithAdamW(muon_param_groups(*split_for_muon(small_gpt()), muon_lr=0.02, adamw_lr=1e-3))
     twin.load_state_dict(optimizer.state_dict())
-    assert len(twin.muon.state) == len(optimizer.muon.state) == 12 and len(twin.adamw.state) > 0
+    assert len(twin.state) == len(optimizer.state) == len(list(model.parameters()))
+    assert twin.muon.state is twin.state and twin.adamw.param_groups[0] is twin.param_groups[1]  # shared
+    hidden = optimizer.param_groups[0]["params"][0]
+    assert torch.equal(twin.state[twin.param_groups[0]["params"][0]]["momentum_buffer"],
+                       optimizer.state[hidden]["momentum_buffer"])
     optimizer.zero_grad()
     assert all(p.grad is None for p in model.parameters())
 
@@ -307,29 +339,35 @@ def matrix() -> torch.nn.Parameter:
     (lambda: Muon([matrix()], coefficients=(0, 0, 0)), ValueError,
      r"^coefficients is \(0, 0, 0\), expected a > 0 in \(a, b, c\), such as NS_COEFFICIENTS"),
     (lambda: newton_schulz(torch.ones(2, 2), coefficients=(-1.0, 0.0, 0.0)), ValueError, "expected a > 0"),
-    (lambda: newton_schulz(torch.ones(4)), ValueError, r"m has shape \(4,\), expected a 2-D matrix"),
+    (lambda: newton_schulz(torch.ones(4)), ValueError, r"m has shape \(4,\), expected a matrix \(A, B\) or a stack"),
+    (lambda: newton_schulz(torch.ones(0, 3, 4)), ValueError, r"m has shape \(0, 3, 4\)"),
     (lambda: newton_schulz(torch.ones(2, 2, dtype=torch.long)), TypeError, "m has dtype torch.int64"),
     (lambda: newton_schulz([[1.0, 2.0]]), TypeError, "m is a list"),
     (lambda: newton_schulz(torch.tensor([[1.0, float("inf")]])), ValueError, "m holds NaN or inf"),
     (lambda: newton_schulz(torch.ones(2, 2), dtype=torch.int32), TypeError, "dtype is torch.int32"),
-    (lambda: newton_schulz_batched(torch.ones(3, 4)), ValueError, r"ms has shape \(3, 4\), expected a stack"),
-    (lambda: newton_schulz_batched(torch.ones(0, 3, 4)), ValueError, r"ms has shape \(0, 3, 4\)"),
-    (lambda: newton_schulz_batched(torch.ones(2, 3, 4, dtype=torch.long)), TypeError, "ms has dtype torch.int64"),
-    (lambda: newton_schulz_batched([[[1.0]]]), TypeError, "ms is a list"),
-    (lambda: newton_schulz_batched(torch.full((2, 3, 4), float("nan"))), ValueError, "ms holds NaN"),
-    (lambda: newton_schulz_batched(torch.ones(2, 3, 4), steps=0), ValueError, "steps is 0"),
+    (lambda: newton_schulz(torch.full((2, 3, 4), float("nan"))), ValueError, "m holds NaN"),
+    (lambda: newton_schulz(torch.ones(2, 3, 4), steps=0), ValueError, "steps is 0"),
     (lambda: Muon([matrix()], ns_dtype="bf16"), TypeError, "ns_dtype is 'bf16'"),
     (lambda: muon_update(torch.ones(2, 3), torch.ones(3, 2), torch.zeros(2, 3), lr=0.1),
      ValueError, r"g has shape \(3, 2\), expected p's shape \(2, 3\)"),
     (lambda: muon_update(torch.ones(2, 3), torch.ones(2, 3), None, lr=0.1), TypeError, "buf is a NoneType"),
+    (lambda: muon_update(torch.ones(2, 3), torch.ones(2, 3), torch.zeros(2, 3), lr=0.1, momentum=1.0), ValueError,
+     "momentum is 1.0"),
     (lambda: muon_lr_scale((3, 4, 5)), ValueError, r"shape is \(3, 4, 5\), expected a matrix's shape"),
     (lambda: muon_lr_scale((0, 4)), ValueError, r"shape\[0\] is 0"),
     (lambda: split_for_muon("gpt"), TypeError, "model is 'gpt'"),
     (lambda: split_for_muon(small_gpt(), head_names="lm_head"), TypeError, "head_names is 'lm_head'"),
-    (lambda: MuonWithAdamW([], [], [matrix()]), ValueError, "hidden is empty"),
-    (lambda: MuonWithAdamW([matrix()], [], [], muon_lr=0), ValueError, "muon_lr is 0"),
-    (lambda: MuonWithAdamW([matrix()], [], [], adamw_lr=float("inf")), ValueError, "adamw_lr is inf"),
-    (lambda: MuonWithAdamW(matrix(), [], []), TypeError, "hidden is Parameter, expected a list"),
+    (lambda: muon_param_groups([], [], [matrix()]), ValueError, "hidden is empty"),
+    (lambda: muon_param_groups([matrix()], [], [], muon_lr=0), ValueError, "muon_lr is 0"),
+    (lambda: muon_param_groups([matrix()], [], [], adamw_lr=float("inf")), ValueError, "adamw_lr is inf"),
+    (lambda: muon_param_groups(matrix(), [], []), TypeError, "hidden is Parameter, expected a list"),
+    (lambda: MuonWithAdamW([{"params": [matrix()]}]), TypeError, "param_groups' group 0 has use_muon=None"),
+    (lambda: MuonWithAdamW([]), TypeError, "param_groups is a list of 0, expected a non-empty list of dicts"),
+    (lambda: MuonWithAdamW([{"params": [matrix()], "use_muon": False}]), ValueError,
+     "param_groups has no group with use_muon=True"),
+    (lambda: MuonWithAdamW([{"params": [matrix()], "use_muon": True, "lr": -1.0}]), ValueError, "lr is -1.0"),
+    (lambda: MuonWithAdamW([{"params": [torch.nn.Parameter(torch.ones(3))], "use_muon": True}]), ValueError,
+     r"params \(group 0, weight 0\) has shape \(3,\), expected a 2-D matrix"),
     (lambda: TrainConfig(optimizer="sgd"), ValueError, "optimizer is 'sgd', expected one of 'adamw', 'muon'"),
     (lambda: TrainConfig(optimizer="muon", muon_learning_rate=-1.0), ValueError, "muon_learning_rate is -1.0"),
 ])

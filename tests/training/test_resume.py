@@ -19,7 +19,7 @@ from torch import nn
 from helpers.model.checkpoints import CheckpointError
 from helpers.scale.sharded import ShardedAdamW
 from helpers.training.by_hand import HandAdamW, adamw_update
-from helpers.training.muon import MuonWithAdamW, split_for_muon
+from helpers.training.muon import MuonWithAdamW, muon_param_groups, split_for_muon
 from helpers.training.resume import _run_checksum, load_run, save_run
 from helpers.training.trainer import matrices_and_vectors
 
@@ -70,7 +70,7 @@ def test_a_resumed_run_continues_with_the_same_losses(tmp_path, optimizer):
 
 def muon_pair(model: nn.Module, lr: float = 1e-2) -> MuonWithAdamW:
     """Muon for the hidden matrices of `model`, AdamW for the rest (no embeddings here)."""
-    return MuonWithAdamW(*split_for_muon(model, head_names=()), muon_lr=0.02, adamw_lr=lr,
+    return MuonWithAdamW(muon_param_groups(*split_for_muon(model, head_names=()), muon_lr=0.02, adamw_lr=lr),
                          ns_dtype=torch.float32)
 
 

@@ -5,11 +5,18 @@ settings and kernels, the precision setting, and its refusals read in full.
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
+from shared_tools import small_gpt
 from torch import nn
 
+from helpers.model.gpt import GPT
 from helpers.training import speed
+from helpers.training import trainer as train
+from helpers.training.speed import pick_dtype
+from helpers.training.trainer import TrainConfig, Trainer, random_batch
 
 
 def flat_with_gradients(gradient: list[float]) -> speed.FlatWeights:
@@ -170,3 +177,136 @@ def test_a_bad_course_precision_says_unset_is_fine(monkeypatch):
     monkeypatch.setenv("COURSE_PRECISION", "fp16")
     with pytest.raises(ValueError, match=r"expected one of fp32, bf16, auto \(or unset\)$"):
         speed.precision_from_environment()
+
+
+# --- the precision, the one-buffer path and compile, in the Trainer ------------------------
+
+def test_precision_falls_back_to_float32_without_native_bf16(monkeypatch):
+    cpu = torch.device("cpu")
+    assert pick_dtype(cpu, "fp32") == torch.float32
+    assert pick_dtype(cpu, "bf16") == torch.bfloat16
+    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: False)
+    assert pick_dtype(cpu, "auto") == torch.float32
+    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: True)
+    assert pick_dtype(cpu, "auto") == torch.bfloat16
+    with pytest.raises(ValueError, match="precision is 'fp16', expected one of 'auto', 'bf16', 'fp32'"):
+        pick_dtype(cpu, "fp16")
+
+
+@pytest.mark.parametrize(("value", "native", "expected"), [
+    ("fp32", True, torch.float32), ("bf16", False, torch.bfloat16), ("auto", True, torch.bfloat16),
+    ("auto", False, torch.float32), ("", True, torch.bfloat16), (" FP32 ", True, torch.float32)])
+def test_course_precision_decides_what_auto_means(monkeypatch, value, native, expected):
+    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setenv("COURSE_PRECISION", value)
+    cpu = torch.device("cpu")
+    assert pick_dtype(cpu, "auto") == expected
+    # an explicit precision wins over the variable
+    assert pick_dtype(cpu, "fp32") == torch.float32 and pick_dtype(cpu, "bf16") == torch.bfloat16
+
+
+def test_course_precision_reaches_the_trainer(monkeypatch, model_and_data):
+    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setenv("COURSE_PRECISION", "fp32")
+    model, train_ids, val_ids = model_and_data()
+    assert Trainer(model, train_ids, val_ids, TrainConfig(batch_size=2)).dtype == torch.float32
+    monkeypatch.setenv("COURSE_PRECISION", "bf16")
+    model, train_ids, val_ids = model_and_data()
+    assert Trainer(model, train_ids, val_ids, TrainConfig(batch_size=2)).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("value", ["fp16", "float32", "1"])
+def test_course_precision_refuses_a_bad_value_naming_the_variable(monkeypatch, value):
+    monkeypatch.setenv("COURSE_PRECISION", value)
+    with pytest.raises(ValueError, match=f"COURSE_PRECISION is '{value}', expected one of fp32, bf16, auto"):
+        pick_dtype(torch.device("cpu"), "auto")
+
+
+def lies_in(tensor: torch.Tensor, buffer: torch.Tensor) -> bool:
+    start = buffer.data_ptr()
+    return start <= tensor.data_ptr() < start + buffer.numel() * buffer.element_size()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fast_path_keeps_weights_and_gradients_in_one_buffer_each(precision, model_and_data):
+    model, train_ids, val_ids = model_and_data()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4, precision=precision))
+    flat = trainer.weights
+    for name, param in model.named_parameters():  # moved into the buffer, values unchanged
+        assert lies_in(param, flat.weights) and torch.equal(param, before[name]), name
+    assert flat.weights.numel() == sum(p.numel() for p in model.parameters())
+    trainer.train_step(1e-3)
+    for param in trainer.working.parameters():
+        assert lies_in(param, flat.working_weights) and lies_in(param.grad, flat.working_gradients)
+    assert flat.working_gradients.abs().sum() > 0, "backward wrote into the gradient buffer"
+    assert (trainer.working is model) == (precision == "fp32")
+
+
+def test_clipping_the_buffer_equals_clip_grad_norm(model_and_data):
+    model, train_ids, val_ids = model_and_data()
+    trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4, precision="fp32"))
+    x, y = random_batch(train_ids, 4, 16, torch.Generator().manual_seed(5))
+    trainer.loss_on(x, y).backward()
+    params = list(model.parameters())
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    for copy, param in zip(copies, params, strict=True):
+        copy.grad = param.grad.clone()
+    expected_norm = torch.nn.utils.clip_grad_norm_(copies, 0.01)
+    assert trainer.weights.clip_gradients(0.01).item() == pytest.approx(expected_norm.item(), rel=1e-6)
+    assert expected_norm > 0.01, "the test must really clip"
+    for param, copy in zip(params, copies, strict=True):
+        torch.testing.assert_close(param.grad, copy.grad, atol=1e-9, rtol=1e-6)
+
+
+def test_training_survives_model_zero_grad_and_refuses_a_moved_model(model_and_data):
+    model, train_ids, val_ids = model_and_data()
+    trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4, precision="fp32"))
+    trainer.train_step(1e-3)
+    model.zero_grad()  # sets every .grad to None
+    before = model.lm_head.weight.detach().clone()
+    trainer.train_step(1e-3)
+    assert not torch.equal(model.lm_head.weight, before), "the step still reached the weights"
+    model.double()
+    with pytest.raises(RuntimeError, match="moved or replaced after the Trainer was made"):
+        trainer.train_step(1e-3)
+
+
+def test_compile_needs_the_fast_path():
+    with pytest.raises(ValueError, match="compile=True needs fast=True"):
+        TrainConfig(compile=True, fast=False)
+
+
+@pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "clang++", "c++")),
+                    reason="torch.compile on a CPU needs a C++ compiler; this machine has none")
+def test_compiled_trainer_computes_the_same_loss_and_trains(small_config, model_and_data):
+    # Slow (the first call compiles, about 10 to 20 s here): it is the only test that compiles.
+    model, train_ids, val_ids = model_and_data()
+    twin = GPT(small_config)
+    twin.load_state_dict(model.state_dict())
+    config = dict(batch_size=4, precision="fp32")
+    eager = Trainer(model, train_ids, val_ids, TrainConfig(**config))
+    compiled = Trainer(twin, train_ids, val_ids, TrainConfig(**config, compile=True))
+    x, y = random_batch(train_ids, 4, 16, torch.Generator().manual_seed(3))
+    assert compiled.loss_on(x, y).item() == pytest.approx(eager.loss_on(x, y).item(), abs=1e-5)
+    losses = [compiled.train_step(1e-2) for _ in range(20)]
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_compile_true_and_only_it_compiles_the_working_loss(compile, monkeypatch, tiny_trainer):
+    compiled = []
+    monkeypatch.setattr(train, "compile_loss", lambda loss: compiled.append(loss) or "compiled")
+    trainer = tiny_trainer(fast=True, compile=compile)
+    assert compiled == ([trainer._working_loss] if compile else [])
+    assert trainer._loss == ("compiled" if compile else trainer._working_loss)
+
+
+@pytest.mark.parametrize("precision,expected", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
+def test_the_trainer_computes_in_the_precision_asked_for(precision, expected):
+    model = small_gpt(torch.float32)
+    ids = torch.randint(0, 31, (500,), generator=torch.Generator().manual_seed(0))
+    trainer = Trainer(model, ids, ids, TrainConfig(precision=precision, batch_size=2))
+    assert trainer.dtype == expected
+    assert next(trainer.working.parameters()).dtype == expected
+    assert next(model.parameters()).dtype == torch.float32  # the weights AdamW updates stay float32

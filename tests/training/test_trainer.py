@@ -1,22 +1,22 @@
-"""The trainer of notebook 7: batches, schedule, precision, fast vs plain path, checkpoints."""
+"""helpers.training.trainer: token ids and batches, the splits, the schedule, the loop, its
+history and progress bar, and checkpoints of what it trained. The fast and plain paths are
+compared in test_trainer_paths.py; precision and the one-buffer path in test_speed.py; the
+Trainer's refusals in test_guards.py. The model and data are tests/training/conftest.py's.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import re
-import shutil
 
 import pytest
 import torch
-from shared_tools import small_gpt
 
 from helpers.model.checkpoints import load_checkpoint, save_checkpoint
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.model.modern import ModernConfig, ModernGPT
-from helpers.training import speed
 from helpers.training import trainer as train
-from helpers.training.speed import pick_dtype
 from helpers.training.trainer import (
     History,
     TrainConfig,
@@ -27,17 +27,6 @@ from helpers.training.trainer import (
     split_train_val,
 )
 
-CONFIG = GPTConfig(vocab_size=7, context_length=16, n_layers=2, n_heads=2, d_model=16)
-
-
-def model_and_data(seed: int = 0) -> tuple[GPT, torch.Tensor, torch.Tensor]:
-    torch.manual_seed(seed)
-    pattern = torch.tensor([0, 1, 2, 3, 4, 5, 6, 5, 4, 3, 2, 1])  # easy to learn
-    ids = pattern.repeat(300)
-    return GPT(CONFIG), *split_train_val(ids, 0.2)
-
-
-# --- data and recipe -----------------------------------------------------------------------
 
 def test_random_batch_targets_are_the_inputs_shifted_by_one():
     ids = torch.arange(1000)
@@ -52,10 +41,27 @@ def test_random_batch_refuses_too_short_a_text():
         random_batch(torch.arange(5), 2, 8)
 
 
-def test_split_keeps_order_and_sizes():
+def test_split_train_val_keeps_order_and_splits_by_the_fraction():
     train_ids, val_ids = split_train_val(torch.arange(100), 0.1)
-    assert torch.equal(torch.cat([train_ids, val_ids]), torch.arange(100))
-    assert len(val_ids) == 10
+    assert torch.equal(torch.cat([train_ids, val_ids]), torch.arange(100)) and len(val_ids) == 10
+    assert [len(part) for part in split_train_val(torch.arange(100))] == [90, 10]  # the default, 0.1
+    assert [part.tolist() for part in split_train_val(torch.arange(2), 0.5)] == [[0], [1]]  # the smallest
+
+
+@pytest.mark.parametrize("ids, fraction, said", [
+    ([1, 2, 3], 0.1, "^ids is a list, expected a 1-D tensor of token ids$"),
+    (torch.zeros(2, 2, dtype=torch.long), 0.1, r"^ids is of shape \(2, 2\), expected a 1-D tensor"),
+    (torch.arange(100), 0.0, r"^val_fraction is 0.0, expected a number in \(0, 1\)"),
+    (torch.arange(100), 1.0, r"^val_fraction is 1.0, expected a number in \(0, 1\)"),
+    (torch.arange(3), 0.9, "^" + re.escape("val_fraction = 0.9 of 3 tokens leaves 0 for training and 3 for "
+                                          "validation, expected both parts non-empty: give more text or "
+                                          "another val_fraction") + "$"),
+    (torch.arange(10), 0.99, "leaves 0 for training and 10 for validation"),
+    (torch.arange(3), 1e-17, "leaves 3 for training and 0 for validation"),
+])
+def test_split_train_val_refuses_bad_input_naming_it(ids, fraction, said):
+    with pytest.raises(ValueError, match=said):
+        split_train_val(ids, fraction)
 
 
 def test_learning_rate_warms_up_then_decays_to_the_floor():
@@ -69,7 +75,7 @@ def test_learning_rate_warms_up_then_decays_to_the_floor():
     assert math.isclose(rates[5], 1e-3 * 0.05 / 0.1)  # halfway through the warm-up: half the peak
 
 
-def test_fit_runs_no_step_at_rate_0_and_ends_at_the_floor():
+def test_fit_runs_no_step_at_rate_0_and_ends_at_the_floor(model_and_data):
     model, train_ids, val_ids = model_and_data()
     config = TrainConfig(batch_size=4, learning_rate=1e-3, warmup=0.2, min_lr_ratio=0.1, eval_every=100)
     history = Trainer(model, train_ids, val_ids, config).fit(steps=10, progress_bar=False)
@@ -78,74 +84,7 @@ def test_fit_runs_no_step_at_rate_0_and_ends_at_the_floor():
     assert history.lrs[-1] == pytest.approx(1e-4)
 
 
-def test_precision_falls_back_to_float32_without_native_bf16(monkeypatch):
-    cpu = torch.device("cpu")
-    assert pick_dtype(cpu, "fp32") == torch.float32
-    assert pick_dtype(cpu, "bf16") == torch.bfloat16
-    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: False)
-    assert pick_dtype(cpu, "auto") == torch.float32
-    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: True)
-    assert pick_dtype(cpu, "auto") == torch.bfloat16
-    with pytest.raises(ValueError, match="precision is 'fp16', expected one of 'auto', 'bf16', 'fp32'"):
-        pick_dtype(cpu, "fp16")
-
-
-@pytest.mark.parametrize(("value", "native", "expected"), [
-    ("fp32", True, torch.float32), ("bf16", False, torch.bfloat16), ("auto", True, torch.bfloat16),
-    ("auto", False, torch.float32), ("", True, torch.bfloat16), (" FP32 ", True, torch.float32)])
-def test_course_precision_decides_what_auto_means(monkeypatch, value, native, expected):
-    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: native)
-    monkeypatch.setenv("COURSE_PRECISION", value)
-    cpu = torch.device("cpu")
-    assert pick_dtype(cpu, "auto") == expected
-    # an explicit precision wins over the variable
-    assert pick_dtype(cpu, "fp32") == torch.float32 and pick_dtype(cpu, "bf16") == torch.bfloat16
-
-
-def test_course_precision_reaches_the_trainer(monkeypatch):
-    monkeypatch.setattr(speed, "cpu_has_native_bf16", lambda: True)
-    monkeypatch.setenv("COURSE_PRECISION", "fp32")
-    model, train_ids, val_ids = model_and_data()
-    assert Trainer(model, train_ids, val_ids, TrainConfig(batch_size=2)).dtype == torch.float32
-    monkeypatch.setenv("COURSE_PRECISION", "bf16")
-    model, train_ids, val_ids = model_and_data()
-    assert Trainer(model, train_ids, val_ids, TrainConfig(batch_size=2)).dtype == torch.bfloat16
-
-
-@pytest.mark.parametrize("value", ["fp16", "float32", "1"])
-def test_course_precision_refuses_a_bad_value_naming_the_variable(monkeypatch, value):
-    monkeypatch.setenv("COURSE_PRECISION", value)
-    with pytest.raises(ValueError, match=f"COURSE_PRECISION is '{value}', expected one of fp32, bf16, auto"):
-        pick_dtype(torch.device("cpu"), "auto")
-
-
-# --- fast and plain paths agree ------------------------------------------------------------
-
-def paired_trainers(precision: str) -> tuple[Trainer, Trainer]:
-    """The same weights and data under the plain path and the fast path."""
-    model, train_ids, val_ids = model_and_data()
-    twin = GPT(CONFIG)
-    twin.load_state_dict(model.state_dict())
-    plain = Trainer(model, train_ids, val_ids, TrainConfig(fast=False, batch_size=4))
-    fast = Trainer(twin, train_ids, val_ids, TrainConfig(fast=True, precision=precision, batch_size=4))
-    return plain, fast
-
-
-@pytest.mark.parametrize("precision,tolerance", [("fp32", 1e-5), ("bf16", 2e-2)])
-def test_fast_and_plain_paths_give_the_same_loss_on_the_same_batch(precision, tolerance):
-    # Tolerance: float32 only reorders sums; bfloat16 keeps ~3 significant digits, and the
-    # loss (about 2 nats here) is a mean over 64 tokens, so 2e-2 nats is ~1 %.
-    plain, fast = paired_trainers(precision)
-    assert plain.dtype == torch.float32
-    assert fast.dtype == (torch.bfloat16 if precision == "bf16" else torch.float32)
-    x, y = random_batch(plain.train_ids, 4, 16, torch.Generator().manual_seed(3))
-    assert abs(plain.loss_on(x, y).item() - fast.loss_on(x, y).item()) < tolerance
-    # One optimiser step each from the same weights on the same batch keeps them together.
-    assert plain.train_step(1e-3) == pytest.approx(fast.train_step(1e-3), abs=tolerance)
-    assert abs(plain.loss_on(x, y).item() - fast.loss_on(x, y).item()) < tolerance
-
-
-def test_training_makes_the_loss_fall_and_records_history():
+def test_training_makes_the_loss_fall_and_records_history(small_config, model_and_data):
     model, train_ids, val_ids = model_and_data()
     trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=8, eval_every=20, learning_rate=1e-2))
     seen: list[int] = []
@@ -153,12 +92,12 @@ def test_training_makes_the_loss_fall_and_records_history():
                           progress_bar=False)
     assert history.steps == list(range(1, 61))
     assert history.eval_steps == [20, 40, 60] and seen == [1, 2, 3]
-    assert history.val_losses[-1] < 0.5 * math.log(CONFIG.vocab_size)
+    assert history.val_losses[-1] < 0.5 * math.log(small_config.vocab_size)
     assert history.losses[-1] < history.losses[0]
     assert history.tokens_per_step == 8 * 16 and history.tokens_per_second > 0
 
 
-def test_time_budget_stops_and_evaluates_at_the_end():
+def test_time_budget_stops_and_evaluates_at_the_end(model_and_data):
     model, train_ids, val_ids = model_and_data()
     trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4, eval_every=10_000))
     history = trainer.fit(seconds=0.5, progress_bar=False)
@@ -172,15 +111,10 @@ def test_time_budget_stops_and_evaluates_at_the_end():
     ({"steps": 0}, "steps is 0, expected a positive int"),
     ({"seconds": -1.0}, "seconds is -1.0, expected a finite number > 0"),
 ])
-def test_fit_checks_its_budget(kwargs, message):
+def test_fit_checks_its_budget(kwargs, message, model_and_data):
     model, train_ids, val_ids = model_and_data()
     with pytest.raises(ValueError, match=message):
         Trainer(model, train_ids, val_ids).fit(**kwargs, progress_bar=False)
-
-
-def test_train_config_is_checked():
-    with pytest.raises(ValueError, match="batch_size is 0, expected a positive int"):
-        TrainConfig(batch_size=0)
 
 
 def test_history_tokens_per_second():
@@ -188,9 +122,7 @@ def test_history_tokens_per_second():
     assert history.tokens_per_second == 200
 
 
-# --- checkpoints ---------------------------------------------------------------------------
-
-def test_checkpoint_round_trip_is_identical(tmp_path):
+def test_checkpoint_round_trip_is_identical(tmp_path, small_config, model_and_data):
     model, train_ids, val_ids = model_and_data()
     trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4))
     trainer.fit(steps=3, progress_bar=False)
@@ -200,19 +132,17 @@ def test_checkpoint_round_trip_is_identical(tmp_path):
     assert loaded.lm_head.weight is loaded.embed.token.weight  # still tied
     for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
-    ids = torch.randint(0, CONFIG.vocab_size, (2, 16))
+    ids = torch.randint(0, small_config.vocab_size, (2, 16))
     assert torch.equal(model.eval()(ids), loaded.eval()(ids))
     assert state["extra"] == {"step": 3, "note": "test"}
     assert state["optimizer"]["state"], "the optimiser's moments were saved"
 
 
-# --- any model mapping ids (B, N) to logits (B, N, V): the modern decoder ----------------------
-
 MODERN = ModernConfig(vocab_size=7, context_length=16, n_layers=2, n_heads=2, n_kv_heads=1, d_model=16)
 
 
 @pytest.mark.parametrize("fast,precision", [(False, "fp32"), (True, "fp32"), (True, "bf16")])
-def test_trainer_trains_a_modern_gpt_and_its_loss_falls(fast, precision):
+def test_trainer_trains_a_modern_gpt_and_its_loss_falls(fast, precision, model_and_data):
     _, train_ids, val_ids = model_and_data()
     torch.manual_seed(0)
     model = ModernGPT(MODERN)
@@ -225,7 +155,7 @@ def test_trainer_trains_a_modern_gpt_and_its_loss_falls(fast, precision):
     assert trainer.working is model if precision == "fp32" else trainer.working is not model
 
 
-def test_checkpoint_round_trip_of_a_modern_gpt(tmp_path):
+def test_checkpoint_round_trip_of_a_modern_gpt(tmp_path, model_and_data):
     _, train_ids, val_ids = model_and_data()
     model = ModernGPT(dataclasses.replace(MODERN, tie_weights=True))
     trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4, precision="fp32"))
@@ -243,120 +173,11 @@ def test_checkpoint_refuses_a_model_it_cannot_rebuild(tmp_path):
         save_checkpoint(tmp_path / "linear.pt", torch.nn.Linear(2, 2))
 
 
-def test_checkpoint_without_an_architecture_is_read_as_a_gpt(tmp_path):
-    model = GPT(CONFIG)
+def test_checkpoint_without_an_architecture_is_read_as_a_gpt(tmp_path, small_config):
+    model = GPT(small_config)
     torch.save({"config": model.config.to_dict(), "model": model.state_dict()}, tmp_path / "old.pt")
     loaded, _ = load_checkpoint(tmp_path / "old.pt")
-    assert type(loaded) is GPT and loaded.config == CONFIG
-
-
-def test_trainer_refuses_a_model_without_a_config():
-    _, train_ids, val_ids = model_and_data()
-    with pytest.raises(TypeError, match="model is a Linear, expected a torch.nn.Module mapping token ids"):
-        Trainer(torch.nn.Linear(2, 2), train_ids, val_ids)
-
-
-def test_bf16_path_trains_float32_weights_through_a_bf16_working_copy():
-    model, train_ids, val_ids = model_and_data()
-    trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4, precision="bf16"))
-    before = model.lm_head.weight.detach().clone()
-    trainer.fit(steps=3, progress_bar=False)
-    working = trainer.working
-    assert working is not model and working.lm_head.weight is working.embed.token.weight
-    assert all(p.dtype == torch.float32 for p in model.parameters())
-    assert all(p.dtype == torch.bfloat16 for p in working.parameters())
-    assert not torch.equal(model.lm_head.weight, before), "the float32 weights were updated"
-    for master, low in zip(model.parameters(), working.parameters(), strict=True):
-        assert torch.equal(low, master.to(torch.bfloat16)), "the copy follows the weights"
-
-
-# --- one buffer for the weights, one for the gradients --------------------------------------
-
-def lies_in(tensor: torch.Tensor, buffer: torch.Tensor) -> bool:
-    start = buffer.data_ptr()
-    return start <= tensor.data_ptr() < start + buffer.numel() * buffer.element_size()
-
-
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_fast_path_keeps_weights_and_gradients_in_one_buffer_each(precision):
-    model, train_ids, val_ids = model_and_data()
-    before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4, precision=precision))
-    flat = trainer.flat
-    for name, param in model.named_parameters():  # moved into the buffer, values unchanged
-        assert lies_in(param, flat.weights) and torch.equal(param, before[name]), name
-    assert flat.weights.numel() == sum(p.numel() for p in model.parameters())
-    trainer.train_step(1e-3)
-    for param in trainer.working.parameters():
-        assert lies_in(param, flat.working_weights) and lies_in(param.grad, flat.working_gradients)
-    assert flat.working_gradients.abs().sum() > 0, "backward wrote into the gradient buffer"
-    assert (trainer.working is model) == (precision == "fp32")
-
-
-def test_fast_fp32_trainer_takes_the_same_steps_as_the_plain_one():
-    plain, fast = paired_trainers("fp32")
-    for step in range(5):
-        assert plain.train_step(1e-3) == pytest.approx(fast.train_step(1e-3), abs=1e-5), step
-    for (name, a), b in zip(plain.model.named_parameters(), fast.model.parameters(), strict=True):
-        # Adam moves every weight by about lr per step whatever its gradient's size, so the
-        # weights agree to well under one step (1e-3) if the two paths agree.
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=name)
-
-
-def test_clipping_the_buffer_equals_clip_grad_norm():
-    model, train_ids, val_ids = model_and_data()
-    trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4, precision="fp32"))
-    x, y = random_batch(train_ids, 4, 16, torch.Generator().manual_seed(5))
-    trainer.loss_on(x, y).backward()
-    params = list(model.parameters())
-    copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    for copy, param in zip(copies, params, strict=True):
-        copy.grad = param.grad.clone()
-    expected_norm = torch.nn.utils.clip_grad_norm_(copies, 0.01)
-    assert trainer.flat.clip_gradients(0.01).item() == pytest.approx(expected_norm.item(), rel=1e-6)
-    assert expected_norm > 0.01, "the test must really clip"
-    for param, copy in zip(params, copies, strict=True):
-        torch.testing.assert_close(param.grad, copy.grad, atol=1e-9, rtol=1e-6)
-
-
-def test_training_survives_model_zero_grad_and_refuses_a_moved_model():
-    model, train_ids, val_ids = model_and_data()
-    trainer = Trainer(model, train_ids, val_ids, TrainConfig(batch_size=4, precision="fp32"))
-    trainer.train_step(1e-3)
-    model.zero_grad()  # sets every .grad to None
-    before = model.lm_head.weight.detach().clone()
-    trainer.train_step(1e-3)
-    assert not torch.equal(model.lm_head.weight, before), "the step still reached the weights"
-    model.double()
-    with pytest.raises(RuntimeError, match="moved or replaced after the Trainer was made"):
-        trainer.train_step(1e-3)
-
-
-def test_trainer_checks_its_token_ids_once():
-    model, train_ids, val_ids = model_and_data()
-    with pytest.raises(ValueError, match=r"val_ids contains the id 7, expected ids in \[0, 6\]"):
-        Trainer(model, train_ids, torch.tensor([1, 2, 7] * 20))
-
-
-def test_compile_needs_the_fast_path():
-    with pytest.raises(ValueError, match="compile=True needs fast=True"):
-        TrainConfig(compile=True, fast=False)
-
-
-@pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "clang++", "c++")),
-                    reason="torch.compile on a CPU needs a C++ compiler; this machine has none")
-def test_compiled_trainer_computes_the_same_loss_and_trains():
-    # Slow (the first call compiles, about 10 to 20 s here): it is the only test that compiles.
-    model, train_ids, val_ids = model_and_data()
-    twin = GPT(CONFIG)
-    twin.load_state_dict(model.state_dict())
-    config = dict(batch_size=4, precision="fp32")
-    eager = Trainer(model, train_ids, val_ids, TrainConfig(**config))
-    compiled = Trainer(twin, train_ids, val_ids, TrainConfig(**config, compile=True))
-    x, y = random_batch(train_ids, 4, 16, torch.Generator().manual_seed(3))
-    assert compiled.loss_on(x, y).item() == pytest.approx(eager.loss_on(x, y).item(), abs=1e-5)
-    losses = [compiled.train_step(1e-2) for _ in range(20)]
-    assert losses[-1] < losses[0]
+    assert type(loaded) is GPT and loaded.config == small_config
 
 
 def test_split_stories_keeps_every_story_whole_and_holds_out_the_last_ones():
@@ -401,41 +222,6 @@ def test_course_corpus_split_keeps_stories_whole_yet_shares_sentences():
     # The old split by position cut through a story; this one starts the validation at a story.
     first_story = val_text.split("\n\n")[0]
     assert first_story in text.split("\n\n")
-
-
-# helpers.training.trainer, exactly:
-#
-# Grouped by the classes of issue 30: configuration asserted (the progress bar's settings, what
-# fit records and shows), edge sizes (two stories, the smallest split), fixtures where the
-# behaviour decides the answer (stories that begin with a blank or an X), exact messages.
-
-TINY = GPTConfig(vocab_size=5, context_length=4, n_layers=1, n_heads=1, d_model=8)
-
-
-def tiny_trainer(**config) -> Trainer:
-    torch.manual_seed(0)
-    ids = torch.tensor([0, 1, 2, 3, 4, 3, 2, 1]).repeat(10)
-    settings = dict(batch_size=2, eval_batches=1, eval_every=2, fast=False) | config
-    val = torch.tensor([4, 4, 0, 0, 1, 2]).repeat(10)  # another text: its loss differs
-    return Trainer(GPT(TINY), ids, val, TrainConfig(**settings))
-
-
-class _Tokenizer:
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) - ord("a") for c in text]
-
-
-def test_encode_text_is_the_tokenizers_ids_as_int64():
-    ids = train.encode_text(_Tokenizer(), "cab")
-    assert ids.dtype == torch.long and ids.tolist() == [2, 0, 1]
-    assert train.encode_text(_Tokenizer(), "").dtype == torch.long  # even with no token at all
-
-
-@pytest.mark.parametrize("ids, said", [([1, 2, 3], "ids is a list, expected a 1-D tensor of token ids"),
-                                       (torch.zeros(2, 2), "ids is of shape (2, 2), expected a 1-D tensor")])
-def test_split_train_val_says_what_it_got(ids, said):
-    with pytest.raises(ValueError, match=re.escape(said)):
-        train.split_train_val(ids)
 
 
 def test_split_stories_keeps_spaces_and_xs_and_takes_two_stories():
@@ -495,14 +281,14 @@ def test_progress_bar_of_a_time_budget_counts_whole_seconds(bars):
         dict(total=3.0, unit="s", disable=True, mininterval=0.5, bar_format=form)]
 
 
-def test_fit_shows_a_bar_unless_told_not_to(bars):
+def test_fit_shows_a_bar_unless_told_not_to(bars, tiny_trainer):
     tiny_trainer().fit(steps=2)
     tiny_trainer().fit(steps=2, progress_bar=False)
     assert [bar.settings["disable"] for bar in bars] == [False, True]
     assert bars[0].updates == [1, 1] and bars[0].closed and set(bars[0].postfix) == {"train", "val"}
 
 
-def test_fit_refuses_a_progress_bar_that_is_not_a_bool():
+def test_fit_refuses_a_progress_bar_that_is_not_a_bool(tiny_trainer):
     with pytest.raises(TypeError, match="^progress_bar is 'yes'"):
         tiny_trainer().fit(steps=1, progress_bar="yes")
 
@@ -515,7 +301,7 @@ class _Bar:
         self.postfix = values
 
 
-def test_each_evaluation_records_and_shows_both_losses():
+def test_each_evaluation_records_and_shows_both_losses(tiny_trainer):
     trainer = tiny_trainer()
     losses, bar, seen = trainer.evaluate(), _Bar(), []
     assert losses["train"] != losses["val"]  # so that a swap would show
@@ -555,7 +341,7 @@ def _at_most(steps: int):
     return check
 
 
-def test_fit_by_steps_follows_a_non_default_schedule_and_counts_one_per_step(monkeypatch):
+def test_fit_by_steps_follows_a_non_default_schedule_and_counts_one_per_step(monkeypatch, tiny_trainer):
     bars = _record_bars(monkeypatch)
     trainer = tiny_trainer(learning_rate=1e-2, warmup=0.25, min_lr_ratio=0.5, eval_every=2)
     history = trainer.fit(steps=3, callbacks=[_at_most(3)], progress_bar=False)
@@ -566,7 +352,7 @@ def test_fit_by_steps_follows_a_non_default_schedule_and_counts_one_per_step(mon
     assert bar.made_with == (3, None, False) and bar.updates == [1, 1, 1] and bar.closed
 
 
-def test_fit_by_time_budget_guesses_each_steps_end_from_the_last(monkeypatch):
+def test_fit_by_time_budget_guesses_each_steps_end_from_the_last(monkeypatch, tiny_trainer):
     ticks = iter([0.5 * i for i in range(100)])  # every clock reading 0.5 s after the one before
     monkeypatch.setattr(train, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: next(ticks))}))
     bars = _record_bars(monkeypatch)
@@ -578,14 +364,6 @@ def test_fit_by_time_budget_guesses_each_steps_end_from_the_last(monkeypatch):
     assert history.steps == history.eval_steps == [1, 2, 3, 4]
     (bar,) = bars
     assert bar.made_with == (None, 2.0, True) and bar.updates == [0.5] * 4 and bar.closed
-
-
-def test_split_train_val_default_and_its_fraction_named():
-    train_ids, val_ids = train.split_train_val(torch.arange(100))
-    assert len(train_ids) == 90 and len(val_ids) == 10
-    for fraction in (0.0, 1.0):
-        with pytest.raises(ValueError, match=re.escape(f"val_fraction is {fraction}, expected a number in (0, 1)")):
-            train.split_train_val(torch.arange(100), fraction)
 
 
 @pytest.mark.parametrize("ids, batch, length, error, said", [
@@ -624,145 +402,20 @@ def test_learning_rate_without_warmup_and_past_the_end():
     assert train.learning_rate(1.0, 2.0, 0.1, 1.0) == 2.0  # a floor of 1: no decay at all
 
 
-def _record_fast(model) -> list[bool]:
-    seen: list[bool] = []
-    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs.get("fast", False)),
-                                    with_kwargs=True)
-    return seen
-
-
-@pytest.mark.parametrize("fast", [True, False])
-def test_a_gpt_trains_on_its_fused_kernels_only_on_the_fast_path_and_evaluates_on_them(fast):
-    trainer = tiny_trainer(fast=fast, precision="fp32")  # fp32: the working model is the model
-    seen = _record_fast(trainer.model)
-    x, y = trainer._batch(trainer.train_ids, torch.Generator().manual_seed(0))
-    trainer.loss_on(x, y)
-    assert seen == [fast]
-    seen.clear()
-    trainer.evaluate()  # the same yardstick for every trainer: fused kernels, float32
-    assert seen == [True, True]
-
-
-def test_a_model_that_is_not_a_gpt_is_called_without_fast():
-    class Doubler(torch.nn.Module):
-        def forward(self, x):
-            return 2 * x
-    assert train._logits(Doubler(), torch.ones(2), fast=True).tolist() == [2.0, 2.0]
-
-
-def test_batches_go_to_the_trainers_device():
+def test_batches_go_to_the_trainers_device(tiny_trainer):
     trainer = tiny_trainer()
     trainer.device = torch.device("meta")  # as a GPU would, without one
     x, y = trainer._batch(trainer.train_ids, torch.Generator().manual_seed(0))
     assert x.device.type == y.device.type == "meta"
 
 
-def test_the_plain_path_frees_each_steps_gradients_instead_of_zeroing_them_in_place():
-    trainer = tiny_trainer(fast=False)
-    trainer.train_step(1e-3)
-    before = [(p.grad, p.grad.clone()) for p in trainer.model.parameters()]
-    trainer.train_step(1e-3)
-    for p, (grad, kept) in zip(trainer.model.parameters(), before, strict=True):
-        assert p.grad is not grad and torch.equal(grad, kept)  # set_to_none: the old one untouched
-
-
-def test_the_trainer_refuses_a_config_that_is_not_a_trainconfig():
-    ids = torch.arange(5).repeat(4)
-    with pytest.raises(TypeError, match="^config is a dict, expected a TrainConfig$"):
-        Trainer(GPT(TINY), ids, ids, {"fast": False})
-
-
-@pytest.mark.parametrize("fast", [True, False])
-def test_each_path_builds_its_own_working_model_and_optimizer(fast):
-    trainer = tiny_trainer(fast=fast, precision="fp32")
-    if fast:  # one buffer for every weight, and PyTorch's fused AdamW step
-        assert trainer.flat is not None and trainer.optimizer.defaults["fused"] is True
-    else:  # the model itself, and the textbook per-parameter AdamW
-        assert trainer.flat is None and trainer.working is trainer.model
-        assert not trainer.optimizer.defaults["fused"] and trainer.optimizer.defaults["foreach"] is False
-
-
-@pytest.mark.parametrize("compile", [True, False])
-def test_compile_true_and_only_it_compiles_the_working_loss(compile, monkeypatch):
-    compiled = []
-    monkeypatch.setattr(train, "compile_loss", lambda loss: compiled.append(loss) or "compiled")
-    trainer = tiny_trainer(fast=True, compile=compile)
-    assert compiled == ([trainer._working_loss] if compile else [])
-    assert trainer._loss == ("compiled" if compile else trainer._working_loss)
-
-
-def test_evaluation_batches_are_fixed_by_the_seed_plus_one():
+def test_evaluation_batches_are_fixed_by_the_seed_plus_one(small_config, tiny_trainer):
     trainer = tiny_trainer(seed=3, eval_batches=2)
     for name, ids in (("train", trainer.train_ids), ("val", trainer.val_ids)):
         fixed = torch.Generator().manual_seed(4)
-        expected = [train.random_batch(ids, 2, TINY.context_length, fixed) for _ in range(2)]
+        expected = [train.random_batch(ids, 2, small_config.context_length, fixed) for _ in range(2)]
         for (x, y), (ex, ey) in zip(trainer.eval_sets[name], expected, strict=True):
             assert torch.equal(x, ex) and torch.equal(y, ey), name
-
-
-def test_a_nan_weight_stops_the_step_with_the_loss_and_norm_it_saw():
-    trainer = tiny_trainer(fast=False)
-    with torch.no_grad():
-        trainer.model.blocks[0].attn.q_proj.weight[0, 0] = float("nan")
-    said = ("the training loss is nan and the gradient norm nan at step 1 (learning rate 0.001), so "
-            "training stopped before the update; the model's weights already hold NaN or inf "
-            "(blocks.0.attn.q_proj.weight): rebuild or reload it")
-    with pytest.raises(FloatingPointError, match="^" + re.escape(said) + "$"):
-        trainer.train_step(1e-3)
-
-
-def test_a_divergence_names_the_peak_rate_and_what_to_try():
-    trainer = tiny_trainer(learning_rate=0.25)
-    trainer.history.steps = [1, 2]
-    said = ("the training loss is inf and the gradient norm 3.0 at step 3 (learning rate 0.125), so "
-            "training stopped before the update; it diverged: try a smaller TrainConfig(learning_rate=...) "
-            "(the peak is 0.25), a longer warmup or a smaller grad_clip")
-    with pytest.raises(FloatingPointError, match="^" + re.escape(said) + "$"):
-        trainer._stop_diverged(float("inf"), 3.0, 0.125)
-
-
-@pytest.mark.parametrize("field, value, error, said", [
-    ("batch_size", 0, ValueError, "batch_size is 0, expected a positive int"),
-    ("eval_every", 0, ValueError, "eval_every is 0, expected a positive int"),
-    ("eval_batches", 1.5, TypeError, "eval_batches is 1.5 (a float), expected a positive int"),
-    ("context_length", 0, ValueError,
-     "context_length is 0, expected a positive int (or None for the model's context length)"),
-    ("context_length", "8", TypeError,
-     "context_length is '8' (a str), expected a positive int (or None for the model's context length)"),
-    ("learning_rate", 0.0, ValueError, "learning_rate is 0.0, expected a finite number > 0"),
-    ("grad_clip", -1.0, ValueError, "grad_clip is -1.0, expected a finite number > 0"),
-    ("warmup", 1.0, ValueError, "warmup is 1.0, expected a fraction of the run in [0, 1)"),
-    ("warmup", -0.5, ValueError, "warmup is -0.5, expected a fraction of the run in [0, 1)"),
-    ("min_lr_ratio", 1.5, ValueError, "min_lr_ratio is 1.5, expected a fraction of the peak learning rate in [0, 1]"),
-    ("min_lr_ratio", -0.5, ValueError, "min_lr_ratio is -0.5, expected a fraction of the peak learning rate in [0, 1]"),
-    ("weight_decay", -0.5, ValueError, "weight_decay is -0.5, expected a number >= 0 (0 = no decay)"),
-    ("weight_decay", float("inf"), ValueError, "weight_decay is inf, expected a number >= 0 (0 = no decay)"),
-    ("precision", "fp16", ValueError, "precision is 'fp16', expected one of 'auto', 'bf16', 'fp32'"),
-    ("fast", 1, TypeError, "fast is 1 (a int), expected True or False"),
-    ("compile", "no", TypeError, "compile is 'no' (a str), expected True or False"),
-    ("seed", -1, ValueError, "seed is -1, expected an int >= 0"),
-])
-def test_trainconfig_messages(field, value, error, said):
-    with pytest.raises(error, match="^" + re.escape(said) + "$"):
-        TrainConfig(**{field: value})
-    with pytest.raises(ValueError, match="^compile=True needs fast=True: the plain path is the uncompiled reference$"):
-        TrainConfig(compile=True, fast=False)
-
-
-def test_trainconfig_accepts_the_edges_of_each_range():
-    config = TrainConfig(warmup=0.0, min_lr_ratio=1.0, weight_decay=0.0, seed=0, context_length=1,
-                         batch_size=1, eval_every=1, eval_batches=1, precision="bf16")
-    assert (config.warmup, config.min_lr_ratio, config.weight_decay) == (0.0, 1.0, 0.0)
-    assert TrainConfig(min_lr_ratio=0.0, fast=False, precision="fp32").min_lr_ratio == 0.0
-
-
-def test_split_train_val_takes_one_token_each_and_says_when_a_part_is_empty():
-    train_ids, val_ids = train.split_train_val(torch.arange(2), 0.5)  # the smallest split
-    assert train_ids.tolist() == [0] and val_ids.tolist() == [1]
-    said = ("val_fraction = 0.9 of 3 tokens leaves 0 for training and 3 for validation, expected both "
-            "parts non-empty: give more text or another val_fraction")
-    with pytest.raises(ValueError, match="^" + re.escape(said) + "$"):
-        train.split_train_val(torch.arange(3), 0.9)
 
 
 def test_tokens_per_second_of_a_run_too_short_to_time_is_finite():
@@ -793,98 +446,6 @@ def test_evaluate_loss_is_the_mean_over_batches_without_dropout_and_restores_the
     assert model.training is False
 
 
-SMALL = GPTConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, d_model=8)
-
-
-def training_data() -> tuple[torch.Tensor, torch.Tensor]:
-    pattern = torch.tensor([0, 1, 2, 3, 4, 5, 6, 5, 4, 3, 2, 1]).repeat(40)
-    return pattern[:400], pattern[400:]
-
-
-def test_trainer_refuses_a_model_with_a_nan_weight():
-    model = GPT(SMALL)
-    with torch.no_grad():
-        model.blocks[1].attn.q_proj.weight[0, 0] = float("nan")
-    with pytest.raises(ValueError, match=r"model has NaN or inf in blocks.1.attn.q_proj.weight before training"):
-        Trainer(model, *training_data())
-
-
-@pytest.mark.parametrize("fast", [True, False])
-def test_training_stops_at_a_weight_turned_nan_naming_the_step(fast):
-    torch.manual_seed(0)
-    model = GPT(SMALL)
-    trainer = Trainer(model, *training_data(), TrainConfig(batch_size=4, fast=fast, precision="fp32"))
-    trainer.fit(steps=2, progress_bar=False)
-    with torch.no_grad():
-        model.blocks[1].attn.q_proj.weight[0, 0] = float("nan")
-    before = model.blocks[0].mlp.up.weight.clone()
-    with pytest.raises(FloatingPointError, match=r"at step 3 .*weights already hold NaN "
-                                                 r"or inf \(blocks.1.attn.q_proj.weight\)"):
-        trainer.fit(steps=5, progress_bar=False)
-    assert torch.equal(model.blocks[0].mlp.up.weight, before)  # stopped before the update
-
-
-@pytest.mark.parametrize("fast", [True, False])
-def test_training_stops_when_a_huge_learning_rate_diverges(fast):
-    torch.manual_seed(0)
-    config = TrainConfig(batch_size=4, learning_rate=1e6, warmup=0.0, fast=fast, precision="fp32")
-    trainer = Trainer(GPT(SMALL), *training_data(), config)
-    with pytest.raises(FloatingPointError, match=r"at step \d+ .*try a smaller TrainConfig\(learning_rate"):
-        trainer.fit(steps=40, progress_bar=False)
-    assert all(math.isfinite(loss) for loss in trainer.history.losses)  # nothing NaN was recorded
-
-
-@pytest.mark.parametrize("field, value, error", [
-    ("context_length", 0, ValueError), ("context_length", 4.0, TypeError), ("weight_decay", -1.0, ValueError),
-    ("min_lr_ratio", 5.0, ValueError), ("warmup", -1.0, ValueError), ("warmup", 1.0, ValueError),
-    ("learning_rate", 0.0, ValueError), ("precision", "fp16", ValueError),
-])
-def test_train_config_refuses_values_that_make_no_sense(field, value, error):
-    with pytest.raises(error, match=f"{field} is {value!r}"):
-        TrainConfig(**{field: value})
-
-
-def test_block_size_none_means_the_context_length_and_a_longer_one_is_refused():
-    train_ids, val_ids = training_data()
-    assert Trainer(GPT(SMALL), train_ids, val_ids, TrainConfig(context_length=None)).context_length == 8
-    with pytest.raises(ValueError, match="context_length is 9, expected at most the model's context_length = 8"):
-        Trainer(GPT(SMALL), train_ids, val_ids, TrainConfig(context_length=9))
-
-
-@pytest.mark.parametrize("short", ["train_ids", "val_ids"])
-def test_too_short_data_is_named(short):
-    data = dict(zip(("train_ids", "val_ids"), training_data(), strict=True))
-    data[short] = data[short][:5]
-    with pytest.raises(ValueError, match=rf"{short} has shape \(5,\), expected .* at least context_length \+ 1 = 9"):
-        Trainer(GPT(SMALL), data["train_ids"], data["val_ids"])
-
-
-def _escape(text: str) -> str:
-    import re
-    return re.escape(text)
-
-
-@pytest.mark.parametrize("lr", [float("nan"), float("inf"), -1.0, "0.1"])
-def test_train_step_refuses_a_learning_rate_that_is_not_finite_and_non_negative(lr):
-    torch.manual_seed(0)
-    ids = torch.arange(40) % SMALL.vocab_size
-    trainer = Trainer(GPT(SMALL), ids, ids, TrainConfig(batch_size=2, precision="fp32"))
-    before = [p.detach().clone() for p in trainer.model.parameters()]
-    with pytest.raises((ValueError, TypeError), match="lr is"):
-        trainer.train_step(lr)
-    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
-
-
-@pytest.mark.parametrize("ids, fraction, words", [
-    (torch.arange(10), 0.99, "leaves 0 for training and 10 for validation"),
-    (torch.arange(3), 1e-17, "leaves 3 for training and 0 for validation"),
-    (torch.zeros(2, 5), 0.1, "ids is of shape (2, 5), expected a 1-D tensor"),
-])
-def test_split_train_val_refuses_an_empty_split(ids, fraction, words):
-    with pytest.raises(ValueError, match=_escape(words)):
-        split_train_val(ids, fraction)
-
-
 def test_split_stories_keeps_both_parts_non_empty():
     train, val = split_stories("a\n\nb\n\nc\n\n", val_fraction=0.99)
     assert train == "a\n\n" and val == "b\n\nc\n\n"
@@ -896,42 +457,8 @@ def test_random_batch_refuses_float_ids():
         random_batch(torch.arange(20.0), 2, 4)
 
 
-@pytest.mark.parametrize("fast", [False, True])
-def test_weight_decay_reaches_the_matrices_only_at_the_configured_value(fast):
-    model = small_gpt(torch.float32)
-    ids = torch.randint(0, 31, (500,), generator=torch.Generator().manual_seed(0))
-    trainer = Trainer(model, ids, ids, TrainConfig(weight_decay=0.37, learning_rate=3e-3,
-                                                   fast=fast, precision="fp32", batch_size=2))
-    groups = trainer.optimizer.param_groups
-    assert [g["weight_decay"] for g in groups] == [0.37, 0.0]
-    assert all(g["lr"] == 3e-3 for g in groups)
-    decayed = sum(p.numel() for p in groups[0]["params"])
-    not_decayed = sum(p.numel() for p in groups[1]["params"])
-    matrices = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
-    vectors = sum(p.numel() for p in model.parameters() if p.dim() < 2)
-    assert (decayed, not_decayed) == (matrices, vectors)  # the tied matrix counted once
-
-
-@pytest.mark.parametrize("precision,expected", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
-def test_the_trainer_computes_in_the_precision_asked_for(precision, expected):
-    model = small_gpt(torch.float32)
-    ids = torch.randint(0, 31, (500,), generator=torch.Generator().manual_seed(0))
-    trainer = Trainer(model, ids, ids, TrainConfig(precision=precision, batch_size=2))
-    assert trainer.dtype == expected
-    assert next(trainer.working.parameters()).dtype == expected
-    assert next(model.parameters()).dtype == torch.float32  # the weights AdamW updates stay float32
-
-
-def tiny_trainer_evaluating_every_2_steps(**config) -> train.Trainer:
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=7, context_length=8, n_layers=1, n_heads=1, d_model=8))
-    ids = torch.tensor([0, 1, 2, 3, 4, 5, 6, 5, 4, 3, 2, 1]).repeat(20)
-    settings = dict(batch_size=2, eval_batches=1, eval_every=2) | config
-    return train.Trainer(model, *train.split_train_val(ids, 0.2), train.TrainConfig(**settings))
-
-
-def test_the_history_holds_the_evaluated_losses():
-    trainer = tiny_trainer_evaluating_every_2_steps()
+def test_the_history_holds_the_evaluated_losses(tiny_trainer):
+    trainer = tiny_trainer(fast=True)
     history = trainer.fit(steps=2, progress_bar=False)
     losses = trainer.evaluate()  # the same fixed batches, the same weights
     assert history.eval_steps == [2]
@@ -963,8 +490,8 @@ def test_the_progress_bar_counts_steps_or_seconds_as_asked():
         assert train._progress_bar(steps, seconds, enabled=False).disable is True
 
 
-def test_fit_shows_a_bar_with_both_losses_by_default(capsys):
-    tiny_trainer_evaluating_every_2_steps().fit(steps=2)
+def test_fit_shows_a_bar_with_both_losses_by_default(capsys, tiny_trainer):
+    tiny_trainer(fast=True).fit(steps=2)
     err = capsys.readouterr().err
     assert "2/2" in err and "step" in err and "train=" in err and "val=" in err
 
@@ -991,13 +518,9 @@ def test_the_schedule_names_a_bad_argument(kwargs, error, message):
         train.learning_rate(**(dict(progress=0.5, peak=1.0) | kwargs))
 
 
-def test_fit_and_the_splits_name_a_bad_argument():
+def test_fit_and_line_overlap_name_a_bad_argument(tiny_trainer):
     with pytest.raises(TypeError, match="^progress_bar is 'yes'"):
-        tiny_trainer_evaluating_every_2_steps().fit(steps=1, progress_bar="yes")
-    with pytest.raises(ValueError, match="^ids is a list, expected a 1-D tensor of token ids$"):
-        train.split_train_val([1, 2, 3])
-    with pytest.raises(ValueError, match=r"^ids is of shape \(2, 2\), expected a 1-D tensor"):
-        train.split_train_val(torch.zeros(2, 2, dtype=torch.long))
+        tiny_trainer(fast=True).fit(steps=1, progress_bar="yes")
     with pytest.raises(ValueError, match="^val_text has no non-blank lines, expected at least one$"):
         train.line_overlap("a", "\n \n")
 

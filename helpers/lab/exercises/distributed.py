@@ -99,27 +99,6 @@ def average_gradients(student: Callable[[nn.Module, Callable[[Tensor], None], in
     return "Every rank now holds the whole batch's gradient: the same step everywhere."
 
 
-def helper_split_mlp(up_weight: Tensor, up_bias: Tensor, down_weight: Tensor, rank: int,
-                     world_size: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Rank `rank`'s block of hidden units, the notebook's fallback for split_mlp: up_weight
-    (hidden, D) -> (hidden / p, D), up_bias (hidden,) -> (hidden / p,), down_weight (D, hidden)
-    -> (D, hidden / p), as helpers.scale.tensor_parallel's column_shard and row_shard cut them."""
-    from helpers import checks
-
-    checks.rank_in_world(rank, world_size)
-    for name, t, dims in (("up_weight", up_weight, 2), ("up_bias", up_bias, 1), ("down_weight", down_weight, 2)):
-        if not isinstance(t, Tensor) or t.dim() != dims:
-            raise ValueError(f"{name} is {getattr(t, 'shape', type(t).__name__)}, expected a {dims}-D tensor")
-    hidden = up_weight.shape[0]
-    if up_bias.shape != (hidden,) or down_weight.shape[1] != hidden or hidden % world_size:
-        raise ValueError(f"up_weight {tuple(up_weight.shape)}, up_bias {tuple(up_bias.shape)} and down_weight "
-                         f"{tuple(down_weight.shape)}: expected (hidden, D), (hidden,) and (D, hidden) with "
-                         f"hidden a multiple of world_size={world_size}")
-    k = hidden // world_size
-    units = slice(rank * k, (rank + 1) * k)
-    return up_weight[units], up_bias[units], down_weight[:, units]
-
-
 def _hidden_units(got: Tensor, full: Tensor, what: str) -> list[int]:
     """Which rows of `full` (hidden, D) the rows of `got` are; fails if some row is none of them."""
     distance = torch.cdist(got.double(), full.double())  # (k, hidden)

@@ -20,6 +20,9 @@ import helpers.lab.exercises as exercises
 from helpers.flash import tiled
 from helpers.lab.exercises import grader
 from helpers.model.gpt import GPTConfig
+from helpers.scale.tensor_parallel import (
+    split_mlp_weights,  # imported before the watch, as a notebook does
+)
 
 
 def from_the_checker(answer):
@@ -518,8 +521,7 @@ def split_mismatched(up_weight, up_bias, down_weight, rank, world_size):
 
 
 def split_helper(up_weight, up_bias, down_weight, rank, world_size):  # the notebook's fallback: refused
-    from helpers.lab.exercises.distributed import helper_split_mlp
-    return helper_split_mlp(up_weight, up_bias, down_weight, rank, world_size)
+    return split_mlp_weights(up_weight, up_bias, down_weight, rank, world_size)
 
 
 def split_all_units(up_weight, up_bias, down_weight, rank, world_size):  # every rank keeps everything
@@ -616,7 +618,7 @@ CASES = [
     ("distributed.split_mlp", split_interleaved, None),
     ("distributed.split_mlp", split_down_rows, "you split its rows"),
     ("distributed.split_mlp", split_mismatched, "must use the same units"),
-    ("distributed.split_mlp", split_helper, "helpers.lab.exercises.distributed.helper_split_mlp"),
+    ("distributed.split_mlp", split_helper, "helpers.scale.tensor_parallel.split_mlp_weights"),
     ("distributed.split_mlp", split_all_units, "expected (6, 6) and (6,)"),
 ]
 CASES += NS_CASES  # notebook 9's Newton-Schulz, written out in tests/lab/exercises/test_muon_exercise.py
@@ -938,15 +940,14 @@ def test_not_attempted_says_the_task_not_the_recipe(name):
     assert "Write " in said and "The check" in said
 
 
-def test_helper_split_mlp_refuses_bad_input_by_name():
-    from helpers.lab.exercises.distributed import helper_split_mlp
+def test_split_mlp_weights_refuses_bad_input_by_name():
     up, bias, down = torch.zeros(6, 4), torch.zeros(6), torch.zeros(4, 6)
     with pytest.raises(ValueError, match="rank is 2"):
-        helper_split_mlp(up, bias, down, 2, 2)
+        split_mlp_weights(up, bias, down, 2, 2)
     with pytest.raises(ValueError, match="multiple of world_size=4"):
-        helper_split_mlp(up, bias, down, 0, 4)
+        split_mlp_weights(up, bias, down, 0, 4)
     with pytest.raises(ValueError, match="up_bias is"):
-        helper_split_mlp(up, bias[None], down, 0, 2)
+        split_mlp_weights(up, bias[None], down, 0, 2)
 
 
 SMALL = GPTConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, d_model=8)
