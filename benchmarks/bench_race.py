@@ -10,7 +10,9 @@
 The last adds nanogpt-fitted to a stored race without racing again (add_fitted: it replays
 nanoGPT's steps, whose losses do not depend on the machine's load). The stored races ran
 `settings["recipes"]` with `settings["muon_lr"]` (each JSON says); the two one-thread float32
-races and the two-thread 30 s race carry nanogpt-fitted added that way (`settings["nanogpt_fitted"]`).
+races carry nanogpt-fitted added that way (`settings["nanogpt_fitted"]`), the two-thread and
+bf16 races do not yet (a two-thread replay needs two quiet cores: a replay on another thread
+count is not the stored race's arithmetic).
 
 Every contestant trains the same GPT (n_layers=4, n_heads=4, d_model=128, window 64, batch 12:
 nanoGPT's README CPU example) on the course corpus, one character per token, the split and the
