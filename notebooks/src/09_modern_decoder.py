@@ -1405,6 +1405,19 @@ print(f"noise's settled value: sqrt((1 - 0.9) / (1 + 0.9)) = {math.sqrt(0.1 / 1.
 # (an earlier race, with Muon's first rate, 0.02); in the other, the course's recipes had 30 s,
 # their schedules ending there. The cell reads the JSON files, then the same race on two threads
 # and in bf16 (on this CPU, which has it natively), where the course's recipes had 20 s.
+#
+# That target is not quite fair to nanoGPT. Its schedule is set for 2,000 steps, but in 60 s on
+# one thread it takes about half as many (the table prints the counts), so its cosine is cut
+# halfway, at a rate several times its floor, while the course's schedules decay to the end of
+# their budget, and a loss falls fastest while the rate is annealed. So the one-thread races
+# also carry **nanoGPT's, fitted** (`nanogpt-fitted`): nanoGPT's model, step, optimizer, weights
+# and windows, its schedule stretched to end with its budget (warm-up for the first 5 %, cosine
+# to `1e-4` at the last step). Its step costs what nanoGPT's does, only the rate differs, so
+# it was added to the stored races by replaying, per seed, as many steps as nanoGPT took there,
+# at nanoGPT's seconds (`--add-fitted`: no second race on a machine others were loading; the
+# replay of nanoGPT's own steps gives back its stored losses exactly, printed). Each course
+# recipe is timed against both targets: nanoGPT's loss as its README runs it, and the fitted
+# one's, nanoGPT at its best in the same 60 s.
 
 # %% slideshow={"slide_type": "fragment"}
 races = {
@@ -1420,42 +1433,83 @@ print(f"nanoGPT's recipe trains {settings['seconds']:g} s; the course's "
       f"(in the other race {long_race['settings']['seconds']:g} s); Muon's peak rate "
       f"{settings['muon_lr']}")
 print("reproduce: python benchmarks/bench_race.py --course-seconds 30 --out "
-      "data/race_fp32_1thread_30s.json\n")
+      "data/race_fp32_1thread_30s.json")
+for name, race in races.items():
+    fitted = race["settings"]["nanogpt_fitted"]
+    print(f"race_fp32_1thread{name}: nanogpt-fitted by {fitted['by']} ({fitted['how']}); "
+          f"replay error per seed {fitted['replay_error']}")
 
 
 # %% slideshow={"slide_type": "fragment"}
+def at(seconds: float | None) -> str:
+    """When a curve reached a target, in words."""
+    return f"at {seconds:.0f} s" if seconds else "never"
+
+
+def nanogpt_rate(step: float, warmup: float = 100, horizon: float = 2000) -> float:
+    """nanoGPT's learning rate at `step`: warm-up to 1e-3, cosine to 1e-4 at `horizon`."""
+    if step < warmup:
+        return 1e-3 * (step + 1) / (warmup + 1)
+    decay = min(step - warmup, horizon - warmup) / (horizon - warmup)
+    return 1e-4 + 0.5 * (1e-3 - 1e-4) * (1 + math.cos(math.pi * decay))
+
+
 for race_name, race in (("every recipe 60 s", long_race), ("the course's recipes 30 s",
                                                            short_race)):
     print(race_name)
     for row, run in zip(race["summary"]["per_seed"], race["runs"], strict=True):
         steps = {name: curve["steps"][-1] for name, curve in run["curves"].items()}
-        cells = [f"seed {row['seed']}: nanoGPT {row['target']:.3f} at 60 s ({steps['nanogpt']} "
-                 f"steps)"]
-        for name in (name for name in run["curves"] if name != "nanogpt"):
-            reached = row[name]["reaches_target_at_s"]
-            cells.append(f"{name} {row[name]['final_val_loss']:.3f} ({steps[name]} steps), "
-                         + (f"reaches it at {reached:.0f} s" if reached else "never reaches it"))
-        print("  " + " | ".join(cells))
-    print("  median speed-up:", {name: round(v, 2) for name,
-                                 v in race["summary"]["median_speedup"].items()})
+        print(f"  seed {row['seed']}: nanoGPT {row['target']:.3f} at 60 s ({steps['nanogpt']} "
+              f"steps, cut at rate {nanogpt_rate(steps['nanogpt']):.1e}) | fitted "
+              f"{row['fitted_target']:.3f}, reaches nanoGPT's loss "
+              f"{at(row['nanogpt-fitted']['reaches_target_at_s'])}")
+        for name in (name for name in run["curves"] if not name.startswith("nanogpt")):
+            print(f"    {name} {row[name]['final_val_loss']:.3f} ({steps[name]} steps), reaches "
+                  f"nanoGPT's loss {at(row[name]['reaches_target_at_s'])}, the fitted one's "
+                  f"{at(row[name]['reaches_fitted_target_at_s'])}")
+    for key, target in (("median_speedup", "nanoGPT's"),
+                        ("median_speedup_vs_fitted", "the fitted")):
+        print(f"  median speed-up against {target} 60 s loss:", {name: round(v, 2) for name, v
+              in race["summary"][key].items() if not name.startswith("nanogpt")})
+
+# %% slideshow={"slide_type": "fragment"}
+def speedups(race: dict, name: str, key: str = "speedup") -> list[float]:
+    """Recipe `name`'s speed-up per seed (0: never reached the loss) against nanoGPT's 60 s loss,
+    or with key="speedup_vs_fitted" against the fitted schedule's."""
+    return [row[name][key] or 0.0 for row in race["summary"]["per_seed"]]
+
+
+n = long_race["runs"][0]["curves"]["nanogpt"]["steps"][-1]
+print(f"mean rate over seed 0's {n} steps: nanoGPT's "
+      f"{sum(nanogpt_rate(step) for step in range(n)) / n:.1e}, fitted "
+      f"{sum(nanogpt_rate(step, 0.05 * n, n) for step in range(n)) / n:.1e}")
+for race_name, race in (("every recipe 60 s", long_race), ("course 30 s", short_race)):
+    rows = race["summary"]["per_seed"]
+    print(f"{race_name}: the fitted schedule's final loss minus nanoGPT's, per seed "
+          f"{[round(row['fitted_target'] - row['target'], 3) for row in rows]}")
+    for name in race["summary"]["median_speedup_vs_fitted"]:
+        print(f"  {name}: against nanoGPT's {[round(v, 2) for v in speedups(race, name)]}, against "
+              f"the fitted {[round(v, 2) for v in speedups(race, name, 'speedup_vs_fitted')]}")
 for label, file, least in (("float32, two threads", "race_fp32_2threads_30s", 2),
                            ("bf16, one thread", "race_bf16_1thread_20s", 3)):
     other = json.loads((data_dir() / f"{file}.json").read_text(encoding="utf-8"))
     print(f"\n{label}, the course's recipes given {other['settings']['course_seconds']:g} s: "
           f"nanoGPT's 60 s loss per seed "
-          f"{[round(row['target'], 3) for row in other['summary']['per_seed']]}")
-    for name in (name for name in other["summary"]["median_speedup"] if name != "course"):
-        speedups = [row[name]["speedup"] for row in other["summary"]["per_seed"]]
-        print(f"  {name}: speed-up per seed {[round(v, 2) if v else 'never' for v in speedups]}, "
+          f"{[round(row['target'], 3) for row in other['summary']['per_seed']]}, its steps "
+          f"{[run['curves']['nanogpt']['steps'][-1] for run in other['runs']]}")
+    for name in ("course-muon", "course-best"):
+        print(f"  {name}: speed-up per seed {[round(v, 2) for v in speedups(other, name)]}, "
               f"median {other['summary']['median_speedup'][name]:.2f}")
-        assert all(v and v >= least for v in speedups), (file, name, speedups)
-muon_speedups = [row["course-muon"]["speedup"] for row in short_race["summary"]["per_seed"]]
-assert all(v and v >= 2 for v in muon_speedups)
+        assert all(v >= least for v in speedups(other, name)), (file, name)
+assert all(v >= 2 for v in speedups(short_race, "course-muon"))
+assert all(row["fitted_target"] > row["target"] for race in races.values()
+           for row in race["summary"]["per_seed"])
 
 # %% slideshow={"slide_type": "fragment"}
-colours = {"nanogpt": "tab:gray", "course": "tab:blue", "course-muon": "tab:red",
-           "course-best": "tab:purple"}
-labels = {"nanogpt": "nanoGPT's recipe", "course": "the course's (AdamW)",
+colours = {"nanogpt": "tab:gray", "nanogpt-fitted": "black", "course": "tab:blue",
+           "course-muon": "tab:red", "course-best": "tab:purple"}
+labels = {"nanogpt": "nanoGPT's recipe", "nanogpt-fitted": "nanoGPT's, schedule fitted to 60 s",
+          "course": "the course's (AdamW)",
           "course-muon": "the course's with Muon",
           "course-best": "Muon, no warm-up"}
 figure, axes = plt.subplots(1, 2, figsize=(13, 4.8), layout="constrained", sharey=True)
@@ -1468,6 +1522,8 @@ for axis, (title, race) in zip(axes, (("every recipe trains 60 s", long_race),
                       label=labels[name] if run is race["runs"][0] else None)
         axis.axhline(row["target"], color="black", linestyle=":", linewidth=1,
                      label="target: nanoGPT at 60 s" if run is race["runs"][0] else None)
+        axis.axhline(row["fitted_target"], color="black", linestyle="--", linewidth=1,
+                     label="target: nanoGPT fitted, at 60 s" if run is race["runs"][0] else None)
     axis.set(title=f"{title} (float32, one thread, {len(race['runs'])} seeds)",
              xlabel="training seconds",
              ylabel="validation loss", yscale="log", ylim=(0.25, 4.5))
@@ -1488,6 +1544,22 @@ plt.show()
 #
 # The seconds are those of the machine printed above; a laptop will be faster or slower, but
 # both recipes run the same kind of matrix products, so the **ratio** is what carries over.
+#
+# **Which nanoGPT, and how much of the lead is annealing.** The first median speed-up of each
+# race, the figures for two threads and bf16, and the asserts are against nanoGPT's loss as its
+# README runs it, cut halfway through its cosine. Fitting its schedule to the 60 s does not help nanoGPT: on every seed of both races the
+# fitted schedule ends *higher* (the second cell prints the differences, 0.009 to 0.028) and
+# never reaches the cut schedule's loss. When time runs out the cut schedule is still at about
+# `6e-4` and has averaged `8.2e-4`; the fitted one anneals to `1e-4` and averages `5.5e-4`
+# (printed for seed 0), and at about 1,000 steps the higher rate is worth more than the annealing. So the
+# fitted target is the easier one, and the course's recipes reach it sooner (the second median
+# of each race). None of the course's lead over nanoGPT on one thread is nanoGPT's missing
+# annealing: the headline numbers use the harder of nanoGPT's two targets. That is a finding at
+# about 1,000 steps, not a rule: on two threads nanoGPT takes more steps in its 60 s (printed),
+# and there annealing may pay; the two-thread and bf16 races do not carry the fitted schedule
+# yet, so their speed-ups are against the cut one only. What this does not separate is how
+# much the course's own recipes gain from their decay: the ablation below varies their peak rates
+# and warm-up, not that.
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # ### The recipe, one change at a time

@@ -28,6 +28,87 @@ def test_nanogpt_schedule_warms_up_decays_to_its_floor_and_stays_there():
     assert all(a >= b for a, b in zip(rates[100:-1], rates[101:], strict=True))
 
 
+def test_fitted_schedule_is_nanogpts_stretched_to_end_with_the_budget():
+    warmup = bench.NANO_WARMUP / bench.NANO_HORIZON
+    assert bench.fitted_nanogpt_lr(0.0, 1.0, warmup) == 0.0
+    assert bench.fitted_nanogpt_lr(warmup, 1.0, warmup) == pytest.approx(1e-3)
+    assert bench.fitted_nanogpt_lr(1.0, 1.0, warmup) == pytest.approx(1e-4)
+    assert bench.fitted_nanogpt_lr(1.3, 1.0, warmup) == 1e-4
+    for step in range(bench.NANO_WARMUP, bench.NANO_HORIZON + 1, 50):  # past the warm-up: the same curve
+        assert bench.fitted_nanogpt_lr(step / bench.NANO_HORIZON, 1.0, warmup) == pytest.approx(bench.nanogpt_lr(step))
+    # the same schedule in seconds: 60 s with a 3 s warm-up is the fractions' one at elapsed / 60
+    assert bench.fitted_nanogpt_lr(33.0, 60.0, 3.0) == pytest.approx(bench.fitted_nanogpt_lr(0.55, 1.0, warmup))
+    rates = [bench.fitted_nanogpt_lr(t / 1000, 1.0, warmup) for t in range(1001)]
+    assert all(a <= b for a, b in zip(rates[:50], rates[1:51], strict=True))
+    assert all(a >= b for a, b in zip(rates[50:-1], rates[51:], strict=True))
+
+
+def test_fitted_schedule_without_warm_up_starts_at_the_peak():
+    assert bench.fitted_nanogpt_lr(0.0, 60.0, 0.0) == pytest.approx(1e-3)
+    assert bench.fitted_nanogpt_lr(30.0, 60.0, 0.0) == pytest.approx((1e-3 + 1e-4) / 2)
+
+
+@pytest.mark.parametrize(("args", "name"), [
+    ((1.0, 0.0, 0.0), "budget"), ((1.0, -60.0, 0.0), "budget"), ((1.0, math.nan, 0.0), "budget"),
+    ((1.0, math.inf, 0.0), "budget"), ((1.0, "60", 0.0), "budget"),
+    ((1.0, 60.0, 60.0), "warmup"), ((1.0, 60.0, 90.0), "warmup"), ((1.0, 60.0, -1.0), "warmup"),
+    ((-0.5, 60.0, 3.0), "elapsed"), ((math.nan, 60.0, 3.0), "elapsed"), ((None, 60.0, 3.0), "elapsed"),
+])
+def test_fitted_schedule_refuses_bad_input_by_name(args, name):
+    with pytest.raises((TypeError, ValueError), match=rf"^{name} is "):
+        bench.fitted_nanogpt_lr(*args)
+
+
+def test_fitted_schedule_names_the_budget_a_warm_up_must_fit_in():
+    with pytest.raises(ValueError, match=r"warmup is 90.0, .*budget \(60\)"):
+        bench.fitted_nanogpt_lr(1.0, 60.0, 90.0)
+
+
+def test_the_two_nanogpt_contestants_differ_only_in_their_schedule():
+    torch = pytest.importorskip("torch")
+    train_ids = torch.randint(0, 11, (4000,), generator=torch.Generator().manual_seed(0))
+    val_batches = [(train_ids[:64].view(1, 64), train_ids[1:65].view(1, 64))]
+    nano, fitted = bench.make_contestants(["nanogpt", "nanogpt-fitted"], 11, train_ids, train_ids, val_batches,
+                                          seed=3, precision="fp32", muon_lr=0.04)
+    assert nano.val_loss() == fitted.val_loss()  # the same weights
+    assert [nano.step(1e-3) for _ in range(3)] == [fitted.step(1e-3) for _ in range(3)]  # the same windows
+    assert nano.val_loss() == fitted.val_loss()
+    assert nano.budget == fitted.budget == 0.0  # both train the race's budget, not --course-seconds
+    assert nano.schedule(1050, 0.3) == pytest.approx(bench.nanogpt_lr(1050))  # by steps, to step 2,000
+    assert fitted.schedule(1050, 0.3) == pytest.approx(bench.nanogpt_lr(600))  # by time: 0.3 of 2,000 steps
+    assert fitted.schedule(5, 1.0) == pytest.approx(1e-4)
+
+
+def test_add_fitted_replays_nanogpts_steps_and_places_the_fitted_curve_at_its_seconds():
+    torch = pytest.importorskip("torch")
+    train_ids = torch.randint(0, 11, (4000,), generator=torch.Generator().manual_seed(0))
+    val_batches = [(train_ids[:64].view(1, 64), train_ids[1:65].view(1, 64))]
+    nano = bench.make_contestants(["nanogpt"], 11, train_ids, train_ids, val_batches, seed=1, precision="fp32",
+                                  muon_lr=0.04)[0]
+    losses = [nano.val_loss()]
+    for step in range(4):
+        nano.step(bench.nanogpt_lr(step))
+        if step % 2 == 1:
+            losses.append(nano.val_loss())
+    stored = {"settings": {"seconds": 2.0, "precision": "fp32", "muon_lr": 0.04, "threads": 1},
+              "runs": [{"seed": 1, "curves": {
+                  "nanogpt": {"seconds": [0.0, 1.0, 2.0], "steps": [0, 2, 4], "val_loss": losses},
+                  "course": {"seconds": [0.0, 1.0, 2.0], "steps": [0, 3, 6], "val_loss": [9.0, 0.5, 0.1]}}}]}
+    extended = bench.add_fitted(stored, 11, train_ids, train_ids, val_batches)
+    assert extended["settings"]["nanogpt_fitted"]["replay_error"] == {"1": 0.0}  # the replay is nanogpt's arithmetic
+    fitted = extended["runs"][0]["curves"]["nanogpt-fitted"]
+    assert fitted["seconds"] == [0.0, 1.0, 2.0] and fitted["steps"] == [0, 2, 4]
+    assert fitted["val_loss"][0] == losses[0] and fitted["val_loss"][1:] != losses[1:]  # same start, own rates
+    assert extended["summary"] == bench.summarise(extended["runs"], 2.0)
+    assert extended["summary"]["per_seed"][0]["fitted_target"] == fitted["val_loss"][-1]
+    assert stored["runs"][0]["curves"].keys() == {"nanogpt", "course"}  # the stored race is left as it was
+
+
+def test_add_fitted_refuses_what_is_not_a_race():
+    with pytest.raises(TypeError, match=r"^race_json is .*expected a race"):
+        bench.add_fitted([], 11, None, None, [])
+
+
 def test_time_to_reach_interpolates_between_evaluations():
     curve = {"seconds": [0.0, 10.0, 20.0], "val_loss": [4.0, 3.0, 2.0]}
     assert bench.time_to_reach(curve, 2.5) == pytest.approx(15.0)
@@ -45,6 +126,47 @@ def test_summary_takes_nanogpts_final_loss_as_the_target():
     assert [row["course"]["speedup"] for row in summary["per_seed"]] == pytest.approx([2.0, 2.0 * 2, 2.0 * 3])
     assert summary["median_speedup"] == pytest.approx({"course": 4.0, "slow": 0.0})
     assert summary["per_seed"][0]["slow"]["reaches_target_at_s"] is None
+
+
+def test_summary_measures_each_course_recipe_against_both_nanogpt_schedules():
+    runs = [{"seed": seed, "curves": {
+        "nanogpt": {"seconds": [0.0, 10.0], "val_loss": [4.0, 3.0]},
+        "nanogpt-fitted": {"seconds": [0.0, 5.0, 10.0], "val_loss": [4.0, 3.0, 2.0 + 0.1 * seed]},
+        "course": {"seconds": [0.0, 5.0, 10.0], "val_loss": [4.0, 2.0, 1.0]},
+        "slow": {"seconds": [0.0, 10.0], "val_loss": [4.0, 2.5]}}} for seed in (0, 1, 2)]
+    summary = bench.summarise(runs, 10.0)
+    rows = summary["per_seed"]
+    assert [row["target"] for row in rows] == [3.0, 3.0, 3.0]
+    assert [row["fitted_target"] for row in rows] == pytest.approx([2.0, 2.1, 2.2])  # its own final loss
+    assert rows[0]["nanogpt-fitted"]["speedup"] == pytest.approx(2.0)  # annealing alone, against nanogpt
+    assert "speedup_vs_fitted" not in rows[0]["nanogpt-fitted"]
+    # course: 3.0 at 2.5 s (4x); 2.0 at 5 s (2x), 2.1 at 4.75 s, 2.2 at 4.5 s; slow: 3.0 at 6.67 s
+    assert [row["course"]["speedup"] for row in rows] == pytest.approx([4.0, 4.0, 4.0])
+    assert [row["course"]["reaches_fitted_target_at_s"] for row in rows] == pytest.approx([5.0, 4.75, 4.5])
+    assert [row["course"]["speedup_vs_fitted"] for row in rows] == pytest.approx([2.0, 10 / 4.75, 10 / 4.5])
+    assert rows[0]["slow"]["speedup"] == pytest.approx(1.5) and rows[0]["slow"]["speedup_vs_fitted"] is None
+    assert summary["median_speedup"] == pytest.approx({"nanogpt-fitted": 2.0, "course": 4.0, "slow": 1.5})
+    assert summary["median_speedup_vs_fitted"] == pytest.approx({"course": 10 / 4.75, "slow": 0.0})
+
+
+def test_summary_without_the_fitted_contestant_keeps_its_old_keys():
+    runs = [{"seed": 0, "curves": {"nanogpt": {"seconds": [0.0, 10.0], "val_loss": [4.0, 3.0]},
+                                   "course": {"seconds": [0.0, 10.0], "val_loss": [4.0, 2.0]}}}]
+    summary = bench.summarise(runs, 10.0)
+    assert set(summary) == {"per_seed", "median_speedup"}
+    assert set(summary["per_seed"][0]) == {"seed", "target", "course"}
+    assert set(summary["per_seed"][0]["course"]) == {"final_val_loss", "reaches_target_at_s", "speedup"}
+
+
+@pytest.mark.parametrize(("runs", "budget", "message"), [
+    ([{"seed": 0, "curves": {"nanogpt": {"seconds": [0.0], "val_loss": [1.0]}}}], 0.0, r"^budget is "),
+    ([], 10.0, r"^runs is \[\], expected a non-empty list"),
+    ([{"seed": 0, "curves": {"course": {"seconds": [0.0], "val_loss": [1.0]}}}], 10.0,
+     r"^runs\[0\] has curves \['course'\], expected one named 'nanogpt'"),
+])
+def test_summary_refuses_bad_input_by_name(runs, budget, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        bench.summarise(runs, budget)
 
 
 def sleeper(name: str, step_seconds: float) -> bench.Contestant:
@@ -91,7 +213,7 @@ def test_a_stored_race_summary_is_what_its_curves_say(path):
     settings = race["settings"]
     assert settings["seeds"] == [run["seed"] for run in race["runs"]] and len(settings["seeds"]) >= 3
     assert race["summary"] == bench.summarise(race["runs"], settings["seconds"])  # JSON keeps floats exactly
-    budgets = {"nanogpt": settings["seconds"]}
+    budgets = {"nanogpt": settings["seconds"], "nanogpt-fitted": settings["seconds"]}
     for run in race["runs"]:
         for name, curve in run["curves"].items():
             budget = budgets.get(name, settings.get("course_seconds") or settings["seconds"])
