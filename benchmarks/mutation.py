@@ -204,7 +204,7 @@ MODULE_NOTES["helpers/flash/triton_kernels.py"] = (
 
 # Tests left out of every run (--deselect): each costs tens of seconds per mutant it covers.
 SLOW_TESTS = [
-    "tests/training/test_trainer.py::test_compiled_trainer_computes_the_same_loss_and_trains",  # torch.compile
+    "tests/training/test_speed.py::test_compiled_trainer_computes_the_same_loss_and_trains",  # torch.compile
 ]
 
 # mutmut's exit-code verdicts, folded into the report's columns.
