@@ -305,6 +305,7 @@ def worker_cell(monkeypatch):
 
 
 @pytest.mark.processes
+@pytest.mark.slow
 def test_a_cell_function_runs_on_two_real_processes(worker_cell):
     shipped = ship(worker_cell.student_sum)
     assert isinstance(shipped, CellFunction)
@@ -350,6 +351,7 @@ def test_a_function_without_source_is_refused(monkeypatch):
 
 
 @pytest.mark.processes
+@pytest.mark.slow
 def test_the_ring_all_reduce_sums_on_three_processes():
     tensors = [torch.arange(7.0) * (rank + 1) + rank for rank in range(3)]
     results = launch(ring_all_reduce, 3, tensors, timeout=60.0)

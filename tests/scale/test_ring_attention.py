@@ -34,6 +34,7 @@ def workers(scale_workers):
 
 @pytest.mark.parametrize(("zigzag", "causal"), [(True, True), (False, True), (False, False)])
 @pytest.mark.processes
+@pytest.mark.slow
 def test_ring_attention_equals_full_attention_forward_and_backward(workers, zigzag, causal):
     results = run_ring_attention(workers, SHAPE, zigzag=zigzag, causal=causal)
     reference = full_attention_reference(SHAPE, causal=causal)

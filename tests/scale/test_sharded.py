@@ -301,6 +301,7 @@ def test_a_weight_listed_twice_is_refused_before_it_is_stepped_twice():
 
 
 @pytest.mark.processes
+@pytest.mark.slow
 def test_zero_by_hand_and_torch_match_unsharded_adamw_with_half_the_state(scale_workers):
     for task in (train_zero_by_hand, train_zero_torch):
         results = scale_workers.run(task, Run(model="gpt", steps=3, lr=0.01))

@@ -511,6 +511,7 @@ def differing_shapes(rank: int, world_size: int) -> None:
 
 
 @pytest.mark.processes
+@pytest.mark.slow
 def test_workers_name_the_rank_that_exited_and_the_ranks_whose_shapes_differ():
     with Workers(2, timeout=60.0) as workers:
         with pytest.raises(Exception, match="(?s)worker of rank 1 failed.*exited with code 3") as failure:

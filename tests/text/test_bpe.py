@@ -317,6 +317,7 @@ def test_a_file_cannot_make_encode_run_an_arbitrary_pattern(tmp_path):
 # --- the former slow cases finish, and the notebook's exercises ----------------------------------
 
 
+@pytest.mark.slow
 def test_encoding_a_long_chunk_is_fast_and_agrees_with_merging_in_order():
     tokenizer = corpus_bpe()
     letters = "".join("thesoupisyummy"[(i * i) % 14] for i in range(100_000))  # one chunk, no spaces
@@ -403,6 +404,7 @@ def test_encode_iterable_equals_encode_on_any_unicode_cut_anywhere(text, places)
     assert list(tokenizer.encode_iterable(cut_at(text, places))) == tokenizer.encode(text)
 
 
+@pytest.mark.slow
 def test_encode_iterable_equals_encode_on_the_corpus_in_lines_and_in_odd_chunks():
     tokenizer = corpus_bpe()
     text = END.join(load_corpus().split("\n\n")[:3000])

@@ -369,7 +369,18 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name, answer, message", CASES, ids=case_ids(CASES))
+# These two checkers run the answer on worker processes: about 12 s a case on 2 cores (pytest
+# --durations), so they are slow (left out of `course.py test --package`, run by `course.py test`).
+ON_WORKERS = ("distributed.ring_all_reduce", "distributed.fsdp_grad_piece")
+
+
+def slow_on_workers(cases: list) -> list:
+    """`cases` (rows of CASES, or exercise names) with those that start worker processes marked slow."""
+    return [pytest.param(*case, marks=pytest.mark.slow) if case[0] in ON_WORKERS
+            else (pytest.param(case, marks=pytest.mark.slow) if case in ON_WORKERS else case) for case in cases]
+
+
+@pytest.mark.parametrize("name, answer, message", slow_on_workers(CASES), ids=case_ids(CASES))
 def test_checker_judges(name, answer, message):
     judge(name, answer, message)
 
@@ -379,6 +390,6 @@ def test_every_checker_has_a_right_and_two_wrong_cases():
     assert_cases_cover("distributed", CASES)
 
 
-@pytest.mark.parametrize("name", exercise_names("distributed"))
+@pytest.mark.parametrize("name", slow_on_workers(exercise_names("distributed")))
 def test_not_attempted_says_the_task_not_the_recipe(name):
     assert_not_attempted_says_the_task(name)
