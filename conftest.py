@@ -31,6 +31,8 @@ class EveryTestRan:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if session.config.option.collectonly:  # --collect-only runs nothing, by design
+            return
         short = self.collected - len(self.finished)
         if exitstatus == 0 and short > 0:
             print(f"\n{short} of {self.collected} collected tests never finished: the run failed")
@@ -45,3 +47,7 @@ class EveryTestRan:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(EveryTestRan(), "every-test-ran")
+    # Registered here rather than in pyproject.toml's list, whose every change makes course.py
+    # reinstall the environment (the install's fingerprint hashes pyproject.toml).
+    config.addinivalue_line("markers", "slow: over ~10 s on a quiet 2-core machine (pytest --durations); "
+                                       "left out of `course.py test --package`, run by `course.py test`")

@@ -4,6 +4,12 @@
     python3 course.py lab [DIR]   # set up .venv (first time only) and open JupyterLab on notebooks/ (or DIR)
     python3 course.py test        # set up .venv with the test tools and run the whole suite
 
+and two for whoever changes the course's code (a contributor's loop; CI runs the whole `test`):
+
+    python3 course.py check helpers/training/muon.py  # ruff on it, then the tests that mirror it
+    python3 course.py test --package                  # lint and every test of the package: no notebooks,
+                                                      # browsers, sections, nbgrader or tests marked slow
+
 and three for instructors and whoever forks the course:
 
     python3 course.py student [--force] [DIR]  # the student edition to hand out; run again, it refreshes
@@ -62,6 +68,13 @@ PYTHON = venv_command(VENV, "python")
 LINT = ["-m", "ruff", "check", "--no-cache", "helpers", "tests", "notebooks", "tools", "benchmarks", "data", "course.py", "conftest.py", "nbgrader_config.py"]
 NBVAL = ["--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg"]
 PYTEST = ["-m", "pytest", "tests", "notebooks", *NBVAL, "-q", "-rfEs"]
+# `test --package`: the package's tests alone, for a contributor's loop (CI runs the whole suite).
+# Left out: the notebooks (strict nbval, tests/notebooks/: their rules, student edition, nbgrader),
+# a real JupyterLab (tests/browser/), and what the markers call slow: `sections` and `colab` runs,
+# and tests marked `slow` (over ~10 s each on a 2-core machine, measured by pytest --durations).
+PACKAGE_ONLY = ["--ignore=tests/notebooks", "--ignore=tests/browser",
+                "-m", "not slow and not sections and not colab and not browser"]
+PYTEST_PACKAGE = ["-m", "pytest", "tests", *PACKAGE_ONLY, "-q", "-rfEs"]
 # Then strict nbval once more as a typical laptop: PyTorch's plain (non-SIMD) kernels, one
 # thread, an OpenBLAS core other than this machine's (numpy's BLAS, used by Triton's
 # interpreter), and training in float32 (COURSE_PRECISION=fp32: most laptops have no native
@@ -249,12 +262,16 @@ def test(extra_args: list[str]) -> int:
         print("course.py test was started inside its own test run (COURSE_TEST_NESTED is set): refusing "
               "to start the whole suite again")
         return 2
-    ensure_environment("lab,test,browser,site,slides")
+    package = "--package" in extra_args
+    extra_args = [a for a in extra_args if a != "--package"]
+    ensure_environment("lab,test" if package else "lab,test,browser,site,slides")
     # No MPLBACKEND here: the notebook kernels inherit this environment and must keep their
     # inline backend, whose figures are part of the stored outputs nbval compares.
     env = {**os.environ, "PYTHONHASHSEED": "0", "COURSE_TEST_NESTED": "1"}
     env.pop("MPLBACKEND", None)
     lint = subprocess.call([str(PYTHON), *LINT], cwd=ROOT, env=env)
+    if package:
+        return lint or finished_pytest([str(PYTHON), *PYTEST_PACKAGE, *extra_args], env)
     suite = finished_pytest([str(PYTHON), *PYTEST, *extra_args], env)
     print("+ strict nbval again, network off, with "
           + " ".join(f"{k}={v}" for k, v in other_cpu_env().items()), flush=True)
@@ -267,6 +284,81 @@ def test(extra_args: list[str]) -> int:
         print(f"the notebooks tried to reach the network with it switched off:\n{attempts}")
     # pytest's 5 means "nothing collected": `test -k tokenizers` selects no notebook cell here.
     return lint or suite or (0 if other_cpu == 5 else other_cpu) or (1 if attempts else 0)
+
+
+def mirrored_tests(path: str, root: Path = ROOT, _beside: bool = True) -> list[Path]:
+    """The test files that check a change to the file at `path` (relative to `root` or absolute).
+
+    A test file is its own; `helpers/<sub>/<module>.py` has `tests/<sub>/test_<module>.py` (and an
+    exercise checker module `tests/lab/exercises/test_<module>.py` and `..._use.py`); a module
+    without a mirrored file has the test files that import it, else (a private one, `_ranks.py`)
+    those of the modules beside it that use it.
+    Raises ValueError naming `path` when it is no Python file of the course or nothing tests it."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"path is {path!r}, expected a Python file of the course, e.g. helpers/training/muon.py")
+    file = (root / path).resolve()
+    if file.suffix != ".py" or not file.is_file() or not file.is_relative_to(root):
+        raise ValueError(f"path {path!r} is not a Python file of the course, expected a module under "
+                         "helpers/ (helpers/training/muon.py) or a test file under tests/")
+    relative = file.relative_to(root)
+    tests = root / "tests"
+    if relative.parts[0] == "tests" and file.name.startswith("test_"):
+        return [file]
+    if relative.parts[0] != "helpers":
+        raise ValueError(f"path {path!r} is not under helpers/ or a test file, expected a module under "
+                         "helpers/ (helpers/training/muon.py) or a test file under tests/")
+    folder = tests.joinpath(*relative.parts[1:-1])
+    if relative.parts[1:-1] == ("lab", "exercises") and file.stem == "__init__":
+        names = ["test_check.py"]  # the exercise package's own machinery: check, evaluate
+    else:
+        names = [f"test_{file.stem}.py", f"test_{file.stem}_use.py"]
+    found = [folder / name for name in names if (folder / name).is_file()]
+    if not found:
+        dotted = ".".join(relative.with_suffix("").parts)
+        found = sorted(t for t in tests.rglob("test_*.py") if re.search(
+            rf"^\s*(from {re.escape(dotted)} import|import {re.escape(dotted)}\b|"
+            rf"from {re.escape(dotted.rpartition('.')[0])} import .*\b{re.escape(file.stem)}\b)",
+            t.read_text(encoding="utf-8"), re.M))
+    if not found:  # a private helper module (_ranks.py): the tests of the modules beside it that use it
+        users = [m for m in sorted(file.parent.glob("*.py")) if m != file and re.search(
+            rf"\b{re.escape(file.stem)}\b", m.read_text(encoding="utf-8"))]
+        for user in users if _beside else []:
+            try:
+                found += mirrored_tests(str(user.relative_to(root)), root, _beside=False)
+            except ValueError:
+                continue  # that module has no tests of its own either
+        found = sorted(set(found))
+    if not found:
+        raise ValueError(f"path {path!r} has no test file: expected {folder.relative_to(root) / names[0]} "
+                         "or a test file that imports it")
+    return found
+
+
+def check(extra_args: list[str]) -> int:
+    """`check PATH... [-- PYTEST ARGS]`: ruff on the files, then the tests that mirror them, but
+    those marked slow."""
+    paths, pytest_args = extra_args, []
+    if "--" in extra_args:
+        cut = extra_args.index("--")
+        paths, pytest_args = extra_args[:cut], extra_args[cut + 1:]
+    if not paths:
+        print("usage: python3 course.py check PATH [PATH ...] [-- PYTEST ARGS], e.g. "
+              "python3 course.py check helpers/training/muon.py")
+        return 2
+    try:
+        tests = [t for p in paths for t in mirrored_tests(p)]
+    except ValueError as error:
+        print(f"check: {error}")
+        return 2
+    tests = list(dict.fromkeys(tests))
+    ensure_environment("lab,test")
+    env = {**os.environ, "PYTHONHASHSEED": "0", "COURSE_TEST_NESTED": "1"}
+    shown = [str(t.relative_to(ROOT)) for t in tests]
+    print("+ ruff and pytest on " + " ".join(shown), flush=True)
+    lint = subprocess.call([str(PYTHON), "-m", "ruff", "check", "--no-cache", *paths, *shown], cwd=ROOT, env=env)
+    # the slow tests are left out here as in `test --package` (`-- -m ""` puts them back)
+    return lint or finished_pytest([str(PYTHON), "-m", "pytest", *shown, "-m", "not slow", "-q", "-rfEs",
+                                    *pytest_args], env)
 
 
 # Where the course says its own address: the set-up cell's install (helpers/lab/setup_cell.py),
@@ -778,8 +870,8 @@ def slides(extra_args: list[str], root: Path = ROOT) -> int:
 
 
 def main(argv: list[str]) -> int:
-    commands = {"lab": lab, "test": test, "publish": publish, "student": student, "site": site,
-                "blank": blank, "slides": slides}
+    commands = {"lab": lab, "test": test, "check": check, "publish": publish, "student": student,
+                "site": site, "blank": blank, "slides": slides}
     if not argv or argv[0] not in commands:
         print(__doc__)
         return 2

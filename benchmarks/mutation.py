@@ -74,7 +74,7 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/training/test_trainer.py", "tests/training/test_by_hand.py",
     ],
     "helpers/training/by_hand.py": [
-        "tests/training/test_by_hand.py", "tests/lab/exercises/test_gpt_checkers.py",
+        "tests/training/test_by_hand.py", "tests/lab/exercises/test_gpt.py",
     ],
     "helpers/training/guards.py": [
         "tests/training/test_guards.py", "tests/training/test_trainer.py",
@@ -95,7 +95,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "helpers/model/deepseek.py": ["tests/model/test_deepseek.py", "tests/model/test_mla.py"],
     "helpers/model/mla.py": ["tests/model/test_mla.py"],
     "helpers/model/moe.py": [
-        "tests/model/test_moe.py", "tests/lab/exercises/test_late_exercises.py",
+        "tests/model/test_moe.py", "tests/lab/exercises/test_frontier_decoder.py",
     ],
     "helpers/model/frontier.py": [
         "tests/model/test_frontier.py", "tests/model/test_moe.py", "tests/model/test_sliding.py",

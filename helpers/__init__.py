@@ -21,11 +21,11 @@ idea in plain code first, then switches to the helper and checks the two agree.
     lab/        what only notebooks use: set-up, plots, widgets, exercises, the
                 notes' tables, own text
 
-Arrows run one way: checks and timing <- text <- model <- (flash, training) <- (families,
+Arrows run one way: checks <- (timing, text) <- model <- (flash, training) <- (families,
 scale, post, serve) <- lab <- notebooks. Nothing in model imports training; nothing below lab imports plots,
 widgets or exercises; tests/course/test_layout.py draws the import graph and fails on a circle or an
-arrow against this order. `timing` sits beside `checks` rather than in lab because the scale
-workers time their collectives with it. Each subpackage's `__init__.py` lists its modules and
+arrow against this order. `timing` sits near the top rather than in lab because the scale
+workers time their collectives with it; it checks its arguments with `checks`. Each subpackage's `__init__.py` lists its modules and
 re-exports nothing: every name has one import path (`from helpers.model.gpt import GPT`).
 
 The shape legend, used in every docstring and shape comment of the package:

@@ -97,3 +97,26 @@ def finishes_within(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def raises_exactly(error_type: type[BaseException], message: str):
+    """pytest.raises for an error of `error_type` whose message is exactly `message`."""
+    import pytest
+
+    return pytest.raises(error_type, match=full(message))
+
+
+# The smallest GPT of the model tests (forward, cache, generation, checkpoints): vocabulary 11,
+# context 8, width 8, two layers of two heads.
+TINY_CONFIG = GPTConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, d_model=8)
+
+
+def tiny_model(**changes) -> GPT:
+    """A GPT of TINY_CONFIG (with `changes` to its fields) drawn from seed 0, in eval mode."""
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**{**TINY_CONFIG.to_dict(), **changes})).eval()
+
+
+def tiny_ids(batch: int = 1, length: int = 4) -> torch.Tensor:
+    """Token ids (batch, length) below TINY_CONFIG's vocabulary, drawn from seed 1."""
+    return torch.randint(0, TINY_CONFIG.vocab_size, (batch, length), generator=torch.Generator().manual_seed(1))

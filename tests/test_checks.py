@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 import random
-import re
 
 import numpy as np
 import pytest
 import torch
+from shared_tools import full
 
 from helpers import checks
 
@@ -32,7 +32,7 @@ def test_a_tensor_of_the_expected_sizes_is_returned_unchanged():
     (np.zeros((2, 2)), (None, None), "x has shape ndarray, expected E"),         # numpy is not torch
 ])
 def test_anything_else_is_refused_naming_the_argument_and_what_it_got(value, shape, message):
-    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+    with pytest.raises(ValueError, match=full(message)):
         checks.tensor_shape("x", value, shape, "E")
 
 

@@ -8,6 +8,7 @@ import json
 import statistics
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +38,7 @@ def check_speed_and_equal_time(result: dict) -> None:
     assert result["models"]["dense, equal active"]["steps"] == [result["model_steps"]] * len(result["seeds"])
 
 
+@pytest.mark.slow
 def test_bench_moe_short_run_writes_its_table(tmp_path):
     import subprocess
     import sys

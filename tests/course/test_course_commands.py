@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -164,6 +165,87 @@ def test_the_test_command_refuses_to_start_inside_its_own_run(monkeypatch, capsy
     monkeypatch.setattr(course, "ensure_environment", lambda extras: started.append(extras))
     assert course.test([]) == 2 and started == []
     assert "inside its own test run" in capsys.readouterr().out
+
+
+def test_a_deselected_test_is_not_counted_as_one_that_never_finished(tmp_path):
+    import os
+
+    command = _suite(tmp_path, "import pytest\n\n@pytest.mark.slow\ndef test_a():\n    pass\n\n"
+                               "def test_b():\n    pass\n")
+    assert course.finished_pytest([*command, "-m", "not slow"], dict(os.environ)) == 0
+    listing = subprocess.run([*command, "--collect-only"], capture_output=True, text=True)
+    assert listing.returncode == 0 and "never finished" not in listing.stdout
+
+
+@pytest.mark.parametrize("path, expected", [
+    ("helpers/training/muon.py", ["tests/training/test_muon.py"]),
+    ("helpers/lab/exercises/gpt.py", ["tests/lab/exercises/test_gpt.py"]),
+    ("helpers/lab/exercises/__init__.py", ["tests/lab/exercises/test_check.py"]),
+    ("helpers/lab/exercises/_post_slips.py", ["tests/lab/exercises/test_post_training.py"]),
+    ("helpers/checks.py", ["tests/test_checks.py"]),
+    ("tests/model/test_gpt.py", ["tests/model/test_gpt.py"]),
+])
+def test_check_maps_a_module_to_the_tests_that_mirror_it(path, expected):
+    assert [str(t.relative_to(ROOT)) for t in course.mirrored_tests(path)] == expected
+
+
+def test_check_maps_a_module_without_a_file_to_the_tests_that_import_it(tmp_path):
+    (tmp_path / "helpers" / "post").mkdir(parents=True)
+    (tmp_path / "tests" / "post").mkdir(parents=True)
+    (tmp_path / "helpers" / "post" / "tasks.py").write_text("FACTS = 1\n")
+    (tmp_path / "tests" / "post" / "test_sft.py").write_text("from helpers.post.tasks import FACTS\n")
+    (tmp_path / "tests" / "post" / "test_dpo.py").write_text("from helpers.post import dpo\n")
+    found = course.mirrored_tests("helpers/post/tasks.py", root=tmp_path)
+    assert found == [tmp_path / "tests" / "post" / "test_sft.py"]
+
+
+@pytest.mark.parametrize("path, words", [
+    ("helpers/training/no_such.py", "'helpers/training/no_such.py' is not a Python file of the course"),
+    ("README.md", "'README.md' is not a Python file of the course"),
+    ("tools/lesson_plan.py", "'tools/lesson_plan.py' is not under helpers/ or a test file"),
+    ("", "path is '', expected a Python file of the course"),
+])
+def test_check_refuses_a_path_it_cannot_map_by_name(path, words, monkeypatch, capsys):
+    started = []
+    monkeypatch.setattr(course, "ensure_environment", lambda extras: started.append(extras))
+    monkeypatch.setattr(course, "finished_pytest", lambda *a, **k: started.append(a))
+    with pytest.raises(ValueError, match=re.escape(words)):
+        course.mirrored_tests(path)
+    assert course.check([path]) == 2 and started == []
+    assert words in capsys.readouterr().out
+
+
+def test_check_without_a_path_says_how_to_call_it(capsys):
+    assert course.check([]) == 2
+    assert "course.py check helpers/training/muon.py" in capsys.readouterr().out
+
+
+def test_check_runs_ruff_on_the_module_and_its_tests_then_pytest_on_its_tests(monkeypatch):
+    calls = []
+    monkeypatch.setattr(course, "ensure_environment", lambda extras: calls.append(extras))
+    monkeypatch.setattr(course.subprocess, "call", lambda args, cwd, env: calls.append(args) or 0)
+    monkeypatch.setattr(course, "finished_pytest", lambda args, env: calls.append(args) or 0)
+    assert course.check(["helpers/training/muon.py", "--", "-k", "newton"]) == 0
+    extras, lint, suite = calls
+    assert extras == "lab,test"
+    assert "ruff" in lint and lint[-2:] == ["helpers/training/muon.py", "tests/training/test_muon.py"]
+    assert "pytest" in suite and "tests/training/test_muon.py" in suite and suite[-2:] == ["-k", "newton"]
+    assert suite[suite.index("tests/training/test_muon.py") + 1:][:2] == ["-m", "not slow"]
+
+
+def test_test_package_runs_lint_and_the_package_tests_without_notebooks_browsers_or_slow_ones(monkeypatch):
+    calls = []
+    monkeypatch.setattr(course, "ensure_environment", lambda extras: calls.append(extras))
+    monkeypatch.delenv("COURSE_TEST_NESTED", raising=False)
+    monkeypatch.setattr(course.subprocess, "call", lambda args, cwd, env: calls.append(args) or 0)
+    monkeypatch.setattr(course, "finished_pytest", lambda args, env: calls.append(args) or 0)
+    assert course.test(["--package", "-x"]) == 0
+    extras, lint, suite = calls  # no second, other-CPU nbval run
+    assert extras == "lab,test" and "ruff" in lint
+    assert "--nbval" not in suite and "notebooks" not in suite and suite[-1] == "-x"
+    assert {"--ignore=tests/notebooks", "--ignore=tests/browser"} <= set(suite)
+    marks = suite[suite.index("-m", suite.index("tests")) + 1]
+    assert all(f"not {m}" in marks for m in ("slow", "sections", "colab", "browser"))
 
 
 def live_copy_root(tmp_path: Path) -> Path:

@@ -20,8 +20,8 @@ HELPERS = Path(__file__).resolve().parents[2] / "helpers"
 # A module may import from its own stage or from a stage of a lower rank, never a higher one
 # or a sibling of the same rank.
 RANKS = {
-    "checks": 0, "timing": 0,
-    "text": 1,
+    "checks": 0,
+    "timing": 1, "text": 1,
     "model": 2,
     "flash": 3, "training": 3,
     "families": 4, "scale": 4, "post": 4, "serve": 4,
@@ -225,12 +225,101 @@ def test_no_test_file_is_named_after_how_its_tests_were_found():
     assert found == [], f"fold these into the test file of the module they test: {found}"
 
 
+# The one test folder that is a package: its files mirror helpers/lab/exercises/ by name, and four
+# of those names (test_attention, test_embeddings, test_gpt, test_layers) are tests/model's too.
+PACKAGES = [TESTS / "lab" / "exercises"]
+
+
 def test_test_file_basenames_are_unique():
     """pytest's default import mode (prepend) imports each test file by its basename, and the
-    sub-folders of tests/ have no __init__.py: two files of one name would collide."""
-    names = [p.name for p in TESTS.rglob("test_*.py")]
+    sub-folders of tests/ have no __init__.py: two files of one name would collide. A file in a
+    package (PACKAGES) is imported as package.name and may share its basename with another."""
+    names = [p.name for p in TESTS.rglob("test_*.py") if p.parent not in PACKAGES]
     assert sorted({n for n in names if names.count(n) > 1}) == []
-    assert not list(TESTS.rglob("__init__.py"))
+    assert [p.parent for p in TESTS.rglob("__init__.py")] == PACKAGES
+
+
+EXERCISES = HELPERS / "lab" / "exercises"
+EXERCISE_TESTS = TESTS / "lab" / "exercises"
+# tests/lab/exercises/'s files that are not test_<module>.py (or test_<module>_use.py), and why
+EXERCISE_FILES_OF_NO_MODULE = {
+    "__init__.py": "makes the folder a package (see PACKAGES)",
+    "judging.py": "what the checker tests share (how a case is judged); not a test module",
+    "test_check.py": "the package's own __init__.py: check, evaluate, exercise's time limit",
+}
+# checker modules without a test file of their own, and why
+EXERCISE_MODULES_WITHOUT_FILE = {
+    "building_blocks": "recorded from the reference solutions; held by tests/notebooks/test_exercises.py",
+}
+
+
+def exercise_test_strays(modules: set[str], files: set[str]) -> list[str]:
+    """The files of tests/lab/exercises/ that mirror none of `modules` (stems of the checker
+    modules): a file is test_<module>.py or test_<module>_use.py, or is listed with its reason."""
+    strays = []
+    for name in sorted(files - set(EXERCISE_FILES_OF_NO_MODULE)):
+        stem = name.removeprefix("test_").removesuffix(".py")
+        if not (name.startswith("test_") and name.endswith(".py")) or (
+                stem not in modules and stem.removesuffix("_use") not in modules):
+            strays.append(name)
+    return strays
+
+
+def test_the_exercise_tests_mirror_the_checker_modules():
+    modules = {p.stem for p in EXERCISES.glob("*.py") if not p.stem.startswith("_")}
+    files = {p.name for p in EXERCISE_TESTS.glob("*.py")}
+    missing = sorted(m for m in modules - set(EXERCISE_MODULES_WITHOUT_FILE) if f"test_{m}.py" not in files)
+    assert missing == [], f"checker modules without tests/lab/exercises/test_<module>.py: {missing}"
+    assert exercise_test_strays(modules, files) == [], "name each file after the checker module it tests"
+    stale = [m for m in EXERCISE_MODULES_WITHOUT_FILE if f"test_{m}.py" in files]
+    assert stale == [], f"these have a test file now: drop them from EXERCISE_MODULES_WITHOUT_FILE: {stale}"
+
+
+def test_a_file_named_after_a_round_is_a_stray_and_a_use_file_is_not():
+    modules = {"attention", "multihead_attention"}
+    files = {"test_attention.py", "test_multihead_attention_use.py", "test_late_exercises.py",
+             "judging.py", "cases.py"}
+    assert exercise_test_strays(modules, files) == ["cases.py", "test_late_exercises.py"]
+
+
+def imported_test_modules(path: Path, test_modules: set[str]) -> list[str]:
+    """The test modules (stems in `test_modules`) that the file at `path` imports, however written:
+    `import test_x`, `from test_x import y`, `from .test_x import y`, `from . import test_x`,
+    `importlib.import_module("test_x")`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            dotted = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            dotted = [node.module or ""] + [f"{node.module or ''}.{alias.name}" for alias in node.names]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
+              == "import_module" and node.args and isinstance(node.args[0], ast.Constant)):
+            dotted = [str(node.args[0].value)]
+        else:
+            continue
+        found += [part for name in dotted for part in name.split(".") if part in test_modules]
+    return sorted(set(found))
+
+
+
+
+def test_no_test_module_imports_another_test_module():
+    """A test module never imports another: a run of one folder would then fail on the other's
+    absence or order (issue 49: test_late_exercises imported test_dpo). Shared tables and
+    fixtures live in support modules (shared_tools.py, dpo_reference.py, lab/exercises/judging.py)."""
+    test_modules = {p.stem for p in TESTS.rglob("test_*.py")}
+    leaning = {str(p.relative_to(TESTS)): imported for p in sorted(TESTS.rglob("*.py"))
+               if (imported := imported_test_modules(p, test_modules))}
+    assert leaning == {}, f"move what these import into a support module: {leaning}"
+
+
+def test_the_import_reader_sees_every_way_to_import_a_test_module(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("import test_a\nfrom test_b import x\nfrom .test_c import y\nfrom . import test_d\n"
+                      "import importlib\nimportlib.import_module('test_e')\n"
+                      "from shared_tools import full\nimport test_unknown_elsewhere\n")
+    names = {"test_a", "test_b", "test_c", "test_d", "test_e"}
+    assert imported_test_modules(source, names) == ["test_a", "test_b", "test_c", "test_d", "test_e"]
 
 
 def test_every_path_in_the_mutation_map_exists():

@@ -80,6 +80,7 @@ def test_readme_colab_links_use_the_one_repository_address():
     assert PYPROJECT["project"]["urls"]["Source"] == COURSE_REPO
 
 
+@pytest.mark.slow
 def test_wheel_installs_into_a_fresh_environment_and_finds_the_corpus(tmp_path):
     wheels = tmp_path / "wheels"
     # A checkout on PYTHONPATH would win: pip would call the package installed and skip it.

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from shared_tools import finishes_within
+from shared_tools import TINY_CONFIG, finishes_within, tiny_ids, tiny_model
 
 from helpers.model.checkpoints import (
     MAX_CONTEXT_LENGTH,
@@ -24,10 +24,8 @@ from helpers.model.checkpoints import (
     save_checkpoint,
     weights_checksum,
 )
-from helpers.model.gpt import GPT, GPTConfig
+from helpers.model.gpt import GPT
 from helpers.model.modern import ModernConfig, ModernGPT
-
-SMALL = GPTConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, d_model=8)
 
 
 def message(error_type, call) -> str:
@@ -39,7 +37,7 @@ def message(error_type, call) -> str:
 def saved(tmp_path: Path, change=None) -> Path:
     """A GPT's checkpoint, then (optionally) `change(state)` applied to what the file holds."""
     torch.manual_seed(0)
-    path = save_checkpoint(tmp_path / "model.pt", GPT(SMALL))
+    path = save_checkpoint(tmp_path / "model.pt", GPT(TINY_CONFIG))
     if change is not None:
         state = torch.load(path, weights_only=True)
         change(state)
@@ -88,12 +86,12 @@ def test_the_checksum_covers_names_dtypes_shapes_and_bytes_in_order():
 
 def test_what_a_checkpoint_holds(tmp_path):
     torch.manual_seed(0)
-    model = GPT(SMALL)
+    model = GPT(TINY_CONFIG)
     path = save_checkpoint(str(tmp_path / "gpt.pt"), model, note="x")
     assert path == tmp_path / "gpt.pt" and isinstance(path, Path)
     state = torch.load(path, weights_only=True)
     assert sorted(state) == ["architecture", "checksum", "config", "extra", "model"]  # no optimizer
-    assert state["architecture"] == "GPT" and state["config"] == SMALL.to_dict()
+    assert state["architecture"] == "GPT" and state["config"] == TINY_CONFIG.to_dict()
     assert state["checksum"] == {"sha256": weights_checksum(model.state_dict())}
     assert state["extra"] == {"note": "x"}
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
@@ -125,7 +123,7 @@ def test_save_names_a_model_or_path_it_cannot_take(tmp_path):
         "model is a Linear, expected one of GPT, ModernGPT (helpers.model.gpt.GPT or "
         "helpers.model.modern.ModernGPT)")
     for target in (tmp_path, tmp_path / "missing" / "m.pt"):
-        assert message(ValueError, lambda target=target: save_checkpoint(target, GPT(SMALL))) == (
+        assert message(ValueError, lambda target=target: save_checkpoint(target, GPT(TINY_CONFIG))) == (
             f"path {str(target)!r} is a folder or lies in a folder that does not exist, expected a "
             "file name in an existing folder, such as 'model.pt'")
 
@@ -154,7 +152,7 @@ class Item:
      "dict of them, which load_checkpoint can read back safely"),
 ])
 def test_extras_that_could_not_be_read_back_are_named_in_full(tmp_path, extra, expected):
-    assert message(TypeError, lambda: save_checkpoint(tmp_path / "m.pt", GPT(SMALL), **extra)) == expected
+    assert message(TypeError, lambda: save_checkpoint(tmp_path / "m.pt", GPT(TINY_CONFIG), **extra)) == expected
     assert not (tmp_path / "m.pt").exists()
 
 
@@ -163,8 +161,8 @@ def test_a_config_with_a_numpy_number_is_refused_at_save_not_at_load(tmp_path):
 
     import numpy as np
 
-    model = GPT(SMALL)
-    model.config = dataclasses.replace(SMALL, n_layers=np.int64(SMALL.n_layers))
+    model = GPT(TINY_CONFIG)
+    model.config = dataclasses.replace(TINY_CONFIG, n_layers=np.int64(TINY_CONFIG.n_layers))
     said = message(TypeError, lambda: save_checkpoint(tmp_path / "m.pt", model))
     assert said.startswith("model.config.n_layers is ") and "(use float(...) or int(...))" in said
     assert not (tmp_path / "m.pt").exists()
@@ -173,7 +171,7 @@ def test_a_config_with_a_numpy_number_is_refused_at_save_not_at_load(tmp_path):
 def test_plain_extras_round_trip(tmp_path):
     extra = dict(a=(1, 2.5, "x", None, True), b={"k": [torch.ones(2)], 3: {"deep": False}},
                  c=torch.nn.Parameter(torch.zeros(1)))
-    _, state = load_checkpoint(save_checkpoint(tmp_path / "m.pt", GPT(SMALL), **extra))
+    _, state = load_checkpoint(save_checkpoint(tmp_path / "m.pt", GPT(TINY_CONFIG), **extra))
     assert state["extra"]["a"] == (1, 2.5, "x", None, True)
     assert torch.equal(state["extra"]["b"]["k"][0], torch.ones(2)) and state["extra"]["b"][3] == {"deep": False}
 
@@ -266,7 +264,7 @@ def test_a_checkpoint_naming_no_architecture_is_a_gpt_and_an_unknown_one_is_name
 
 
 def test_bad_configs_are_named_in_full(tmp_path):
-    fields = sorted(SMALL.to_dict())
+    fields = sorted(TINY_CONFIG.to_dict())
     path = saved(tmp_path, lambda state: state.update(config=[1]))
     assert message(CheckpointError, lambda: load_checkpoint(path)) == \
         f"{path} has a 'config' of type list, expected a dict of GPTConfig fields"
@@ -414,15 +412,6 @@ def test_a_device_this_machine_has_is_accepted(monkeypatch):
         "device is 'cuda:0', but this machine has no cuda: expected 'cpu'"
 
 
-def small_model(**changes) -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig(**{**SMALL.to_dict(), **changes})).eval()
-
-
-def ids(batch: int = 1, length: int = 4) -> torch.Tensor:
-    return torch.randint(0, SMALL.vocab_size, (batch, length), generator=torch.Generator().manual_seed(1))
-
-
 @pytest.mark.parametrize("extra, match", [
     ({"folder": Path("runs")}, r"extra value 'folder' is PosixPath|extra value 'folder' is WindowsPath"),
     ({"loss": np.float64(1.5)}, r"extra value 'loss' is np.float64\(1.5\).*use float\(...\)"),
@@ -430,16 +419,16 @@ def ids(batch: int = 1, length: int = 4) -> torch.Tensor:
 ])
 def test_save_checkpoint_refuses_extras_that_could_not_be_loaded_back(tmp_path, extra, match):
     with pytest.raises(TypeError, match=match):
-        save_checkpoint(tmp_path / "model.pt", small_model(), **extra)
+        save_checkpoint(tmp_path / "model.pt", tiny_model(), **extra)
     assert not (tmp_path / "model.pt").exists()
 
 
 def test_a_checkpoint_round_trips_with_plain_extras(tmp_path):
-    model = small_model(activation="gelu_tanh")
+    model = tiny_model(activation="gelu_tanh")
     save_checkpoint(tmp_path / "model.pt", model, steps=3, note="run 1", losses=[2.5, 2.0], meta={"a": 1})
     restored, saved = load_checkpoint(tmp_path / "model.pt")
     assert restored.config == model.config and saved["extra"]["losses"] == [2.5, 2.0]
-    assert torch.equal(restored(ids()), model(ids()))
+    assert torch.equal(restored(tiny_ids()), model(tiny_ids()))
 
 
 def _write_bad_file(kind: str, folder: Path) -> Path:
@@ -447,21 +436,21 @@ def _write_bad_file(kind: str, folder: Path) -> Path:
     if kind == "random":
         path.write_bytes(b"\x00" + os.urandom(1999))  # never "{" or "[" first: that is the JSON case
     elif kind == "truncated":
-        save_checkpoint(path, small_model())
+        save_checkpoint(path, tiny_model())
         path.write_bytes(path.read_bytes()[:3000])
     elif kind == "tokenizer JSON":
         path.write_text('{"merges": [[104, 105]], "pattern": "x"}')
     elif kind == "pickled model":
-        torch.save(small_model(), path)
+        torch.save(tiny_model(), path)
     elif kind == "state dict":
-        torch.save(small_model().state_dict(), path)
+        torch.save(tiny_model().state_dict(), path)
     elif kind == "huge config":
-        save_checkpoint(path, small_model())
+        save_checkpoint(path, tiny_model())
         state = torch.load(path, weights_only=True)
         state["config"]["vocab_size"] = 10**12  # 8 TB of embedding if it were allocated
         torch.save(state, path)
     elif kind == "string flag in config":
-        save_checkpoint(path, small_model())
+        save_checkpoint(path, tiny_model())
         state = torch.load(path, weights_only=True)
         state["config"]["tie_weights"] = "False"
         torch.save(state, path)
@@ -490,7 +479,7 @@ MODERN = ModernConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, n_
 
 def saved_checkpoint(tmp_path: Path, model: torch.nn.Module | None = None) -> Path:
     torch.manual_seed(0)
-    return save_checkpoint(tmp_path / "model.pt", model or GPT(SMALL))
+    return save_checkpoint(tmp_path / "model.pt", model or GPT(TINY_CONFIG))
 
 
 def rewrite(path: Path, change) -> None:
@@ -539,7 +528,7 @@ def test_checkpoint_with_integer_weights_is_refused(tmp_path):
 
 
 def test_checkpoint_paths_and_devices_are_named(tmp_path):
-    model = GPT(SMALL)
+    model = GPT(TINY_CONFIG)
     for target in (tmp_path / "missing" / "model.pt", tmp_path):
         with pytest.raises(ValueError, match="is a folder or lies in a folder that does not exist"):
             save_checkpoint(target, model)
@@ -558,7 +547,7 @@ def test_extra_values_sharing_one_list_are_checked_once_and_too_deep_ones_refuse
     for _ in range(40):
         shared = [shared, shared]  # 2^40 paths through 41 lists: the check once walked them all
     with finishes_within(10):
-        save_checkpoint(tmp_path / "model.pt", GPT(SMALL), shared=shared, again=shared)
+        save_checkpoint(tmp_path / "model.pt", GPT(TINY_CONFIG), shared=shared, again=shared)
     _, state = load_checkpoint(tmp_path / "model.pt")
     assert state["extra"]["shared"] is state["extra"]["again"]
     deep = [1]
@@ -566,4 +555,4 @@ def test_extra_values_sharing_one_list_are_checked_once_and_too_deep_ones_refuse
         deep = [deep]
     with pytest.raises(ValueError, match=r"^extra value 'deep'(\[0\]){100} is nested more than 100 levels "
                                          r"deep, expected plain values in at most 100 levels"):
-        save_checkpoint(tmp_path / "deep.pt", GPT(SMALL), deep=deep)
+        save_checkpoint(tmp_path / "deep.pt", GPT(TINY_CONFIG), deep=deep)

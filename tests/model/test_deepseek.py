@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from shared_tools import full
 
 from helpers.model.deepseek import (
     DeepSeekBlock,
@@ -30,10 +31,6 @@ SMALL = dict(vocab_size=30, context_length=12, n_layers=3, d_model=16, n_heads=2
              rope_dim=4, nope_dim=6, v_dim=5, mlp_hidden=24, n_dense=1, n_experts=4, top_k=2,
              expert_hidden=8, n_shared=2, routed_scale=1.5, n_group=2, topk_group=1,
              rope_base=500.0, norm_eps=1e-5)
-
-
-def full(message: str) -> str:
-    return "^" + re.escape(message) + "$"
 
 
 def test_the_config_defaults():

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from shared_tools import full
 
 from helpers.model.frontier import (
     FrontierAttention,
@@ -30,10 +31,6 @@ from helpers.model.moe import MoELayer
 from helpers.model.sliding import llama3_inv_freq, yarn_inv_freq
 
 SMALL = dict(vocab_size=20, context_length=10, n_layers=2, n_heads=4, n_kv_heads=2, d_model=16, mlp_hidden=24)
-
-
-def full(message: str) -> str:
-    return "^" + re.escape(message) + "$"
 
 
 # --- attention against a float64 reference -------------------------------------------------------
@@ -249,7 +246,6 @@ def test_the_rope_table_follows_the_models_dtype():
     ids = torch.randint(0, 20, (1, 12))
     assert model(ids).dtype == torch.float64                            # past the context too
     assert model.to("meta").rope.sin.device.type == "meta"
-
 
 
 def test_the_final_norm_takes_the_configs_eps():

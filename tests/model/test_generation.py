@@ -14,6 +14,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from shared_tools import full, tiny_ids, tiny_model
 
 from helpers.model.generation import generate, sample_next
 from helpers.model.gpt import GPT, GPTConfig
@@ -179,7 +180,7 @@ def test_a_row_without_a_finite_best_logit_is_refused(bad, shown):
     (dict(top_k=2.0), TypeError, "top_k is 2.0 (a float), expected a positive int"),
 ])
 def test_bad_sampling_arguments_are_refused_by_name(kwargs, error, message):
-    with pytest.raises(error, match="^" + re.escape(message) + "$"):
+    with pytest.raises(error, match=full(message)):
         sample_next(torch.zeros(1, 3), **kwargs)
 
 
@@ -290,7 +291,7 @@ def test_generate_runs_in_eval_mode_and_restores_the_mode(use_cache):
 def test_generate_refuses_bad_arguments_by_name(call, error, message):
     model = peaked_model()
     model.train()
-    with pytest.raises(error, match="^" + re.escape(message) + "$"):
+    with pytest.raises(error, match=full(message)):
         call(model)
     assert model.training
 
@@ -306,7 +307,7 @@ def test_generate_refuses_bad_sampling_arguments_before_any_forward_pass(kwargs,
     model.register_forward_pre_hook(lambda module, args: passes.append(1))
     fed = spy_on_cached(model)
     for use_cache in (True, False):
-        with pytest.raises(error, match="^" + re.escape(message) + "$"):
+        with pytest.raises(error, match=full(message)):
             generate(model, torch.zeros(1, 2, dtype=torch.long), 3, use_cache=use_cache, **kwargs)
     assert passes == [] and fed == []
 
@@ -314,18 +315,6 @@ def test_generate_refuses_bad_sampling_arguments_before_any_forward_pass(kwargs,
 def test_sample_next_refuses_a_generator_that_is_not_one():
     with pytest.raises(TypeError, match=r"^generator is a int, expected a torch.Generator$"):
         sample_next(torch.zeros(1, 3), generator=0)
-
-
-SMALL = GPTConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, d_model=8)
-
-
-def small_model(**changes) -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig(**{**SMALL.to_dict(), **changes})).eval()
-
-
-def ids(batch: int = 1, length: int = 4) -> torch.Tensor:
-    return torch.randint(0, SMALL.vocab_size, (batch, length), generator=torch.Generator().manual_seed(1))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -336,11 +325,11 @@ def test_sampling_refuses_nan_logits_instead_of_picking_them(temperature):
 
 
 def test_generate_stops_on_a_model_with_a_nan_weight():
-    model = small_model()
+    model = tiny_model()
     with torch.no_grad():
         model.blocks[0].mlp.up.weight[0, 0] = float("nan")
     with pytest.raises(ValueError, match="logits row 0 contains NaN"):
-        generate(model, ids(), 3, temperature=0.0)
+        generate(model, tiny_ids(), 3, temperature=0.0)
 
 
 def test_top_k_keeps_exactly_k_tokens_and_breaks_ties_by_the_lower_id():
@@ -367,4 +356,4 @@ def test_sampling_names_logits_it_cannot_sample_from(logits, error, match):
 
 def test_generate_names_a_list_prompt():
     with pytest.raises(TypeError, match=r"prompt is a list, expected a \(B, N\) tensor"):
-        generate(small_model(), [[1, 2, 3]], 2)
+        generate(tiny_model(), [[1, 2, 3]], 2)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shared_tools import DTYPES, changed_at, small_gpt
+from shared_tools import DTYPES, changed_at, small_gpt, tiny_ids, tiny_model
 from torch import nn
 
 from helpers.model.fused import fast_block
@@ -560,18 +560,6 @@ def test_forward_cached_takes_the_fast_path_by_default():
     assert calls == {"ln_f": 0, "blocks": []} and cache.length == 3
 
 
-SMALLER = GPTConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, d_model=8)
-
-
-def smaller_model(**changes) -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig(**{**SMALLER.to_dict(), **changes})).eval()
-
-
-def ids(batch: int = 1, length: int = 4) -> torch.Tensor:
-    return torch.randint(0, SMALLER.vocab_size, (batch, length), generator=torch.Generator().manual_seed(1))
-
-
 @pytest.mark.parametrize("make, name", [
     (lambda: GPTConfig(tie_weights="False"), "tie_weights"),
     (lambda: GPTConfig(bias="True"), "bias"),
@@ -580,8 +568,8 @@ def ids(batch: int = 1, length: int = 4) -> torch.Tensor:
     (lambda: TrainConfig(fast="False"), "fast"),
     (lambda: TrainConfig(compile="yes"), "compile"),
     (lambda: MultiHeadAttention(8, 2)(torch.randn(1, 3, 8), causal="no"), "causal"),
-    (lambda: smaller_model()(ids(), fast="False"), "fast"),
-    (lambda: generate(smaller_model(), ids(), 2, use_cache="False"), "use_cache"),
+    (lambda: tiny_model()(tiny_ids(), fast="False"), "fast"),
+    (lambda: generate(tiny_model(), tiny_ids(), 2, use_cache="False"), "use_cache"),
 ])
 def test_strings_are_refused_where_a_bool_is_expected(make, name):
     with pytest.raises(TypeError, match=rf"{name} is '.*' \(a str\), expected True or False"):
@@ -595,7 +583,7 @@ def test_strings_are_refused_where_a_bool_is_expected(make, name):
 ])
 def test_bad_token_ids_are_named(token_ids, error, match):
     with pytest.raises(error, match=match):
-        smaller_model()(token_ids)
+        tiny_model()(token_ids)
 
 
 def test_vocab_size_none_is_named():

@@ -7,11 +7,9 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
-from shared_tools import DTYPES, changed_at, small_gpt
+from shared_tools import DTYPES, TINY_CONFIG, changed_at, full, small_gpt, tiny_ids, tiny_model
 
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.model.kv_cache import KVCache, check_cache
@@ -130,7 +128,7 @@ def test_store_refuses_shapes_that_do_not_fit(keys_shape, values_shape):
     cache = small_cache()
     message = (f"keys has shape {keys_shape} and values {values_shape}, expected both "
                f"(B, H_KV, n, D_H) with (B, H_KV, D_H) = (3, 1, 4)")
-    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+    with pytest.raises(ValueError, match=full(message)):
         cache.store(0, torch.ones(keys_shape), torch.ones(values_shape))
 
 
@@ -147,7 +145,7 @@ def test_check_fits_names_the_size_that_differs(sizes, what, got, expected):
     model = GPT(GPTConfig(**GPT_SMALL))
     message = (f"cache has {what} {got} (keys of shape {sizes}), expected {expected} for this "
                f"model and token_ids: make it with KVCache.for_model(model, 3)")
-    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+    with pytest.raises(ValueError, match=full(message)):
         KVCache(*sizes).check_fits(model, 3)
     KVCache(2, 3, 2, 5, 4).check_fits(model, 3)  # the right sizes pass
     KVCache(2, 3, 2, 9, 4).check_fits(model, 3)  # a longer cache than the context is fine
@@ -175,24 +173,12 @@ def test_check_cache_refuses_what_is_not_a_cache_then_checks_the_fit():
     check_cache(KVCache.for_model(model, 3), model, 3)
 
 
-SMALL = GPTConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, d_model=8)
-
-
-def small_model(**changes) -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig(**{**SMALL.to_dict(), **changes})).eval()
-
-
-def ids(batch: int = 1, length: int = 4) -> torch.Tensor:
-    return torch.randint(0, SMALL.vocab_size, (batch, length), generator=torch.Generator().manual_seed(1))
-
-
 def test_forward_cached_refuses_training_mode_with_dropout():
-    model = small_model(dropout=0.1).train()
+    model = tiny_model(dropout=0.1).train()
     with pytest.raises(RuntimeError, match=r"training mode with dropout = 0.1.*call model.eval\(\)"):
-        model.forward_cached(ids(), KVCache.for_model(model, 1))
+        model.forward_cached(tiny_ids(), KVCache.for_model(model, 1))
     model.eval()
-    assert model.forward_cached(ids(), KVCache.for_model(model, 1)).shape == (1, 4, SMALL.vocab_size)
+    assert model.forward_cached(tiny_ids(), KVCache.for_model(model, 1)).shape == (1, 4, TINY_CONFIG.vocab_size)
 
 
 @pytest.mark.parametrize("cache, error, match", [
@@ -202,7 +188,7 @@ def test_forward_cached_refuses_training_mode_with_dropout():
 ])
 def test_a_cache_that_does_not_fit_the_model_is_named(cache, error, match):
     with pytest.raises(error, match=match):
-        small_model().forward_cached(ids(), cache)
+        tiny_model().forward_cached(tiny_ids(), cache)
 
 
 MODERN = ModernConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, n_kv_heads=1, d_model=8)

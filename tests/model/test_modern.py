@@ -597,11 +597,6 @@ def test_forward_cached_refuses_a_cache_of_another_batch_or_no_room():
 MODERN = ModernConfig(vocab_size=11, context_length=8, n_layers=2, n_heads=2, n_kv_heads=1, d_model=8)
 
 
-def _escape(text: str) -> str:
-    import re
-    return re.escape(text)
-
-
 def test_llama_state_dict_with_extra_layers_is_refused():
     torch.manual_seed(0)
     bigger = ModernGPT(ModernConfig(**{**MODERN.__dict__, "n_layers": 3}))
@@ -619,7 +614,7 @@ def test_llama_state_dict_with_extra_layers_is_refused():
     (lambda: ModernConfig(rope_base=1.0), "rope_base is 1.0, expected a finite number > 1"),
 ])
 def test_modern_parts_refuse_nonsense_numbers(make, words):
-    with pytest.raises(ValueError, match=_escape(words)):
+    with pytest.raises(ValueError, match=re.escape(words)):
         make()
 
 

@@ -181,6 +181,7 @@ def test_bad_input_raises_a_clear_error(call, message):
 
 
 @pytest.mark.processes
+@pytest.mark.slow
 def test_expert_parallel_on_two_processes_equals_one_process():
     from helpers.scale.expert_parallel import expert_parallel_step
     from helpers.scale.workers import launch

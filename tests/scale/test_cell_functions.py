@@ -17,7 +17,7 @@ import types
 
 import pytest
 import torch
-from shared_tools import as_ipython_cell
+from shared_tools import as_ipython_cell, full
 
 from helpers.scale import cell_functions as cf
 from helpers.scale.cell_functions import CellFunction, ship
@@ -174,32 +174,32 @@ def test_what_cannot_travel_is_refused_with_its_name(cell):
     message = ("fn='reads_lock' reads the global 'lock' (lock), which cannot be sent to the workers "
                "(TypeError: cannot pickle '_thread.lock' object); expected picklable globals: pass it "
                "as an argument, or create it inside the function")
-    with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(TypeError, match=full(message)):
         cf.ship(cell.reads_lock)
     message = ("fn='{}' reads 'box', a class (or an object of a class) defined in a notebook cell, which "
                "the workers cannot rebuild; expected a class defined in a module, or pass the plain values "
                "it holds as arguments")
-    with pytest.raises(TypeError, match=f"^{re.escape(message.format('reads_box'))}$"):
+    with pytest.raises(TypeError, match=full(message.format('reads_box'))):
         cf.ship(cell.reads_box)
     with pytest.raises(TypeError, match=re.escape("fn='reads_class' reads 'Box', a class (or an object")):
         cf.ship(cell.reads_class)
     message = ("fn='make_closure.<locals>.inner' reads variables of an enclosing function (('offset',)), "
                "which cannot be sent; expected a function defined at the top of a cell")
-    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(ValueError, match=full(message)):
         cf.ship(cell.make_closure())
     message = ("fn='{}' cannot be sent to the workers: a lambda or a function defined inside another has "
                "no source of its own to send; expected a function defined with `def` at the top of a "
                "notebook cell or of a module")
-    with pytest.raises(ValueError, match=f"^{re.escape(message.format('<lambda>'))}$"):
+    with pytest.raises(ValueError, match=full(message.format('<lambda>'))):
         cf.ship(cell.anonymous)
-    with pytest.raises(ValueError, match=f"^{re.escape(message.format('make.<locals>.inner'))}$"):
+    with pytest.raises(ValueError, match=full(message.format('make.<locals>.inner'))):
         cf.ship(cell.make())
     cell.anonymous.__qualname__ = "anonymous"  # renamed: still a lambda, refused as one
-    with pytest.raises(ValueError, match=f"^{re.escape(message.format('anonymous'))}$"):
+    with pytest.raises(ValueError, match=full(message.format('anonymous'))):
         cf.ship(cell.anonymous)
     message = ("fn='coroutine' cannot be sent to the workers: its source is not one plain `def`; "
                "expected a function defined with `def` at the top of a cell")
-    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(ValueError, match=full(message)):
         cf.ship(cell.coroutine)
     renamed = cell.task
     renamed.__name__ = "other"
@@ -230,13 +230,13 @@ def test_module_functions_and_picklable_callables_travel_as_themselves():
                "import it by; expected a function defined with `def` at the top of a module or a "
                "notebook cell")
     here = "test_module_functions_and_picklable_callables_travel_as_themselves.<locals>"
-    with pytest.raises(ValueError, match=f"^{re.escape(message.format(here + '.<lambda>'))}$"):
+    with pytest.raises(ValueError, match=full(message.format(here + '.<lambda>'))):
         cf.ship(lambda rank, world_size: rank)
 
     def nested(rank, world_size):
         return rank
 
-    with pytest.raises(ValueError, match=f"^{re.escape(message.format(here + '.nested'))}$"):
+    with pytest.raises(ValueError, match=full(message.format(here + '.nested'))):
         cf.ship(nested)
     lock_partial = functools.partial(module_level, threading.Lock())
     with pytest.raises(ValueError, match=r"^fn='functools.partial\(<function module_level at 0x[0-9a-f]+>, "
@@ -305,6 +305,7 @@ def worker_cell(monkeypatch):
 
 
 @pytest.mark.processes
+@pytest.mark.slow
 def test_a_cell_function_runs_on_two_real_processes(worker_cell):
     shipped = ship(worker_cell.student_sum)
     assert isinstance(shipped, CellFunction)
@@ -350,6 +351,7 @@ def test_a_function_without_source_is_refused(monkeypatch):
 
 
 @pytest.mark.processes
+@pytest.mark.slow
 def test_the_ring_all_reduce_sums_on_three_processes():
     tensors = [torch.arange(7.0) * (rank + 1) + rank for rank in range(3)]
     results = launch(ring_all_reduce, 3, tensors, timeout=60.0)

@@ -499,6 +499,7 @@ def test_a_rank_outside_the_world_is_refused(call):
 @pytest.mark.parametrize("model", ["mlp", "gpt"])
 @pytest.mark.parametrize("method", ["by hand", "bucketed", "torch DDP"])
 @pytest.mark.processes
+@pytest.mark.slow
 def test_data_parallel_ends_with_the_weights_of_one_process(scale_workers, model, method):
     run = Run(model=model, steps=3)
     results = data_parallel(scale_workers, method, run)

@@ -4,12 +4,12 @@ everything per rank; the ZeRO paper's memory accounting."""
 from __future__ import annotations
 
 import math
-import re
 
 import pytest
 import torch
 import torch.distributed as dist
 from ranks_in_threads import ThreadRanks
+from shared_tools import full
 from torch import nn
 
 from helpers.model.gpt import GPTConfig, exact_parameters
@@ -248,7 +248,7 @@ def test_fsdp_step_refuses_units_and_rows_that_do_not_fit():
         fsdp.fsdp_step(model, units[:-1], torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long))
     for ids, targets in ((torch.zeros(2, 4), torch.zeros(2, 3)), (torch.zeros(8), torch.zeros(8))):
         message = f"ids {tuple(ids.shape)} and targets {tuple(targets.shape)}, expected two (b, N)"
-        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        with pytest.raises(ValueError, match=full(message)):
             fsdp.fsdp_step(model, units, ids, targets)
 
 

@@ -32,6 +32,7 @@ def _largest_gap(a: dict, b: dict) -> float:
 @pytest.mark.parametrize("name, dtype", [("tied_mlp", "float32"), ("tied_mlp", "bfloat16"),
                                          ("llama", "float32"), ("encoder", "bfloat16")])
 @pytest.mark.processes
+@pytest.mark.slow
 def test_ours_equals_fully_shard_bit_for_bit(workers, name, dtype):
     ours = workers.run(any_model.train_fsdp_any, name, dtype)
     theirs = workers.run(any_model.train_fully_shard_any, name, dtype)
@@ -41,6 +42,7 @@ def test_ours_equals_fully_shard_bit_for_bit(workers, name, dtype):
 
 
 @pytest.mark.processes
+@pytest.mark.slow
 def test_three_ranks_pad_every_piece_and_still_equal_fully_shard():
     """With 3 ranks no parameter splits evenly (sizes 32, 128, 1024, 4096 ...): the zero padding
     of the last piece must never reach a weight or a gradient. (Not bit for bit here: fully_shard

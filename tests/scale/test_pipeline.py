@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from ranks_in_threads import ThreadRanks, ThreadWorkers
+from shared_tools import full
 
 from helpers.model.gpt import GPT, GPTConfig
 from helpers.scale import pipeline as pp
@@ -325,7 +326,7 @@ def test_the_order_and_size_checks_read_in_full():
         pp.timeline(backwards)
     with pytest.raises(ValueError, match="^orders deadlock: every rank waits for an op no rank can run$"):
         pp.timeline([[("F", 0), ("B", 0), ("F", 1), ("B", 1)], [("F", 1), ("F", 0), ("B", 0), ("B", 1)]])
-    with pytest.raises(ValueError, match=f"^{re.escape('events is empty, expected the output of timeline()')}$"):
+    with pytest.raises(ValueError, match=full('events is empty, expected the output of timeline()')):
         pp.timeline_bubble([])
     with pytest.raises(ValueError, match="^micro_batches is 0"):
         pp.gpipe_order(2, 0)
@@ -336,10 +337,10 @@ def test_the_order_and_size_checks_read_in_full():
         pp.timeline([[("F", 0)]])  # m counts the forwards of rank 0
     message = ("batch_size=6 cannot be cut into micro_batches=4: expected a batch_size divisible by 4 "
                "(equal micro-batches, so that the mean of their losses is the batch's loss)")
-    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(ValueError, match=full(message)):
         pp.check_pipeline(2, "gpipe", 4, 6)
     message = "config.n_layers=4 cannot be split over world_size=3 stages: expected a multiple of 3"
-    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(ValueError, match=full(message)):
         pp.check_pipeline(3, "1f1b", 2, 8)
     pp.check_pipeline(4, "1f1b", 2, 8)  # fits: no error
     for args, name in (((0, "gpipe", 2, 8), "world_size"), ((2, "gpipe", 2, 0), "batch_size"),

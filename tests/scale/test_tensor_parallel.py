@@ -323,3 +323,13 @@ def test_split_mlp_weights_cuts_the_tensors_as_column_and_row_shard_cut_the_laye
     got = tp.split_mlp_weights(up.weight, up.bias, down.weight, rank, 3)
     column, row = tp.column_shard(up, rank, 3), tp.row_shard(down, rank, 3)
     assert all(torch.equal(a, b) for a, b in zip(got, (column.weight, column.bias, row.weight), strict=True))
+
+
+def test_split_mlp_weights_refuses_bad_input_by_name():
+    up, bias, down = torch.zeros(6, 4), torch.zeros(6), torch.zeros(4, 6)
+    with pytest.raises(ValueError, match="rank is 2"):
+        tp.split_mlp_weights(up, bias, down, 2, 2)
+    with pytest.raises(ValueError, match="multiple of world_size=4"):
+        tp.split_mlp_weights(up, bias, down, 0, 4)
+    with pytest.raises(ValueError, match="up_bias is"):
+        tp.split_mlp_weights(up, bias[None], down, 0, 2)

@@ -20,6 +20,7 @@ import types
 import pytest
 import torch
 from ranks_in_threads import ThreadRanks, World
+from shared_tools import full
 
 from helpers.scale import workers as w
 from helpers.scale.cell_functions import CellFunction
@@ -370,7 +371,7 @@ def test_init_from_environment_names_what_is_missing(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     message = ("the environment variables ['RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT'] are not "
                "set, expected the ones torchrun sets: start this script with `torchrun --nproc_per_node N`")
-    with pytest.raises(RuntimeError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(RuntimeError, match=full(message)):
         w.init_from_environment()
     fake_os.environ.update(RANK="1", WORLD_SIZE="4", MASTER_ADDR="h")
     with pytest.raises(RuntimeError, match=re.escape("variables ['MASTER_PORT'] are not set")):
@@ -441,7 +442,7 @@ def test_the_ring_all_reduce_sums_sending_to_the_right_only(monkeypatch):
     assert torch.equal(tensors[0], torch.arange(14.0).view(2, 7))  # the inputs are not changed
     message = ("tensors must be 3 tensors (one per rank) of at least world_size=3 values each, got "
                "[torch.Size([2]), torch.Size([2]), torch.Size([2])]")
-    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(ValueError, match=full(message)):
         w.ring_all_reduce(0, 3, [torch.ones(2)] * 3)
     with pytest.raises(ValueError, match="tensors must be 2 tensors"):
         w.ring_all_reduce(0, 2, [torch.ones(2)])
@@ -510,6 +511,7 @@ def differing_shapes(rank: int, world_size: int) -> None:
 
 
 @pytest.mark.processes
+@pytest.mark.slow
 def test_workers_name_the_rank_that_exited_and_the_ranks_whose_shapes_differ():
     with Workers(2, timeout=60.0) as workers:
         with pytest.raises(Exception, match="(?s)worker of rank 1 failed.*exited with code 3") as failure:

@@ -18,6 +18,7 @@ from helpers.scale.zero import ShardedOptimizer
 
 @pytest.mark.parametrize("name", ["tied_mlp", "encoder"])
 @pytest.mark.processes
+@pytest.mark.slow
 def test_equal_to_the_unsharded_optimizer_bit_for_bit(name):
     ranks = launch(any_model.train_sharded_optimizer_any, 2, name, 3, timeout=300)
     for result in ranks:

@@ -16,6 +16,7 @@ import regex
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from shared_tools import full
 from tokenizer_cases import ASSIGNED, END, finishes
 
 from helpers.text import bpe
@@ -316,6 +317,7 @@ def test_a_file_cannot_make_encode_run_an_arbitrary_pattern(tmp_path):
 # --- the former slow cases finish, and the notebook's exercises ----------------------------------
 
 
+@pytest.mark.slow
 def test_encoding_a_long_chunk_is_fast_and_agrees_with_merging_in_order():
     tokenizer = corpus_bpe()
     letters = "".join("thesoupisyummy"[(i * i) % 14] for i in range(100_000))  # one chunk, no spaces
@@ -402,6 +404,7 @@ def test_encode_iterable_equals_encode_on_any_unicode_cut_anywhere(text, places)
     assert list(tokenizer.encode_iterable(cut_at(text, places))) == tokenizer.encode(text)
 
 
+@pytest.mark.slow
 def test_encode_iterable_equals_encode_on_the_corpus_in_lines_and_in_odd_chunks():
     tokenizer = corpus_bpe()
     text = END.join(load_corpus().split("\n\n")[:3000])
@@ -510,7 +513,7 @@ def test_most_frequent_pair_without_vocab_takes_the_highest_count_then_the_great
 def test_most_frequent_pair_without_vocab_refuses_ids_beyond_the_bytes(bad_id):
     message = (f"pair_counts holds ids such as {max([(A, B), (bad_id, A)])} beyond the bytes, expected "
                "vocab (id -> bytes) to tell how they are spelled")
-    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(ValueError, match=full(message)):
         most_frequent_pair({(A, B): 2, (bad_id, A): 2})
 
 
@@ -565,7 +568,7 @@ def test_train_keeps_its_pattern():
 def test_train_names_vocab_size_with_the_bound_and_why():
     message = ("vocab_size is 100, expected at least 258: one id for each of the 256 bytes plus "
                "2 special token(s)")
-    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(ValueError, match=full(message)):
         BPETokenizer.train("ab", 100, special_tokens=["x", "y"])
 
 
@@ -581,7 +584,7 @@ def test_bad_merges_are_named_in_full():
     with pytest.raises(TypeError, match=r"^merges is 5 of type int, expected a list of pairs$"):
         BPETokenizer(5)
     message = "merges[1] is (256, 300), expected a pair of ids below 257 (bytes and earlier merges)"
-    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(ValueError, match=full(message)):
         BPETokenizer([(A, B), (256, 300)])
 
 
@@ -624,7 +627,7 @@ def test_load_names_the_pattern_and_the_known_ones_in_full(tmp_path):
     message = (f"{path} holds the pattern 'a+', expected one of the known pre-tokenizer patterns (GPT-2) "
                "because a crafted regular expression can take exponential time; for your own, build it "
                "in code: BPETokenizer(merges, special_tokens, pattern)")
-    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(ValueError, match=full(message)):
         BPETokenizer.load(path)
 
 

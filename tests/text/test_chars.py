@@ -13,6 +13,7 @@ import regex
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shared_tools import raises_exactly
 from tokenizer_cases import ASSIGNED, END, finishes
 
 from helpers import checks
@@ -134,9 +135,6 @@ def test_bad_input_gets_a_clear_error_naming_the_argument(case):
 # and what was expected), patterns that leave text between their matches, the exact blocks of
 # stream_blocks at the edges of block_chars and special tokens, ids from NumPy and torch, the saved
 # file, CharTokenizer's repr and equality.
-
-def raises_exactly(error_type, message):
-    return pytest.raises(error_type, match=f"^{re.escape(message)}$")
 
 
 def test_text_checks_name_the_argument_the_type_and_the_bytes_hint():

@@ -12,6 +12,7 @@ from itertools import pairwise
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shared_tools import raises_exactly
 from tokenizer_cases import finishes
 
 from helpers.text import subword
@@ -187,9 +188,6 @@ def test_bad_input_gets_a_clear_error_naming_the_argument(case):
 # expected value says how it is derived): tests/text/test_subword.py's corpus models are cached per process,
 # trained before mutmut plants a bug. Grouped by the classes: values worked by hand, the
 # edge sizes of segmentations, error messages read in full, configuration at non-default values.
-
-def raises_exactly(error_type, message):
-    return pytest.raises(error_type, match=f"^{re.escape(message)}$")
 
 
 def test_segmentations_are_sorted_by_piece_lengths_and_reach_the_longest_piece():

@@ -1,6 +1,7 @@
 """The watch sees what an answer calls, whatever name it was captured under
 (helpers/lab/exercises/watch.py): the course's own code and forbidden library calls are refused
-by name, building blocks and the checker's own work are not."""
+by name, building blocks and the checker's own work are not; its TensorLog counts the tensors an
+answer makes."""
 
 from __future__ import annotations
 
@@ -14,8 +15,17 @@ import torch.nn.functional as F
 
 import helpers.lab.exercises as exercises
 from helpers.lab.exercises import ExerciseFailed, exercise, watch
+from helpers.lab.exercises.watch import TensorLog
 from helpers.model import attention as course_attention
 from helpers.model.attention import softmax as course_softmax
+
+
+def test_the_tensor_log_counts_operations_and_the_largest_tensor():
+    x = torch.randn(6, 5)
+    with TensorLog() as log:
+        y = x @ x.T
+        y.sum()
+    assert log.largest == 36 and log.largest_shape == (6, 6) and log.operations >= 3
 
 
 @exercise(hint="take the log-softmax yourself", forbidden=("torch.nn.functional.cross_entropy",))

@@ -1,15 +1,60 @@
-"""Notebook 10's checkers: another correct formulation passes, typical mistakes fail by name."""
+"""Notebook 10's checkers (helpers/lab/exercises/encoders.py): every correct formulation passes,
+each usual slip fails with a message that names it, and a stub hears what to write."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from helpers.families.mlm import IGNORE, mask_tokens
 from helpers.lab.exercises import evaluate
 from helpers.lab.exercises.encoders import CROSS_ATTENTION_MISTAKES, cross_attention_variant
 from helpers.model.multihead import MultiHeadAttention
 
-# --- cross_attention_shapes ---------------------------------------------------------------------
+
+def corrupt(mask_share=0.8, random_share=0.1, labels_everywhere=False, pick_padding=False,
+            first_random=None, seeded=True, rate_scale=1.0):
+    """A mask_tokens answer with one knob turned away from BERT's recipe."""
+    def answer(ids, mask_id, vocab_size, first_word_id, generator, rate=0.15, pad_id=0):
+        gen = generator if seeded else None
+        real = torch.ones_like(ids, dtype=torch.bool) if pick_padding else ids != pad_id
+        picked = (torch.rand(ids.shape, generator=gen) < rate * rate_scale) & real
+        labels = ids.clone() if labels_everywhere else ids.masked_fill(~picked, IGNORE)
+        roll = torch.rand(ids.shape, generator=gen)
+        low = first_word_id if first_random is None else first_random
+        words = torch.randint(low, vocab_size, ids.shape, generator=gen)
+        inputs = ids.masked_fill(picked & (roll < mask_share), mask_id)
+        inputs = torch.where(picked & (roll >= mask_share) & (roll < mask_share + random_share), words, inputs)
+        return inputs, labels
+    return answer
+
+
+@pytest.mark.parametrize("answer, words", [
+    (corrupt(mask_share=0.9), "proportions are off: of the picked tokens you made <mask> 90%, random 10%, kept 0%"),
+    (corrupt(random_share=0.2), "80 % / random 10 % / keep 10 % proportions are off"),
+    (corrupt(labels_everywhere=True), "labels are the ids everywhere"),
+    (corrupt(pick_padding=True), "padding positions were picked"),
+    (corrupt(first_random=0), "special tokens"),
+    (corrupt(seeded=False), "generator=generator"),
+    (corrupt(rate_scale=0.5), "of the real tokens were picked, expected about 15 %"),
+])
+def test_the_masking_checker_names_the_wrong_recipe(answer, words):
+    passed, said = evaluate("encoders.mask_tokens", answer)
+    assert not passed and words in said
+
+
+def test_the_masking_checker_refuses_the_course_and_accepts_another_draw_order():
+    passed, said = evaluate("encoders.mask_tokens", mask_tokens)
+    assert not passed and "helpers.families.mlm.mask_tokens" in said
+
+    def split_first(ids, mask_id, vocab_size, first_word_id, generator, rate=0.15, pad_id=0):
+        roll = torch.rand(ids.shape, generator=generator)        # the split first, then the pick
+        picked = (torch.rand(ids.shape, generator=generator) < rate) & (ids != pad_id)
+        words = torch.randint(first_word_id, vocab_size, ids.shape, generator=generator)
+        inputs = torch.where(picked & (roll >= 0.9), words, ids)  # the random 10 % at the top
+        inputs = torch.where(picked & (roll < 0.8), torch.full_like(ids, mask_id), inputs)
+        return inputs, torch.where(picked, ids, torch.full_like(ids, IGNORE))
+    assert evaluate("encoders.mask_tokens", split_first)[0]
 
 
 def shapes_by_running(b, n, m, d, h):
@@ -52,9 +97,6 @@ def test_cross_attention_shapes_checker():
     assert not passed and "weights should be (2, 4, 5, 7), got (2, 4, 7, 5)" in message
 
 
-# --- source_key_mask ----------------------------------------------------------------------------
-
-
 def test_source_key_mask_checker():
     assert evaluate("encoders.source_key_mask", lambda s, p: s.ne(p).unsqueeze(1).unsqueeze(2))[0]
     assert evaluate("encoders.source_key_mask", lambda s, p: (s != p).view(s.shape[0], 1, 1, -1))[0]
@@ -64,9 +106,6 @@ def test_source_key_mask_checker():
     assert not passed and "shape (B, 1, 1, M)" in message
     passed, message = evaluate("encoders.source_key_mask", lambda s, p: (s != p).long()[:, None, None, :])
     assert not passed and "torch.bool" in message
-
-
-# --- beam_step ----------------------------------------------------------------------------------
 
 
 def beam_by_sorting(scores, log_probs, width):
@@ -126,8 +165,6 @@ def test_beam_step_checker_names_the_other_slips():
     passed, message = evaluate("encoders.beam_step", beam_swapped)
     assert not passed and "swapped" in message
 
-
-# --- cross-attention by hand (core) ----------------------------------------------------------------
 
 def cross_attention_with_einsum(layer, x, memory, key_mask=None):
     """Another correct answer: einsum, and the mask applied to the weights after the softmax,

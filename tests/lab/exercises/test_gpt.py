@@ -1,14 +1,50 @@
-"""Notebook 7's checkers judge right: another correct formulation passes, and each typical mistake
-fails with a message that names it (not only "wrong values")."""
+"""Notebook 7's checkers (helpers/lab/exercises/gpt.py): every correct formulation passes,
+each usual slip fails with a message that names it, and a stub hears what to write."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.lab.exercises import ExerciseFailed, get
+import helpers.lab.exercises as exercises
+from helpers.lab.exercises import ExerciseFailed, evaluate, get
 from helpers.model.gpt import GPTConfig, build_without_weights, count_parameters
+
+from .judging import named
+
+
+def test_check_gives_up_on_a_function_that_never_returns(capsys):
+    def endless(*args: int) -> int:
+        while True:
+            pass
+
+    started = time.perf_counter()
+    assert exercises.check("gpt.exact_parameters", endless, time_limit=0.5) is None
+    assert time.perf_counter() - started < 10
+    out = capsys.readouterr().out
+    assert "did not return within 0.5 s" in out and "Traceback" not in out
+
+
+def test_check_gives_up_outside_the_main_thread_too():
+    import threading
+
+    stop = threading.Event()
+
+    def endless_until_stopped(*args: int) -> int:
+        while not stop.is_set():
+            time.sleep(0.01)
+        return 0
+
+    verdict: list[tuple[bool, str]] = []
+    worker = threading.Thread(target=lambda: verdict.append(
+        exercises.evaluate("gpt.exact_parameters", endless_until_stopped, time_limit=0.3)))
+    worker.start()
+    worker.join(10)
+    stop.set()  # let the abandoned checker thread end
+    assert verdict and not verdict[0][0] and "did not return within 0.3 s" in verdict[0][1]
 
 
 def verdict(name: str, answer) -> str:
@@ -18,8 +54,6 @@ def verdict(name: str, answer) -> str:
     except ExerciseFailed as failure:
         return str(failure)
 
-
-# --- exact_parameters ----------------------------------------------------------------------
 
 def by_formula(n_layers: int, d: int, vocab: int, context: int) -> int:
     return n_layers * (12 * d * d + 13 * d) + vocab * d + context * d + 2 * d
@@ -45,8 +79,6 @@ def test_parameter_counts_by_formula_or_by_building_pass(answer):
 def test_parameter_count_mistakes_are_named(answer, named):
     assert named in verdict("gpt.exact_parameters", answer)
 
-
-# --- next_token_loss -----------------------------------------------------------------------
 
 def loss_by_gather(gpt, ids):
     log_probs = gpt(ids[:, :-1]).log_softmax(-1)
@@ -89,8 +121,6 @@ def test_next_token_loss_refuses_pytorchs_cross_entropy_by_name():
 def test_next_token_loss_mistakes_are_named(answer, named):
     assert named in verdict("gpt.next_token_loss", answer)
 
-
-# --- adamw_update --------------------------------------------------------------------------
 
 def adamw(p, g, m, v, t, lr, betas, eps, weight_decay):
     beta1, beta2 = betas
@@ -135,8 +165,6 @@ def test_adamw_mistakes_are_named(answer, named):
     assert named in verdict("gpt.adamw_update", answer)
 
 
-# --- cache_step ----------------------------------------------------------------------------
-
 def cache_step(x_new, w_q, w_k, w_v, keys, values):
     q = x_new @ w_q
     keys, values = torch.cat([keys, x_new @ w_k], dim=1), torch.cat([values, x_new @ w_v], dim=1)
@@ -174,8 +202,6 @@ def unscaled(x_new, w_q, w_k, w_v, keys, values):
 def test_cache_step_mistakes_are_named(answer, named):
     assert named in verdict("gpt.cache_step", answer)
 
-
-# --- hand_adamw ----------------------------------------------------------------------------
 
 class HandAdamW:
     """The notebook's optimiser: m, v and a decay per weight, in-place steps under no_grad."""
@@ -251,8 +277,6 @@ def test_hand_adamw_wants_the_class_and_refuses_the_course_class_by_name():
     assert not passed and "helpers.training.by_hand.HandAdamW" in said
 
 
-# --- sample_tokens ---------------------------------------------------------------------------
-
 def sampler(slip: str = ""):
     """A generate loop, right by default, with one named slip."""
     def my_generate(gpt, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
@@ -313,3 +337,39 @@ def test_a_sampler_that_ignores_the_temperature_is_named():
         return right(gpt, prompt, n, 1.0 if temperature else 0.0, top_k, generator)
 
     assert "temperature was not applied" in verdict("gpt.sample_tokens", no_temperature)
+
+
+def cropping_sampler(crop: int):
+    """A generate loop that keeps the last context_length - crop tokens (crop 0 is right)."""
+    def my_generate(gpt, prompt, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        ids = prompt
+        for _ in range(max_new_tokens):
+            with torch.no_grad():
+                logits = gpt(ids[:, -(gpt.config.context_length - crop):])[:, -1]
+            if temperature == 0 or top_k == 1:
+                chosen = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    logits = logits.masked_fill(logits < logits.topk(top_k, -1).values[:, -1:], float("-inf"))
+                chosen = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+            ids = torch.cat([ids, chosen], dim=1)
+        return ids
+    return my_generate
+
+
+def test_a_context_cropped_one_short_is_named_not_blamed_on_the_temperature():
+    assert evaluate("gpt.sample_tokens", cropping_sampler(0))[0]
+    message = named("gpt.sample_tokens", cropping_sampler(1), "cropped one token short")
+    assert "temperature was not applied" not in message and "came up in" not in message
+
+
+def adamw_without_bias_correction(p, g, m, v, t, lr, betas, eps, weight_decay):
+    beta1, beta2 = betas
+    m, v = beta1 * m + (1 - beta1) * g, beta2 * v + (1 - beta2) * g * g
+    return p * (1 - lr * weight_decay) - lr * m / (v.sqrt() + eps), m, v
+
+
+def test_adamw_without_bias_correction_is_too_large_with_betas_0_9_and_0_999():
+    message = named("gpt.adamw_update", adamw_without_bias_correction, "no bias correction", "too large")
+    assert "3.16 times" in message and "too small" not in message
