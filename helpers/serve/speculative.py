@@ -178,14 +178,15 @@ def round_distribution(target: Conditional, draft: Conditional, context: tuple[i
         for drafted, weight in kept.items():
             p = target(context + drafted).double()
             q = draft(context + drafted).double()
+            acceptance_probability(p, q, int(q.argmax()))  # checks both vectors, once per prefix
             rejected = 0.0              # P(the token drafted here is rejected)
             for x, qx in enumerate(q.tolist()):
                 if qx > 0:
-                    keep = acceptance_probability(p, q, x)
+                    keep = _acceptance(p, q, x)
                     if keep > 0:
                         _add(still_kept, drafted + (x,), weight * qx * keep)
                     rejected += qx * (1 - keep)
-            for y, ry in enumerate(residual(p, q).tolist()):
+            for y, ry in enumerate(_residual(p, q).tolist()):
                 if rejected > 0 and ry > 0:
                     _add(out, drafted + (y,), weight * rejected * ry)
         kept = still_kept

@@ -787,7 +787,9 @@ print("for example P(0, 2, 1) =", f"{plain[(0, 2, 1)]:.6f}")
 # all: the output follows the draft), or after a rejection redraw from the target's `p` itself
 # instead of the residual `max(0, p - q)` (then a token the draft over-proposes comes out too
 # often, once through acceptance and again through the redraw, and the others too rarely).
-# `swap_in` replaces one of the module's functions for the length of a `with` block:
+# `swap_in` replaces one of the module's functions for the length of a `with` block: the rule's
+# bodies `_acceptance` and `_residual`, which the module's loops run after checking `p` and `q`
+# once (the public `acceptance_probability` and `residual` check them, then call the same bodies):
 
 # %% slideshow={"slide_type": "fragment"}
 import contextlib
@@ -808,8 +810,8 @@ def swap_in(**rules):
             setattr(speculative, name, rule)
 
 
-WRONG = {"always accept": {"acceptance_probability": lambda p, q, x: 1.0},
-         "redraw from p": {"residual": lambda p, q: p.clone()}}
+WRONG = {"always accept": {"_acceptance": lambda p, q, x: 1.0},
+         "redraw from p": {"_residual": lambda p, q: p.clone()}}
 for name, rules in WRONG.items():
     with swap_in(**rules):
         bad = exact_distribution(toy_target, toy_draft, (0,), k=2, n_tokens=3)

@@ -3,6 +3,7 @@ loop on two GPTs (helpers.serve.speculative; notebook 14, section 6)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -54,11 +55,27 @@ def test_every_path_enumerated_gives_the_target_distribution(seed, k):
 def test_a_broken_rule_is_caught_by_the_enumeration(monkeypatch):
     """Accept every drafted token (no rejection): the output is then the draft's, not the target's."""
     import helpers.serve.speculative as spec_module
-    monkeypatch.setattr(spec_module, "acceptance_probability", lambda p, q, x: 1.0)
+    monkeypatch.setattr(spec_module, "_acceptance", lambda p, q, x: 1.0)
     target, draft = _toy(0)
     spec = spec_module.exact_distribution(target, draft, (0,), k=2, n_tokens=2)
     plain = autoregressive_distribution(target, (0,), n_tokens=2)
     assert max(abs(spec[path] - plain[path]) for path in plain) > 1e-3
+
+
+@pytest.mark.parametrize("body, wrong", [("_acceptance", lambda p, q, x: 1.0),
+                                         ("_residual", lambda p, q: p.clone())])
+def test_a_broken_rule_body_is_caught_by_sampling_too(monkeypatch, body, wrong):
+    """verify_round runs the same rule bodies as the enumeration (notebook 14's swap_in relies on
+    it): a wrong one fails the chi-square test of sampled outputs."""
+    import helpers.serve.speculative as spec_module
+    target, draft = _toy(0, vocab=4)
+    exact = autoregressive_distribution(target, (0,), n_tokens=2)
+    draw = functools.partial(spec_module.sample_outputs, target, draft, (0,), k=2, n_tokens=2,
+                             n_samples=1000)
+    right = draw(verify=spec_module.verify_round, generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(spec_module, body, wrong)
+    broken = draw(verify=spec_module.verify_round, generator=torch.Generator().manual_seed(0))
+    assert chi_square(right, exact)[1] > 0.01 and chi_square(broken, exact)[1] < 1e-6
 
 
 def test_the_rule_on_one_token():
