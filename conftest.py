@@ -47,7 +47,3 @@ class EveryTestRan:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(EveryTestRan(), "every-test-ran")
-    # Registered here rather than in pyproject.toml's list, whose every change makes course.py
-    # reinstall the environment (the install's fingerprint hashes pyproject.toml).
-    config.addinivalue_line("markers", "slow: over ~10 s on a quiet 2-core machine (pytest --durations); "
-                                       "left out of `course.py test --package`, run by `course.py test`")
