@@ -32,8 +32,6 @@ def named(name: str, answer, *words: str, watched: bool = True) -> str:
     return message
 
 
-
-
 def case_ids(cases: list[tuple]) -> list[str]:
     """pytest ids for a table of (name, answer, message): "tokenization.count_pairs-pairs_counter"."""
     return [f"{name}-{getattr(answer, '__name__', 'answer')}" for name, answer, _ in cases]

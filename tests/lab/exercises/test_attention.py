@@ -277,10 +277,8 @@ def test_checker_judges(name, answer, message):
     judge(name, answer, message)
 
 
-
 def test_the_checkers_leave_the_global_random_numbers_alone():
     assert_leaves_the_global_random_numbers_alone([("attention.attention_layer", layer_answer())])
-
 
 
 def test_every_checker_has_a_right_and_two_wrong_cases():

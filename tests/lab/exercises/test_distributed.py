@@ -376,7 +376,6 @@ def test_checker_judges(name, answer, message):
     judge(name, answer, message)
 
 
-
 def test_every_checker_has_a_right_and_two_wrong_cases():
     assert_cases_cover("distributed", CASES)
 

@@ -194,10 +194,8 @@ def test_checker_judges(name, answer, message):
     judge(name, answer, message)
 
 
-
 def test_the_checkers_leave_the_global_random_numbers_alone():
     assert_leaves_the_global_random_numbers_alone([("embeddings.train_word_vectors", word_loop()), ("embeddings.token_and_position", input_layer())])
-
 
 
 def test_every_checker_has_a_right_and_two_wrong_cases():

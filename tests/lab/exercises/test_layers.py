@@ -214,10 +214,8 @@ def test_checker_judges(name, answer, message):
     judge(name, answer, message)
 
 
-
 def test_the_checkers_leave_the_global_random_numbers_alone():
     assert_leaves_the_global_random_numbers_alone([("layers.block_forward", block_answer()), ("layers.gpt2_init", init_answer())])
-
 
 
 def test_every_checker_has_a_right_and_two_wrong_cases():
