@@ -977,7 +977,7 @@ else:
     errors = {name: (run().float() - reference).abs().max().item() for name, run in runs.items()}
     assert errors["ours"] <= 4 * errors["SDPA"] + 1e-4
     for name, run in runs.items():
-        seconds = best_time(lambda: (run(), torch.cuda.synchronize()), repeats=5, warmup=2)
+        seconds = best_time(lambda run=run: (run(), torch.cuda.synchronize()), repeats=5, warmup=2)
         print(f"{name:5s} B=4 H=16 N=4096 d=64 causal: max error {errors[name]:.1e}, "
               f"{format_duration(seconds)}")
 

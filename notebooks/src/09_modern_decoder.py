@@ -1534,9 +1534,9 @@ plt.show()
 # Read the printed table and the curves together. At 60 s each, both of the course's recipes end
 # below nanoGPT's loss, the one with Muon lowest, although it took fewer steps in the same time
 # (the step counts are printed: each Muon step costs more). Given only 30 s, with its schedule
-# ending there, the course's recipe with Muon reaches nanoGPT's 60 s loss on every seed, about
-# with the median speed-up printed above (at least 2x on each seed, the assert checks), while the course's AdamW recipe, squeezed into
-# 30 s, stays far above it. On two threads nanoGPT's recipe does more steps per second and ends
+# ending there, the course's recipe with Muon reaches nanoGPT's 60 s loss on every seed, with
+# the median speed-up printed above (at least 2x on each seed, the assert checks), while the
+# course's AdamW recipe, squeezed into 30 s, stays far above it. On two threads nanoGPT's recipe does more steps per second and ends
 # lower, so its target is harder; the course's Muon recipes still reach it in 30 s on every seed,
 # at least 2x as fast (printed, and asserted). In bf16 the course's recipes were given 20 s and
 # reach nanoGPT's 60 s loss on every seed, at least 3x as fast: nanoGPT's `train.py` runs a CPU in
@@ -1547,12 +1547,12 @@ plt.show()
 #
 # **Which nanoGPT, and how much of the lead is annealing.** The first median speed-up of each
 # race, the figures for two threads and bf16, and the asserts are against nanoGPT's loss as its
-# README runs it, cut halfway through its cosine. Fitting its schedule to the 60 s does not help nanoGPT: on every seed of both races the
-# fitted schedule ends *higher* (the second cell prints the differences, 0.009 to 0.028) and
+# README runs it, cut halfway through its cosine. Fitting its schedule to the 60 s does not
+# help nanoGPT: on every seed of both races the fitted schedule ends *higher* (the second cell prints the differences, 0.009 to 0.028) and
 # never reaches the cut schedule's loss. When time runs out the cut schedule is still at about
 # `6e-4` and has averaged `8.2e-4`; the fitted one anneals to `1e-4` and averages `5.5e-4`
-# (printed for seed 0), and at about 1,000 steps the higher rate is worth more than the annealing. So the
-# fitted target is the easier one, and the course's recipes reach it sooner (the second median
+# (printed for seed 0), and at about 1,000 steps the higher rate is worth more than the
+# annealing. So the fitted target is the easier one, and the course's recipes reach it sooner (the second median
 # of each race). None of the course's lead over nanoGPT on one thread is nanoGPT's missing
 # annealing: the headline numbers use the harder of nanoGPT's two targets. That is a finding at
 # about 1,000 steps, not a rule: on two threads nanoGPT takes more steps in its 60 s (printed),

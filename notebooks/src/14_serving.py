@@ -1165,7 +1165,8 @@ def quantize_model_with(model: GPT, bits: int) -> GPT:
     for linear, layer in zip(floats, layers, strict=True):
         weight = linear.weight.detach()  # (out, in)
         made = quantize8(weight) if bits == 8 else quantize4(weight, 32)
-        for name, tensor in zip(("q", "scale", "zero"), made):
+        names = ("q", "scale") if bits == 8 else ("q", "scale", "zero")  # int8 has no zero point
+        for name, tensor in zip(names, made, strict=True):
             setattr(layer, name, tensor)  # replaces the buffer quantize_model stored
     return quantized
 
