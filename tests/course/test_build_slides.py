@@ -170,3 +170,17 @@ def test_course_py_names_the_extra_when_the_slides_cannot_be_built(tmp_path, mon
         "sys.exit(c.slides(['03']))")], capture_output=True, text=True)
     assert result.returncode == 1, result.stderr
     assert "the course's extra 'slides'" in result.stdout and "pip install -e '.[slides]'" in result.stdout
+
+
+def test_the_files_a_deck_loads_are_in_the_repository_not_ignored():
+    """The vendored reveal.js is what every deck copies: a file git ignores (a `dist/` rule did)
+    is missing from every clone, and the decks then show nothing."""
+    needed = [build_slides.REVEAL / part for part in
+              ("dist/reveal.js", "dist/reveal.css", "dist/theme/white.css",
+               "dist/theme/fonts/source-sans-pro/source-sans-pro.css", "plugin/notes/notes.js")]
+    assert all(path.is_file() for path in needed), [str(p) for p in needed if not p.is_file()]
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: nothing can be ignored")
+    ignored = subprocess.run(["git", "check-ignore", *map(str, needed)], cwd=ROOT,
+                             capture_output=True, text=True).stdout.split()
+    assert not ignored, f"git ignores files every deck needs: {ignored}"
