@@ -18,14 +18,14 @@
 # **The formula of the whole notebook:**
 # $\mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(QK^\top / \sqrt{d_k}\right) V$.
 
+# %% [setup]
+
 # %% [markdown] slideshow={"slide_type": "notes"}
 # **Opening (2 min).** Today is the one formula the whole course rests on:
 # softmax(QK^T / sqrt(d_k)) V. Write it on the board before anything runs and leave it there.
 # Ask the room: "which part of it do you think is there only to keep training stable?" Collect
 # guesses; the saturation demo in section 5 settles it.
 # Run the set-up cell live so they see `device: cpu | seed: 0`: everything today runs on a laptop.
-
-# %% [setup]
 
 # %% slideshow={"slide_type": "fragment"}
 import math

@@ -283,10 +283,12 @@ check("masking.causal_softmax", my_causal_softmax)
 
 # %% slideshow={"slide_type": "fragment"}
 def course_causal_softmax(scores: torch.Tensor) -> torch.Tensor:
-    """The course's version: the helper's softmax of scores (..., n_q, n_k) under
-    causal_mask(n_q, n_k)."""
-    n_q, n_k = scores.shape[-2:]
-    return softmax(scores.masked_fill(~causal_mask(n_q, n_k), float("-inf")))
+    """The course's version: the weights of the helper's attention of scores (..., n_q, n_k)
+    under causal_mask, with the identity as keys and scale 1, so that q k^T is `scores`."""
+    keys = torch.eye(scores.shape[-1], dtype=scores.dtype)  # (n_k, n_k)
+    values = torch.zeros(scores.shape[-1], 1, dtype=scores.dtype)  # unused: only the weights
+    return scaled_dot_product_attention(scores, keys, values, scale=1.0,
+                                        mask=causal_mask(*scores.shape[-2:]))[1]
 
 
 causal_softmax = yours_or("masking.causal_softmax", my_causal_softmax, course_causal_softmax)

@@ -19,6 +19,8 @@
 #
 # **It assumes** notebooks 1 to 6; the `helpers` modules they wrote are the parts used here.
 
+# %% [setup]
+
 # %% [markdown] slideshow={"slide_type": "notes"}
 # **Opening.** Everything of notebooks 2 to 6 comes together today: embeddings, attention,
 # the causal mask, multi-head, LayerNorm, the MLP and residuals. Ask the room to name the parts
@@ -26,8 +28,6 @@
 # it off as section 1 runs.
 # Tell them what they will see by the end: a model trained on their laptop in under a minute,
 # sampling text, and a KV cache that makes sampling faster.
-
-# %% [setup]
 
 # %% slideshow={"slide_type": "fragment"}
 import math

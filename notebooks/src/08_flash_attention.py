@@ -1258,8 +1258,8 @@ print(f"N <= 1024: a call of ours takes {min(short_ms):.2f}-{max(short_ms):.2f} 
 # 45 % of the H200 SXM's dense peak, cuDNN 60 %. Up to $N$ = 1024 a call of ours lasts under a
 # millisecond (0.06 to 0.82 ms), and SDPA wins: there the curves measure mostly a fixed cost per
 # call paid on the host, in Python and in Triton's launcher (which checks the arguments and picks
-# the compiled kernel before the GPU is given any work), not the GPU's work itself. The forward+backward figures at the larger head dimension depend on the
-# backward's tiles, warps and pipeline stages: a sweep on the H200 (its figures are in the
+# the compiled kernel before the GPU is given any work), not the GPU's work itself. The
+# forward+backward figures at the larger head dimension depend on the backward's tiles, warps and pipeline stages: a sweep on the H200 (its figures are in the
 # docstring of `gpu_blocks.choose_blocks`) chose the setting that function now returns there for
 # every head dimension, with which these figures were measured; the course's first, untuned
 # choice was far slower there.
@@ -1277,7 +1277,8 @@ print(f"N <= 1024: a call of ours takes {min(short_ms):.2f}-{max(short_ms):.2f} 
 # tensor cores: expect ours to be much slower than SDPA there. The curves' shapes
 # (memory linear in $N$ for ours and SDPA's fused kernels, quadratic for naive attention) do not
 # depend on the GPU.
-#
+
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # **Why cuDNN is faster: likely Hopper's features.** Nothing here isolates the cause (that would
 # take the same kernel with and without each feature), but the likely one is what
 # FlashAttention-3 was written around and cuDNN's attention uses: two pieces of hardware the

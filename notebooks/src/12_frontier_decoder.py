@@ -21,13 +21,13 @@
 # **It assumes** notebooks 5 (GQA and the KV-cache size), 7 (training), 9 (RoPE, RMSNorm, SwiGLU)
 # and 11 (worker processes).
 
+# %% [setup]
+
 # %% [markdown] slideshow={"slide_type": "notes"}
 # **Opening.** Three ideas that separate a 2025 decoder from GPT-2, each about cost: mixture of
 # experts (more parameters, same compute per token), latent attention (a smaller KV cache) and
 # sliding windows (a cache that stops growing). Ask the room which of the three costs (compute,
 # memory, cache) hurts most when serving a chat model to many users, and come back to it at the end.
-
-# %% [setup]
 
 # %% slideshow={"slide_type": "fragment"}
 import importlib.util

@@ -30,8 +30,6 @@ LONG_CELLS = {
     ("13_post_training", "class MyLoRALinear(nn.Module):"):
         "an exercise's answer cell: the LoRA layer the student writes (init, forward, merge)",
 }
-# Sections another branch rewrites (issue 47's race follow-up): their cells are not split here.
-LONG_SECTIONS = {("09_modern_decoder", "### The race"): "race section, another branch"}
 MOST_LINES = 40  # even an allowed cell fits a screen at JupyterLab's smallest comfortable font
 
 
@@ -49,10 +47,9 @@ def code_cells(name: str) -> list[tuple[str, str]]:
     return cells
 
 
-def allowed(name: str, heading: str, source: str) -> bool:
-    """Whether this cell is one of LONG_CELLS or sits in one of LONG_SECTIONS."""
-    in_section = any(heading.startswith(start) for notebook, start in LONG_SECTIONS if notebook == name)
-    return in_section or (name, source.splitlines()[0]) in LONG_CELLS
+def allowed(name: str, source: str) -> bool:
+    """Whether this cell is one of LONG_CELLS."""
+    return (name, source.splitlines()[0]) in LONG_CELLS
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -65,7 +62,7 @@ def test_no_code_line_is_longer_than_100_characters(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_no_code_cell_is_longer_than_a_screen(name):
     long = [(len(source.splitlines()), source.splitlines()[0]) for heading, source in code_cells(name)
-            if len(source.splitlines()) > CELL_LINES and not allowed(name, heading, source)]
+            if len(source.splitlines()) > CELL_LINES and not allowed(name, source)]
     assert not long, f"{name}: code cells over {CELL_LINES} lines (length, first line): {long}"
 
 
