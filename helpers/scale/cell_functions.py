@@ -54,6 +54,9 @@ class CellFunction:
 
 def names_read(code: types.CodeType) -> set[str]:
     """Every global name a code object (and the functions, lambdas, comprehensions inside it) reads."""
+    if not isinstance(code, types.CodeType):
+        raise TypeError(f"code is {type(code).__name__}, expected a code object (a function's "
+                        "__code__)")
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):

@@ -17,6 +17,7 @@ import pytest
 import torch
 from shared_tools import TINY_CONFIG, finishes_within, tiny_ids, tiny_model
 
+from helpers.model import checkpoints
 from helpers.model.checkpoints import (
     MAX_CONTEXT_LENGTH,
     CheckpointError,
@@ -556,3 +557,12 @@ def test_extra_values_sharing_one_list_are_checked_once_and_too_deep_ones_refuse
     with pytest.raises(ValueError, match=r"^extra value 'deep'(\[0\]){100} is nested more than 100 levels "
                                          r"deep, expected plain values in at most 100 levels"):
         save_checkpoint(tmp_path / "deep.pt", GPT(TINY_CONFIG), deep=deep)
+
+
+def test_the_public_checks_refuse_by_name():
+    with pytest.raises(ValueError, match="^device is 'tpu0'"):
+        checkpoints.check_device("tpu0")
+    with pytest.raises(TypeError, match="opts"):
+        checkpoints.check_plain("opts", {"f": print})
+    checkpoints.check_device("cpu")
+    checkpoints.check_plain("opts", {"lr": 1e-3, "betas": (0.9, 0.99)})

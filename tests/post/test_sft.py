@@ -355,3 +355,14 @@ def test_train_sft_default_seed_is_0(tok):
     c = _gpt(tok)
     assert sft.train_sft(c, batches, steps=3, lr=1e-2, seed=1) != sft.train_sft(_gpt(tok), batches, steps=3,
                                                                                 lr=1e-2, seed=0)
+
+
+def test_check_ids_and_mask_refuses_by_name():
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="^ids has shape"):
+        sft.check_ids_and_mask(ids[:, :1], torch.ones(2, 1))
+    with pytest.raises(ValueError, match="^mask has shape"):
+        sft.check_ids_and_mask(ids, torch.ones(2, 3))
+    with pytest.raises(ValueError, match="^mask holds the values"):
+        sft.check_ids_and_mask(ids, torch.full((2, 4), 2))
+    sft.check_ids_and_mask(ids, torch.ones(2, 4))

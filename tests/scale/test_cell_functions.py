@@ -359,3 +359,9 @@ def test_the_ring_all_reduce_sums_on_three_processes():
     with pytest.raises(ValueError, match="at least world_size=3 values"):
         ring_all_reduce(0, 3, [torch.ones(2)] * 3)
     assert threading.active_count() >= 1
+
+
+def test_names_read_refuses_what_is_not_a_code_object():
+    with pytest.raises(TypeError, match="^code is function, expected a code object"):
+        cf.names_read(lambda: None)
+    assert "len" in cf.names_read((lambda xs: len(xs)).__code__)
