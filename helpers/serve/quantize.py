@@ -19,6 +19,7 @@ Weights: (out, in), the layout of nn.Linear.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -109,17 +110,23 @@ def dequantize_int4(packed: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
 class QuantizedLinear(nn.Module):
     """A Linear whose weight is stored as int8 (per channel) or packed int4 (per group)."""
 
-    def __init__(self, linear: nn.Linear, bits: int, group_size: int = 32) -> None:
+    def __init__(self, linear: nn.Linear, bits: int, group_size: int = 32,
+                 quantize: Callable[..., tuple[Tensor, ...]] | None = None) -> None:
+        """quantize: what makes the integers, quantize_int8(weight) or quantize_int4(weight,
+        group_size) by default (a notebook passes the student's own)."""
         super().__init__()
         self.bits = checks.one_of("bits", bits, (8, 4))
+        if quantize is not None and not callable(quantize):
+            raise TypeError(f"quantize is {type(quantize).__name__}, expected a function like "
+                            f"quantize_int{bits} or None")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
         if bits == 8:
-            q, scale = quantize_int8(weight)
+            q, scale = (quantize or quantize_int8)(weight)
             self.register_buffer("q", q)
             self.register_buffer("scale", scale)
         else:
-            q, scale, zero = quantize_int4(weight, group_size)
+            q, scale, zero = (quantize or quantize_int4)(weight, group_size)
             self.register_buffer("q", q)
             self.register_buffer("scale", scale)
             self.register_buffer("zero", zero)
@@ -141,15 +148,20 @@ class QuantizedLinear(nn.Module):
 
 
 @torch.no_grad()
-def quantize_model(model: nn.Module, bits: int, group_size: int = 32) -> nn.Module:
-    """A deep copy of `model` with every nn.Linear inside its blocks made a QuantizedLinear."""
+def quantize_model(model: nn.Module, bits: int, group_size: int = 32,
+                   quantize: Callable[..., tuple[Tensor, ...]] | None = None) -> nn.Module:
+    """A deep copy of `model` with every nn.Linear inside its blocks made a QuantizedLinear
+    (whose integers `quantize` makes, the course's quantize_int8 / quantize_int4 by default)."""
     checks.one_of("bits", bits, (8, 4))
+    if quantize is not None and not callable(quantize):
+        raise TypeError(f"quantize is {type(quantize).__name__}, expected a function like "
+                        f"quantize_int{bits} or None")
     quantized = copy.deepcopy(model).eval()
     for block in quantized.blocks:
         for module in list(block.modules()):
             for child_name, child in list(module.named_children()):
                 if isinstance(child, nn.Linear):
-                    setattr(module, child_name, QuantizedLinear(child, bits, group_size))
+                    setattr(module, child_name, QuantizedLinear(child, bits, group_size, quantize))
     return quantized
 
 

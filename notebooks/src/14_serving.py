@@ -1146,8 +1146,9 @@ print(f"32 weights: {group.numel() * 4} bytes in float32, 16 bytes packed "
 # `helpers.serve.quantize` does the same for whole matrices, and `quantize_model` swaps every
 # Linear of the blocks for a `QuantizedLinear` that keeps the integers and dequantizes when
 # called. The token embedding (which is also the output matrix) stays in float32. Below,
-# `quantize_model_with` takes that copy and puts in the integers, scales and zero points of your
-# int8 and int4 (the helper's until yours pass). The error on the target, on validation windows:
+# `quantize_model_with` has its integers, scales and zero points made by your int8 and int4 (its
+# `quantize` argument; the helper's until yours pass). The error on the target, on validation
+# windows:
 
 # %% slideshow={"slide_type": "fragment"}
 from helpers.serve.quantize import QuantizedLinear, quantize_model, weight_bytes
@@ -1159,16 +1160,7 @@ x_val, y_val = random_batch(val_ids, 32, 64, generator=torch.Generator().manual_
 def quantize_model_with(model: GPT, bits: int) -> GPT:
     """quantize_model's copy of `model`, each Linear's integers, scales (and zero points) made
     by quantize8 or quantize4 (yours once it passes), groups of 32."""
-    quantized = quantize_model(model, bits)
-    floats = [m for m in model.blocks.modules() if isinstance(m, torch.nn.Linear)]
-    layers = [m for m in quantized.blocks.modules() if isinstance(m, QuantizedLinear)]
-    for linear, layer in zip(floats, layers, strict=True):
-        weight = linear.weight.detach()  # (out, in)
-        made = quantize8(weight) if bits == 8 else quantize4(weight, 32)
-        names = ("q", "scale") if bits == 8 else ("q", "scale", "zero")  # int8 has no zero point
-        for name, tensor in zip(names, made, strict=True):
-            setattr(layer, name, tensor)  # replaces the buffer quantize_model stored
-    return quantized
+    return quantize_model(model, bits, 32, quantize8 if bits == 8 else quantize4)
 
 
 def loss_and_logits(model: GPT) -> tuple[float, torch.Tensor]:

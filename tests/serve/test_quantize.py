@@ -347,3 +347,20 @@ def test_pack_works_on_any_number_of_dimensions():
 def test_quantized_linear_default_group_size_is_32():
     layer = QuantizedLinear(torch.nn.Linear(64, 2), 4)
     assert layer.scale.shape == (2, 2) and layer.q.shape == (2, 32)
+
+
+def test_quantize_model_makes_its_integers_with_the_quantizer_it_is_given():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, context_length=8, n_layers=1, n_heads=2, d_model=32))
+    calls = []
+
+    def counting_int4(weight, group_size):
+        calls.append(tuple(weight.shape))
+        return quantize_int4(weight, group_size)
+
+    ours = quantize_model(model, 4, 32, counting_int4)
+    assert calls and len(calls) == sum(isinstance(m, torch.nn.Linear) for m in model.blocks.modules())
+    plain = quantize_model(model, 4, 32)
+    assert all(torch.equal(a, b) for a, b in zip(ours.buffers(), plain.buffers(), strict=True))
+    with pytest.raises(TypeError, match="^quantize is int, expected a function like quantize_int8"):
+        quantize_model(model, 8, 32, 3)
